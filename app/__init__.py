@@ -1,0 +1,1 @@
+"""qkvscope's application layer: the CLI (``python -m app``) and the dashboard."""

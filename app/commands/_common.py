@@ -1,0 +1,39 @@
+"""Arguments and output helpers shared by the command modules."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from loaders.store import DB_ENV, Store
+
+
+def add_db_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", type=Path, default=None,
+                        help=f"database file (default: ${DB_ENV} or data/qkvscope.duckdb)")
+
+
+def store_from(args: argparse.Namespace) -> Store:
+    return Store(args.db)
+
+
+def _clean(obj):
+    """JSON-safe: NaN/Inf become null, timestamps strings, paths strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return _clean(obj.item())
+    return str(obj)
+
+
+def print_json(obj) -> None:
+    json.dump(_clean(obj), sys.stdout, indent=2, allow_nan=False)
+    sys.stdout.write("\n")

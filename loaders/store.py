@@ -1,0 +1,280 @@
+"""The DuckDB store: schema, migrations, connections, transactions.
+
+One file holds everything (DESIGN.md, "Store"). DuckDB lets one process write
+a file at a time, so nothing here keeps a connection open for long: every
+operation opens a connection, does its work inside one transaction and closes
+it. A second process that finds the file locked retries with back-off for
+``busy_timeout`` seconds, then raises ``DatabaseBusyError``. That is what lets
+``python -m app ingest`` run while the dashboard serves the same file.
+
+Values always go in as parameters, never formatted into SQL.
+
+Schema versions are a list of migrations; ``open`` applies the missing ones in
+one transaction, so a file written by an older qkvscope is upgraded in place
+and a failed upgrade leaves it as it was.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+
+from loaders.errors import DatabaseBusyError, StoreError
+
+#: Environment variable that overrides the default database file.
+DB_ENV = "QKVSCOPE_DB"
+#: Default database file, under the project's ``data/`` folder.
+DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "qkvscope.duckdb"
+
+# Each entry: (version, statements). Append only; never edit a released entry.
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        """CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR)""",
+        """CREATE SEQUENCE run_ids START 1""",
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY DEFAULT nextval('run_ids'),
+            name VARCHAR NOT NULL,
+            source VARCHAR NOT NULL,          -- file or folder the run came from
+            format VARCHAR NOT NULL,          -- log reader name
+            variant VARCHAR NOT NULL DEFAULT 'unknown',
+            n_kv_heads INTEGER,
+            weight_decay DOUBLE,
+            lr DOUBLE,
+            seed BIGINT,
+            model_size BIGINT,
+            config JSON,
+            resumed BOOLEAN NOT NULL DEFAULT false,
+            created_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+            UNIQUE (source, name)
+        )""",
+        # User corrections of run metadata; applied over what ingest found, so
+        # they survive re-ingestion.
+        """CREATE TABLE run_overrides (
+            run_id INTEGER NOT NULL,
+            field VARCHAR NOT NULL,
+            value JSON,
+            updated_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+            PRIMARY KEY (run_id, field)
+        )""",
+        # One row per (run, step, metric). No key: appends must stay fast;
+        # readers that may see a resumed step keep the latest ``seq``.
+        """CREATE TABLE points (
+            run_id INTEGER NOT NULL,
+            step BIGINT NOT NULL,
+            metric VARCHAR NOT NULL,
+            value DOUBLE,
+            wall_time DOUBLE,
+            tokens BIGINT
+        )""",
+        # What was read from each file, so re-ingesting adds nothing and a
+        # grown log appends only its new part.
+        """CREATE TABLE ingest_journal (
+            path VARCHAR PRIMARY KEY,
+            kind VARCHAR NOT NULL,            -- 'log' or 'checkpoint'
+            format VARCHAR,
+            size BIGINT NOT NULL,
+            mtime DOUBLE NOT NULL,
+            sha256 VARCHAR,
+            read_bytes BIGINT,                -- how far a text log was consumed
+            state JSON,                       -- reader state for appends
+            ingested_at TIMESTAMP NOT NULL DEFAULT current_timestamp
+        )""",
+        """CREATE SEQUENCE checkpoint_ids START 1""",
+        """CREATE TABLE checkpoints (
+            id INTEGER PRIMARY KEY DEFAULT nextval('checkpoint_ids'),
+            path VARCHAR NOT NULL,
+            sha256 VARCHAR NOT NULL UNIQUE,
+            size BIGINT,
+            architecture VARCHAR NOT NULL,
+            variant VARCHAR NOT NULL,
+            n_layers INTEGER NOT NULL,
+            n_heads INTEGER NOT NULL,
+            n_kv_heads INTEGER NOT NULL,
+            d_model INTEGER NOT NULL,
+            d_head INTEGER NOT NULL,
+            norm VARCHAR,
+            positions VARCHAR,
+            attn_scale DOUBLE,
+            dtype VARCHAR,
+            params_total BIGINT,
+            params_attention BIGINT,
+            kv_bytes_per_token BIGINT,
+            nonfinite BIGINT NOT NULL DEFAULT 0,  -- NaN/Inf count in attention weights
+            run_id INTEGER,
+            step BIGINT,
+            config JSON,
+            ingested_at TIMESTAMP NOT NULL DEFAULT current_timestamp
+        )""",
+        """CREATE TABLE analysis_results (
+            checkpoint_id INTEGER NOT NULL,
+            layer INTEGER,                     -- NULL: whole model
+            head INTEGER,                      -- NULL: whole layer
+            metric VARCHAR NOT NULL,
+            value DOUBLE,                      -- NULL: not defined (see analysis_notes)
+            metric_version INTEGER NOT NULL,
+            computed_at TIMESTAMP NOT NULL DEFAULT current_timestamp
+        )""",
+        # One row per finished analysis job: a cache key, and why metrics are absent.
+        """CREATE TABLE analysis_jobs (
+            checkpoint_id INTEGER NOT NULL,
+            kind VARCHAR NOT NULL,             -- 'weights' or 'activations'
+            metric_version INTEGER NOT NULL,
+            device VARCHAR,
+            seconds DOUBLE,
+            notes JSON,                        -- {metric: reason it is absent}
+            computed_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+            PRIMARY KEY (checkpoint_id, kind, metric_version)
+        )""",
+        """CREATE INDEX points_run ON points (run_id, metric, step)""",
+        """CREATE INDEX results_ckpt ON analysis_results (checkpoint_id, metric)""",
+    ]),
+]
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def default_db_path() -> Path:
+    """``$QKVSCOPE_DB`` if set, else ``data/qkvscope.duckdb`` in the project."""
+    env = os.environ.get(DB_ENV)
+    return Path(env).expanduser() if env else DEFAULT_DB
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    msg = str(exc).lower()
+    return "lock" in msg or "could not set lock" in msg or "conflicting" in msg
+
+
+class Store:
+    """A qkvscope database file. Cheap to create; connections are short-lived.
+
+    ``with store.connect() as con:`` gives a connection for reads;
+    ``with store.transaction() as con:`` one whose work commits at the end of
+    the block or rolls back entirely on any exception.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 30.0):
+        self.path = Path(path).expanduser() if path is not None else default_db_path()
+        self.busy_timeout = busy_timeout
+        self._migrated = False
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r})"
+
+    # -- connections -------------------------------------------------------
+    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        if read_only and not self.path.exists():
+            raise StoreError(f"{self.path}: no database here yet (run `python -m app ingest PATH --db {self.path}`)")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.02
+        while True:
+            try:
+                return duckdb.connect(str(self.path), read_only=read_only)
+            except duckdb.IOException as exc:
+                if not _is_lock_error(exc):
+                    raise StoreError(f"{self.path}: cannot open database: {exc}") from exc
+                if time.monotonic() >= deadline:
+                    raise DatabaseBusyError(
+                        f"{self.path}: database is busy (another qkvscope process is writing); "
+                        f"gave up after {self.busy_timeout:.0f} s, try again when it finishes"
+                    ) from exc
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 0.5)
+            except duckdb.Error as exc:
+                raise StoreError(f"{self.path}: not a readable DuckDB database: {exc}") from exc
+
+    @contextlib.contextmanager
+    def connect(self, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived connection, migrated to the current schema."""
+        if not self._migrated:
+            self.migrate()
+        con = self._open(read_only)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One all-or-nothing transaction on a fresh connection."""
+        with self.connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    # -- schema ------------------------------------------------------------
+    def schema_version(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
+        def read(c: duckdb.DuckDBPyConnection) -> int:
+            has_meta = c.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"
+            ).fetchone()[0]
+            if not has_meta:
+                return 0
+            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            return int(row[0]) if row else 0
+        if con is not None:
+            return read(con)
+        con = self._open(read_only=False)
+        try:
+            return read(con)
+        finally:
+            con.close()
+
+    def migrate(self) -> int:
+        """Apply missing migrations in one transaction; returns the version."""
+        con = self._open(read_only=False)
+        try:
+            current = self.schema_version(con)
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path}: database schema version {current} is newer than this "
+                    f"qkvscope understands ({SCHEMA_VERSION}); upgrade qkvscope")
+            if current < SCHEMA_VERSION:
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    for version, statements in MIGRATIONS:
+                        if version <= current:
+                            continue
+                        for sql in statements:
+                            con.execute(sql)
+                        con.execute(
+                            "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(version)])
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    raise
+                con.execute("COMMIT")
+            self._migrated = True
+            return SCHEMA_VERSION
+        finally:
+            con.close()
+
+    # -- checkpoints ---------------------------------------------------------
+    CHECKPOINT_FIELDS = (
+        "id", "path", "sha256", "size", "architecture", "variant", "n_layers", "n_heads",
+        "n_kv_heads", "d_model", "d_head", "norm", "positions", "attn_scale", "dtype",
+        "params_total", "params_attention", "kv_bytes_per_token", "nonfinite", "run_id",
+        "step", "ingested_at",
+    )
+
+    def checkpoints(self, con: duckdb.DuckDBPyConnection | None = None) -> list[dict]:
+        """Every stored checkpoint, oldest first, as plain dicts."""
+        sql = f"SELECT {', '.join(self.CHECKPOINT_FIELDS)} FROM checkpoints ORDER BY id"
+        if con is None:
+            with self.connect() as c:
+                return _rows(c.execute(sql))
+        return _rows(con.execute(sql))
+
+
+def _rows(cursor: duckdb.DuckDBPyConnection) -> list[dict]:
+    cols = [d[0] for d in cursor.description]
+    return [dict(zip(cols, row)) for row in cursor.fetchall()]
