@@ -1,0 +1,79 @@
+"""Store every checkpoint and training log found under the given paths.
+
+Examples:
+  python -m app ingest path/to/runs/ --db my.duckdb
+  python -m app ingest ~/experiments/ --json
+  python -m app ingest ~/experiments/ --watch        # follow live runs; Ctrl-C stops
+
+Each file is one transaction: it is stored completely or not at all. The same
+content ingested twice adds nothing; a log that grew adds only its new points.
+Files that are neither checkpoints nor logs are skipped with the reason.
+Exit status: 0, or 1 when some file had an error (the others are stored).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.commands._common import add_db_argument, print_json, store_from
+
+NAME = "ingest"
+HELP = "store the checkpoints and training logs found under PATH..."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
+    add_db_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--watch", action="store_true",
+                        help="keep polling PATH... and ingest new or grown files until stopped")
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="seconds between polls with --watch (default 2)")
+
+
+def _progress(done: int, total: int, path: str) -> None:
+    if sys.stderr.isatty() and total:
+        width = 30
+        fill = int(width * done / total)
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {path[-40:]:<40}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def print_report(report) -> None:
+    for f in report.files:
+        if f.status in ("added", "appended", "error", "skipped"):
+            what = f.format or f.kind
+            detail = f" ({f.reason})" if f.reason else ""
+            extra = f", {f.n_points} points" if f.n_points else ""
+            print(f"{f.status:<9} {what:<18} {f.path}{extra}{detail}")
+    j = report.to_json()
+    print(f"{j['added']} added, {j['appended']} appended, {j['unchanged']} unchanged, "
+          f"{j['skipped']} skipped, {j['errors']} errors")
+
+
+def run(args: argparse.Namespace) -> int:
+    from loaders.ingest import ingest_paths, watch
+
+    store = store_from(args)
+    if args.watch:
+        def on_report(report) -> None:
+            changed = [f for f in report.files if f.status in ("added", "appended", "error")]
+            if changed:
+                if args.json:
+                    print_json({**report.to_json(), "files": [f.to_json() for f in changed]})
+                else:
+                    print_report(type(report)(files=changed))
+                sys.stdout.flush()
+        try:
+            watch(store, args.paths, interval=args.interval, on_report=on_report)
+        except KeyboardInterrupt:
+            return 0
+        return 0
+    report = ingest_paths(store, args.paths, progress=_progress)
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print_report(report)
+    return 1 if report.count("error") else 0

@@ -1,0 +1,115 @@
+"""Overview: what the database holds, and ingesting a path from the page."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app.state import DEMO_DIR, data_version, demo_only, get_store, query_param, set_query_params
+from loaders import queries
+from loaders.ingest import ingest_paths
+
+TITLE = "Overview"
+ICON = ":material/home:"
+ORDER = 10
+URL_PATH = "overview"
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _summary(db: str, version: tuple) -> dict:
+    return queries.summary(get_store())
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _checkpoints(db: str, version: tuple) -> pd.DataFrame:
+    return queries.checkpoints_frame(get_store())
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _runs(db: str, version: tuple) -> pd.DataFrame:
+    from loaders.logs import list_runs
+
+    rows = list_runs(get_store())
+    cols = ["id", "name", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",
+            "first_step", "last_step", "source"]
+    frame = pd.DataFrame(rows)
+    return frame[[c for c in cols if c in frame.columns]] if len(frame) else pd.DataFrame(columns=cols)
+
+
+def _ingest_form(store) -> None:
+    with st.form("ingest", border=True):
+        st.markdown("**Ingest a path on this server**: a checkpoint, a run folder or a folder of runs.")
+        path = st.text_input("Path", value=query_param("path", ""),
+                             placeholder="/home/me/experiments  or  runs/kv-mqa/checkpoints/final.safetensors")
+        submitted = st.form_submit_button("Ingest", icon=":material/download:")
+    if not submitted:
+        return
+    if not path.strip():
+        st.warning("Give a file or folder path first.")
+        return
+    target = Path(path.strip()).expanduser()
+    if not target.exists():
+        st.error(f"{target}: no such file or folder on the server.")
+        return
+    set_query_params(path=str(target))
+    bar = st.progress(0.0, text="Scanning...")
+
+    def progress(done: int, total: int, current: str) -> None:
+        bar.progress(done / total if total else 1.0,
+                     text=f"{done}/{total} {Path(current).name}" if current else "done")
+
+    report = ingest_paths(store, [target], progress=progress)
+    j = report.to_json()
+    st.success(f"{j['added']} added, {j['appended']} appended, {j['unchanged']} unchanged, "
+               f"{j['skipped']} skipped, {j['errors']} errors")
+    interesting = [f for f in j["files"] if f["status"] != "unchanged"]
+    if interesting:
+        st.dataframe(pd.DataFrame(interesting)[["status", "kind", "format", "path", "reason", "n_points"]],
+                     hide_index=True, width="stretch")
+
+
+def render() -> None:
+    store = get_store()
+    st.title("qkvscope")
+    st.caption("Does a transformer need all three attention projections? "
+               f"Database: `{store.path}`")
+    version = data_version(store)
+    s = _summary(str(store.path), version)
+
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("Runs", f"{s['runs']:,}")
+    c2.metric("Logged points", f"{s['points']:,}")
+    c3.metric("Checkpoints", f"{s['checkpoints']:,}")
+    c4.metric("Analysed checkpoints", f"{s['analysed']:,}")
+
+    if demo_only(s["run_sources"]):
+        st.info("You are looking at the bundled demo experiments (small models trained on the "
+                "Python standard library's source). Ingest your own runs below or with "
+                "`python -m app ingest PATH`.", icon=":material/science:")
+    elif s["runs"] == 0 and s["checkpoints"] == 0:
+        st.info("The database is empty. Ingest a folder of runs or a checkpoint below, or from "
+                f"a shell: `python -m app ingest PATH --db {store.path}`. The bundled demo lives "
+                f"in `{DEMO_DIR}`.", icon=":material/inbox:")
+
+    _ingest_form(store)
+    version = data_version(store)  # an ingest above changed the file
+
+    st.subheader("Runs")
+    runs = _runs(str(store.path), version)
+    if len(runs):
+        st.dataframe(runs, hide_index=True, width="stretch",
+                     column_config={"weight_decay": st.column_config.NumberColumn(format="%.4g"),
+                                    "lr": st.column_config.NumberColumn(format="%.3g")})
+    else:
+        st.caption("No training logs stored yet.")
+
+    st.subheader("Checkpoints")
+    ckpts = _checkpoints(str(store.path), version)
+    if len(ckpts):
+        st.dataframe(ckpts, hide_index=True, width="stretch",
+                     column_config={"params_total": st.column_config.NumberColumn(format="%d"),
+                                    "kv_bytes_per_token": st.column_config.NumberColumn(
+                                        "KV bytes/token", format="%d")})
+    else:
+        st.caption("No checkpoints stored yet.")

@@ -1,0 +1,73 @@
+"""What every page shares: the database, cache keys, URL state, error display.
+
+The database is DuckDB, which lets one process write at a time; the server
+never keeps a connection open between script runs (``loaders.store``), so a
+CLI ingest can write while the dashboard serves. Cached reads are keyed by
+``data_version``, which changes whenever the file does, so new data shows up
+without a restart.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import streamlit as st
+
+from analysis.errors import AnalysisError
+from loaders.errors import QkvscopeError
+from loaders.store import Store, default_db_path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_DIR = ROOT / "data" / "demo"
+
+
+def get_store() -> Store:
+    """The store named by ``$QKVSCOPE_DB`` (set by ``python -m app serve --db``)."""
+    return Store(default_db_path(), busy_timeout=10.0)
+
+
+def data_version(store: Store) -> tuple[int, int]:
+    """Changes whenever the database file (or its WAL) changes: a cache key."""
+    stamp = []
+    for p in (store.path, Path(str(store.path) + ".wal")):
+        try:
+            s = p.stat()
+            stamp.append(s.st_mtime_ns ^ s.st_size)
+        except FileNotFoundError:
+            stamp.append(0)
+    return tuple(stamp)
+
+
+def query_param(name: str, default: str | None = None) -> str | None:
+    return st.query_params.get(name, default)
+
+
+def set_query_params(**values) -> None:
+    """Write selections into the URL so a copied link reopens the same view."""
+    for key, value in values.items():
+        if value is None or value == "" or value == []:
+            if key in st.query_params:
+                del st.query_params[key]
+        elif isinstance(value, (list, tuple)):
+            st.query_params[key] = [str(v) for v in value]
+        else:
+            st.query_params[key] = str(value)
+
+
+def show_errors(fn: Callable[[], None]) -> None:
+    """Run a page; user-input errors become a message that says what to do."""
+    try:
+        fn()
+    except (QkvscopeError, AnalysisError) as exc:
+        st.error(str(exc), icon=":material/error:")
+
+
+def demo_only(run_sources: list[str]) -> bool:
+    """True when every stored run comes from the bundled demo."""
+    demo = str(DEMO_DIR.resolve())
+    return bool(run_sources) and all(str(s).startswith(demo) for s in run_sources)
+
+
+def env_db_label() -> str:
+    return os.environ.get("QKVSCOPE_DB", str(default_db_path()))

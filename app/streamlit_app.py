@@ -1,0 +1,30 @@
+"""The dashboard's entry point: ``python -m app serve`` runs this with Streamlit.
+
+Pages are the modules of ``app.pages``; each declares ``TITLE``, ``ICON``,
+``ORDER``, ``URL_PATH`` and ``render()``, and the navigation is built from
+them, so a page exists exactly when its module does.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # streamlit puts app/ on the path, we import from the root
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app.pages import page_modules  # noqa: E402
+from app.state import show_errors  # noqa: E402
+
+st.set_page_config(page_title="qkvscope", page_icon=str(ROOT / "assets" / "logo.png"),
+                   layout="wide")
+st.logo(str(ROOT / "assets" / "logo.png"))
+
+pages = [
+    st.Page(lambda m=mod: show_errors(m.render), title=mod.TITLE, icon=mod.ICON,
+            url_path=mod.URL_PATH, default=(i == 0))
+    for i, mod in enumerate(page_modules())
+]
+st.navigation(pages).run()

@@ -1,0 +1,280 @@
+"""Ingest: walk paths, store every checkpoint and training log found.
+
+``ingest_paths`` is what ``python -m app ingest`` and the Overview page call.
+Each file is stored in its own transaction, so a failure (or a kill) part-way
+through a folder leaves every file either completely stored or not at all,
+and the report says what happened to each file and why.
+
+Checkpoints are keyed by content hash: the same weights under a second name
+add nothing. Logs are handled by ``loaders.logs`` (journal, growth, resume).
+A checkpoint is linked to a run when they share a run folder (the checkpoint
+sits in the run's folder or a sub-folder of it); its training step comes from
+the checkpoint itself (``step``/``iter_num``) or from its name (``step_500``,
+``ckpt-1000``, ``checkpoint-1000``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from loaders.errors import FileError, QkvscopeError
+from loaders.report import FileReport, IngestReport
+from loaders.store import Store
+
+Progress = Callable[[int, int, str], None]  # (done, total, current path)
+
+# Folders that never hold experiments; skipping them keeps scans of a home
+# directory or a repository fast.
+_SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".ipynb_checkpoints",
+              ".pytest_cache", ".hypothesis"}
+_HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                    "pytorch_model.bin.index.json")
+_STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint)[-_]?0*(\d+)", re.IGNORECASE)
+
+
+def _is_hf_folder(path: Path) -> bool:
+    return (path / "config.json").is_file() and any((path / f).exists() for f in _HF_WEIGHT_FILES)
+
+
+def discover(paths: Iterable[str | Path]) -> Iterator[Path]:
+    """Every file or Hugging Face folder under ``paths``, in a stable order.
+
+    A Hugging Face folder (``config.json`` beside weights) is yielded as one
+    item and not descended into: its shards are one checkpoint.
+    """
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise FileError(path, "no such file or folder")
+        if path.is_file():
+            yield path
+            continue
+        if _is_hf_folder(path):
+            yield path
+            continue
+        for root, dirs, files in os.walk(path):
+            root_p = Path(root)
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+            hf = [d for d in dirs if _is_hf_folder(root_p / d)]
+            for d in hf:
+                yield root_p / d
+            dirs[:] = [d for d in dirs if d not in hf]
+            for f in sorted(files):
+                if not f.startswith("."):
+                    yield root_p / f
+
+
+def _step_from_name(path: Path) -> int | None:
+    m = _STEP_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _find_run_for(con, path: Path) -> int | None:
+    """The run whose folder holds ``path`` (nearest enclosing folder wins)."""
+    rows = con.execute("SELECT id, source, config FROM runs").fetchall()
+    best: tuple[int, int] | None = None
+    resolved = path.resolve()
+    for run_id, source, config in rows:
+        run_dir = None
+        if config:
+            try:
+                run_dir = json.loads(config).get("run_dir")
+            except (TypeError, ValueError, AttributeError):
+                run_dir = None
+        folder = Path(run_dir) if run_dir else Path(source).parent
+        try:
+            resolved.relative_to(folder.resolve())
+        except ValueError:
+            continue
+        depth = len(folder.resolve().parts)
+        if best is None or depth > best[1]:
+            best = (run_id, depth)
+    return best[0] if best else None
+
+
+def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
+    """Store one checkpoint's geometry (not its weights) under its content hash.
+
+    Reads the metadata and makes one pass over the attention layers to count
+    NaN/Inf values; the database is written only after everything was read.
+    """
+    from loaders.checkpoints import inspect_checkpoint
+    from loaders.sources import content_hash
+
+    path = Path(path)
+    size, mtime = _size_of(path), _mtime_of(path)
+    with store.connect() as con:
+        # The journal spares re-hashing an unchanged multi-GB file on every scan.
+        row = con.execute(
+            """SELECT c.id FROM ingest_journal j JOIN checkpoints c ON c.sha256 = j.sha256
+               WHERE j.path = ? AND j.kind = 'checkpoint' AND j.size = ? AND j.mtime = ?""",
+            [str(path.resolve()), size, mtime]).fetchone()
+    if row:
+        return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
+                          reason="already stored")
+    digest = content_hash(path)
+    with store.connect() as con:
+        row = con.execute("SELECT id FROM checkpoints WHERE sha256 = ?", [digest]).fetchone()
+    if row:
+        _journal(store, path, size, mtime, digest)
+        return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
+                          reason="same content already stored")
+    info = inspect_checkpoint(path)
+    step = info.get("step")
+    if step is None:
+        step = _step_from_name(path)
+    with store.transaction() as con:
+        # A concurrent ingest may have stored it since we looked.
+        row = con.execute("SELECT id FROM checkpoints WHERE sha256 = ?", [digest]).fetchone()
+        if row:
+            return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
+                              reason="same content already stored")
+        run_id = _find_run_for(con, path)
+        ckpt_id = con.execute(
+            """INSERT INTO checkpoints (path, sha256, size, architecture, variant, n_layers, n_heads,
+                   n_kv_heads, d_model, d_head, norm, positions, attn_scale, dtype, params_total,
+                   params_attention, kv_bytes_per_token, nonfinite, run_id, step, config)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
+            [str(path.resolve()), digest, size, info["architecture"], info["variant"],
+             info["n_layers"], info["n_heads"], info["n_kv_heads"], info["d_model"], info["d_head"],
+             info.get("norm"), info.get("positions"), info.get("attn_scale"), info.get("dtype"),
+             info["params"]["total"], info["params"]["attention"], info["kv_bytes_per_token"],
+             int(info.get("nonfinite", 0)), run_id, step,
+             json.dumps(info.get("config", {}), default=str)],
+        ).fetchone()[0]
+        _journal_row(con, path, size, mtime, digest)
+    reason = None
+    if info.get("nonfinite"):
+        reason = f"{info['nonfinite']} NaN/Inf values in attention weights"
+    return FileReport(str(path), "checkpoint", "added", format=info["architecture"],
+                      checkpoint_id=ckpt_id, reason=reason)
+
+
+def _journal_row(con, path: Path, size: int, mtime: float, digest: str) -> None:
+    con.execute(
+        """INSERT OR REPLACE INTO ingest_journal (path, kind, format, size, mtime, sha256)
+           VALUES (?, 'checkpoint', NULL, ?, ?, ?)""", [str(path.resolve()), size, mtime, digest])
+
+
+def _journal(store: Store, path: Path, size: int, mtime: float, digest: str) -> None:
+    with store.transaction() as con:
+        _journal_row(con, path, size, mtime, digest)
+
+
+def _mtime_of(path: Path) -> float:
+    if path.is_file():
+        return path.stat().st_mtime
+    return max((p.stat().st_mtime for p in path.rglob("*") if p.is_file()), default=0.0)
+
+
+def _size_of(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def link_checkpoints(store: Store) -> int:
+    """Attach stored checkpoints without a run to the run whose folder holds them.
+
+    Logs and checkpoints of one run may arrive in either order; this runs at
+    the end of every ingest. Returns how many checkpoints were linked.
+    """
+    linked = 0
+    with store.transaction() as con:
+        rows = con.execute("SELECT id, path FROM checkpoints WHERE run_id IS NULL").fetchall()
+        for ckpt_id, path in rows:
+            run_id = _find_run_for(con, Path(path))
+            if run_id is not None:
+                con.execute("UPDATE checkpoints SET run_id = ? WHERE id = ?", [run_id, ckpt_id])
+                linked += 1
+    return linked
+
+
+def _classify(path: Path) -> tuple[str, str | None]:
+    """('log', format) / ('checkpoint', None) / ('unknown', reason)."""
+    from loaders.logs import detect_log
+    from loaders.sources import is_checkpoint_candidate
+
+    if path.is_dir():
+        fmt = detect_log(path)
+        if fmt:
+            return "log", fmt
+        if is_checkpoint_candidate(path):
+            return "checkpoint", None
+        return "unknown", "folder without config.json and weights"
+    # A log reader gets first look: some logs are .pt tensors (query-free paper).
+    fmt = detect_log(path)
+    if fmt:
+        return "log", fmt
+    if is_checkpoint_candidate(path):
+        return "checkpoint", None
+    return "unknown", "not a checkpoint or a training log qkvscope reads"
+
+
+def ingest_file(store: Store, path: Path) -> list[FileReport]:
+    """Ingest one file or folder; typed errors become an ``error`` report."""
+    from loaders.logs import ingest_log
+
+    try:
+        kind, detail = _classify(path)
+    except QkvscopeError as exc:
+        return [FileReport(str(path), "unknown", "error", reason=str(exc))]
+    if kind == "unknown":
+        return [FileReport(str(path), "unknown", "skipped", reason=detail)]
+    try:
+        if kind == "log":
+            return ingest_log(store, path, format=detail)
+        return [ingest_checkpoint(store, path)]
+    except QkvscopeError as exc:
+        return [FileReport(str(path), kind, "error", format=detail, reason=str(exc))]
+
+
+def ingest_paths(store: Store, paths: Iterable[str | Path], *,
+                 progress: Progress | None = None) -> IngestReport:
+    """Ingest everything found under ``paths``; one transaction per file.
+
+    Logs go first so that checkpoints find their runs; a final pass links any
+    checkpoint stored before its run.
+    """
+    found = list(discover(paths))
+    report = IngestReport()
+    classified = []
+    for p in found:
+        try:
+            kind, _ = _classify(p)
+        except QkvscopeError:
+            kind = "unknown"
+        classified.append((0 if kind == "log" else 1, p))
+    ordered = [p for _, p in sorted(classified, key=lambda t: t[0])]
+    for i, path in enumerate(ordered):
+        if progress:
+            progress(i, len(ordered), str(path))
+        report.files.extend(ingest_file(store, path))
+    if any(f.status in ("added", "appended") for f in report.files):
+        link_checkpoints(store)
+    if progress:
+        progress(len(ordered), len(ordered), "")
+    return report
+
+
+def watch(store: Store, paths: Iterable[str | Path], *, interval: float = 2.0,
+          on_report: Callable[[IngestReport], None] | None = None,
+          stop: Callable[[], bool] | None = None) -> None:
+    """Poll ``paths`` and ingest what is new or has grown, until ``stop()`` is true.
+
+    Unchanged files cost a stat and a journal look-up per poll; grown logs
+    append only their new points (``loaders.logs``).
+    """
+    paths = list(paths)
+    while True:
+        report = ingest_paths(store, paths)
+        if on_report is not None:
+            on_report(report)
+        if stop is not None and stop():
+            return
+        time.sleep(interval)
+
