@@ -182,7 +182,7 @@ class Store:
                 if time.monotonic() >= deadline:
                     raise DatabaseBusyError(
                         f"{self.path}: database is busy (another qkvscope process is writing); "
-                        f"gave up after {self.busy_timeout:.0f} s, try again when it finishes"
+                        f"gave up after {self.busy_timeout:g} s, try again when it finishes"
                     ) from exc
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 0.5)

@@ -1,0 +1,122 @@
+"""The DuckDB store: schema versions, transactions, locking, bad files."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from loaders.errors import DatabaseBusyError, StoreError
+from loaders.store import DB_ENV, SCHEMA_VERSION, Store, default_db_path
+
+
+def test_new_database_gets_current_schema(tmp_path):
+    store = Store(tmp_path / "q.duckdb")
+    assert store.migrate() == SCHEMA_VERSION
+    with store.connect() as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        assert store.schema_version(con) == SCHEMA_VERSION
+    assert {"runs", "points", "ingest_journal", "checkpoints", "analysis_results",
+            "analysis_jobs", "run_overrides", "meta"} <= tables
+
+
+def test_migrate_twice_changes_nothing(tmp_path):
+    path = tmp_path / "q.duckdb"
+    Store(path).migrate()
+    with Store(path).transaction() as con:
+        con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv')")
+    assert Store(path).migrate() == SCHEMA_VERSION
+    with Store(path).connect() as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+
+
+def test_transaction_rolls_back_everything_on_error(tmp_path):
+    store = Store(tmp_path / "q.duckdb")
+    with pytest.raises(RuntimeError):
+        with store.transaction() as con:
+            con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv')")
+            con.execute("INSERT INTO points VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
+            raise RuntimeError("boom")
+    with store.connect() as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM points").fetchone()[0] == 0
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "q.duckdb"
+    store = Store(path)
+    with store.transaction() as con:
+        con.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError) as err:
+        Store(path).migrate()
+    assert str(err.value) == (f"{path}: database schema version 999 is newer than this qkvscope "
+                              f"understands ({SCHEMA_VERSION}); upgrade qkvscope")
+
+
+def test_not_a_database(tmp_path):
+    path = tmp_path / "notes.duckdb"
+    path.write_text("these are my notes, not a database\n")
+    with pytest.raises(StoreError) as err:
+        Store(path).migrate()
+    assert str(err.value).startswith(f"{path}: ")
+
+
+def test_reading_a_missing_database_says_how_to_create_it(tmp_path):
+    store = Store(tmp_path / "none.duckdb")
+    store._migrated = True  # skip creation: what a read-only caller sees
+    with pytest.raises(StoreError) as err:
+        with store.connect(read_only=True):
+            pass
+    assert "python -m app ingest PATH --db" in str(err.value)
+
+
+def test_busy_database_waits_then_says_so(tmp_path):
+    path = tmp_path / "q.duckdb"
+    Store(path).migrate()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import duckdb, sys, time
+        con = duckdb.connect({str(path)!r})
+        print("locked", flush=True)
+        time.sleep(30)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        store = Store(path, busy_timeout=0.5)
+        start = time.monotonic()
+        with pytest.raises(DatabaseBusyError) as err:
+            with store.connect():
+                pass
+        assert time.monotonic() - start >= 0.5  # it waited before giving up
+        assert str(err.value) == (f"{path}: database is busy (another qkvscope process is writing); "
+                                  "gave up after 0.5 s, try again when it finishes")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_waiting_writer_gets_in_when_the_lock_is_released(tmp_path):
+    path = tmp_path / "q.duckdb"
+    Store(path).migrate()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import duckdb, time
+        con = duckdb.connect({str(path)!r})
+        print("locked", flush=True)
+        time.sleep(1.0)
+        con.close()
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with Store(path, busy_timeout=20).transaction() as con:
+            con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv')")
+        with Store(path).connect() as con:
+            assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    finally:
+        holder.wait()
+
+
+def test_env_variable_overrides_default(monkeypatch, tmp_path):
+    monkeypatch.setenv(DB_ENV, str(tmp_path / "x.duckdb"))
+    assert default_db_path() == tmp_path / "x.duckdb"
+    assert Store().path == tmp_path / "x.duckdb"
