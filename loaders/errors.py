@@ -46,3 +46,7 @@ class StoreError(QkvscopeError):
 
 class DatabaseBusyError(StoreError):
     """Another process holds the database's write lock for longer than we wait."""
+
+
+class QueryError(QkvscopeError):
+    """A query for the SQL page that was refused, failed or ran out of time."""

@@ -1,0 +1,94 @@
+"""A real dashboard server and Debian's Chromium, for the browser tier.
+
+``dashboard(db)`` starts ``python -m app serve`` exactly as the README does
+(on a free port) and yields its URL; ``browser_page()`` drives
+``/usr/bin/chromium`` through Playwright (never a downloaded browser).
+Screenshots go to ``test-output/screenshots/``.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = ROOT / "test-output" / "screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def dashboard(db: Path, *extra: str, timeout: float = 90.0):
+    port = free_port()
+    log = open(db.parent / f"server-{port}.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--db", str(db), "--port", str(port), *extra],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {(db.parent / f'server-{port}.log').read_text()}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become healthy")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@contextlib.contextmanager
+def browser_page(viewport=(1400, 1000)):
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (bash scripts/setup.sh --dev installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+            yield page
+        finally:
+            browser.close()
+
+
+def wait_idle(page, timeout: float = 30_000) -> None:
+    """Wait until Streamlit has finished running the script (no 'Running...' widget)."""
+    page.wait_for_selector("[data-testid='stApp']", timeout=timeout)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+    page.wait_for_timeout(300)
+
+
+def screenshot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

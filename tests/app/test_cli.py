@@ -1,0 +1,90 @@
+"""The CLI frame and the foundation commands, run as a user runs them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def tiny_gpt2(folder: Path, n_layer: int = 2, seed: int = 0) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_layer=n_layer, n_head=4, n_embd=32, vocab_size=64, n_positions=64)
+    GPT2LMHeadModel(cfg).save_pretrained(folder)
+    return folder
+
+
+def test_help_lists_the_contract_commands():
+    out = cli("--help")
+    assert out.returncode == 0
+    for name in ("info", "ingest", "checkpoints", "serve"):
+        assert name in out.stdout
+
+
+def test_info_json_on_a_transformers_checkpoint(tmp_path):
+    folder = tiny_gpt2(tmp_path / "gpt2")
+    out = cli("info", str(folder), "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["architecture"] == "gpt2"
+    assert info["variant"] == "qkv"
+    assert (info["n_layers"], info["n_heads"], info["n_kv_heads"], info["d_model"], info["d_head"]) == (2, 4, 4, 32, 8)
+    assert info["params"]["attention"] == 2 * (32 * 96 + 96 + 32 * 32 + 32)
+    assert info["params"]["total"] > info["params"]["attention"]
+    assert info["kv_bytes_per_token"] == 2 * 2 * 4 * 8 * 4  # layers * (K,V) * kv heads * d_head * fp32
+
+
+def test_info_failure_is_one_line_without_traceback(tmp_path):
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    out = cli("info", str(bad), "--json")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: ")
+
+
+def test_ingest_then_checkpoints_json_and_idempotence(tmp_path):
+    db = tmp_path / "my.duckdb"
+    runs = tmp_path / "runs"
+    tiny_gpt2(runs / "a")
+    save_file({"weight": torch.zeros(3)}, str(runs / "not_a_model.safetensors"))
+    (runs / "notes.txt").write_text("lr sweep ideas\n")
+
+    first = cli("ingest", str(runs), "--db", str(db), "--json")
+    assert first.returncode in (0, 1), first.stderr
+    report = json.loads(first.stdout)
+    assert report["added"] == 1
+    statuses = {Path(f["path"]).name: f["status"] for f in report["files"]}
+    assert statuses["a"] == "added"
+    assert statuses["notes.txt"] == "skipped"
+
+    listed = json.loads(cli("checkpoints", "--db", str(db), "--json").stdout)
+    assert len(listed) == 1
+    row = listed[0]
+    assert {"id", "path", "sha256", "architecture", "variant", "n_layers", "n_heads",
+            "n_kv_heads", "d_model", "d_head", "params", "kv_bytes_per_token"} <= set(row)
+    assert row["architecture"] == "gpt2" and row["n_layers"] == 2 and len(row["sha256"]) == 64
+
+    again = json.loads(cli("ingest", str(runs), "--db", str(db), "--json").stdout)
+    assert again["added"] == 0
+    assert len(json.loads(cli("checkpoints", "--db", str(db), "--json").stdout)) == 1
+
+
+def test_ingest_of_a_missing_path_names_it(tmp_path):
+    out = cli("ingest", str(tmp_path / "nope"), "--db", str(tmp_path / "db.duckdb"))
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"error: {tmp_path / 'nope'}: no such file or folder"
