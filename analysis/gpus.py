@@ -1,0 +1,158 @@
+"""GPU catalogue for the serving-cost calculator, with the source of every figure.
+
+Units: memory in bytes, bandwidth in bytes/s, throughput in FLOP/s. A datasheet's
+"80GB" is taken as 80e9 bytes (GB = 1e9), which is conservative: the capacity a
+driver reports is usually a little larger (an H100 80GB shows 81,559 MiB =
+85.5e9 bytes in ``nvidia-smi``). ``bf16_flops`` is the DENSE bf16 tensor
+throughput; NVIDIA datasheets print the 2:4-sparse figure first, twice the dense
+one, and say so in a footnote, so the sparse figure is halved here.
+
+Prices are not specifications: ``price_per_hour`` is an assumed on-demand rate
+(USD) for one GPU, to be replaced with the user's own (every caller takes an
+override). ``sources`` names where each of memory, bandwidth and bf16 figure
+comes from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from analysis.errors import AnalysisError
+
+GB = 1e9
+GIB = 2 ** 30
+TB_S = 1e12
+TFLOPS = 1e12
+
+_PRICE_NOTE = "assumed on-demand rate, not a quote: set your own"
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator. ``sources`` maps ``memory``, ``bandwidth``, ``bf16`` and
+    ``price`` to where the figure comes from."""
+
+    name: str
+    label: str
+    memory_bytes: float
+    bandwidth_bytes_s: float
+    bf16_flops: float
+    price_per_hour: float
+    sources: dict = field(default_factory=dict)
+
+    def with_overrides(self, *, memory_bytes: float | None = None,
+                       bandwidth_bytes_s: float | None = None,
+                       bf16_flops: float | None = None,
+                       price_per_hour: float | None = None) -> "GPU":
+        """A copy with the given figures replaced (None keeps the catalogue's)."""
+        changes = {k: v for k, v in dict(memory_bytes=memory_bytes, bandwidth_bytes_s=bandwidth_bytes_s,
+                                         bf16_flops=bf16_flops, price_per_hour=price_per_hour).items()
+                   if v is not None}
+        for key, value in changes.items():
+            if not value >= 0:
+                raise AnalysisError(f"GPU {self.name}: {key} must be a number >= 0, got {value!r}")
+        return replace(self, **changes) if changes else self
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "label": self.label,
+            "memory_bytes": self.memory_bytes, "memory_GB": self.memory_bytes / GB,
+            "bandwidth_bytes_s": self.bandwidth_bytes_s, "bandwidth_TB_s": self.bandwidth_bytes_s / TB_S,
+            "bf16_flops": self.bf16_flops, "bf16_TFLOPS": self.bf16_flops / TFLOPS,
+            "price_per_hour": self.price_per_hour, "sources": dict(self.sources),
+        }
+
+
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/"
+_H200 = "NVIDIA H200 product page, https://www.nvidia.com/en-us/data-center/h200/"
+_HGX = ("NVIDIA HGX platform page, 'HGX B200' individual GPU specifications, "
+        "https://www.nvidia.com/en-us/data-center/hgx/")
+_A100 = ("NVIDIA A100 datasheet (SXM column), "
+         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+_L40S = "NVIDIA L40S product page / datasheet, https://www.nvidia.com/en-us/data-center/l40s/"
+_L4 = "NVIDIA L4 product page / datasheet, https://www.nvidia.com/en-us/data-center/l4/"
+_A10G = ("Baseten, 'NVIDIA A10 vs A10G for ML model inference' (NVIDIA publishes no A10G "
+         "datasheet; AWS G5), https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/")
+_ADA = ("NVIDIA Ada Lovelace GPU architecture whitepaper v2.1, Appendix A table 'GeForce RTX 4090' "
+        "(peak BF16 tensor TFLOPS with FP32 accumulate, dense), "
+        "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf")
+_MI300X = ("AMD Instinct MI300X data sheet, "
+           "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/"
+           "amd-instinct-mi300x-data-sheet.pdf")
+
+CATALOGUE: dict[str, GPU] = {g.name: g for g in (
+    GPU("h100-sxm", "NVIDIA H100 SXM 80GB", 80 * GB, 3.35 * TB_S, 989.4 * TFLOPS, 3.00, {
+        "memory": f"80GB HBM3: {_H100}",
+        "bandwidth": f"3.35 TB/s: {_H100}",
+        "bf16": f"1,979 TFLOPS with sparsity, dense = half = 989.4: {_H100}",
+        "price": _PRICE_NOTE}),
+    GPU("h100-pcie", "NVIDIA H100 PCIe 80GB", 80 * GB, 2.0 * TB_S, 756.5 * TFLOPS, 2.50, {
+        "memory": f"80GB HBM2e: {_H100}",
+        "bandwidth": f"2 TB/s: {_H100}",
+        "bf16": f"1,513 TFLOPS with sparsity, dense = half = 756.5: {_H100}",
+        "price": _PRICE_NOTE}),
+    GPU("h200", "NVIDIA H200 SXM 141GB", 141 * GB, 4.8 * TB_S, 989.4 * TFLOPS, 3.70, {
+        "memory": f"141GB HBM3e: {_H200}",
+        "bandwidth": f"4.8 TB/s: {_H200}",
+        "bf16": f"1,979 TFLOPS with sparsity, dense = half = 989.4: {_H200}",
+        "price": _PRICE_NOTE}),
+    GPU("b200", "NVIDIA B200 (HGX) 180GB", 180 * GB, 7.7 * TB_S, 2250 * TFLOPS, 6.00, {
+        "memory": f"180GB HBM3e per GPU (HGX B200 total 'up to 1.4TB' for 8): {_HGX}",
+        "bandwidth": f"7.7 TB/s per GPU: {_HGX}",
+        "bf16": f"FP16/BF16 tensor 4.5 PFLOPS with sparsity, dense = half = 2,250 TFLOPS: {_HGX}",
+        "price": _PRICE_NOTE}),
+    GPU("a100-40gb", "NVIDIA A100 SXM 40GB", 40 * GB, 1.555 * TB_S, 312 * TFLOPS, 1.30, {
+        "memory": f"40GB HBM2: {_A100}",
+        "bandwidth": f"1,555 GB/s: {_A100}",
+        "bf16": f"312 TFLOPS dense (624 with sparsity): {_A100}",
+        "price": _PRICE_NOTE}),
+    GPU("a100-80gb", "NVIDIA A100 SXM 80GB", 80 * GB, 2.039 * TB_S, 312 * TFLOPS, 1.80, {
+        "memory": f"80GB HBM2e: {_A100}",
+        "bandwidth": f"2,039 GB/s: {_A100}",
+        "bf16": f"312 TFLOPS dense (624 with sparsity): {_A100}",
+        "price": _PRICE_NOTE}),
+    GPU("l40s", "NVIDIA L40S 48GB", 48 * GB, 0.864 * TB_S, 362.05 * TFLOPS, 1.00, {
+        "memory": f"48GB GDDR6 with ECC: {_L40S}",
+        "bandwidth": f"864 GB/s: {_L40S}",
+        "bf16": f"733 TFLOPS with sparsity, dense = half = 362.05 (366 dense in some revisions): {_L40S}",
+        "price": _PRICE_NOTE}),
+    GPU("l4", "NVIDIA L4 24GB", 24 * GB, 0.300 * TB_S, 121 * TFLOPS, 0.70, {
+        "memory": f"24GB GDDR6: {_L4}",
+        "bandwidth": f"300 GB/s: {_L4}",
+        "bf16": f"242 TFLOPS with sparsity, dense = half = 121: {_L4}",
+        "price": _PRICE_NOTE}),
+    GPU("a10g", "NVIDIA A10G 24GB (AWS G5)", 24 * GB, 0.600 * TB_S, 70 * TFLOPS, 1.006, {
+        "memory": f"24GB GDDR6: {_A10G}",
+        "bandwidth": f"600 GB/s: {_A10G}",
+        "bf16": f"70 TFLOPS tensor (vs 125 for the A10): {_A10G}",
+        "price": "AWS g5.xlarge on-demand, us-east-1 (includes host); " + _PRICE_NOTE}),
+    GPU("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", 24 * GB, 1.008 * TB_S, 165.2 * TFLOPS, 0.40, {
+        "memory": f"24GB GDDR6X: {_ADA}",
+        "bandwidth": f"1,008 GB/s: {_ADA}",
+        "bf16": f"165.2 TFLOPS dense (330.4 with sparsity): {_ADA}",
+        "price": _PRICE_NOTE}),
+    GPU("mi300x", "AMD Instinct MI300X 192GB", 192 * GB, 5.3 * TB_S, 1307.4 * TFLOPS, 2.50, {
+        "memory": f"192GB HBM3: {_MI300X}",
+        "bandwidth": f"5.3 TB/s peak: {_MI300X}",
+        "bf16": f"1,307.4 TFLOPS dense (2,614.9 with sparsity): {_MI300X}",
+        "price": _PRICE_NOTE}),
+    GPU("edge-phone", "Edge profile: phone-class SoC, 12GB LPDDR5X", 12 * GB, 68.3 * GB, 4 * TFLOPS, 0.0, {
+        "memory": "profile, not a product: 12GB, the RAM of a 2024 flagship phone (shared with "
+                  "the OS: lower the usable fraction)",
+        "bandwidth": "profile: LPDDR5X-8533 on a 64-bit bus, 8533e6 transfers/s * 8 bytes = "
+                     "68.3 GB/s (JEDEC JESD209-5B speed grade)",
+        "bf16": "profile: 4 TFLOPS fp16/bf16, the order of a phone GPU/NPU; edit for your device",
+        "price": "0: on-device, no hourly price"}),
+)}
+
+
+def gpu_names() -> list[str]:
+    return list(CATALOGUE)
+
+
+def get_gpu(name: str) -> GPU:
+    """The catalogue entry ``name`` (case-insensitive); AnalysisError lists the known names."""
+    key = name.strip().lower()
+    if key not in CATALOGUE:
+        raise AnalysisError(f"unknown GPU {name!r}: expected one of {', '.join(CATALOGUE)}")
+    return CATALOGUE[key]

@@ -1,0 +1,645 @@
+"""KV-cache size and serving cost of an attention variant (DESIGN.md, "KV-cache and serving cost").
+
+Pure arithmetic on a model's geometry; no tensors. Every figure is in bytes,
+bytes/s, FLOP/s, seconds or USD; a ``GB`` is 1e9 bytes and a ``GiB`` 2^30 bytes,
+and the two are never mixed (the projection-sharing paper's "67x" cache
+reduction for the 1.2B model with MQA and K=V mixes them: the consistent ratio
+is 2 * 32 / 1 = 64x).
+
+The formulas, in the order :func:`estimate` applies them (each one is also
+returned, with the numbers filled in, in ``Estimate.steps``)::
+
+    bytes/elem       = bits/8 + group overhead / group size     (int8, int4 only)
+    n_cached         = 2, or 1 when K = V (k_eq_v, q_eq_k_eq_v)
+    cache layers     = ceil(n_layers / layers per shared cache)  (cross-layer sharing)
+    bytes/token      = cache layers * n_cached * n_kv_heads * d_head * bytes/elem
+                     = cache layers * (latent + rope) * bytes/elem        (MLA)
+    cached tokens    = min(context, window)
+    bytes/user       = bytes/token * cached tokens
+    usable           = GPU memory * gpus per replica * utilisation
+    users per GPU    = floor((usable - weights - reserve) / bytes/user), 0 if negative
+    step time        = max((weight bytes read + batch * KV bytes read) / (bandwidth * eff_bw),
+                           batch * FLOPs/token / (peak bf16 * eff_compute))
+    tokens/s         = batch / step time
+    USD / 1M tokens  = price/hour * GPUs / (tokens/s * 3600) * 1e6
+
+Decode reads every weight once per step (except the input embedding tables, of
+which it reads one row per token) and every cached K/V of every user in the
+batch; FLOPs per token = 2 * (matmul parameters) + 4 * n_layers * n_heads *
+d_head * attended tokens (q.k and p.v). Sources: the roofline model (Williams,
+Waterman, Patterson, CACM 2009) as applied to decoding in e.g. Pope et al.,
+"Efficiently Scaling Transformer Inference" (MLSys 2023); MLA cache from
+DeepSeek-V2 (arXiv 2405.04434, latent 512 + rotary key 64 per layer);
+cross-layer KV sharing from Brandon et al. (arXiv 2405.12981); K=V and
+head-sharing cache sizes from the projection-sharing paper (arXiv 2606.04032).
+
+Parameter counts: ``wq_identity`` and ``q_eq_k`` drop W_Q (d_model * n_heads *
+d_head per layer, and b_Q), ``k_eq_v`` drops W_V (d_model * n_kv_heads * d_head,
+and b_V), ``q_eq_k_eq_v`` drops both.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import pandas as pd
+
+from analysis.errors import AnalysisError
+from analysis.gpus import GB, GIB, GPU
+
+VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
+KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
+Q_DROPPED = frozenset({"wq_identity", "q_eq_k", "q_eq_k_eq_v"})
+VARIANT_LABELS = {
+    "qkv": "Q-K-V (baseline)", "wq_identity": "query-free (W_Q = I)", "q_eq_k": "Q=K-V",
+    "k_eq_v": "Q-K=V", "q_eq_k_eq_v": "Q=K=V",
+}
+
+#: Bits per element of each cache / weight dtype name; int8 and int4 also carry
+#: one group of scale (+ zero point) bytes per ``group_size`` elements.
+DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+QUANTISED = frozenset({"int8", "int4"})
+DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
+                 "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "uint8": "int8"}
+
+
+def normalise_dtype(name: str) -> str:
+    key = str(name).replace("torch.", "").strip().lower()
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BITS:
+        raise AnalysisError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPE_BITS)}")
+    return key
+
+
+def bytes_per_element(dtype: str, *, group_size: int = 64, group_overhead_bytes: float = 4.0) -> float:
+    """bits/8, plus ``group_overhead_bytes / group_size`` for int8 and int4.
+
+    The default overhead, 4 bytes per group of 64, is one fp16 scale and one fp16
+    zero point (asymmetric quantisation as in KIVI, arXiv 2402.02750): int4 then
+    costs 0.5 + 4/64 = 0.5625 bytes per element.
+    """
+    key = normalise_dtype(dtype)
+    out = DTYPE_BITS[key] / 8
+    if key in QUANTISED:
+        if group_size < 1:
+            raise AnalysisError(f"quantisation group size must be >= 1, got {group_size}")
+        out += group_overhead_bytes / group_size
+    return out
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the calculator needs to know about a model.
+
+    ``mlp``: ``"gelu"`` (two matrices, GPT-2) or ``"gated"`` (three, SwiGLU as in
+    Llama). ``bias``: biases on every linear layer (GPT-2); ``qkv_bias``: on the
+    Q, K, V projections only (Qwen2). ``norm``: ``layernorm`` (weight, plus bias
+    when ``bias``) or ``rmsnorm`` (weight). ``n_positions``: rows of a learned
+    position table (0 for rotary). ``variant``: the model's own attention
+    variant. ``params_total`` / ``params_attention``: known counts (from a
+    checkpoint); when set they replace the formula for the native configuration
+    and other configurations are derived from them by the attention difference.
+    ``sliding_window``: the model's own attention window (Mistral 7B v0.1: 4096).
+    """
+
+    name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    d_mlp: int = 0
+    mlp: str = "gelu"
+    vocab: int = 0
+    n_positions: int = 0
+    tied_embeddings: bool = True
+    bias: bool = False
+    qkv_bias: bool = False
+    norm: str = "layernorm"
+    variant: str = "qkv"
+    params_total: int | None = None
+    params_attention: int | None = None
+    sliding_window: int | None = None
+    source: str = ""
+
+    def __post_init__(self):
+        for key in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise AnalysisError(f"geometry {self.name!r}: {key} must be an integer >= 1, got {value!r}")
+        _check_kv_heads(self.name, self.n_heads, self.n_kv_heads)
+        if self.variant not in VARIANTS:
+            raise AnalysisError(f"geometry {self.name!r}: variant must be one of {', '.join(VARIANTS)}, "
+                                f"got {self.variant!r}")
+        if self.mlp not in ("gelu", "gated"):
+            raise AnalysisError(f"geometry {self.name!r}: mlp must be 'gelu' or 'gated', got {self.mlp!r}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _check_kv_heads(name: str, n_heads: int, n_kv_heads: int) -> None:
+    if not 1 <= n_kv_heads <= n_heads or n_heads % n_kv_heads:
+        raise AnalysisError(f"geometry {name!r}: n_kv_heads must divide n_heads={n_heads} "
+                            f"(1 for MQA, {n_heads} for MHA), got {n_kv_heads}")
+
+
+@dataclass(frozen=True)
+class Attention:
+    """The attention / cache configuration being costed.
+
+    ``n_kv_heads`` None keeps the geometry's. ``mla_latent`` set switches to
+    multi-head latent attention (cache: latent + rope elements per layer per
+    token; the variant's K=V tie does not apply). ``layers_per_cache``: layers
+    that share one cache (cross-layer attention; 1 = none). ``window`` None
+    keeps the geometry's own sliding window (or none); 0 removes it.
+    """
+
+    variant: str = "qkv"
+    n_kv_heads: int | None = None
+    mla_latent: int | None = None
+    mla_rope: int = 0
+    layers_per_cache: int = 1
+    window: int | None = None
+
+    def label(self, geometry: Geometry) -> str:
+        kv = self.n_kv_heads or geometry.n_kv_heads
+        if self.mla_latent:
+            text = f"MLA latent {self.mla_latent}+rope {self.mla_rope}"
+        else:
+            heads = ("MHA" if kv == geometry.n_heads else "MQA" if kv == 1 else f"GQA-{kv}")
+            text = f"{VARIANT_LABELS[self.variant]}, {heads}"
+        if self.layers_per_cache > 1:
+            text += f", CLA x{self.layers_per_cache}"
+        window = _window(geometry, self)
+        if window:
+            text += f", window {window}"
+        return text
+
+
+def _window(geometry: Geometry, attention: Attention) -> int | None:
+    if attention.window is None:
+        return geometry.sliding_window
+    return attention.window or None
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The deployment: lengths, dtypes, efficiency factors. Every factor is editable.
+
+    ``context``: tokens cached per user (capacity). ``prompt_len`` and
+    ``output_len``, when both given, set ``context`` to their sum if ``context``
+    is None, and the decode step is costed at the mean length during
+    generation, prompt + output/2; otherwise at the full context (worst case).
+    ``users``: concurrent users; None fills one replica (the largest batch that
+    fits). ``reserve_bytes``: memory kept for activations, CUDA context and
+    fragmentation. ``gpus_per_replica``: tensor-parallel GPUs that hold one copy
+    of the weights (memory, bandwidth, FLOPs and price all multiply).
+    """
+
+    context: int | None = 4096
+    users: int | None = None
+    prompt_len: int | None = None
+    output_len: int | None = None
+    kv_dtype: str = "bf16"
+    weight_dtype: str = "bf16"
+    kv_group_size: int = 64
+    weight_group_size: int = 128
+    group_overhead_bytes: float = 4.0
+    mem_utilisation: float = 0.90
+    reserve_bytes: float = 2 * GB
+    bandwidth_efficiency: float = 0.80
+    compute_efficiency: float = 0.50
+    gpus_per_replica: int = 1
+
+    def resolved_context(self) -> int:
+        if self.context is not None:
+            return self.context
+        if self.prompt_len is not None and self.output_len is not None:
+            return self.prompt_len + self.output_len
+        raise AnalysisError("serving: give a context length, or both prompt and output lengths")
+
+    def decode_length(self) -> float:
+        """Tokens attended per decode step: prompt + output/2 when both are given, else the context."""
+        context = self.resolved_context()
+        if self.prompt_len is not None and self.output_len is not None:
+            return min(float(context), self.prompt_len + self.output_len / 2)
+        return float(context)
+
+    def validate(self) -> None:
+        context = self.resolved_context()
+        if context < 1:
+            raise AnalysisError(f"serving: context must be >= 1 token, got {context}")
+        for key in ("prompt_len", "output_len"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise AnalysisError(f"serving: {key} must be >= 0, got {value}")
+        if self.users is not None and self.users < 1:
+            raise AnalysisError(f"serving: users must be >= 1, got {self.users}")
+        for key in ("mem_utilisation", "bandwidth_efficiency", "compute_efficiency"):
+            value = getattr(self, key)
+            if not 0 < value <= 1:
+                raise AnalysisError(f"serving: {key} must be in (0, 1], got {value}")
+        if self.reserve_bytes < 0:
+            raise AnalysisError(f"serving: reserve_bytes must be >= 0, got {self.reserve_bytes}")
+        if self.gpus_per_replica < 1:
+            raise AnalysisError(f"serving: gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
+        normalise_dtype(self.kv_dtype)
+        normalise_dtype(self.weight_dtype)
+
+
+# -- parameters ---------------------------------------------------------------------------
+
+def attention_params(geometry: Geometry, attention: Attention) -> int:
+    """Attention parameters of all layers for ``attention`` on this geometry.
+
+    Per layer: W_Q d*nh*dh (absent for wq_identity, q_eq_k, q_eq_k_eq_v),
+    W_K d*nkv*dh, W_V d*nkv*dh (absent for k_eq_v, q_eq_k_eq_v), W_O nh*dh*d,
+    and their biases where the model has them. MLA (DeepSeek-V2 without query
+    compression): W_Q d*nh*(dh+rope), W_DKV d*latent, W_KR d*rope,
+    W_UK latent*nh*dh, W_UV latent*nh*dh, W_O nh*dh*d.
+    """
+    d, nh, dh = geometry.d_model, geometry.n_heads, geometry.d_head
+    nkv = attention.n_kv_heads or geometry.n_kv_heads
+    _check_kv_heads(geometry.name, nh, nkv)
+    if attention.mla_latent:
+        r, rope = attention.mla_latent, attention.mla_rope
+        per_layer = d * nh * (dh + rope) + d * r + d * rope + 2 * r * nh * dh + nh * dh * d
+        return geometry.n_layers * per_layer
+    q = 0 if attention.variant in Q_DROPPED else d * nh * dh
+    k = d * nkv * dh
+    v = 0 if attention.variant in KV_TIED else d * nkv * dh
+    o = nh * dh * d
+    per_layer = q + k + v + o
+    if geometry.bias or geometry.qkv_bias:
+        per_layer += (0 if attention.variant in Q_DROPPED else nh * dh) + nkv * dh
+        per_layer += 0 if attention.variant in KV_TIED else nkv * dh
+    if geometry.bias:
+        per_layer += d
+    return geometry.n_layers * per_layer
+
+
+def embedding_params(geometry: Geometry) -> tuple[int, int]:
+    """(input embedding tables, output head): vocab*d + n_positions*d, and vocab*d if untied."""
+    d = geometry.d_model
+    inputs = geometry.vocab * d + geometry.n_positions * d
+    head = 0 if geometry.tied_embeddings else geometry.vocab * d
+    return inputs, head
+
+
+def formula_params(geometry: Geometry, attention: Attention) -> int:
+    """Total parameters from the geometry: embeddings, attention, MLP, norms, head."""
+    d = geometry.d_model
+    d_mlp = geometry.d_mlp or 4 * d
+    mlp = (3 if geometry.mlp == "gated" else 2) * d * d_mlp
+    if geometry.bias:
+        mlp += d_mlp + d
+    norm = d * (2 if geometry.norm == "layernorm" and geometry.bias else 1)
+    if geometry.norm == "none":
+        norm = 0
+    inputs, head = embedding_params(geometry)
+    return (inputs + head + geometry.n_layers * (mlp + 2 * norm) + norm
+            + attention_params(geometry, attention))
+
+
+def params(geometry: Geometry, attention: Attention) -> tuple[int, int]:
+    """(total, attention) parameters of ``geometry`` under ``attention``.
+
+    A geometry that carries known counts (a checkpoint) keeps them for its
+    native configuration; any other is the known total plus the attention
+    difference: total' = total - attn(native) + attn(target).
+    """
+    native = Attention(variant=geometry.variant, n_kv_heads=geometry.n_kv_heads)
+    attn = attention_params(geometry, attention)
+    if geometry.params_total is None:
+        return formula_params(geometry, attention), attn
+    native_attn = geometry.params_attention if geometry.params_attention is not None \
+        else attention_params(geometry, native)
+    delta = attn - attention_params(geometry, native)
+    return geometry.params_total + delta, native_attn + delta
+
+
+# -- cache --------------------------------------------------------------------------------
+
+def kv_bytes_per_token(geometry: Geometry, attention: Attention, kv_dtype: str = "bf16", *,
+                       group_size: int = 64, group_overhead_bytes: float = 4.0) -> float:
+    """Cache bytes one token adds: cache layers * n_cached * n_kv_heads * d_head * bytes/elem.
+
+    cache layers = ceil(n_layers / layers_per_cache); n_cached = 1 for K=V
+    variants, else 2. MLA caches (latent + rope) elements per cache layer.
+    """
+    b = bytes_per_element(kv_dtype, group_size=group_size, group_overhead_bytes=group_overhead_bytes)
+    layers = cache_layers(geometry, attention)
+    if attention.mla_latent:
+        return layers * (attention.mla_latent + attention.mla_rope) * b
+    nkv = attention.n_kv_heads or geometry.n_kv_heads
+    _check_kv_heads(geometry.name, geometry.n_heads, nkv)
+    if attention.variant not in VARIANTS:
+        raise AnalysisError(f"variant must be one of {', '.join(VARIANTS)}, got {attention.variant!r}")
+    n_cached = 1 if attention.variant in KV_TIED else 2
+    return layers * n_cached * nkv * geometry.d_head * b
+
+
+def cache_layers(geometry: Geometry, attention: Attention) -> int:
+    if attention.layers_per_cache < 1:
+        raise AnalysisError(f"layers per shared cache must be >= 1, got {attention.layers_per_cache}")
+    return math.ceil(geometry.n_layers / attention.layers_per_cache)
+
+
+def cached_tokens(geometry: Geometry, attention: Attention, context: float) -> float:
+    """min(context, window): a sliding-window layer keeps only the last ``window`` tokens."""
+    window = _window(geometry, attention)
+    return min(context, window) if window else context
+
+
+# -- the estimate -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Step:
+    """One line of the working: a name, its formula, the formula with numbers, the value."""
+
+    name: str
+    formula: str
+    filled: str
+    value: float | None
+    unit: str
+
+
+@dataclass
+class Estimate:
+    """Every figure of one configuration; ``steps`` shows how each was reached."""
+
+    label: str
+    variant: str
+    n_kv_heads: int
+    params_total: int
+    params_attention: int
+    attention_share: float
+    weights_bytes: float
+    bytes_per_element_kv: float
+    bytes_per_token: float
+    context: int
+    cached_tokens: float
+    bytes_per_user: float
+    bytes_all_users: float | None
+    usable_bytes: float
+    users_per_gpu: int
+    fits: bool
+    users: int
+    replicas: int
+    gpus: int
+    batch: int
+    decode_length: float
+    step_time_s: float | None
+    memory_time_s: float | None
+    compute_time_s: float | None
+    bound: str | None
+    tokens_per_s: float
+    tokens_per_s_per_user: float
+    price_per_hour: float
+    usd_per_million_tokens: float | None
+    gpu: str
+    steps: list[Step] = field(default_factory=list)
+
+    def to_json(self, *, with_steps: bool = False) -> dict:
+        out = asdict(self)
+        out.pop("steps")
+        out["bytes_per_token_KiB"] = self.bytes_per_token / 1024
+        out["bytes_per_user_GB"] = self.bytes_per_user / GB
+        out["bytes_per_user_GiB"] = self.bytes_per_user / GIB
+        out["weights_GB"] = self.weights_bytes / GB
+        out["weights_GiB"] = self.weights_bytes / GIB
+        if with_steps:
+            out["steps"] = [asdict(s) for s in self.steps]
+        return out
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:,.3f} GB"
+
+
+def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GPU) -> Estimate:
+    """All serving figures for one configuration (formulas in the module docstring)."""
+    serving.validate()
+    if attention.variant not in VARIANTS:
+        raise AnalysisError(f"variant must be one of {', '.join(VARIANTS)}, got {attention.variant!r}")
+    nkv = attention.n_kv_heads or geometry.n_kv_heads
+    _check_kv_heads(geometry.name, geometry.n_heads, nkv)
+    steps: list[Step] = []
+
+    total, attn = params(geometry, attention)
+    wb = bytes_per_element(serving.weight_dtype, group_size=serving.weight_group_size,
+                           group_overhead_bytes=serving.group_overhead_bytes)
+    weights = total * wb
+    steps.append(Step("parameters", "embeddings + layers * (attention + MLP + norms) + head",
+                      f"{total:,} of which attention {attn:,} ({attn / total:.1%})", total, "parameters"))
+    steps.append(Step("weight memory", "parameters * bytes/elem (weights)",
+                      f"{total:,} * {wb:g} = {_gb(weights)}", weights, "bytes"))
+
+    kb = bytes_per_element(serving.kv_dtype, group_size=serving.kv_group_size,
+                           group_overhead_bytes=serving.group_overhead_bytes)
+    layers = cache_layers(geometry, attention)
+    per_token = kv_bytes_per_token(geometry, attention, serving.kv_dtype, group_size=serving.kv_group_size,
+                                   group_overhead_bytes=serving.group_overhead_bytes)
+    if attention.mla_latent:
+        filled = (f"{layers} * ({attention.mla_latent} + {attention.mla_rope}) * {kb:g} "
+                  f"= {per_token:,.1f} B ({per_token / 1024:,.3f} KiB)")
+        formula = "cache layers * (latent + rope) * bytes/elem"
+    else:
+        n_cached = 1 if attention.variant in KV_TIED else 2
+        filled = (f"{layers} * {n_cached} * {nkv} * {geometry.d_head} * {kb:g} "
+                  f"= {per_token:,.1f} B ({per_token / 1024:,.3f} KiB)")
+        formula = "cache layers * n_cached * n_kv_heads * d_head * bytes/elem"
+    steps.append(Step("KV bytes per token", formula, filled, per_token, "bytes"))
+
+    context = serving.resolved_context()
+    tokens = cached_tokens(geometry, attention, context)
+    per_user = per_token * tokens
+    steps.append(Step("KV bytes per user", "bytes/token * min(context, window)",
+                      f"{per_token:,.1f} * {tokens:,.0f} = {_gb(per_user)} ({per_user / GIB:,.3f} GiB)",
+                      per_user, "bytes"))
+
+    n = serving.gpus_per_replica
+    usable = gpu.memory_bytes * n * serving.mem_utilisation
+    free = usable - weights - serving.reserve_bytes
+    users_per_gpu = max(0, math.floor(free / per_user)) if per_user > 0 else 0
+    steps.append(Step("users per GPU", "floor((GPU memory * GPUs * utilisation - weights - reserve) / bytes/user)",
+                      f"floor(({_gb(gpu.memory_bytes)} * {n} * {serving.mem_utilisation:g} - {_gb(weights)} - "
+                      f"{_gb(serving.reserve_bytes)}) / {_gb(per_user)}) = {users_per_gpu:,}",
+                      users_per_gpu, "users"))
+
+    fits = users_per_gpu > 0
+    price = gpu.price_per_hour
+    decode_len = serving.decode_length()
+    if fits:
+        users = serving.users if serving.users is not None else users_per_gpu
+        replicas = math.ceil(users / users_per_gpu)
+        batch = math.ceil(users / replicas)
+        inputs, _ = embedding_params(geometry)
+        read_params = max(total - inputs, 0)
+        weight_read = read_params * wb
+        kv_read = batch * per_token * cached_tokens(geometry, attention, decode_len)
+        bandwidth = gpu.bandwidth_bytes_s * n * serving.bandwidth_efficiency
+        memory_time = (weight_read + kv_read) / bandwidth
+        attended = cached_tokens(geometry, attention, decode_len)
+        flops_token = 2 * read_params + 4 * geometry.n_layers * geometry.n_heads * geometry.d_head * attended
+        compute = gpu.bf16_flops * n * serving.compute_efficiency
+        compute_time = batch * flops_token / compute if compute > 0 else math.inf
+        step = max(memory_time, compute_time)
+        bound = "memory" if memory_time >= compute_time else "compute"
+        steps.append(Step("memory time per step",
+                          "(weight bytes read + batch * bytes/token * attended) / (bandwidth * GPUs * efficiency)",
+                          f"({_gb(weight_read)} + {batch} * {per_token:,.1f} * {attended:,.0f}) / "
+                          f"({gpu.bandwidth_bytes_s / 1e12:g} TB/s * {n} * {serving.bandwidth_efficiency:g}) "
+                          f"= {memory_time * 1e3:,.3f} ms", memory_time, "s"))
+        steps.append(Step("compute time per step",
+                          "batch * (2 * params read + 4 * layers * heads * d_head * attended) / "
+                          "(peak bf16 * GPUs * efficiency)",
+                          f"{batch} * {flops_token:,.0f} / ({gpu.bf16_flops / 1e12:g} TFLOPS * {n} * "
+                          f"{serving.compute_efficiency:g}) = {compute_time * 1e3:,.3f} ms",
+                          compute_time, "s"))
+        per_user_rate = 1 / step
+        rate = users * per_user_rate
+        steps.append(Step("decode tokens/s", "users / max(memory time, compute time)",
+                          f"{users} / {step * 1e3:,.3f} ms = {rate:,.1f} tokens/s ({bound}-bound; "
+                          f"{replicas} replica(s), batch {batch})", rate, "tokens/s"))
+        gpus = replicas * n
+        usd = price * gpus / (rate * 3600) * 1e6 if rate > 0 else None
+        steps.append(Step("USD per 1M output tokens", "price/hour * GPUs / (tokens/s * 3600) * 1e6",
+                          f"{price:g} * {gpus} / ({rate:,.1f} * 3600) * 1e6 = "
+                          + (f"{usd:,.4f} USD" if usd is not None else "n/a"), usd, "USD"))
+    else:
+        users = serving.users if serving.users is not None else 0
+        replicas = gpus = batch = 0
+        memory_time = compute_time = step = None
+        bound = None
+        rate = per_user_rate = 0.0
+        usd = None
+        reason = ("the weights and reserve do not fit" if free < 0
+                  else "not even one user's cache fits beside the weights")
+        steps.append(Step("decode tokens/s", "no user fits", f"{reason}: 0 tokens/s", 0.0, "tokens/s"))
+
+    return Estimate(
+        label=attention.label(geometry), variant=attention.variant if not attention.mla_latent else "mla",
+        n_kv_heads=nkv, params_total=total, params_attention=attn, attention_share=attn / total,
+        weights_bytes=weights, bytes_per_element_kv=kb, bytes_per_token=per_token, context=context,
+        cached_tokens=tokens, bytes_per_user=per_user,
+        bytes_all_users=per_user * users if users else None, usable_bytes=usable,
+        users_per_gpu=users_per_gpu, fits=fits, users=users, replicas=replicas, gpus=gpus, batch=batch,
+        decode_length=decode_len, step_time_s=step, memory_time_s=memory_time, compute_time_s=compute_time,
+        bound=bound, tokens_per_s=rate, tokens_per_s_per_user=per_user_rate, price_per_hour=price,
+        usd_per_million_tokens=usd, gpu=gpu.name, steps=steps)
+
+
+#: Figures where smaller is better (saving = 1 - value / baseline) and larger is better
+#: (ratio = value / baseline).
+SMALLER_BETTER = ("params_total", "params_attention", "weights_bytes", "bytes_per_token",
+                  "bytes_per_user", "usd_per_million_tokens")
+LARGER_BETTER = ("users_per_gpu", "tokens_per_s")
+
+
+def savings(value: Estimate, baseline: Estimate) -> dict:
+    """``saving_<x>`` = 1 - value/baseline for sizes and cost; ``ratio_<x>`` = value/baseline
+    for users and throughput (None where the baseline is 0 or missing)."""
+    out = {}
+    for key in SMALLER_BETTER:
+        v, b = getattr(value, key), getattr(baseline, key)
+        out[f"saving_{key}"] = (1 - v / b) if (v is not None and b) else None
+    for key in LARGER_BETTER:
+        v, b = getattr(value, key), getattr(baseline, key)
+        out[f"ratio_{key}"] = (v / b) if (v is not None and b) else None
+    return out
+
+
+def baseline_attention(geometry: Geometry) -> Attention:
+    """The reference: separate Q, K, V with the geometry's own KV heads and window."""
+    return Attention(variant="qkv", n_kv_heads=geometry.n_kv_heads)
+
+
+def standard_configs(geometry: Geometry, n_kv_heads: int | None = None) -> list[Attention]:
+    """Every variant at ``n_kv_heads`` (default: the geometry's), then K=V with GQA
+    (n_heads/4 KV heads, when it divides) and with MQA."""
+    nkv = n_kv_heads or geometry.n_kv_heads
+    configs = [Attention(variant=v, n_kv_heads=nkv) for v in VARIANTS]
+    extra = []
+    g4 = geometry.n_heads // 4
+    if geometry.n_heads % 4 == 0 and g4 >= 1 and g4 != nkv:
+        extra.append(g4)
+    if nkv != 1:
+        extra.append(1)
+    for kv in extra:
+        configs.append(Attention(variant="qkv", n_kv_heads=kv))
+        configs.append(Attention(variant="k_eq_v", n_kv_heads=kv))
+    return configs
+
+
+TABLE_COLUMNS = [
+    "label", "variant", "n_kv_heads", "params_total", "params_attention", "attention_share",
+    "weights_bytes", "bytes_per_token", "bytes_per_user", "bytes_all_users", "users_per_gpu", "users",
+    "gpus", "tokens_per_s", "bound", "usd_per_million_tokens",
+]
+
+
+def compare(geometry: Geometry, configs: list[Attention], serving: Serving, gpu: GPU,
+            baseline: Attention | None = None) -> pd.DataFrame:
+    """One row per configuration: the figures of :func:`estimate` and their savings
+    against ``baseline`` (default :func:`baseline_attention`)."""
+    base = estimate(geometry, baseline or baseline_attention(geometry), serving, gpu)
+    rows = []
+    for cfg in configs:
+        e = estimate(geometry, cfg, serving, gpu)
+        row = {k: getattr(e, k) for k in TABLE_COLUMNS}
+        row.update(savings(e, base))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sweep_context(geometry: Geometry, configs: list[Attention], serving: Serving, gpu: GPU,
+                  contexts: list[int]) -> pd.DataFrame:
+    """Tidy (label, context, bytes_per_user, users_per_gpu, usd_per_million_tokens) over contexts.
+
+    The prompt/output split is dropped so each point is costed at its own context."""
+    rows = []
+    for ctx in contexts:
+        s = replace(serving, context=int(ctx), prompt_len=None, output_len=None)
+        for cfg in configs:
+            e = estimate(geometry, cfg, s, gpu)
+            rows.append({"label": e.label, "context": int(ctx), "bytes_per_user": e.bytes_per_user,
+                         "users_per_gpu": e.users_per_gpu, "usd_per_million_tokens": e.usd_per_million_tokens})
+    return pd.DataFrame(rows)
+
+
+def sweep_users(geometry: Geometry, configs: list[Attention], serving: Serving, gpu: GPU,
+                users: list[int]) -> pd.DataFrame:
+    """Tidy (label, users, gpus, tokens_per_s, usd_per_million_tokens, bound) over concurrent users."""
+    rows = []
+    for u in users:
+        s = replace(serving, users=int(u))
+        for cfg in configs:
+            e = estimate(geometry, cfg, s, gpu)
+            rows.append({"label": e.label, "users": int(u), "gpus": e.gpus, "tokens_per_s": e.tokens_per_s,
+                         "usd_per_million_tokens": e.usd_per_million_tokens, "bound": e.bound})
+    return pd.DataFrame(rows)
+
+
+def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
+    """A Geometry from a checkpoint description (``inspect_checkpoint`` or a store row):
+    keys n_layers, n_heads, n_kv_heads, d_model, d_head, variant, and the
+    parameter counts as ``params: {total, attention}`` or ``params_total`` /
+    ``params_attention``."""
+    missing = [k for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head") if info.get(k) is None]
+    label = name or str(info.get("path") or info.get("name") or "checkpoint")
+    if missing:
+        raise AnalysisError(f"{label}: checkpoint geometry lacks {', '.join(missing)}")
+    p = info.get("params") or {}
+    total = p.get("total", info.get("params_total"))
+    attn = p.get("attention", info.get("params_attention"))
+    variant = info.get("variant") or "qkv"
+    if variant not in VARIANTS:
+        raise AnalysisError(f"{label}: variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    return Geometry(name=label, n_layers=int(info["n_layers"]), n_heads=int(info["n_heads"]),
+                    n_kv_heads=int(info["n_kv_heads"]), d_model=int(info["d_model"]),
+                    d_head=int(info["d_head"]), variant=variant,
+                    params_total=int(total) if total else None,
+                    params_attention=int(attn) if attn is not None else None,
+                    source=f"checkpoint {label}")
