@@ -1,0 +1,106 @@
+"""Small batched linear-algebra helpers shared by the metric modules.
+
+Everything here works on stacks of per-head matrices, ``[..., rows, d_head]``,
+and never forms a ``rows x rows`` matrix: a tall matrix's singular values come
+from its ``d_head x d_head`` Gram matrix (``sigma_i^2 = eig_i(A^T A)``), whose
+products are float32 and whose eigen-decompositions are float64 (cheap at
+``d_head x d_head``, and it keeps small eigenvalues from going negative).
+"""
+from __future__ import annotations
+
+import torch
+
+#: Machine epsilon of float32; the Gram matrices are accumulated in float32.
+EPS32 = float(torch.finfo(torch.float32).eps)
+
+
+def as_float32(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A float32 copy-or-view of ``t`` on ``device``; callers never write into it."""
+    return t.detach().to(device=device, dtype=torch.float32)
+
+
+def gram(a: torch.Tensor) -> torch.Tensor:
+    """``A^T A`` for a stack ``[..., rows, n]`` -> ``[..., n, n]``."""
+    return a.mT @ a
+
+
+def gram_eigvals(g: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues (descending, float64, >= 0) of symmetric PSD stacks ``[..., n, n]``.
+
+    Eigenvalues below ``n * eps32 * lambda_max`` are set to 0: a float32 Gram
+    matrix does not resolve them (its entries carry errors ~ eps32 * lambda_max).
+    """
+    g64 = g.to(torch.float64)
+    g64 = (g64 + g64.mT) / 2
+    lam = torch.linalg.eigvalsh(g64).flip(-1)  # [..., n], descending
+    top = lam[..., :1].clamp_min(0)
+    tol = g.shape[-1] * EPS32 * top
+    return torch.where(lam > tol, lam, torch.zeros_like(lam))
+
+
+def singular_values(a: torch.Tensor) -> torch.Tensor:
+    """Singular values (descending, float64) of a tall stack ``[..., rows, n]``, rows >= n,
+    as ``sqrt(eig(A^T A))``."""
+    return gram_eigvals(gram(a)).sqrt()
+
+
+def psd_sqrt(g: torch.Tensor) -> torch.Tensor:
+    """Symmetric square root ``G^{1/2}`` (float64) of PSD stacks ``[..., n, n]``.
+
+    If ``A = W S`` is the polar decomposition of ``A`` (``W`` a partial isometry),
+    ``S = (A^T A)^{1/2}``; so for ``M = A B^T``, ``sv(M) = sv(S_A S_B)``.
+    """
+    g64 = g.to(torch.float64)
+    g64 = (g64 + g64.mT) / 2
+    lam, u = torch.linalg.eigh(g64)                      # [..., n], [..., n, n]
+    top = lam[..., -1:].clamp_min(0)
+    lam = torch.where(lam > g.shape[-1] * EPS32 * top, lam, torch.zeros_like(lam))
+    return (u * lam.sqrt().unsqueeze(-2)) @ u.mT
+
+
+def spectrum_stats(sv: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rank summaries of singular values ``sv`` ``[..., n]`` (any order, >= 0).
+
+    * ``erank`` (Roy & Vetterli 2007, "The effective rank: a measure of effective
+      dimensionality"): ``p_i = sigma_i / sum_j sigma_j``,
+      ``erank = exp(-sum_i p_i log p_i)`` (``0 log 0 = 0``).
+    * ``stable_rank`` = ``||A||_F^2 / ||A||_2^2 = sum sigma_i^2 / max sigma_i^2``.
+    * ``energy_rank90`` / ``energy_rank99``: the smallest ``k`` whose top-``k``
+      singular values hold 90% / 99% of ``sum sigma_i^2``.
+
+    All are NaN for an all-zero matrix (undefined, not 0).
+    """
+    s = sv.to(torch.float64).sort(dim=-1, descending=True).values
+    total = s.sum(-1, keepdim=True)
+    p = s / total
+    ent = -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(-1)
+    erank = ent.exp()
+    energy = s.square()
+    e_total = energy.sum(-1, keepdim=True)
+    stable = e_total.squeeze(-1) / energy[..., 0]
+    frac = energy.cumsum(-1) / e_total
+    out = {"erank": erank, "stable_rank": stable}
+    for pct, name in ((0.90, "energy_rank90"), (0.99, "energy_rank99")):
+        # count of prefixes still below the threshold, +1; tolerance for round-off
+        k = (frac < pct - 1e-12).sum(-1).to(torch.float64) + 1
+        out[name] = k
+    nan = torch.full_like(erank, float("nan"))
+    zero = total.squeeze(-1) <= 0
+    return {k: torch.where(zero, nan, v) for k, v in out.items()}
+
+
+def identity_queries(n_heads: int, d_model: int, d_head: int,
+                     device: torch.device | str) -> torch.Tensor:
+    """The query-free model's W_Q: head h reads ``x[:, h*d_head:(h+1)*d_head]``.
+
+    Returns ``[n_heads, d_model, d_head]`` with ``E_h[h*d_head + i, i] = 1``.
+    Needs ``n_heads * d_head == d_model`` (the caller checks and explains).
+    """
+    eye = torch.eye(d_model, dtype=torch.float32, device=device)   # [d_model, d_model]
+    return eye.view(d_model, n_heads, d_head).permute(1, 0, 2).contiguous()  # [n_heads, d_model, d_head]
+
+
+def kv_index(n_heads: int, n_kv_heads: int, device: torch.device | str) -> torch.Tensor:
+    """kv head of each query head: ``h // (n_heads // n_kv_heads)`` (GQA/MQA)."""
+    group = n_heads // n_kv_heads
+    return torch.arange(n_heads, device=device) // group

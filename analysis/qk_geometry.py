@@ -1,0 +1,91 @@
+"""Symmetry and directionality of the bilinear form ``M = W_Q W_K^T``.
+
+Attention logits are ``x_i M x_j^T`` (times the attention scale), with
+``M = Q K^T`` a ``d_model x d_model`` matrix that is never formed here.
+
+* **Symmetry score** (Saponati et al. 2025, arXiv 2502.10927, Def. 3.1):
+  ``s = ||(M + M^T)/2||_F^2 / ||M||_F^2 = (1 + tr(M^2) / ||M||_F^2) / 2``
+  with ``tr(M^2) = tr((K^T Q)^2)`` and ``||M||_F^2 = tr((Q^T Q)(K^T K))``, all
+  ``d_head x d_head`` products. 1: symmetric (Q = K); ~0.5 random; 0: antisymmetric.
+* **Per layer**, ``M = sum_h Q_h K_{g(h)}^T`` (g: the head's kv head). Grouping
+  the query heads that share a kv head, ``M = Qs Ks^T`` with
+  ``Qs = [sum_{h in group j} Q_h]_j`` and ``Ks = [K_j]_j``, both
+  ``d_model x (n_kv_heads * d_head)``; the same identities apply.
+* **Directionality score** (same paper, Def. 3.2): with ``r_i = ||M[i, :]||``
+  (row norms: residual directions read by the query) and ``c_j = ||M[:, j]||``
+  (column norms: directions read by the key), ``r_bar`` = sum of the row norms
+  above ``mean(r) + gamma * std(r)`` (gamma = 2, std with Bessel's correction),
+  ``c_bar`` likewise for columns, and ``d = (c_bar - r_bar) / (c_bar + r_bar)``
+  in [-1, 1]; 0 when no row or column stands out. Positive: a few key-side
+  directions dominate (the paper's "column dominance", typical of decoders).
+  Row norms are ``diag(Qs (Ks^T Ks) Qs^T)``, column norms
+  ``diag(Ks (Qs^T Qs) Ks^T)``: ``d_model`` values from thin products.
+* **Logit symmetry** (activations): the symmetry score of a head's ``T x T``
+  pre-softmax logit matrix on sample tokens, before the causal mask.
+"""
+from __future__ import annotations
+
+import torch
+
+from analysis._linalg import gram
+
+
+def symmetry_per_head(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor) -> torch.Tensor:
+    """Symmetry score of ``M_h = Q_h K_{kv_of[h]}^T`` per query head, ``[n_heads]`` float64.
+
+    ``q: [n_heads, d_model, d_head]``, ``k: [n_kv_heads, d_model, d_head]``,
+    ``kv_of: [n_heads]`` the kv head of each query head.
+    """
+    with torch.inference_mode():
+        q32, k32 = q.float(), k.float()
+        kh = k32[kv_of]                                      # [n_heads, d_model, d_head]
+        c = (kh.mT @ q32).double()                           # K^T Q, [n_heads, d_head, d_head]
+        tr_m2 = (c * c.mT).sum((1, 2))                       # tr(C C)
+        gq = gram(q32).double()
+        gk = gram(k32).double()[kv_of]
+        norm2 = (gq * gk).sum((1, 2))                        # tr(Gq Gk), both symmetric
+        return (1 + tr_m2 / norm2) / 2
+
+
+def group_queries(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Sum of the query heads sharing each kv head: ``[n_kv_heads, d_model, d_head]``."""
+    n_heads, d_model, d_head = q.shape
+    return q.float().view(n_kv_heads, n_heads // n_kv_heads, d_model, d_head).sum(1)
+
+
+def _stacked(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Qs, Ks: [d_model, n_kv_heads*d_head]`` with ``M = Qs Ks^T`` summed over heads."""
+    n_kv, d_model, d_head = k.shape
+    qs = group_queries(q, n_kv).permute(1, 0, 2).reshape(d_model, n_kv * d_head)
+    ks = k.float().permute(1, 0, 2).reshape(d_model, n_kv * d_head)
+    return qs, ks
+
+
+def symmetry_layer(q: torch.Tensor, k: torch.Tensor) -> float:
+    """Symmetry score of ``M = sum_h Q_h K_{g(h)}^T`` (float)."""
+    with torch.inference_mode():
+        qs, ks = _stacked(q, k)
+        c = (ks.T @ qs).double()                             # [n_kv*d_head]^2
+        norm2 = (gram(qs).double() * gram(ks).double()).sum()
+        return float((1 + (c * c.T).sum() / norm2) / 2)
+
+
+def directionality_layer(q: torch.Tensor, k: torch.Tensor, *, gamma: float = 2.0) -> float:
+    """Directionality score ``(c_bar - r_bar) / (c_bar + r_bar)`` of the layer's ``M``."""
+    with torch.inference_mode():
+        qs, ks = _stacked(q, k)
+        rows = ((qs @ gram(ks)) * qs).sum(1).clamp_min(0).double().sqrt()   # [d_model]
+        cols = ((ks @ gram(qs)) * ks).sum(1).clamp_min(0).double().sqrt()   # [d_model]
+        r_bar = rows[rows > rows.mean() + gamma * rows.std()].sum()
+        c_bar = cols[cols > cols.mean() + gamma * cols.std()].sum()
+        den = r_bar + c_bar
+        if den <= 0:
+            return 0.0
+        return float((c_bar - r_bar) / den)
+
+
+def matrix_symmetry(m: torch.Tensor) -> torch.Tensor:
+    """Symmetry score of square stacks ``[..., n, n]`` (e.g. logits), float64 ``[...]``."""
+    with torch.inference_mode():
+        m64 = m.double()
+        return (1 + (m64 * m64.mT).sum((-2, -1)) / m64.square().sum((-2, -1))) / 2

@@ -1,0 +1,80 @@
+"""Can W_Q be absorbed into the residual stream? (query-free attention, arXiv 2510.23912)
+
+Stack a layer's query heads: ``A = [W_Q[0] | ... | W_Q[H-1]]``,
+``[d_model, n_heads*d_head]``. If ``A`` is square and invertible, the change of
+basis ``x~ = x A`` makes head ``h``'s query the identity slice
+``x~[:, h*d_head:(h+1)*d_head]``, and keys keep their values with
+``W_K' = A^{-1} W_K`` (``b_K' = b_K - b_Q A^{-1} W_K`` when ``x~ = x A + b_Q``).
+
+* ``condition`` = ``sigma_max(A) / sigma_min(A)`` (inf when singular).
+* ``orth_defect``: a change of basis commutes with RMSNorm/LayerNorm only when
+  it is a scaled orthogonal matrix (the obstruction the paper names). With
+  ``c = mean_i sigma_i^2``, ``defect = sqrt(mean_i (sigma_i^2 / c - 1)^2)
+  = ||A^T A / c - I||_F / sqrt(n)``: 0 for a scaled orthogonal ``A``. Computed
+  on ``W_Q`` as stored (norm gains folded in only where the converter did).
+* ``absorb_error`` (models without normalisation, where the conversion is
+  exact in exact arithmetic): ``max |L~ - L| / max |L|`` over heads and pairs of
+  ``tokens`` sample inputs ``x ~ N(0, 1)``, where ``L = (x W_Q[h] + b_Q)(x W_K + b_K)^T``
+  and ``L~`` the converted model's logits (float32, ``torch.linalg.solve``):
+  how much the conversion loses to round-off and ill-conditioning.
+
+One ``svdvals`` of ``A`` per layer serves the first two.
+"""
+from __future__ import annotations
+
+import torch
+
+from analysis._linalg import kv_index
+
+
+def stack_queries(q: torch.Tensor) -> torch.Tensor:
+    """``[n_heads, d_model, d_head] -> [d_model, n_heads*d_head]`` (head-major columns)."""
+    n_heads, d_model, d_head = q.shape
+    return q.float().permute(1, 0, 2).reshape(d_model, n_heads * d_head)
+
+
+def condition_and_defect(q: torch.Tensor) -> tuple[float, float]:
+    """``(condition, orth_defect)`` of the stacked W_Q (see module docstring)."""
+    with torch.inference_mode():
+        sv = torch.linalg.svdvals(stack_queries(q)).double()        # [min(d_model, H*d_head)]
+        cond = float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")
+        e = sv.square()
+        c = e.mean()
+        defect = float(((e / c - 1).square().mean()).sqrt()) if c > 0 else float("nan")
+        return cond, defect
+
+
+def absorb_error(q: torch.Tensor, k: torch.Tensor, b_q: torch.Tensor | None,
+                 b_k: torch.Tensor | None, *, tokens: int = 64, seed: int = 0) -> float:
+    """Relative max logit error of the query-free conversion (see module docstring).
+
+    ``q: [n_heads, d_model, d_head]`` with ``n_heads*d_head == d_model``,
+    ``k: [n_kv_heads, d_model, d_head]``, biases ``[heads, d_head]`` or None.
+    """
+    with torch.inference_mode():
+        n_heads, d_model, d_head = q.shape
+        n_kv = k.shape[0]
+        dev = q.device
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        x = torch.randn(tokens, d_model, generator=gen).to(dev)          # [T, d_model]
+        q32, k32 = q.float(), k.float()
+        bq = b_q.float() if b_q is not None else torch.zeros(n_heads, d_head, device=dev)
+        bk = b_k.float() if b_k is not None else torch.zeros(n_kv, d_head, device=dev)
+        kv_of = kv_index(n_heads, n_kv, dev)
+        # original: [H, T, d_head] queries, [n_kv, T, d_head] keys
+        qh = torch.einsum("td,hde->hte", x, q32) + bq[:, None, :]
+        kh = torch.einsum("td,gde->gte", x, k32) + bk[:, None, :]
+        logits = qh @ kh[kv_of].mT                                      # [H, T, T]
+        # converted: x~ = x A + b_Q (flattened), W_K' = A^{-1} W_K
+        a = stack_queries(q32)                                          # [d_model, d_model]
+        bq_flat = bq.reshape(-1)                                        # [d_model]
+        k_stack = k32.permute(1, 0, 2).reshape(d_model, n_kv * d_head)  # [d_model, n_kv*d_head]
+        k_new = torch.linalg.solve(a, k_stack)                          # A^{-1} W_K
+        k_new = k_new.view(d_model, n_kv, d_head).permute(1, 0, 2)       # [n_kv, d_model, d_head]
+        bk_new = bk - torch.einsum("d,gde->ge", bq_flat, k_new)
+        xt = x @ a + bq_flat                                            # [T, d_model]
+        qt = xt.view(tokens, n_heads, d_head).permute(1, 0, 2)          # identity slices, [H, T, d_head]
+        kt = torch.einsum("td,gde->gte", xt, k_new) + bk_new[:, None, :]
+        logits_new = qt @ kt[kv_of].mT
+        scale = logits.abs().max()
+        return float((logits_new - logits).abs().max() / scale) if scale > 0 else float("nan")

@@ -1,0 +1,257 @@
+"""Known answers, invariances and float64 references for the weight-level metrics."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from analysis import kv_similarity, qk_geometry, query_absorb, registry, spectra
+from analysis._linalg import identity_queries, kv_index, spectrum_stats
+from analysis.errors import AnalysisError
+from analysis.weights import weight_metrics
+
+torch.manual_seed(0)
+D, E = 48, 8
+
+
+def rand(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g)
+
+
+def rotation(n, seed=1):
+    q, _ = torch.linalg.qr(rand(n, n, seed=seed).double())
+    return q.float()
+
+
+# -- float64 references: the straightforward formulas, numpy ------------------
+def ref_cos(k, v):
+    k, v = k.ravel(), v.ravel()
+    return k @ v / np.linalg.norm(k) / np.linalg.norm(v)
+
+
+def ref_cka(k, v, center=False):
+    if center:
+        k, v = k - k.mean(0), v - v.mean(0)
+    return np.linalg.norm(k.T @ v) ** 2 / (np.linalg.norm(k.T @ k) * np.linalg.norm(v.T @ v))
+
+
+def ref_r2(k, v):
+    t = np.linalg.lstsq(k, v, rcond=None)[0]
+    return 1 - np.linalg.norm(v - k @ t) ** 2 / np.linalg.norm(v) ** 2
+
+
+def ref_sym(m):
+    return np.linalg.norm((m + m.T) / 2) ** 2 / np.linalg.norm(m) ** 2
+
+
+def ref_stats(a, keep=None):
+    s = np.linalg.svd(a, compute_uv=False)[:keep]
+    p = s / s.sum()
+    e = s ** 2
+    frac = np.cumsum(e) / e.sum()
+    return {"erank": math.exp(-(p * np.log(p)).sum()), "stable_rank": e.sum() / e[0],
+            "energy_rank90": int(np.searchsorted(frac, 0.9) + 1),
+            "energy_rank99": int(np.searchsorted(frac, 0.99) + 1)}
+
+
+def ref_directionality(m, gamma=2.0):
+    r, c = np.linalg.norm(m, axis=1), np.linalg.norm(m, axis=0)
+    rb = r[r > r.mean() + gamma * r.std(ddof=1)].sum()
+    cb = c[c > c.mean() + gamma * c.std(ddof=1)].sum()
+    return 0.0 if rb + cb == 0 else (cb - rb) / (cb + rb)
+
+
+# -- known answers -----------------------------------------------------------
+def test_k_equals_v_gives_one():
+    k = rand(3, D, E)
+    for f in (kv_similarity.cosine_flat, kv_similarity.linear_cka, kv_similarity.share_r2):
+        np.testing.assert_allclose(f(k, k.clone()).numpy(), 1.0, atol=1e-6)
+
+
+def test_q_equals_k_symmetric_and_antisymmetric_zero():
+    k = rand(2, D, E)
+    np.testing.assert_allclose(qk_geometry.symmetry_per_head(k.clone(), k, torch.arange(2)).numpy(), 1.0, atol=1e-6)
+    assert qk_geometry.symmetry_layer(k.clone(), k) == pytest.approx(1.0, abs=1e-6)
+    # M = A B^T - B A^T is antisymmetric: Q = [A, B], K = [B, -A] (d_head 2E)
+    a, b = rand(1, D, E, seed=3), rand(1, D, E, seed=4)
+    q, kk = torch.cat([a, b], -1), torch.cat([b, -a], -1)
+    assert float(qk_geometry.symmetry_per_head(q, kk, torch.arange(1))[0]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_identity_slice_has_full_erank():
+    eye = identity_queries(6, D, E, "cpu")
+    st = spectra.tall_stats(eye)
+    np.testing.assert_allclose(st["erank"].numpy(), E, rtol=1e-6)
+    np.testing.assert_allclose(st["stable_rank"].numpy(), E, rtol=1e-6)
+    np.testing.assert_allclose(st["energy_rank99"].numpy(), E)
+
+
+def test_zero_head_is_nan_not_zero():
+    k = rand(2, D, E)
+    v = k.clone()
+    v[1] = 0
+    r2 = kv_similarity.share_r2(k, v)
+    assert math.isnan(float(r2[1])) and float(r2[0]) == pytest.approx(1.0, abs=1e-6)
+    assert math.isnan(float(spectrum_stats(torch.zeros(1, 4))["erank"][0]))
+
+
+# -- invariance ----------------------------------------------------------------
+def test_rotation_invariance_and_flat_cosine_changes():
+    k = rand(1, D, E, seed=5)
+    v = k + 0.3 * rand(1, D, E, seed=6)
+    r1, r2 = rotation(E, 7), rotation(E, 8)
+    kr, vr = k @ r1, v @ r2
+    for f in (kv_similarity.linear_cka, kv_similarity.share_r2):
+        assert float(f(kr, vr)[0]) == pytest.approx(float(f(k, v)[0]), rel=1e-4)
+    assert abs(float(kv_similarity.cosine_flat(kr, vr)[0]) - float(kv_similarity.cosine_flat(k, v)[0])) > 0.1
+    q = rand(1, D, E, seed=9)
+    s0 = float(qk_geometry.symmetry_per_head(q, k, torch.arange(1))[0])
+    s1 = float(qk_geometry.symmetry_per_head(q @ r1, k @ r1, torch.arange(1))[0])
+    assert s1 == pytest.approx(s0, rel=1e-4)
+    e0 = spectra.qk_stats(q, k, torch.arange(1))["erank"]
+    e1 = spectra.qk_stats(q @ r1, k @ r1, torch.arange(1))["erank"]
+    np.testing.assert_allclose(e1.numpy(), e0.numpy(), rtol=1e-4)
+
+
+# -- float64 references on random weights ------------------------------------
+def test_kv_metrics_match_reference():
+    k, v = rand(4, D, E, seed=10), rand(4, D, E, seed=11) + 0.5 * rand(4, D, E, seed=10)
+    kn, vn = k.double().numpy(), v.double().numpy()
+    for h in range(4):
+        assert float(kv_similarity.cosine_flat(k, v)[h]) == pytest.approx(ref_cos(kn[h], vn[h]), abs=1e-5)
+        assert float(kv_similarity.linear_cka(k, v)[h]) == pytest.approx(ref_cka(kn[h], vn[h]), abs=1e-5)
+        assert float(kv_similarity.linear_cka(k, v, center=True)[h]) == pytest.approx(
+            ref_cka(kn[h], vn[h], center=True), abs=1e-5)
+        assert float(kv_similarity.share_r2(k, v)[h]) == pytest.approx(ref_r2(kn[h], vn[h]), abs=1e-5)
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(6, 6), (6, 2), (6, 1)])
+def test_qk_and_spectra_match_reference(n_heads, n_kv):
+    q, k = rand(n_heads, D, E, seed=12), rand(n_kv, D, E, seed=13)
+    o = rand(n_heads, E, D, seed=14)
+    kv_of = kv_index(n_heads, n_kv, "cpu")
+    qn, kn, on = q.double().numpy(), k.double().numpy(), o.double().numpy()
+    sym = qk_geometry.symmetry_per_head(q, k, kv_of)
+    qks = spectra.qk_stats(q, k, kv_of)
+    qs, os_ = spectra.tall_stats(q), spectra.wide_stats(o)
+    for h in range(n_heads):
+        m = qn[h] @ kn[int(kv_of[h])].T                      # d_model x d_model, fine in a test
+        assert float(sym[h]) == pytest.approx(ref_sym(m), abs=1e-5)
+        for stats, a in ((qks, m), (qs, qn[h]), (os_, on[h])):
+            # M has rank d_head: its other singular values are round-off zeros
+            ref = ref_stats(a, keep=E)
+            for name, val in ref.items():
+                assert float(stats[name][h]) == pytest.approx(val, rel=1e-4), name
+    m_layer = sum(qn[h] @ kn[int(kv_of[h])].T for h in range(n_heads))
+    assert qk_geometry.symmetry_layer(q, k) == pytest.approx(ref_sym(m_layer), abs=1e-5)
+    assert qk_geometry.directionality_layer(q, k) == pytest.approx(ref_directionality(m_layer), abs=1e-5)
+
+
+def test_directionality_known_answer():
+    # M = e_0 1^T: one dominant row (query side), all columns equal (no outlier): d = -1.
+    q = torch.zeros(1, D, E)
+    q[0, 0, 0] = 1.0
+    k = torch.zeros(1, D, E)
+    k[0, :, 0] = 1.0
+    assert qk_geometry.directionality_layer(q, k) == pytest.approx(-1.0)
+    assert qk_geometry.directionality_layer(k, q) == pytest.approx(1.0)
+
+
+def test_condition_and_defect_reference():
+    q = rand(6, D, E, seed=21)                               # 6*8 = 48 = D, square
+    a = q.permute(1, 0, 2).reshape(D, D).double().numpy()
+    s = np.linalg.svd(a, compute_uv=False)
+    cond, defect = query_absorb.condition_and_defect(q)
+    assert cond == pytest.approx(s[0] / s[-1], rel=1e-3)
+    e = s ** 2
+    assert defect == pytest.approx(np.sqrt(((e / e.mean() - 1) ** 2).mean()), rel=1e-4)
+    rot = rotation(D, 22).view(D, 6, E).permute(1, 0, 2) * 3.0   # scaled orthogonal
+    c2, d2 = query_absorb.condition_and_defect(rot)
+    assert c2 == pytest.approx(1.0, abs=1e-4) and d2 == pytest.approx(0.0, abs=1e-4)
+
+
+def test_absorb_error_is_round_off_for_no_norm_model():
+    q, k = rand(6, D, E, seed=23), rand(2, D, E, seed=24)
+    bq, bk = rand(6, E, seed=25), rand(2, E, seed=26)
+    assert query_absorb.absorb_error(q, k, bq, bk) < 1e-4
+    # a singular W_Q cannot be absorbed: the error is large
+    q2 = q.clone()
+    q2[1] = q2[0]
+    assert query_absorb.absorb_error(q2, k, None, None) > 1e-2 or not math.isfinite(
+        query_absorb.absorb_error(q2, k, None, None))
+
+
+# -- the layer orchestrator ---------------------------------------------------
+def _layer(n_heads=6, n_kv=2, identity=False, seed=30):
+    return SimpleNamespace(layer=3, W_Q=None if identity else rand(n_heads, D, E, seed=seed),
+                           W_K=rand(n_kv, D, E, seed=seed + 1), W_V=rand(n_kv, D, E, seed=seed + 2),
+                           W_O=rand(n_heads, E, D, seed=seed + 3), b_Q=None, b_K=None)
+
+
+def _meta(n_heads=6, n_kv=2, norm="layernorm", variant="qkv"):
+    return SimpleNamespace(n_heads=n_heads, n_kv_heads=n_kv, d_model=D, d_head=E, norm=norm, variant=variant)
+
+
+def test_weight_metrics_all_registered_and_tidy():
+    df, notes = weight_metrics(_layer(), _meta(), device="cpu")
+    assert list(df.columns) == registry.COLUMNS
+    assert set(df["metric"]) | set(notes) == set(registry.names("weights"))
+    assert set(df["metric"]).isdisjoint(notes)
+    assert notes == {"wq_absorb_error": "model uses layernorm: the conversion is not exact through the norm, "
+                                        "see wq_basis_orth_defect"}
+    assert df[df.metric == "kv_cka"]["head_label"].tolist() == ["L3KV0", "L3KV1"]
+    assert df[(df.metric == "qk_symmetry") & df["head"].isna()]["head_label"].tolist() == ["L3"]
+    assert len(df[df.metric == "erank_q"]) == 6
+
+
+def test_weight_metrics_identity_query_says_why():
+    df, notes = weight_metrics(_layer(identity=True), _meta(variant="wq_identity"), device="cpu")
+    why = "W_Q is the identity slice (query-free model): there is no query projection"
+    for m in ("erank_q", "wq_condition", "wq_basis_orth_defect", "wq_absorb_error", "norm_q"):
+        assert notes[m] == why
+        assert m not in set(df.metric)
+    assert set(df.metric) | set(notes) == set(registry.names("weights"))
+    qk = df[df.metric == "qk_symmetry"]
+    assert qk["value"].notna().all() and len(qk) == 7
+
+
+def test_weight_metrics_no_norm_reports_absorb_error():
+    df, notes = weight_metrics(_layer(), _meta(norm="none"), device="cpu")
+    assert float(df[df.metric == "wq_absorb_error"]["value"].iloc[0]) < 1e-4
+    assert notes == {"wq_basis_orth_defect":
+                     "no normalisation: any invertible change of basis is absorbable, see wq_absorb_error"}
+
+
+def test_weight_metrics_shape_error_message():
+    layer = _layer()
+    layer.W_V = rand(2, D, E + 1)
+    with pytest.raises(AnalysisError) as exc:
+        weight_metrics(layer, _meta(), device="cpu")
+    assert str(exc.value) == ("layer 3: expected W_V of shape [2, 48, 8] (from n_heads=6, n_kv_heads=2, "
+                              "d_model=48, d_head=8), found [2, 48, 9]")
+
+
+def test_inputs_not_modified():
+    layer = _layer()
+    before = {n: getattr(layer, n).clone() for n in ("W_Q", "W_K", "W_V", "W_O")}
+    weight_metrics(layer, _meta(norm="none"), device="cpu")
+    for n, t in before.items():
+        assert torch.equal(getattr(layer, n), t)
+
+
+def test_registry_names_unique_and_documented():
+    names = registry.names()
+    assert len(names) == len(set(names))
+    assert all(m.help and m.level in ("weights", "activations") for m in registry.METRICS)
+    assert list(registry.describe().columns) == ["name", "level", "axis", "family", "help"]
+
+
+@pytest.mark.gpu
+def test_cpu_and_gpu_agree():
+    a, _ = weight_metrics(_layer(), _meta(norm="none"), device="cpu")
+    b, _ = weight_metrics(_layer(), _meta(norm="none"), device="cuda")
+    np.testing.assert_allclose(a["value"].to_numpy(), b["value"].to_numpy(), rtol=2e-3, atol=1e-4)
