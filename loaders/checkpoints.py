@@ -1,0 +1,114 @@
+"""Open a checkpoint as the canonical container: file format -> layout -> Checkpoint.
+
+``open_checkpoint(path)`` reads the container (``loaders.sources.open_source``:
+safetensors, ``.bin``/``.pt``, Hugging Face folders, zips), picks the layout
+converter (``loaders.layouts.pick``), validates every layer's shapes against
+the configuration and returns a ``Checkpoint`` whose layers are read one at a
+time. ``inspect_checkpoint(path)`` is what ``python -m app info`` prints.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from loaders import layouts
+from loaders.canonical import Checkpoint
+from loaders.errors import UnknownArchitectureError
+from loaders.tensor_source import TensorSource
+
+#: Substrings that make a tensor name "attention-like" in error messages.
+ATTENTION_HINTS = ("attn", "attention", "q_proj", "k_proj", "v_proj", "query", "key", "value",
+                   "qkv", "c_attn", "wq", "wk", "wv", "c_q", "c_k", "c_v")
+_HINT_RX = re.compile("|".join(re.escape(h) for h in ATTENTION_HINTS))
+_MAX_LISTED = 20
+
+
+def _attention_like(source: TensorSource) -> str:
+    found = sorted(k for k in source.keys() if _HINT_RX.search(k.lower()))
+    if not found:
+        return "none"
+    shown = [f"{k}: {tuple(source.shape(k))}" for k in found[:_MAX_LISTED]]
+    more = f", and {len(found) - _MAX_LISTED} more" if len(found) > _MAX_LISTED else ""
+    return ", ".join(shown) + more
+
+
+def checkpoint_from_source(source: TensorSource, *, close: bool = True) -> Checkpoint:
+    """Pick the layout for an opened source and convert it.
+
+    Raises ``UnknownArchitectureError`` listing the attention-like tensors
+    when no layout matches, ``CheckpointFormatError`` when one matches but a
+    shape contradicts the configuration. ``close``: the Checkpoint's
+    ``close()`` closes the source (and on error the source is closed here).
+    """
+    try:
+        mod = layouts.pick(source)
+        if mod is None:
+            raise UnknownArchitectureError(
+                source.path, "no known attention layout; attention-like tensors found: "
+                             f"{_attention_like(source)} "
+                             f"(known layouts: {', '.join(layouts.names())})")
+        meta, layer_fn = mod.convert(source)
+    except BaseException:
+        if close:
+            source.close()
+        raise
+    return Checkpoint(source.path, meta, layer_fn, close_fn=source.close if close else None)
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    """Open ``path`` (file, Hugging Face folder or zip) as a canonical Checkpoint.
+    Use it as a context manager, or call ``close()``."""
+    from loaders.sources import open_source
+
+    return checkpoint_from_source(open_source(path))
+
+
+def _step(extras: dict) -> int | None:
+    for name in ("step", "iter_num", "global_step"):
+        value = extras.get(name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    return None
+
+
+def count_nonfinite(ckpt: Checkpoint) -> int:
+    """NaN/Inf values over the attention weights, one pass over the layers.
+    A tied tensor is counted once (``W_Q`` of ``q_eq_k``, ``W_V`` of ``k_eq_v``)."""
+    variant = ckpt.meta.variant
+    skip = set()
+    if variant in ("q_eq_k", "q_eq_k_eq_v"):
+        skip |= {"W_Q", "b_Q"}
+    if variant in ("k_eq_v", "q_eq_k_eq_v"):
+        skip |= {"W_V", "b_V"}
+    total = 0
+    with torch.inference_mode():
+        for layer in ckpt.layers():
+            for name, t in layer.tensors().items():
+                if name not in skip and t.is_floating_point():
+                    total += int((~torch.isfinite(t)).sum())
+    return total
+
+
+def inspect_checkpoint(path: str | Path) -> dict:
+    """The ``info`` JSON: ``ModelMeta.to_json()`` (architecture, variant,
+    geometry, ``params``, ``kv_bytes_per_token``, ``config``) plus ``path``,
+    ``nonfinite`` (NaN/Inf count over the attention weights) and ``step``
+    (the source's ``step``/``iter_num`` when it has one)."""
+    from loaders.sources import open_source
+
+    source = open_source(path)
+    extras = dict(source.extras or {})
+    with checkpoint_from_source(source) as ckpt:
+        info = ckpt.meta.to_json()
+        info["path"] = str(path)
+        info["nonfinite"] = count_nonfinite(ckpt)
+    step = _step(extras)
+    if step is not None:
+        info["step"] = step
+    return info

@@ -1,0 +1,81 @@
+"""Layout converters: one module per source layout, each turning a
+``TensorSource`` into the canonical container (``loaders.canonical``).
+
+The converter protocol. A module in this package (name not starting with
+``_``) is a layout when it defines:
+
+* ``NAME: str``: the layout's name, stored as ``ModelMeta.architecture``.
+* ``PRIORITY: int``: detection order, lower first. Specific layouts go before
+  generic ones: 5 this project's own variant models (``qkvscope``), 10-19 the
+  papers' layouts recognised by their config fields (``projection_sharing``,
+  ``query_free``), 20-39 layouts with distinctive key names (Hugging Face
+  families, llama2.c/Meta), 40-59 generic fused ``c_attn`` layouts told apart
+  by shape (``gpt2`` Conv1D, ``nanogpt`` Linear).
+* ``detect(source) -> bool``: reads only key names, shapes and config; never
+  tensor data.
+* ``convert(source) -> (ModelMeta, layer_fn)``: validates every layer's shapes
+  against the geometry (``CheckpointFormatError`` naming the key, the shape
+  found and the one expected), then returns the metadata with parameter
+  counts and ``layer_fn(i) -> AttentionWeights`` that reads only layer ``i``.
+* optionally ``MODEL_TYPES`` (Hugging Face ``config.model_type`` values) and
+  ``ARCHITECTURES`` (prefixes of ``config.architectures`` class names): a
+  source whose config declares one of these is offered to that layout before
+  any key-based detection.
+
+Row order: each layout keeps its own row order inside a head. Notably HF
+Llama-family ``q_proj``/``k_proj`` rows are permuted relative to Meta/llama2.c
+``wq``/``wk`` (HF applies rotary with ``rotate_half`` on halves, Meta on
+interleaved pairs), so ``W_Q`` of the same model read from the two layouts
+differs by a fixed permutation of each head's d_head columns. Metrics that are
+invariant to a rotation of the head basis agree; per-column ones do not.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+from loaders.tensor_source import TensorSource
+
+
+def _discover() -> list[ModuleType]:
+    mods = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if all(hasattr(mod, a) for a in ("NAME", "detect", "convert")):
+            mods.append(mod)
+    return sorted(mods, key=lambda m: (getattr(m, "PRIORITY", 50), m.NAME))
+
+
+#: Every layout converter, in detection order.
+LAYOUTS: list[ModuleType] = _discover()
+
+
+def names() -> list[str]:
+    """Known layout names, sorted."""
+    return sorted(m.NAME for m in LAYOUTS)
+
+
+def _declared(source: TensorSource, mod: ModuleType) -> bool:
+    config = source.config or {}
+    mt = str(config.get("model_type") or "").lower()
+    if mt and mt in getattr(mod, "MODEL_TYPES", ()):
+        return True
+    archs = config.get("architectures") or []
+    prefixes = getattr(mod, "ARCHITECTURES", ())
+    return any(isinstance(a, str) and a.startswith(prefixes) for a in archs) if prefixes else False
+
+
+def pick(source: TensorSource) -> ModuleType | None:
+    """The layout for ``source``: first one its config declares (``model_type``
+    or ``architectures``) whose ``detect`` agrees, else the first whose
+    ``detect`` is true, in ``LAYOUTS`` order; None when none matches."""
+    for mod in LAYOUTS:
+        if _declared(source, mod) and mod.detect(source):
+            return mod
+    for mod in LAYOUTS:
+        if mod.detect(source):
+            return mod
+    return None

@@ -1,0 +1,50 @@
+"""BERT-style encoders: Hugging Face ``BertModel`` (with or without the
+``bert.`` prefix of the task heads), RoBERTa, and sentence-transformers models
+such as all-MiniLM-L6-v2 (a ``BertModel`` saved without prefix).
+
+Keys: ``encoder.layer.{i}.attention.self.{query,key,value}.{weight,bias}``
+(``nn.Linear`` ``[d_model, d_model]``) and
+``encoder.layer.{i}.attention.output.dense.{weight,bias}`` (the output
+projection). Post-LayerNorm blocks; learned absolute positions
+(``position_embedding_type`` other than ``absolute`` gives ``unknown``);
+bidirectional attention; ``attn_scale = 1/sqrt(d_head)``. Config:
+``hidden_size``, ``num_attention_heads``, ``num_hidden_layers``.
+Source: transformers ``models/bert/modeling_bert.py``.
+"""
+from __future__ import annotations
+
+from loaders.layouts import _common as C
+
+NAME = "bert"
+PRIORITY = 30
+MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
+ARCHITECTURES = ("Bert", "Roberta", "XLMRoberta", "Camembert", "Electra")
+
+_RX = r"^(?P<p>(?:.*\.)?)encoder\.layer\.(?P<i>\d+)\.attention\.self\.query\.weight$"
+
+
+def detect(source) -> bool:
+    mt = C.model_type(source)
+    if mt is not None and mt not in MODEL_TYPES:
+        return False
+    return C.any_match(source.keys(), _RX)
+
+
+def convert(source):
+    keys = source.keys()
+    have = set(keys)
+    p, layers = C.find_layers(source, _RX, keys)
+    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
+    q0 = f"{p}encoder.layer.0.attention.self.query.weight"
+    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
+                   ("num_attention_heads",))
+    dh = C.split_heads_check(source, d, n, None)
+    stem = p + "encoder.layer.{i}.attention."
+    names = {"q": stem + "self.query", "k": stem + "self.key", "v": stem + "self.value",
+             "o": stem + "output.dense"}
+    pe = C.cfg(source, "position_embedding_type", default="absolute")
+    return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n, n_kv=n,
+                              dh=dh, norm="layernorm",
+                              positions="learned" if pe == "absolute" else "unknown",
+                              attn_scale=None, have=have)

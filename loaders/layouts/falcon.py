@@ -1,0 +1,63 @@
+"""Hugging Face Falcon (``FalconModel`` / ``FalconForCausalLM``).
+
+Keys (prefix ``transformer.`` or none): ``h.{i}.self_attention.query_key_value``
+(fused ``nn.Linear``, biases with ``bias``) and ``h.{i}.self_attention.dense``.
+The fused rows follow ``FalconAttention._split_heads``:
+
+* ``new_decoder_architecture`` (Falcon-40B/180B): grouped per kv head,
+  ``[n_kv_heads, n_heads/n_kv_heads + 2, d_head]``: the group's queries, its
+  key, its value. ``n_kv_heads = num_kv_heads``.
+* ``multi_query`` (Falcon-7B, the config default): ``[q (n*d_head); k (d_head);
+  v (d_head)]``, one kv head.
+* neither: interleaved per head ``[n_heads, 3, d_head]`` as in GPT-NeoX.
+
+Rotary positions unless ``alibi``; LayerNorm; ``attn_scale = 1/sqrt(d_head)``.
+Older RW configs name the fields ``n_head``, ``n_layer``, ``n_head_kv``.
+Source: transformers ``models/falcon/modeling_falcon.py``.
+"""
+from __future__ import annotations
+
+from loaders.layouts import _common as C
+
+NAME = "falcon"
+PRIORITY = 30
+MODEL_TYPES = frozenset({"falcon", "refinedweb", "refinedwebmodel"})
+ARCHITECTURES = ("Falcon", "RW")
+
+_RX = r"^(?P<p>(?:.*\.)?)h\.(?P<i>\d+)\.self_attention\.query_key_value\.weight$"
+
+
+def detect(source) -> bool:
+    mt = C.model_type(source)
+    if mt is not None and mt not in MODEL_TYPES:
+        return False
+    return C.any_match(source.keys(), _RX)
+
+
+def convert(source):
+    keys = source.keys()
+    have = set(keys)
+    p, layers = C.find_layers(source, _RX, keys)
+    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers", "n_layer"))
+    q0 = f"{p}h.0.self_attention.query_key_value.weight"
+    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    n = C.need_int(source, C.cfg(source, "num_attention_heads", "n_head"), "head count",
+                   ("num_attention_heads", "n_head"))
+    dh = C.split_heads_check(source, d, n, None)
+    new_arch = bool(C.cfg(source, "new_decoder_architecture", default=False))
+    multi_query = bool(C.cfg(source, "multi_query", default=True))
+    if new_arch:
+        n_kv = int(C.cfg(source, "num_kv_heads", "n_head_kv", default=n))
+        split = C.split_grouped(n, n_kv, dh)
+    elif multi_query:
+        n_kv = 1
+        split = C.split_concat(n, 1, dh)
+    else:
+        n_kv = n
+        split = C.split_interleaved(n, dh)
+    stem = p + "h.{i}.self_attention."
+    alibi = bool(C.cfg(source, "alibi", default=False))
+    return C.convert_fused(source, name=NAME, qkv=stem + "query_key_value", o=stem + "dense",
+                           layers=layers, d=d, n=n, n_kv=n_kv, dh=dh, split=split,
+                           norm="layernorm", positions="alibi" if alibi else "rotary",
+                           attn_scale=None, have=have)

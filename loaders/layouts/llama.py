@@ -1,0 +1,61 @@
+"""Hugging Face Llama family: Llama, Mistral, Mixtral, Qwen2, Qwen3, OLMo, Granite.
+
+Keys (prefix ``model.`` or none): ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
+``nn.Linear``: q ``[n_heads*d_head, d_model]``, k/v
+``[n_kv_heads*d_head, d_model]`` (GQA), o ``[d_model, n_heads*d_head]``. Biases
+on q/k/v in Qwen2 (and with ``attention_bias``). Config: ``hidden_size``,
+``num_attention_heads``, ``num_key_value_heads`` (default: ``num_attention_heads``),
+``head_dim`` (default ``hidden_size // num_attention_heads``), ``num_hidden_layers``.
+
+Rotary positions; HF applies them with ``rotate_half`` (first half / second
+half of each head), Meta's original weights pair interleaved dimensions, so HF
+conversions permute q/k rows within each head. This layout keeps HF's row
+order (see ``loaders/layouts/__init__.py``).
+Source: transformers ``models/llama/modeling_llama.py`` (``LlamaAttention``).
+"""
+from __future__ import annotations
+
+from loaders.layouts import _common as C
+
+NAME = "llama"
+PRIORITY = 35
+MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo", "olmo2",
+                         "granite"})
+ARCHITECTURES = ("Llama", "Mistral", "Mixtral", "Qwen2", "Qwen3", "Olmo", "Granite")
+
+_RX = r"^(?P<p>(?:.*\.)?)layers\.(?P<i>\d+)\.self_attn\.q_proj\.weight$"
+
+
+def _prefix(source, keys):
+    for k in keys:
+        m = C.re.match(_RX, k)
+        if m and m.group("i") == "0":
+            return m.group("p")
+    return None
+
+
+def detect(source) -> bool:
+    mt = C.model_type(source)
+    if mt is not None and mt not in MODEL_TYPES:
+        return False
+    keys = source.keys()
+    p = _prefix(source, keys)
+    return p is not None and f"{p}layers.0.self_attn.o_proj.weight" in set(keys)
+
+
+def convert(source):
+    keys = source.keys()
+    have = set(keys)
+    p, layers = C.find_layers(source, _RX, keys)
+    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
+    q0 = f"{p}layers.0.self_attn.q_proj.weight"
+    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
+                   ("num_attention_heads",))
+    dh = C.split_heads_check(source, d, n, C.cfg(source, "head_dim"))
+    n_kv = int(C.cfg(source, "num_key_value_heads", default=n))
+    stem = p + "layers.{i}.self_attn."
+    names = {r: stem + f"{r}_proj" for r in "qkvo"}
+    return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n,
+                              n_kv=n_kv, dh=dh, norm="rmsnorm", positions="rotary",
+                              attn_scale=None, have=have)

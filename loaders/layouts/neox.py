@@ -1,0 +1,45 @@
+"""Hugging Face GPT-NeoX / Pythia (``GPTNeoXModel`` / ``GPTNeoXForCausalLM``).
+
+Keys (prefix ``gpt_neox.`` or none): ``layers.{i}.attention.query_key_value``,
+one ``nn.Linear`` ``[3*d_model, d_model]`` whose rows are interleaved per head
+``[n_heads, 3, d_head]`` (``qkv.view(..., -1, 3*head_size)`` then chunked), and
+``layers.{i}.attention.dense`` ``[d_model, d_model]``; biases with
+``attention_bias`` (default true). Rotary on the first ``rotary_pct`` of each
+head, LayerNorm, ``attn_scale = 1/sqrt(d_head)``. Buffers ``attention.bias``,
+``masked_bias``, ``rotary_emb.inv_freq`` are not parameters.
+Source: transformers ``models/gpt_neox/modeling_gpt_neox.py``.
+"""
+from __future__ import annotations
+
+from loaders.layouts import _common as C
+
+NAME = "neox"
+PRIORITY = 30
+MODEL_TYPES = frozenset({"gpt_neox"})
+ARCHITECTURES = ("GPTNeoX",)
+
+_RX = r"^(?P<p>(?:.*\.)?)layers\.(?P<i>\d+)\.attention\.query_key_value\.weight$"
+
+
+def detect(source) -> bool:
+    mt = C.model_type(source)
+    if mt is not None and mt not in MODEL_TYPES:
+        return False
+    return C.any_match(source.keys(), _RX)
+
+
+def convert(source):
+    keys = source.keys()
+    have = set(keys)
+    p, layers = C.find_layers(source, _RX, keys)
+    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
+    q0 = f"{p}layers.0.attention.query_key_value.weight"
+    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
+                   ("num_attention_heads",))
+    dh = C.split_heads_check(source, d, n, None)
+    stem = p + "layers.{i}.attention."
+    return C.convert_fused(source, name=NAME, qkv=stem + "query_key_value", o=stem + "dense",
+                           layers=layers, d=d, n=n, n_kv=n, dh=dh,
+                           split=C.split_interleaved(n, dh), norm="layernorm",
+                           positions="rotary", attn_scale=None, have=have)

@@ -1,0 +1,50 @@
+"""Hugging Face OPT (``OPTModel`` / ``OPTForCausalLM``).
+
+Keys (prefix ``model.`` or none): ``decoder.layers.{i}.self_attn.{q,k,v,out}_proj``,
+``nn.Linear`` ``[d_model, d_model]`` with biases (``enable_bias``). OPT
+multiplies the projected query by ``scaling = d_head**-0.5``; the canonical
+``W_Q``/``b_Q`` are the stored, unscaled weights and ``attn_scale`` carries the
+factor, so ``logits = attn_scale * q.k`` as for every layout. Learned
+positions (offset 2), LayerNorm. Config: ``hidden_size``,
+``num_attention_heads``, ``num_hidden_layers``.
+Source: transformers ``models/opt/modeling_opt.py`` (``OPTAttention``).
+"""
+from __future__ import annotations
+
+from loaders.layouts import _common as C
+
+NAME = "opt"
+PRIORITY = 30
+MODEL_TYPES = frozenset({"opt"})
+ARCHITECTURES = ("OPT",)
+
+_RX = r"^(?P<p>(?:.*\.)?)decoder\.layers\.(?P<i>\d+)\.self_attn\.q_proj\.weight$"
+
+
+def detect(source) -> bool:
+    mt = C.model_type(source)
+    if mt is not None and mt not in MODEL_TYPES:
+        return False
+    keys = source.keys()
+    if C.any_match(keys, r"^(?:.*\.)?encoder\.layers\.\d+\."):
+        return False  # encoder-decoder models (BART, ...) are not OPT
+    return C.any_match(keys, _RX) and C.any_match(
+        keys, r"^(?:.*\.)?decoder\.layers\.0\.self_attn\.out_proj\.weight$")
+
+
+def convert(source):
+    keys = source.keys()
+    have = set(keys)
+    p, layers = C.find_layers(source, _RX, keys)
+    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
+    q0 = f"{p}decoder.layers.0.self_attn.q_proj.weight"
+    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
+                   ("num_attention_heads",))
+    dh = C.split_heads_check(source, d, n, None)
+    stem = p + "decoder.layers.{i}.self_attn."
+    names = {"q": stem + "q_proj", "k": stem + "k_proj", "v": stem + "v_proj",
+             "o": stem + "out_proj"}
+    return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n, n_kv=n,
+                              dh=dh, norm="layernorm", positions="learned",
+                              attn_scale=dh ** -0.5, have=have)

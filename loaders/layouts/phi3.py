@@ -1,0 +1,44 @@
+"""Hugging Face Phi-3 (``Phi3Model`` / ``Phi3ForCausalLM``).
+
+Keys (prefix ``model.`` or none): ``layers.{i}.self_attn.qkv_proj.weight``, one
+``nn.Linear`` ``[(n_heads + 2*n_kv_heads)*d_head, d_model]`` with rows
+``[q; k; v]`` (``query_pos = n_heads*d_head``), no bias, and
+``layers.{i}.self_attn.o_proj.weight``. GQA via ``num_key_value_heads``;
+rotary (``partial_rotary_factor``), RMSNorm, ``attn_scale = 1/sqrt(d_head)``.
+Source: transformers ``models/phi3/modeling_phi3.py`` (``Phi3Attention``).
+"""
+from __future__ import annotations
+
+from loaders.layouts import _common as C
+
+NAME = "phi3"
+PRIORITY = 30
+MODEL_TYPES = frozenset({"phi3"})
+ARCHITECTURES = ("Phi3",)
+
+_RX = r"^(?P<p>(?:.*\.)?)layers\.(?P<i>\d+)\.self_attn\.qkv_proj\.weight$"
+
+
+def detect(source) -> bool:
+    mt = C.model_type(source)
+    if mt is not None and mt not in MODEL_TYPES:
+        return False
+    return C.any_match(source.keys(), _RX)
+
+
+def convert(source):
+    keys = source.keys()
+    have = set(keys)
+    p, layers = C.find_layers(source, _RX, keys)
+    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
+    q0 = f"{p}layers.0.self_attn.qkv_proj.weight"
+    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
+                   ("num_attention_heads",))
+    dh = C.split_heads_check(source, d, n, C.cfg(source, "head_dim"))
+    n_kv = int(C.cfg(source, "num_key_value_heads", default=n))
+    stem = p + "layers.{i}.self_attn."
+    return C.convert_fused(source, name=NAME, qkv=stem + "qkv_proj", o=stem + "o_proj",
+                           layers=layers, d=d, n=n, n_kv=n_kv, dh=dh,
+                           split=C.split_concat(n, n_kv, dh), norm="rmsnorm",
+                           positions="rotary", attn_scale=None, have=have)

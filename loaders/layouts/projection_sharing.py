@@ -1,0 +1,217 @@
+"""Projection-sharing variants (arXiv 2606.04032; code
+Brainchip-Inc/Do-Transformers-Need-3-Projections).
+
+Their checkpoints are dicts ``{model_state_dict, model_config, train_config,
+step, epoch, tokens_seen[, val_metrics]}`` (the source reader gives
+``model_config`` as ``source.config`` and the rest as ``source.extras``).
+Language models keep their blocks in ``model.h`` (keys ``h.{i}.attn.*``, a
+``module.`` DDP prefix already stripped); the synthetic-task encoders
+(``synthetic_tasks.py``) use ``blocks.{i}.attn.*`` and store their config
+under ``config``. Every projection is an ``nn.Linear`` (``x @ W.T + b``, biases
+with ``use_bias``, default true); the output projection is ``c_proj``
+``[d_model, n_heads*d_head]``. ``model_config`` fields: ``n_layer``,
+``n_head``, ``n_embd``, ``n_kv_groups`` (number of kv heads in the GQA/MQA
+files, default 1 in their eval script's config, n_head when absent here),
+``n_positions``, ``n_inner``, ``use_bias``.
+
+Which modules a layer holds decides the variant:
+
+=====================  ==============================  =================
+modules                meaning                         variant
+=====================  ==============================  =================
+``c_attn``             fused ``[q; k; v]`` rows         ``qkv`` (QKV, GQA, MQA)
+``c_q, c_k, c_v``      separate                         ``qkv``
+``c_q, c_kv``          ``c_kv`` rows = 2*kv*d_head:     ``qkv``
+                       packed ``[k; v]``
+``c_q, c_kv``          ``c_kv`` rows = kv*d_head:       ``k_eq_v`` (Q-K=V, Q-GQA, Q-MQA)
+                       one tensor used as K and V
+``c_q, c_k``           ``v = k = c_k(x)``               ``k_eq_v`` (their
+                       (``QKVAttention_KEqualsV``)      ``GPT_QKV_KEqualsV``)
+``c_k, c_v`` or        ``q = k``                        ``q_eq_k`` (Q=K-V)
+``c_qk, c_v``
+``c_k``, ``c_kv`` or   ``q = k = v``                    ``q_eq_k_eq_v`` (Q=K=V)
+``c_qkv`` alone
+=====================  ==============================  =================
+
+When ``model_config`` gives no kv-head count, a ``c_kv`` with more rows than
+``d_model`` is read as packed ``[k; v]`` and one with at most ``d_model`` rows as
+shared K=V (the paper's naming: ``c_kv`` is the shared projection).
+Tied tensors follow ``loaders.canonical``: present, identical, counted once.
+"""
+from __future__ import annotations
+
+from loaders.canonical import AttentionWeights
+from loaders.errors import CheckpointFormatError
+from loaders.layouts import _common as C
+
+NAME = "projection_sharing"
+PRIORITY = 10
+
+_MODS = ("c_attn", "c_q", "c_k", "c_v", "c_kv", "c_qk", "c_qkv")
+_RX = (r"^(?P<p>(?:.*\.)?)(?:h|blocks)\.(?P<i>\d+)\.attn\.(?P<m>"
+       + "|".join(_MODS) + r")\.weight$")
+_SHARED = ("c_q", "c_k", "c_v", "c_kv", "c_qk", "c_qkv")
+_KV_NAMES = ("n_kv_groups", "n_kv_heads", "n_kv_head", "num_kv_heads")
+_PATTERNS = "c_attn | c_q+c_k+c_v | c_q+c_kv | c_q+c_k | c_k+c_v | c_qk+c_v | c_k | c_kv | c_qkv"
+
+
+def _config(source) -> dict:
+    conf = {}
+    extra = (source.extras or {}).get("config")
+    if isinstance(extra, dict):
+        conf.update(extra)
+    conf.update(source.config or {})
+    return conf
+
+
+def _get(conf, *names, default=None):
+    for n in names:
+        if conf.get(n) is not None:
+            return conf[n]
+    return default
+
+
+def _modules(source, keys) -> tuple[str, dict[int, set[str]]]:
+    rx = C.re.compile(_RX)
+    mods: dict[int, set[str]] = {}
+    for k in keys:
+        m = rx.match(k)
+        if m:
+            mods.setdefault(int(m.group("i")), set()).add(m.group("m"))
+    return rx, mods
+
+
+def detect(source) -> bool:
+    if C.model_type(source) is not None:
+        return False
+    _, mods = _modules(source, source.keys())
+    if not mods:
+        return False
+    first = mods.get(0, set())
+    if first & set(_SHARED):
+        return True
+    extras = source.extras or {}
+    return "c_attn" in first and ("tokens_seen" in extras or "train_config" in extras
+                                  or _get(_config(source), *_KV_NAMES) is not None)
+
+
+def convert(source):
+    keys = source.keys()
+    have = set(keys)
+    conf = _config(source)
+    _, mods = _modules(source, keys)
+    p, layers = C.find_layers(source, _RX, keys)
+    C.check_layers(source, len(layers), _get(conf, "n_layer", "n_layers"))
+    first = sorted(mods[0])
+    for i in layers:
+        if mods[i] != mods[0]:
+            raise CheckpointFormatError(
+                source.path, f"layer {i} has attention modules {', '.join(sorted(mods[i]))}; "
+                             f"layer 0 has {', '.join(first)}")
+    m0 = set(first)
+
+    def stem(i, m):
+        return f"{p}h.{i}.attn.{m}" if f"{p}h.0.attn.{first[0]}.weight" in have \
+            else f"{p}blocks.{i}.attn.{m}"
+
+    w0 = stem(0, "c_q" if "c_q" in m0 else first[0]) + ".weight"
+    d = int(_get(conf, "n_embd", "d_model", default=source.shape(w0)[1]))
+    n = C.need_int(source, _get(conf, "n_head", "n_heads"), "head count", ("n_head",))
+    dh = C.split_heads_check(source, d, n, _get(conf, "head_dim"))
+    n_kv = _get(conf, *_KV_NAMES)
+
+    # (variant, {role: module}); roles q, k, v, kv (packed [k; v]) or qkv (fused)
+    if m0 == {"c_attn"}:
+        variant, roles = "qkv", {"qkv": "c_attn"}
+    elif m0 == {"c_q", "c_k", "c_v"}:
+        variant, roles = "qkv", {"q": "c_q", "k": "c_k", "v": "c_v"}
+    elif m0 == {"c_q", "c_kv"}:
+        r = source.shape(stem(0, "c_kv") + ".weight")[0]
+        packed = (r == 2 * int(n_kv) * dh) if n_kv is not None else r > d
+        if packed:
+            variant, roles = "qkv", {"q": "c_q", "kv": "c_kv"}
+            n_kv = n_kv if n_kv is not None else r // (2 * dh)
+        else:
+            variant, roles = "k_eq_v", {"q": "c_q", "k": "c_kv", "v": "c_kv"}
+            n_kv = n_kv if n_kv is not None else r // dh
+    elif m0 == {"c_q", "c_k"}:
+        variant, roles = "k_eq_v", {"q": "c_q", "k": "c_k", "v": "c_k"}
+    elif m0 in ({"c_k", "c_v"}, {"c_qk", "c_v"}):
+        kk = "c_k" if "c_k" in m0 else "c_qk"
+        variant, roles = "q_eq_k", {"q": kk, "k": kk, "v": "c_v"}
+    elif m0 in ({"c_k"}, {"c_kv"}, {"c_qkv"}):
+        only = first[0]
+        variant, roles = "q_eq_k_eq_v", {"q": only, "k": only, "v": only}
+    else:
+        raise CheckpointFormatError(
+            source.path, f"attention modules {', '.join(first)} at layer 0 match no "
+                         f"projection-sharing variant; expected one of {_PATTERNS}")
+    if n_kv is None:
+        kmod = roles.get("k")
+        n_kv = source.shape(stem(0, kmod) + ".weight")[0] // dh if kmod and kmod != roles.get(
+            "q") else n
+    n_kv = int(n_kv)
+    if n_kv <= 0 or n % n_kv:
+        raise CheckpointFormatError(
+            source.path, f"{n} heads cannot be grouped over {n_kv} kv heads")
+
+    why = C.basis(d, n, n_kv, dh)
+    rows = {"q": n * dh, "k": n_kv * dh, "v": n_kv * dh, "kv": 2 * n_kv * dh,
+            "qkv": (n + 2 * n_kv) * dh}
+    if variant in ("q_eq_k", "q_eq_k_eq_v"):
+        rows["q"] = n_kv * dh   # the query is the key projection
+    module_rows = {}
+    for role, mod in roles.items():
+        module_rows[mod] = rows[role]
+    attn_keys = []
+    for i in layers:
+        C.require(source, [stem(i, m) + ".weight" for m in module_rows]
+                  + [stem(i, "c_proj") + ".weight"], have, NAME)
+        for mod, r in module_rows.items():
+            C.expect_shape(source, stem(i, mod) + ".weight", (r, d), i, why)
+            attn_keys.append(stem(i, mod) + ".weight")
+            if stem(i, mod) + ".bias" in have:
+                C.expect_shape(source, stem(i, mod) + ".bias", (r,), i, why)
+                attn_keys.append(stem(i, mod) + ".bias")
+        C.expect_shape(source, stem(i, "c_proj") + ".weight", (d, n * dh), i, why)
+        attn_keys.append(stem(i, "c_proj") + ".weight")
+        if stem(i, "c_proj") + ".bias" in have:
+            C.expect_shape(source, stem(i, "c_proj") + ".bias", (d,), i, why)
+            attn_keys.append(stem(i, "c_proj") + ".bias")
+
+    geom = C.Geometry(len(layers), n, n_kv, d, dh)
+    meta = C.make_meta(source, architecture=NAME, variant=variant, geom=geom, norm="layernorm",
+                       positions="learned", attn_scale=None, dtype_key=w0,
+                       attention_keys=attn_keys)
+    get = C.getter(source, have)
+
+    def build(i: int) -> AttentionWeights:
+        w = {m: get(stem(i, m) + ".weight") for m in module_rows}
+        b = {m: get(stem(i, m) + ".bias") for m in module_rows}
+        if "qkv" in roles:
+            split = C.split_concat(n, n_kv, dh)
+            wq, wk, wv = split(w["c_attn"])
+            bq, bk, bv = split(b["c_attn"]) if b["c_attn"] is not None else (None,) * 3
+        elif "kv" in roles:
+            wq, bq = w["c_q"], b["c_q"]
+            r = n_kv * dh
+            wk, wv = w["c_kv"][:r], w["c_kv"][r:]
+            bk, bv = (None, None) if b["c_kv"] is None else (b["c_kv"][:r], b["c_kv"][r:])
+        else:
+            wq, wk, wv = (w[roles[x]] for x in "qkv")
+            bq, bk, bv = (b[roles[x]] for x in "qkv")
+        W_K = C.rows_to_heads(wk, n_kv, dh)
+        W_V = C.rows_to_heads(wv, n_kv, dh)
+        b_K, b_V = C.bias_heads(bk, n_kv, dh), C.bias_heads(bv, n_kv, dh)
+        if variant in ("q_eq_k", "q_eq_k_eq_v"):
+            W_Q = C.expand_kv(W_K, n)
+            b_Q = None if b_K is None else C.expand_kv(b_K, n)
+        else:
+            W_Q, b_Q = C.rows_to_heads(wq, n, dh), C.bias_heads(bq, n, dh)
+        bo = get(stem(i, "c_proj") + ".bias")
+        return AttentionWeights(
+            layer=i, W_Q=W_Q, W_K=W_K, W_V=W_V,
+            W_O=C.cols_to_heads(get(stem(i, "c_proj") + ".weight"), n, dh),
+            b_Q=b_Q, b_K=b_K, b_V=b_V, b_O=None if bo is None else C.fresh(bo))
+
+    return meta, C.layer_fn(build)

@@ -1,0 +1,103 @@
+"""Query-free attention (arXiv 2510.23912; code MarkoKarbevski/Wqkv_necessity,
+a nanoGPT fork, ``model.py``).
+
+Same keys as nanoGPT (``transformer.h.{i}.attn.c_attn`` / ``c_proj``, Linear),
+recognised by ``query_mode`` (or the older ``use_query_weights``) in
+``model_args``, or, without either, by a ``c_attn`` of ``2*d_model`` rows.
+Config names: ``n_layer``, ``num_heads``, ``n_embd``, ``head_size``, ``bias``,
+``scale``. What ``W_Q`` is per ``query_mode`` (their ``CausalSelfAttention``):
+
+* ``identity`` (``use_query_weights=False``): ``c_attn = Linear(d, 2d)`` gives
+  ``k, v``; ``q = x``, so head h's query is the slice
+  ``x[h*d_head:(h+1)*d_head]``. ``W_Q = None``, variant ``wq_identity``.
+* ``original``: ``q, k, v = c_attn(x).split(d)``; plain nanoGPT, variant ``qkv``.
+* ``residual``: ``q = x + (x @ Wq.T + bq)``. Linear, so
+  ``W_Q[h] = I[:, h-slice] + Wq[h-rows].T`` exactly; ``b_Q = bq``; ``qkv``.
+* ``residual_gelu``: ``q = x + GELU(x @ Wq.T + bq)``. Not linear: ``W_Q`` holds
+  the inner weight ``Wq`` (head h: ``Wq[h-rows].T``) and ``b_Q`` its bias; the
+  query is ``x_h + GELU(x @ W_Q[h] + b_Q[h])``. ``meta.config['query_mode']``
+  says so; weight metrics on ``W_Q`` describe the inner projection.
+
+``attn_scale`` is ``model_args['scale']`` (their flash path passes it to
+``scaled_dot_product_attention``; the paper trains identity models with
+``1/(2*sqrt(d_head))``); when absent, their ``GPTConfig`` default
+``sqrt(1/64)`` (computed from the class default ``head_size=64``).
+"""
+from __future__ import annotations
+
+import math
+
+
+from loaders.canonical import AttentionWeights
+from loaders.errors import CheckpointFormatError
+from loaders.layouts import _common as C
+from loaders.layouts import nanogpt
+
+NAME = "query_free"
+PRIORITY = 15
+
+MODES = ("identity", "original", "residual", "residual_gelu")
+
+
+def _mode(source) -> str | None:
+    config = source.config or {}
+    if config.get("query_mode") is not None:
+        return str(config["query_mode"])
+    if config.get("use_query_weights") is not None:
+        return "original" if config["use_query_weights"] else "identity"
+    return None
+
+
+def detect(source) -> bool:
+    if C.model_type(source) is not None:
+        return False
+    k = nanogpt._first_c_attn(source)
+    if k is None:
+        return False
+    if _mode(source) is not None:
+        return True
+    shape = source.shape(k)
+    return len(shape) == 2 and shape[0] == 2 * shape[1]
+
+
+def convert(source):
+    keys = source.keys()
+    have = set(keys)
+    mode = _mode(source) or "identity"
+    if mode not in MODES:
+        raise CheckpointFormatError(
+            source.path, f"query_mode '{mode}' is not one of {', '.join(MODES)}")
+    rows = 2 if mode == "identity" else 3
+    p, layers, d, n, dh = nanogpt.geometry(source, keys, rows)
+    attn_keys = nanogpt.validate(source, p, layers, d, rows, have, NAME)
+    variant = "wq_identity" if mode == "identity" else "qkv"
+    scale = float(C.cfg(source, "scale", default=math.sqrt(1 / 64)))
+    geom = C.Geometry(len(layers), n, n, d, dh)
+    meta = C.make_meta(source, architecture=NAME, variant=variant, geom=geom, norm="layernorm",
+                       positions="learned", attn_scale=scale,
+                       dtype_key=f"{p}h.0.attn.c_attn.weight", attention_keys=attn_keys)
+    get = C.getter(source, have)
+
+    def build(i: int) -> AttentionWeights:
+        w = get(f"{p}h.{i}.attn.c_attn.weight")   # [rows*d, d], x @ w.T
+        b = get(f"{p}h.{i}.attn.c_attn.bias")
+        bo = get(f"{p}h.{i}.attn.c_proj.bias")
+        o = 0 if mode == "identity" else d        # row offset of k
+        W_Q = b_Q = None
+        if mode != "identity":
+            W_Q = C.rows_to_heads(w[:d], n, dh)    # [n, d, dh]
+            b_Q = None if b is None else C.bias_heads(b[:d], n, dh)
+            if mode == "residual":
+                W_Q = W_Q + C.identity_heads(d, n, dh, W_Q.dtype)
+        return AttentionWeights(
+            layer=i, W_Q=W_Q,
+            W_K=C.rows_to_heads(w[o:o + d], n, dh),
+            W_V=C.rows_to_heads(w[o + d:o + 2 * d], n, dh),
+            W_O=C.cols_to_heads(get(f"{p}h.{i}.attn.c_proj.weight"), n, dh),
+            b_Q=b_Q,
+            b_K=None if b is None else C.bias_heads(b[o:o + d], n, dh),
+            b_V=None if b is None else C.bias_heads(b[o + d:o + 2 * d], n, dh),
+            b_O=None if bo is None else C.fresh(bo))
+
+    return meta, C.layer_fn(build)
+
