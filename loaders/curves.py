@@ -1,0 +1,258 @@
+"""Read queries for training curves and stored analysis results (pages hold no SQL).
+
+Curves are downsampled in DuckDB, not in Python: a run with more points than
+``max_points`` is cut into ``max_points // 2`` equal buckets along x and each
+bucket keeps its lowest and its highest point (with their own x), so no
+curve has more than ``max_points`` points and a one-step loss spike stays
+visible however long the run is (the "min-max" or M4-style decimation, Jugel
+et al., VLDB 2014, without the first/last pair).
+
+x is one of ``X_AXES``: the training step, tokens seen, or wall time in
+seconds since the run's first logged point. Points without that x (a log
+without token counts) are left out.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from loaders.errors import QkvscopeError
+from loaders.store import Store
+
+#: x axis name -> column of ``points``.
+X_AXES = {"step": "step", "tokens": "tokens", "wall_time": "wall_time"}
+#: The most points one curve may have after downsampling.
+MAX_POINTS = 2000
+
+
+def _x_column(x: str) -> str:
+    if x not in X_AXES:
+        raise QkvscopeError(f"x axis must be one of {', '.join(X_AXES)}; got {x!r}")
+    return X_AXES[x]
+
+
+def _ids(run_ids) -> list[int]:
+    return sorted({int(r) for r in run_ids})
+
+
+def _points_cte(x: str) -> str:
+    """SQL for the selected points with their x (``wall_time`` made relative per run)."""
+    col = _x_column(x)
+    xexpr = (f"{col} - min({col}) OVER (PARTITION BY run_id)" if x == "wall_time"
+             else f"CAST({col} AS DOUBLE)")
+    return f"""p AS (
+        SELECT run_id, step, value, {xexpr} AS x
+        FROM points
+        WHERE metric = $metric AND run_id IN (SELECT unnest($ids))
+          AND value IS NOT NULL AND isfinite(value) AND {col} IS NOT NULL
+    )"""
+
+
+def curves(store: Store, run_ids, metric: str, *, x: str = "step",
+           max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """One metric of some runs, at most ``max_points`` points per run.
+
+    Returns columns ``run_id, x, value, step`` sorted by (run_id, x). Runs
+    with ``max_points`` points or fewer come back whole; longer ones keep the
+    minimum and the maximum of each of ``max_points // 2`` equal x buckets.
+    """
+    if max_points < 2:
+        raise QkvscopeError(f"max_points must be at least 2; got {max_points}")
+    ids = _ids(run_ids)
+    if not ids:
+        return pd.DataFrame({"run_id": pd.Series([], dtype="int32"), "x": pd.Series([], dtype="float64"),
+                             "value": pd.Series([], dtype="float64"), "step": pd.Series([], dtype="int64")})
+    sql = f"""
+    WITH {_points_cte(x)},
+    r AS (SELECT run_id, min(x) AS lo, max(x) AS hi, count(*) AS n FROM p GROUP BY run_id),
+    whole AS (SELECT p.run_id, p.x, p.value, p.step FROM p JOIN r USING (run_id) WHERE r.n <= $max_points),
+    cut AS (
+        SELECT p.run_id, p.x, p.value, p.step,
+               CASE WHEN r.hi > r.lo
+                    THEN least(CAST(floor((p.x - r.lo) * $buckets / (r.hi - r.lo)) AS BIGINT), $buckets - 1)
+                    ELSE 0 END AS bucket
+        FROM p JOIN r USING (run_id) WHERE r.n > $max_points
+    ),
+    agg AS (
+        SELECT run_id, bucket,
+               arg_min(x, value) AS x_lo, min(value) AS v_lo, arg_min(step, value) AS s_lo,
+               arg_max(x, value) AS x_hi, max(value) AS v_hi, arg_max(step, value) AS s_hi
+        FROM cut GROUP BY run_id, bucket
+    )
+    SELECT run_id, x, value, step FROM whole
+    UNION ALL SELECT run_id, x_lo, v_lo, s_lo FROM agg
+    UNION ALL SELECT run_id, x_hi, v_hi, s_hi FROM agg WHERE x_hi <> x_lo OR v_hi <> v_lo
+    ORDER BY run_id, x, step
+    """
+    params = {"metric": metric, "ids": ids, "max_points": int(max_points),
+              "buckets": int(max_points // 2)}
+    with store.connect() as con:
+        return con.execute(sql, params).df()
+
+
+def band_points(store: Store, run_ids, metric: str, *, x: str = "step",
+                n_bins: int = 200) -> pd.DataFrame:
+    """Each run's mean value in ``n_bins`` equal x bins shared by all the runs.
+
+    Returns ``run_id, bin, x, value`` (x: the bin's mean x over the runs' points),
+    the common grid that ``group_band`` needs to average runs logged at
+    different steps.
+    """
+    ids = _ids(run_ids)
+    if not ids:
+        return pd.DataFrame(columns=["run_id", "bin", "x", "value"])
+    sql = f"""
+    WITH {_points_cte(x)},
+    g AS (SELECT min(x) AS lo, max(x) AS hi FROM p)
+    SELECT run_id,
+           CASE WHEN g.hi > g.lo
+                THEN least(CAST(floor((x - g.lo) * $bins / (g.hi - g.lo)) AS BIGINT), $bins - 1)
+                ELSE 0 END AS bin,
+           avg(x) AS x, avg(value) AS value
+    FROM p, g GROUP BY ALL ORDER BY run_id, bin
+    """
+    with store.connect() as con:
+        return con.execute(sql, {"metric": metric, "ids": ids, "bins": int(n_bins)}).df()
+
+
+def group_band(binned: pd.DataFrame, groups: dict[int, str]) -> pd.DataFrame:
+    """Mean and min-max band across the runs of each group, bin by bin.
+
+    ``binned`` is ``band_points``' frame, ``groups`` maps run id to a group
+    label (e.g. its variant). Returns ``group, bin, x, mean, lo, hi, n_runs``;
+    a bin appears once at least one run of the group has a point in it.
+    """
+    cols = ["group", "bin", "x", "mean", "lo", "hi", "n_runs"]
+    if binned.empty:
+        return pd.DataFrame(columns=cols)
+    frame = binned.assign(group=binned["run_id"].map(lambda r: groups.get(int(r), "unknown")))
+    out = (frame.groupby(["group", "bin"], sort=True)
+           .agg(x=("x", "mean"), mean=("value", "mean"), lo=("value", "min"), hi=("value", "max"),
+                n_runs=("run_id", "nunique"))
+           .reset_index())
+    return out[cols]
+
+
+def ema(values, weight: float) -> np.ndarray:
+    """Exponential moving average with debiasing (as TensorBoard's smoothing).
+
+    s_t = w s_{t-1} + (1 - w) v_t, s_0 = 0, reported as s_t / (1 - w^(t+1)),
+    so the first points are not pulled towards 0 (Kingma & Ba 2015, Adam's bias
+    correction). ``weight`` 0 returns the values unchanged.
+    """
+    v = np.asarray(values, dtype="float64")
+    if not 0.0 <= weight < 1.0:
+        raise QkvscopeError(f"smoothing weight must be in [0, 1); got {weight}")
+    if weight == 0.0 or len(v) == 0:
+        return v.copy()
+    out = np.empty_like(v)
+    s = 0.0
+    w_pow = 1.0
+    for i, val in enumerate(v):  # sequential recurrence; curves are <= MAX_POINTS long
+        s = weight * s + (1.0 - weight) * val
+        w_pow *= weight
+        out[i] = s / (1.0 - w_pow)
+    return out
+
+
+def smooth(frame: pd.DataFrame, weight: float, *, by: str = "run_id", column: str = "value") -> pd.DataFrame:
+    """A copy of a curves frame with ``column`` smoothed by ``ema`` within each ``by`` group."""
+    out = frame.copy()
+    if weight == 0.0 or out.empty:
+        return out
+    out[column] = out.groupby(by, sort=False)[column].transform(lambda s: ema(s.to_numpy(), weight))
+    return out
+
+
+def final_values(store: Store, metric: str, run_ids=None) -> pd.DataFrame:
+    """Per run: last value of ``metric`` (at its highest step), best (lowest) value, spikes.
+
+    Returns ``run_id, final_step, final, best, best_step, n, nonfinite``;
+    ``nonfinite`` counts infinite values (a diverged run).
+    """
+    ids = None if run_ids is None else _ids(run_ids)
+    where = "metric = $metric" + ("" if ids is None else " AND run_id IN (SELECT unnest($ids))")
+    sql = f"""
+    SELECT run_id,
+           max(step) FILTER (WHERE isfinite(value)) AS final_step,
+           arg_max(value, step) FILTER (WHERE isfinite(value)) AS final,
+           min(value) FILTER (WHERE isfinite(value)) AS best,
+           arg_min(step, value) FILTER (WHERE isfinite(value)) AS best_step,
+           count(*) AS n,
+           count(*) FILTER (WHERE NOT isfinite(value)) AS nonfinite
+    FROM points WHERE {where} AND value IS NOT NULL
+    GROUP BY run_id ORDER BY run_id
+    """
+    params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
+    with store.connect() as con:
+        return con.execute(sql, params).df()
+
+
+def metric_names(store: Store, run_ids=None) -> list[str]:
+    """Metrics logged by the given runs (all runs when None), sorted."""
+    ids = None if run_ids is None else _ids(run_ids)
+    if ids == []:
+        return []
+    sql = "SELECT DISTINCT metric FROM points" + ("" if ids is None else " WHERE run_id IN (SELECT unnest($ids))")
+    with store.connect() as con:
+        rows = con.execute(sql + " ORDER BY metric", {} if ids is None else {"ids": ids}).fetchall()
+    return [r[0] for r in rows]
+
+
+# -- analysis results ---------------------------------------------------------
+
+def analysis_results(store: Store, checkpoint_id: int) -> pd.DataFrame:
+    """Stored metric values of one checkpoint, latest metric version only.
+
+    Returns ``layer, head, metric, value, metric_version`` (head NULL: whole
+    layer; layer NULL: whole model), sorted by metric, layer, head.
+    """
+    sql = """
+    SELECT layer, head, metric, value, metric_version FROM analysis_results
+    WHERE checkpoint_id = $id
+      AND metric_version = (SELECT max(metric_version) FROM analysis_results WHERE checkpoint_id = $id)
+    ORDER BY metric, layer NULLS FIRST, head NULLS FIRST
+    """
+    with store.connect() as con:
+        return con.execute(sql, {"id": int(checkpoint_id)}).df()
+
+
+def results_over_checkpoints(store: Store, checkpoint_ids, metrics=None) -> pd.DataFrame:
+    """Stored results of several checkpoints with their step and run.
+
+    Returns ``checkpoint_id, run_id, step, layer, head, metric, value`` for the
+    latest metric version of each checkpoint; ``metrics`` restricts the names.
+    """
+    ids = _ids(checkpoint_ids)
+    if not ids:
+        return pd.DataFrame(columns=["checkpoint_id", "run_id", "step", "layer", "head", "metric", "value"])
+    metric_filter = "" if metrics is None else " AND a.metric IN (SELECT unnest($metrics))"
+    sql = f"""
+    WITH v AS (SELECT checkpoint_id, max(metric_version) AS mv FROM analysis_results
+               WHERE checkpoint_id IN (SELECT unnest($ids)) GROUP BY checkpoint_id)
+    SELECT a.checkpoint_id, c.run_id, c.step, a.layer, a.head, a.metric, a.value
+    FROM analysis_results a JOIN v ON v.checkpoint_id = a.checkpoint_id AND v.mv = a.metric_version
+    JOIN checkpoints c ON c.id = a.checkpoint_id
+    WHERE true{metric_filter}
+    ORDER BY c.step NULLS LAST, a.checkpoint_id, a.metric, a.layer, a.head
+    """
+    params: dict = {"ids": ids}
+    if metrics is not None:
+        params["metrics"] = list(metrics)
+    with store.connect() as con:
+        return con.execute(sql, params).df()
+
+
+def head_difference(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Per (metric, layer, head): the values of two checkpoints and ``b - a``.
+
+    Inputs are ``analysis_results`` frames; only cells present in both are kept.
+    Returns ``metric, layer, head, a, b, diff``.
+    """
+    keys = ["metric", "layer", "head"]
+    left = a[keys + ["value"]].rename(columns={"value": "a"})
+    right = b[keys + ["value"]].rename(columns={"value": "b"})
+    merged = left.merge(right, on=keys, how="inner")
+    merged["diff"] = merged["b"] - merged["a"]
+    return merged.sort_values(keys, na_position="first").reset_index(drop=True)
+

@@ -1,0 +1,146 @@
+"""Curve queries: SQL min-max downsampling, bands, EMA, final values, results."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from loaders import curves
+from loaders.errors import QkvscopeError
+from loaders.store import Store
+
+
+def _store_with_points(tmp_path, rows) -> Store:
+    """rows: (run_id, step, metric, value, wall_time, tokens)."""
+    store = Store(tmp_path / "c.duckdb")
+    store.migrate()
+    frame = pd.DataFrame(rows, columns=["run_id", "step", "metric", "value", "wall_time", "tokens"])
+    with store.transaction() as con:
+        for rid in sorted(frame["run_id"].unique()):
+            con.execute("INSERT INTO runs (id, name, source, format) VALUES (?, ?, 'mem', 'csv')",
+                        [int(rid), f"run{rid}"])
+        con.register("f", frame)
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+    return store
+
+
+@pytest.fixture
+def long_run(tmp_path):
+    """Run 1: 10,000 steps of a smooth loss with one spike at step 5,003; run 2: 50 steps."""
+    steps = np.arange(10_000)
+    loss = 4.0 - steps / 5_000
+    loss[5_003] = 99.0
+    rows = [(1, int(s), "train/loss", float(v), 100.0 + s * 0.5, int(s) * 1024) for s, v in zip(steps, loss)]
+    rows += [(2, s, "train/loss", 3.0 - s / 100, None, None) for s in range(50)]
+    rows += [(1, s, "val/loss", 5.0 - s / 1000, None, None) for s in range(0, 10_000, 1000)]
+    return _store_with_points(tmp_path, rows)
+
+
+def test_downsampling_caps_points_and_keeps_the_spike(long_run):
+    df = curves.curves(long_run, [1, 2], "train/loss", max_points=400)
+    one = df[df.run_id == 1]
+    assert len(one) <= 400
+    assert len(one) >= 390  # two points per bucket, minus the odd bucket whose min and max coincide
+    assert one["value"].max() == 99.0
+    assert one.loc[one["value"].idxmax(), "step"] == 5_003
+    assert one["x"].is_monotonic_increasing
+    # every kept point is a real point: x equals its step, value is the logged value
+    assert (one["x"] == one["step"]).all()
+    two = df[df.run_id == 2]
+    assert len(two) == 50 and two["value"].tolist() == [3.0 - s / 100 for s in range(50)]
+
+
+def test_downsampling_keeps_bucket_extremes_exactly(tmp_path):
+    # 8 points, 2 buckets of x: [0, 3.5) and [3.5, 7]; min and max of each kept
+    values = [5, 1, 7, 3, 2, 9, 0, 4]
+    store = _store_with_points(tmp_path, [(1, s, "m", float(v), None, None) for s, v in enumerate(values)])
+    df = curves.curves(store, [1], "m", max_points=4)
+    assert list(zip(df["step"], df["value"])) == [(1, 1.0), (2, 7.0), (5, 9.0), (6, 0.0)]
+
+
+def test_x_axes_tokens_and_relative_wall_time(long_run):
+    tok = curves.curves(long_run, [1, 2], "train/loss", x="tokens", max_points=10_000)
+    assert set(tok["run_id"]) == {1}  # run 2 logged no tokens: left out, not zero
+    assert tok["x"].iloc[10] == 10 * 1024
+    wall = curves.curves(long_run, [1], "train/loss", x="wall_time", max_points=10_000)
+    assert wall["x"].iloc[0] == 0.0 and wall["x"].iloc[4] == 2.0
+
+
+def test_unknown_x_axis_is_a_typed_error(long_run):
+    with pytest.raises(QkvscopeError) as err:
+        curves.curves(long_run, [1], "train/loss", x="epoch")
+    assert str(err.value) == "x axis must be one of step, tokens, wall_time; got 'epoch'"
+
+
+def test_no_runs_gives_an_empty_frame(long_run):
+    df = curves.curves(long_run, [], "train/loss")
+    assert df.empty and list(df.columns) == ["run_id", "x", "value", "step"]
+
+
+def test_ema_debiased_known_values():
+    out = curves.ema([1.0, 1.0, 1.0], 0.9)
+    np.testing.assert_allclose(out, [1.0, 1.0, 1.0])  # debiasing: a constant stays constant
+    out = curves.ema([0.0, 10.0], 0.5)
+    # s1 = 0, s2 = 0.5*0 + 0.5*10 = 5; debiased: 5 / (1 - 0.25) = 6.667
+    np.testing.assert_allclose(out, [0.0, 5.0 / 0.75])
+    raw = np.array([3.0, 1.0])
+    assert curves.ema(raw, 0.0) is not raw
+    with pytest.raises(QkvscopeError) as err:
+        curves.ema(raw, 1.0)
+    assert str(err.value) == "smoothing weight must be in [0, 1); got 1.0"
+
+
+def test_smooth_is_per_run_and_leaves_input_alone():
+    frame = pd.DataFrame({"run_id": [1, 1, 2, 2], "x": [0, 1, 0, 1], "value": [0.0, 10.0, 4.0, 4.0]})
+    out = curves.smooth(frame, 0.5)
+    assert frame["value"].tolist() == [0.0, 10.0, 4.0, 4.0]
+    np.testing.assert_allclose(out["value"], [0.0, 5.0 / 0.75, 4.0, 4.0])
+
+
+def test_group_band_mean_and_extremes(tmp_path):
+    rows = [(r, s, "m", float(r * 10 + s), None, None) for r in (1, 2, 3) for s in range(4)]
+    store = _store_with_points(tmp_path, rows)
+    binned = curves.band_points(store, [1, 2, 3], "m", n_bins=4)
+    band = curves.group_band(binned, {1: "qkv", 2: "qkv", 3: "k_eq_v"})
+    qkv = band[band.group == "qkv"].reset_index(drop=True)
+    assert qkv["mean"].tolist() == [15.0, 16.0, 17.0, 18.0]
+    assert qkv["lo"].tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert qkv["hi"].tolist() == [20.0, 21.0, 22.0, 23.0]
+    assert qkv["n_runs"].tolist() == [2, 2, 2, 2]
+    assert band[band.group == "k_eq_v"]["mean"].tolist() == [30.0, 31.0, 32.0, 33.0]
+
+
+def test_final_values_last_best_and_divergence(tmp_path):
+    rows = [(1, 0, "val/loss", 5.0, None, None), (1, 10, "val/loss", 3.0, None, None),
+            (1, 20, "val/loss", 3.5, None, None),
+            (2, 0, "val/loss", 5.0, None, None), (2, 10, "val/loss", float("inf"), None, None)]
+    store = _store_with_points(tmp_path, rows)
+    f = curves.final_values(store, "val/loss").set_index("run_id")
+    assert f.loc[1, "final"] == 3.5 and f.loc[1, "final_step"] == 20
+    assert f.loc[1, "best"] == 3.0 and f.loc[1, "best_step"] == 10
+    assert f.loc[1, "nonfinite"] == 0 and f.loc[2, "nonfinite"] == 1
+    assert f.loc[2, "final"] == 5.0
+    assert curves.metric_names(store) == ["val/loss"]
+    assert curves.metric_names(store, []) == []
+
+
+def test_analysis_results_latest_version_and_head_difference(tmp_path):
+    store = Store(tmp_path / "r.duckdb")
+    store.migrate()
+    with store.transaction() as con:
+        for cid, step in ((1, 100), (2, 200)):
+            con.execute(
+                "INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
+                "n_kv_heads, d_model, d_head, step) VALUES (?, 'x', ?, 'gpt2', 'qkv', 1, 2, 2, 8, 4, ?)",
+                [cid, f"h{cid}", step])
+        rows = [(1, 0, 0, "kv_cka", 0.2, 1), (1, 0, 1, "kv_cka", 0.4, 1), (1, 0, 0, "kv_cka", 0.9, 0),
+                (2, 0, 0, "kv_cka", 0.5, 1), (2, 0, 1, "kv_cka", 0.1, 1), (2, 0, None, "qk_symmetry", 0.6, 1)]
+        con.executemany("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, "
+                        "metric_version) VALUES (?, ?, ?, ?, ?, ?)", rows)
+    a = curves.analysis_results(store, 1)
+    assert a["value"].tolist() == [0.2, 0.4]  # version 0 row ignored
+    b = curves.analysis_results(store, 2)
+    d = curves.head_difference(a, b)
+    assert d["diff"].round(6).tolist() == [0.3, -0.3]
+    over = curves.results_over_checkpoints(store, [2, 1], ["kv_cka"])
+    assert over["step"].tolist() == [100, 100, 200, 200]
