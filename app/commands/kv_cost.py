@@ -1,0 +1,230 @@
+"""KV-cache size, users per GPU and cost per million tokens of an attention variant.
+
+Geometry from a preset (--preset, see --list-presets), a checkpoint
+(--checkpoint PATH) or typed in (--layers --heads --kv-heads --d-head --d-model).
+Every figure is compared with the baseline (separate Q, K, V at the model's
+own KV heads). Units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes.
+
+Examples:
+  python -m app kv-cost --preset llama-3-8b --variant k_eq_v --gpu h100-sxm
+  python -m app kv-cost --preset projection-sharing-300m --variant k_eq_v --kv-heads 1 --json
+  python -m app kv-cost --layers 24 --heads 16 --kv-heads 4 --d-head 64 --d-model 1024 --context 8192
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from analysis.errors import AnalysisError
+from analysis.gpus import CATALOGUE, GB, GIB, TB_S, TFLOPS, get_gpu
+from analysis.kv_cost import (
+    DTYPE_BITS, VARIANTS, Attention, Geometry, Serving, baseline_attention, compare, estimate,
+    geometry_from_info, savings, standard_configs,
+)
+from analysis.presets import PRESETS, get_preset
+from app.commands._common import print_json
+
+NAME = "kv-cost"
+HELP = "KV-cache bytes, users per GPU and USD per 1M tokens of a variant, against the baseline"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("model geometry (one of)")
+    src.add_argument("--preset", help="a preset model (see --list-presets)")
+    src.add_argument("--checkpoint", help="read the geometry from a checkpoint file or folder")
+    src.add_argument("--layers", type=int, help="typed geometry: number of layers")
+    src.add_argument("--heads", type=int, help="typed geometry: query heads")
+    src.add_argument("--d-head", type=int, help="typed geometry: head dimension")
+    src.add_argument("--d-model", type=int, help="typed geometry: residual width")
+    src.add_argument("--d-mlp", type=int, help="typed geometry: MLP width (default 4 * d_model)")
+    src.add_argument("--vocab", type=int, default=0, help="typed geometry: vocabulary (default 0: "
+                     "embeddings not counted)")
+    att = p.add_argument_group("attention being costed")
+    att.add_argument("--variant", choices=VARIANTS, help="default: the model's own variant")
+    att.add_argument("--kv-heads", type=int, help="KV heads (n_heads: MHA, 1: MQA, else GQA); "
+                     "default: the model's")
+    att.add_argument("--mla-latent", type=int, help="cost multi-head latent attention with this latent dim")
+    att.add_argument("--mla-rope", type=int, default=0, help="MLA decoupled rotary key dim (default 0)")
+    att.add_argument("--layers-per-cache", type=int, default=1, help="cross-layer KV sharing (default 1: none)")
+    att.add_argument("--window", type=int, help="sliding window in tokens (0: none; default: the model's)")
+    srv = p.add_argument_group("serving")
+    srv.add_argument("--context", type=int, help="tokens cached per user (default 4096, or prompt + output)")
+    srv.add_argument("--users", type=int, help="concurrent users (default: as many as one GPU holds)")
+    srv.add_argument("--prompt-len", type=int, help="prompt tokens (with --output-len: decode costed at "
+                     "prompt + output/2)")
+    srv.add_argument("--output-len", type=int, help="generated tokens per request")
+    srv.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BITS), help="cache dtype (default bf16)")
+    srv.add_argument("--weight-dtype", default="bf16", choices=list(DTYPE_BITS),
+                     help="weight dtype (default bf16)")
+    srv.add_argument("--quant-group-size", type=int, default=64,
+                     help="int8/int4 cache: elements per scale group (default 64)")
+    srv.add_argument("--gpu", default="h100-sxm", help="GPU from the catalogue (see --list-gpus)")
+    srv.add_argument("--gpus-per-replica", type=int, default=1, help="tensor-parallel GPUs per model copy")
+    srv.add_argument("--price-per-hour", type=float, help="USD per GPU-hour (default: the catalogue's)")
+    srv.add_argument("--gpu-memory-gb", type=float, help="override GPU memory, GB (1e9 bytes)")
+    srv.add_argument("--bandwidth-tb-s", type=float, help="override memory bandwidth, TB/s")
+    srv.add_argument("--bf16-tflops", type=float, help="override dense bf16 throughput, TFLOPS")
+    srv.add_argument("--utilisation", type=float, default=0.9, help="usable memory fraction (default 0.9)")
+    srv.add_argument("--reserve-gb", type=float, default=2.0,
+                     help="memory kept for activations and runtime, GB (default 2)")
+    srv.add_argument("--bandwidth-efficiency", type=float, default=0.8,
+                     help="achieved / peak bandwidth (default 0.8)")
+    srv.add_argument("--compute-efficiency", type=float, default=0.5,
+                     help="achieved / peak bf16 throughput (default 0.5)")
+    out = p.add_argument_group("output")
+    out.add_argument("--compare", action="store_true", help="also a table of every variant and GQA/MQA")
+    out.add_argument("--list-presets", action="store_true", help="list the preset models")
+    out.add_argument("--list-gpus", action="store_true", help="list the GPU catalogue with sources")
+    out.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def _geometry(args: argparse.Namespace) -> Geometry:
+    typed = [args.layers, args.heads, args.d_head, args.d_model]
+    chosen = sum([args.preset is not None, args.checkpoint is not None, any(v is not None for v in typed)])
+    if chosen != 1:
+        raise AnalysisError("kv-cost: give exactly one of --preset NAME, --checkpoint PATH, or "
+                            "--layers/--heads/--d-head/--d-model")
+    if args.preset is not None:
+        return get_preset(args.preset)
+    if args.checkpoint is not None:
+        try:
+            from loaders.checkpoints import inspect_checkpoint
+        except ImportError as exc:
+            raise AnalysisError(f"{args.checkpoint}: reading a checkpoint's geometry needs "
+                                f"loaders.checkpoints.inspect_checkpoint, which this build lacks ({exc})")
+        return geometry_from_info(inspect_checkpoint(args.checkpoint), name=str(args.checkpoint))
+    missing = [f"--{k.replace('_', '-')}" for k, v in
+               zip(("layers", "heads", "d_head", "d_model"), typed) if v is None]
+    if missing:
+        raise AnalysisError(f"kv-cost: a typed geometry needs {', '.join(missing)} as well")
+    return Geometry(name="typed", n_layers=args.layers, n_heads=args.heads,
+                    n_kv_heads=args.kv_heads or args.heads, d_model=args.d_model, d_head=args.d_head,
+                    d_mlp=args.d_mlp or 0, vocab=args.vocab,
+                    source="typed in (MLP 2 matrices, no biases; embeddings only with --vocab)")
+
+
+def _serving(args: argparse.Namespace) -> Serving:
+    context = args.context
+    if context is None and (args.prompt_len is None or args.output_len is None):
+        context = 4096
+    return Serving(context=context, users=args.users, prompt_len=args.prompt_len, output_len=args.output_len,
+                   kv_dtype=args.kv_dtype, weight_dtype=args.weight_dtype, kv_group_size=args.quant_group_size,
+                   mem_utilisation=args.utilisation, reserve_bytes=args.reserve_gb * GB,
+                   bandwidth_efficiency=args.bandwidth_efficiency, compute_efficiency=args.compute_efficiency,
+                   gpus_per_replica=args.gpus_per_replica)
+
+
+def _gpu(args: argparse.Namespace):
+    gpu = get_gpu(args.gpu)
+    return gpu.with_overrides(
+        memory_bytes=args.gpu_memory_gb * GB if args.gpu_memory_gb is not None else None,
+        bandwidth_bytes_s=args.bandwidth_tb_s * TB_S if args.bandwidth_tb_s is not None else None,
+        bf16_flops=args.bf16_tflops * TFLOPS if args.bf16_tflops is not None else None,
+        price_per_hour=args.price_per_hour)
+
+
+def _fmt_bytes(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f} B = {x / GB:,.3f} GB = {x / GIB:,.3f} GiB"
+
+
+def _pct(x: float | None) -> str:
+    """A saving against the baseline: positive saves, negative costs more."""
+    if x is None:
+        return "n/a"
+    if x == 0:
+        return "same"
+    return f"saves {x:.1%}" if x > 0 else f"{-x:.1%} more"
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_presets:
+        rows = [{"name": g.name, "n_layers": g.n_layers, "n_heads": g.n_heads, "n_kv_heads": g.n_kv_heads,
+                 "d_model": g.d_model, "d_head": g.d_head, "variant": g.variant, "source": g.source}
+                for g in PRESETS.values()]
+        if args.json:
+            print_json(rows)
+        else:
+            for r in rows:
+                print(f"{r['name']:<26} {r['n_layers']:>3} layers  d_model {r['d_model']:>5}  "
+                      f"heads {r['n_heads']:>3}/{r['n_kv_heads']:<3} d_head {r['d_head']:>3}  {r['variant']}")
+        return 0
+    if args.list_gpus:
+        rows = [g.to_json() for g in CATALOGUE.values()]
+        if args.json:
+            print_json(rows)
+        else:
+            for g in CATALOGUE.values():
+                print(f"{g.name:<11} {g.label:<44} {g.memory_bytes / GB:>6.0f} GB  "
+                      f"{g.bandwidth_bytes_s / TB_S:>6.3f} TB/s  {g.bf16_flops / TFLOPS:>7.1f} TFLOPS bf16  "
+                      f"${g.price_per_hour:.2f}/h")
+                for key, text in g.sources.items():
+                    print(f"{'':13}{key}: {text}")
+        return 0
+
+    geometry = _geometry(args)
+    serving = _serving(args)
+    gpu = _gpu(args)
+    attention = Attention(variant=args.variant or geometry.variant, n_kv_heads=args.kv_heads,
+                          mla_latent=args.mla_latent, mla_rope=args.mla_rope,
+                          layers_per_cache=args.layers_per_cache, window=args.window)
+    base_attention = baseline_attention(geometry)
+    result = estimate(geometry, attention, serving, gpu)
+    base = estimate(geometry, base_attention, serving, gpu)
+    saved = savings(result, base)
+    table = compare(geometry, standard_configs(geometry, args.kv_heads), serving, gpu) if args.compare else None
+
+    if args.json:
+        out = result.to_json(with_steps=True)
+        out["geometry"] = geometry.to_json()
+        out["serving"] = dataclasses.asdict(serving)
+        out["gpu_figures"] = gpu.to_json()
+        out["baseline"] = base.to_json()
+        out["savings"] = saved
+        if table is not None:
+            out["comparison"] = table.to_dict(orient="records")
+        print_json(out)
+        return 0
+
+    print(f"{geometry.name}: {geometry.n_layers} layers, d_model {geometry.d_model}, "
+          f"{geometry.n_heads} heads ({geometry.n_kv_heads} KV), d_head {geometry.d_head}  [{geometry.source}]")
+    print(f"costing: {result.label}   baseline: {base.label}")
+    print(f"GPU: {gpu.label} x{serving.gpus_per_replica} per replica, {gpu.memory_bytes / GB:g} GB, "
+          f"{gpu.bandwidth_bytes_s / TB_S:g} TB/s, {gpu.bf16_flops / TFLOPS:g} TFLOPS bf16, "
+          f"${gpu.price_per_hour:g}/GPU-hour")
+    print(f"units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes\n")
+    print("working:")
+    for s in result.steps:
+        print(f"  {s.name}: {s.formula}")
+        print(f"      {s.filled}")
+    print()
+    lines = [
+        ("parameters", f"{result.params_total:,} (attention {result.params_attention:,}, "
+                       f"{result.attention_share:.1%})", _pct(saved["saving_params_total"])),
+        ("weight memory", _fmt_bytes(result.weights_bytes), _pct(saved["saving_weights_bytes"])),
+        ("KV bytes per token", f"{result.bytes_per_token:,.1f} B = {result.bytes_per_token / 1024:,.3f} KiB",
+         _pct(saved["saving_bytes_per_token"])),
+        ("KV bytes per user", _fmt_bytes(result.bytes_per_user), _pct(saved["saving_bytes_per_user"])),
+        ("KV bytes, all users", _fmt_bytes(result.bytes_all_users), ""),
+        ("users per GPU", f"{result.users_per_gpu:,} at context {result.context:,}",
+         _ratio(saved["ratio_users_per_gpu"])),
+        ("decode tokens/s", f"{result.tokens_per_s:,.1f} for {result.users:,} users on {result.gpus} GPU(s)"
+         + (f", {result.bound}-bound" if result.bound else ", nothing fits"), _ratio(saved["ratio_tokens_per_s"])),
+        ("USD per 1M output tokens",
+         "n/a" if result.usd_per_million_tokens is None else f"{result.usd_per_million_tokens:,.4f}",
+         _pct(saved["saving_usd_per_million_tokens"])),
+    ]
+    print(f"{'figure':<26} {'value':<62} vs baseline (saving / ratio)")
+    for name, value, vs in lines:
+        print(f"{name:<26} {value:<62} {vs}")
+    if table is not None:
+        print()
+        cols = ["label", "bytes_per_token", "users_per_gpu", "tokens_per_s", "usd_per_million_tokens",
+                "saving_bytes_per_token"]
+        print(table[cols].to_string(index=False))
+    return 0
