@@ -1,0 +1,124 @@
+"""Train one variant model into a run folder.
+
+  python -m app train --variant k_eq_v --n-kv-heads 1 --weight-decay 0.03 \\
+      --out runs/kv-mqa-wd0.03 [--corpus PATH] [--device cuda] [--steps N]
+
+The run folder holds config.json, metrics.jsonl, TensorBoard events and
+checkpoints/*.safetensors (--save-steps plus the final one). --resume
+continues an interrupted run from its last saved state. The default corpus is
+the Python standard library's own source (byte-level, offline).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.commands._common import print_json
+
+NAME = "train"
+HELP = "train one variant model (variant, head sharing, weight decay) into a run folder"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",") if t.strip()]
+
+
+def _scale(text: str) -> float | str:
+    """A number, ``default`` (1/sqrt(d_head)) or ``half`` (1/(2 sqrt(d_head)), query-free paper)."""
+    if text in ("default", "half"):
+        return text
+    return float(text)
+
+
+def add_model_train_arguments(p: argparse.ArgumentParser, *, single: bool = True) -> None:
+    """Model and training options shared by ``train`` and ``sweep``."""
+    from experiments.model import GPTConfig, NORMS, POSITIONS, VARIANTS
+    from experiments.train import TrainConfig
+
+    m, t = GPTConfig(), TrainConfig()
+    g = p.add_argument_group("model")
+    if single:
+        g.add_argument("--variant", choices=VARIANTS, default="qkv", help="attention variant (default qkv)")
+        g.add_argument("--n-kv-heads", type=int, default=None,
+                       help="kv heads: n-head (MHA, default), a divisor (GQA) or 1 (MQA)")
+    g.add_argument("--n-layer", type=int, default=m.n_layer, help=f"layers (default {m.n_layer})")
+    g.add_argument("--d-model", type=int, default=m.d_model, help=f"width (default {m.d_model})")
+    g.add_argument("--n-head", type=int, default=m.n_head, help=f"query heads (default {m.n_head})")
+    g.add_argument("--d-head", type=int, default=None, help="head size (default d-model / n-head)")
+    g.add_argument("--block-size", type=int, default=m.block_size, help=f"context in bytes (default {m.block_size})")
+    g.add_argument("--norm", choices=NORMS, default=m.norm, help=f"default {m.norm}")
+    g.add_argument("--positions", choices=POSITIONS, default=m.positions, help=f"default {m.positions}")
+    g.add_argument("--mlp-ratio", type=float, default=m.mlp_ratio,
+                   help="MLP width / d_model (default 4; query-free paper: 4.5 vs 3.5)")
+    g.add_argument("--attn-scale", type=_scale, default="default",
+                   help="'default' 1/sqrt(d_head), 'half' 1/(2 sqrt(d_head)), or a number")
+    g.add_argument("--bias", action="store_true", help="biases in linear layers and LayerNorm")
+    g = p.add_argument_group("training")
+    if single:
+        g.add_argument("--weight-decay", type=float, default=t.weight_decay, help=f"default {t.weight_decay}")
+    g.add_argument("--steps", type=int, default=t.steps, help=f"optimizer steps (default {t.steps})")
+    g.add_argument("--batch-size", type=int, default=t.batch_size, help=f"default {t.batch_size}")
+    g.add_argument("--lr", type=float, default=t.lr, help=f"peak learning rate (default {t.lr})")
+    g.add_argument("--warmup-steps", type=int, default=t.warmup_steps, help=f"default {t.warmup_steps}")
+    g.add_argument("--grad-clip", type=float, default=t.grad_clip, help=f"default {t.grad_clip}")
+    g.add_argument("--eval-interval", type=int, default=t.eval_interval, help=f"default {t.eval_interval}")
+    g.add_argument("--eval-batches", type=int, default=t.eval_batches, help=f"default {t.eval_batches}")
+    g.add_argument("--log-interval", type=int, default=t.log_interval, help=f"default {t.log_interval}")
+    g.add_argument("--save-steps", type=_ints, default=[], help="comma-separated steps to checkpoint, e.g. 250,500")
+    g.add_argument("--seed", type=int, default=t.seed, help=f"default {t.seed}")
+    g.add_argument("--corpus", default=None,
+                   help="text file or folder (default: the Python standard library's source)")
+    g.add_argument("--corpus-max-bytes", type=int, default=None, help="read at most this many bytes")
+    g.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    g.add_argument("--resume", action="store_true", help="continue an unfinished run in --out")
+
+
+def configs_from_args(args: argparse.Namespace, *, variant: str = "qkv", n_kv_heads: int | None = None,
+                      weight_decay: float = 0.1):
+    """(GPTConfig, TrainConfig) from parsed arguments; ValueError on an invalid model."""
+    import math
+
+    from experiments.model import GPTConfig
+    from experiments.train import TrainConfig
+
+    variant = getattr(args, "variant", variant)
+    n_kv_heads = getattr(args, "n_kv_heads", n_kv_heads)
+    d_head = args.d_head or args.d_model // args.n_head
+    scale = {"default": None, "half": 1.0 / (2 * math.sqrt(d_head))}.get(args.attn_scale, args.attn_scale) \
+        if isinstance(args.attn_scale, str) else args.attn_scale
+    mc = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                   n_kv_heads=n_kv_heads, d_model=args.d_model, d_head=args.d_head, variant=variant,
+                   norm=args.norm, positions=args.positions, mlp_ratio=args.mlp_ratio,
+                   attn_scale=scale, bias=args.bias)
+    tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                     warmup_steps=args.warmup_steps, weight_decay=getattr(args, "weight_decay", weight_decay),
+                     grad_clip=args.grad_clip, eval_interval=args.eval_interval,
+                     eval_batches=args.eval_batches, log_interval=args.log_interval,
+                     seed=args.seed, save_steps=list(args.save_steps), corpus=args.corpus,
+                     corpus_max_bytes=args.corpus_max_bytes, device=args.device, threads=args.threads)
+    return mc, tc
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, help="run folder to create (or resume)")
+    add_model_train_arguments(p, single=True)
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from experiments.train import train
+
+    try:
+        mc, tc = configs_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    summary = train(mc, tc, args.out, resume=args.resume)
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{args.out}: final val loss {summary['final_val_loss']:.4f} after {summary['steps']} steps; "
+              f"{summary['params']:,} params; checkpoint {summary['checkpoint']}")
+    return 0

@@ -1,0 +1,429 @@
+"""One GPT-style model for every attention variant qkvscope studies.
+
+Pre-norm, causal, byte-level by default. Attention is parametrised by
+
+* ``variant`` (see DESIGN.md):
+
+  ==================  =====================================================
+  ``qkv``             q = x W_q, k = x W_k, v = x W_v (the standard layer)
+  ``wq_identity``     query-free (arXiv 2510.23912): head h's query is the
+                      slice ``x[..., h*d_head:(h+1)*d_head]`` of the
+                      normalised residual stream; no W_q at all
+  ``q_eq_k``          q = k (one tensor ``qk``; symmetric logits)
+  ``k_eq_v``          v = k (one tensor ``kv``; ONE cached tensor per layer)
+  ``q_eq_k_eq_v``     q = k = v (one tensor ``qkv``)
+  ==================  =====================================================
+
+* ``n_kv_heads``: n_head (MHA), a divisor (GQA-g), or 1 (MQA). Query head h
+  reads kv head ``h // (n_head // n_kv_heads)``. When q is tied to k
+  (``q_eq_k``, ``q_eq_k_eq_v``) the query of head h is that kv head's key.
+
+The state dict holds the real parameter set of the variant, nothing tied is
+stored twice (``blocks.N.attn.kv.weight`` for K=V, no query weight for
+``wq_identity``). Weight layout: ``nn.Linear`` weights ``[out, in]`` with
+output feature ``head * d_head + j``; in canonical form
+``W_K[h] = k.weight.view(n_kv_heads, d_head, d_model)[h].T``.
+
+The incremental decoding cache (:class:`KVCache`) stores, per layer, the
+keys and values (two tensors) or, for K=V variants, the one shared tensor, so
+its bytes per token are ``n_layer * n_cached * n_kv_heads * d_head * bytes``
+with ``n_cached = 1`` for K=V, as in DESIGN.md "KV-cache and serving cost".
+
+Other checkpoints: :meth:`GPT.from_nanogpt` (nanoGPT and the query-free
+paper's nanoGPT fork) and :meth:`GPT.from_state_dict` (this model's own).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Mapping
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
+KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
+Q_TIED = frozenset({"q_eq_k", "q_eq_k_eq_v"})
+NORMS = ("layernorm", "rmsnorm", "none")
+POSITIONS = ("learned", "rotary")
+
+#: The projection tensors each variant owns (``blocks.N.attn.<name>.weight``).
+PROJECTIONS = {
+    "qkv": ("q", "k", "v"),
+    "wq_identity": ("k", "v"),
+    "q_eq_k": ("qk", "v"),
+    "k_eq_v": ("q", "kv"),
+    "q_eq_k_eq_v": ("qkv",),
+}
+
+
+@dataclass
+class GPTConfig:
+    """Every architectural hyperparameter (saved with each checkpoint).
+
+    ``n_kv_heads`` and ``d_head`` default (``None``) to ``n_head`` and
+    ``d_model // n_head``; ``attn_scale`` ``None`` means ``1/sqrt(d_head)``
+    (the query-free paper trains with ``1/(2*sqrt(d_head))``).
+    ``mlp_ratio``: MLP width = ``round(mlp_ratio * d_model)`` (4.0 standard;
+    the query-free paper's parameter-matched comparison uses 4.5 vs 3.5).
+    """
+
+    vocab_size: int = 256
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_heads: int | None = None
+    d_model: int = 128
+    d_head: int | None = None
+    variant: str = "qkv"
+    norm: str = "layernorm"
+    positions: str = "learned"
+    mlp_ratio: float = 4.0
+    attn_scale: float | None = None
+    bias: bool = False
+    tie_embeddings: bool = True
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_head
+        if self.d_head is None:
+            self.d_head = self.d_model // self.n_head
+        if self.attn_scale is None:
+            self.attn_scale = 1.0 / math.sqrt(self.d_head)
+        problems = []
+        if self.variant not in VARIANTS:
+            problems.append(f"variant {self.variant!r} is not one of {', '.join(VARIANTS)}")
+        if self.norm not in NORMS:
+            problems.append(f"norm {self.norm!r} is not one of {', '.join(NORMS)}")
+        if self.positions not in POSITIONS:
+            problems.append(f"positions {self.positions!r} is not one of {', '.join(POSITIONS)}")
+        if self.n_kv_heads < 1 or self.n_head % self.n_kv_heads:
+            problems.append(f"n_kv_heads {self.n_kv_heads} does not divide n_head {self.n_head}")
+        if self.variant == "wq_identity" and self.n_head * self.d_head != self.d_model:
+            problems.append(f"wq_identity needs n_head * d_head == d_model, found "
+                            f"{self.n_head} * {self.d_head} != {self.d_model}")
+        if self.positions == "rotary" and self.d_head % 2:
+            problems.append(f"rotary positions need an even d_head, found {self.d_head}")
+        if problems:
+            raise ValueError("invalid GPTConfig: " + "; ".join(problems))
+
+    @property
+    def d_mlp(self) -> int:
+        return int(round(self.mlp_ratio * self.d_model))
+
+    @property
+    def n_cached(self) -> int:
+        """Tensors cached per layer and kv head: 1 for K=V variants, else 2."""
+        return 1 if self.variant in KV_TIED else 2
+
+    def kv_bytes_per_token(self, bytes_per_elem: int = 4) -> int:
+        """n_layer * n_cached * n_kv_heads * d_head * bytes_per_elem."""
+        return self.n_layer * self.n_cached * self.n_kv_heads * self.d_head * bytes_per_elem
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "GPTConfig":
+        """Build from a saved dict; unknown keys are an error naming them."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown GPTConfig keys: {', '.join(unknown)}")
+        return cls(**dict(d))
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019)."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(cfg: GPTConfig) -> nn.Module:
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return nn.Identity()
+
+
+def rotary(x: torch.Tensor, start: int, base: float) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of x (B, H, T, D) by angle pos * base^(-2i/D),
+    pos = start..start+T-1 (RoFormer, Su et al. 2021, interleaved pairs)."""
+    B, H, T, D = x.shape
+    inv = base ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)  # (D/2,)
+    pos = torch.arange(start, start + T, device=x.device, dtype=torch.float32)
+    ang = torch.outer(pos, inv)  # (T, D/2)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2) each
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, D/2, 2)
+    return out.flatten(-2)
+
+
+class KVCache:
+    """Per-layer decoding cache: ``{"k", "v"}`` or, for K=V variants, ``{"kv"}``.
+
+    Tensors are ``(B, n_kv_heads, T, d_head)``. For rotary K=V variants the
+    shared tensor is cached before rotation (it is also the value) and keys
+    are rotated when read.
+    """
+
+    def __init__(self, n_layer: int):
+        self.layers: list[dict[str, torch.Tensor]] = [{} for _ in range(n_layer)]
+
+    @property
+    def length(self) -> int:
+        """Tokens cached (in the last layer, i.e. before or after a full forward)."""
+        return self.layer_length(len(self.layers) - 1)
+
+    def layer_length(self, layer: int) -> int:
+        d = self.layers[layer]
+        return next(iter(d.values())).shape[2] if d else 0
+
+    def append(self, layer: int, name: str, t: torch.Tensor) -> torch.Tensor:
+        old = self.layers[layer].get(name)
+        new = t if old is None else torch.cat((old, t), dim=2)
+        self.layers[layer][name] = new
+        return new
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.values())
+
+    def bytes_per_token(self) -> int:
+        """Cache bytes per cached token of one sequence."""
+        first = self.layers[0]
+        if not first:
+            return 0
+        B = next(iter(first.values())).shape[0]
+        return self.nbytes() // (B * self.length)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, dh = cfg.d_model, cfg.d_head
+        width = {"q": cfg.n_head * dh}
+        for name in PROJECTIONS[cfg.variant]:
+            setattr(self, name, nn.Linear(d, width.get(name, cfg.n_kv_heads * dh), bias=cfg.bias))
+        self.o = nn.Linear(cfg.n_head * dh, d, bias=cfg.bias)
+
+    def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        B, T, _ = t.shape
+        return t.view(B, T, n, self.cfg.d_head).transpose(1, 2)  # (B, n, T, dh)
+
+    def forward(self, x: torch.Tensor, layer: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, C = x.shape
+        H, G = cfg.n_head, cfg.n_kv_heads
+        past = cache.layer_length(layer) if cache is not None else 0
+        rope = cfg.positions == "rotary"
+        v_new = None
+        if cfg.variant in KV_TIED:
+            shared = self._heads((self.kv if cfg.variant == "k_eq_v" else self.qkv)(x), G)  # (B, G, T, dh)
+            kv_all = cache.append(layer, "kv", shared) if cache is not None else shared
+            k = rotary(kv_all, 0, cfg.rope_base) if rope else kv_all
+            v = kv_all
+            k_new = shared
+        else:
+            k_new = self._heads((self.qk if cfg.variant == "q_eq_k" else self.k)(x), G)  # (B, G, T, dh)
+            v_new = self._heads(self.v(x), G)
+            k_rot = rotary(k_new, past, cfg.rope_base) if rope else k_new
+            k = cache.append(layer, "k", k_rot) if cache is not None else k_rot
+            v = cache.append(layer, "v", v_new) if cache is not None else v_new
+        if cfg.variant == "wq_identity":
+            q = self._heads(x, H)  # (B, H, T, dh): the residual stream's head slices
+        elif cfg.variant in Q_TIED:
+            q = k_new.repeat_interleave(H // G, dim=1)  # (B, H, T, dh): head h uses kv head h // (H/G)
+        else:
+            q = self._heads(self.q(x), H)
+        if rope:
+            q = rotary(q, past, cfg.rope_base)
+        if G != H:
+            k = k.repeat_interleave(H // G, dim=1)  # (B, H, past+T, dh)
+            v = v.repeat_interleave(H // G, dim=1)
+        if past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=cfg.attn_scale)
+        else:
+            # query i sits at absolute position past+i and sees keys 0..past+i
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.attn_scale)
+        y = y.transpose(1, 2).reshape(B, T, H * cfg.d_head)  # (B, T, H*dh)
+        return self.o(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.ln_2 = make_norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), layer, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """The variant model. ``forward(idx, targets=None, cache=None) -> (logits, loss)``."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.positions == "learned":
+            self.wpe = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.apply(self._init)
+        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("attn.o.weight") or name.endswith("mlp.proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def n_params(self) -> int:
+        """Parameters counted once each (a tied lm_head is the embedding)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def n_attention_params(self) -> int:
+        return sum(p.numel() for b in self.blocks for p in b.attn.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T = idx.shape
+        past = cache.length if cache is not None else 0
+        if past + T > self.cfg.block_size and self.cfg.positions == "learned":
+            raise ValueError(f"sequence of {past + T} tokens exceeds block_size {self.cfg.block_size}")
+        x = self.wte(idx)  # (B, T, C)
+        if self.cfg.positions == "learned":
+            x = x + self.wpe(torch.arange(past, past + T, device=idx.device))
+        for i, block in enumerate(self.blocks):
+            x = block(x, i, cache)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    @torch.inference_mode()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample with the KV cache; temperature 0 is greedy. Returns (B, T + new)."""
+        cache = KVCache(self.cfg.n_layer)
+        logits, _ = self(idx, cache=cache)
+        out = [idx]
+        for _ in range(max_new_tokens):
+            last = logits[:, -1, :]
+            if temperature == 0:
+                nxt = last.argmax(-1, keepdim=True)
+            else:
+                probs = F.softmax(last / temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)
+            out.append(nxt)
+            logits, _ = self(nxt, cache=cache)
+        return torch.cat(out, dim=1)
+
+    # ---- state dicts ---------------------------------------------------------------
+    def export_state_dict(self) -> dict[str, torch.Tensor]:
+        """The real parameter set, each tensor once (no tied lm_head), contiguous copies."""
+        sd = {k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
+        if self.cfg.tie_embeddings:
+            sd.pop("lm_head.weight", None)
+        return sd
+
+    @classmethod
+    def from_state_dict(cls, cfg: GPTConfig, sd: Mapping[str, torch.Tensor]) -> "GPT":
+        """This model's own checkpoint; missing or unexpected keys are listed, sorted."""
+        model = cls(cfg)
+        own = model.state_dict()
+        expected = set(own) - ({"lm_head.weight"} if cfg.tie_embeddings else set())
+        missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+        if missing or unexpected:
+            raise KeyError(f"state dict does not match a {cfg.variant} model: "
+                           f"missing {missing}, unexpected {unexpected}")
+        with torch.no_grad():
+            for k in expected:
+                if tuple(sd[k].shape) != tuple(own[k].shape):
+                    raise ValueError(f"{k}: expected shape {tuple(own[k].shape)}, found {tuple(sd[k].shape)}")
+                own[k].copy_(sd[k])
+        return model
+
+    @classmethod
+    def from_nanogpt(cls, sd: Mapping[str, torch.Tensor], *, n_head: int,
+                     query_mode: str = "standard", attn_scale: float | None = None,
+                     norm_eps: float = 1e-5) -> "GPT":
+        """Build from a nanoGPT state dict (``transformer.h.N.attn.c_attn`` Linear,
+        ``_orig_mod.`` prefixes allowed), GELU MLP, LayerNorm, learned positions.
+
+        The query-free paper's fork (``query_mode="identity"``) has
+        ``c_attn = Linear(d, 2d)`` producing only k and v; it becomes variant
+        ``wq_identity``. Geometry is read from the tensor shapes; ``n_head``
+        must be given (nanoGPT stores it in ``model_args``).
+        """
+        sd = {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
+        wte = sd["transformer.wte.weight"]  # (vocab, d)
+        vocab, d = wte.shape
+        n_layer = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("transformer.h."))
+        c_attn = sd["transformer.h.0.attn.c_attn.weight"]  # (3d or 2d, d)
+        variant = "wq_identity" if query_mode == "identity" else "qkv"
+        n_proj = 2 if variant == "wq_identity" else 3
+        if c_attn.shape[0] != n_proj * d:
+            raise ValueError(f"transformer.h.0.attn.c_attn.weight: expected {n_proj * d} rows for "
+                             f"query_mode {query_mode!r}, found {c_attn.shape[0]}")
+        bias = "transformer.h.0.attn.c_attn.bias" in sd
+        tied = "lm_head.weight" not in sd or torch.equal(sd["lm_head.weight"], wte)
+        cfg = GPTConfig(vocab_size=vocab, block_size=sd["transformer.wpe.weight"].shape[0],
+                        n_layer=n_layer, n_head=n_head, d_model=d, variant=variant,
+                        mlp_ratio=sd["transformer.h.0.mlp.c_fc.weight"].shape[0] / d,
+                        attn_scale=attn_scale, bias=bias, tie_embeddings=tied, norm_eps=norm_eps)
+        own: dict[str, torch.Tensor] = {"wte.weight": wte, "wpe.weight": sd["transformer.wpe.weight"]}
+        if not tied:
+            own["lm_head.weight"] = sd["lm_head.weight"]
+        names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_proj": "attn.o",
+                 "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
+        for i in range(n_layer):
+            src, dst = f"transformer.h.{i}.", f"blocks.{i}."
+            for a, b in names.items():
+                for p in ("weight", "bias"):
+                    if src + f"{a}.{p}" in sd:
+                        own[dst + f"{b}.{p}"] = sd[src + f"{a}.{p}"]
+            # nanoGPT's c_attn rows are [q; k; v] (or [k; v] in the query-free fork)
+            parts = ("k", "v") if variant == "wq_identity" else ("q", "k", "v")
+            for p in ("weight", "bias"):
+                if src + f"attn.c_attn.{p}" in sd:
+                    for name, t in zip(parts, sd[src + f"attn.c_attn.{p}"].split(d, dim=0)):
+                        own[dst + f"attn.{name}.{p}"] = t
+        for p in ("weight", "bias"):
+            if f"transformer.ln_f.{p}" in sd:
+                own[f"ln_f.{p}"] = sd[f"transformer.ln_f.{p}"]
+        return cls.from_state_dict(cfg, own)

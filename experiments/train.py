@@ -1,0 +1,344 @@
+"""The small trainer behind ``python -m app train`` and the bundled demo.
+
+AdamW with nanoGPT's decay rule (weight decay on parameters with >= 2
+dimensions: matrices and embeddings; none on gains and biases), linear warmup
+then cosine decay to ``min_lr_ratio * lr``, gradient clipping by global norm,
+periodic validation on fixed held-out batches. Deterministic for a seed on
+one device (init from ``seed``, training batches from a generator seeded
+``seed + 1``, validation batches from ``seed + 2``).
+
+A run folder holds::
+
+    config.json            every hyperparameter (model + training + corpus)
+    metrics.jsonl          {"step", "train_loss" | "val_loss", "lr", "tokens", "wall_time"}
+    events.out.tfevents.*  TensorBoard: train/loss, val/loss, lr
+    checkpoints/step_000500.safetensors ... final_step_002000.safetensors
+    resume_state.safetensors   only while a run is unfinished (weights, AdamW
+                               moments, batch generator state; no pickle)
+
+Checkpoints are safetensors of the model's real parameter set
+(:meth:`experiments.model.GPT.export_state_dict`) with header metadata
+``qkvscope_config`` (the model config as JSON) and ``qkvscope_run`` (step,
+tokens, final flag and training hyperparameters as JSON).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from experiments.corpus import Corpus, get_batch, load_corpus
+from experiments.model import GPT, GPTConfig
+from loaders.errors import FileError
+
+CONFIG_KEY = "qkvscope_config"
+RUN_KEY = "qkvscope_run"
+RESUME_FILE = "resume_state.safetensors"
+
+
+class RunFolderError(FileError):
+    """A run folder that cannot be started or resumed as asked."""
+
+
+@dataclass
+class TrainConfig:
+    """Training hyperparameters (model hyperparameters live in GPTConfig)."""
+
+    steps: int = 1000
+    batch_size: int = 16
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_interval: int = 100
+    eval_batches: int = 16
+    log_interval: int = 10
+    seed: int = 1337
+    save_steps: list[int] = field(default_factory=list)
+    corpus: str | None = None
+    corpus_max_bytes: int | None = None
+    device: str = "cpu"
+    threads: int | None = None
+
+    #: settings that may differ between a run and its resumption
+    RUNTIME = ("device", "threads")
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """Warmup lr*(step+1)/warmup, then cosine from lr to min_lr_ratio*lr at the last step."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    span = max(1, tc.steps - 1 - tc.warmup_steps)
+    frac = min(1.0, (step - tc.warmup_steps) / span)
+    min_lr = tc.lr * tc.min_lr_ratio
+    return min_lr + 0.5 * (tc.lr - min_lr) * (1 + math.cos(math.pi * frac))
+
+
+def make_optimizer(model: GPT, tc: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; decay on >= 2-D parameters only (nanoGPT's rule)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tc.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), foreach=False)
+
+
+def run_config(mc: GPTConfig, tc: TrainConfig, corpus_info: dict) -> dict:
+    """The flat ``config.json`` of a run."""
+    out = {"format": "qkvscope-run", "format_version": 1}
+    out.update(mc.to_dict())
+    out.update({k: v for k, v in asdict(tc).items() if k not in ("corpus",)})
+    out["corpus"] = corpus_info
+    out["tokens_per_step"] = tc.batch_size * mc.block_size
+    return out
+
+
+def checkpoint_name(step: int, final: bool) -> str:
+    return f"{'final_step' if final else 'step'}_{step:06d}.safetensors"
+
+
+def save_checkpoint(model: GPT, path: Path, *, step: int, tokens: int, final: bool,
+                    tc: TrainConfig) -> None:
+    meta = {
+        "format": "pt",
+        CONFIG_KEY: json.dumps(model.cfg.to_dict()),
+        RUN_KEY: json.dumps({"step": step, "tokens": tokens, "final": final,
+                             "weight_decay": tc.weight_decay, "lr": tc.lr, "seed": tc.seed}),
+    }
+    sd = {k: v.cpu() for k, v in model.export_state_dict().items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(sd, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path, device: str = "cpu") -> GPT:
+    """Rebuild the model from one of this trainer's safetensors checkpoints."""
+    path = Path(path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if CONFIG_KEY not in meta:
+        raise RunFolderError(path, f"expected safetensors metadata key {CONFIG_KEY!r} "
+                                   f"(a qkvscope checkpoint), found keys {sorted(meta)}")
+    cfg = GPTConfig.from_dict(json.loads(meta[CONFIG_KEY]))
+    return GPT.from_state_dict(cfg, load_file(str(path), device=device))
+
+
+def _save_resume(model: GPT, opt: torch.optim.AdamW, gen: torch.Generator, path: Path,
+                 step: int, elapsed: float) -> None:
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = {f"model.{k}": v.cpu() for k, v in model.export_state_dict().items()}
+    adam_step = 0
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if st:
+                tensors[f"opt.{names[id(p)]}.exp_avg"] = st["exp_avg"].detach().cpu().contiguous()
+                tensors[f"opt.{names[id(p)]}.exp_avg_sq"] = st["exp_avg_sq"].detach().cpu().contiguous()
+                adam_step = int(st["step"])
+    tensors["rng.batch"] = gen.get_state().clone()
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"step": str(step), "adam_step": str(adam_step),
+                                           "elapsed": repr(elapsed)})
+    os.replace(tmp, path)
+
+
+def _load_resume(model: GPT, opt: torch.optim.AdamW, gen: torch.Generator,
+                 path: Path) -> tuple[int, float]:
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    own = {k[len("model."):]: v for k, v in t.items() if k.startswith("model.")}
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for k, p in model.state_dict().items():
+            if k in own:
+                p.copy_(own[k])
+    adam_step = int(meta["adam_step"])
+    for n, p in model.named_parameters():
+        if f"opt.{n}.exp_avg" in t:
+            opt.state[p] = {"step": torch.tensor(float(adam_step)),
+                            "exp_avg": t[f"opt.{n}.exp_avg"].to(device),
+                            "exp_avg_sq": t[f"opt.{n}.exp_avg_sq"].to(device)}
+    gen.set_state(t["rng.batch"])
+    return int(meta["step"]), float(meta["elapsed"])
+
+
+@torch.inference_mode()
+def evaluate(model: GPT, data: torch.Tensor, tc: TrainConfig, block_size: int) -> float:
+    """Mean loss over ``eval_batches`` fixed batches (generator seeded ``seed + 2``)."""
+    model.eval()
+    gen = torch.Generator().manual_seed(tc.seed + 2)
+    losses = []
+    for _ in range(tc.eval_batches):
+        x, y = get_batch(data, tc.batch_size, block_size, gen)
+        _, loss = model(x.to(tc.device), y.to(tc.device))
+        losses.append(loss.item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = False,
+          corpus: Corpus | None = None, progress: Callable[[str], None] = _stderr) -> dict:
+    """Train one run into the folder ``out``; returns a summary dict
+    (``final_val_loss``, ``steps``, ``params``, ``params_attention``,
+    ``kv_bytes_per_token``, ``checkpoint``, ``wall_s``).
+
+    ``resume=True`` continues an unfinished run from ``resume_state.safetensors``
+    (the hyperparameters must match ``config.json``); a finished run is left
+    as it is. Without ``resume`` the folder must not already hold a run.
+    """
+    from torch.utils.tensorboard import SummaryWriter
+
+    out = Path(out)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    if corpus is None:
+        corpus = load_corpus(tc.corpus, max_bytes=tc.corpus_max_bytes)
+    config = run_config(mc, tc, corpus.info)
+    cfg_path, metrics_path, ckpt_dir = out / "config.json", out / "metrics.jsonl", out / "checkpoints"
+    resume_path = out / RESUME_FILE
+    final_path = ckpt_dir / checkpoint_name(tc.steps, True)
+
+    if cfg_path.exists():
+        if not resume:
+            raise RunFolderError(out, "expected an empty or new run folder, found a run "
+                                      "(config.json); pass --resume to continue it or choose another --out")
+        old = json.loads(cfg_path.read_text())
+        diff = sorted(k for k in set(old) | set(config) if k not in TrainConfig.RUNTIME
+                      and old.get(k) != config.get(k))
+        if diff:
+            raise RunFolderError(out, "expected the same hyperparameters to resume, found different "
+                                      f"values for {', '.join(diff)}")
+        if final_path.exists() and not resume_path.exists():
+            progress(f"{out}: already finished ({final_path.name}); nothing to do")
+            return _summary(load_checkpoint(final_path), metrics_path, final_path, 0.0)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_dir.mkdir(exist_ok=True)
+    cfg_path.write_text(json.dumps(config, indent=2) + "\n")
+
+    torch.manual_seed(tc.seed)
+    model = GPT(mc).to(tc.device)
+    model.train()
+    opt = make_optimizer(model, tc)
+    gen = torch.Generator().manual_seed(tc.seed + 1)
+    start, elapsed0 = 0, 0.0
+    if resume and resume_path.exists():
+        start, elapsed0 = _load_resume(model, opt, gen, resume_path)
+        progress(f"{out}: resuming at step {start}")
+    # keep the metrics written up to the resumed step, drop anything after it
+    kept = []
+    if start and metrics_path.exists():
+        kept = [ln for ln in metrics_path.read_text().splitlines()
+                if ln.strip() and json.loads(ln)["step"] <= start]
+    metrics_path.write_text("".join(ln + "\n" for ln in kept))
+    writer = SummaryWriter(log_dir=str(out), purge_step=start if start else None)
+    tps = tc.batch_size * mc.block_size
+    t0 = time.time()
+
+    def log(record: dict) -> None:
+        with metrics_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        for key, tag in (("train_loss", "train/loss"), ("val_loss", "val/loss"), ("lr", "lr")):
+            if key in record and record[key] is not None:
+                writer.add_scalar(tag, record[key], record["step"], walltime=record["wall_time"])
+
+    if start == 0:
+        log({"step": 0, "val_loss": evaluate(model, corpus.val, tc, mc.block_size),
+             "lr": lr_at(0, tc), "tokens": 0, "wall_time": time.time()})
+    window: list[float] = []
+    t_last, step_last = time.time(), start
+    diverged = False
+    step = start
+    try:
+        for step in range(start, tc.steps):
+            lr = lr_at(step, tc)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x, y = get_batch(corpus.train, tc.batch_size, mc.block_size, gen)
+            _, loss = model(x.to(tc.device), y.to(tc.device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            opt.step()
+            done = step + 1
+            value = loss.item()
+            window.append(value)
+            diverged = not math.isfinite(value)
+            if done % tc.log_interval == 0 or done == tc.steps or diverged:
+                mean = sum(window) / len(window)
+                log({"step": done, "train_loss": mean if math.isfinite(mean) else None, "lr": lr,
+                     "tokens": done * tps, "wall_time": time.time()})
+                now = time.time()
+                rate = (done - step_last) * tps / max(now - t_last, 1e-9)
+                progress(f"{out.name} step {done}/{tc.steps} loss {mean:.4f} lr {lr:.2e} "
+                         f"{rate:,.0f} tok/s")
+                window, t_last, step_last = [], now, done
+            if diverged:
+                progress(f"{out.name}: loss is not finite at step {done}; stopping")
+                break
+            if done % tc.eval_interval == 0 and done != tc.steps:
+                val = evaluate(model, corpus.val, tc, mc.block_size)
+                log({"step": done, "val_loss": val, "lr": lr, "tokens": done * tps,
+                     "wall_time": time.time()})
+                progress(f"{out.name} step {done} val_loss {val:.4f}")
+                _save_resume(model, opt, gen, resume_path, done, elapsed0 + time.time() - t0)
+            if done in tc.save_steps and done != tc.steps:
+                save_checkpoint(model, ckpt_dir / checkpoint_name(done, False), step=done,
+                                tokens=done * tps, final=False, tc=tc)
+                _save_resume(model, opt, gen, resume_path, done, elapsed0 + time.time() - t0)
+    except KeyboardInterrupt:
+        writer.close()
+        raise
+    done = step + 1 if tc.steps > start else start
+    if not diverged:
+        val = evaluate(model, corpus.val, tc, mc.block_size)
+        log({"step": done, "val_loss": val, "lr": lr_at(max(done - 1, 0), tc),
+             "tokens": done * tps, "wall_time": time.time()})
+        progress(f"{out.name} step {done} val_loss {val:.4f}")
+    final_path = ckpt_dir / checkpoint_name(done, True)
+    save_checkpoint(model, final_path, step=done, tokens=done * tps, final=True, tc=tc)
+    writer.close()
+    if resume_path.exists():
+        resume_path.unlink()
+    return _summary(model, metrics_path, final_path, elapsed0 + time.time() - t0)
+
+
+def _summary(model: GPT, metrics_path: Path, checkpoint: Path, wall_s: float) -> dict:
+    vals = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
+    vals = [r for r in vals if "val_loss" in r]
+    return {
+        "final_val_loss": vals[-1]["val_loss"] if vals else None,
+        "steps": vals[-1]["step"] if vals else 0,
+        "params": model.n_params(),
+        "params_attention": model.n_attention_params(),
+        "kv_bytes_per_token": model.cfg.kv_bytes_per_token(4),
+        "checkpoint": str(checkpoint),
+        "wall_s": wall_s,
+    }
+
+
+def configs_from_dict(d: dict) -> tuple[GPTConfig, TrainConfig]:
+    """Split a flat ``config.json``-style dict into the two configs (extra keys ignored)."""
+    mnames = {f.name for f in fields(GPTConfig)}
+    tnames = {f.name for f in fields(TrainConfig)}
+    corpus = d.get("corpus")
+    tc = {k: v for k, v in d.items() if k in tnames and k != "corpus"}
+    if isinstance(corpus, str) or corpus is None:
+        tc["corpus"] = corpus
+    return GPTConfig(**{k: v for k, v in d.items() if k in mnames}), TrainConfig(**tc)
