@@ -1,0 +1,191 @@
+"""What every log reader returns, and the helpers they share.
+
+A reader turns one file (or the appended tail of one) into ``Parsed``: a list
+of ``RunData``, each holding the run's points as ONE long pandas DataFrame
+with the columns of ``POINT_COLUMNS``, in file order, plus whatever metadata
+the file itself states. Storing (journal, transactions, resumes across
+appends) is ``loaders.logs.ingest``'s job, not the readers'.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from loaders.errors import LogFormatError
+
+#: Columns of a points frame, in order. ``metric`` may be str or categorical.
+POINT_COLUMNS = ("step", "metric", "value", "wall_time", "tokens")
+
+#: How many bytes detection may read from the start of a file.
+HEAD_BYTES = 64 * 1024
+
+# Metric names normalised across formats (issue 3): the training loss, the
+# validation loss and the learning rate; everything else keeps its logged name.
+_METRIC_ALIASES = {
+    "train/loss": "train/loss", "train_loss": "train/loss", "loss/train": "train/loss",
+    "training_loss": "train/loss", "train-loss": "train/loss", "trainloss": "train/loss",
+    "val/loss": "val/loss", "val_loss": "val/loss", "loss/val": "val/loss",
+    "valid_loss": "val/loss", "validation_loss": "val/loss", "eval_loss": "val/loss",
+    "eval/loss": "val/loss", "val-loss": "val/loss", "loss/validation": "val/loss",
+    "lr": "lr", "learning_rate": "lr", "learning-rate": "lr", "train/lr": "lr",
+    "train/learning_rate": "lr",
+}
+
+
+def normalise_metric(name: str) -> str:
+    """``train/loss``, ``val/loss`` or ``lr`` for their usual spellings, else ``name``.
+
+    Lightning's ``LearningRateMonitor`` writes ``lr-<Optimizer>``; that is ``lr`` too.
+    """
+    key = name.strip()
+    low = key.lower()
+    if low in _METRIC_ALIASES:
+        return _METRIC_ALIASES[low]
+    if low.startswith("lr-") and "/" not in low:
+        return "lr"
+    return key
+
+
+@dataclass
+class RunData:
+    """One run found in a file: its points and what the file says about it."""
+
+    name: str
+    points: pd.DataFrame
+    config: dict = field(default_factory=dict)
+    #: Metadata the file itself states (variant, weight_decay, lr, seed, ...).
+    meta: dict = field(default_factory=dict)
+    #: True when the steps of some metric go back within ``points``.
+    resumed: bool = False
+
+
+@dataclass
+class Parsed:
+    """A reader's result for one file (or the new tail of one)."""
+
+    runs: list[RunData]
+    #: Bytes of the file consumed (end of the last complete line for text logs).
+    read_bytes: int | None = None
+    #: Reader state for the next append (JSON-able).
+    state: dict = field(default_factory=dict)
+
+
+def empty_points() -> pd.DataFrame:
+    return pd.DataFrame({
+        "step": pd.Series([], dtype="int64"), "metric": pd.Series([], dtype="object"),
+        "value": pd.Series([], dtype="float64"), "wall_time": pd.Series([], dtype="float64"),
+        "tokens": pd.Series([], dtype="Int64"),
+    })
+
+
+def points_frame(step, metric, value, wall_time=None, tokens=None) -> pd.DataFrame:
+    """A points frame from column arrays (scalars broadcast for ``metric``)."""
+    step = np.asarray(step, dtype="int64")
+    n = len(step)
+    df = pd.DataFrame({
+        "step": step,
+        "metric": metric if not isinstance(metric, str) else [metric] * n,
+        "value": np.asarray(value, dtype="float64"),
+        "wall_time": (np.full(n, np.nan) if wall_time is None
+                      else np.asarray(wall_time, dtype="float64")),
+        "tokens": (pd.array([pd.NA] * n, dtype="Int64") if tokens is None
+                   else pd.array(tokens, dtype="Int64")),
+    })
+    return df
+
+
+def melt_wide(frame: pd.DataFrame, *, step_col: str, metric_cols: list[str],
+              wall_col: str | None = None, tokens_col: str | None = None,
+              rename: dict[str, str] | None = None) -> pd.DataFrame:
+    """Wide rows (one column per metric) to long points, dropping empty cells.
+
+    A cell that is empty (absent) is no point; a cell that holds NaN literally
+    (``nan`` in a CSV, ``NaN`` in JSON) cannot be told apart after parsing
+    and is dropped as well: stored values are never NaN.
+    Row order is kept (row-major: all metrics of row 0, then row 1, ...).
+    """
+    if not metric_cols:
+        return empty_points()
+    n = len(frame)
+    steps = pd.to_numeric(frame[step_col], errors="coerce").to_numpy(dtype="float64")
+    values = np.column_stack([
+        pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype="float64") for c in metric_cols
+    ])  # (rows, metrics)
+    names = [rename.get(c, c) if rename else c for c in metric_cols]
+    m = len(metric_cols)
+    flat_values = values.reshape(n * m)  # row-major: (rows * metrics,)
+    flat_steps = np.repeat(steps, m)
+    metric_codes = np.tile(np.arange(m), n)
+    keep = ~np.isnan(flat_values) & ~np.isnan(flat_steps)
+    cat = pd.Categorical.from_codes(metric_codes[keep], categories=pd.Index(names).unique()
+                                    if len(set(names)) == len(names) else names)
+    wall = None
+    if wall_col is not None:
+        wall = np.repeat(pd.to_numeric(frame[wall_col], errors="coerce").to_numpy("float64"), m)[keep]
+    tokens = None
+    if tokens_col is not None:
+        tok = pd.to_numeric(frame[tokens_col], errors="coerce").to_numpy("float64")
+        tokens = pd.array(np.repeat(tok, m)[keep], dtype="Float64").round().astype("Int64")
+    out = points_frame(flat_steps[keep].astype("int64"), cat, flat_values[keep], wall, tokens)
+    return out
+
+
+def steps_went_back(points: pd.DataFrame) -> bool:
+    """Whether the steps of some metric decrease in file order (a resumed run)."""
+    if len(points) < 2:
+        return False
+    steps = points["step"].to_numpy()
+    if np.all(steps[1:] >= steps[:-1]):
+        return False
+    diffs = points.groupby("metric", observed=True, sort=False)["step"].diff()
+    return bool((diffs < 0).any())
+
+
+def keep_latest(points: pd.DataFrame) -> pd.DataFrame:
+    """One point per (step, metric): the one logged last (resumed runs)."""
+    dup = points.duplicated(subset=["step", "metric"], keep="last")
+    if not dup.any():
+        return points
+    return points[~dup].reset_index(drop=True)
+
+
+def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(n)
+
+
+def looks_binary(head: bytes) -> bool:
+    return b"\x00" in head[:8192]
+
+
+def decode_text(path: Path, data: bytes, offset: int = 0) -> str:
+    """UTF-8 text of ``data`` (bytes of ``path`` from ``offset``), or LogFormatError."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LogFormatError(
+            path, f"expected UTF-8 text, found byte 0x{data[exc.start]:02x} at offset "
+                  f"{offset + exc.start} that is not valid UTF-8") from None
+
+
+def complete_lines(data: bytes) -> tuple[bytes, int]:
+    """The part of ``data`` up to and including its last newline, and its length.
+
+    A log being written may end in half a line; that part is read next time.
+    """
+    end = data.rfind(b"\n")
+    if end < 0:
+        return b"", 0
+    return data[:end + 1], end + 1
+
+
+def finite_or_none(x) -> float | None:
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None

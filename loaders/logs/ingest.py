@@ -1,0 +1,283 @@
+"""Store one training log: journal, growth, resumes, one transaction per file.
+
+The journal row of a log (``ingest_journal``, keyed by the resolved path)
+holds its size, mtime, how far it was read (``read_bytes``, always the end of
+a complete line) and the reader state in ``state``:
+``{"reader": {...}, "fingerprint": hex, "runs": {name: {"id": N, "last": {metric: step}}}}``.
+
+* same size and mtime: unchanged, nothing is read;
+* a text log that grew and whose consumed part is unchanged (fingerprint:
+  sha256 of the first and last 64 KB of the consumed part and its length):
+  only the bytes from ``read_bytes`` on are parsed and appended;
+* anything else (rewritten, shrunk, a binary or JSON format): read whole, and
+  its points replace the ones this file stored before.
+
+A resumed run (steps of a metric go back) stays ONE run: per (step, metric)
+the point logged last wins, and ``runs.resumed`` is set. User corrections in
+``run_overrides`` are written back over the run row after every ingest.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from loaders.errors import LogFormatError
+from loaders.logs import metadata
+from loaders.logs.base import Parsed, RunData, keep_latest
+from loaders.logs.registry import reader_for, why_not_a_log
+from loaders.logs.structured import hf_run_dir
+from loaders.report import FileReport
+from loaders.store import Store
+
+# File stems that say nothing about the run: the run is named after its folder.
+_GENERIC_STEMS = {"metrics", "log", "logs", "train", "training", "trainer_state", "stdout", "output",
+                  "out", "progress", "history", "events", "eval_val_tensor", "eval_train_tensor",
+                  "tensor", "final_model", "main", "train_log", "run"}
+_FP_WINDOW = 64 * 1024
+
+
+def fingerprint(path: Path, length: int) -> str:
+    """sha256 over the first and last 64 KB of ``path[:length]`` and the length."""
+    h = hashlib.sha256(str(length).encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(min(length, _FP_WINDOW)))
+        if length > _FP_WINDOW:
+            fh.seek(max(_FP_WINDOW, length - _FP_WINDOW))
+            h.update(fh.read(length - max(_FP_WINDOW, length - _FP_WINDOW)))
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def run_name(path: Path, fmt: str, name: str) -> str:
+    """The stored run name: the reader's (W&B run names), else the file's or folder's."""
+    if fmt == "lightning":
+        return f"{path.parent.parent.name}/{path.parent.name}"
+    if fmt in ("hf_trainer", "query_free", "projection_sharing") and name:
+        return name
+    stem = path.name.split(".")[0] if path.name.startswith("events.out") else path.stem
+    base = path.parent.name if (stem.lower() in _GENERIC_STEMS or path.name.startswith("events.out")) \
+        else stem
+    if fmt == "modded_nanogpt":
+        return base if name in ("", "#1") else f"{base}{name}"
+    return name or base
+
+
+def run_source(path: Path, fmt: str) -> tuple[str, Path, bool]:
+    """(runs.source, run folder, shared): several files of one run share a source.
+
+    The query-free paper writes three tensors per run folder, and a Trainer
+    writes a trainer_state.json into every checkpoint-N folder: those files
+    feed one run whose source is the folder.
+    """
+    resolved = path.resolve()
+    if fmt == "query_free":
+        return str(resolved.parent), resolved.parent, True
+    if fmt == "hf_trainer" and hf_run_dir(resolved) != resolved.parent:
+        d = hf_run_dir(resolved)
+        return str(d), d, True
+    return str(resolved), resolved.parent, False
+
+
+def ingest_log(store: Store, path: Path, *, format: str | None = None) -> list[FileReport]:
+    """Parse ``path`` and store it in one transaction; see the module docstring.
+
+    Raises ``LogFormatError`` for a file no reader understands or a broken one.
+    """
+    reader, path = reader_for(Path(path), format)
+    fmt = reader.name
+    st = path.stat()
+    if st.st_size == 0:
+        raise LogFormatError(path, why_not_a_log(path))
+    key = str(path.resolve())
+    with store.connect() as con:
+        row = con.execute("SELECT size, mtime, sha256, read_bytes, state, format FROM ingest_journal "
+                          "WHERE path = ? AND kind = 'log'", [key]).fetchone()
+    prev = None
+    if row is not None:
+        prev = {"size": row[0], "mtime": row[1], "sha256": row[2], "read_bytes": row[3],
+                "state": json.loads(row[4]) if row[4] else {}, "format": row[5]}
+        if prev["format"] != fmt:
+            prev = None  # read with another reader before (e.g. --format): start over
+    mode = "full"
+    if prev is not None:
+        same_stat = prev["size"] == st.st_size and prev["mtime"] == st.st_mtime
+        if same_stat:
+            return [_unchanged(path, fmt, prev)]
+        if reader.appendable and prev["read_bytes"] is not None:
+            consumed = prev["read_bytes"]
+            intact = st.st_size >= consumed and fingerprint(path, consumed) == prev["state"].get("fingerprint")
+            if intact and st.st_size == prev["size"]:
+                _touch_journal(store, key, st)
+                return [_unchanged(path, fmt, prev)]
+            if intact:
+                mode = "append"
+        elif not reader.appendable and prev["sha256"] and file_sha256(path) == prev["sha256"]:
+            _touch_journal(store, key, st)
+            return [_unchanged(path, fmt, prev)]
+
+    if mode == "append":
+        parsed = reader.parse(path, start=prev["read_bytes"], state=prev["state"].get("reader"))
+    else:
+        parsed = reader.parse(path, start=0, state=None)
+    return _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
+                  prev, reader.appendable)
+
+
+def _unchanged(path: Path, fmt: str, prev: dict) -> FileReport:
+    ids = [r["id"] for r in prev["state"].get("runs", {}).values()]
+    return FileReport(str(path), "log", "unchanged", format=fmt, run_ids=ids, reason="already stored")
+
+
+def _touch_journal(store: Store, key: str, st) -> None:
+    with store.transaction() as con:
+        con.execute("UPDATE ingest_journal SET mtime = ?, size = ? WHERE path = ?",
+                    [st.st_mtime, st.st_size, key])
+
+
+def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, append_from: dict | None,
+           prev: dict | None, appendable: bool) -> list[FileReport]:
+    source, run_dir, shared = run_source(path, fmt)
+    prev_runs = (prev or {}).get("state", {}).get("runs", {})
+    runs_state: dict = dict(prev_runs) if append_from is not None else {}
+    total = 0
+    ids: list[int] = []
+    digest = None if appendable else file_sha256(path)
+    with store.transaction() as con:
+        if append_from is None and prev_runs and not shared:
+            # The file was rewritten: what it stored before goes.
+            old = [r["id"] for r in prev_runs.values()]
+            con.execute("DELETE FROM points WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [old])
+        for run in parsed.runs:
+            name = run_name(path, fmt, run.name)
+            pts = run.points
+            known = runs_state.get(name)
+            resumed = run.resumed
+            if resumed:
+                pts = keep_latest(pts)
+            elif len(pts) and pts.duplicated(subset=["step", "metric"]).any():
+                pts = keep_latest(pts)
+            if known is None:
+                run_id = _upsert_run(con, path, source, run_dir, name, fmt, run, resumed)
+                known = {"id": run_id, "last": {}}
+            else:
+                run_id = known["id"]
+                if run.config:
+                    _merge_config(con, run_id, run.config)
+            overlap = shared or _overlaps(pts, known["last"])
+            if len(pts):
+                con.register("new_points", pts)
+                try:
+                    if overlap:
+                        # Latest wins: a resumed run (or a second file of a shared
+                        # run) replaces the points it logs again.
+                        n_old = con.execute(
+                            """SELECT count(*) FROM points p, (SELECT DISTINCT step, CAST(metric AS VARCHAR) AS metric
+                                   FROM new_points) n
+                               WHERE p.run_id = ? AND p.step = n.step AND p.metric = n.metric""",
+                            [run_id]).fetchone()[0]
+                        if n_old:
+                            con.execute(
+                                """DELETE FROM points WHERE run_id = ? AND (step, metric) IN
+                                   (SELECT (step, CAST(metric AS VARCHAR)) FROM new_points)""", [run_id])
+                            if not shared:
+                                resumed = True
+                    con.execute(
+                        """INSERT INTO points SELECT ?, step, CAST(metric AS VARCHAR), value,
+                               wall_time, tokens FROM new_points""", [run_id])
+                finally:
+                    con.unregister("new_points")
+                last = dict(known["last"])
+                maxes = pts.groupby("metric", observed=True, sort=False)["step"].max()
+                for m, s in maxes.items():
+                    last[str(m)] = max(int(s), last.get(str(m), int(s)))
+                known = {"id": run_id, "last": last}
+            if resumed:
+                con.execute("UPDATE runs SET resumed = true WHERE id = ?", [run_id])
+            runs_state[name] = known
+            total += len(pts)
+            ids.append(run_id)
+            _apply_overrides(con, run_id)
+        state = {"reader": parsed.state, "runs": runs_state}
+        read_bytes = parsed.read_bytes if parsed.read_bytes is not None else st.st_size
+        if appendable:
+            state["fingerprint"] = fingerprint(path, read_bytes)
+        con.execute(
+            """INSERT OR REPLACE INTO ingest_journal
+                   (path, kind, format, size, mtime, sha256, read_bytes, state, ingested_at)
+               VALUES (?, 'log', ?, ?, ?, ?, ?, ?, current_timestamp)""",
+            [key, fmt, st.st_size, st.st_mtime, digest, read_bytes, json.dumps(state)])
+    status = "appended" if append_from is not None else "added"
+    if append_from is not None and total == 0 and not parsed.runs:
+        status = "unchanged"
+    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total)]
+
+
+def _overlaps(pts: pd.DataFrame, last: dict) -> bool:
+    """Whether new points reach back to steps already stored for their metric."""
+    if not last or not len(pts):
+        return False
+    mins = pts.groupby("metric", observed=True, sort=False)["step"].min()
+    return any(str(m) in last and int(s) <= last[str(m)] for m, s in mins.items())
+
+
+def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str, run: RunData,
+                resumed: bool) -> int:
+    fields, config = metadata.gather(run_dir, name, stated=run.meta, reader_config=run.config,
+                                     exclude=path)
+    config["log_format"] = fmt
+    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ?", [source, name]).fetchone()
+    values = [fields["variant"], fields["n_kv_heads"], fields["weight_decay"], fields["lr"],
+              fields["seed"], fields["model_size"]]
+    if row is None:
+        return con.execute(
+            """INSERT INTO runs (name, source, format, variant, n_kv_heads, weight_decay, lr, seed,
+                   model_size, config, resumed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
+            [name, source, fmt, *values, json.dumps(config, default=str), bool(resumed)]).fetchone()[0]
+    run_id = row[0]
+    old = json.loads(row[1]) if row[1] else {}
+    merged = {**old, **config}
+    con.execute(
+        """UPDATE runs SET format = ?, variant = ?, n_kv_heads = ?, weight_decay = ?, lr = ?, seed = ?,
+               model_size = ?, config = ? WHERE id = ?""",
+        [fmt, *values, json.dumps(merged, default=str), run_id])
+    return run_id
+
+
+def _merge_config(con, run_id: int, extra: dict) -> None:
+    row = con.execute("SELECT config FROM runs WHERE id = ?", [run_id]).fetchone()
+    cfg = json.loads(row[0]) if row and row[0] else {}
+    for k, v in extra.items():
+        if k == "saved_checkpoints" and isinstance(cfg.get(k), list):
+            cfg[k] = cfg[k] + [c for c in v if c not in cfg[k]]
+        else:
+            cfg[k] = v
+    con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
+
+
+def _apply_overrides(con, run_id: int) -> None:
+    """Write the user's corrections (``run_overrides``) over the run row."""
+    from loaders.logs.runs import COLUMN_FIELDS
+    rows = con.execute("SELECT field, value FROM run_overrides WHERE run_id = ? ORDER BY field",
+                       [run_id]).fetchall()
+    if not rows:
+        return
+    cfg_row = con.execute("SELECT config FROM runs WHERE id = ?", [run_id]).fetchone()
+    cfg = json.loads(cfg_row[0]) if cfg_row and cfg_row[0] else {}
+    for field, value in rows:
+        v = json.loads(value) if value is not None else None
+        if field in COLUMN_FIELDS:
+            con.execute(f"UPDATE runs SET {field} = ? WHERE id = ?", [v, run_id])
+        else:
+            cfg[field] = v
+    cfg["overrides"] = sorted(f for f, _ in rows)
+    con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])

@@ -1,0 +1,106 @@
+"""JSON-lines logs: one object per line with a step and numeric fields.
+
+Parsed by DuckDB's ``read_json`` (newline-delimited, every row sampled so a
+metric that first appears late is still a column) and reshaped with
+``UNPIVOT``: a key absent from a line is no point; ``NaN`` is a point whose
+value is NaN (stored as NULL). Non-numeric fields (strings, nested objects)
+are not metrics and are ignored. This is the format of this project's own
+trainer (``metrics.jsonl`` beside ``config.json``).
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import duckdb
+
+from loaders.errors import LogFormatError
+from loaders.logs.base import Parsed, RunData, complete_lines, decode_text, steps_went_back
+from loaders.logs.csv_logs import (STEP_COLUMNS, TOKEN_COLUMNS, WALL_COLUMNS, _fetch_points,
+                                   _rename, _unpivot_sql)
+
+_NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
+            "UINTEGER", "UBIGINT", "FLOAT", "DOUBLE"}
+
+
+def first_object(text: str) -> dict | None:
+    """The first non-empty line of ``text`` as a JSON object, or None."""
+    for line in text.split("\n"):
+        line = line.strip()
+        if not line:
+            continue
+        if not line.startswith("{"):
+            return None
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        return obj if isinstance(obj, dict) else None
+    return None
+
+
+def _step_key(keys) -> str | None:
+    low = {k.lower(): k for k in keys}
+    for n in STEP_COLUMNS:
+        if n in low:
+            return low[n]
+    return None
+
+
+def is_jsonl(head: bytes) -> bool:
+    try:
+        text = head.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        text = head[:exc.start].decode("utf-8")
+    obj = first_object(text)
+    if obj is None or _step_key(obj) is None:
+        return False
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool)
+               for k, v in obj.items() if k != _step_key(obj))
+
+
+class JsonlReader:
+    name = "jsonl"
+    help = "JSON lines: one object per line with a step key (step, iter, ...) and numeric fields"
+    appendable = True
+
+    def parse(self, path: Path, *, start: int = 0, state: dict | None = None) -> Parsed:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read()
+        chunk, used = complete_lines(data)
+        if start == 0 and not chunk and data.strip():
+            chunk, used = data, len(data)  # a one-line file without its final newline
+        decode_text(path, chunk, start)
+        state = dict(state or {})
+        if not chunk.strip():
+            return Parsed(runs=[], read_bytes=start + used, state=state)
+        con = duckdb.connect()
+        try:
+            try:
+                rel = con.read_json(io.BytesIO(chunk), format="newline_delimited", sample_size=-1)
+            except duckdb.Error as exc:
+                raise LogFormatError(path, f"expected one JSON object per line, found a line "
+                                           f"DuckDB cannot parse ({str(exc).splitlines()[0]})") from None
+            rel.create_view("src")
+            cols = dict(zip(rel.columns, (str(t) for t in rel.types)))
+            step = _step_key(cols) or state.get("step")
+            if step is None or step not in cols:
+                raise LogFormatError(path, f"expected a step key ({', '.join(STEP_COLUMNS[:5])}, ...) "
+                                           f"in each object, found keys {sorted(cols)[:10]}")
+            low = {c.lower(): c for c in cols}
+            wall = next((low[w] for w in WALL_COLUMNS if w in low), None)
+            tokens = next((low[t] for t in TOKEN_COLUMNS if t in low), None)
+            metrics = [c for c, t in cols.items()
+                       if c not in (step, wall, tokens) and t.split("(")[0] in _NUMERIC]
+            state["step"] = step
+            pts = _rename(_fetch_points(con, _unpivot_sql(step, metrics, wall, tokens))) \
+                if metrics else None
+        finally:
+            con.close()
+        if pts is None:
+            from loaders.logs.base import empty_points
+            pts = empty_points()
+        return Parsed(runs=[RunData(name="", points=pts, resumed=steps_went_back(pts))],
+                      read_bytes=start + used, state=state)

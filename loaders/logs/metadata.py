@@ -1,0 +1,276 @@
+"""Run metadata: variant, n_kv_heads, weight decay, learning rate, seed, model size.
+
+Where it comes from, first found wins:
+
+1. what the log itself states (nanoGPT ``Overriding:`` lines and parameter
+   count, a modded-nanogpt code header, a checkpoint's ``train_config``);
+2. config files in the run's folder: ``config.json`` (this project's trainer,
+   or a Hugging Face model config), ``hparams.yaml`` (Lightning), any other
+   ``*.yaml`` / ``*.yml`` (e.g. ``model_config.yaml``, ``train_config.yaml``),
+   ``args.json``, ``config*.py`` (only literal ``name = value`` assignments
+   are read, nothing is executed), and the ``config`` dict of a nanoGPT
+   ``ckpt.pt`` (``torch.load(weights_only=True)``);
+3. the run's and its folders' names: ``wd0.03``, ``lr6e-4``, ``seed1``,
+   ``kv2`` / ``mqa``, ``k_eq_v``, ``query_free``, ...
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from pathlib import Path
+
+FIELDS = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
+VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
+
+_KEYS = {
+    "variant": ("variant", "attention_variant", "qkv_variant", "projection_sharing", "attn_variant"),
+    "n_kv_heads": ("n_kv_heads", "num_key_value_heads", "n_kv_head", "num_kv_heads", "kv_heads",
+                   "n_head_kv", "multi_query_group_num"),
+    "weight_decay": ("weight_decay", "wd"),
+    "lr": ("lr", "learning_rate", "max_lr", "base_lr"),
+    "seed": ("seed", "random_seed"),
+    "model_size": ("model_size", "n_params", "num_params", "num_parameters", "params_total"),
+}
+# Strings that name runs (searched for variant/wd/lr tokens like a folder name).
+_NAME_KEYS = ("clearml_task", "output_dir", "out_dir", "run_name", "wandb_run_name",
+              "experiment_name", "name")
+
+_VARIANT_ALIASES = [
+    ("q_eq_k_eq_v", ("q_eq_k_eq_v", "q=k=v", "qkv_shared", "qeqkeqv", "qkequalsv", "qequalskequalsv",
+                     "shared_qkv", "single_projection")),
+    ("k_eq_v", ("k_eq_v", "q-k=v", "k=v", "keqv", "kequalsv", "kv_shared", "shared_kv", "qkk",
+                "kv_tied", "tied_kv")),
+    ("q_eq_k", ("q_eq_k", "q=k-v", "q=k", "qeqk", "qequalsk", "qk_shared", "shared_qk", "qk_tied",
+                "tied_qk", "symmetric")),
+    ("wq_identity", ("wq_identity", "query_free", "queryfree", "query-free", "no_wq", "noq",
+                     "identity_query", "identity")),
+    ("qkv", ("qkv", "q-k-v", "baseline", "standard", "full", "separate")),
+]
+
+
+def normalise_variant(value) -> str | None:
+    """One of VARIANTS for the spellings used by the two papers and trainers, else None."""
+    if value is None:
+        return None
+    text = str(value).strip().lower().replace(" ", "_")
+    for canon, aliases in _VARIANT_ALIASES:
+        if text in aliases:
+            return canon
+    return None
+
+
+def _variant_in_text(text: str) -> str | None:
+    low = text.lower()
+    for canon, aliases in _VARIANT_ALIASES:
+        for a in aliases:
+            if a in ("full", "separate", "standard", "identity", "symmetric"):
+                continue  # too common inside other words to trust in a name
+            if re.search(rf"(?:^|[^a-z0-9]){re.escape(a)}(?:$|[^a-z0-9])", low):
+                return canon
+    return None
+
+
+_NUMBER = r"(\d+(?:\.\d+)?(?:e[-+]?\d+)?|\.\d+)"
+_NAME_PATTERNS = {
+    "weight_decay": re.compile(rf"(?:^|[^a-z])(?:wd|weight_decay|weightdecay)[-_=]?{_NUMBER}"),
+    "lr": re.compile(rf"(?:^|[^a-z])(?:lr|learning_rate)[-_=]?{_NUMBER}"),
+    "seed": re.compile(r"(?:^|[^a-z])seed[-_=]?(\d+)"),
+    "n_kv_heads": re.compile(r"(?:^|[^a-z])(?:n_kv|kv|gqa)[-_=]?(\d+)(?:$|[^0-9a-z.])"),
+}
+
+
+def from_name(text: str) -> dict:
+    """Metadata stated in a run or folder name (``wd0.03_lr6e-4_seed1_k_eq_v``)."""
+    out: dict = {}
+    low = text.lower()
+    for key, pat in _NAME_PATTERNS.items():
+        m = pat.search(low)
+        if m:
+            try:
+                out[key] = int(m.group(1)) if key in ("seed", "n_kv_heads") else float(m.group(1))
+            except ValueError:
+                pass
+    if re.search(r"(?:^|[^a-z])mqa(?:$|[^a-z])", low):
+        out.setdefault("n_kv_heads", 1)
+    v = _variant_in_text(low)
+    if v:
+        out["variant"] = v
+    return out
+
+
+def _flatten(cfg: dict, out: dict | None = None) -> dict:
+    """Nested config dicts (model_args, model_config, train_config, ...) to one level;
+    the first occurrence of a key wins."""
+    out = {} if out is None else out
+    nested = []
+    for k, v in cfg.items():
+        if isinstance(v, dict):
+            nested.append(v)
+        elif k not in out:
+            out[k] = v
+    for v in nested:
+        _flatten(v, out)
+    return out
+
+
+def _number(v, kind):
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(x):
+        return None
+    return int(x) if kind is int else x
+
+
+def from_config(cfg: dict) -> dict:
+    """Metadata fields found in a (possibly nested) config dict."""
+    flat = _flatten(cfg)
+    low = {str(k).lower(): v for k, v in flat.items()}
+    out: dict = {}
+    for key in ("weight_decay", "lr"):
+        for name in _KEYS[key]:
+            if name in low and _number(low[name], float) is not None:
+                out[key] = _number(low[name], float)
+                break
+    for key in ("n_kv_heads", "seed", "model_size"):
+        for name in _KEYS[key]:
+            if name in low and _number(low[name], int) is not None:
+                out[key] = _number(low[name], int)
+                break
+    for name in _KEYS["variant"]:
+        if name in low and normalise_variant(low[name]):
+            out["variant"] = normalise_variant(low[name])
+            break
+    if "variant" not in out:
+        # The query-free paper: use_query_weights False / query_mode "identity".
+        if low.get("use_query_weights") is False or str(low.get("query_mode", "")).lower() == "identity":
+            out["variant"] = "wq_identity"
+    if "n_kv_heads" not in out and low.get("multi_query") is True:
+        out["n_kv_heads"] = 1
+    for name in _NAME_KEYS:
+        if isinstance(low.get(name), str):
+            hint = from_name(low[name])
+            for k, v in hint.items():
+                out.setdefault(k, v)
+    return out
+
+
+def _read_yaml(path: Path) -> dict | None:
+    import yaml
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _read_py_literals(path: Path) -> dict | None:
+    """``name = <literal>`` assignments of a Python config file; nothing is executed."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, SyntaxError, TypeError):
+                if isinstance(node.value, ast.Dict):  # keep the literal entries of a dict
+                    d = {}
+                    for k, v in zip(node.value.keys, node.value.values):
+                        try:
+                            d[ast.literal_eval(k)] = ast.literal_eval(v)
+                        except (ValueError, SyntaxError, TypeError):
+                            continue
+                    out[node.targets[0].id] = d
+    return out or None
+
+
+def _read_nanogpt_ckpt_config(path: Path) -> dict | None:
+    import torch
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # unsafe or unreadable checkpoint: its config is simply not used
+        return None
+    if not isinstance(ckpt, dict):
+        return None
+    out = {}
+    for key in ("config", "model_args"):
+        if isinstance(ckpt.get(key), dict):
+            out[key] = {k: v for k, v in ckpt[key].items()
+                        if isinstance(v, (int, float, str, bool)) or v is None}
+    return out or None
+
+
+def config_files(folder: Path, *, exclude: Path | None = None) -> dict[str, dict]:
+    """Every config file in ``folder`` that parses, by file name (sorted)."""
+    found: dict[str, dict] = {}
+    if not folder.is_dir():
+        return found
+    for p in sorted(folder.iterdir()):
+        if not p.is_file() or p == exclude or p.name.startswith("."):
+            continue
+        name = p.name
+        doc = None
+        if name in ("config.json", "args.json", "hparams.json", "training_args.json", "run_config.json"):
+            doc = _read_json(p)
+        elif p.suffix in (".yaml", ".yml"):
+            doc = _read_yaml(p)
+        elif p.suffix == ".py" and name.startswith("config"):
+            doc = _read_py_literals(p)
+        elif name == "ckpt.pt" and p.stat().st_size > 0:
+            doc = _read_nanogpt_ckpt_config(p)
+        if doc:
+            found[name] = doc
+    return found
+
+
+def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
+           exclude: Path | None = None) -> tuple[dict, dict]:
+    """(fields, config) for one run: ``fields`` has every key of FIELDS.
+
+    ``stated`` is what the log itself says; ``reader_config`` what its reader
+    kept as config. ``config`` gets ``run_dir``, the reader's config and each
+    config file's content under ``files``.
+    """
+    files = config_files(run_dir, exclude=exclude)
+    fields: dict = {}
+    sources: dict = {}
+
+    def take(found: dict, source: str) -> None:
+        for k, v in found.items():
+            if k in FIELDS and v is not None and k not in fields:
+                fields[k] = v
+                sources[k] = source
+
+    take({k: v for k, v in stated.items() if k in FIELDS}, "log")
+    take(from_config(reader_config), "log")
+    # This project's trainer and HF write config.json; it is the most specific file.
+    for name in sorted(files, key=lambda n: (n != "config.json", n != "hparams.yaml", n)):
+        take(from_config(files[name]), name)
+    parts = [run_name, run_dir.name, run_dir.parent.name]
+    for part in parts:
+        take(from_name(part), "name")
+    variant = normalise_variant(fields.get("variant")) or "unknown"
+    fields["variant"] = variant
+    for k in FIELDS:
+        fields.setdefault(k, None)
+    config = {"run_dir": str(run_dir), **reader_config}
+    if files:
+        config["files"] = files
+    config["metadata_sources"] = sources
+    return fields, config

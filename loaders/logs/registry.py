@@ -1,0 +1,131 @@
+"""The log readers, by name, and content-based detection.
+
+Detection reads at most the first 64 KB of a file (``HEAD_BYTES``); a torch
+zip is opened only to read its small pickle index, never unpickled. The order
+of the checks matters: binary framings first, then JSON, CSV and the stdout
+formats, whose line patterns do not overlap.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from loaders.errors import LogFormatError
+from loaders.logs.base import HEAD_BYTES, looks_binary, read_head
+from loaders.logs.csv_logs import (CsvLongReader, CsvWideReader, LightningReader, WandbCsvReader,
+                                   classify_csv)
+from loaders.logs.jsonl import JsonlReader, is_jsonl
+from loaders.logs.structured import (HfTrainerReader, ProjectionSharingReader, QueryFreeReader,
+                                     TensorBoardReader)
+from loaders.logs.textlogs import LlmcReader, ModdedNanoGptReader, NanoGptReader
+
+#: Every reader, by name. ``help`` says what each reads.
+READERS = {r.name: r for r in (
+    CsvLongReader(), CsvWideReader(), LightningReader(), WandbCsvReader(), JsonlReader(),
+    TensorBoardReader(), HfTrainerReader(), NanoGptReader(), ModdedNanoGptReader(), LlmcReader(),
+    QueryFreeReader(), ProjectionSharingReader(),
+)}
+
+#: Readers ``detect_log`` never picks: their files are checkpoints first (the
+#: checkpoint loader owns them); ``ingest_log(..., format=NAME)`` reads them.
+CHECKPOINT_LOG_FORMATS = ("projection_sharing",)
+
+_VERSION_DIR = re.compile(r"^version_\d+$")
+
+
+def lightning_metrics(path: Path) -> Path | None:
+    """``version_N/metrics.csv`` for a Lightning version folder, else None."""
+    csv = path / "metrics.csv"
+    if csv.is_file() and ((path / "hparams.yaml").is_file() or _VERSION_DIR.match(path.name)):
+        return csv
+    return None
+
+
+def detect_log(path: Path) -> str | None:
+    """The reader name if ``path`` is a training log (a Lightning folder counts), else None."""
+    path = Path(path)
+    if path.is_dir():
+        return "lightning" if lightning_metrics(path) else None
+    if not path.is_file():
+        return None
+    try:
+        head = read_head(path, HEAD_BYTES)
+    except OSError:
+        return None
+    return detect_from_head(path, head)
+
+
+def detect_from_head(path: Path, head: bytes) -> str | None:
+    if not head.strip():
+        return None
+    if TensorBoardReader.sniff(path, head):
+        return "tensorboard"
+    if head[:4] == b"PK\x03\x04":
+        return "query_free" if QueryFreeReader.sniff(path, head) else None
+    if looks_binary(head):
+        return None
+    if HfTrainerReader.sniff(path, head):
+        return "hf_trainer"
+    if is_jsonl(head):
+        return "jsonl"
+    kind = classify_csv(path, head)
+    if kind:
+        return kind
+    if LlmcReader.sniff(path, head):
+        return "llmc"
+    if ModdedNanoGptReader.sniff(path, head):
+        return "modded_nanogpt"
+    if NanoGptReader.sniff(path, head):
+        return "nanogpt"
+    return None
+
+
+def why_not_a_log(path: Path) -> str:
+    """The reason ``detect_log`` found no reader, for the error message."""
+    expected = "expected a training log (" + ", ".join(
+        n for n in READERS if n not in CHECKPOINT_LOG_FORMATS) + ")"
+    if not path.exists():
+        return "no such file or folder"
+    if path.is_dir():
+        return f"{expected}; found a folder without a Lightning metrics.csv"
+    size = path.stat().st_size
+    if size == 0:
+        return f"{expected}; found an empty file (0 bytes)"
+    head = read_head(path, HEAD_BYTES)
+    if not head.strip():
+        return f"{expected}; found only whitespace ({size} bytes)"
+    if head[:4] == b"PK\x03\x04":
+        return f"{expected}; found a zip/torch file that is not one of the query-free paper's loss tensors"
+    if looks_binary(head):
+        return f"{expected}; found binary data (first bytes {head[:8].hex(' ')})"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:
+            return (f"expected UTF-8 text, found byte 0x{head[exc.start]:02x} at offset {exc.start} "
+                    "that is not valid UTF-8")
+        text = head[:exc.start].decode("utf-8")
+    first = next((l for l in text.split("\n") if l.strip()), "")
+    return f"{expected}; found text whose first line is {first[:80]!r}"
+
+
+def reader_for(path: Path, format: str | None):
+    """(reader, path to read) for ``path``; LogFormatError when none fits."""
+    path = Path(path)
+    if path.is_dir():
+        csv = lightning_metrics(path)
+        if csv is None:
+            raise LogFormatError(path, why_not_a_log(path))
+        path = csv
+        format = format or "lightning"
+    if format is None:
+        if not path.exists():
+            raise LogFormatError(path, "no such file or folder")
+        format = detect_log(path)
+        if format is None:
+            raise LogFormatError(path, why_not_a_log(path))
+    if format not in READERS:
+        raise LogFormatError(path, f"unknown log format {format!r}; expected one of {', '.join(READERS)}")
+    if not path.is_file():
+        raise LogFormatError(path, "no such file")
+    return READERS[format], path
