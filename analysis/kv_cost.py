@@ -51,7 +51,7 @@ VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
 KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
 Q_DROPPED = frozenset({"wq_identity", "q_eq_k", "q_eq_k_eq_v"})
 VARIANT_LABELS = {
-    "qkv": "Q-K-V (baseline)", "wq_identity": "query-free (W_Q = I)", "q_eq_k": "Q=K-V",
+    "qkv": "Q-K-V", "wq_identity": "query-free (W_Q = I)", "q_eq_k": "Q=K-V",
     "k_eq_v": "Q-K=V", "q_eq_k_eq_v": "Q=K=V",
 }
 
