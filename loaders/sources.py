@@ -38,6 +38,7 @@ import shutil
 import stat
 import struct
 import tempfile
+import warnings
 import weakref
 import zipfile
 from collections.abc import Mapping
@@ -423,30 +424,46 @@ def _pickle_globals(p: Path, limit: int = 8) -> list[str]:
     return found
 
 
+#: Globals that rebuild plain containers and numbers (torch's weights-only
+#: loader accepts them); the first other global a pickle imports is named.
+_PLAIN_GLOBALS = frozenset({
+    "collections.OrderedDict", "collections.Counter", "_codecs.encode",
+    "builtins.set", "builtins.frozenset", "builtins.bytearray", "builtins.bytes",
+    "builtins.complex", "builtins.slice", "builtins.range",
+    "numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
+})
+
+
 def _unsafe_reason(p: Path, kind: str, message: str) -> str:
+    """The callable a refused pickle asks for: from the opcodes of a non-zip
+    pickle (torch names only its first refusal, often a torch helper), else
+    from torch's message."""
+    for name in (_pickle_globals(p) if kind == "torch_legacy" else []):
+        if not name.startswith("torch.") and name not in _PLAIN_GLOBALS:
+            return f"the pickle calls {name}, which is not a tensor or container"
     m = re.search(r"GLOBAL ([\w.]+)", message)
     if m:
         return f"the pickle calls {m.group(1)}, which is not a tensor or container"
-    benign = ("collections.OrderedDict", "torch.")
-    for name in (_pickle_globals(p) if kind == "torch_legacy" else []):
-        if not name.startswith(benign):
-            return f"the pickle calls {name}, which is not a tensor or container"
     m = re.search(r"(Unsupported operand \d+|Unsupported class [\w.]+|Trying to [^\n]+)", message)
-    return f"{m.group(1) if m else 'torch weights-only loader refused it'}"
+    return m.group(1) if m else "torch's weights-only loader refused it"
+
+
+_TRUNCATED = "PyTorch file is truncated or corrupt (its pickle data ends early or is malformed)"
 
 
 def _torch_load(p: Path, kind: str):
     """``torch.load`` with ``weights_only=True``; mmap for the zip format."""
     try:
-        with torch.serialization.safe_globals(_numpy_safe_globals()):
+        with torch.serialization.safe_globals(_numpy_safe_globals()), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(p, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
     except pickle.UnpicklingError as exc:
         msg = str(exc)
         if "WeightsUnpickler error" in msg and re.search(r"EOF|truncated", msg):
-            raise CheckpointFormatError(p, "PyTorch file is truncated (pickle data ends early)") from None
+            raise CheckpointFormatError(p, _TRUNCATED) from None
         raise UnsafeCheckpointError(p, f"refused to unpickle: {_unsafe_reason(p, kind, msg)}{_UNSAFE_HINT}") from None
-    except EOFError:
-        raise CheckpointFormatError(p, "PyTorch file is truncated (pickle data ends early)") from None
+    except (EOFError, IndexError, struct.error):         # the unpickler ran off the end of its data
+        raise CheckpointFormatError(p, _TRUNCATED) from None
     except (RuntimeError, ValueError, OSError, KeyError, zipfile.BadZipFile) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointFormatError(p, f"PyTorch file cannot be read: {first}") from None
@@ -629,6 +646,7 @@ class ShardedSource(_Closing, TensorSource):
         p = Path(index_path)
         index = _read_index(p)
         self.path = str(p)
+        self._index = p
         self._map: dict[str, str] = {}
         raw_map = index["weight_map"]
         for k, shard in raw_map.items():
@@ -677,9 +695,9 @@ class ShardedSource(_Closing, TensorSource):
             raise ValueError(f"{self.path}: source is closed")
         src = self._shards.get(shard)
         if src is None:
-            src = TorchSource(Path(self.path).parent / shard, _kind=self._kinds[shard])
+            src = TorchSource(self._index.parent / shard, _kind=self._kinds[shard])
             self._shards[shard] = src
-            self._check_keys(Path(self.path), shard, src)
+            self._check_keys(self._index, shard, src)
         return src
 
     def keys(self) -> list[str]:
@@ -901,6 +919,7 @@ class ZipSource(_Closing, TensorSource):
         zp = Path(path)
         self.path = str(zp)
         tmp = Path(tempfile.mkdtemp(prefix="qkvscope-zip-"))
+        self._tmp = tmp
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(tmp), True)
         self._inner: TensorSource | None = None
         try:
@@ -948,7 +967,7 @@ class ZipSource(_Closing, TensorSource):
     @property
     def extracted_to(self) -> Path | None:
         """The temporary folder (``None`` once closed)."""
-        return Path(self._finalizer.args[0]) if self._finalizer.alive else None
+        return self._tmp if self._finalizer.alive else None
 
 
 # ----------------------------------------------------------------------------
