@@ -1,0 +1,271 @@
+"""The two papers' layouts, from state dicts built here (SYNTHETIC: random
+tensors with the key names, shapes and config fields read from the papers'
+code, not files those repositories produced).
+
+* Query-free attention, MarkoKarbevski/Wqkv_necessity ``model.py``:
+  ``transformer.h.{i}.attn.c_attn`` = ``Linear(d, 2d)`` (identity) or
+  ``Linear(d, 3d)`` (original/residual/residual_gelu); ``model_args`` with
+  ``n_layer``, ``num_heads``, ``n_embd``, ``head_size``, ``bias``, ``scale``,
+  ``query_mode`` (older configs: ``use_query_weights``).
+* Projection sharing, Brainchip-Inc/Do-Transformers-Need-3-Projections:
+  ``{model_state_dict, model_config, train_config, step, tokens_seen}``; LM
+  blocks ``h.{i}.attn.{c_q,c_k,c_proj}`` (``GPT_QKV_KEqualsV``: v = k = c_k(x)),
+  ``c_attn`` for the QKV baseline; synthetic encoders ``blocks.{i}.attn.*``
+  with ``c_qk``/``c_kv``/``c_qkv``; ``n_kv_groups`` for GQA/MQA.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from loaders.checkpoints import checkpoint_from_source, open_checkpoint
+from loaders.errors import CheckpointFormatError
+from loaders.tensor_source import DictSource
+
+D, H, DH, L = 16, 4, 4, 2
+
+
+def _lin(rows, cols, bias, g, prefix):
+    out = {f"{prefix}.weight": torch.randn(rows, cols, generator=g)}
+    if bias:
+        out[f"{prefix}.bias"] = torch.randn(rows, generator=g)
+    return out
+
+
+def _heads(t, n):
+    """(B, T, n*dh) -> (B, n, T, dh)"""
+    B, T, _ = t.shape
+    return t.view(B, T, n, -1).transpose(1, 2)
+
+
+# ---- query-free ----------------------------------------------------------------
+
+def query_free_sd(mode, bias, g):
+    rows = 2 * D if mode == "identity" else 3 * D
+    sd = {"transformer.wte.weight": torch.randn(32, D, generator=g),
+          "transformer.wpe.weight": torch.randn(8, D, generator=g)}
+    for i in range(L):
+        p = f"transformer.h.{i}"
+        sd[f"{p}.ln_1.weight"] = torch.ones(D)
+        sd.update(_lin(rows, D, bias, g, f"{p}.attn.c_attn"))
+        sd.update(_lin(D, D, bias, g, f"{p}.attn.c_proj"))
+        # the causal-mask buffer their non-flash path registers: not a parameter
+        sd[f"{p}.attn.bias"] = torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8)
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    return sd
+
+
+def their_query_free_qkv(sd, i, x, mode):
+    """q, k, v of layer i as their CausalSelfAttention.forward computes them."""
+    p = f"transformer.h.{i}.attn.c_attn"
+    y = F.linear(x, sd[f"{p}.weight"], sd.get(f"{p}.bias"))
+    if mode == "identity":
+        k, v = y.split(D, dim=2)
+        q = x
+    else:
+        q, k, v = y.split(D, dim=2)
+        if mode == "residual":
+            q = x + q
+        elif mode == "residual_gelu":
+            q = x + F.gelu(q)
+    return _heads(q, H), _heads(k, H), _heads(v, H)
+
+
+@pytest.mark.parametrize("mode,bias", [("identity", False), ("identity", True), ("original", True),
+                                       ("residual", True), ("residual_gelu", True)])
+def test_query_free_modes(mode, bias):
+    g = torch.Generator().manual_seed(0)
+    sd = query_free_sd(mode, bias, g)
+    scale = 1 / (2 * math.sqrt(DH))
+    args = {"n_layer": L, "num_heads": H, "n_embd": D, "head_size": DH, "bias": bias,
+            "scale": scale, "query_mode": mode}
+    ckpt = checkpoint_from_source(DictSource(sd, config=args))
+    meta = ckpt.meta
+    assert (meta.architecture, meta.variant) == (
+        "query_free", "wq_identity" if mode == "identity" else "qkv")
+    assert (meta.n_layers, meta.n_heads, meta.d_model, meta.d_head) == (L, H, D, DH)
+    assert meta.attn_scale == scale
+    rows = 2 if mode == "identity" else 3
+    assert meta.params_attention == L * (rows * D * D + D * D + bias * (rows * D + D))
+    assert meta.params_total == 32 * D + 8 * D + L * (D + rows * D * D + D * D
+                                                     + bias * (rows * D + D))
+    x = torch.randn(2, 5, D, generator=g)
+    for i in range(L):
+        q_ref, k_ref, v_ref = their_query_free_qkv(sd, i, x, mode)
+        lw = ckpt.layer(i)
+        for h in range(H):
+            if mode == "identity":
+                assert lw.W_Q is None and lw.b_Q is None
+                q = x[..., h * DH:(h + 1) * DH]
+            elif mode == "residual_gelu":
+                q = x[..., h * DH:(h + 1) * DH] + F.gelu(x @ lw.W_Q[h] + lw.b_Q[h])
+            else:
+                q = x @ lw.W_Q[h] + lw.b_Q[h]
+            b_k = 0 if lw.b_K is None else lw.b_K[h]
+            b_v = 0 if lw.b_V is None else lw.b_V[h]
+            torch.testing.assert_close(q, q_ref[:, h], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(x @ lw.W_K[h] + b_k, k_ref[:, h], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(x @ lw.W_V[h] + b_v, v_ref[:, h], atol=1e-5, rtol=1e-5)
+
+
+def test_query_free_old_config_and_shape_only_detection():
+    g = torch.Generator().manual_seed(1)
+    sd = query_free_sd("identity", False, g)
+    old = {"n_layer": L, "num_heads": H, "n_embd": D, "use_query_weights": False}
+    meta = checkpoint_from_source(DictSource(sd, config=old)).meta
+    assert (meta.architecture, meta.variant, meta.attn_scale) == ("query_free", "wq_identity",
+                                                                  0.125)
+    # no query_mode at all: a c_attn of 2*d_model rows is the identity variant
+    meta = checkpoint_from_source(DictSource(sd, config={"n_head": H})).meta
+    assert (meta.architecture, meta.variant) == ("query_free", "wq_identity")
+
+
+def test_query_free_unknown_mode():
+    sd = query_free_sd("original", False, torch.Generator().manual_seed(2))
+    args = {"n_layer": L, "num_heads": H, "n_embd": D, "query_mode": "sideways"}
+    with pytest.raises(CheckpointFormatError) as e:
+        checkpoint_from_source(DictSource(sd, config=args, path="qf.pt"))
+    assert str(e.value) == ("qf.pt: query_mode 'sideways' is not one of identity, original, "
+                            "residual, residual_gelu")
+
+
+def test_query_free_through_a_file(tmp_path):
+    sd = query_free_sd("identity", False, torch.Generator().manual_seed(3))
+    args = {"n_layer": L, "num_heads": H, "n_embd": D, "query_mode": "identity",
+            "scale": 0.0625}
+    torch.save({"model": {"_orig_mod." + k: v for k, v in sd.items()}, "model_args": args,
+                "iter_num": 250}, tmp_path / "ckpt.pt")
+    with open_checkpoint(tmp_path / "ckpt.pt") as ckpt:
+        assert (ckpt.meta.architecture, ckpt.meta.variant) == ("query_free", "wq_identity")
+        assert ckpt.layer(1).W_Q is None
+
+
+# ---- projection sharing ------------------------------------------------------------
+
+def ps_sd(mods, g, n_kv=H, prefix="h", bias=True):
+    """mods: module name -> rows (in units of d_head)."""
+    sd = {"wte.weight": torch.randn(32, D, generator=g), "wpe.weight": torch.randn(8, D, generator=g)}
+    for i in range(L):
+        p = f"{prefix}.{i}"
+        sd[f"{p}.ln_1.weight"] = torch.ones(D)
+        sd[f"{p}.ln_1.bias"] = torch.zeros(D)
+        for m, rows in mods.items():
+            sd.update(_lin(rows * DH, D, bias, g, f"{p}.attn.{m}"))
+        sd.update(_lin(D, D, bias, g, f"{p}.attn.c_proj"))
+    return sd
+
+
+def their_projections(sd, i, x, roles, n_kv, prefix="h"):
+    """q, k, v as their attention modules compute them; roles: q/k/v -> (module, row slice)."""
+    out = {}
+    for r, (m, sl) in roles.items():
+        p = f"{prefix}.{i}.attn.{m}"
+        y = F.linear(x, sd[f"{p}.weight"], sd.get(f"{p}.bias"))
+        out[r] = y[..., sl]
+    return out
+
+
+KV = 2
+PS_CASES = [
+    # id, modules -> rows/DH, config extra, prefix, expected (variant, n_kv), roles
+    ("QKV_c_attn", {"c_attn": 3 * H}, {}, "h", ("qkv", H),
+     {"q": ("c_attn", slice(0, D)), "k": ("c_attn", slice(D, 2 * D)),
+      "v": ("c_attn", slice(2 * D, 3 * D))}),
+    ("Q-K=V_llm", {"c_q": H, "c_k": H}, {}, "h", ("k_eq_v", H),
+     {"q": ("c_q", slice(None)), "k": ("c_k", slice(None)), "v": ("c_k", slice(None))}),
+    ("Q-GQA", {"c_q": H, "c_kv": KV}, {"n_kv_groups": KV}, "h", ("k_eq_v", KV),
+     {"q": ("c_q", slice(None)), "k": ("c_kv", slice(None)), "v": ("c_kv", slice(None))}),
+    ("Q-MQA", {"c_q": H, "c_kv": 1}, {"n_kv_groups": 1}, "h", ("k_eq_v", 1),
+     {"q": ("c_q", slice(None)), "k": ("c_kv", slice(None)), "v": ("c_kv", slice(None))}),
+    ("GQA_packed", {"c_q": H, "c_kv": 2 * KV}, {"n_kv_groups": KV}, "h", ("qkv", KV),
+     {"q": ("c_q", slice(None)), "k": ("c_kv", slice(0, KV * DH)),
+      "v": ("c_kv", slice(KV * DH, 2 * KV * DH))}),
+    ("GQA_separate", {"c_q": H, "c_k": KV, "c_v": KV}, {"n_kv_groups": KV}, "h", ("qkv", KV),
+     {"q": ("c_q", slice(None)), "k": ("c_k", slice(None)), "v": ("c_v", slice(None))}),
+    ("Q=K-V", {"c_k": H, "c_v": H}, {}, "h", ("q_eq_k", H),
+     {"q": ("c_k", slice(None)), "k": ("c_k", slice(None)), "v": ("c_v", slice(None))}),
+    ("Q=K=V", {"c_k": H}, {}, "h", ("q_eq_k_eq_v", H),
+     {"q": ("c_k", slice(None)), "k": ("c_k", slice(None)), "v": ("c_k", slice(None))}),
+    ("synthetic_Q=K!=V", {"c_qk": H, "c_v": H}, {}, "blocks", ("q_eq_k", H),
+     {"q": ("c_qk", slice(None)), "k": ("c_qk", slice(None)), "v": ("c_v", slice(None))}),
+    ("synthetic_Q!=K=V", {"c_q": H, "c_kv": H}, {}, "blocks", ("k_eq_v", H),
+     {"q": ("c_q", slice(None)), "k": ("c_kv", slice(None)), "v": ("c_kv", slice(None))}),
+    ("synthetic_Q=K=V", {"c_qkv": H}, {}, "blocks", ("q_eq_k_eq_v", H),
+     {"q": ("c_qkv", slice(None)), "k": ("c_qkv", slice(None)), "v": ("c_qkv", slice(None))}),
+]
+
+
+@pytest.mark.parametrize("case", PS_CASES, ids=[c[0] for c in PS_CASES])
+def test_projection_sharing_variants(case):
+    _, mods, extra, prefix, (variant, n_kv), roles = case
+    g = torch.Generator().manual_seed(4)
+    sd = ps_sd(mods, g, prefix=prefix)
+    conf = {"n_layer": L, "n_head": H, "n_embd": D, "n_positions": 8, "use_bias": True, **extra}
+    if prefix == "blocks":   # synthetic_tasks.py exports keep the config under "config"
+        source = DictSource(sd, config={}, extras={"config": conf, "variant": case[0]})
+    else:
+        source = DictSource(sd, config=conf, extras={"train_config": {"weight_decay": 0.1},
+                                                     "step": 1000, "tokens_seen": 10})
+    ckpt = checkpoint_from_source(source)
+    meta = ckpt.meta
+    assert (meta.architecture, meta.variant, meta.n_kv_heads) == ("projection_sharing", variant, n_kv)
+    assert (meta.n_layers, meta.n_heads, meta.d_model, meta.d_head) == (L, H, D, DH)
+    # every stored attention tensor once, tied or not
+    assert meta.params_attention == sum(
+        v.numel() for k, v in sd.items() if ".attn." in k)
+    assert meta.kv_bytes_per_token == L * (1 if "eq_v" in variant else 2) * n_kv * DH * 4
+    x = torch.randn(2, 5, D, generator=g)
+    group = H // n_kv
+    for i in range(L):
+        ref = their_projections(sd, i, x, roles, n_kv, prefix)
+        lw = ckpt.layer(i)
+        q_ref = _heads(ref["q"], H if variant not in ("q_eq_k", "q_eq_k_eq_v") else n_kv)
+        k_ref, v_ref = _heads(ref["k"], n_kv), _heads(ref["v"], n_kv)
+        for h in range(H):
+            kv = h // group
+            qh = q_ref[:, h] if q_ref.shape[1] == H else q_ref[:, kv]
+            torch.testing.assert_close(x @ lw.W_Q[h] + lw.b_Q[h], qh, atol=1e-5, rtol=1e-5)
+        for j in range(n_kv):
+            torch.testing.assert_close(x @ lw.W_K[j] + lw.b_K[j], k_ref[:, j], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(x @ lw.W_V[j] + lw.b_V[j], v_ref[:, j], atol=1e-5, rtol=1e-5)
+        if variant in ("k_eq_v", "q_eq_k_eq_v"):
+            assert torch.equal(lw.W_K, lw.W_V) and lw.W_K is not lw.W_V
+        if variant in ("q_eq_k", "q_eq_k_eq_v"):
+            assert torch.equal(lw.W_Q, lw.W_K.repeat_interleave(group, 0))
+
+
+def test_projection_sharing_unknown_module_mix():
+    sd = ps_sd({"c_q": H, "c_v": H}, torch.Generator().manual_seed(5))
+    conf = {"n_layer": L, "n_head": H, "n_embd": D}
+    with pytest.raises(CheckpointFormatError) as e:
+        checkpoint_from_source(DictSource(sd, config=conf, path="ps.pt"))
+    assert str(e.value) == (
+        "ps.pt: attention modules c_q, c_v at layer 0 match no projection-sharing variant; "
+        "expected one of c_attn | c_q+c_k+c_v | c_q+c_kv | c_q+c_k | c_k+c_v | c_qk+c_v | "
+        "c_k | c_kv | c_qkv")
+
+
+def test_projection_sharing_kv_shape_contradicts_config():
+    sd = ps_sd({"c_q": H, "c_kv": KV}, torch.Generator().manual_seed(6))
+    sd["h.1.attn.c_kv.weight"] = torch.randn(3 * DH, D)
+    conf = {"n_layer": L, "n_head": H, "n_embd": D, "n_kv_groups": KV}
+    with pytest.raises(CheckpointFormatError) as e:
+        checkpoint_from_source(DictSource(sd, config=conf, path="ps.pt"))
+    assert str(e.value) == ("ps.pt: layer 1 key 'h.1.attn.c_kv.weight' has shape (12, 16); "
+                            "expected (8, 16) for d_model 16, 4 heads, 2 kv heads of d_head 4")
+
+
+def test_projection_sharing_paper_checkpoint_file(tmp_path):
+    """Their top-level dict, saved with a DDP ``module.`` prefix, read from disk."""
+    sd = ps_sd({"c_q": H, "c_k": H}, torch.Generator().manual_seed(7))
+    torch.save({"step": 33908, "epoch": 0, "tokens_seen": 10_000,
+                "model_state_dict": {"module." + k: v for k, v in sd.items()},
+                "val_metrics": {"loss": 3.058, "perplexity": 21.28},
+                "model_config": {"n_layer": L, "n_embd": D, "n_head": H, "n_inner": 4 * D,
+                                 "n_positions": 8, "vocab_size": 32},
+                "train_config": {"weight_decay": 0.1}}, tmp_path / "final_model.pt")
+    with open_checkpoint(tmp_path / "final_model.pt") as ckpt:
+        assert (ckpt.meta.architecture, ckpt.meta.variant) == ("projection_sharing", "k_eq_v")
