@@ -119,20 +119,25 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None,
     return frame, notes
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
+
+
 def _hf_model(path: Path):
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     try:
         model = transformers.AutoModel.from_pretrained(
-            str(path), local_files_only=True, attn_implementation="eager", torch_dtype=torch.float32)
+            str(path), local_files_only=True, attn_implementation="eager", dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
         raise NoForwardPass(f"{path}: transformers cannot build this model ({exc})") from exc
     tok = None
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        tok = None
+    # AutoTokenizer builds an empty tokenizer from config.json alone: require its files.
+    if any((path / f).is_file() for f in _TOKENIZER_FILES):
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            tok = None
     return model.eval(), tok, int(getattr(config, "vocab_size", 256) or 256)
 
 
@@ -173,6 +178,8 @@ def _tokens(text: str, tok, vocab: int, max_tokens: int) -> tuple[torch.Tensor, 
     if tok is not None:
         enc = tok(text, return_tensors="pt", truncation=True, max_length=max_tokens)
         ids = enc["input_ids"][0]
+        if ids.numel() < 2:
+            raise NoForwardPass(f"the tokenizer turned the sample text into {ids.numel()} tokens")
         return ids, tok.convert_ids_to_tokens(ids.tolist()), "tokenizer"
     raw = list(text.encode("utf-8"))[:max_tokens]
     if vocab < 256:

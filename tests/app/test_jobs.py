@@ -1,0 +1,140 @@
+"""Analysis jobs: storage, cache hits, notes, transactions, forward-pass capture."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis.registry import METRIC_VERSION, names
+from app import jobs
+from loaders.canonical import AttentionWeights, Checkpoint, ModelMeta
+from loaders.errors import StoreError
+from loaders.store import Store
+
+H, G, D, E, L = 4, 2, 32, 8, 3
+
+
+def make_meta(variant="qkv", norm="layernorm", n_layers=L):
+    return ModelMeta(architecture="test", variant=variant, n_layers=n_layers, n_heads=H, n_kv_heads=G,
+                     d_model=D, d_head=E, norm=norm, positions="learned", attn_scale=E ** -0.5,
+                     dtype="float32", params_total=0, params_attention=0)
+
+
+def make_layer(i, identity=False):
+    g = torch.Generator().manual_seed(100 + i)
+    r = lambda *s: torch.randn(*s, generator=g)
+    return AttentionWeights(layer=i, W_Q=None if identity else r(H, D, E), W_K=r(G, D, E), W_V=r(G, D, E),
+                            W_O=r(H, E, D))
+
+
+class Opener:
+    """Builds the checkpoint in code and counts how often it was opened."""
+
+    def __init__(self, variant="qkv", fail_at=None):
+        self.calls, self.variant, self.fail_at = 0, variant, fail_at
+
+    def __call__(self, path):
+        self.calls += 1
+
+        def layer_fn(i):
+            if self.fail_at is not None and i == self.fail_at:
+                raise RuntimeError("disk went away")
+            return make_layer(i, identity=self.variant == "wq_identity")
+        return Checkpoint(path, make_meta(self.variant), layer_fn)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "t.duckdb")
+    with s.transaction() as con:
+        con.execute("""INSERT INTO checkpoints (path, sha256, architecture, variant, n_layers, n_heads,
+                       n_kv_heads, d_model, d_head) VALUES (?, 'abc', 'test', 'qkv', ?, ?, ?, ?, ?)""",
+                    [str(tmp_path / "ckpt.safetensors"), L, H, G, D, E])
+    return s
+
+
+def test_results_stored_and_cache_hit(store):
+    op = Opener()
+    seen = []
+    (res,) = jobs.analyze(store, 1, device="cpu", opener=op, progress=lambda d, n, w: seen.append((d, n)))
+    assert not res.cached and op.calls == 1
+    assert seen[0] == (0, L) and seen[-1] == (L, L)
+    with store.connect() as con:
+        n_rows = con.execute("SELECT count(*) FROM analysis_results WHERE checkpoint_id = 1").fetchone()[0]
+        job = con.execute("SELECT kind, metric_version, notes FROM analysis_jobs").fetchall()
+    assert n_rows == len(res.frame) > 0
+    assert job == [("weights", METRIC_VERSION, json.dumps(res.notes, sort_keys=True))]
+    (again,) = jobs.analyze(store, 1, device="cpu", opener=op)
+    assert again.cached and op.calls == 1
+    a = res.frame.sort_values(["metric", "layer", "head"]).reset_index(drop=True)
+    b = again.frame.sort_values(["metric", "layer", "head"]).reset_index(drop=True)
+    assert a[["layer", "head", "head_label", "metric"]].equals(b[["layer", "head", "head_label", "metric"]])
+    assert (a["value"] - b["value"]).abs().max() < 1e-12
+    (forced,) = jobs.analyze(store, 1, device="cpu", opener=op, force=True)
+    assert not forced.cached and op.calls == 2
+    with store.connect() as con:
+        assert con.execute("SELECT count(*) FROM analysis_results").fetchone()[0] == n_rows
+
+
+def test_failure_stores_nothing(store):
+    with pytest.raises(RuntimeError, match="disk went away"):
+        jobs.analyze(store, 1, device="cpu", opener=Opener(fail_at=2))
+    with store.connect() as con:
+        assert con.execute("SELECT count(*) FROM analysis_results").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM analysis_jobs").fetchone()[0] == 0
+
+
+def test_identity_query_notes_and_no_forward_pass(store, tmp_path):
+    w, a = jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity"), activations=True)
+    why = "W_Q is the identity slice (query-free model): there is no query projection"
+    assert w.notes["erank_q"] == why and "erank_q" not in set(w.frame.metric)
+    assert a.frame.empty
+    reason = (f"{tmp_path / 'ckpt.safetensors'}: no forward pass for a test checkpoint (runnable: Hugging Face "
+              "folders with config.json, and this project's own checkpoints); weight-level metrics only")
+    assert a.notes == {m: reason for m in names("activations")}
+    (cached_a,) = [r for r in jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity"),
+                                           activations=True) if r.kind == "activations"]
+    assert cached_a.cached and cached_a.notes == a.notes
+
+
+def test_unknown_id_message(store):
+    with pytest.raises(StoreError) as exc:
+        jobs.analyze(store, 7, opener=Opener())
+    assert str(exc.value) == f"{store.path}: no checkpoint with id 7 (stored ids: [1])"
+
+
+@pytest.fixture
+def tiny_gpt2(tmp_path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=300, n_positions=128, n_embd=32, n_layer=2, n_head=4)
+    folder = tmp_path / "gpt2-tiny"
+    GPT2LMHeadModel(cfg).save_pretrained(folder)
+    return folder
+
+
+def test_capture_matches_the_models_attention(tiny_gpt2):
+    """Our logits (from the canonical weights) reproduce the model's own attention maps."""
+    from loaders.checkpoints import open_checkpoint
+
+    with open_checkpoint(tiny_gpt2) as ckpt:
+        cap = jobs.capture_activations(ckpt, device="cpu")
+        scale = ckpt.meta.attn_scale
+    assert cap.tokenizer == "bytes" and len(cap.layers) == 2 and cap.logits_reason is None
+    for lc in cap.layers:
+        T = lc.logits.shape[-1]
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        ours = (lc.logits * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+        torch.testing.assert_close(ours, lc.attn, atol=1e-5, rtol=1e-4)
+        assert lc.k.shape == (4, T, 8) and lc.v.shape == (4, T, 8)
+
+
+def test_analyze_hf_folder_with_activations(tmp_path, tiny_gpt2):
+    store = Store(tmp_path / "hf.duckdb")
+    cid = jobs.resolve(store, str(tiny_gpt2))
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
+    assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
