@@ -80,6 +80,7 @@ def test_typed_geometry_and_checkpoint_source_without_checkpoints():
     assert any("No stored checkpoints" in i.value for i in at.info)
 
 
+@pytest.mark.slow
 def test_stored_checkpoint_geometry(tmp_path, empty_db):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
