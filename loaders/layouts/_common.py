@@ -279,9 +279,9 @@ def convert_separate(source: TensorSource, *, name: str, names: dict[str, str], 
     ``[n_kv*dh, d]``, o ``[d, n*dh]``; biases ``[rows]`` / ``[d]``."""
     why = basis(d, n, n_kv, dh)
     shapes = {"q": (n * dh, d), "k": (n_kv * dh, d), "v": (n_kv * dh, d), "o": (d, n * dh)}
+    require(source, [names[r].format(i=i) + ".weight" for i in layers for r in "qkvo"], have, name)
     attn_keys = []
     for i in layers:
-        require(source, [names[r].format(i=i) + ".weight" for r in "qkvo"], have, name)
         for r in "qkvo":
             stem = names[r].format(i=i)
             expect_shape(source, stem + ".weight", shapes[r], i, why)
@@ -351,10 +351,10 @@ def convert_fused(source: TensorSource, *, name: str, qkv: str, o: str, layers: 
     ``qkv`` and ``o`` are key stems with an ``{i}`` placeholder."""
     why = basis(d, n, n_kv, dh)
     rows = (n + 2 * n_kv) * dh
+    require(source, [s.format(i=i) + ".weight" for i in layers for s in (qkv, o)], have, name)
     attn_keys = []
     for i in layers:
         kq, ko = qkv.format(i=i), o.format(i=i)
-        require(source, [kq + ".weight", ko + ".weight"], have, name)
         expect_shape(source, kq + ".weight", (rows, d), i, why)
         expect_shape(source, ko + ".weight", (d, n * dh), i, why)
         attn_keys += [kq + ".weight", ko + ".weight"]

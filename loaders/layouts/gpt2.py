@@ -51,9 +51,10 @@ def convert(source):
     def k(i, name):
         return f"{p}h.{i}.attn.{name}"
 
+    C.require(source, [k(i, m) for i in layers for m in ("c_attn.weight", "c_proj.weight")],
+              have, NAME)
     attn_keys = []
     for i in layers:
-        C.require(source, [k(i, "c_attn.weight"), k(i, "c_proj.weight")], have, NAME)
         C.expect_shape(source, k(i, "c_attn.weight"), (d, 3 * d), i, why)
         C.expect_shape(source, k(i, "c_proj.weight"), (d, d), i, why)
         for b, shape in (("c_attn.bias", (3 * d,)), ("c_proj.bias", (d,))):

@@ -65,10 +65,11 @@ def geometry(source, keys, rows_per_d: int):
 def validate(source, p, layers, d, rows_per_d, have, layout=NAME):
     """Check every layer's c_attn/c_proj shapes; return the attention keys."""
     why = f"d_model {d}"
+    C.require(source, [f"{p}h.{i}.attn.{m}.weight" for i in layers for m in ("c_attn", "c_proj")],
+              have, layout)
     attn_keys = []
     for i in layers:
         ka, kp = f"{p}h.{i}.attn.c_attn.weight", f"{p}h.{i}.attn.c_proj.weight"
-        C.require(source, [ka, kp], have, layout)
         C.expect_shape(source, ka, (rows_per_d * d, d), i, why)
         C.expect_shape(source, kp, (d, d), i, why)
         attn_keys += [ka, kp]

@@ -163,10 +163,10 @@ def convert(source):
     module_rows = {}
     for role, mod in roles.items():
         module_rows[mod] = rows[role]
+    C.require(source, [stem(i, m) + ".weight" for i in layers for m in [*module_rows, "c_proj"]],
+              have, NAME)
     attn_keys = []
     for i in layers:
-        C.require(source, [stem(i, m) + ".weight" for m in module_rows]
-                  + [stem(i, "c_proj") + ".weight"], have, NAME)
         for mod, r in module_rows.items():
             C.expect_shape(source, stem(i, mod) + ".weight", (r, d), i, why)
             attn_keys.append(stem(i, mod) + ".weight")
