@@ -26,7 +26,7 @@ HEAD_BYTES = 64 * 1024
 # Metric names normalised across formats (issue 3): the training loss, the
 # validation loss and the learning rate; everything else keeps its logged name.
 _METRIC_ALIASES = {
-    "train/loss": "train/loss", "train_loss": "train/loss", "loss/train": "train/loss",
+    "train/loss": "train/loss", "train_loss": "train/loss", "loss/train": "train/loss", "loss": "train/loss",
     "training_loss": "train/loss", "train-loss": "train/loss", "trainloss": "train/loss",
     "val/loss": "val/loss", "val_loss": "val/loss", "loss/val": "val/loss",
     "valid_loss": "val/loss", "validation_loss": "val/loss", "eval_loss": "val/loss",

@@ -113,16 +113,15 @@ def _read_sql(source, *, delim: str, names: list[str] | None) -> tuple[duckdb.Du
     if isinstance(source, (bytes, bytearray)):
         rel = con.read_csv(io.BytesIO(source), header=False, names=names, all_varchar=True,
                            delimiter=delim, quotechar='"')
-        rel.create_view("src")
     else:
-        con.execute(f"""CREATE VIEW src AS SELECT * FROM read_csv(?, header = true, delim = ?,
-                        all_varchar = true, quote = '"')""", [str(source)])
+        rel = con.read_csv(str(source), header=True, all_varchar=True, delimiter=delim, quotechar='"')
+    rel.create_view("src")
     return con, "src"
 
 
 def _fetch_points(con: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
     """Run ``sql`` (columns of POINT_COLUMNS, metric VARCHAR) to a points frame."""
-    table = con.execute(sql).to_arrow_table()
+    table = con.sql(sql).to_arrow_table()
     if table.num_rows == 0:
         return empty_points()
     idx = table.schema.get_field_index("metric")

@@ -58,12 +58,24 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# A run folder of this project's trainer (experiments/train.py) holds config.json,
+# metrics.jsonl and TensorBoard events of the same points: one run, not two.
+_RUN_FOLDER_FORMATS = ("jsonl", "csv_wide", "csv_long", "tensorboard")
+
+
+def is_trainer_run_folder(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(
+        (folder / m).is_file() for m in ("metrics.jsonl", "metrics.csv"))
+
+
 def run_name(path: Path, fmt: str, name: str) -> str:
     """The stored run name: the reader's (W&B run names), else the file's or folder's."""
     if fmt == "lightning":
         return f"{path.parent.parent.name}/{path.parent.name}"
     if fmt in ("hf_trainer", "query_free", "projection_sharing") and name:
         return name
+    if fmt in _RUN_FOLDER_FORMATS and is_trainer_run_folder(path.parent):
+        return path.parent.name
     stem = path.name.split(".")[0] if path.name.startswith("events.out") else path.stem
     base = path.parent.name if (stem.lower() in _GENERIC_STEMS or path.name.startswith("events.out")) \
         else stem
@@ -85,6 +97,8 @@ def run_source(path: Path, fmt: str) -> tuple[str, Path, bool]:
     if fmt == "hf_trainer" and hf_run_dir(resolved) != resolved.parent:
         d = hf_run_dir(resolved)
         return str(d), d, True
+    if fmt in _RUN_FOLDER_FORMATS and is_trainer_run_folder(resolved.parent):
+        return str(resolved.parent), resolved.parent, True
     return str(resolved), resolved.parent, False
 
 

@@ -163,8 +163,9 @@ class QueryFreeReader:
                 data = zf.read(pkl)
         except (zipfile.BadZipFile, OSError):
             return False
-        # A lone tensor pickles as a call to torch._utils._rebuild_tensor_v2.
-        return b"_rebuild_tensor" in data and b"collections" not in data
+        # A lone tensor pickles as one top-level call to torch._utils._rebuild_tensor_v2
+        # (after the 2-byte protocol header); a dict or a module would start otherwise.
+        return data[2:].startswith(b"ctorch._utils\n_rebuild_tensor")
 
     def parse(self, path: Path, *, start: int = 0, state: dict | None = None,
               eval_interval: int | None = None) -> Parsed:

@@ -144,13 +144,14 @@ def _literal(text: str):
 # -- modded-nanogpt ------------------------------------------------------------
 _KV = r"(\w+):(\S+)"
 _MODDED_NAMES = {"val_loss": "val/loss", "train_loss": "train/loss", "step_avg": "step_avg_ms"}
+_ASSIGN = r"\s*(?::\s*\w+\s*)?[=:]\s*"  # "name = v", "name: v", "name : int = v"
 _HEADER_PATTERNS = {
-    "weight_decay": re.compile(r"weight_decay\s*[=:]\s*([-+\d.eE]+)"),
-    "lr": re.compile(r"\blr\s*[=:]\s*([-+\d.eE]+)"),
-    "seed": re.compile(r"\bseed\s*[=:]\s*(\d+)"),
-    "n_kv_heads": re.compile(r"\b(?:n_kv_heads|num_kv_heads|n_kv_head)\s*[=:]\s*(\d+)"),
-    "num_iterations": re.compile(r"\bnum_iterations\s*[=:]\s*(\d+)"),
-    "variant": re.compile(r"\bvariant\s*[=:]\s*['\"]?([\w=-]+)"),
+    "weight_decay": re.compile(rf"weight_decay{_ASSIGN}([-+\d.eE]+)"),
+    "lr": re.compile(rf"\blr{_ASSIGN}([-+\d.eE]+)"),
+    "seed": re.compile(rf"\bseed{_ASSIGN}(\d+)"),
+    "n_kv_heads": re.compile(rf"\b(?:n_kv_heads|num_kv_heads|n_kv_head){_ASSIGN}(\d+)"),
+    "num_iterations": re.compile(rf"\bnum_iterations{_ASSIGN}(\d+)"),
+    "variant": re.compile(rf"\bvariant{_ASSIGN}['\"]?([\w=-]+)"),
 }
 
 
