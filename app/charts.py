@@ -1,0 +1,251 @@
+"""Plotly figure builders shared by the dashboard pages: a DataFrame in, a figure out.
+
+Pure functions, no streamlit, no I/O. Every figure gets the same look
+(``_layout``) and variants keep one colour across pages (``variant_color``).
+Curves use ``Scattergl`` so ten runs of 2,000 points draw instantly.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+#: One colour per attention variant, the same on every page.
+VARIANT_COLORS = {
+    "qkv": "#4C78A8", "wq_identity": "#F58518", "q_eq_k": "#54A24B", "k_eq_v": "#E45756",
+    "q_eq_k_eq_v": "#B279A2", "unknown": "#9D9D9D",
+}
+_CYCLE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D",
+          "#EECA3B", "#BAB0AC"]
+
+X_TITLES = {"step": "step", "tokens": "tokens seen", "wall_time": "wall time since start (s)"}
+
+
+def variant_color(variant: str | None, i: int = 0) -> str:
+    return VARIANT_COLORS.get(str(variant), _CYCLE[i % len(_CYCLE)])
+
+
+def run_color(i: int) -> str:
+    return _CYCLE[i % len(_CYCLE)]
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _layout(fig: go.Figure, *, title: str | None = None, x_title: str = "", y_title: str = "",
+            log_x: bool = False, log_y: bool = False, height: int = 460) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin=dict(l=60, r=20, t=50 if title else 20, b=50),
+                      hovermode="closest", legend=dict(orientation="h", y=-0.18),
+                      template="plotly_white")
+    fig.update_xaxes(title=x_title, type="log" if log_x else "linear")
+    fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    return fig
+
+
+def empty_figure(message: str, height: int = 300) -> go.Figure:
+    """A blank figure that says why it is blank."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color="#666"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, height=height)
+
+
+def curves_figure(raw: pd.DataFrame, labels: dict[int, str], *, smoothed: pd.DataFrame | None = None,
+                  x: str = "step", metric: str = "", log_x: bool = False, log_y: bool = False) -> go.Figure:
+    """One line per run (``run_id, x, value, step``); with ``smoothed``, raw points faint behind it."""
+    fig = go.Figure()
+    for i, (rid, g) in enumerate(raw.groupby("run_id", sort=True)):
+        color = run_color(i)
+        name = labels.get(int(rid), f"run {rid}")
+        fig.add_trace(go.Scattergl(
+            x=g["x"], y=g["value"], mode="lines", name=name, legendgroup=str(rid),
+            line=dict(color=_rgba(color, 0.25) if smoothed is not None else color, width=1),
+            showlegend=smoothed is None, customdata=g["step"],
+            hovertemplate=f"{name}<br>step %{{customdata}}<br>x %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+        if smoothed is not None:
+            s = smoothed[smoothed["run_id"] == rid]
+            fig.add_trace(go.Scattergl(
+                x=s["x"], y=s["value"], mode="lines", name=name, legendgroup=str(rid),
+                line=dict(color=color, width=2), customdata=s["step"],
+                hovertemplate=f"{name} (smoothed)<br>step %{{customdata}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+    return _layout(fig, x_title=X_TITLES.get(x, x), y_title=metric, log_x=log_x, log_y=log_y)
+
+
+def band_figure(band: pd.DataFrame, *, x: str = "step", metric: str = "", log_x: bool = False,
+                log_y: bool = False) -> go.Figure:
+    """Mean line and min-max band per group (``group, x, mean, lo, hi, n_runs``)."""
+    fig = go.Figure()
+    for i, (group, g) in enumerate(band.groupby("group", sort=True)):
+        color = variant_color(group, i)
+        g = g.sort_values("x")
+        fig.add_trace(go.Scatter(x=g["x"], y=g["hi"], mode="lines", line=dict(width=0),
+                                 legendgroup=str(group), showlegend=False, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=g["x"], y=g["lo"], mode="lines", line=dict(width=0), fill="tonexty",
+                                 fillcolor=_rgba(color, 0.2), legendgroup=str(group), showlegend=False,
+                                 hoverinfo="skip"))
+        n = int(g["n_runs"].max())
+        fig.add_trace(go.Scatter(
+            x=g["x"], y=g["mean"], mode="lines", name=f"{group} (n={n})", legendgroup=str(group),
+            line=dict(color=color, width=2), customdata=np.stack([g["lo"], g["hi"], g["n_runs"]], axis=-1),
+            hovertemplate=(f"{group}<br>x %{{x}}<br>mean %{{y:.4g}}<br>min %{{customdata[0]:.4g}} "
+                           "max %{customdata[1]:.4g}<br>runs %{customdata[2]}<extra></extra>")))
+    return _layout(fig, x_title=X_TITLES.get(x, x), y_title=f"{metric} (mean, min-max band)",
+                   log_x=log_x, log_y=log_y)
+
+
+def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", metric: str = "",
+                  log_x: bool = False) -> go.Figure:
+    """Final metric against a hyperparameter, coloured by variant (``name, variant, <hparam>, <value>``)."""
+    fig = go.Figure()
+    data = frame.dropna(subset=[hparam, value])
+    for i, (variant, g) in enumerate(data.groupby("variant", sort=True)):
+        g = g.sort_values(hparam)
+        fig.add_trace(go.Scatter(
+            x=g[hparam], y=g[value], mode="markers", name=str(variant),
+            marker=dict(color=variant_color(variant, i), size=10, line=dict(width=1, color="white")),
+            text=g["name"], hovertemplate=f"%{{text}}<br>{hparam} %{{x:.4g}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+    return _layout(fig, x_title=hparam, y_title=f"{value} {metric}", log_x=log_x)
+
+
+def parallel_figure(frame: pd.DataFrame, dims: list[str], *, color: str = "final", metric: str = "") -> go.Figure:
+    """Parallel coordinates over hyperparameters and the final metric, coloured by it."""
+    data = frame.dropna(subset=[color])
+    dimensions = []
+    for d in dims:
+        col = data[d]
+        if not pd.api.types.is_numeric_dtype(col):
+            cats = sorted(col.astype(str).unique())
+            codes = col.astype(str).map({c: i for i, c in enumerate(cats)})
+            dimensions.append(dict(label=d, values=codes, tickvals=list(range(len(cats))), ticktext=cats))
+        else:
+            dimensions.append(dict(label=d, values=col.astype(float)))
+    dimensions.append(dict(label=f"{color} {metric}", values=data[color]))
+    fig = go.Figure(go.Parcoords(line=dict(color=data[color], colorscale="Viridis_r", showscale=True),
+                                 dimensions=dimensions))
+    return _layout(fig, height=420)
+
+
+def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
+                   zmin: float | None = None, zmax: float | None = None,
+                   colorscale: str = "Viridis") -> go.Figure:
+    """Layer x head heatmap of one metric (``layer, head, value``; rows with head NULL skipped)."""
+    data = results[(results["metric"] == metric) & results["head"].notna() & results["layer"].notna()]
+    if data.empty:
+        return empty_figure(f"{metric}: no per-head values stored")
+    grid = data.pivot_table(index="layer", columns="head", values="value", aggfunc="first", dropna=False)
+    grid = grid.sort_index().sort_index(axis=1)
+    z = grid.to_numpy(dtype=float)  # (n_layers, n_heads)
+    text = [[("" if math.isnan(v) else f"{v:.3g}") for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
+        colorscale=colorscale, zmin=zmin, zmax=zmax, text=text,
+        texttemplate="%{text}" if z.size <= 400 else None,
+        hovertemplate=f"%{{y}}%{{x}}<br>{metric} = %{{z:.4g}}<extra></extra>", colorbar=dict(title=metric)))
+    fig.update_yaxes(autorange="reversed")
+    height = max(260, min(900, 40 * z.shape[0] + 120))
+    return _layout(fig, title=help_text or None, x_title="head", y_title="layer", height=height)
+
+
+def layer_figure(results: pd.DataFrame, metric: str) -> go.Figure:
+    """Per-layer values (head NULL) of one metric as a line over layers."""
+    data = results[(results["metric"] == metric) & results["head"].isna() & results["layer"].notna()]
+    data = data.sort_values("layer")
+    fig = go.Figure(go.Scatter(x=data["layer"], y=data["value"], mode="lines+markers", name=metric,
+                               hovertemplate=f"layer %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+    return _layout(fig, x_title="layer", y_title=metric, height=320)
+
+
+def spectra_figure(spectra: pd.DataFrame, *, log_y: bool = True) -> go.Figure:
+    """Singular values by index, one line per projection (``projection, index, sigma``)."""
+    fig = go.Figure()
+    for i, (proj, g) in enumerate(spectra.groupby("projection", sort=False)):
+        fig.add_trace(go.Scatter(x=g["index"], y=g["sigma"], mode="lines+markers", name=str(proj),
+                                 line=dict(color=run_color(i)),
+                                 hovertemplate=f"{proj}<br>i=%{{x}}<br>sigma %{{y:.4g}}<extra></extra>"))
+    return _layout(fig, x_title="singular value index", y_title="sigma", log_y=log_y, height=360)
+
+
+def attention_figure(weights: np.ndarray, tokens: list[str], *, title: str = "") -> go.Figure:
+    """One head's attention pattern (query rows x key columns, ``[T, T]``)."""
+    labels = [f"{i}:{t}" for i, t in enumerate(tokens)]
+    fig = go.Figure(go.Heatmap(z=weights, x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
+                               hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, title=title or None, x_title="key", y_title="query", height=480)
+
+
+def diff_heatmap(diff: pd.DataFrame, metric: str, *, a_label: str = "A", b_label: str = "B") -> go.Figure:
+    """Layer x head heatmap of ``b - a`` for one metric (``metric, layer, head, a, b, diff``)."""
+    data = diff[(diff["metric"] == metric) & diff["head"].notna() & diff["layer"].notna()]
+    if data.empty:
+        return empty_figure(f"{metric}: no per-head values in both checkpoints")
+    grid = data.pivot_table(index="layer", columns="head", values="diff", aggfunc="first", dropna=False)
+    z = grid.sort_index().sort_index(axis=1).to_numpy(dtype=float)  # (n_layers, n_heads)
+    lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
+        colorscale="RdBu_r", zmin=-lim, zmax=lim, colorbar=dict(title="B - A"),
+        hovertemplate=f"%{{y}}%{{x}}<br>{b_label} - {a_label} = %{{z:.4g}}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, x_title="head", y_title="layer", height=max(260, min(900, 40 * z.shape[0] + 120)))
+
+
+def trajectory_figure(traj: pd.DataFrame, metric: str, *, by: str = "layer") -> go.Figure:
+    """A metric against training step, one line per layer (``step, layer, value``) or one line."""
+    data = traj[traj["metric"] == metric].sort_values("step")
+    fig = go.Figure()
+    if by == "layer" and "layer" in data.columns:
+        for i, (layer, g) in enumerate(data.groupby("layer", sort=True, dropna=False)):
+            name = "model" if pd.isna(layer) else f"L{int(layer)}"
+            fig.add_trace(go.Scatter(x=g["step"], y=g["value"], mode="lines+markers", name=name,
+                                     line=dict(color=run_color(i)),
+                                     hovertemplate=f"{name}<br>step %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+    else:
+        fig.add_trace(go.Scatter(x=data["step"], y=data["value"], mode="lines+markers", name=metric))
+    return _layout(fig, x_title="step", y_title=f"{metric} (mean over heads)", height=380)
+
+
+def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str = "final val/loss") -> go.Figure:
+    """Loss against weight decay per variant, log x; diverged runs as crosses, spiky ones ringed.
+
+    ``points``: ``variant, group, weight_decay, <y>, diverged, spikes, run_id``.
+    """
+    fig = go.Figure()
+    data = points[points["weight_decay"] > 0]
+    for i, ((variant, group), g) in enumerate(data.groupby(["variant", "group"], sort=True)):
+        color = variant_color(variant, i)
+        g = g.sort_values("weight_decay")
+        name = str(variant) if group == "all" else f"{variant} [{group}]"
+        ok = g[~g["diverged"]]
+        mean = ok.groupby("weight_decay", as_index=False)[y].mean()
+        fig.add_trace(go.Scatter(x=mean["weight_decay"], y=mean[y], mode="lines", name=name,
+                                 legendgroup=name, line=dict(color=color, width=2), hoverinfo="skip"))
+        marker_line = np.where(g["spikes"] > 0, 3, 1)
+        fig.add_trace(go.Scatter(
+            x=g["weight_decay"], y=g[y], mode="markers", legendgroup=name, showlegend=False,
+            marker=dict(color=color, size=11, symbol=np.where(g["diverged"], "x", "circle"),
+                        line=dict(width=marker_line, color=np.where(g["spikes"] > 0, "black", "white"))),
+            customdata=np.stack([g["run_id"], g["spikes"], g["diverged"].astype(int)], axis=-1),
+            hovertemplate=(f"{name}<br>wd %{{x:.4g}}<br>{y_title} %{{y:.4g}}<br>run %{{customdata[0]}}"
+                           "<br>spikes %{customdata[1]}<br>diverged %{customdata[2]}<extra></extra>")))
+    return _layout(fig, x_title="weight decay (log)", y_title=y_title, log_x=True)
+
+
+def norms_figure(norms: pd.DataFrame) -> go.Figure:
+    """Projection norms against weight decay (``variant, weight_decay, metric, value``), log x."""
+    fig = go.Figure()
+    data = norms[norms["weight_decay"] > 0]
+    for i, ((variant, metric), g) in enumerate(data.groupby(["variant", "metric"], sort=True)):
+        g = g.sort_values("weight_decay")
+        fig.add_trace(go.Scatter(x=g["weight_decay"], y=g["value"], mode="lines+markers",
+                                 name=f"{variant} {metric}", line=dict(color=run_color(i)),
+                                 hovertemplate=f"{variant} {metric}<br>wd %{{x:.4g}}<br>norm %{{y:.4g}}<extra></extra>"))
+    return _layout(fig, x_title="weight decay (log)", y_title="Frobenius norm (root-sum-square over layers)",
+                   log_x=True, height=380)

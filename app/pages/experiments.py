@@ -1,0 +1,278 @@
+"""Experiments: find runs, overlay their curves, compare final metrics, fix metadata.
+
+Every selection lives in the URL (``?runs=3,7&m=val/loss&x=step&s=0.6&logy=1``),
+so a copied link reopens the same view. Curves are downsampled in DuckDB
+(``loaders.curves``): no curve has more than 2,000 points and spikes stay.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import streamlit as st
+
+from app import charts
+from app.state import data_version, get_store, query_param, set_query_params
+from loaders import curves
+
+TITLE = "Experiments"
+ICON = ":material/monitoring:"
+ORDER = 20
+URL_PATH = "experiments"
+
+RUN_COLUMNS = ["id", "name", "variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size",
+               "format", "n_points", "first_step", "last_step", "metrics", "source"]
+HPARAMS = ["weight_decay", "lr", "seed", "model_size", "n_kv_heads", "variant"]
+X_LABELS = {"step": "Step", "tokens": "Tokens", "wall_time": "Wall time"}
+EDITABLE = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
+VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v", "unknown")
+
+
+# -- cached reads (keyed by the database file's version) ----------------------
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _runs(db: str, version: tuple) -> pd.DataFrame:
+    from loaders.logs import list_runs
+
+    frame = pd.DataFrame(list_runs(get_store()))
+    for col in RUN_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = None
+    return frame[RUN_COLUMNS]
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _curves(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
+    return curves.curves(get_store(), ids, metric, x=x)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _band(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
+    return curves.band_points(get_store(), ids, metric, x=x)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _finals(db: str, version: tuple, metric: str) -> pd.DataFrame:
+    return curves.final_values(get_store(), metric)
+
+
+# -- URL helpers ----------------------------------------------------------------
+
+def _url_list(name: str) -> list[str]:
+    raw = query_param(name, "") or ""
+    return [v for v in raw.split(",") if v]
+
+
+def _url_ints(name: str) -> list[int]:
+    return [int(v) for v in _url_list(name) if v.lstrip("-").isdigit()]
+
+
+def _fmt_wd(v) -> str:
+    return "none" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}"
+
+
+def _metrics_of(runs: pd.DataFrame) -> list[str]:
+    names: set[str] = set()
+    for m in runs["metrics"]:
+        if isinstance(m, (list, tuple)):
+            names.update(str(x) for x in m)
+        elif hasattr(m, "tolist"):
+            names.update(str(x) for x in m.tolist())
+        elif isinstance(m, str) and m:
+            names.update(s.strip() for s in m.split(","))
+    preferred = [n for n in ("val/loss", "train/loss") if n in names]
+    return preferred + sorted(names - set(preferred))
+
+
+# -- page sections --------------------------------------------------------------
+
+def _filters(runs: pd.DataFrame) -> pd.DataFrame:
+    c1, c2, c3, c4, c5 = st.columns([2, 1.2, 1.2, 1, 1.6])
+    search = c1.text_input("Search name or source", value=query_param("q", ""), key="exp_q",
+                           placeholder="e.g. mqa  or  wd0.1")
+    variants = sorted(str(v) for v in runs["variant"].dropna().unique())
+    wds = sorted({_fmt_wd(v) for v in runs["weight_decay"]}, key=lambda s: (s == "none", float(s) if s != "none" else 0))
+    formats = sorted(str(v) for v in runs["format"].dropna().unique())
+    sources = sorted(str(v) for v in runs["source"].dropna().unique())
+    pick_v = c2.multiselect("Variant", variants, default=[v for v in _url_list("variant") if v in variants],
+                            key="exp_variant")
+    pick_wd = c3.multiselect("Weight decay", wds, default=[v for v in _url_list("wd") if v in wds], key="exp_wd")
+    pick_f = c4.multiselect("Format", formats, default=[v for v in _url_list("fmt") if v in formats],
+                            key="exp_fmt")
+    pick_s = c5.multiselect("Source", sources, default=[v for v in _url_list("src") if v in sources],
+                            key="exp_src")
+    set_query_params(q=search.strip(), variant=",".join(pick_v), wd=",".join(pick_wd),
+                     fmt=",".join(pick_f), src=",".join(pick_s))
+    out = runs
+    if search.strip():
+        needle = search.strip().lower()
+        out = out[out["name"].str.lower().str.contains(needle, regex=False)
+                  | out["source"].astype(str).str.lower().str.contains(needle, regex=False)]
+    if pick_v:
+        out = out[out["variant"].isin(pick_v)]
+    if pick_wd:
+        out = out[out["weight_decay"].map(_fmt_wd).isin(pick_wd)]
+    if pick_f:
+        out = out[out["format"].isin(pick_f)]
+    if pick_s:
+        out = out[out["source"].isin(pick_s)]
+    return out
+
+
+def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame) -> list[int]:
+    labels = {int(r.id): f"{r.name} [{r.variant}]" for r in runs.itertuples()}
+    in_url = [i for i in _url_ints("runs") if i in labels]
+    options = list(dict.fromkeys([int(i) for i in shown["id"]] + in_url))
+    selected = st.multiselect("Runs to plot", options, default=in_url, format_func=lambda i: labels[i],
+                              key="exp_runs", placeholder="Pick runs from the table (search narrows the list)")
+    metrics = _metrics_of(runs[runs["id"].isin(selected)] if selected else runs)
+    c1, c2, c3, c4, c5, c6 = st.columns([2, 1.6, 1.4, 0.8, 0.8, 1])
+    m_url = query_param("m")
+    metric = c1.selectbox("Metric", metrics, index=metrics.index(m_url) if m_url in metrics else 0,
+                          key="exp_metric") if metrics else None
+    x_url = query_param("x", "step")
+    x = c2.radio("x axis", list(X_LABELS), index=list(X_LABELS).index(x_url) if x_url in X_LABELS else 0,
+                 format_func=X_LABELS.get, horizontal=True, key="exp_x")
+    smoothing = c3.slider("Smoothing (EMA)", 0.0, 0.99, value=min(0.99, max(0.0, float(query_param("s", "0") or 0))),
+                          step=0.01, key="exp_s", help="s_t = w s_(t-1) + (1-w) v_t, debiased; 0 = off")
+    log_x = c4.toggle("log x", value=query_param("logx") == "1", key="exp_logx")
+    log_y = c5.toggle("log y", value=query_param("logy") == "1", key="exp_logy")
+    group = c6.toggle("Group by variant", value=query_param("group") == "1", key="exp_group",
+                      help="mean line and min-max band over the selected runs of each variant")
+    set_query_params(runs=",".join(str(i) for i in selected), m=metric, x=x,
+                     s=f"{smoothing:g}" if smoothing else None, logx="1" if log_x else None,
+                     logy="1" if log_y else None, group="1" if group else None)
+    if not selected:
+        st.info("Pick runs above to overlay their curves.", icon=":material/touch_app:")
+        return selected
+    if metric is None:
+        st.info("The selected runs logged no metrics.", icon=":material/info:")
+        return selected
+    key = (str(store.path), version, tuple(sorted(selected)), metric, x)
+    if group:
+        binned = _band(*key)
+        variant_of = {int(r.id): str(r.variant) for r in runs.itertuples()}
+        band = curves.group_band(binned, variant_of)
+        if smoothing:
+            band = curves.smooth(band, smoothing, by="group", column="mean")
+        fig = charts.band_figure(band, x=x, metric=metric, log_x=log_x, log_y=log_y)
+        n_shown = len(band)
+    else:
+        raw = _curves(*key)
+        smoothed = curves.smooth(raw, smoothing) if smoothing else None
+        fig = charts.curves_figure(raw, labels, smoothed=smoothed, x=x, metric=metric, log_x=log_x, log_y=log_y)
+        n_shown = len(raw)
+        missing = sorted(set(selected) - set(int(i) for i in raw["run_id"].unique()))
+        if missing:
+            st.caption("No points with this metric and x axis for: " + ", ".join(labels[i] for i in missing))
+    st.plotly_chart(fig, width="stretch", key="exp_curves")
+    logged = int(runs[runs["id"].isin(selected)]["n_points"].fillna(0).sum())
+    st.caption(f"{n_shown:,} points drawn ({logged:,} logged points in these runs, all metrics); "
+               "long curves keep each bucket's minimum and maximum so spikes stay visible.")
+    return selected
+
+
+def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]) -> None:
+    st.subheader("Final metric against hyperparameters")
+    if not metric_options:
+        st.caption("No metrics logged yet.")
+        return
+    c1, c2, c3, c4 = st.columns([2, 2, 1.4, 1])
+    fm_url = query_param("fm", "val/loss")
+    fmetric = c1.selectbox("Metric", metric_options,
+                           index=metric_options.index(fm_url) if fm_url in metric_options else 0, key="exp_fm")
+    hp_url = query_param("hp", "weight_decay")
+    hparam = c2.selectbox("Hyperparameter", HPARAMS, index=HPARAMS.index(hp_url) if hp_url in HPARAMS else 0,
+                          key="exp_hp")
+    views = ["Scatter", "Parallel coordinates"]
+    view = c3.radio("View", views, index=1 if query_param("view") == "parallel" else 0, key="exp_view",
+                    horizontal=True)
+    value = c4.radio("Value", ["final", "best"], index=1 if query_param("fv") == "best" else 0, key="exp_fv",
+                     horizontal=True)
+    set_query_params(fm=fmetric, hp=hparam, view="parallel" if view != "Scatter" else None,
+                     fv="best" if value == "best" else None)
+    finals = _finals(str(store.path), version, fmetric)
+    data = runs.merge(finals, left_on="id", right_on="run_id", how="inner")
+    if data.empty:
+        st.caption(f"No run in the table logged {fmetric}.")
+        return
+    if view == "Scatter":
+        numeric = hparam != "variant"
+        positive = numeric and (pd.to_numeric(data[hparam], errors="coerce") > 0).all()
+        fig = charts.final_scatter(data, hparam=hparam, value=value, metric=fmetric,
+                                   log_x=bool(positive) and hparam in ("weight_decay", "lr", "model_size"))
+    else:
+        dims = [h for h in HPARAMS if data[h].notna().any()]
+        fig = charts.parallel_figure(data, dims, color=value, metric=fmetric)
+    st.plotly_chart(fig, width="stretch", key="exp_final")
+    diverged = data[data["nonfinite"] > 0]
+    if len(diverged):
+        st.warning("Diverged (non-finite values): " + ", ".join(diverged["name"].astype(str)),
+                   icon=":material/warning:")
+
+
+def _edit_section(store, runs: pd.DataFrame) -> None:
+    with st.expander("Edit a run's metadata", icon=":material/edit:"):
+        st.caption("Corrections are stored beside what ingest found and survive re-ingesting the logs.")
+        labels = {int(r.id): f"{r.name} (id {r.id})" for r in runs.itertuples()}
+        rid = st.selectbox("Run", list(labels), format_func=labels.get, key="exp_edit_run")
+        row = runs[runs["id"] == rid].iloc[0]
+        with st.form(f"exp_edit_{rid}"):
+            c1, c2, c3 = st.columns(3)
+            cur_v = str(row["variant"]) if row["variant"] in VARIANTS else "unknown"
+            variant = c1.selectbox("Variant", VARIANTS, index=VARIANTS.index(cur_v))
+            wd = c2.text_input("Weight decay", value="" if pd.isna(row["weight_decay"]) else f"{row['weight_decay']:g}")
+            lr = c3.text_input("Learning rate", value="" if pd.isna(row["lr"]) else f"{row['lr']:g}")
+            c4, c5, c6 = st.columns(3)
+            kv = c4.text_input("KV heads", value="" if pd.isna(row["n_kv_heads"]) else str(int(row["n_kv_heads"])))
+            seed = c5.text_input("Seed", value="" if pd.isna(row["seed"]) else str(int(row["seed"])))
+            size = c6.text_input("Model size (parameters)",
+                                 value="" if pd.isna(row["model_size"]) else str(int(row["model_size"])))
+            saved = st.form_submit_button("Save", icon=":material/save:")
+        if not saved:
+            return
+        fields, errors = {}, []
+        for name, text, kind in (("weight_decay", wd, float), ("lr", lr, float), ("n_kv_heads", kv, int),
+                                 ("seed", seed, int), ("model_size", size, int)):
+            text = text.strip()
+            if not text:
+                continue
+            try:
+                fields[name] = kind(float(text)) if kind is int else kind(text)
+            except ValueError:
+                errors.append(f"{name}: expected a number, got {text!r}")
+        if errors:
+            st.error("Nothing saved. " + "; ".join(errors))
+            return
+        fields["variant"] = variant
+        changed = {k: v for k, v in fields.items()
+                   if not (pd.notna(row[k]) and (row[k] == v))}
+        if not changed:
+            st.info("Nothing changed.")
+            return
+        from loaders.logs import set_run_metadata
+
+        set_run_metadata(store, int(rid), **changed)
+        st.success(f"Saved {', '.join(sorted(changed))} for {labels[rid]}.")
+
+
+def render() -> None:
+    store = get_store()
+    st.title("Experiments")
+    version = data_version(store)
+    runs = _runs(str(store.path), version)
+    if runs.empty:
+        st.info("No training runs stored yet. Ingest a folder of logs on the Overview page, or from a shell: "
+                f"`python -m app ingest PATH --db {store.path}` (CSV, JSONL, TensorBoard, W&B and "
+                "nanoGPT logs are read).", icon=":material/inbox:")
+        return
+    shown = _filters(runs)
+    st.caption(f"{len(shown):,} of {len(runs):,} runs")
+    st.dataframe(shown, hide_index=True, width="stretch", height=min(38 * (len(shown) + 1), 320),
+                 column_config={"weight_decay": st.column_config.NumberColumn(format="%.4g"),
+                                "lr": st.column_config.NumberColumn(format="%.3g"),
+                                "metrics": st.column_config.ListColumn()},
+                 key="exp_table")
+    _curve_section(store, version, runs, shown)
+    _final_section(store, version, shown, _metrics_of(shown))
+    _edit_section(store, runs)
