@@ -116,6 +116,7 @@ def tiny_gpt2(tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_capture_matches_the_models_attention(tiny_gpt2):
     """Our logits (from the canonical weights) reproduce the model's own attention maps."""
     from loaders.checkpoints import open_checkpoint
@@ -132,6 +133,7 @@ def test_capture_matches_the_models_attention(tiny_gpt2):
         assert lc.k.shape == (4, T, 8) and lc.v.shape == (4, T, 8)
 
 
+@pytest.mark.slow
 def test_analyze_hf_folder_with_activations(tmp_path, tiny_gpt2):
     store = Store(tmp_path / "hf.duckdb")
     cid = jobs.resolve(store, str(tiny_gpt2))
