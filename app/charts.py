@@ -132,6 +132,37 @@ def parallel_figure(frame: pd.DataFrame, dims: list[str], *, color: str = "final
     return _layout(fig, height=420)
 
 
+def param_split_figure(row: dict) -> go.Figure:
+    """Where a checkpoint's parameters are: W_Q, W_K, W_V, W_O (from the geometry), the
+    rest of attention (biases) and the rest of the model, as one stacked bar.
+
+    Per layer: W_Q n_heads*d_model*d_head (0 for ``wq_identity``, and for ``q_eq_k`` /
+    ``q_eq_k_eq_v`` where it is W_K), W_K n_kv_heads*d_model*d_head, W_V the same (0 when
+    tied to W_K), W_O n_heads*d_head*d_model.
+    """
+    L, H, G = int(row["n_layers"]), int(row["n_heads"]), int(row["n_kv_heads"])
+    dm, dh, variant = int(row["d_model"]), int(row["d_head"]), str(row["variant"])
+    parts = {
+        "W_Q": 0 if variant in ("wq_identity", "q_eq_k", "q_eq_k_eq_v") else L * H * dm * dh,
+        "W_K": L * G * dm * dh,
+        "W_V": 0 if variant in ("k_eq_v", "q_eq_k_eq_v") else L * G * dm * dh,
+        "W_O": L * H * dh * dm,
+    }
+    attention = int(row.get("params_attention") or 0)
+    total = int(row.get("params_total") or 0)
+    parts["attention biases"] = max(attention - sum(parts.values()), 0)
+    parts["rest of the model"] = max(total - attention, 0)
+    fig = go.Figure()
+    for i, (name, n) in enumerate(parts.items()):
+        share = n / total if total else 0.0
+        fig.add_trace(go.Bar(x=[n], y=["parameters"], orientation="h", name=f"{name} ({share:.1%})",
+                             marker_color=_CYCLE[i % len(_CYCLE)],
+                             hovertemplate=f"{name}: %{{x:,}} ({share:.2%})<extra></extra>"))
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(showticklabels=False)
+    return _layout(fig, x_title="parameters", height=220)
+
+
 def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
                    zmin: float | None = None, zmax: float | None = None,
                    colorscale: str = "Viridis") -> go.Figure:
