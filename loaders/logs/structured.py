@@ -37,8 +37,10 @@ class TensorBoardReader:
         from tensorboard.util import tensor_util
 
         steps, tags, values, walls = [], [], [], []
+        n_events = 0
         try:
             for event in EventFileLoader(str(path)).Load():
+                n_events += 1
                 if not event.HasField("summary"):
                     continue
                 for v in event.summary.value:
@@ -58,6 +60,11 @@ class TensorBoardReader:
         except Exception as exc:  # the loader raises its own DataLossError and protobuf errors
             raise LogFormatError(path, f"expected TensorBoard event records, found a corrupt record "
                                        f"({type(exc).__name__}: {exc})") from None
+        if n_events == 0:
+            # The loader stops quietly at the first bad CRC; a file with no
+            # readable record at all is corrupt, not an empty run.
+            raise LogFormatError(path, "expected TensorBoard event records, found none with a valid "
+                                       "checksum (corrupt or truncated file)")
         metrics = pd.Series(tags, dtype="object").map(normalise_metric).to_numpy() if tags else []
         pts = points_frame(steps, metrics, values, walls) if steps else empty_points()
         return Parsed(runs=[RunData(name="", points=pts, resumed=steps_went_back(pts))],
