@@ -29,14 +29,14 @@ SHARING_WD = 0.1
 DEMO_MODEL = GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, d_model=64,
                        norm="layernorm", positions="learned", mlp_ratio=4.0)
 CORPUS_MAX_BYTES = 6_000_000
-STEPS = 800
-SAVE_STEPS = [200, 400, 600]
+STEPS = 500
+SAVE_STEPS = [125, 250, 375]
 MULTI_CHECKPOINT_RUNS = ("qkv-mha-wd0.1", "k_eq_v-mha-wd0.1")
 
 
 def demo_training(steps: int = STEPS):
     from experiments.train import TrainConfig
-    return TrainConfig(steps=steps, batch_size=32, lr=2e-3, warmup_steps=40, eval_interval=100,
+    return TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup_steps=30, eval_interval=50,
                        eval_batches=8, log_interval=10, seed=1337, corpus=None,
                        corpus_max_bytes=CORPUS_MAX_BYTES, threads=1)
 

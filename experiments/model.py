@@ -390,7 +390,11 @@ class GPT(nn.Module):
         ``wq_identity``. Geometry is read from the tensor shapes; ``n_head``
         must be given (nanoGPT stores it in ``model_args``).
         """
+        # some nanoGPT-style code names LayerNorm parameters gamma/beta
+        alias = {"gamma": "weight", "beta": "bias"}
         sd = {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
+        sd = {(k.rsplit(".", 1)[0] + "." + alias[k.rsplit(".", 1)[1]]
+               if ".ln_" in k and k.rsplit(".", 1)[1] in alias else k): v for k, v in sd.items()}
         wte = sd["transformer.wte.weight"]  # (vocab, d)
         vocab, d = wte.shape
         n_layer = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("transformer.h."))
