@@ -174,7 +174,8 @@ def _attention_inputs(state: dict, geometry: Geometry) -> Attention:
                  window=window if window != (geometry.sliding_window or 0) else None)
     return Attention(variant=variant, n_kv_heads=int(kv), mla_latent=int(mla) or None,
                      mla_rope=int(rope) if mla else 0,
-                     layers_per_cache=int(lpc), window=int(window))
+                     layers_per_cache=int(lpc),
+                     window=None if window == (geometry.sliding_window or 0) else int(window))
 
 
 def _serving_inputs(state: dict) -> tuple[Serving, object]:
@@ -248,13 +249,13 @@ def _configs(geometry: Geometry, chosen: Attention) -> list[Attention]:
 def _metrics(result, base) -> None:
     saved = savings(result, base)
 
-    def pct(key):
+    def pct(key):  # shown as a change: -50% is a saving
         v = saved[key]
-        return None if v is None else f"{-v:+.1%}"
+        return None if not v else f"{-v:+.1%}"
 
     def ratio(key):
         v = saved[key]
-        return None if v is None else f"{v:.2f}x"
+        return None if v is None or v == 1 else f"{v:.2f}x"
 
     c = st.columns(5)
     c[0].metric("KV per token", f"{result.bytes_per_token / 1024:,.2f} KiB", pct("saving_bytes_per_token"),
@@ -303,18 +304,18 @@ def render() -> None:
     st.subheader("Variants side by side")
     shown = table.assign(
         weights_GB=table["weights_bytes"] / GB, KiB_per_token=table["bytes_per_token"] / 1024,
-        GiB_per_user=table["bytes_per_user"] / GIB,
+        GiB_per_user=table["bytes_per_user"] / GIB, tokens_per_s=table["tokens_per_s"].round(0),
         cache_saving=table["saving_bytes_per_token"], cost_saving=table["saving_usd_per_million_tokens"])
     cols = ["label", "params_total", "attention_share", "weights_GB", "KiB_per_token", "GiB_per_user",
             "users_per_gpu", "tokens_per_s", "bound", "usd_per_million_tokens", "cache_saving", "cost_saving"]
     st.dataframe(shown[cols], hide_index=True, width="stretch", column_config={
-        "label": "configuration", "params_total": st.column_config.NumberColumn("parameters", format="%d"),
+        "label": "configuration", "params_total": st.column_config.NumberColumn("parameters", format="localized"),
         "attention_share": st.column_config.NumberColumn("attention share", format="percent"),
         "weights_GB": st.column_config.NumberColumn("weights, GB", format="%.2f"),
         "KiB_per_token": st.column_config.NumberColumn("KV KiB/token", format="%.2f"),
         "GiB_per_user": st.column_config.NumberColumn("KV GiB/user", format="%.3f"),
-        "users_per_gpu": st.column_config.NumberColumn("users/GPU", format="%d"),
-        "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.0f"),
+        "users_per_gpu": st.column_config.NumberColumn("users/GPU", format="localized"),
+        "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="localized"),
         "usd_per_million_tokens": st.column_config.NumberColumn("USD/1M tokens", format="%.4f"),
         "cache_saving": st.column_config.NumberColumn("cache saving", format="percent"),
         "cost_saving": st.column_config.NumberColumn("cost saving", format="percent"),
