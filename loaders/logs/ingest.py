@@ -88,13 +88,14 @@ def run_source(path: Path, fmt: str) -> tuple[str, Path, bool]:
     """(runs.source, run folder, shared): several files of one run share a source.
 
     The query-free paper writes three tensors per run folder, and a Trainer
-    writes a trainer_state.json into every checkpoint-N folder: those files
-    feed one run whose source is the folder.
+    writes a trainer_state.json into every checkpoint-N folder (and one into
+    its output dir on ``save_state``): those files feed one run whose source
+    is the folder.
     """
     resolved = path.resolve()
     if fmt == "query_free":
         return str(resolved.parent), resolved.parent, True
-    if fmt == "hf_trainer" and hf_run_dir(resolved) != resolved.parent:
+    if fmt == "hf_trainer":
         d = hf_run_dir(resolved)
         return str(d), d, True
     if fmt in _RUN_FOLDER_FORMATS and is_trainer_run_folder(resolved.parent):
