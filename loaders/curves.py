@@ -256,3 +256,15 @@ def head_difference(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     merged["diff"] = merged["b"] - merged["a"]
     return merged.sort_values(keys, na_position="first").reset_index(drop=True)
 
+
+
+def run_checkpoints(store: Store) -> pd.DataFrame:
+    """Checkpoints linked to a run with a step: ``run_id, run, checkpoint_id, step, path``, by run and step."""
+    sql = """
+    SELECT c.run_id, r.name AS run, c.id AS checkpoint_id, c.step, c.path
+    FROM checkpoints c JOIN runs r ON r.id = c.run_id
+    WHERE c.step IS NOT NULL
+    ORDER BY c.run_id, c.step, c.id
+    """
+    with store.connect() as con:
+        return con.execute(sql).df()

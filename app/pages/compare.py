@@ -1,0 +1,170 @@
+"""Compare: two checkpoints side by side, and one run's checkpoints over training.
+
+Both views read stored analysis results; a checkpoint not analysed yet is
+analysed once (``app.jobs.analyze``, with a progress bar) and stored.
+URL: ``?a=1&b=2&metric=kv_cka`` for the pair, ``&run=3&tmetric=qk_symmetry``
+for the trajectories.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from analysis.registry import BY_NAME, METRICS
+from analysis.trajectories import summarise, trajectories
+from app import charts
+from app.state import data_version, get_store, query_param, set_query_params
+from loaders import curves, queries
+
+TITLE = "Compare"
+ICON = ":material/compare:"
+ORDER = 50
+URL_PATH = "compare"
+
+HEAD_METRICS = [m.name for m in METRICS if m.axis in ("head", "kv_head", "head+layer")]
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _checkpoints(db: str, version: tuple) -> pd.DataFrame:
+    return queries.checkpoints_frame(get_store())
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _run_checkpoints(db: str, version: tuple) -> pd.DataFrame:
+    return curves.run_checkpoints(get_store())
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
+    return curves.analysis_results(get_store(), checkpoint_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _over(db: str, version: tuple, ids: tuple) -> pd.DataFrame:
+    return curves.results_over_checkpoints(get_store(), ids)
+
+
+def _ensure_analysed(store, ids: list[int], label: str) -> list[str]:
+    """Analyse the checkpoints among ``ids`` that are not yet (weights level); returns problems."""
+    from app.jobs import analyze
+    from loaders.errors import QkvscopeError
+
+    problems = []
+    bar = None
+    for n, cid in enumerate(ids):
+        if bar is None:
+            bar = st.progress(0.0, text=f"{label}: checking stored results...")
+        bar.progress(n / len(ids), text=f"{label}: checkpoint {cid} ({n + 1}/{len(ids)})")
+        try:
+            analyze(store, cid)
+        except QkvscopeError as exc:  # a checkpoint whose file is gone: the others still compare
+            problems.append(str(exc))
+    if bar is not None:
+        bar.empty()
+    return problems
+
+
+def _label(row) -> str:
+    step = f", step {int(row.step)}" if pd.notna(row.step) else ""
+    run = f" {row.run}" if isinstance(row.run, str) else ""
+    return f"#{row.id}{run} {Path(str(row.path)).name} ({row.variant}{step})"
+
+
+def _pair(store, ckpts: pd.DataFrame) -> None:
+    st.subheader("Two checkpoints")
+    labels = {int(r.id): _label(r) for r in ckpts.itertuples()}
+    ids = list(labels)
+    a_url, b_url = query_param("a"), query_param("b")
+    a_def = int(a_url) if a_url and a_url.isdigit() and int(a_url) in labels else ids[0]
+    b_def = int(b_url) if b_url and b_url.isdigit() and int(b_url) in labels else ids[-1]
+    c1, c2 = st.columns(2)
+    a = c1.selectbox("A", ids, index=ids.index(a_def), format_func=labels.get, key="cmp_a")
+    b = c2.selectbox("B", ids, index=ids.index(b_def), format_func=labels.get, key="cmp_b")
+    set_query_params(a=a, b=b)
+    problems = _ensure_analysed(store, sorted({a, b}), "Analysing")
+    for p in problems:
+        st.error(p)
+    if problems:
+        return
+    version = data_version(store)
+    ra, rb = _results(str(store.path), version, a), _results(str(store.path), version, b)
+    geo = ckpts.set_index("id")
+    shape_a = tuple(int(geo.loc[a, k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
+    shape_b = tuple(int(geo.loc[b, k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
+    available = [m for m in HEAD_METRICS if m in set(ra["metric"]) and m in set(rb["metric"])]
+    if not available:
+        st.caption("No per-head metric is stored for both checkpoints.")
+        return
+    m_url = query_param("metric", "kv_cka")
+    metric = st.selectbox("Metric", available, index=available.index(m_url) if m_url in available else 0,
+                          key="cmp_metric")
+    set_query_params(metric=metric)
+    st.caption(f"**{metric}**: {BY_NAME[metric].help}")
+    both = pd.concat([ra[ra["metric"] == metric]["value"], rb[rb["metric"] == metric]["value"]]).dropna()
+    zmin, zmax = (float(both.min()), float(both.max())) if len(both) else (None, None)
+    left, right = st.columns(2)
+    left.markdown(f"**A** {labels[a]}")
+    left.plotly_chart(charts.heatmap_figure(ra, metric, zmin=zmin, zmax=zmax), width="stretch", key="cmp_heat_a")
+    right.markdown(f"**B** {labels[b]}")
+    right.plotly_chart(charts.heatmap_figure(rb, metric, zmin=zmin, zmax=zmax), width="stretch", key="cmp_heat_b")
+    if shape_a != shape_b:
+        st.info(f"The geometries differ (layers, heads, KV heads: A {shape_a}, B {shape_b}), so there is no "
+                "head-by-head difference; the heatmaps above share one colour scale.", icon=":material/info:")
+        return
+    diff = curves.head_difference(ra, rb)
+    st.plotly_chart(charts.diff_heatmap(diff, metric, a_label="A", b_label="B"), width="stretch", key="cmp_diff")
+    d = diff[(diff["metric"] == metric) & diff["head"].notna()].copy()
+    if len(d):
+        d["abs"] = d["diff"].abs()
+        top = d.sort_values("abs", ascending=False).head(10)[["layer", "head", "a", "b", "diff"]]
+        st.caption(f"Largest changes of {metric} (B - A); mean change {d['diff'].mean():+.4g}.")
+        st.dataframe(top, hide_index=True, width="stretch")
+
+
+def _trajectories(store) -> None:
+    st.subheader("A run's checkpoints over training")
+    version = data_version(store)
+    rc = _run_checkpoints(str(store.path), version)
+    counts = rc.groupby(["run_id", "run"]).size().reset_index(name="n")
+    counts = counts[counts["n"] >= 2]
+    if counts.empty:
+        st.caption("No run has two or more checkpoints with a training step yet. Checkpoints are linked to a run "
+                   "when they sit in the run's folder; their step comes from the file or its name "
+                   "(`step_500`, `ckpt-1000`).")
+        return
+    labels = {int(r.run_id): f"{r.run} ({r.n} checkpoints)" for r in counts.itertuples()}
+    ids = list(labels)
+    r_url = query_param("run")
+    run = st.selectbox("Run", ids, index=ids.index(int(r_url)) if r_url and r_url.isdigit() and int(r_url) in labels
+                       else 0, format_func=labels.get, key="cmp_run")
+    ck = rc[rc["run_id"] == run]
+    problems = _ensure_analysed(store, [int(c) for c in ck["checkpoint_id"]], "Analysing the run's checkpoints")
+    for p in problems:
+        st.warning(p)
+    res = _over(str(store.path), data_version(store), tuple(int(c) for c in ck["checkpoint_id"]))
+    traj = trajectories(res.drop(columns=["run_id", "step"]), ck.rename(columns={"checkpoint_id": "id"}))
+    available = [m for m in HEAD_METRICS if m in set(traj["metric"])]
+    if not available:
+        st.caption("No per-head metrics stored for this run's checkpoints.")
+        return
+    t_url = query_param("tmetric", "kv_cka")
+    metric = st.selectbox("Metric", available, index=available.index(t_url) if t_url in available else 0,
+                          key="cmp_tmetric")
+    set_query_params(run=run, tmetric=metric)
+    per_layer = summarise(traj[traj["head"].notna()], over="head")
+    st.plotly_chart(charts.trajectory_figure(per_layer, metric), width="stretch", key="cmp_traj")
+
+
+def render() -> None:
+    store = get_store()
+    st.title("Compare")
+    ckpts = _checkpoints(str(store.path), data_version(store))
+    if ckpts.empty:
+        st.info("No checkpoints stored yet. Ingest some on the Overview page, upload one on the Checkpoint "
+                f"inspector, or from a shell: `python -m app ingest PATH --db {store.path}`.",
+                icon=":material/inbox:")
+        return
+    _pair(store, ckpts)
+    _trajectories(store)
