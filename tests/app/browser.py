@@ -82,6 +82,7 @@ def browser_page(viewport=(1400, 1000)):
 def wait_idle(page, timeout: float = 30_000) -> None:
     """Wait until Streamlit has finished running the script (no 'Running...' widget)."""
     page.wait_for_selector("[data-testid='stApp']", timeout=timeout)
+    page.wait_for_timeout(500)  # let a rerun that was just triggered show its status widget
     page.wait_for_function(
         "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
     page.wait_for_timeout(300)
