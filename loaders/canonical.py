@@ -59,7 +59,7 @@ class ModelMeta:
     """Geometry and provenance of one checkpoint's attention.
 
     ``architecture`` is the layout converter's name (``gpt2``, ``nanogpt``,
-    ``llama``, ``neox``, ``bert``, ``phi3``, ``falcon``, ``opt``, ``gptj``,
+    ``llama``, ``llama_meta``, ``neox``, ``bert``, ``phi3``, ``falcon``, ``opt``, ``gptj``,
     ``query_free``, ``projection_sharing``, ``qkvscope``, ...).
     ``positions``: ``learned``, ``rotary``, ``alibi``, ``none`` or ``unknown``.
     ``attn_scale`` multiplies q.k (usually ``1/sqrt(d_head)``).
