@@ -20,7 +20,8 @@ returned, with the numbers filled in, in ``Estimate.steps``)::
     users per GPU    = floor((usable - weights - reserve) / bytes/user), 0 if negative
     step time        = max((weight bytes read + batch * KV bytes read) / (bandwidth * eff_bw),
                            batch * FLOPs/token / (peak bf16 * eff_compute))
-    tokens/s         = batch / step time
+    tokens/s         = batch / step time, summed over replicas when the users
+                       need more than one (split as evenly as possible)
     USD / 1M tokens  = price/hour * GPUs / (tokens/s * 3600) * 1e6
 
 Decode reads every weight once per step (except the input embedding tables, of
@@ -474,17 +475,21 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
     if fits:
         users = serving.users if serving.users is not None else users_per_gpu
         replicas = math.ceil(users / users_per_gpu)
-        batch = math.ceil(users / replicas)
+        batch = math.ceil(users / replicas)  # the largest batch; users split as evenly as possible
         inputs, _ = embedding_params(geometry)
         read_params = max(total - inputs, 0)
         weight_read = read_params * wb
-        kv_read = batch * per_token * cached_tokens(geometry, attention, decode_len)
-        bandwidth = gpu.bandwidth_bytes_s * n * serving.bandwidth_efficiency
-        memory_time = (weight_read + kv_read) / bandwidth
         attended = cached_tokens(geometry, attention, decode_len)
+        bandwidth = gpu.bandwidth_bytes_s * n * serving.bandwidth_efficiency
         flops_token = 2 * read_params + 4 * geometry.n_layers * geometry.n_heads * geometry.d_head * attended
         compute = gpu.bf16_flops * n * serving.compute_efficiency
-        compute_time = batch * flops_token / compute if compute > 0 else math.inf
+
+        def times(b: int) -> tuple[float, float]:
+            """(memory time, compute time) of one decode step at batch b."""
+            mem_t = (weight_read + b * per_token * attended) / bandwidth
+            return mem_t, (b * flops_token / compute if compute > 0 else math.inf)
+
+        memory_time, compute_time = times(batch)
         step = max(memory_time, compute_time)
         bound = "memory" if memory_time >= compute_time else "compute"
         steps.append(Step("memory time per step",
@@ -498,11 +503,15 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
                           f"{batch} * {flops_token:,.0f} / ({gpu.bf16_flops / 1e12:g} TFLOPS * {n} * "
                           f"{serving.compute_efficiency:g}) = {compute_time * 1e3:,.3f} ms",
                           compute_time, "s"))
+        # replicas holding q+1 users (rem of them) and q users: each runs at its own batch's pace
+        q, rem = divmod(users, replicas)
+        rate = rem * (q + 1) / max(times(q + 1)) + ((replicas - rem) * q / max(times(q)) if q else 0.0)
         per_user_rate = 1 / step
-        rate = users * per_user_rate
-        steps.append(Step("decode tokens/s", "users / max(memory time, compute time)",
-                          f"{users} / {step * 1e3:,.3f} ms = {rate:,.1f} tokens/s ({bound}-bound; "
-                          f"{replicas} replica(s), batch {batch})", rate, "tokens/s"))
+        split = (f"{rem} replica(s) at batch {q + 1}, {replicas - rem} at batch {q}" if rem
+                 else f"{replicas} replica(s) at batch {q}")
+        steps.append(Step("decode tokens/s", "sum over replicas of batch / max(memory time, compute time)",
+                          f"{split}: {rate:,.1f} tokens/s ({bound}-bound at batch {batch}, "
+                          f"step {step * 1e3:,.3f} ms)", rate, "tokens/s"))
         gpus = replicas * n
         usd = price * gpus / (rate * 3600) * 1e6 if rate > 0 else None
         steps.append(Step("USD per 1M output tokens", "price/hour * GPUs / (tokens/s * 3600) * 1e6",

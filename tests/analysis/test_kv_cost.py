@@ -145,6 +145,16 @@ def test_users_beyond_one_gpu_add_replicas():
     assert e.replicas == 3 and e.gpus == 3
 
 
+def test_one_more_user_never_lowers_throughput_across_replicas():
+    """Found by the hypothesis test: 925 users on 2 replicas run at batches 463 and 462,
+    not both at 463."""
+    g = get_preset("gpt2")
+    a = estimate(g, Attention(), Serving(context=2048, users=924), H100)
+    b = estimate(g, Attention(), Serving(context=2048, users=925), H100)
+    assert (a.replicas, b.replicas) == (2, 2)
+    assert a.tokens_per_s < b.tokens_per_s
+
+
 def test_weights_that_do_not_fit_give_zero_users_and_no_cost():
     e = estimate(get_preset("llama-2-70b"), Attention(), Serving(), H100)
     assert (e.users_per_gpu, e.fits, e.tokens_per_s, e.usd_per_million_tokens, e.bound) == (0, False, 0.0,
