@@ -268,3 +268,37 @@ def run_checkpoints(store: Store) -> pd.DataFrame:
     """
     with store.connect() as con:
         return con.execute(sql).df()
+
+
+def metric_points(store: Store, metric: str, run_ids=None) -> pd.DataFrame:
+    """Every point of one metric, not downsampled: ``run_id, step, value`` in step order.
+
+    For whole-curve statistics (spikes, divergence, final value) over a few
+    logged points per run, such as the validation loss; non-finite values are
+    kept (they mark a diverged run).
+    """
+    ids = None if run_ids is None else _ids(run_ids)
+    where = "metric = $metric AND value IS NOT NULL" + (
+        "" if ids is None else " AND run_id IN (SELECT unnest($ids))")
+    params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
+    with store.connect() as con:
+        return con.execute(f"SELECT run_id, step, value FROM points WHERE {where} ORDER BY run_id, step",
+                           params).df()
+
+
+def latest_run_checkpoints(store: Store) -> pd.DataFrame:
+    """Each run's checkpoint with the highest step: ``run_id, checkpoint_id, step, analysed``.
+
+    ``analysed`` is true when a weights analysis job is stored for it.
+    """
+    sql = """
+    SELECT c.run_id, arg_max(c.id, c.step) AS checkpoint_id, max(c.step) AS step
+    FROM checkpoints c WHERE c.run_id IS NOT NULL AND c.step IS NOT NULL GROUP BY c.run_id
+    """
+    with store.connect() as con:
+        return con.execute(
+            f"""WITH l AS ({sql})
+                SELECT l.run_id, l.checkpoint_id, l.step,
+                       EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.checkpoint_id = l.checkpoint_id
+                               AND j.kind = 'weights') AS analysed
+                FROM l ORDER BY l.run_id""").df()
