@@ -6,8 +6,9 @@ checkpoint and returns a ``TensorSource`` whose tensors are read one at a time:
 =======================================  ============================================
 what ``path`` is                         how it is read
 =======================================  ============================================
-safetensors file                         header validated here, tensors through
-                                         ``safetensors.safe_open`` (mmap, lazy)
+safetensors file                         header validated here, one tensor per
+                                         ``get`` (``os.preadv``; ``safe_open`` mmap
+                                         on request)
 ``*.safetensors.index.json`` + shards    one source over all shards, lazy per key
 PyTorch zip file (.pt/.pth/.ckpt/.bin)   ``torch.load(weights_only=True, mmap=True)``
 PyTorch legacy (pre-1.6) pickle file     ``torch.load(weights_only=True)`` (no mmap)
@@ -31,12 +32,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import pickle
 import pickletools
 import re
 import shutil
 import stat
 import struct
+import sys
 import tempfile
 import warnings
 import weakref
@@ -335,22 +338,45 @@ def _read_safetensors_header(p: Path) -> tuple[dict[str, dict], dict[str, str], 
 
 
 class SafetensorsSource(_Closing, TensorSource):
-    """One safetensors file. Shapes and dtypes come from the header; ``get``
-    reads one tensor through ``safe_open`` (memory-mapped)."""
+    """One safetensors file. Shapes and dtypes come from the header (validated
+    here); ``get`` reads that one tensor and nothing else.
+
+    ``reader``:
+
+    * ``"pread"`` (default): the tensor's byte range is read with ``os.preadv``
+      into memory the returned tensor owns; dropping the tensor frees it.
+    * ``"mmap"``: ``safetensors.safe_open(path, framework="pt")``, tensors
+      backed by the file's memory map. Every page touched stays resident (and
+      counted in the process's RSS) until the source is closed, so a pass over
+      all layers of a large file grows RSS by every tensor read;
+      ``bench/checkpoint_memory.py`` measures both side by side.
+    """
 
     format = "safetensors"
 
-    def __init__(self, path: str | Path):
-        from safetensors import SafetensorError, safe_open
-
+    def __init__(self, path: str | Path, *, reader: str = "pread"):
+        if reader not in ("pread", "mmap"):
+            raise ValueError(f"reader must be 'pread' or 'mmap', not {reader!r}")
         self.path = str(path)
         self._file = Path(path)
-        self._entries, metadata, _ = _read_safetensors_header(self._file)
+        self._entries, metadata, self._data_start = _read_safetensors_header(self._file)
         self.config = {}
         self.extras = {"safetensors_metadata": dict(metadata)}
+        if sys.byteorder != "little":
+            reader = "mmap"                              # safetensors converts byte order itself
+        self.reader = reader
+        self._fd: int | None = None
+        self._handle = None
         try:
-            self._handle = safe_open(str(self._file), framework="pt", device="cpu")
-        except (SafetensorError, OSError) as exc:
+            if reader == "mmap":
+                from safetensors import SafetensorError, safe_open
+                try:
+                    self._handle = safe_open(str(self._file), framework="pt", device="cpu")
+                except SafetensorError as exc:
+                    raise CheckpointFormatError(self._file, f"safetensors file cannot be opened: {exc}") from None
+            else:
+                self._fd = os.open(self._file, os.O_RDONLY)
+        except OSError as exc:
             raise CheckpointFormatError(self._file, f"safetensors file cannot be opened: {exc}") from None
 
     def keys(self) -> list[str]:
@@ -363,13 +389,33 @@ class SafetensorsSource(_Closing, TensorSource):
         return _ST_DTYPES[self._entry(key)["dtype"]][0]
 
     def get(self, key: str) -> torch.Tensor:
-        self._entry(key)
-        if self._handle is None:
+        e = self._entry(key)
+        if self._handle is not None:
+            return self._handle.get_tensor(key)
+        if self._fd is None:
             raise ValueError(f"{self.path}: source is closed")
-        return self._handle.get_tensor(key)
+        name, _ = _ST_DTYPES[e["dtype"]]
+        dtype, shape = getattr(torch, name), tuple(e["shape"])
+        begin, end = e["data_offsets"]
+        if end == begin:
+            return torch.empty(shape, dtype=dtype)
+        buf = bytearray(end - begin)
+        view, done = memoryview(buf), 0
+        while done < len(buf):                           # preadv may return short reads
+            n = os.preadv(self._fd, [view[done:]], self._data_start + begin + done)
+            if n == 0:
+                raise CheckpointFormatError(
+                    self._file, f"safetensors file ended while reading tensor '{key}' (it shrank "
+                                f"after it was opened)")
+            done += n
+        # little-endian on disk (safetensors spec), as on every platform torch supports here
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)   # [numel] -> shape
 
     def close(self) -> None:
         self._handle = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _entry(self, key: str) -> dict:
         try:

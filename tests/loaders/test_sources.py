@@ -74,6 +74,39 @@ def test_safetensors_single_file_keys_shapes_dtypes_metadata(tmp_path):
         assert src.numel("b") == 10
 
 
+@pytest.mark.parametrize("reader", ["pread", "mmap"])
+def test_safetensors_readers_agree(tmp_path, reader):
+    sd = {"w": torch.randn(4, 3).to(torch.bfloat16), "scalar": torch.tensor(2.5),
+          "empty": torch.zeros(0, 3), "i8": torch.arange(-4, 4, dtype=torch.int8),
+          "h": torch.randn(5).half()}
+    p = tmp_path / "r.safetensors"
+    save_file(sd, str(p))
+    src = SafetensorsSource(p, reader=reader)
+    assert src.reader == reader
+    assert_same(src, sd)
+    src.close()
+    with pytest.raises(ValueError, match="source is closed"):
+        src.get("w")
+
+
+def test_pread_tensor_is_the_callers_own(tmp_path):
+    p = tmp_path / "own.safetensors"
+    save_file({"w": torch.ones(3)}, str(p))
+    before = p.read_bytes()
+    with open_source(p) as src:
+        t = src.get("w")
+        t.mul_(5)                                 # the caller's copy; the file is untouched
+        torch.testing.assert_close(src.get("w"), torch.ones(3))
+    assert p.read_bytes() == before
+
+
+def test_unknown_key(tmp_path):
+    p = tmp_path / "k.safetensors"
+    save_file({"w": torch.ones(3)}, str(p))
+    with open_source(p) as src, pytest.raises(KeyError, match="no tensor named 'v'"):
+        src.get("v")
+
+
 def test_safetensors_detected_by_content_not_suffix(tmp_path):
     sd = {"x": torch.ones(2, 2)}
     p = tmp_path / "weights.bin"                  # wrong suffix, safetensors content
