@@ -635,7 +635,8 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
     """A Geometry from a checkpoint description (``inspect_checkpoint`` or a store row):
     keys n_layers, n_heads, n_kv_heads, d_model, d_head, variant, and the
     parameter counts as ``params: {total, attention}`` or ``params_total`` /
-    ``params_attention``."""
+    ``params_attention``. The attention biases (none, Q/K/V only, or all) are the
+    layout whose count equals ``params_attention``, so variants drop their biases too."""
     missing = [k for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head") if info.get(k) is None]
     label = name or str(info.get("path") or info.get("name") or "checkpoint")
     if missing:
@@ -646,9 +647,18 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
     variant = info.get("variant") or "qkv"
     if variant not in VARIANTS:
         raise AnalysisError(f"{label}: variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    return Geometry(name=label, n_layers=int(info["n_layers"]), n_heads=int(info["n_heads"]),
-                    n_kv_heads=int(info["n_kv_heads"]), d_model=int(info["d_model"]),
-                    d_head=int(info["d_head"]), variant=variant,
-                    params_total=int(total) if total else None,
-                    params_attention=int(attn) if attn is not None else None,
-                    source=f"checkpoint {label}")
+    g = Geometry(name=label, n_layers=int(info["n_layers"]), n_heads=int(info["n_heads"]),
+                 n_kv_heads=int(info["n_kv_heads"]), d_model=int(info["d_model"]),
+                 d_head=int(info["d_head"]), variant=variant,
+                 params_total=int(total) if total else None,
+                 params_attention=int(attn) if attn is not None else None,
+                 source=f"checkpoint {label}")
+    if attn is not None:
+        # Which biases the attention has follows from its parameter count: the count
+        # equals exactly one of no biases, Q/K/V biases only, or biases everywhere.
+        native = Attention(variant=variant, n_kv_heads=g.n_kv_heads)
+        for flags in ({"bias": True}, {"qkv_bias": True}):
+            candidate = replace(g, **flags)
+            if attention_params(candidate, native) == int(attn):
+                return candidate
+    return g

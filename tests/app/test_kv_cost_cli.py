@@ -89,3 +89,28 @@ def test_readable_report_labels_units(capsys):
 def test_errors_are_one_line_and_exit_2(capsys, args, message):
     assert main(["kv-cost", *args]) == 2
     assert capsys.readouterr().err.strip() == message
+
+
+def test_checkpoint_geometry_matches_info(capsys, tmp_path):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=64,
+                               n_positions=64)).save_pretrained(tmp_path / "tiny")
+    from loaders.checkpoints import inspect_checkpoint
+
+    info = inspect_checkpoint(tmp_path / "tiny")
+    data = run_json(capsys, "--checkpoint", str(tmp_path / "tiny"), "--kv-dtype", "fp32", "--context", "10")
+    assert data["bytes_per_token"] == info["kv_bytes_per_token"] == 2 * 2 * 4 * 8 * 4
+    assert data["params_total"] == info["params"]["total"]
+    assert data["params_attention"] == info["params"]["attention"]
+    # K=V drops W_V and b_V of both layers: 2 * (32 * 32 + 32)
+    tied = run_json(capsys, "--checkpoint", str(tmp_path / "tiny"), "--variant", "k_eq_v")
+    assert data["params_total"] - tied["params_total"] == 2 * (32 * 32 + 32)
+
+
+def test_missing_checkpoint_is_a_one_line_error(capsys, tmp_path):
+    assert main(["kv-cost", "--checkpoint", str(tmp_path / "nope.pt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "nope.pt" in err and "\n" not in err
