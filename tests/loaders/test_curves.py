@@ -144,3 +144,28 @@ def test_analysis_results_latest_version_and_head_difference(tmp_path):
     assert d["diff"].round(6).tolist() == [0.3, -0.3]
     over = curves.results_over_checkpoints(store, [2, 1], ["kv_cka"])
     assert over["step"].tolist() == [100, 100, 200, 200]
+
+
+def test_metric_points_keep_every_point_and_infinities(tmp_path):
+    rows = [(1, s, "val/loss", float(v), None, None) for s, v in enumerate([3.0, 2.0, float("inf")])]
+    rows += [(2, 0, "val/loss", 9.0, None, None), (2, 0, "train/loss", 1.0, None, None)]
+    store = _store_with_points(tmp_path, rows)
+    pts = curves.metric_points(store, "val/loss")
+    assert pts["run_id"].tolist() == [1, 1, 1, 2]
+    assert pts["value"].tolist()[:2] == [3.0, 2.0] and np.isinf(pts["value"].iloc[2])
+    assert curves.metric_points(store, "val/loss", [2])["value"].tolist() == [9.0]
+
+
+def test_run_checkpoints_and_latest_with_analysed_flag(tmp_path):
+    store = _store_with_points(tmp_path, [(1, 0, "m", 1.0, None, None), (2, 0, "m", 1.0, None, None)])
+    with store.transaction() as con:
+        for cid, run, step in ((1, 1, 100), (2, 1, 300), (3, 1, 200), (4, 2, None), (5, None, 50)):
+            con.execute(
+                "INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
+                "n_kv_heads, d_model, d_head, run_id, step) VALUES (?, 'p', ?, 'gpt2', 'qkv', 1, 1, 1, 4, 4, ?, ?)",
+                [cid, f"h{cid}", run, step])
+        con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (2, 'weights', 1)")
+    rc = curves.run_checkpoints(store)
+    assert rc["checkpoint_id"].tolist() == [1, 3, 2] and rc["run"].tolist() == ["run1"] * 3
+    latest = curves.latest_run_checkpoints(store)
+    assert latest.to_dict("records") == [{"run_id": 1, "checkpoint_id": 2, "step": 300, "analysed": True}]
