@@ -118,11 +118,17 @@ def _geometry_inputs(state: dict) -> Geometry:
         upload = st.file_uploader("…or upload a checkpoint (geometry only is read)", key="kv_upload",
                                   type=["pt", "pth", "bin", "safetensors", "ckpt"])
         if upload is not None:
-            info = _inspect_upload(upload)
+            from loaders.errors import QkvscopeError
+
+            try:
+                info = _inspect_upload(upload)
+            except QkvscopeError as exc:  # the file's problem, named; the page goes on
+                st.error(str(exc), icon=":material/error:")
+                info = {}
             if info is None:
                 st.info("Reading an uploaded checkpoint needs `loaders.checkpoints.inspect_checkpoint`, "
                         "which this installation lacks; ingest it with `python -m app ingest PATH` instead.")
-            else:
+            elif info:
                 return geometry_from_info(info, name=upload.name)
         if not rows:
             st.info("No stored checkpoints: ingest one with `python -m app ingest PATH`, or choose a preset.")
