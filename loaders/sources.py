@@ -825,8 +825,8 @@ def _folder_plan(d: Path) -> _FolderPlan:
         raise CheckpointFormatError(
             d, f"folder holds {len(cands)} checkpoint files ({listed}); expected exactly one "
                f"(open one of them by its path)")
-    yaml_cfg = names.get("model_config.yaml")
-    return _FolderPlan(cands[0], yaml_cfg, [cands[0]] + ([yaml_cfg] if yaml_cfg else []), note)
+    cfg_file = cfg or names.get("model_config.yaml")
+    return _FolderPlan(cands[0], cfg_file, [cands[0]] + ([cfg_file] if cfg_file else []), note)
 
 
 def _open_folder(d: Path) -> TensorSource:
@@ -834,7 +834,10 @@ def _open_folder(d: Path) -> TensorSource:
     src = _open_file(plan.target) if not plan.target.name.endswith(".index.json") else ShardedSource(plan.target)
     try:
         if plan.config_file is not None and plan.config_file.name == "config.json":
-            src.config = _read_json_config(plan.config_file)
+            # a Hugging Face folder's config.json is its config; beside another
+            # checkpoint file it fills in only when the file brought none
+            if plan.target.name in _HF_WEIGHTS or not src.config:
+                src.config = _read_json_config(plan.config_file)
         elif plan.config_file is not None and "model_config" not in src.extras:
             src.config = _read_yaml_config(plan.config_file)
         src.extras["folder_file"] = plan.target.name

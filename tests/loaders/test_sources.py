@@ -327,6 +327,20 @@ def test_sharded_index_without_weight_map(tmp_path):
                               f"{{\"weight_map\": {{tensor name: shard file}}}}")
 
 
+def test_config_json_beside_other_checkpoint_file(tmp_path):
+    sd = small_state_dict()
+    torch.save(sd, tmp_path / "weights.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"n_layer": 1}))
+    with open_source(tmp_path) as src:
+        assert src.config == {"n_layer": 1}
+        assert src.extras["folder_file"] == "weights.pt"
+        assert_same(src, sd)
+    torch.save(nanogpt_ckpt(sd), tmp_path / "weights.pt")      # its own model_args win
+    with open_source(tmp_path) as src:
+        assert src.config["query_mode"] == "identity"
+    assert is_checkpoint_candidate(tmp_path)
+
+
 def test_hf_folder_bad_config_json(tmp_path):
     save_file({"a": torch.ones(2)}, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text("[1, 2]")
