@@ -917,7 +917,7 @@ def _extract_zip(zp: Path, dest: Path) -> None:
             total += info.file_size
         if total > _ZIP_MAX_TOTAL:
             raise CheckpointFormatError(
-                zp, f"zip expands to {total} bytes, over the {_ZIP_MAX_TOTAL}-byte (64 GiB) limit")
+                zp, f"zip expands to {total} bytes, over the {_ZIP_MAX_TOTAL}-byte limit")
         free = shutil.disk_usage(dest).free
         if total > free:
             raise CheckpointFormatError(

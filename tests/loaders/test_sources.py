@@ -876,3 +876,14 @@ def test_realworld_llama2c_checkpoint(realworld):
         assert src.extras["config"]["weight_decay"] == 0.1
         assert src.extras["iter_num"] == 500
         assert src.get("layers.4.attention.wo.weight").shape == (64, 64)
+
+
+def test_zip_total_size_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr("loaders.sources._ZIP_MAX_TOTAL", 100)
+    zp = tmp_path / "big.zip"
+    with zipfile.ZipFile(zp, "w") as zf:
+        zf.writestr("a.bin", b"x" * 60)
+        zf.writestr("b.bin", b"y" * 60)
+    with pytest.raises(CheckpointFormatError) as exc:
+        open_source(zp)
+    assert str(exc.value) == f"{zp}: zip expands to 120 bytes, over the 100-byte limit"
