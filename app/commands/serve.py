@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_demo and args.db is None:
         ensure_demo(db)
     env = dict(os.environ, QKVSCOPE_DB=str(db), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "streamlit_app.py"),
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "dashboard" / "streamlit_app.py"),
            "--server.address", args.host, "--server.port", str(args.port),
            "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     print(f"qkvscope: http://{args.host}:{args.port}  (database {db})", file=sys.stderr)

@@ -1,5 +1,9 @@
 """The dashboard's entry point: ``python -m app serve`` runs this with Streamlit.
 
+It lives in its own folder because Streamlit treats a ``pages/`` folder beside
+the entry script as old-style pages, which made a deep link such as
+``/kv-cost`` flash a "Page not found" dialog before ``st.navigation`` ran.
+
 Pages are the modules of ``app.pages``; each declares ``TITLE``, ``ICON``,
 ``ORDER``, ``URL_PATH`` and ``render()``, and the navigation is built from
 them, so a page exists exactly when its module does.
@@ -9,8 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # streamlit puts app/ on the path, we import from the root
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # streamlit puts the script's folder on the path; we import from the root
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402

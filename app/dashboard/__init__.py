@@ -1,0 +1,1 @@
+"""The folder of the Streamlit entry script (see streamlit_app.py)."""
