@@ -207,14 +207,22 @@ def _is_buffer(source: TensorSource, key: str) -> bool:
 
 def params_total(source: TensorSource) -> int:
     """Sum of numel over every tensor except buffers; an output embedding equal
-    to the input embedding (weight tying saved twice) is counted once."""
+    to the input embedding (weight tying saved twice) is counted once. The
+    config's ``tie_word_embeddings`` decides when present, else the values."""
     keys = [k for k in source.keys() if not _is_buffer(source, k)]
     total = sum(source.numel(k) for k in keys)
     outs = [k for k in keys if k.endswith(_OUT_EMBED)]
     ins = [k for k in keys if k.endswith(_IN_EMBED)]
+    declared = (source.config or {}).get("tie_word_embeddings")
     for o in outs:
         for i in ins:
             if source.shape(o) == source.shape(i):
+                if isinstance(declared, bool):
+                    # The config says; reading two vocab-sized tensors to check
+                    # would dominate the memory of `info` on a large model.
+                    if declared:
+                        total -= source.numel(o)
+                    break
                 a, b = source.get(o), source.get(i)
                 if a.data_ptr() == b.data_ptr() or torch.equal(a, b):
                     total -= source.numel(o)
