@@ -302,3 +302,22 @@ def latest_run_checkpoints(store: Store) -> pd.DataFrame:
                        EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.checkpoint_id = l.checkpoint_id
                                AND j.kind = 'weights') AS analysed
                 FROM l ORDER BY l.run_id""").df()
+
+
+def stored_job_notes(store: Store, checkpoint_id: int, kinds, metric_version: int) -> dict[str, str] | None:
+    """The merged ``notes`` of stored analysis jobs of these ``kinds`` at ``metric_version``,
+    or None when any of them is not stored (the analysis still has to run)."""
+    import json
+
+    kinds = list(kinds)
+    with store.connect() as con:
+        rows = con.execute(
+            "SELECT kind, notes FROM analysis_jobs WHERE checkpoint_id = $id AND metric_version = $v "
+            "AND kind IN (SELECT unnest($kinds))",
+            {"id": int(checkpoint_id), "v": int(metric_version), "kinds": kinds}).fetchall()
+    if {k for k, _ in rows} != set(kinds):
+        return None
+    notes: dict[str, str] = {}
+    for _, raw in sorted(rows):
+        notes.update(json.loads(raw) if raw else {})
+    return notes

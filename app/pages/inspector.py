@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis.registry import BY_NAME, METRICS
+from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
 from app import charts
 from app.state import data_version, get_store, query_param, set_query_params
 from loaders import curves, queries
@@ -225,9 +225,19 @@ def _geometry(row: pd.Series) -> None:
                     hide_index=True, width="stretch")
 
 
+@st.cache_data(show_spinner=False, max_entries=32)
+def _stored_notes(db: str, version: tuple, checkpoint_id: int, kinds: tuple) -> dict[str, str] | None:
+    return curves.stored_job_notes(get_store(), checkpoint_id, kinds, METRIC_VERSION)
+
+
 def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
+    """Notes of the stored analysis; runs it first (progress bar) when it is not stored yet."""
     from app.jobs import analyze
 
+    kinds = ("weights", "activations") if activations else ("weights",)
+    notes = _stored_notes(str(store.path), data_version(store), ckpt_id, kinds)
+    if notes is not None:
+        return notes
     bar = st.progress(0.0, text="Analysing...")
 
     def progress(done: int, total: int, what: str) -> None:
@@ -235,7 +245,7 @@ def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
 
     jobs = analyze(store, ckpt_id, activations=activations, progress=progress)
     bar.empty()
-    notes: dict[str, str] = {}
+    notes = {}
     for job in jobs:
         notes.update(job.notes)
     fresh = [j for j in jobs if not j.cached]

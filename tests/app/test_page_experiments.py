@@ -156,3 +156,36 @@ def test_edit_metadata_is_stored(runs_db):
 
     run = next(r for r in list_runs(Store(runs_db)) if r["id"] == 2)
     assert run["weight_decay"] == 0.3
+
+
+@pytest.mark.browser
+def test_experiments_and_weight_decay_in_a_real_browser(tmp_path):
+    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+
+    db = tmp_path / "browser-exp.duckdb"
+    fill_runs(db)
+    with dashboard(db, "--no-demo") as url, browser_page() as page:
+        page.goto(f"{url}/experiments")
+        wait_idle(page, timeout=60_000)
+        page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=60_000)
+        assert page.locator("[data-testid='stPlotlyChart']").count() == 1  # only the final-metric view
+        # select two runs in the picker: the curve chart appears with two lines
+        page.get_by_text("Pick runs from the table").click()
+        page.get_by_role("option", name="qkv-wd0.01 [qkv]").click()
+        page.get_by_role("option", name="kv-wd0.1 [k_eq_v]").click()
+        page.keyboard.press("Escape")
+        wait_idle(page, timeout=60_000)
+        page.locator("[data-testid='stPlotlyChart']").nth(1).wait_for(timeout=60_000)
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace, "
+                               ".js-plotly-plot canvas').length > 0", timeout=60_000)
+        assert "runs=1%2C4" in page.url or "runs=1,4" in page.url
+        # change an input: log y; the URL and the axis follow
+        page.get_by_text("log y").click()
+        wait_idle(page, timeout=60_000)
+        assert "logy=1" in page.url
+        screenshot(page, "experiments")
+        page.goto(f"{url}/weight-decay")
+        wait_idle(page, timeout=60_000)
+        page.locator("[data-testid='stPlotlyChart']").first.wait_for(timeout=60_000)
+        page.locator(".js-plotly-plot .scatterlayer .trace").first.wait_for(timeout=60_000)
+        screenshot(page, "weight_decay")

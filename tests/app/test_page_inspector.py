@@ -108,3 +108,39 @@ def test_save_uploads_single_file_folder_and_names(tmp_path):
     with pytest.raises(QkvscopeError) as err:
         save_uploads([("a/config.json", b"1"), ("b/config.json", b"2")], tmp_path)
     assert str(err.value) == "uploaded files share names: config.json; upload each file once"
+
+
+@pytest.mark.browser
+def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, model_dir):
+    import zipfile
+
+    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+
+    zpath = tmp_path / "gpt2-tiny.zip"
+    with zipfile.ZipFile(zpath, "w") as zf:
+        for name in ("config.json", "model.safetensors"):
+            zf.write(model_dir / name, f"gpt2-tiny/{name}")
+    db = tmp_path / "browser-insp.duckdb"
+    Store(db).migrate()
+    with dashboard(db, "--no-demo") as url, browser_page() as page:
+        page.goto(f"{url}/inspector?src=upload")
+        wait_idle(page, timeout=60_000)
+        page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(zpath))
+        page.locator(".js-plotly-plot .heatmaplayer").first.wait_for(timeout=120_000)
+        wait_idle(page, timeout=120_000)
+        assert "ckpt=1" in page.url and "metric=kv_cka" in page.url
+        # change an input: the metric picker redraws the heatmap and writes the URL
+        page.get_by_label("Metric").first.click()
+        page.get_by_role("option", name="qk_symmetry").click()
+        wait_idle(page, timeout=60_000)
+        assert "metric=qk_symmetry" in page.url
+        page.get_by_text("qk_symmetry", exact=False).first.wait_for(timeout=30_000)
+        screenshot(page, "inspector")
+        # the upload was stored: the same checkpoint opens from the database on another page
+        page.goto(f"{url}/inspector?ckpt=1&metric=erank_k")
+        wait_idle(page, timeout=60_000)
+        page.locator(".js-plotly-plot .heatmaplayer").first.wait_for(timeout=60_000)
+        page.goto(f"{url}/compare?a=1&b=1")
+        wait_idle(page, timeout=60_000)
+        page.locator(".js-plotly-plot .heatmaplayer").nth(2).wait_for(timeout=60_000)
+        screenshot(page, "compare")

@@ -169,3 +169,14 @@ def test_run_checkpoints_and_latest_with_analysed_flag(tmp_path):
     assert rc["checkpoint_id"].tolist() == [1, 3, 2] and rc["run"].tolist() == ["run1"] * 3
     latest = curves.latest_run_checkpoints(store)
     assert latest.to_dict("records") == [{"run_id": 1, "checkpoint_id": 2, "step": 300, "analysed": True}]
+
+
+def test_stored_job_notes_need_every_kind(tmp_path):
+    store = Store(tmp_path / "j.duckdb")
+    store.migrate()
+    with store.transaction() as con:
+        con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, notes) "
+                    "VALUES (1, 'weights', 1, '{\"wq_absorb_error\": \"model uses layernorm\"}')")
+    assert curves.stored_job_notes(store, 1, ["weights"], 1) == {"wq_absorb_error": "model uses layernorm"}
+    assert curves.stored_job_notes(store, 1, ["weights", "activations"], 1) is None
+    assert curves.stored_job_notes(store, 1, ["weights"], 2) is None
