@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from loaders.errors import LogFormatError
 
@@ -134,23 +135,75 @@ def melt_wide(frame: pd.DataFrame, *, step_col: str, metric_cols: list[str],
     return out
 
 
-def steps_went_back(points: pd.DataFrame) -> bool:
+# A points "frame" is a pandas DataFrame (small logs) or, for the CSV/JSONL
+# readers, a pyarrow Table straight from DuckDB (no copy into Python objects).
+Points = "pd.DataFrame | pa.Table"
+
+
+def n_points(points) -> int:
+    return points.num_rows if isinstance(points, pa.Table) else len(points)
+
+
+def step_array(points) -> np.ndarray:
+    if isinstance(points, pa.Table):
+        return points.column("step").to_numpy()
+    return points["step"].to_numpy(dtype="int64")
+
+
+def metric_codes(points) -> tuple[np.ndarray, list[str]]:
+    """(code per point, metric name per code)."""
+    if isinstance(points, pa.Table):
+        col = points.column("metric")
+        if not pa.types.is_dictionary(col.type):
+            col = col.dictionary_encode()
+        col = col.unify_dictionaries()
+        if col.num_chunks == 0:
+            return np.zeros(0, dtype="int64"), []
+        codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in col.chunks])
+        return codes.astype("int64"), [str(x) for x in col.chunks[0].dictionary.to_pylist()]
+    codes, names = pd.factorize(points["metric"], sort=False)
+    return codes.astype("int64"), [str(x) for x in names]
+
+
+def steps_went_back(points) -> bool:
     """Whether the steps of some metric decrease in file order (a resumed run)."""
-    if len(points) < 2:
+    if n_points(points) < 2:
         return False
-    steps = points["step"].to_numpy()
+    steps = step_array(points)
     if np.all(steps[1:] >= steps[:-1]):
         return False
-    diffs = points.groupby("metric", observed=True, sort=False)["step"].diff()
+    codes, _ = metric_codes(points)
+    diffs = pd.Series(steps).groupby(codes, sort=False).diff()
     return bool((diffs < 0).any())
 
 
-def keep_latest(points: pd.DataFrame) -> pd.DataFrame:
+def has_repeats(points) -> bool:
+    """Whether some (step, metric) occurs twice."""
+    n = n_points(points)
+    if n < 2:
+        return False
+    codes, names = metric_codes(points)
+    key = np.sort(step_array(points).astype("int64") * max(1, len(names)) + codes)  # (n,)
+    return bool(np.any(key[1:] == key[:-1]))
+
+
+def keep_latest(points) -> pd.DataFrame:
     """One point per (step, metric): the one logged last (resumed runs)."""
+    if isinstance(points, pa.Table):
+        points = points.to_pandas()
     dup = points.duplicated(subset=["step", "metric"], keep="last")
     if not dup.any():
         return points
     return points[~dup].reset_index(drop=True)
+
+
+def step_extremes(points, how: str) -> dict[str, int]:
+    """{metric: min or max step} over the points."""
+    if n_points(points) == 0:
+        return {}
+    codes, names = metric_codes(points)
+    agg = pd.Series(step_array(points)).groupby(codes).agg(how)
+    return {names[int(c)]: int(v) for c, v in agg.items()}
 
 
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:

@@ -21,10 +21,12 @@ import re
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from loaders.errors import LogFormatError
-from loaders.logs.base import (Parsed, RunData, complete_lines, decode_text, empty_points,
+from loaders.logs.base import (Parsed, RunData, complete_lines, decode_text, metric_codes,
                                normalise_metric, steps_went_back)
 
 STEP_COLUMNS = ("step", "global_step", "_step", "iter", "iteration", "iter_num", "it",
@@ -107,28 +109,27 @@ def classify_csv(path: Path, head: bytes) -> str | None:
     return None
 
 
-def _read_sql(source, *, delim: str, names: list[str] | None) -> tuple[duckdb.DuckDBPyConnection, str]:
+def _read_sql(source, *, delim: str, names: list[str] | None,
+              as_text: bool = False) -> tuple[duckdb.DuckDBPyConnection, str]:
     """An in-memory connection with view ``src`` over the CSV (file path or bytes)."""
     con = duckdb.connect()
     if isinstance(source, (bytes, bytearray)):
         rel = con.read_csv(io.BytesIO(source), header=False, names=names, all_varchar=True,
                            delimiter=delim, quotechar='"')
     else:
-        rel = con.read_csv(str(source), header=True, all_varchar=True, delimiter=delim, quotechar='"')
+        # Typed columns (DuckDB's sniffer) parse fastest; a file whose later rows
+        # contradict the sniffed types is read again as text and cast per cell.
+        rel = con.read_csv(str(source), header=True, all_varchar=as_text, delimiter=delim,
+                           quotechar='"')
     rel.create_view("src")
     return con, "src"
 
 
-def _fetch_points(con: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
-    """Run ``sql`` (columns of POINT_COLUMNS, metric VARCHAR) to a points frame."""
+def _fetch_points(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run ``sql`` (columns of POINT_COLUMNS) to an Arrow table, metric dictionary-encoded."""
     table = con.sql(sql).to_arrow_table()
-    if table.num_rows == 0:
-        return empty_points()
     idx = table.schema.get_field_index("metric")
-    table = table.set_column(idx, "metric", table.column("metric").dictionary_encode())
-    df = table.to_pandas()
-    df["tokens"] = df["tokens"].astype("Int64")
-    return df
+    return table.set_column(idx, "metric", table.column("metric").dictionary_encode().unify_dictionaries())
 
 
 def _unpivot_sql(step: str, metrics: list[str], wall: str | None, tokens: str | None,
@@ -201,7 +202,14 @@ class _CsvBase:
                 return Parsed(runs=[], read_bytes=body_end, state=state)
             con, _ = _read_sql(chunk, delim=state["delim"], names=state["fields"])
         try:
-            runs = self.extract(path, con, state)
+            try:
+                runs = self.extract(path, con, state)
+            except duckdb.ConversionException:
+                if start != 0 and state.get("fields"):
+                    raise
+                con.close()
+                con, _ = _read_sql(path, delim=state["delim"], names=None, as_text=True)
+                runs = self.extract(path, con, state)
         finally:
             con.close()
         return Parsed(runs=runs, read_bytes=body_end, state=state)
@@ -281,7 +289,7 @@ class CsvLongReader(_CsvBase):
                      {wall} AS wall_time, {tok} AS tokens,
                      {_quote(state['value'])} AS raw
               FROM src)
-            WHERE step IS NOT NULL AND metric IS NOT NULL AND raw IS NOT NULL AND trim(raw) <> ''"""
+            WHERE step IS NOT NULL AND metric IS NOT NULL AND raw IS NOT NULL"""
         pts = _rename(_fetch_points(con, sql))
         return [RunData(name="", points=pts, resumed=steps_went_back(pts))]
 
@@ -308,23 +316,31 @@ class WandbCsvReader(_CsvBase):
         for run, cols in state["runs"].items():
             pts = _fetch_points(con, _unpivot_sql(state["step"], [c for c, _ in cols], None, None))
             mapping = {c: m for c, m in cols}
-            if len(pts):
-                pts["metric"] = pts["metric"].map(lambda c: normalise_metric(mapping[c]))
+            if pts.num_rows:
+                names = metric_codes(pts)[1]
+                codes = metric_codes(pts)[0]
+                metric = pa.array([normalise_metric(mapping[n]) for n in names], type=pa.string())
+                pts = pts.set_column(pts.schema.get_field_index("metric"), "metric",
+                                     pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), metric))
             out.append(RunData(name=run, points=pts, resumed=steps_went_back(pts)))
         return out
 
 
-def _rename(pts: pd.DataFrame) -> pd.DataFrame:
-    if len(pts) == 0:
+def _rename(pts: pa.Table) -> pa.Table:
+    """Normalised metric names (``normalise_metric``) on the dictionary, not per point."""
+    col = pts.column("metric")
+    if col.num_chunks == 0 or pts.num_rows == 0:
         return pts
-    cats = pts["metric"].cat.categories if hasattr(pts["metric"], "cat") else None
-    if cats is not None:
-        new = [normalise_metric(c) for c in cats]
-        if len(set(new)) == len(new):
-            pts["metric"] = pts["metric"].cat.rename_categories(new)
-            return pts
-    pts["metric"] = pts["metric"].astype(str).map(normalise_metric)
-    return pts
+    names = [str(x) for x in col.chunks[0].dictionary.to_pylist()]
+    new = [normalise_metric(n) for n in names]
+    if new == names:
+        return pts
+    if len(set(new)) == len(new):
+        dictionary = pa.array(new, type=pa.string())
+        chunks = [pa.DictionaryArray.from_arrays(c.indices, dictionary) for c in col.chunks]
+        return pts.set_column(pts.schema.get_field_index("metric"), "metric", pa.chunked_array(chunks))
+    mapped = pa.array(np.array(new, dtype=object)[metric_codes(pts)[0]], type=pa.string())
+    return pts.set_column(pts.schema.get_field_index("metric"), "metric", mapped.dictionary_encode())
 
 
 __all__ = ["CsvLongReader", "CsvWideReader", "LightningReader", "WandbCsvReader", "classify_csv",

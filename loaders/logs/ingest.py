@@ -22,11 +22,9 @@ import hashlib
 import json
 from pathlib import Path
 
-import pandas as pd
-
 from loaders.errors import LogFormatError
 from loaders.logs import metadata
-from loaders.logs.base import Parsed, RunData, keep_latest
+from loaders.logs.base import (Parsed, RunData, has_repeats, keep_latest, n_points, step_extremes)
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.structured import hf_run_dir
 from loaders.report import FileReport
@@ -177,9 +175,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             pts = run.points
             known = runs_state.get(name)
             resumed = run.resumed
-            if resumed:
-                pts = keep_latest(pts)
-            elif len(pts) and pts.duplicated(subset=["step", "metric"]).any():
+            if resumed or has_repeats(pts):
                 pts = keep_latest(pts)
             if known is None:
                 run_id = _upsert_run(con, path, source, run_dir, name, fmt, run, resumed)
@@ -189,7 +185,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                 if run.config:
                     _merge_config(con, run_id, run.config)
             overlap = shared or _overlaps(pts, known["last"])
-            if len(pts):
+            if n_points(pts):
                 con.register("new_points", pts)
                 try:
                     if overlap:
@@ -207,19 +203,20 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                             if not shared:
                                 resumed = True
                     con.execute(
-                        """INSERT INTO points SELECT ?, step, CAST(metric AS VARCHAR), value,
-                               wall_time, tokens FROM new_points""", [run_id])
+                        # A logged NaN (divergence) is stored as NULL, whatever the reader.
+                        """INSERT INTO points SELECT ?, step, CAST(metric AS VARCHAR),
+                               CASE WHEN isnan(value) THEN NULL ELSE value END, wall_time, tokens
+                           FROM new_points""", [run_id])
                 finally:
                     con.unregister("new_points")
                 last = dict(known["last"])
-                maxes = pts.groupby("metric", observed=True, sort=False)["step"].max()
-                for m, s in maxes.items():
-                    last[str(m)] = max(int(s), last.get(str(m), int(s)))
+                for m, s in step_extremes(pts, "max").items():
+                    last[m] = max(s, last.get(m, s))
                 known = {"id": run_id, "last": last}
             if resumed:
                 con.execute("UPDATE runs SET resumed = true WHERE id = ?", [run_id])
             runs_state[name] = known
-            total += len(pts)
+            total += n_points(pts)
             ids.append(run_id)
             _apply_overrides(con, run_id)
         state = {"reader": parsed.state, "runs": runs_state}
@@ -237,12 +234,11 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total)]
 
 
-def _overlaps(pts: pd.DataFrame, last: dict) -> bool:
+def _overlaps(pts, last: dict) -> bool:
     """Whether new points reach back to steps already stored for their metric."""
-    if not last or not len(pts):
+    if not last or not n_points(pts):
         return False
-    mins = pts.groupby("metric", observed=True, sort=False)["step"].min()
-    return any(str(m) in last and int(s) <= last[str(m)] for m, s in mins.items())
+    return any(m in last and s <= last[m] for m, s in step_extremes(pts, "min").items())
 
 
 def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str, run: RunData,

@@ -16,7 +16,8 @@ from pathlib import Path
 import duckdb
 
 from loaders.errors import LogFormatError
-from loaders.logs.base import Parsed, RunData, complete_lines, decode_text, steps_went_back
+from loaders.logs.base import (Parsed, RunData, complete_lines, decode_text, empty_points,
+                               steps_went_back)
 from loaders.logs.csv_logs import (STEP_COLUMNS, TOKEN_COLUMNS, WALL_COLUMNS, _fetch_points,
                                    _rename, _unpivot_sql)
 
@@ -100,7 +101,6 @@ class JsonlReader:
         finally:
             con.close()
         if pts is None:
-            from loaders.logs.base import empty_points
             pts = empty_points()
         return Parsed(runs=[RunData(name="", points=pts, resumed=steps_went_back(pts))],
                       read_bytes=start + used, state=state)

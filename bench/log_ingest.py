@@ -1,0 +1,98 @@
+"""Log ingest speed: qkvscope against DuckDB's own read_csv, same file, same run.
+
+Writes a CSV log of N points (default 2,000,000) in the long layout
+(step,metric,value) and in the wide layout (step + 4 metric columns), then
+times, side by side and alternating, (a) ``CREATE TABLE t AS SELECT * FROM
+read_csv(file)`` into a fresh database file and (b) ``ingest_log`` of the same
+file into a fresh qkvscope database. Prints each time (best of --repeat) and
+the ratio qkvscope / read_csv. Target: at most 2x. A third column shows
+the same ingest into a store without the ``points_run`` ART index, the part
+of the cost that is index maintenance.
+
+  .venv/bin/python bench/log_ingest.py [--points 2000000] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loaders.logs import ingest_log  # noqa: E402
+from loaders.store import Store  # noqa: E402
+
+METRICS = ["train_loss", "val_loss", "lr", "grad_norm"]
+
+
+def write_long(path: Path, n: int) -> None:
+    steps = np.repeat(np.arange(n // len(METRICS)), len(METRICS))
+    names = np.tile(np.array(METRICS), n // len(METRICS))
+    vals = np.random.default_rng(0).random(len(steps)) * 10
+    with open(path, "w") as fh:
+        fh.write("step,metric,value\n")
+        for i in range(0, len(steps), 200_000):
+            fh.write("".join(f"{s},{m},{v:.6f}\n" for s, m, v in
+                             zip(steps[i:i + 200_000], names[i:i + 200_000], vals[i:i + 200_000])))
+
+
+def write_wide(path: Path, n: int) -> None:
+    rows = n // len(METRICS)
+    vals = np.random.default_rng(0).random((rows, len(METRICS))) * 10
+    with open(path, "w") as fh:
+        fh.write("step," + ",".join(METRICS) + "\n")
+        for i in range(0, rows, 100_000):
+            fh.write("".join(f"{s}," + ",".join(f"{x:.6f}" for x in r) + "\n"
+                             for s, r in zip(range(i, i + 100_000), vals[i:i + 100_000])))
+
+
+def time_read_csv(csv: Path, work: Path, k: int) -> float:
+    db = work / f"plain{k}.duckdb"
+    t0 = time.perf_counter()
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t AS SELECT * FROM read_csv(?)", [str(csv)])
+    con.close()
+    return time.perf_counter() - t0
+
+
+def time_ingest(csv: Path, work: Path, k: int, *, drop_index: bool = False) -> tuple[float, int]:
+    store = Store(work / f"qkv{k}{'-noidx' if drop_index else ''}.duckdb")
+    store.migrate()  # schema creation is not part of reading a log
+    if drop_index:
+        with store.transaction() as con:
+            con.execute("DROP INDEX points_run")
+    t0 = time.perf_counter()
+    [rep] = ingest_log(store, csv)
+    return time.perf_counter() - t0, rep.n_points
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=int, default=2_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for layout, writer in (("long", write_long), ("wide", write_wide)):
+            (work / layout).mkdir()
+            csv = work / f"{layout}.csv"
+            writer(csv, args.points)
+            plain, ours, noidx, n = [], [], [], 0
+            for k in range(args.repeat):
+                plain.append(time_read_csv(csv, work / layout, k))
+                t, n = time_ingest(csv, work / layout, k)
+                ours.append(t)
+                noidx.append(time_ingest(csv, work / layout, k, drop_index=True)[0])
+            a, b, c = min(plain), min(ours), min(noidx)
+            print(f"{layout:>4}: {n:,} points, {csv.stat().st_size / 1e6:.1f} MB | duckdb read_csv "
+                  f"{a:.3f} s | qkvscope ingest_log {b:.3f} s | ratio {b / a:.2f}x | "
+                  f"same without the points_run index {c:.3f} s, ratio {c / a:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
