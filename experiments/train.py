@@ -13,8 +13,9 @@ A run folder holds::
     metrics.jsonl          {"step", "train_loss" | "val_loss", "lr", "tokens", "wall_time"}
     events.out.tfevents.*  TensorBoard: train/loss, val/loss, lr
     checkpoints/step_000500.safetensors ... final_step_002000.safetensors
-    resume_state.safetensors   only while a run is unfinished (weights, AdamW
-                               moments, batch generator state; no pickle)
+    resume.state           only while a run is unfinished: safetensors of weights, AdamW
+                           moments and batch generator state (no pickle); its suffix keeps
+                           checkpoint scans from taking it for a checkpoint
 
 Checkpoints are safetensors of the model's real parameter set
 (:meth:`experiments.model.GPT.export_state_dict`) with header metadata
@@ -42,7 +43,7 @@ from loaders.errors import FileError
 
 CONFIG_KEY = "qkvscope_config"
 RUN_KEY = "qkvscope_run"
-RESUME_FILE = "resume_state.safetensors"
+RESUME_FILE = "resume.state"  # safetensors inside; a suffix folder scans do not take for a checkpoint
 
 
 class RunFolderError(FileError):
@@ -199,7 +200,7 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
     (``final_val_loss``, ``steps``, ``params``, ``params_attention``,
     ``kv_bytes_per_token``, ``checkpoint``, ``wall_s``).
 
-    ``resume=True`` continues an unfinished run from ``resume_state.safetensors``
+    ``resume=True`` continues an unfinished run from ``resume.state``
     (the hyperparameters must match ``config.json``); a finished run is left
     as it is. Without ``resume`` the folder must not already hold a run.
     """

@@ -114,6 +114,9 @@ def test_deterministic_and_resume_is_exact(tmp_path, corpus):
     with pytest.raises(Stop):
         train(_mc(), tc, tmp_path / "c", corpus=corpus, progress=stop_at_15)
     assert (tmp_path / "c" / RESUME_FILE).exists()
+    from loaders.sources import is_checkpoint_candidate  # folder scans must not take it for a model
+    assert not is_checkpoint_candidate(tmp_path / "c" / RESUME_FILE)
+    assert not is_checkpoint_candidate(tmp_path / "c")
     c = train(_mc(), tc, tmp_path / "c", corpus=corpus, resume=True, progress=_quiet)
     wc = load_checkpoint(c["checkpoint"]).state_dict()
     assert all(torch.equal(wa[k], wc[k]) for k in wa)
