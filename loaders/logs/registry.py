@@ -55,8 +55,18 @@ def detect_log(path: Path) -> str | None:
     return detect_from_head(path, head)
 
 
+# Config files sit beside logs and may hold a "steps" key on one JSON line;
+# they are read for run metadata (loaders.logs.metadata), never as logs.
+_CONFIG_NAMES = {"config.json", "args.json", "hparams.json", "hparams.yaml", "training_args.json",
+                 "run_config.json", "generation_config.json", "tokenizer_config.json"}
+
+
+def _is_config_file(path: Path) -> bool:
+    return path.name in _CONFIG_NAMES or path.stem.endswith("config") or path.suffix in (".yaml", ".yml", ".py")
+
+
 def detect_from_head(path: Path, head: bytes) -> str | None:
-    if not head.strip():
+    if not head.strip() or _is_config_file(path):
         return None
     if TensorBoardReader.sniff(path, head):
         return "tensorboard"

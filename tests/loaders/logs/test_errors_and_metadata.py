@@ -171,3 +171,10 @@ def test_cli_runs_and_run_meta(store, tmp_path, capsys):
     assert "r-wd0.1" in table and "k_eq_v" in table and "corrected by the user" in table
     assert main(["run-meta", "1", "--set", "oops", "--db", str(store.path)]) == 2
     assert capsys.readouterr().err.strip() == "error: --set 'oops': expected FIELD=VALUE"
+
+
+def test_config_files_are_not_logs(tmp_path):
+    d = tmp_path / "run"
+    one_line = write(d / "config.json", '{"steps": 100, "lr": 0.001, "weight_decay": 0.1}\n')
+    assert detect_log(one_line) is None
+    assert detect_log(write(d / "train_config.yaml", "step: 1\nlr: 0.1\n")) is None
