@@ -33,6 +33,7 @@ _SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".ipynb_ch
               ".pytest_cache", ".hypothesis"}
 _HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                     "pytorch_model.bin.index.json")
+_CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".ckpt"}
 _STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint)[-_]?0*(\d+)", re.IGNORECASE)
 
 
@@ -210,7 +211,9 @@ def _classify(path: Path) -> tuple[str, str | None]:
     fmt = detect_log(path)
     if fmt:
         return "log", fmt
-    if is_checkpoint_candidate(path):
+    if is_checkpoint_candidate(path) or path.suffix.lower() in _CHECKPOINT_SUFFIXES:
+        # A broken file named like a checkpoint is an error the user must see,
+        # not a silent skip.
         return "checkpoint", None
     return "unknown", "not a checkpoint or a training log qkvscope reads"
 
@@ -228,9 +231,31 @@ def ingest_file(store: Store, path: Path) -> list[FileReport]:
     try:
         if kind == "log":
             return ingest_log(store, path, format=detail)
-        return [ingest_checkpoint(store, path)]
+        reports = [ingest_checkpoint(store, path)]
     except QkvscopeError as exc:
         return [FileReport(str(path), kind, "error", format=detail, reason=str(exc))]
+    # Some checkpoints also carry a run's metrics (the projection-sharing
+    # paper's final_model.pt holds val_metrics): store them as a log too.
+    fmt = _log_inside_checkpoint(path)
+    if fmt:
+        try:
+            reports.extend(ingest_log(store, path, format=fmt))
+        except QkvscopeError as exc:
+            reports.append(FileReport(str(path), "log", "error", format=fmt, reason=str(exc)))
+    return reports
+
+
+def _log_inside_checkpoint(path: Path) -> str | None:
+    from loaders.logs import CHECKPOINT_LOG_FORMATS, READERS
+
+    if not path.is_file():
+        return None
+    with path.open("rb") as fh:
+        head = fh.read(65536)
+    for fmt in CHECKPOINT_LOG_FORMATS:
+        if READERS[fmt].sniff(path, head):
+            return fmt
+    return None
 
 
 def ingest_paths(store: Store, paths: Iterable[str | Path], *,

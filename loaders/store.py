@@ -61,8 +61,9 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             updated_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
             PRIMARY KEY (run_id, field)
         )""",
-        # One row per (run, step, metric). No key: appends must stay fast;
-        # readers that may see a resumed step keep the latest ``seq``.
+        # One row per (run, step, metric). No key and no index: appends must
+        # stay fast, and points arrive run by run, so DuckDB's per-row-group
+        # min/max already skips most of the table for ``WHERE run_id = ?``.
         """CREATE TABLE points (
             run_id INTEGER NOT NULL,
             step BIGINT NOT NULL,
@@ -130,7 +131,6 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             computed_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
             PRIMARY KEY (checkpoint_id, kind, metric_version)
         )""",
-        """CREATE INDEX points_run ON points (run_id, metric, step)""",
         """CREATE INDEX results_ckpt ON analysis_results (checkpoint_id, metric)""",
     ]),
 ]

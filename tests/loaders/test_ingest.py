@@ -1,0 +1,104 @@
+"""Folder scans: what is found, how checkpoints link to runs, failure isolation."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from loaders.ingest import discover, ingest_paths
+from loaders.logs import list_runs
+from loaders.store import Store
+from tests.loaders.test_layouts_papers import D, H, L, ps_sd
+
+
+def gpt2_folder(folder: Path, seed: int = 0) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=64,
+                               n_positions=64)).save_pretrained(folder)
+    return folder
+
+
+def test_discover_treats_a_hf_folder_as_one_item(tmp_path):
+    gpt2_folder(tmp_path / "runs" / "a" / "final")
+    (tmp_path / "runs" / "a" / "log.csv").write_text("step,loss\n0,1\n")
+    (tmp_path / "runs" / ".git").mkdir()
+    (tmp_path / "runs" / ".git" / "HEAD").write_text("ref")
+    found = [p.relative_to(tmp_path).as_posix() for p in discover([tmp_path / "runs"])]
+    assert found == ["runs/a/final", "runs/a/log.csv"]
+
+
+def test_checkpoints_link_to_their_run_and_take_the_step_from_the_name(tmp_path):
+    run = tmp_path / "runs" / "gpt2-wd0.1"
+    ck = run / "checkpoints"
+    ck.mkdir(parents=True)
+    gpt2_folder(ck / "step_000200", seed=1)
+    gpt2_folder(ck / "step_000400", seed=2)
+    (run / "metrics.csv").write_text("step,train_loss,val_loss\n0,4.0,4.1\n200,3.0,3.2\n400,2.5,2.9\n")
+    store = Store(tmp_path / "q.duckdb")
+    report = ingest_paths(store, [tmp_path / "runs"])
+    assert report.count("added") == 3 and report.count("error") == 0
+    runs = list_runs(store)
+    assert len(runs) == 1 and runs[0]["weight_decay"] == 0.1
+    ckpts = store.checkpoints()
+    assert sorted((c["step"], c["run_id"]) for c in ckpts) == [(200, runs[0]["id"]), (400, runs[0]["id"])]
+
+
+def test_checkpoint_stored_before_its_log_is_linked_later(tmp_path):
+    run = tmp_path / "run"
+    gpt2_folder(run / "final")
+    store = Store(tmp_path / "q.duckdb")
+    ingest_paths(store, [run / "final"])
+    assert store.checkpoints()[0]["run_id"] is None
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "train_loss": 3 - s / 100})
+                                                 for s in range(5)) + "\n")
+    ingest_paths(store, [run])
+    assert store.checkpoints()[0]["run_id"] == list_runs(store)[0]["id"]
+
+
+def test_one_broken_file_does_not_stop_the_others(tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    gpt2_folder(folder / "good")
+    (folder / "broken.safetensors").write_bytes(b"\xff" * 4)
+    store = Store(tmp_path / "q.duckdb")
+    report = ingest_paths(store, [folder])
+    by_name = {Path(f.path).name: f for f in report.files}
+    assert by_name["good"].status == "added"
+    assert by_name["broken.safetensors"].status == "error"
+    assert by_name["broken.safetensors"].reason.startswith(str(folder / "broken.safetensors"))
+    assert len(store.checkpoints()) == 1
+
+
+def test_same_weights_under_two_names_are_stored_once(tmp_path):
+    a = gpt2_folder(tmp_path / "a" / "model", seed=3)
+    b = tmp_path / "b" / "model"
+    b.mkdir(parents=True)
+    for f in a.iterdir():
+        (b / f.name).write_bytes(f.read_bytes())
+    store = Store(tmp_path / "q.duckdb")
+    report = ingest_paths(store, [tmp_path / "a", tmp_path / "b"])
+    assert [f.status for f in report.files] == ["added", "unchanged"]
+    assert len(store.checkpoints()) == 1
+
+
+def test_projection_sharing_checkpoint_gives_a_checkpoint_and_its_val_metrics(tmp_path):
+    sd = ps_sd({"c_q": H, "c_k": H}, torch.Generator().manual_seed(7))
+    run = tmp_path / "GPT-300M-QKV-KEqualsV"
+    run.mkdir()
+    torch.save({"step": 33908, "tokens_seen": 10_000, "model_state_dict": sd,
+                "val_metrics": {"loss": 3.058, "perplexity": 21.28},
+                "model_config": {"n_layer": L, "n_embd": D, "n_head": H, "n_inner": 4 * D,
+                                 "n_positions": 8, "vocab_size": 32},
+                "train_config": {"weight_decay": 0.1, "learning_rate": 2e-4}}, run / "final_model.pt")
+    store = Store(tmp_path / "q.duckdb")
+    report = ingest_paths(store, [run])
+    kinds = sorted((f.kind, f.status) for f in report.files)
+    assert kinds == [("checkpoint", "added"), ("log", "added")]
+    ckpt = store.checkpoints()[0]
+    assert (ckpt["architecture"], ckpt["variant"], ckpt["step"]) == ("projection_sharing", "k_eq_v", 33908)
+    runs = list_runs(store)
+    assert len(runs) == 1 and "val/loss" in runs[0]["metrics"] and runs[0]["weight_decay"] == 0.1
+    assert ckpt["run_id"] == runs[0]["id"]
