@@ -1,0 +1,179 @@
+"""Benchmark: full weight-level analysis of a Llama-1B-shaped checkpoint.
+
+Writes a Hugging Face Llama folder with random bfloat16 attention weights of
+TinyLlama-1.1B's geometry (22 layers, d_model 2048, 32 heads, 4 kv heads,
+d_head 64; MLPs and embeddings left out: the analysis does not read them),
+then measures, side by side in this one run, each phase in a fresh process:
+
+* ``read``: reading the same attention tensors into float32 memory
+  (safetensors ``safe_open``; the page cache is warmed first),
+* ``analysis``: ``app.jobs.weight_frame`` over ``loaders.checkpoints.open_checkpoint``
+  (reading included): every weight-level metric of every layer,
+* ``naive``: a straightforward version (a Python loop over heads, full SVDs of
+  every head's W_Q, W_K, W_V, W_O and of the materialised d_model x d_model
+  ``M_h = W_Q[h] W_K[g]^T``, symmetry from ``M_h`` itself, stacked-W_Q SVD) on
+  ``--naive-layers`` layers, scaled to all layers.
+
+Prints the seconds, the ratios analysis/read (target <= 5 on CPU) and
+naive/analysis (target >= 100) and each phase's peak resident memory.
+
+    .venv/bin/python bench/analysis_speed.py [--device cpu|cuda] [--naive-layers 2] [--dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+N_LAYERS, D_MODEL, N_HEADS, N_KV, D_HEAD = 22, 2048, 32, 4, 64
+
+
+def build(folder: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "model.safetensors").exists():
+        return
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for i in range(N_LAYERS):
+        p = f"model.layers.{i}.self_attn."
+        for name, rows, cols in (("q", N_HEADS * D_HEAD, D_MODEL), ("k", N_KV * D_HEAD, D_MODEL),
+                                 ("v", N_KV * D_HEAD, D_MODEL), ("o", D_MODEL, N_HEADS * D_HEAD)):
+            sd[p + f"{name}_proj.weight"] = (torch.randn(rows, cols, generator=g) * 0.02).to(torch.bfloat16)
+    save_file(sd, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": D_MODEL,
+        "num_attention_heads": N_HEADS, "num_key_value_heads": N_KV, "num_hidden_layers": N_LAYERS,
+        "intermediate_size": 5632, "vocab_size": 32000, "torch_dtype": "bfloat16"}))
+
+
+def phase_read(folder: Path, device: str) -> dict:
+    from safetensors import safe_open
+
+    def once():
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+            return [f.get_tensor(k).float().to(device) for k in f.keys()]
+    once()                                                        # warm the page cache
+    t0 = time.perf_counter()
+    ts = once()
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+    return {"seconds": time.perf_counter() - t0, "n_tensors": len(ts)}
+
+
+def phase_analysis(folder: Path, device: str) -> dict:
+    from app.jobs import weight_frame
+    from loaders.checkpoints import open_checkpoint
+
+    with open_checkpoint(folder) as ck:                           # warm-up on the first layer
+        from analysis.weights import weight_metrics
+        weight_metrics(ck.layer(0), ck.meta, device=device)
+    t0 = time.perf_counter()
+    with open_checkpoint(folder) as ck:
+        frame, notes = weight_frame(ck, device=device)
+    return {"seconds": time.perf_counter() - t0, "rows": len(frame), "notes": sorted(notes)}
+
+
+def phase_naive(folder: Path, device: str, layers: int) -> dict:
+    import torch
+    from safetensors import safe_open
+
+    def erank(s):
+        p = s / s.sum()
+        return float(torch.exp(-(p * torch.log(p.clamp_min(1e-30))).sum()))
+
+    t0 = time.perf_counter()
+    out = []
+    with torch.inference_mode(), safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        for i in range(layers):
+            p = f"model.layers.{i}.self_attn."
+            wq = f.get_tensor(p + "q_proj.weight").float().to(device)    # [H*dh, d]
+            wk = f.get_tensor(p + "k_proj.weight").float().to(device)
+            wv = f.get_tensor(p + "v_proj.weight").float().to(device)
+            wo = f.get_tensor(p + "o_proj.weight").float().to(device)    # [d, H*dh]
+            for h in range(N_HEADS):
+                g = h // (N_HEADS // N_KV)
+                q = wq[h * D_HEAD:(h + 1) * D_HEAD].T                     # [d, dh]
+                k = wk[g * D_HEAD:(g + 1) * D_HEAD].T
+                v = wv[g * D_HEAD:(g + 1) * D_HEAD].T
+                o = wo[:, h * D_HEAD:(h + 1) * D_HEAD].T                  # [dh, d]
+                for a in (q, k, v, o):
+                    out.append(erank(torch.linalg.svd(a, full_matrices=True)[1]))
+                m = q @ k.T                                               # [d, d]
+                out.append(erank(torch.linalg.svd(m)[1]))
+                out.append(float(((m + m.T) / 2).square().sum() / m.square().sum()))
+                out.append(float((k * v).sum() / (k.norm() * v.norm())))
+            out.append(float(torch.linalg.cond(wq.T)))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    sec = time.perf_counter() - t0
+    return {"seconds": sec, "layers": layers, "scaled_seconds": sec * N_LAYERS / layers}
+
+
+def child(args) -> None:
+    import torch
+    torch.set_num_threads(args.threads) if args.threads else None
+    folder = Path(args.dir)
+    if args.phase == "read":
+        res = phase_read(folder, args.device)
+    elif args.phase == "analysis":
+        res = phase_analysis(folder, args.device)
+    else:
+        res = phase_naive(folder, args.device, args.naive_layers)
+    res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.device == "cuda":
+        res["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    print(json.dumps(res))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--naive-layers", type=int, default=2)
+    ap.add_argument("--dir", default=None, help="where to write the benchmark checkpoint (kept)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per phase (default: torch's)")
+    ap.add_argument("--phase", choices=["read", "analysis", "naive"], help=argparse.SUPPRESS)
+    ap.add_argument("--skip-naive", action="store_true", help="measure read and analysis only")
+    args = ap.parse_args()
+    if args.phase:
+        child(args)
+        return
+    tmp = None
+    if args.dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="qkvscope-bench-")
+        args.dir = tmp.name
+    build(Path(args.dir))
+    res = {}
+    phases = ["read", "analysis"] + ([] if args.skip_naive else ["naive"])
+    for ph in phases:
+        cmd = [sys.executable, __file__, "--phase", ph, "--dir", args.dir, "--device", args.device,
+               "--naive-layers", str(args.naive_layers), "--threads", str(args.threads)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        res[ph] = json.loads(out.strip().splitlines()[-1])
+        print(f"{ph:9s} {json.dumps(res[ph])}", flush=True)
+    a, r = res["analysis"]["seconds"], res["read"]["seconds"]
+    print(f"\ndevice {args.device}: read {r:.3f} s, analysis {a:.3f} s "
+          f"({res['analysis']['rows']} values, {N_LAYERS} layers)")
+    print(f"analysis / read           = {a / r:.1f}x   (target <= 5x on CPU)")
+    if "naive" in res:
+        n = res["naive"]["scaled_seconds"]
+        print(f"naive (scaled) / analysis = {n / a:.0f}x   (naive {res['naive']['seconds']:.1f} s on "
+              f"{args.naive_layers} layers -> {n:.0f} s for {N_LAYERS}; target >= 100x)")
+    print("peak RSS MiB: " + ", ".join(f"{k} {v['peak_rss_mib']:.0f}" for k, v in res.items()))
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
