@@ -179,3 +179,38 @@ def test_real_model_all_minilm(tmp_path):
     lc = cap.layers[2]
     ours = (lc.logits * ckpt.meta.attn_scale).softmax(-1)            # encoder: no mask
     torch.testing.assert_close(ours, lc.attn, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["qkv", "wq_identity", "k_eq_v", "q_eq_k"])
+def test_own_checkpoint_capture_reproduces_attention_output(tmp_path, variant):
+    """For qkvscope's own models: attention maps x V x W_O equal the attention module's output."""
+    from experiments.model import GPT, GPTConfig
+    from experiments.train import TrainConfig, save_checkpoint
+    from loaders.checkpoints import open_checkpoint
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_kv_heads=2, d_model=32, variant=variant)).eval()
+    path = tmp_path / "final_step_000010.safetensors"
+    save_checkpoint(model, path, step=10, tokens=100, final=True, tc=TrainConfig())
+    with open_checkpoint(path) as ckpt:
+        cap = jobs.capture_activations(ckpt, device="cpu")
+        w_o = ckpt.layer(1).W_O                                           # [H, d_head, d_model]
+    assert cap.tokenizer == "bytes" and cap.logits_reason is None
+    seen = {}
+    hook = model.blocks[1].attn.register_forward_hook(lambda m, i, o: seen.setdefault("y", o[0]))
+    with torch.inference_mode():
+        model(torch.tensor(list(jobs.SAMPLE_TEXT.encode())[:jobs.MAX_TOKENS])[None])
+    hook.remove()
+    lc = cap.layers[1]
+    v = lc.v.repeat_interleave(2, 0)                                      # [H, T, d_head]
+    y = torch.einsum("hts,hse,hed->td", lc.attn, v, w_o)
+    torch.testing.assert_close(y, seen["y"], atol=1e-5, rtol=1e-4)
+    from analysis.activations import activation_metrics
+
+    df, notes = activation_metrics(1, lc.k, lc.v, lc.logits, device="cpu")
+    assert notes == {}
+    if variant in ("q_eq_k",):
+        sym = df[(df.metric == "logit_symmetry") & df["head"].notna()]["value"]
+        assert sym.to_numpy() == pytest.approx(1.0, abs=1e-6)             # q = k: symmetric logits
+    if variant == "k_eq_v":
+        assert df[df.metric == "kv_cka_act"]["value"].to_numpy() == pytest.approx(1.0, abs=1e-6)
