@@ -37,13 +37,19 @@ def _rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
+def _nested(z: np.ndarray) -> list[list[float | None]]:
+    """A 2-D array as nested lists with None for NaN (readable hover values and JSON for tests)."""
+    return [[None if not np.isfinite(v) else float(v) for v in row] for row in np.asarray(z, dtype=float)]
+
+
 def _layout(fig: go.Figure, *, title: str | None = None, x_title: str = "", y_title: str = "",
             log_x: bool = False, log_y: bool = False, height: int = 460) -> go.Figure:
     fig.update_layout(title=title, height=height, margin=dict(l=60, r=20, t=50 if title else 20, b=50),
                       hovermode="closest", legend=dict(orientation="h", y=-0.18),
                       template="plotly_white")
-    fig.update_xaxes(title=x_title, type="log" if log_x else "linear")
-    fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    # set the type only for log: forcing "linear" would break categorical axes (heatmap labels)
+    fig.update_xaxes(title=x_title, **({"type": "log"} if log_x else {}))
+    fig.update_yaxes(title=y_title, **({"type": "log"} if log_y else {}))
     return fig
 
 
@@ -134,7 +140,7 @@ def parallel_figure(frame: pd.DataFrame, dims: list[str], *, color: str = "final
 
 def param_split_figure(row: dict) -> go.Figure:
     """Where a checkpoint's parameters are: W_Q, W_K, W_V, W_O (from the geometry), the
-    rest of attention (biases) and the rest of the model, as one stacked bar.
+    rest of attention (biases) and the rest of the model, as a donut.
 
     Per layer: W_Q n_heads*d_model*d_head (0 for ``wq_identity``, and for ``q_eq_k`` /
     ``q_eq_k_eq_v`` where it is W_K), W_K n_kv_heads*d_model*d_head, W_V the same (0 when
@@ -152,15 +158,14 @@ def param_split_figure(row: dict) -> go.Figure:
     total = int(row.get("params_total") or 0)
     parts["attention biases"] = max(attention - sum(parts.values()), 0)
     parts["rest of the model"] = max(total - attention, 0)
-    fig = go.Figure()
-    for i, (name, n) in enumerate(parts.items()):
-        share = n / total if total else 0.0
-        fig.add_trace(go.Bar(x=[n], y=["parameters"], orientation="h", name=f"{name} ({share:.1%})",
-                             marker_color=_CYCLE[i % len(_CYCLE)],
-                             hovertemplate=f"{name}: %{{x:,}} ({share:.2%})<extra></extra>"))
-    fig.update_layout(barmode="stack")
-    fig.update_yaxes(showticklabels=False)
-    return _layout(fig, x_title="parameters", height=220)
+    names = list(parts)
+    fig = go.Figure(go.Pie(
+        labels=names, values=[parts[n] for n in names], hole=0.5, sort=False,
+        marker=dict(colors=[_CYCLE[i % len(_CYCLE)] for i in range(len(names))]),
+        texttemplate="%{percent:.1%}", hovertemplate="%{label}: %{value:,} (%{percent})<extra></extra>"))
+    _layout(fig, title="Parameter split", height=300)
+    fig.update_layout(legend=dict(orientation="v", x=1.02, y=0.5))
+    return fig
 
 
 def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
@@ -175,7 +180,7 @@ def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
     z = grid.to_numpy(dtype=float)  # (n_layers, n_heads)
     text = [[("" if math.isnan(v) else f"{v:.3g}") for v in row] for row in z]
     fig = go.Figure(go.Heatmap(
-        z=z, x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
+        z=_nested(z), x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
         colorscale=colorscale, zmin=zmin, zmax=zmax, text=text,
         texttemplate="%{text}" if z.size <= 400 else None,
         hovertemplate=f"%{{y}}%{{x}}<br>{metric} = %{{z:.4g}}<extra></extra>", colorbar=dict(title=metric)))
@@ -206,7 +211,7 @@ def spectra_figure(spectra: pd.DataFrame, *, log_y: bool = True) -> go.Figure:
 def attention_figure(weights: np.ndarray, tokens: list[str], *, title: str = "") -> go.Figure:
     """One head's attention pattern (query rows x key columns, ``[T, T]``)."""
     labels = [f"{i}:{t}" for i, t in enumerate(tokens)]
-    fig = go.Figure(go.Heatmap(z=weights, x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
+    fig = go.Figure(go.Heatmap(z=_nested(weights), x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
                                hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     return _layout(fig, title=title or None, x_title="key", y_title="query", height=480)
@@ -221,7 +226,7 @@ def diff_heatmap(diff: pd.DataFrame, metric: str, *, a_label: str = "A", b_label
     z = grid.sort_index().sort_index(axis=1).to_numpy(dtype=float)  # (n_layers, n_heads)
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     fig = go.Figure(go.Heatmap(
-        z=z, x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
+        z=_nested(z), x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
         colorscale="RdBu_r", zmin=-lim, zmax=lim, colorbar=dict(title="B - A"),
         hovertemplate=f"%{{y}}%{{x}}<br>{b_label} - {a_label} = %{{z:.4g}}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")

@@ -87,7 +87,7 @@ def _metrics_of(runs: pd.DataFrame) -> list[str]:
 # -- page sections --------------------------------------------------------------
 
 def _filters(runs: pd.DataFrame) -> pd.DataFrame:
-    c1, c2, c3, c4, c5 = st.columns([2, 1.2, 1.2, 1, 1.6])
+    c1, c2, c3, c4, c5 = st.columns([2, 1.2, 1.2, 1.2, 1.6])
     search = c1.text_input("Search name or source", value=query_param("q", ""), key="exp_q",
                            placeholder="e.g. mqa  or  wd0.1")
     variants = sorted(str(v) for v in runs["variant"].dropna().unique())
@@ -126,7 +126,7 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame) -> l
     selected = st.multiselect("Runs to plot", options, default=in_url, format_func=lambda i: labels[i],
                               key="exp_runs", placeholder="Pick runs from the table (search narrows the list)")
     metrics = _metrics_of(runs[runs["id"].isin(selected)] if selected else runs)
-    c1, c2, c3, c4, c5, c6 = st.columns([2, 1.6, 1.4, 0.8, 0.8, 1])
+    c1, c2, c3, c4, c5, c6 = st.columns([2, 1.6, 1.4, 0.8, 0.8, 1.2])
     m_url = query_param("m")
     metric = c1.selectbox("Metric", metrics, index=metrics.index(m_url) if m_url in metrics else 0,
                           key="exp_metric") if metrics else None
@@ -137,7 +137,7 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame) -> l
                           step=0.01, key="exp_s", help="s_t = w s_(t-1) + (1-w) v_t, debiased; 0 = off")
     log_x = c4.toggle("log x", value=query_param("logx") == "1", key="exp_logx")
     log_y = c5.toggle("log y", value=query_param("logy") == "1", key="exp_logy")
-    group = c6.toggle("Group by variant", value=query_param("group") == "1", key="exp_group",
+    group = c6.toggle("By variant", value=query_param("group") == "1", key="exp_group",
                       help="mean line and min-max band over the selected runs of each variant")
     set_query_params(runs=",".join(str(i) for i in selected), m=metric, x=x,
                      s=f"{smoothing:g}" if smoothing else None, logx="1" if log_x else None,

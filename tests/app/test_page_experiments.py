@@ -49,7 +49,7 @@ def fill_runs(db, runs=RUNS, steps: int = 300) -> Store:
                                   "wall_time": 1000.0 + s, "tokens": s * 512}))
         v = np.arange(0, steps, 50)
         rows.append(pd.DataFrame({"run_id": rid, "step": v, "metric": "val/loss",
-                                  "value": 4.2 - v / steps + wd, "wall_time": 1000.0 + v, "tokens": v * 512}))
+                                  "value": 4.2 - v / steps + wd + (0.05 if variant == "k_eq_v" else 0.0), "wall_time": 1000.0 + v, "tokens": v * 512}))
     frame = pd.concat(rows, ignore_index=True)
     with store.transaction() as con:
         for rid, name, variant, wd in runs:
@@ -164,18 +164,22 @@ def test_experiments_and_weight_decay_in_a_real_browser(tmp_path):
 
     db = tmp_path / "browser-exp.duckdb"
     fill_runs(db)
-    with dashboard(db, "--no-demo") as url, browser_page() as page:
+    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2000)) as page:
         page.goto(f"{url}/experiments")
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=60_000)
-        assert page.locator("[data-testid='stPlotlyChart']").count() == 1  # only the final-metric view
+        page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+        wait_idle(page, timeout=60_000)
+        assert page.locator(".js-plotly-plot").count() == 1  # only the final-metric view
         # select two runs in the picker: the curve chart appears with two lines
-        page.get_by_text("Pick runs from the table").click()
+        page.locator("[data-testid='stMultiSelect']").filter(has_text="Runs to plot").click()
         page.get_by_role("option", name="qkv-wd0.01 [qkv]").click()
+        wait_idle(page, timeout=60_000)
+        page.locator("[data-testid='stMultiSelect']").filter(has_text="Runs to plot").click()
         page.get_by_role("option", name="kv-wd0.1 [k_eq_v]").click()
         page.keyboard.press("Escape")
         wait_idle(page, timeout=60_000)
-        page.locator("[data-testid='stPlotlyChart']").nth(1).wait_for(timeout=60_000)
+        page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
         page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace, "
                                ".js-plotly-plot canvas').length > 0", timeout=60_000)
         assert "runs=1%2C4" in page.url or "runs=1,4" in page.url
@@ -186,6 +190,6 @@ def test_experiments_and_weight_decay_in_a_real_browser(tmp_path):
         screenshot(page, "experiments")
         page.goto(f"{url}/weight-decay")
         wait_idle(page, timeout=60_000)
-        page.locator("[data-testid='stPlotlyChart']").first.wait_for(timeout=60_000)
         page.locator(".js-plotly-plot .scatterlayer .trace").first.wait_for(timeout=60_000)
+        wait_idle(page, timeout=60_000)
         screenshot(page, "weight_decay")

@@ -52,8 +52,11 @@ def test_analyses_once_and_metric_picker_changes_the_heatmap(ckpt_db):
     assert [t.value for t in at.toast][0].startswith("Analysed in")
     with Store(ckpt_db).connect() as con:
         assert con.execute("SELECT count(*) FROM analysis_jobs").fetchone()[0] == 1
-    heat = figures(at)["insp_heatmap"]["data"][0]
+    heat_fig = figures(at)["insp_heatmap"]
+    heat = heat_fig["data"][0]
     assert heat["type"] == "heatmap" and heat["y"] == ["L0", "L1"]
+    # a forced "linear" axis type draws categorical heatmaps empty in the browser
+    assert "type" not in heat_fig["layout"]["xaxis"] and "type" not in heat_fig["layout"]["yaxis"]
     assert qp(at, "metric") == "kv_cka" and qp(at, "ckpt") == "1"
     at.selectbox(key="insp_metric").select("qk_symmetry").run()
     other = figures(at)["insp_heatmap"]["data"][0]
@@ -122,7 +125,7 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
             zf.write(model_dir / name, f"gpt2-tiny/{name}")
     db = tmp_path / "browser-insp.duckdb"
     Store(db).migrate()
-    with dashboard(db, "--no-demo") as url, browser_page() as page:
+    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2400)) as page:
         page.goto(f"{url}/inspector?src=upload")
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(zpath))
@@ -130,7 +133,7 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
         wait_idle(page, timeout=120_000)
         assert "ckpt=1" in page.url and "metric=kv_cka" in page.url
         # change an input: the metric picker redraws the heatmap and writes the URL
-        page.get_by_label("Metric").first.click()
+        page.locator("[data-testid='stSelectbox']").filter(has_text="Metric").first.click()
         page.get_by_role("option", name="qk_symmetry").click()
         wait_idle(page, timeout=60_000)
         assert "metric=qk_symmetry" in page.url
@@ -142,5 +145,8 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
         page.locator(".js-plotly-plot .heatmaplayer").first.wait_for(timeout=60_000)
         page.goto(f"{url}/compare?a=1&b=1")
         wait_idle(page, timeout=60_000)
-        page.locator(".js-plotly-plot .heatmaplayer").nth(2).wait_for(timeout=60_000)
+        page.locator(".js-plotly-plot .heatmaplayer").first.wait_for(timeout=60_000)
+        wait_idle(page, timeout=60_000)
         screenshot(page, "compare")
+        page.get_by_text("Largest changes of kv_cka").scroll_into_view_if_needed(timeout=60_000)
+        page.locator(".js-plotly-plot .heatmaplayer").nth(2).wait_for(timeout=60_000)  # A, B and B - A
