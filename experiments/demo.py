@@ -111,6 +111,13 @@ def folder_bytes(root: str | Path) -> int:
     return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
 
 
+def _groups(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["variant"], sharing_label(r["n_head"], r["n_kv_heads"]).upper()), []).append(r)
+    return out
+
+
 def write_readme(root: str | Path, *, command: str, wall_s: float, jobs: int, machine: str) -> Path:
     """Write ``root/README.md`` from the run folders found there."""
     root = Path(root)
@@ -162,10 +169,16 @@ KV bytes per token = n_layers x n_cached x n_kv_heads x d_head x 4 bytes (n_cach
 Best MHA run per variant, lowest final validation loss first:
 {chr(10).join(f"{i + 1}. `{r['variant']}` (weight decay {r['weight_decay']:g}): {r['final_val_loss']:.4f}" for i, r in enumerate(ranking))}
 
-These are single-seed runs of a tiny model trained for {tc.steps} steps; differences
-of a few hundredths of a nat are within what another seed could change. They
-show the pipeline end to end (trainer, loaders, analysis), not a replication of
-either paper.
+Weight decay, lowest final validation loss per variant and head sharing:
+{chr(10).join(f"* `{v}` ({s}): wd {min(g, key=lambda r: r['final_val_loss'])['weight_decay']:g}, "
+              f"spread over wd {max(r['final_val_loss'] for r in g) - min(r['final_val_loss'] for r in g):.4f}"
+              for (v, s), g in _groups(rows).items() if len(g) > 1) or "(no variant was trained at more than one weight decay)"}
+
+These are single-seed runs of a tiny model trained for {tc.steps} steps
+({tc.steps * tc.batch_size * mc.block_size / 1e6:.2f}M tokens). This command does not measure the
+seed-to-seed spread, so treat differences of about a hundredth of a nat with caution. The runs
+show the pipeline end to end (trainer, loaders, analysis); they do not replicate either paper,
+whose models are orders of magnitude larger and longer trained.
 """
     path = root / "README.md"
     path.write_text(text)
