@@ -248,40 +248,68 @@ def trajectory_figure(traj: pd.DataFrame, metric: str, *, by: str = "layer") -> 
     return _layout(fig, x_title="step", y_title=f"{metric} (mean over heads)", height=380)
 
 
+def _wd_axis(wds) -> tuple[dict, float | None]:
+    """Where weight decay 0 goes on a log axis (half a decade left of the smallest positive wd,
+    labelled "0") and the tick settings that label every weight decay present."""
+    wds = sorted({float(w) for w in wds if pd.notna(w)})
+    positive = [w for w in wds if w > 0]
+    zero_at = (min(positive) / 10 ** 0.5 if positive else 1e-3) if 0.0 in wds else None
+    ticks = ([zero_at] if zero_at is not None else []) + positive
+    text = (["0"] if zero_at is not None else []) + [f"{w:g}" for w in positive]
+    return dict(tickmode="array", tickvals=ticks, ticktext=text), zero_at
+
+
+def _wd_x(wd: pd.Series, zero_at: float | None) -> pd.Series:
+    return wd.where(wd > 0, zero_at if zero_at is not None else np.nan)
+
+
 def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str = "final val/loss") -> go.Figure:
     """Loss against weight decay per variant, log x; diverged runs as crosses, spiky ones ringed.
 
-    ``points``: ``variant, group, weight_decay, <y>, diverged, spikes, run_id``.
+    ``points``: ``variant, group, weight_decay, <y>, diverged, spikes, run_id``. Weight decay 0
+    is drawn half a decade left of the smallest positive value, on a tick labelled "0".
     """
     fig = go.Figure()
-    data = points[points["weight_decay"] > 0]
+    ticks, zero_at = _wd_axis(points["weight_decay"])
+    data = points[points["weight_decay"] >= 0].assign(x=lambda d: _wd_x(d["weight_decay"], zero_at))
     for i, ((variant, group), g) in enumerate(data.groupby(["variant", "group"], sort=True)):
         color = variant_color(variant, i)
         g = g.sort_values("weight_decay")
         name = str(variant) if group == "all" else f"{variant} [{group}]"
         ok = g[~g["diverged"]]
-        mean = ok.groupby("weight_decay", as_index=False)[y].mean()
-        fig.add_trace(go.Scatter(x=mean["weight_decay"], y=mean[y], mode="lines", name=name,
+        mean = ok.groupby("x", as_index=False)[y].mean()
+        fig.add_trace(go.Scatter(x=mean["x"], y=mean[y], mode="lines", name=name,
                                  legendgroup=name, line=dict(color=color, width=2), hoverinfo="skip"))
         marker_line = np.where(g["spikes"] > 0, 3, 1)
         fig.add_trace(go.Scatter(
-            x=g["weight_decay"], y=g[y], mode="markers", legendgroup=name, showlegend=False,
+            x=g["x"], y=g[y], mode="markers", legendgroup=name, showlegend=False,
             marker=dict(color=color, size=11, symbol=np.where(g["diverged"], "x", "circle"),
                         line=dict(width=marker_line, color=np.where(g["spikes"] > 0, "black", "white"))),
-            customdata=np.stack([g["run_id"], g["spikes"], g["diverged"].astype(int)], axis=-1),
-            hovertemplate=(f"{name}<br>wd %{{x:.4g}}<br>{y_title} %{{y:.4g}}<br>run %{{customdata[0]}}"
+            customdata=np.stack([g["run_id"], g["spikes"], g["diverged"].astype(int), g["weight_decay"]], axis=-1),
+            hovertemplate=(f"{name}<br>wd %{{customdata[3]:.4g}}<br>{y_title} %{{y:.4g}}<br>run %{{customdata[0]}}"
                            "<br>spikes %{customdata[1]}<br>diverged %{customdata[2]}<extra></extra>")))
-    return _layout(fig, x_title="weight decay (log)", y_title=y_title, log_x=True)
+    _layout(fig, x_title="weight decay (log)", y_title=y_title, log_x=True)
+    fig.update_xaxes(**ticks)
+    return fig
 
 
 def norms_figure(norms: pd.DataFrame) -> go.Figure:
-    """Projection norms against weight decay (``variant, weight_decay, metric, value``), log x."""
+    """Projection norms against weight decay (``variant, weight_decay, metric, value``), log x.
+
+    One marker per run, a line through the mean at each weight decay.
+    """
     fig = go.Figure()
-    data = norms[norms["weight_decay"] > 0]
+    ticks, zero_at = _wd_axis(norms["weight_decay"])
+    data = norms[norms["weight_decay"] >= 0].assign(x=lambda d: _wd_x(d["weight_decay"], zero_at))
     for i, ((variant, metric), g) in enumerate(data.groupby(["variant", "metric"], sort=True)):
-        g = g.sort_values("weight_decay")
-        fig.add_trace(go.Scatter(x=g["weight_decay"], y=g["value"], mode="lines+markers",
-                                 name=f"{variant} {metric}", line=dict(color=run_color(i)),
-                                 hovertemplate=f"{variant} {metric}<br>wd %{{x:.4g}}<br>norm %{{y:.4g}}<extra></extra>"))
-    return _layout(fig, x_title="weight decay (log)", y_title="Frobenius norm (root-sum-square over layers)",
-                   log_x=True, height=380)
+        name = f"{variant} {metric}"
+        mean = g.groupby("x", as_index=False)["value"].mean()
+        fig.add_trace(go.Scatter(x=mean["x"], y=mean["value"], mode="lines", name=name, legendgroup=name,
+                                 line=dict(color=run_color(i)), hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=g["x"], y=g["value"], mode="markers", legendgroup=name, showlegend=False,
+                                 marker=dict(color=run_color(i), size=8), customdata=g["weight_decay"],
+                                 hovertemplate=f"{name}<br>wd %{{customdata:.4g}}<br>norm %{{y:.4g}}<extra></extra>"))
+    _layout(fig, x_title="weight decay (log)", y_title="Frobenius norm (root-sum-square over layers)",
+            log_x=True, height=380)
+    fig.update_xaxes(**ticks)
+    return fig

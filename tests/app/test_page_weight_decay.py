@@ -101,3 +101,14 @@ def test_projection_norms_against_weight_decay(wd_db):
     assert trace["name"] == "qkv norm_k"
     # root-sum-square over the two layers
     np.testing.assert_allclose(arr(trace["y"]), [math.sqrt(2) * 3.0 / w ** 0.5 for w in (0.01, 0.03, 0.1)])
+
+
+def test_weight_decay_zero_gets_its_own_tick_on_the_log_axis():
+    from app.charts import wd_figure
+
+    pts = pd.DataFrame({"variant": "qkv", "group": "all", "weight_decay": [0.0, 0.01, 0.1],
+                        "final_val_loss": [3.0, 2.9, 2.8], "diverged": False, "spikes": 0, "run_id": [1, 2, 3]})
+    fig = wd_figure(pts)
+    assert list(fig.data[0].x) == pytest.approx([0.01 / 10 ** 0.5, 0.01, 0.1])
+    assert list(fig.layout.xaxis.ticktext) == ["0", "0.01", "0.1"]
+    assert fig.layout.xaxis.type == "log"
