@@ -33,6 +33,8 @@ _SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".ipynb_ch
               ".pytest_cache", ".hypothesis"}
 _HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                     "pytorch_model.bin.index.json")
+_CONFIG_FILES = {"config.json", "hparams.json", "args.json", "training_args.json",
+                 "generation_config.json", "tokenizer_config.json", "run_config.json"}
 _CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".ckpt"}
 _STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint)[-_]?0*(\d+)", re.IGNORECASE)
 
@@ -211,6 +213,8 @@ def _classify(path: Path) -> tuple[str, str | None]:
     fmt = detect_log(path)
     if fmt:
         return "log", fmt
+    if path.name in _CONFIG_FILES or path.suffix.lower() in (".yaml", ".yml"):
+        return "unknown", "configuration file: read as metadata of the run beside it"
     if is_checkpoint_candidate(path) or path.suffix.lower() in _CHECKPOINT_SUFFIXES:
         # A broken file named like a checkpoint is an error the user must see,
         # not a silent skip.
