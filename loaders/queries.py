@@ -23,9 +23,9 @@ def checkpoints_frame(store: Store) -> pd.DataFrame:
     """Stored checkpoints with geometry and the name of their run, if linked."""
     with store.connect() as con:
         return con.execute(
-            """SELECT c.id, r.name AS run, c.step, c.architecture, c.variant, c.n_layers,
+            """SELECT c.id, r.name AS run, c.run_id, c.step, c.architecture, c.variant, c.n_layers,
                       c.n_heads, c.n_kv_heads, c.d_model, c.d_head, c.norm, c.positions,
                       c.dtype, c.params_total, c.params_attention, c.kv_bytes_per_token,
-                      c.nonfinite, c.path
+                      c.nonfinite, c.path, c.sha256
                FROM checkpoints c LEFT JOIN runs r ON r.id = c.run_id
                ORDER BY c.id""").df()
