@@ -79,13 +79,22 @@ def browser_page(viewport=(1400, 1000)):
             browser.close()
 
 
-def wait_idle(page, timeout: float = 30_000) -> None:
-    """Wait until Streamlit has finished running the script (no 'Running...' widget)."""
+def wait_idle(page, timeout: float = 30_000, quiet_ms: int = 1500) -> None:
+    """Wait until Streamlit has finished running the script.
+
+    The status widget ("Running...", "Stop") appears only some hundreds of
+    milliseconds into a run, so idle means: no status widget for ``quiet_ms``
+    in a row.
+    """
     page.wait_for_selector("[data-testid='stApp']", timeout=timeout)
-    page.wait_for_timeout(500)  # let a rerun that was just triggered show its status widget
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
-    page.wait_for_timeout(300)
+    waited, quiet, step = 0, 0, 250
+    while quiet < quiet_ms:
+        busy = page.locator("[data-testid='stStatusWidget']").count() > 0
+        quiet = 0 if busy else quiet + step
+        page.wait_for_timeout(step)
+        waited += step
+        if waited > timeout:
+            raise TimeoutError(f"the page was still running after {timeout / 1000:.0f} s")
 
 
 def screenshot(page, name: str) -> Path:
