@@ -7,6 +7,7 @@ Runs (one model size, byte-level Python-stdlib corpus):
   (the projection-sharing paper's Q-GQA / Q-MQA: one cached tensor of
   n_kv_heads * d_head per layer); ``wq_identity`` with GQA-2 and MQA
   (query-free attention combined with head sharing)  (6 runs)
+* ``qkv-mha-wd0.1`` again with seeds 1 and 2 (the seed-to-seed spread)  (2 runs)
 
 Checkpoints at several steps are kept for ``qkv-mha-wd0.1`` and
 ``k_eq_v-mha-wd0.1``; every run keeps its final checkpoint.
@@ -29,15 +30,17 @@ SHARING_WD = 0.1
 DEMO_MODEL = GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, d_model=64,
                        norm="layernorm", positions="learned", mlp_ratio=4.0)
 CORPUS_MAX_BYTES = 6_000_000
-STEPS = 500
-SAVE_STEPS = [125, 250, 375]
+STEPS = 600
+SAVE_STEPS = [150, 300, 450]
+#: extra seeds of one configuration, to measure the seed-to-seed spread
+SEED_REPLICATES = ("qkv-mha-wd0.1", (1, 2))
 MULTI_CHECKPOINT_RUNS = ("qkv-mha-wd0.1", "k_eq_v-mha-wd0.1")
 
 
 def demo_training(steps: int = STEPS):
     from experiments.train import TrainConfig
-    return TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup_steps=30, eval_interval=50,
-                       eval_batches=8, log_interval=10, seed=1337, corpus=None,
+    return TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup_steps=30, eval_interval=100,
+                       eval_batches=32, log_interval=10, seed=1337, corpus=None,
                        corpus_max_bytes=CORPUS_MAX_BYTES, threads=1)
 
 
@@ -47,6 +50,9 @@ def demo_specs(steps: int = STEPS, model: GPTConfig = DEMO_MODEL) -> list[RunSpe
     specs = grid(VARIANT_ORDER, WEIGHT_DECAYS, model=model, training=tc)
     specs += grid(("qkv", "k_eq_v", "wq_identity"), (SHARING_WD,), n_kv_heads=(2, 1),
                   model=model, training=tc)
+    name, seeds = SEED_REPLICATES
+    base = next(s for s in specs if s.name == name)
+    specs += [RunSpec(f"{name}-seed{seed}", base.model, replace(base.train, seed=seed)) for seed in seeds]
     save = [s for s in SAVE_STEPS if s < steps]
     return [replace(s, train=replace(s.train, save_steps=save)) if s.name in MULTI_CHECKPOINT_RUNS
             else s for s in specs]
@@ -78,7 +84,7 @@ def read_runs(root: str | Path) -> list[dict]:
         vals = [r for r in vals if r.get("val_loss") is not None]
         ckpts = sorted(p.name for p in (run / "checkpoints").glob("*.safetensors"))
         finals = [c for c in ckpts if c.startswith("final_")]
-        row = {"name": run.name, "variant": cfg["variant"], "n_head": cfg["n_head"],
+        row = {"name": run.name, "variant": cfg["variant"], "n_head": cfg["n_head"], "seed": cfg["seed"],
                "n_kv_heads": cfg["n_kv_heads"], "weight_decay": cfg["weight_decay"],
                "steps": vals[-1]["step"] if vals else 0,
                "final_val_loss": vals[-1]["val_loss"] if vals else None,
@@ -90,18 +96,18 @@ def read_runs(root: str | Path) -> list[dict]:
                        kv_bytes_per_token=m.cfg.kv_bytes_per_token(4))
         rows.append(row)
     order = {v: i for i, v in enumerate(VARIANT_ORDER)}
-    rows.sort(key=lambda r: (-r["n_kv_heads"], order.get(r["variant"], 99), r["weight_decay"]))
+    rows.sort(key=lambda r: (-r["n_kv_heads"], order.get(r["variant"], 99), r["weight_decay"], r["name"]))
     return rows
 
 
 def table_markdown(rows: list[dict]) -> str:
-    lines = ["| run | variant | heads (kv) | weight decay | final val loss | best val loss "
+    lines = ["| run | variant | heads (kv) | weight decay | seed | final val loss | best val loss "
              "| params | attention params | KV bytes/token (fp32) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| `{r['name']}` | `{r['variant']}` | {r['n_head']} ({r['n_kv_heads']}, "
-            f"{sharing_label(r['n_head'], r['n_kv_heads']).upper()}) | {r['weight_decay']:g} | "
+            f"{sharing_label(r['n_head'], r['n_kv_heads']).upper()}) | {r['weight_decay']:g} | {r['seed']} | "
             f"{r['final_val_loss']:.4f} | {r['best_val_loss']:.4f} | {r.get('params', 0):,} | "
             f"{r.get('params_attention', 0):,} | {r.get('kv_bytes_per_token', 0):,} |")
     return "\n".join(lines)
@@ -122,14 +128,17 @@ def write_readme(root: str | Path, *, command: str, wall_s: float, jobs: int, ma
     """Write ``root/README.md`` from the run folders found there."""
     root = Path(root)
     rows = read_runs(root)
-    mha = [r for r in rows if r["n_kv_heads"] == r["n_head"]]
+    tc = demo_training()
+    main = [r for r in rows if r["seed"] == tc.seed]
+    replicates = [r for r in rows if r["name"].startswith(SEED_REPLICATES[0])]
+    mha = [r for r in main if r["n_kv_heads"] == r["n_head"]]
     best = {}
     for r in mha:
         if r["variant"] not in best or r["final_val_loss"] < best[r["variant"]]["final_val_loss"]:
             best[r["variant"]] = r
     ranking = sorted(best.values(), key=lambda r: r["final_val_loss"])
     mc = DEMO_MODEL
-    tc = demo_training()
+    tc = replace(tc, steps=max((r["steps"] for r in rows), default=tc.steps))
     text = f"""# Bundled demo experiments
 
 Produced by qkvscope's own trainer (`experiments/`) with one command:
@@ -172,13 +181,18 @@ Best MHA run per variant, lowest final validation loss first:
 Weight decay, lowest final validation loss per variant and head sharing:
 {chr(10).join(f"* `{v}` ({s}): wd {min(g, key=lambda r: r['final_val_loss'])['weight_decay']:g}, "
               f"spread over wd {max(r['final_val_loss'] for r in g) - min(r['final_val_loss'] for r in g):.4f}"
-              for (v, s), g in _groups(rows).items() if len(g) > 1) or "(no variant was trained at more than one weight decay)"}
+              for (v, s), g in _groups(main).items() if len(g) > 1) or "(no variant was trained at more than one weight decay)"}
 
-These are single-seed runs of a tiny model trained for {tc.steps} steps
-({tc.steps * tc.batch_size * mc.block_size / 1e6:.2f}M tokens). This command does not measure the
-seed-to-seed spread, so treat differences of about a hundredth of a nat with caution. The runs
-show the pipeline end to end (trainer, loaders, analysis); they do not replicate either paper,
-whose models are orders of magnitude larger and longer trained.
+Seed-to-seed spread: `{SEED_REPLICATES[0]}` trained with seeds
+{', '.join(str(r['seed']) for r in replicates)} (same validation batches) ends at
+{', '.join(f"{r['final_val_loss']:.4f}" for r in replicates)}: a spread of
+{(max(r['final_val_loss'] for r in replicates) - min(r['final_val_loss'] for r in replicates)) if replicates else float('nan'):.4f}.
+Differences between variants smaller than that are within seed noise.
+
+These are runs of a tiny model trained for {tc.steps} steps
+({tc.steps * tc.batch_size * mc.block_size / 1e6:.2f}M tokens). They show the pipeline end to end
+(trainer, loaders, analysis); they do not replicate either paper, whose models are orders of
+magnitude larger and longer trained.
 """
     path = root / "README.md"
     path.write_text(text)

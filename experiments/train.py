@@ -5,7 +5,8 @@ dimensions: matrices and embeddings; none on gains and biases), linear warmup
 then cosine decay to ``min_lr_ratio * lr``, gradient clipping by global norm,
 periodic validation on fixed held-out batches. Deterministic for a seed on
 one device (init from ``seed``, training batches from a generator seeded
-``seed + 1``, validation batches from ``seed + 2``).
+``seed + 1``). Validation batches come from ``val_seed``, independent of
+``seed``, so runs that differ only in seed are scored on the same text.
 
 A run folder holds::
 
@@ -67,6 +68,7 @@ class TrainConfig:
     eval_batches: int = 16
     log_interval: int = 10
     seed: int = 1337
+    val_seed: int = 0
     save_steps: list[int] = field(default_factory=list)
     corpus: str | None = None
     corpus_max_bytes: int | None = None
@@ -178,9 +180,9 @@ def _load_resume(model: GPT, opt: torch.optim.AdamW, gen: torch.Generator,
 
 @torch.inference_mode()
 def evaluate(model: GPT, data: torch.Tensor, tc: TrainConfig, block_size: int) -> float:
-    """Mean loss over ``eval_batches`` fixed batches (generator seeded ``seed + 2``)."""
+    """Mean loss over ``eval_batches`` fixed batches (generator seeded ``val_seed``)."""
     model.eval()
-    gen = torch.Generator().manual_seed(tc.seed + 2)
+    gen = torch.Generator().manual_seed(tc.val_seed)
     losses = []
     for _ in range(tc.eval_batches):
         x, y = get_batch(data, tc.batch_size, block_size, gen)

@@ -46,6 +46,7 @@ def test_train_command_existing_folder(tmp_path, capsys):
     assert main(["train", "--out", str(out), "--resume", *TINY]) == 0   # finished: nothing to do
 
 
+@pytest.mark.slow
 def test_sweep_and_demo_listing(tmp_path, capsys):
     out = tmp_path / "sweep"
     rc = main(["sweep", "--variants", "qkv,q_eq_k_eq_v", "--weight-decays", "0.0,0.1",
