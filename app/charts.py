@@ -179,6 +179,13 @@ def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
     grid = grid.sort_index().sort_index(axis=1)
     z = grid.to_numpy(dtype=float)  # (n_layers, n_heads)
     text = [[("" if math.isnan(v) else f"{v:.3g}") for v in row] for row in z]
+    finite = z[np.isfinite(z)]
+    if zmin is None and zmax is None and finite.size:
+        lo, hi = float(finite.min()), float(finite.max())
+        if hi - lo <= 1e-6 * max(1.0, abs(hi)):
+            # All equal up to float32 noise (e.g. kv_cka of a K=V model): one
+            # colour, not a full colour scale stretched over rounding error.
+            zmin, zmax = lo - 0.5 * max(1.0, abs(lo)), hi + 0.5 * max(1.0, abs(hi))
     fig = go.Figure(go.Heatmap(
         z=_nested(z), x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
         colorscale=colorscale, zmin=zmin, zmax=zmax, text=text,
