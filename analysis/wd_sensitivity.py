@@ -42,6 +42,8 @@ IGNORED_KEYS = frozenset({
     "weight_decay", "wd", "seed", "out_dir", "output_dir", "run_dir", "logging_dir", "run_name",
     "name", "wandb_run_name", "wandb_project", "wandb_log", "exp_name", "tag", "tags", "init_from",
     "log_dir", "checkpoint_dir", "save_dir", "resume", "device",
+    # when checkpoints are written or logs printed does not change the training
+    "save_steps", "save_interval", "checkpoint_interval", "log_interval", "keep_checkpoints",
 })
 
 OUTPUT_COLUMNS = ["variant", "group", "weight_decays", "final_val_loss", "best_val_loss", "slope",

@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     pn = projection_norms_vs_wd(runs, norms)
     out = []
     for row in table.to_dict("records"):
+        for key in ("slope", "curvature", "best_weight_decay"):   # pandas turns None into NaN
+            if row[key] is not None and pd.isna(row[key]):
+                row[key] = None
         mine = pn[pn["run_id"].isin(row["run_ids"])]
         row["projection_norms"] = mine[["run_id", "weight_decay", "step", "metric", "value"]].to_dict("records")
         out.append(row)

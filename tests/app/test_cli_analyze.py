@@ -77,6 +77,10 @@ def _synthetic_store(path) -> Store:
                 for step, val in ((0, final + 2), (100, final + 1), (200, final)):
                     con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
                                 [rid, step, val])
+        # one lone run: no slope can be fitted
+        con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, config) "
+                    "VALUES (99, 'lone', 'mem', 'test', 'wq_identity', 0.1, '{\"save_steps\": [5]}')")
+        con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (99, 10, 'val/loss', 4.0)")
     return store
 
 
@@ -85,7 +89,9 @@ def test_wd_sensitivity_json_known_slopes(tmp_path, capsys):
     assert main(["wd-sensitivity", "--db", str(store.path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     by_variant = {o["variant"]: o for o in out}
-    assert set(by_variant) == {"qkv", "k_eq_v"}
+    assert set(by_variant) == {"qkv", "k_eq_v", "wq_identity"}
+    lone = by_variant["wq_identity"]
+    assert (lone["slope"], lone["curvature"], lone["best_weight_decay"], lone["n_runs"]) == (None, None, 0.1, 1)
     for variant, slope, best in (("qkv", 0.2, 1e-3), ("k_eq_v", -0.1, 1.0)):
         o = by_variant[variant]
         assert {"variant", "weight_decays", "final_val_loss", "slope", "best_weight_decay", "n_runs"} <= set(o)
