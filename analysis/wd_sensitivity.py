@@ -67,7 +67,14 @@ def _scalars(cfg: dict) -> dict:
     for key, val in cfg.items():
         if key in IGNORED_KEYS:
             continue
-        if isinstance(val, dict):
+        if key == "files" and isinstance(val, dict):
+            # Config files found beside a log ({file name: contents}): their
+            # keys name the hyperparameters; the file name adds only noise.
+            for inner in val.values():
+                if isinstance(inner, dict):
+                    for k2, v2 in _scalars(inner).items():
+                        out.setdefault(k2, v2)
+        elif isinstance(val, dict):
             for k2, v2 in _scalars(val).items():
                 out[f"{key}.{k2}"] = v2
         elif isinstance(val, (str, int, float, bool)) or val is None:

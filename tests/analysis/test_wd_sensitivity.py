@@ -109,3 +109,11 @@ def test_real_world_logs(realworld, tmp_path):
         finals = [f for f in row.final_val_loss if f is not None]
         assert finals and all(math.isfinite(f) and 0 < f < 20 for f in finals)
         assert row.best_weight_decay in row.weight_decays
+
+
+def test_config_files_beside_a_log_group_by_their_keys_not_their_file_names():
+    from analysis.wd_sensitivity import _scalars
+
+    cfg = {"files": {"config.json": {"n_kv_heads": 4, "save_steps": [125, 250], "weight_decay": 0.1},
+                     "hparams.yaml": {"lr": 0.002}}, "d_model": 64}
+    assert _scalars(cfg) == {"n_kv_heads": 4, "lr": 0.002, "d_model": 64}
