@@ -79,7 +79,7 @@ def test_demo_without_runs(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_demo_rebuild_smoke(tmp_path, capsys):
-    """The full demo grid (21 runs) at 2 steps each: folders, README table, listing."""
+    """The full demo grid (23 runs) at 2 steps each: folders, README table, listing."""
     from experiments.demo import demo_specs
     out = tmp_path / "demo"
     import experiments.demo as demo
@@ -92,5 +92,6 @@ def test_demo_rebuild_smoke(tmp_path, capsys):
                                jobs=1, machine="test")
     text = readme.read_text()
     assert "python -m app demo --rebuild --steps 2" in text
-    assert sum(line.startswith("| `") for line in text.splitlines()) == 21
-    assert len(list(out.glob("*/checkpoints/final_step_000002.safetensors"))) == 21
+    assert sum(line.startswith("| `") for line in text.splitlines()) == 23
+    assert "trained with seeds\n1337, 1, 2" in text
+    assert len(list(out.glob("*/checkpoints/final_step_000002.safetensors"))) == 23

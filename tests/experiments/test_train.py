@@ -93,7 +93,6 @@ def test_tensorboard_tags(tmp_path, corpus):
     assert [e.step for e in acc.Scalars("val/loss")] == [0, 5, 10]
 
 
-@pytest.mark.slow
 def test_deterministic_and_resume_is_exact(tmp_path, corpus):
     """Two runs with one seed give identical weights; a run stopped at step 10 and
     resumed gives the same weights and metrics as an uninterrupted one."""
