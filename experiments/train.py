@@ -30,7 +30,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -335,13 +335,3 @@ def _summary(model: GPT, metrics_path: Path, checkpoint: Path, wall_s: float) ->
         "wall_s": wall_s,
     }
 
-
-def configs_from_dict(d: dict) -> tuple[GPTConfig, TrainConfig]:
-    """Split a flat ``config.json``-style dict into the two configs (extra keys ignored)."""
-    mnames = {f.name for f in fields(GPTConfig)}
-    tnames = {f.name for f in fields(TrainConfig)}
-    corpus = d.get("corpus")
-    tc = {k: v for k, v in d.items() if k in tnames and k != "corpus"}
-    if isinstance(corpus, str) or corpus is None:
-        tc["corpus"] = corpus
-    return GPTConfig(**{k: v for k, v in d.items() if k in mnames}), TrainConfig(**tc)

@@ -159,3 +159,17 @@ def test_30_step_run_per_variant(tmp_path, corpus, variant):
         ("qkvscope", variant, 4, n_kv)
     assert info["kv_bytes_per_token"] == s["kv_bytes_per_token"]
     assert info["params"]["total"] == s["params"]
+
+
+@pytest.mark.gpu
+def test_cuda_run_matches_cpu_run_at_start(tmp_path, corpus):
+    """--device cuda: same init and batches as on CPU, so the step-0 validation loss
+    agrees to float tolerance; the checkpoint is saved from GPU tensors and reads back."""
+    cpu = train(_mc("k_eq_v", 2), _tc(steps=5, eval_interval=5), tmp_path / "cpu", corpus=corpus,
+                progress=_quiet)
+    gpu = train(_mc("k_eq_v", 2), _tc(steps=5, eval_interval=5, device="cuda"), tmp_path / "gpu",
+                corpus=corpus, progress=_quiet)
+    first = lambda p: json.loads((p / "metrics.jsonl").read_text().splitlines()[0])["val_loss"]  # noqa: E731
+    assert first(tmp_path / "gpu") == pytest.approx(first(tmp_path / "cpu"), abs=1e-4)
+    assert gpu["final_val_loss"] == pytest.approx(cpu["final_val_loss"], abs=2e-2)
+    assert load_checkpoint(gpu["checkpoint"]).cfg.variant == "k_eq_v"
