@@ -36,6 +36,9 @@ _HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorc
 _CONFIG_FILES = {"config.json", "hparams.json", "args.json", "training_args.json",
                  "generation_config.json", "tokenizer_config.json", "run_config.json"}
 _CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".ckpt"}
+#: Suffixes of text logs: an unreadable one is reported with the reason, and
+#: one that is not UTF-8 is an error (the user meant it to be read).
+_LOG_SUFFIXES = {".csv", ".tsv", ".jsonl", ".log", ".txt", ".out"}
 _STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint)[-_]?0*(\d+)", re.IGNORECASE)
 
 
@@ -198,8 +201,10 @@ def link_checkpoints(store: Store) -> int:
 
 
 def _classify(path: Path) -> tuple[str, str | None]:
-    """('log', format) / ('checkpoint', None) / ('unknown', reason)."""
+    """('log', format) / ('checkpoint', None) / ('unknown', reason) /
+    ('broken_log', reason): a text log that is not UTF-8."""
     from loaders.logs import detect_log
+    from loaders.logs.registry import why_not_a_log
     from loaders.sources import is_checkpoint_candidate
 
     if path.is_dir():
@@ -219,6 +224,11 @@ def _classify(path: Path) -> tuple[str, str | None]:
         # A broken file named like a checkpoint is an error the user must see,
         # not a silent skip.
         return "checkpoint", None
+    if path.suffix.lower() in _LOG_SUFFIXES:
+        why = why_not_a_log(path)
+        if why.startswith("expected UTF-8"):
+            return "broken_log", why
+        return "unknown", f"not a training log qkvscope reads: {why}"
     return "unknown", "not a checkpoint or a training log qkvscope reads"
 
 
@@ -232,6 +242,8 @@ def ingest_file(store: Store, path: Path) -> list[FileReport]:
         return [FileReport(str(path), "unknown", "error", reason=str(exc))]
     if kind == "unknown":
         return [FileReport(str(path), "unknown", "skipped", reason=detail)]
+    if kind == "broken_log":
+        return [FileReport(str(path), "log", "error", reason=f"{path}: {detail}")]
     try:
         if kind == "log":
             return ingest_log(store, path, format=detail)
