@@ -8,6 +8,8 @@ time. ``inspect_checkpoint(path)`` is what ``python -m app info`` prints.
 """
 from __future__ import annotations
 
+import json
+
 import re
 from pathlib import Path
 
@@ -66,8 +68,20 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def _step(extras: dict) -> int | None:
+    """The training step a checkpoint records: a top-level ``step``/``iter_num``/
+    ``global_step`` entry, or the ``step`` of qkvscope's own ``qkvscope_run``
+    safetensors metadata (JSON)."""
+    candidates = dict(extras)
+    run = (extras.get("safetensors_metadata") or {}).get("qkvscope_run")
+    if isinstance(run, str):
+        try:
+            run = json.loads(run)
+        except ValueError:
+            run = None
+    if isinstance(run, dict) and "step" not in candidates:
+        candidates["step"] = run.get("step")
     for name in ("step", "iter_num", "global_step"):
-        value = extras.get(name)
+        value = candidates.get(name)
         if isinstance(value, bool):
             continue
         if isinstance(value, int):

@@ -102,3 +102,11 @@ def test_projection_sharing_checkpoint_gives_a_checkpoint_and_its_val_metrics(tm
     runs = list_runs(store)
     assert len(runs) == 1 and "val/loss" in runs[0]["metrics"] and runs[0]["weight_decay"] == 0.1
     assert ckpt["run_id"] == runs[0]["id"]
+
+
+def test_own_checkpoints_report_their_training_step():
+    from loaders.checkpoints import inspect_checkpoint
+
+    ckpt = Path(__file__).resolve().parents[2] / "data/demo/qkv-mha-wd0.1/checkpoints/step_000150.safetensors"
+    info = inspect_checkpoint(ckpt)
+    assert (info["architecture"], info["variant"], info["step"]) == ("qkvscope", "qkv", 150)
