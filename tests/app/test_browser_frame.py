@@ -33,6 +33,6 @@ def test_overview_and_sql_in_a_real_browser(tmp_path):
         page.goto(f"{url}/sql?q={q}")
         wait_idle(page)
         page.get_by_text("1 rows in").wait_for(timeout=30_000)
-        page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=30_000)
+        page.locator("[data-testid='stDataFrame']").last.wait_for(timeout=30_000)
         wait_idle(page)
         screenshot(page, "sql")
