@@ -37,7 +37,8 @@ def render() -> None:
     set_query_params(q=sql, timeout=int(timeout), rows=int(max_rows))
     result = run_readonly_query(store, sql, timeout_s=float(timeout), max_rows=int(max_rows))
     note = f", first {max_rows:,} shown" if result.truncated else ""
-    st.caption(f"{len(result.frame):,} rows in {result.seconds:.3f} s{note}")
+    n = len(result.frame)
+    st.caption(f"{n:,} row{'' if n == 1 else 's'} in {result.seconds:.3f} s{note}")
     st.dataframe(result.frame, hide_index=True, width="stretch")
     st.download_button("Download CSV", result.frame.to_csv(index=False).encode(),
                        file_name="qkvscope-query.csv", mime="text/csv", icon=":material/download:")
