@@ -133,6 +133,21 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         )""",
         """CREATE INDEX results_ckpt ON analysis_results (checkpoint_id, metric)""",
     ]),
+    (2, [
+        # Where batch analysis (app.batch) wrote each result as Parquet: a local
+        # file or an object-storage URL, readable with read_parquet(location).
+        """CREATE TABLE analysis_result_files (
+            checkpoint_id INTEGER NOT NULL,
+            kind VARCHAR NOT NULL,             -- 'weights' or 'activations'
+            metric_version INTEGER NOT NULL,
+            sha256 VARCHAR NOT NULL,           -- the checkpoint's content hash (the partition key)
+            location VARCHAR NOT NULL,         -- .../part.parquet: layer, head, metric, value
+            job_location VARCHAR NOT NULL,     -- .../job.parquet: notes, seconds, device
+            n_rows BIGINT NOT NULL,
+            registered_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+            PRIMARY KEY (checkpoint_id, kind, metric_version)
+        )""",
+    ]),
 ]
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

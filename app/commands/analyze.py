@@ -10,6 +10,24 @@ qkvscope's own checkpoints); where none is possible the notes say why.
 JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 "value"}...], "notes": {metric: why absent}, "cached": bool} per checkpoint,
 a list when several are given. Metric names: see `python -m app analyze --list`.
+
+Batch mode, for many checkpoints (in-process, or on Ray with --ray): a glob
+pattern as PATH_OR_ID ('ckpts/**/*.safetensors', quoted so the shell leaves
+it alone), --all (every stored checkpoint), --ray ADDRESS or --results
+LOCATION. One task per checkpoint writes Parquet under --results
+(<results>/checkpoint=<sha256>/metric_version=<v>/kind=<kind>/part.parquet);
+this process then registers it in the database. Checkpoints whose results
+already exist there for the current metric version are skipped (--force
+recomputes). Failed tasks are retried (--retries) and reported.
+
+  python -m app analyze --all --db my.duckdb --ray auto
+  python -m app analyze 'ckpts/**/*.safetensors' --ray ray://head:10001 \
+      --results s3://bucket/qkvscope/ --db my.duckdb
+
+JSON in batch mode: {"results", "metric_version", "executor", "computed",
+"skipped", "failed", "errors": [{"target", "reason"}], "checkpoints": [{"id",
+"path", "sha256", "status", "kinds", "rows", "files", "attempts", "error"}]};
+exit status 1 when a checkpoint failed or an input could not be ingested.
 """
 from __future__ import annotations
 
@@ -36,13 +54,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="recompute even when results are stored")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a summary table")
     parser.add_argument("--list", action="store_true", help="list the metrics with their help and exit")
+    batch = parser.add_argument_group("batch mode (glob patterns, --all, --ray, --results)")
+    batch.add_argument("--all", action="store_true", dest="all_checkpoints",
+                       help="analyse every checkpoint stored in the database")
+    batch.add_argument("--ray", metavar="ADDRESS", default=None,
+                       help="run one Ray task per checkpoint: 'auto' (RAY_ADDRESS, a cluster started with "
+                            "`ray start`, else a new local one), 'local', or an address such as ray://head:10001")
+    batch.add_argument("--results", metavar="LOCATION", default=None,
+                       help="folder or s3:// URL for the Parquet results (default: <db>.results/ beside the "
+                            "database file)")
+    batch.add_argument("--gpus-per-task", type=float, default=None, metavar="N",
+                       help="GPUs each Ray task requests (default: 1 if the cluster has GPUs, else 0)")
+    batch.add_argument("--retries", type=int, default=2, metavar="N",
+                       help="retries of a task that raised or whose worker died (default 2)")
 
 
 class _Bar:
     """A one-line progress bar on stderr (only when stderr is a terminal or asked for)."""
 
-    def __init__(self, label: str, stream=sys.stderr):
-        self.label, self.stream = label, stream
+    def __init__(self, label: str, stream=None):
+        self.label, self.stream = label, stream if stream is not None else sys.stderr   # looked up now, not at import
 
     def __call__(self, done: int, total: int, what: str) -> None:
         width = 24
@@ -77,11 +108,55 @@ def _print_table(payload: dict) -> None:
         print(f"  {metric}: {why}")
 
 
+def _is_batch(args: argparse.Namespace) -> bool:
+    from app.batch import is_glob
+
+    return bool(args.all_checkpoints or args.ray or args.results or any(is_glob(t) for t in args.targets))
+
+
+def _print_batch(report: dict) -> None:
+    print(f"{report['computed']} computed, {report['skipped']} skipped, {report['failed']} failed "
+          f"({report['executor']}); results in {report['results']}")
+    for c in report["checkpoints"]:
+        retried = len(c["attempts"]) - 1
+        extra = f" after {retried} retr{'y' if retried == 1 else 'ies'}" if retried > 0 else ""
+        print(f"  {c['id']:>5} {c['status']:<8} {c['rows']:>6} rows  {c['path']}{extra}")
+        if c["error"]:
+            print(f"        {c['error']}")
+    for e in report["errors"]:
+        print(f"  error: {e['target']}: {e['reason']}")
+
+
+def run_batch_mode(args: argparse.Namespace) -> int:
+    from app import batch
+
+    store = store_from(args)
+    inputs = batch.expand_targets(store, args.targets, all_checkpoints=args.all_checkpoints)
+    results = args.results or str(store.path.with_suffix(".results"))
+
+    def notify(rep, done, total):
+        retried = len(rep.attempts) - 1
+        note = f" after {retried} retr{'y' if retried == 1 else 'ies'}" if retried > 0 else ""
+        print(f"[{done}/{total}] checkpoint {rep.id} {rep.status}{note}: {rep.path}", file=sys.stderr)
+
+    report = batch.run_batch(
+        store, inputs.checkpoint_ids, results=results, activations=args.activations, device=args.device,
+        force=args.force, ray_address=args.ray, gpus_per_task=args.gpus_per_task, retries=args.retries,
+        input_errors=inputs.errors, notify=notify, quiet_workers=args.json).to_dict()
+    if args.json:
+        print_json(report)
+    else:
+        _print_batch(report)
+    return 1 if report["failed"] or report["errors"] else 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         for m in METRICS:
             print(f"{m.name:22} {m.level:11} {m.axis:10} {m.help}")
         return 0
+    if _is_batch(args):
+        return run_batch_mode(args)
     if not args.targets:
         print("error: give at least one PATH_OR_ID (or --list)", file=sys.stderr)
         return 2

@@ -1,0 +1,289 @@
+"""Batch analysis in-process: Parquet layout, registration, skips, retries, reports, the CLI."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+import torch
+
+from analysis.registry import METRIC_VERSION, names
+from app import batch, jobs
+from app.cli import main
+from loaders.store import Store
+
+VARIANTS = ("qkv", "k_eq_v", "wq_identity")
+
+
+def make_checkpoints(root: Path) -> list[Path]:
+    """Three of qkvscope's own tiny models (2 layers, 4 heads, GQA-2), one per variant."""
+    from experiments.model import GPT, GPTConfig
+    from experiments.train import TrainConfig, save_checkpoint
+
+    paths = []
+    for i, variant in enumerate(VARIANTS):
+        torch.manual_seed(i)
+        model = GPT(GPTConfig(n_layer=2, n_head=4, n_kv_heads=2, d_model=32, variant=variant)).eval()
+        path = root / f"run_{variant}" / "final_step_000010.safetensors"
+        path.parent.mkdir(parents=True)
+        save_checkpoint(model, path, step=10, tokens=100, final=True, tc=TrainConfig())
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture
+def ckpts(tmp_path) -> list[Path]:
+    return make_checkpoints(tmp_path / "ckpts")
+
+
+class Counting:
+    """``run_task`` that counts its calls and can raise on chosen attempts."""
+
+    def __init__(self, fail: dict[str, int] | None = None):
+        self.calls: list[str] = []
+        self.fail = fail or {}          # sha256 -> how many first attempts raise
+
+    def __call__(self, spec, log):
+        self.calls.append(spec.sha256)
+        if self.calls.count(spec.sha256) <= self.fail.get(spec.sha256, 0):
+            raise RuntimeError(f"flaky disk under {Path(spec.path).parent.name}")
+        return batch.run_task(spec, log)
+
+
+def _ids(store: Store, paths) -> list[int]:
+    return [jobs.resolve(store, str(p)) for p in paths]
+
+
+def _sha(store: Store, cid: int) -> str:
+    with store.connect() as con:
+        return con.execute("SELECT sha256 FROM checkpoints WHERE id = ?", [cid]).fetchone()[0]
+
+
+def test_parquet_layout_and_registration(tmp_path, ckpts):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, ckpts)
+    results = tmp_path / "results"
+    rep = batch.run_batch(store, ids, results=results, device="cpu")
+    assert rep.executor == "in-process" and [c.status for c in rep.checkpoints] == ["computed"] * 3
+    for c in rep.checkpoints:
+        folder = results / f"checkpoint={c.sha256}" / f"metric_version={METRIC_VERSION}" / "kind=weights"
+        assert c.files == [str(folder / "part.parquet")]
+        assert sorted(p.name for p in folder.iterdir()) == ["job.parquet", "part.parquet"]
+        assert [a["outcome"] for a in c.attempts] == ["computed"]
+    part = rep.checkpoints[0].files[0]
+    with duckdb.connect() as con:
+        cols = [d[0] for d in con.execute("SELECT * FROM read_parquet(?, hive_partitioning = false)", [part]).description]
+        job = con.execute("SELECT kind, metric_version, notes, device FROM read_parquet(?, hive_partitioning = false)",
+                          [str(Path(part).with_name("job.parquet"))]).fetchall()
+        everything = con.execute("SELECT checkpoint, count(*) FROM read_parquet(?, hive_partitioning = true) "
+                                 "GROUP BY checkpoint", [str(results / "**" / "part.parquet")]).fetchall()
+    assert cols == ["checkpoint_sha256", "path", "layer", "head", "metric", "value"]
+    assert job[0][:2] == ("weights", METRIC_VERSION) and job[0][3] == "cpu"
+    assert sorted(everything) == sorted((c.sha256, c.rows) for c in rep.checkpoints)
+
+    # The store holds exactly what the Parquet holds, and `analyze ID` reads it back as cached.
+    direct = jobs.analyze(store, ids[1], device="cpu")[0]
+    assert direct.cached
+    with duckdb.connect() as con:
+        pq = con.execute("SELECT layer, head, metric, value FROM read_parquet(?, hive_partitioning = false)",
+                         [rep.checkpoints[1].files[0]]).df()
+    assert len(pq) == len(direct.frame) == rep.checkpoints[1].rows
+    a = pq.sort_values(["metric", "layer", "head"]).reset_index(drop=True)
+    b = direct.frame.sort_values(["metric", "layer", "head"]).reset_index(drop=True)
+    assert (a["metric"] == b["metric"]).all() and (a["value"] - b["value"]).abs().max() == 0.0
+    assert json.loads(job[0][2]) == direct.notes
+    with store.connect() as con:
+        files = con.execute("SELECT checkpoint_id, kind, metric_version, location, n_rows "
+                            "FROM analysis_result_files ORDER BY checkpoint_id").fetchall()
+    assert files == [(c.id, "weights", METRIC_VERSION, c.files[0], c.rows) for c in rep.checkpoints]
+
+
+def test_same_values_as_the_single_checkpoint_job(tmp_path, ckpts):
+    """A batch computes exactly what `analyze PATH` (app.jobs.analyze) computes."""
+    single = Store(tmp_path / "single.duckdb")
+    cid = jobs.resolve(single, str(ckpts[0]))
+    (res,) = jobs.analyze(single, cid, device="cpu")
+    store = Store(tmp_path / "batch.duckdb")
+    rep = batch.run_batch(store, _ids(store, ckpts[:1]), results=tmp_path / "r", device="cpu")
+    q = "SELECT layer, head, metric, value FROM analysis_results ORDER BY metric, layer, head NULLS FIRST"
+    with single.connect() as c1, store.connect() as c2:
+        assert c1.execute(q).fetchall() == c2.execute(q).fetchall()
+        assert (c1.execute("SELECT notes FROM analysis_jobs").fetchall()
+                == c2.execute("SELECT notes FROM analysis_jobs").fetchall())
+    assert rep.checkpoints[0].rows == len(res.frame)
+
+
+def test_rerun_skips_existing_results_and_force_recomputes(tmp_path, ckpts):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, ckpts)
+    batch.run_batch(store, ids, results=tmp_path / "r", device="cpu")
+    counting = Counting()
+    again = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu", task_fn=counting)
+    assert counting.calls == [] and [c.status for c in again.checkpoints] == ["skipped"] * 3
+    assert all(c.rows > 0 and c.attempts == [] for c in again.checkpoints)
+    # a fresh database over the same results: skipped, but registered from the Parquet
+    other = Store(tmp_path / "other.duckdb")
+    other_ids = _ids(other, ckpts)
+    rep = batch.run_batch(other, other_ids, results=tmp_path / "r", device="cpu", task_fn=counting)
+    assert counting.calls == [] and [c.rows for c in rep.checkpoints] == [c.rows for c in again.checkpoints]
+    q = "SELECT count(*), count(DISTINCT checkpoint_id) FROM analysis_results"
+    with store.connect() as c1, other.connect() as c2:
+        assert c1.execute(q).fetchone() == c2.execute(q).fetchone() == (sum(c.rows for c in rep.checkpoints), 3)
+    forced = batch.run_batch(store, ids[:1], results=tmp_path / "r", device="cpu", task_fn=counting, force=True)
+    assert forced.checkpoints[0].status == "computed" and len(counting.calls) == 1
+
+
+def test_new_metric_version_recomputes(tmp_path, ckpts, monkeypatch):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, ckpts[:1])
+    batch.run_batch(store, ids, results=tmp_path / "r", device="cpu")
+    monkeypatch.setattr(batch, "METRIC_VERSION", METRIC_VERSION + 1)
+    counting = Counting()
+    rep = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu", task_fn=counting)
+    assert len(counting.calls) == 1 and rep.metric_version == METRIC_VERSION + 1
+    assert f"metric_version={METRIC_VERSION + 1}" in rep.checkpoints[0].files[0]
+
+
+def test_activations_added_to_existing_weights(tmp_path, ckpts):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, ckpts[:1])
+    batch.run_batch(store, ids, results=tmp_path / "r", device="cpu")
+    counting = Counting()
+    calls = []
+    counting_specs = lambda spec, log: (calls.append(spec.kinds), counting(spec, log))[1]
+    rep = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu", activations=True,
+                          task_fn=counting_specs)
+    assert calls == [("activations",)]                      # weights were already there
+    c = rep.checkpoints[0]
+    assert c.status == "computed" and c.kinds == ["weights", "activations"] and len(c.files) == 2
+    with store.connect() as con:
+        kinds = con.execute("SELECT kind FROM analysis_jobs ORDER BY kind").fetchall()
+        metrics = {r[0] for r in con.execute("SELECT DISTINCT metric FROM analysis_results").fetchall()}
+    assert kinds == [("activations",), ("weights",)]
+    assert set(names("activations")) <= metrics
+
+
+def test_retry_then_success_is_reported(tmp_path, ckpts):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, ckpts)
+    flaky = _sha(store, ids[1])
+    rep = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu", task_fn=Counting({flaky: 1}))
+    c = rep.checkpoints[1]
+    assert c.status == "computed" and c.rows > 0
+    assert [a["outcome"] for a in c.attempts] == [
+        "RuntimeError: flaky disk under run_k_eq_v (retried if attempts remain)", "computed"]
+
+
+def test_retries_exhausted_fail_that_checkpoint_only(tmp_path, ckpts):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, ckpts)
+    bad = _sha(store, ids[0])
+    rep = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu", retries=1,
+                          task_fn=Counting({bad: 5}))
+    assert [c.status for c in rep.checkpoints] == ["failed", "computed", "computed"]
+    assert rep.checkpoints[0].error == "RuntimeError: flaky disk under run_qkv"
+    assert len(rep.checkpoints[0].attempts) == 2 and rep.checkpoints[0].files == []
+    with store.connect() as con:
+        stored = {r[0] for r in con.execute("SELECT DISTINCT checkpoint_id FROM analysis_results").fetchall()}
+    assert stored == set(ids[1:])
+    assert rep.to_dict()["failed"] == 1
+
+
+def test_missing_checkpoint_file_fails_without_retry(tmp_path, ckpts):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, ckpts)
+    ckpts[2].unlink()
+    rep = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu", retries=3)
+    c = rep.checkpoints[2]
+    host = c.attempts[0]["host"]
+    why = (f"{ckpts[2]}: checkpoint {ids[2]} is not readable on host {host} "
+           "(workers must reach the checkpoints at their stored paths)")
+    assert c.status == "failed" and c.error == why
+    assert [a["outcome"] for a in c.attempts] == [f"failed: {why}"]
+
+
+def test_registration_rejects_results_of_another_checkpoint(tmp_path, ckpts):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, ckpts[:2])
+    rep = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu")
+    a, b = rep.checkpoints
+    src = Path(b.files[0]).parent
+    dst = Path(a.files[0]).parent
+    for name in ("job.parquet", "part.parquet"):              # someone copied b's files over a's
+        (dst / name).write_bytes((src / name).read_bytes())
+    loc = batch.ResultsLocation(tmp_path / "r")
+    with pytest.raises(batch.BatchError) as exc:
+        batch.register(store, a.id, a.sha256, "weights", loc)
+    assert str(exc.value) == (f"{dst / 'job.parquet'}: expected one row for checkpoint sha256 {a.sha256} at "
+                              f"metric version {METRIC_VERSION}, found [('{b.sha256}', {METRIC_VERSION})]")
+
+
+def test_results_location_urls():
+    loc = batch.ResultsLocation("s3://bucket/qkvscope/")
+    assert loc.remote and loc.root == "s3://bucket/qkvscope"
+    assert loc.part("ab12", "weights") == (f"s3://bucket/qkvscope/checkpoint=ab12/metric_version={METRIC_VERSION}"
+                                           "/kind=weights/part.parquet")
+    local = batch.ResultsLocation("rel/dir")
+    assert not local.remote and local.root == str(Path("rel/dir").resolve())
+    assert batch._sql_string("it's") == "'it''s'"
+
+
+def test_cli_glob_then_all(tmp_path, ckpts, capsys):
+    db = tmp_path / "c.duckdb"
+    pattern = str(tmp_path / "ckpts" / "**" / "*.safetensors")
+    assert main(["analyze", pattern, "--db", str(db), "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"results", "metric_version", "executor", "computed", "skipped", "failed", "errors",
+                        "checkpoints"}
+    assert out["results"] == str(tmp_path / "c.results")
+    assert (out["computed"], out["skipped"], out["failed"], out["executor"]) == (3, 0, 0, "in-process")
+    assert [c["path"] for c in out["checkpoints"]] == [str(p) for p in sorted(ckpts)]
+    assert set(out["checkpoints"][0]) == {"id", "path", "sha256", "status", "kinds", "rows", "files",
+                                          "attempts", "error"}
+    assert main(["analyze", "--all", "--db", str(db), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["computed"], again["skipped"]) == (0, 3)
+    assert main(["analyze", "--all", "--db", str(db)]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == f"0 computed, 3 skipped, 0 failed (in-process); results in {tmp_path / 'c.results'}"
+
+
+def test_cli_input_errors_and_no_match(tmp_path, ckpts, capsys):
+    db = tmp_path / "c.duckdb"
+    (tmp_path / "ckpts" / "run_qkv" / "notes.safetensors").write_bytes(b"not a safetensors file")
+    pattern = str(tmp_path / "ckpts" / "run_qkv" / "*.safetensors")
+    assert main(["analyze", pattern, "--db", str(db), "--device", "cpu", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["computed"] == 1 and [e["target"] for e in out["errors"]] == [
+        str(tmp_path / "ckpts" / "run_qkv" / "notes.safetensors")]
+    nothing = str(tmp_path / "elsewhere" / "*.pt")
+    assert main(["analyze", nothing, "--db", str(db)]) == 2
+    assert capsys.readouterr().err == f"error: {nothing}: no file or folder matches this pattern\n"
+
+
+def test_cli_explicit_targets_keep_the_single_checkpoint_json(tmp_path, ckpts, capsys):
+    db = tmp_path / "c.duckdb"
+    assert main(["analyze", str(ckpts[0]), "--db", str(db), "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"checkpoint", "metrics", "notes", "cached"} and out["cached"] is False
+    assert not (tmp_path / "c.results").exists()
+
+
+def test_cli_ray_without_ray_installed_is_one_line(tmp_path, ckpts, capsys, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    db = tmp_path / "c.duckdb"
+    assert main(["analyze", str(ckpts[0]), "--db", str(db), "--ray", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --ray auto: the ray package is not installed (pip install -r requirements-scale.txt)\n"
