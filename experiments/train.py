@@ -8,6 +8,12 @@ one device (init from ``seed``, training batches from a generator seeded
 ``seed + 1``). Validation batches come from ``val_seed``, independent of
 ``seed``, so runs that differ only in seed are scored on the same text.
 
+Under ``torchrun`` (``train(..., dist=...)``, see :mod:`experiments.distributed`)
+the model is wrapped in DistributedDataParallel; ``batch_size`` stays the
+global batch, each rank trains on its slice of the same global batch, logged
+losses are averaged over ranks, and only rank 0 writes the run folder, so N
+processes log the curve one process logs (up to float summation order).
+
 A run folder holds::
 
     config.json            every hyperparameter (model + training + corpus)
@@ -30,7 +36,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +45,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from experiments.corpus import Corpus, get_batch, load_corpus
+from experiments.distributed import Dist, check_global_batch
 from experiments.model import GPT, GPTConfig
 from loaders.errors import FileError
 
@@ -179,17 +186,27 @@ def _load_resume(model: GPT, opt: torch.optim.AdamW, gen: torch.Generator,
 
 
 @torch.inference_mode()
-def evaluate(model: GPT, data: torch.Tensor, tc: TrainConfig, block_size: int) -> float:
-    """Mean loss over ``eval_batches`` fixed batches (generator seeded ``val_seed``)."""
+def evaluate(model: GPT, data: torch.Tensor, tc: TrainConfig, block_size: int,
+             dist: Dist | None = None) -> float:
+    """Mean loss over ``eval_batches`` fixed batches (generator seeded ``val_seed``).
+
+    With ``dist`` every rank scores its rows of each batch and the means are
+    averaged over ranks: equal slices, so the same number as one process.
+    ``model`` is the bare model, never the DDP wrapper (whose forward joins
+    collectives).
+    """
     model.eval()
     gen = torch.Generator().manual_seed(tc.val_seed)
     losses = []
     for _ in range(tc.eval_batches):
-        x, y = get_batch(data, tc.batch_size, block_size, gen)
+        x, y = get_batch(data, tc.batch_size, block_size, gen)  # (B, T) each
+        if dist is not None:
+            x, y = dist.shard(x), dist.shard(y)  # (B/N, T)
         _, loss = model(x.to(tc.device), y.to(tc.device))
         losses.append(loss.item())
     model.train()
-    return sum(losses) / len(losses)
+    mean = sum(losses) / len(losses)
+    return dist.all_mean([mean])[0] if dist is not None else mean
 
 
 def _stderr(line: str) -> None:
@@ -197,43 +214,59 @@ def _stderr(line: str) -> None:
 
 
 def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = False,
-          corpus: Corpus | None = None, progress: Callable[[str], None] = _stderr) -> dict:
+          corpus: Corpus | None = None, progress: Callable[[str], None] = _stderr,
+          dist: Dist | None = None) -> dict:
     """Train one run into the folder ``out``; returns a summary dict
     (``final_val_loss``, ``steps``, ``params``, ``params_attention``,
-    ``kv_bytes_per_token``, ``checkpoint``, ``wall_s``).
+    ``kv_bytes_per_token``, ``checkpoint``, ``wall_s``, ``world_size``).
 
     ``resume=True`` continues an unfinished run from ``resume.state``
     (the hyperparameters must match ``config.json``); a finished run is left
     as it is. Without ``resume`` the folder must not already hold a run.
+
+    ``dist`` (from :func:`experiments.distributed.process_group`) trains
+    data-parallel: ``tc.batch_size`` is the global batch and must be divisible
+    by ``dist.world_size``; the model runs on ``dist.device`` (``tc.device`` is
+    ignored); only rank 0 writes files and calls ``progress``; every rank
+    returns the summary (non-zero ranks compute it without reading the folder).
     """
     from torch.utils.tensorboard import SummaryWriter
 
     out = Path(out)
+    main = dist is None or dist.is_main
+    if dist is not None:
+        tc = replace(tc, device=dist.device)  # the caller's config is left as it is
+        if not main:
+            progress = _silent
     if tc.threads:
         torch.set_num_threads(tc.threads)
-    if corpus is None:
-        corpus = load_corpus(tc.corpus, max_bytes=tc.corpus_max_bytes)
-    config = run_config(mc, tc, corpus.info)
     cfg_path, metrics_path, ckpt_dir = out / "config.json", out / "metrics.jsonl", out / "checkpoints"
     resume_path = out / RESUME_FILE
     final_path = ckpt_dir / checkpoint_name(tc.steps, True)
 
-    if cfg_path.exists():
-        if not resume:
-            raise RunFolderError(out, "expected an empty or new run folder, found a run "
-                                      "(config.json); pass --resume to continue it or choose another --out")
-        old = json.loads(cfg_path.read_text())
-        diff = sorted(k for k in set(old) | set(config) if k not in TrainConfig.RUNTIME
-                      and old.get(k) != config.get(k))
-        if diff:
-            raise RunFolderError(out, "expected the same hyperparameters to resume, found different "
-                                      f"values for {', '.join(diff)}")
-        if final_path.exists() and not resume_path.exists():
-            progress(f"{out}: already finished ({final_path.name}); nothing to do")
-            return _summary(load_checkpoint(final_path), metrics_path, final_path, 0.0)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_dir.mkdir(exist_ok=True)
-    cfg_path.write_text(json.dumps(config, indent=2) + "\n")
+    # every check reads only; under torchrun all ranks agree on it before rank 0 writes anything
+    error: BaseException | None = None
+    finished = False
+    try:
+        if dist is not None:
+            check_global_batch(tc.batch_size, dist.world_size)
+        if corpus is None:
+            corpus = load_corpus(tc.corpus, max_bytes=tc.corpus_max_bytes)
+        config = run_config(mc, tc, corpus.info)
+        finished = _check_run_folder(out, config, resume, final_path, resume_path)
+    except Exception as exc:
+        if dist is None:
+            raise
+        error = exc
+    if dist is not None:
+        dist.agree(error)
+    if finished:
+        progress(f"{out}: already finished ({final_path.name}); nothing to do")
+        return _summary(load_checkpoint(final_path), metrics_path, final_path, 0.0, dist)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt_dir.mkdir(exist_ok=True)
+        cfg_path.write_text(json.dumps(config, indent=2) + "\n")
 
     torch.manual_seed(tc.seed)
     model = GPT(mc).to(tc.device)
@@ -242,19 +275,37 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
     gen = torch.Generator().manual_seed(tc.seed + 1)
     start, elapsed0 = 0, 0.0
     if resume and resume_path.exists():
-        start, elapsed0 = _load_resume(model, opt, gen, resume_path)
+        start, elapsed0 = _load_resume(model, opt, gen, resume_path)  # every rank reads it
         progress(f"{out}: resuming at step {start}")
-    # keep the metrics written up to the resumed step, drop anything after it
-    kept = []
-    if start and metrics_path.exists():
-        kept = [ln for ln in metrics_path.read_text().splitlines()
-                if ln.strip() and json.loads(ln)["step"] <= start]
-    metrics_path.write_text("".join(ln + "\n" for ln in kept))
-    writer = SummaryWriter(log_dir=str(out), purge_step=start if start else None)
+    # DDP averages gradients over ranks in backward; ``model`` stays the bare
+    # GPT for evaluation, checkpoints and the optimizer (same parameter objects)
+    net = model
+    if dist is not None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(
+            model, device_ids=[torch.device(tc.device).index] if dist.backend == "nccl" else None)
+        progress(f"{out.name}: DistributedDataParallel on {dist.world_size} processes ({dist.backend}), "
+                 f"global batch {tc.batch_size} = {dist.world_size} x {tc.batch_size // dist.world_size}")
+    writer = None
+    if main:
+        # keep the metrics written up to the resumed step, drop anything after it
+        kept = []
+        if start and metrics_path.exists():
+            kept = [ln for ln in metrics_path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln)["step"] <= start]
+        metrics_path.write_text("".join(ln + "\n" for ln in kept))
+        writer = SummaryWriter(log_dir=str(out), purge_step=start if start else None)
     tps = tc.batch_size * mc.block_size
     t0 = time.time()
+    last_val: tuple[int, float] | None = None  # (step, val_loss) of the latest validation
 
     def log(record: dict) -> None:
+        nonlocal last_val
+        if "val_loss" in record:
+            last_val = (record["step"], record["val_loss"])
+        if not main:
+            return
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         for key, tag in (("train_loss", "train/loss"), ("val_loss", "val/loss"), ("lr", "lr")):
@@ -262,7 +313,7 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
                 writer.add_scalar(tag, record[key], record["step"], walltime=record["wall_time"])
 
     if start == 0:
-        log({"step": 0, "val_loss": evaluate(model, corpus.val, tc, mc.block_size),
+        log({"step": 0, "val_loss": evaluate(model, corpus.val, tc, mc.block_size, dist),
              "lr": lr_at(0, tc), "tokens": 0, "wall_time": time.time()})
     window: list[float] = []
     t_last, step_last = time.time(), start
@@ -273,14 +324,17 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
             lr = lr_at(step, tc)
             for g in opt.param_groups:
                 g["lr"] = lr
-            x, y = get_batch(corpus.train, tc.batch_size, mc.block_size, gen)
-            _, loss = model(x.to(tc.device), y.to(tc.device))
+            x, y = get_batch(corpus.train, tc.batch_size, mc.block_size, gen)  # (B, T) global batch
+            if dist is not None:
+                x, y = dist.shard(x), dist.shard(y)  # (B/N, T): this rank's rows
+            _, loss = net(x.to(tc.device), y.to(tc.device))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # under DDP: gradients all-reduced (averaged) here
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
             opt.step()
             done = step + 1
-            value = loss.item()
+            # the global batch's loss; every rank sees the same value, so all stop together
+            value = dist.all_mean([loss.item()])[0] if dist is not None else loss.item()
             window.append(value)
             diverged = not math.isfinite(value)
             if done % tc.log_interval == 0 or done == tc.steps or diverged:
@@ -296,42 +350,82 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
                 progress(f"{out.name}: loss is not finite at step {done}; stopping")
                 break
             if done % tc.eval_interval == 0 and done != tc.steps:
-                val = evaluate(model, corpus.val, tc, mc.block_size)
+                val = evaluate(model, corpus.val, tc, mc.block_size, dist)
                 log({"step": done, "val_loss": val, "lr": lr, "tokens": done * tps,
                      "wall_time": time.time()})
                 progress(f"{out.name} step {done} val_loss {val:.4f}")
-                _save_resume(model, opt, gen, resume_path, done, elapsed0 + time.time() - t0)
-            if done in tc.save_steps and done != tc.steps:
+                if main:
+                    _save_resume(model, opt, gen, resume_path, done, elapsed0 + time.time() - t0)
+            if done in tc.save_steps and done != tc.steps and main:
                 save_checkpoint(model, ckpt_dir / checkpoint_name(done, False), step=done,
                                 tokens=done * tps, final=False, tc=tc)
                 _save_resume(model, opt, gen, resume_path, done, elapsed0 + time.time() - t0)
     except KeyboardInterrupt:
-        writer.close()
+        if writer is not None:
+            writer.close()
         raise
     done = step + 1 if tc.steps > start else start
     if not diverged:
-        val = evaluate(model, corpus.val, tc, mc.block_size)
+        val = evaluate(model, corpus.val, tc, mc.block_size, dist)
         log({"step": done, "val_loss": val, "lr": lr_at(max(done - 1, 0), tc),
              "tokens": done * tps, "wall_time": time.time()})
         progress(f"{out.name} step {done} val_loss {val:.4f}")
     final_path = ckpt_dir / checkpoint_name(done, True)
+    wall_s = elapsed0 + time.time() - t0
+    if not main:
+        dist.barrier()  # returns once rank 0 has written the final checkpoint
+        val_step, val_loss = last_val if last_val is not None else (0, None)
+        return _result(model, val_loss, val_step, final_path, wall_s, dist)
     save_checkpoint(model, final_path, step=done, tokens=done * tps, final=True, tc=tc)
     writer.close()
     if resume_path.exists():
         resume_path.unlink()
-    return _summary(model, metrics_path, final_path, elapsed0 + time.time() - t0)
+    if dist is not None:
+        dist.barrier()
+    return _summary(model, metrics_path, final_path, wall_s, dist)
 
 
-def _summary(model: GPT, metrics_path: Path, checkpoint: Path, wall_s: float) -> dict:
+def _silent(line: str) -> None:
+    """Progress sink of the ranks other than 0."""
+
+
+def _check_run_folder(out: Path, config: dict, resume: bool, final_path: Path,
+                      resume_path: Path) -> bool:
+    """Whether ``out`` holds this run already finished; RunFolderError when it
+    holds a run that may not be (re)started as asked. Reads only."""
+    cfg_path = out / "config.json"
+    if not cfg_path.exists():
+        return False
+    if not resume:
+        raise RunFolderError(out, "expected an empty or new run folder, found a run "
+                                  "(config.json); pass --resume to continue it or choose another --out")
+    old = json.loads(cfg_path.read_text())
+    diff = sorted(k for k in set(old) | set(config) if k not in TrainConfig.RUNTIME
+                  and old.get(k) != config.get(k))
+    if diff:
+        raise RunFolderError(out, "expected the same hyperparameters to resume, found different "
+                                  f"values for {', '.join(diff)}")
+    return final_path.exists() and not resume_path.exists()
+
+
+def _summary(model: GPT, metrics_path: Path, checkpoint: Path, wall_s: float,
+             dist: Dist | None = None) -> dict:
     vals = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
     vals = [r for r in vals if "val_loss" in r]
+    return _result(model, vals[-1]["val_loss"] if vals else None, vals[-1]["step"] if vals else 0,
+                   checkpoint, wall_s, dist)
+
+
+def _result(model: GPT, final_val: float | None, steps: int, checkpoint: Path, wall_s: float,
+            dist: Dist | None) -> dict:
     return {
-        "final_val_loss": vals[-1]["val_loss"] if vals else None,
-        "steps": vals[-1]["step"] if vals else 0,
+        "final_val_loss": final_val,
+        "steps": steps,
         "params": model.n_params(),
         "params_attention": model.n_attention_params(),
         "kv_bytes_per_token": model.cfg.kv_bytes_per_token(4),
         "checkpoint": str(checkpoint),
         "wall_s": wall_s,
+        "world_size": dist.world_size if dist is not None else 1,
     }
 

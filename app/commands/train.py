@@ -7,6 +7,15 @@ The run folder holds config.json, metrics.jsonl, TensorBoard events and
 checkpoints/*.safetensors (--save-steps plus the final one). --resume
 continues an interrupted run from its last saved state. The default corpus is
 the Python standard library's own source (byte-level, offline).
+
+Data-parallel on N processes (DistributedDataParallel; backend nccl with
+--device cuda, each process on cuda:LOCAL_RANK, else gloo on the CPU):
+
+  torchrun --nproc_per_node=N -m app train ... --out runs/x [--device cuda]
+
+--batch-size is the GLOBAL batch: it must be divisible by N and each process
+trains on its B/N rows of the same batch, so the loss curve is the one a
+single process logs. Only rank 0 writes the run folder and prints progress.
 """
 from __future__ import annotations
 
@@ -58,7 +67,9 @@ def add_model_train_arguments(p: argparse.ArgumentParser, *, single: bool = True
     if single:
         g.add_argument("--weight-decay", type=float, default=t.weight_decay, help=f"default {t.weight_decay}")
     g.add_argument("--steps", type=int, default=t.steps, help=f"optimizer steps (default {t.steps})")
-    g.add_argument("--batch-size", type=int, default=t.batch_size, help=f"default {t.batch_size}")
+    batch_help = "sequences per step; under torchrun the global batch, split over the processes" \
+        if single else "sequences per step"
+    g.add_argument("--batch-size", type=int, default=t.batch_size, help=f"{batch_help} (default {t.batch_size})")
     g.add_argument("--lr", type=float, default=t.lr, help=f"peak learning rate (default {t.lr})")
     g.add_argument("--warmup-steps", type=int, default=t.warmup_steps, help=f"default {t.warmup_steps}")
     g.add_argument("--grad-clip", type=float, default=t.grad_clip, help=f"default {t.grad_clip}")
@@ -108,6 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from experiments.distributed import process_group
     from experiments.train import train
 
     try:
@@ -115,7 +127,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    summary = train(mc, tc, args.out, resume=args.resume)
+    # under torchrun: join the process group; left on return and on any error
+    with process_group(tc.device) as dist:
+        summary = train(mc, tc, args.out, resume=args.resume, dist=dist)
+    if dist is not None and not dist.is_main:
+        return 0
     if args.json:
         print_json(summary)
     else:
