@@ -500,8 +500,11 @@ def run_batch(store: Store, checkpoint_ids: list[int], *, results: str | Path,
     def finish(rep: CheckpointReport) -> None:
         nonlocal finished
         if rep.status != "failed":
-            rep.rows = sum(register(store, rep.id, rep.sha256, k, loc) for k in rep.kinds)
-            rep.files = [loc.part(rep.sha256, k) for k in rep.kinds]
+            try:
+                rep.rows = sum(register(store, rep.id, rep.sha256, k, loc) for k in rep.kinds)
+                rep.files = [loc.part(rep.sha256, k) for k in rep.kinds]
+            except BatchError as exc:               # unreadable or foreign results: this one fails
+                rep.status, rep.error, rep.rows = "failed", str(exc), 0
         finished += 1
         if notify:
             notify(rep, finished, total)
@@ -539,8 +542,9 @@ def run_batch(store: Store, checkpoint_ids: list[int], *, results: str | Path,
             finish(rep)
     else:
         executor = f"ray {ray_address}"
-        _run_on_ray(specs, reports, finish, ray_address=ray_address, gpus_per_task=gpus_per_task,
-                    retries=retries, task_fn=task_fn, quiet_workers=quiet_workers)
+        if specs:
+            _run_on_ray(specs, reports, finish, ray_address=ray_address, gpus_per_task=gpus_per_task,
+                        retries=retries, task_fn=task_fn, quiet_workers=quiet_workers)
     ordered = [reports[i] for i in checkpoint_ids if i in reports]
     return BatchReport(loc.root, METRIC_VERSION, executor, ordered, list(input_errors or []))
 
@@ -560,23 +564,36 @@ def _apply(rep: CheckpointReport, outcome: TaskOutcome) -> None:
         rep.status = "computed"
 
 
-def _ray_init(address: str, quiet_workers: bool):
+def ray_runtime_env() -> dict:
+    """The job-level Ray runtime environment: this project's packages, shipped to every worker."""
+    return {"py_modules": _package_dirs(), "excludes": ["__pycache__", "*.pyc"]}
+
+
+def connect_ray(address: str, *, quiet_workers: bool = False, num_cpus: int | None = None) -> bool:
+    """Connect to (or start) Ray for ``address``; True when this call started the connection.
+
+    ``auto``: ``ray.init()`` (``RAY_ADDRESS``, a running local cluster, else a new one);
+    ``local``: a new local instance (``num_cpus`` caps it); anything else: that cluster.
+    The project's packages go to the workers through ``ray_runtime_env()``. A Ray
+    connection opened by the caller is used as it is (its runtime_env decides what
+    the workers can import).
+    """
     try:
         import ray
     except ImportError as exc:
         raise BatchError(f"--ray {address}: the ray package is not installed "
                          "(pip install -r requirements-scale.txt)") from exc
     if ray.is_initialized():
-        return ray, False
-    kwargs = {"log_to_driver": not quiet_workers, "include_dashboard": False}
+        return False
+    kwargs = {"log_to_driver": not quiet_workers, "include_dashboard": False,
+              "runtime_env": ray_runtime_env()}
+    if num_cpus is not None:
+        kwargs["num_cpus"] = num_cpus
     try:
-        if address == "auto":
-            ray.init(**kwargs)
-        else:
-            ray.init(address=address, **kwargs)
+        ray.init(address=None if address == "auto" else address, **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         raise BatchError(f"--ray {address}: cannot connect to a Ray cluster ({exc})") from exc
-    return ray, True
+    return True
 
 
 def _ray_error_line(exc: Exception) -> str:
@@ -589,15 +606,15 @@ def _ray_error_line(exc: Exception) -> str:
 
 def _run_on_ray(specs: list[TaskSpec], reports: dict[int, CheckpointReport], finish, *, ray_address: str,
                 gpus_per_task: float | None, retries: int, task_fn: TaskFn, quiet_workers: bool) -> None:
-    ray, started = _ray_init(ray_address, quiet_workers)
+    started = connect_ray(ray_address, quiet_workers=quiet_workers)
+    import ray
+
     try:
         if gpus_per_task is None:
             gpus_per_task = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-        runtime_env = {"py_modules": _package_dirs(), "excludes": ["__pycache__", "*.pyc"]}
         log = ray.remote(num_cpus=0)(AttemptLog).remote()
         remote = ray.remote(_ray_entry).options(
-            num_cpus=1, num_gpus=gpus_per_task, max_retries=retries, retry_exceptions=True,
-            runtime_env=runtime_env)
+            num_cpus=1, num_gpus=gpus_per_task, max_retries=retries, retry_exceptions=True)
         pending = {remote.remote(task_fn, spec, log): spec for spec in specs}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)

@@ -217,8 +217,15 @@ def test_registration_rejects_results_of_another_checkpoint(tmp_path, ckpts):
     loc = batch.ResultsLocation(tmp_path / "r")
     with pytest.raises(batch.BatchError) as exc:
         batch.register(store, a.id, a.sha256, "weights", loc)
-    assert str(exc.value) == (f"{dst / 'job.parquet'}: expected one row for checkpoint sha256 {a.sha256} at "
-                              f"metric version {METRIC_VERSION}, found [('{b.sha256}', {METRIC_VERSION})]")
+    why = (f"{dst / 'job.parquet'}: expected one row for checkpoint sha256 {a.sha256} at "
+           f"metric version {METRIC_VERSION}, found [('{b.sha256}', {METRIC_VERSION})]")
+    assert str(exc.value) == why
+    # in a batch (a fresh database over the same results) that checkpoint fails, the other registers
+    fresh = Store(tmp_path / "fresh.duckdb")
+    again = batch.run_batch(fresh, _ids(fresh, ckpts[:2]), results=tmp_path / "r", device="cpu")
+    assert [(c.status, c.error) for c in again.checkpoints] == [("failed", why), ("skipped", None)]
+    with fresh.connect() as con:
+        assert con.execute("SELECT DISTINCT checkpoint_id FROM analysis_results").fetchall() == [(b.id,)]
 
 
 def test_results_location_urls():
