@@ -196,9 +196,6 @@ class TaskOutcome:
     attempt: int
     host: str
     pid: int
-    rows: dict[str, int] = field(default_factory=dict)      # kind -> rows written
-    seconds: float = 0.0
-    device: str | None = None
     error: str | None = None
 
 
@@ -229,9 +226,6 @@ class AttemptLog:
     def attempts(self, key: str) -> list[dict]:
         return [dict(a, outcome=a["outcome"] or "no result: the worker process died")
                 for a in self._log.get(key, [])]
-
-    def dump(self) -> dict[str, list[dict]]:
-        return {k: self.attempts(k) for k in self._log}
 
 
 def log_call(log, method: str, *args):
@@ -276,7 +270,6 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
             raise StoreError(f"{spec.path}: checkpoint {spec.checkpoint_id} is not readable on host {host} "
                              "(workers must reach the checkpoints at their stored paths)")
         dev = spec.device or default_device()
-        t0 = time.perf_counter()
         con = duckdb.connect()
         try:
             loc.prepare(con)
@@ -292,10 +285,8 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
                         "metric_version": METRIC_VERSION, "notes": json.dumps(notes, sort_keys=True),
                         "seconds": seconds, "device": str(dev), "host": host}])
                     loc.write(con, job, loc.job(spec.sha256, kind))   # last: the completion marker
-                    out.rows[kind] = len(frame)
         finally:
             con.close()
-        out.seconds, out.device = time.perf_counter() - t0, str(dev)
     except QkvscopeError as exc:
         out.status, out.error = "failed", str(exc)
         log_call(log, "end", spec.sha256, attempt, f"failed: {exc}")
@@ -478,6 +469,8 @@ def run_batch(store: Store, checkpoint_ids: list[int], *, results: str | Path,
     if retries < 0:
         raise BatchError(f"--retries: expected a count >= 0, found {retries}")
     loc = ResultsLocation(results)
+    if not loc.remote and Path(loc.root).exists() and not Path(loc.root).is_dir():
+        raise BatchError(f"{loc.root}: expected a folder for the results, found a file")
     kinds = ["weights"] + (["activations"] if activations else [])
     rows = _stored(store, checkpoint_ids)
     reports: dict[int, CheckpointReport] = {}
