@@ -293,7 +293,7 @@ def _read_safetensors_header(p: Path) -> tuple[dict[str, dict], dict[str, str], 
                 p, f"safetensors tensor '{name}': expected an object with dtype, shape and "
                    f"data_offsets, found {json.dumps(e)[:80]}")
         dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
-        if dtype not in _ST_DTYPES:
+        if not isinstance(dtype, str) or dtype not in _ST_DTYPES:
             raise CheckpointFormatError(
                 p, f"safetensors tensor '{name}' has unknown dtype {dtype!r} "
                    f"(known: {', '.join(sorted(_ST_DTYPES))})")

@@ -51,7 +51,10 @@ def _header(text: str) -> tuple[list[str], str] | None:
     delim = "\t" if first.count("\t") > first.count(",") else ","
     if first.count(delim) < 1:
         return None
-    fields = next(csv.reader([first], delimiter=delim))
+    try:
+        fields = next(csv.reader([first], delimiter=delim))
+    except csv.Error:                     # e.g. a bare carriage return inside the line
+        return None
     return [f.strip() for f in fields], delim
 
 
@@ -66,7 +69,10 @@ def _pick(fields: list[str], names: tuple[str, ...]) -> str | None:
 def _numeric_sample(text: str, delim: str, fields: list[str], col: str) -> bool:
     """Whether ``col`` holds a number in some of the first data rows."""
     idx = fields.index(col)
-    rows = list(csv.reader(io.StringIO("\n".join(text.split("\n")[1:50])), delimiter=delim))
+    try:
+        rows = list(csv.reader(io.StringIO("\n".join(text.split("\n")[1:50])), delimiter=delim))
+    except csv.Error:                     # a bare carriage return inside a field
+        return False
     for row in rows:
         if len(row) > idx and row[idx].strip():
             try:

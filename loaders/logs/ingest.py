@@ -18,9 +18,12 @@ the point logged last wins, and ``runs.resumed`` is set. User corrections in
 """
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 from pathlib import Path
+
+import duckdb
 
 from loaders.errors import LogFormatError
 from loaders.logs import metadata
@@ -35,6 +38,9 @@ _GENERIC_STEMS = {"metrics", "log", "logs", "train", "training", "trainer_state"
                   "out", "progress", "history", "events", "eval_val_tensor", "eval_train_tensor",
                   "tensor", "final_model", "main", "train_log", "run"}
 _FP_WINDOW = 64 * 1024
+#: Exceptions the parsing libraries (csv, json, pandas, numpy, DuckDB) raise on
+#: malformed content; ``ingest_log`` reports them as ``LogFormatError``.
+_PARSE_ERRORS = (ValueError, OverflowError, csv.Error, duckdb.Error)
 
 
 def fingerprint(path: Path, length: int) -> str:
@@ -138,10 +144,18 @@ def ingest_log(store: Store, path: Path, *, format: str | None = None) -> list[F
             _touch_journal(store, key, st)
             return [_unchanged(path, fmt, prev)]
 
-    if mode == "append":
-        parsed = reader.parse(path, start=prev["read_bytes"], state=prev["state"].get("reader"))
-    else:
-        parsed = reader.parse(path, start=0, state=None)
+    try:
+        if mode == "append":
+            parsed = reader.parse(path, start=prev["read_bytes"], state=prev["state"].get("reader"))
+        else:
+            parsed = reader.parse(path, start=0, state=None)
+    except _PARSE_ERRORS as exc:
+        # A reader's own checks raise LogFormatError; these come from the
+        # parsing libraries on content no reader anticipated (a step too large
+        # for int64, a CSV DuckDB cannot sniff, ...): the file's fault, not a bug.
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise LogFormatError(path, f"expected a {fmt} log, found content it cannot parse "
+                                   f"({type(exc).__name__}: {first})") from None
     return _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
                   prev, reader.appendable)
 

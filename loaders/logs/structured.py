@@ -102,6 +102,11 @@ class HfTrainerReader:
             raise LogFormatError(path, "expected a trainer_state.json with a 'log_history' list, "
                                        f"found keys {sorted(doc)[:10] if isinstance(doc, dict) else type(doc).__name__}")
         hist = pd.DataFrame([e for e in doc["log_history"] if isinstance(e, dict)])
+        if "step" in hist:
+            # An entry without a finite integer step is no point of any curve.
+            steps = pd.to_numeric(hist["step"], errors="coerce")
+            hist = hist[np.isfinite(steps.to_numpy(dtype="float64")) & (steps.abs() < 2.0**63)]
+            hist = hist.assign(step=steps[hist.index]).reset_index(drop=True)
         if hist.empty or "step" not in hist:
             pts = empty_points()
         else:
