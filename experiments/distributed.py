@@ -187,8 +187,11 @@ def process_group(device: str, environ: Mapping[str, str] | None = None) -> Iter
                                    f"{torch.cuda.device_count()} GPU(s) on this node; "
                                    "use at most that many processes per node")
         torch.cuda.set_device(dev)
+    # device_id binds the nccl communicator to this process's GPU (collectives
+    # and barriers then never guess a device); gloo needs none
     tdist.init_process_group(backend=backend, init_method="env://", rank=env.rank,
-                             world_size=env.world_size)
+                             world_size=env.world_size,
+                             device_id=torch.device(dev) if backend == "nccl" else None)
     try:
         yield Dist(rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
                    backend=backend, device=dev)
