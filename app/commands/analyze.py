@@ -45,7 +45,8 @@ HELP = "compute K/V, Q/K and rank metrics of checkpoints (cached in the database
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="PATH_OR_ID",
-                        help="checkpoint file/folder (ingested first) or stored checkpoint id")
+                        help="checkpoint file/folder (ingested first), stored checkpoint id, or a quoted glob "
+                             "pattern such as 'ckpts/**/*.safetensors' (batch mode)")
     add_db_argument(parser)
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
                         help="where to compute (default: cuda if available, else cpu)")
