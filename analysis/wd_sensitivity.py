@@ -41,7 +41,7 @@ from analysis.errors import AnalysisError
 IGNORED_KEYS = frozenset({
     "weight_decay", "wd", "seed", "out_dir", "output_dir", "run_dir", "logging_dir", "run_name",
     "name", "wandb_run_name", "wandb_project", "wandb_log", "exp_name", "tag", "tags", "init_from",
-    "log_dir", "checkpoint_dir", "save_dir", "resume", "device",
+    "log_dir", "checkpoint_dir", "save_dir", "resume", "device", "threads", "num_workers",
     # when checkpoints are written or logs printed does not change the training
     "save_steps", "save_interval", "checkpoint_interval", "log_interval", "keep_checkpoints",
 })

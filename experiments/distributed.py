@@ -197,3 +197,14 @@ def process_group(device: str, environ: Mapping[str, str] | None = None) -> Iter
                    backend=backend, device=dev)
     finally:
         tdist.destroy_process_group()
+
+
+def refuse_under_torchrun(command: str, environ=None) -> None:
+    """Commands that start their own training processes (sweep, demo) must not
+    run once per torchrun rank: every rank would train every run into the
+    same folders."""
+    if torchrun_env(environ) is not None:
+        raise DistributedError(
+            f"expected `python -m app {command}` outside torchrun, found RANK/WORLD_SIZE set; "
+            f"run it as a plain process (each of its runs can use --jobs), or train one run "
+            f"with `torchrun ... -m app train`")

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from experiments.distributed import refuse_under_torchrun
+
+    refuse_under_torchrun('demo')
     from experiments import demo
 
     out: Path = args.out

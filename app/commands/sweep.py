@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from experiments.distributed import refuse_under_torchrun
+
+    refuse_under_torchrun('sweep')
     from experiments.model import VARIANTS
     from experiments.sweep import grid, run_sweep
 
