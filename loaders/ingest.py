@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from loaders.errors import FileError, QkvscopeError
+from loaders.errors import FileError, QkvscopeError, StoreError
 from loaders.report import FileReport, IngestReport
 from loaders.store import Store
 
@@ -248,6 +248,8 @@ def ingest_file(store: Store, path: Path) -> list[FileReport]:
         if kind == "log":
             return ingest_log(store, path, format=detail)
         reports = [ingest_checkpoint(store, path)]
+    except StoreError:
+        raise                   # the database, not this file: stop (the CLI says "database is busy")
     except QkvscopeError as exc:
         return [FileReport(str(path), kind, "error", format=detail, reason=str(exc))]
     # Some checkpoints also carry a run's metrics (the projection-sharing
@@ -256,6 +258,8 @@ def ingest_file(store: Store, path: Path) -> list[FileReport]:
     if fmt:
         try:
             reports.extend(ingest_log(store, path, format=fmt))
+        except StoreError:
+            raise
         except QkvscopeError as exc:
             reports.append(FileReport(str(path), "log", "error", format=fmt, reason=str(exc)))
     return reports

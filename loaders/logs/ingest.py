@@ -25,7 +25,7 @@ from pathlib import Path
 
 import duckdb
 
-from loaders.errors import LogFormatError
+from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import (Parsed, RunData, has_repeats, keep_latest, n_points, step_extremes)
 from loaders.logs.registry import reader_for, why_not_a_log
@@ -107,11 +107,35 @@ def run_source(path: Path, fmt: str) -> tuple[str, Path, bool]:
     return str(resolved), resolved.parent, False
 
 
+class _JournalMoved(Exception):
+    """Another process stored this file between our journal read and our write."""
+
+
 def ingest_log(store: Store, path: Path, *, format: str | None = None) -> list[FileReport]:
     """Parse ``path`` and store it in one transaction; see the module docstring.
 
     Raises ``LogFormatError`` for a file no reader understands or a broken one.
+
+    Two processes may ingest the same file at once (two ``ingest`` commands,
+    or one beside the dashboard's ingest form). The journal row read before
+    parsing is checked again inside the write transaction; if another process
+    stored the file meanwhile, this attempt is rolled back and the file is
+    looked at afresh (it is then usually ``unchanged``), so no point is
+    stored twice.
     """
+    for _ in range(_ATTEMPTS - 1):
+        try:
+            return _ingest_log_once(store, path, format)
+        except _JournalMoved:
+            continue
+    return _ingest_log_once(store, path, format, last_attempt=True)
+
+
+_ATTEMPTS = 3
+
+
+def _ingest_log_once(store: Store, path: Path, format: str | None, *,
+                     last_attempt: bool = False) -> list[FileReport]:
     reader, path = reader_for(Path(path), format)
     fmt = reader.name
     st = path.stat()
@@ -121,6 +145,7 @@ def ingest_log(store: Store, path: Path, *, format: str | None = None) -> list[F
     with store.connect() as con:
         row = con.execute("SELECT size, mtime, sha256, read_bytes, state, format FROM ingest_journal "
                           "WHERE path = ? AND kind = 'log'", [key]).fetchone()
+    seen = None if row is None else (row[0], row[1], row[3])   # size, mtime, read_bytes
     prev = None
     if row is not None:
         prev = {"size": row[0], "mtime": row[1], "sha256": row[2], "read_bytes": row[3],
@@ -157,7 +182,7 @@ def ingest_log(store: Store, path: Path, *, format: str | None = None) -> list[F
         raise LogFormatError(path, f"expected a {fmt} log, found content it cannot parse "
                                    f"({type(exc).__name__}: {first})") from None
     return _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
-                  prev, reader.appendable)
+                  prev, reader.appendable, seen=seen, last_attempt=last_attempt)
 
 
 def _unchanged(path: Path, fmt: str, prev: dict) -> FileReport:
@@ -172,7 +197,8 @@ def _touch_journal(store: Store, key: str, st) -> None:
 
 
 def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, append_from: dict | None,
-           prev: dict | None, appendable: bool) -> list[FileReport]:
+           prev: dict | None, appendable: bool, *, seen: tuple | None = None,
+           last_attempt: bool = False) -> list[FileReport]:
     source, run_dir, shared = run_source(path, fmt)
     prev_runs = (prev or {}).get("state", {}).get("runs", {})
     runs_state: dict = dict(prev_runs) if append_from is not None else {}
@@ -180,6 +206,14 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     ids: list[int] = []
     digest = None if appendable else file_sha256(path)
     with store.transaction() as con:
+        rows = con.execute("SELECT size, mtime, read_bytes FROM ingest_journal WHERE path = ? AND kind = 'log'",
+                           [key]).fetchall()          # fetchall: no open result before register()
+        if (tuple(rows[0]) if rows else None) != seen:
+            if last_attempt:
+                raise DatabaseBusyError(
+                    f"{store.path}: {path} is being stored by another process at the same time; "
+                    f"try again when it finishes")
+            raise _JournalMoved()
         if append_from is None and prev_runs and not shared:
             # The file was rewritten: what it stored before goes.
             old = [r["id"] for r in prev_runs.values()]
