@@ -64,6 +64,10 @@ def _declared(source: TensorSource, mod: ModuleType) -> bool:
     if mt and mt in getattr(mod, "MODEL_TYPES", ()):
         return True
     archs = config.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    elif not isinstance(archs, (list, tuple)):
+        return False  # malformed: the layouts' own detect() decides from the keys
     prefixes = getattr(mod, "ARCHITECTURES", ())
     return any(isinstance(a, str) and a.startswith(prefixes) for a in archs) if prefixes else False
 

@@ -54,6 +54,37 @@ def cfg(source: TensorSource, *names: str, default=None):
     return default
 
 
+def as_int(source: TensorSource, value, what: str) -> int:
+    """A config value that must be a whole number (a JSON int, or a float with
+    no fractional part); anything else names the field and what was found."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+        raise CheckpointFormatError(
+            source.path, f"config {what} must be a whole number, found {value!r:.80}")
+    return int(value)
+
+
+def cfg_int(source: TensorSource, *names: str, default=None):
+    """``cfg`` for a whole-number field; ``default`` (from tensor shapes) is trusted."""
+    for name in names:
+        value = (source.config or {}).get(name)
+        if value is not None:
+            return as_int(source, value, repr(name))
+    return default
+
+
+def cfg_float(source: TensorSource, *names: str, default=None):
+    """``cfg`` for a finite real-number field."""
+    for name in names:
+        value = (source.config or {}).get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise CheckpointFormatError(
+                    source.path, f"config {name!r} must be a finite number, found {value!r:.80}")
+            return float(value)
+    return default
+
+
 def model_type(source: TensorSource) -> str | None:
     mt = (source.config or {}).get("model_type")
     return str(mt).lower() if mt else None
@@ -93,7 +124,7 @@ def any_match(keys: Iterable[str], pattern: str) -> bool:
 
 
 def check_layers(source: TensorSource, n_found: int, n_config) -> None:
-    if n_config is not None and int(n_config) != n_found:
+    if n_config is not None and as_int(source, n_config, "layer count") != n_found:
         raise CheckpointFormatError(
             source.path, f"config gives {int(n_config)} layers; "
                          f"found attention weights for {n_found} layers")
@@ -124,13 +155,13 @@ def need_int(source: TensorSource, value, what: str, names: tuple[str, ...]) -> 
         raise CheckpointFormatError(
             source.path, f"config has no {what} ({'/'.join(names)}); "
                          "it cannot be inferred from tensor shapes")
-    return int(value)
+    return as_int(source, value, what)
 
 
 def split_heads_check(source: TensorSource, d_model: int, n_heads: int, d_head: int | None
                       ) -> int:
     if d_head is not None:
-        return int(d_head)
+        return as_int(source, d_head, "head_dim")
     if n_heads <= 0 or d_model % n_heads:
         raise CheckpointFormatError(
             source.path, f"d_model {d_model} is not divisible by {n_heads} heads")

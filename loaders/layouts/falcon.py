@@ -40,14 +40,14 @@ def convert(source):
     p, layers = C.find_layers(source, _RX, keys)
     C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers", "n_layer"))
     q0 = f"{p}h.0.self_attention.query_key_value.weight"
-    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
     n = C.need_int(source, C.cfg(source, "num_attention_heads", "n_head"), "head count",
                    ("num_attention_heads", "n_head"))
     dh = C.split_heads_check(source, d, n, None)
     new_arch = bool(C.cfg(source, "new_decoder_architecture", default=False))
     multi_query = bool(C.cfg(source, "multi_query", default=True))
     if new_arch:
-        n_kv = int(C.cfg(source, "num_kv_heads", "n_head_kv", default=n))
+        n_kv = C.cfg_int(source, "num_kv_heads", "n_head_kv", default=n)
         split = C.split_grouped(n, n_kv, dh)
     elif multi_query:
         n_kv = 1

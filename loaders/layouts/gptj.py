@@ -35,7 +35,7 @@ def convert(source):
     p, layers = C.find_layers(source, _RX, keys)
     C.check_layers(source, len(layers), C.cfg(source, "n_layer", "num_hidden_layers"))
     q0 = f"{p}h.0.attn.q_proj.weight"
-    d = int(C.cfg(source, "n_embd", "hidden_size", default=source.shape(q0)[1]))
+    d = C.cfg_int(source, "n_embd", "hidden_size", default=source.shape(q0)[1])
     n = C.need_int(source, C.cfg(source, "n_head", "num_attention_heads"), "head count",
                    ("n_head",))
     dh = C.split_heads_check(source, d, n, None)

@@ -49,11 +49,11 @@ def convert(source):
     p, layers = C.find_layers(source, _RX, keys)
     C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
     q0 = f"{p}layers.0.self_attn.q_proj.weight"
-    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
     n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
                    ("num_attention_heads",))
     dh = C.split_heads_check(source, d, n, C.cfg(source, "head_dim"))
-    n_kv = int(C.cfg(source, "num_key_value_heads", default=n))
+    n_kv = C.cfg_int(source, "num_key_value_heads", default=n)
     stem = p + "layers.{i}.self_attn."
     names = {r: stem + f"{r}_proj" for r in "qkvo"}
     return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n,

@@ -27,10 +27,10 @@ def convert(source):
     p, layers = C.find_layers(source, _RX, keys)
     C.check_layers(source, len(layers), C.cfg(source, "n_layers", "n_layer"))
     q0 = f"{p}layers.0.attention.wq.weight"
-    d = int(C.cfg(source, "dim", default=source.shape(q0)[1]))
+    d = C.cfg_int(source, "dim", default=source.shape(q0)[1])
     n = C.need_int(source, C.cfg(source, "n_heads"), "head count", ("n_heads",))
     dh = C.split_heads_check(source, d, n, None)
-    n_kv = int(C.cfg(source, "n_kv_heads", default=n))
+    n_kv = C.cfg_int(source, "n_kv_heads", default=n)
     names = {r: p + "layers.{i}.attention.w" + r for r in "qkvo"}
     return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n,
                               n_kv=n_kv, dh=dh, norm="rmsnorm", positions="rotary",

@@ -52,7 +52,7 @@ def geometry(source, keys, rows_per_d: int):
     p, layers = C.find_layers(source, RX, keys)
     C.check_layers(source, len(layers), C.cfg(source, *_N_LAYER))
     first = f"{p}h.0.attn.c_attn.weight"
-    d = int(C.cfg(source, *_D_MODEL, default=source.shape(first)[1]))
+    d = C.cfg_int(source, *_D_MODEL, default=source.shape(first)[1])
     n = C.cfg(source, *_N_HEAD)
     head_size = C.cfg(source, "head_size")
     if n is None and head_size:

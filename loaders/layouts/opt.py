@@ -38,7 +38,7 @@ def convert(source):
     p, layers = C.find_layers(source, _RX, keys)
     C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
     q0 = f"{p}decoder.layers.0.self_attn.q_proj.weight"
-    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
     n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
                    ("num_attention_heads",))
     dh = C.split_heads_check(source, d, n, None)

@@ -32,11 +32,11 @@ def convert(source):
     p, layers = C.find_layers(source, _RX, keys)
     C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
     q0 = f"{p}layers.0.self_attn.qkv_proj.weight"
-    d = int(C.cfg(source, "hidden_size", default=source.shape(q0)[1]))
+    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
     n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
                    ("num_attention_heads",))
     dh = C.split_heads_check(source, d, n, C.cfg(source, "head_dim"))
-    n_kv = int(C.cfg(source, "num_key_value_heads", default=n))
+    n_kv = C.cfg_int(source, "num_key_value_heads", default=n)
     stem = p + "layers.{i}.self_attn."
     return C.convert_fused(source, name=NAME, qkv=stem + "qkv_proj", o=stem + "o_proj",
                            layers=layers, d=d, n=n, n_kv=n_kv, dh=dh,

@@ -71,7 +71,7 @@ def convert(source):
     p, layers, d, n, dh = nanogpt.geometry(source, keys, rows)
     attn_keys = nanogpt.validate(source, p, layers, d, rows, have, NAME)
     variant = "wq_identity" if mode == "identity" else "qkv"
-    scale = float(C.cfg(source, "scale", default=math.sqrt(1 / 64)))
+    scale = C.cfg_float(source, "scale", default=math.sqrt(1 / 64))
     geom = C.Geometry(len(layers), n, n, d, dh)
     meta = C.make_meta(source, architecture=NAME, variant=variant, geom=geom, norm="layernorm",
                        positions="learned", attn_scale=scale,

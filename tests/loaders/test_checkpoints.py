@@ -200,3 +200,20 @@ def test_inspect_counts_a_tied_tensor_once():
     ckpt = checkpoint_from_source(DictSource(sd, config={"n_head": 4, "n_layer": 2}))
     assert ckpt.meta.variant == "k_eq_v"
     assert count_nonfinite(ckpt) == 1
+
+
+@pytest.mark.parametrize("value, shown", [([2], "[2]"), ("two", "'two'"), (2.5, "2.5"), (True, "True"),
+                                          (float("inf"), "inf")])
+def test_config_geometry_that_is_not_a_whole_number_is_named(tmp_path, value, shown):
+    import json
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=64, n_positions=64)).save_pretrained(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["n_layer"] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointFormatError) as err:
+        inspect_checkpoint(folder)
+    assert str(err.value) == f"{folder}: config layer count must be a whole number, found {shown}"
