@@ -1,0 +1,166 @@
+"""The dashboard server: where it listens, writers beside it, and many browser
+sessions at once."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from loaders.ingest import ingest_paths
+from loaders.store import Store
+from tests.app.browser import dashboard
+from tests.faults.data import build_runs, snapshot
+from tests.faults.server import listeners, outside_addresses, pid_of_socket, rss_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def port_of(url: str) -> int:
+    return urllib.parse.urlsplit(url).port
+
+
+def refused(addr: str, port: int) -> bool:
+    try:
+        with socket.create_connection((addr, port), timeout=2):
+            return False
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_the_server_listens_on_loopback_only_unless_told(tmp_path):
+    db = tmp_path / "db.duckdb"
+    Store(db).migrate()
+    with dashboard(db, "--no-demo") as url:
+        port = port_of(url)
+        socks = listeners(port)
+        assert {a for a, _ in socks} == {"127.0.0.1"}, socks
+        assert not refused("127.0.0.1", port)
+        outside = outside_addresses()
+        for addr in outside:
+            assert refused(addr, port), f"the dashboard answered on {addr}:{port}"
+        print(f"listening on {socks}; refused on {outside}")
+    with dashboard(db, "--no-demo", "--host", "0.0.0.0") as url:
+        assert {a for a, _ in listeners(port_of(url))} == {"0.0.0.0"}
+
+
+def test_readme_and_help_say_what_another_host_exposes():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### `python -m app serve"):]
+    section = section[:section.index("\n## ")]
+    assert "127.0.0.1:8501" in section
+    for phrase in ("--host", "read files on this server", "upload files", "run", "trusted network"):
+        assert phrase in section, phrase
+    out = subprocess.run([sys.executable, "-m", "app", "serve", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "default 127.0.0.1, this machine only" in " ".join(out.split())
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_ingest_while_the_dashboard_serves_pages(tmp_path):
+    """A CLI ingest writes while browser sessions keep reading the same file
+    through the Overview and Experiments pages: both go on, nothing lost."""
+    from tests.app.browser import browser_page, wait_idle
+
+    runs = build_runs(tmp_path / "runs")
+    ref_db = tmp_path / "ref.duckdb"
+    ingest_paths(Store(ref_db), [runs])
+    ref = snapshot(ref_db)
+    db = tmp_path / "db.duckdb"
+    ingest_paths(Store(db), [runs / "run_a"])         # something to show from the start
+    with dashboard(db, "--no-demo") as url, browser_page() as page:
+        proc = subprocess.Popen([sys.executable, "-m", "app", "ingest", str(runs), "--db", str(db)],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        loads = 0
+        while proc.poll() is None or loads < 2:
+            page.goto(f"{url}/{'overview' if loads % 2 == 0 else 'experiments'}")
+            wait_idle(page, timeout=60_000)
+            assert page.locator("[data-testid='stException']").count() == 0
+            loads += 1
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err
+        page.goto(f"{url}/overview")
+        wait_idle(page, timeout=60_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+    assert snapshot(db) == ref
+    print(f"{loads} page loads while the ingest ran")
+
+
+@pytest.fixture(scope="module")
+def demo_db(tmp_path_factory):
+    demo = ROOT / "data" / "demo"
+    if not any(demo.glob("*/metrics.jsonl")):
+        pytest.skip("the bundled demo (data/demo) is not there")
+    db = tmp_path_factory.mktemp("demo") / "demo.duckdb"
+    report = ingest_paths(Store(db), [demo])
+    assert report.count("error") == 0
+    return db
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_ten_browser_sessions_at_once(demo_db):
+    """Ten sessions (Playwright contexts in one Chromium) open Experiments and
+    the inspector together; no page errors, and the server's resident memory
+    comes back near where it started once they close."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, screenshot, wait_idle
+
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (bash scripts/setup.sh --dev installs it)")
+    with Store(demo_db).connect(read_only=True) as con:
+        ckpt = con.execute("SELECT min(id) FROM checkpoints").fetchone()[0]
+        run_ids = [r[0] for r in con.execute("SELECT id FROM runs ORDER BY id LIMIT 3").fetchall()]
+    with dashboard(demo_db, "--no-demo") as url:
+        [(_, inode)] = listeners(port_of(url))
+        pid = pid_of_socket(inode)
+        assert pid is not None
+        # one warm-up session: imports and caches that live for the server's lifetime
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                warm = browser.new_context(viewport={"width": 1200, "height": 900}).new_page()
+                for path in (f"experiments?runs={','.join(map(str, run_ids))}", f"inspector?ckpt={ckpt}"):
+                    warm.goto(f"{url}/{path}")
+                    wait_idle(warm, timeout=90_000)
+                warm.context.close()
+                time.sleep(2)
+                start = rss_bytes(pid)
+                contexts = [browser.new_context(viewport={"width": 1200, "height": 900}) for _ in range(10)]
+                pages = [c.new_page() for c in contexts]
+                t0 = time.monotonic()
+                for target in (f"experiments?runs={','.join(map(str, run_ids))}", f"inspector?ckpt={ckpt}"):
+                    for pg in pages:                    # all ten start before any is waited on
+                        pg.goto(f"{url}/{target}", wait_until="commit")
+                    for i, pg in enumerate(pages):
+                        try:
+                            wait_idle(pg, timeout=180_000)
+                        except TimeoutError:
+                            screenshot(pg, f"ten-sessions-stuck-{i}")
+                            raise
+                elapsed = time.monotonic() - t0
+                peak = rss_bytes(pid)
+                for pg in pages:
+                    assert pg.locator("[data-testid='stException']").count() == 0
+                    assert pg.locator("[data-testid='stApp']").count() == 1
+                for c in contexts:
+                    c.close()
+            finally:
+                browser.close()
+        # Streamlit drops a closed session's state once the websocket is gone.
+        end = rss_bytes(pid)
+        for _ in range(20):
+            if end - start < 300 << 20:
+                break
+            time.sleep(1)
+            end = rss_bytes(pid)
+        print(f"server RSS: start {start / 2**20:.0f} MiB, with 10 sessions {peak / 2**20:.0f} MiB, "
+              f"after they closed {end / 2**20:.0f} MiB; 20 page runs in {elapsed:.1f} s")
+        assert end - start < 300 << 20
