@@ -1,0 +1,252 @@
+"""Run every benchmark under ``bench/`` and print ONE table of results.
+
+    .venv/bin/python bench/run_all.py [--quick] [--only NAME ...] [--json] [--timeout S]
+    .venv/bin/python -m app bench     (the same code)
+
+Each ``bench/*.py`` script (this one excepted) runs in its own process, one
+after the other, exactly as a user would run it. ``--quick`` passes the
+script's own ``--quick`` when its ``--help`` lists one, else the small sizes
+in ``QUICK_ARGS`` below (each chosen from that script's argparse). The
+scripts print their measurements as text; ``PARSERS`` turns each script's
+output into rows of:
+
+* ``bench``: the script; ``measured``: what was timed or sized;
+* ``figure``: the measured ratio or time, with its raw numbers;
+* ``against``: what a ratio compares to, measured side by side in the same run;
+* ``target``: the project's target for it, and ``result``: ``pass``/``FAIL``
+  (``-`` where a figure has no target).
+
+A script without a parser still runs; its row says whether it exited cleanly.
+Exit status: 0 when every script ran and every target passed, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+
+#: Small sizes for ``--quick``, per script, from each script's own options.
+QUICK_ARGS: dict[str, list[str]] = {
+    "checkpoint_memory": ["--layers", "2"],            # 2 of 22 layers: ~0.3 GB instead of 2.2 GB
+    "log_ingest": ["--points", "1000000", "--repeat", "2"],   # below ~1M points fixed costs dominate
+    "dashboard_speed": ["--runs", "50", "--steps", "2000"],
+    "analysis_speed": ["--naive-layers", "1"],        # the 22-layer file is the measurement itself
+}
+
+
+@dataclass
+class Row:
+    bench: str
+    measured: str
+    figure: str
+    against: str
+    target: str
+    result: str          # 'pass', 'FAIL' or '-' (no target)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("pass" if ok else "FAIL")
+
+
+# -- parsers: one per script, over the text it prints ---------------------------
+
+def parse_log_ingest(out: str) -> list[Row]:
+    rows = []
+    rx = re.compile(r"^\s*(\w+): ([\d,]+) points, ([\d.]+) MB \| duckdb read_csv ([\d.]+) s \| "
+                    r"qkvscope ingest_log ([\d.]+) s \| ratio ([\d.]+)x \(target <= ([\d.]+)x\)", re.M)
+    for layout, n, mb, plain, ours, ratio, target in rx.findall(out):
+        rows.append(Row("log_ingest", f"ingest_log, {layout} CSV ({n} points, {mb} MB)",
+                        f"{float(ratio):.2f}x ({float(ours):.3f} s)", f"DuckDB read_csv of the same file ({float(plain):.3f} s)",
+                        f"<= {target}x", _verdict(float(ratio) <= float(target))))
+    return rows
+
+
+def parse_checkpoint_memory(out: str) -> list[Row]:
+    rows = []
+    size = re.search(r"^file (\d+) MiB;", out, re.M)
+    target = re.search(r"\(target < ([\d.]+)", out)
+    t = float(target.group(1)) if target else 0.25
+    rx = re.compile(r"^(\S.*?)\s{2,}(\d+)\s+(-?\d+)\s+(-?[\d.]+)\s+([\d.]+)$", re.M)
+    for label, peak, extra, ratio, secs in rx.findall(out):
+        rows.append(Row("checkpoint_memory", f"peak RSS above imports: {label}",
+                        f"{float(ratio):.3f} of the file ({extra} MiB)",
+                        f"file size ({size.group(1)} MiB)" if size else "file size",
+                        f"< {t:g}", _verdict(float(ratio) < t)))
+    return rows
+
+
+def parse_analysis_speed(out: str) -> list[Row]:
+    phases = {}
+    for name, blob in re.findall(r"^(read|analysis|naive)\s+(\{.*\})$", out, re.M):
+        phases[name] = json.loads(blob)
+    rows = []
+    if "read" in phases and "analysis" in phases:
+        r, a = phases["read"]["seconds"], phases["analysis"]["seconds"]
+        target = re.search(r"analysis / read\s+= [\d.]+x\s+\(target <= ([\d.]+)x", out)
+        t = float(target.group(1)) if target else 5.0
+        rows.append(Row("analysis_speed", "every weight metric, Llama-1B-shaped attention (22 layers)",
+                        f"{a / r:.1f}x ({a:.2f} s)", f"reading the same tensors ({r:.2f} s)",
+                        f"<= {t:g}x", _verdict(a / r <= t)))
+        if "naive" in phases:
+            n = phases["naive"]["scaled_seconds"]
+            target = re.search(r"target >= ([\d.]+)x", out)
+            t = float(target.group(1)) if target else 100.0
+            rows.append(Row("analysis_speed", "naive per-head SVD version, scaled to 22 layers",
+                            f"{n / a:.0f}x ({n:.0f} s)", f"the analysis ({a:.2f} s)",
+                            f">= {t:g}x", _verdict(n / a >= t)))
+    return rows
+
+
+def parse_dashboard_speed(out: str) -> list[Row]:
+    rows = []
+    db = re.search(r"^database: (\d+) runs x (\d+) steps", out, re.M)
+    size = f"{db.group(1)} runs x {db.group(2)} steps" if db else "the benchmark database"
+    m = re.search(r"downsampled ([\d,]+) points in (\d+) ms; raw ([\d,]+) points in (\d+) ms; "
+                  r"downsampled/raw time ratio ([\d.]+)", out)
+    if m:
+        rows.append(Row("dashboard_speed", f"curve query, 10 runs ({size}), {m.group(1)} points drawn",
+                        f"{float(m.group(5)):.2f}x ({m.group(2)} ms)",
+                        f"fetching all {m.group(3)} raw points ({m.group(4)} ms)", "-", "-"))
+    for label, secs, word, target in re.findall(
+            r"^\s+(experiments cold|experiments warm|inspector cold|inspector warm)\s+script\s+([\d.]+) s"
+            r"\s+(under|OVER) the ([\d.]+) s target", out, re.M):
+        rows.append(Row("dashboard_speed", f"{label.split()[0]} page script run, {label.split()[1]} ({size})",
+                        f"{float(secs):.2f} s", "absolute (AppTest render time)", f"< {target} s",
+                        _verdict(word == "under")))
+    return rows
+
+
+PARSERS: dict[str, Callable[[str], list[Row]]] = {
+    "log_ingest": parse_log_ingest,
+    "checkpoint_memory": parse_checkpoint_memory,
+    "analysis_speed": parse_analysis_speed,
+    "dashboard_speed": parse_dashboard_speed,
+}
+
+
+# -- running ----------------------------------------------------------------------
+
+def discover() -> list[str]:
+    """Every benchmark script's name (``bench/NAME.py``), sorted; not this runner."""
+    return sorted(p.stem for p in BENCH_DIR.glob("*.py")
+                  if p.stem != Path(__file__).stem and not p.stem.startswith("_"))
+
+
+def supports_quick(script: Path) -> bool:
+    """Whether the script's own ``--help`` offers ``--quick``."""
+    proc = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    return proc.returncode == 0 and re.search(r"(^|\s)--quick\b", proc.stdout) is not None
+
+
+def command(name: str, quick: bool) -> list[str]:
+    script = BENCH_DIR / f"{name}.py"
+    args: list[str] = []
+    if quick:
+        args = ["--quick"] if supports_quick(script) else QUICK_ARGS.get(name, [])
+    return [sys.executable, str(script), *args]
+
+
+def run_one(name: str, *, quick: bool, timeout: float) -> tuple[list[Row], dict]:
+    """Run ``bench/NAME.py``; its rows, and what ran (command, seconds, exit status, output tail)."""
+    cmd = command(name, quick)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = None, exc.stdout or "", f"stopped after {timeout:g} s"
+        out = out.decode() if isinstance(out, bytes) else out
+    secs = time.monotonic() - t0
+    shown = " ".join([f"bench/{name}.py", *cmd[2:]])
+    info = {"bench": name, "command": shown, "seconds": round(secs, 1), "exit_status": rc,
+            "output_tail": (out + err)[-2000:]}
+    if rc != 0:
+        why = f"exit status {rc}" if rc is not None else err
+        last = (err.strip().splitlines() or out.strip().splitlines() or [""])[-1][:160]
+        return [Row(name, "the script", "failed", "-", "runs cleanly", "FAIL")], {**info, "error": f"{why}: {last}"}
+    parser = PARSERS.get(name)
+    rows = parser(out) if parser else []
+    if not rows:
+        what = "no parser for its output" if parser is None else "its output had none of the expected lines"
+        rows = [Row(name, f"ran in {secs:.0f} s ({what}; see its output)", "-", "-", "-",
+                    "FAIL" if parser else "-")]
+    return rows, info
+
+
+def table(rows: list[Row]) -> str:
+    """A Markdown table (reads as plain text too)."""
+    head = ["bench", "measured", "figure", "against (same run)", "target", "result"]
+    cells = [head] + [[r.bench, r.measured, r.figure, r.against, r.target, r.result] for r in rows]
+    width = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    line = lambda c: "| " + " | ".join(x.ljust(w) for x, w in zip(c, width)) + " |"  # noqa: E731
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in width) + "|"]
+                     + [line(c) for c in cells[1:]])
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--quick", action="store_true",
+                    help="small sizes: each script's --quick, else the sizes in bench/run_all.py QUICK_ARGS")
+    ap.add_argument("--only", action="append", metavar="NAME", default=None,
+                    help="run only this benchmark (repeatable); NAME is bench/NAME.py")
+    ap.add_argument("--json", action="store_true", help="print {rows, runs} as JSON instead of the table")
+    ap.add_argument("--timeout", type=float, default=1800.0,
+                    help="seconds one script may run before it is stopped (default 1800)")
+    ap.add_argument("--list", action="store_true", help="list the benchmark scripts and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    names = discover()
+    if args.list:
+        for n in names:
+            print(f"{n:<20} {'parsed' if n in PARSERS else 'run only'}; quick: "
+                  f"{' '.join(QUICK_ARGS.get(n, [])) or '(script --quick if offered)'}")
+        return 0
+    if args.only:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            print(f"error: no benchmark named {', '.join(unknown)} in {BENCH_DIR}; "
+                  f"expected one of {', '.join(names)}", file=sys.stderr)
+            return 2
+        names = [n for n in names if n in args.only]
+    rows: list[Row] = []
+    runs = []
+    started = time.strftime("%Y-%m-%d %H:%M")
+    for name in names:
+        if not args.json:
+            print(f"running bench/{name}.py ...", file=sys.stderr, flush=True)
+        r, info = run_one(name, quick=args.quick, timeout=args.timeout)
+        rows.extend(r)
+        runs.append(info)
+        if not args.json:
+            print(f"  {info['command']}: {info['seconds']:.0f} s"
+                  + (f"  ({info['error']})" if "error" in info else ""), file=sys.stderr, flush=True)
+    failed = any(r.result == "FAIL" for r in rows)
+    if args.json:
+        json.dump({"date": started, "quick": args.quick, "rows": [asdict(r) for r in rows], "runs": runs},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(table(rows))
+        print(f"\n{started}, {'quick sizes' if args.quick else 'full sizes'}; "
+              f"{sum(r.result == 'pass' for r in rows)} pass, {sum(r.result == 'FAIL' for r in rows)} FAIL")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

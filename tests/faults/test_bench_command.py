@@ -1,0 +1,177 @@
+"""``python -m app bench`` / ``bench/run_all.py``: discovery, quick options,
+the parsers on real outputs of each script, failures and timeouts as FAIL
+rows, one table. (The timing scripts themselves run only in the slow test.)"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from app.commands.bench import _runner
+
+ROOT = Path(__file__).resolve().parents[2]
+R = _runner()
+
+# What each script printed on this machine (quick sizes), verbatim.
+LOG_INGEST = """\
+long: 200,000 points, 4.6 MB | duckdb read_csv 0.114 s | qkvscope ingest_log 0.241 s | ratio 2.11x (target <= 2x)
+wide: 200,000 points, 2.1 MB | duckdb read_csv 0.072 s | qkvscope ingest_log 0.204 s | ratio 1.83x (target <= 2x)
+"""
+CHECKPOINT_MEMORY = """\
+wrote /tmp/qkvscope-bench-q8z7r0be/llama-1b-shaped/model.safetensors (0.44 GB, 2 layers, bfloat16) in 3 s
+
+run                             peak RSS MiB  minus base MiB  / file size      s
+baseline (imports only)                  225               0                 1.2
+python -m app info --json                635             410        0.981    3.0
+open_checkpoint().layers()               476             251        0.601    1.5
+source get(attn), pread                  283              59        0.141    1.3
+source get(attn), mmap                   311              86        0.206    1.3
+
+file 418 MiB; worst (peak - baseline) / file size = 0.981 (target < 0.25: NOT met)
+"""
+ANALYSIS_SPEED = """\
+read      {"seconds": 0.1845577840003898, "n_tensors": 88, "peak_rss_mib": 1413.68359375}
+analysis  {"seconds": 5.613487290000194, "stacked_wq_seconds": 3.7885475040020538, "rows": 10296, "notes": ["wq_absorb_error"], "peak_rss_mib": 674.85546875}
+naive     {"seconds": 37.55142429300031, "layers": 1, "scaled_seconds": 826.1313344460068, "peak_rss_mib": 647.234375}
+
+device cpu: read 0.185 s, analysis 5.613 s (10296 values, 22 layers)
+analysis / read           = 30.4x   (target <= 5x on CPU); of which the stacked-W_Q condition/defect take 3.789 s
+naive (scaled) / analysis = 147x   (naive 37.6 s on 1 layers -> 826 s for 22; target >= 100x)
+peak RSS MiB: read 1414, analysis 675, naive 647
+"""
+DASHBOARD_SPEED = """\
+database: 50 runs x 2000 steps x 3 metrics = 300,000 points, built in 0.2 s (7 MiB)
+curve query, 10 runs: downsampled 20,000 points in 51 ms; raw 20,000 points in 21 ms; downsampled/raw time ratio 2.42
+experiments page, 10 runs selected (chart drawn: True): script cold 0.38 s, warm 0.08 s (AppTest wall 0.51 / 0.08 s); warm/cold 0.21
+inspector, analysed checkpoint: script cold 0.34 s, warm 0.12 s (AppTest wall 0.46 / 0.13 s); warm/cold 0.36
+  experiments cold   script   0.38 s  under the 1 s target
+  experiments warm   script   0.08 s  under the 1 s target
+  inspector cold     script   1.34 s  OVER the 1 s target
+  inspector warm     script   0.12 s  under the 1 s target
+"""
+
+
+def rows(name: str, out: str) -> list[tuple]:
+    return [(r.measured, r.figure, r.against, r.target, r.result) for r in R.PARSERS[name](out)]
+
+
+def test_every_bench_script_is_found_and_parsed():
+    assert R.discover() == ["analysis_speed", "checkpoint_memory", "dashboard_speed", "log_ingest"]
+    assert set(R.PARSERS) == set(R.discover()) == set(R.QUICK_ARGS)
+
+
+def test_log_ingest_rows():
+    assert rows("log_ingest", LOG_INGEST) == [
+        ("ingest_log, long CSV (200,000 points, 4.6 MB)", "2.11x (0.241 s)",
+         "DuckDB read_csv of the same file (0.114 s)", "<= 2x", "FAIL"),
+        ("ingest_log, wide CSV (200,000 points, 2.1 MB)", "1.83x (0.204 s)",
+         "DuckDB read_csv of the same file (0.072 s)", "<= 2x", "pass")]
+
+
+def test_checkpoint_memory_rows():
+    got = rows("checkpoint_memory", CHECKPOINT_MEMORY)
+    assert got[0] == ("peak RSS above imports: python -m app info --json", "0.981 of the file (410 MiB)",
+                      "file size (418 MiB)", "< 0.25", "FAIL")
+    assert [g[4] for g in got] == ["FAIL", "FAIL", "pass", "pass"]
+    assert len(got) == 4                                  # the baseline row is not a measurement
+
+
+def test_analysis_speed_rows():
+    assert rows("analysis_speed", ANALYSIS_SPEED) == [
+        ("every weight metric, Llama-1B-shaped attention (22 layers)", "30.4x (5.61 s)",
+         "reading the same tensors (0.18 s)", "<= 5x", "FAIL"),
+        ("naive per-head SVD version, scaled to 22 layers", "147x (826 s)", "the analysis (5.61 s)",
+         ">= 100x", "pass")]
+
+
+def test_dashboard_speed_rows():
+    got = rows("dashboard_speed", DASHBOARD_SPEED)
+    assert got[0] == ("curve query, 10 runs (50 runs x 2000 steps), 20,000 points drawn", "2.42x (51 ms)",
+                      "fetching all 20,000 raw points (21 ms)", "-", "-")
+    assert got[3] == ("inspector page script run, cold (50 runs x 2000 steps)", "1.34 s",
+                      "absolute (AppTest render time)", "< 1 s", "FAIL")
+    assert [g[4] for g in got[1:]] == ["pass", "pass", "FAIL", "pass"]
+
+
+@pytest.fixture
+def fake_bench(tmp_path, monkeypatch):
+    """A bench/ folder of small scripts standing in for the real ones."""
+    d = tmp_path / "bench"
+    d.mkdir()
+    scripts = {
+        "log_ingest": f"""
+            import sys
+            print("long: 10 points, 0.1 MB | duckdb read_csv 1.000 s | qkvscope ingest_log 1.500 s | "
+                  "ratio 1.50x (target <= 2x)")
+            print("args", sys.argv[1:], file=sys.stderr)""",
+        "has_quick": """
+            import argparse
+            ap = argparse.ArgumentParser(); ap.add_argument("--quick", action="store_true")
+            a = ap.parse_args(); print("quick" if a.quick else "full")""",
+        "broken": """
+            raise SystemExit("could not build the benchmark file")""",
+        "sleepy": """
+            import time; time.sleep(30)""",
+    }
+    for name, body in scripts.items():
+        (d / f"{name}.py").write_text(textwrap.dedent(body))
+    (d / "run_all.py").write_text("# the runner itself is not a benchmark\n")
+    monkeypatch.setattr(R, "BENCH_DIR", d)
+    monkeypatch.setattr(R, "__file__", str(d / "run_all.py"))
+    return d
+
+
+def test_discovery_quick_flags_and_failures(fake_bench):
+    assert R.discover() == ["broken", "has_quick", "log_ingest", "sleepy"]
+    assert R.command("has_quick", True)[2:] == ["--quick"]              # the script's own --quick
+    assert R.command("log_ingest", True)[2:] == R.QUICK_ARGS["log_ingest"]
+    assert R.command("log_ingest", False)[2:] == []
+    [row], info = R.run_one("log_ingest", quick=True, timeout=60)
+    assert (row.figure, row.result) == ("1.50x (1.500 s)", "pass")
+    assert info["exit_status"] == 0 and "args ['--points', '1000000', '--repeat', '2']" in info["output_tail"]
+    [row], info = R.run_one("has_quick", quick=True, timeout=60)
+    assert (row.measured, row.result) == ("ran in 0 s (no parser for its output; see its output)", "-")
+    assert info["output_tail"] == "quick\n"
+    [row], info = R.run_one("broken", quick=False, timeout=60)
+    assert (row.figure, row.result) == ("failed", "FAIL")
+    assert info["error"] == "exit status 1: could not build the benchmark file"
+    [row], info = R.run_one("sleepy", quick=False, timeout=1)
+    assert (row.figure, row.result) == ("failed", "FAIL") and info["error"].startswith("stopped after 1 s")
+
+
+def test_one_table_and_exit_status(fake_bench, capsys):
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    R.add_arguments(ap)
+    assert R.run(ap.parse_args(["--only", "log_ingest"])) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [c.strip() for c in out[0].split("|")[1:-1]] == [
+        "bench", "measured", "figure", "against (same run)", "target", "result"]
+    assert len({len(line) for line in out[:3]}) == 1          # columns line up
+    assert out[2].startswith("| log_ingest | ingest_log, long CSV (10 points, 0.1 MB) | 1.50x (1.500 s) |")
+    assert out[-1].endswith("full sizes; 1 pass, 0 FAIL")
+    assert R.run(ap.parse_args(["--only", "broken", "--only", "log_ingest", "--json"])) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["bench"], r["result"]) for r in doc["rows"]] == [("broken", "FAIL"), ("log_ingest", "pass")]
+    assert R.run(ap.parse_args(["--only", "nope"])) == 2
+    assert capsys.readouterr().err == (f"error: no benchmark named nope in {fake_bench}; expected one of "
+                                       f"broken, has_quick, log_ingest, sleepy\n")
+
+
+@pytest.mark.slow
+def test_the_real_command_runs_one_benchmark_quickly():
+    """``python -m app bench --quick --only log_ingest --json``: the real script,
+    parsed into its two rows (figures vary; their form does not)."""
+    proc = subprocess.run([sys.executable, "-m", "app", "bench", "--quick", "--only", "log_ingest", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [r["measured"] for r in doc["rows"]] == [
+        "ingest_log, long CSV (1,000,000 points, 23.8 MB)", "ingest_log, wide CSV (1,000,000 points, 10.9 MB)"]
+    assert all(r["result"] in ("pass", "FAIL") and r["target"] == "<= 2x" for r in doc["rows"])
+    assert doc["runs"][0]["command"] == "bench/log_ingest.py --points 1000000 --repeat 2"
