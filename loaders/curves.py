@@ -168,20 +168,15 @@ def final_values(store: Store, metric: str, run_ids=None) -> pd.DataFrame:
     """Per run: last value of ``metric`` (at its highest step), best (lowest) value, spikes.
 
     Returns ``run_id, final_step, final, best, best_step, n, nonfinite``;
-    ``nonfinite`` counts infinite values (a diverged run).
+    ``nonfinite`` counts infinite values (a diverged run). Read from the
+    ``run_stats`` summary that ingest keeps, not from ``points``.
     """
     ids = None if run_ids is None else _ids(run_ids)
     where = "metric = $metric" + ("" if ids is None else " AND run_id IN (SELECT unnest($ids))")
     sql = f"""
-    SELECT run_id,
-           max(step) FILTER (WHERE isfinite(value)) AS final_step,
-           arg_max(value, step) FILTER (WHERE isfinite(value)) AS final,
-           min(value) FILTER (WHERE isfinite(value)) AS best,
-           arg_min(step, value) FILTER (WHERE isfinite(value)) AS best_step,
-           count(*) AS n,
-           count(*) FILTER (WHERE NOT isfinite(value)) AS nonfinite
-    FROM points WHERE {where} AND value IS NOT NULL
-    GROUP BY run_id ORDER BY run_id
+    SELECT run_id, final_step, final, best, best_step, n_values AS n, nonfinite
+    FROM run_stats WHERE {where} AND n_values > 0
+    ORDER BY run_id
     """
     params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
     with store.connect() as con:

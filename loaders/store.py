@@ -31,6 +31,17 @@ DB_ENV = "QKVSCOPE_DB"
 #: Default database file, under the project's ``data/`` folder.
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "qkvscope.duckdb"
 
+#: The summary of points per (run, metric); ``{where}`` narrows the runs.
+RUN_STATS_SELECT = """
+    SELECT run_id, metric, count(*), count(value),
+           count(*) FILTER (WHERE value IS NOT NULL AND NOT isfinite(value)),
+           min(step), max(step),
+           max(step) FILTER (WHERE isfinite(value)),
+           arg_max(value, step) FILTER (WHERE isfinite(value)),
+           min(value) FILTER (WHERE isfinite(value)),
+           arg_min(step, value) FILTER (WHERE isfinite(value))
+    FROM points {where} GROUP BY run_id, metric"""
+
 # Each entry: (version, statements). Append only; never edit a released entry.
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -148,7 +159,40 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             PRIMARY KEY (checkpoint_id, kind, metric_version)
         )""",
     ]),
+    (3, [
+        # Per (run, metric) summary of ``points``, kept in the same transaction
+        # as every write to points (``refresh_run_stats``), so listing runs and
+        # final values never scans the whole points table.
+        """CREATE TABLE run_stats (
+            run_id INTEGER NOT NULL,
+            metric VARCHAR NOT NULL,
+            n BIGINT NOT NULL,                 -- points, NULL values included
+            n_values BIGINT NOT NULL,          -- points with a value (NaN is stored as NULL)
+            nonfinite BIGINT NOT NULL,         -- +-Inf values (a diverged run)
+            first_step BIGINT,
+            last_step BIGINT,
+            final_step BIGINT,                 -- highest step with a finite value
+            final DOUBLE,                      -- the finite value at final_step
+            best DOUBLE,                       -- lowest finite value
+            best_step BIGINT,
+            PRIMARY KEY (run_id, metric)
+        )""",
+        "INSERT INTO run_stats " + RUN_STATS_SELECT.format(where=""),
+    ]),
 ]
+
+
+
+
+def refresh_run_stats(con: duckdb.DuckDBPyConnection, run_ids) -> None:
+    """Recompute ``run_stats`` of these runs; call inside the transaction that
+    changed their points."""
+    ids = sorted({int(i) for i in run_ids})
+    if not ids:
+        return
+    con.execute("DELETE FROM run_stats WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [ids])
+    con.execute("INSERT INTO run_stats " + RUN_STATS_SELECT.format(
+        where="WHERE run_id IN (SELECT unnest(?::INTEGER[]))"), [ids])
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -31,7 +31,7 @@ from loaders.logs.base import (Parsed, RunData, has_repeats, keep_latest, n_poin
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.structured import hf_run_dir
 from loaders.report import FileReport
-from loaders.store import Store
+from loaders.store import Store, refresh_run_stats
 
 # File stems that say nothing about the run: the run is named after its folder.
 _GENERIC_STEMS = {"metrics", "log", "logs", "train", "training", "trainer_state", "stdout", "output",
@@ -267,6 +267,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             total += n_points(pts)
             ids.append(run_id)
             _apply_overrides(con, run_id)
+        refresh_run_stats(con, ids + [r["id"] for r in prev_runs.values()])
         state = {"reader": parsed.state, "runs": runs_state}
         read_bytes = parsed.read_bytes if parsed.read_bytes is not None else st.st_size
         if appendable:

@@ -34,9 +34,9 @@ def list_runs(store: Store, con=None) -> list[dict]:
                r.model_size, r.resumed, coalesce(p.n, 0), coalesce(p.metrics, []), p.first_step,
                p.last_step, r.config
         FROM runs r LEFT JOIN (
-            SELECT run_id, count(*) AS n, list(DISTINCT metric ORDER BY metric) AS metrics,
-                   min(step) AS first_step, max(step) AS last_step
-            FROM points GROUP BY run_id) p ON p.run_id = r.id
+            SELECT run_id, sum(n) AS n, list(metric ORDER BY metric) AS metrics,
+                   min(first_step) AS first_step, max(last_step) AS last_step
+            FROM run_stats GROUP BY run_id) p ON p.run_id = r.id
         ORDER BY r.id"""
     if con is None:
         with store.connect() as c:

@@ -9,7 +9,7 @@ import torch
 
 from analysis.registry import names
 from app.cli import main
-from loaders.store import Store
+from loaders.store import Store, refresh_run_stats
 
 
 @pytest.fixture
@@ -81,6 +81,7 @@ def _synthetic_store(path) -> Store:
         con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, config) "
                     "VALUES (99, 'lone', 'mem', 'test', 'wq_identity', 0.1, '{\"save_steps\": [5]}')")
         con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (99, 10, 'val/loss', 4.0)")
+        refresh_run_stats(con, [r[0] for r in con.execute("SELECT id FROM runs").fetchall()])
     return store
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from loaders.store import Store
+from loaders.store import Store, refresh_run_stats
 from tests.app.apptest import page_test
 
 #: (id, name, variant, weight decay); four runs, two variants.
@@ -57,6 +57,7 @@ def fill_runs(db, runs=RUNS, steps: int = 300) -> Store:
                         "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)", [rid, name, f"/exp/{name}", variant, wd])
         con.register("f", frame)
         con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        refresh_run_stats(con, frame["run_id"].unique())
     return store
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from loaders.store import Store
+from loaders.store import Store, refresh_run_stats
 from tests.app.apptest import page_test
 from tests.app.test_page_experiments import arr, figures, qp
 
@@ -42,6 +42,7 @@ def wd_db(tmp_path, monkeypatch):
                         [rid, f"{variant}-wd{wd}", f"/s/{rid}", variant, wd])
         con.register("f", frame)
         con.execute("INSERT INTO points (run_id, step, metric, value) SELECT * FROM f")
+        refresh_run_stats(con, frame["run_id"].unique())
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     return db
 

@@ -7,7 +7,7 @@ import pytest
 
 from loaders import curves
 from loaders.errors import QkvscopeError
-from loaders.store import Store
+from loaders.store import Store, refresh_run_stats
 
 
 def _store_with_points(tmp_path, rows) -> Store:
@@ -21,6 +21,7 @@ def _store_with_points(tmp_path, rows) -> Store:
                         [int(rid), f"run{rid}"])
         con.register("f", frame)
         con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        refresh_run_stats(con, frame["run_id"].unique())
     return store
 
 

@@ -120,3 +120,51 @@ def test_env_variable_overrides_default(monkeypatch, tmp_path):
     monkeypatch.setenv(DB_ENV, str(tmp_path / "x.duckdb"))
     assert default_db_path() == tmp_path / "x.duckdb"
     assert Store().path == tmp_path / "x.duckdb"
+
+
+def test_upgrade_from_version_2_backfills_run_stats(tmp_path):
+    import duckdb
+
+    from loaders.store import MIGRATIONS
+
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))  # a file as qkvscope with schema 2 left it
+    for version, statements in MIGRATIONS:
+        if version > 2:
+            break
+        for sql in statements:
+            con.execute(sql)
+    con.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'a', 's', 'csv')")
+    con.execute("""INSERT INTO points (run_id, step, metric, value) VALUES
+                   (1, 0, 'val/loss', 4.0), (1, 10, 'val/loss', 3.0), (1, 20, 'val/loss', 'inf'),
+                   (1, 30, 'val/loss', NULL), (1, 5, 'lr', 0.1)""")
+    con.close()
+    store = Store(path)
+    assert store.migrate() == SCHEMA_VERSION
+    with store.connect() as c:
+        rows = c.execute("SELECT metric, n, n_values, nonfinite, first_step, last_step, final_step, final, "
+                         "best, best_step FROM run_stats ORDER BY metric").fetchall()
+    assert rows == [("lr", 1, 1, 0, 5, 5, 5, 0.1, 0.1, 5),
+                    ("val/loss", 4, 3, 1, 0, 30, 10, 3.0, 3.0, 10)]
+
+
+def test_run_stats_follow_ingest_growth_and_resume(tmp_path):
+    from loaders.logs import ingest_log, list_runs
+
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.parent.mkdir()
+    log.write_text("".join(f'{{"step": {s}, "train_loss": {4 - s / 10}}}\n' for s in range(5)))
+    store = Store(tmp_path / "q.duckdb")
+    ingest_log(store, log)
+    with log.open("a") as fh:  # grows, then resumes from step 3 with new values
+        fh.write("".join(f'{{"step": {s}, "train_loss": {9 - s / 10}}}\n' for s in range(3, 8)))
+    ingest_log(store, log)
+    with store.connect() as c:
+        direct = c.execute("SELECT count(*), min(step), max(step), arg_max(value, step), min(value) "
+                           "FROM points WHERE metric = 'train/loss'").fetchone()
+        stats = c.execute("SELECT n, first_step, last_step, final, best FROM run_stats "
+                          "WHERE metric = 'train/loss'").fetchone()
+    assert stats == direct == (8, 0, 7, 8.3, 3.8)
+    [run] = list_runs(store)
+    assert (run["n_points"], run["first_step"], run["last_step"]) == (8, 0, 7)
