@@ -3,7 +3,6 @@ always opens afterwards and holds every file completely or not at all, and a
 clean re-run brings it to exactly what one uninterrupted ingest gives."""
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import signal
