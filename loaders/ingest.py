@@ -184,7 +184,8 @@ def _size_of(path: Path) -> int:
 
 
 def link_checkpoints(store: Store) -> int:
-    """Attach stored checkpoints without a run to the run whose folder holds them.
+    """Attach stored checkpoints without a run to the run whose folder holds them,
+    and give runs without a known model size their checkpoints' parameter count.
 
     Logs and checkpoints of one run may arrive in either order; this runs at
     the end of every ingest. Returns how many checkpoints were linked.
@@ -197,6 +198,14 @@ def link_checkpoints(store: Store) -> int:
             if run_id is not None:
                 con.execute("UPDATE checkpoints SET run_id = ? WHERE id = ?", [run_id, ckpt_id])
                 linked += 1
+        # A run whose logs and configs never state its size takes it from its
+        # checkpoints (a user's correction in run_overrides still wins).
+        con.execute(
+            """UPDATE runs SET model_size = c.params
+               FROM (SELECT run_id, max(params_total) AS params FROM checkpoints
+                     WHERE run_id IS NOT NULL GROUP BY run_id) c
+               WHERE runs.id = c.run_id AND runs.model_size IS NULL
+                 AND runs.id NOT IN (SELECT run_id FROM run_overrides WHERE field = 'model_size')""")
     return linked
 
 

@@ -44,6 +44,8 @@ def test_checkpoints_link_to_their_run_and_take_the_step_from_the_name(tmp_path)
     assert len(runs) == 1 and runs[0]["weight_decay"] == 0.1
     ckpts = store.checkpoints()
     assert sorted((c["step"], c["run_id"]) for c in ckpts) == [(200, runs[0]["id"]), (400, runs[0]["id"])]
+    # the log never states the model size: it comes from the run's checkpoints
+    assert runs[0]["model_size"] == ckpts[0]["params_total"] > 0
 
 
 def test_checkpoint_stored_before_its_log_is_linked_later(tmp_path):
