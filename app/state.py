@@ -8,7 +8,6 @@ without a restart.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -68,6 +67,3 @@ def demo_only(run_sources: list[str]) -> bool:
     demo = str(DEMO_DIR.resolve())
     return bool(run_sources) and all(str(s).startswith(demo) for s in run_sources)
 
-
-def env_db_label() -> str:
-    return os.environ.get("QKVSCOPE_DB", str(default_db_path()))

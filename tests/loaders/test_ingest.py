@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from loaders.errors import QkvscopeError
 from loaders.ingest import discover, ingest_paths
 from loaders.logs import list_runs
 from loaders.store import Store
@@ -112,3 +113,64 @@ def test_own_checkpoints_report_their_training_step():
     ckpt = Path(__file__).resolve().parents[2] / "data/demo/qkv-mha-wd0.1/checkpoints/step_000150.safetensors"
     info = inspect_checkpoint(ckpt)
     assert (info["architecture"], info["variant"], info["step"]) == ("qkvscope", "qkv", 150)
+
+
+def test_watch_ingests_new_lines_of_a_live_log(tmp_path):
+    from loaders.ingest import watch
+
+    run = tmp_path / "live"
+    run.mkdir()
+    log = run / "metrics.jsonl"
+    log.write_text('{"step": 0, "train_loss": 4.0}\n')
+    store = Store(tmp_path / "q.duckdb")
+    polls: list[dict] = []
+
+    def on_report(report):
+        polls.append(report.to_json())
+        with log.open("a") as fh:  # the trainer writes another line between polls
+            fh.write(json.dumps({"step": len(polls), "train_loss": 4.0 - len(polls) / 10}) + "\n")
+
+    watch(store, [tmp_path], interval=0.01, on_report=on_report, stop=lambda: len(polls) >= 4)
+    assert [p["added"] + p["appended"] for p in polls] == [1, 1, 1, 1]
+    [r] = list_runs(store)
+    assert (r["n_points"], r["last_step"]) == (4, 3)  # steps 0-3 stored; the 5th line came after the last poll
+
+
+def test_watch_from_the_cli_stops_cleanly_on_ctrl_c(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "live"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "train_loss": 4.0}\n')
+    db = tmp_path / "q.duckdb"
+    proc = subprocess.Popen([sys.executable, "-m", "app", "ingest", str(tmp_path), "--db", str(db), "--watch",
+                             "--interval", "0.2"], cwd=Path(__file__).resolve().parents[2],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if db.exists():
+                try:
+                    if list_runs(Store(db, busy_timeout=1)):
+                        break
+                except QkvscopeError:  # the watcher holds the write lock for a moment
+                    continue
+        with (run / "metrics.jsonl").open("a") as fh:
+            fh.write('{"step": 1, "train_loss": 3.5}\n')
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                if list_runs(Store(db, busy_timeout=1))[0]["n_points"] == 2:
+                    break
+            except QkvscopeError:
+                continue
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "appended" in out
+    assert list_runs(Store(db))[0]["n_points"] == 2
