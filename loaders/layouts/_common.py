@@ -85,6 +85,18 @@ def cfg_float(source: TensorSource, *names: str, default=None):
     return default
 
 
+def declared_other(source: TensorSource, model_types) -> bool:
+    """True when the config names a model type that is not one of ``model_types``
+    (then a layout must not claim the file by its key names alone)."""
+    mt = model_type(source)
+    return mt is not None and mt not in model_types
+
+
+def keys_match(source: TensorSource, model_types, pattern: str) -> bool:
+    """The common ``detect``: no other declared model type, and a key matching ``pattern``."""
+    return not declared_other(source, model_types) and any_match(source.keys(), pattern)
+
+
 def model_type(source: TensorSource) -> str | None:
     mt = (source.config or {}).get("model_type")
     return str(mt).lower() if mt else None
@@ -421,3 +433,31 @@ def convert_fused(source: TensorSource, *, name: str, qkv: str, o: str, layers: 
             b_O=None if bo is None else fresh(bo))
 
     return meta, layer_fn(build)
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    """What every Hugging Face-style converter reads first (see ``hf_geometry``)."""
+
+    prefix: str
+    layers: list[int]
+    d: int
+    n: int
+    dh: int
+    have: set
+
+
+def hf_geometry(source: TensorSource, pattern: str, first_q: str, *,
+                layer_keys=("num_hidden_layers",), d_keys=("hidden_size",),
+                head_keys=("num_attention_heads",), head_dim_key: str | None = None) -> LayerGeometry:
+    """Layers found by ``pattern`` (checked against the config's layer count),
+    d_model from the config or the shape of ``first_q`` (a key template with
+    ``{p}`` for the prefix; its input dimension is d_model), the head count
+    from the config (it cannot come from shapes) and d_head."""
+    keys = source.keys()
+    p, layers = find_layers(source, pattern, keys)
+    check_layers(source, len(layers), cfg(source, *layer_keys))
+    d = cfg_int(source, *d_keys, default=source.shape(first_q.format(p=p))[1])
+    n = need_int(source, cfg(source, *head_keys), "head count", tuple(head_keys))
+    dh = split_heads_check(source, d, n, cfg(source, head_dim_key) if head_dim_key else None)
+    return LayerGeometry(p, layers, d, n, dh, set(keys))

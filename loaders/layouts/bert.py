@@ -24,22 +24,12 @@ _RX = r"^(?P<p>(?:.*\.)?)encoder\.layer\.(?P<i>\d+)\.attention\.self\.query\.wei
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None and mt not in MODEL_TYPES:
-        return False
-    return C.any_match(source.keys(), _RX)
+    return C.keys_match(source, MODEL_TYPES, _RX)
 
 
 def convert(source):
-    keys = source.keys()
-    have = set(keys)
-    p, layers = C.find_layers(source, _RX, keys)
-    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
-    q0 = f"{p}encoder.layer.0.attention.self.query.weight"
-    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
-    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
-                   ("num_attention_heads",))
-    dh = C.split_heads_check(source, d, n, None)
+    g = C.hf_geometry(source, _RX, "{p}encoder.layer.0.attention.self.query.weight")
+    p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     stem = p + "encoder.layer.{i}.attention."
     names = {"q": stem + "self.query", "k": stem + "self.key", "v": stem + "self.value",
              "o": stem + "output.dense"}

@@ -28,22 +28,14 @@ _RX = r"^(?P<p>(?:.*\.)?)h\.(?P<i>\d+)\.self_attention\.query_key_value\.weight$
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None and mt not in MODEL_TYPES:
-        return False
-    return C.any_match(source.keys(), _RX)
+    return C.keys_match(source, MODEL_TYPES, _RX)
 
 
 def convert(source):
-    keys = source.keys()
-    have = set(keys)
-    p, layers = C.find_layers(source, _RX, keys)
-    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers", "n_layer"))
-    q0 = f"{p}h.0.self_attention.query_key_value.weight"
-    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
-    n = C.need_int(source, C.cfg(source, "num_attention_heads", "n_head"), "head count",
-                   ("num_attention_heads", "n_head"))
-    dh = C.split_heads_check(source, d, n, None)
+    g = C.hf_geometry(source, _RX, "{p}h.0.self_attention.query_key_value.weight",
+                      layer_keys=("num_hidden_layers", "n_layer"),
+                      head_keys=("num_attention_heads", "n_head"))
+    p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     new_arch = bool(C.cfg(source, "new_decoder_architecture", default=False))
     multi_query = bool(C.cfg(source, "multi_query", default=True))
     if new_arch:

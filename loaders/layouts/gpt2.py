@@ -25,8 +25,7 @@ _RX = r"^(?P<p>(?:.*\.)?)h\.(?P<i>\d+)\.attn\.c_attn\.weight$"
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None and mt not in MODEL_TYPES:
+    if C.declared_other(source, MODEL_TYPES):
         return False
     for k in source.keys():
         if C.re.match(_RX, k):

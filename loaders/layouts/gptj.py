@@ -22,23 +22,17 @@ _RX = r"^(?P<p>(?:.*\.)?)h\.(?P<i>\d+)\.attn\.q_proj\.weight$"
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None and mt not in MODEL_TYPES:
+    if C.declared_other(source, MODEL_TYPES):
         return False
     keys = source.keys()
     return C.any_match(keys, _RX) and C.any_match(keys, r"^(?:.*\.)?h\.0\.attn\.out_proj\.weight$")
 
 
 def convert(source):
-    keys = source.keys()
-    have = set(keys)
-    p, layers = C.find_layers(source, _RX, keys)
-    C.check_layers(source, len(layers), C.cfg(source, "n_layer", "num_hidden_layers"))
-    q0 = f"{p}h.0.attn.q_proj.weight"
-    d = C.cfg_int(source, "n_embd", "hidden_size", default=source.shape(q0)[1])
-    n = C.need_int(source, C.cfg(source, "n_head", "num_attention_heads"), "head count",
-                   ("n_head",))
-    dh = C.split_heads_check(source, d, n, None)
+    g = C.hf_geometry(source, _RX, "{p}h.0.attn.q_proj.weight",
+                      layer_keys=("n_layer", "num_hidden_layers"), d_keys=("n_embd", "hidden_size"),
+                      head_keys=("n_head", "num_attention_heads"))
+    p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     stem = p + "h.{i}.attn."
     names = {"q": stem + "q_proj", "k": stem + "k_proj", "v": stem + "v_proj",
              "o": stem + "out_proj"}

@@ -35,8 +35,7 @@ def _prefix(source, keys):
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None and mt not in MODEL_TYPES:
+    if C.declared_other(source, MODEL_TYPES):
         return False
     keys = source.keys()
     p = _prefix(source, keys)
@@ -44,15 +43,8 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    keys = source.keys()
-    have = set(keys)
-    p, layers = C.find_layers(source, _RX, keys)
-    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
-    q0 = f"{p}layers.0.self_attn.q_proj.weight"
-    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
-    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
-                   ("num_attention_heads",))
-    dh = C.split_heads_check(source, d, n, C.cfg(source, "head_dim"))
+    g = C.hf_geometry(source, _RX, "{p}layers.0.self_attn.q_proj.weight", head_dim_key="head_dim")
+    p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     n_kv = C.cfg_int(source, "num_key_value_heads", default=n)
     stem = p + "layers.{i}.self_attn."
     names = {r: stem + f"{r}_proj" for r in "qkvo"}

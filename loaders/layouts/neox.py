@@ -22,22 +22,12 @@ _RX = r"^(?P<p>(?:.*\.)?)layers\.(?P<i>\d+)\.attention\.query_key_value\.weight$
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None and mt not in MODEL_TYPES:
-        return False
-    return C.any_match(source.keys(), _RX)
+    return C.keys_match(source, MODEL_TYPES, _RX)
 
 
 def convert(source):
-    keys = source.keys()
-    have = set(keys)
-    p, layers = C.find_layers(source, _RX, keys)
-    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
-    q0 = f"{p}layers.0.attention.query_key_value.weight"
-    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
-    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
-                   ("num_attention_heads",))
-    dh = C.split_heads_check(source, d, n, None)
+    g = C.hf_geometry(source, _RX, "{p}layers.0.attention.query_key_value.weight")
+    p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     stem = p + "layers.{i}.attention."
     return C.convert_fused(source, name=NAME, qkv=stem + "query_key_value", o=stem + "dense",
                            layers=layers, d=d, n=n, n_kv=n, dh=dh,

@@ -22,8 +22,7 @@ _RX = r"^(?P<p>(?:.*\.)?)decoder\.layers\.(?P<i>\d+)\.self_attn\.q_proj\.weight$
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None and mt not in MODEL_TYPES:
+    if C.declared_other(source, MODEL_TYPES):
         return False
     keys = source.keys()
     if C.any_match(keys, r"^(?:.*\.)?encoder\.layers\.\d+\."):
@@ -33,15 +32,8 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    keys = source.keys()
-    have = set(keys)
-    p, layers = C.find_layers(source, _RX, keys)
-    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
-    q0 = f"{p}decoder.layers.0.self_attn.q_proj.weight"
-    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
-    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
-                   ("num_attention_heads",))
-    dh = C.split_heads_check(source, d, n, None)
+    g = C.hf_geometry(source, _RX, "{p}decoder.layers.0.self_attn.q_proj.weight")
+    p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     stem = p + "decoder.layers.{i}.self_attn."
     names = {"q": stem + "q_proj", "k": stem + "k_proj", "v": stem + "v_proj",
              "o": stem + "out_proj"}

@@ -20,22 +20,12 @@ _RX = r"^(?P<p>(?:.*\.)?)layers\.(?P<i>\d+)\.self_attn\.qkv_proj\.weight$"
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None and mt not in MODEL_TYPES:
-        return False
-    return C.any_match(source.keys(), _RX)
+    return C.keys_match(source, MODEL_TYPES, _RX)
 
 
 def convert(source):
-    keys = source.keys()
-    have = set(keys)
-    p, layers = C.find_layers(source, _RX, keys)
-    C.check_layers(source, len(layers), C.cfg(source, "num_hidden_layers"))
-    q0 = f"{p}layers.0.self_attn.qkv_proj.weight"
-    d = C.cfg_int(source, "hidden_size", default=source.shape(q0)[1])
-    n = C.need_int(source, C.cfg(source, "num_attention_heads"), "head count",
-                   ("num_attention_heads",))
-    dh = C.split_heads_check(source, d, n, C.cfg(source, "head_dim"))
+    g = C.hf_geometry(source, _RX, "{p}layers.0.self_attn.qkv_proj.weight", head_dim_key="head_dim")
+    p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     n_kv = C.cfg_int(source, "num_key_value_heads", default=n)
     stem = p + "layers.{i}.self_attn."
     return C.convert_fused(source, name=NAME, qkv=stem + "qkv_proj", o=stem + "o_proj",
