@@ -11,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
 import streamlit as st
 
 from analysis.errors import AnalysisError
+from loaders import curves, queries
 from loaders.errors import QkvscopeError
 from loaders.store import Store, default_db_path
 
@@ -67,3 +69,16 @@ def demo_only(run_sources: list[str]) -> bool:
     demo = str(DEMO_DIR.resolve())
     return bool(run_sources) and all(str(s).startswith(demo) for s in run_sources)
 
+
+# -- cached reads shared by several pages (keyed by file and data_version) --------
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def checkpoints_frame(db: str, version: tuple) -> pd.DataFrame:
+    """Stored checkpoints with geometry (``loaders.queries.checkpoints_frame``)."""
+    return queries.checkpoints_frame(get_store())
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def analysis_results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
+    """One checkpoint's stored metric values (``loaders.curves.analysis_results``)."""
+    return curves.analysis_results(get_store(), checkpoint_id)

@@ -15,8 +15,9 @@ import streamlit as st
 from analysis.registry import BY_NAME, METRICS
 from analysis.trajectories import summarise, trajectories
 from app import charts
-from app.state import data_version, get_store, query_param, set_query_params
-from loaders import curves, queries
+from app.state import (data_version, get_store, query_param, set_query_params,
+                       checkpoints_frame as _checkpoints, analysis_results as _results)
+from loaders import curves
 
 TITLE = "Compare"
 ICON = ":material/compare:"
@@ -26,19 +27,11 @@ URL_PATH = "compare"
 HEAD_METRICS = [m.name for m in METRICS if m.axis in ("head", "kv_head", "head+layer")]
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _checkpoints(db: str, version: tuple) -> pd.DataFrame:
-    return queries.checkpoints_frame(get_store())
-
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _run_checkpoints(db: str, version: tuple) -> pd.DataFrame:
     return curves.run_checkpoints(get_store())
 
-
-@st.cache_data(show_spinner=False, max_entries=32)
-def _results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
-    return curves.analysis_results(get_store(), checkpoint_id)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

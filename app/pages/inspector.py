@@ -23,8 +23,9 @@ import streamlit as st
 
 from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
 from app import charts
-from app.state import data_version, get_store, query_param, set_query_params
-from loaders import curves, queries
+from app.state import (data_version, get_store, query_param, set_query_params,
+                       checkpoints_frame as _checkpoints, analysis_results as _results)
+from loaders import curves
 from loaders.errors import FileError, QkvscopeError
 
 TITLE = "Checkpoint inspector"
@@ -42,14 +43,6 @@ KV_FIT = ["kv_share_r2", "kv_cka", "kv_cosine_flat", "kv_share_r2_act", "kv_cka_
 
 # -- cached reads -----------------------------------------------------------------
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _checkpoints(db: str, version: tuple) -> pd.DataFrame:
-    return queries.checkpoints_frame(get_store())
-
-
-@st.cache_data(show_spinner=False, max_entries=32)
-def _results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
-    return curves.analysis_results(get_store(), checkpoint_id)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)

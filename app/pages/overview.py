@@ -6,7 +6,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app.state import DEMO_DIR, data_version, demo_only, get_store, query_param, set_query_params
+from app.state import (DEMO_DIR, data_version, demo_only, get_store, query_param, set_query_params,
+                       checkpoints_frame as _checkpoints)
 from loaders import queries
 from loaders.ingest import ingest_paths
 
@@ -20,10 +21,6 @@ URL_PATH = "overview"
 def _summary(db: str, version: tuple) -> dict:
     return queries.summary(get_store())
 
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def _checkpoints(db: str, version: tuple) -> pd.DataFrame:
-    return queries.checkpoints_frame(get_store())
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
