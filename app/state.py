@@ -15,12 +15,11 @@ import pandas as pd
 import streamlit as st
 
 from analysis.errors import AnalysisError
+from app.paths import DEMO_DIR, ROOT  # noqa: F401  (pages import them from here)
 from loaders import curves, queries
 from loaders.errors import QkvscopeError
 from loaders.store import Store, default_db_path
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO_DIR = ROOT / "data" / "demo"
 
 
 def get_store() -> Store:

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def ensure_demo(db_path, *, quiet: bool = False) -> None:
     """Ingest data/demo into a database that does not exist yet."""
-    from app.state import DEMO_DIR
+    from app.paths import DEMO_DIR
     from loaders.ingest import ingest_paths
     from loaders.store import Store
 
@@ -50,7 +50,7 @@ def ensure_demo(db_path, *, quiet: bool = False) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.state import ROOT
+    from app.paths import ROOT
     from loaders.store import default_db_path
 
     db = (args.db or default_db_path()).expanduser().resolve()
