@@ -30,7 +30,8 @@ its bytes per token are ``n_layer * n_cached * n_kv_heads * d_head * bytes``
 with ``n_cached = 1`` for K=V, as in DESIGN.md "KV-cache and serving cost".
 
 Other checkpoints: :meth:`GPT.from_nanogpt` (nanoGPT and the query-free
-paper's nanoGPT fork) and :meth:`GPT.from_state_dict` (this model's own).
+paper's nanoGPT fork), :meth:`GPT.from_state_dict` (this model's own), and
+:mod:`experiments.foreign` (the projection-sharing paper's language models).
 """
 from __future__ import annotations
 
@@ -387,9 +388,13 @@ class GPT(nn.Module):
 
         The query-free paper's fork (``query_mode="identity"``) has
         ``c_attn = Linear(d, 2d)`` producing only k and v; it becomes variant
-        ``wq_identity``. Geometry is read from the tensor shapes; ``n_head``
+        ``wq_identity``. Its ``query_mode="residual"`` computes
+        ``q = x + (x Wq^T + bq)``, which is linear: variant ``qkv`` with
+        ``W_q = Wq + I``. Geometry is read from the tensor shapes; ``n_head``
         must be given (nanoGPT stores it in ``model_args``).
         """
+        if query_mode not in ("standard", "identity", "residual"):
+            raise ValueError(f"query_mode {query_mode!r} is not one of standard, identity, residual")
         # some nanoGPT-style code names LayerNorm parameters gamma/beta
         alias = {"gamma": "weight", "beta": "bias"}
         sd = {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
@@ -427,6 +432,9 @@ class GPT(nn.Module):
                 if src + f"attn.c_attn.{p}" in sd:
                     for name, t in zip(parts, sd[src + f"attn.c_attn.{p}"].split(d, dim=0)):
                         own[dst + f"attn.{name}.{p}"] = t
+            if query_mode == "residual":      # q = x + x Wq^T: fold the identity into W_q
+                wq = own[dst + "attn.q.weight"]
+                own[dst + "attn.q.weight"] = wq + torch.eye(d, dtype=wq.dtype)
         for p in ("weight", "bias"):
             if f"transformer.ln_f.{p}" in sd:
                 own[f"ln_f.{p}"] = sd[f"transformer.ln_f.{p}"]

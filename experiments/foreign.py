@@ -1,0 +1,294 @@
+"""Other people's checkpoints as runnable :class:`experiments.model.GPT` models.
+
+The activation metrics need a forward pass; this module turns the state dicts
+of the two papers' code (and plain nanoGPT) into the project's one model, so
+``app.jobs`` can run them. Nothing here reads files: callers pass the state
+dict (names to tensors) and the checkpoint's own config dict.
+
+* :func:`runnable` — dispatch on the weight converter's architecture name
+  (``nanogpt``, ``query_free``, ``projection_sharing``) and check that the
+  model built here reads the attention the way the converter did.
+* :func:`from_projection_sharing` — Brainchip-Inc/Do-Transformers-Need-3-Projections
+  language models (arXiv 2606.04032).
+* nanoGPT and the query-free paper's fork (MarkoKarbevski/Wqkv_necessity) go
+  through :meth:`experiments.model.GPT.from_nanogpt`.
+
+What their language models are, as their repository shows it (their model
+files ``transformer_*_300_M.py`` are not in it; ``gao_keyless_repro.py`` builds
+a model of "the same structure as transformer_KQV_300_M.GPT" and
+``distillation_llm.py``, ``transformer_KQV_300M_fineweb.py``,
+``kv_similarity_llm.py``, ``run_eval.py`` use theirs):
+
+* GPT-2 style, pre-norm: ``x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))``,
+  ``nn.LayerNorm(n_embd, eps=layer_norm_epsilon)`` (with bias) for ``ln_1``,
+  ``ln_2``, ``ln_f``; token ``wte`` plus learned position ``wpe``
+  (``n_positions`` rows) embeddings at the top level (no ``transformer.``),
+  blocks in ``h``; logits ``ln_f(x) @ wte.weight.T`` when
+  ``tie_word_embeddings`` (then there is no ``lm_head.weight`` key), else an
+  ``lm_head`` Linear without bias.
+* Causal attention, ``head_dim = n_embd // n_head``, scale ``1/sqrt(head_dim)``
+  (``scaled_dot_product_attention``'s default; the manual path computes the
+  same). Every projection is an ``nn.Linear`` with ``bias=use_bias``
+  (``True`` in their configs); ``c_proj`` ``[n_embd, n_embd]``. Each attention
+  registers a causal-mask buffer ``h.{i}.attn.bias`` ``[1, 1, P, P]``.
+* QKV baseline ``GPT``: ``c_attn`` ``[3*n_embd, n_embd]``, rows ``[q; k; v]``
+  (``split(n_embd)``). Q-K=V ``GPT_QKV_KEqualsV``: ``c_q`` and ``c_k``, and
+  ``v = k = c_k(x)`` (no ``c_v``).
+* ``model_config`` (their ``ModelConfig``): ``vocab_size``, ``n_positions``,
+  ``n_layer``, ``n_embd``, ``n_head``, ``n_kv_groups``, ``n_inner``,
+  ``*_pdrop``, ``layer_norm_epsilon`` (1e-5), ``initializer_range``,
+  ``use_bias``, ``tie_word_embeddings``, ``use_flash_attention``.
+
+Not in their repository, so read from the tensors or assumed (and said so):
+the MLP is ``mlp.c_fc`` ``[n_inner, n_embd]`` -> GELU -> ``mlp.c_proj`` (their
+profiler counts ``c_fc`` and ``c_proj`` outside ``attn`` as MLP and lists GELU;
+the exact GELU, not the tanh approximation, is assumed); the other variants'
+module names (Q=K-V ``c_k``+``c_v``, Q=K=V ``c_k``, GQA/MQA ``c_q``+``c_k``+``c_v``
+or ``c_attn`` of ``(n_head + 2*kv)*head_dim`` rows, Q-GQA/Q-MQA ``c_q``+``c_kv``)
+follow ``loaders/layouts/projection_sharing.py``; grouped query head h reads kv
+head ``h // (n_head // kv)``. A layer with any other attention tensor (for
+example the 2D positional correction of their ``(Q=K)+`` variants) is refused,
+as are their synthetic-task encoders (``blocks.N``; one-hot inputs, no causal
+mask): this GPT cannot run them.
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import torch
+
+from experiments.model import GPT, GPTConfig
+
+__all__ = ["ForeignCheckpointError", "runnable", "from_projection_sharing"]
+
+_PREFIXES = ("_orig_mod.", "module.")
+_PROJ = ("c_attn", "c_q", "c_k", "c_v", "c_kv", "c_qk", "c_qkv")
+_KV_NAMES = ("n_kv_groups", "n_kv_heads", "n_kv_head", "num_kv_heads")
+_LISTED = 8
+
+
+class ForeignCheckpointError(ValueError):
+    """This checkpoint cannot be run as a GPT; ``str()`` says why."""
+
+
+def _strip(key: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for p in _PREFIXES:
+            if key.startswith(p):
+                key, changed = key[len(p):], True
+    return key
+
+
+def _listed(keys) -> str:
+    keys = sorted(keys)
+    more = f" and {len(keys) - _LISTED} more" if len(keys) > _LISTED else ""
+    return ", ".join(keys[:_LISTED]) + more
+
+
+def _conf(config: Mapping, *names, default=None):
+    for n in names:
+        if config.get(n) is not None:
+            return config[n]
+    return default
+
+
+# ---- the projection-sharing paper ---------------------------------------------------
+
+def _attention_plan(mods: set[str], rows: dict[str, int], n: int, dh: int, d: int,
+                    n_kv: int | None, config: Mapping) -> tuple[str, int, dict[str, list[tuple[str, int]]]]:
+    """(variant, kv heads, plan): plan maps each of their modules to the GPT
+    modules its rows fill, in row order, as (name, rows)."""
+    def heads(m: str, per: int = 1) -> int:
+        r = rows[m]
+        if r % (per * dh):
+            raise ForeignCheckpointError(f"attn.{m}.weight has {r} rows, not a multiple of "
+                                         f"{per} x head_dim {dh}")
+        return r // (per * dh)
+
+    if mods == {"c_attn"}:
+        # rows [q (n*dh); k (kv*dh); v (kv*dh)]
+        kv = n_kv if n_kv is not None else (heads("c_attn") - n) // 2
+        variant, plan = "qkv", {"c_attn": [("q", n * dh), ("k", kv * dh), ("v", kv * dh)]}
+    elif mods == {"c_q", "c_k", "c_v"}:
+        kv, variant = heads("c_k"), "qkv"
+        plan = {"c_q": [("q", n * dh)], "c_k": [("k", kv * dh)], "c_v": [("v", kv * dh)]}
+    elif mods == {"c_q", "c_kv"}:
+        r = rows["c_kv"]
+        if n_kv is None:
+            n_kv = _conf(config, *_KV_NAMES)
+        packed = r == 2 * int(n_kv) * dh if n_kv is not None else r > d
+        kv = heads("c_kv", 2 if packed else 1)
+        if packed:     # rows [k; v]
+            variant, plan = "qkv", {"c_q": [("q", n * dh)], "c_kv": [("k", kv * dh), ("v", kv * dh)]}
+        else:          # one tensor used as K and V
+            variant, plan = "k_eq_v", {"c_q": [("q", n * dh)], "c_kv": [("kv", kv * dh)]}
+    elif mods == {"c_q", "c_k"}:       # GPT_QKV_KEqualsV: v = k = c_k(x)
+        kv, variant = heads("c_k"), "k_eq_v"
+        plan = {"c_q": [("q", n * dh)], "c_k": [("kv", kv * dh)]}
+    elif mods in ({"c_k", "c_v"}, {"c_qk", "c_v"}):
+        kk = "c_k" if "c_k" in mods else "c_qk"
+        kv, variant = heads(kk), "q_eq_k"
+        plan = {kk: [("qk", kv * dh)], "c_v": [("v", kv * dh)]}
+    elif mods in ({"c_k"}, {"c_kv"}, {"c_qkv"}):
+        (only,) = mods
+        kv, variant = heads(only), "q_eq_k_eq_v"
+        plan = {only: [("qkv", kv * dh)]}
+    else:
+        raise ForeignCheckpointError(
+            f"attention modules {', '.join(sorted(mods))} match no projection-sharing variant")
+    if n_kv is not None and int(n_kv) != kv:
+        raise ForeignCheckpointError(f"the attention shapes give {kv} kv heads, expected {n_kv}")
+    for m, parts in plan.items():
+        if sum(r for _, r in parts) != rows[m]:
+            raise ForeignCheckpointError(
+                f"attn.{m}.weight has {rows[m]} rows; expected {sum(r for _, r in parts)} for "
+                f"{n} heads and {kv} kv heads of head_dim {dh}")
+    return variant, kv, plan
+
+
+def from_projection_sharing(sd: Mapping[str, torch.Tensor], config: Mapping, *,
+                            n_kv_heads: int | None = None) -> GPT:
+    """A GPT computing what their language model computes (module docstring).
+
+    ``sd``: their ``model_state_dict`` (``module.``/``_orig_mod.`` prefixes
+    allowed); ``config``: their ``model_config`` (``n_head`` required).
+    ``n_kv_heads`` decides a ``c_kv`` beside ``c_q`` (shared K=V or packed
+    ``[k; v]``) when given; otherwise ``model_config``'s kv count does, else
+    more than ``n_embd`` rows means packed. The input tensors are not modified.
+    """
+    sd = {_strip(k): v for k, v in sd.items()}
+    if "wte.weight" not in sd or not any(k.startswith("h.") for k in sd):
+        if any(k.startswith("blocks.") for k in sd):
+            raise ForeignCheckpointError(
+                "a synthetic-task encoder (blocks.N: one-hot inputs, no causal mask) is not a "
+                "causal language model")
+        raise ForeignCheckpointError(f"expected wte.weight and blocks h.N.*; found {_listed(sd)}")
+    wte = sd["wte.weight"]                                               # (vocab, d)
+    vocab, d = wte.shape
+    n_layer = 1 + max(int(k.split(".")[1]) for k in sd if re.match(r"h\.\d+\.", k))
+    n = _conf(config, "n_head", "n_heads")
+    if n is None:
+        raise ForeignCheckpointError("model_config gives no n_head")
+    n = int(n)
+    if n <= 0 or d % n:
+        raise ForeignCheckpointError(f"n_embd {d} is not divisible by n_head {n}")
+    dh = d // n
+    mods = {k.split(".")[3] for k in sd if re.fullmatch(r"h\.0\.attn\.(c_\w+)\.weight", k)} & set(_PROJ)
+    rows = {m: sd[f"h.0.attn.{m}.weight"].shape[0] for m in mods}
+    variant, kv, plan = _attention_plan(mods, rows, n, dh, d, n_kv_heads, config)
+
+    own: dict[str, torch.Tensor] = {}
+    unknown = []
+    block = re.compile(r"h\.(\d+)\.(.+)")
+    renames = {"ln_1": "ln_1", "ln_2": "ln_2", "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj",
+               "attn.c_proj": "attn.o"}
+    for k, v in sd.items():
+        if k in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"):
+            own[k] = v
+            continue
+        m = block.fullmatch(k)
+        if m is None:
+            unknown.append(k)
+            continue
+        i, rest = m.group(1), m.group(2)
+        mod, _, p = rest.rpartition(".")
+        if rest == "attn.bias" and v.dim() == 4:
+            continue                                  # the causal-mask buffer, not a parameter
+        if mod in renames and p in ("weight", "bias"):
+            own[f"blocks.{i}.{renames[mod]}.{p}"] = v
+        elif mod.startswith("attn.") and mod[5:] in plan and p in ("weight", "bias"):
+            at = 0
+            for name, r in plan[mod[5:]]:             # fused rows -> the GPT's modules, in order
+                own[f"blocks.{i}.attn.{name}.{p}"] = v[at:at + r]
+                at += r
+        else:
+            unknown.append(k)
+    if unknown:
+        raise ForeignCheckpointError(
+            f"tensors this GPT has no place for: {_listed(unknown)} (a {variant} layer runs "
+            f"{', '.join(sorted(plan))} and c_proj; the MLP is mlp.c_fc and mlp.c_proj)")
+    if "blocks.0.mlp.fc.weight" not in own:
+        raise ForeignCheckpointError("expected the MLP as h.N.mlp.c_fc and h.N.mlp.c_proj; "
+                                     "found no h.0.mlp.c_fc.weight")
+    if "wpe.weight" not in own:
+        raise ForeignCheckpointError("expected learned positions wpe.weight; found none")
+
+    tied = "lm_head.weight" not in own or torch.equal(own["lm_head.weight"], wte)
+    if tied:
+        own.pop("lm_head.weight", None)
+    # their use_bias switches the Linear biases; LayerNorm keeps its own. A bias
+    # the checkpoint does not have is zero, so one GPT flag covers both.
+    norm_bias = "blocks.0.ln_1.bias" in own
+    linear_bias = "blocks.0.attn.o.bias" in own
+    cfg = GPTConfig(vocab_size=vocab, block_size=own["wpe.weight"].shape[0], n_layer=n_layer,
+                    n_head=n, n_kv_heads=kv, d_model=d, variant=variant,
+                    mlp_ratio=own["blocks.0.mlp.fc.weight"].shape[0] / d, bias=norm_bias or linear_bias,
+                    tie_embeddings=tied,
+                    norm_eps=float(_conf(config, "layer_norm_epsilon", "layer_norm_eps", default=1e-5)))
+    if norm_bias != linear_bias:
+        for k, w in list(own.items()):
+            if not k.endswith(".weight") or k in ("wte.weight", "wpe.weight", "lm_head.weight"):
+                continue
+            is_norm = ".ln_" in k or k.startswith("ln_f.")
+            if not (norm_bias if is_norm else linear_bias):
+                own[k[:-len("weight")] + "bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
+    try:
+        return GPT.from_state_dict(cfg, own)
+    except (KeyError, ValueError) as exc:
+        raise ForeignCheckpointError(exc.args[0]) from None
+
+
+# ---- dispatch ------------------------------------------------------------------------
+
+_QUERY_FREE_MODES = {"identity": "identity", "original": "standard", "residual": "residual"}
+
+
+def _query_mode(config: Mapping, variant: str) -> str:
+    """The query-free fork's ``query_mode`` (as ``loaders/layouts/query_free.py`` reads it)."""
+    if config.get("query_mode") is not None:
+        return str(config["query_mode"])
+    if config.get("use_query_weights") is not None:
+        return "original" if config["use_query_weights"] else "identity"
+    return "identity" if variant == "wq_identity" else "original"
+
+
+def runnable(architecture: str, sd: Mapping[str, torch.Tensor], config: Mapping, *,
+             variant: str, n_heads: int, n_kv_heads: int, attn_scale: float) -> GPT:
+    """The GPT for a checkpoint the weight converter named ``architecture``.
+
+    ``variant``, ``n_heads``, ``n_kv_heads``, ``attn_scale``: the converter's
+    reading (``loaders`` ``ModelMeta``); the model must agree with it.
+    Raises :class:`ForeignCheckpointError` with the reason otherwise.
+    """
+    try:
+        if architecture == "nanogpt":
+            model = GPT.from_nanogpt(sd, n_head=n_heads)
+        elif architecture == "query_free":
+            mode = _query_mode(config, variant)
+            if mode not in _QUERY_FREE_MODES:
+                raise ForeignCheckpointError(
+                    f"query_mode {mode!r} (q = x + GELU(x Wq + bq)) is not a linear query; "
+                    f"runnable modes: {', '.join(_QUERY_FREE_MODES)}")
+            model = GPT.from_nanogpt(sd, n_head=n_heads, query_mode=_QUERY_FREE_MODES[mode],
+                                     attn_scale=attn_scale)
+        elif architecture == "projection_sharing":
+            model = from_projection_sharing(sd, config, n_kv_heads=n_kv_heads)
+        else:
+            raise ForeignCheckpointError(f"no GPT builder for a {architecture} checkpoint")
+    except ForeignCheckpointError:
+        raise
+    except KeyError as exc:          # a plain dict lookup names the key; from_state_dict explains
+        msg = str(exc.args[0]) if exc.args else "missing tensor"
+        raise ForeignCheckpointError(msg if " " in msg else f"missing tensor {msg}") from None
+    except ValueError as exc:
+        raise ForeignCheckpointError(str(exc)) from None
+    got = (model.cfg.variant, model.cfg.n_head, model.cfg.n_kv_heads)
+    if got != (variant, n_heads, n_kv_heads) or abs(model.cfg.attn_scale - attn_scale) > 1e-12 * attn_scale:
+        raise ForeignCheckpointError(
+            f"the forward-pass model reads this checkpoint as {got[0]} with {got[1]} heads, {got[2]} "
+            f"kv heads, scale {model.cfg.attn_scale:g}; the weight converter as {variant} with "
+            f"{n_heads} heads, {n_kv_heads} kv heads, scale {attn_scale:g}")
+    return model

@@ -1,0 +1,317 @@
+"""Other people's checkpoints as the project's GPT (``experiments.foreign``).
+
+State dicts are built here with the key names and shapes of the
+projection-sharing paper's language models (SYNTHETIC: random tensors; the
+facts are in ``experiments/foreign.py``'s docstring) and of the query-free
+paper's nanoGPT fork. Logits are checked against a float64 forward written
+here from their documented architecture: embeddings + learned positions,
+pre-norm LayerNorm blocks, causal softmax(q k^T / sqrt(d_head)) v, GELU MLP,
+tied output embedding.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments.foreign import ForeignCheckpointError, from_projection_sharing, runnable
+from experiments.model import GPT
+from loaders.checkpoints import checkpoint_from_source
+from loaders.tensor_source import DictSource
+
+D, H, DH, L, VOCAB, P = 16, 4, 4, 2, 300, 12
+
+#: id -> (their attention modules: rows in heads, kv heads, expected variant, roles)
+#: roles: q / k / v -> (module, first row, rows) in their layer's tensors
+PS_LM = {
+    "QKV": ({"c_attn": 3 * H}, H, "qkv",
+            {"q": ("c_attn", 0, D), "k": ("c_attn", D, D), "v": ("c_attn", 2 * D, D)}),
+    "Q-K=V": ({"c_q": H, "c_k": H}, H, "k_eq_v",
+              {"q": ("c_q", 0, D), "k": ("c_k", 0, D), "v": ("c_k", 0, D)}),
+    "Q=K-V": ({"c_k": H, "c_v": H}, H, "q_eq_k",
+              {"q": ("c_k", 0, D), "k": ("c_k", 0, D), "v": ("c_v", 0, D)}),
+    "Q=K=V": ({"c_k": H}, H, "q_eq_k_eq_v",
+              {"q": ("c_k", 0, D), "k": ("c_k", 0, D), "v": ("c_k", 0, D)}),
+    "GQA-2": ({"c_q": H, "c_k": 2, "c_v": 2}, 2, "qkv",
+              {"q": ("c_q", 0, D), "k": ("c_k", 0, 2 * DH), "v": ("c_v", 0, 2 * DH)}),
+    "MQA_fused": ({"c_attn": H + 2}, 1, "qkv",
+                  {"q": ("c_attn", 0, D), "k": ("c_attn", D, DH), "v": ("c_attn", D + DH, DH)}),
+    "Q-GQA-2": ({"c_q": H, "c_kv": 2}, 2, "k_eq_v",
+                {"q": ("c_q", 0, D), "k": ("c_kv", 0, 2 * DH), "v": ("c_kv", 0, 2 * DH)}),
+    "Q-MQA": ({"c_q": H, "c_kv": 1}, 1, "k_eq_v",
+              {"q": ("c_q", 0, D), "k": ("c_kv", 0, DH), "v": ("c_kv", 0, DH)}),
+}
+
+
+def their_lm_sd(mods: dict[str, int], *, seed=0, use_bias=True, tied=True) -> dict[str, torch.Tensor]:
+    """Their GPT's state_dict: top-level wte/wpe/ln_f, blocks h.{i} with ln_1, attn.<mods>,
+    attn.c_proj, the causal-mask buffer attn.bias, ln_2, mlp.c_fc, mlp.c_proj."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+
+    def lin(prefix, rows, cols):
+        out = {f"{prefix}.weight": r(rows, cols)}
+        if use_bias:
+            out[f"{prefix}.bias"] = r(rows)
+        return out
+
+    sd = {"wte.weight": r(VOCAB, D), "wpe.weight": r(P, D),
+          "ln_f.weight": 1 + r(D), "ln_f.bias": r(D)}
+    for i in range(L):
+        p = f"h.{i}"
+        sd.update({f"{p}.ln_1.weight": 1 + r(D), f"{p}.ln_1.bias": r(D)})
+        for m, heads in mods.items():
+            sd.update(lin(f"{p}.attn.{m}", heads * DH, D))
+        sd.update(lin(f"{p}.attn.c_proj", D, D))
+        sd[f"{p}.attn.bias"] = torch.tril(torch.ones(P, P)).view(1, 1, P, P)
+        sd.update({f"{p}.ln_2.weight": 1 + r(D), f"{p}.ln_2.bias": r(D)})
+        sd.update(lin(f"{p}.mlp.c_fc", 4 * D, D))
+        sd.update(lin(f"{p}.mlp.c_proj", D, 4 * D))
+    if not tied:
+        sd["lm_head.weight"] = r(VOCAB, D)
+    return sd
+
+
+def their_config(n_kv_groups=None, **extra) -> dict:
+    conf = {"vocab_size": VOCAB, "n_positions": P, "n_layer": L, "n_embd": D, "n_head": H,
+            "n_inner": 4 * D, "embd_pdrop": 0.0, "resid_pdrop": 0.1, "attn_pdrop": 0.0,
+            "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "use_bias": True,
+            "tie_word_embeddings": True, "use_flash_attention": False}
+    if n_kv_groups is not None:
+        conf["n_kv_groups"] = n_kv_groups
+    conf.update(extra)
+    return conf
+
+
+def their_forward(sd, idx, roles, n_kv, eps=1e-5, capture=None) -> torch.Tensor:
+    """Float64 logits (B, T, vocab) of their language model; ``capture``: list
+    that receives each layer's keys (B, n_kv, T, d_head)."""
+    sd = {k: v.double() for k, v in sd.items()}
+    B, T = idx.shape
+
+    def lin(x, p):
+        return F.linear(x, sd[p + ".weight"], sd.get(p + ".bias"))
+
+    def ln(x, p):
+        return F.layer_norm(x, (D,), sd[p + ".weight"], sd[p + ".bias"], eps)
+
+    def heads(t, n):
+        return t.view(B, T, n, DH).transpose(1, 2)            # (B, n, T, dh)
+
+    x = sd["wte.weight"][idx] + sd["wpe.weight"][:T]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for i in range(L):
+        h = ln(x, f"h.{i}.ln_1")
+        out = {}
+        for role, (m, start, rows) in roles.items():
+            out[role] = lin(h, f"h.{i}.attn.{m}")[..., start:start + rows]
+        nq = out["q"].shape[-1] // DH
+        q, k, v = heads(out["q"], nq), heads(out["k"], n_kv), heads(out["v"], n_kv)
+        if capture is not None:
+            capture.append(k)
+        q = q.repeat_interleave(H // nq, dim=1)                # q = k variants: per kv head
+        k, v = k.repeat_interleave(H // n_kv, dim=1), v.repeat_interleave(H // n_kv, dim=1)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(DH)
+        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, D)
+        x = x + lin(y, f"h.{i}.attn.c_proj")
+        x = x + lin(F.gelu(lin(ln(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc")), f"h.{i}.mlp.c_proj")
+    out_embed = sd.get("lm_head.weight", sd["wte.weight"])
+    return ln(x, "ln_f") @ out_embed.T
+
+
+def _idx(seed=1):
+    return torch.randint(0, VOCAB, (2, P), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("case", list(PS_LM))
+def test_projection_sharing_lm_matches_reference(case):
+    mods, n_kv, variant, roles = PS_LM[case]
+    sd = their_lm_sd(mods)
+    before = {k: v.clone() for k, v in sd.items()}
+    conf = their_config(n_kv_groups=n_kv if "c_kv" in mods else None)
+    model = from_projection_sharing({"module." + k: v for k, v in sd.items()}, conf).eval()
+    assert (model.cfg.variant, model.cfg.n_head, model.cfg.n_kv_heads) == (variant, H, n_kv)
+    assert model.cfg.tie_embeddings and model.cfg.block_size == P and model.cfg.d_mlp == 4 * D
+    idx = _idx()
+    with torch.inference_mode():
+        got = model(idx)[0]
+    torch.testing.assert_close(got.double(), their_forward(sd, idx, roles, n_kv), rtol=1e-4, atol=1e-4)
+    assert all(torch.equal(sd[k], before[k]) for k in sd)          # inputs untouched
+    # the weight converter reads the same variant and kv heads
+    meta = checkpoint_from_source(DictSource(sd, config=conf, extras={"tokens_seen": 1})).meta
+    assert (meta.architecture, meta.variant, meta.n_kv_heads) == ("projection_sharing", variant, n_kv)
+    assert runnable("projection_sharing", sd, conf, variant=meta.variant, n_heads=meta.n_heads,
+                    n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale).cfg.variant == variant
+
+
+@pytest.mark.parametrize("use_bias, tied", [(False, True), (True, False)])
+def test_projection_sharing_without_linear_biases_and_untied_head(use_bias, tied):
+    """use_bias=False drops the Linear biases but their LayerNorms keep theirs;
+    tie_word_embeddings=False adds an lm_head without bias."""
+    mods, n_kv, _, roles = PS_LM["Q-K=V"]
+    sd = their_lm_sd(mods, use_bias=use_bias, tied=tied)
+    assert ("h.0.attn.c_q.bias" in sd) == use_bias and "h.0.ln_1.bias" in sd
+    model = from_projection_sharing(sd, their_config(use_bias=use_bias, tie_word_embeddings=tied))
+    assert model.cfg.tie_embeddings == tied
+    idx = _idx(2)
+    with torch.inference_mode():
+        got = model.eval()(idx)[0]
+    torch.testing.assert_close(got.double(), their_forward(sd, idx, roles, n_kv), rtol=1e-4, atol=1e-4)
+
+
+def test_mha_checkpoint_with_default_n_kv_groups():
+    """Their ModelConfig declares n_kv_groups=1 for every variant: shapes decide."""
+    mods, _, _, roles = PS_LM["QKV"]
+    sd = their_lm_sd(mods)
+    conf = their_config(n_kv_groups=1)
+    meta = checkpoint_from_source(DictSource(sd, config=conf, extras={"tokens_seen": 1})).meta
+    assert (meta.variant, meta.n_kv_heads) == ("qkv", H)
+    model = runnable("projection_sharing", sd, conf, variant="qkv", n_heads=H, n_kv_heads=H,
+                     attn_scale=meta.attn_scale)
+    assert model.cfg.n_kv_heads == H
+
+
+def test_projection_sharing_layer_norm_eps_from_config():
+    mods, n_kv, _, roles = PS_LM["QKV"]
+    sd = their_lm_sd(mods)
+    model = from_projection_sharing(sd, their_config(layer_norm_epsilon=0.5)).eval()
+    assert model.cfg.norm_eps == 0.5
+    idx = _idx(3)
+    with torch.inference_mode():
+        got = model(idx)[0]
+    torch.testing.assert_close(got.double(), their_forward(sd, idx, roles, n_kv, eps=0.5),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_extra_attention_tensors_are_refused():
+    """E.g. the 2D positional correction of a (Q=K)+ variant: this GPT cannot run it."""
+    sd = their_lm_sd({"c_k": H, "c_v": H})
+    for i in range(L):
+        sd[f"h.{i}.attn.pos_w"] = torch.zeros(10)
+        sd[f"h.{i}.attn.pos_b"] = torch.zeros(1)
+    with pytest.raises(ForeignCheckpointError) as e:
+        from_projection_sharing(sd, their_config())
+    assert str(e.value) == (
+        "tensors this GPT has no place for: h.0.attn.pos_b, h.0.attn.pos_w, h.1.attn.pos_b, "
+        "h.1.attn.pos_w (a q_eq_k layer runs c_k, c_v and c_proj; the MLP is mlp.c_fc and "
+        "mlp.c_proj)")
+
+
+def test_synthetic_encoder_and_missing_head_count_messages():
+    enc = {"embed.weight": torch.zeros(D, 10), "blocks.0.attn.c_q.weight": torch.zeros(D, D),
+           "blocks.0.attn.c_kv.weight": torch.zeros(D, D)}
+    with pytest.raises(ForeignCheckpointError) as e:
+        from_projection_sharing(enc, {"n_head": H})
+    assert str(e.value) == ("a synthetic-task encoder (blocks.N: one-hot inputs, no causal mask) "
+                            "is not a causal language model")
+    with pytest.raises(ForeignCheckpointError) as e:
+        from_projection_sharing(their_lm_sd({"c_attn": 3 * H}), {"n_embd": D})
+    assert str(e.value) == "model_config gives no n_head"
+
+
+def test_runnable_refuses_a_different_reading():
+    sd = their_lm_sd(PS_LM["Q-GQA-2"][0])
+    with pytest.raises(ForeignCheckpointError) as e:
+        runnable("projection_sharing", sd, their_config(n_kv_groups=2), variant="k_eq_v", n_heads=H,
+                 n_kv_heads=1, attn_scale=DH ** -0.5)
+    # told 1 kv head, its c_kv of 2 head rows is packed [k; v]: not what the converter read
+    assert str(e.value) == ("the forward-pass model reads this checkpoint as qkv with 4 heads, 1 kv "
+                            "heads, scale 0.5; the weight converter as k_eq_v with 4 heads, 1 kv "
+                            "heads, scale 0.5")
+    with pytest.raises(ForeignCheckpointError) as e:
+        runnable("gpt2", sd, {}, variant="qkv", n_heads=H, n_kv_heads=H, attn_scale=0.5)
+    assert str(e.value) == "no GPT builder for a gpt2 checkpoint"
+
+
+# ---- the query-free paper's nanoGPT fork ----------------------------------------------
+
+def query_free_sd(mode: str, seed=4) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    rows = 2 * D if mode == "identity" else 3 * D
+    sd = {"transformer.wte.weight": r(VOCAB, D), "transformer.wpe.weight": r(P, D),
+          "transformer.ln_f.weight": 1 + r(D), "transformer.ln_f.bias": r(D)}
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        sd.update({p + "ln_1.weight": 1 + r(D), p + "ln_1.bias": r(D),
+                   p + "attn.c_attn.weight": r(rows, D), p + "attn.c_attn.bias": r(rows),
+                   p + "attn.c_proj.weight": r(D, D), p + "attn.c_proj.bias": r(D),
+                   p + "attn.bias": torch.tril(torch.ones(P, P)).view(1, 1, P, P),
+                   p + "ln_2.weight": 1 + r(D), p + "ln_2.bias": r(D),
+                   p + "mlp.c_fc.weight": r(4 * D, D), p + "mlp.c_fc.bias": r(4 * D),
+                   p + "mlp.c_proj.weight": r(D, 4 * D), p + "mlp.c_proj.bias": r(D)})
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    return sd
+
+
+def query_free_forward(sd, idx, mode, scale) -> torch.Tensor:
+    """Float64 logits of their CausalSelfAttention-based GPT (query_mode identity /
+    original / residual / residual_gelu)."""
+    sd = {k: v.double() for k, v in sd.items()}
+    B, T = idx.shape
+
+    def lin(x, p):
+        return F.linear(x, sd[p + ".weight"], sd[p + ".bias"])
+
+    def ln(x, p):
+        return F.layer_norm(x, (D,), sd[p + ".weight"], sd[p + ".bias"], 1e-5)
+
+    x = sd["transformer.wte.weight"][idx] + sd["transformer.wpe.weight"][:T]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        h = ln(x, p + "ln_1")
+        y = lin(h, p + "attn.c_attn")
+        if mode == "identity":
+            (k, v), q = y.split(D, -1), h
+        else:
+            q, k, v = y.split(D, -1)
+            q = {"original": q, "residual": h + q, "residual_gelu": h + F.gelu(q)}[mode]
+        q, k, v = (t.view(B, T, H, DH).transpose(1, 2) for t in (q, k, v))
+        att = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + lin((att @ v).transpose(1, 2).reshape(B, T, D), p + "attn.c_proj")
+        x = x + lin(F.gelu(lin(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
+    return ln(x, "transformer.ln_f") @ sd["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("mode", ["identity", "original", "residual"])
+def test_query_free_modes_match_reference(mode):
+    sd = query_free_sd(mode)
+    scale = 1 / (2 * math.sqrt(DH))
+    config = {"n_layer": L, "num_heads": H, "n_embd": D, "head_size": DH, "bias": True,
+              "scale": scale, "query_mode": mode}
+    meta = checkpoint_from_source(DictSource(sd, config=config)).meta
+    model = runnable(meta.architecture, sd, config, variant=meta.variant, n_heads=meta.n_heads,
+                     n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale).eval()
+    assert (meta.architecture, model.cfg.variant) == (
+        "query_free", "wq_identity" if mode == "identity" else "qkv")
+    idx = _idx(5)
+    with torch.inference_mode():
+        got = model(idx)[0]
+    torch.testing.assert_close(got.double(), query_free_forward(sd, idx, mode, scale),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_query_free_residual_gelu_is_refused():
+    sd = query_free_sd("residual_gelu")
+    config = {"n_layer": L, "num_heads": H, "n_embd": D, "query_mode": "residual_gelu"}
+    with pytest.raises(ForeignCheckpointError) as e:
+        runnable("query_free", sd, config, variant="qkv", n_heads=H, n_kv_heads=H, attn_scale=0.125)
+    assert str(e.value) == ("query_mode 'residual_gelu' (q = x + GELU(x Wq + bq)) is not a linear "
+                            "query; runnable modes: identity, original, residual")
+
+
+def test_nanogpt_realworld_checkpoint_is_runnable(realworld):
+    """sqtian/GPT_by_Hand's ckpt.pt through the dispatcher (gamma names, no biases, own lm_head)."""
+    from loaders.checkpoints import open_checkpoint
+
+    path = realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt"
+    with open_checkpoint(path) as ckpt:
+        meta = ckpt.meta
+    ck = torch.load(path, weights_only=True, map_location="cpu")
+    model = runnable(meta.architecture, ck["model"], ck["model_args"], variant=meta.variant,
+                     n_heads=meta.n_heads, n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale)
+    assert isinstance(model, GPT) and (model.cfg.n_layer, model.cfg.n_head) == (2, 2)
