@@ -2,17 +2,36 @@
 Brainchip-Inc/Do-Transformers-Need-3-Projections).
 
 Their checkpoints are dicts ``{model_state_dict, model_config, train_config,
-step, epoch, tokens_seen[, val_metrics]}`` (the source reader gives
-``model_config`` as ``source.config`` and the rest as ``source.extras``).
-Language models keep their blocks in ``model.h`` (keys ``h.{i}.attn.*``, a
-``module.`` DDP prefix already stripped); the synthetic-task encoders
-(``synthetic_tasks.py``) use ``blocks.{i}.attn.*`` and store their config
-under ``config``. Every projection is an ``nn.Linear`` (``x @ W.T + b``, biases
-with ``use_bias``, default true); the output projection is ``c_proj``
-``[d_model, n_heads*d_head]``. ``model_config`` fields: ``n_layer``,
-``n_head``, ``n_embd``, ``n_kv_groups`` (number of kv heads in the GQA/MQA
-files, default 1 in their eval script's config, n_head when absent here),
-``n_positions``, ``n_inner``, ``use_bias``.
+step, epoch, tokens_seen[, val_metrics]}`` (``val_metrics`` in
+``final_model.pt`` and the released ``qkv_keqv_300m_fineweb_edu.pt``;
+intermediate ``checkpoint_step_N.pt`` add ``optimizer_state_dict``, which the
+source reader drops; ``transformer_KQV_300M_fineweb.py``, ``hf_model_card_llm``).
+The source reader gives ``model_config`` as ``source.config`` and the rest as
+``source.extras``. Language models keep their blocks in ``model.h`` (keys
+``h.{i}.attn.*``, a ``module.`` DDP prefix already stripped) beside top-level
+``wte``, ``wpe``, ``ln_f``; each attention also saves its causal-mask buffer
+``h.{i}.attn.bias`` ``[1, 1, P, P]``, not a parameter and not read here. The
+synthetic-task encoders (``synthetic_tasks.py``) use ``blocks.{i}.attn.*`` and
+store their config under ``config``. Every projection is an ``nn.Linear``
+(``x @ W.T + b``, biases with ``use_bias``, default true); the output
+projection is ``c_proj`` ``[d_model, n_heads*d_head]``; ``d_head = n_embd //
+n_head``, scale ``1/sqrt(d_head)``. ``model_config`` fields (their
+``ModelConfig``, ``run_eval.py``): ``vocab_size``, ``n_positions``,
+``n_layer``, ``n_head``, ``n_embd``, ``n_kv_groups`` (default 1 for every
+variant), ``n_inner``, ``*_pdrop``, ``layer_norm_epsilon``,
+``initializer_range``, ``use_bias``, ``tie_word_embeddings``,
+``use_flash_attention``.
+
+The kv-head count is read from the shapes wherever they fix it (``c_attn`` of
+``(n_head + 2*kv)*d_head`` rows, ``c_k``, ``c_qk``, ``c_qkv``); ``n_kv_groups``
+(or ``n_kv_heads``) is read only for a ``c_kv`` beside ``c_q``, where the rows
+alone cannot tell shared K=V from packed ``[k; v]``: the config's default of 1
+sits in MHA checkpoints too. Read from their code: the QKV baseline (``c_attn``
+rows ``[q; k; v]``, ``split(n_embd)``) and ``GPT_QKV_KEqualsV`` (``c_q``,
+``c_k``, ``v = k``). Their other LM model files are not in the repository; the
+module names of Q=K-V (``GPT_KV``: K and V projections), Q=K=V (``GPT_K``: one K
+projection), GQA/MQA and Q-GQA/Q-MQA below follow their profiler's and the
+synthetic code's naming.
 
 Which modules a layer holds decides the variant:
 
@@ -33,8 +52,8 @@ modules                meaning                         variant
 ``c_qkv`` alone
 =====================  ==============================  =================
 
-When ``model_config`` gives no kv-head count, a ``c_kv`` with more rows than
-``d_model`` is read as packed ``[k; v]`` and one with at most ``d_model`` rows as
+For a ``c_kv`` beside ``c_q`` without a kv-head count in ``model_config``, more
+rows than ``d_model`` are read as packed ``[k; v]`` and at most ``d_model`` rows as
 shared K=V (the paper's naming: ``c_kv`` is the shared projection).
 Tied tensors follow ``loaders.canonical``: present, identical, counted once.
 """
@@ -118,14 +137,22 @@ def convert(source):
     d = int(_get(conf, "n_embd", "d_model", default=source.shape(w0)[1]))
     n = C.need_int(source, _get(conf, "n_head", "n_heads"), "head count", ("n_head",))
     dh = C.split_heads_check(source, d, n, _get(conf, "head_dim"))
-    n_kv = _get(conf, *_KV_NAMES)
+    # The kv-head count comes from the shapes wherever they fix it; the config's
+    # only where they do not (a c_kv beside c_q: shared K=V or packed [k; v]).
+    # Their ModelConfig declares n_kv_groups (default 1) for every variant
+    # (run_eval.py), so an MHA checkpoint may carry n_kv_groups=1.
+    n_kv = None
 
     # (variant, {role: module}); roles q, k, v, kv (packed [k; v]) or qkv (fused)
     if m0 == {"c_attn"}:
         variant, roles = "qkv", {"qkv": "c_attn"}
+        extra = source.shape(stem(0, "c_attn") + ".weight")[0] - n * dh   # 2 * kv * d_head rows
+        if extra > 0 and extra % (2 * dh) == 0:
+            n_kv = extra // (2 * dh)
     elif m0 == {"c_q", "c_k", "c_v"}:
         variant, roles = "qkv", {"q": "c_q", "k": "c_k", "v": "c_v"}
     elif m0 == {"c_q", "c_kv"}:
+        n_kv = _get(conf, *_KV_NAMES)
         r = source.shape(stem(0, "c_kv") + ".weight")[0]
         packed = (r == 2 * int(n_kv) * dh) if n_kv is not None else r > d
         if packed:
@@ -148,8 +175,8 @@ def convert(source):
                          f"projection-sharing variant; expected one of {_PATTERNS}")
     if n_kv is None:
         kmod = roles.get("k")
-        n_kv = source.shape(stem(0, kmod) + ".weight")[0] // dh if kmod and kmod != roles.get(
-            "q") else n
+        n_kv = source.shape(stem(0, kmod) + ".weight")[0] // dh if kmod else n
+        n_kv = n_kv or n                   # fewer rows than one head: the shape check names it
     n_kv = int(n_kv)
     if n_kv <= 0 or n % n_kv:
         raise CheckpointFormatError(

@@ -8,10 +8,15 @@ code, not files those repositories produced).
   ``n_layer``, ``num_heads``, ``n_embd``, ``head_size``, ``bias``, ``scale``,
   ``query_mode`` (older configs: ``use_query_weights``).
 * Projection sharing, Brainchip-Inc/Do-Transformers-Need-3-Projections:
-  ``{model_state_dict, model_config, train_config, step, tokens_seen}``; LM
-  blocks ``h.{i}.attn.{c_q,c_k,c_proj}`` (``GPT_QKV_KEqualsV``: v = k = c_k(x)),
-  ``c_attn`` for the QKV baseline; synthetic encoders ``blocks.{i}.attn.*``
-  with ``c_qk``/``c_kv``/``c_qkv``; ``n_kv_groups`` for GQA/MQA.
+  ``{step, epoch, tokens_seen, model_state_dict, val_metrics, model_config,
+  train_config}`` (``transformer_KQV_300M_fineweb.py``); LM state dicts with
+  top-level ``wte``/``wpe``/``ln_f`` and blocks ``h.{i}`` holding ``ln_1``,
+  ``attn.{c_q,c_k,c_proj}`` (``GPT_QKV_KEqualsV``: v = k = c_k(x)) or
+  ``attn.c_attn`` rows ``[q; k; v]`` (QKV baseline), the causal-mask buffer
+  ``attn.bias`` ``[1, 1, P, P]``, ``ln_2``, ``mlp``; ``model_config`` with
+  ``n_kv_groups`` (default 1 for every variant, ``run_eval.py``); synthetic
+  encoders ``blocks.{i}.attn.*`` with ``c_qk``/``c_kv``/``c_qkv``. The LM
+  state dicts come from ``tests/experiments/test_foreign.py``.
 """
 from __future__ import annotations
 
@@ -269,3 +274,51 @@ def test_projection_sharing_paper_checkpoint_file(tmp_path):
                 "train_config": {"weight_decay": 0.1}}, tmp_path / "final_model.pt")
     with open_checkpoint(tmp_path / "final_model.pt") as ckpt:
         assert (ckpt.meta.architecture, ckpt.meta.variant) == ("projection_sharing", "k_eq_v")
+
+
+@pytest.mark.parametrize("case", ["QKV", "Q-K=V", "Q=K-V", "Q=K=V", "GQA-2", "MQA_fused", "Q-GQA-2",
+                                  "Q-MQA"])
+def test_projection_sharing_lm_state_dicts(case):
+    """Their LM layout with every key (buffers, MLP, norms) and their full
+    model_config, whose n_kv_groups is 1 unless the file is a c_kv one."""
+    from tests.experiments.test_foreign import PS_LM, their_config, their_lm_sd
+
+    mods, n_kv, variant, roles = PS_LM[case]
+    sd = their_lm_sd(mods)
+    conf = their_config(n_kv_groups=n_kv if "c_kv" in mods else 1)
+    ckpt = checkpoint_from_source(DictSource(sd, config=conf, extras={
+        "step": 33908, "epoch": 0, "tokens_seen": 10_000, "val_metrics": {"loss": 3.0},
+        "train_config": {"weight_decay": 0.1}}))
+    meta = ckpt.meta
+    assert (meta.architecture, meta.variant, meta.n_heads, meta.n_kv_heads, meta.d_head) == (
+        "projection_sharing", variant, H, n_kv, DH)
+    assert meta.attn_scale == pytest.approx(DH ** -0.5)
+    assert meta.params_total == sum(v.numel() for k, v in sd.items() if not k.endswith(".attn.bias"))
+    assert meta.params_attention == sum(v.numel() for k, v in sd.items()
+                                        if ".attn.c_" in k)
+    x = torch.randn(3, D, generator=torch.Generator().manual_seed(8))
+    group = H // n_kv
+    for i in range(L):
+        lw = ckpt.layer(i)
+        out = {r: F.linear(x, sd[f"h.{i}.attn.{m}.weight"], sd[f"h.{i}.attn.{m}.bias"])[:, a:a + n]
+               for r, (m, a, n) in roles.items()}
+        for j in range(n_kv):
+            torch.testing.assert_close(x @ lw.W_K[j] + lw.b_K[j], out["k"][:, j * DH:(j + 1) * DH])
+            torch.testing.assert_close(x @ lw.W_V[j] + lw.b_V[j], out["v"][:, j * DH:(j + 1) * DH])
+        for h in range(H):
+            qh = h if out["q"].shape[1] == H * DH else h // group   # q = k: the kv head's key
+            torch.testing.assert_close(x @ lw.W_Q[h] + lw.b_Q[h], out["q"][:, qh * DH:(qh + 1) * DH])
+
+
+def test_projection_sharing_c_attn_rows_fit_no_head_count():
+    from tests.experiments.test_foreign import their_config, their_lm_sd
+
+    sd = their_lm_sd({"c_attn": 3 * H})
+    for i in range(L):
+        sd[f"h.{i}.attn.c_attn.weight"] = torch.zeros(3 * D + 1, D)
+        sd[f"h.{i}.attn.c_attn.bias"] = torch.zeros(3 * D + 1)
+    with pytest.raises(CheckpointFormatError) as e:
+        checkpoint_from_source(DictSource(sd, config=their_config(), extras={"tokens_seen": 1},
+                                          path="ps.pt"))
+    assert str(e.value) == ("ps.pt: layer 0 key 'h.0.attn.c_attn.weight' has shape (49, 16); "
+                            "expected (48, 16) for d_model 16, 4 heads of d_head 4")
