@@ -101,21 +101,33 @@ def _nonfinite_notes(frame: pd.DataFrame, notes: dict[str, str]) -> None:
         notes.setdefault(metric, f"undefined (zero norm or singular matrix) at {labels}")
 
 
-def weight_frame(ckpt: Checkpoint, *, device: str | None = None,
-                 progress: Progress | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Every weight-level metric of every layer of ``ckpt``; one layer in memory at a time."""
+def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
+                 layers: range | None = None,
+                 nonfinite_notes: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Every weight-level metric of every layer of ``ckpt``; one layer in memory at a time.
+
+    ``layers`` (a ``range`` of layer indices) computes only those layers, reading
+    only their tensors; the rows are the same as the whole checkpoint's rows of
+    those layers. ``nonfinite_notes=False`` leaves out the notes that name the
+    heads with undefined values: a caller that joins several layer ranges adds
+    them once over the joined frame (``app.batch``), so its notes equal the
+    whole checkpoint's.
+    """
     frames, notes = [], {}
-    n = ckpt.meta.n_layers
-    for i, layer in enumerate(ckpt.layers()):
+    todo = range(ckpt.meta.n_layers) if layers is None else layers
+    n = len(todo)
+    pairs = zip(todo, ckpt.layers()) if layers is None else ((i, ckpt.layer(i)) for i in todo)
+    for done, (i, layer) in enumerate(pairs):
         if progress:
-            progress(i, n, f"weights layer {i}")
+            progress(done, n, f"weights layer {i}")
         df, nt = weight_metrics(layer, ckpt.meta, device=device)
         frames.append(df)
         _merge_notes(notes, nt)
     if progress:
         progress(n, n, "weights done")
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-    _nonfinite_notes(frame, notes)
+    if nonfinite_notes:
+        _nonfinite_notes(frame, notes)
     return frame, notes
 
 
