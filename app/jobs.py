@@ -12,7 +12,9 @@ JSON says why each absent metric is absent.
 
 Forward passes (``capture_activations``): Hugging Face folders run through
 ``transformers`` (eager attention, ``output_attentions``), this project's own
-checkpoints through ``experiments.train.load_checkpoint``. A forward pre-hook
+checkpoints through ``experiments.train.load_checkpoint``, and nanoGPT, the
+query-free paper's and the projection-sharing paper's checkpoints as the
+project's GPT (``experiments.foreign.runnable``). A forward pre-hook
 on each layer's attention module records the attention input ``x`` (already
 normalised where the model normalises); the caches and logits are then
 ``x W_K + b_K``, ``x W_V + b_V`` and ``(x W_Q + b_Q)(x W_K + b_K)^T`` from the
@@ -174,16 +176,42 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for _, m in found]
 
 
+#: Layouts ``experiments.foreign`` rebuilds as the project's GPT.
+_FOREIGN = ("nanogpt", "query_free", "projection_sharing")
+
+
+def _foreign_model(ckpt: Checkpoint):
+    """nanoGPT / query-free / projection-sharing weights, re-read whole, as a GPT."""
+    from experiments.foreign import ForeignCheckpointError, runnable
+    from loaders.sources import open_source
+
+    meta = ckpt.meta
+    src = open_source(ckpt.path)
+    try:
+        sd, config = {k: src.get(k) for k in src.keys()}, dict(src.config or {})
+    finally:
+        src.close()
+    try:
+        model = runnable(meta.architecture, sd, config, variant=meta.variant, n_heads=meta.n_heads,
+                         n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale)
+    except ForeignCheckpointError as exc:
+        raise NoForwardPass(f"{ckpt.path}: {exc}; weight-level metrics only") from exc
+    return model.eval(), None, int(model.cfg.vocab_size)
+
+
 def _load_runnable(ckpt: Checkpoint):
     path = Path(ckpt.path)
     arch = ckpt.meta.architecture
+    if arch in _FOREIGN:
+        return _foreign_model(ckpt)
     if path.is_dir() and (path / "config.json").is_file():
         return _hf_model(path)
     if path.suffix == ".safetensors" and arch == "qkvscope":
         return _own_model(path)
     raise NoForwardPass(
         f"{path}: no forward pass for a {arch} checkpoint (runnable: Hugging Face folders with "
-        "config.json, and this project's own checkpoints); weight-level metrics only")
+        "config.json, this project's own checkpoints, nanoGPT, query-free and projection-sharing "
+        "language models); weight-level metrics only")
 
 
 def _tokens(text: str, tok, vocab: int, max_tokens: int) -> tuple[torch.Tensor, list[str], str]:
@@ -212,6 +240,9 @@ def capture_activations(ckpt: Checkpoint, *, text: str = SAMPLE_TEXT, max_tokens
     if len(mods) != meta.n_layers:
         raise NoForwardPass(f"{ckpt.path}: found {len(mods)} attention modules in the model, "
                             f"expected {meta.n_layers} (one per layer)")
+    cfg = getattr(model, "cfg", None)          # the project's GPT: learned positions cap the sample
+    if cfg is not None and getattr(cfg, "positions", None) == "learned":
+        max_tokens = min(max_tokens, cfg.block_size)
     ids, token_text, how = _tokens(text, tok, vocab, max_tokens)
     inputs: dict[int, torch.Tensor] = {}
 
@@ -225,7 +256,8 @@ def capture_activations(ckpt: Checkpoint, *, text: str = SAMPLE_TEXT, max_tokens
     model = model.to(dev)
     try:
         with torch.inference_mode():
-            kwargs = {"output_attentions": True} if how == "tokenizer" or Path(ckpt.path).is_dir() else {}
+            hf = type(model).__module__.startswith("transformers")   # also transformers_modules.*
+            kwargs = {"output_attentions": True} if hf else {}
             out = model(ids[None, :].to(dev), **kwargs)
     finally:
         for h in handles:

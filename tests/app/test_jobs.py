@@ -92,7 +92,8 @@ def test_identity_query_notes_and_no_forward_pass(store, tmp_path):
     assert w.notes["erank_q"] == why and "erank_q" not in set(w.frame.metric)
     assert a.frame.empty
     reason = (f"{tmp_path / 'ckpt.safetensors'}: no forward pass for a test checkpoint (runnable: Hugging Face "
-              "folders with config.json, and this project's own checkpoints); weight-level metrics only")
+              "folders with config.json, this project's own checkpoints, nanoGPT, query-free and "
+              "projection-sharing language models); weight-level metrics only")
     assert a.notes == {m: reason for m in names("activations")}
     (cached_a,) = [r for r in jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity"),
                                            activations=True) if r.kind == "activations"]
@@ -214,3 +215,128 @@ def test_own_checkpoint_capture_reproduces_attention_output(tmp_path, variant):
         assert sym.to_numpy() == pytest.approx(1.0, abs=1e-6)             # q = k: symmetric logits
     if variant == "k_eq_v":
         assert df[df.metric == "kv_cka_act"]["value"].to_numpy() == pytest.approx(1.0, abs=1e-6)
+
+
+# ---- the papers' checkpoints and nanoGPT, run as the project's GPT ----------------------
+
+def _their_final_model(path, case, *, module_prefix=True, with_config=True):
+    """torch.save of the projection-sharing paper's final_model.pt dict for a PS_LM case."""
+    from tests.experiments.test_foreign import PS_LM, their_config, their_lm_sd
+
+    mods, n_kv, _, _ = PS_LM[case]
+    sd = their_lm_sd(mods)
+    obj = {"step": 33908, "epoch": 0, "tokens_seen": 10_000,
+           "model_state_dict": {("module." if module_prefix else "") + k: v for k, v in sd.items()},
+           "val_metrics": {"loss": 3.058, "perplexity": 21.28, "bpc": 4.41},
+           "train_config": {"weight_decay": 0.1, "learning_rate": 2e-4}}
+    if with_config:
+        obj["model_config"] = their_config(n_kv_groups=n_kv if "c_kv" in mods else 1)
+    torch.save(obj, path)
+    return sd
+
+
+@pytest.mark.parametrize("case", ["Q-K=V", "Q=K-V", "Q-GQA-2", "QKV"])
+def test_projection_sharing_checkpoint_activations(tmp_path, case):
+    """Their final_model.pt runs: the captured K cache of layer 1 (which depends on
+    layer 0's whole block) equals their float64 forward's, and the known answers hold."""
+    from loaders.checkpoints import open_checkpoint
+    from tests.experiments.test_foreign import PS_LM, P, their_forward
+
+    path = tmp_path / "final_model.pt"
+    sd = _their_final_model(path, case)
+    with open_checkpoint(path) as ckpt:
+        cap = jobs.capture_activations(ckpt, device="cpu")
+    assert cap.tokenizer == "bytes" and cap.logits_reason is None
+    idx = torch.tensor(list(jobs.SAMPLE_TEXT.encode())[:P])[None]    # n_positions caps the sample
+    keys = []
+    their_forward(sd, idx, PS_LM[case][3], PS_LM[case][1], capture=keys)
+    assert len(cap.tokens) == P and len(cap.layers) == 2
+    for lc, k_ref in zip(cap.layers, keys):
+        torch.testing.assert_close(lc.k.double(), k_ref[0], atol=1e-5, rtol=1e-4)
+    store = Store(tmp_path / "ps.duckdb")
+    cid = jobs.resolve(store, str(path))
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
+    value = a.frame.set_index(["metric", "layer", "head"])["value"]
+    if case == "Q-K=V":                                # one tensor is the K and the V cache
+        assert value["kv_cka_act"].to_numpy() == pytest.approx(1.0, abs=1e-6)
+    if case == "Q=K-V":                                # q = k: symmetric logits in every head
+        heads = a.frame[(a.frame.metric == "logit_symmetry") & a.frame["head"].notna()]["value"]
+        assert heads.to_numpy() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_projection_sharing_run_folder(tmp_path):
+    """Their released layout: a folder with the checkpoint and model_config.yaml."""
+    import yaml
+
+    from loaders.checkpoints import open_checkpoint
+    from tests.experiments.test_foreign import their_config
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    _their_final_model(folder / "qkv_keqv_300m_fineweb_edu.pt", "Q-K=V", with_config=False)
+    (folder / "model_config.yaml").write_text(yaml.safe_dump(their_config()))
+    with open_checkpoint(folder) as ckpt:
+        assert (ckpt.meta.architecture, ckpt.meta.variant) == ("projection_sharing", "k_eq_v")
+        cap = jobs.capture_activations(ckpt, device="cpu")
+    assert len(cap.layers) == 2 and cap.layers[0].logits is not None
+
+
+def test_analyze_cli_projection_sharing_with_activations(tmp_path, capsys):
+    from app.cli import main
+
+    path = tmp_path / "final_model.pt"
+    _their_final_model(path, "Q-GQA-2")
+    db = tmp_path / "cli.duckdb"
+    assert main(["analyze", str(path), "--db", str(db), "--device", "cpu", "--json", "--activations"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["checkpoint"]["path"] == str(path)
+    assert {r["metric"] for r in out["metrics"]} >= set(names("activations"))
+    assert not set(out["notes"]) & set(names("activations"))
+    kv = [r for r in out["metrics"] if r["metric"] == "erank_kcache" and r["head"] is not None]
+    assert sorted({r["head"] for r in kv}) == [0, 1]                  # kept at the 2 kv heads
+
+
+def _nanogpt_file(path, mode):
+    """nanoGPT's ckpt.pt ({'model', 'model_args', 'iter_num'}, torch.compile prefix);
+    ``mode`` None is plain nanoGPT, else the query-free fork's query_mode."""
+    from tests.experiments.test_foreign import D, DH, H, L, query_free_sd
+
+    sd = query_free_sd(mode or "original")
+    args = {"n_layer": L, "n_head": H, "n_embd": D, "block_size": 12, "bias": True, "vocab_size": 300}
+    if mode is not None:
+        args = {"n_layer": L, "num_heads": H, "n_embd": D, "head_size": DH, "bias": True,
+                "scale": 1 / (2 * DH ** 0.5), "query_mode": mode}
+    torch.save({"model": {"_orig_mod." + k: v for k, v in sd.items()}, "model_args": args,
+                "iter_num": 500}, path)
+
+
+@pytest.mark.parametrize("mode, arch", [(None, "nanogpt"), ("identity", "query_free"),
+                                        ("residual", "query_free")])
+def test_nanogpt_and_query_free_checkpoints_run(tmp_path, mode, arch):
+    path = tmp_path / "ckpt.pt"
+    _nanogpt_file(path, mode)
+    store = Store(tmp_path / "qf.duckdb")
+    cid = jobs.resolve(store, str(path))
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    assert jobs.checkpoint_row(store, cid)["architecture"] == arch
+    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
+
+
+def test_query_free_residual_gelu_note(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    _nanogpt_file(path, "residual_gelu")
+    store = Store(tmp_path / "qf.duckdb")
+    _, a = jobs.analyze(store, jobs.resolve(store, str(path)), device="cpu", activations=True)
+    assert a.frame.empty
+    assert a.notes["kv_cka_act"] == (
+        f"{path}: query_mode 'residual_gelu' (q = x + GELU(x Wq + bq)) is not a linear query; "
+        "runnable modes: identity, original, residual; weight-level metrics only")
+
+
+def test_realworld_nanogpt_runs_but_has_no_byte_vocabulary(realworld, tmp_path):
+    """sqtian/GPT_by_Hand (vocab 32): the model is built; UTF-8 bytes cannot be fed."""
+    path = realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt"
+    store = Store(tmp_path / "rw.duckdb")
+    _, a = jobs.analyze(store, jobs.resolve(store, str(path)), device="cpu", activations=True)
+    assert a.notes["erank_kcache"] == "no tokenizer and vocab_size 32 < 256: cannot feed UTF-8 bytes"
