@@ -137,8 +137,10 @@ def _attention_plan(mods: set[str], rows: dict[str, int], n: int, dh: int, d: in
         kv, variant = heads(only), "q_eq_k_eq_v"
         plan = {only: [("qkv", kv * dh)]}
     else:
+        found = ", ".join(sorted(mods)) or "none"
         raise ForeignCheckpointError(
-            f"attention modules {', '.join(sorted(mods))} match no projection-sharing variant")
+            f"attention modules at h.0.attn ({found}) match no projection-sharing variant; expected "
+            "c_attn, c_q+c_k+c_v, c_q+c_kv, c_q+c_k, c_k+c_v, c_qk+c_v, c_k, c_kv or c_qkv")
     if n_kv is not None and int(n_kv) != kv:
         raise ForeignCheckpointError(f"the attention shapes give {kv} kv heads, expected {n_kv}")
     for m, parts in plan.items():

@@ -210,6 +210,11 @@ def test_synthetic_encoder_and_missing_head_count_messages():
     with pytest.raises(ForeignCheckpointError) as e:
         from_projection_sharing(their_lm_sd({"c_attn": 3 * H}), {"n_embd": D})
     assert str(e.value) == "model_config gives no n_head"
+    with pytest.raises(ForeignCheckpointError) as e:
+        from_projection_sharing(their_lm_sd({"c_q": H, "c_v": H}), their_config())
+    assert str(e.value) == ("attention modules at h.0.attn (c_q, c_v) match no projection-sharing "
+                            "variant; expected c_attn, c_q+c_k+c_v, c_q+c_kv, c_q+c_k, c_k+c_v, "
+                            "c_qk+c_v, c_k, c_kv or c_qkv")
 
 
 def test_runnable_refuses_a_different_reading():
