@@ -20,14 +20,22 @@ this process then registers it in the database. Checkpoints whose results
 already exist there for the current metric version are skipped (--force
 recomputes). Failed tasks are retried (--retries) and reported.
 
+A checkpoint whose attention weights exceed --max-task-bytes (default 4GB)
+computes its weight metrics in tasks of contiguous layer ranges
+(part-L<first>-<last>.parquet each); it is registered only when every group
+succeeded, and a re-run recomputes only the groups that failed. The rows are
+the same as one task's. Activation metrics stay one task per checkpoint.
+
   python -m app analyze --all --db my.duckdb --ray auto
   python -m app analyze 'ckpts/**/*.safetensors' --ray ray://head:10001 \
       --results s3://bucket/qkvscope/ --db my.duckdb
 
 JSON in batch mode: {"results", "metric_version", "executor", "computed",
 "skipped", "failed", "errors": [{"target", "reason"}], "checkpoints": [{"id",
-"path", "sha256", "status", "kinds", "rows", "files", "attempts", "error"}]};
-exit status 1 when a checkpoint failed or an input could not be ingested.
+"path", "sha256", "status", "kinds", "rows", "files", "attempts": [{"attempt",
+"host", "pid", "outcome", "task"}], "error", "groups": [{"layers": [first,
+last], "status", "file", "attempts", "error"}]}]}; exit status 1 when a
+checkpoint failed or an input could not be ingested.
 """
 from __future__ import annotations
 
@@ -68,6 +76,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="GPUs each Ray task requests (default: 1 if the cluster has GPUs, else 0)")
     batch.add_argument("--retries", type=int, default=2, metavar="N",
                        help="retries of a task that raised or whose worker died (default 2)")
+    batch.add_argument("--max-task-bytes", type=_size, default="4GB", metavar="SIZE",
+                       help="split a checkpoint whose attention weights exceed SIZE into tasks of contiguous "
+                            "layer ranges, each within SIZE: 4GB (default; GB = 1e9), 512MiB (MiB = 2^20), "
+                            "bytes, or 'none' (never split)")
+
+
+def _size(text: str) -> int | None:
+    from app.batch import BatchError, parse_size
+
+    try:
+        return parse_size(text)
+    except BatchError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--max-task-bytes: ")) from None
 
 
 class _Bar:
@@ -115,13 +136,22 @@ def _is_batch(args: argparse.Namespace) -> bool:
     return bool(args.all_checkpoints or args.ray or args.results or any(is_glob(t) for t in args.targets))
 
 
+def _after_retries(attempts: list[dict]) -> str:
+    """' after N retries': attempts beyond the first of each task (layer groups are tasks of their own)."""
+    retried = len(attempts) - len({a.get("task") for a in attempts})
+    return f" after {retried} retr{'y' if retried == 1 else 'ies'}" if retried > 0 else ""
+
+
 def _print_batch(report: dict) -> None:
     print(f"{report['computed']} computed, {report['skipped']} skipped, {report['failed']} failed "
           f"({report['executor']}); results in {report['results']}")
     for c in report["checkpoints"]:
-        retried = len(c["attempts"]) - 1
-        extra = f" after {retried} retr{'y' if retried == 1 else 'ies'}" if retried > 0 else ""
-        print(f"  {c['id']:>5} {c['status']:<8} {c['rows']:>6} rows  {c['path']}{extra}")
+        groups = f" in {len(c['groups'])} layer groups" if c["groups"] else ""
+        print(f"  {c['id']:>5} {c['status']:<8} {c['rows']:>6} rows  {c['path']}{groups}{_after_retries(c['attempts'])}")
+        for g in c["groups"]:
+            if g["status"] == "failed" or len(g["attempts"]) > 1:
+                first, last = g["layers"]
+                print(f"        layers {first}-{last}: {g['status']}{_after_retries(g['attempts'])}")
         if c["error"]:
             print(f"        {c['error']}")
     for e in report["errors"]:
@@ -136,13 +166,14 @@ def run_batch_mode(args: argparse.Namespace) -> int:
     results = args.results or str(store.path.with_suffix(".results"))
 
     def notify(rep, done, total):
-        retried = len(rep.attempts) - 1
-        note = f" after {retried} retr{'y' if retried == 1 else 'ies'}" if retried > 0 else ""
-        print(f"[{done}/{total}] checkpoint {rep.id} {rep.status}{note}: {rep.path}", file=sys.stderr)
+        groups = f" ({len(rep.groups)} layer groups)" if rep.groups else ""
+        print(f"[{done}/{total}] checkpoint {rep.id} {rep.status}{groups}{_after_retries(rep.attempts)}: "
+              f"{rep.path}", file=sys.stderr)
 
     report = batch.run_batch(
         store, inputs.checkpoint_ids, results=results, activations=args.activations, device=args.device,
         force=args.force, ray_address=args.ray, gpus_per_task=args.gpus_per_task, retries=args.retries,
+        max_task_bytes=args.max_task_bytes,
         input_errors=inputs.errors, notify=notify, quiet_workers=args.json).to_dict()
     if args.json:
         print_json(report)

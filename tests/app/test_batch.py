@@ -249,7 +249,9 @@ def test_cli_glob_then_all(tmp_path, ckpts, capsys):
     assert (out["computed"], out["skipped"], out["failed"], out["executor"]) == (3, 0, 0, "in-process")
     assert [c["path"] for c in out["checkpoints"]] == [str(p) for p in sorted(ckpts)]
     assert set(out["checkpoints"][0]) == {"id", "path", "sha256", "status", "kinds", "rows", "files",
-                                          "attempts", "error"}
+                                          "attempts", "error", "groups"}
+    assert out["checkpoints"][0]["groups"] == []                      # tiny: one task per checkpoint
+    assert set(out["checkpoints"][0]["attempts"][0]) == {"attempt", "host", "pid", "outcome", "task"}
     assert main(["analyze", "--all", "--db", str(db), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert (again["computed"], again["skipped"]) == (0, 3)
@@ -294,3 +296,279 @@ def test_cli_ray_without_ray_installed_is_one_line(tmp_path, ckpts, capsys, monk
     assert main(["analyze", str(ckpts[0]), "--db", str(db), "--ray", "auto"]) == 2
     err = capsys.readouterr().err
     assert err == "error: --ray auto: the ray package is not installed (pip install -r requirements-scale.txt)\n"
+
+
+# -- layer groups (very large checkpoints, forced here with a tiny --max-task-bytes) ----------------
+N_DEEP = 5
+
+
+def make_deep(root: Path) -> Path:
+    """One of qkvscope's own models, 5 layers, kv head 0's W_K zero in every layer: its K/V
+    and Q/K metrics are undefined there, so the notes name heads of every layer (more than 8)."""
+    from experiments.model import GPT, GPTConfig
+    from experiments.train import TrainConfig, save_checkpoint
+
+    torch.manual_seed(7)
+    model = GPT(GPTConfig(n_layer=N_DEEP, n_head=4, n_kv_heads=2, d_model=32, variant="qkv")).eval()
+    d_head = 32 // 4
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.k.weight[:d_head].zero_()             # nn.Linear [out, in]: kv head 0's rows
+    path = root / "run_deep" / "final_step_000010.safetensors"
+    path.parent.mkdir(parents=True)
+    save_checkpoint(model, path, step=10, tokens=100, final=True, tc=TrainConfig())
+    return path
+
+
+@pytest.fixture
+def deep(tmp_path) -> Path:
+    return make_deep(tmp_path / "deep")
+
+
+class Flaky:
+    """``run_task`` that records each task (by its key) and raises on chosen first attempts."""
+
+    def __init__(self, fail: dict[str, int] | None = None):
+        self.calls: list[str] = []
+        self.specs: list[batch.TaskSpec] = []
+        self.fail = fail or {}          # task key -> how many first attempts raise
+
+    def __call__(self, spec, log):
+        self.calls.append(spec.key)
+        self.specs.append(spec)
+        if self.calls.count(spec.key) <= self.fail.get(spec.key, 0):
+            raise RuntimeError(f"flaky disk under {spec.label}")
+        return batch.run_task(spec, log)
+
+
+RESULT_ROWS = ("SELECT c.sha256, r.layer, r.head, r.metric, r.value FROM analysis_results r "
+               "JOIN checkpoints c ON c.id = r.checkpoint_id ORDER BY 1, 4, 2, 3 NULLS FIRST")
+JOB_ROWS = ("SELECT c.sha256, j.kind, j.metric_version, j.device, j.notes FROM analysis_jobs j "
+            "JOIN checkpoints c ON c.id = j.checkpoint_id ORDER BY 1, 2")
+
+
+def _stored_results(store: Store) -> tuple[list, list]:
+    with store.connect() as con:
+        return con.execute(RESULT_ROWS).fetchall(), con.execute(JOB_ROWS).fetchall()
+
+
+def _layer_bytes(store: Store, cid: int) -> int:
+    with store.connect() as con:
+        row = con.execute(f"SELECT {', '.join(batch._STORED)} FROM checkpoints WHERE id = ?", [cid]).fetchone()
+    return batch.attention_bytes(dict(zip(batch._STORED, row))) // N_DEEP
+
+
+@pytest.mark.parametrize("n_layers, total, limit, groups", [
+    (5, 500, None, [(0, 5)]),                               # never split
+    (5, 500, 500, [(0, 5)]),                                # fits exactly
+    (5, 500, 1, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]),  # a layer is the smallest task
+    (5, 500, 200, [(0, 2), (2, 4), (4, 5)]),                # 2 layers a task at most
+    (10, 1000, 400, [(0, 4), (4, 7), (7, 10)]),             # as even as possible: 4, 3, 3
+    (1, 10**12, 1, [(0, 1)]),                               # one layer cannot be split
+])
+def test_layer_groups(n_layers, total, limit, groups):
+    assert batch.layer_groups(n_layers, total, limit) == groups
+
+
+@pytest.mark.parametrize("text, size", [
+    ("4GB", 4 * 10**9), ("512MiB", 512 * 2**20), ("1.5 kb", 1500), ("123", 123), ("2gib", 2 * 2**30),
+    ("none", None), ("NONE", None),
+])
+def test_parse_size(text, size):
+    assert batch.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "0", "4 parsecs", "-1GB", "0.1"])
+def test_parse_size_rejects(text):
+    with pytest.raises(batch.BatchError) as exc:
+        batch.parse_size(text)
+    assert str(exc.value) == ("--max-task-bytes: expected a size of at least 1 byte such as 4GB, 512MiB or "
+                              f"1000000, or 'none', found {text!r}")
+
+
+def test_layer_group_tasks_compute_weights_only():
+    with pytest.raises(ValueError, match="activation metrics need the whole model"):
+        batch.TaskSpec(1, "ab", "p", ("weights", "activations"), "r", layers=(0, 2))
+    spec = batch.TaskSpec(1, "ab", "p", ("weights",), "r", layers=(2, 4))
+    assert (spec.key, spec.label) == ("ab-L0002-0003", "layers 2-3")
+    assert batch.ResultsLocation("s3://b/q").part("ab", "weights", (2, 4)).endswith(
+        "/kind=weights/part-L0002-0003.parquet")
+
+
+def test_split_rows_and_notes_identical_to_one_task(tmp_path, deep):
+    whole = Store(tmp_path / "whole.duckdb")
+    (cid,) = _ids(whole, [deep])
+    one = batch.run_batch(whole, [cid], results=tmp_path / "whole", device="cpu")
+    assert one.checkpoints[0].groups == [] and one.checkpoints[0].status == "computed"
+    reference = _stored_results(whole)
+    notes = json.loads(reference[1][0][4])
+    undefined = [m for m, why in notes.items() if why.startswith("undefined")]
+    assert undefined and any(notes[m].endswith(" ...") for m in undefined)   # labels from several layers
+    layer_bytes = _layer_bytes(whole, cid)
+
+    for limit, groups in ((1, [[0, 0], [1, 1], [2, 2], [3, 3], [4, 4]]),
+                          (2 * layer_bytes, [[0, 1], [2, 3], [4, 4]])):
+        store = Store(tmp_path / f"split{limit}.duckdb")
+        results = tmp_path / f"split{limit}"
+        flaky = Flaky()
+        rep = batch.run_batch(store, _ids(store, [deep]), results=results, device="cpu",
+                              max_task_bytes=limit, task_fn=flaky)
+        c = rep.checkpoints[0]
+        assert c.status == "computed" and c.error is None
+        assert [g["layers"] for g in c.groups] == groups and {g["status"] for g in c.groups} == {"computed"}
+        assert [s.layers for s in flaky.specs] == [(a, b + 1) for a, b in groups]
+        assert [a["task"] for a in c.attempts] == [f"layers {a}-{b}" for a, b in groups]
+        assert _stored_results(store) == reference                   # the same rows and notes, bit for bit
+        folder = results / f"checkpoint={c.sha256}" / f"metric_version={METRIC_VERSION}" / "kind=weights"
+        tags = [f"-L{a:04d}-{b:04d}" for a, b in groups]
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            ["job.parquet"] + [f"part{t}.parquet" for t in tags] + [f"job{t}.parquet" for t in tags])
+        assert [g["file"] for g in c.groups] == [str(folder / f"part{t}.parquet") for t in tags]
+        assert c.files == [str(folder / "part-L*.parquet")] and c.rows == len(reference[0])
+        with duckdb.connect() as con:
+            parts = con.execute("SELECT parts FROM read_parquet(?)", [str(folder / "job.parquet")]).fetchone()[0]
+        assert json.loads(parts) == [f"part{t}.parquet" for t in tags]
+        with store.connect() as con:
+            assert con.execute("SELECT location, job_location, n_rows FROM analysis_result_files").fetchall() == [
+                (str(folder / "part-L*.parquet"), str(folder / "job.parquet"), c.rows)]
+        # the single-checkpoint command reads the registered result back
+        (cached,) = jobs.analyze(store, c.id, device="cpu")
+        assert cached.cached and cached.notes == notes
+
+        again = Flaky()                                             # complete: skipped, nothing recomputed
+        rerun = batch.run_batch(store, [c.id], results=results, device="cpu", max_task_bytes=limit, task_fn=again)
+        assert again.calls == [] and rerun.checkpoints[0].status == "skipped"
+        assert rerun.checkpoints[0].rows == c.rows and rerun.checkpoints[0].files == c.files
+
+
+def test_failed_group_is_retried_once_and_reported(tmp_path, deep, ckpts):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, [deep, *ckpts[:1]])
+    sha = _sha(store, ids[0])
+    flaky = Flaky({f"{sha}-L0002-0003": 1})
+    rep = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu", task_fn=flaky,
+                          max_task_bytes=2 * _layer_bytes(store, ids[0]))
+    c = rep.checkpoints[0]
+    assert [x.status for x in rep.checkpoints] == ["computed", "computed"] and c.error is None
+    assert [(g["layers"], g["status"], [a["outcome"] for a in g["attempts"]]) for g in c.groups] == [
+        ([0, 1], "computed", ["computed"]),
+        ([2, 3], "computed", ["RuntimeError: flaky disk under layers 2-3 (retried if attempts remain)", "computed"]),
+        ([4, 4], "computed", ["computed"]),
+    ]
+    assert len(c.attempts) == 4 and rep.checkpoints[1].groups == []   # the small one stays one task
+    whole = Store(tmp_path / "whole.duckdb")
+    batch.run_batch(whole, _ids(whole, [deep, *ckpts[:1]]), results=tmp_path / "w", device="cpu")
+    assert _stored_results(store) == _stored_results(whole)
+
+
+def test_failed_group_leaves_nothing_registered_and_rerun_redoes_only_it(tmp_path, deep, ckpts, capsys):
+    store = Store(tmp_path / "b.duckdb")
+    ids = _ids(store, [deep, *ckpts[:1]])
+    sha = _sha(store, ids[0])
+    bad = f"{sha}-L0002-0003"
+    limit = 2 * _layer_bytes(store, ids[0])
+    results = tmp_path / "r"
+    notes = []
+    rep = batch.run_batch(store, ids, results=results, device="cpu", task_fn=Flaky({bad: 9}), retries=1,
+                          max_task_bytes=limit, notify=lambda r, done, total: notes.append((r.id, r.status)))
+    c = rep.checkpoints[0]
+    assert [x.status for x in rep.checkpoints] == ["failed", "computed"] and rep.to_dict()["failed"] == 1
+    assert c.error == "layers 2-3: RuntimeError: flaky disk under layers 2-3"
+    assert [(g["layers"], g["status"], len(g["attempts"])) for g in c.groups] == [
+        ([0, 1], "computed", 1), ([2, 3], "failed", 2), ([4, 4], "computed", 1)]
+    assert c.rows == 0 and c.files == [] and sorted(notes) == sorted([(ids[0], "failed"), (ids[1], "computed")])
+    with store.connect() as con:
+        for table in ("analysis_results", "analysis_jobs", "analysis_result_files"):
+            assert con.execute(f"SELECT count(*) FROM {table} WHERE checkpoint_id = ?", [ids[0]]).fetchone()[0] == 0
+    folder = results / f"checkpoint={sha}" / f"metric_version={METRIC_VERSION}" / "kind=weights"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "job-L0000-0001.parquet", "job-L0004-0004.parquet", "part-L0000-0001.parquet", "part-L0004-0004.parquet"]
+
+    # the summary names the checkpoint, the failed layer range and its retries
+    from app.commands.analyze import _print_batch
+
+    _print_batch(rep.to_dict())
+    text = capsys.readouterr().out.splitlines()
+    assert text[1].split()[:3] == [str(ids[0]), "failed", "0"] and text[1].endswith("in 3 layer groups after 1 retry")
+    assert text[2:4] == ["        layers 2-3: failed after 1 retry",
+                         "        layers 2-3: RuntimeError: flaky disk under layers 2-3"]
+
+    # still failing: still nothing registered, and the partial set is not taken as done
+    rep = batch.run_batch(store, ids[:1], results=results, device="cpu", task_fn=Flaky({bad: 9}), retries=0,
+                          max_task_bytes=limit)
+    assert rep.checkpoints[0].status == "failed" and not (folder / "job.parquet").exists()
+    # a re-run computes only the missing group, joins the three and registers them
+    fixed = Flaky()
+    rep = batch.run_batch(store, ids, results=results, device="cpu", task_fn=fixed, max_task_bytes=limit)
+    c = rep.checkpoints[0]
+    assert fixed.calls == [bad] and [x.status for x in rep.checkpoints] == ["computed", "skipped"]
+    assert [g["status"] for g in c.groups] == ["skipped", "computed", "skipped"]
+    whole = Store(tmp_path / "whole.duckdb")
+    batch.run_batch(whole, _ids(whole, [deep, *ckpts[:1]]), results=tmp_path / "w", device="cpu")
+    assert _stored_results(store) == _stored_results(whole)
+
+
+def test_activations_stay_one_task_per_checkpoint(tmp_path, deep):
+    store = Store(tmp_path / "b.duckdb")
+    flaky = Flaky()
+    rep = batch.run_batch(store, _ids(store, [deep]), results=tmp_path / "r", device="cpu", activations=True,
+                          max_task_bytes=1, task_fn=flaky)
+    assert [(s.kinds, s.layers) for s in flaky.specs] == [(("weights",), (i, i + 1)) for i in range(N_DEEP)] + [
+        (("activations",), None)]
+    c = rep.checkpoints[0]
+    assert c.status == "computed" and c.kinds == ["weights", "activations"]
+    assert c.files[1].endswith("kind=activations/part.parquet")
+    assert [a["task"] for a in c.attempts][-1] == "whole checkpoint"
+    whole = Store(tmp_path / "whole.duckdb")
+    batch.run_batch(whole, _ids(whole, [deep]), results=tmp_path / "w", device="cpu", activations=True)
+    assert _stored_results(store) == _stored_results(whole)
+    with store.connect() as con:
+        assert con.execute("SELECT count(*) FROM analysis_results WHERE metric = 'kv_cka_act'").fetchone()[0] > 0
+
+
+def test_changing_the_split_replaces_the_parts(tmp_path, deep):
+    """--force with other groups (or none) leaves only the files of the new split, so
+    `**/part*.parquet` reads every row once; the old checkpoint marker goes first."""
+    store = Store(tmp_path / "b.duckdb")
+    (cid,) = _ids(store, [deep])
+    results = tmp_path / "r"
+    reference = None
+    for limit in (1, None, 2 * _layer_bytes(store, cid), 1):
+        rep = batch.run_batch(store, [cid], results=results, device="cpu", max_task_bytes=limit, force=True)
+        assert rep.checkpoints[0].status == "computed"
+        with duckdb.connect() as con:
+            everything = _sorted_rows(con.execute(
+                "SELECT layer, head, metric, value FROM read_parquet(?, hive_partitioning = true)",
+                [str(results / "**" / "part*.parquet")]).fetchall())
+        reference = reference or everything
+        assert everything == reference and len(everything) == rep.checkpoints[0].rows
+        assert _stored_results(store)[0] == [(rep.checkpoints[0].sha256, *r) for r in reference]
+
+
+def _sorted_rows(rows):
+    """Rows as RESULT_ROWS orders them (metric, layer, head), with undefined values as None
+    (as registration stores them; NaN never equals itself)."""
+    import math
+
+    out = [(layer, head, metric, None if value is None or not math.isfinite(value) else value)
+           for layer, head, metric, value in rows]
+    return sorted(out, key=lambda r: (r[2], r[0], -1 if r[1] is None else r[1]))
+
+
+def test_cli_max_task_bytes(tmp_path, deep, capsys):
+    from app.cli import build_parser
+
+    assert build_parser().parse_args(["analyze", "--all"]).max_task_bytes == batch.DEFAULT_MAX_TASK_BYTES
+    db = tmp_path / "c.duckdb"
+    assert main(["analyze", str(deep), "--db", str(db), "--device", "cpu", "--json", "--all",
+                 "--max-task-bytes", "1B"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (c,) = out["checkpoints"]
+    assert c["status"] == "computed" and [g["layers"] for g in c["groups"]] == [[i, i] for i in range(N_DEEP)]
+    assert set(c["groups"][0]) == {"layers", "status", "file", "attempts", "error"}
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", "--all", "--db", str(db), "--max-task-bytes", "lots"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "argument --max-task-bytes: expected a size of at least 1 byte such as 4GB, 512MiB or 1000000, "
+        "or 'none', found 'lots'")
