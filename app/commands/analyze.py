@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_argument("--all", action="store_true", dest="all_checkpoints",
                        help="analyse every checkpoint stored in the database")
     batch.add_argument("--ray", metavar="ADDRESS", default=None,
-                       help="run one Ray task per checkpoint: 'auto' (RAY_ADDRESS, a cluster started with "
+                       help="run one Ray task per checkpoint (or layer group, see --max-task-bytes): 'auto' "
+                            "(RAY_ADDRESS, a cluster started with "
                             "`ray start`, else a new local one), 'local', or an address such as ray://head:10001")
     batch.add_argument("--results", metavar="LOCATION", default=None,
                        help="folder or s3:// URL for the Parquet results (default: <db>.results/ beside the "
