@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -57,6 +58,24 @@ def grid(variants: Iterable[str], weight_decays: Iterable[float], *,
     return specs
 
 
+def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
+    """Pool initializer: end this worker when the sweep process is gone.
+
+    A ``ProcessPoolExecutor`` worker outlives a parent killed by SIGTERM or
+    SIGKILL and keeps training (even picking up queued runs), writing into
+    run folders a restarted sweep also writes; a daemon thread polls the
+    parent pid and exits the worker at once when it changes.
+    """
+    import os
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(1)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _worker(spec: RunSpec, out: str, resume: bool) -> dict:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -88,7 +107,8 @@ def run_sweep(specs: list[RunSpec], out: str | Path, *, jobs: int = 1, resume: b
             progress(f"finished {s.name}: val_loss {results[s.name]['final_val_loss']:.4f}")
     else:
         ctx = mp.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_exit_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             futs = {pool.submit(_worker, s, str(out), resume): s.name for s in specs}
             for f in as_completed(futs):
                 results[futs[f]] = f.result()
