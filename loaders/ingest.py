@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from loaders.errors import FileError, QkvscopeError, StoreError
+from loaders.errors import DatabaseBusyError, FileError, QkvscopeError, StoreError
 from loaders.report import FileReport, IngestReport
 from loaders.store import Store
 
@@ -317,17 +317,29 @@ def ingest_paths(store: Store, paths: Iterable[str | Path], *,
 
 def watch(store: Store, paths: Iterable[str | Path], *, interval: float = 2.0,
           on_report: Callable[[IngestReport], None] | None = None,
+          on_busy: Callable[[DatabaseBusyError], None] | None = None,
           stop: Callable[[], bool] | None = None) -> None:
     """Poll ``paths`` and ingest what is new or has grown, until ``stop()`` is true.
 
     Unchanged files cost a stat and a journal look-up per poll; grown logs
-    append only their new points (``loaders.logs``).
+    append only their new points (``loaders.logs``). A poll that finds the
+    database busy for longer than the store's ``busy_timeout`` (another
+    process writing a large file) is reported to ``on_busy`` and tried again
+    at the next poll: each file is one transaction, so nothing is half-stored
+    and the next poll picks up where this one stopped. Without ``on_busy``
+    the error propagates.
     """
     paths = list(paths)
     while True:
-        report = ingest_paths(store, paths)
-        if on_report is not None:
-            on_report(report)
+        try:
+            report = ingest_paths(store, paths)
+        except DatabaseBusyError as exc:
+            if on_busy is None:
+                raise
+            on_busy(exc)
+        else:
+            if on_report is not None:
+                on_report(report)
         if stop is not None and stop():
             return
         time.sleep(interval)

@@ -4,6 +4,7 @@ Examples:
   python -m app ingest path/to/runs/ --db my.duckdb
   python -m app ingest ~/experiments/ --json
   python -m app ingest ~/experiments/ --watch        # follow live runs; Ctrl-C stops
+                                                    # (a busy database is tried again at the next poll)
 
 Each file is one transaction: it is stored completely or not at all. The same
 content ingested twice adds nothing; a log that grew adds only its new points.
@@ -66,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     print_report(type(report)(files=changed))
                 sys.stdout.flush()
+        def on_busy(exc) -> None:        # another process holds the file: try again next poll
+            print(f"warning: {exc}; trying again in {args.interval:g} s", file=sys.stderr, flush=True)
+
         try:
-            watch(store, args.paths, interval=args.interval, on_report=on_report)
+            watch(store, args.paths, interval=args.interval, on_report=on_report, on_busy=on_busy)
         except KeyboardInterrupt:
             return 0
         return 0

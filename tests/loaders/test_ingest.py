@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from loaders.errors import QkvscopeError
@@ -134,6 +135,54 @@ def test_watch_ingests_new_lines_of_a_live_log(tmp_path):
     assert [p["added"] + p["appended"] for p in polls] == [1, 1, 1, 1]
     [r] = list_runs(store)
     assert (r["n_points"], r["last_step"]) == (4, 3)  # steps 0-3 stored; the 5th line came after the last poll
+
+
+def test_watch_waits_out_a_busy_database(tmp_path):
+    """Another process holding the database longer than busy_timeout costs a poll, not the watch."""
+    import subprocess
+    import sys
+
+    from loaders.errors import DatabaseBusyError
+    from loaders.ingest import watch
+
+    run = tmp_path / "live"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "train_loss": 4.0}\n{"step": 1, "train_loss": 3.5}\n')
+    db = tmp_path / "q.duckdb"
+    Store(db).checkpoints()                                   # create the file and its schema
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); "
+         "print('held', flush=True); time.sleep(2.0); con.close()", str(db)],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    busy: list[DatabaseBusyError] = []
+    reports: list[dict] = []
+    watch(Store(db, busy_timeout=0.2), [run], interval=0.1, on_busy=busy.append,
+          on_report=lambda r: reports.append(r.to_json()), stop=lambda: bool(reports))
+    holder.wait(timeout=30)
+    assert busy and all("database is busy" in str(e) for e in busy)
+    assert reports[0]["added"] == 1
+    [r] = list_runs(Store(db))
+    assert r["n_points"] == 2
+
+
+def test_watch_without_on_busy_raises_database_busy(tmp_path):
+    import subprocess
+    import sys
+
+    from loaders.errors import DatabaseBusyError
+    from loaders.ingest import watch
+
+    db = tmp_path / "q.duckdb"
+    Store(db).checkpoints()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); "
+         "print('held', flush=True); time.sleep(2.0); con.close()", str(db)],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(DatabaseBusyError, match="database is busy"):
+        watch(Store(db, busy_timeout=0.2), [tmp_path], interval=0.1, stop=lambda: True)
+    holder.wait(timeout=30)
 
 
 def test_watch_from_the_cli_stops_cleanly_on_ctrl_c(tmp_path):
