@@ -4,8 +4,9 @@ Each PATH_OR_ID is a checkpoint file or folder (ingested first, as `ingest`
 would) or the id of a stored checkpoint. Results are stored per checkpoint,
 layer and head; analysing the same checkpoint again with the same metric
 version reads them back instead of recomputing. `--activations` adds the
-metrics that need a forward pass on sample text (Hugging Face folders and
-qkvscope's own checkpoints); where none is possible the notes say why.
+metrics that need a forward pass on sample text (Hugging Face folders,
+qkvscope's own checkpoints, nanoGPT checkpoints and both papers' language
+models); where none is possible the notes say why.
 
 JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 "value"}...], "notes": {metric: why absent}, "cached": bool} per checkpoint,
