@@ -44,17 +44,30 @@ def singular_values(a: torch.Tensor) -> torch.Tensor:
     return gram_eigvals(gram(a)).sqrt()
 
 
+def clean_eigh(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigen-decomposition (float64, ascending) of symmetric PSD stacks ``[..., n, n]``
+    accumulated in float32, with the eigenvalues float32 cannot resolve (below
+    ``n * eps32 * lambda_max``, as in ``gram_eigvals``) set to 0: ``(lam, U)``."""
+    g64 = g.to(torch.float64)
+    g64 = (g64 + g64.mT) / 2
+    lam, u = torch.linalg.eigh(g64)                      # [..., n], [..., n, n]
+    top = lam[..., -1:].clamp_min(0)
+    lam = torch.where(lam > g.shape[-1] * EPS32 * top, lam, torch.zeros_like(lam))
+    return lam, u
+
+
 def psd_sqrt(g: torch.Tensor) -> torch.Tensor:
     """Symmetric square root ``G^{1/2}`` (float64) of PSD stacks ``[..., n, n]``.
 
     If ``A = W S`` is the polar decomposition of ``A`` (``W`` a partial isometry),
     ``S = (A^T A)^{1/2}``; so for ``M = A B^T``, ``sv(M) = sv(S_A S_B)``.
     """
-    g64 = g.to(torch.float64)
-    g64 = (g64 + g64.mT) / 2
-    lam, u = torch.linalg.eigh(g64)                      # [..., n], [..., n, n]
-    top = lam[..., -1:].clamp_min(0)
-    lam = torch.where(lam > g.shape[-1] * EPS32 * top, lam, torch.zeros_like(lam))
+    return psd_sqrt_from(clean_eigh(g))
+
+
+def psd_sqrt_from(eig: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``G^{1/2} = U diag(sqrt(lam)) U^T`` from ``clean_eigh(G)``."""
+    lam, u = eig
     return (u * lam.sqrt().unsqueeze(-2)) @ u.mT
 
 

@@ -18,13 +18,28 @@ NaN where the formula divides by zero (an all-zero head), never a made-up 0.
   with ``T = K^+ V`` and ``P_K`` the projector onto the columns of ``K``: how
   much of V a K=V tie keeps if the head may re-map its values with ``T``.
   ``||P_K V||^2 = sum_i (u_i^T K^T V)^2 / lambda_i`` over the eigenpairs of
-  ``K^T K`` (float64), dropping eigenvalues float32 cannot resolve.
+  ``K^T K`` (float64), dropping eigenvalues float32 cannot resolve (below
+  ``d_head * eps32 * lambda_max``, ``_linalg.clean_eigh``).
+
+All three need only the ``d_head x d_head`` products ``K^T K``, ``V^T V`` and
+``K^T V`` (``<vec K, vec V> = tr(K^T V)``, ``||K||_F^2 = tr(K^T K)``): a caller
+computing several of them forms these once (``products``) and passes them in.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from analysis._linalg import EPS32, gram
+from analysis._linalg import clean_eigh, gram
+
+
+class KVProducts(NamedTuple):
+    """The float32 products of a K/V pair ``[heads, rows, d_head]``, ``[heads, d_head, d_head]`` each."""
+
+    kk: torch.Tensor      # K^T K
+    vv: torch.Tensor      # V^T V
+    kv: torch.Tensor      # K^T V
 
 
 def _check(k: torch.Tensor, v: torch.Tensor) -> None:
@@ -35,45 +50,54 @@ def _check(k: torch.Tensor, v: torch.Tensor) -> None:
             f"found {tuple(k.shape)} and {tuple(v.shape)}")
 
 
-def cosine_flat(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``cos(vec K_h, vec V_h)`` per head, ``[heads]``."""
+def products(k: torch.Tensor, v: torch.Tensor) -> KVProducts:
+    """``K^T K``, ``V^T V``, ``K^T V`` per head (rows as given, not centred)."""
     _check(k, v)
     with torch.inference_mode():
         k32, v32 = k.float(), v.float()
-        dot = (k32 * v32).sum((1, 2)).double()
-        nk = k32.square().sum((1, 2)).double().sqrt()
-        nv = v32.square().sum((1, 2)).double().sqrt()
+        return KVProducts(gram(k32), gram(v32), k32.mT @ v32)
+
+
+def cosine_flat(k: torch.Tensor, v: torch.Tensor, *, prod: KVProducts | None = None) -> torch.Tensor:
+    """``cos(vec K_h, vec V_h)`` per head, ``[heads]``; ``prod``: ``products(k, v)`` if the caller has it."""
+    _check(k, v)
+    with torch.inference_mode():
+        p = products(k, v) if prod is None else prod
+        dot = torch.diagonal(p.kv, dim1=1, dim2=2).double().sum(1)      # tr(K^T V)
+        nk = torch.diagonal(p.kk, dim1=1, dim2=2).double().sum(1).sqrt()
+        nv = torch.diagonal(p.vv, dim1=1, dim2=2).double().sum(1).sqrt()
         return dot / (nk * nv)
 
 
-def linear_cka(k: torch.Tensor, v: torch.Tensor, *, center: bool = False) -> torch.Tensor:
-    """Linear CKA per head, ``[heads]``; ``center=True`` centres the rows (activations)."""
+def linear_cka(k: torch.Tensor, v: torch.Tensor, *, center: bool = False,
+               prod: KVProducts | None = None) -> torch.Tensor:
+    """Linear CKA per head, ``[heads]``; ``center=True`` centres the rows (activations).
+    ``prod``: ``products`` of the (centred, if ``center``) K and V if the caller has it."""
     _check(k, v)
     with torch.inference_mode():
-        k32, v32 = k.float(), v.float()
-        if center:
-            k32 = k32 - k32.mean(1, keepdim=True)   # [heads, rows, d_head]
-            v32 = v32 - v32.mean(1, keepdim=True)
-        kv = (k32.mT @ v32).double()                  # [heads, d_head, d_head]
-        kk = gram(k32).double()
-        vv = gram(v32).double()
+        if prod is None:
+            k32, v32 = k.float(), v.float()
+            if center:
+                k32 = k32 - k32.mean(1, keepdim=True)   # [heads, rows, d_head]
+                v32 = v32 - v32.mean(1, keepdim=True)
+            prod = products(k32, v32)
+        kv, kk, vv = prod.kv.double(), prod.kk.double(), prod.vv.double()
         num = kv.square().sum((1, 2))
         return num / (kk.square().sum((1, 2)).sqrt() * vv.square().sum((1, 2)).sqrt())
 
 
-def share_r2(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``||P_K V||_F^2 / ||V||_F^2`` per head, ``[heads]`` (R^2 of V regressed on K)."""
+def share_r2(k: torch.Tensor, v: torch.Tensor, *, prod: KVProducts | None = None,
+             eig_k: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``||P_K V||_F^2 / ||V||_F^2`` per head, ``[heads]`` (R^2 of V regressed on K);
+    ``prod = products(k, v)`` and ``eig_k = _linalg.clean_eigh(prod.kk)`` if the caller has them."""
     _check(k, v)
     with torch.inference_mode():
-        k32, v32 = k.float(), v.float()
-        g = gram(k32).double()                        # [heads, d_head, d_head]
-        c = (k32.mT @ v32).double()                   # K^T V, [heads, d_head, d_head]
-        g = (g + g.mT) / 2
-        lam, u = torch.linalg.eigh(g)                 # ascending
-        tol = g.shape[-1] * EPS32 * lam[..., -1:].clamp_min(0)
-        keep = lam > tol
+        p = products(k, v) if prod is None else prod
+        c = p.kv.double()                             # K^T V, [heads, d_head, d_head]
+        lam, u = clean_eigh(p.kk) if eig_k is None else eig_k   # ascending; unresolved ones are 0
+        keep = lam > 0
         proj = u.mT @ c                               # [heads, d_head, d_head]
         inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), torch.zeros_like(lam))
         explained = (proj.square().sum(-1) * inv).sum(-1)
-        total = v32.square().sum((1, 2)).double()
+        total = torch.diagonal(p.vv, dim1=1, dim2=2).double().sum(1)   # ||V||_F^2
         return (explained / total).clamp(max=1.0)

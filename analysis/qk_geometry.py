@@ -25,24 +25,32 @@ Attention logits are ``x_i M x_j^T`` (times the attention scale), with
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from analysis._linalg import gram
 
 
-def symmetry_per_head(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor) -> torch.Tensor:
+def symmetry_per_head(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor, *,
+                      gq: torch.Tensor | None = None, gk: torch.Tensor | None = None) -> torch.Tensor:
     """Symmetry score of ``M_h = Q_h K_{kv_of[h]}^T`` per query head, ``[n_heads]`` float64.
 
     ``q: [n_heads, d_model, d_head]``, ``k: [n_kv_heads, d_model, d_head]``,
-    ``kv_of: [n_heads]`` the kv head of each query head.
+    ``kv_of: [n_heads]`` the kv head of each query head; ``gq``, ``gk`` the float32
+    Grams ``Q_h^T Q_h`` and ``K_g^T K_g`` if the caller has them.
     """
     with torch.inference_mode():
         q32, k32 = q.float(), k.float()
-        kh = k32[kv_of]                                      # [n_heads, d_model, d_head]
-        c = (kh.mT @ q32).double()                           # K^T Q, [n_heads, d_head, d_head]
+        if bool((kv_of[1:] >= kv_of[:-1]).all()):           # heads grouped by kv head (kv_index)
+            counts = torch.bincount(kv_of, minlength=k32.shape[0]).tolist()
+            c = torch.cat([k32[g].mT @ qg for g, qg in enumerate(torch.split(q32, counts))])
+        else:                                                # any other map: gather the keys
+            c = k32[kv_of].mT @ q32
+        c = c.double()                                       # K^T Q, [n_heads, d_head, d_head]
         tr_m2 = (c * c.mT).sum((1, 2))                       # tr(C C)
-        gq = gram(q32).double()
-        gk = gram(k32).double()[kv_of]
+        gq = (gram(q32) if gq is None else gq).double()
+        gk = (gram(k32) if gk is None else gk).double()[kv_of]
         norm2 = (gq * gk).sum((1, 2))                        # tr(Gq Gk), both symmetric
         return (1 + tr_m2 / norm2) / 2
 
@@ -53,29 +61,42 @@ def group_queries(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     return q.float().view(n_kv_heads, n_heads // n_kv_heads, d_model, d_head).sum(1)
 
 
-def _stacked(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``Qs, Ks: [d_model, n_kv_heads*d_head]`` with ``M = Qs Ks^T`` summed over heads."""
-    n_kv, d_model, d_head = k.shape
-    qs = group_queries(q, n_kv).permute(1, 0, 2).reshape(d_model, n_kv * d_head)
-    ks = k.float().permute(1, 0, 2).reshape(d_model, n_kv * d_head)
-    return qs, ks
+class LayerForm(NamedTuple):
+    """The layer's ``M = Qs Ks^T`` in thin pieces (float32), shared by its scores."""
+
+    qs: torch.Tensor      # [d_model, n_kv*d_head], grouped query heads side by side
+    ks: torch.Tensor      # [d_model, n_kv*d_head], kv heads side by side
+    gqs: torch.Tensor     # Qs^T Qs
+    gks: torch.Tensor     # Ks^T Ks (also the Gram of the layer's stacked W_K)
+    c: torch.Tensor       # Ks^T Qs
 
 
-def symmetry_layer(q: torch.Tensor, k: torch.Tensor) -> float:
+def layer_form(q: torch.Tensor, k: torch.Tensor) -> LayerForm:
+    """``Qs, Ks: [d_model, n_kv_heads*d_head]`` with ``M = Qs Ks^T`` summed over heads,
+    and their three small products."""
+    with torch.inference_mode():
+        n_kv, d_model, d_head = k.shape
+        qs = group_queries(q, n_kv).permute(1, 0, 2).reshape(d_model, n_kv * d_head)
+        ks = k.float().permute(1, 0, 2).reshape(d_model, n_kv * d_head)
+        return LayerForm(qs, ks, gram(qs), gram(ks), ks.T @ qs)
+
+
+def symmetry_layer(q: torch.Tensor, k: torch.Tensor, *, form: LayerForm | None = None) -> float:
     """Symmetry score of ``M = sum_h Q_h K_{g(h)}^T`` (float)."""
     with torch.inference_mode():
-        qs, ks = _stacked(q, k)
-        c = (ks.T @ qs).double()                             # [n_kv*d_head]^2
-        norm2 = (gram(qs).double() * gram(ks).double()).sum()
+        f = layer_form(q, k) if form is None else form
+        c = f.c.double()                                     # [n_kv*d_head]^2
+        norm2 = (f.gqs.double() * f.gks.double()).sum()
         return float((1 + (c * c.T).sum() / norm2) / 2)
 
 
-def directionality_layer(q: torch.Tensor, k: torch.Tensor, *, gamma: float = 2.0) -> float:
+def directionality_layer(q: torch.Tensor, k: torch.Tensor, *, gamma: float = 2.0,
+                         form: LayerForm | None = None) -> float:
     """Directionality score ``(c_bar - r_bar) / (c_bar + r_bar)`` of the layer's ``M``."""
     with torch.inference_mode():
-        qs, ks = _stacked(q, k)
-        rows = ((qs @ gram(ks)) * qs).sum(1).clamp_min(0).double().sqrt()   # [d_model]
-        cols = ((ks @ gram(qs)) * ks).sum(1).clamp_min(0).double().sqrt()   # [d_model]
+        f = layer_form(q, k) if form is None else form
+        rows = ((f.qs @ f.gks) * f.qs).sum(1).clamp_min(0).double().sqrt()   # [d_model]
+        cols = ((f.ks @ f.gqs) * f.ks).sum(1).clamp_min(0).double().sqrt()   # [d_model]
         r_bar = rows[rows > rows.mean() + gamma * rows.std()].sum()
         c_bar = cols[cols > cols.mean() + gamma * cols.std()].sum()
         den = r_bar + c_bar

@@ -9,102 +9,182 @@ basis ``x~ = x A`` makes head ``h``'s query the identity slice
 * ``condition`` = ``sigma_max(A) / sigma_min(A)`` (inf when singular).
 * ``orth_defect``: a change of basis commutes with RMSNorm/LayerNorm only when
   it is a scaled orthogonal matrix (the obstruction the paper names). With
-  ``c = mean_i sigma_i^2``, ``defect = sqrt(mean_i (sigma_i^2 / c - 1)^2)
-  = ||A^T A / c - I||_F / sqrt(n)``: 0 for a scaled orthogonal ``A``. Computed
-  on ``W_Q`` as stored (norm gains folded in only where the converter did).
+  ``n = d_model`` and ``c = mean_i sigma_i^2 = ||A||_F^2 / n``,
+  ``defect = log(c) - (2/n) log|det A| = log(arithmetic / geometric mean of sigma_i^2)``:
+  0 exactly for a scaled orthogonal ``A``, larger the more the ``sigma_i``
+  spread, inf for a singular ``A``. It is the log-determinant (Stein) divergence
+  ``(tr(G/c) - log det(G/c) - n) / n`` of ``G = A^T A / c`` from the identity,
+  i.e. ``2/n`` times the KL divergence of ``N(0, G/c)`` from ``N(0, I)``; for a
+  nearly orthogonal ``A`` it is about ``var(sigma_i^2 / c) / 2``. Invariant to
+  scaling ``A``. Computed on ``W_Q`` as stored (norm gains folded in only where
+  the converter did).
 * ``absorb_error`` (models without normalisation, where the conversion is
   exact in exact arithmetic): ``max |L~ - L| / max |L|`` over heads and pairs of
   ``tokens`` sample inputs ``x ~ N(0, 1)``, where ``L = (x W_Q[h] + b_Q)(x W_K + b_K)^T``
   and ``L~`` the converted model's logits (float32, ``torch.linalg.solve``):
   how much the conversion loses to round-off and ill-conditioning.
 
-The first two need no SVD of ``A``: see ``condition_and_defect``.
+The first two need no SVD of ``A`` and no ``A^T A``: one LU factorisation
+(``log|det A|`` from its diagonal, ``sigma_min`` by Lanczos through its
+triangular solves) and ``sigma_max`` by Lanczos on ``x -> A^T (A x)``; see
+``stacked_spectrum``.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-from analysis._linalg import kv_index
+from analysis._linalg import EPS32, kv_index
 
 
 def stack_queries(q: torch.Tensor) -> torch.Tensor:
-    """``[n_heads, d_model, d_head] -> [d_model, n_heads*d_head]`` (head-major columns)."""
+    """``[n_heads, d_model, d_head] -> [d_model, n_heads*d_head]`` (head-major columns),
+    stored column-major (``A^T`` contiguous): LAPACK's layout, so the LU and solves
+    need no transposing copy, and ``A x`` and ``A^T y`` both read it in place."""
     n_heads, d_model, d_head = q.shape
-    return q.float().permute(1, 0, 2).reshape(d_model, n_heads * d_head)
+    return q.float().permute(0, 2, 1).reshape(n_heads * d_head, d_model).mT
 
 
-def _top_eig(apply, n: int, device, *, steps: int = 80, tol: float = 1e-7, check: int = 4) -> float:
-    """Largest eigenvalue of a symmetric PSD operator ``apply: [n] -> [n]`` (float32)
-    by Lanczos with full re-orthogonalisation (float64 basis, tridiagonal Ritz values;
-    Golub & Van Loan, Matrix Computations, sec. 10.1). Every ``check`` steps it stops
-    when the top Ritz value changed by less than ``tol`` relative; at most ``steps``."""
-    steps = min(steps, n)
+def _top_sv2(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callable[[torch.Tensor], torch.Tensor],
+             n: int, device, *, block: int = 1, rtol: float | Callable[[float], float] = 1e-6,
+             max_iter: int = 300) -> float:
+    """``sigma_max(F)^2``, the largest eigenvalue of ``F^T F``, for an operator given by
+    ``fwd: X -> F X`` and ``bwd: Y -> F^T Y`` on float32 blocks ``[n, block]``.
+
+    Block Lanczos with full re-orthogonalisation (Golub & Van Loan, Matrix
+    Computations, sec. 10.3): the orthonormal basis ``B = [Q_0 | Q_1 | ...]`` grows
+    by ``Q_{k+1} R_k = (I - B B^T) Z_k``, ``Z_k = F^T F Q_k``. The top Ritz pair
+    ``(theta, y)`` of ``T = B^T F^T F B`` has residual ``||R_k y_k||`` (``y_k``: the
+    rows of ``y`` on the newest block). It stops when ``B`` spans everything, after
+    ``max_iter`` blocks, or when the error estimate ``min(r, r^2 / (theta - theta_2))``
+    (``theta_2`` the next Ritz value; Parlett, The Symmetric Eigenvalue Problem,
+    sec. 11.7) is at most ``rtol * theta`` (``rtol`` may be a function of the
+    current ``theta``). ``theta`` approaches the eigenvalue from below. The estimate
+    is 10-100x pessimistic when the top eigenvalues cluster (random matrices);
+    extrapolating the rise of ``theta`` would stop sooner but stops too soon inside
+    a cluster (a test has such a case).
+
+    ``block = 1`` is plain Lanczos: on a CPU it needs the least arithmetic (a
+    matrix-vector product is memory-bound); larger blocks need fewer, larger
+    steps, which suits a GPU.
+    """
+    block = max(1, min(block, n))
+    steps = min(max_iter, n // block)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    basis = torch.zeros(n, steps + 1, dtype=torch.float64, device=device)   # Lanczos vectors
-    v = torch.randn(n, generator=gen, dtype=torch.float64).to(device)
-    basis[:, 0] = v / v.norm()
-    alphas, betas = [], []
-    prev = top = None
-    for j in range(steps):
-        w = apply(basis[:, j].float()).double()                       # [n]
-        alphas.append(float(w @ basis[:, j]))
-        vs = basis[:, :j + 1]                                         # [n, j+1]
-        w = w - vs @ (vs.mT @ w)
-        w = w - vs @ (vs.mT @ w)                                      # twice is enough
-        beta = float(w.norm())
-        last = j == steps - 1 or beta <= 1e-12 * abs(alphas[0])
-        if last or (j + 1) % check == 0:
-            t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-            if betas:
-                off = torch.tensor(betas, dtype=torch.float64)
-                t += torch.diag(off, 1) + torch.diag(off, -1)
-            top = float(torch.linalg.eigvalsh(t)[-1])
-            if last or (prev is not None and abs(top - prev) <= tol * abs(top)):
-                return top
-            prev = top
-        betas.append(beta)
-        basis[:, j + 1] = w / beta
-    return top
+    q = torch.linalg.qr(torch.randn(n, block, generator=gen, dtype=torch.float64))[0]
+    q = q.to(device=device, dtype=torch.float32)                          # [n, b]
+    basis = torch.empty(n, steps * block, dtype=torch.float32, device=device)
+    t = torch.zeros(steps * block, steps * block, dtype=torch.float64)    # T = B^T F^T F B (CPU)
+    theta = 0.0
+    for k in range(steps):
+        lo, hi = k * block, (k + 1) * block
+        basis[:, lo:hi] = q
+        z = bwd(fwd(q))                                                   # Z_k = F^T F Q_k, [n, b]
+        bz = (basis[:, :hi].mT @ z).double().cpu()                        # B^T Z_k, [hi, b]
+        t[:hi, lo:hi] = bz
+        t[lo:hi, :hi] = bz.mT
+        ritz, y = torch.linalg.eigh(t[:hi, :hi])
+        theta = float(ritz[-1])
+        if hi + block > n:                                                # B spans everything
+            return theta
+        b_ = basis[:, :hi]
+        z = z - b_ @ (b_.mT @ z)
+        z = z - b_ @ (b_.mT @ z)                                          # twice is enough
+        q, r_k = torch.linalg.qr(z)                                       # [n, b], [b, b]
+        r = float(torch.linalg.vector_norm(r_k.double().cpu() @ y[lo:hi, -1]))
+        gap = theta - float(ritz[-2]) if hi > 1 else 0.0
+        err = min(r, r * r / gap) if gap > 0 else r
+        tol = rtol(theta) if callable(rtol) else rtol
+        if err <= tol * abs(theta):
+            return theta
+        if float(torch.diagonal(r_k).abs().max()) <= 1e-6 * abs(theta):  # invariant subspace found
+            return theta
+        if block > 1:
+            # columns of z at round-off level normalise into directions that are no
+            # longer orthogonal to B: project once more
+            q = torch.linalg.qr(q - b_ @ (b_.mT @ q))[0]
+    return theta
 
 
-def condition_and_defect(q: torch.Tensor) -> tuple[float, float]:
-    """``(condition, orth_defect)`` of the stacked W_Q (see module docstring).
+@dataclass(frozen=True)
+class StackedSpectrum:
+    """What the layer analysis needs of the stacked W_Q ``A`` (``[d_model, n]``)."""
 
-    No SVD of the ``d_model x d_model`` matrix (the slowest step by far):
-    ``sigma_max^2`` is the top eigenvalue of the float32 Gram ``G = A^T A``
-    (Lanczos), ``1/sigma_min^2`` the top eigenvalue of
-    ``(A^T A)^{-1}``, applied through one LU factorisation of ``A`` (triangular solves; float32;
-    relative accuracy ~ eps32 * condition), and
-    ``defect = ||G/c - I||_F / sqrt(n)`` with ``c = tr(G)/n``. A non-square
-    stack (n_heads*d_head != d_model) falls back to ``svdvals``.
+    n: int                    # columns of A, n_heads * d_head
+    sigma_max: float
+    sigma_min: float          # 0.0 when singular
+    fro2: float               # ||A||_F^2 = sum_i sigma_i^2
+    log_abs_det: float        # log|det A|; -inf when singular, nan when A is not square
+
+    @property
+    def condition(self) -> float:
+        """``sigma_max / sigma_min`` (inf when singular)."""
+        return self.sigma_max / self.sigma_min if self.sigma_min > 0 else float("inf")
+
+    @property
+    def orth_defect(self) -> float:
+        """``log(||A||_F^2 / n) - (2/n) log|det A|`` (module docstring): nan when ``A``
+        is not square or zero, inf when singular; round-off below 0 reads 0 (AM >= GM)."""
+        if math.isnan(self.log_abs_det) or self.fro2 <= 0:
+            return float("nan")
+        if self.log_abs_det == float("-inf"):
+            return float("inf")
+        return max(math.log(self.fro2 / self.n) - 2.0 * self.log_abs_det / self.n, 0.0)
+
+
+def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSpectrum:
+    """``sigma_max``, ``sigma_min``, ``||A||_F^2`` and ``log|det A|`` of the stacked W_Q.
+
+    ``q: [n_heads, d_model, d_head]``. For a square ``A`` (``n_heads*d_head ==
+    d_model``), no SVD and no Gram ``A^T A`` (both ``O(d_model^3)``, the slowest
+    steps by far): one float32 LU factorisation ``A = P L U``
+    (``log|det A| = sum_i log|U_ii|``); ``1/sigma_min^2``, the top eigenvalue of
+    ``(A^T A)^{-1}``, by Lanczos through the LU's triangular solves (float32:
+    relative accuracy about ``eps32 * condition``); ``sigma_max^2`` by Lanczos on
+    ``x -> A^T (A x)`` to a relative accuracy of ``max(1e-6, eps32 * condition / 10)``
+    (finer would not make the condition number more accurate than its
+    ``sigma_min``). A non-square stack falls back to ``svdvals``
+    (``log_abs_det`` nan). ``fro2``: ``||W_Q||_F^2`` if the caller has it.
     """
     with torch.inference_mode():
         a = stack_queries(q)                                          # [d_model, n]
         d_model, n = a.shape
-        g = a.mT @ a                                                  # [n, n]
-        c = torch.diagonal(g).sum() / n
-        if c <= 0:
-            return float("nan"), float("nan")
-        off = g - c * torch.eye(n, device=a.device, dtype=g.dtype)    # G - c I
-        defect = float(torch.linalg.matrix_norm(off).double() / c / n ** 0.5)
+        if fro2 is None:
+            fro2 = float(torch.linalg.vector_norm(a)) ** 2
         if d_model != n:
             sv = torch.linalg.svdvals(a).double()
-            return (float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")), defect
-        _, low, up = torch.linalg.lu(a)                               # A = P L U
-        if not bool(torch.diagonal(up).abs().min() > 0):
-            return float("inf"), defect
-        top = _top_eig(lambda x: g @ x, n, a.device)
-        tri = torch.linalg.solve_triangular
+            return StackedSpectrum(n, float(sv[0]), float(sv[-1]), fro2, float("nan"))
+        if fro2 <= 0:
+            return StackedSpectrum(n, 0.0, 0.0, 0.0, float("-inf"))
+        lu, piv, _ = torch.linalg.lu_factor_ex(a)                     # A = P L U, packed
+        diag = torch.diagonal(lu).abs().double()                      # |U_ii|
+        fwd, bwd = (lambda x: a @ x), (lambda y: a.mT @ y)           # A, A^T
+        block = 1 if a.device.type == "cpu" else 8                    # see _top_sv2
+        if not bool(diag.min() > 0):
+            top = _top_sv2(fwd, bwd, n, a.device, block=block)
+            return StackedSpectrum(n, top ** 0.5, 0.0, fro2, float("-inf"))
+        log_det = float(diag.log().sum())
+        # sigma_max(A^{-T}) = 1 / sigma_min(A); A^{-T} and A^{-1} through the LU's triangular solves
+        inv_top = _top_sv2(lambda x: torch.linalg.lu_solve(lu, piv, x, adjoint=True),
+                           lambda y: torch.linalg.lu_solve(lu, piv, y), n, a.device, block=block)
+        if not (inv_top > 0 and math.isfinite(inv_top)):
+            top = _top_sv2(fwd, bwd, n, a.device, block=block)
+            return StackedSpectrum(n, top ** 0.5, 0.0, fro2, log_det)
+        sigma_min = inv_top ** -0.5
+        # relative tolerance on sigma_max^2: twice the one on sigma_max
+        top = _top_sv2(fwd, bwd, n, a.device, block=block,
+                       rtol=lambda theta: 2 * max(1e-6, EPS32 * math.sqrt(max(theta, 0.0)) / sigma_min / 10))
+        return StackedSpectrum(n, top ** 0.5, sigma_min, fro2, log_det)
 
-        def inv_gram(x):              # A^T A = U^T L^T L U (P cancels): apply U^-1 L^-1 L^-T U^-T
-            z = tri(up.mT, x[:, None], upper=False)
-            z = tri(low.mT, z, upper=True, unitriangular=True)
-            z = tri(low, z, upper=False, unitriangular=True)
-            return tri(up, z, upper=True)[:, 0]
-        inv_top = _top_eig(inv_gram, n, a.device)
-        if not (inv_top > 0 and torch.isfinite(torch.tensor(inv_top))):
-            return float("inf"), defect
-        return float((top * inv_top) ** 0.5), defect
+
+def condition_and_defect(q: torch.Tensor) -> tuple[float, float]:
+    """``(condition, orth_defect)`` of the stacked W_Q (see module docstring and
+    ``stacked_spectrum``); the defect is nan for a non-square stack."""
+    s = stacked_spectrum(q)
+    return s.condition, s.orth_defect
 
 
 def absorb_error(q: torch.Tensor, k: torch.Tensor, b_q: torch.Tensor | None,

@@ -6,10 +6,14 @@ a metric that is computed but not registered is a bug (a test checks it).
 * ``level``: ``weights`` (from the checkpoint alone) or ``activations``
   (needs a forward pass on sample tokens).
 * ``axis``: ``head`` (one value per query head), ``kv_head`` (per kv head),
-  ``layer`` (``head`` is None: the whole layer) or ``head+layer`` (both).
+  ``layer`` (``head`` is None: the whole layer) or ``head+layer`` (both). The
+  K and V spectra (``erank_k``, ... ``energy_rank99_v``) are ``kv_head`` and
+  also have a whole-layer row (``head`` None) for grouped-query models.
 
 ``METRIC_VERSION`` is stored beside every value; bump it when any formula or
 its numerics change, so stored results are recomputed instead of reused.
+Version 2: ``wq_basis_orth_defect`` is ``log(mean sigma^2 / geometric mean sigma^2)``
+(was ``sqrt(mean (sigma_i^2 / mean sigma^2 - 1)^2)``); per-layer K and V spectra.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-METRIC_VERSION = 1
+METRIC_VERSION = 2
 
 #: The columns of every tidy metric frame.
 COLUMNS = ["layer", "head", "head_label", "metric", "value"]
@@ -34,8 +38,10 @@ class Metric:
 
 _SPECTRAL = {
     "q": ("head", "W_Q[h] (d_model x d_head)"),
-    "k": ("kv_head", "W_K[g] (d_model x d_head)"),
-    "v": ("kv_head", "W_V[g] (d_model x d_head)"),
+    "k": ("kv_head", "W_K[g] (d_model x d_head; head empty: the layer's stacked W_K, "
+                     "d_model x n_kv_heads*d_head, grouped-query models only)"),
+    "v": ("kv_head", "W_V[g] (d_model x d_head; head empty: the layer's stacked W_V, "
+                     "d_model x n_kv_heads*d_head, grouped-query models only)"),
     "o": ("head", "W_O[h] (d_head x d_model)"),
     "qk": ("head", "M_h = W_Q[h] W_K[g(h)]^T"),
 }
@@ -78,7 +84,8 @@ METRICS: list[Metric] = [
            "condition number sigma_max/sigma_min of the stacked W_Q (d_model x n_heads*d_head)"),
     Metric("wq_basis_orth_defect", "weights", "layer", "query_absorb",
            "normalised models: how far the stacked W_Q (the change of basis a query-free model needs) is from "
-           "a scaled orthogonal matrix, sqrt(mean (sigma_i^2/mean sigma^2 - 1)^2); 0 = absorbable through the norm"),
+           "a scaled orthogonal matrix, log(arithmetic / geometric mean of sigma_i^2) = "
+           "log(||A||_F^2/n) - (2/n) log|det A|; 0 = absorbable through the norm, inf = singular"),
     Metric("wq_absorb_error", "weights", "layer", "query_absorb",
            "models without normalisation: max |logit error| / max |logit| after converting to identity queries"),
     Metric("kv_cka_act", "activations", "kv_head", "kv_similarity",

@@ -14,8 +14,16 @@ exist for this model to the reason. Formulas live in the family modules
 (``kv_similarity``, ``qk_geometry``, ``spectra``, ``query_absorb``).
 
 Per layer this costs a handful of batched ``[heads, d_head, d_head]`` Gram
-products and float64 eigen-decompositions, plus one ``svdvals`` of the stacked
-``W_Q`` for the query-absorbability metrics.
+products, each formed once and shared by the metrics that need it, three
+batched float64 eigen-decompositions of ``[n_heads, d_head, d_head]`` stacks
+(W_Q, W_O, ``M_h``), small ones for the kv heads and the stacked K and V, and
+for the query-absorbability metrics one LU factorisation of the stacked
+``d_model x d_model`` W_Q with two Lanczos runs (``query_absorb``): the only
+``O(d_model^3)`` step, and on a CPU most of the time.
+
+Per-layer spectra (``head`` None) exist for W_K and W_V of grouped-query models
+(their stacked matrix is at most half as wide as W_Q's); for W_Q, W_O and the
+K and V of full multi-head models, the ``notes`` say why they are absent.
 """
 from __future__ import annotations
 
@@ -25,7 +33,8 @@ import pandas as pd
 import torch
 
 from analysis import kv_similarity, qk_geometry, query_absorb, spectra
-from analysis._linalg import as_float32, identity_queries, kv_index
+from analysis._linalg import (as_float32, clean_eigh, gram, identity_queries, kv_index, psd_sqrt_from,
+                             spectrum_stats)
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS
 
@@ -91,6 +100,16 @@ class _Rows:
         return df
 
 
+_QUERY_FREE = "W_Q is the identity slice (query-free model): there is no query projection"
+_STATS = ("erank", "stable_rank", "energy_rank90", "energy_rank99")
+
+
+def _layer_spectra_note(what: str, width: int, d_model: int) -> str:
+    return (f"{what}: per head only; the per-layer value needs the full spectrum of the layer's stacked "
+            f"{d_model} x {width} matrix, an O(d_model^3) eigen-decomposition per layer that the default "
+            f"analysis leaves out")
+
+
 def weight_metrics(layer: LayerLike, meta: MetaLike, *,
                    device: str | torch.device | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
     """Every weight-level metric of ``layer`` (see module docstring)."""
@@ -104,69 +123,92 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
         v = as_float32(layer.W_V, dev)                       # [g, d, e]
         o = as_float32(layer.W_O, dev)                       # [h, e, d]
         kv_of = kv_index(h, g, dev)
+        kvp = kv_similarity.products(k, v)                   # K^T K, V^T V, K^T V: [g, e, e] float32
+        eig_k = clean_eigh(kvp.kk)                           # float64 (lam ascending, U)
+        go = o @ o.mT                                        # W_O[h] W_O[h]^T, [h, e, e]
 
-        out.heads("kv_cosine_flat", kv_similarity.cosine_flat(k, v), kv=True)
-        out.heads("kv_cka", kv_similarity.linear_cka(k, v), kv=True)
-        out.heads("kv_share_r2", kv_similarity.share_r2(k, v), kv=True)
+        # -- K/V similarity
+        out.heads("kv_cosine_flat", kv_similarity.cosine_flat(k, v, prod=kvp), kv=True)
+        out.heads("kv_cka", kv_similarity.linear_cka(k, v, prod=kvp), kv=True)
+        out.heads("kv_share_r2", kv_similarity.share_r2(k, v, prod=kvp, eig_k=eig_k), kv=True)
 
+        # -- Q/K geometry (identity slices for a query-free model)
         identity = layer.W_Q is None
+        q = gq = form = None
         if identity and h * e != d:
-            q = None
             reason = (f"W_Q is absent but n_heads*d_head ({h * e}) != d_model ({d}), "
                       "so the query is not an identity slice of x")
-            for m in ("qk_symmetry", "qk_directionality", "erank_qk", "stable_rank_qk",
-                      "energy_rank90_qk", "energy_rank99_qk"):
+            for m in ("qk_symmetry", "qk_directionality", *(f"{s}_qk" for s in _STATS)):
                 notes[m] = reason
         else:
-            q = identity_queries(h, d, e, dev) if identity else as_float32(layer.W_Q, dev)
-
-        if q is not None:
-            out.heads("qk_symmetry", qk_geometry.symmetry_per_head(q, k, kv_of))
-            out.whole("qk_symmetry", qk_geometry.symmetry_layer(q, k))
-            out.whole("qk_directionality", qk_geometry.directionality_layer(q, k))
-            for stat, vals in spectra.qk_stats(q, k, kv_of).items():
+            q = identity_queries(h, d, e, dev) if identity else as_float32(layer.W_Q, dev)   # [h, d, e]
+            gq = gram(q)                                     # [h, e, e], float32
+            eig_q = clean_eigh(gq)
+            form = qk_geometry.layer_form(q, k)              # the layer's M in thin pieces
+            sk = psd_sqrt_from(eig_k)                        # (K^T K)^{1/2}, [g, e, e]
+            out.heads("qk_symmetry", qk_geometry.symmetry_per_head(q, k, kv_of, gq=gq, gk=kvp.kk))
+            out.whole("qk_symmetry", qk_geometry.symmetry_layer(q, k, form=form))
+            out.whole("qk_directionality", qk_geometry.directionality_layer(q, k, form=form))
+            for stat, vals in spectra.qk_stats_from(eig_q, sk[kv_of]).items():
                 out.heads(f"{stat}_qk", vals)
 
-        if identity:
-            reason = "W_Q is the identity slice (query-free model): there is no query projection"
-            for m in ("erank_q", "stable_rank_q", "energy_rank90_q", "energy_rank99_q",
-                      "wq_condition", "wq_basis_orth_defect", "wq_absorb_error"):
-                notes[m] = reason
-        else:
-            for stat, vals in spectra.tall_stats(q).items():
-                out.heads(f"{stat}_q", vals)
-        for p, t, kv in (("k", k, True), ("v", v, True)):
-            for stat, vals in spectra.tall_stats(t).items():
-                out.heads(f"{stat}_{p}", vals, kv=kv)
-        for stat, vals in spectra.wide_stats(o).items():
-            out.heads(f"{stat}_o", vals)
+        # -- spectra per head, from the Grams' eigenvalues
+        per_head = {"q": None if identity else spectrum_stats(eig_q[0].sqrt()),
+                    "k": spectrum_stats(eig_k[0].sqrt()), "v": spectra.gram_stats(kvp.vv),
+                    "o": spectra.gram_stats(go)}
+        for p, stats in per_head.items():
+            for stat, vals in (stats or {}).items():
+                out.heads(f"{stat}_{p}", vals, kv=p in ("k", "v"))
+        # -- and per layer where the stacked matrix is narrow (grouped kv heads)
+        if g < h:
+            gks = form.gks if form is not None else gram(spectra.stack_heads(k))
+            for p, g_stack in (("k", gks), ("v", gram(spectra.stack_heads(v)))):
+                for stat, val in spectra.gram_stats(g_stack).items():
+                    out.whole(f"{stat}_{p}", float(val))
+        absent = [("o", "W_O", h * e)] + ([] if identity else [("q", "W_Q", h * e)])
+        absent += [] if g < h else [("k", "W_K", g * e), ("v", "W_V", g * e)]
+        for p, what, width in absent:
+            for s in _STATS:
+                notes[f"{s}_{p}"] = _layer_spectra_note(what, width, d)
 
-        for p, t in (("q", None if identity else q), ("k", k), ("v", v), ("o", o)):
-            if t is not None:
-                out.whole(f"norm_{p}", float(torch.linalg.vector_norm(t)))
+        # -- norms: ||A||_F^2 is the sum of the traces of the per-head Grams
+        grams = {"q": None if identity else gq, "k": kvp.kk, "v": kvp.vv, "o": go}
+        norms = {p: float(torch.diagonal(t, dim1=1, dim2=2).double().sum()) ** 0.5
+                 for p, t in grams.items() if t is not None}
+        for p, val in norms.items():
+            out.whole(f"norm_{p}", val)
+
+        # -- query absorbability
         if identity:
-            notes["norm_q"] = "W_Q is the identity slice (query-free model): there is no query projection"
+            for m in (*(f"{s}_q" for s in _STATS), "norm_q", "wq_condition", "wq_basis_orth_defect",
+                      "wq_absorb_error"):
+                notes[m] = _QUERY_FREE
         else:
-            cond, defect = query_absorb.condition_and_defect(q)
-            out.whole("wq_condition", cond)
-            square = h * e == d
-            if meta.norm == "none":
-                notes["wq_basis_orth_defect"] = (
-                    "no normalisation: any invertible change of basis is absorbable, see wq_absorb_error")
-                if square:
-                    b_q = as_float32(layer.b_Q, dev) if layer.b_Q is not None else None
-                    b_k = as_float32(layer.b_K, dev) if layer.b_K is not None else None
-                    out.whole("wq_absorb_error", query_absorb.absorb_error(q, k, b_q, b_k))
-                else:
-                    notes["wq_absorb_error"] = (
-                        f"stacked W_Q is {d} x {h * e}, not square: no identity-query conversion")
-            else:
-                notes["wq_absorb_error"] = (
-                    f"model uses {meta.norm}: the conversion is not exact through the norm, "
-                    "see wq_basis_orth_defect")
-                if square:
-                    out.whole("wq_basis_orth_defect", defect)
-                else:
-                    notes["wq_basis_orth_defect"] = (
-                        f"stacked W_Q is {d} x {h * e}, not square: no identity-query conversion")
+            _absorbability(out, notes, layer, meta, q, k, fro2=norms["q"] ** 2)
     return out.frame(), notes
+
+
+def _absorbability(out: _Rows, notes: dict[str, str], layer: LayerLike, meta: MetaLike,
+                   q: torch.Tensor, k: torch.Tensor, *, fro2: float) -> None:
+    """``wq_condition`` and, by the model's normalisation, ``wq_basis_orth_defect`` or ``wq_absorb_error``."""
+    h, d, e = meta.n_heads, meta.d_model, meta.d_head
+    stacked = query_absorb.stacked_spectrum(q, fro2=fro2)
+    out.whole("wq_condition", stacked.condition)
+    square = h * e == d
+    if meta.norm == "none":
+        notes["wq_basis_orth_defect"] = (
+            "no normalisation: any invertible change of basis is absorbable, see wq_absorb_error")
+        if square:
+            b_q = as_float32(layer.b_Q, q.device) if layer.b_Q is not None else None
+            b_k = as_float32(layer.b_K, q.device) if layer.b_K is not None else None
+            out.whole("wq_absorb_error", query_absorb.absorb_error(q, k, b_q, b_k))
+        else:
+            notes["wq_absorb_error"] = f"stacked W_Q is {d} x {h * e}, not square: no identity-query conversion"
+    else:
+        notes["wq_absorb_error"] = (f"model uses {meta.norm}: the conversion is not exact through the norm, "
+                                    "see wq_basis_orth_defect")
+        if square:
+            out.whole("wq_basis_orth_defect", stacked.orth_defect)
+        else:
+            notes["wq_basis_orth_defect"] = (
+                f"stacked W_Q is {d} x {h * e}, not square: no identity-query conversion")

@@ -151,6 +151,17 @@ def test_qk_and_spectra_match_reference(n_heads, n_kv):
     assert qk_geometry.directionality_layer(q, k) == pytest.approx(ref_directionality(m_layer), abs=1e-5)
 
 
+def test_qk_spectra_of_rank_deficient_heads():
+    # Q_h of rank 4 (of d_head 8): M_h has 4 nonzero singular values, the rest exact zeros
+    q = rand(3, D, 4, seed=15) @ rand(3, 4, E, seed=16)
+    k = rand(1, D, E, seed=17)
+    qn, kn = q.double().numpy(), k.double().numpy()
+    st = spectra.qk_stats(q, k, kv_index(3, 1, "cpu"))
+    for h in range(3):
+        for name, val in ref_stats(qn[h] @ kn[0].T, keep=4).items():
+            assert float(st[name][h]) == pytest.approx(val, rel=1e-4), name
+
+
 def test_directionality_known_answer():
     # M = e_0 1^T: one dominant row (query side), all columns equal (no outlier): d = -1.
     q = torch.zeros(1, D, E)
@@ -161,17 +172,77 @@ def test_directionality_known_answer():
     assert qk_geometry.directionality_layer(k, q) == pytest.approx(1.0)
 
 
+def ref_defect(s):
+    """log(arithmetic / geometric mean of sigma^2), float64."""
+    e = s.astype(np.float64) ** 2
+    return math.log(e.mean()) - np.log(e).mean()
+
+
 def test_condition_and_defect_reference():
     q = rand(6, D, E, seed=21)                               # 6*8 = 48 = D, square
     a = q.permute(1, 0, 2).reshape(D, D).double().numpy()
     s = np.linalg.svd(a, compute_uv=False)
     cond, defect = query_absorb.condition_and_defect(q)
     assert cond == pytest.approx(s[0] / s[-1], rel=1e-3)
-    e = s ** 2
-    assert defect == pytest.approx(np.sqrt(((e / e.mean() - 1) ** 2).mean()), rel=1e-4)
+    assert defect == pytest.approx(ref_defect(s), rel=1e-4)
+    st = query_absorb.stacked_spectrum(q)
+    assert st.sigma_max == pytest.approx(s[0], rel=1e-5)
+    assert st.fro2 == pytest.approx((s ** 2).sum(), rel=1e-5)
+    assert st.log_abs_det == pytest.approx(np.linalg.slogdet(a)[1], abs=1e-3)
     rot = rotation(D, 22).view(D, 6, E).permute(1, 0, 2) * 3.0   # scaled orthogonal
     c2, d2 = query_absorb.condition_and_defect(rot)
-    assert c2 == pytest.approx(1.0, abs=1e-4) and d2 == pytest.approx(0.0, abs=1e-4)
+    assert c2 == pytest.approx(1.0, abs=1e-4) and d2 == pytest.approx(0.0, abs=1e-5)
+
+
+def _with_singular_values(s, seed):
+    """A square stacked W_Q ``[heads, n, d_head]`` (d_head = 8) with singular values ``s`` (float64 build)."""
+    n = len(s)
+    u = torch.linalg.qr(rand(n, n, seed=seed).double())[0]
+    v = torch.linalg.qr(rand(n, n, seed=seed + 1).double())[0]
+    a = (u * torch.as_tensor(s, dtype=torch.float64)) @ v.T              # [n, n]
+    return a.float().view(n, n // 8, 8).permute(1, 0, 2).contiguous()
+
+
+@pytest.mark.parametrize("top_gap", [1e-1, 1e-3, 0.0])
+def test_stacked_spectrum_known_singular_values(top_gap):
+    # clustered top singular values are Lanczos' slow case; the answer is exact by construction
+    n = 256
+    s = np.geomspace(1.0, 1e-3, n)
+    s[:4] = [1.0, 1.0 - top_gap, 1.0 - 2 * top_gap, 1.0 - 3 * top_gap]
+    st = query_absorb.stacked_spectrum(_with_singular_values(s, seed=40))
+    # sigma_max is computed to max(1e-6, eps32 * condition / 10) = 1.2e-5 here; allow twice that
+    assert st.sigma_max == pytest.approx(1.0, rel=2.4e-5)
+    assert st.sigma_min == pytest.approx(1e-3, rel=1e-3)           # float32 LU: ~eps32 * condition
+    assert st.condition == pytest.approx(1e3, rel=1e-3)
+    assert st.orth_defect == pytest.approx(ref_defect(s), rel=1e-4)
+
+
+@pytest.mark.parametrize("block", [1, 8])
+def test_top_singular_value_blocks(block):
+    # plain Lanczos (CPU) and block Lanczos (GPU) on clustered top singular values
+    s = np.geomspace(1.0, 1e-2, 256)
+    s[:4] = [1.0, 0.9995, 0.999, 0.9985]
+    a = query_absorb.stack_queries(_with_singular_values(s, seed=43))
+    top = query_absorb._top_sv2(lambda x: a @ x, lambda y: a.mT @ y, 256, "cpu", block=block, rtol=1e-6)
+    assert top == pytest.approx(1.0, rel=2e-6)
+
+
+def test_stacked_spectrum_singular_and_zero():
+    q = rand(6, D, E, seed=41)
+    q[2] = 0                                                # 8 zero columns: exactly singular
+    st = query_absorb.stacked_spectrum(q)
+    assert st.condition == math.inf and st.orth_defect == math.inf and st.sigma_min == 0.0
+    z = query_absorb.stacked_spectrum(torch.zeros(6, D, E))
+    assert z.condition == math.inf and math.isnan(z.orth_defect)
+
+
+def test_stacked_spectrum_not_square_uses_svd():
+    q = rand(4, D, E, seed=42)                              # 48 x 32
+    a = q.permute(1, 0, 2).reshape(D, 4 * E).double().numpy()
+    s = np.linalg.svd(a, compute_uv=False)
+    st = query_absorb.stacked_spectrum(q)
+    assert st.condition == pytest.approx(s[0] / s[-1], rel=1e-4)
+    assert math.isnan(st.orth_defect)
 
 
 def test_absorb_error_is_round_off_for_no_norm_model():
@@ -196,24 +267,38 @@ def _meta(n_heads=6, n_kv=2, norm="layernorm", variant="qkv"):
     return SimpleNamespace(n_heads=n_heads, n_kv_heads=n_kv, d_model=D, d_head=E, norm=norm, variant=variant)
 
 
+STATS = ("erank", "stable_rank", "energy_rank90", "energy_rank99")
+
+
+def layer_note(what, width=D):
+    return (f"{what}: per head only; the per-layer value needs the full spectrum of the layer's stacked "
+            f"{D} x {width} matrix, an O(d_model^3) eigen-decomposition per layer that the default "
+            f"analysis leaves out")
+
+
 def test_weight_metrics_all_registered_and_tidy():
     df, notes = weight_metrics(_layer(), _meta(), device="cpu")
     assert list(df.columns) == registry.COLUMNS
     assert set(df["metric"]) | set(notes) == set(registry.names("weights"))
-    assert set(df["metric"]).isdisjoint(notes)
+    per_layer_absent = {f"{s}_{p}": layer_note(w) for p, w in (("q", "W_Q"), ("o", "W_O")) for s in STATS}
     assert notes == {"wq_absorb_error": "model uses layernorm: the conversion is not exact through the norm, "
-                                        "see wq_basis_orth_defect"}
+                                        "see wq_basis_orth_defect", **per_layer_absent}
+    # the only notes on metrics that do have rows: their per-layer values are absent
+    assert set(df["metric"]) & set(notes) == set(per_layer_absent)
+    assert df[(df.metric.isin(per_layer_absent)) & df["head"].isna()].empty
     assert df[df.metric == "kv_cka"]["head_label"].tolist() == ["L3KV0", "L3KV1"]
     assert df[(df.metric == "qk_symmetry") & df["head"].isna()]["head_label"].tolist() == ["L3"]
     assert len(df[df.metric == "erank_q"]) == 6
+    assert df[df.metric == "erank_k"]["head_label"].tolist() == ["L3KV0", "L3KV1", "L3"]
 
 
 def test_weight_metrics_identity_query_says_why():
     df, notes = weight_metrics(_layer(identity=True), _meta(variant="wq_identity"), device="cpu")
     why = "W_Q is the identity slice (query-free model): there is no query projection"
-    for m in ("erank_q", "wq_condition", "wq_basis_orth_defect", "wq_absorb_error", "norm_q"):
+    for m in ("erank_q", "stable_rank_q", "wq_condition", "wq_basis_orth_defect", "wq_absorb_error", "norm_q"):
         assert notes[m] == why
         assert m not in set(df.metric)
+    assert notes["erank_o"] == layer_note("W_O")
     assert set(df.metric) | set(notes) == set(registry.names("weights"))
     qk = df[df.metric == "qk_symmetry"]
     assert qk["value"].notna().all() and len(qk) == 7
@@ -222,8 +307,59 @@ def test_weight_metrics_identity_query_says_why():
 def test_weight_metrics_no_norm_reports_absorb_error():
     df, notes = weight_metrics(_layer(), _meta(norm="none"), device="cpu")
     assert float(df[df.metric == "wq_absorb_error"]["value"].iloc[0]) < 1e-4
-    assert notes == {"wq_basis_orth_defect":
-                     "no normalisation: any invertible change of basis is absorbable, see wq_absorb_error"}
+    assert notes["wq_basis_orth_defect"] == (
+        "no normalisation: any invertible change of basis is absorbable, see wq_absorb_error")
+    assert "wq_absorb_error" not in notes
+
+
+def _layer_value(df, metric):
+    (val,) = df[(df.metric == metric) & df["head"].isna()]["value"].tolist()
+    return val
+
+
+def test_layer_kv_spectra_match_reference():
+    layer = _layer(n_heads=6, n_kv=2, seed=50)
+    df, _ = weight_metrics(layer, _meta(), device="cpu")
+    for p, w in (("k", layer.W_K), ("v", layer.W_V)):
+        stacked = w.double().permute(1, 0, 2).reshape(D, 2 * E).numpy()     # [d_model, n_kv*d_head]
+        for name, val in ref_stats(stacked).items():
+            assert _layer_value(df, f"{name}_{p}") == pytest.approx(val, rel=1e-5), (p, name)
+
+
+def test_layer_kv_spectra_known_answers():
+    layer = _layer(n_heads=6, n_kv=2, seed=51)
+    layer.W_K = identity_queries(6, D, E, "cpu")[:2].clone()          # distinct identity slices
+    layer.W_V = identity_queries(6, D, E, "cpu")[:1].repeat(2, 1, 1)  # both kv heads read the same slice
+    df, _ = weight_metrics(layer, _meta(), device="cpu")
+    # stacked W_K = [I_16; 0]: 16 equal singular values
+    assert _layer_value(df, "erank_k") == pytest.approx(2 * E, rel=1e-6)
+    assert _layer_value(df, "stable_rank_k") == pytest.approx(2 * E, rel=1e-6)
+    assert _layer_value(df, "energy_rank90_k") == 15 and _layer_value(df, "energy_rank99_k") == 16
+    # stacked W_V = [E_0 | E_0]: rank d_head, per layer as per head
+    assert _layer_value(df, "erank_v") == pytest.approx(E, rel=1e-6)
+    per_head = df[(df.metric == "erank_v") & df["head"].notna()]["value"]
+    np.testing.assert_allclose(per_head.to_numpy(), E, rtol=1e-6)
+
+
+def test_norms_and_layer_values_match_reference():
+    layer = _layer(seed=52)
+    df, _ = weight_metrics(layer, _meta(), device="cpu")
+    for p in "QKVO":
+        ref = float(np.linalg.norm(getattr(layer, f"W_{p}").double().numpy()))
+        assert _layer_value(df, f"norm_{p.lower()}") == pytest.approx(ref, rel=1e-6)
+    a = layer.W_Q.permute(1, 0, 2).reshape(D, D).double().numpy()
+    s = np.linalg.svd(a, compute_uv=False)
+    assert _layer_value(df, "wq_condition") == pytest.approx(s[0] / s[-1], rel=1e-3)
+    assert _layer_value(df, "wq_basis_orth_defect") == pytest.approx(ref_defect(s), rel=1e-4)
+
+
+def test_layer_kv_spectra_absent_for_full_multi_head():
+    df, notes = weight_metrics(_layer(n_heads=6, n_kv=6), _meta(n_heads=6, n_kv=6), device="cpu")
+    for p, w in (("k", "W_K"), ("v", "W_V")):
+        for s in STATS:
+            assert notes[f"{s}_{p}"] == layer_note(w)
+            assert df[(df.metric == f"{s}_{p}") & df["head"].isna()].empty
+            assert len(df[df.metric == f"{s}_{p}"]) == 6
 
 
 def test_weight_metrics_shape_error_message():
