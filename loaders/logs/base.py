@@ -1,17 +1,22 @@
 """What every log reader returns, and the helpers they share.
 
 A reader turns one file (or the appended tail of one) into ``Parsed``: a list
-of ``RunData``, each holding the run's points as ONE long pandas DataFrame
-with the columns of ``POINT_COLUMNS``, in file order, plus whatever metadata
-the file itself states. Storing (journal, transactions, resumes across
-appends) is ``loaders.logs.ingest``'s job, not the readers'.
+of ``RunData``, each holding the run's points in file order with the columns
+of ``POINT_COLUMNS``, plus whatever metadata the file itself states. The
+points are ONE long pandas DataFrame or Arrow table, or, for the CSV readers,
+``SqlPoints``: a SELECT over DuckDB's own reader of the file that the store
+step runs inside its transaction, so a large log is parsed once, straight into
+the points table. Storing (journal, transactions, resumes, repeated steps,
+NaN) is ``loaders.logs.ingest``'s job, not the readers'.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -37,6 +42,20 @@ _METRIC_ALIASES = {
 }
 
 
+def metric_alias_sql(expr: str) -> str:
+    """SQL mapping the usual exact spellings (``train_loss``, ``val_loss``,
+    ``learning_rate``, ...) to their normalised names, others unchanged.
+
+    Cheaper per row than ``normalise_metric`` in SQL; the store step
+    normalises whatever this leaves (other case, whitespace, ``lr-Adam``).
+    The aliases are this module's constants, not file content.
+    """
+    def lit(s: str) -> str:
+        return "'" + s.replace("'", "''") + "'"
+    whens = " ".join(f"WHEN {lit(k)} THEN {lit(v)}" for k, v in _METRIC_ALIASES.items() if k != v)
+    return f"CASE {expr} {whens} ELSE {expr} END"
+
+
 def normalise_metric(name: str) -> str:
     """``train/loss``, ``val/loss`` or ``lr`` for their usual spellings, else ``name``.
 
@@ -56,12 +75,37 @@ class RunData:
     """One run found in a file: its points and what the file says about it."""
 
     name: str
-    points: pd.DataFrame
+    #: A pandas DataFrame, an Arrow table or ``SqlPoints`` (see ``Points``).
+    points: pd.DataFrame | pa.Table | SqlPoints
     config: dict = field(default_factory=dict)
     #: Metadata the file itself states (variant, weight_decay, lr, seed, ...).
     meta: dict = field(default_factory=dict)
-    #: True when the steps of some metric go back within ``points``.
+    #: True when the reader knows the run was resumed (the store step also
+    #: finds steps that go back within ``points``).
     resumed: bool = False
+
+
+#: The name under which the store step registers a ``SqlPoints`` relation.
+SOURCE_VIEW = "qkv_log_source"
+
+
+@dataclass
+class SqlPoints:
+    """A run's points still in their file, as SQL the store step runs.
+
+    ``relation(con)`` opens the file (or the bytes of its new part) on the
+    store's connection with DuckDB's own reader; the store registers it as
+    the temporary view ``SOURCE_VIEW``, which ``select`` reads. ``select``
+    yields the columns of ``POINT_COLUMNS`` in file order (step BIGINT,
+    metric VARCHAR, value DOUBLE, wall_time DOUBLE, tokens BIGINT); ``params``
+    are its named parameters. Metric names may still be raw: the store step
+    normalises what is left. Errors of the file's content (DuckDB's
+    ``InvalidInputException``, ...) surface when the store runs it.
+    """
+
+    relation: Callable[[duckdb.DuckDBPyConnection], duckdb.DuckDBPyRelation]
+    select: str
+    params: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -135,9 +179,9 @@ def melt_wide(frame: pd.DataFrame, *, step_col: str, metric_cols: list[str],
     return out
 
 
-# A points "frame" is a pandas DataFrame (small logs) or, for the CSV/JSONL
-# readers, a pyarrow Table straight from DuckDB (no copy into Python objects).
-Points = "pd.DataFrame | pa.Table"
+# A points "frame" is a pandas DataFrame (small logs) or, for the JSONL reader,
+# a pyarrow Table straight from DuckDB (no copy into Python objects).
+Points = "pd.DataFrame | pa.Table | SqlPoints"
 
 
 def n_points(points) -> int:
@@ -175,35 +219,6 @@ def steps_went_back(points) -> bool:
     codes, _ = metric_codes(points)
     diffs = pd.Series(steps).groupby(codes, sort=False).diff()
     return bool((diffs < 0).any())
-
-
-def has_repeats(points) -> bool:
-    """Whether some (step, metric) occurs twice."""
-    n = n_points(points)
-    if n < 2:
-        return False
-    codes, names = metric_codes(points)
-    key = np.sort(step_array(points).astype("int64") * max(1, len(names)) + codes)  # (n,)
-    return bool(np.any(key[1:] == key[:-1]))
-
-
-def keep_latest(points) -> pd.DataFrame:
-    """One point per (step, metric): the one logged last (resumed runs)."""
-    if isinstance(points, pa.Table):
-        points = points.to_pandas()
-    dup = points.duplicated(subset=["step", "metric"], keep="last")
-    if not dup.any():
-        return points
-    return points[~dup].reset_index(drop=True)
-
-
-def step_extremes(points, how: str) -> dict[str, int]:
-    """{metric: min or max step} over the points."""
-    if n_points(points) == 0:
-        return {}
-    codes, names = metric_codes(points)
-    agg = pd.Series(step_array(points)).groupby(codes).agg(how)
-    return {names[int(c)]: int(v) for c, v in agg.items()}
 
 
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:

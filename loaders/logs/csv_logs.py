@@ -1,8 +1,13 @@
 """CSV training logs: long, wide, PyTorch Lightning ``CSVLogger``, W&B exports.
 
-All four are parsed by DuckDB's own ``read_csv`` and reshaped to long points
-with ``UNPIVOT`` in SQL (no Python loop per row). An empty cell is no point; a
-cell that says ``nan`` is a point whose value is NaN (stored as NULL).
+A reader parses no rows itself. It reads the header, plans the columns and
+hands the store step ``SqlPoints``: a SELECT over DuckDB's own ``read_csv`` of
+the file (every column as text, converted with TRY_CAST), the wide layouts
+reshaped to long points with ``UNPIVOT``. The store runs it inside its
+transaction, so the file is parsed once, straight into the points table
+(issue 3: no Python loop per row, no copy through Arrow or numpy). An empty
+cell is no point; a cell that says ``nan`` is a point whose value is NaN
+(stored as NULL).
 
 * long: columns ``step,metric,value`` (optionally ``wall_time``/``tokens``).
 * wide: a step column (``step``, ``global_step``, ``iter``, ...) and one
@@ -17,17 +22,18 @@ from __future__ import annotations
 
 import csv
 import io
+import mmap
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
 from loaders.errors import LogFormatError
-from loaders.logs.base import (Parsed, RunData, complete_lines, decode_text, metric_codes,
-                               normalise_metric, steps_went_back)
+from loaders.logs.base import (SOURCE_VIEW, Parsed, RunData, SqlPoints, complete_lines, decode_text,
+                               empty_points, metric_alias_sql, normalise_metric, read_head)
 
 STEP_COLUMNS = ("step", "global_step", "_step", "iter", "iteration", "iter_num", "it",
                 "trainer/global_step", "steps")
@@ -115,43 +121,92 @@ def classify_csv(path: Path, head: bytes) -> str | None:
     return None
 
 
-def _read_sql(source, *, delim: str, names: list[str] | None,
-              as_text: bool = False) -> tuple[duckdb.DuckDBPyConnection, str]:
-    """An in-memory connection with view ``src`` over the CSV (file path or bytes)."""
-    con = duckdb.connect()
-    if isinstance(source, (bytes, bytearray)):
-        rel = con.read_csv(io.BytesIO(source), header=False, names=names, all_varchar=True,
-                           delimiter=delim, quotechar='"')
-    else:
-        # Typed columns (DuckDB's sniffer) parse fastest; a file whose later rows
-        # contradict the sniffed types is read again as text and cast per cell.
-        rel = con.read_csv(str(source), header=True, all_varchar=as_text, delimiter=delim,
-                           quotechar='"')
-    rel.create_view("src")
-    return con, "src"
+def column_names(fields: list[str]) -> list[str]:
+    """Unique names for ``read_csv``'s ``names``, one per header field.
+
+    DuckDB needs them unique, compared case-insensitively; a repeated or empty
+    header field gets ``_1``, ``_2``, ... (``columnN`` when empty), as DuckDB
+    itself names them.
+    """
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, f in enumerate(fields):
+        base = f or f"column{i}"
+        name, k = base, 1
+        while name.lower() in seen:
+            name, k = f"{base}_{k}", k + 1
+        seen.add(name.lower())
+        out.append(name)
+    return out
 
 
-def _fetch_points(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
-    """Run ``sql`` (columns of POINT_COLUMNS) to an Arrow table, metric dictionary-encoded."""
-    table = con.sql(sql).to_arrow_table()
-    idx = table.schema.get_field_index("metric")
-    return table.set_column(idx, "metric", table.column("metric").dictionary_encode().unify_dictionaries())
+@dataclass(frozen=True)
+class CsvFile:
+    """One CSV for DuckDB's ``read_csv`` (a ``SqlPoints.relation``): the file,
+    or ``data``, complete lines of it; ``header``: the first line is the header.
+
+    Nothing is sniffed: the delimiter and the header are the ones this module
+    read, every column is text (the SELECTs convert with TRY_CAST), so a row
+    with another number of fields is an error naming its line, not a
+    different guess of the dialect.
+    """
+
+    path: Path
+    data: bytes | None          # None: read the file itself
+    header: bool
+    columns: tuple[str, ...]
+    delim: str
+
+    def __call__(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyRelation:
+        src = str(self.path) if self.data is None else io.BytesIO(self.data)
+        return con.read_csv(src, header=self.header, columns={c: "VARCHAR" for c in self.columns},
+                            delimiter=self.delim, quotechar='"', auto_detect=False)
 
 
-def _unpivot_sql(step: str, metrics: list[str], wall: str | None, tokens: str | None,
-                 extra: str = "") -> str:
-    """Wide ``src`` to long points; UNPIVOT drops absent (NULL) cells, keeps NaN."""
-    casts = ", ".join(f"TRY_CAST({_quote(m)} AS DOUBLE) AS {_quote(m)}" for m in metrics)
-    wall_sql = f"TRY_CAST({_quote(wall)} AS DOUBLE)" if wall else "NULL::DOUBLE"
-    tok_sql = f"TRY_CAST(TRY_CAST({_quote(tokens)} AS DOUBLE) AS BIGINT)" if tokens else "NULL::BIGINT"
-    cols = ", ".join(_quote(m) for m in metrics)
+def _cast_step(col: str) -> str:
+    return f"TRY_CAST(TRY_CAST({_quote(col)} AS DOUBLE) AS BIGINT)"
+
+
+def _cast_wall(col: str | None) -> str:
+    return f"TRY_CAST({_quote(col)} AS DOUBLE)" if col else "NULL::DOUBLE"
+
+
+def _cast_tokens(col: str | None) -> str:
+    return f"TRY_CAST(TRY_CAST({_quote(col)} AS DOUBLE) AS BIGINT)" if col else "NULL::BIGINT"
+
+
+# Names the unpivot SELECT uses for itself; a metric alias must not be one.
+_RESERVED = {"__step", "__wall", "__tokens", "__metric", "__value"}
+
+
+def unpivot_select(step: str, metrics: list[tuple[str, str]], wall: str | None,
+                   tokens: str | None) -> tuple[str, dict]:
+    """(SELECT, params): wide rows of ``SOURCE_VIEW`` to long points.
+
+    ``metrics``: (column, metric name as logged) pairs. UNPIVOT drops absent
+    (NULL) cells and keeps NaN; rows come out row-major (all metrics of row 0,
+    then row 1), which is file order. The normalised names are the column
+    aliases, so the metric column needs no per-row mapping; when two names
+    coincide (``loss`` and ``train_loss``), the aliases are positional and a
+    parameter list maps them.
+    """
+    names = [normalise_metric(m) for _, m in metrics]
+    low = [n.lower() for n in names]
+    by_alias = len(set(low)) == len(low) and not (set(low) & _RESERVED) and all("\x00" not in n for n in names)
+    aliases = names if by_alias else [f"__m{i}" for i in range(len(names))]
+    casts = ", ".join(f"TRY_CAST({_quote(c)} AS DOUBLE) AS {_quote(a)}" for (c, _), a in zip(metrics, aliases))
+    metric_sql, params = "__metric", {}
+    if not by_alias:
+        metric_sql, params = "list_extract($metric_names, CAST(substr(__metric, 4) AS INTEGER) + 1)", \
+            {"metric_names": names}
     return f"""
-        SELECT __step AS step, metric, value, __wall AS wall_time, __tokens AS tokens
-        FROM (SELECT TRY_CAST(TRY_CAST({_quote(step)} AS DOUBLE) AS BIGINT) AS __step,
-                     {wall_sql} AS __wall, {tok_sql} AS __tokens, {casts}
-              FROM src {extra})
-        UNPIVOT (value FOR metric IN ({cols}))
-        WHERE __step IS NOT NULL"""
+        SELECT __step AS step, {metric_sql} AS metric, __value AS value, __wall AS wall_time,
+               __tokens AS tokens
+        FROM (SELECT {_cast_step(step)} AS __step, {_cast_wall(wall)} AS __wall,
+                     {_cast_tokens(tokens)} AS __tokens, {casts}
+              FROM {SOURCE_VIEW})
+        UNPIVOT (__value FOR __metric IN ({", ".join(_quote(a) for a in aliases)}))
+        WHERE __step IS NOT NULL""", params
 
 
 def _text_chunk(path: Path, start: int) -> tuple[bytes, int]:
@@ -169,12 +224,55 @@ def _first_line_end(path: Path) -> int:
     return len(line)
 
 
+def _is_ascii_file(path: Path) -> bool:
+    """Whether every byte of ``path`` is below 0x80: one vectorised pass over a
+    read-only map of the file, without copying it."""
+    with open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return True
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            data = np.frombuffer(mm, dtype=np.uint8)
+            top = int(data.max())
+            del data                        # the map cannot close while numpy holds it
+    return top < 0x80
+
+
+def _check_utf8_file(path: Path) -> None:
+    """LogFormatError at the first byte of ``path`` that is not UTF-8.
+
+    DuckDB validates only the columns a query reads, so the whole file is
+    checked here: most logs are ASCII (``_is_ascii_file``); others are decoded
+    block by block.
+    """
+    if _is_ascii_file(path):
+        return
+    offset = 0            # file offset of ``carry`` + the next block
+    carry = b""           # a character cut at the end of the previous block
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            if not carry and block.isascii():
+                offset += len(block)
+                continue
+            data = carry + block
+            try:
+                data.decode("utf-8")
+                carry, offset = b"", offset + len(data)
+            except UnicodeDecodeError as exc:
+                if exc.reason != "unexpected end of data" or exc.start < len(data) - 3:
+                    decode_text(path, data, offset)          # raises, naming the byte and its offset
+                carry, offset = data[exc.start:], offset + exc.start
+    if carry:
+        decode_text(path, carry, offset)
+
+
 class _CsvBase:
     appendable = True
+    #: ``parse`` reads the header only; the store step reads the rows (SqlPoints).
+    rows_read_by_store = True
 
     def parse(self, path: Path, *, start: int = 0, state: dict | None = None) -> Parsed:
         if start == 0 or not state:
-            head = open(path, "rb").read(64 * 1024)
+            head = read_head(path)
             text = decode_text(path, head[: head.rfind(b"\n") + 1] or head)
             hdr = _header(text)
             if hdr is None:
@@ -184,63 +282,36 @@ class _CsvBase:
             fields, delim = hdr
             state = self.plan(path, fields, delim)
             state["header_bytes"] = _first_line_end(path)
-            # Whole file through read_csv; only complete lines count as read.
+            # The whole file through read_csv; only complete lines count as read.
             size = path.stat().st_size
             with open(path, "rb") as fh:
                 fh.seek(max(0, size - 1))
                 last = fh.read(1)
+            columns = tuple(column_names(state["fields"]))
             if last == b"\n" or size == 0:
+                _check_utf8_file(path)
                 body_end = size
-                con, _ = _read_sql(path, delim=delim, names=None)
-            else:
+                source = CsvFile(path, None, True, columns, delim)
+                empty = size <= state["header_bytes"]
+            else:                               # a log being written: its last line is not complete
                 with open(path, "rb") as fh:
-                    data = fh.read()
-                chunk, used = complete_lines(data)
+                    chunk, body_end = complete_lines(fh.read())
                 decode_text(path, chunk)
-                body_end = used
-                body = chunk[state["header_bytes"]:]
-                con, _ = _read_sql(body, delim=delim, names=fields)
-            _check_utf8_file(path, con)
+                source = CsvFile(path, chunk, True, columns, delim)
+                empty = body_end <= state["header_bytes"]
         else:
             chunk, used = _text_chunk(path, start)
             body_end = start + used
             if not chunk.strip():
                 return Parsed(runs=[], read_bytes=body_end, state=state)
-            con, _ = _read_sql(chunk, delim=state["delim"], names=state["fields"])
-        try:
-            try:
-                runs = self.extract(path, con, state)
-            except duckdb.ConversionException:
-                if start != 0 and state.get("fields"):
-                    raise
-                con.close()
-                con, _ = _read_sql(path, delim=state["delim"], names=None, as_text=True)
-                runs = self.extract(path, con, state)
-        finally:
-            con.close()
-        return Parsed(runs=runs, read_bytes=body_end, state=state)
+            source = CsvFile(path, chunk, False, tuple(column_names(state["fields"])), state["delim"])
+            empty = False
+        return Parsed(runs=self.extract(None if empty else source, state), read_bytes=body_end, state=state)
 
-
-def _check_utf8_file(path: Path, con) -> None:
-    """DuckDB replaces invalid UTF-8 silently in some modes; check ourselves (cheap scan)."""
-    with open(path, "rb") as fh:
-        offset = 0
-        carry = b""
-        while True:
-            block = fh.read(8 << 20)
-            if not block:
-                break
-            data = carry + block
-            try:
-                data.decode("utf-8")
-                carry = b""
-            except UnicodeDecodeError as exc:
-                if exc.start >= len(data) - 3 and exc.reason == "unexpected end of data":
-                    carry = data[exc.start:]
-                    decode_text(path, data[:exc.start], offset - len(carry))
-                else:
-                    decode_text(path, data, offset - len(carry))
-            offset += len(block)
+    @staticmethod
+    def _column(state: dict, field: str | None) -> str | None:
+        """The read_csv column name of header field ``field``."""
+        return None if field is None else column_names(state["fields"])[state["fields"].index(field)]
 
 
 class CsvWideReader(_CsvBase):
@@ -258,11 +329,16 @@ class CsvWideReader(_CsvBase):
         return {"fields": fields, "delim": delim, "step": step, "wall": wall, "tokens": tokens,
                 "metrics": metrics}
 
-    def extract(self, path: Path, con, state: dict) -> list[RunData]:
-        pts = _fetch_points(con, _unpivot_sql(state["step"], state["metrics"], state["wall"],
-                                              state["tokens"]))
-        pts = _rename(pts)
-        return [RunData(name="", points=pts, resumed=steps_went_back(pts))]
+    def extract(self, source: CsvFile | None, state: dict) -> list[RunData]:
+        if source is None:
+            return [RunData(name="", points=empty_points())]
+        fields, cols = state["fields"], column_names(state["fields"])
+        metrics = [(c, f) for c, f in zip(cols, fields) if f not in (state["step"], state["wall"],
+                                                                      state["tokens"]) and f]
+        select, params = unpivot_select(self._column(state, state["step"]), metrics,
+                                        self._column(state, state["wall"]),
+                                        self._column(state, state["tokens"]))
+        return [RunData(name="", points=SqlPoints(source, select, params))]
 
 
 class LightningReader(CsvWideReader):
@@ -283,21 +359,20 @@ class CsvLongReader(_CsvBase):
                 "value": low["value"], "wall": _pick(fields, WALL_COLUMNS),
                 "tokens": _pick(fields, TOKEN_COLUMNS)}
 
-    def extract(self, path: Path, con, state: dict) -> list[RunData]:
-        wall = f"TRY_CAST({_quote(state['wall'])} AS DOUBLE)" if state["wall"] else "NULL::DOUBLE"
-        tok = (f"TRY_CAST(TRY_CAST({_quote(state['tokens'])} AS DOUBLE) AS BIGINT)"
-               if state["tokens"] else "NULL::BIGINT")
-        sql = f"""
-            SELECT step, metric, value, wall_time, tokens FROM (
-              SELECT TRY_CAST(TRY_CAST({_quote(state['step'])} AS DOUBLE) AS BIGINT) AS step,
-                     {_quote(state['metric'])} AS metric,
-                     TRY_CAST({_quote(state['value'])} AS DOUBLE) AS value,
-                     {wall} AS wall_time, {tok} AS tokens,
-                     {_quote(state['value'])} AS raw
-              FROM src)
+    def extract(self, source: CsvFile | None, state: dict) -> list[RunData]:
+        if source is None:
+            return [RunData(name="", points=empty_points())]
+        col = {k: self._column(state, state[k]) for k in ("step", "metric", "value", "wall", "tokens")}
+        # An empty value cell is no point; one that is no number is a point without value.
+        select = f"""
+            SELECT step, {metric_alias_sql("metric")} AS metric, value, wall_time, tokens FROM (
+              SELECT {_cast_step(col["step"])} AS step, {_quote(col["metric"])} AS metric,
+                     TRY_CAST({_quote(col["value"])} AS DOUBLE) AS value,
+                     {_cast_wall(col["wall"])} AS wall_time, {_cast_tokens(col["tokens"])} AS tokens,
+                     {_quote(col["value"])} AS raw
+              FROM {SOURCE_VIEW})
             WHERE step IS NOT NULL AND metric IS NOT NULL AND raw IS NOT NULL"""
-        pts = _rename(_fetch_points(con, sql))
-        return [RunData(name="", points=pts, resumed=steps_went_back(pts))]
+        return [RunData(name="", points=SqlPoints(source, select))]
 
 
 class WandbCsvReader(_CsvBase):
@@ -317,37 +392,17 @@ class WandbCsvReader(_CsvBase):
                                        f"'<run> - <metric>', found columns {fields[:10]}")
         return {"fields": fields, "delim": delim, "step": step, "runs": runs}
 
-    def extract(self, path: Path, con, state: dict) -> list[RunData]:
+    def extract(self, source: CsvFile | None, state: dict) -> list[RunData]:
         out = []
         for run, cols in state["runs"].items():
-            pts = _fetch_points(con, _unpivot_sql(state["step"], [c for c, _ in cols], None, None))
-            mapping = {c: m for c, m in cols}
-            if pts.num_rows:
-                names = metric_codes(pts)[1]
-                codes = metric_codes(pts)[0]
-                metric = pa.array([normalise_metric(mapping[n]) for n in names], type=pa.string())
-                pts = pts.set_column(pts.schema.get_field_index("metric"), "metric",
-                                     pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), metric))
-            out.append(RunData(name=run, points=pts, resumed=steps_went_back(pts)))
+            if source is None:
+                out.append(RunData(name=run, points=empty_points()))
+                continue
+            metrics = [(self._column(state, c), m) for c, m in cols]
+            select, params = unpivot_select(self._column(state, state["step"]), metrics, None, None)
+            out.append(RunData(name=run, points=SqlPoints(source, select, params)))
         return out
 
 
-def _rename(pts: pa.Table) -> pa.Table:
-    """Normalised metric names (``normalise_metric``) on the dictionary, not per point."""
-    col = pts.column("metric")
-    if col.num_chunks == 0 or pts.num_rows == 0:
-        return pts
-    names = [str(x) for x in col.chunks[0].dictionary.to_pylist()]
-    new = [normalise_metric(n) for n in names]
-    if new == names:
-        return pts
-    if len(set(new)) == len(new):
-        dictionary = pa.array(new, type=pa.string())
-        chunks = [pa.DictionaryArray.from_arrays(c.indices, dictionary) for c in col.chunks]
-        return pts.set_column(pts.schema.get_field_index("metric"), "metric", pa.chunked_array(chunks))
-    mapped = pa.array(np.array(new, dtype=object)[metric_codes(pts)[0]], type=pa.string())
-    return pts.set_column(pts.schema.get_field_index("metric"), "metric", mapped.dictionary_encode())
-
-
 __all__ = ["CsvLongReader", "CsvWideReader", "LightningReader", "WandbCsvReader", "classify_csv",
-           "STEP_COLUMNS", "WALL_COLUMNS", "TOKEN_COLUMNS"]
+           "unpivot_select", "STEP_COLUMNS", "WALL_COLUMNS", "TOKEN_COLUMNS"]

@@ -18,6 +18,7 @@ the point logged last wins, and ``runs.resumed`` is set. User corrections in
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -27,7 +28,8 @@ import duckdb
 
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
-from loaders.logs.base import (Parsed, RunData, has_repeats, keep_latest, n_points, step_extremes)
+from loaders.logs.base import Parsed, RunData, SqlPoints
+from loaders.logs.newpoints import insert_new_points, move_staged, replace_stored
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.structured import hf_run_dir
 from loaders.report import FileReport
@@ -41,6 +43,20 @@ _FP_WINDOW = 64 * 1024
 #: Exceptions the parsing libraries (csv, json, pandas, numpy, DuckDB) raise on
 #: malformed content; ``ingest_log`` reports them as ``LogFormatError``.
 _PARSE_ERRORS = (ValueError, OverflowError, csv.Error, duckdb.Error)
+#: What DuckDB raises on a file's content while the store step reads it
+#: (``SqlPoints``): the same report. Other errors there are the store's.
+_SQL_SOURCE_ERRORS = (duckdb.InvalidInputException, duckdb.ConversionException, duckdb.BinderException,
+                      duckdb.OutOfRangeException, duckdb.ParserException)
+
+
+def _cannot_parse(path: Path, fmt: str, exc: Exception) -> LogFormatError:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    # DuckDB's CSV errors name the line on the first line of the message, and
+    # what it held and how many fields were expected on later ones.
+    what = lines[0][:200] + "".join(f"; {line[:120]}" for line in lines[1:]
+                                     if line.startswith(("Original Line:", "Expected Number of Columns")))
+    return LogFormatError(path, f"expected a {fmt} log, found content it cannot parse "
+                                f"({type(exc).__name__}: {what})")
 
 
 def fingerprint(path: Path, length: int) -> str:
@@ -137,6 +153,15 @@ _ATTEMPTS = 3
 def _ingest_log_once(store: Store, path: Path, format: str | None, *,
                      last_attempt: bool = False) -> list[FileReport]:
     reader, path = reader_for(Path(path), format)
+    # A reader whose rows are read by the store step (the CSV readers) parses
+    # only the header: this connection, open until the file is stored, spares
+    # opening the database twice (tens of ms). Other readers may parse for
+    # long and must not hold the database meanwhile.
+    with store.connect() if getattr(reader, "rows_read_by_store", False) else contextlib.nullcontext():
+        return _read_and_store(store, reader, path, last_attempt=last_attempt)
+
+
+def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool) -> list[FileReport]:
     fmt = reader.name
     st = path.stat()
     if st.st_size == 0:
@@ -178,9 +203,7 @@ def _ingest_log_once(store: Store, path: Path, format: str | None, *,
         # A reader's own checks raise LogFormatError; these come from the
         # parsing libraries on content no reader anticipated (a step too large
         # for int64, a CSV DuckDB cannot sniff, ...): the file's fault, not a bug.
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise LogFormatError(path, f"expected a {fmt} log, found content it cannot parse "
-                                   f"({type(exc).__name__}: {first})") from None
+        raise _cannot_parse(path, fmt, exc) from None
     return _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
                   prev, reader.appendable, seen=seen, last_attempt=last_attempt)
 
@@ -220,11 +243,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             con.execute("DELETE FROM points WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [old])
         for run in parsed.runs:
             name = run_name(path, fmt, run.name)
-            pts = run.points
             known = runs_state.get(name)
             resumed = run.resumed
-            if resumed or has_repeats(pts):
-                pts = keep_latest(pts)
             if known is None:
                 run_id = _upsert_run(con, path, source, run_dir, name, fmt, run, resumed)
                 known = {"id": run_id, "last": {}}
@@ -232,39 +252,33 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                 run_id = known["id"]
                 if run.config:
                     _merge_config(con, run_id, run.config)
-            overlap = shared or _overlaps(pts, known["last"])
-            if n_points(pts):
-                con.register("new_points", pts)
-                try:
-                    if overlap:
-                        # Latest wins: a resumed run (or a second file of a shared
-                        # run) replaces the points it logs again.
-                        n_old = con.execute(
-                            """SELECT count(*) FROM points p, (SELECT DISTINCT step, CAST(metric AS VARCHAR) AS metric
-                                   FROM new_points) n
-                               WHERE p.run_id = ? AND p.step = n.step AND p.metric = n.metric""",
-                            [run_id]).fetchone()[0]
-                        if n_old:
-                            con.execute(
-                                """DELETE FROM points WHERE run_id = ? AND (step, metric) IN
-                                   (SELECT (step, CAST(metric AS VARCHAR)) FROM new_points)""", [run_id])
-                            if not shared:
-                                resumed = True
-                    con.execute(
-                        # A logged NaN (divergence) is stored as NULL, whatever the reader.
-                        """INSERT INTO points SELECT ?, step, CAST(metric AS VARCHAR),
-                               CASE WHEN isnan(value) THEN NULL ELSE value END, wall_time, tokens
-                           FROM new_points""", [run_id])
-                finally:
-                    con.unregister("new_points")
+            # A run without stored points takes its new points straight into
+            # ``points``; otherwise they are staged to be told apart from the old.
+            direct = not con.execute("SELECT EXISTS (SELECT 1 FROM points WHERE run_id = ?)",
+                                     [run_id]).fetchall()[0][0]
+            try:
+                new = insert_new_points(con, run_id, run.points, direct=direct)
+            except _SQL_SOURCE_ERRORS as exc:
+                if not isinstance(run.points, SqlPoints):
+                    raise
+                raise _cannot_parse(path, fmt, exc) from None
+            resumed = resumed or new.went_back
+            if new.staged:
+                if new.n and (shared or _overlaps(new.first, known["last"])):
+                    # Latest wins: a resumed run (or a second file of a shared
+                    # run) replaces the points it logs again.
+                    if replace_stored(con, run_id) and not shared:
+                        resumed = True
+                move_staged(con, run_id)
+            if new.n:
                 last = dict(known["last"])
-                for m, s in step_extremes(pts, "max").items():
+                for m, s in new.last.items():
                     last[m] = max(s, last.get(m, s))
                 known = {"id": run_id, "last": last}
             if resumed:
                 con.execute("UPDATE runs SET resumed = true WHERE id = ?", [run_id])
             runs_state[name] = known
-            total += n_points(pts)
+            total += new.n
             ids.append(run_id)
             _apply_overrides(con, run_id)
         refresh_run_stats(con, ids + [r["id"] for r in prev_runs.values()])
@@ -283,11 +297,10 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total)]
 
 
-def _overlaps(pts, last: dict) -> bool:
-    """Whether new points reach back to steps already stored for their metric."""
-    if not last or not n_points(pts):
-        return False
-    return any(m in last and s <= last[m] for m, s in step_extremes(pts, "min").items())
+def _overlaps(first: dict[str, int], last: dict[str, int]) -> bool:
+    """Whether new points (``first`` step per metric) reach back to steps already
+    stored for their metric (``last`` step per metric)."""
+    return any(m in last and s <= last[m] for m, s in first.items())
 
 
 def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str, run: RunData,

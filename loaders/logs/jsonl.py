@@ -16,10 +16,8 @@ from pathlib import Path
 import duckdb
 
 from loaders.errors import LogFormatError
-from loaders.logs.base import (Parsed, RunData, complete_lines, decode_text, empty_points,
-                               steps_went_back)
-from loaders.logs.csv_logs import (STEP_COLUMNS, TOKEN_COLUMNS, WALL_COLUMNS, _fetch_points,
-                                   _rename, _unpivot_sql)
+from loaders.logs.base import SOURCE_VIEW, Parsed, RunData, complete_lines, decode_text, empty_points
+from loaders.logs.csv_logs import STEP_COLUMNS, TOKEN_COLUMNS, WALL_COLUMNS, unpivot_select
 
 _NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
             "UINTEGER", "UBIGINT", "FLOAT", "DOUBLE"}
@@ -84,7 +82,7 @@ class JsonlReader:
             except duckdb.Error as exc:
                 raise LogFormatError(path, f"expected one JSON object per line, found a line "
                                            f"DuckDB cannot parse ({str(exc).splitlines()[0]})") from None
-            rel.create_view("src")
+            con.register(SOURCE_VIEW, rel)
             cols = dict(zip(rel.columns, (str(t) for t in rel.types)))
             step = _step_key(cols) or state.get("step")
             if step is None or step not in cols:
@@ -96,11 +94,10 @@ class JsonlReader:
             metrics = [c for c, t in cols.items()
                        if c not in (step, wall, tokens) and t.split("(")[0] in _NUMERIC]
             state["step"] = step
-            pts = _rename(_fetch_points(con, _unpivot_sql(step, metrics, wall, tokens))) \
-                if metrics else None
+            pts = empty_points()
+            if metrics:
+                select, params = unpivot_select(step, [(m, m) for m in metrics], wall, tokens)
+                pts = con.sql(select, params=params or None).to_arrow_table()
         finally:
             con.close()
-        if pts is None:
-            pts = empty_points()
-        return Parsed(runs=[RunData(name="", points=pts, resumed=steps_went_back(pts))],
-                      read_bytes=start + used, state=state)
+        return Parsed(runs=[RunData(name="", points=pts)], read_bytes=start + used, state=state)
