@@ -49,13 +49,16 @@ _SQL_SOURCE_ERRORS = (duckdb.InvalidInputException, duckdb.ConversionException, 
                       duckdb.OutOfRangeException, duckdb.ParserException)
 
 
-def _cannot_parse(path: Path, fmt: str, exc: Exception) -> LogFormatError:
+def _cannot_parse(path: Path, fmt: str, exc: Exception, *, start: int = 0) -> LogFormatError:
+    """The report of content a parsing library rejected; ``start``: the byte
+    where the part read begins (a grown log), from which line numbers count."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
     # DuckDB's CSV errors name the line on the first line of the message, and
     # what it held and how many fields were expected on later ones.
     what = lines[0][:200] + "".join(f"; {line[:120]}" for line in lines[1:]
                                      if line.startswith(("Original Line:", "Expected Number of Columns")))
-    return LogFormatError(path, f"expected a {fmt} log, found content it cannot parse "
+    where = f" in the part from byte {start} on" if start else ""
+    return LogFormatError(path, f"expected a {fmt} log, found content it cannot parse{where} "
                                 f"({type(exc).__name__}: {what})")
 
 
@@ -261,7 +264,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             except _SQL_SOURCE_ERRORS as exc:
                 if not isinstance(run.points, SqlPoints):
                     raise
-                raise _cannot_parse(path, fmt, exc) from None
+                raise _cannot_parse(path, fmt, exc, start=append_from["read_bytes"] if append_from else 0) \
+                    from None
             resumed = resumed or new.went_back
             if new.staged:
                 if new.n and (shared or _overlaps(new.first, known["last"])):

@@ -147,7 +147,10 @@ def _steps_and_codes(con, new: NewPoints, names: list[str]) -> tuple[np.ndarray,
 
 
 def went_back_and_repeats(steps: np.ndarray, codes: np.ndarray | None) -> tuple[bool, bool]:
-    """(steps of some metric go back, some (step, metric) occurs twice), points in file order.
+    """(steps of some metric go back, some metric logs one step twice in a row),
+    points in file order. Unless its steps go back, a metric logs a step twice
+    in a row exactly when it logs it twice; either way the run needs the
+    latest point per (step, metric) kept.
 
     ``steps``: (n,) int64; ``codes``: (n,) one integer >= 0 per metric, or None
     when all points are of one metric.
