@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 import duckdb
 import numpy as np
@@ -89,21 +89,34 @@ class RunData:
 SOURCE_VIEW = "qkv_log_source"
 
 
+class PointSource(Protocol):
+    """A log file as DuckDB reads it for ``SqlPoints``."""
+
+    def __call__(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyRelation:
+        """Open it on ``con`` (the store's connection) with DuckDB's own reader."""
+
+    def changed(self) -> bool:
+        """Whether the file is no longer what the reader planned for (a log
+        written to while DuckDB read it may have given it more, or half a line)."""
+
+    def frozen(self) -> PointSource:
+        """The same, over a copy of the bytes the reader planned for."""
+
+
 @dataclass
 class SqlPoints:
     """A run's points still in their file, as SQL the store step runs.
 
-    ``relation(con)`` opens the file (or the bytes of its new part) on the
-    store's connection with DuckDB's own reader; the store registers it as
-    the temporary view ``SOURCE_VIEW``, which ``select`` reads. ``select``
-    yields the columns of ``POINT_COLUMNS`` in file order (step BIGINT,
-    metric VARCHAR, value DOUBLE, wall_time DOUBLE, tokens BIGINT); ``params``
-    are its named parameters. Metric names may still be raw: the store step
-    normalises what is left. Errors of the file's content (DuckDB's
-    ``InvalidInputException``, ...) surface when the store runs it.
+    The store registers ``source(con)`` as the temporary view ``SOURCE_VIEW``,
+    which ``select`` reads. ``select`` yields the columns of ``POINT_COLUMNS``
+    in file order (step BIGINT, metric VARCHAR, value DOUBLE, wall_time DOUBLE,
+    tokens BIGINT); ``params`` are its named parameters. Metric names may
+    still be raw: the store step normalises what is left. Errors of the
+    file's content (DuckDB's ``InvalidInputException``, ...) surface when the
+    store runs it.
     """
 
-    relation: Callable[[duckdb.DuckDBPyConnection], duckdb.DuckDBPyRelation]
+    source: PointSource
     select: str
     params: dict = field(default_factory=dict)
 

@@ -25,7 +25,7 @@ import io
 import mmap
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
@@ -142,8 +142,9 @@ def column_names(fields: list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class CsvFile:
-    """One CSV for DuckDB's ``read_csv`` (a ``SqlPoints.relation``): the file,
-    or ``data``, complete lines of it; ``header``: the first line is the header.
+    """One CSV for DuckDB's ``read_csv`` (a ``PointSource``): the file, its
+    first ``size`` bytes planned for; or ``data``, complete lines of it.
+    ``header``: the first line is the header.
 
     Nothing is sniffed: the delimiter and the header are the ones this module
     read, every column is text (the SELECTs convert with TRY_CAST), so a row
@@ -156,11 +157,26 @@ class CsvFile:
     header: bool
     columns: tuple[str, ...]
     delim: str
+    size: int = 0               # of the file, when read itself
 
     def __call__(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyRelation:
         src = str(self.path) if self.data is None else io.BytesIO(self.data)
         return con.read_csv(src, header=self.header, columns={c: "VARCHAR" for c in self.columns},
                             delimiter=self.delim, quotechar='"', auto_detect=False)
+
+    def changed(self) -> bool:
+        if self.data is not None:
+            return False
+        try:
+            return self.path.stat().st_size != self.size
+        except OSError:                 # gone: the next attempt says so
+            return True
+
+    def frozen(self) -> CsvFile:
+        if self.data is not None:
+            return self
+        with open(self.path, "rb") as fh:
+            return replace(self, data=fh.read(self.size))
 
 
 def _cast_step(col: str) -> str:
@@ -291,7 +307,7 @@ class _CsvBase:
             if last == b"\n" or size == 0:
                 _check_utf8_file(path)
                 body_end = size
-                source = CsvFile(path, None, True, columns, delim)
+                source = CsvFile(path, None, True, columns, delim, size)
                 empty = size <= state["header_bytes"]
             else:                               # a log being written: its last line is not complete
                 with open(path, "rb") as fh:

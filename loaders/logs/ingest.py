@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -29,7 +30,7 @@ import duckdb
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints
-from loaders.logs.newpoints import insert_new_points, move_staged, replace_stored
+from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.structured import hf_run_dir
 from loaders.report import FileReport
@@ -141,30 +142,50 @@ def ingest_log(store: Store, path: Path, *, format: str | None = None) -> list[F
     stored the file meanwhile, this attempt is rolled back and the file is
     looked at afresh (it is then usually ``unchanged``), so no point is
     stored twice.
+
+    A CSV is read by DuckDB inside the write transaction (``SqlPoints``). If
+    the file changed meanwhile (a log being written), the attempt is rolled
+    back too, and the next one reads a copy of the bytes it planned for; the
+    rest is appended by the next ingest.
     """
+    frozen = False
     for _ in range(_ATTEMPTS - 1):
         try:
-            return _ingest_log_once(store, path, format)
+            return _ingest_log_once(store, path, format, frozen=frozen)
         except _JournalMoved:
             continue
-    return _ingest_log_once(store, path, format, last_attempt=True)
+        except FileChanged:
+            frozen = True
+    # A copy cannot change while it is read: the last attempt never meets FileChanged.
+    return _ingest_log_once(store, path, format, last_attempt=True, frozen=True)
 
 
 _ATTEMPTS = 3
 
 
 def _ingest_log_once(store: Store, path: Path, format: str | None, *,
-                     last_attempt: bool = False) -> list[FileReport]:
+                     last_attempt: bool = False, frozen: bool = False) -> list[FileReport]:
     reader, path = reader_for(Path(path), format)
     # A reader whose rows are read by the store step (the CSV readers) parses
     # only the header: this connection, open until the file is stored, spares
     # opening the database twice (tens of ms). Other readers may parse for
     # long and must not hold the database meanwhile.
     with store.connect() if getattr(reader, "rows_read_by_store", False) else contextlib.nullcontext():
-        return _read_and_store(store, reader, path, last_attempt=last_attempt)
+        return _read_and_store(store, reader, path, last_attempt=last_attempt, frozen=frozen)
 
 
-def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool) -> list[FileReport]:
+def _freeze(parsed: Parsed) -> None:
+    """Make the ``SqlPoints`` of ``parsed`` read copies of the bytes planned for."""
+    copies: dict[int, object] = {}           # one copy per file (a W&B export's runs share it)
+    for run in parsed.runs:
+        if isinstance(run.points, SqlPoints):
+            src = run.points.source
+            if id(src) not in copies:
+                copies[id(src)] = src.frozen()
+            run.points = dataclasses.replace(run.points, source=copies[id(src)])
+
+
+def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, frozen: bool) -> list[FileReport]:
     fmt = reader.name
     st = path.stat()
     if st.st_size == 0:
@@ -207,6 +228,8 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool) -> 
         # parsing libraries on content no reader anticipated (a step too large
         # for int64, a CSV DuckDB cannot sniff, ...): the file's fault, not a bug.
         raise _cannot_parse(path, fmt, exc) from None
+    if frozen:
+        _freeze(parsed)
     return _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
                   prev, reader.appendable, seen=seen, last_attempt=last_attempt)
 
@@ -264,6 +287,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             except _SQL_SOURCE_ERRORS as exc:
                 if not isinstance(run.points, SqlPoints):
                     raise
+                if run.points.source.changed():      # e.g. half a line written while DuckDB read
+                    raise FileChanged() from None
                 raise _cannot_parse(path, fmt, exc, start=append_from["read_bytes"] if append_from else 0) \
                     from None
             resumed = resumed or new.went_back

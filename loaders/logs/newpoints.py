@@ -51,6 +51,12 @@ _VALUE = "CASE WHEN isnan(value) THEN NULL ELSE value END"
 _SQL_CODES_MAX = 64
 
 
+class FileChanged(Exception):
+    """The file changed while DuckDB read it (a log being written): the
+    transaction must be rolled back and the file read from a copy of the bytes
+    planned for (``PointSource.frozen``)."""
+
+
 @dataclass
 class NewPoints:
     """Where a run's new points are in this transaction, and what they hold."""
@@ -74,7 +80,8 @@ def insert_new_points(con: duckdb.DuckDBPyConnection, run_id: int, points, *,
 
     ``direct``: the run has no stored points, so they go straight into
     ``points``; else into the ``STAGE`` table (see ``move_staged``).
-    Errors of a ``SqlPoints`` file's content propagate as DuckDB raises them.
+    Errors of a ``SqlPoints`` file's content propagate as DuckDB raises them;
+    ``FileChanged`` when its file changed while DuckDB read it.
     """
     # On an error the transaction is aborted and rolled back with its connection,
     # view included; nothing to undo here.
@@ -89,6 +96,8 @@ def insert_new_points(con: duckdb.DuckDBPyConnection, run_id: int, points, *,
         n = con.execute(f"INSERT INTO {STAGE} SELECT step, metric, {_VALUE}, wall_time, tokens FROM ({select})",
                         params or None).fetchall()[0][0]
         new = NewPoints(STAGE, "true", {}, n)
+    if isinstance(points, SqlPoints) and points.source.changed():
+        raise FileChanged()
     con.unregister(SOURCE_VIEW)
     if new.n:
         _check(con, new, normalise=isinstance(points, SqlPoints))
@@ -98,7 +107,7 @@ def insert_new_points(con: duckdb.DuckDBPyConnection, run_id: int, points, *,
 def _source_select(con, points) -> tuple[str, dict]:
     """Register ``points`` as ``SOURCE_VIEW``; the SELECT of its points and its parameters."""
     if isinstance(points, SqlPoints):
-        con.register(SOURCE_VIEW, points.relation(con))
+        con.register(SOURCE_VIEW, points.source(con))
         return points.select, dict(points.params)
     con.register(SOURCE_VIEW, points)            # a pandas DataFrame or an Arrow table
     return (f"SELECT step, CAST(metric AS VARCHAR) AS metric, CAST(value AS DOUBLE) AS value, "

@@ -222,3 +222,34 @@ def test_ingest_leaves_no_view_or_table_behind(store, tmp_path):
     assert tables == {"meta", "runs", "run_overrides", "points", "ingest_journal", "checkpoints",
                       "analysis_results", "analysis_jobs", "analysis_result_files", "run_stats"}
     assert detect_log(p) == "csv_wide"
+
+
+@pytest.mark.parametrize("half_line", ["2,3", "2"])   # a row by itself; one field short
+def test_a_csv_written_to_while_duckdb_reads_it(store, tmp_path, monkeypatch, half_line):
+    """The writer appends half a line just as DuckDB opens the file: the store
+    step sees the file changed, rolls back and reads a copy of the complete
+    lines instead (not a wrong point, nor an error about a row being written)."""
+    from loaders.logs.csv_logs import CsvFile
+
+    p = write(tmp_path / "r" / "wide.csv", "step,train_loss\n0,1\n1,2\n")
+    real = CsvFile.__call__
+    opened = []
+
+    def call(self, con):
+        if self.data is None and not opened:          # the file itself, the first time
+            with open(self.path, "a") as f:
+                f.write(half_line)
+        opened.append(self.data is None)
+        return real(self, con)
+
+    monkeypatch.setattr(CsvFile, "__call__", call)
+    [rep] = ingest_log(store, p)
+    assert (rep.status, rep.n_points) == ("added", 2)
+    assert opened == [True, False]                    # then the complete lines, from memory
+    with open(p, "a") as f:
+        f.write(",3\n" if half_line == "2" else "\n")
+    [rep] = ingest_log(store, p)
+    assert (rep.status, rep.n_points) == ("appended", 1)
+    [run] = list_runs(store)
+    assert points(store, run["id"], "train/loss") == [(0, 1.0), (1, 2.0), (2, 3.0)]
+    assert run["resumed"] is False
