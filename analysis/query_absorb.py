@@ -82,19 +82,21 @@ def _top_sv2(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callable[[torch.T
     for k in range(steps):
         lo, hi = k * block, (k + 1) * block
         basis[:, lo:hi] = q
+        b_ = basis[:, :hi]
         z = bwd(fwd(q))                                                   # Z_k = F^T F Q_k, [n, b]
-        bz = (basis[:, :hi].mT @ z).double().cpu()                        # B^T Z_k, [hi, b]
-        t[:hi, lo:hi] = bz
-        t[lo:hi, :hi] = bz.mT
+        bz = b_.mT @ z                                                    # B^T Z_k, [hi, b]
+        bz_cpu = bz.double().cpu()
+        t[:hi, lo:hi] = bz_cpu
+        t[lo:hi, :hi] = bz_cpu.mT
         ritz, y = torch.linalg.eigh(t[:hi, :hi])
         theta = float(ritz[-1])
         if hi + block > n:                                                # B spans everything
             return theta
-        b_ = basis[:, :hi]
-        z = z - b_ @ (b_.mT @ z)
+        z = z - b_ @ bz
         z = z - b_ @ (b_.mT @ z)                                          # twice is enough
         q, r_k = torch.linalg.qr(z)                                       # [n, b], [b, b]
-        r = float(torch.linalg.vector_norm(r_k.double().cpu() @ y[lo:hi, -1]))
+        r_k = r_k.double().cpu()
+        r = float(torch.linalg.vector_norm(r_k @ y[lo:hi, -1]))
         gap = theta - float(ritz[-2]) if hi > 1 else 0.0
         err = min(r, r * r / gap) if gap > 0 else r
         tol = rtol(theta) if callable(rtol) else rtol

@@ -110,6 +110,17 @@ def _layer_spectra_note(what: str, width: int, d_model: int) -> str:
             f"analysis leaves out")
 
 
+def _wide_gram(w: torch.Tensor, dev: torch.device, *, chunk: int = 8) -> torch.Tensor:
+    """``W W^T`` per head of ``w: [heads, d_head, d_model]`` (W_O), float32, converted
+    ``chunk`` heads at a time: W_O is needed only through this Gram, so no float32
+    copy of the whole projection is made."""
+    parts = []
+    for c in w.split(chunk):
+        c32 = as_float32(c, dev)                             # [chunk, e, d]
+        parts.append(c32 @ c32.mT)
+    return torch.cat(parts)
+
+
 def weight_metrics(layer: LayerLike, meta: MetaLike, *,
                    device: str | torch.device | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
     """Every weight-level metric of ``layer`` (see module docstring)."""
@@ -121,11 +132,10 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
     with torch.inference_mode():
         k = as_float32(layer.W_K, dev)                       # [g, d, e]
         v = as_float32(layer.W_V, dev)                       # [g, d, e]
-        o = as_float32(layer.W_O, dev)                       # [h, e, d]
         kv_of = kv_index(h, g, dev)
         kvp = kv_similarity.products(k, v)                   # K^T K, V^T V, K^T V: [g, e, e] float32
         eig_k = clean_eigh(kvp.kk)                           # float64 (lam ascending, U)
-        go = o @ o.mT                                        # W_O[h] W_O[h]^T, [h, e, e]
+        go = _wide_gram(layer.W_O, dev)                      # W_O[h] W_O[h]^T, [h, e, e]
 
         # -- K/V similarity
         out.heads("kv_cosine_flat", kv_similarity.cosine_flat(k, v, prod=kvp), kv=True)
