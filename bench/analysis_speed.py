@@ -15,14 +15,25 @@ then measures, side by side in this one run, each phase in a fresh process:
   ``--naive-layers`` layers, scaled to all layers.
 
 Prints the seconds, the ratios analysis/read (target <= 5 on CPU) and
-naive/analysis (target >= 100) and each phase's peak resident memory.
+naive/analysis (target >= 100) and each phase's peak resident memory (and
+peak CUDA memory on a GPU). The analysis time is broken down into the
+stacked-W_Q metrics (``wq_condition``, ``wq_basis_orth_defect``: one
+``d_model x d_model`` LU and two Lanczos runs per layer, the only
+``O(d_model^3)`` step), the other metrics, and opening/reading/reshaping the
+checkpoint; the ratio without the stacked-W_Q metrics is printed too.
+``--repeat N`` alternates the read and analysis phases N times and reports the
+median of each (wall-clock times on a shared machine vary a lot; the 1-minute
+load average before and after is printed). Each phase also reports its CPU
+seconds (all threads).
 
     .venv/bin/python bench/analysis_speed.py [--device cpu|cuda] [--naive-layers 2] [--dir DIR]
+                                             [--threads N] [--repeat N] [--skip-naive]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -64,39 +75,46 @@ def phase_read(folder: Path, device: str) -> dict:
         with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
             return [f.get_tensor(k).float().to(device) for k in f.keys()]
     once()                                                        # warm the page cache
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ts = once()
     if device == "cuda":
         import torch
         torch.cuda.synchronize()
-    return {"seconds": time.perf_counter() - t0, "n_tensors": len(ts)}
+    return {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+            "n_tensors": len(ts)}
 
 
 def phase_analysis(folder: Path, device: str) -> dict:
+    import app.jobs
     from analysis import query_absorb, weights
     from app.jobs import weight_frame
     from loaders.checkpoints import open_checkpoint
 
-    spent = {"stacked_wq": 0.0}
-    inner = query_absorb.condition_and_defect
+    spent = {"stacked_wq": 0.0, "metrics": 0.0}
 
-    def timed(q):                       # how much of the time the stacked-W_Q metrics take
-        t = time.perf_counter()
-        try:
-            return inner(q)
-        finally:
-            spent["stacked_wq"] += time.perf_counter() - t
-    weights.query_absorb.condition_and_defect = timed
+    def timed(key, fn):
+        def wrapper(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[key] += time.perf_counter() - t
+        return wrapper
+    # the stacked-W_Q metrics, and all metrics of a layer (reading and reshaping excluded)
+    weights.query_absorb.stacked_spectrum = timed("stacked_wq", query_absorb.stacked_spectrum)
+    app.jobs.weight_metrics = timed("metrics", weights.weight_metrics)
 
     with open_checkpoint(folder) as ck:                           # warm-up on the first layer
-        from analysis.weights import weight_metrics
-        weight_metrics(ck.layer(0), ck.meta, device=device)
-    spent["warm"] = spent["stacked_wq"]
-    t0 = time.perf_counter()
+        weights.weight_metrics(ck.layer(0), ck.meta, device=device)
+    spent.update(stacked_wq=0.0, metrics=0.0)
+    t0, c0 = time.perf_counter(), time.process_time()
     with open_checkpoint(folder) as ck:
         frame, notes = weight_frame(ck, device=device)
     total = time.perf_counter() - t0
-    return {"seconds": total, "stacked_wq_seconds": spent["stacked_wq"] - spent.get("warm", 0.0),
+    return {"seconds": total, "cpu_seconds": time.process_time() - c0,
+            "stacked_wq_seconds": spent["stacked_wq"],
+            "other_metrics_seconds": spent["metrics"] - spent["stacked_wq"],
+            "reading_seconds": total - spent["metrics"],
             "rows": len(frame), "notes": sorted(notes)}
 
 
@@ -146,10 +164,18 @@ def child(args) -> None:
         res = phase_analysis(folder, args.device)
     else:
         res = phase_naive(folder, args.device, args.naive_layers)
+    res["threads"] = torch.get_num_threads()
     res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.device == "cuda":
         res["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
     print(json.dumps(res))
+
+
+def run_phase(args, phase: str) -> dict:
+    cmd = [sys.executable, __file__, "--phase", phase, "--dir", args.dir, "--device", args.device,
+           "--naive-layers", str(args.naive_layers), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -158,6 +184,8 @@ def main() -> None:
     ap.add_argument("--naive-layers", type=int, default=2)
     ap.add_argument("--dir", default=None, help="where to write the benchmark checkpoint (kept)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per phase (default: torch's)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="alternate the read and analysis phases this many times; report the medians")
     ap.add_argument("--phase", choices=["read", "analysis", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--skip-naive", action="store_true", help="measure read and analysis only")
     args = ap.parse_args()
@@ -169,24 +197,42 @@ def main() -> None:
         tmp = tempfile.TemporaryDirectory(prefix="qkvscope-bench-")
         args.dir = tmp.name
     build(Path(args.dir))
+    load0 = os.getloadavg()[0]
+    runs: dict[str, list[dict]] = {"read": [], "analysis": []}
+    for i in range(max(1, args.repeat)):
+        for ph in ("read", "analysis"):
+            runs[ph].append(run_phase(args, ph))
+        if args.repeat > 1:
+            r, a = runs["read"][-1]["seconds"], runs["analysis"][-1]["seconds"]
+            print(f"  run {i + 1}: read {r:.3f} s, analysis {a:.3f} s ({a / r:.1f}x), "
+                  f"stacked W_Q {runs['analysis'][-1]['stacked_wq_seconds']:.3f} s", flush=True)
     res = {}
-    phases = ["read", "analysis"] + ([] if args.skip_naive else ["naive"])
-    for ph in phases:
-        cmd = [sys.executable, __file__, "--phase", ph, "--dir", args.dir, "--device", args.device,
-               "--naive-layers", str(args.naive_layers), "--threads", str(args.threads)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        res[ph] = json.loads(out.strip().splitlines()[-1])
+    for ph, rs in runs.items():                     # the median run of each phase
+        res[ph] = sorted(rs, key=lambda x: x["seconds"])[(len(rs) - 1) // 2]
+        if len(rs) > 1:
+            res[ph]["runs_seconds"] = [round(x["seconds"], 4) for x in rs]
         print(f"{ph:9s} {json.dumps(res[ph])}", flush=True)
-    a, r = res["analysis"]["seconds"], res["read"]["seconds"]
-    print(f"\ndevice {args.device}: read {r:.3f} s, analysis {a:.3f} s "
-          f"({res['analysis']['rows']} values, {N_LAYERS} layers)")
-    print(f"analysis / read           = {a / r:.1f}x   (target <= 5x on CPU); of which the stacked-W_Q "
-          f"condition/defect take {res['analysis']['stacked_wq_seconds']:.3f} s")
+    if not args.skip_naive:
+        res["naive"] = run_phase(args, "naive")
+        print(f"{'naive':9s} {json.dumps(res['naive'])}", flush=True)
+    load1 = os.getloadavg()[0]
+    an, a, r = res["analysis"], res["analysis"]["seconds"], res["read"]["seconds"]
+    wq = an["stacked_wq_seconds"]
+    print(f"\ndevice {args.device}, torch threads {an['threads']}, 1-min load average {load0:.2f} -> {load1:.2f}"
+          + (f", median of {args.repeat} runs" if args.repeat > 1 else ""))
+    print(f"read {r:.3f} s, analysis {a:.3f} s ({an['rows']} values, {N_LAYERS} layers)")
+    print(f"analysis / read           = {a / r:.1f}x   (target <= 5x on CPU)")
+    print(f"  of which stacked-W_Q condition/defect {wq:.3f} s (one LU and two Lanczos runs per layer), "
+          f"other metrics {an['other_metrics_seconds']:.3f} s, "
+          f"opening/reading/reshaping the checkpoint {an['reading_seconds']:.3f} s")
+    print(f"  without the stacked-W_Q metrics: {a - wq:.3f} s = {(a - wq) / r:.1f}x read")
     if "naive" in res:
         n = res["naive"]["scaled_seconds"]
         print(f"naive (scaled) / analysis = {n / a:.0f}x   (naive {res['naive']['seconds']:.1f} s on "
               f"{args.naive_layers} layers -> {n:.0f} s for {N_LAYERS}; target >= 100x)")
-    print("peak RSS MiB: " + ", ".join(f"{k} {v['peak_rss_mib']:.0f}" for k, v in res.items()))
+    print("peak RSS MiB: " + ", ".join(f"{k} {v['peak_rss_mib']:.0f}" for k, v in res.items())
+          + ("" if args.device != "cuda" else
+             "; peak CUDA MiB: " + ", ".join(f"{k} {v['peak_cuda_mib']:.0f}" for k, v in res.items())))
     if tmp is not None:
         tmp.cleanup()
 
