@@ -15,6 +15,9 @@ a complete line) and the reader state in ``state``:
 A resumed run (steps of a metric go back) stays ONE run: per (step, metric)
 the point logged last wins, and ``runs.resumed`` is set. User corrections in
 ``run_overrides`` are written back over the run row after every ingest.
+
+Points go in, and are checked, in SQL (``loaders.logs.newpoints``); a CSV is
+read by DuckDB's ``read_csv`` inside the write transaction itself.
 """
 from __future__ import annotations
 
