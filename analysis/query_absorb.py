@@ -48,7 +48,7 @@ def stack_queries(q: torch.Tensor) -> torch.Tensor:
     return q.float().permute(0, 2, 1).reshape(n_heads * d_head, d_model).mT
 
 
-def _top_sv2(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callable[[torch.Tensor], torch.Tensor],
+def _largest_sv_squared(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callable[[torch.Tensor], torch.Tensor],
              n: int, device, *, block: int = 1, rtol: float | Callable[[float], float] = 1e-6,
              max_iter: int = 300) -> float:
     """``sigma_max(F)^2``, the largest eigenvalue of ``F^T F``, for an operator given by
@@ -164,20 +164,20 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
         lu, piv, _ = torch.linalg.lu_factor_ex(a)                     # A = P L U, packed
         diag = torch.diagonal(lu).abs().double()                      # |U_ii|
         fwd, bwd = (lambda x: a @ x), (lambda y: a.mT @ y)           # A, A^T
-        block = 1 if a.device.type == "cpu" else 8                    # see _top_sv2
+        block = 1 if a.device.type == "cpu" else 8                    # see _largest_sv_squared
         if not bool(diag.min() > 0):
-            top = _top_sv2(fwd, bwd, n, a.device, block=block)
+            top = _largest_sv_squared(fwd, bwd, n, a.device, block=block)
             return StackedSpectrum(n, top ** 0.5, 0.0, fro2, float("-inf"))
         log_det = float(diag.log().sum())
         # sigma_max(A^{-T}) = 1 / sigma_min(A); A^{-T} and A^{-1} through the LU's triangular solves
-        inv_top = _top_sv2(lambda x: torch.linalg.lu_solve(lu, piv, x, adjoint=True),
+        inv_top = _largest_sv_squared(lambda x: torch.linalg.lu_solve(lu, piv, x, adjoint=True),
                            lambda y: torch.linalg.lu_solve(lu, piv, y), n, a.device, block=block)
         if not (inv_top > 0 and math.isfinite(inv_top)):
-            top = _top_sv2(fwd, bwd, n, a.device, block=block)
+            top = _largest_sv_squared(fwd, bwd, n, a.device, block=block)
             return StackedSpectrum(n, top ** 0.5, 0.0, fro2, log_det)
         sigma_min = inv_top ** -0.5
         # relative tolerance on sigma_max^2: twice the one on sigma_max
-        top = _top_sv2(fwd, bwd, n, a.device, block=block,
+        top = _largest_sv_squared(fwd, bwd, n, a.device, block=block,
                        rtol=lambda theta: 2 * max(1e-6, EPS32 * math.sqrt(max(theta, 0.0)) / sigma_min / 10))
         return StackedSpectrum(n, top ** 0.5, sigma_min, fro2, log_det)
 

@@ -223,7 +223,7 @@ def test_top_singular_value_blocks(block):
     s = np.geomspace(1.0, 1e-2, 256)
     s[:4] = [1.0, 0.9995, 0.999, 0.9985]
     a = query_absorb.stack_queries(_with_singular_values(s, seed=43))
-    top = query_absorb._top_sv2(lambda x: a @ x, lambda y: a.mT @ y, 256, "cpu", block=block, rtol=1e-6)
+    top = query_absorb._largest_sv_squared(lambda x: a @ x, lambda y: a.mT @ y, 256, "cpu", block=block, rtol=1e-6)
     assert top == pytest.approx(1.0, rel=2e-6)
 
 
