@@ -173,6 +173,9 @@ def test_watch_without_on_busy_raises_database_busy(tmp_path):
     from loaders.errors import DatabaseBusyError
     from loaders.ingest import watch
 
+    run = tmp_path / "live"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "train_loss": 4.0}\n')
     db = tmp_path / "q.duckdb"
     Store(db).checkpoints()
     holder = subprocess.Popen(
@@ -181,7 +184,7 @@ def test_watch_without_on_busy_raises_database_busy(tmp_path):
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(DatabaseBusyError, match="database is busy"):
-        watch(Store(db, busy_timeout=0.2), [tmp_path], interval=0.1, stop=lambda: True)
+        watch(Store(db, busy_timeout=0.2), [run], interval=0.1, stop=lambda: True)
     holder.wait(timeout=30)
 
 
