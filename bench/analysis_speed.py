@@ -24,7 +24,10 @@ checkpoint; the ratio without the stacked-W_Q metrics is printed too.
 ``--repeat N`` alternates the read and analysis phases N times and reports the
 median of each (wall-clock times on a shared machine vary a lot; the 1-minute
 load average before and after is printed). Each phase also reports its CPU
-seconds (all threads).
+seconds (all threads). On a machine other processes keep busy, OpenMP's
+spin-waiting makes multi-threaded phases slow and erratic (10x and more: every
+small parallel region waits for a descheduled thread); measure there with
+``--threads 1``, or with ``OMP_WAIT_POLICY=PASSIVE`` in the environment.
 
     .venv/bin/python bench/analysis_speed.py [--device cpu|cuda] [--naive-layers 2] [--dir DIR]
                                              [--threads N] [--repeat N] [--skip-naive]
