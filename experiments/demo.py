@@ -29,9 +29,9 @@ WEIGHT_DECAYS = (0.0, 0.03, 0.1)
 SHARING_WD = 0.1
 DEMO_MODEL = GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, d_model=64,
                        norm="layernorm", positions="learned", mlp_ratio=4.0)
-CORPUS_MAX_BYTES = 6_000_000
-STEPS = 600
-SAVE_STEPS = [150, 300, 450]
+CORPUS_MAX_BYTES = 12_000_000
+STEPS = 4000
+SAVE_STEPS = [500, 1000, 2000, 3000]
 #: extra seeds of one configuration, to measure the seed-to-seed spread
 SEED_REPLICATES = ("qkv-mha-wd0.1", (1, 2))
 MULTI_CHECKPOINT_RUNS = ("qkv-mha-wd0.1", "k_eq_v-mha-wd0.1")
@@ -39,8 +39,8 @@ MULTI_CHECKPOINT_RUNS = ("qkv-mha-wd0.1", "k_eq_v-mha-wd0.1")
 
 def demo_training(steps: int = STEPS):
     from experiments.train import TrainConfig
-    return TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup_steps=30, eval_interval=100,
-                       eval_batches=32, log_interval=10, seed=1337, corpus=None,
+    return TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup_steps=100, eval_interval=250,
+                       eval_batches=32, log_interval=20, seed=1337, corpus=None,
                        corpus_max_bytes=CORPUS_MAX_BYTES, threads=1)
 
 

@@ -1,7 +1,7 @@
 """The bundled demo experiments in data/demo/.
 
   python -m app demo              list the demo runs and their final validation losses
-  python -m app demo --rebuild    re-train all of them (14 to 21 minutes measured on 2 shared CPU cores)
+  python -m app demo --rebuild    re-train all of them (94.5 min measured on 2 shared CPU cores)
 
 --rebuild trains into <out>.rebuild/ and replaces <out> only when every run
 finished, then writes <out>/README.md (command, machine, duration, table).

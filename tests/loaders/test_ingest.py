@@ -111,9 +111,9 @@ def test_projection_sharing_checkpoint_gives_a_checkpoint_and_its_val_metrics(tm
 def test_own_checkpoints_report_their_training_step():
     from loaders.checkpoints import inspect_checkpoint
 
-    ckpt = Path(__file__).resolve().parents[2] / "data/demo/qkv-mha-wd0.1/checkpoints/step_000150.safetensors"
+    ckpt = Path(__file__).resolve().parents[2] / "data/demo/qkv-mha-wd0.1/checkpoints/step_000500.safetensors"
     info = inspect_checkpoint(ckpt)
-    assert (info["architecture"], info["variant"], info["step"]) == ("qkvscope", "qkv", 150)
+    assert (info["architecture"], info["variant"], info["step"]) == ("qkvscope", "qkv", 500)
 
 
 def test_watch_ingests_new_lines_of_a_live_log(tmp_path):
