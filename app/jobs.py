@@ -100,7 +100,10 @@ def _nonfinite_notes(frame: pd.DataFrame, notes: dict[str, str]) -> None:
     bad = frame[~frame["value"].map(lambda x: x is not None and math.isfinite(x))]
     for metric, grp in bad.groupby("metric", sort=True):
         labels = ", ".join(grp["head_label"].tolist()[:8]) + (" ..." if len(grp) > 8 else "")
-        notes.setdefault(metric, f"undefined (zero norm or singular matrix) at {labels}")
+        msg = f"undefined (zero norm or singular matrix) at {labels}"
+        # a metric can already carry a note about rows that are absent (e.g. the
+        # per-layer erank_o); keep both rather than hide the undefined heads
+        notes[metric] = f"{notes[metric]}; {msg}" if metric in notes else msg
 
 
 def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,

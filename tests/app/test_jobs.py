@@ -340,3 +340,16 @@ def test_realworld_nanogpt_runs_but_has_no_byte_vocabulary(realworld, tmp_path):
     store = Store(tmp_path / "rw.duckdb")
     _, a = jobs.analyze(store, jobs.resolve(store, str(path)), device="cpu", activations=True)
     assert a.notes["erank_kcache"] == "no tokenizer and vocab_size 32 < 256: cannot feed UTF-8 bytes"
+
+
+def test_undefined_heads_are_noted_beside_a_metrics_absence_note():
+    """erank_o carries a note (no per-layer value); a zero W_O head adds where it is undefined."""
+    def layer_fn(i):
+        layer = make_layer(i)
+        if i == 0:
+            layer.W_O[1] = 0.0
+        return layer
+    frame, notes = jobs.weight_frame(Checkpoint("mem", make_meta(), layer_fn), device="cpu")
+    assert notes["erank_o"].startswith("W_O: per head only")
+    assert notes["erank_o"].endswith("; undefined (zero norm or singular matrix) at L0H1")
+    assert "undefined" not in notes["erank_q"]
