@@ -59,10 +59,10 @@ from typing import Mapping
 import torch
 
 from experiments.model import GPT, GPTConfig
+from loaders.sources import strip_key_prefixes
 
 __all__ = ["ForeignCheckpointError", "runnable", "from_projection_sharing"]
 
-_PREFIXES = ("_orig_mod.", "module.")
 _PROJ = ("c_attn", "c_q", "c_k", "c_v", "c_kv", "c_qk", "c_qkv")
 _KV_NAMES = ("n_kv_groups", "n_kv_heads", "n_kv_head", "num_kv_heads")
 _LISTED = 8
@@ -70,16 +70,6 @@ _LISTED = 8
 
 class ForeignCheckpointError(ValueError):
     """This checkpoint cannot be run as a GPT; ``str()`` says why."""
-
-
-def _strip(key: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for p in _PREFIXES:
-            if key.startswith(p):
-                key, changed = key[len(p):], True
-    return key
 
 
 def _listed(keys) -> str:
@@ -161,7 +151,7 @@ def from_projection_sharing(sd: Mapping[str, torch.Tensor], config: Mapping, *,
     ``[k; v]``) when given; otherwise ``model_config``'s kv count does, else
     more than ``n_embd`` rows means packed. The input tensors are not modified.
     """
-    sd = {_strip(k): v for k, v in sd.items()}
+    sd = {strip_key_prefixes(k): v for k, v in sd.items()}
     if "wte.weight" not in sd or not any(k.startswith("h.") for k in sd):
         if any(k.startswith("blocks.") for k in sd):
             raise ForeignCheckpointError(

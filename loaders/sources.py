@@ -544,7 +544,7 @@ def _has_tensor(v) -> bool:
     return False
 
 
-def _strip(key: str) -> str:
+def strip_key_prefixes(key: str) -> str:
     """Remove ``_orig_mod.`` (torch.compile) and ``module.`` (DDP) prefixes."""
     changed = True
     while changed:
@@ -566,7 +566,7 @@ def _flatten_weights(p: Path, tree: Mapping, prefix: str = "",
     for k, v in tree.items():
         name = f"{prefix}{k}"
         if isinstance(v, torch.Tensor):
-            key = _strip(name)
+            key = strip_key_prefixes(name)
             if key in out:
                 raise CheckpointFormatError(
                     p, f"tensor names '{raw[key]}' and '{name}' both become '{key}' after "
@@ -696,7 +696,7 @@ class ShardedSource(_Closing, TensorSource):
         self._map: dict[str, str] = {}
         raw_map = index["weight_map"]
         for k, shard in raw_map.items():
-            self._map[_strip(k)] = shard
+            self._map[strip_key_prefixes(k)] = shard
         shards = sorted(set(raw_map.values()))
         missing = [s for s in shards if not (p.parent / s).is_file()]
         if missing:
