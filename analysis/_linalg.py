@@ -19,6 +19,29 @@ def as_float32(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t.detach().to(device=device, dtype=torch.float32)
 
 
+def stack_heads(a: torch.Tensor) -> torch.Tensor:
+    """``[heads, rows, d_head] -> [rows, heads*d_head]`` (head-major columns), float32,
+    stored column-major (``A^T`` contiguous).
+
+    The loaders hand out ``W_Q``/``W_K``/``W_V`` with each head's matrix stored
+    transposed (an ``nn.Linear`` weight's rows, ``loaders/layouts/_common.py``):
+    then this is a view, and LAPACK's LU and BLAS products read it in place;
+    any other layout costs one copy.
+    """
+    heads, rows, d_head = a.shape
+    return a.float().mT.reshape(heads * d_head, rows).mT         # [heads*d_head, rows] -> [rows, heads*d_head]
+
+
+def sum_groups(a: torch.Tensor, groups: int) -> torch.Tensor:
+    """Sum of consecutive blocks of ``heads / groups`` matrices of ``a: [heads, m, n]``
+    -> ``[groups, m, n]``, reduced in ``a``'s own memory order (a reduction whose
+    output strides cross the input's runs 10x slower)."""
+    heads, m, n = a.shape
+    if a.stride(-2) == 1 and a.stride(-1) != 1:                  # each matrix stored transposed
+        return a.mT.reshape(groups, heads // groups, n, m).sum(1).mT
+    return a.reshape(groups, heads // groups, m, n).sum(1)
+
+
 def gram(a: torch.Tensor) -> torch.Tensor:
     """``A^T A`` for a stack ``[..., rows, n]`` -> ``[..., n, n]``."""
     return a.mT @ a

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from analysis._linalg import gram
+from analysis._linalg import gram, stack_heads, sum_groups
 
 
 def symmetry_per_head(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor, *,
@@ -57,8 +57,7 @@ def symmetry_per_head(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor, *,
 
 def group_queries(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     """Sum of the query heads sharing each kv head: ``[n_kv_heads, d_model, d_head]``."""
-    n_heads, d_model, d_head = q.shape
-    return q.float().view(n_kv_heads, n_heads // n_kv_heads, d_model, d_head).sum(1)
+    return sum_groups(q.float(), n_kv_heads)
 
 
 class LayerForm(NamedTuple):
@@ -76,8 +75,8 @@ def layer_form(q: torch.Tensor, k: torch.Tensor) -> LayerForm:
     and their three small products."""
     with torch.inference_mode():
         n_kv, d_model, d_head = k.shape
-        qs = group_queries(q, n_kv).permute(1, 0, 2).reshape(d_model, n_kv * d_head)
-        ks = k.float().permute(1, 0, 2).reshape(d_model, n_kv * d_head)
+        qs = stack_heads(group_queries(q, n_kv))              # [d_model, n_kv*d_head]
+        ks = stack_heads(k)
         return LayerForm(qs, ks, gram(qs), gram(ks), ks.T @ qs)
 
 

@@ -37,15 +37,15 @@ from typing import Callable
 
 import torch
 
-from analysis._linalg import EPS32, kv_index
+from analysis._linalg import EPS32, kv_index, stack_heads
 
 
 def stack_queries(q: torch.Tensor) -> torch.Tensor:
     """``[n_heads, d_model, d_head] -> [d_model, n_heads*d_head]`` (head-major columns),
     stored column-major (``A^T`` contiguous): LAPACK's layout, so the LU and solves
-    need no transposing copy, and ``A x`` and ``A^T y`` both read it in place."""
-    n_heads, d_model, d_head = q.shape
-    return q.float().permute(0, 2, 1).reshape(n_heads * d_head, d_model).mT
+    need no transposing copy, and ``A x`` and ``A^T y`` both read it in place
+    (``analysis._linalg.stack_heads``)."""
+    return stack_heads(q)
 
 
 def _largest_sv_squared(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callable[[torch.Tensor], torch.Tensor],

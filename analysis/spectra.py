@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from analysis._linalg import clean_eigh, gram, gram_eigvals, psd_sqrt, spectrum_stats
+from analysis._linalg import clean_eigh, gram, gram_eigvals, psd_sqrt, spectrum_stats, stack_heads
 
 
 def gram_stats(g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -44,12 +44,6 @@ def wide_stats(a: torch.Tensor) -> dict[str, torch.Tensor]:
     with torch.inference_mode():
         a32 = a.float()
         return gram_stats(a32 @ a32.mT)
-
-
-def stack_heads(a: torch.Tensor) -> torch.Tensor:
-    """``[heads, d_model, d_head] -> [d_model, heads*d_head]``, head-major columns."""
-    heads, d_model, d_head = a.shape
-    return a.float().permute(1, 0, 2).reshape(d_model, heads * d_head)
 
 
 def stacked_stats(a: torch.Tensor) -> dict[str, float]:

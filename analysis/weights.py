@@ -34,7 +34,7 @@ import torch
 
 from analysis import kv_similarity, qk_geometry, query_absorb, spectra
 from analysis._linalg import (as_float32, clean_eigh, gram, identity_queries, kv_index, psd_sqrt_from,
-                             spectrum_stats)
+                             spectrum_stats, stack_heads)
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS
 
@@ -110,17 +110,6 @@ def _layer_spectra_note(what: str, width: int, d_model: int) -> str:
             f"analysis leaves out")
 
 
-def _wide_gram(w: torch.Tensor, dev: torch.device, *, chunk: int = 8) -> torch.Tensor:
-    """``W W^T`` per head of ``w: [heads, d_head, d_model]`` (W_O), float32, converted
-    ``chunk`` heads at a time: W_O is needed only through this Gram, so no float32
-    copy of the whole projection is made."""
-    parts = []
-    for c in w.split(chunk):
-        c32 = as_float32(c, dev)                             # [chunk, e, d]
-        parts.append(c32 @ c32.mT)
-    return torch.cat(parts)
-
-
 def weight_metrics(layer: LayerLike, meta: MetaLike, *,
                    device: str | torch.device | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
     """Every weight-level metric of ``layer`` (see module docstring)."""
@@ -135,7 +124,9 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
         kv_of = kv_index(h, g, dev)
         kvp = kv_similarity.products(k, v)                   # K^T K, V^T V, K^T V: [g, e, e] float32
         eig_k = clean_eigh(kvp.kk)                           # float64 (lam ascending, U)
-        go = _wide_gram(layer.W_O, dev)                      # W_O[h] W_O[h]^T, [h, e, e]
+        o = as_float32(layer.W_O, dev)                       # [h, e, d], in the loader's layout
+        go = o @ o.mT                                        # W_O[h] W_O[h]^T, [h, e, e]
+        del o
 
         # -- K/V similarity
         out.heads("kv_cosine_flat", kv_similarity.cosine_flat(k, v, prod=kvp), kv=True)
@@ -171,8 +162,8 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
                 out.heads(f"{stat}_{p}", vals, kv=p in ("k", "v"))
         # -- and per layer where the stacked matrix is narrow (grouped kv heads)
         if g < h:
-            gks = form.gks if form is not None else gram(spectra.stack_heads(k))
-            for p, g_stack in (("k", gks), ("v", gram(spectra.stack_heads(v)))):
+            gks = form.gks if form is not None else gram(stack_heads(k))
+            for p, g_stack in (("k", gks), ("v", gram(stack_heads(v)))):
                 for stat, val in spectra.gram_stats(g_stack).items():
                     out.whole(f"{stat}_{p}", float(val))
         absent = [("o", "W_O", h * e)] + ([] if identity else [("q", "W_Q", h * e)])

@@ -188,7 +188,15 @@ def basis(d_model: int, n_heads: int, n_kv: int, d_head: int) -> str:
 # ---- reshapes --------------------------------------------------------------
 
 def fresh(t: torch.Tensor) -> torch.Tensor:
-    return t.clone(memory_format=torch.contiguous_format)
+    """A copy of ``t`` that shares no memory with it, in ``t``'s own stride order.
+
+    The reshapes above hand back transposed views of the stored matrices; a
+    contiguous copy would transpose every projection element by element (half
+    of reading a bfloat16 checkpoint), while a copy in the view's own layout is
+    a linear ``memcpy``. The analysis reads the per-head matrices through
+    ``matmul``, which takes either layout without copying.
+    """
+    return t.clone(memory_format=torch.preserve_format)
 
 
 def rows_to_heads(w: torch.Tensor, n: int, d_head: int) -> torch.Tensor:

@@ -386,6 +386,46 @@ def test_registry_names_unique_and_documented():
     assert list(registry.describe().columns) == ["name", "level", "axis", "family", "help"]
 
 
+def _as_stored_by_loaders(layer):
+    """The same weights in the layout the loaders hand out (``loaders/layouts/_common.py``):
+    W_Q/W_K/W_V as transposed views of nn.Linear rows, W_O as columns of one matrix."""
+    def linear_rows(w):                                   # [n, D, E] -> rows [n*E, D] -> view [n, D, E]
+        n = w.shape[0]
+        rows = w.mT.reshape(n * E, D).clone()
+        return rows.reshape(n, E, D).transpose(1, 2)
+    h = layer.W_O.shape[0]
+    cols = layer.W_O.permute(2, 0, 1).reshape(D, h * E).clone()      # [D, h*E]
+    return SimpleNamespace(layer=layer.layer, W_Q=linear_rows(layer.W_Q), W_K=linear_rows(layer.W_K),
+                           W_V=linear_rows(layer.W_V), W_O=cols.reshape(D, h, E).permute(1, 2, 0),
+                           b_Q=None, b_K=None)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "none"])
+def test_weight_metrics_independent_of_memory_layout(norm):
+    layer = _layer()
+    stored = _as_stored_by_loaders(layer)
+    assert not stored.W_Q.is_contiguous() and torch.equal(stored.W_Q, layer.W_Q)
+    assert torch.equal(stored.W_O, layer.W_O)
+    a, notes_a = weight_metrics(layer, _meta(norm=norm), device="cpu")
+    b, notes_b = weight_metrics(stored, _meta(norm=norm), device="cpu")
+    assert notes_a == notes_b
+    assert a[["layer", "head", "head_label", "metric"]].equals(b[["layer", "head", "head_label", "metric"]])
+    np.testing.assert_allclose(b["value"].to_numpy(), a["value"].to_numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_stack_heads_and_sum_groups_in_both_layouts():
+    from analysis._linalg import stack_heads, sum_groups
+    q = rand(6, D, E, seed=5)
+    stored = _as_stored_by_loaders(SimpleNamespace(layer=0, W_Q=q, W_K=q[:2], W_V=q[:2],
+                                                   W_O=rand(6, E, D, seed=6))).W_Q
+    expect = torch.cat(list(q), dim=1)                                # [D, 6*E], head-major columns
+    for a in (q, stored):
+        s = stack_heads(a)
+        assert torch.equal(s, expect) and s.stride() == (1, D)        # column-major either way
+        torch.testing.assert_close(sum_groups(a, 2), q.reshape(2, 3, D, E).sum(1))
+    assert stack_heads(stored).data_ptr() == stored.data_ptr()        # the loaders' layout: no copy
+
+
 @pytest.mark.gpu
 def test_cpu_and_gpu_agree():
     a, _ = weight_metrics(_layer(), _meta(norm="none"), device="cpu")
