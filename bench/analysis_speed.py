@@ -24,7 +24,7 @@ checkpoint; the ratio without the stacked-W_Q metrics is printed too.
 The bare LU factorisations alone (every layer's stacked W_Q, float32, already
 in memory) are timed too: no exact condition number or log-determinant comes
 cheaper, so their ratio to ``read`` is this machine's floor for the first
-ratio. ``--repeat N`` alternates the read and analysis phases N times and reports the
+ratio. ``--repeat N`` (default 3) alternates the read and analysis phases N times and reports the
 median of each (wall-clock times on a shared machine vary a lot; the 1-minute
 load average before and after is printed). Each phase also reports its CPU
 seconds (all threads). On a machine other processes keep busy, OpenMP's
@@ -33,7 +33,7 @@ small parallel region waits for a descheduled thread); measure there with
 ``--threads 1``, or with ``OMP_WAIT_POLICY=PASSIVE`` in the environment.
 
     .venv/bin/python bench/analysis_speed.py [--device cpu|cuda] [--naive-layers 2] [--dir DIR]
-                                             [--threads N] [--repeat N] [--skip-naive]
+                                             [--threads N] [--repeat 3] [--skip-naive]
 """
 from __future__ import annotations
 
@@ -72,6 +72,7 @@ def build(folder: Path) -> None:
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": D_MODEL,
         "num_attention_heads": N_HEADS, "num_key_value_heads": N_KV, "num_hidden_layers": N_LAYERS,
         "intermediate_size": 5632, "vocab_size": 32000, "torch_dtype": "bfloat16"}))
+    os.sync()   # write the 0.4 GB out now, not while the phases are timed
 
 
 def phase_read(folder: Path, device: str) -> dict:
@@ -203,8 +204,9 @@ def main() -> None:
     ap.add_argument("--naive-layers", type=int, default=2)
     ap.add_argument("--dir", default=None, help="where to write the benchmark checkpoint (kept)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per phase (default: torch's)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="alternate the read and analysis phases this many times; report the medians")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="alternate the read and analysis phases this many times; report the medians "
+                         "(default 3: a single read of 0.2 s swings by 2-3x)")
     ap.add_argument("--phase", choices=["read", "analysis", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--skip-naive", action="store_true", help="measure read and analysis only")
     args = ap.parse_args()
