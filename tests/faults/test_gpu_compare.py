@@ -1,0 +1,48 @@
+"""``scripts/gpu_compare.py``: CPU against another device, metric by metric.
+(On CUDA it runs in ``scripts/gpu_check.sh``; here both sides are the CPU.)"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_compare.py"
+CKPT = ROOT / "data" / "demo" / "k_eq_v-gqa2-wd0.1" / "checkpoints" / "final_step_004000.safetensors"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_compare", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_same_device_agrees():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", str(CKPT)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all 420 values agree (rtol 0.002, atol 0.0001)" in proc.stdout
+    assert "logit    max |diff| 0.00e+00" in proc.stdout          # activation metrics are compared too
+
+
+def test_a_difference_or_a_missing_value_fails(monkeypatch, capsys):
+    mod = _module()
+    index = pd.MultiIndex.from_tuples([(0, "L0H0", "qk_symmetry"), (0, "L0H1", "qk_symmetry"),
+                                       (0, "L0", "wq_condition")], names=["layer", "head_label", "metric"])
+    ref = pd.Series([0.5, 0.7, 120.0], index=index)
+
+    def frames(path, device):
+        if device == "cpu":
+            return ref, {}
+        return pd.Series([0.5, 0.71, float("nan")], index=index), {}
+    monkeypatch.setattr(mod, "frames", frames)
+    monkeypatch.setattr(sys, "argv", ["gpu_compare.py", "--device", "other", str(CKPT)])
+    assert mod.main() == 1
+    out = capsys.readouterr().out
+    assert "FAIL layer 0 L0H1 qk_symmetry: cpu 0.7, other 0.71" in out
+    assert "FAIL layer 0 L0 wq_condition: cpu 120, other nan" in out
+    assert "L0H0" not in out
