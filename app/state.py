@@ -81,3 +81,11 @@ def checkpoints_frame(db: str, version: tuple) -> pd.DataFrame:
 def analysis_results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
     """One checkpoint's stored metric values (``loaders.curves.analysis_results``)."""
     return curves.analysis_results(get_store(), checkpoint_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def results_over_checkpoints(db: str, version: tuple, ids: tuple,
+                             metrics: tuple | None = None) -> pd.DataFrame:
+    """Several checkpoints' stored values with step and run, optionally only ``metrics``
+    (``loaders.curves.results_over_checkpoints``)."""
+    return curves.results_over_checkpoints(get_store(), ids, list(metrics) if metrics else None)

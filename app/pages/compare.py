@@ -15,7 +15,7 @@ import streamlit as st
 from analysis.registry import BY_NAME, METRICS
 from analysis.trajectories import summarise, trajectories
 from app import charts
-from app.state import (data_version, get_store, query_param, set_query_params,
+from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
                        checkpoints_frame as _checkpoints, analysis_results as _results)
 from loaders import curves
 
@@ -32,11 +32,6 @@ HEAD_METRICS = [m.name for m in METRICS if m.axis in ("head", "kv_head", "head+l
 def _run_checkpoints(db: str, version: tuple) -> pd.DataFrame:
     return curves.run_checkpoints(get_store())
 
-
-
-@st.cache_data(show_spinner=False, max_entries=16)
-def _over(db: str, version: tuple, ids: tuple) -> pd.DataFrame:
-    return curves.results_over_checkpoints(get_store(), ids)
 
 
 def _ensure_analysed(store, ids: list[int], label: str) -> list[str]:
@@ -136,7 +131,8 @@ def _trajectories(store) -> None:
     problems = _ensure_analysed(store, [int(c) for c in ck["checkpoint_id"]], "Analysing the run's checkpoints")
     for p in problems:
         st.warning(p)
-    res = _over(str(store.path), data_version(store), tuple(int(c) for c in ck["checkpoint_id"]))
+    res = results_over_checkpoints(str(store.path), data_version(store),
+                                   tuple(int(c) for c in ck["checkpoint_id"]))
     traj = trajectories(res.drop(columns=["run_id", "step"]), ck.rename(columns={"checkpoint_id": "id"}))
     available = [m for m in HEAD_METRICS if m in set(traj["metric"])]
     if not available:

@@ -13,7 +13,7 @@ import streamlit as st
 
 from analysis.wd_sensitivity import projection_norms_vs_wd, wd_sensitivity
 from app import charts
-from app.state import data_version, get_store, query_param, set_query_params
+from app.state import data_version, get_store, query_param, results_over_checkpoints, set_query_params
 from loaders import curves
 
 TITLE = "Weight decay"
@@ -46,11 +46,6 @@ def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diver
 @st.cache_data(show_spinner=False, max_entries=8)
 def _latest(db: str, version: tuple) -> pd.DataFrame:
     return curves.latest_run_checkpoints(get_store())
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def _norms(db: str, version: tuple, ids: tuple) -> pd.DataFrame:
-    return curves.results_over_checkpoints(get_store(), ids, NORMS)
 
 
 def per_run(table: pd.DataFrame) -> pd.DataFrame:
@@ -96,7 +91,8 @@ def _norms_section(store, version, runs: pd.DataFrame) -> None:
     done = latest[latest["analysed"]]
     if done.empty:
         return
-    norms = _norms(str(store.path), version, tuple(int(c) for c in done["checkpoint_id"]))
+    norms = results_over_checkpoints(str(store.path), version, tuple(int(c) for c in done["checkpoint_id"]),
+                                     tuple(NORMS))
     table = projection_norms_vs_wd(runs[["run_id", "variant", "weight_decay"]].dropna(subset=["weight_decay"]),
                                    norms[["run_id", "step", "metric", "value"]])
     if table.empty:
