@@ -42,6 +42,20 @@ def _nested(z: np.ndarray) -> list[list[float | None]]:
     return [[None if not np.isfinite(v) else float(v) for v in row] for row in np.asarray(z, dtype=float)]
 
 
+def _noise_range(values) -> tuple[float, float] | None:
+    """A value range for values that are all equal up to float32 noise (e.g. ``kv_cka``
+    of a K=V model, 1 - 3e-8 to 1 + 2e-8), ``+-0.5 * max(1, |v|)`` around them, so
+    a colour scale or axis is not stretched over rounding error; None otherwise."""
+    v = np.asarray(values, dtype=float)
+    finite = v[np.isfinite(v)]
+    if not finite.size:
+        return None
+    lo, hi = float(finite.min()), float(finite.max())
+    if hi - lo > 1e-6 * max(1.0, abs(hi)):
+        return None
+    return lo - 0.5 * max(1.0, abs(lo)), hi + 0.5 * max(1.0, abs(hi))
+
+
 def _layout(fig: go.Figure, *, title: str | None = None, x_title: str = "", y_title: str = "",
             log_x: bool = False, log_y: bool = False, height: int = 460) -> go.Figure:
     fig.update_layout(title=title, height=height, margin=dict(l=60, r=20, t=50 if title else 20, b=50),
@@ -179,13 +193,8 @@ def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
     grid = grid.sort_index().sort_index(axis=1)
     z = grid.to_numpy(dtype=float)  # (n_layers, n_heads)
     text = [[("" if math.isnan(v) else f"{v:.3g}") for v in row] for row in z]
-    finite = z[np.isfinite(z)]
-    if zmin is None and zmax is None and finite.size:
-        lo, hi = float(finite.min()), float(finite.max())
-        if hi - lo <= 1e-6 * max(1.0, abs(hi)):
-            # All equal up to float32 noise (e.g. kv_cka of a K=V model): one
-            # colour, not a full colour scale stretched over rounding error.
-            zmin, zmax = lo - 0.5 * max(1.0, abs(lo)), hi + 0.5 * max(1.0, abs(hi))
+    if zmin is None and zmax is None and (steady := _noise_range(z)) is not None:
+        zmin, zmax = steady                     # one colour for values equal up to noise
     fig = go.Figure(go.Heatmap(
         z=_nested(z), x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
         colorscale=colorscale, zmin=zmin, zmax=zmax, text=text,
@@ -252,7 +261,10 @@ def trajectory_figure(traj: pd.DataFrame, metric: str, *, by: str = "layer") -> 
                                      hovertemplate=f"{name}<br>step %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
     else:
         fig.add_trace(go.Scatter(x=data["step"], y=data["value"], mode="lines+markers", name=metric))
-    return _layout(fig, x_title="step", y_title=f"{metric} (mean over heads)", height=380)
+    fig = _layout(fig, x_title="step", y_title=f"{metric} (mean over heads)", height=380)
+    if (steady := _noise_range(data["value"])) is not None:
+        fig.update_yaxes(range=list(steady))    # flat lines, not rounding error blown up to full height
+    return fig
 
 
 def _wd_axis(wds) -> tuple[dict, float | None]:
