@@ -12,6 +12,9 @@ a metric that is computed but not registered is a bug (a test checks it).
 
 ``METRIC_VERSION`` is stored beside every value; bump it when any formula or
 its numerics change, so stored results are recomputed instead of reused.
+Version 3: every row carries ``chance`` (and activation rows ``n_tokens``,
+``ci_low``, ``ci_high``); spectra in float64; activation metrics on a corpus
+sample; ``qk_directionality`` as its authors compute it.
 Version 2: ``wq_basis_orth_defect`` is ``log(mean sigma^2 / geometric mean sigma^2)``
 (was ``sqrt(mean (sigma_i^2 / mean sigma^2 - 1)^2)``); per-layer K and V spectra.
 """
@@ -21,10 +24,16 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-METRIC_VERSION = 2
+METRIC_VERSION = 3
 
 #: The columns of every tidy metric frame.
 COLUMNS = ["layer", "head", "head_label", "metric", "value"]
+#: What a stored or reported result row holds: the tidy columns plus its meaning.
+#: ``chance``: the value independent projections of the same shapes give
+#: (``analysis.chance``); ``n_tokens``: sample tokens behind an activation value
+#: (NA for weight metrics); ``ci_low``/``ci_high``: 95% bootstrap interval over
+#: token windows (activation metrics; NA for weight metrics).
+RESULT_COLUMNS = COLUMNS + ["chance", "n_tokens", "ci_low", "ci_high"]
 
 
 @dataclass(frozen=True)
