@@ -90,6 +90,7 @@ import pandas as pd
 
 from analysis.registry import METRIC_VERSION, names
 from loaders.errors import QkvscopeError, StoreError
+from loaders.results import replace_results
 from loaders.store import Store
 
 KINDS = ("weights", "activations")
@@ -366,6 +367,9 @@ def _result_frame(frame: pd.DataFrame, spec: TaskSpec) -> pd.DataFrame:
         "head": frame["head"].astype("Int32").to_numpy(),
         "metric": frame["metric"].astype("string").to_numpy(),
         "value": frame["value"].astype("float64").to_numpy(),
+        **{c: pd.to_numeric(frame[c] if c in frame.columns else pd.Series([None] * len(frame)), errors="coerce")
+           .astype("Int64" if c == "n_tokens" else "float64").to_numpy()
+           for c in ("chance", "n_tokens", "ci_low", "ci_high")},
     })
 
 
@@ -511,7 +515,7 @@ def finalise_groups(con: duckdb.DuckDBPyConnection, loc: ResultsLocation, *, che
         part = loc.part(sha256, kind, g)
         try:
             frames.append(con.execute("SELECT layer, head, metric, value FROM read_parquet(?, hive_partitioning = "
-                                      "false)", [part]).df())
+                                      "false, union_by_name = true)", [part]).df())
         except duckdb.Error as exc:
             raise BatchError(f"{part}: cannot read the results of {layer_label(g)} of checkpoint "
                              f"{checkpoint_id} ({exc})") from exc
@@ -566,18 +570,11 @@ def register(store: Store, checkpoint_id: int, sha256: str, kind: str,
         notes, device = first["notes"], first["device"]
         seconds = None if pd.isna(first["seconds"]) else float(first["seconds"])
         parts = _job_parts(loc, sha256, kind, first["parts"] if "parts" in got.columns else None)
-        level = names(kind)
-        con.execute("DELETE FROM analysis_results WHERE checkpoint_id = ? AND metric_version = ? "
-                    "AND list_contains(?, metric)", [checkpoint_id, METRIC_VERSION, level])
-        con.execute("DELETE FROM analysis_jobs WHERE checkpoint_id = ? AND kind = ? AND metric_version = ?",
-                    [checkpoint_id, kind, METRIC_VERSION])
         where = parts[0] if len(parts) == 1 else f"{loc.folder(sha256, kind)} ({len(parts)} parts)"
         try:
-            n = con.execute(
-                """INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version)
-                   SELECT ?, layer, head, metric, CASE WHEN isfinite(value) THEN value ELSE NULL END, ?
-                   FROM read_parquet(?, hive_partitioning = false) WHERE checkpoint_sha256 = ?""",
-                [checkpoint_id, METRIC_VERSION, parts, sha256]).fetchone()[0]
+            n = replace_results(con, checkpoint_id=checkpoint_id, kind=kind, metrics=names(kind),
+                                metric_version=METRIC_VERSION, notes=notes, seconds=seconds, device=device,
+                                parquet=parts, sha256=sha256)
             total = con.execute("SELECT count(*) FROM read_parquet(?, hive_partitioning = false)",
                                 [parts]).fetchone()[0]
         except duckdb.Error as exc:
@@ -585,8 +582,6 @@ def register(store: Store, checkpoint_id: int, sha256: str, kind: str,
         if n != total:
             raise BatchError(f"{where}: expected every row to belong to checkpoint sha256 {sha256}, "
                              f"found {total - n} of {total} rows of another checkpoint")
-        con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, device, seconds, notes) "
-                    "VALUES (?, ?, ?, ?, ?, ?)", [checkpoint_id, kind, METRIC_VERSION, device, seconds, notes])
         con.execute("DELETE FROM analysis_result_files WHERE checkpoint_id = ? AND kind = ? "
                     "AND metric_version = ?", [checkpoint_id, kind, METRIC_VERSION])
         # one location per result: the part, or for layer groups the glob of their parts

@@ -36,10 +36,11 @@ import pandas as pd
 import torch
 
 from analysis.activations import activation_metrics
-from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, names
+from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, RESULT_COLUMNS, names
 from analysis.weights import default_device, weight_metrics
 from loaders.canonical import Checkpoint
 from loaders.errors import QkvscopeError, StoreError
+from loaders.results import replace_results, stored_job
 from loaders.store import Store
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
@@ -343,48 +344,26 @@ def _label(layer, head, metric: str) -> str:
 
 
 def _cached(store: Store, checkpoint_id: int, kind: str) -> JobResult | None:
-    with store.connect() as con:
-        job = con.execute(
-            "SELECT notes, seconds, device FROM analysis_jobs WHERE checkpoint_id = ? AND kind = ? "
-            "AND metric_version = ?", [checkpoint_id, kind, METRIC_VERSION]).fetchone()
-        if job is None:
-            return None
-        level = "weights" if kind == "weights" else "activations"
-        rows = con.execute(
-            "SELECT layer, head, metric, value FROM analysis_results WHERE checkpoint_id = ? "
-            "AND metric_version = ? AND list_contains(?, metric) ORDER BY layer, metric, head NULLS FIRST",
-            [checkpoint_id, METRIC_VERSION, names(level)]).fetchall()
-    frame = pd.DataFrame(
-        [(l, h, _label(l, h, m), m, v) for l, h, m, v in rows], columns=COLUMNS)
-    frame["head"] = frame["head"].astype("Int64")
-    frame["value"] = frame["value"].astype(float)
-    return JobResult(checkpoint_id, "", kind, frame, json.loads(job[0]) if job[0] else {},
-                     cached=True, seconds=float(job[1] or 0.0), device=job[2])
+    level = "weights" if kind == "weights" else "activations"
+    job = stored_job(store, checkpoint_id=checkpoint_id, kind=kind, metrics=names(level),
+                     metric_version=METRIC_VERSION)
+    if job is None:
+        return None
+    frame = job.rows.copy()
+    frame.insert(2, "head_label", [_label(l, h, m) for l, h, m in zip(frame["layer"], frame["head"],
+                                                                      frame["metric"])])
+    frame["layer"] = frame["layer"].astype(int)
+    return JobResult(checkpoint_id, "", kind, frame[RESULT_COLUMNS], job.notes, cached=True,
+                     seconds=job.seconds, device=job.device)
 
 
 def _store_results(store: Store, results: list[JobResult]) -> None:
     with store.transaction() as con:
         for res in results:
             level = "weights" if res.kind == "weights" else "activations"
-            con.execute("DELETE FROM analysis_results WHERE checkpoint_id = ? AND metric_version = ? "
-                        "AND list_contains(?, metric)", [res.checkpoint_id, METRIC_VERSION, names(level)])
-            con.execute("DELETE FROM analysis_jobs WHERE checkpoint_id = ? AND kind = ? AND metric_version = ?",
-                        [res.checkpoint_id, res.kind, METRIC_VERSION])
-            rows = res.frame[["layer", "head", "metric", "value"]].copy()
-            rows["value"] = rows["value"].astype(float)
-            con.register("_qkv_rows", rows)
-            try:
-                con.execute(
-                    """INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version)
-                       SELECT ?, layer, head, metric,
-                              CASE WHEN isfinite(value) THEN value ELSE NULL END, ?
-                       FROM _qkv_rows""", [res.checkpoint_id, METRIC_VERSION])
-            finally:
-                con.unregister("_qkv_rows")
-            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, device, seconds, notes) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
-                        [res.checkpoint_id, res.kind, METRIC_VERSION, res.device, res.seconds,
-                         json.dumps(res.notes, sort_keys=True)])
+            replace_results(con, checkpoint_id=res.checkpoint_id, kind=res.kind, metrics=names(level),
+                            metric_version=METRIC_VERSION, notes=res.notes, seconds=res.seconds,
+                            device=res.device, frame=res.frame)
 
 
 def analyze(store: Store, checkpoint_id: int, *, activations: bool = False, device: str | None = None,

@@ -1,0 +1,112 @@
+"""Analysis results in the store: the one place that writes and reads them back as a job.
+
+An analysis job (``app.jobs`` in-process, ``app.batch`` from Parquet) replaces
+one checkpoint's rows of one kind (``weights`` / ``activations``) and metric
+version, and records an ``analysis_jobs`` row (the cache key, with the notes
+that say why a metric is absent). Both paths go through ``replace_results``
+so the delete-and-insert is written once. ``loaders`` imports neither
+``analysis`` nor ``app``: the metric version and the metric names of a kind
+come in as arguments.
+
+Each row: ``layer, head, metric, value, chance, n_tokens, ci_low, ci_high``
+(``RESULT_FIELDS``). Non-finite values and chance levels are stored as NULL
+(the notes say why); ``n_tokens``, ``ci_low``, ``ci_high`` are NULL for
+weight metrics.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import duckdb
+import pandas as pd
+
+from loaders.store import Store
+
+#: The stored columns of one result row, in order.
+RESULT_FIELDS = ("layer", "head", "metric", "value", "chance", "n_tokens", "ci_low", "ci_high")
+
+
+@dataclass
+class StoredJob:
+    """A finished job read back: its rows (``RESULT_FIELDS``) and its ``analysis_jobs`` row."""
+
+    rows: pd.DataFrame
+    notes: dict[str, str]
+    seconds: float
+    device: str | None
+
+
+def _as_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (at least layer, head, metric, value) with every ``RESULT_FIELDS`` column, typed."""
+    out = pd.DataFrame({
+        "layer": frame["layer"].astype("Int64"),
+        "head": frame["head"].astype("Int64"),
+        "metric": frame["metric"].astype(str),
+    })
+    for col in ("value", "chance", "ci_low", "ci_high"):
+        out[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64") if col in frame.columns \
+            else float("nan")
+    out["n_tokens"] = (pd.to_numeric(frame["n_tokens"], errors="coerce").astype("Int64")
+                       if "n_tokens" in frame.columns else pd.array([pd.NA] * len(frame), dtype="Int64"))
+    return out[list(RESULT_FIELDS)].reset_index(drop=True)
+
+
+_FINITE = "CASE WHEN isfinite({0}) THEN {0} ELSE NULL END"
+_INSERT = (f"INSERT INTO analysis_results (checkpoint_id, {', '.join(RESULT_FIELDS)}, metric_version) "
+           f"SELECT ?, layer, head, metric, {_FINITE.format('value')}, {_FINITE.format('chance')}, n_tokens, "
+           f"{_FINITE.format('ci_low')}, {_FINITE.format('ci_high')}, ? FROM {{source}}")
+
+
+def replace_results(con: duckdb.DuckDBPyConnection, *, checkpoint_id: int, kind: str, metrics: list[str],
+                    metric_version: int, notes: dict[str, str] | str, seconds: float | None,
+                    device: str | None, frame: pd.DataFrame | None = None,
+                    parquet: list[str] | None = None, sha256: str | None = None) -> int:
+    """Replace one checkpoint's results of ``kind`` (the rows of ``metrics``) at ``metric_version``
+    with ``frame`` or with the rows of the Parquet files ``parquet`` whose ``checkpoint_sha256`` is
+    ``sha256``; record the job row. Call inside a transaction. Returns the rows inserted.
+
+    A Parquet file without the chance columns (written by an older qkvscope) gives NULLs there.
+    """
+    con.execute("DELETE FROM analysis_results WHERE checkpoint_id = ? AND metric_version = ? "
+                "AND list_contains(?, metric)", [checkpoint_id, metric_version, list(metrics)])
+    con.execute("DELETE FROM analysis_jobs WHERE checkpoint_id = ? AND kind = ? AND metric_version = ?",
+                [checkpoint_id, kind, metric_version])
+    if frame is not None:
+        rows = _as_rows(frame)
+        con.register("_qkv_rows", rows)
+        try:
+            n = con.execute(_INSERT.format(source="_qkv_rows"), [checkpoint_id, metric_version]).fetchone()[0]
+        finally:
+            con.unregister("_qkv_rows")
+    else:
+        have = {r[0] for r in con.execute(
+            "DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false, union_by_name = true)",
+            [parquet]).fetchall()}
+        cols = ", ".join(c if c in have else f"NULL::{'BIGINT' if c == 'n_tokens' else 'DOUBLE'} AS {c}"
+                         for c in RESULT_FIELDS)
+        source = (f"(SELECT {cols} FROM read_parquet(?, hive_partitioning = false, union_by_name = true) "
+                  "WHERE checkpoint_sha256 = ?)")
+        n = con.execute(_INSERT.format(source=source),
+                        [checkpoint_id, metric_version, parquet, sha256]).fetchone()[0]
+    con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, device, seconds, notes) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [checkpoint_id, kind, metric_version, device, seconds,
+                 notes if isinstance(notes, str) else json.dumps(notes, sort_keys=True)])
+    return int(n)
+
+
+def stored_job(store: Store, *, checkpoint_id: int, kind: str, metrics: list[str],
+               metric_version: int) -> StoredJob | None:
+    """The stored job of ``kind`` at ``metric_version`` with its rows of ``metrics``, or None."""
+    with store.connect() as con:
+        job = con.execute(
+            "SELECT notes, seconds, device FROM analysis_jobs WHERE checkpoint_id = ? AND kind = ? "
+            "AND metric_version = ?", [checkpoint_id, kind, metric_version]).fetchone()
+        if job is None:
+            return None
+        rows = con.execute(
+            f"SELECT {', '.join(RESULT_FIELDS)} FROM analysis_results WHERE checkpoint_id = ? "
+            "AND metric_version = ? AND list_contains(?, metric) ORDER BY layer, metric, head NULLS FIRST",
+            [checkpoint_id, metric_version, list(metrics)]).df()
+    return StoredJob(_as_rows(rows), json.loads(job[0]) if job[0] else {}, float(job[1] or 0.0), job[2])
