@@ -11,15 +11,26 @@ Attention logits are ``x_i M x_j^T`` (times the attention scale), with
   the query heads that share a kv head, ``M = Qs Ks^T`` with
   ``Qs = [sum_{h in group j} Q_h]_j`` and ``Ks = [K_j]_j``, both
   ``d_model x (n_kv_heads * d_head)``; the same identities apply.
-* **Directionality score** (same paper, Def. 3.2): with ``r_i = ||M[i, :]||``
-  (row norms: residual directions read by the query) and ``c_j = ||M[:, j]||``
-  (column norms: directions read by the key), ``r_bar`` = sum of the row norms
-  above ``mean(r) + gamma * std(r)`` (gamma = 2, std with Bessel's correction),
-  ``c_bar`` likewise for columns, and ``d = (c_bar - r_bar) / (c_bar + r_bar)``
-  in [-1, 1]; 0 when no row or column stands out. Positive: a few key-side
-  directions dominate (the paper's "column dominance", typical of decoders).
-  Row norms are ``diag(Qs (Ks^T Ks) Qs^T)``, column norms
-  ``diag(Ks (Qs^T Qs) Ks^T)``: ``d_model`` values from thin products.
+* **Precision**: every product here is float64 (the weights converted
+  exactly), so the scores equal a float64 ``M`` formed explicitly to ~1e-12
+  even on heads with condition number 1e6; the products are thin
+  (``d_model x d_head`` inputs, ``d_head``-sided outputs), so float64 costs
+  little.
+* **Directionality score** (same paper; as the authors compute it in
+  ``matteosaponati/attention-geometry``, ``utils/scores.py``,
+  ``directionality_score``): with ``r_i = ||M[i, :]||_2`` (row norms: residual
+  directions read by the query) and ``c_j = ||M[:, j]||_2`` (column norms:
+  directions read by the key), thresholds ``t_r = mean(r) + gamma * std(r)``
+  and ``t_c`` likewise (gamma = 2, std with Bessel's correction), the excesses
+  ``e_r = sum_{r_i > t_r} (r_i - t_r)`` and ``e_c = sum_{c_j > t_c} (c_j - t_c)``,
+  and ``d = (e_c - e_r) / (e_c + e_r)`` in [-1, 1]; 0 when no row or column
+  exceeds its threshold. Positive: a few key-side directions dominate (the
+  paper's "column dominance", typical of decoders). Per layer only (``M``
+  summed over heads, as the authors' ``W_q W_k^T`` of the whole layer). Row
+  norms are ``diag(Qs (Ks^T Ks) Qs^T)``, column norms ``diag(Ks (Qs^T Qs) Ks^T)``:
+  ``d_model`` values from thin products. (For GQA this uses the attention's
+  own ``M``, each query head with its kv head; the authors' grouped-attention
+  branch reshapes W_K differently.)
 * **Logit symmetry** (activations): the symmetry score of a head's ``T x T``
   pre-softmax logit matrix on sample tokens, before the causal mask.
 """
@@ -29,7 +40,19 @@ from typing import NamedTuple
 
 import torch
 
-from analysis._linalg import gram, stack_heads, sum_groups
+from analysis._linalg import gram, sum_groups
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    """Exact float64 copy of ``t``, keeping its stride order (heads stored transposed stay so)."""
+    return t.detach().to(torch.float64)
+
+
+def _stack64(a: torch.Tensor) -> torch.Tensor:
+    """``[heads, rows, d_head] -> [rows, heads*d_head]`` (head-major columns), float64;
+    ``analysis._linalg.stack_heads`` in float64."""
+    heads, rows, d_head = a.shape
+    return _f64(a).mT.reshape(heads * d_head, rows).mT       # [heads*d_head, rows] -> [rows, heads*d_head]
 
 
 def symmetry_per_head(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor, *,
@@ -37,31 +60,32 @@ def symmetry_per_head(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor, *,
     """Symmetry score of ``M_h = Q_h K_{kv_of[h]}^T`` per query head, ``[n_heads]`` float64.
 
     ``q: [n_heads, d_model, d_head]``, ``k: [n_kv_heads, d_model, d_head]``,
-    ``kv_of: [n_heads]`` the kv head of each query head; ``gq``, ``gk`` the float32
-    Grams ``Q_h^T Q_h`` and ``K_g^T K_g`` if the caller has them.
+    ``kv_of: [n_heads]`` the kv head of each query head. ``gq``, ``gk``: the Grams
+    ``Q_h^T Q_h`` and ``K_g^T K_g`` if the caller has them in float64 (a float32
+    Gram is recomputed in float64: its round-off is what this avoids).
     """
     with torch.inference_mode():
-        q32, k32 = q.float(), k.float()
+        q64, k64 = _f64(q), _f64(k)
         if bool((kv_of[1:] >= kv_of[:-1]).all()):           # heads grouped by kv head (kv_index)
-            counts = torch.bincount(kv_of, minlength=k32.shape[0]).tolist()
-            c = torch.cat([k32[g].mT @ qg for g, qg in enumerate(torch.split(q32, counts))])
+            counts = torch.bincount(kv_of, minlength=k64.shape[0]).tolist()
+            c = torch.cat([k64[g].mT @ qg for g, qg in enumerate(torch.split(q64, counts))])
         else:                                                # any other map: gather the keys
-            c = k32[kv_of].mT @ q32
-        c = c.double()                                       # K^T Q, [n_heads, d_head, d_head]
+            c = k64[kv_of].mT @ q64
+        # c: K^T Q, [n_heads, d_head, d_head]
         tr_m2 = (c * c.mT).sum((1, 2))                       # tr(C C)
-        gq = (gram(q32) if gq is None else gq).double()
-        gk = (gram(k32) if gk is None else gk).double()[kv_of]
+        gq = gq if gq is not None and gq.dtype == torch.float64 else gram(q64)
+        gk = (gk if gk is not None and gk.dtype == torch.float64 else gram(k64))[kv_of]
         norm2 = (gq * gk).sum((1, 2))                        # tr(Gq Gk), both symmetric
         return (1 + tr_m2 / norm2) / 2
 
 
 def group_queries(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """Sum of the query heads sharing each kv head: ``[n_kv_heads, d_model, d_head]``."""
-    return sum_groups(q.float(), n_kv_heads)
+    """Sum of the query heads sharing each kv head: ``[n_kv_heads, d_model, d_head]`` float64."""
+    return sum_groups(_f64(q), n_kv_heads)
 
 
 class LayerForm(NamedTuple):
-    """The layer's ``M = Qs Ks^T`` in thin pieces (float32), shared by its scores."""
+    """The layer's ``M = Qs Ks^T`` in thin pieces (float64), shared by its scores."""
 
     qs: torch.Tensor      # [d_model, n_kv*d_head], grouped query heads side by side
     ks: torch.Tensor      # [d_model, n_kv*d_head], kv heads side by side
@@ -71,12 +95,12 @@ class LayerForm(NamedTuple):
 
 
 def layer_form(q: torch.Tensor, k: torch.Tensor) -> LayerForm:
-    """``Qs, Ks: [d_model, n_kv_heads*d_head]`` with ``M = Qs Ks^T`` summed over heads,
-    and their three small products."""
+    """``Qs, Ks: [d_model, n_kv_heads*d_head]`` (float64) with ``M = Qs Ks^T`` summed
+    over heads, and their three small products."""
     with torch.inference_mode():
         n_kv, d_model, d_head = k.shape
-        qs = stack_heads(group_queries(q, n_kv))              # [d_model, n_kv*d_head]
-        ks = stack_heads(k)
+        qs = _stack64(group_queries(q, n_kv))                # [d_model, n_kv*d_head]
+        ks = _stack64(k)                                     # [d_model, n_kv*d_head]
         return LayerForm(qs, ks, gram(qs), gram(ks), ks.T @ qs)
 
 
@@ -84,24 +108,31 @@ def symmetry_layer(q: torch.Tensor, k: torch.Tensor, *, form: LayerForm | None =
     """Symmetry score of ``M = sum_h Q_h K_{g(h)}^T`` (float)."""
     with torch.inference_mode():
         f = layer_form(q, k) if form is None else form
-        c = f.c.double()                                     # [n_kv*d_head]^2
-        norm2 = (f.gqs.double() * f.gks.double()).sum()
-        return float((1 + (c * c.T).sum() / norm2) / 2)
+        c, gqs, gks = f.c.double(), f.gqs.double(), f.gks.double()   # [n_kv*d_head]^2
+        return float((1 + (c * c.T).sum() / (gqs * gks).sum()) / 2)
+
+
+def outlier_excess(norms: torch.Tensor, gamma: float = 2.0) -> torch.Tensor:
+    """``sum_{x_i > t} (x_i - t)`` with ``t = mean(x) + gamma * std(x)`` (Bessel's
+    correction): how far the outliers of ``norms: [n]`` exceed the threshold."""
+    t = norms.mean() + gamma * norms.std()
+    return (norms[norms > t] - t).sum()
 
 
 def directionality_layer(q: torch.Tensor, k: torch.Tensor, *, gamma: float = 2.0,
                          form: LayerForm | None = None) -> float:
-    """Directionality score ``(c_bar - r_bar) / (c_bar + r_bar)`` of the layer's ``M``."""
+    """Directionality score ``(e_c - e_r) / (e_c + e_r)`` of the layer's ``M``
+    (the authors' definition: outlier excesses over ``mean + gamma * std``)."""
     with torch.inference_mode():
         f = layer_form(q, k) if form is None else form
-        rows = ((f.qs @ f.gks) * f.qs).sum(1).clamp_min(0).double().sqrt()   # [d_model]
-        cols = ((f.ks @ f.gqs) * f.ks).sum(1).clamp_min(0).double().sqrt()   # [d_model]
-        r_bar = rows[rows > rows.mean() + gamma * rows.std()].sum()
-        c_bar = cols[cols > cols.mean() + gamma * cols.std()].sum()
-        den = r_bar + c_bar
+        qs, ks, gqs, gks = f.qs.double(), f.ks.double(), f.gqs.double(), f.gks.double()
+        rows = ((qs @ gks) * qs).sum(1).clamp_min(0).sqrt()   # ||M[i, :]||, [d_model]
+        cols = ((ks @ gqs) * ks).sum(1).clamp_min(0).sqrt()   # ||M[:, j]||, [d_model]
+        e_r, e_c = outlier_excess(rows, gamma), outlier_excess(cols, gamma)
+        den = e_r + e_c
         if den <= 0:
             return 0.0
-        return float((c_bar - r_bar) / den)
+        return float((e_c - e_r) / den)
 
 
 def matrix_symmetry(m: torch.Tensor) -> torch.Tensor:

@@ -83,8 +83,8 @@ METRICS: list[Metric] = [
            "symmetry score of M = W_Q W_K^T: ||sym(M)||^2/||M||^2; 1 symmetric, ~0.5 random, 0 antisymmetric "
            "(per head; head empty: M summed over heads; Saponati et al. 2025)"),
     Metric("qk_directionality", "weights", "layer", "qk_geometry",
-           "directionality score of the layer's M (Saponati et al. 2025, Def. 3.2): (c - r)/(c + r) of the "
-           "outlier column and row norms; >0 key-side dominance"),
+           "directionality of the layer's M as Saponati et al. 2025 compute it: (e_c - e_r)/(e_c + e_r), e the "
+           "summed excess of the outlier column/row norms over mean + 2 std; >0 key-side dominance"),
     *_spectral(),
     *[Metric(f"norm_{p}", "weights", "layer", "norms",
              f"Frobenius norm of the layer's {w} (all heads); plotted against weight decay")
