@@ -140,21 +140,57 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
 
 
+#: Why a folder with model code is analysed from its weights alone.
+REMOTE_CODE_NOTE = "model code beside the checkpoint is never run"
+#: The biggest config.json read to look for model code (a real one is a few KB).
+_CONFIG_BYTES = 4 * 2**20
+
+
+def model_code_reason(path: Path) -> str | None:
+    """Why ``path`` (a Hugging Face folder) must not go through ``transformers``: its
+    ``config.json``/``tokenizer_config.json`` names model code (``auto_map``), or ``.py``
+    files lie beside the checkpoint; None when neither. Nothing of it is imported."""
+    found = []
+    for name in ("config.json", "tokenizer_config.json"):
+        f = path / name
+        try:
+            if f.is_file() and f.stat().st_size <= _CONFIG_BYTES and '"auto_map"' in f.read_text(
+                    encoding="utf-8", errors="replace"):
+                found.append(f"{name} has auto_map")
+        except OSError:
+            continue
+    py = sorted(p.name for p in path.iterdir() if p.suffix == ".py") if path.is_dir() else []
+    if py:
+        found.append(f"{', '.join(py[:3])}{' ...' if len(py) > 3 else ''} beside it")
+    if not found:
+        return None
+    return f"{path}: {REMOTE_CODE_NOTE} ({'; '.join(found)}); weight-level metrics only"
+
+
 def _hf_model(path: Path):
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    reason = model_code_reason(path)
+    if reason is not None:
+        raise NoForwardPass(reason)
+    # Every from_pretrained says trust_remote_code=False: transformers would otherwise ask on
+    # stdin whether to run code named by the config (and run it on "y").
     try:
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True,
+                                                         trust_remote_code=False)
         model = transformers.AutoModel.from_pretrained(
-            str(path), local_files_only=True, attn_implementation="eager", dtype=torch.float32)
-    except (OSError, ValueError, KeyError) as exc:
-        raise NoForwardPass(f"{path}: transformers cannot build this model ({exc})") from exc
+            str(path), config=config, local_files_only=True, trust_remote_code=False,
+            attn_implementation="eager", dtype=torch.float32)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise NoForwardPass(f"{path}: transformers cannot build this model ({exc}); "
+                            "weight-level metrics only") from exc
     tok = None
     # AutoTokenizer builds an empty tokenizer from config.json alone: require its files.
     if any((path / f).is_file() for f in _TOKENIZER_FILES):
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError):
+            tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                                             trust_remote_code=False)
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             tok = None
     return model.eval(), tok, int(getattr(config, "vocab_size", 256) or 256)
 
