@@ -1,0 +1,117 @@
+"""Which projections are tied, read from the tensors themselves (not from the layout).
+
+A layout names a checkpoint's ``variant`` from its tensor names (``qkv`` for
+``q_proj/k_proj/v_proj``); a model trained with ``q_proj = I`` or with
+``v_proj`` copied from ``k_proj`` still has those names. This module compares
+one layer's canonical tensors (``W_Q [n_heads, d_model, d_head]`` or None,
+``W_K``, ``W_V [n_kv_heads, d_model, d_head]``):
+
+* ``q_identity``: ``W_Q`` is None, or equals the identity slice (head ``h``
+  reads ``x[:, h*d_head:(h+1)*d_head]``: ``W_Q[h][h*d_head + i, i] = 1``, else 0;
+  needs ``n_heads * d_head == d_model``).
+* ``q_eq_k``: ``W_Q[h] == W_K[h // group]`` for every query head (``group =
+  n_heads / n_kv_heads``; MHA: head by head). ``q_eq_v`` likewise with ``W_V``.
+  With ``W_Q`` None the query is the identity slice and is compared as such.
+* ``k_eq_v``: ``W_K == W_V``.
+
+**Equal to float tolerance**: ``||A - B||_F <= tol * max(||A||_F, ||B||_F)`` with
+``tol = 8 * eps(dtype)`` of the stored dtype (float32: 9.5e-7, float16:
+7.8e-3, bfloat16: 6.3e-2; two independent matrices differ by ~1.4). Sums are
+float64 and run head by head (no float64 copy of a whole projection); two
+all-zero matrices are equal.
+
+``tied_variant`` names the checkpoint's variant with ``loaders.canonical.VARIANTS``.
+"""
+from __future__ import annotations
+
+import torch
+
+#: Relative tolerance in units of the stored dtype's machine epsilon.
+EPS_FACTOR = 8.0
+
+
+def tolerance(dtype: str | torch.dtype) -> float:
+    """``EPS_FACTOR * eps`` of a floating dtype (named as torch names it, ``"bfloat16"``)."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.replace("torch.", ""), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        dtype = torch.float32                                # the loaders' default storage
+    return EPS_FACTOR * float(torch.finfo(dtype).eps)
+
+
+def _identity_slice(h: int, d_model: int, d_head: int, device) -> torch.Tensor:
+    """Head ``h``'s query-free W_Q: ``[d_model, d_head]`` with ``E[h*d_head + i, i] = 1``."""
+    e = torch.zeros(d_model, d_head, dtype=torch.float64, device=device)
+    e[h * d_head:(h + 1) * d_head] = torch.eye(d_head, dtype=torch.float64, device=device)
+    return e
+
+
+def _rel_diff(pairs) -> float:
+    """``||A - B||_F / max(||A||_F, ||B||_F)`` over matrix pairs ``(A_i, B_i)`` taken
+    together (one stacked A against one stacked B); 0 when both are zero."""
+    diff2 = a2 = b2 = 0.0
+    for a, b in pairs:
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+        diff2 += float((a64 - b64).square().sum())
+        a2 += float(a64.square().sum())
+        b2 += float(b64.square().sum())
+    top = max(a2, b2) ** 0.5
+    return 0.0 if top == 0 else diff2 ** 0.5 / top
+
+
+def tied_layer(layer, meta, *, device: torch.device | str | None = None) -> dict:
+    """Ties of one layer: ``{"layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v"}`` (bools).
+
+    ``layer``: canonical ``AttentionWeights`` (``W_Q`` may be None); ``meta``: its
+    ``ModelMeta`` (``n_heads``, ``n_kv_heads``, ``d_model``, ``d_head``, ``dtype``).
+    ``device``: where the comparisons run (default: where the tensors are).
+    """
+    tol = tolerance(meta.dtype)
+    n_heads, n_kv, d_model, d_head = meta.n_heads, meta.n_kv_heads, meta.d_model, meta.d_head
+    group = n_heads // n_kv
+    with torch.inference_mode():
+        k = layer.W_K if device is None else layer.W_K.to(device)   # [n_kv, d_model, d_head]
+        v = layer.W_V if device is None else layer.W_V.to(device)   # [n_kv, d_model, d_head]
+        dev = k.device
+        slices = n_heads * d_head == d_model
+        if layer.W_Q is None:
+            q_heads = ([_identity_slice(h, d_model, d_head, dev) for h in range(n_heads)]
+                       if slices else None)
+            q_identity = True
+        else:
+            q = layer.W_Q if device is None else layer.W_Q.to(device)   # [n_heads, d_model, d_head]
+            q_heads = list(q)
+            q_identity = slices and _rel_diff(
+                (q[h], _identity_slice(h, d_model, d_head, dev)) for h in range(n_heads)) <= tol
+        out = {"layer": int(layer.layer), "q_identity": bool(q_identity)}
+        for name, other in (("q_eq_k", k), ("q_eq_v", v)):
+            out[name] = q_heads is not None and _rel_diff(
+                (q_heads[h], other[h // group]) for h in range(n_heads)) <= tol
+        out["k_eq_v"] = _rel_diff(zip(k, v)) <= tol
+        # order the keys as documented
+        return {key: out[key] for key in ("layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v")}
+
+
+def layer_variant(ties: dict) -> str | None:
+    """The canonical variant name of one layer's ties, None for a combination without one
+    (``q_eq_v`` alone; the identity query with ``k_eq_v``)."""
+    q_id, qk, kv, qv = ties["q_identity"], ties["q_eq_k"], ties["k_eq_v"], ties["q_eq_v"]
+    if qk and kv:
+        return "q_eq_k_eq_v"
+    if q_id:
+        return None if kv else "wq_identity"
+    if qk:
+        return "q_eq_k"
+    if kv:
+        return "k_eq_v"
+    return None if qv else "qkv"
+
+
+def tied_variant(per_layer: list[dict]) -> str | None:
+    """The variant the tensors show: the one name every layer agrees on, ``"mixed"``
+    when layers disagree, None for no layers or when every layer's ties are a
+    combination without a name."""
+    names = {layer_variant(t) for t in per_layer}
+    if len(names) > 1:
+        return "mixed"
+    return names.pop() if names else None
