@@ -1,0 +1,535 @@
+"""The two papers' quantitative claims, as data, and the same quantities measured on a database.
+
+``CLAIMS`` is the catalogue the Papers page, the README and the tests share:
+one :class:`Claim` per number a paper states, with its units, where it is
+stated (only what was read: a slide, the abstract, the repository README; no
+table number that was not seen) and which measurement stands beside it.
+
+Sources read (facts only):
+
+* Paper A, query-free attention, arXiv 2510.23912, code
+  ``MarkoKarbevski/Wqkv_necessity``: the arXiv abstract (two versions: "reducing
+  attention parameters by 25%", "Training remains stable at over 3x lower weight
+  decay"; v1 "reducing the number of non-embedding/lm-head parameters by over
+  8%") and the repository's ``configs/configurator_creator.ipynb`` (the training
+  configurations: identity queries with attention scale 1/(2 sqrt(d_head)) and
+  weight decay 2**-5, the original with 1/sqrt(d_head) and 0.1; MLP factor 4.5
+  for the identity model and 3.5 for the shrunk original).
+* Paper B, projection sharing, arXiv 2606.04032, code
+  ``Brainchip-Inc/Do-Transformers-Need-3-Projections``: its README (Q-K=V "50% KV
+  cache reduction with only ~3% perplexity degradation", Q-MQA 96.9% at 300M;
+  validation perplexity in Tables 4 and 10) and the ICML poster and talk deck in
+  its ``slides/`` folder (every other number below, slide by slide).
+
+:func:`measure` puts beside each claim what the user's database says
+(:class:`Inputs`, read by ``loaders.papers``): stored analysis results (with
+their chance level and how many heads stand behind them), final validation
+losses of runs per variant against ``qkv`` at the same weight decay (with the
+number of runs and the seed spread), KV-cache and parameter savings of the
+stored checkpoints' own geometry (``analysis.kv_cost``), and the weight-decay
+sensitivity of ``analysis.wd_sensitivity``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analysis.errors import AnalysisError
+from analysis.kv_cost import (
+    KV_TIED, VARIANT_LABELS, VARIANTS, Attention, Geometry, attention_params, embedding_params,
+    formula_params, geometry_from_info, kv_bytes_per_token,
+)
+from analysis.presets import PRESETS
+from analysis.wd_sensitivity import relative_stability, wd_sensitivity
+
+PAPER_A = "2510.23912"
+PAPER_B = "2606.04032"
+PAPERS = {
+    PAPER_A: {"short": "Query-free attention", "code": "MarkoKarbevski/Wqkv_necessity",
+              "title": "Key and Value Weights Are Probably All You Need (Karbevski, Mijoski)"},
+    PAPER_B: {"short": "Projection sharing", "code": "Brainchip-Inc/Do-Transformers-Need-3-Projections",
+              "title": "Do Transformers Need Three Projections? (Kayyam, Madan Gopal, Lewis; ICML 2026)"},
+}
+
+_POSTER = "repository slides/ICML Poster.pptx"
+_DECK = "repository slides/ICML Talk Deck.pptx"
+_NOTEBOOK = "repository configs/configurator_creator.ipynb (training configurations)"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One number a paper states.
+
+    ``measure`` names the measurement put beside it (see :func:`measure`);
+    ``match`` narrows it (a variant, a head-sharing kind, a preset). ``value`` is
+    the paper's number in ``units``; ``where`` is the place it was read.
+    """
+
+    key: str
+    arxiv: str
+    claim: str
+    value: float
+    units: str
+    where: str
+    measure: str
+    match: dict = field(default_factory=dict)
+    note: str = ""
+
+
+CLAIMS: tuple[Claim, ...] = (
+    # -- Paper A: query-free attention ----------------------------------------------------
+    Claim("a_attention_params", PAPER_A, "W_Q = identity removes 25% of the attention parameters",
+          25.0, "% of attention parameters", "abstract", "query_free_saving",
+          note="true for multi-head attention only (W_Q, W_K, W_V, W_O all d x d); with grouped K/V heads "
+               "W_Q is a larger share: n_heads / (2 n_heads + 2 n_kv_heads)"),
+    Claim("a_nonembedding_params", PAPER_A, "W_Q = identity removes over 8% of the non-embedding parameters",
+          8.0, "% of non-embedding parameters (lower bound)", "abstract (arXiv v1)", "query_free_nonembedding",
+          match={"preset": "query-free-124m"}),
+    Claim("a_attn_scale", PAPER_A, "query-free models train with attention scale 1/(2 sqrt(d_head))",
+          0.5, "x 1/sqrt(d_head)", _NOTEBOOK, "attn_scale", match={"variant": "wq_identity"}),
+    Claim("a_weight_decay", PAPER_A, "query-free models train with weight decay 0.03125 (2^-5) instead of 0.1",
+          0.03125, "weight decay", _NOTEBOOK, "weight_decays", match={"variant": "wq_identity"}),
+    Claim("a_stable_lower_wd", PAPER_A, "training stays stable at over 3x lower weight decay",
+          3.2, "x lower weight decay (0.1 / 0.03125)", "abstract", "wd_stability",
+          match={"variant": "wq_identity"}),
+    Claim("a_mlp_wider", PAPER_A, "parameter-matched comparison: the query-free model spends the saved "
+          "parameters on a wider MLP", 4.5, "x d_model (MLP width)", _NOTEBOOK, "mlp_ratio",
+          match={"variant": "wq_identity"}),
+    Claim("a_mlp_narrower", PAPER_A, "parameter-matched comparison: the baseline is shrunk to match",
+          3.5, "x d_model (MLP width)", _NOTEBOOK, "mlp_ratio", match={"variant": "qkv"}),
+    # -- Paper B: projection sharing ------------------------------------------------------
+    Claim("b_kv_cosine", PAPER_B, "trained QKV models: K-V cosine similarity 0.73",
+          0.73, "cosine", f"{_DECK}, slide 6; {_POSTER}", "kv_similarity",
+          note="a flat cosine compares the two matrices entry by entry; it changes when a head's output basis "
+               "is rotated (K -> K R, V -> V R' leaves attention unchanged up to W_O), so it can read ~0 for K and V "
+               "that read the same input directions. Linear CKA is invariant to such rotations"),
+    Claim("b_qk_cosine", PAPER_B, "trained QKV models: Q stays distinct, cos(Q,K) 0.42",
+          0.42, "cosine", f"{_DECK}, slide 6", "not_measured",
+          note="qkvscope computes no flat Q/K cosine; qk_symmetry (Inspector) measures how symmetric W_Q W_K^T is"),
+    Claim("b_qv_cosine", PAPER_B, "trained QKV models: cos(Q,V) 0.31", 0.31, "cosine", f"{_DECK}, slide 6",
+          "not_measured", note="qkvscope computes no flat Q/V cosine"),
+    Claim("b_kv_erank", PAPER_B, "trained QKV models: K and V have similar effective rank, 687 vs 702 of 1024",
+          687 / 1024, "effective rank / d_model (K; V 702/1024 = 0.686)", f"{_DECK}, slide 6", "kv_erank"),
+    Claim("b_ppl_kv_300m", PAPER_B, "Q-K=V costs +3.1% validation perplexity at 300M (5.27 vs 5.11)",
+          3.1, "% validation perplexity vs QKV", f"{_DECK}, slides 5 and 10; {_POSTER}; README: ~3%, "
+          "validation perplexity in Tables 4 and 10", "relative_loss",
+          match={"variant": "k_eq_v", "sharing": "MHA"}),
+    Claim("b_ppl_kv_1_2b", PAPER_B, "Q-K=V costs +2.48% validation perplexity at 1.2B",
+          2.48, "% validation perplexity vs QKV", f"{_DECK}, slides 8 and 10; {_POSTER}", "relative_loss",
+          match={"variant": "k_eq_v", "sharing": "MHA"}),
+    Claim("b_ppl_qk", PAPER_B, "Q=K-V costs +4.9% validation perplexity (300M), with no cache benefit",
+          4.9, "% validation perplexity vs QKV", f"{_DECK}, slide 6; {_POSTER}", "relative_loss",
+          match={"variant": "q_eq_k", "sharing": "MHA"}),
+    Claim("b_ppl_qkv_tied", PAPER_B, "Q=K=V costs +25.4% validation perplexity (300M)",
+          25.4, "% validation perplexity vs QKV", f"{_DECK}, slides 5 and 6; {_POSTER}", "relative_loss",
+          match={"variant": "q_eq_k_eq_v", "sharing": "MHA"}),
+    Claim("b_ppl_gqa", PAPER_B, "GQA-4 costs +0.7% validation perplexity", 0.7,
+          "% validation perplexity vs QKV", f"{_DECK}, slide 9", "relative_loss",
+          match={"variant": "qkv", "sharing": "GQA"}),
+    Claim("b_ppl_q_gqa", PAPER_B, "Q-GQA-4 (K=V with GQA-4) costs +3.9% validation perplexity", 3.9,
+          "% validation perplexity vs QKV", f"{_DECK}, slide 9", "relative_loss",
+          match={"variant": "k_eq_v", "sharing": "GQA"}),
+    Claim("b_ppl_q_mqa", PAPER_B, "Q-MQA (K=V with MQA) costs +4.8% validation perplexity", 4.8,
+          "% validation perplexity vs QKV", f"{_DECK}, slide 9", "relative_loss",
+          match={"variant": "k_eq_v", "sharing": "MQA"}),
+    Claim("b_downstream_1_2b", PAPER_B, "at 1.2B Q-K=V trails QKV by only 0.41 points of 5-shot downstream "
+          "accuracy (35.99 vs 36.40)", 0.41, "accuracy points", f"{_DECK}, slide 8; {_POSTER}", "not_measured",
+          note="qkvscope runs no downstream evaluation"),
+    Claim("b_proj_cost", PAPER_B, "projection cost drops 33% per tie: 3nd^2 -> 2nd^2 -> nd^2",
+          100 / 3, "% of the Q, K, V projection parameters", _POSTER, "kv_projection_saving",
+          note="n d^2 per projection holds for multi-head attention; with grouped K/V heads W_V is a smaller share"),
+    Claim("b_cache_kv", PAPER_B, "Q-K=V halves the KV cache", 50.0, "% KV cache saved",
+          f"README; {_DECK}, slide 5", "kv_saving", match={"variant": "k_eq_v", "sharing": "MHA",
+                                                          "preset": "projection-sharing-300m", "kv_frac": 1.0}),
+    Claim("b_cache_gqa", PAPER_B, "GQA-4 saves 75% of the KV cache", 75.0, "% KV cache saved",
+          f"{_DECK}, slides 4 and 9", "kv_saving", match={"variant": "qkv", "sharing": "GQA",
+                                                         "preset": "projection-sharing-300m", "kv_frac": 0.25}),
+    Claim("b_cache_q_gqa", PAPER_B, "Q-GQA-4 saves 87.5% of the KV cache", 87.5, "% KV cache saved",
+          f"{_DECK}, slides 4 and 9", "kv_saving", match={"variant": "k_eq_v", "sharing": "GQA",
+                                                         "preset": "projection-sharing-300m", "kv_frac": 0.25}),
+    Claim("b_cache_q_mqa", PAPER_B, "Q-MQA saves 96.9% of the KV cache at 300M", 96.9, "% KV cache saved",
+          f"README; {_DECK}, slides 4 and 7", "kv_saving", match={"variant": "k_eq_v", "sharing": "MQA",
+                                                                 "preset": "projection-sharing-300m"}),
+    Claim("b_cache_67x", PAPER_B, "up to 67x cache reduction with Q-MQA", 67.0, "x smaller KV cache", _POSTER,
+          "kv_ratio", match={"variant": "k_eq_v", "sharing": "MQA", "preset": "projection-sharing-1.2b"},
+          note="the consistent ratio is 64x (2 x 32 KV heads against 1): 67x is 64 x 2^20 / 10^6, a size in "
+               "MiB set against one in MB"),
+)
+
+BY_KEY = {c.key: c for c in CLAIMS}
+
+#: What :func:`measure` returns, one row per claim.
+TABLE_COLUMNS = ["key", "paper", "claim", "paper_value", "units", "where", "measured", "chance", "n",
+                 "reading", "source"]
+
+
+@dataclass
+class Inputs:
+    """What :func:`measure` reads; ``loaders.papers.paper_inputs`` fills it from a store.
+
+    * ``checkpoints``: ``id, run_id, step, variant, n_layers, n_heads, n_kv_heads, d_model, d_head,
+      attn_scale, params_total, params_attention`` (the checkpoints compared);
+    * ``results``: ``checkpoint_id, variant, layer, head, metric, value, chance, n_tokens, ci_low,
+      ci_high`` of those checkpoints (latest metric version);
+    * ``runs``: ``run_id, name, variant, n_kv_heads, n_heads, weight_decay, seed, mlp_ratio, config,
+      final`` (``final``: the final value of ``loss_metric``);
+    * ``points``: ``run_id, step, value`` of ``loss_metric`` (for the weight-decay statistics).
+    """
+
+    checkpoints: pd.DataFrame
+    results: pd.DataFrame
+    runs: pd.DataFrame
+    points: pd.DataFrame
+    loss_metric: str = "val/loss"
+
+
+def sharing(n_heads, n_kv_heads) -> str:
+    """``MHA``, ``GQA`` or ``MQA`` from the head counts (``unknown`` when either is missing)."""
+    if n_heads is None or n_kv_heads is None or pd.isna(n_heads) or pd.isna(n_kv_heads):
+        return "unknown"
+    n_heads, n_kv_heads = int(n_heads), int(n_kv_heads)
+    if n_kv_heads == n_heads:
+        return "MHA"
+    return "MQA" if n_kv_heads == 1 else "GQA"
+
+
+def _geometry(row) -> Geometry | None:
+    info = {k: (None if pd.isna(row.get(k)) else row.get(k)) for k in
+            ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "params_total", "params_attention")}
+    info["variant"] = row.get("variant") if row.get("variant") in VARIANTS else "qkv"
+    try:
+        return geometry_from_info(info, name=f"checkpoint {row.get('id')}")
+    except AnalysisError:
+        return None
+
+
+def geometry_savings(checkpoints: pd.DataFrame) -> pd.DataFrame:
+    """Per distinct geometry of the stored checkpoints: what each tie saves, from ``analysis.kv_cost``.
+
+    Returns ``n_heads, n_kv_heads, d_model, d_head, sharing, n_checkpoints, wq_share`` (the fraction of
+    the ``qkv`` attention parameters that W_Q = I removes: ``1 - attn(wq_identity) / attn(qkv)``, biases
+    as the checkpoint has them) and ``wv_share`` (the fraction of the Q, K, V projection parameters a
+    K = V tie removes: ``n_kv_heads / (n_heads + 2 n_kv_heads)``).
+    """
+    cols = ["n_heads", "n_kv_heads", "d_model", "d_head", "sharing", "n_checkpoints", "wq_share", "wv_share"]
+    rows = {}
+    for _, r in checkpoints.iterrows():
+        g = _geometry(r)
+        if g is None:
+            continue
+        key = (g.n_heads, g.n_kv_heads, g.d_model, g.d_head)
+        if key in rows:
+            rows[key]["n_checkpoints"] += 1
+            continue
+        full = attention_params(g, Attention("qkv", g.n_kv_heads))
+        free = attention_params(g, Attention("wq_identity", g.n_kv_heads))
+        rows[key] = {"n_heads": g.n_heads, "n_kv_heads": g.n_kv_heads, "d_model": g.d_model, "d_head": g.d_head,
+                     "sharing": sharing(g.n_heads, g.n_kv_heads), "n_checkpoints": 1,
+                     "wq_share": 1 - free / full,
+                     "wv_share": g.n_kv_heads / (g.n_heads + 2 * g.n_kv_heads)}
+    return pd.DataFrame(list(rows.values()), columns=cols)
+
+
+def relative_losses(runs: pd.DataFrame) -> pd.DataFrame:
+    """Final loss of each (variant, head sharing) against ``qkv`` MHA runs at the same weight decay.
+
+    Per weight decay w where both exist: ``rel = mean(final_v) / mean(final_qkv) - 1`` and, reading the
+    loss as nats per token, the perplexity change ``exp(mean(final_v) - mean(final_qkv)) - 1``. Returns
+    one row per (variant, sharing): ``variant, sharing, rel_loss, rel_ppl`` (means over the matched
+    weight decays), ``weight_decays``, ``n_runs`` (the variant's runs used), ``n_base`` (qkv runs used)
+    and ``seed_spread_ppl`` (largest minus smallest baseline final at one weight decay, as a perplexity
+    ratio, NaN without repeated baseline runs): the noise a difference has to beat.
+    """
+    cols = ["variant", "sharing", "rel_loss", "rel_ppl", "weight_decays", "n_runs", "n_base", "seed_spread_ppl"]
+    need = {"variant", "n_heads", "n_kv_heads", "weight_decay", "final"}
+    missing = sorted(need - set(runs.columns))
+    if missing:
+        raise AnalysisError(f"relative_losses: runs frame lacks columns {missing}; found {sorted(runs.columns)}")
+    frame = runs[runs["final"].notna() & np.isfinite(runs["final"].astype(float))].copy()
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    frame["sharing"] = [sharing(h, k) for h, k in zip(frame["n_heads"], frame["n_kv_heads"])]
+    frame["wd"] = frame["weight_decay"].astype(float).fillna(-1.0)  # unknown weight decay: its own cell
+    base = frame[(frame["variant"] == "qkv") & (frame["sharing"] == "MHA")]
+    base_mean = base.groupby("wd")["final"].mean()
+    spreads = base.groupby("wd")["final"].agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
+    spread = float(np.exp(spreads.max()) - 1) if spreads.notna().any() else float("nan")
+    rows = []
+    for (variant, kind), grp in frame.groupby(["variant", "sharing"], sort=True):
+        if variant == "qkv" and kind == "MHA":
+            continue
+        cells = grp[grp["wd"].isin(base_mean.index)]
+        if cells.empty:
+            continue
+        means = cells.groupby("wd")["final"].mean()
+        ref = base_mean.loc[means.index]
+        rows.append({"variant": variant, "sharing": kind,
+                     "rel_loss": float((means / ref - 1).mean()),
+                     "rel_ppl": float((np.exp(means - ref) - 1).mean()),
+                     "weight_decays": [None if w < 0 else float(w) for w in means.index],
+                     "n_runs": int(len(cells)),
+                     "n_base": int(base["wd"].isin(means.index).sum()),
+                     "seed_spread_ppl": spread})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def kv_saving(geometry: Geometry, variant: str, n_kv_heads: int) -> float:
+    """Fraction of the ``qkv`` MHA cache a configuration saves: ``1 - bytes(variant, kv) / bytes(qkv, n_heads)``
+    (``analysis.kv_cost.kv_bytes_per_token``; the dtype cancels)."""
+    base = kv_bytes_per_token(geometry, Attention("qkv", geometry.n_heads), "bf16")
+    return 1 - kv_bytes_per_token(geometry, Attention(variant, n_kv_heads), "bf16") / base
+
+
+def _pct(x: float, digits: int = 1) -> str:
+    return f"{100 * x:+.{digits}f}%"
+
+
+def _num(x, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _similarity_rows(results: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per-head rows of ``metric`` on checkpoints whose K and V are separate (tied ones are 1 by construction)."""
+    if results.empty:
+        return results
+    sub = results[(results["metric"] == metric) & results["head"].notna()
+                  & ~results["variant"].isin(sorted(KV_TIED))]
+    return sub[sub["value"].notna()]
+
+
+def _summary(rows: pd.DataFrame, label: str) -> tuple[str, str, int]:
+    """``(measured, chance, n)`` of per-head rows: median and range, median chance."""
+    if rows.empty:
+        return "", "", 0
+    v = rows["value"].astype(float)
+    measured = f"{label} median {v.median():.3f} (range {v.min():.3f} to {v.max():.3f})"
+    ch = rows["chance"].astype(float).dropna() if "chance" in rows else pd.Series(dtype=float)
+    chance = f"{ch.median():.3f}" if len(ch) else "chance not computed yet"
+    return measured, chance, int(len(rows))
+
+
+def _kv_similarity(claim: Claim, data: Inputs) -> dict:
+    parts, chances, n = [], [], 0
+    for metric, label in (("kv_cosine_flat", "flat cosine"), ("kv_cka", "CKA"), ("kv_cka_act", "CKA on activations")):
+        m, c, k = _summary(_similarity_rows(data.results, metric), label)
+        if k:
+            parts.append(m)
+            chances.append(f"{label}: {c}")
+            n = max(n, k)
+    if not parts:
+        return {"measured": None, "reading": "No analysed checkpoint with separate K and V yet: analyse the "
+                                              "checkpoints (button above) to measure it."}
+    act = data.results[data.results["metric"] == "kv_cka_act"] if not data.results.empty else data.results
+    tokens = act["n_tokens"].dropna() if len(act) and "n_tokens" in act else []
+    reading = ("Per kv head of checkpoints with separate K and V (K=V variants read 1 by construction). "
+               + claim.note + ".")
+    if len(tokens):
+        reading += f" Activation CKA on {int(pd.Series(tokens).median()):,} tokens."
+    return {"measured": "; ".join(parts), "chance": "; ".join(chances), "n": n, "n_label": "kv heads",
+            "reading": reading}
+
+
+def _kv_erank(claim: Claim, data: Inputs) -> dict:
+    res = data.results
+    if res.empty:
+        return {"measured": None, "reading": "No analysed checkpoint yet."}
+    layer = res[res["head"].isna() & res["metric"].isin(["erank_k", "erank_v"]) & res["value"].notna()
+                & ~res["variant"].isin(sorted(KV_TIED))]
+    if layer.empty:
+        return {"measured": None, "reading": "No whole-layer K/V effective rank stored for checkpoints with separate "
+                                             "K and V (grouped-query models store it; per-head ranks are not "
+                                             "comparable to the paper's per-layer figure)."}
+    d = data.checkpoints.set_index("id")["d_model"]
+    layer = layer.assign(frac=layer["value"].astype(float) / layer["checkpoint_id"].map(d).astype(float))
+    k = layer[layer["metric"] == "erank_k"]["frac"]
+    v = layer[layer["metric"] == "erank_v"]["frac"]
+    ch = layer["chance"].dropna()
+    return {"measured": f"erank(K)/d_model median {k.median():.3f}, erank(V)/d_model median {v.median():.3f}",
+            "chance": f"{ch.median():.3f} (effective rank, not divided)" if len(ch) else "chance not computed yet",
+            "n": int(len(layer) // 2 or len(layer)), "n_label": "layers",
+            "reading": "Whole-layer W_K and W_V effective ranks, as fractions of d_model."}
+
+
+def _query_free(claim: Claim, data: Inputs) -> dict:
+    geo = geometry_savings(data.checkpoints)
+    if geo.empty:
+        return {"measured": None, "reading": "No stored checkpoint with a complete geometry."}
+    parts = [f"{r.sharing} ({r.n_kv_heads} of {r.n_heads} KV heads): {100 * r.wq_share:.1f}%"
+             for r in geo.sort_values("wq_share").itertuples()]
+    return {"measured": "; ".join(parts), "chance": "no chance level (a parameter count)",
+            "n": int(geo["n_checkpoints"].sum()), "n_label": "checkpoints",
+            "reading": "W_Q's share of each stored geometry's qkv attention parameters (analysis.kv_cost). "
+                       + claim.note + "."}
+
+
+def _query_free_nonembedding(claim: Claim, data: Inputs) -> dict:
+    g = PRESETS[claim.match["preset"]]
+    inputs, head = embedding_params(g)
+    base = formula_params(g, Attention("qkv", g.n_kv_heads)) - inputs - head
+    wq = g.n_layers * g.d_model * g.n_heads * g.d_head
+    return {"measured": f"{100 * wq / base:.2f}% on the {g.name} preset (tool calculation)",
+            "chance": "no chance level (a parameter count)", "n": 1, "n_label": "preset",
+            "reading": f"W_Q parameters / non-embedding parameters of {g.name} ({g.source}). Stored checkpoints "
+                       "do not record their vocabulary, so this is computed on the preset only."}
+
+
+def _attn_scale(claim: Claim, data: Inputs) -> dict:
+    ck = data.checkpoints.dropna(subset=["attn_scale", "d_head"])
+    if ck.empty:
+        return {"measured": None, "reading": "No stored checkpoint records its attention scale."}
+    ck = ck.assign(rel=ck["attn_scale"].astype(float) * np.sqrt(ck["d_head"].astype(float)))
+    parts = [f"{v}: {', '.join(f'{x:g}' for x in sorted(g['rel'].round(4).unique()))}"
+             for v, g in ck.groupby("variant")]
+    return {"measured": "scale x sqrt(d_head) by variant: " + "; ".join(parts),
+            "chance": "no chance level (a setting)", "n": int(len(ck)), "n_label": "checkpoints",
+            "reading": "0.5 is the paper's query-free setting, 1 the usual 1/sqrt(d_head)."}
+
+
+def _weight_decays(claim: Claim, data: Inputs) -> dict:
+    runs = data.runs[data.runs["weight_decay"].notna()]
+    if runs.empty:
+        return {"measured": None, "reading": "No run with a weight decay recorded."}
+    parts = [f"{v}: {', '.join(f'{w:g}' for w in sorted(g['weight_decay'].astype(float).unique()))}"
+             for v, g in runs.groupby("variant")]
+    return {"measured": "weight decays by variant: " + "; ".join(parts),
+            "chance": "no chance level (a setting)", "n": int(len(runs)), "n_label": "runs", "reading": ""}
+
+
+def _mlp_ratio(claim: Claim, data: Inputs) -> dict:
+    runs = data.runs[data.runs["mlp_ratio"].notna()] if "mlp_ratio" in data.runs else data.runs.iloc[:0]
+    if runs.empty:
+        return {"measured": None, "reading": "No run records an MLP ratio in its config."}
+    parts = [f"{v}: {', '.join(f'{m:g}' for m in sorted(g['mlp_ratio'].astype(float).unique()))}"
+             for v, g in runs.groupby("variant")]
+    return {"measured": "MLP ratio by variant: " + "; ".join(parts), "chance": "no chance level (a setting)",
+            "n": int(len(runs)), "n_label": "runs",
+            "reading": "Train the comparison with `python -m app train --mlp-ratio 4.5` (query-free) and 3.5 (qkv)."}
+
+
+def _wd_stability(claim: Claim, data: Inputs) -> dict:
+    runs = data.runs[data.runs["weight_decay"].notna()]
+    if runs.empty:
+        return {"measured": None, "reading": "No run with a weight decay recorded."}
+    table = wd_sensitivity(runs[["run_id", "variant", "weight_decay", "config"]], data.points)
+    if table.empty:
+        return {"measured": None, "reading": f"No run with a weight decay logged {data.loss_metric}."}
+    rel = relative_stability(table, claim.match["variant"], "qkv")
+    parts = []
+    for side in (rel["a"], rel["b"]):
+        if not side["n_runs"]:
+            parts.append(f"{side['variant']}: no runs")
+            continue
+        best = side["best_weight_decay"]
+        ci = ""
+        if side["best_wd_ci_low"] is not None and side["best_wd_ci_high"] is not None:
+            ci = f" (95% {side['best_wd_ci_low']:g} to {side['best_wd_ci_high']:g})"
+        stable = ", ".join(f"{w:g}" for w in side["stable_weight_decays"]) or "none"
+        parts.append(f"{side['variant']} [{side['group']}]: best wd "
+                     + (f"{best:g}{ci}" if best is not None else "n/a")
+                     + f", stable at wd {stable}")
+    ratio = rel["best_wd_ratio"]
+    if ratio is not None:
+        parts.append(f"best-wd ratio qkv / {claim.match['variant']} {ratio:.3g}")
+    n = rel["a"]["n_runs"] + rel["b"]["n_runs"]
+    reading = ("analysis.wd_sensitivity.relative_stability (the Weight decay page's statistics): stable = no run at "
+               "that weight decay diverged or spiked; the paper's 3.2 is qkv's 0.1 over the query-free 0.03125.")
+    if rel["ratio_reason"]:
+        reading += f" No ratio: {rel['ratio_reason']}."
+    return {"measured": "; ".join(parts), "chance": "no chance level (stability and best wd)", "n": n,
+            "n_label": "runs", "reading": reading}
+
+
+def _relative_loss(claim: Claim, data: Inputs) -> dict:
+    rel = relative_losses(data.runs)
+    hit = rel[(rel["variant"] == claim.match["variant"]) & (rel["sharing"] == claim.match["sharing"])] \
+        if not rel.empty else rel
+    if hit.empty:
+        return {"measured": None, "reading": f"No {claim.match['variant']} {claim.match['sharing']} runs beside "
+                                             f"qkv MHA runs at the same weight decay."}
+    r = hit.iloc[0]
+    wds = ", ".join("?" if w is None else f"{w:g}" for w in r["weight_decays"])
+    spread = r["seed_spread_ppl"]
+    return {"measured": f"{_pct(r['rel_ppl'], 2)} perplexity ({_pct(r['rel_loss'], 2)} final {data.loss_metric})",
+            "chance": "no chance level; seed spread of qkv " + (_pct(spread, 2) if not pd.isna(spread) else "unknown "
+                                                                "(one run per weight decay)"),
+            "n": int(r["n_runs"]), "n_label": f"runs (+{int(r['n_base'])} qkv)",
+            "reading": f"Mean over weight decays {wds}; perplexity = exp(loss), so the change is "
+                       "exp(loss_v - loss_qkv) - 1."}
+
+
+def _kv_saving(claim: Claim, data: Inputs) -> dict:
+    preset = PRESETS[claim.match["preset"]]
+    frac = claim.match.get("kv_frac")
+    nkv = 1 if claim.match["sharing"] == "MQA" else max(1, int(preset.n_heads * frac))
+    tool = kv_saving(preset, claim.match["variant"], nkv)
+    parts = [f"tool calculator on {preset.name}: {100 * tool:.3f}%"]
+    ck = data.checkpoints.assign(sharing=[sharing(h, k) for h, k in zip(data.checkpoints["n_heads"],
+                                                                         data.checkpoints["n_kv_heads"])])
+    mine = ck[(ck["variant"] == claim.match["variant"]) & (ck["sharing"] == claim.match["sharing"])]
+    seen = set()
+    for _, r in mine.iterrows():
+        g = _geometry(r)
+        if g is None or (g.n_heads, g.n_kv_heads) in seen:
+            continue
+        seen.add((g.n_heads, g.n_kv_heads))
+        parts.append(f"your {VARIANT_LABELS[claim.match['variant']]} with {g.n_kv_heads} of {g.n_heads} KV heads: "
+                     f"{100 * kv_saving(g, claim.match['variant'], g.n_kv_heads):.2f}%")
+    return {"measured": "; ".join(parts), "chance": "no chance level (cache bytes)", "n": int(len(mine)),
+            "n_label": "checkpoints",
+            "reading": "Against separate K and V with every head cached (analysis.kv_cost)."}
+
+
+def _kv_ratio(claim: Claim, data: Inputs) -> dict:
+    g = PRESETS[claim.match["preset"]]
+    base = kv_bytes_per_token(g, Attention("qkv", g.n_heads), "bf16")
+    tied = kv_bytes_per_token(g, Attention(claim.match["variant"], 1), "bf16")
+    ratio = base / tied
+    return {"measured": f"{ratio:g}x on {g.name} (tool calculator); {ratio:g} x 2^20 / 10^6 = "
+                        f"{ratio * 2 ** 20 / 1e6:.1f}", "chance": "no chance level (cache bytes)", "n": 1,
+            "n_label": "preset", "reading": claim.note + "."}
+
+
+def _kv_projection(claim: Claim, data: Inputs) -> dict:
+    geo = geometry_savings(data.checkpoints)
+    if geo.empty:
+        return {"measured": None, "reading": "No stored checkpoint with a complete geometry."}
+    parts = [f"{r.sharing} ({r.n_kv_heads} of {r.n_heads} KV heads): {100 * r.wv_share:.1f}%"
+             for r in geo.sort_values("wv_share").itertuples()]
+    return {"measured": "K=V removes " + "; ".join(parts), "chance": "no chance level (a parameter count)",
+            "n": int(geo["n_checkpoints"].sum()), "n_label": "checkpoints", "reading": claim.note + "."}
+
+
+_MEASURES = {
+    "kv_similarity": _kv_similarity, "kv_erank": _kv_erank, "query_free_saving": _query_free,
+    "query_free_nonembedding": _query_free_nonembedding, "attn_scale": _attn_scale,
+    "weight_decays": _weight_decays, "mlp_ratio": _mlp_ratio, "wd_stability": _wd_stability,
+    "relative_loss": _relative_loss, "kv_saving": _kv_saving, "kv_ratio": _kv_ratio,
+    "kv_projection_saving": _kv_projection,
+    "not_measured": lambda claim, data: {"measured": None, "reading": claim.note + "."},
+}
+
+
+def measure(data: Inputs, claims=CLAIMS) -> pd.DataFrame:
+    """One row per claim (``TABLE_COLUMNS``): the paper's number and what ``data`` reads for it.
+
+    ``measured`` is None where the database has nothing to measure it on (``reading`` says why);
+    ``chance`` is the chance level (or why there is none, or "chance not computed yet" where stored
+    results predate chance levels); ``n`` how many heads, runs or checkpoints stand behind it.
+    """
+    rows = []
+    for claim in claims:
+        fn = _MEASURES.get(claim.measure)
+        if fn is None:
+            raise AnalysisError(f"claim {claim.key!r}: unknown measurement {claim.measure!r}; "
+                                f"expected one of {', '.join(sorted(_MEASURES))}")
+        got = fn(claim, data)
+        n = got.get("n")
+        rows.append({"key": claim.key, "paper": f"{PAPERS[claim.arxiv]['short']} (arXiv {claim.arxiv})",
+                     "claim": claim.claim, "paper_value": f"{claim.value:.4g}", "units": claim.units,
+                     "where": claim.where, "measured": got.get("measured"), "chance": got.get("chance", ""),
+                     "n": f"{n} {got.get('n_label', '')}".strip() if n else "",
+                     "reading": got.get("reading", ""), "source": claim.arxiv})
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)

@@ -1,0 +1,132 @@
+"""Reads for the Papers page: what ``analysis.paper_claims.measure`` sets beside each claim.
+
+One function, :func:`paper_inputs`, reads the checkpoints compared (every
+stored checkpoint, or each run's latest one plus the checkpoints no run owns),
+their stored analysis results with chance levels and token counts (latest
+metric version; ``chance`` may be NULL in databases analysed before chance
+levels existed), every run with its final value of the loss metric (from
+``run_stats``) and the head counts and MLP ratio its checkpoints or config
+record, and the loss points the weight-decay statistics need.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from loaders import curves
+from loaders.logs import list_runs
+from loaders.store import Store
+
+#: The stored metrics the claims compare against.
+METRICS = ("kv_cosine_flat", "kv_cka", "kv_cka_act", "erank_k", "erank_v")
+SCOPES = ("latest", "all")
+
+_CHECKPOINT_COLUMNS = ["id", "run_id", "step", "variant", "n_layers", "n_heads", "n_kv_heads", "d_model",
+                       "d_head", "attn_scale", "params_total", "params_attention", "kv_bytes_per_token"]
+_RESULT_COLUMNS = ["checkpoint_id", "variant", "layer", "head", "metric", "value", "chance", "n_tokens",
+                   "ci_low", "ci_high"]
+_RUN_COLUMNS = ["run_id", "name", "variant", "n_kv_heads", "n_heads", "weight_decay", "seed", "mlp_ratio",
+                "config", "final"]
+
+
+def _config_value(cfg: dict, keys: tuple[str, ...]):
+    """The first of ``keys`` in a run config, at the top level or in a config file found beside the log."""
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    for inner in (cfg.get("files") or {}).values():
+        if isinstance(inner, dict):
+            for key in keys:
+                if inner.get(key) is not None:
+                    return inner[key]
+    return None
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def compared_checkpoints(store: Store, scope: str = "latest") -> pd.DataFrame:
+    """``_CHECKPOINT_COLUMNS`` of the checkpoints compared: ``all``, or ``latest`` (each run's
+    highest-step checkpoint, plus every checkpoint linked to no run)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    where = "" if scope == "all" else """
+        WHERE c.run_id IS NULL OR c.id IN (
+            SELECT arg_max(id, coalesce(step, -1)) FROM checkpoints WHERE run_id IS NOT NULL GROUP BY run_id)"""
+    with store.connect() as con:
+        return con.execute(f"SELECT {', '.join('c.' + c for c in _CHECKPOINT_COLUMNS)} FROM checkpoints c"
+                           f"{where} ORDER BY c.id").df()
+
+
+def stored_results(store: Store, checkpoint_ids, metrics=METRICS) -> pd.DataFrame:
+    """``_RESULT_COLUMNS`` of these checkpoints' stored ``metrics`` (latest metric version each)."""
+    ids = [int(i) for i in checkpoint_ids]
+    if not ids:
+        return pd.DataFrame(columns=_RESULT_COLUMNS)
+    sql = """
+    WITH v AS (SELECT checkpoint_id, max(metric_version) AS mv FROM analysis_results
+               WHERE checkpoint_id IN (SELECT unnest($ids)) GROUP BY checkpoint_id)
+    SELECT a.checkpoint_id, c.variant, a.layer, a.head, a.metric, a.value, a.chance, a.n_tokens,
+           a.ci_low, a.ci_high
+    FROM analysis_results a JOIN v ON v.checkpoint_id = a.checkpoint_id AND v.mv = a.metric_version
+    JOIN checkpoints c ON c.id = a.checkpoint_id
+    WHERE a.metric IN (SELECT unnest($metrics))
+    ORDER BY a.checkpoint_id, a.metric, a.layer, a.head"""
+    with store.connect() as con:
+        return con.execute(sql, {"ids": ids, "metrics": list(metrics)}).df()
+
+
+def unanalysed(store: Store, checkpoint_ids) -> list[int]:
+    """Those of ``checkpoint_ids`` without a stored weights analysis."""
+    ids = [int(i) for i in checkpoint_ids]
+    if not ids:
+        return []
+    with store.connect() as con:
+        done = {r[0] for r in con.execute(
+            "SELECT DISTINCT checkpoint_id FROM analysis_jobs WHERE kind = 'weights' "
+            "AND checkpoint_id IN (SELECT unnest($ids))", {"ids": ids}).fetchall()}
+    return [i for i in ids if i not in done]
+
+
+def runs_with_finals(store: Store, loss_metric: str = "val/loss") -> pd.DataFrame:
+    """``_RUN_COLUMNS``: every run, its final finite ``loss_metric`` (NaN when it logged none), its head
+    count (from a linked checkpoint, else its config) and its MLP ratio (config ``mlp_ratio``)."""
+    runs = list_runs(store)
+    if not runs:
+        return pd.DataFrame(columns=_RUN_COLUMNS)
+    finals = curves.final_values(store, loss_metric).set_index("run_id")["final"]
+    with store.connect() as con:
+        heads = dict(con.execute("SELECT run_id, any_value(n_heads) FROM checkpoints WHERE run_id IS NOT NULL "
+                                 "GROUP BY run_id").fetchall())
+    rows = []
+    for r in runs:
+        cfg = r.get("config") or {}
+        n_heads = heads.get(r["id"]) or _number(_config_value(cfg, ("n_head", "n_heads", "num_heads",
+                                                                    "num_attention_heads")))
+        rows.append({"run_id": r["id"], "name": r["name"], "variant": r["variant"], "n_kv_heads": r["n_kv_heads"],
+                     "n_heads": n_heads, "weight_decay": r["weight_decay"], "seed": r["seed"],
+                     "mlp_ratio": _number(_config_value(cfg, ("mlp_ratio",))), "config": cfg,
+                     "final": finals.get(r["id"], float("nan"))})
+    return pd.DataFrame(rows, columns=_RUN_COLUMNS)
+
+
+def loss_metrics(store: Store) -> list[str]:
+    """Logged loss metrics, validation first (the choices for the comparison)."""
+    names = curves.metric_names(store)
+    losses = [m for m in names if "loss" in m.lower()]
+    return [m for m in ("val/loss", "train/loss") if m in losses] + [m for m in losses
+                                                                      if m not in ("val/loss", "train/loss")]
+
+
+def paper_inputs(store: Store, *, scope: str = "latest", loss_metric: str = "val/loss") -> dict:
+    """Everything ``analysis.paper_claims.measure`` needs, read from ``store``: the keyword arguments
+    of ``analysis.paper_claims.Inputs`` (``checkpoints, results, runs, points, loss_metric``)."""
+    checkpoints = compared_checkpoints(store, scope)
+    runs = runs_with_finals(store, loss_metric)
+    points = curves.metric_points(store, loss_metric, runs["run_id"].tolist()) if len(runs) else \
+        pd.DataFrame(columns=["run_id", "step", "value"])
+    return {"checkpoints": checkpoints, "results": stored_results(store, checkpoints["id"].tolist()),
+            "runs": runs, "points": points, "loss_metric": loss_metric}
