@@ -46,7 +46,7 @@ def test_query_equal_to_its_kv_head(n_heads, n_kv):
     t = tied.tied_layer(layer(q, k, v), meta(n_heads, n_kv))
     assert flags(t) == (False, True, False, False)
     assert tied.layer_variant(t) == "q_eq_k"
-    if n_kv < n_heads:                                       # the wrong grouping is not a tie
+    if 1 < n_kv < n_heads:                                   # the wrong grouping is not a tie
         wrong = k.repeat(n_heads // n_kv, 1, 1)              # W_K[h % n_kv]
         assert not tied.tied_layer(layer(wrong, k, v), meta(n_heads, n_kv))["q_eq_k"]
 
