@@ -23,6 +23,8 @@ from loaders.store import Store
 X_AXES = {"step": "step", "tokens": "tokens", "wall_time": "wall_time"}
 #: The most points one curve may have after downsampling.
 MAX_POINTS = 2000
+#: What a stored analysis value carries besides itself (``loaders.results.RESULT_FIELDS``).
+RESULT_EXTRAS = ["chance", "n_tokens", "ci_low", "ci_high"]
 
 
 def _x_column(x: str) -> str:
@@ -199,11 +201,15 @@ def metric_names(store: Store, run_ids=None) -> list[str]:
 def analysis_results(store: Store, checkpoint_id: int) -> pd.DataFrame:
     """Stored metric values of one checkpoint, latest metric version only.
 
-    Returns ``layer, head, metric, value, metric_version`` (head NULL: whole
-    layer; layer NULL: whole model), sorted by metric, layer, head.
+    Returns ``layer, head, metric, value, metric_version, chance, n_tokens,
+    ci_low, ci_high`` (head NULL: whole layer; layer NULL: whole model), sorted
+    by metric, layer, head. ``chance`` is the value independent projections of
+    the same shapes give; ``n_tokens`` and the 95% interval ``ci_low, ci_high``
+    are set for activation metrics only (NULL for weight metrics and for rows
+    stored before metric version 3).
     """
     sql = """
-    SELECT layer, head, metric, value, metric_version FROM analysis_results
+    SELECT layer, head, metric, value, metric_version, chance, n_tokens, ci_low, ci_high FROM analysis_results
     WHERE checkpoint_id = $id
       AND metric_version = (SELECT max(metric_version) FROM analysis_results WHERE checkpoint_id = $id)
     ORDER BY metric, layer NULLS FIRST, head NULLS FIRST
@@ -215,17 +221,20 @@ def analysis_results(store: Store, checkpoint_id: int) -> pd.DataFrame:
 def results_over_checkpoints(store: Store, checkpoint_ids, metrics=None) -> pd.DataFrame:
     """Stored results of several checkpoints with their step and run.
 
-    Returns ``checkpoint_id, run_id, step, layer, head, metric, value`` for the
-    latest metric version of each checkpoint; ``metrics`` restricts the names.
+    Returns ``checkpoint_id, run_id, step, layer, head, metric, value, chance,
+    n_tokens, ci_low, ci_high`` (as ``analysis_results``) for the latest metric
+    version of each checkpoint; ``metrics`` restricts the names.
     """
     ids = _ids(checkpoint_ids)
     if not ids:
-        return pd.DataFrame(columns=["checkpoint_id", "run_id", "step", "layer", "head", "metric", "value"])
+        return pd.DataFrame(columns=["checkpoint_id", "run_id", "step", "layer", "head", "metric", "value",
+                                     *RESULT_EXTRAS])
     metric_filter = "" if metrics is None else " AND a.metric IN (SELECT unnest($metrics))"
     sql = f"""
     WITH v AS (SELECT checkpoint_id, max(metric_version) AS mv FROM analysis_results
                WHERE checkpoint_id IN (SELECT unnest($ids)) GROUP BY checkpoint_id)
-    SELECT a.checkpoint_id, c.run_id, c.step, a.layer, a.head, a.metric, a.value
+    SELECT a.checkpoint_id, c.run_id, c.step, a.layer, a.head, a.metric, a.value,
+           a.chance, a.n_tokens, a.ci_low, a.ci_high
     FROM analysis_results a JOIN v ON v.checkpoint_id = a.checkpoint_id AND v.mv = a.metric_version
     JOIN checkpoints c ON c.id = a.checkpoint_id
     WHERE true{metric_filter}
@@ -242,13 +251,19 @@ def head_difference(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Per (metric, layer, head): the values of two checkpoints and ``b - a``.
 
     Inputs are ``analysis_results`` frames; only cells present in both are kept.
-    Returns ``metric, layer, head, a, b, diff``.
+    Returns ``metric, layer, head, a, b, diff, chance_a, chance_b`` (the chance
+    columns NaN where an input has none).
     """
     keys = ["metric", "layer", "head"]
-    left = a[keys + ["value"]].rename(columns={"value": "a"})
-    right = b[keys + ["value"]].rename(columns={"value": "b"})
-    merged = left.merge(right, on=keys, how="inner")
+
+    def side(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+        chance = frame["chance"] if "chance" in frame.columns else np.nan
+        return frame[keys + ["value"]].assign(chance=chance).rename(
+            columns={"value": name, "chance": f"chance_{name}"})
+
+    merged = side(a, "a").merge(side(b, "b"), on=keys, how="inner")
     merged["diff"] = merged["b"] - merged["a"]
+    merged = merged[keys + ["a", "b", "diff", "chance_a", "chance_b"]]
     return merged.sort_values(keys, na_position="first").reset_index(drop=True)
 
 

@@ -145,6 +145,54 @@ def test_analysis_results_latest_version_and_head_difference(tmp_path):
     assert d["diff"].round(6).tolist() == [0.3, -0.3]
     over = curves.results_over_checkpoints(store, [2, 1], ["kv_cka"])
     assert over["step"].tolist() == [100, 100, 200, 200]
+    # rows stored before chance levels existed: the columns are there, empty
+    assert list(over.columns)[7:] == ["chance", "n_tokens", "ci_low", "ci_high"]
+    assert over["chance"].isna().all() and d["chance_a"].isna().all()
+
+
+def _results_db(tmp_path) -> Store:
+    """Two checkpoints of one run whose results carry chance levels, written as jobs write them."""
+    from loaders.results import replace_results
+
+    store = Store(tmp_path / "chance.duckdb")
+    store.migrate()
+    with store.transaction() as con:
+        con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'run1', 'mem', 'csv')")
+        for cid, step in ((1, 100), (2, 200)):
+            con.execute(
+                "INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
+                "n_kv_heads, d_model, d_head, run_id, step) VALUES (?, 'x', ?, 'gpt2', 'qkv', 1, 2, 2, 8, 4, 1, ?)",
+                [cid, f"h{cid}", step])
+            weights = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "metric": ["kv_share_r2"] * 2,
+                                    "value": [0.3 * cid, 0.1], "chance": [0.25, 0.25]})
+            acts = pd.DataFrame({"layer": [0], "head": [0], "metric": ["kv_cka_act"], "value": [0.6],
+                                 "chance": [0.2], "n_tokens": [4096], "ci_low": [0.55], "ci_high": [0.65]})
+            replace_results(con, checkpoint_id=cid, kind="weights", metrics=["kv_share_r2"], metric_version=3,
+                            notes={}, seconds=0.1, device="cpu", frame=weights)
+            replace_results(con, checkpoint_id=cid, kind="activations", metrics=["kv_cka_act"],
+                            metric_version=3, notes={}, seconds=0.1, device="cpu", frame=acts)
+    return store
+
+
+def test_results_readers_carry_chance_tokens_and_interval(tmp_path):
+    store = _results_db(tmp_path)
+    one = curves.analysis_results(store, 1)
+    assert list(one.columns) == ["layer", "head", "metric", "value", "metric_version",
+                                 "chance", "n_tokens", "ci_low", "ci_high"]
+    act = one[one["metric"] == "kv_cka_act"].iloc[0]
+    assert (act["chance"], act["n_tokens"], act["ci_low"], act["ci_high"]) == (0.2, 4096, 0.55, 0.65)
+    w = one[one["metric"] == "kv_share_r2"]
+    assert w["chance"].tolist() == [0.25, 0.25]
+    assert w["n_tokens"].isna().all() and w["ci_low"].isna().all()  # weight metrics are not sampled
+    over = curves.results_over_checkpoints(store, [1, 2])
+    assert list(over.columns) == ["checkpoint_id", "run_id", "step", "layer", "head", "metric", "value",
+                                  "chance", "n_tokens", "ci_low", "ci_high"]
+    assert over[over["metric"] == "kv_cka_act"]["n_tokens"].tolist() == [4096, 4096]
+    empty = curves.results_over_checkpoints(store, [])
+    assert list(empty.columns) == list(over.columns)
+    d = curves.head_difference(one, curves.analysis_results(store, 2))
+    r2 = d[d["metric"] == "kv_share_r2"]
+    assert r2["diff"].round(6).tolist() == [0.3, 0.0] and r2["chance_b"].tolist() == [0.25, 0.25]
 
 
 def test_metric_points_keep_every_point_and_infinities(tmp_path):
