@@ -251,19 +251,21 @@ def head_difference(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Per (metric, layer, head): the values of two checkpoints and ``b - a``.
 
     Inputs are ``analysis_results`` frames; only cells present in both are kept.
-    Returns ``metric, layer, head, a, b, diff, chance_a, chance_b`` (the chance
-    columns NaN where an input has none).
+    Returns ``metric, layer, head, a, b, diff`` and each side's ``chance_a, chance_b,
+    n_tokens_a, n_tokens_b, ci_low_a, ci_high_a, ci_low_b, ci_high_b`` (NaN where an
+    input has none).
     """
     keys = ["metric", "layer", "head"]
 
     def side(frame: pd.DataFrame, name: str) -> pd.DataFrame:
-        chance = frame["chance"] if "chance" in frame.columns else np.nan
-        return frame[keys + ["value"]].assign(chance=chance).rename(
-            columns={"value": name, "chance": f"chance_{name}"})
+        extras = {c: frame[c] if c in frame.columns else np.nan for c in RESULT_EXTRAS}
+        return frame[keys + ["value"]].assign(**extras).rename(
+            columns={"value": name, **{c: f"{c}_{name}" for c in RESULT_EXTRAS}})
 
     merged = side(a, "a").merge(side(b, "b"), on=keys, how="inner")
     merged["diff"] = merged["b"] - merged["a"]
-    merged = merged[keys + ["a", "b", "diff", "chance_a", "chance_b"]]
+    merged = merged[keys + ["a", "b", "diff", "chance_a", "chance_b", "n_tokens_a", "n_tokens_b",
+                            "ci_low_a", "ci_high_a", "ci_low_b", "ci_high_b"]]
     return merged.sort_values(keys, na_position="first").reset_index(drop=True)
 
 

@@ -193,6 +193,8 @@ def test_results_readers_carry_chance_tokens_and_interval(tmp_path):
     d = curves.head_difference(one, curves.analysis_results(store, 2))
     r2 = d[d["metric"] == "kv_share_r2"]
     assert r2["diff"].round(6).tolist() == [0.3, 0.0] and r2["chance_b"].tolist() == [0.25, 0.25]
+    act = d[d["metric"] == "kv_cka_act"].iloc[0]
+    assert (act["n_tokens_a"], act["ci_low_a"], act["ci_high_b"]) == (4096, 0.55, 0.65)
 
 
 def test_metric_points_keep_every_point_and_infinities(tmp_path):
