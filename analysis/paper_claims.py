@@ -103,9 +103,10 @@ CLAIMS: tuple[Claim, ...] = (
     # -- Paper B: projection sharing ------------------------------------------------------
     Claim("b_kv_cosine", PAPER_B, "trained QKV models: K-V cosine similarity 0.73",
           0.73, "cosine", f"{_DECK}, slide 6; {_POSTER}", "kv_similarity",
-          note="a flat cosine compares the two matrices entry by entry; it changes when a head's output basis "
-               "is rotated (K -> K R, V -> V R' leaves attention unchanged up to W_O), so it can read ~0 for K and V "
-               "that read the same input directions. Linear CKA is invariant to such rotations"),
+          note="A flat cosine compares the two matrices entry by entry, so it depends on each head's output "
+               "basis: K -> K R with Q -> Q R, and V -> V R' with W_O -> R'^T W_O, change no attention output but "
+               "change cos(vec K, vec V), which can read ~0 for K and V that read the same input directions. "
+               "Linear CKA is invariant to such rotations"),
     Claim("b_qk_cosine", PAPER_B, "trained QKV models: Q stays distinct, cos(Q,K) 0.42",
           0.42, "cosine", f"{_DECK}, slide 6", "not_measured",
           note="qkvscope computes no flat Q/K cosine; qk_symmetry (Inspector) measures how symmetric W_Q W_K^T is"),
@@ -532,4 +533,6 @@ def measure(data: Inputs, claims=CLAIMS) -> pd.DataFrame:
                      "where": claim.where, "measured": got.get("measured"), "chance": got.get("chance", ""),
                      "n": f"{n} {got.get('n_label', '')}".strip() if n else "",
                      "reading": got.get("reading", ""), "source": claim.arxiv})
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    out = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    out["measured"] = out["measured"].astype(object).where(out["measured"].notna(), None)
+    return out

@@ -1,0 +1,109 @@
+"""Papers: every quantitative claim of the two papers beside the same quantity on this database.
+
+The catalogue is ``analysis.paper_claims.CLAIMS``; the measurements come from
+``loaders.papers.paper_inputs`` through ``analysis.paper_claims.measure``.
+URL keys: ``paper`` (a, b or both), ``ckpts`` (``latest``: each run's latest
+checkpoint; ``all``), ``loss`` (the loss whose final values are compared).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from analysis.paper_claims import PAPER_A, PAPER_B, PAPERS, Inputs, measure
+from app.state import data_version, get_store, query_param, set_query_params
+from loaders import papers
+
+TITLE = "Papers"
+ICON = ":material/menu_book:"
+ORDER = 70
+URL_PATH = "papers"
+
+_PAPER_KEYS = {"both": None, "a": PAPER_A, "b": PAPER_B}
+_PAPER_LABELS = {"both": "Both papers", "a": f"Query-free attention ({PAPER_A})",
+                 "b": f"Projection sharing ({PAPER_B})"}
+_SCOPE_LABELS = {"latest": "each run's latest checkpoint", "all": "every stored checkpoint"}
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _table(db: str, version: tuple, scope: str, loss: str) -> pd.DataFrame:
+    return measure(Inputs(**papers.paper_inputs(get_store(), scope=scope, loss_metric=loss)))
+
+
+def _choice(name: str, options, default: str) -> str:
+    raw = query_param(name)
+    return raw if raw in options else default
+
+
+def _analyse_button(store, scope: str) -> None:
+    ids = papers.compared_checkpoints(store, scope)["id"].tolist()
+    todo = papers.unanalysed(store, ids)
+    if not todo:
+        return
+    st.info(f"{len(todo)} of {len(ids)} compared checkpoints have no stored weight analysis yet, so the K/V "
+            "similarity and rank rows stay empty until they are analysed.", icon=":material/info:")
+    if st.button(f"Analyse {len(todo)} checkpoints (weights)", icon=":material/play_arrow:", key="papers_analyse"):
+        from app.jobs import analyze
+
+        bar = st.progress(0.0)
+        for n, cid in enumerate(todo):
+            bar.progress(n / len(todo), text=f"checkpoint {cid} ({n + 1}/{len(todo)})")
+            analyze(store, int(cid))
+        bar.empty()
+        st.rerun()
+
+
+def render() -> None:
+    st.title(TITLE)
+    st.caption("Every number the two papers state, where it is stated, and beside it the same quantity "
+               "measured on this database, with its chance level and how many heads, runs or checkpoints "
+               "stand behind it.")
+    st.markdown("\n".join(f"* **{p['short']}**: arXiv [{a}](https://arxiv.org/abs/{a}), {p['title']}; code "
+                          f"`{p['code']}`" for a, p in PAPERS.items()))
+    store = get_store()
+    if not store.path.exists():
+        st.info(f"No database at {store.path} yet: run `python -m app serve` (builds the demo) or "
+                f"`python -m app ingest PATH --db {store.path}`.", icon=":material/inbox:")
+        return
+    version = data_version(store)
+    losses = papers.loss_metrics(store) or ["val/loss"]
+    c1, c2, c3 = st.columns([2, 2, 1])
+    keys = list(_PAPER_KEYS)
+    paper = c1.radio("Paper", keys, index=keys.index(_choice("paper", keys, "both")),
+                     format_func=_PAPER_LABELS.get, horizontal=True, key="papers_paper")
+    scopes = list(papers.SCOPES)
+    scope = c2.radio("Checkpoints compared", scopes, index=scopes.index(_choice("ckpts", scopes, "latest")),
+                     format_func=_SCOPE_LABELS.get, horizontal=True, key="papers_ckpts")
+    loss = c3.selectbox("Loss compared", losses, index=losses.index(_choice("loss", losses, losses[0])),
+                        key="papers_loss")
+    set_query_params(paper=None if paper == "both" else paper, ckpts=None if scope == "latest" else scope,
+                     loss=None if loss == losses[0] else loss)
+    _analyse_button(store, scope)
+
+    table = _table(str(store.path), version, scope, loss)
+    wanted = _PAPER_KEYS[paper]
+    if wanted is not None:
+        table = table[table["source"] == wanted]
+    shown = table.assign(measured=table["measured"].fillna("not measured here"))
+    for arxiv, part in shown.groupby("source", sort=True):
+        st.subheader(f"{PAPERS[arxiv]['short']} (arXiv {arxiv})")
+        st.dataframe(part[["claim", "paper_value", "units", "where", "measured", "chance", "n", "reading"]],
+                     hide_index=True, width="stretch", key=f"papers_table_{arxiv}", row_height=60,
+                     column_config={
+                         "claim": st.column_config.TextColumn("claim", width="large"),
+                         "paper_value": st.column_config.TextColumn("paper"),
+                         "units": st.column_config.TextColumn("units", width="medium"),
+                         "where": st.column_config.TextColumn("where in the paper", width="medium"),
+                         "measured": st.column_config.TextColumn("on this database", width="large"),
+                         "chance": st.column_config.TextColumn("chance level", width="medium"),
+                         "n": st.column_config.TextColumn("n"),
+                         "reading": st.column_config.TextColumn("how to read it", width="large"),
+                     })
+    st.caption("Flat K/V cosine is basis-dependent: rotating a head's K and V output bases (and W_O to match) "
+               "changes no attention output but changes cos(vec K, vec V), so a near-0 flat cosine does not "
+               "mean K and V read different input directions; linear CKA is invariant to such rotations. "
+               "Perplexity changes are exp(loss_variant - loss_qkv) - 1 at matched weight decay. "
+               "Units: MB = 10^6 bytes, MiB = 2^20 bytes.")
+    st.download_button("Download CSV", table.drop(columns=["source"]).to_csv(index=False).encode(),
+                       file_name="paper-claims.csv", mime="text/csv", icon=":material/download:",
+                       key="papers_csv")

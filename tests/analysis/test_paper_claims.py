@@ -1,0 +1,200 @@
+"""The papers' claim catalogue and the measurements set beside each claim (known answers)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.errors import AnalysisError
+from analysis.kv_cost import Geometry
+from analysis.paper_claims import (
+    BY_KEY, CLAIMS, PAPER_A, PAPER_B, PAPERS, TABLE_COLUMNS, Claim, Inputs, geometry_savings, kv_saving, measure,
+    relative_losses, sharing,
+)
+from analysis.presets import PRESETS
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _inputs(checkpoints=None, results=None, runs=None, points=None) -> Inputs:
+    ck_cols = ["id", "run_id", "step", "variant", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head",
+               "attn_scale", "params_total", "params_attention", "kv_bytes_per_token"]
+    res_cols = ["checkpoint_id", "variant", "layer", "head", "metric", "value", "chance", "n_tokens", "ci_low",
+                "ci_high"]
+    run_cols = ["run_id", "name", "variant", "n_kv_heads", "n_heads", "weight_decay", "seed", "mlp_ratio", "config",
+                "final"]
+    return Inputs(checkpoints=pd.DataFrame(checkpoints or [], columns=ck_cols),
+                  results=pd.DataFrame(results or [], columns=res_cols),
+                  runs=pd.DataFrame(runs or [], columns=run_cols),
+                  points=pd.DataFrame(points or [], columns=["run_id", "step", "value"]))
+
+
+def test_catalogue_holds_the_papers_numbers():
+    assert len({c.key for c in CLAIMS}) == len(CLAIMS)
+    assert {c.arxiv for c in CLAIMS} == set(PAPERS) == {PAPER_A, PAPER_B}
+    expected = {"a_attention_params": 25.0, "a_weight_decay": 0.03125, "a_attn_scale": 0.5, "a_mlp_wider": 4.5,
+                "a_mlp_narrower": 3.5, "a_stable_lower_wd": 3.2, "b_kv_cosine": 0.73, "b_ppl_kv_300m": 3.1,
+                "b_ppl_kv_1_2b": 2.48, "b_ppl_qk": 4.9, "b_ppl_qkv_tied": 25.4, "b_cache_kv": 50.0,
+                "b_cache_q_mqa": 96.9, "b_cache_67x": 67.0}
+    assert {k: BY_KEY[k].value for k in expected} == expected
+    for c in CLAIMS:
+        assert c.where and c.units and c.claim
+        assert "Table" not in c.where or "README" in c.where  # table numbers only as the README states them
+
+
+def test_sharing_kinds():
+    assert [sharing(16, 16), sharing(16, 4), sharing(16, 1), sharing(None, 4)] == ["MHA", "GQA", "MQA", "unknown"]
+
+
+def _ck(cid, variant, nh, nkv, d=64, dh=16, **kw):
+    row = {"id": cid, "run_id": None, "step": None, "variant": variant, "n_layers": 2, "n_heads": nh,
+           "n_kv_heads": nkv, "d_model": d, "d_head": dh, "attn_scale": 1 / math.sqrt(dh), "params_total": None,
+           "params_attention": None, "kv_bytes_per_token": None}
+    row.update(kw)
+    return row
+
+
+def test_query_free_saving_is_25_percent_for_mha_only():
+    # Llama-3-8B's attention shapes: 32 heads, 8 KV heads of 128, d_model 4096
+    frame = pd.DataFrame([_ck(1, "qkv", 4, 4), _ck(2, "qkv", 32, 8, d=4096, dh=128), _ck(3, "qkv", 4, 1),
+                          _ck(4, "wq_identity", 4, 4)])
+    geo = geometry_savings(frame).set_index(["n_heads", "n_kv_heads"])
+    assert geo.loc[(4, 4), "wq_share"] == pytest.approx(0.25, abs=1e-15)
+    assert geo.loc[(4, 4), "n_checkpoints"] == 2
+    assert geo.loc[(32, 8), "wq_share"] == pytest.approx(32 / 80, abs=1e-15)  # 40%
+    assert geo.loc[(4, 1), "wq_share"] == pytest.approx(4 / 10, abs=1e-15)
+    assert geo.loc[(4, 4), "wv_share"] == pytest.approx(1 / 3)
+    assert geo.loc[(32, 8), "wv_share"] == pytest.approx(8 / 48)
+
+
+def test_query_free_saving_counts_biases_from_the_stored_attention_parameters():
+    # GPT-2 style biases everywhere: per layer 4 d^2 + 3 d (q, k, v) + d (o); W_Q = I removes d^2 + d
+    d, layers = 64, 2
+    attn = layers * (4 * d * d + 4 * d)
+    geo = geometry_savings(pd.DataFrame([_ck(1, "qkv", 4, 4, params_total=10 ** 6, params_attention=attn)]))
+    assert geo["wq_share"].iloc[0] == pytest.approx((d * d + d) / (4 * d * d + 4 * d), abs=1e-15)
+
+
+def test_kv_saving_matches_the_papers_300m_figures():
+    g = PRESETS["projection-sharing-300m"]
+    assert kv_saving(g, "k_eq_v", 16) == 0.5
+    assert kv_saving(g, "qkv", 4) == 0.75
+    assert kv_saving(g, "k_eq_v", 4) == 0.875
+    assert kv_saving(g, "k_eq_v", 1) == 0.96875
+
+
+def _runs():
+    rows = []
+    rid = 0
+    for variant, nkv, wd, final in [("qkv", 4, 0.1, 1.30), ("qkv", 4, 0.1, 1.32), ("qkv", 4, 0.0, 1.28),
+                                    ("k_eq_v", 4, 0.1, 1.36), ("k_eq_v", 4, 0.0, 1.33), ("k_eq_v", 4, 0.03, 1.35),
+                                    ("k_eq_v", 1, 0.1, 1.40), ("q_eq_k", 4, 0.1, float("inf"))]:
+        rid += 1
+        rows.append({"run_id": rid, "name": f"r{rid}", "variant": variant, "n_kv_heads": nkv, "n_heads": 4,
+                     "weight_decay": wd, "seed": rid, "mlp_ratio": 4.0, "config": {}, "final": final})
+    return rows
+
+
+def test_relative_losses_known_answer():
+    rel = relative_losses(pd.DataFrame(_runs())).set_index(["variant", "sharing"])
+    # k_eq_v MHA: wd 0.1 against mean(1.30, 1.32) = 1.31, wd 0 against 1.28; wd 0.03 has no baseline
+    row = rel.loc[("k_eq_v", "MHA")]
+    assert row["rel_ppl"] == pytest.approx(np.mean([math.exp(1.36 - 1.31) - 1, math.exp(1.33 - 1.28) - 1]), rel=1e-12)
+    assert row["rel_loss"] == pytest.approx(np.mean([1.36 / 1.31 - 1, 1.33 / 1.28 - 1]), rel=1e-12)
+    assert row["n_runs"] == 2 and row["n_base"] == 3
+    assert sorted(row["weight_decays"]) == [0.0, 0.1]
+    assert rel.loc[("k_eq_v", "MQA"), "rel_ppl"] == pytest.approx(math.exp(1.40 - 1.31) - 1, rel=1e-12)
+    assert row["seed_spread_ppl"] == pytest.approx(math.exp(0.02) - 1, rel=1e-9)
+    assert ("q_eq_k", "MHA") not in rel.index  # its only run diverged (inf): no finite final
+
+
+def test_relative_losses_names_missing_columns():
+    with pytest.raises(AnalysisError) as err:
+        relative_losses(pd.DataFrame({"variant": ["qkv"], "final": [1.0]}))
+    assert str(err.value) == ("relative_losses: runs frame lacks columns ['n_heads', 'n_kv_heads', 'weight_decay']; "
+                              "found ['final', 'variant']")
+
+
+def test_measure_on_an_empty_database_keeps_every_claim():
+    table = measure(_inputs())
+    assert list(table.columns) == TABLE_COLUMNS
+    assert table["key"].tolist() == [c.key for c in CLAIMS]
+    t = table.set_index("key")
+    assert t.loc["b_kv_cosine", "measured"] is None
+    assert t.loc["b_ppl_kv_300m", "measured"] is None
+    assert t.loc["b_ppl_kv_300m", "reading"] == "No k_eq_v MHA runs beside qkv MHA runs at the same weight decay."
+    # calculator figures need no data
+    assert t.loc["b_cache_67x", "measured"].startswith("64x on projection-sharing-1.2b")
+    assert "67.1" in t.loc["b_cache_67x", "measured"]
+    assert "MiB" in t.loc["b_cache_67x", "reading"] and "MB" in t.loc["b_cache_67x", "reading"]
+    assert t.loc["b_cache_q_mqa", "measured"] == "tool calculator on projection-sharing-300m: 96.875%"
+    assert t.loc["a_nonembedding_params", "measured"].startswith("8.3")
+
+
+def test_measure_rejects_an_unknown_measurement():
+    bad = Claim("x", PAPER_A, "c", 1.0, "u", "abstract", "nope")
+    with pytest.raises(AnalysisError) as err:
+        measure(_inputs(), claims=[bad])
+    assert str(err.value).startswith("claim 'x': unknown measurement 'nope'; expected one of attn_scale, ")
+
+
+def test_kv_similarity_leaves_out_tied_variants_and_says_when_chance_is_missing():
+    results = [
+        # checkpoint 1 (qkv): two kv heads, no chance stored (an older database)
+        (1, "qkv", 0, 0, "kv_cosine_flat", 0.02, None, None, None, None),
+        (1, "qkv", 0, 1, "kv_cosine_flat", -0.04, None, None, None, None),
+        (1, "qkv", 0, 0, "kv_cka", 0.30, None, None, None, None),
+        (1, "qkv", 0, 1, "kv_cka", 0.10, None, None, None, None),
+        # checkpoint 2 (k_eq_v): 1 by construction, left out
+        (2, "k_eq_v", 0, 0, "kv_cosine_flat", 1.0, 0.0, None, None, None),
+    ]
+    data = _inputs(checkpoints=[_ck(1, "qkv", 2, 2), _ck(2, "k_eq_v", 2, 2)], results=results)
+    row = measure(data).set_index("key").loc["b_kv_cosine"]
+    assert row["measured"] == ("flat cosine median -0.010 (range -0.040 to 0.020); "
+                               "CKA median 0.200 (range 0.100 to 0.300)")
+    assert row["chance"] == "flat cosine: chance not computed yet; CKA: chance not computed yet"
+    assert row["n"] == "2 kv heads"
+    data.results.loc[data.results["metric"] == "kv_cka", "chance"] = [0.21, 0.19]
+    row = measure(data).set_index("key").loc["b_kv_cosine"]
+    assert row["chance"] == "flat cosine: chance not computed yet; CKA: 0.200"
+    assert "basis" in row["reading"]
+
+
+def test_relative_loss_rows_carry_n_and_seed_spread():
+    row = measure(_inputs(runs=_runs())).set_index("key").loc["b_ppl_kv_300m"]
+    expected = np.mean([math.exp(1.36 - 1.31) - 1, math.exp(1.33 - 1.28) - 1])
+    assert row["measured"].startswith(f"{100 * expected:+.2f}% perplexity")
+    assert row["n"] == "2 runs (+3 qkv)"
+    assert row["chance"] == f"no chance level; seed spread of qkv {100 * (math.exp(0.02) - 1):+.2f}%"
+
+
+def test_attention_scale_relative_to_the_usual_one():
+    data = _inputs(checkpoints=[_ck(1, "wq_identity", 4, 4, attn_scale=1 / (2 * math.sqrt(16))), _ck(2, "qkv", 4, 4)])
+    row = measure(data).set_index("key").loc["a_attn_scale"]
+    assert row["measured"] == "scale x sqrt(d_head) by variant: qkv: 1; wq_identity: 0.5"
+
+
+def test_weight_decay_stability_uses_the_weight_decay_statistics():
+    runs, points = [], []
+    for rid, (variant, wd, final) in enumerate([("wq_identity", 0.01, 3.0), ("wq_identity", 0.03125, 2.9),
+                                                 ("wq_identity", 0.1, 3.1), ("qkv", 0.01, 3.2), ("qkv", 0.03125, 3.1),
+                                                 ("qkv", 0.1, 3.0)], start=1):
+        runs.append({"run_id": rid, "name": f"r{rid}", "variant": variant, "n_kv_heads": 4, "n_heads": 4,
+                     "weight_decay": wd, "seed": 1, "mlp_ratio": None, "config": {}, "final": final})
+        points += [(rid, 0, final + 1.0), (rid, 100, final)]
+    row = measure(_inputs(runs=runs, points=points)).set_index("key").loc["a_stable_lower_wd"]
+    assert "wq_identity [all]: best wd 0.03125" in row["measured"]
+    assert "qkv [all]: best wd 0.1" in row["measured"]
+    assert "best-wd ratio qkv / wq_identity 3.2" in row["measured"]
+    assert row["n"] == "6 runs"
+
+
+def test_readme_states_the_catalogue_numbers():
+    text = README.read_text()
+    for key in ("b_ppl_kv_300m", "b_ppl_kv_1_2b", "b_ppl_qk", "b_ppl_qkv_tied"):
+        assert f"+{BY_KEY[key].value:g}%" in text, key
+    assert "MiB against MB" in text and "GiB against GB" not in text
+    assert "0.73" in text
