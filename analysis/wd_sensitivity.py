@@ -12,28 +12,50 @@ names): everything but weight decay. A group's ``group`` label lists the
 config entries that tell it apart from the other groups of its variant
 (``"all"`` when the variant has one group).
 
-Per group, with ``u = log10(weight_decay)`` over runs with ``weight_decay > 0``:
+Per run: ``final_val_loss`` (last finite point), ``best_val_loss`` (min),
+``spikes`` (rises more than ``spike_ratio`` above the best value seen so far,
+counted once per excursion) and ``diverged`` (a non-finite value, or final
+loss above ``diverge_ratio`` times the best). The loss the statistics below
+use is the final one (``statistic="final"``, the default) or the best one.
 
-* ``slope``: d(final val loss)/du, robust linear fit (scikit-learn
-  ``HuberRegressor``, ``alpha=0``, ``epsilon=1.35``) when there are >= 3 runs
-  with >= 2 distinct ``u``; the two-point difference quotient with 2 runs;
-  None with fewer.
-* ``curvature``: d^2(final val loss)/du^2 = ``2 c2`` of a least-squares
-  quadratic ``c0 + c1 u + c2 u^2``; needs >= 3 distinct ``u``.
-* ``best_weight_decay``: the weight decay whose mean final val loss is lowest.
-* per run: ``final_val_loss`` (last finite point), ``best_val_loss`` (min),
-  ``spikes`` (rises more than ``spike_ratio`` above the best value seen so far,
-  counted once per excursion) and ``diverged`` (a non-finite value, or final
-  loss above ``diverge_ratio`` times the best).
+Per group, with ``u = log10(weight_decay)`` over the runs with
+``weight_decay > 0`` (wd 0 has no log10, so it takes part in the best wd
+only), fitted to every run's loss (repeated runs at one wd all count):
+
+* ``slope``: d loss / du of a robust line ``b0 + b1 u`` (Huber M-estimate,
+  ``huber_fit``); ``curvature``: d^2 loss / du^2 = ``2 c2`` of a robust
+  quadratic ``c0 + c1 u + c2 u^2``. Both need >= ``MIN_FIT_WDS`` (3) distinct
+  weight decays > 0 (two points always lie on a line, so a slope from two
+  weight decays says nothing about its own reliability); otherwise None and
+  ``fit_reason`` says why.
+* ``best_weight_decay``: the weight decay whose mean loss over its runs is
+  lowest; needs >= 2 runs at >= 2 distinct weight decays (else None and
+  ``best_reason``).
+* ``per_wd``: one dict per distinct weight decay: ``weight_decay, n_runs``
+  (runs with a finite loss), ``mean``, ``ci_low, ci_high``, ``n_diverged``,
+  ``n_spiky``, ``run_ids``; ``n_wd`` distinct weight decays, ``n_wd_fit`` of them
+  > 0, ``n_wd_repeated`` with more than one run.
+
+Uncertainty (only where more than one run shares a weight decay, e.g. seeds;
+else None and ``interval_reason``): a percentile bootstrap (Efron &
+Tibshirani 1993, ch. 13), ``n_boot`` resamples, ``confidence`` 0.95, seeded
+per group from ``seed`` and the group's name, so the numbers do not change
+when other groups are filtered out. ``ci_low, ci_high`` of a weight decay's
+mean resample that weight decay's runs; the group's ``slope_ci_*``,
+``curvature_ci_*``, ``best_wd_ci_*`` resample runs within each weight decay
+(a stratified bootstrap: every weight decay keeps its count), and
+``best_wd_share`` is the fraction of resamples whose best weight decay is
+``best_weight_decay``. A weight decay with one run contributes no spread, so
+these intervals hold the seed-to-seed spread only where it was measured.
 """
 from __future__ import annotations
 
 import json
 import math
+import zlib
 
 import numpy as np
 import pandas as pd
-from sklearn.linear_model import HuberRegressor
 
 from analysis.errors import AnalysisError
 
@@ -46,8 +68,6 @@ IGNORED_KEYS = frozenset({
     "save_steps", "save_interval", "checkpoint_interval", "log_interval", "keep_checkpoints",
 })
 
-OUTPUT_COLUMNS = ["variant", "group", "weight_decays", "final_val_loss", "best_val_loss", "slope",
-                  "curvature", "best_weight_decay", "n_runs", "run_ids", "spikes", "diverged"]
 
 
 def _config(value) -> dict:
@@ -108,35 +128,194 @@ def run_curve_stats(values: np.ndarray, *, spike_ratio: float = 0.1,
     return {"final": final, "best": best, "spikes": spikes, "diverged": diverged}
 
 
-def robust_slope(u: np.ndarray, y: np.ndarray) -> float | None:
-    """d y / d u: Huber regression (>= 3 points, >= 2 distinct u) or two-point quotient."""
-    u, y = np.asarray(u, float), np.asarray(y, float)
-    if len(u) < 2 or len(np.unique(u)) < 2:
-        return None
-    if len(u) == 2:
-        return float((y[1] - y[0]) / (u[1] - u[0]))
-    model = HuberRegressor(alpha=0.0, epsilon=1.35, max_iter=1000).fit(u.reshape(-1, 1), y)
-    return float(model.coef_[0])
+#: fewest distinct weight decays > 0 from which a slope and a curvature are reported
+MIN_FIT_WDS = 3
+#: fewest runs (at >= 2 distinct weight decays) for a best weight decay
+MIN_BEST_RUNS = 2
+N_BOOT = 1000
+CONFIDENCE = 0.95
+SEED = 0
+
+OUTPUT_COLUMNS = ["variant", "group", "weight_decays", "final_val_loss", "best_val_loss", "slope",
+                  "curvature", "best_weight_decay", "n_runs", "run_ids", "spikes", "diverged",
+                  # how sure: counts, intervals, and why a statistic is absent
+                  "statistic", "n_wd", "n_wd_fit", "n_wd_repeated", "per_wd", "slope_ci_low", "slope_ci_high",
+                  "curvature_ci_low", "curvature_ci_high", "best_wd_ci_low", "best_wd_ci_high",
+                  "best_wd_share", "n_boot", "fit_reason", "best_reason", "interval_reason"]
 
 
-def curvature(u: np.ndarray, y: np.ndarray) -> float | None:
-    """Second derivative ``2 c2`` of a least-squares quadratic in ``u`` (>= 3 distinct u)."""
+def huber_fit(X: np.ndarray, y: np.ndarray, *, epsilon: float = 1.35, max_iter: int = 500,
+              tol: float = 1e-12) -> np.ndarray:
+    """Huber M-estimate of ``beta`` in ``y ~ X beta`` (Huber 1964), by iteratively
+    reweighted least squares (Holland & Welsch 1977).
+
+    Residuals ``r = y - X beta`` are scaled by ``s = median|r| / 0.6745`` (the MAD,
+    consistent for Gaussian noise); a point weighs ``w = min(1, epsilon s / |r|)``,
+    so points within ``epsilon s`` count fully and an outlier's pull is bounded.
+    Exact data are fitted exactly (every weight 1); with no more points than
+    columns the least-squares solution is returned. ``X``: ``[n, p]``; ``y``: ``[n]``,
+    or ``[B, n]`` for B fits on the same ``X`` at once (bootstrap resamples),
+    returning ``[B, p]``.
+    """
+    X, Y = np.asarray(X, float), np.asarray(y, float)
+    single = Y.ndim == 1
+    Y = Y[None] if single else Y  # [B, n]
+    beta = np.linalg.lstsq(X, Y.T, rcond=None)[0].T  # [B, p]
+    if X.shape[0] > X.shape[1]:
+        floor = 1e-12 * (np.abs(Y).max(axis=1, keepdims=True) + 1.0)  # a scale of 0: the majority fits exactly
+        active = np.arange(len(Y))  # fits not converged yet
+        for _ in range(max_iter):
+            Ya, ba, fa = Y[active], beta[active], floor[active]
+            r = np.abs(Ya - ba @ X.T)  # [b, n]
+            scale = np.maximum(np.median(r, axis=1, keepdims=True) / 0.6745, fa)
+            w = np.minimum(1.0, epsilon * scale / np.maximum(r, fa))  # [b, n]
+            gram = np.einsum("bn,np,nq->bpq", w, X, X)  # X^T W X: [b, p, p]
+            new = np.linalg.solve(gram, np.einsum("bn,np->bp", w * Ya, X)[..., None])[..., 0]  # [b, p]
+            done = np.abs(new - ba).max(axis=1) <= tol * (1.0 + np.abs(ba).max(axis=1))
+            beta[active] = new
+            active = active[~done]
+            if not len(active):
+                break
+    return beta[0] if single else beta
+
+
+def _design(u: np.ndarray, degree: int) -> np.ndarray:
+    """``[1, u, (u^2)]`` columns of centred u (centring changes neither the slope nor ``c2``): [n, degree+1]."""
+    uc = u - u.mean()
+    return np.stack([uc ** k for k in range(degree + 1)], axis=1)
+
+
+def robust_slope(u: np.ndarray, y: np.ndarray) -> float | np.ndarray | None:
+    """d y / d u of a robust line (``huber_fit``); None with fewer than ``MIN_FIT_WDS`` distinct u.
+    ``y``: ``[n]``, or ``[B, n]`` for B resamples (returns ``[B]``)."""
     u, y = np.asarray(u, float), np.asarray(y, float)
-    if len(np.unique(u)) < 3:
+    if len(np.unique(u)) < MIN_FIT_WDS:
         return None
-    c2 = np.polyfit(u, y, 2)[0]
-    return float(2 * c2)
+    b1 = huber_fit(_design(u, 1), y)[..., 1]
+    return float(b1) if y.ndim == 1 else b1
+
+
+def curvature(u: np.ndarray, y: np.ndarray) -> float | np.ndarray | None:
+    """``2 c2`` of a robust quadratic ``c0 + c1 u + c2 u^2`` (``huber_fit``); None with fewer
+    than ``MIN_FIT_WDS`` distinct u. ``y``: ``[n]`` or ``[B, n]``."""
+    u, y = np.asarray(u, float), np.asarray(y, float)
+    if len(np.unique(u)) < MIN_FIT_WDS:
+        return None
+    c2 = huber_fit(_design(u, 2), y)[..., 2]
+    return float(2 * c2) if y.ndim == 1 else 2 * c2
+
+
+def _interval(values: np.ndarray, confidence: float, *, method: str = "linear") -> tuple[float, float]:
+    lo, hi = np.quantile(values, [(1 - confidence) / 2, 1 - (1 - confidence) / 2], method=method)
+    return float(lo), float(hi)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _fit_reason(positive: list[float], has_zero: bool) -> str | None:
+    if len(positive) >= MIN_FIT_WDS:
+        return None
+    listed = f" ({', '.join(f'{w:g}' for w in positive)})" if positive else ""
+    text = (f"{_plural(len(positive), 'distinct weight decay')} > 0{listed}; "
+            f"slope and curvature need >= {MIN_FIT_WDS}")
+    return text + ("; wd 0 is left out of the fit (log10 0 is undefined)" if has_zero else "")
+
+
+def _best_reason(n_runs: int, wds: list[float]) -> str | None:
+    if n_runs >= MIN_BEST_RUNS and len(wds) >= 2:
+        return None
+    if n_runs < MIN_BEST_RUNS:
+        return (f"{_plural(n_runs, 'run')} with a loss; a best weight decay needs >= {MIN_BEST_RUNS} runs "
+                "at >= 2 weight decays")
+    return f"all {n_runs} runs at wd {wds[0]:g}; a best weight decay needs >= 2 weight decays"
+
+
+def group_statistics(wds, losses, *, n_boot: int = N_BOOT, confidence: float = CONFIDENCE,
+                     rng: np.random.Generator | None = None) -> dict:
+    """Slope, curvature, best wd, per-wd means and their bootstrap intervals of one group.
+
+    ``wds``, ``losses``: one entry per run (a loss of None or NaN: the run is left
+    out). Returns the keys of ``OUTPUT_COLUMNS`` from ``slope`` on that these
+    compute (see the module docstring), ``per_wd`` without run ids.
+    """
+    rng = np.random.default_rng(SEED) if rng is None else rng
+    wd = np.asarray(wds, float)
+    y = np.array([np.nan if v is None else v for v in losses], float)
+    keep = np.isfinite(y) & np.isfinite(wd)
+    wd, y = wd[keep], y[keep]
+    levels = sorted(set(wd.tolist()))
+    strata = [np.flatnonzero(wd == w) for w in levels]  # run positions per weight decay
+    per_wd = []
+    for w, idx in zip(levels, strata):
+        row = {"weight_decay": w, "n_runs": len(idx), "mean": float(y[idx].mean()), "ci_low": None,
+               "ci_high": None}
+        if len(idx) > 1:
+            boot = y[idx][rng.integers(0, len(idx), size=(n_boot, len(idx)))].mean(axis=1)  # [n_boot]
+            row["ci_low"], row["ci_high"] = _interval(boot, confidence)
+        per_wd.append(row)
+
+    positive = [w for w in levels if w > 0]
+    fit = wd > 0
+    u = np.log10(wd[fit])
+    out = {"slope": robust_slope(u, y[fit]), "curvature": curvature(u, y[fit]),
+           "best_weight_decay": None, "n_wd": len(levels), "n_wd_fit": len(positive),
+           "n_wd_repeated": sum(len(idx) > 1 for idx in strata), "per_wd": per_wd,
+           "slope_ci_low": None, "slope_ci_high": None, "curvature_ci_low": None, "curvature_ci_high": None,
+           "best_wd_ci_low": None, "best_wd_ci_high": None, "best_wd_share": None,
+           "fit_reason": _fit_reason(positive, 0.0 in levels), "best_reason": _best_reason(len(y), levels),
+           "interval_reason": None}
+    means = np.array([p["mean"] for p in per_wd])
+    if out["best_reason"] is None:
+        out["best_weight_decay"] = levels[int(np.argmin(means))]  # ties: the smaller weight decay
+    if not any(len(idx) > 1 for idx in strata):
+        out["interval_reason"] = ("one run per weight decay: an interval needs repeated runs (seeds) "
+                                  "at a weight decay")
+        return out
+    # stratified resample: every weight decay keeps its number of runs
+    boot_idx = np.concatenate([idx[rng.integers(0, len(idx), size=(n_boot, len(idx)))] for idx in strata],
+                              axis=1)  # [n_boot, n_runs], ordered by weight decay
+    order = np.concatenate(strata)
+    yb = y[boot_idx]  # [n_boot, n_runs]
+    if out["best_weight_decay"] is not None:
+        bounds = np.cumsum([0] + [len(i) for i in strata])
+        bmeans = np.stack([yb[:, a:b].mean(axis=1) for a, b in zip(bounds[:-1], bounds[1:])], axis=1)  # [n_boot, n_wd]
+        picks = np.asarray(levels)[np.argmin(bmeans, axis=1)]  # [n_boot]
+        out["best_wd_ci_low"], out["best_wd_ci_high"] = _interval(picks, confidence, method="inverted_cdf")
+        out["best_wd_share"] = float(np.mean(picks == out["best_weight_decay"]))
+    if out["slope"] is not None and any(len(idx) > 1 for w, idx in zip(levels, strata) if w > 0):
+        sel = wd[order] > 0  # columns of runs at wd > 0
+        ub = np.log10(wd[order][sel])
+        slopes, curves = robust_slope(ub, yb[:, sel]), curvature(ub, yb[:, sel])  # [n_boot] each
+        out["slope_ci_low"], out["slope_ci_high"] = _interval(slopes, confidence)
+        out["curvature_ci_low"], out["curvature_ci_high"] = _interval(curves, confidence)
+    return out
+
+
+def _group_rng(seed: int, variant, label: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(f"{variant}\x00{label}".encode())])
 
 
 def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: float = 0.1,
-                   diverge_ratio: float = 1.5) -> pd.DataFrame:
-    """One row per (variant, group); columns ``OUTPUT_COLUMNS`` (see module docstring)."""
+                   diverge_ratio: float = 1.5, statistic: str = "final", n_boot: int = N_BOOT,
+                   confidence: float = CONFIDENCE, seed: int = SEED) -> pd.DataFrame:
+    """One row per (variant, group); columns ``OUTPUT_COLUMNS`` (see module docstring).
+
+    ``statistic``: ``"final"`` or ``"best"``, which loss of each run the slope,
+    curvature, best wd and per-wd means use.
+    """
     for name, frame, cols in (("runs", runs, ("run_id", "variant", "weight_decay")),
                               ("points", points, ("run_id", "step", "value"))):
         missing = sorted(set(cols) - set(frame.columns))
         if missing:
             raise AnalysisError(f"wd_sensitivity: {name} frame lacks columns {missing}; "
                                 f"found {sorted(frame.columns)}")
+    if statistic not in ("final", "best"):
+        raise AnalysisError(f"wd_sensitivity: statistic must be 'final' or 'best', got {statistic!r}")
+    if n_boot < 1 or not 0 < confidence < 1:
+        raise AnalysisError(f"wd_sensitivity: need n_boot >= 1 and 0 < confidence < 1, "
+                            f"got n_boot={n_boot}, confidence={confidence}")
     runs = runs[runs["weight_decay"].notna()].copy()
     if runs.empty:
         return pd.DataFrame(columns=OUTPUT_COLUMNS)
@@ -166,16 +345,18 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
                 spikes.append(st["spikes"])
                 diverged.append(st["diverged"])
                 ids.append(int(r.run_id))
-            fit = [(math.log10(w), f) for w, f in zip(wds, finals) if w > 0 and f is not None]
-            u = np.array([p[0] for p in fit])
-            y = np.array([p[1] for p in fit])
-            means = pd.Series([f for f in finals], index=wds, dtype=float).groupby(level=0).mean().dropna()
+            stats = group_statistics(wds, finals if statistic == "final" else bests, n_boot=n_boot,
+                                     confidence=confidence, rng=_group_rng(seed, variant, label))
+            for p in stats["per_wd"]:
+                at = [i for i, w in enumerate(wds) if w == p["weight_decay"]]
+                p["run_ids"] = [ids[i] for i in at]
+                p["n_diverged"] = sum(bool(diverged[i]) for i in at)
+                p["n_spiky"] = sum(spikes[i] > 0 for i in at)
             rows.append({
                 "variant": variant, "group": label, "weight_decays": wds,
                 "final_val_loss": finals, "best_val_loss": bests,
-                "slope": robust_slope(u, y), "curvature": curvature(u, y),
-                "best_weight_decay": float(means.idxmin()) if len(means) else None,
                 "n_runs": len(ids), "run_ids": ids, "spikes": spikes, "diverged": diverged,
+                "statistic": statistic, "n_boot": n_boot, **stats,
             })
     return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
@@ -198,3 +379,88 @@ def projection_norms_vs_wd(runs: pd.DataFrame, norms: pd.DataFrame) -> pd.DataFr
     agg["value"] = np.sqrt(agg["sq"])
     out = agg.merge(runs[["run_id", "variant", "weight_decay"]], on="run_id")
     return out[cols].sort_values(["variant", "metric", "weight_decay"]).reset_index(drop=True)
+
+
+def _none(value):
+    """None for a missing value (pandas turns None into NaN in float columns)."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def _pick_group(table: pd.DataFrame, variant: str, group: str | None) -> pd.Series | None:
+    rows = table[table["variant"] == variant]
+    if rows.empty:
+        return None
+    if group is not None:
+        hit = rows[rows["group"] == group]
+        if hit.empty:
+            raise AnalysisError(f"relative_stability: variant {variant!r} has no group {group!r}; "
+                                f"its groups: {sorted(rows['group'])}")
+        return hit.iloc[0]
+    # the group that says most about weight decay: most distinct weight decays, then most runs
+    return rows.sort_values(["n_wd", "n_runs", "group"], ascending=[False, False, True]).iloc[0]
+
+
+def _side(table: pd.DataFrame, variant: str, group: str | None) -> dict:
+    row = _pick_group(table, variant, group)
+    empty = {"variant": variant, "group": None, "n_runs": 0, "n_wd": 0, "best_weight_decay": None,
+             "best_wd_ci_low": None, "best_wd_ci_high": None, "best_wd_share": None, "n_runs_at_best": 0,
+             "best_loss": None, "best_loss_ci_low": None, "best_loss_ci_high": None,
+             "stable_weight_decays": [], "lowest_stable_weight_decay": None, "per_wd": [],
+             "reason": f"no run of variant {variant!r} with a weight decay and a loss"}
+    if row is None:
+        return empty
+    per_wd = [dict(p) for p in row["per_wd"]]
+    stable = [p["weight_decay"] for p in per_wd if p.get("n_diverged", 0) == 0 and p.get("n_spiky", 0) == 0]
+    best = _none(row["best_weight_decay"])
+    best = None if best is None else float(best)
+    at = next((p for p in per_wd if p["weight_decay"] == best), None)
+    out = dict(empty, group=row["group"], n_runs=int(row["n_runs"]), n_wd=int(row["n_wd"]),
+               best_weight_decay=best, best_wd_ci_low=_none(row["best_wd_ci_low"]),
+               best_wd_ci_high=_none(row["best_wd_ci_high"]), best_wd_share=_none(row["best_wd_share"]),
+               stable_weight_decays=stable,
+               lowest_stable_weight_decay=min(stable) if stable else None, per_wd=per_wd,
+               reason=_none(row["best_reason"]))
+    if at is not None:
+        out.update(n_runs_at_best=at["n_runs"], best_loss=at["mean"], best_loss_ci_low=at["ci_low"],
+                   best_loss_ci_high=at["ci_high"])
+    return out
+
+
+def relative_stability(table: pd.DataFrame, variant_a: str, variant_b: str, *, group_a: str | None = None,
+                       group_b: str | None = None) -> dict:
+    """At which weight decay each of two variants does best and trains stably, from the user's runs.
+
+    For claims like the query-free paper's (arXiv 2510.23912: ``wq_identity``
+    trained at weight decay 0.03125 where the baseline ``qkv`` used 0.1, "3x
+    lower"). ``table``: the output of ``wd_sensitivity``. Each variant's group is
+    ``group_a`` / ``group_b``, or else its group with the most distinct weight
+    decays (then the most runs).
+
+    Returns ``{"variant_a", "variant_b", "a", "b", "best_wd_ratio", "best_wd_ratio_low",
+    "best_wd_ratio_high", "ratio_reason"}``. ``a`` and ``b`` each hold ``variant, group,
+    n_runs, n_wd, best_weight_decay, best_wd_ci_low, best_wd_ci_high, best_wd_share,
+    n_runs_at_best, best_loss, best_loss_ci_low, best_loss_ci_high`` (the mean loss at
+    the best weight decay and its interval), ``stable_weight_decays`` (weight decays
+    none of whose runs diverged or spiked), ``lowest_stable_weight_decay``, ``per_wd``
+    (as in ``wd_sensitivity``) and ``reason`` (why the best weight decay is absent,
+    else None). ``best_wd_ratio`` = best wd of b / best wd of a (the paper's claim
+    reads 0.1 / 0.03125 = 3.2 with a = wq_identity, b = qkv); its bounds combine
+    the two best-wd intervals (b low / a high, b high / a low) where both exist.
+    """
+    missing = sorted({"variant", "group", "n_runs", "n_wd", "per_wd", "best_weight_decay"} - set(table.columns))
+    if missing:
+        raise AnalysisError(f"relative_stability: table lacks columns {missing}; pass the output of wd_sensitivity")
+    a, b = _side(table, variant_a, group_a), _side(table, variant_b, group_b)
+    out = {"variant_a": variant_a, "variant_b": variant_b, "a": a, "b": b, "best_wd_ratio": None,
+           "best_wd_ratio_low": None, "best_wd_ratio_high": None, "ratio_reason": None}
+    wa, wb = a["best_weight_decay"], b["best_weight_decay"]
+    if wa is None or wb is None:
+        out["ratio_reason"] = "; ".join(f"{s['variant']}: {s['reason']}" for s in (a, b) if s["best_weight_decay"] is None)
+    elif wa == 0:
+        out["ratio_reason"] = f"{variant_a}'s best weight decay is 0: no ratio"
+    else:
+        out["best_wd_ratio"] = wb / wa
+        lo_a, hi_a, lo_b, hi_b = a["best_wd_ci_low"], a["best_wd_ci_high"], b["best_wd_ci_low"], b["best_wd_ci_high"]
+        if None not in (lo_a, hi_a, lo_b, hi_b) and lo_a > 0:
+            out["best_wd_ratio_low"], out["best_wd_ratio_high"] = lo_b / hi_a, hi_b / lo_a
+    return out

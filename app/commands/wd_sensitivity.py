@@ -1,71 +1,120 @@
-"""How sensitive is each variant to weight decay?
+"""How sensitive is each variant to weight decay, and how sure is that?
 
 Runs are grouped by variant and by everything in their config except weight
 decay (and seeds, output folders, names). Per group: the final and best
-validation loss of each run against its weight decay, a robust slope of the
-final loss against log10(weight decay) (Huber regression), its curvature, the
-best weight decay, loss spikes and divergence per run, and (where analysed
-checkpoints of the runs exist) the projection norms of each run's latest
-analysed checkpoint.
+validation loss of each run against its weight decay; per weight decay the
+number of runs, their mean loss and (where several runs share it, e.g. seeds)
+a 95% bootstrap interval; a robust slope and curvature of the loss against
+log10(weight decay) (Huber M-estimates) from >= 3 distinct weight decays > 0;
+the best weight decay (from >= 2 runs at >= 2 weight decays), with bootstrap
+intervals where runs repeat; loss spikes and divergence per run; and (where
+analysed checkpoints of the runs exist) the projection norms of each run's
+latest analysed checkpoint. A statistic that cannot be had is null, with the
+reason. See ``analysis.wd_sensitivity`` for the definitions.
 
 JSON (--json): a list with one object per (variant, group): variant, group,
 weight_decays, final_val_loss, best_val_loss, slope, curvature,
-best_weight_decay, n_runs, run_ids, spikes, diverged, projection_norms.
+best_weight_decay, n_runs, run_ids, spikes, diverged, projection_norms (as
+before), and statistic ("final" or "best": the loss the statistics use),
+n_wd, n_wd_fit (distinct weight decays > 0), n_wd_repeated (with > 1 run),
+per_wd (per weight decay: weight_decay, n_runs, mean, ci_low, ci_high,
+n_diverged, n_spiky, run_ids), slope_ci_low, slope_ci_high, curvature_ci_low,
+curvature_ci_high, best_wd_ci_low, best_wd_ci_high, best_wd_share (fraction
+of resamples with the same best weight decay), n_boot, confidence, seed,
+fit_reason, best_reason, interval_reason (why slope and curvature, the best
+weight decay, or the intervals are null; null when they are not).
 """
 from __future__ import annotations
 
 import argparse
+import math
 
 import pandas as pd
 
-from analysis.wd_sensitivity import projection_norms_vs_wd, wd_sensitivity
+from analysis.wd_sensitivity import CONFIDENCE, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app.commands._common import add_db_argument, print_json, store_from
-from loaders.store import Store
+from loaders.wd import NORM_METRICS, read_inputs  # noqa: F401  (read_inputs: the command's reads)
 
 NAME = "wd-sensitivity"
-HELP = "validation loss against weight decay per variant: slope, best wd, spikes, divergence"
-
-NORM_METRICS = ["norm_q", "norm_k", "norm_v", "norm_o"]
+HELP = "validation loss against weight decay per variant: slope, curvature, best wd with intervals and n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_db_argument(parser)
     parser.add_argument("--metric", default="val/loss", help="loss metric to use (default: val/loss)")
+    parser.add_argument("--loss", choices=("final", "best"), default="final",
+                        help="which loss of each run the statistics use: its last or its lowest value "
+                             "(default final)")
     parser.add_argument("--spike-ratio", type=float, default=0.1,
                         help="a rise above (1 + ratio) x the best loss so far is a spike (default 0.1)")
     parser.add_argument("--diverge-ratio", type=float, default=1.5,
                         help="final loss above ratio x the best loss means diverged (default 1.5)")
+    parser.add_argument("--boot", type=int, default=N_BOOT,
+                        help=f"bootstrap resamples for the intervals (default {N_BOOT})")
+    parser.add_argument("--confidence", type=float, default=CONFIDENCE,
+                        help=f"interval coverage, between 0 and 1 (default {CONFIDENCE})")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"bootstrap seed (default {SEED})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def read_inputs(store: Store, metric: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``runs``, ``points`` (latest value per run and step) and projection-norm rows."""
-    with store.connect() as con:
-        runs = con.execute("SELECT id AS run_id, variant, weight_decay, config FROM runs ORDER BY id").df()
-        points = con.execute(
-            """SELECT run_id, step, value FROM points WHERE metric = ?
-               QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY rowid DESC) = 1
-               ORDER BY run_id, step""", [metric]).df()
-        norms = con.execute(
-            """SELECT c.run_id, c.step, r.metric, r.value
-               FROM analysis_results r JOIN checkpoints c ON c.id = r.checkpoint_id
-               WHERE c.run_id IS NOT NULL AND c.step IS NOT NULL AND list_contains(?, r.metric)
-                 AND r.value IS NOT NULL""", [NORM_METRICS]).df()
-    return runs, points, norms
+def _none(value):
+    """None for NaN (pandas turns None into NaN in float columns)."""
+    return None if value is not None and isinstance(value, float) and math.isnan(value) else value
+
+
+def _num(value, fmt: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def _ci(lo, hi, fmt: str = ".4f") -> str:
+    return "" if lo is None else f" [{format(lo, fmt)}, {format(hi, fmt)}]"
+
+
+def _print_group(row: dict, metric: str, pct: str) -> None:
+    wds = f"{row['n_wd']} weight decay" + ("" if row["n_wd"] == 1 else "s")
+    print(f"{row['variant']} [{row['group']}]  runs={row['n_runs']} at {wds} "
+          f"({row['n_wd_fit']} > 0, {row['n_wd_repeated']} with repeated runs)")
+    if row["fit_reason"]:
+        print(f"   slope, curvature: n/a ({row['fit_reason']})")
+    else:
+        print(f"   slope d{metric}/dlog10(wd)={row['slope']:+.4f}"
+              f"{_ci(row['slope_ci_low'], row['slope_ci_high'], '+.4f')}")
+        print(f"   curvature={row['curvature']:+.4f}{_ci(row['curvature_ci_low'], row['curvature_ci_high'], '+.4f')}")
+    best = row["best_weight_decay"]
+    if best is None:
+        print(f"   best wd=n/a ({row['best_reason']})")
+    else:
+        share = ("" if row["best_wd_share"] is None
+                 else f", best in {row['best_wd_share']:.0%} of {row['n_boot']} resamples")
+        print(f"   best wd={best:g}{_ci(row['best_wd_ci_low'], row['best_wd_ci_high'], 'g')}{share}")
+    if row["interval_reason"]:
+        print(f"   intervals: n/a ({row['interval_reason']})")
+    elif row["n_wd_repeated"] < row["n_wd"]:
+        print(f"   intervals: spread measured at {row['n_wd_repeated']} of {row['n_wd']} weight decays "
+              "(a weight decay with one run adds none)")
+    print(f"   per wd ({row['statistic']} {metric}, mean over runs, {pct} interval):")
+    for p in row["per_wd"]:
+        print(f"   wd={p['weight_decay']:<10g} n={p['n_runs']:<3} mean={p['mean']:.4f}"
+              f"{_ci(p['ci_low'], p['ci_high']) or '  (one run: no interval)'}")
+    print("   per run:")
+    for wd, fin, best_l, sp, dv in zip(row["weight_decays"], row["final_val_loss"], row["best_val_loss"],
+                                       row["spikes"], row["diverged"]):
+        print(f"   wd={wd:<10g} final={_num(fin):<8} best={_num(best_l):<8} spikes={sp}"
+              f"{'  DIVERGED' if dv else ''}")
 
 
 def run(args: argparse.Namespace) -> int:
     store = store_from(args)
     runs, points, norms = read_inputs(store, args.metric)
-    table = wd_sensitivity(runs, points, spike_ratio=args.spike_ratio, diverge_ratio=args.diverge_ratio)
+    table = wd_sensitivity(runs, points, spike_ratio=args.spike_ratio, diverge_ratio=args.diverge_ratio,
+                           statistic=args.loss, n_boot=args.boot, confidence=args.confidence, seed=args.seed)
     pn = projection_norms_vs_wd(runs, norms)
     out = []
     for row in table.to_dict("records"):
-        for key in ("slope", "curvature", "best_weight_decay"):   # pandas turns None into NaN
-            if row[key] is not None and pd.isna(row[key]):
-                row[key] = None
+        row = {k: _none(v) for k, v in row.items()}
         mine = pn[pn["run_id"].isin(row["run_ids"])]
         row["projection_norms"] = mine[["run_id", "weight_decay", "step", "metric", "value"]].to_dict("records")
+        row["confidence"], row["seed"] = args.confidence, args.seed
         out.append(row)
     if args.json:
         print_json(out)
@@ -73,13 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if not out:
         print(f"no runs with a weight decay and '{args.metric}' points in {store.path}")
         return 0
+    pct = f"{args.confidence:.0%}"
     for row in out:
-        slope = "n/a" if row["slope"] is None else f"{row['slope']:+.4f}"
-        print(f"{row['variant']} [{row['group']}]  runs={row['n_runs']}  slope d{args.metric}/dlog10(wd)={slope}"
-              f"  best wd={row['best_weight_decay']}")
-        for wd, fin, best, sp, dv in zip(row["weight_decays"], row["final_val_loss"], row["best_val_loss"],
-                                         row["spikes"], row["diverged"]):
-            fin_s = "n/a" if fin is None else f"{fin:.4f}"
-            best_s = "n/a" if best is None else f"{best:.4f}"
-            print(f"   wd={wd:<10g} final={fin_s:<8} best={best_s:<8} spikes={sp}{'  DIVERGED' if dv else ''}")
+        _print_group(row, args.metric, pct)
     return 0

@@ -9,8 +9,8 @@ import pytest
 
 from analysis.errors import AnalysisError
 from analysis.trajectories import summarise, trajectories
-from analysis.wd_sensitivity import (curvature, projection_norms_vs_wd, robust_slope, run_curve_stats,
-                                     wd_sensitivity)
+from analysis.wd_sensitivity import (curvature, group_statistics, huber_fit, projection_norms_vs_wd,
+                                     relative_stability, robust_slope, run_curve_stats, wd_sensitivity)
 
 
 def grid(slope=0.25, quad=0.0, outlier=False):
@@ -58,8 +58,10 @@ def test_spikes_and_divergence():
 
 def test_too_few_points():
     assert robust_slope(np.array([0.0]), np.array([1.0])) is None
-    assert robust_slope(np.array([0.0, 1.0]), np.array([1.0, 3.0])) == 2.0
+    # two distinct u: a line always fits, so no slope is reported (however many runs)
+    assert robust_slope(np.array([0.0, 1.0, 1.0, 0.0]), np.array([1.0, 3.0, 3.1, 0.9])) is None
     assert curvature(np.array([0.0, 1.0]), np.array([1.0, 3.0])) is None
+    assert robust_slope(np.array([0.0, 1.0, 2.0]), np.array([1.0, 3.0, 5.0])) == pytest.approx(2.0, abs=1e-12)
 
 
 def test_missing_columns_message():
@@ -89,10 +91,10 @@ def test_trajectories_join_and_summary():
 
 def test_real_world_logs(realworld, tmp_path):
     """The real logs through the store: runs that get a weight decay are analysed, the others skipped."""
-    from app.commands.wd_sensitivity import read_inputs
     from loaders.ingest import ingest_paths
     from loaders.logs.runs import set_run_metadata
     from loaders.store import Store
+    from loaders.wd import read_inputs
 
     store = Store(tmp_path / "real.duckdb")
     ingest_paths(store, [realworld / "logs"])
@@ -108,7 +110,10 @@ def test_real_world_logs(realworld, tmp_path):
     for row in out.itertuples():
         finals = [f for f in row.final_val_loss if f is not None]
         assert finals and all(math.isfinite(f) and 0 < f < 20 for f in finals)
-        assert row.best_weight_decay in row.weight_decays
+        if len({w for w, f in zip(row.weight_decays, row.final_val_loss) if f is not None}) >= 2:
+            assert row.best_weight_decay in row.weight_decays and row.best_reason is None
+        else:
+            assert pd.isna(row.best_weight_decay) and row.best_reason
 
 
 def test_config_files_beside_a_log_group_by_their_keys_not_their_file_names():
@@ -117,3 +122,173 @@ def test_config_files_beside_a_log_group_by_their_keys_not_their_file_names():
     cfg = {"files": {"config.json": {"n_kv_heads": 4, "save_steps": [125, 250], "weight_decay": 0.1},
                      "hparams.yaml": {"lr": 0.002}}, "d_model": 64}
     assert _scalars(cfg) == {"n_kv_heads": 4, "lr": 0.002, "d_model": 64}
+
+
+# -- how sure: counts, intervals, reasons --------------------------------------------------------
+
+def sweep(spec, *, variant="qkv", config=None):
+    """Runs and points from ``spec``: ``[(weight_decay, [final loss of each seed]), ...]``."""
+    runs, points, rid = [], [], 0
+    for wd, finals in spec:
+        for seed, final in enumerate(finals):
+            rid += 1
+            runs.append({"run_id": rid, "variant": variant, "weight_decay": wd,
+                         "config": {"lr": 1e-3, "seed": seed, **(config or {})}})
+            points += [{"run_id": rid, "step": 0, "value": final + 1.0}, {"run_id": rid, "step": 10, "value": final}]
+    return pd.DataFrame(runs), pd.DataFrame(points)
+
+
+def test_huber_fit_is_exact_on_exact_data_and_bounds_an_outlier():
+    u = np.linspace(-3, 1, 9)
+    X = np.stack([np.ones_like(u), u, u * u], axis=1)
+    np.testing.assert_allclose(huber_fit(X, 1.0 - 0.5 * u + 0.25 * u * u), [1.0, -0.5, 0.25], atol=1e-12)
+    y = 1.0 - 0.5 * u
+    y[4] += 10.0
+    ols = np.linalg.lstsq(X[:, :2], y, rcond=None)[0]
+    assert abs(ols[0] - 1.0) > 1.0 and huber_fit(X[:, :2], y) == pytest.approx([1.0, -0.5], abs=1e-6)
+
+
+def test_parabola_in_log_wd_gives_its_curvature_and_best_wd():
+    # loss = 2 + 0.3 (log10 wd + 2)^2: curvature 0.6, lowest at wd 0.01, symmetric so slope 0
+    wds = [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+    row = wd_sensitivity(*sweep([(w, [2 + 0.3 * (math.log10(w) + 2) ** 2]) for w in wds])).iloc[0]
+    assert row.curvature == pytest.approx(0.6, abs=1e-9)
+    assert row.slope == pytest.approx(0.0, abs=1e-9)
+    assert row.best_weight_decay == 0.01
+    assert (row.n_runs, row.n_wd, row.n_wd_fit, row.n_wd_repeated) == (5, 5, 5, 0)
+    assert row.fit_reason is None and row.best_reason is None
+    assert row.interval_reason == "one run per weight decay: an interval needs repeated runs (seeds) at a weight decay"
+    assert all(pd.isna(row[c]) for c in ("slope_ci_low", "curvature_ci_high", "best_wd_ci_low", "best_wd_share"))
+    assert [p["n_runs"] for p in row.per_wd] == [1] * 5 and row.per_wd[2]["mean"] == pytest.approx(2.0)
+
+
+def test_two_weight_decays_give_no_slope_and_say_why():
+    row = wd_sensitivity(*sweep([(0.0, [3.0]), (0.03, [2.9, 2.95]), (0.1, [2.8, 2.85])])).iloc[0]
+    assert row.slope is None and row.curvature is None
+    assert row.fit_reason == ("2 distinct weight decays > 0 (0.03, 0.1); slope and curvature need >= 3; "
+                              "wd 0 is left out of the fit (log10 0 is undefined)")
+    assert all(pd.isna(row[c]) for c in ("slope_ci_low", "slope_ci_high", "curvature_ci_low"))
+    # wd 0 still takes part in the best weight decay
+    assert row.best_weight_decay == 0.1 and (row.n_wd, row.n_wd_fit, row.n_wd_repeated) == (3, 2, 2)
+
+
+def test_one_run_or_one_weight_decay_gives_no_best_wd():
+    lone = wd_sensitivity(*sweep([(0.1, [3.0])])).iloc[0]
+    assert pd.isna(lone.best_weight_decay) and lone.n_runs == 1
+    assert lone.best_reason == "1 run with a loss; a best weight decay needs >= 2 runs at >= 2 weight decays"
+    assert lone.fit_reason == "1 distinct weight decay > 0 (0.1); slope and curvature need >= 3"
+    seeds = wd_sensitivity(*sweep([(0.1, [3.0, 3.1])])).iloc[0]
+    assert pd.isna(seeds.best_weight_decay)
+    assert seeds.best_reason == "all 2 runs at wd 0.1; a best weight decay needs >= 2 weight decays"
+    # the per-wd interval is there: two runs share the weight decay
+    assert seeds.per_wd[0]["ci_low"] == 3.0 and seeds.per_wd[0]["ci_high"] == 3.1
+
+
+def test_bootstrap_of_two_runs_spans_them():
+    # resampled means of (a, b) are a, (a+b)/2, b with probability 1/4, 1/2, 1/4: the 95% interval is [a, b]
+    out = group_statistics([0.1, 0.1, 0.3], [2.0, 2.4, 3.0])
+    assert [(p["weight_decay"], p["n_runs"], p["mean"], p["ci_low"], p["ci_high"]) for p in out["per_wd"]] == [
+        (0.1, 2, pytest.approx(2.2), 2.0, 2.4), (0.3, 1, 3.0, None, None)]
+    # 0.1 is best in every resample (its worst mean 2.4 < 3.0)
+    assert (out["best_weight_decay"], out["best_wd_ci_low"], out["best_wd_ci_high"], out["best_wd_share"]) == (
+        0.1, 0.1, 0.1, 1.0)
+
+
+def _seeded(noise=0.02, seeds=4, wds=(1e-3, 1e-2, 1e-1, 1.0)):
+    rng = np.random.default_rng(7)
+    return [(w, list(2 + 0.1 * math.log10(w) + 0.05 * math.log10(w) ** 2 + noise * rng.standard_normal(seeds)))
+            for w in wds]
+
+
+def test_intervals_over_seeds_contain_their_estimates():
+    spec = _seeded()
+    row = wd_sensitivity(*sweep(spec)).iloc[0]
+    assert row.interval_reason is None and row.n_wd_repeated == 4 and row.n_boot == 1000
+    for p, (w, finals) in zip(row.per_wd, spec):
+        assert p["weight_decay"] == w and p["n_runs"] == 4
+        assert p["mean"] == pytest.approx(np.mean(finals))
+        assert p["ci_low"] < p["mean"] < p["ci_high"]
+        assert p["ci_high"] - p["ci_low"] < 4 * 0.02  # about 2 x 1.96 x 0.02 / sqrt(4)
+    assert row.slope_ci_low < row.slope < row.slope_ci_high
+    assert row.curvature_ci_low < row.curvature < row.curvature_ci_high
+    assert row.curvature == pytest.approx(0.1, abs=0.05)  # 2 x 0.05 under the noise
+    assert row.best_wd_ci_low <= row.best_weight_decay <= row.best_wd_ci_high
+    assert row.best_wd_ci_low in row.weight_decays and row.best_wd_ci_high in row.weight_decays
+    assert 0 < row.best_wd_share <= 1
+
+
+def test_intervals_are_seeded_and_per_group():
+    runs, points = sweep(_seeded())
+    a = wd_sensitivity(runs, points).iloc[0]
+    b = wd_sensitivity(runs, points).iloc[0]
+    c = wd_sensitivity(runs, points, seed=1).iloc[0]
+    assert (a.slope_ci_low, a.per_wd[0]["ci_low"]) == (b.slope_ci_low, b.per_wd[0]["ci_low"])
+    assert a.slope_ci_low != c.slope_ci_low and a.slope == c.slope
+    # another variant beside it does not change this group's resamples
+    runs2, points2 = sweep(_seeded(), variant="k_eq_v")
+    both = wd_sensitivity(pd.concat([runs, runs2.assign(run_id=runs2["run_id"] + 100)]),
+                          pd.concat([points, points2.assign(run_id=points2["run_id"] + 100)]))
+    assert both.set_index("variant").loc["qkv", "slope_ci_low"] == a.slope_ci_low
+    narrow = wd_sensitivity(runs, points, confidence=0.5, n_boot=500).iloc[0]
+    assert a.slope_ci_low < narrow.slope_ci_low < narrow.slope_ci_high < a.slope_ci_high and narrow.n_boot == 500
+
+
+def test_best_loss_statistic_and_bad_options():
+    runs, points = sweep([(0.01, [2.0]), (0.1, [2.5]), (1.0, [3.0])])
+    # run 1's curve dips to 1.0 before ending at 2.0; its best loss is 1.0
+    points = pd.concat([points, pd.DataFrame([{"run_id": 1, "step": 5, "value": 1.0}])])
+    final = wd_sensitivity(runs, points).iloc[0]
+    best = wd_sensitivity(runs, points, statistic="best").iloc[0]
+    assert final.per_wd[0]["mean"] == 2.0 and best.per_wd[0]["mean"] == 1.0 and best.statistic == "best"
+    assert final.slope == pytest.approx(0.5) and best.slope > final.slope
+    with pytest.raises(AnalysisError) as exc:
+        wd_sensitivity(runs, points, statistic="last")
+    assert str(exc.value) == "wd_sensitivity: statistic must be 'final' or 'best', got 'last'"
+    with pytest.raises(AnalysisError) as exc:
+        wd_sensitivity(runs, points, confidence=1.0)
+    assert str(exc.value) == ("wd_sensitivity: need n_boot >= 1 and 0 < confidence < 1, "
+                              "got n_boot=1000, confidence=1.0")
+
+
+def _two_variants():
+    """wq_identity lowest at wd 0.03125, qkv at 0.1 (the query-free paper's settings); 2 seeds each."""
+    wds = [0.01, 0.03125, 0.1, 0.3]
+    frames = []
+    for k, (variant, at) in enumerate((("wq_identity", 0.03125), ("qkv", 0.1))):
+        spec = [(w, [2 + (math.log10(w) - math.log10(at)) ** 2 + d for d in (-0.01, 0.01)]) for w in wds]
+        r, p = sweep(spec, variant=variant)
+        frames.append((r.assign(run_id=r["run_id"] + 100 * k), p.assign(run_id=p["run_id"] + 100 * k)))
+    return pd.concat([f[0] for f in frames]), pd.concat([f[1] for f in frames])
+
+
+def test_relative_stability_finds_each_variants_best_wd():
+    runs, points = _two_variants()
+    # qkv's run at wd 0.3, seed 1 diverges: 0.3 is no longer a stable weight decay for qkv
+    points = pd.concat([points, pd.DataFrame([{"run_id": 108, "step": 20, "value": float("nan")}])])
+    out = relative_stability(wd_sensitivity(runs, points), "wq_identity", "qkv")
+    a, b = out["a"], out["b"]
+    assert (a["best_weight_decay"], b["best_weight_decay"]) == (0.03125, 0.1)
+    assert out["best_wd_ratio"] == pytest.approx(3.2) and out["ratio_reason"] is None
+    assert out["best_wd_ratio_low"] <= 3.2 <= out["best_wd_ratio_high"]
+    assert (a["n_runs"], a["n_wd"], a["n_runs_at_best"], a["group"]) == (8, 4, 2, "all")
+    assert a["best_loss"] == pytest.approx(2.0) and a["best_loss_ci_low"] == pytest.approx(1.99)
+    assert a["best_loss_ci_high"] == pytest.approx(2.01) and a["best_wd_share"] == 1.0
+    assert a["stable_weight_decays"] == [0.01, 0.03125, 0.1, 0.3] and a["lowest_stable_weight_decay"] == 0.01
+    assert b["stable_weight_decays"] == [0.01, 0.03125, 0.1]
+    assert [p["n_runs"] for p in b["per_wd"]] == [2, 2, 2, 2] and b["per_wd"][3]["n_diverged"] == 1
+
+
+def test_relative_stability_without_runs_or_with_an_unknown_group():
+    runs, points = _two_variants()
+    table = wd_sensitivity(runs, points)
+    out = relative_stability(table, "wq_identity", "k_eq_v")
+    assert out["b"]["reason"] == "no run of variant 'k_eq_v' with a weight decay and a loss"
+    assert out["best_wd_ratio"] is None
+    assert out["ratio_reason"] == "k_eq_v: no run of variant 'k_eq_v' with a weight decay and a loss"
+    with pytest.raises(AnalysisError) as exc:
+        relative_stability(table, "wq_identity", "qkv", group_b="n_kv_heads=1")
+    assert str(exc.value) == "relative_stability: variant 'qkv' has no group 'n_kv_heads=1'; its groups: ['all']"
+    lone = wd_sensitivity(*sweep([(0.1, [3.0])], variant="qkv"))
+    out = relative_stability(pd.concat([table[table["variant"] == "wq_identity"], lone]), "wq_identity", "qkv")
+    assert out["ratio_reason"] == ("qkv: 1 run with a loss; a best weight decay needs >= 2 runs at "
+                                   ">= 2 weight decays")

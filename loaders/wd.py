@@ -1,0 +1,45 @@
+"""Reads for weight-decay sensitivity (``analysis.wd_sensitivity``, ``python -m app wd-sensitivity``).
+
+Every read opens a short-lived connection (``Store.connect``) and passes values
+as parameters.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from loaders.store import Store
+
+#: per-layer Frobenius norms of the projections, as stored by the weights analysis
+NORM_METRICS = ("norm_q", "norm_k", "norm_v", "norm_o")
+
+
+def wd_runs(store: Store) -> pd.DataFrame:
+    """Every run: ``run_id, variant, weight_decay, config`` (config as stored, a JSON string), by id."""
+    with store.connect() as con:
+        return con.execute("SELECT id AS run_id, variant, weight_decay, config FROM runs ORDER BY id").df()
+
+
+def loss_points(store: Store, metric: str) -> pd.DataFrame:
+    """``run_id, step, value`` of ``metric``: at a step logged twice, the value stored last."""
+    with store.connect() as con:
+        return con.execute(
+            """SELECT run_id, step, value FROM points WHERE metric = ?
+               QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY rowid DESC) = 1
+               ORDER BY run_id, step""", [metric]).df()
+
+
+def projection_norm_rows(store: Store, metrics=NORM_METRICS) -> pd.DataFrame:
+    """``run_id, step, metric, value`` of the stored ``metrics`` of checkpoints that belong to a
+    run and have a step (one row per layer and head as stored)."""
+    with store.connect() as con:
+        return con.execute(
+            """SELECT c.run_id, c.step, r.metric, r.value
+               FROM analysis_results r JOIN checkpoints c ON c.id = r.checkpoint_id
+               WHERE c.run_id IS NOT NULL AND c.step IS NOT NULL AND list_contains(?, r.metric)
+                 AND r.value IS NOT NULL""", [list(metrics)]).df()
+
+
+def read_inputs(store: Store, metric: str, norm_metrics=NORM_METRICS
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``wd_runs``, ``loss_points`` of ``metric`` and ``projection_norm_rows``, as the command uses them."""
+    return wd_runs(store), loss_points(store, metric), projection_norm_rows(store, norm_metrics)
