@@ -56,6 +56,84 @@ def _noise_range(values) -> tuple[float, float] | None:
     return lo - 0.5 * max(1.0, abs(lo)), hi + 0.5 * max(1.0, abs(hi))
 
 
+# -- chance levels: what every metric figure is read against -----------------------
+
+#: Colour scale of metric heatmaps: blue below chance, white at chance, red above.
+DIVERGING = "RdBu_r"
+
+
+def _finite(v) -> bool:
+    return v is not None and v is not pd.NA and isinstance(v, (int, float, np.number)) and math.isfinite(v)
+
+
+def num(v) -> str:
+    """A metric value as text: 4 significant digits, "undefined" for NaN/None."""
+    return f"{float(v):.4g}" if _finite(v) else "undefined"
+
+
+def interval_text(lo, hi) -> str:
+    """A 95% interval as ``"0.28–0.34"``; "" when either bound is missing."""
+    return f"{num(lo)}–{num(hi)}" if _finite(lo) and _finite(hi) else ""
+
+
+def value_text(value, chance=None, n_tokens=None, ci_low=None, ci_high=None) -> str:
+    """A value with what it is read against: ``"0.31 (chance 0.25)"``, and for a sampled
+    (activation) value ``"<br>n=4096 tokens, 95% CI 0.28–0.34"``."""
+    out = num(value) + (f" (chance {num(chance)})" if _finite(chance) else " (no chance level stored)")
+    sampled = []
+    if _finite(n_tokens):
+        sampled.append(f"n={int(n_tokens)} tokens")
+    if (ci := interval_text(ci_low, ci_high)):
+        sampled.append(f"95% CI {ci}")
+    return out + ("<br>" + ", ".join(sampled) if sampled else "")
+
+
+def _col(frame: pd.DataFrame, name: str) -> pd.Series:
+    """``frame[name]``, or NaN when the frame has no such column (results stored before chance levels)."""
+    return frame[name] if name in frame.columns else pd.Series(np.nan, index=frame.index)
+
+
+def chance_of(rows: pd.DataFrame) -> float | None:
+    """The one chance level a set of rows is read against: the median of their ``chance``
+    (weight metrics share it across a layer's heads; activation chance differs a little per
+    head, and each cell's own chance is in its tooltip); None when none is stored."""
+    c = pd.to_numeric(_col(rows, "chance"), errors="coerce").dropna()
+    return float(c.median()) if len(c) else None
+
+
+def chance_label(rows: pd.DataFrame) -> str:
+    """``"chance 0.25"``, or the range ``"chance 0.21–0.26"`` when rows differ by more than
+    rounding, or ``"no chance level stored"``."""
+    c = pd.to_numeric(_col(rows, "chance"), errors="coerce").dropna()
+    if not len(c):
+        return "no chance level stored"
+    lo, hi = float(c.min()), float(c.max())
+    return f"chance {num(lo)}" if hi - lo <= 1e-6 * max(1.0, abs(hi)) else f"chance {num(lo)}–{num(hi)}"
+
+
+def diverging_range(values, chance: float) -> tuple[float, float]:
+    """A colour range centred on ``chance`` that holds every finite value:
+    ``chance +- max |v - chance|`` (``+-0.5 * max(1, |chance|)`` when all equal chance)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    half = float(np.abs(v - chance).max()) if v.size else 0.0
+    if half <= 1e-6 * max(1.0, abs(chance)):
+        half = 0.5 * max(1.0, abs(chance))
+    return chance - half, chance + half
+
+
+def heat_range(rows: pd.DataFrame) -> tuple[float | None, float | None]:
+    """One colour range for heatmaps that share a scale (Compare's A and B): centred on the
+    rows' chance level when they have one (``diverging_range``), else their min and max."""
+    values = pd.to_numeric(rows["value"], errors="coerce").dropna()
+    if not len(values):
+        return None, None
+    chance = chance_of(rows)
+    if chance is None:
+        return float(values.min()), float(values.max())
+    return diverging_range(values, chance)
+
+
 def _layout(fig: go.Figure, *, title: str | None = None, x_title: str = "", y_title: str = "",
             log_x: bool = False, log_y: bool = False, height: int = 460) -> go.Figure:
     fig.update_layout(title=title, height=height, margin=dict(l=60, r=20, t=50 if title else 20, b=50),
@@ -182,35 +260,95 @@ def param_split_figure(row: dict) -> go.Figure:
     return fig
 
 
+def _grid(data: pd.DataFrame, column: str, index, columns) -> np.ndarray:
+    """``column`` of (layer, head) rows as a ``[n_layers, n_heads]`` object array (None: no row)."""
+    g = data.drop_duplicates(["layer", "head"]).set_index(["layer", "head"])[column]
+    g = g.unstack("head").reindex(index=index, columns=columns)
+    return g.astype(object).where(g.notna(), None).to_numpy()
+
+
 def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
                    zmin: float | None = None, zmax: float | None = None,
-                   colorscale: str = "Viridis") -> go.Figure:
-    """Layer x head heatmap of one metric (``layer, head, value``; rows with head NULL skipped)."""
+                   colorscale: str | None = None, muted: str | None = None) -> go.Figure:
+    """Layer x head heatmap of one metric (``layer, head, value`` and, where stored, ``chance,
+    n_tokens, ci_low, ci_high``; rows with head NULL skipped).
+
+    With a chance level the scale diverges from it (``DIVERGING``: white at chance, ``zmid``;
+    the range symmetric around it unless ``zmin``/``zmax`` are given) and the colour bar says
+    ``chance 0.25``; without one it is sequential (Viridis). Each cell's tooltip gives its value,
+    its own chance and, for activation metrics, its tokens and 95% interval. ``muted``: the reason
+    the values are not to be trusted (too few tokens): the cells are faded and the title says why.
+    """
     data = results[(results["metric"] == metric) & results["head"].notna() & results["layer"].notna()]
     if data.empty:
         return empty_figure(f"{metric}: no per-head values stored")
-    grid = data.pivot_table(index="layer", columns="head", values="value", aggfunc="first", dropna=False)
-    grid = grid.sort_index().sort_index(axis=1)
-    z = grid.to_numpy(dtype=float)  # (n_layers, n_heads)
+    data = data.assign(layer=data["layer"].astype(int), head=data["head"].astype(int))
+    layers, heads = sorted(data["layer"].unique()), sorted(data["head"].unique())
+    z = _grid(data, "value", layers, heads).astype(float)  # (n_layers, n_heads)
     text = [[("" if math.isnan(v) else f"{v:.3g}") for v in row] for row in z]
-    if zmin is None and zmax is None and (steady := _noise_range(z)) is not None:
-        zmin, zmax = steady                     # one colour for values equal up to noise
+    hover = data.assign(hover=[
+        f"L{l}H{h}<br>{metric} " + value_text(v, c, n, lo, hi)
+        for l, h, v, c, n, lo, hi in zip(data["layer"], data["head"], data["value"], _col(data, "chance"),
+                                         _col(data, "n_tokens"), _col(data, "ci_low"), _col(data, "ci_high"))])
+    custom = _grid(hover, "hover", layers, heads)
+    custom = [[("" if c is None else c) for c in row] for row in custom]
+    chance = chance_of(data)
+    if chance is not None:
+        if zmin is None and zmax is None:
+            zmin, zmax = diverging_range(z, chance)
+        scale, zmid = colorscale or DIVERGING, chance
+    else:
+        if zmin is None and zmax is None and (steady := _noise_range(z)) is not None:
+            zmin, zmax = steady                 # one colour for values equal up to noise
+        scale, zmid = colorscale or "Viridis", None
     fig = go.Figure(go.Heatmap(
-        z=_nested(z), x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
-        colorscale=colorscale, zmin=zmin, zmax=zmax, text=text,
-        texttemplate="%{text}" if z.size <= 400 else None,
-        hovertemplate=f"%{{y}}%{{x}}<br>{metric} = %{{z:.4g}}<extra></extra>", colorbar=dict(title=metric)))
+        z=_nested(z), x=[f"H{h}" for h in heads], y=[f"L{l}" for l in layers],
+        colorscale=scale, zmin=zmin, zmax=zmax, zmid=zmid, text=text, customdata=custom,
+        texttemplate="%{text}" if z.size <= 400 else None, opacity=0.35 if muted else None,
+        hovertemplate="%{customdata}<extra></extra>",
+        colorbar=dict(title=dict(text=f"{metric}<br>{chance_label(data)}"))))
     fig.update_yaxes(autorange="reversed")
     height = max(260, min(900, 40 * z.shape[0] + 120))
-    return _layout(fig, title=help_text or None, x_title="head", y_title="layer", height=height)
+    title = f"Faded: {muted}" if muted else (help_text or None)
+    fig = _layout(fig, title=title, x_title="head", y_title="layer", height=height)
+    if muted:
+        fig.update_layout(title_font=dict(size=13, color="#777"))
+    return fig
+
+
+def _chance_trace(x, chance, *, name: str, color: str = "#555", legendgroup: str | None = None) -> go.Scatter:
+    """A dashed line at the chance level (one value per x), labelled in the legend."""
+    return go.Scatter(x=list(x), y=list(chance), mode="lines", name=name, legendgroup=legendgroup,
+                      line=dict(color=color, dash="dash", width=1.5),
+                      hovertemplate=f"{name}<br>%{{y:.4g}}<extra></extra>")
+
+
+def _constant(values) -> float | None:
+    """The one value of ``values`` when all finite ones agree up to rounding, else None."""
+    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    if not len(v) or float(v.max() - v.min()) > 1e-6 * max(1.0, abs(float(v.max()))):
+        return None
+    return float(v.median())
 
 
 def layer_figure(results: pd.DataFrame, metric: str) -> go.Figure:
-    """Per-layer values (head NULL) of one metric as a line over layers."""
+    """Per-layer values (head NULL) of one metric as a line over layers, with the chance level
+    as a dashed line and, for activation metrics, the 95% interval as error bars."""
     data = results[(results["metric"] == metric) & results["head"].isna() & results["layer"].notna()]
     data = data.sort_values("layer")
+    lo, hi = _col(data, "ci_low").astype(float), _col(data, "ci_high").astype(float)
+    error = None
+    if (lo.notna() & hi.notna()).any():
+        error = dict(type="data", symmetric=False, array=(hi - data["value"]).clip(lower=0).tolist(),
+                     arrayminus=(data["value"] - lo).clip(lower=0).tolist(), thickness=1)
+    hover = [f"layer {int(l)}<br>{metric} " + value_text(v, c, n, a, b)
+             for l, v, c, n, a, b in zip(data["layer"], data["value"], _col(data, "chance"),
+                                         _col(data, "n_tokens"), lo, hi)]
     fig = go.Figure(go.Scatter(x=data["layer"], y=data["value"], mode="lines+markers", name=metric,
-                               hovertemplate=f"layer %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+                               error_y=error, customdata=hover, hovertemplate="%{customdata}<extra></extra>"))
+    chance = pd.to_numeric(_col(data, "chance"), errors="coerce")
+    if chance.notna().any():
+        fig.add_trace(_chance_trace(data["layer"], chance, name=chance_label(data)))
     return _layout(fig, x_title="layer", y_title=metric, height=320)
 
 
@@ -234,35 +372,71 @@ def attention_figure(weights: np.ndarray, tokens: list[str], *, title: str = "")
 
 
 def diff_heatmap(diff: pd.DataFrame, metric: str, *, a_label: str = "A", b_label: str = "B") -> go.Figure:
-    """Layer x head heatmap of ``b - a`` for one metric (``metric, layer, head, a, b, diff``)."""
+    """Layer x head heatmap of ``b - a`` for one metric (``curves.head_difference``: ``metric, layer,
+    head, a, b, diff`` and, where stored, ``chance_a, chance_b, ...``); the tooltip gives both values
+    with their chance levels and intervals."""
     data = diff[(diff["metric"] == metric) & diff["head"].notna() & diff["layer"].notna()]
     if data.empty:
         return empty_figure(f"{metric}: no per-head values in both checkpoints")
-    grid = data.pivot_table(index="layer", columns="head", values="diff", aggfunc="first", dropna=False)
-    z = grid.sort_index().sort_index(axis=1).to_numpy(dtype=float)  # (n_layers, n_heads)
+    data = data.assign(layer=data["layer"].astype(int), head=data["head"].astype(int))
+    layers, heads = sorted(data["layer"].unique()), sorted(data["head"].unique())
+    z = _grid(data, "diff", layers, heads).astype(float)  # (n_layers, n_heads)
+
+    def side(row, s: str, label: str) -> str:
+        return f"{label} " + value_text(row[s], row.get(f"chance_{s}"), row.get(f"n_tokens_{s}"),
+                                        row.get(f"ci_low_{s}"), row.get(f"ci_high_{s}"))
+
+    hover = data.assign(hover=[
+        f"L{r['layer']}H{r['head']}<br>{b_label} - {a_label} = "
+        f"{format(r['diff'], '+.4g') if _finite(r['diff']) else 'undefined'}<br>"
+        f"{side(r, 'a', a_label)}<br>{side(r, 'b', b_label)}" for r in data.to_dict("records")])
+    custom = [[("" if c is None else c) for c in row] for row in _grid(hover, "hover", layers, heads)]
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     fig = go.Figure(go.Heatmap(
-        z=_nested(z), x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
-        colorscale="RdBu_r", zmin=-lim, zmax=lim, colorbar=dict(title="B - A"),
-        hovertemplate=f"%{{y}}%{{x}}<br>{b_label} - {a_label} = %{{z:.4g}}<extra></extra>"))
+        z=_nested(z), x=[f"H{h}" for h in heads], y=[f"L{l}" for l in layers],
+        colorscale=DIVERGING, zmin=-lim, zmax=lim, zmid=0.0, colorbar=dict(title=dict(text=f"{b_label} - {a_label}")),
+        customdata=custom, hovertemplate="%{customdata}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     return _layout(fig, x_title="head", y_title="layer", height=max(260, min(900, 40 * z.shape[0] + 120)))
 
 
 def trajectory_figure(traj: pd.DataFrame, metric: str, *, by: str = "layer") -> go.Figure:
-    """A metric against training step, one line per layer (``step, layer, value``) or one line."""
+    """A metric against training step, one line per layer (``step, layer, value``) or one line.
+
+    Where the rows carry ``chance``, the chance level is a dashed line (one grey line when every
+    layer shares it, else one per layer in its colour); ``ci_low, ci_high`` (activation metrics)
+    draw a band behind each line. Tooltips: ``"0.31 (chance 0.25)"`` and the tokens and interval.
+    """
     data = traj[traj["metric"] == metric].sort_values("step")
     fig = go.Figure()
-    if by == "layer" and "layer" in data.columns:
-        for i, (layer, g) in enumerate(data.groupby("layer", sort=True, dropna=False)):
-            name = "model" if pd.isna(layer) else f"L{int(layer)}"
-            fig.add_trace(go.Scatter(x=g["step"], y=g["value"], mode="lines+markers", name=name,
-                                     line=dict(color=run_color(i)),
-                                     hovertemplate=f"{name}<br>step %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
-    else:
-        fig.add_trace(go.Scatter(x=data["step"], y=data["value"], mode="lines+markers", name=metric))
+    groups = (list(data.groupby("layer", sort=True, dropna=False)) if by == "layer" and "layer" in data.columns
+              else [(None, data)])
+    chance_all = pd.to_numeric(_col(data, "chance"), errors="coerce")
+    shared = _constant(chance_all)
+    for i, (layer, g) in enumerate(groups):
+        name = metric if by != "layer" else ("model" if pd.isna(layer) else f"L{int(layer)}")
+        color = run_color(i)
+        lo, hi = _col(g, "ci_low").astype(float), _col(g, "ci_high").astype(float)
+        if (lo.notna() & hi.notna()).any():
+            fig.add_trace(go.Scatter(x=g["step"], y=hi, mode="lines", line=dict(width=0), legendgroup=name,
+                                     showlegend=False, hoverinfo="skip"))
+            fig.add_trace(go.Scatter(x=g["step"], y=lo, mode="lines", line=dict(width=0), fill="tonexty",
+                                     fillcolor=_rgba(color, 0.15), legendgroup=name, showlegend=False,
+                                     name=f"{name} 95% CI", hoverinfo="skip"))
+        hover = [f"{name}<br>step {int(s)}<br>{metric} " + value_text(v, c, n, a, b)
+                 for s, v, c, n, a, b in zip(g["step"], g["value"], _col(g, "chance"), _col(g, "n_tokens"), lo, hi)]
+        fig.add_trace(go.Scatter(x=g["step"], y=g["value"], mode="lines+markers", name=name, legendgroup=name,
+                                 line=dict(color=color), customdata=hover,
+                                 hovertemplate="%{customdata}<extra></extra>"))
+        chance = pd.to_numeric(_col(g, "chance"), errors="coerce")
+        if shared is None and chance.notna().any():
+            fig.add_trace(_chance_trace(g["step"], chance, name=f"{name} chance", color=color,
+                                        legendgroup=name))
+    if shared is not None:
+        steps = data["step"].dropna()
+        fig.add_trace(_chance_trace([steps.min(), steps.max()], [shared, shared], name=f"chance {num(shared)}"))
     fig = _layout(fig, x_title="step", y_title=f"{metric} (mean over heads)", height=380)
-    if (steady := _noise_range(data["value"])) is not None:
+    if (steady := _noise_range(pd.concat([data["value"], chance_all]))) is not None:
         fig.update_yaxes(range=list(steady))    # flat lines, not rounding error blown up to full height
     return fig
 

@@ -1,6 +1,7 @@
 """Chart builders: what the figures encode, independent of a page."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from app import charts
@@ -39,3 +40,112 @@ def test_trajectory_of_equal_values_is_flat_not_stretched_noise():
 def test_trajectory_of_varied_values_uses_autorange():
     fig = charts.trajectory_figure(_trajectory([[0.2, 0.5, 0.9]]), "kv_cka")
     assert fig.layout.yaxis.range is None
+
+
+def _chance_results(values, chance, *, n_tokens=None, ci=None, metric="kv_share_r2"):
+    """One metric per (layer, head) with a chance level (and optionally tokens and a 95% interval)."""
+    rows = []
+    for l, row in enumerate(values):
+        for h, v in enumerate(row):
+            r = {"layer": l, "head": h, "metric": metric, "value": v, "chance": chance}
+            if n_tokens is not None:
+                r.update(n_tokens=n_tokens, ci_low=v - ci, ci_high=v + ci)
+            rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def test_value_text_gives_chance_and_for_sampled_values_tokens_and_interval():
+    assert charts.value_text(0.31, 0.25) == "0.31 (chance 0.25)"
+    assert charts.value_text(0.31, 0.25, 4096, 0.28, 0.34) == "0.31 (chance 0.25)<br>n=4096 tokens, 95% CI 0.28–0.34"
+    assert charts.value_text(0.31, float("nan")) == "0.31 (no chance level stored)"
+    assert charts.value_text(float("nan"), 0.25) == "undefined (chance 0.25)"
+    assert charts.value_text(0.99996, 0.2) == "1 (chance 0.2)"  # 4 significant digits
+    assert charts.value_text(0.5, 0.2, pd.NA, float("nan"), float("nan")) == "0.5 (chance 0.2)"
+
+
+def test_heatmap_diverges_from_chance_and_says_so():
+    fig = charts.heatmap_figure(_chance_results([[0.31, 0.9], [0.1, 0.25]], 0.25), "kv_share_r2")
+    t = fig.data[0]
+    assert t.colorscale == charts.go.Heatmap(colorscale="RdBu_r").colorscale  # diverging
+    assert t.zmid == 0.25
+    # symmetric around chance and wide enough for the farthest value (0.9: 0.65 above)
+    assert abs((t.zmin + t.zmax) / 2 - 0.25) < 1e-12 and abs(t.zmax - 0.9) < 1e-12
+    assert t.colorbar.title.text == "kv_share_r2<br>chance 0.25"
+    assert t.customdata[0][0] == "L0H0<br>kv_share_r2 0.31 (chance 0.25)"
+    assert t.hovertemplate == "%{customdata}<extra></extra>"
+
+
+def test_heatmap_of_activation_metric_tooltips_carry_tokens_and_interval():
+    fig = charts.heatmap_figure(_chance_results([[0.31, 0.5]], 0.25, n_tokens=4096, ci=0.03,
+                                                metric="kv_cka_act"), "kv_cka_act")
+    assert fig.data[0].customdata[0][0] == "L0H0<br>kv_cka_act 0.31 (chance 0.25)<br>n=4096 tokens, 95% CI 0.28–0.34"
+
+
+def test_heatmap_with_chance_varying_per_head_centres_on_the_median():
+    frame = _chance_results([[0.5, 0.5, 0.5]], 0.0)
+    frame["chance"] = [0.2, 0.3, 0.25]
+    t = charts.heatmap_figure(frame, "kv_share_r2").data[0]
+    assert t.zmid == 0.25 and t.colorbar.title.text == "kv_share_r2<br>chance 0.2–0.3"
+    assert t.customdata[0][1].endswith("0.5 (chance 0.3)")  # each cell's own chance
+
+
+def test_heatmap_muted_fades_cells_and_says_why():
+    fig = charts.heatmap_figure(_chance_results([[0.9]], 0.25), "kv_share_r2",
+                                muted="512 tokens < 8 x d_head = 1024")
+    assert fig.data[0].opacity == 0.35
+    assert fig.layout.title.text == "Faded: 512 tokens < 8 x d_head = 1024"
+
+
+def test_heat_range_for_shared_scales():
+    both = pd.concat([_chance_results([[0.1]], 0.25), _chance_results([[0.35]], 0.25)])
+    lo, hi = charts.heat_range(both)
+    assert abs(lo - 0.1) < 1e-12 and abs(hi - 0.4) < 1e-12
+    assert charts.heat_range(_results([[0.1, 0.3]])) == (0.1, 0.3)  # no chance stored: min and max
+
+
+def test_layer_figure_draws_chance_line_and_interval():
+    frame = pd.DataFrame({"layer": [0, 1], "head": [None, None], "metric": ["logit_symmetry"] * 2,
+                          "value": [0.7, 0.6], "chance": [0.5, 0.5], "n_tokens": [4096, 4096],
+                          "ci_low": [0.65, 0.5], "ci_high": [0.72, 0.7]})
+    fig = charts.layer_figure(frame, "logit_symmetry")
+    main, chance = fig.data
+    np.testing.assert_allclose(main.error_y.array, [0.02, 0.1])
+    np.testing.assert_allclose(main.error_y.arrayminus, [0.05, 0.1])
+    assert main.customdata[0] == "layer 0<br>logit_symmetry 0.7 (chance 0.5)<br>n=4096 tokens, 95% CI 0.65–0.72"
+    assert chance.name == "chance 0.5" and chance.line.dash == "dash" and list(chance.y) == [0.5, 0.5]
+
+
+def test_trajectory_has_one_chance_line_when_layers_share_it():
+    traj = _trajectory([[0.2, 0.5, 0.9], [0.3, 0.4, 0.6]]).assign(chance=0.25)
+    fig = charts.trajectory_figure(traj, "kv_cka")
+    assert [t.name for t in fig.data] == ["L0", "L1", "chance 0.25"]
+    assert fig.data[-1].line.dash == "dash" and list(fig.data[-1].x) == [500, 1500]
+    assert fig.data[0].customdata[0] == "L0<br>step 500<br>kv_cka 0.2 (chance 0.25)"
+
+
+def test_trajectory_of_activation_metric_draws_bands_and_per_layer_chance():
+    traj = _trajectory([[0.2, 0.5], [0.3, 0.4]])
+    traj = traj.assign(chance=[0.1, 0.1, 0.2, 0.2], n_tokens=4096, ci_low=traj["value"] - 0.05,
+                       ci_high=traj["value"] + 0.05)
+    fig = charts.trajectory_figure(traj, "kv_cka")
+    names = [t.name for t in fig.data]
+    assert names == [None, "L0 95% CI", "L0", "L0 chance", None, "L1 95% CI", "L1", "L1 chance"]
+    band = fig.data[1]
+    assert band.fill == "tonexty"
+    np.testing.assert_allclose(band.y, [0.15, 0.45])
+    assert fig.data[3].line.dash == "dash" and list(fig.data[3].y) == [0.1, 0.1]
+
+
+def test_trajectory_flat_at_one_keeps_chance_in_view():
+    # K=V run: kv_cka 1 up to rounding, chance 0.2: the y axis must show both, not zoom on the noise
+    traj = _trajectory([[1.0, 1 - 6e-8, 1.0]]).assign(chance=0.2)
+    fig = charts.trajectory_figure(traj, "kv_cka")
+    assert fig.layout.yaxis.range is None
+
+
+def test_diff_heatmap_tooltip_gives_both_sides_with_chance():
+    diff = pd.DataFrame({"metric": ["kv_cka"], "layer": [0], "head": [1], "a": [0.3], "b": [0.36],
+                         "diff": [0.06], "chance_a": [0.2], "chance_b": [0.2]})
+    t = charts.diff_heatmap(diff, "kv_cka").data[0]
+    assert t.zmid == 0.0
+    assert t.customdata[0][0] == "L0H1<br>B - A = +0.06<br>A 0.3 (chance 0.2)<br>B 0.36 (chance 0.2)"
