@@ -1,0 +1,132 @@
+"""Papers page in AppTest (claims beside measurements, URL keys) and in a real browser on the demo."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from loaders.store import Store, refresh_run_stats
+from tests.app.apptest import page_test
+
+#: (run id, variant, n_kv_heads, weight decay, final val loss)
+RUNS = [(1, "qkv", 4, 0.1, 1.30), (2, "qkv", 4, 0.1, 1.32), (3, "k_eq_v", 4, 0.1, 1.36), (4, "q_eq_k", 4, 0.1, 1.40)]
+
+
+@pytest.fixture
+def papers_db(tmp_path, monkeypatch):
+    db = tmp_path / "papers.duckdb"
+    store = Store(db)
+    store.migrate()
+    points = pd.DataFrame([(rid, step, "val/loss", final + (1.0 if step == 0 else 0.0))
+                           for rid, _, _, _, final in RUNS for step in (0, 100)],
+                          columns=["run_id", "step", "metric", "value"])
+    with store.transaction() as con:
+        for rid, variant, nkv, wd, _ in RUNS:
+            con.execute("INSERT INTO runs (id, name, source, format, variant, n_kv_heads, weight_decay, config) "
+                        "VALUES (?, ?, ?, 'csv', ?, ?, ?, '{\"n_head\": 4}')",
+                        [rid, f"{variant}-{rid}", f"/s/{rid}", variant, nkv, wd])
+            con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
+                        "n_kv_heads, d_model, d_head, attn_scale, run_id, step) "
+                        "VALUES (?, 'gone', ?, 'qkvscope', ?, 1, 4, ?, 64, 16, 0.25, ?, 100)",
+                        [rid, f"s{rid}", variant, nkv, rid])
+            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 3)",
+                        [rid])
+        # checkpoint 1 has chance levels, checkpoint 2 predates them (NULL)
+        for cid, chance in ((1, 0.0), (2, None)):
+            for head, value in ((0, 0.05), (1, -0.01)):
+                con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version, "
+                            "chance) VALUES (?, 0, ?, 'kv_cosine_flat', ?, 3, ?)", [cid, head, value, chance])
+        con.register("p", points)
+        con.execute("INSERT INTO points (run_id, step, metric, value) SELECT * FROM p")
+        refresh_run_stats(con, [r[0] for r in RUNS])
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    return db
+
+
+def _rows(at) -> pd.DataFrame:
+    return pd.concat([d.value for d in at.dataframe], ignore_index=True).set_index("claim")
+
+
+def test_claims_sit_beside_measurements_with_chance_and_n(papers_db):
+    at = page_test("papers").run()
+    assert not at.exception, at.exception
+    assert [s.value for s in at.subheader] == ["Query-free attention (arXiv 2510.23912)",
+                                               "Projection sharing (arXiv 2606.04032)"]
+    rows = _rows(at)
+    cos = rows.loc["trained QKV models: K-V cosine similarity 0.73"]
+    assert cos["paper_value"] == "0.73"
+    # 4 heads of the two qkv checkpoints (k_eq_v left out; q_eq_k has none stored): median of 0.05, -0.01, 0.05, -0.01
+    assert cos["measured"] == "flat cosine median 0.020 (range -0.010 to 0.050)"
+    assert cos["chance"] == "flat cosine: 0.000"
+    assert cos["n"] == "4 kv heads"
+    kv = rows.loc["Q-K=V costs +3.1% validation perplexity at 300M (5.27 vs 5.11)"]
+    assert kv["measured"].startswith(f"{100 * (math.exp(1.36 - 1.31) - 1):+.2f}% perplexity")
+    assert kv["n"] == "1 runs (+2 qkv)"
+    q = rows.loc["W_Q = identity removes 25% of the attention parameters"]
+    assert q["measured"] == "MHA (4 of 4 KV heads): 25.0%"
+    assert rows.loc["up to 67x cache reduction with Q-MQA", "measured"].startswith("64x")
+    assert not at.info  # every compared checkpoint is analysed
+
+
+def test_chance_not_computed_yet_on_an_older_database(papers_db):
+    with Store(papers_db).transaction() as con:
+        con.execute("UPDATE analysis_results SET chance = NULL")
+    rows = _rows(page_test("papers").run())
+    assert rows.loc["trained QKV models: K-V cosine similarity 0.73", "chance"] == \
+        "flat cosine: chance not computed yet"
+
+
+def test_selections_live_in_the_url(papers_db):
+    at = page_test("papers", {"paper": "a"}).run()
+    assert not at.exception
+    assert [s.value for s in at.subheader] == ["Query-free attention (arXiv 2510.23912)"]
+    at.radio(key="papers_paper").set_value("b").run()
+    assert at.query_params["paper"] in ("b", ["b"])
+    assert [s.value for s in at.subheader] == ["Projection sharing (arXiv 2606.04032)"]
+    at.radio(key="papers_ckpts").set_value("all").run()
+    assert at.query_params["ckpts"] in ("all", ["all"])
+    at.radio(key="papers_paper").set_value("both").run()
+    assert "paper" not in at.query_params
+
+
+def test_a_bad_url_value_falls_back_to_the_default(papers_db):
+    at = page_test("papers", {"paper": "z", "ckpts": "some"}).run()
+    assert not at.exception
+    assert len(at.subheader) == 2 and at.radio(key="papers_ckpts").value == "latest"
+
+
+def test_unanalysed_checkpoints_get_a_button(papers_db):
+    with Store(papers_db).transaction() as con:
+        con.execute("DELETE FROM analysis_jobs WHERE checkpoint_id = 4")
+    at = page_test("papers").run()
+    assert at.info[0].value.startswith("1 of 4 compared checkpoints have no stored weight analysis yet")
+    assert at.button(key="papers_analyse").label == "Analyse 1 checkpoints (weights)"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_papers_page_on_the_demo_in_a_real_browser(tmp_path):
+    from app.commands.serve import ensure_demo
+    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+
+    db = tmp_path / "demo.duckdb"
+    ensure_demo(db, quiet=True)
+    with dashboard(db) as url, browser_page(viewport=(1400, 2200)) as page:
+        page.goto(f"{url}/papers?ckpts=latest")
+        wait_idle(page, timeout=120_000)
+        page.get_by_text("Projection sharing (arXiv 2606.04032)").first.wait_for(timeout=60_000)
+        assert page.locator("[data-testid='stDataFrame']").count() == 2
+        button = page.get_by_role("button", name="Analyse 23 checkpoints (weights)")
+        button.click()
+        wait_idle(page, timeout=300_000)
+        page.get_by_text("Projection sharing (arXiv 2606.04032)").first.wait_for(timeout=60_000)
+        assert page.get_by_role("button", name="Analyse 23 checkpoints (weights)").count() == 0
+        page.get_by_text("Query-free attention (2510.23912)").click()
+        wait_idle(page, timeout=60_000)
+        assert "paper=a" in page.url
+        assert page.locator("[data-testid='stDataFrame']").count() == 1
+        page.goto(f"{url}/papers")
+        wait_idle(page, timeout=60_000)
+        page.locator("[data-testid='stDataFrame']").nth(1).wait_for(timeout=60_000)
+        screenshot(page, "papers")
