@@ -6,6 +6,12 @@ Examples:
 
 Reads metadata and one layer at a time (safetensors are memory-mapped), so it
 is cheap for files larger than memory. Nothing is written to the database.
+
+``variant`` is what the layout's tensor names say; ``tied`` is what the
+tensors themselves show (``analysis.tied``: W_Q equal to the identity slice,
+equal projections to float tolerance, per layer). The text output says when
+the two disagree (a Hugging Face Llama trained with ``q_proj = I`` reads as
+``qkv`` from its names).
 """
 from __future__ import annotations
 
@@ -25,10 +31,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+#: How each tie reads in the disagreement note.
+_TIE_WORDS = (("q_identity", "W_Q = identity slice"), ("q_eq_k", "W_Q = W_K"),
+              ("k_eq_v", "W_V = W_K"), ("q_eq_v", "W_Q = W_V"))
+
+
+def tensor_ties(path: str) -> dict:
+    """``{"variant", "layers": [{"layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v"}, ...]}``
+    from the tensors, one layer at a time."""
+    from analysis.tied import tied_layer, tied_variant
+    from loaders.checkpoints import open_checkpoint
+
+    with open_checkpoint(path) as ckpt:
+        layers = [tied_layer(layer, ckpt.meta) for layer in ckpt.layers()]
+    return {"variant": tied_variant(layers), "layers": layers}
+
+
+def _layer_list(ids: list[int], n_layers: int) -> str:
+    if len(ids) == n_layers:
+        return "every layer"
+    return ("layer " if len(ids) == 1 else "layers ") + ", ".join(map(str, ids))
+
+
+def disagreement(layout_variant: str, ties: dict) -> str | None:
+    """The note printed when the layout's variant and the tensors' ties differ, else None."""
+    if ties["variant"] == layout_variant:
+        return None
+    layers = ties["layers"]
+    held = [f"{words} in {_layer_list(ids, len(layers))}"
+            for key, words in _TIE_WORDS
+            if (ids := [t["layer"] for t in layers if t[key]])]
+    found = "; ".join(held) if held else "no ties"
+    name = ties["variant"] or "a combination without a variant name"
+    return (f"the layout reads variant {layout_variant}, but the tensors read {name} "
+            f"({found}, to float tolerance)")
+
+
 def run(args: argparse.Namespace) -> int:
     from loaders.checkpoints import inspect_checkpoint
 
     info = inspect_checkpoint(args.path)
+    info["tied"] = tensor_ties(args.path)
     if args.json:
         print_json(info)
         return 0
@@ -39,4 +82,8 @@ def run(args: argparse.Namespace) -> int:
     params = info["params"]
     share = params["attention"] / params["total"] if params["total"] else 0.0
     print(f"  {'params':<20} {params['total']:,} total, {params['attention']:,} attention ({share:.1%})")
+    print(f"  {'tied':<20} {info['tied']['variant'] or 'none of the variants'}")
+    note = disagreement(info["variant"], info["tied"])
+    if note:
+        print(f"  note: {note}")
     return 0

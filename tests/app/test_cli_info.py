@@ -1,0 +1,93 @@
+"""`python -m app info`: the tensors' ties beside the layout's variant, on Llamas built in code."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.cli import main
+from tests.app.test_cli import cli, tiny_gpt2
+
+pytestmark = pytest.mark.slow                                 # each runs the CLI in a subprocess (~7 s)
+
+
+def tiny_llama(folder: Path, *, n_kv: int = 4, tie: str | None = None, tie_layers=(0, 1)) -> Path:
+    """A random 2-layer Llama (d_model 32, 4 heads of 8, ``n_kv`` kv heads), saved as
+    safetensors; ``tie``: ``"q_identity"`` sets q_proj.weight = I, ``"k_eq_v"`` copies
+    k_proj into v_proj, in ``tie_layers``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=n_kv, vocab_size=64, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for i in tie_layers:
+            attn = model.model.layers[i].self_attn
+            if tie == "q_identity":
+                attn.q_proj.weight.copy_(torch.eye(32))          # [n_heads*d_head, d_model] = I
+            elif tie == "k_eq_v":
+                attn.v_proj.weight.copy_(attn.k_proj.weight)
+    model.save_pretrained(folder, safe_serialization=True)
+    assert (folder / "model.safetensors").exists()
+    return folder
+
+
+def info_json(folder: Path) -> dict:
+    """``python -m app info FOLDER --json`` as a user runs it."""
+    out = cli("info", str(folder), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def info_text(folder: Path, capsys) -> str:
+    """The text output, through the same entry point in this process."""
+    capsys.readouterr()
+    assert main(["info", str(folder)]) == 0
+    return capsys.readouterr().out
+
+
+def layer_ties(q_identity=False, q_eq_k=False, k_eq_v=False, q_eq_v=False, layers=(0, 1)):
+    return [{"layer": i, "q_identity": q_identity, "q_eq_k": q_eq_k, "k_eq_v": k_eq_v, "q_eq_v": q_eq_v}
+            for i in layers]
+
+
+def test_llama_with_identity_query_reads_wq_identity(tmp_path, capsys):
+    folder = tiny_llama(tmp_path / "llama-wq-eye", tie="q_identity")
+    info = info_json(folder)
+    assert (info["architecture"], info["variant"]) == ("llama", "qkv")   # the names say qkv
+    assert info["tied"] == {"variant": "wq_identity", "layers": layer_ties(q_identity=True)}
+    assert info["params"]["attention"] > 0 and "kv_bytes_per_token" in info   # existing fields kept
+    text = info_text(folder, capsys)
+    assert "  tied                 wq_identity\n" in text
+    assert ("  note: the layout reads variant qkv, but the tensors read wq_identity "
+            "(W_Q = identity slice in every layer, to float tolerance)\n") in text
+
+
+def test_gqa_llama_with_v_equal_to_k_reads_k_eq_v(tmp_path, capsys):
+    folder = tiny_llama(tmp_path / "llama-kv", n_kv=2, tie="k_eq_v")
+    info = info_json(folder)
+    assert info["variant"] == "qkv" and info["n_kv_heads"] == 2
+    assert info["tied"] == {"variant": "k_eq_v", "layers": layer_ties(k_eq_v=True)}
+    assert ("  note: the layout reads variant qkv, but the tensors read k_eq_v "
+            "(W_V = W_K in every layer, to float tolerance)\n") in info_text(folder, capsys)
+
+
+def test_a_tie_in_one_layer_only_is_mixed(tmp_path, capsys):
+    folder = tiny_llama(tmp_path / "llama-kv-0", tie="k_eq_v", tie_layers=(0,))
+    info = info_json(folder)
+    assert info["tied"]["variant"] == "mixed"
+    assert [t["k_eq_v"] for t in info["tied"]["layers"]] == [True, False]
+    assert ("but the tensors read mixed (W_V = W_K in layer 0, to float tolerance)"
+            in info_text(folder, capsys))
+
+
+def test_untied_model_agrees_and_prints_no_note(tmp_path, capsys):
+    for folder in (tiny_llama(tmp_path / "llama"), tiny_gpt2(tmp_path / "gpt2")):
+        info = info_json(folder)
+        assert info["variant"] == "qkv"
+        assert info["tied"] == {"variant": "qkv", "layers": layer_ties()}
+        text = info_text(folder, capsys)
+        assert "  tied                 qkv\n" in text and "note:" not in text
