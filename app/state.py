@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis.errors import AnalysisError
+from analysis.registry import METRIC_VERSION
 from app.paths import DEMO_DIR, ROOT  # noqa: F401  (pages import them from here)
 from loaders import curves, queries
 from loaders.errors import QkvscopeError
@@ -89,3 +90,13 @@ def results_over_checkpoints(db: str, version: tuple, ids: tuple,
     """Several checkpoints' stored values with step and run, optionally only ``metrics``
     (``loaders.curves.results_over_checkpoints``)."""
     return curves.results_over_checkpoints(get_store(), ids, list(metrics) if metrics else None)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def stored_notes(db: str, version: tuple, checkpoint_id: int) -> dict[str, str]:
+    """The notes ({metric: reason}) of whichever analysis jobs (weights, activations) are stored
+    for a checkpoint at the current metric version; {} when none is."""
+    notes: dict[str, str] = {}
+    for kind in ("weights", "activations"):
+        notes.update(curves.stored_job_notes(get_store(), checkpoint_id, [kind], METRIC_VERSION) or {})
+    return notes

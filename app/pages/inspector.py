@@ -5,6 +5,11 @@ Hugging Face folder, or a zip) or a path on the server (for files over the
 upload limit). Analysis runs once with a progress bar and is stored
 (``app.jobs.analyze``), so a second visit reads the stored results.
 
+Every value is shown against its chance level (heatmaps diverge from it, tables put it
+beside the value; activation metrics with their tokens and 95% interval), metrics with too
+few sample tokens are faded/greyed with the reason, and a checkpoint whose tensors are tied
+differently from what its layout says (``analysis.tied``) is flagged.
+
 Uploads: Streamlit keeps uploaded files in memory; they are written to a
 temporary folder, ingested and analysed there. The folder lives as long as
 the uploader holds those files (spectra and attention maps read the weights
@@ -21,8 +26,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from analysis.chance import WEIGHT_CHANCE
 from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
-from app import charts
+from app import charts, tables
 from app.state import (data_version, get_store, query_param, set_query_params,
                        checkpoints_frame as _checkpoints, analysis_results as _results)
 from loaders import curves
@@ -39,6 +45,13 @@ UPLOAD_TYPES = ["safetensors", "json", "bin", "pt", "pth", "ckpt", "zip", "model
 HEAD_METRICS = [m.name for m in METRICS if m.axis in ("head", "kv_head", "head+layer")]
 ABSORB = ["wq_condition", "wq_basis_orth_defect", "wq_absorb_error"]
 KV_FIT = ["kv_share_r2", "kv_cka", "kv_cosine_flat", "kv_share_r2_act", "kv_cka_act"]
+#: How an activation metric's chance level is defined (``analysis.activations``).
+ACTIVATION_CHANCE = ("the same metric of the same captured layer input projected through random Gaussian "
+                     "matrices of the head's shapes (median over draws and heads): it keeps the input's "
+                     "anisotropy and the token count")
+#: What each tie of ``analysis.tied.tied_layer`` means, for the message.
+TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_v": "W_K = W_V",
+        "q_eq_v": "W_Q = W_V"}
 
 
 # -- cached reads -----------------------------------------------------------------
@@ -83,6 +96,19 @@ def _attention(path: str, stamp: str, text: str) -> tuple[list[str], np.ndarray 
     if any(lc.attn is None for lc in cap.layers):
         return cap.tokens, None, cap.logits_reason or "the model returned no attention maps"
     return cap.tokens, np.stack([lc.attn.numpy() for lc in cap.layers]), None
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _ties(path: str, stamp: str) -> list[dict]:
+    """Per layer, which projections are equal to float tolerance (``analysis.tied.tied_layer``),
+    reading one layer at a time."""
+    from analysis.tied import tied_layer
+    from analysis.weights import default_device
+    from loaders.checkpoints import open_checkpoint
+
+    with open_checkpoint(path) as ckpt:
+        return [tied_layer(ckpt.layer(i), ckpt.meta, device=default_device())
+                for i in range(ckpt.meta.n_layers)]
 
 
 # -- getting a checkpoint --------------------------------------------------------------
@@ -208,6 +234,7 @@ def _geometry(row: pd.Series) -> None:
     c[3].metric("Heads (KV)", f"{int(row['n_heads'])} ({int(row['n_kv_heads'])})")
     c[4].metric("d_model / d_head", f"{int(row['d_model'])} / {int(row['d_head'])}")
     c[5].metric("KV bytes/token", f"{int(row['kv_bytes_per_token']):,}")
+    _tied_check(row)
     left, right = st.columns([1, 1])
     left.plotly_chart(charts.param_split_figure(row.to_dict()), width="stretch", key="insp_params")
     right.dataframe(pd.DataFrame({"field": ["norm", "positions", "dtype", "parameters", "attention parameters",
@@ -216,6 +243,52 @@ def _geometry(row: pd.Series) -> None:
                                             f"{int(row['params_total']):,}", f"{int(row['params_attention']):,}",
                                             str(int(row["nonfinite"])), str(row["path"])]}),
                     hide_index=True, width="stretch")
+
+
+def _layers_text(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for i in sorted(layers):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def tie_message(variant: str, ties: list[dict]) -> str | None:
+    """What to say when the layout's ``variant`` and the tensors' ties (``analysis.tied``)
+    disagree; None when they agree."""
+    from analysis.tied import layer_variant, tied_variant
+
+    seen = tied_variant(ties)
+    if seen == variant:
+        return None
+    found = [f"{TIES[k]} in layer{'s' if len(ls) > 1 else ''} {_layers_text(ls)}"
+             for k in TIES if (ls := [t["layer"] for t in ties if t[k]])]
+    if seen == "mixed":
+        per: dict[str, list[int]] = {}
+        for t in ties:
+            per.setdefault(str(layer_variant(t)), []).append(t["layer"])
+        named = "; ".join(f"{v} in layer{'s' if len(ls) > 1 else ''} {_layers_text(ls)}" for v, ls in per.items())
+        what = f"its layers are tied differently ({named})"
+    elif seen is None:
+        what = "its ties match no variant"
+    else:
+        what = f"its tensors are tied as **{seen}**"
+    return (f"The layout names this checkpoint **{variant}**, but {what}: "
+            + ("; ".join(found) if found else "no projections are equal") + f" (of {len(ties)} layers; equal "
+            "to float tolerance). The metrics are computed from the tensors as stored: read the K=V and Q=K "
+            "fits with the ties in mind.")
+
+
+def _tied_check(row: pd.Series) -> None:
+    path = str(row["path"])
+    if not Path(path).exists():
+        return
+    message = tie_message(str(row["variant"]), _ties(path, _file_stamp(path)))
+    if message:
+        st.warning(message, icon=":material/link:")
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -247,7 +320,14 @@ def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
     return notes
 
 
-def _heatmap(results: pd.DataFrame) -> None:
+def chance_definition(metric: str) -> str:
+    """How ``metric``'s chance level is defined (``analysis.chance.WEIGHT_CHANCE`` for weights)."""
+    if BY_NAME[metric].level == "activations":
+        return ACTIVATION_CHANCE
+    return WEIGHT_CHANCE.get(metric, "not defined")
+
+
+def _heatmap(results: pd.DataFrame, notes: dict[str, str]) -> None:
     available = [m for m in HEAD_METRICS if m in set(results["metric"])]
     if not available:
         st.caption("No per-head metrics stored for this checkpoint.")
@@ -258,7 +338,14 @@ def _heatmap(results: pd.DataFrame) -> None:
     set_query_params(metric=metric)
     info = BY_NAME[metric]
     st.caption(f"**{metric}** ({'per KV head' if info.axis == 'kv_head' else 'per head'}): {info.help}")
-    st.plotly_chart(charts.heatmap_figure(results, metric), width="stretch", key="insp_heatmap")
+    rows = results[results["metric"] == metric]
+    st.caption(f"**{charts.chance_label(rows)}**: {chance_definition(metric)}. "
+               + ("Colours diverge from it: white at chance, red above, blue below."
+                  if rows["chance"].notna().any() else "No chance level is stored for these values."))
+    muted = tables.muted_metrics(notes).get(metric)
+    if muted:
+        st.warning(f"{metric} rests on too few tokens: {muted}", icon=":material/warning:")
+    st.plotly_chart(charts.heatmap_figure(results, metric, muted=muted), width="stretch", key="insp_heatmap")
     if info.axis == "head+layer":
         st.plotly_chart(charts.layer_figure(results, metric), width="stretch", key="insp_layer")
 
@@ -267,10 +354,12 @@ def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> No
     st.subheader("Query absorbability")
     st.caption("Whether W_Q can be folded into the residual stream (query-free attention, arXiv 2510.23912). "
                f"This model's normalisation: **{row['norm']}**.")
-    per_layer = results[results["metric"].isin(ABSORB) & results["head"].isna()]
-    if len(per_layer):
-        table = per_layer.pivot_table(index="layer", columns="metric", values="value", aggfunc="first")
-        st.dataframe(table.reset_index(), hide_index=True, width="stretch", key="insp_absorb")
+    table = tables.layer_table(results, ABSORB)
+    if len(table):
+        st.dataframe(table, hide_index=True, width="stretch", key="insp_absorb",
+                     column_config={c: st.column_config.NumberColumn(format="%.4g", help=chance_definition(
+                         c.removesuffix(" chance")) if c.endswith(" chance") else BY_NAME[c].help)
+                         for c in table.columns if c != "layer"})
     for m in ABSORB:
         if m in notes:
             st.caption(f"{m}: {notes[m]}")
@@ -278,15 +367,27 @@ def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> No
     st.caption("How much tying K and V loses (projection sharing, Q-K=V); R^2 = 1 - min_T ||V - K T||^2 / ||V||^2.")
     kv = results[results["metric"].isin(KV_FIT) & results["head"].notna()]
     if len(kv):
-        summary = (kv.groupby(["layer", "metric"])["value"].agg(["mean", "min", "max"]).reset_index()
-                   .pivot_table(index="layer", columns="metric", values="mean"))
-        st.dataframe(summary.reset_index(), hide_index=True, width="stretch", key="insp_kvfit")
-        r2 = kv[kv["metric"] == "kv_share_r2"]["value"]
+        st.dataframe(tables.head_summary(results, KV_FIT, notes), hide_index=True, width="stretch",
+                     key="insp_kvfit", column_config={
+                         "heads above chance": st.column_config.TextColumn(
+                             help="weights: value > chance; activations: the whole 95% interval above chance"),
+                         "95% CI (mean of heads' bounds)": st.column_config.TextColumn(
+                             help="bootstrap over token windows, per head; here the mean of the heads' bounds"),
+                         "note": st.column_config.TextColumn(width="large")})
+        r2 = kv[kv["metric"] == "kv_share_r2"]
         if len(r2):
-            st.caption(f"Weights: mean R^2 {r2.mean():.3f} over {len(r2)} KV heads (min {r2.min():.3f}).")
+            st.caption(f"Weights: mean R^2 {r2['value'].mean():.3f} over {len(r2)} KV heads "
+                       f"(min {r2['value'].min():.3f}; {charts.chance_label(r2)}).")
+        with st.expander("Every head"):
+            st.dataframe(tables.head_rows(results, KV_FIT, notes), hide_index=True, width="stretch",
+                         key="insp_kvheads")
+    muted = tables.muted_metrics(notes)
     for m in KV_FIT:
-        if m in notes:
+        if m in notes and m not in muted:
             st.caption(f"{m}: {notes[m]}")
+    if any(m in muted for m in KV_FIT):
+        st.caption("Greyed rows rest on too few tokens: "
+                   + "; ".join(f"{m}: {muted[m]}" for m in KV_FIT if m in muted))
 
 
 def _spectra_section(row: pd.Series) -> None:
@@ -326,7 +427,14 @@ def _attention_section(row: pd.Series) -> None:
                     width="stretch", key="insp_attention")
 
 
-def _downloads(results: pd.DataFrame, ckpt_id: int) -> None:
+def download_frame(results: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:
+    """The stored results as downloaded: every column (value, chance, n_tokens, ci_low, ci_high)
+    and ``note``, the analysis note of the row's metric ("" when none)."""
+    return results.assign(note=results["metric"].map(lambda m: notes.get(m, "")).astype(str))
+
+
+def _downloads(results: pd.DataFrame, notes: dict[str, str], ckpt_id: int) -> None:
+    results = download_frame(results, notes)
     c1, c2, _ = st.columns([1, 1, 3])
     c1.download_button("Results CSV", results.to_csv(index=False).encode(), file_name=f"checkpoint-{ckpt_id}.csv",
                        mime="text/csv", icon=":material/download:", key="insp_csv")
@@ -353,15 +461,15 @@ def render() -> None:
         return
     row = match.iloc[0]
     _geometry(row)
-    activations = st.toggle("Include activation metrics (a forward pass on sample text)",
+    activations = st.toggle("Include activation metrics (forward passes over a text sample)",
                             value=query_param("act") == "1", key="insp_act")
     set_query_params(act="1" if activations else None)
     notes = _analyse(store, ckpt_id, activations)
     results = _results(str(store.path), data_version(store), ckpt_id)
     st.subheader("Metrics per layer and head")
-    _heatmap(results)
+    _heatmap(results, notes)
     _reports(results, notes, row)
     _spectra_section(row)
     _attention_section(row)
     st.subheader("Download")
-    _downloads(results, ckpt_id)
+    _downloads(results, notes, ckpt_id)

@@ -1,0 +1,125 @@
+"""Result tables shared by the pages: every value beside its chance level, sampled values with
+their tokens and 95% interval, and under-sampled metrics greyed with the reason.
+
+Pure pandas (no streamlit, no I/O): a results frame (``loaders.curves.analysis_results``) and
+the analysis notes (``{metric: reason}``) in, a DataFrame or a pandas ``Styler`` out, which the
+pages hand to ``st.dataframe``.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+from pandas.io.formats.style import Styler
+
+from app.charts import interval_text
+
+#: Text colour of values that are not to be read as results (too few tokens).
+MUTED = "color: #9a9a9a; font-style: italic"
+#: A note saying a metric had fewer sample tokens than it needs, as ``analysis.activations``
+#: writes it (``"512 tokens < 8 x d_head = 1024: ..."``) or in words.
+_FEW_TOKENS = re.compile(r"\btokens?\s*<|too few tokens|fewer tokens than", re.IGNORECASE)
+
+
+def few_tokens(note: str | None) -> bool:
+    """Whether a metric's note says its value rests on too few tokens."""
+    return bool(note) and _FEW_TOKENS.search(str(note)) is not None
+
+
+def muted_metrics(notes: dict[str, str]) -> dict[str, str]:
+    """The metrics of ``notes`` whose values rest on too few tokens, with the reason."""
+    return {m: n for m, n in notes.items() if few_tokens(n)}
+
+
+def _grey_rows(frame: pd.DataFrame, column: str = "note") -> Styler:
+    """``frame`` styled: rows whose ``column`` says too few tokens in ``MUTED``; floats to 4 digits."""
+    floats = [c for c in frame.columns if pd.api.types.is_float_dtype(frame[c])]
+
+    def style(row: pd.Series) -> list[str]:
+        return [MUTED if few_tokens(row.get(column)) else ""] * len(row)
+
+    return frame.style.apply(style, axis=1).format("{:.4g}", subset=floats, na_rep="")
+
+
+def layer_table(results: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """Per-layer values (head NULL) of ``metrics`` with each one's chance beside it:
+    ``layer, <m>, <m> chance, ...`` in the order of ``metrics`` (absent metrics left out)."""
+    rows = results[results["metric"].isin(metrics) & results["head"].isna() & results["layer"].notna()]
+    if rows.empty:
+        return pd.DataFrame(columns=["layer"])
+    out = pd.DataFrame({"layer": sorted(rows["layer"].astype(int).unique())})
+    for m in [m for m in metrics if m in set(rows["metric"])]:
+        r = rows[rows["metric"] == m].assign(layer=lambda d: d["layer"].astype(int)).drop_duplicates("layer")
+        r = r.set_index("layer")
+        out[m] = out["layer"].map(r["value"]).astype(float)
+        out[f"{m} chance"] = out["layer"].map(r["chance"]).astype(float)
+    return out
+
+
+def head_summary(results: pd.DataFrame, metrics: list[str], notes: dict[str, str]) -> Styler:
+    """Per (layer, metric) over its heads: ``mean, min, max`` of the value, the (mean) chance,
+    ``heads above chance``, and for activation metrics ``n_tokens`` and the mean of the heads'
+    95% bounds; ``note`` from the analysis notes. Rows of under-sampled metrics are greyed.
+
+    "Above chance" is ``value > chance`` for weight metrics and ``ci_low > chance`` (the whole
+    95% interval above it) for sampled ones.
+    """
+    rows = results[results["metric"].isin(metrics) & results["head"].notna()].copy()
+    cols = ["layer", "metric", "mean", "min", "max", "chance", "heads above chance", "n_tokens",
+            "95% CI (mean of heads' bounds)", "note"]
+    if rows.empty:
+        return _grey_rows(pd.DataFrame(columns=cols))
+    sampled = rows["ci_low"].notna()
+    rows["above"] = np.where(sampled, rows["ci_low"] > rows["chance"], rows["value"] > rows["chance"])
+    rows["judged"] = rows["chance"].notna() & (rows["ci_low"].notna() | ~sampled)
+    g = rows.groupby(["layer", "metric"], sort=False)
+    out = g.agg(mean=("value", "mean"), min=("value", "min"), max=("value", "max"), chance=("chance", "mean"),
+                above=("above", "sum"), judged=("judged", "sum"), n=("value", "size"),
+                n_tokens=("n_tokens", "min"), ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean")).reset_index()
+    order = {m: i for i, m in enumerate(metrics)}
+    out = out.sort_values(["layer", "metric"], key=lambda s: s.map(order) if s.name == "metric" else s)
+    out["heads above chance"] = [f"{int(a)} of {int(n)}" if j else "" for a, j, n in
+                                 zip(out["above"], out["judged"], out["n"])]
+    out["95% CI (mean of heads' bounds)"] = [interval_text(lo, hi) for lo, hi in zip(out["ci_low"], out["ci_high"])]
+    out["note"] = out["metric"].map(lambda m: notes.get(m, "")).astype(str)
+    out["layer"] = out["layer"].astype(int)
+    out["n_tokens"] = out["n_tokens"].astype("Int64")
+    return _grey_rows(out[cols].reset_index(drop=True))
+
+
+def head_rows(results: pd.DataFrame, metrics: list[str], notes: dict[str, str]) -> Styler:
+    """Every per-head row of ``metrics``: ``layer, head, metric, value, chance, n_tokens, 95% CI,
+    note``; under-sampled metrics greyed."""
+    rows = results[results["metric"].isin(metrics) & results["head"].notna()]
+    out = pd.DataFrame({
+        "layer": rows["layer"].astype(int), "head": rows["head"].astype(int), "metric": rows["metric"],
+        "value": rows["value"].astype(float), "chance": rows["chance"].astype(float),
+        "n_tokens": rows["n_tokens"].astype("Int64"),
+        "95% CI": [interval_text(lo, hi) for lo, hi in zip(rows["ci_low"], rows["ci_high"])],
+        "note": rows["metric"].map(lambda m: notes.get(m, "")).astype(str)})
+    return _grey_rows(out.sort_values(["layer", "head", "metric"]).reset_index(drop=True))
+
+
+def change_table(diff: pd.DataFrame, metric: str, notes_a: dict[str, str], notes_b: dict[str, str],
+                 top: int = 10) -> Styler:
+    """The ``top`` largest changes ``|b - a|`` of ``metric`` (``curves.head_difference``) with both
+    sides' chance levels, and for sampled metrics their tokens, 95% intervals and whether the
+    intervals overlap (a change inside both intervals is not a change); ``note``: A's and B's notes
+    (greyed when one says too few tokens)."""
+    d = diff[(diff["metric"] == metric) & diff["head"].notna()].copy()
+    d = d.assign(abs=d["diff"].abs()).sort_values("abs", ascending=False).head(top)
+    out = pd.DataFrame({"layer": d["layer"].astype(int), "head": d["head"].astype(int),
+                        "A": d["a"].astype(float), "B": d["b"].astype(float), "B - A": d["diff"].astype(float),
+                        "chance A": d["chance_a"].astype(float), "chance B": d["chance_b"].astype(float)})
+    if d[["ci_low_a", "ci_low_b"]].notna().any().any():
+        out["n_tokens A"] = d["n_tokens_a"].astype("Int64")
+        out["A 95% CI"] = [interval_text(lo, hi) for lo, hi in zip(d["ci_low_a"], d["ci_high_a"])]
+        out["n_tokens B"] = d["n_tokens_b"].astype("Int64")
+        out["B 95% CI"] = [interval_text(lo, hi) for lo, hi in zip(d["ci_low_b"], d["ci_high_b"])]
+        out["CIs overlap"] = [bool(la <= hb and lb <= ha) if np.isfinite([la, ha, lb, hb]).all() else None
+                              for la, ha, lb, hb in zip(d["ci_low_a"], d["ci_high_a"], d["ci_low_b"],
+                                                        d["ci_high_b"])]
+    parts = [f"{side}: {n[metric]}" for side, n in (("A", notes_a), ("B", notes_b)) if n.get(metric)]
+    out["note"] = "; ".join(parts)
+    return _grey_rows(out.reset_index(drop=True))
