@@ -83,7 +83,7 @@ CLAIMS: tuple[Claim, ...] = (
     # -- Paper A: query-free attention ----------------------------------------------------
     Claim("a_attention_params", PAPER_A, "W_Q = identity removes 25% of the attention parameters",
           25.0, "% of attention parameters", "abstract", "query_free_saving",
-          note="true for multi-head attention only (W_Q, W_K, W_V, W_O all d x d); with grouped K/V heads "
+          note="True for multi-head attention only (W_Q, W_K, W_V, W_O all d x d); with grouped K/V heads "
                "W_Q is a larger share: n_heads / (2 n_heads + 2 n_kv_heads)"),
     Claim("a_nonembedding_params", PAPER_A, "W_Q = identity removes over 8% of the non-embedding parameters",
           8.0, "% of non-embedding parameters (lower bound)", "abstract (arXiv v1)", "query_free_nonembedding",

@@ -84,21 +84,14 @@ def render() -> None:
     wanted = _PAPER_KEYS[paper]
     if wanted is not None:
         table = table[table["source"] == wanted]
-    shown = table.assign(measured=table["measured"].fillna("not measured here"))
+    shown = table.assign(measured=table["measured"].fillna("not measured here"),
+                         paper_value=table["paper_value"] + " " + table["units"])
+    columns = {"claim": "claim", "paper_value": "paper", "where": "where stated", "measured": "on this database",
+               "chance": "chance level", "n": "n", "reading": "how to read it"}
     for arxiv, part in shown.groupby("source", sort=True):
         st.subheader(f"{PAPERS[arxiv]['short']} (arXiv {arxiv})")
-        st.dataframe(part[["claim", "paper_value", "units", "where", "measured", "chance", "n", "reading"]],
-                     hide_index=True, width="stretch", key=f"papers_table_{arxiv}", row_height=60,
-                     column_config={
-                         "claim": st.column_config.TextColumn("claim", width="large"),
-                         "paper_value": st.column_config.TextColumn("paper"),
-                         "units": st.column_config.TextColumn("units", width="medium"),
-                         "where": st.column_config.TextColumn("where in the paper", width="medium"),
-                         "measured": st.column_config.TextColumn("on this database", width="large"),
-                         "chance": st.column_config.TextColumn("chance level", width="medium"),
-                         "n": st.column_config.TextColumn("n"),
-                         "reading": st.column_config.TextColumn("how to read it", width="large"),
-                     })
+        # a static table: long texts wrap instead of hiding behind a scrollbar
+        st.table(part[list(columns)].rename(columns=columns).set_index("claim"))
     st.caption("Flat K/V cosine is basis-dependent: rotating a head's K and V output bases (and W_O to match) "
                "changes no attention output but changes cos(vec K, vec V), so a near-0 flat cosine does not "
                "mean K and V read different input directions; linear CKA is invariant to such rotations. "

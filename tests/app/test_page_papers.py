@@ -45,7 +45,8 @@ def papers_db(tmp_path, monkeypatch):
 
 
 def _rows(at) -> pd.DataFrame:
-    return pd.concat([d.value for d in at.dataframe], ignore_index=True).set_index("claim")
+    frame = pd.concat([t.value for t in at.table])
+    return frame.rename(columns={"paper": "paper_value", "on this database": "measured", "chance level": "chance"})
 
 
 def test_claims_sit_beside_measurements_with_chance_and_n(papers_db):
@@ -55,7 +56,7 @@ def test_claims_sit_beside_measurements_with_chance_and_n(papers_db):
                                                "Projection sharing (arXiv 2606.04032)"]
     rows = _rows(at)
     cos = rows.loc["trained QKV models: K-V cosine similarity 0.73"]
-    assert cos["paper_value"] == "0.73"
+    assert cos["paper_value"] == "0.73 cosine"
     # 4 heads of the two qkv checkpoints (k_eq_v left out; q_eq_k has none stored): median of 0.05, -0.01, 0.05, -0.01
     assert cos["measured"] == "flat cosine median 0.020 (range -0.010 to 0.050)"
     assert cos["chance"] == "flat cosine: 0.000"
@@ -116,7 +117,7 @@ def test_papers_page_on_the_demo_in_a_real_browser(tmp_path):
         page.goto(f"{url}/papers?ckpts=latest")
         wait_idle(page, timeout=120_000)
         page.get_by_text("Projection sharing (arXiv 2606.04032)").first.wait_for(timeout=60_000)
-        assert page.locator("[data-testid='stDataFrame']").count() == 2
+        assert page.locator("[data-testid='stTable']").count() == 2
         button = page.get_by_role("button", name="Analyse 23 checkpoints (weights)")
         button.click()
         wait_idle(page, timeout=300_000)
@@ -125,8 +126,8 @@ def test_papers_page_on_the_demo_in_a_real_browser(tmp_path):
         page.get_by_text("Query-free attention (2510.23912)").click()
         wait_idle(page, timeout=60_000)
         assert "paper=a" in page.url
-        assert page.locator("[data-testid='stDataFrame']").count() == 1
+        assert page.locator("[data-testid='stTable']").count() == 1
         page.goto(f"{url}/papers")
         wait_idle(page, timeout=60_000)
-        page.locator("[data-testid='stDataFrame']").nth(1).wait_for(timeout=60_000)
+        page.locator("[data-testid='stTable']").nth(1).wait_for(timeout=60_000)
         screenshot(page, "papers")
