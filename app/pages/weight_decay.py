@@ -134,6 +134,19 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def absent_lines(table: pd.DataFrame) -> list[str]:
+    """One line per (statistic, reason): which groups lack it and why, e.g.
+    ``"**slope, curvature** n/a for q_eq_k, qkv [n_kv_heads=4]: 2 distinct weight decays > 0 ..."``."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for r in table.itertuples():
+        name = str(r.variant) if r.group == "all" else f"{r.variant} [{r.group}]"
+        for what, why in (("slope, curvature", r.fit_reason), ("best wd", r.best_reason),
+                          ("intervals", r.interval_reason)):
+            if isinstance(why, str):
+                by.setdefault((what, why), []).append(name)
+    return [f"**{what}** n/a for {', '.join(names)}: {why}" for (what, why), names in by.items()]
+
+
 def _norms_section(store, version, runs: pd.DataFrame) -> None:
     st.subheader("Projection norms against weight decay")
     latest = _latest(str(store.path), version)
@@ -232,6 +245,9 @@ def render() -> None:
                "3 or more distinct weight decays > 0; best wd: the lowest mean loss, from 2 or more runs at 2 or "
                "more weight decays. Their intervals resample the runs within each weight decay, so they hold "
                "the seed-to-seed spread only at the weight decays that have repeated runs.")
+    absent = absent_lines(table)
+    if absent:
+        st.markdown("\n".join(f"* {line}" for line in absent))
     with st.expander("Every weight decay: runs, mean, interval", expanded=False):
         st.dataframe(points, hide_index=True, width="stretch", key="wd_points",
                      column_config={"weight_decay": st.column_config.NumberColumn("wd", format="%.4g"),

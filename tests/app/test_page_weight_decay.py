@@ -139,6 +139,9 @@ def test_counts_and_why_slope_or_intervals_are_absent(wd_db):
         "slope, curvature: 2 distinct weight decays > 0 (0.01, 0.1); slope and curvature need >= 3; "
         "intervals: one run per weight decay: an interval needs repeated runs (seeds) at a weight decay")
     assert summary.loc["qkv", "slope 95% CI"] == "" and summary.loc["qkv", "best in"] == ""
+    shown = "\n".join(m.value for m in at.markdown)
+    assert ("* **slope, curvature** n/a for k_eq_v: 2 distinct weight decays > 0 (0.01, 0.1); slope and curvature "
+            "need >= 3\n* **intervals** n/a for k_eq_v, qkv: one run per weight decay") in shown
     # no run repeats a weight decay: no error bar, no n label
     bars = [t for t in figures(at)["wd_curve"]["data"] if "error_y" in t]
     assert len(bars) == 2 and all(set(t["text"]) == {""} for t in bars)
