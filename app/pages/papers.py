@@ -92,8 +92,8 @@ def render() -> None:
         st.subheader(f"{PAPERS[arxiv]['short']} (arXiv {arxiv})")
         # a static table: long texts wrap instead of hiding behind a scrollbar
         st.table(part[list(columns)].rename(columns=columns).set_index("claim"))
-    st.caption("Flat K/V cosine is basis-dependent: rotating a head's K and V output bases (and W_O to match) "
-               "changes no attention output but changes cos(vec K, vec V), so a near-0 flat cosine does not "
+    st.caption("Flat K/V cosine is basis-dependent: rotating a head's Q and K output bases together, or its V "
+               "basis with W_O to match, changes no attention output but changes cos(vec K, vec V), so a near-0 flat cosine does not "
                "mean K and V read different input directions; linear CKA is invariant to such rotations. "
                "Perplexity changes are exp(loss_variant - loss_qkv) - 1 at matched weight decay. "
                "Units: MB = 10^6 bytes, MiB = 2^20 bytes.")
