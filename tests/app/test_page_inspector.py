@@ -152,3 +152,163 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
         screenshot(page, "compare")
         page.get_by_text("Largest changes of kv_cka").scroll_into_view_if_needed(timeout=60_000)
         page.locator(".js-plotly-plot .heatmaplayer").nth(2).wait_for(timeout=60_000)  # A, B and B - A
+
+
+#: d_head 8 of the tiny GPT-2: metrics needing 8 x d_head tokens want 64.
+FEW = "40 tokens < 8 x d_head = 64: fewer tokens than columns bias the fit up; read it against its chance level"
+
+
+@pytest.fixture
+def chance_db(tmp_path, monkeypatch, model_dir):
+    """The tiny GPT-2 ingested, with weight and activation results (chance, tokens, intervals) and
+    their job rows written as the jobs write them, so the page computes nothing."""
+    import pandas as pd
+
+    from analysis.registry import METRIC_VERSION, names
+    from loaders.results import replace_results
+
+    db = tmp_path / "chance.duckdb"
+    store = Store(db)
+    store.migrate()
+    assert ingest_checkpoint(store, model_dir).checkpoint_id == 1
+    heads = [(l, h) for l in range(2) for h in range(4)]
+    weights = pd.DataFrame(
+        [{"layer": l, "head": h, "metric": "kv_share_r2", "value": 0.2 + 0.02 * (4 * l + h), "chance": 0.25}
+         for l, h in heads]
+        + [{"layer": l, "head": None, "metric": "wq_condition", "value": 20.0 + l, "chance": 117.4} for l in range(2)])
+    acts = pd.DataFrame(
+        [{"layer": l, "head": h, "metric": m, "value": v, "chance": c, "n_tokens": 40, "ci_low": v - 0.05,
+          "ci_high": v + 0.05} for l, h in heads
+         for m, v, c in (("kv_share_r2_act", 0.9, 0.3), ("kv_cka_act", 0.5 + 0.01 * h, 0.2))])
+    with store.transaction() as con:
+        replace_results(con, checkpoint_id=1, kind="weights", metrics=names("weights"),
+                        metric_version=METRIC_VERSION, notes={"wq_absorb_error": "model uses layernorm"},
+                        seconds=0.1, device="cpu", frame=weights)
+        replace_results(con, checkpoint_id=1, kind="activations", metrics=names("activations"),
+                        metric_version=METRIC_VERSION, notes={"kv_share_r2_act": FEW}, seconds=0.1,
+                        device="cpu", frame=acts)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    return db
+
+
+def _frame(at, column: str):
+    """The one table on the page with ``column`` (st.dataframe has no key to find it by)."""
+    found = [d for d in at.dataframe if column in d.value.columns]
+    assert len(found) == 1, [list(d.value.columns) for d in at.dataframe]
+    return found[0]
+
+
+def _greyed_rows(df) -> set[int]:
+    """Rows the table's Styler greys (``app.tables.MUTED``)."""
+    import re
+
+    css = df.proto.arrow_data.styler.styles
+    return {int(r) for block in css.split("}") if "#9a9a9a" in block for r in re.findall(r"row(\d+)_col", block)}
+
+
+def test_activation_heatmap_and_tables_show_chance_tokens_interval_and_greyed_reason(chance_db):
+    import pandas as pd
+
+    at = page_test("inspector", {"ckpt": "1", "act": "1", "metric": "kv_share_r2_act"}).run()
+    assert not at.exception, at.exception
+    assert len(at.toast) == 0  # stored: nothing analysed
+    heat_fig = figures(at)["insp_heatmap"]
+    heat = heat_fig["data"][0]
+    assert heat["zmid"] == 0.3 and heat["colorbar"]["title"]["text"] == "kv_share_r2_act<br>chance 0.3"
+    assert heat["customdata"][1][2] == "L1H2<br>kv_share_r2_act 0.9 (chance 0.3)<br>n=40 tokens, 95% CI 0.85–0.95"
+    assert heat["opacity"] == 0.35 and heat_fig["layout"]["title"]["text"] == f"Faded: {FEW}"
+    assert any(w.value == f"kv_share_r2_act rests on too few tokens: {FEW}" for w in at.warning)
+    assert any(c.value.startswith("**chance 0.3**: the same metric of the same captured layer input")
+               for c in at.caption)
+    kv = _frame(at, "heads above chance")
+    table = kv.value
+    assert list(table.columns) == ["layer", "metric", "mean", "min", "max", "chance", "heads above chance",
+                                   "n_tokens", "95% CI (mean of heads' bounds)", "note"]
+    act = table[(table["layer"] == 0) & (table["metric"] == "kv_cka_act")].iloc[0]
+    assert act["chance"] == pytest.approx(0.2) and act["n_tokens"] == 40
+    assert act["heads above chance"] == "4 of 4"  # every head's interval (>= 0.45) above 0.2
+    assert act["95% CI (mean of heads' bounds)"] == "0.465–0.565"
+    w = table[(table["layer"] == 0) & (table["metric"] == "kv_share_r2")].iloc[0]
+    assert w["chance"] == 0.25 and w["heads above chance"] == "1 of 4"  # 0.20, 0.22, 0.24, 0.26 against 0.25
+    assert pd.isna(w["n_tokens"]) and w["95% CI (mean of heads' bounds)"] == ""  # weights are not sampled
+    few = set(table.index[table["metric"] == "kv_share_r2_act"])
+    assert few and _greyed_rows(kv) == few and (table.loc[list(few), "note"] == FEW).all()
+    assert any(c.value == f"Greyed rows rest on too few tokens: kv_share_r2_act: {FEW}" for c in at.caption)
+    absorb = _frame(at, "wq_condition").value
+    assert list(absorb.columns) == ["layer", "wq_condition", "wq_condition chance"]
+    assert absorb["wq_condition chance"].tolist() == [117.4, 117.4]
+    heads = _frame(at, "95% CI").value
+    assert {"value", "chance", "n_tokens", "95% CI", "note"} <= set(heads.columns)
+
+
+def test_downloads_carry_chance_tokens_interval_and_note(chance_db, monkeypatch):
+    import io
+
+    import pandas as pd
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    sent: dict[str, bytes] = {}
+    real = MemoryMediaFileStorage.load_and_get_id
+
+    def record(self, path_or_data, mimetype, kind, filename=None):
+        sent[filename] = path_or_data
+        return real(self, path_or_data, mimetype, kind, filename)
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", record)
+    at = page_test("inspector", {"ckpt": "1", "act": "1"}).run()
+    assert not at.exception, at.exception
+    csv = pd.read_csv(io.BytesIO(sent["checkpoint-1.csv"]))
+    parquet = pd.read_parquet(io.BytesIO(sent["checkpoint-1.parquet"]))
+    for frame in (csv, parquet):
+        assert list(frame.columns) == ["layer", "head", "metric", "value", "metric_version", "chance",
+                                       "n_tokens", "ci_low", "ci_high", "note"]
+    act = parquet[(parquet["metric"] == "kv_share_r2_act") & (parquet["layer"] == 0) & (parquet["head"] == 0)]
+    assert act[["chance", "n_tokens", "ci_low", "ci_high"]].iloc[0].tolist() == pytest.approx([0.3, 40, 0.85, 0.95])
+    assert act["note"].iloc[0] == FEW
+    assert parquet[parquet["metric"] == "kv_share_r2"]["n_tokens"].isna().all()
+
+
+def test_tied_tensors_in_a_standard_layout_are_flagged(tmp_path, monkeypatch, model_dir):
+    """A GPT-2 whose c_attn has V = K (layout: qkv; tensors: k_eq_v); the untouched one says nothing."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    tied = tmp_path / "gpt2-kv-tied"
+    shutil.copytree(model_dir, tied)
+    sd = load_file(tied / "model.safetensors")
+    for i in range(2):
+        w = sd[f"transformer.h.{i}.attn.c_attn.weight"].clone()       # Conv1D [d_model, 3 d_model]: q | k | v
+        w[:, 64:96] = w[:, 32:64]
+        sd[f"transformer.h.{i}.attn.c_attn.weight"] = w
+        b = sd[f"transformer.h.{i}.attn.c_attn.bias"].clone()
+        b[64:96] = b[32:64]
+        sd[f"transformer.h.{i}.attn.c_attn.bias"] = b
+    save_file(sd, tied / "model.safetensors", metadata={"format": "pt"})
+    db = tmp_path / "tied.duckdb"
+    store = Store(db)
+    store.migrate()
+    assert ingest_checkpoint(store, model_dir).checkpoint_id == 1
+    assert ingest_checkpoint(store, tied).checkpoint_id == 2
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("inspector", {"ckpt": "2"}).run()
+    assert not at.exception, at.exception
+    warned = [w.value for w in at.warning if w.value.startswith("The layout names")]
+    assert warned == ["The layout names this checkpoint **qkv**, but its tensors are tied as **k_eq_v**: "
+                      "W_K = W_V in layers 0-1 (of 2 layers; equal to float tolerance). The metrics are computed "
+                      "from the tensors as stored: read the K=V and Q=K fits with the ties in mind."]
+    plain = page_test("inspector", {"ckpt": "1"}).run()
+    assert not plain.exception and not [w for w in plain.warning if w.value.startswith("The layout names")]
+
+
+def test_tie_message_names_layers_that_differ():
+    from app.pages.inspector import tie_message
+
+    def ties(layer, **on):
+        return {"layer": layer, "q_identity": False, "q_eq_k": False, "k_eq_v": False, "q_eq_v": False, **on}
+
+    assert tie_message("qkv", [ties(0), ties(1)]) is None
+    assert tie_message("k_eq_v", [ties(0, k_eq_v=True)]) is None
+    msg = tie_message("qkv", [ties(0), ties(1, k_eq_v=True), ties(2, k_eq_v=True), ties(3)])
+    assert msg.startswith("The layout names this checkpoint **qkv**, but its layers are tied differently "
+                          "(qkv in layers 0, 3; k_eq_v in layers 1-2): W_K = W_V in layers 1-2 (of 4 layers;")
