@@ -59,8 +59,10 @@ Every row also carries:
 need more tokens than columns (at least ``8 x d_head``); with fewer the value
 is stored and the notes say how it is biased.
 
-Precision: the projections are float32 products (float32 ``x`` and weights,
-TF32 off), every product and sum after them float64. Against a float64
+Precision: the projections are float32 products of float32 ``x`` and weights
+(float64 on a GPU that has TF32 matmuls switched on), every product and sum
+after them float64; float64 projections would double the cost of ``add()`` on
+a CPU for no measurable gain. Against a float64
 reference (the same float32 ``x`` and weights, everything in float64, on the
 concatenated caches) every value agrees to < 1e-3 relative on heads with
 condition numbers up to 1e6 (tests/analysis/test_activations.py).
@@ -90,7 +92,8 @@ _FEW_TOKENS = {
     "erank_vcache": "the value is biased low (the singular values of a nearly square sample spread out)",
 }
 #: Where each metric lives (the shifted bootstrap interval is clipped to it; eranks: [1, d_head]).
-_RANGE = {"kv_cosine_act": (-1.0, 1.0)}
+_RANGE = {"kv_cosine_act": (-1.0, 1.0), "kv_cka_act": (0.0, 1.0), "kv_share_r2_act": (0.0, 1.0),
+          "logit_symmetry": (0.0, 1.0), "logit_symmetry_layer": (0.0, 1.0)}
 #: Bootstrap resamples per batch: bounds the resampled d_head x d_head stacks in memory.
 _BOOT_BYTES = 2**27
 
@@ -155,7 +158,7 @@ class ActivationAccumulator:
             x = as_float32(x, self.dev)
             B, T, d = x.shape
             xf = x.reshape(B * T, d)                                     # [B*T, d]
-            p = torch.addmm(self.b, xf, self.w).view(B, T, -1)           # [B, T, 2ge (+ he)]
+            p = _project(xf, self.w, self.b).view(B, T, -1)              # [B, T, 2ge (+ he)]
             k, v = p[..., :g * e], p[..., g * e:2 * g * e]
             q = None
             if self.identity_q:
@@ -165,7 +168,7 @@ class ActivationAccumulator:
             self._windows.append(self._stats(k, v, q))
             del p, k, v, q
             for i, r in enumerate(self.r):
-                pr = (xf @ r).view(B, T, -1)                             # [B, T, 2ge (+ he)]
+                pr = _project(xf, r, None).view(B, T, -1)                # [B, T, 2ge (+ he)]
                 q = pr[..., 2 * g * e:] if self.logits else None
                 st = {key: val.sum(0) for key, val in
                       self._stats(pr[..., :g * e], pr[..., g * e:2 * g * e], q).items()}
@@ -265,10 +268,17 @@ class ActivationAccumulator:
             # a resample repeats windows, so it has fewer distinct tokens and the Gram-based metrics'
             # small-sample bias grows: recentre the percentile interval by that bias (mean - value)
             shift = r.nanmean(0) - values[m]
-            low, high = _RANGE.get(m, (0.0, 1.0)) if m != "erank_kcache" and m != "erank_vcache" \
-                else (1.0, float(self.e))
+            low, high = _RANGE.get(m, (1.0, float(self.e)))                      # eranks: [1, d_head]
             lo[m], hi[m] = (qs[0] - shift).clamp(low, high), (qs[1] - shift).clamp(low, high)
         return lo, hi
+
+
+def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``x w + b`` in float32; in float64 where CUDA matmuls may use TF32 (10 mantissa bits)."""
+    if x.is_cuda and torch.backends.cuda.matmul.allow_tf32:
+        out = x.double() @ w.double() + (0 if b is None else b.double())
+        return out.float()
+    return x @ w if b is None else torch.addmm(b, x, w)
 
 
 def _flat_bias(b: torch.Tensor | None, width: int, dev: torch.device) -> torch.Tensor:

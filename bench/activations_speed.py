@@ -1,0 +1,75 @@
+"""Benchmark: ``analysis.activations.ActivationAccumulator`` on one Llama-1B-shaped layer.
+
+d_model 2048, 32 heads, 8 kv heads, d_head 64 (random weights), 4,096 tokens
+fed as ``--batches`` calls of ``add()`` (8 windows of 512 tokens in all), then
+``result(n_boot=200)``; with and without logits. Prints the seconds of the
+``add()`` calls (the layer's projections, ``n_random`` random ones for the
+chance levels, float64 statistics) and of ``result()`` (metrics, chance, the
+bootstrap), and ``result(n_boot=2)`` beside it: the difference is the bootstrap.
+
+    .venv/bin/python bench/activations_speed.py [--device cpu|cuda] [--threads N] [--repeat 3]
+
+On a machine other processes keep busy, run it with ``--threads 1`` or
+``OMP_WAIT_POLICY=PASSIVE`` (see bench/analysis_speed.py).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+from analysis.activations import ActivationAccumulator
+
+
+def _sync(dev: str) -> None:
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=2, help="add() calls (windows split among them)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    h, g, d, e, windows, t = 32, 8, 2048, 64, 8, 512
+    gen = torch.Generator().manual_seed(0)
+    w = lambda *s: torch.randn(*s, generator=gen) / d ** 0.5          # noqa: E731
+    lay = SimpleNamespace(layer=0, W_Q=w(h, d, e), W_K=w(g, d, e), W_V=w(g, d, e), W_O=w(h, e, d),
+                          b_Q=None, b_K=None, b_V=None)
+    meta = SimpleNamespace(n_heads=h, n_kv_heads=g, d_model=d, d_head=e, norm="rmsnorm", variant="qkv")
+    x = torch.randn(windows, t, d, generator=gen).to(args.device)        # [8, 512, 2048]
+    print(f"device {args.device}, threads {torch.get_num_threads()}, {windows} windows x {t} tokens, "
+          f"d_model {d}, {h} heads, {g} kv heads, d_head {e}, n_random 3, n_boot 200")
+    for logits in (False, True):
+        adds, results, smalls = [], [], []
+        for _ in range(args.repeat):
+            acc = ActivationAccumulator(lay, meta, logits=logits, device=args.device)
+            _sync(args.device)
+            t0 = time.perf_counter()
+            for part in torch.tensor_split(x, args.batches):
+                acc.add(part)
+            _sync(args.device)
+            t1 = time.perf_counter()
+            acc.result(n_boot=200)
+            _sync(args.device)
+            t2 = time.perf_counter()
+            acc.result(n_boot=2)
+            _sync(args.device)
+            t3 = time.perf_counter()
+            adds.append(t1 - t0)
+            results.append(t2 - t1)
+            smalls.append(t3 - t2)
+        a, r, s = (statistics.median(v) for v in (adds, results, smalls))
+        print(f"logits={logits!s:5}: add() {a:.2f} s, result(n_boot=200) {r:.2f} s "
+              f"(n_boot=2: {s:.2f} s), total {a + r:.2f} s  (median of {args.repeat})")
+
+
+if __name__ == "__main__":
+    main()
