@@ -1,0 +1,279 @@
+"""Chance level of every weight-level metric: what independent random projections of the same shapes read.
+
+A value means little without the value random matrices of the same shapes give
+(``kv_share_r2`` = 0.25 is chance for ``d_head / d_model`` = 1/4). The chance
+level of a metric is the metric of a **random layer**: i.i.d. Gaussian
+``W_Q: [n_heads, d_model, d_head]`` (None for a query-free model: its identity
+query is not a projection, and ``weight_metrics`` uses the identity slices as
+for the real model), ``W_K`` and ``W_V: [n_kv_heads, d_model, d_head]`` drawn
+independently (also for a K=V model: chance is what *untied* random projections
+give), ``W_O: [n_heads, d_head, d_model]``, no biases, the model's norm type (so
+the same metrics exist). Where the distribution of the metric over such layers
+is known, the chance level is its closed form; otherwise it is the median over
+seeded draws (and over heads, for per-head metrics) of ``weight_metrics`` on
+random layers. ``d = d_model``, ``e = d_head``, ``h = n_heads``, ``g = n_kv_heads``.
+
+Closed forms (each checked against Monte Carlo in ``tests/analysis/test_chance.py``):
+
+* ``kv_cosine_flat``: **0**. ``V -> -V`` leaves the distribution unchanged and
+  flips the sign, so the distribution is symmetric about 0 (mean = median = 0).
+* ``kv_share_r2``: **e / d**. ``P_K`` (the projector onto K's columns, rank
+  ``e``) is independent of ``V``, and ``vec V`` is isotropic in ``R^{d e}``;
+  ``||P_K V||^2 / ||V||^2`` is then the squared length of an isotropic vector's
+  projection onto a fixed ``e^2``-dimensional subspace (``P_K (x) I_e``): exactly
+  ``Beta(e^2/2, e(d-e)/2)``, mean ``e/d``, median within ``1/(d e)`` of it
+  (``min(1, e/d)``: for ``e >= d`` the fit is exact).
+* ``qk_symmetry`` (per head and per layer): **(1 + 1/d) / 2**, the ratio of the
+  expectations in ``s = (1 + tr(M^2) / ||M||_F^2) / 2``. ``tr(M^2) = tr((K^T Q)^2)``
+  is *even* in ``Q`` (quadratic), so the score is not symmetric about 1/2:
+  ``E tr(C^2) = sum_ab E[C_ab C_ba] = e d`` (only ``a = b`` survives) and
+  ``E ||M||^2 = E tr(Q^T Q K^T K) = d^2 e``, ratio ``1/d``; per layer, with
+  ``Qs`` (entries of variance ``h/g``) and ``Ks`` of width ``g e``, the same
+  ``1/d``. Monte Carlo (float64, ``d = 16..128``) puts the mean within ``1e-4``
+  of it and the median within ``1.5e-3`` at ``d = 16, e = 4``, ``3e-4`` at
+  ``d = 32`` (a few % of the score's own spread, ``~0.7 / d``). **Query-free** (``Q_h`` the identity slice
+  ``E_h``) it is the exact mean: ``||M_h||^2 = ||K_g||^2`` and ``tr(M_h^2)`` is a
+  quadratic form in the isotropic ``vec K_g`` of trace ``||E_h||_F^2 = e``, so
+  ``E[tr(M^2) / ||M||^2] = e / (d e)``; per layer likewise
+  (``Qs^T Qs = (h/g) I``, ``||Qs||_F^2 = d``): ``d / ((h/g) d g e) = 1/d``.
+* ``qk_directionality``: **0**. ``M^T = Ks Qs^T`` has the distribution of ``M``
+  up to a scale (the score is scale-free), and transposing swaps the row and
+  column outliers, ``d(M^T) = -d(M)``: symmetric about 0. Query-free with
+  ``h = g``: ``M = Ks^T``, a square Gaussian matrix, likewise 0. Query-free
+  grouped-query layers have no such symmetry: Monte Carlo.
+* ``wq_condition`` of a square stacked W_Q (``h e = d``), a ``d x d`` Gaussian
+  matrix: the median of ``sigma_max / sigma_min``, **sigma_max / sigma_min(median)**
+  with ``sigma_max^2 = mu + s * (-1.2686)`` (Johnstone 2001, Ann. Statist. 29:
+  ``mu = (sqrt(d-1) + sqrt(d))^2``, ``s = (sqrt(d-1) + sqrt(d)) (1/sqrt(d-1) +
+  1/sqrt(d))^{1/3}``, -1.2686 the Tracy-Widom (beta=1) median) and
+  ``sqrt(d) sigma_min`` at the median of its limit law ``P(sqrt(d) sigma_min <= t)
+  = 1 - exp(-t^2/2 - t)`` (Edelman 1988, SIAM J. Matrix Anal. Appl. 9), i.e.
+  ``t = sqrt(1 + 2 ln 2) - 1``: about ``3.67 d``. Asymptotic: within 2% of the
+  exact median for ``d >= 32``. The condition number has no mean (its tail is
+  ``P(kappa / d > x) ~ 2/x``); a median of a few draws would scatter by
+  ``~120% / sqrt(draws)``. A non-square stack: Monte Carlo.
+* ``wq_basis_orth_defect`` (normalised models, square stack): the exact mean
+  ``E[log(||A||_F^2/d) - (2/d) log|det A|] = psi(d^2/2) - ln d - (1/d) sum_{k=1..d} psi(k/2)``
+  (``||A||_F^2 ~ chi^2_{d^2}``; ``|det A|^2 = prod_k chi^2_k``, independent
+  factors, from the QR (Bartlett) decomposition; ``E ln chi^2_k = psi(k/2) + ln 2``).
+  About 1 + 1/(2d) - ...; its median is within ``0.4/d`` of the mean.
+
+Monte Carlo (``median of N Gaussian draws x H heads``; ``N = draws(n_kv_heads)``):
+``kv_cka``, every spectrum (``erank_*``, ``stable_rank_*``, ``energy_rank90_*``,
+``energy_rank99_*``, per head and, for grouped-query models, per layer),
+``wq_absorb_error`` (its float32 round-off on random ``W_Q``, ``W_K``), ``wq_condition``
+of a non-square stack and ``qk_directionality`` of a query-free grouped-query layer.
+
+No chance level (NaN): ``norm_q``, ``norm_k``, ``norm_v``, ``norm_o``: a norm
+measures the scale itself, which random matrices of any scale match.
+
+Cost: a chance level depends on the shapes, the norm type, whether the model is
+query-free, the device type and the seed, never on the layer, so it is computed
+once per such key and kept for the process (``lru_cache``). ``N`` draws cost
+about ``N`` layers of ``weight_metrics``; ``N`` is at most ``MAX_DRAWS``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import pandas as pd
+import torch
+
+from analysis.errors import AnalysisError
+from analysis.registry import COLUMNS, RESULT_COLUMNS
+from analysis.weights import MetaLike, default_device, weight_metrics
+
+#: Samples a Monte Carlo chance level aims at for a kv-head metric (draws x n_kv_heads), and the
+#: bounds on the draws (see ``draws``).
+TARGET_SAMPLES, MIN_DRAWS, MAX_DRAWS = 32, 4, 16
+#: Median of the Tracy-Widom distribution for beta = 1 (real matrices).
+TW1_MEDIAN = -1.2686
+#: Median of ``sqrt(d) sigma_min`` of a ``d x d`` Gaussian matrix as ``d -> inf`` (Edelman 1988).
+EDELMAN_MEDIAN = math.sqrt(1 + 2 * math.log(2)) - 1
+
+_MC = "median of random Gaussian layers of the same shapes (over draws and heads)"
+#: metric -> its chance level in one line (README, pages). Details: module docstring.
+WEIGHT_CHANCE: dict[str, str] = {
+    "kv_cosine_flat": "0: independent K and V have a flat cosine symmetric about 0 (closed form)",
+    "kv_cka": f"{_MC}; about d_head / (d_model + d_head + 1)",
+    "kv_share_r2": "d_head / d_model: the exact mean of R^2 for V independent of K, Beta(e^2/2, e(d-e)/2) "
+                   "(closed form)",
+    "qk_symmetry": "(1 + 1/d_model)/2, not 1/2 (tr(M^2) is even in Q): E tr(M^2) / E ||M||_F^2 = 1/d_model "
+                   "for random Q, K; query-free (identity Q) the exact mean (closed form)",
+    "qk_directionality": "0: transposing M swaps row and column outliers, and random Q, K are exchangeable "
+                         f"(closed form); query-free grouped-query layers: {_MC}",
+    **{f"{stat}_{p}": _MC for stat in ("erank", "stable_rank", "energy_rank90", "energy_rank99")
+       for p in ("q", "k", "v", "o", "qk")},
+    **{f"norm_{p}": "none: a norm measures the scale itself, which random matrices of any scale match"
+       for p in ("q", "k", "v", "o")},
+    "wq_condition": "square stacked W_Q: the median condition number of a d_model x d_model Gaussian matrix, "
+                    "about 3.67 d_model (Edelman 1988, Tracy-Widom edge; closed form); "
+                    f"non-square: {_MC}",
+    "wq_basis_orth_defect": "psi(d^2/2) - ln d - (1/d) sum_k psi(k/2), d = d_model: the exact mean "
+                            "defect of a square Gaussian W_Q, about 1 (closed form)",
+    "wq_absorb_error": f"{_MC}: the conversion's float32 round-off on random W_Q and W_K",
+}
+
+_NO_CHANCE = "none: scale-dependent"
+_CLOSED = "closed form"
+
+
+@dataclass(frozen=True)
+class RandomLayer:
+    """A random attention layer with the ``LayerLike`` fields of ``analysis.weights``."""
+
+    layer: int
+    W_Q: torch.Tensor | None
+    W_K: torch.Tensor
+    W_V: torch.Tensor
+    W_O: torch.Tensor
+    b_Q: torch.Tensor | None = None
+    b_K: torch.Tensor | None = None
+    b_V: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """The ``MetaLike`` fields of a random layer (the variant: independent projections)."""
+
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    norm: str
+    variant: str = "qkv"
+
+
+def draws(n_kv_heads: int) -> int:
+    """Random layers behind a Monte Carlo chance level: ``ceil(TARGET_SAMPLES / n_kv_heads)``
+    within ``[MIN_DRAWS, MAX_DRAWS]``, so every per-head metric has at least
+    ``TARGET_SAMPLES`` samples up to 2 kv heads (16 for multi-query models). Each
+    draw costs about one layer of ``weight_metrics``: 4 for full multi-head models
+    (spread of the medians across seeds ~1% at GPT-2's and Llama-1B's shapes), 8
+    with 4 kv heads, 16 with 1 or 2."""
+    return max(MIN_DRAWS, min(MAX_DRAWS, math.ceil(TARGET_SAMPLES / n_kv_heads)))
+
+
+def random_layer(geo: MetaLike, *, query_free: bool, generator: torch.Generator,
+                 device: str | torch.device = "cpu") -> RandomLayer:
+    """i.i.d. ``N(0, 1/d_model)`` projections of ``geo``'s shapes, drawn on the CPU from
+    ``generator`` (deterministic) and moved to ``device``. Each projection is stored
+    as a loader stores it (per head transposed, the rows of an ``nn.Linear``
+    weight), so the analysis reads it as it reads a checkpoint's."""
+    h, g, d, e = geo.n_heads, geo.n_kv_heads, geo.d_model, geo.d_head
+    scale = d ** -0.5
+
+    def rows(heads: int) -> torch.Tensor:       # [heads*e, d] weight -> [heads, d, e], per head transposed
+        w = torch.randn(heads * e, d, generator=generator) * scale
+        return w.view(heads, e, d).mT.to(device)
+
+    w_q = None if query_free else rows(h)
+    w_k, w_v = rows(g), rows(g)
+    w_o = (torch.randn(d, h * e, generator=generator) * scale).mT.reshape(h, e, d).to(device)  # [h, e, d]
+    return RandomLayer(0, w_q, w_k, w_v, w_o)
+
+
+def square_condition_median(d: int) -> float:
+    """Median condition number of a ``d x d`` standard Gaussian matrix (module docstring):
+    ``sigma_max`` at the Tracy-Widom median over ``sigma_min`` at Edelman's limit median."""
+    if d < 2:
+        return 1.0
+    a, b = math.sqrt(d - 1), math.sqrt(d)
+    mu, s = (a + b) ** 2, (a + b) * (1 / a + 1 / b) ** (1 / 3)
+    sigma_max = math.sqrt(mu + s * TW1_MEDIAN)
+    return sigma_max * math.sqrt(d) / EDELMAN_MEDIAN
+
+
+def square_orth_defect_mean(d: int) -> float:
+    """``E[log(||A||_F^2/d) - (2/d) log|det A|]`` for a ``d x d`` standard Gaussian ``A``:
+    ``psi(d^2/2) - ln d - (1/d) sum_{k=1..d} psi(k/2)`` (module docstring)."""
+    k = torch.arange(1, d + 1, dtype=torch.float64)
+    psi = torch.special.digamma
+    return float(psi(torch.tensor(d * d / 2, dtype=torch.float64)) - math.log(d) - psi(k / 2).mean())
+
+
+def _closed_forms(geo: _Geometry, query_free: bool) -> dict[str, float]:
+    """The metrics whose chance level has a closed form for this geometry (both rows: head and whole)."""
+    h, g, d, e = geo.n_heads, geo.n_kv_heads, geo.d_model, geo.d_head
+    out = {"kv_cosine_flat": 0.0, "kv_share_r2": min(1.0, e / d), "qk_symmetry": (1 + 1 / d) / 2}
+    if not query_free or g == h:
+        out["qk_directionality"] = 0.0
+    if not query_free and h * e == d:
+        out["wq_condition"] = square_condition_median(d)
+        out["wq_basis_orth_defect"] = square_orth_defect_mean(d)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm: str, query_free: bool,
+                 device_type: str, seed: int) -> tuple[tuple[str, bool, float, str], ...]:
+    """``(metric, whole, chance, how)`` for one geometry; immutable, so the cache can share it."""
+    geo = _Geometry(n_heads, n_kv_heads, d_model, d_head, norm)
+    n = draws(n_kv_heads)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    samples: dict[tuple[str, bool], list[float]] = {}
+    per_draw: dict[tuple[str, bool], int] = {}
+    for _ in range(n):
+        frame, _notes = weight_metrics(random_layer(geo, query_free=query_free, generator=gen,
+                                                    device=device_type), geo, device=device_type)
+        whole = frame["head"].isna().tolist()
+        for metric, w, value in zip(frame["metric"], whole, frame["value"]):
+            samples.setdefault((metric, w), []).append(float(value))
+        if not per_draw:
+            per_draw = {key: len(vals) for key, vals in samples.items()}
+    closed = _closed_forms(geo, query_free)
+    rows = []
+    for (metric, whole), values in samples.items():
+        if metric.startswith("norm_"):
+            rows.append((metric, whole, math.nan, _NO_CHANCE))
+        elif metric in closed:
+            rows.append((metric, whole, closed[metric], _CLOSED))
+        else:
+            finite = torch.tensor([v for v in values if math.isfinite(v)], dtype=torch.float64)
+            chance = float(finite.quantile(0.5)) if len(finite) else math.nan   # midpoint median
+            heads = per_draw[(metric, whole)]
+            how = f"median of {n} Gaussian draws" + ("" if whole else f" x {heads} heads")
+            rows.append((metric, whole, chance, how))
+    return tuple(rows)
+
+
+def weight_chance(meta: MetaLike, *, query_free: bool, device: str | torch.device | None = None,
+                  seed: int = 0) -> pd.DataFrame:
+    """Chance level of every weight metric ``weight_metrics`` gives for ``meta``'s geometry.
+
+    One row per ``(metric, whole)``: columns ``metric``, ``whole`` (True: the
+    per-layer row, ``head`` None), ``chance`` (NaN where none), ``how``
+    (``closed form``, ``median of N Gaussian draws x H heads``, ``median of N
+    Gaussian draws`` for a per-layer value, or ``none: scale-dependent``).
+    ``query_free``: the model has no W_Q (identity queries). Deterministic for a
+    given ``seed`` and device type; cached per geometry for the process.
+    """
+    dev = torch.device(device or default_device())
+    rows = _chance_rows(int(meta.n_heads), int(meta.n_kv_heads), int(meta.d_model), int(meta.d_head),
+                        str(meta.norm), bool(query_free), dev.type, int(seed))
+    return pd.DataFrame(list(rows), columns=["metric", "whole", "chance", "how"])
+
+
+def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: bool,
+                         device: str | torch.device | None = None) -> pd.DataFrame:
+    """``frame`` (``analysis.registry.COLUMNS``, e.g. ``weight_metrics``' frame over any
+    layers of one model) as result rows (``RESULT_COLUMNS``): ``chance`` from
+    ``weight_chance`` by ``(metric, head is NA)`` (NaN for a metric without one),
+    ``n_tokens`` (Int64), ``ci_low`` and ``ci_high`` NA: weight metrics are not sampled.
+    ``frame`` itself is not modified."""
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise AnalysisError(f"attach_weight_chance: expected a frame with columns {COLUMNS}, "
+                            f"missing {missing}")
+    table = weight_chance(meta, query_free=query_free, device=device)
+    lookup = {(m, bool(w)): c for m, w, c in zip(table["metric"], table["whole"], table["chance"])}
+    out = frame[COLUMNS].copy()
+    whole = out["head"].isna().tolist()
+    out["chance"] = pd.Series([lookup.get((m, w), math.nan) for m, w in zip(out["metric"], whole)],
+                              index=out.index, dtype="float64")
+    out["n_tokens"] = pd.Series(pd.NA, index=out.index, dtype="Int64")
+    out["ci_low"] = pd.Series(math.nan, index=out.index, dtype="float64")
+    out["ci_high"] = pd.Series(math.nan, index=out.index, dtype="float64")
+    return out[RESULT_COLUMNS]

@@ -1,0 +1,338 @@
+"""Chance levels of the weight metrics: closed forms against Monte Carlo, the result-row contract,
+determinism, query-free and grouped-query shapes, and random layers reading near their chance."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from analysis import chance, registry
+from analysis.chance import attach_weight_chance, weight_chance
+from analysis.errors import AnalysisError
+from analysis.registry import COLUMNS, RESULT_COLUMNS
+from analysis.weights import weight_metrics
+
+
+def meta(h=4, g=4, d=32, e=8, norm="layernorm", variant="qkv"):
+    return SimpleNamespace(n_heads=h, n_kv_heads=g, d_model=d, d_head=e, norm=norm, variant=variant)
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def random_layers(m, n, *, seed, query_free=False):
+    g = gen(seed)
+    return [chance.random_layer(m, query_free=query_free, generator=g) for _ in range(n)]
+
+
+def pooled(m, n, *, seed, query_free=False):
+    """weight_metrics of ``n`` random layers, concatenated, with a ``whole`` column."""
+    frames = [weight_metrics(lay, m, device="cpu")[0] for lay in random_layers(m, n, seed=seed,
+                                                                               query_free=query_free)]
+    df = pd.concat(frames, ignore_index=True)
+    df["whole"] = df["head"].isna()
+    return df
+
+
+def table(m, query_free=False, **kw):
+    return weight_chance(m, query_free=query_free, device="cpu", **kw).set_index(["metric", "whole"])
+
+
+# -- the documentation table -----------------------------------------------------------------
+def test_every_weight_metric_has_a_chance_definition():
+    assert set(chance.WEIGHT_CHANCE) == set(registry.names("weights"))
+    assert all(isinstance(v, str) and v for v in chance.WEIGHT_CHANCE.values())
+
+
+# -- closed forms against Monte Carlo (float64, straight from the definitions) ----------------
+def test_kv_share_r2_chance_is_d_head_over_d_model():
+    d, e, n = 32, 8, 3000
+    k = torch.randn(n, d, e, generator=gen(1), dtype=torch.float64)
+    v = torch.randn(n, d, e, generator=gen(2), dtype=torch.float64)
+    t = torch.linalg.lstsq(k, v).solution                          # [n, e, e]
+    r2 = 1 - (v - k @ t).square().sum((1, 2)) / v.square().sum((1, 2))
+    assert float(r2.mean()) == pytest.approx(e / d, rel=0.02)
+    assert float(r2.median()) == pytest.approx(e / d, rel=0.02)
+    assert table(meta(d=d, e=e)).loc[("kv_share_r2", False), "chance"] == pytest.approx(e / d)
+    assert table(meta(h=8, g=2, d=64, e=16)).loc[("kv_share_r2", False), "chance"] == pytest.approx(0.25)
+
+
+def test_kv_share_r2_through_weight_metrics_averages_d_head_over_d_model():
+    df = pooled(meta(h=8, g=8, d=32, e=8), 20, seed=3)
+    r2 = df.loc[df["metric"] == "kv_share_r2", "value"]
+    assert len(r2) == 160
+    assert r2.mean() == pytest.approx(0.25, rel=0.03)
+
+
+def test_kv_cosine_flat_chance_is_zero():
+    d, e, n = 32, 8, 4000
+    k = torch.randn(n, d * e, generator=gen(4), dtype=torch.float64)
+    v = torch.randn(n, d * e, generator=gen(5), dtype=torch.float64)
+    cos = (k * v).sum(1) / (k.norm(dim=1) * v.norm(dim=1))
+    se = float(cos.std()) / math.sqrt(n)
+    assert abs(float(cos.mean())) < 4 * se
+    assert table(meta()).loc[("kv_cosine_flat", False), "chance"] == 0.0
+
+
+def _symmetry(m):                                                  # float64 reference on materialised M
+    return ((m + m.mT) / 2).square().sum((1, 2)) / m.square().sum((1, 2))
+
+
+def test_qk_symmetry_chance_is_one_half_plus_one_over_two_d_model():
+    """tr(M^2) is even in Q: random Q, K read (1 + 1/d)/2, not 1/2; query-free (identity Q) too."""
+    d, e, n = 16, 4, 20000
+    q = torch.randn(n, d, e, generator=gen(6), dtype=torch.float64)
+    k = torch.randn(n, d, e, generator=gen(7), dtype=torch.float64)
+    want = (1 + 1 / d) / 2
+    s = _symmetry(q @ k.mT)
+    se = float(s.std()) / math.sqrt(n)
+    assert abs(float(s.mean()) - want) < 4 * se
+    assert abs(float(s.median()) - want) < 2e-3                     # 1.4e-3 with 2e5 draws
+    assert float(s.mean()) - 0.5 > 40 * se                            # the 1/(2d) offset is real
+    # query-free: head 1's identity slice E_1 = columns e..2e of the identity
+    eye = torch.eye(d, dtype=torch.float64)[:, e:2 * e]             # [d, e]
+    s_qf = _symmetry(eye @ k.mT)
+    assert abs(float(s_qf.mean()) - want) < 4 * float(s_qf.std()) / math.sqrt(n)
+    # per layer, grouped queries: M = sum_h Q_h K_{g(h)}^T, random and query-free
+    h, g = d // e, 2
+    ks = torch.randn(n, g, d, e, generator=gen(8), dtype=torch.float64)
+    qs = torch.randn(n, h, d, e, generator=gen(9), dtype=torch.float64)
+    for q_of in (lambda i: qs[:, i], lambda i: torch.eye(d, dtype=torch.float64)[:, i * e:(i + 1) * e]):
+        m = sum(q_of(i) @ ks[:, i // (h // g)].mT for i in range(h))
+        s_layer = _symmetry(m)
+        assert abs(float(s_layer.mean()) - want) < max(4 * float(s_layer.std()) / math.sqrt(n), 1e-3)
+    for query_free in (True, False):
+        t = table(meta(h=h, g=g, d=d, e=e), query_free=query_free)
+        assert t.loc[("qk_symmetry", False), "chance"] == pytest.approx(want)
+        assert t.loc[("qk_symmetry", True), "chance"] == pytest.approx(want)
+
+
+def test_qk_directionality_is_odd_under_swapping_q_and_k_and_its_chance_is_zero():
+    m = meta(h=4, g=4, d=32, e=8)
+    signs, values = [], []
+    for lay in random_layers(m, 16, seed=9):
+        d_qk = weight_metrics(lay, m, device="cpu")[0].set_index("metric").loc["qk_directionality", "value"]
+        swapped = chance.RandomLayer(0, lay.W_K, lay.W_Q, lay.W_V, lay.W_O)   # M -> M^T
+        d_kq = weight_metrics(swapped, m, device="cpu")[0].set_index("metric").loc["qk_directionality", "value"]
+        assert d_kq == pytest.approx(-d_qk, abs=1e-6)
+        values.append(d_qk)
+        signs.append(np.sign(d_qk))
+    assert sum(s > 0 for s in signs) >= 4 and sum(s < 0 for s in signs) >= 4   # both signs occur
+    assert table(m).loc[("qk_directionality", True), "chance"] == 0.0
+    # a query-free full multi-head layer: M = Ks^T, a square Gaussian matrix: also 0
+    qf = pooled(m, 24, seed=10, query_free=True)
+    vals = qf.loc[qf["metric"] == "qk_directionality", "value"]
+    assert abs(vals.median()) < 0.2 and (vals > 0).any() and (vals < 0).any()
+    assert table(m, query_free=True).loc[("qk_directionality", True), "chance"] == 0.0
+
+
+def test_square_condition_median_matches_monte_carlo():
+    for d, n in ((32, 8000), (64, 4000)):
+        a = torch.randn(n, d, d, generator=gen(d), dtype=torch.float64)
+        sv = torch.linalg.svdvals(a)
+        kappa = sv[:, 0] / sv[:, -1]
+        # the median of n draws scatters by ~1.2/sqrt(n) relative
+        assert chance.square_condition_median(d) == pytest.approx(float(kappa.median()), rel=0.05)
+    assert chance.square_condition_median(768) / 768 == pytest.approx(3.67, abs=0.03)
+
+
+def test_square_orth_defect_mean_matches_monte_carlo():
+    for d, n in ((16, 20000), (48, 6000)):
+        a = torch.randn(n, d, d, generator=gen(100 + d), dtype=torch.float64)
+        _, logdet = torch.linalg.slogdet(a)
+        defect = torch.log(a.square().sum((1, 2)) / d) - 2 * logdet / d
+        se = float(defect.std()) / math.sqrt(n)
+        assert chance.square_orth_defect_mean(d) == pytest.approx(float(defect.mean()), abs=4 * se)
+        assert abs(float(defect.median()) - float(defect.mean())) < 0.4 / d + 4 * se
+
+
+def test_wq_closed_forms_agree_with_weight_metrics_on_random_layers():
+    m = meta(h=4, g=4, d=32, e=8)
+    df = pooled(m, 60, seed=11)
+    t = table(m)
+    cond = df.loc[df["metric"] == "wq_condition", "value"]
+    assert t.loc[("wq_condition", True), "how"] == "closed form"
+    # heavy-tailed: the median of 60 draws scatters by ~15%; the 30% and 70% quantiles bracket it
+    assert cond.quantile(0.3) < t.loc[("wq_condition", True), "chance"] < cond.quantile(0.7)
+    defect = df.loc[df["metric"] == "wq_basis_orth_defect", "value"]
+    assert t.loc[("wq_basis_orth_defect", True), "chance"] == pytest.approx(defect.mean(), abs=0.05)
+
+
+# -- random layers read near their chance level ------------------------------------------------
+@pytest.mark.parametrize("shape", [dict(h=4, g=4, d=32, e=8), dict(h=8, g=2, d=64, e=8),
+                                   dict(h=4, g=1, d=64, e=16, norm="none")])
+def test_random_layers_read_near_their_chance_level(shape):
+    m = meta(**shape)
+    t = weight_chance(m, query_free=False, device="cpu")
+    df = pooled(m, 12, seed=1234)                                   # other draws than the chance's
+    for metric, whole, ch, how in t.itertuples(index=False):
+        values = df.loc[(df["metric"] == metric) & (df["whole"] == whole), "value"]
+        assert len(values), (metric, whole)
+        if metric.startswith("norm_"):
+            assert math.isnan(ch) and how == "none: scale-dependent"
+            continue
+        lo, hi = values.quantile(0.05), values.quantile(0.95)
+        assert lo - 1e-9 <= ch <= hi + 1e-9, (metric, whole, lo, ch, hi)
+
+
+def test_kv_cka_of_independent_random_k_and_v_reads_chance_and_a_tied_pair_does_not():
+    """Known answer: a layer whose K and V are independent random reads kv_cka near chance,
+    whatever its other projections; one whose V is K reads 1."""
+    m = meta(h=8, g=8, d=64, e=16)
+    t = table(m)
+    q = torch.zeros(8, 64, 16)
+    q[:, :16, :] = torch.randn(8, 16, 16, generator=gen(20))        # a structured, low-rank W_Q
+    layers = random_layers(m, 8, seed=21)
+    cka = []
+    for lay in layers:
+        structured = chance.RandomLayer(0, q, lay.W_K, lay.W_V, lay.W_O)
+        df = weight_metrics(structured, m, device="cpu")[0]
+        cka += df.loc[df["metric"] == "kv_cka", "value"].tolist()
+    cka = np.array(cka)                                             # 64 heads; the chance: 32
+    se = 1.25 * cka.std() * math.sqrt(1 / len(cka) + 1 / 32)        # of the difference of two medians
+    assert abs(np.median(cka) - t.loc[("kv_cka", False), "chance"]) < 4 * se
+    # and the ratio of the expectations, d_head / (d_model + d_head + 1), is close to it
+    assert t.loc[("kv_cka", False), "chance"] == pytest.approx(16 / (64 + 16 + 1), rel=0.05)
+    tied = chance.RandomLayer(0, q, layers[0].W_K, layers[0].W_K, layers[0].W_O)
+    df = weight_metrics(tied, m, device="cpu")[0]
+    assert df.loc[df["metric"] == "kv_cka", "value"].min() == pytest.approx(1.0, abs=1e-5)
+
+
+# -- the result rows -------------------------------------------------------------------------
+def _checkpoint_frame(m, n_layers=3, *, seed=30, query_free=False):
+    frames = []
+    for i, lay in enumerate(random_layers(m, n_layers, seed=seed, query_free=query_free)):
+        frames.append(weight_metrics(chance.RandomLayer(i, lay.W_Q, lay.W_K, lay.W_V, lay.W_O), m,
+                                     device="cpu")[0])
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("shape, query_free", [(dict(h=4, g=4, d=32, e=8), False),
+                                               (dict(h=8, g=2, d=64, e=8), False),
+                                               (dict(h=4, g=2, d=32, e=8), True),
+                                               (dict(h=4, g=4, d=32, e=8, norm="none"), False)])
+def test_attach_weight_chance_fills_every_row_that_has_a_chance(shape, query_free):
+    m = meta(**shape)
+    frame = _checkpoint_frame(m, query_free=query_free)
+    before = frame.copy()
+    out = attach_weight_chance(frame, m, query_free=query_free, device="cpu")
+    pd.testing.assert_frame_equal(frame, before)                     # input untouched
+    assert list(out.columns) == RESULT_COLUMNS
+    pd.testing.assert_frame_equal(out[COLUMNS], frame[COLUMNS])
+    norms = out["metric"].str.startswith("norm_")
+    assert out.loc[~norms, "chance"].notna().all()
+    assert out.loc[norms, "chance"].isna().all()
+    assert out["n_tokens"].dtype == "Int64" and out["n_tokens"].isna().all()
+    assert out["ci_low"].isna().all() and out["ci_high"].isna().all()
+    assert out["chance"].dtype == "float64"
+    # one chance per (metric, whole), the same on every layer
+    per_key = out.assign(whole=out["head"].isna()).groupby(["metric", "whole"])["chance"].nunique(dropna=False)
+    assert (per_key == 1).all()
+    t = table(m, query_free=query_free)
+    row = out[(out["metric"] == "kv_share_r2")].iloc[0]
+    assert row["chance"] == t.loc[("kv_share_r2", False), "chance"]
+
+
+def test_attach_weight_chance_tells_apart_head_and_layer_rows():
+    m = meta(h=8, g=2, d=64, e=8)
+    out = attach_weight_chance(_checkpoint_frame(m, 1), m, query_free=False, device="cpu")
+    er = out[out["metric"] == "erank_k"]
+    head_ch = er.loc[er["head"].notna(), "chance"].unique()
+    layer_ch = er.loc[er["head"].isna(), "chance"].unique()
+    assert len(head_ch) == 1 and len(layer_ch) == 1
+    assert head_ch[0] < 8 < layer_ch[0] <= 16                         # one head's d_head vs the stack's 2 d_head
+
+
+def test_attach_weight_chance_names_missing_columns():
+    frame = pd.DataFrame({"layer": [0], "metric": ["kv_cka"], "value": [0.1]})
+    with pytest.raises(AnalysisError) as err:
+        attach_weight_chance(frame, meta(), query_free=False, device="cpu")
+    assert str(err.value) == ("attach_weight_chance: expected a frame with columns "
+                              "['layer', 'head', 'head_label', 'metric', 'value'], missing ['head', 'head_label']")
+
+
+def test_attach_weight_chance_of_an_empty_frame():
+    out = attach_weight_chance(pd.DataFrame(columns=COLUMNS), meta(), query_free=False, device="cpu")
+    assert list(out.columns) == RESULT_COLUMNS and len(out) == 0
+
+
+# -- determinism, caching ----------------------------------------------------------------------
+def test_chance_is_deterministic_for_a_seed_and_cached():
+    m = meta(h=4, g=4, d=32, e=8)
+    a = weight_chance(m, query_free=False, device="cpu", seed=5)
+    hits = chance._chance_rows.cache_info().hits
+    b = weight_chance(m, query_free=False, device="cpu", seed=5)
+    assert chance._chance_rows.cache_info().hits == hits + 1
+    pd.testing.assert_frame_equal(a, b)
+    b.loc[0, "chance"] = -1.0                                         # callers get their own copy
+    pd.testing.assert_frame_equal(a, weight_chance(m, query_free=False, device="cpu", seed=5))
+    chance._chance_rows.cache_clear()
+    pd.testing.assert_frame_equal(a, weight_chance(m, query_free=False, device="cpu", seed=5))
+    other = weight_chance(m, query_free=False, device="cpu", seed=6)
+    closed = a["how"] == "closed form"
+    pd.testing.assert_series_equal(a.loc[closed, "chance"], other.loc[closed, "chance"])
+    mc = a["how"].str.startswith("median")
+    assert (a.loc[mc, "chance"] != other.loc[mc, "chance"]).any()
+    # a different norm is another key (and another set of metrics)
+    none = weight_chance(meta(h=4, g=4, d=32, e=8, norm="none"), query_free=False, device="cpu", seed=5)
+    assert "wq_absorb_error" in set(none["metric"]) and "wq_absorb_error" not in set(a["metric"])
+
+
+def test_draws_and_how():
+    assert [chance.draws(g) for g in (1, 2, 4, 8, 12, 32)] == [16, 16, 8, 4, 4, 4]
+    t = table(meta(h=8, g=2, d=64, e=8))
+    assert t.loc[("kv_cka", False), "how"] == "median of 16 Gaussian draws x 2 heads"
+    assert t.loc[("erank_q", False), "how"] == "median of 16 Gaussian draws x 8 heads"
+    assert t.loc[("erank_k", True), "how"] == "median of 16 Gaussian draws"
+    assert t.loc[("norm_q", True), "how"] == "none: scale-dependent"
+    assert math.isnan(t.loc[("norm_q", True), "chance"])
+
+
+# -- query-free and grouped-query shapes --------------------------------------------------------
+def _keys(frame):
+    return set(zip(frame["metric"], frame["head"].isna()))
+
+
+@pytest.mark.parametrize("shape", [dict(h=4, g=4, d=32, e=8), dict(h=4, g=2, d=32, e=8),
+                                   dict(h=4, g=2, d=48, e=8)])       # the last: h*e != d, no identity query
+def test_query_free_chance_rows_are_the_metrics_weight_metrics_gives(shape):
+    m = meta(**shape, variant="wq_identity")
+    t = weight_chance(m, query_free=True, device="cpu")
+    model = chance.random_layer(m, query_free=True, generator=gen(40))
+    assert set(zip(t["metric"], t["whole"])) == _keys(weight_metrics(model, m, device="cpu")[0])
+    names = set(t["metric"])
+    assert not names & {"erank_q", "stable_rank_q", "norm_q", "wq_condition", "wq_basis_orth_defect",
+                        "wq_absorb_error"}
+    if shape["h"] * shape["e"] != shape["d"]:
+        assert not names & {"qk_symmetry", "qk_directionality", "erank_qk"}
+    else:
+        assert {"qk_symmetry", "qk_directionality", "erank_qk"} <= names
+
+
+def test_grouped_query_chance_rows_are_the_metrics_weight_metrics_gives():
+    for shape in (dict(h=8, g=2, d=64, e=8), dict(h=4, g=1, d=64, e=16), dict(h=4, g=4, d=48, e=8)):
+        m = meta(**shape)
+        t = weight_chance(m, query_free=False, device="cpu")
+        model = chance.random_layer(m, query_free=False, generator=gen(41))
+        assert set(zip(t["metric"], t["whole"])) == _keys(weight_metrics(model, m, device="cpu")[0])
+    # non-square stacked W_Q: a Monte Carlo condition number, no orthogonality defect
+    t = table(meta(h=4, g=4, d=48, e=8))
+    assert t.loc[("wq_condition", True), "how"] == "median of 8 Gaussian draws"
+    assert ("wq_basis_orth_defect", True) not in t.index
+
+
+def test_random_layer_shapes_and_independence():
+    m = meta(h=8, g=2, d=64, e=8)
+    lay = chance.random_layer(m, query_free=False, generator=gen(50))
+    assert tuple(lay.W_Q.shape) == (8, 64, 8) and tuple(lay.W_K.shape) == (2, 64, 8)
+    assert tuple(lay.W_V.shape) == (2, 64, 8) and tuple(lay.W_O.shape) == (8, 8, 64)
+    assert lay.b_Q is None and lay.b_K is None and lay.b_V is None
+    assert not torch.equal(lay.W_K, lay.W_V)
+    assert chance.random_layer(m, query_free=True, generator=gen(50)).W_Q is None
+    again = chance.random_layer(m, query_free=False, generator=gen(50))
+    assert torch.equal(lay.W_Q, again.W_Q) and torch.equal(lay.W_O, again.W_O)
