@@ -181,18 +181,19 @@ class ActivationAccumulator:
         """Per-window float64 sums of ``k, v: [B, T, g*e]``, ``q: [B, T, h*e]`` (or None)."""
         B, T, _ = k.shape
         g, e, rep = self.g, self.e, self.rep
-        k64 = k.double().view(B, T, g, e).transpose(1, 2)                # [B, g, T, e]
-        v64 = v.double().view(B, T, g, e).transpose(1, 2)
-        kk = k64.mT @ k64                                                # [B, g, e, e]
+        # tokens last and contiguous: every product below is A B^T of two [.., e, T] stacks
+        k64 = _tokens_last(k.view(B, T, g, e))                          # [B, g, e, T]
+        v64 = _tokens_last(v.view(B, T, g, e))
+        kk = k64 @ k64.mT                                                # K^T K: [B, g, e, e]
         st = {"n": torch.full((B,), float(T), dtype=torch.float64, device=k.device),
-              "sk": k64.sum(2), "sv": v64.sum(2),                        # [B, g, e]
-              "kk": kk, "vv": v64.mT @ v64, "kv": k64.mT @ v64}
+              "sk": k64.sum(-1), "sv": v64.sum(-1),                      # [B, g, e]
+              "kk": kk, "vv": v64 @ v64.mT, "kv": k64 @ v64.mT}
         if q is not None:
-            q64 = q.double().view(B, T, g, rep * e).transpose(1, 2)      # [B, g, T, rep*e]
-            c = (k64.mT @ q64).view(B, g, e, rep, e).transpose(2, 3)     # K_g^T Q_h: [B, g, rep, e, e]
-            qh = q64.view(B, g, T, rep, e).transpose(2, 3)               # [B, g, rep, T, e]
-            gq = qh.mT @ qh                                              # Q_h^T Q_h: [B, g, rep, e, e]
-            st["lsym"] = (c * c.mT).sum((-2, -1)).reshape(B, g * rep)    # tr(L_h L_h), [B, h]
+            q64 = _tokens_last(q.view(B, T, g, rep * e))                # [B, g, rep*e, T]
+            ct = (q64 @ k64.mT).view(B, g, rep, e, e)                    # C_h^T = Q_h^T K_g
+            qh = q64.view(B, g, rep, e, T)
+            gq = qh @ qh.mT                                              # Q_h^T Q_h: [B, g, rep, e, e]
+            st["lsym"] = (ct * ct.mT).sum((-2, -1)).reshape(B, g * rep)  # tr(L_h L_h), [B, h]
             st["lsq"] = (gq * kk[:, :, None]).sum((-2, -1)).reshape(B, g * rep)   # ||L_h||_F^2
             # the layer's L = Qs Ks^T with Qs the query heads summed per kv head: [T, T] per window
             qs = q.view(B, T, g, rep, e).sum(3).reshape(B, T, g * e)    # [B, T, ge], float32
@@ -271,6 +272,12 @@ class ActivationAccumulator:
             low, high = _RANGE.get(m, (1.0, float(self.e)))                      # eranks: [1, d_head]
             lo[m], hi[m] = (qs[0] - shift).clamp(low, high), (qs[1] - shift).clamp(low, high)
         return lo, hi
+
+
+def _tokens_last(t: torch.Tensor) -> torch.Tensor:
+    """``[B, T, a, b] -> [B, a, b, T]`` float64, contiguous, in one copy."""
+    B, T, a, b = t.shape
+    return torch.empty(B, a, b, T, dtype=torch.float64, device=t.device).copy_(t.permute(0, 2, 3, 1))
 
 
 def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
