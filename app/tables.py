@@ -123,3 +123,18 @@ def change_table(diff: pd.DataFrame, metric: str, notes_a: dict[str, str], notes
     parts = [f"{side}: {n[metric]}" for side, n in (("A", notes_a), ("B", notes_b)) if n.get(metric)]
     out["note"] = "; ".join(parts)
     return _grey_rows(out.reset_index(drop=True))
+
+
+def head_means(results: pd.DataFrame) -> pd.DataFrame:
+    """Results over checkpoints (``loaders.curves.results_over_checkpoints``) averaged over heads:
+    per ``run_id, metric, layer, step`` the mean ``value``, ``chance``, ``ci_low``, ``ci_high``
+    (the mean of the heads' bounds, not an interval of the mean) and the fewest ``n_tokens``.
+    Rows without a run or a step (no place on a training-step axis) and whole-layer rows are left out."""
+    rows = results[results["head"].notna() & results["run_id"].notna() & results["step"].notna()]
+    cols = ["run_id", "metric", "layer", "step", "value", "chance", "n_tokens", "ci_low", "ci_high"]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    out = (rows.groupby(["run_id", "metric", "layer", "step"], as_index=False, dropna=False)
+           .agg(value=("value", "mean"), chance=("chance", "mean"), n_tokens=("n_tokens", "min"),
+                ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean")))
+    return out[cols]

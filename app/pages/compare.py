@@ -4,6 +4,12 @@ Both views read stored analysis results; a checkpoint not analysed yet is
 analysed once (``app.jobs.analyze``, with a progress bar) and stored.
 URL: ``?a=1&b=2&metric=kv_cka`` for the pair, ``&run=3&tmetric=qk_symmetry``
 for the trajectories.
+
+Values are read against their chance level: the two heatmaps share one colour scale
+centred on it, the table of largest changes gives both sides' chance (and, for
+activation metrics, tokens, 95% intervals and whether they overlap), trajectories
+draw it as a dashed line with the interval as a band; metrics resting on too few
+tokens are greyed with the reason.
 """
 from __future__ import annotations
 
@@ -13,10 +19,9 @@ import pandas as pd
 import streamlit as st
 
 from analysis.registry import BY_NAME, METRICS
-from analysis.trajectories import summarise, trajectories
-from app import charts
+from app import charts, tables
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
-                       checkpoints_frame as _checkpoints, analysis_results as _results)
+                       stored_notes, checkpoints_frame as _checkpoints, analysis_results as _results)
 from loaders import curves
 
 TITLE = "Compare"
@@ -90,25 +95,39 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
                           key="cmp_metric")
     set_query_params(metric=metric)
     st.caption(f"**{metric}**: {BY_NAME[metric].help}")
-    both = pd.concat([ra[ra["metric"] == metric]["value"], rb[rb["metric"] == metric]["value"]]).dropna()
-    zmin, zmax = (float(both.min()), float(both.max())) if len(both) else (None, None)
+    both = pd.concat([ra[ra["metric"] == metric], rb[rb["metric"] == metric]])
+    zmin, zmax = charts.heat_range(both[both["head"].notna()])
+    notes_a = stored_notes(str(store.path), version, a)
+    notes_b = stored_notes(str(store.path), version, b)
+    muted_a = tables.muted_metrics(notes_a).get(metric)
+    muted_b = tables.muted_metrics(notes_b).get(metric)
+    st.caption(f"One colour scale for both, **{charts.chance_label(both)}** "
+               + ("at its centre: white at chance, red above, blue below." if both["chance"].notna().any()
+                  else "(no chance level stored: run the analysis again to get one)."))
     left, right = st.columns(2)
     left.markdown(f"**A** {labels[a]}")
-    left.plotly_chart(charts.heatmap_figure(ra, metric, zmin=zmin, zmax=zmax), width="stretch", key="cmp_heat_a")
+    left.plotly_chart(charts.heatmap_figure(ra, metric, zmin=zmin, zmax=zmax, muted=muted_a), width="stretch",
+                      key="cmp_heat_a")
     right.markdown(f"**B** {labels[b]}")
-    right.plotly_chart(charts.heatmap_figure(rb, metric, zmin=zmin, zmax=zmax), width="stretch", key="cmp_heat_b")
+    right.plotly_chart(charts.heatmap_figure(rb, metric, zmin=zmin, zmax=zmax, muted=muted_b), width="stretch",
+                       key="cmp_heat_b")
+    for side, reason in (("A", muted_a), ("B", muted_b)):
+        if reason:
+            st.warning(f"{side}: {metric} rests on too few tokens: {reason}", icon=":material/warning:")
     if shape_a != shape_b:
         st.info(f"The geometries differ (layers, heads, KV heads: A {shape_a}, B {shape_b}), so there is no "
                 "head-by-head difference; the heatmaps above share one colour scale.", icon=":material/info:")
         return
     diff = curves.head_difference(ra, rb)
     st.plotly_chart(charts.diff_heatmap(diff, metric, a_label="A", b_label="B"), width="stretch", key="cmp_diff")
-    d = diff[(diff["metric"] == metric) & diff["head"].notna()].copy()
+    d = diff[(diff["metric"] == metric) & diff["head"].notna()]
     if len(d):
-        d["abs"] = d["diff"].abs()
-        top = d.sort_values("abs", ascending=False).head(10)[["layer", "head", "a", "b", "diff"]]
         st.caption(f"Largest changes of {metric} (B - A); mean change {d['diff'].mean():+.4g}.")
-        st.dataframe(top, hide_index=True, width="stretch")
+        st.dataframe(tables.change_table(diff, metric, notes_a, notes_b), hide_index=True, width="stretch",
+                     column_config={"CIs overlap": st.column_config.CheckboxColumn(
+                         help="A's and B's 95% intervals overlap: the change may be sampling noise")})
+        if muted_a or muted_b:
+            st.caption("Greyed: " + "; ".join(f"{s}: {r}" for s, r in (("A", muted_a), ("B", muted_b)) if r))
 
 
 def _trajectories(store) -> None:
@@ -131,10 +150,10 @@ def _trajectories(store) -> None:
     problems = _ensure_analysed(store, [int(c) for c in ck["checkpoint_id"]], "Analysing the run's checkpoints")
     for p in problems:
         st.warning(p)
-    res = results_over_checkpoints(str(store.path), data_version(store),
-                                   tuple(int(c) for c in ck["checkpoint_id"]))
-    traj = trajectories(res.drop(columns=["run_id", "step"]), ck.rename(columns={"checkpoint_id": "id"}))
-    available = [m for m in HEAD_METRICS if m in set(traj["metric"])]
+    version = data_version(store)
+    res = results_over_checkpoints(str(store.path), version, tuple(int(c) for c in ck["checkpoint_id"]))
+    per_layer = tables.head_means(res[res["run_id"] == run])
+    available = [m for m in HEAD_METRICS if m in set(per_layer["metric"])]
     if not available:
         st.caption("No per-head metrics stored for this run's checkpoints.")
         return
@@ -142,8 +161,21 @@ def _trajectories(store) -> None:
     metric = st.selectbox("Metric", available, index=available.index(t_url) if t_url in available else 0,
                           key="cmp_tmetric")
     set_query_params(run=run, tmetric=metric)
-    per_layer = summarise(traj[traj["head"].notna()], over="head")
+    rows = per_layer[per_layer["metric"] == metric]
+    st.caption(f"Dashed: **{charts.chance_label(rows)}**, the value independent random projections of these "
+               "shapes give"
+               + ("; bands: the mean of the heads' 95% bounds (bootstrap over token windows)."
+                  if rows["ci_low"].notna().any() else "."))
     st.plotly_chart(charts.trajectory_figure(per_layer, metric), width="stretch", key="cmp_traj")
+    steps = dict(zip(ck["checkpoint_id"].astype(int), ck["step"]))
+    few = {}
+    for cid in ck["checkpoint_id"].astype(int):
+        reason = tables.muted_metrics(stored_notes(str(store.path), version, cid)).get(metric)
+        if reason:
+            few.setdefault(reason, []).append(int(steps[cid]))
+    for reason, at_steps in few.items():
+        st.warning(f"{metric} at step{'s' if len(at_steps) > 1 else ''} {', '.join(map(str, at_steps))} rests on "
+                   f"too few tokens: {reason}", icon=":material/warning:")
 
 
 def render() -> None:

@@ -1,6 +1,8 @@
 """Compare page in AppTest: two checkpoints' per-head difference, a run's checkpoints over training."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -40,6 +42,9 @@ def test_pair_difference_is_b_minus_a(run_db, monkeypatch):
     at = page_test("compare", {"a": "1", "b": "3", "metric": "kv_cka"}).run()
     assert not at.exception, at.exception
     figs = figures(at)
+    ha, hb = figs["cmp_heat_a"]["data"][0], figs["cmp_heat_b"]["data"][0]
+    assert (ha["zmin"], ha["zmax"]) == (hb["zmin"], hb["zmax"])  # one colour scale for both
+    assert ha["zmid"] == hb["zmid"] and (ha["zmin"] + ha["zmax"]) / 2 == pytest.approx(ha["zmid"])
     za = arr(figs["cmp_heat_a"]["data"][0]["z"])
     zb = arr(figs["cmp_heat_b"]["data"][0]["z"])
     zd = arr(figs["cmp_diff"]["data"][0]["z"])
@@ -58,6 +63,77 @@ def test_run_trajectory_has_one_line_per_layer_over_steps(run_db, monkeypatch):
     at = page_test("compare", {"tmetric": "kv_share_r2"}).run()
     assert not at.exception, at.exception
     traj = figures(at)["cmp_traj"]["data"]
-    assert [t["name"] for t in traj] == ["L0", "L1"]
+    # kv_share_r2 of independent K, V: d_head / d_model = 8 / 32 (closed form), one dashed line
+    assert [t["name"] for t in traj] == ["L0", "L1", "chance 0.25"]
+    assert traj[2]["line"]["dash"] == "dash" and arr(traj[2]["y"]) == [0.25, 0.25]
     assert arr(traj[0]["x"]) == [100, 200, 300]
+    assert "(chance 0.25)" in traj[0]["customdata"][0]
     assert qp(at, "tmetric") == "kv_share_r2" and qp(at, "run") == "1"
+
+
+FEW = "40 tokens < 8 x d_head = 64: fewer tokens than columns bias CKA up; read it against its chance level"
+
+
+@pytest.fixture
+def chance_run_db(tmp_path, monkeypatch):
+    """A run with two checkpoints whose stored results carry chance levels, tokens and intervals
+    (written as the jobs write them); step 200's activation sample was too small."""
+    import pandas as pd
+
+    from analysis.registry import METRIC_VERSION, names
+    from loaders.results import replace_results
+
+    run = tmp_path / "runs" / "gpt2-wd0.1"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("step,train_loss\n0,4\n200,3\n")
+    for i, step in enumerate((100, 200)):
+        tiny_gpt2(run / f"step_{step}", seed=i)
+    db = tmp_path / "chance.duckdb"
+    store = Store(db)
+    assert ingest_paths(store, [tmp_path / "runs"]).to_json()["errors"] == 0
+    heads = [(l, h) for l in range(2) for h in range(4)]
+    with store.transaction() as con:
+        for cid, shift in ((1, 0.0), (2, 0.1)):
+            weights = pd.DataFrame([{"layer": l, "head": h, "metric": "kv_share_r2", "value": 0.3 + shift,
+                                     "chance": 0.25} for l, h in heads])
+            acts = pd.DataFrame([{"layer": l, "head": h, "metric": "kv_cka_act", "value": 0.4 + shift + 0.01 * h,
+                                  "chance": 0.2, "n_tokens": 4096 if cid == 1 else 40,
+                                  "ci_low": 0.35 + shift + 0.01 * h, "ci_high": 0.45 + shift + 0.01 * h}
+                                 for l, h in heads])
+            replace_results(con, checkpoint_id=cid, kind="weights", metrics=names("weights"),
+                            metric_version=METRIC_VERSION, notes={}, seconds=0.1, device="cpu", frame=weights)
+            replace_results(con, checkpoint_id=cid, kind="activations", metrics=names("activations"),
+                            metric_version=METRIC_VERSION, notes={"kv_cka_act": FEW} if cid == 2 else {},
+                            seconds=0.1, device="cpu", frame=acts)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    return db
+
+
+def test_pair_reads_against_chance_with_intervals_and_greys_the_undersampled_side(chance_run_db):
+    at = page_test("compare", {"a": "1", "b": "2", "metric": "kv_cka_act", "tmetric": "kv_cka_act"}).run()
+    assert not at.exception, at.exception
+    figs = figures(at)
+    ha, hb = figs["cmp_heat_a"]["data"][0], figs["cmp_heat_b"]["data"][0]
+    assert ha["zmid"] == hb["zmid"] == 0.2
+    assert ha["zmin"] == pytest.approx(0.2 - 0.33) and hb["zmax"] == pytest.approx(0.2 + 0.33)  # B's 0.53
+    assert "opacity" not in ha and hb["opacity"] == 0.35  # only B rests on too few tokens
+    assert ha["customdata"][0][0] == "L0H0<br>kv_cka_act 0.4 (chance 0.2)<br>n=4096 tokens, 95% CI 0.35–0.45"
+    assert f"B: kv_cka_act rests on too few tokens: {FEW}" in [w.value for w in at.warning]
+    diff = figs["cmp_diff"]["data"][0]
+    assert diff["customdata"][0][1] == ("L0H1<br>B - A = +0.1<br>A 0.41 (chance 0.2)<br>n=4096 tokens, "
+                                        "95% CI 0.36–0.46<br>B 0.51 (chance 0.2)<br>n=40 tokens, 95% CI 0.46–0.56")
+    table = at.dataframe[-1]
+    changes = table.value
+    assert list(changes.columns) == ["layer", "head", "A", "B", "B - A", "chance A", "chance B", "n_tokens A",
+                                     "A 95% CI", "n_tokens B", "B 95% CI", "CIs overlap", "note"]
+    first = changes.iloc[0]
+    assert (first["chance A"], first["n_tokens B"], first["CIs overlap"]) == (0.2, 40, True)
+    assert (changes["note"] == f"B: {FEW}").all()
+    greyed = {int(r) for block in table.proto.arrow_data.styler.styles.split("}") if "#9a9a9a" in block
+              for r in re.findall(r"row(\d+)_col", block)}
+    assert greyed == set(range(len(changes)))
+    # trajectories: CI bands, the shared chance line, and the step whose sample was too small
+    traj = figs["cmp_traj"]["data"]
+    assert [t["name"] for t in traj if t.get("name")] == ["L0 95% CI", "L0", "L1 95% CI", "L1", "chance 0.2"]
+    assert arr(traj[1]["y"]) == pytest.approx([0.365, 0.465])  # mean over heads of the lower bounds
+    assert f"kv_cka_act at step 200 rests on too few tokens: {FEW}" in [w.value for w in at.warning]
