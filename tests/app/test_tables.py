@@ -1,0 +1,58 @@
+"""Result tables: chance beside each value, sampled rows with tokens and interval, greyed notes."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from app import tables
+
+
+def _results():
+    rows = [(0, h, "kv_share_r2", v, 0.25, None, np.nan, np.nan) for h, v in enumerate([0.2, 0.3, 0.4])]
+    rows += [(0, h, "kv_cka_act", v, 0.2, 512, v - d, v + d)
+             for h, (v, d) in enumerate([(0.5, 0.1), (0.25, 0.1), (0.6, 0.5)])]
+    rows += [(l, None, "wq_condition", 10.0 + l, 117.4, None, np.nan, np.nan) for l in range(2)]
+    frame = pd.DataFrame(rows, columns=["layer", "head", "metric", "value", "chance", "n_tokens", "ci_low", "ci_high"])
+    frame["n_tokens"] = frame["n_tokens"].astype("Int64")
+    frame["head"] = frame["head"].astype("Int64")
+    return frame
+
+
+@pytest.mark.parametrize("note, few", [
+    ("512 tokens < 8 x d_head = 1024: CKA at its small-sample floor", True),
+    ("1 token < 8 x d_head = 64", True),
+    ("Too few tokens for a full count", True),
+    ("model uses layernorm", False),
+    ("one window: no bootstrap interval over windows (ci_low, ci_high empty)", False),
+    ("", False), (None, False)])
+def test_few_tokens_reads_the_notes(note, few):
+    assert tables.few_tokens(note) is few
+
+
+def test_head_summary_counts_heads_above_chance_by_value_or_interval():
+    notes = {"kv_cka_act": "512 tokens < 8 x d_head = 1024: biased up", "kv_share_r2": "ok"}
+    styled = tables.head_summary(_results(), ["kv_share_r2", "kv_cka_act"], notes)
+    t = styled.data.set_index("metric")
+    assert t.loc["kv_share_r2", "heads above chance"] == "2 of 3"   # 0.3, 0.4 > 0.25
+    assert t.loc["kv_cka_act", "heads above chance"] == "1 of 3"    # only 0.4-0.6 lies wholly above 0.2
+    assert t.loc["kv_cka_act", "n_tokens"] == 512
+    assert t.loc["kv_cka_act", "95% CI (mean of heads' bounds)"] == "0.2167–0.6833"
+    assert t.loc["kv_share_r2", "mean"] == pytest.approx(0.3) and t.loc["kv_share_r2", "chance"] == 0.25
+    html = styled.to_html()
+    assert html.count("color: #9a9a9a") == 1 and "row1_col0" in html.split("color: #9a9a9a")[0]  # the act row only
+
+
+def test_layer_table_puts_chance_beside_each_metric():
+    t = tables.layer_table(_results(), ["wq_condition", "wq_absorb_error"])
+    assert list(t.columns) == ["layer", "wq_condition", "wq_condition chance"]
+    assert t["wq_condition"].tolist() == [10.0, 11.0] and t["wq_condition chance"].tolist() == [117.4, 117.4]
+
+
+def test_head_means_average_heads_per_step_with_chance_and_bounds():
+    res = _results().assign(run_id=1, step=100, checkpoint_id=1)
+    m = tables.head_means(res).set_index("metric")
+    assert list(tables.head_means(res).columns) == ["run_id", "metric", "layer", "step", "value", "chance",
+                                                   "n_tokens", "ci_low", "ci_high"]
+    assert m.loc["kv_cka_act", "value"] == pytest.approx(0.45) and m.loc["kv_cka_act", "ci_high"] == pytest.approx(0.6833333)
+    assert "wq_condition" not in m.index  # whole-layer rows are not head means
