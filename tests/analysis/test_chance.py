@@ -115,7 +115,7 @@ def test_qk_symmetry_chance_is_one_half_plus_one_over_two_d_model():
 def test_qk_directionality_is_odd_under_swapping_q_and_k_and_its_chance_is_zero():
     m = meta(h=4, g=4, d=32, e=8)
     signs, values = [], []
-    for lay in random_layers(m, 16, seed=9):
+    for lay in random_layers(m, 12, seed=9):
         d_qk = weight_metrics(lay, m, device="cpu")[0].set_index("metric").loc["qk_directionality", "value"]
         swapped = chance.RandomLayer(0, lay.W_K, lay.W_Q, lay.W_V, lay.W_O)   # M -> M^T
         d_kq = weight_metrics(swapped, m, device="cpu")[0].set_index("metric").loc["qk_directionality", "value"]
@@ -125,7 +125,7 @@ def test_qk_directionality_is_odd_under_swapping_q_and_k_and_its_chance_is_zero(
     assert sum(s > 0 for s in signs) >= 4 and sum(s < 0 for s in signs) >= 4   # both signs occur
     assert table(m).loc[("qk_directionality", True), "chance"] == 0.0
     # a query-free full multi-head layer: M = Ks^T, a square Gaussian matrix: also 0
-    qf = pooled(m, 24, seed=10, query_free=True)
+    qf = pooled(m, 16, seed=10, query_free=True)
     vals = qf.loc[qf["metric"] == "qk_directionality", "value"]
     assert abs(vals.median()) < 0.2 and (vals > 0).any() and (vals < 0).any()
     assert table(m, query_free=True).loc[("qk_directionality", True), "chance"] == 0.0
@@ -153,12 +153,12 @@ def test_square_orth_defect_mean_matches_monte_carlo():
 
 def test_wq_closed_forms_agree_with_weight_metrics_on_random_layers():
     m = meta(h=4, g=4, d=32, e=8)
-    df = pooled(m, 60, seed=11)
+    df = pooled(m, 40, seed=11)
     t = table(m)
     cond = df.loc[df["metric"] == "wq_condition", "value"]
     assert t.loc[("wq_condition", True), "how"] == "closed form"
-    # heavy-tailed: the median of 60 draws scatters by ~15%; the 30% and 70% quantiles bracket it
-    assert cond.quantile(0.3) < t.loc[("wq_condition", True), "chance"] < cond.quantile(0.7)
+    # heavy-tailed: the median of 40 draws scatters by ~20%; the quartiles bracket it
+    assert cond.quantile(0.25) < t.loc[("wq_condition", True), "chance"] < cond.quantile(0.75)
     defect = df.loc[df["metric"] == "wq_basis_orth_defect", "value"]
     assert t.loc[("wq_basis_orth_defect", True), "chance"] == pytest.approx(defect.mean(), abs=0.05)
 
@@ -176,7 +176,9 @@ def test_random_layers_read_near_their_chance_level(shape):
         if metric.startswith("norm_"):
             assert math.isnan(ch) and how == "none: scale-dependent"
             continue
-        lo, hi = values.quantile(0.05), values.quantile(0.95)
+        # per head: inside the central 90%; per layer (12 values; qk_directionality of random layers
+        # spreads over [-1, 1] at these sizes): inside their range
+        lo, hi = (values.min(), values.max()) if whole else (values.quantile(0.05), values.quantile(0.95))
         assert lo - 1e-9 <= ch <= hi + 1e-9, (metric, whole, lo, ch, hi)
 
 
