@@ -31,8 +31,8 @@ Closed forms (each checked against Monte Carlo in ``tests/analysis/test_chance.p
   ``Qs`` (entries of variance ``h/g``) and ``Ks`` of width ``g e``, the same
   ``1/d``. Monte Carlo (float64, ``d = 16..128``) puts the mean within ``1e-4``
   of it and the median within ``1.5e-3`` at ``d = 16, e = 4``, ``3e-4`` at
-  ``d = 32`` (a few % of the score's own spread, ``~0.7 / d``). **Query-free** (``Q_h`` the identity slice
-  ``E_h``) it is the exact mean: ``||M_h||^2 = ||K_g||^2`` and ``tr(M_h^2)`` is a
+  ``d = 32`` (a few % of the score's own spread, ``~0.7 / d``). **Query-free**
+  (``Q_h`` the identity slice ``E_h``) it is the exact mean: ``||M_h||^2 = ||K_g||^2`` and ``tr(M_h^2)`` is a
   quadratic form in the isotropic ``vec K_g`` of trace ``||E_h||_F^2 = e``, so
   ``E[tr(M^2) / ||M||^2] = e / (d e)``; per layer likewise
   (``Qs^T Qs = (h/g) I``, ``||Qs||_F^2 = d``): ``d / ((h/g) d g e) = 1/d``.
@@ -40,7 +40,9 @@ Closed forms (each checked against Monte Carlo in ``tests/analysis/test_chance.p
   up to a scale (the score is scale-free), and transposing swaps the row and
   column outliers, ``d(M^T) = -d(M)``: symmetric about 0. Query-free with
   ``h = g``: ``M = Ks^T``, a square Gaussian matrix, likewise 0. Query-free
-  grouped-query layers have no such symmetry: Monte Carlo.
+  grouped-query layers have no such symmetry: Monte Carlo. Random layers spread
+  widely about 0: over ``[-1, 1]`` at ``d = 32..64``, quartiles about +-0.15 at
+  GPT-2's shapes (``h = 12, d = 768, e = 64``).
 * ``wq_condition`` of a square stacked W_Q (``h e = d``), a ``d x d`` Gaussian
   matrix: the median of ``sigma_max / sigma_min``, **sigma_max / sigma_min(median)**
   with ``sigma_max^2 = mu + s * (-1.2686)`` (Johnstone 2001, Ann. Statist. 29:
@@ -56,7 +58,7 @@ Closed forms (each checked against Monte Carlo in ``tests/analysis/test_chance.p
   ``E[log(||A||_F^2/d) - (2/d) log|det A|] = psi(d^2/2) - ln d - (1/d) sum_{k=1..d} psi(k/2)``
   (``||A||_F^2 ~ chi^2_{d^2}``; ``|det A|^2 = prod_k chi^2_k``, independent
   factors, from the QR (Bartlett) decomposition; ``E ln chi^2_k = psi(k/2) + ln 2``).
-  About 1 + 1/(2d) - ...; its median is within ``0.4/d`` of the mean.
+  About ``1 + ln(d) / (2d)`` (1.0045 at ``d = 768``); its median is within ``0.4/d`` of the mean.
 
 Monte Carlo (``median of N Gaussian draws x H heads``; ``N = draws(n_kv_heads)``):
 ``kv_cka``, every spectrum (``erank_*``, ``stable_rank_*``, ``energy_rank90_*``,
@@ -70,7 +72,12 @@ measures the scale itself, which random matrices of any scale match.
 Cost: a chance level depends on the shapes, the norm type, whether the model is
 query-free, the device type and the seed, never on the layer, so it is computed
 once per such key and kept for the process (``lru_cache``). ``N`` draws cost
-about ``N`` layers of ``weight_metrics``; ``N`` is at most ``MAX_DRAWS``.
+about ``N`` layers of ``weight_metrics`` (a random draw is dearer than a trained
+layer's analysis: generating it, and Lanczos on its clustered spectrum); measured
+(CPU seconds, one thread): 4.5 layers at ``h = g = 12, d = 768, e = 64``, 5.1
+at ``h = 32, g = 8, d = 2048, e = 64``, so at most double the weight analysis
+of a checkpoint of 5 layers or more. The medians then move by at most 1.5%
+between seeds (``kv_cka``; spectra 0.01-1.2%, integer energy ranks not at all).
 """
 from __future__ import annotations
 
@@ -234,7 +241,7 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
             finite = torch.tensor([v for v in values if math.isfinite(v)], dtype=torch.float64)
             chance = float(finite.quantile(0.5)) if len(finite) else math.nan   # midpoint median
             heads = per_draw[(metric, whole)]
-            how = f"median of {n} Gaussian draws" + ("" if whole else f" x {heads} heads")
+            how = f"median of {n} Gaussian draws" + ("" if whole else f" x {heads} head{'s' * (heads > 1)}")
             rows.append((metric, whole, chance, how))
     return tuple(rows)
 

@@ -292,6 +292,7 @@ def test_draws_and_how():
     assert t.loc[("erank_q", False), "how"] == "median of 16 Gaussian draws x 8 heads"
     assert t.loc[("erank_k", True), "how"] == "median of 16 Gaussian draws"
     assert t.loc[("norm_q", True), "how"] == "none: scale-dependent"
+    assert table(meta(h=4, g=1, d=64, e=16)).loc[("kv_cka", False), "how"] == "median of 16 Gaussian draws x 1 head"
     assert math.isnan(t.loc[("norm_q", True), "chance"])
 
 
