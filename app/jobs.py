@@ -10,18 +10,28 @@ key: the same checkpoint, kind and ``analysis.registry.METRIC_VERSION`` again
 is a cache hit that reads the stored rows and computes nothing. Its ``notes``
 JSON says why each absent metric is absent.
 
-Forward passes (``capture_activations``): Hugging Face folders run through
-``transformers`` (eager attention, ``output_attentions``), this project's own
-checkpoints through ``experiments.train.load_checkpoint``, and nanoGPT, the
-query-free paper's and the projection-sharing paper's checkpoints as the
-project's GPT (``experiments.foreign.runnable``). A forward pre-hook
-on each layer's attention module records the attention input ``x`` (already
-normalised where the model normalises); the caches and logits are then
-``x W_K + b_K``, ``x W_V + b_V`` and ``(x W_Q + b_Q)(x W_K + b_K)^T`` from the
-canonical weights, so every layout gets the same definitions. The keys are the
+Forward passes: Hugging Face folders run through ``transformers`` (eager
+attention; every ``from_pretrained`` with ``trust_remote_code=False``, and a
+folder that names model code, ``auto_map`` or ``.py`` files, is not run at
+all: weight metrics only, with the note "model code beside the checkpoint is
+never run"), this project's own checkpoints through
+``experiments.train.load_checkpoint``, and nanoGPT, the query-free paper's and
+the projection-sharing paper's checkpoints as the project's GPT
+(``experiments.foreign.runnable``). A forward pre-hook on each layer's
+attention module records the attention input ``x`` (already normalised where
+the model normalises); the caches and logits are then ``x W_K + b_K``,
+``x W_V + b_V`` and ``(x W_Q + b_Q)(x W_K + b_K)^T`` from the canonical
+weights, so every layout gets the same definitions. The keys are the
 un-rotated ones: for rotary or ALiBi positions the logits would not be the
-model's, so ``logit_symmetry`` is left out with that reason. Sample text: the
-checkpoint's own tokenizer when it has one, else UTF-8 bytes.
+model's, so ``logit_symmetry`` is left out with that reason.
+
+The activation metrics (``corpus_activations``) run on a corpus: the bundled
+one (``data/corpus``) or ``SampleSpec.text``, cut into windows of the model's
+context, ``DEFAULT_TOKENS`` (at least ``TOKENS_PER_COLUMN * d_head``) tokens
+in total, batched; every row carries its chance level, ``n_tokens`` and a
+bootstrap interval over windows (``analysis.activations``). The Inspector's
+attention maps (``capture_activations``) still run on one short editable
+sample text (``SAMPLE_TEXT``, at most ``MAX_TOKENS`` tokens).
 """
 from __future__ import annotations
 
@@ -35,7 +45,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from analysis.activations import activation_metrics
+from analysis.chance import attach_weight_chance
 from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, RESULT_COLUMNS, names
 from analysis.weights import default_device, weight_metrics
 from loaders.canonical import Checkpoint
@@ -46,7 +56,7 @@ from loaders.store import Store
 Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
 Opener = Callable[[str], Checkpoint]
 
-#: Default sample text for forward passes (English prose, ~80 tokens of BERT's vocabulary).
+#: Default sample text of the Inspector's attention maps (English prose, ~80 tokens of BERT's vocabulary).
 SAMPLE_TEXT = (
     "The quick brown fox jumps over the lazy dog while the researcher asks whether "
     "attention needs separate queries, keys and values. Each layer reads the residual "
@@ -89,6 +99,8 @@ class JobResult:
     cached: bool = False
     seconds: float = 0.0
     device: str | None = None
+    sample: dict | None = None          # activations: what they ran on (SampleSpec.key() and counts)
+    tied: dict | None = None            # weights: {"variant", "layers"} read from the tensors (analysis.tied)
 
 
 # -- pure computation over an opened checkpoint --------------------------------------
@@ -134,6 +146,10 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     if nonfinite_notes:
         _nonfinite_notes(frame, notes)
+    # chance levels: the same metrics of independent Gaussian projections of these shapes
+    # (computed once per shape and process, see analysis.chance)
+    frame = attach_weight_chance(frame, ckpt.meta, query_free=ckpt.meta.variant == "wq_identity",
+                                 device=device)
     return frame, notes
 
 
@@ -337,27 +353,173 @@ def capture_activations(ckpt: Checkpoint, *, text: str = SAMPLE_TEXT, max_tokens
     return Capture(token_text, how, layers, reason)
 
 
-def activation_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
-                     text: str = SAMPLE_TEXT) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Activation metrics of every layer, or an empty frame and the reason for each metric."""
+def tied_checkpoint(ckpt: Checkpoint, *, device: str | None = None) -> dict:
+    """Which projections are tied, read from the tensors layer by layer (``analysis.tied``):
+    ``{"variant": tied variant, "layout_variant": the layout's, "agree": bool, "layers": [...]}``."""
+    from analysis.tied import tied_layer, tied_variant
+
+    layers = [tied_layer(layer, ckpt.meta, device=device) for layer in ckpt.layers()]
+    variant = tied_variant(layers)
+    return {"variant": variant, "layout_variant": ckpt.meta.variant,
+            "agree": variant == ckpt.meta.variant, "layers": layers}
+
+
+# -- activation metrics on a corpus sample ------------------------------------------
+#: Tokens behind the activation metrics by default (at least TOKENS_PER_COLUMN * d_head).
+DEFAULT_TOKENS = 4096
+#: A fit or a rank of d_head columns needs this many samples per column to mean anything.
+TOKENS_PER_COLUMN = 8
+#: Longest window fed to a model (its own context caps it further).
+MAX_WINDOW = 512
+#: Tokens per forward batch (windows of one batch go through the model together).
+BATCH_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What the activation metrics run on: a text (None: the bundled corpus) and a token count
+    (None: ``max(DEFAULT_TOKENS, TOKENS_PER_COLUMN * d_head)``)."""
+
+    text: str | None = None
+    tokens: int | None = None
+
+    def key(self) -> dict:
+        """The cache key of an activation job: the same key again reads the stored rows."""
+        if self.text is None:
+            source = "bundled"
+        else:
+            import hashlib
+            source = "sha256:" + hashlib.sha256(self.read().text.encode("utf-8")).hexdigest()
+        return {"text": source, "tokens": self.tokens if self.tokens is not None else "default"}
+
+    def read(self):
+        from loaders.text_corpus import read_text_sample
+
+        return read_text_sample(self.text)
+
+
+@dataclass
+class ActivationRun:
+    frame: pd.DataFrame                 # RESULT_COLUMNS
+    notes: dict[str, str]
+    sample: dict                        # the key plus what was fed: tokens, windows, context, tokenizer
+
+
+def _context(model) -> int:
+    """How many positions the model takes: its learned-position table, else its config's limit."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None:                                      # the project's GPT
+        return int(cfg.block_size) if getattr(cfg, "positions", None) == "learned" else MAX_WINDOW
+    conf = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        n = getattr(conf, name, None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return MAX_WINDOW
+
+
+def sample_windows(ids: torch.Tensor, *, context: int, n_tokens: int) -> torch.Tensor:
+    """``[B, T]`` windows of the token stream ``ids: [N]``: ``T = min(context, MAX_WINDOW, N)``,
+    ``B = ceil(n_tokens / T)`` (at most ``N // T``), non-overlapping, spread evenly over the text."""
+    n = int(ids.numel())
+    t = max(1, min(context, MAX_WINDOW, n))
+    b = max(1, min(-(-n_tokens // t), n // t))
+    starts = torch.linspace(0, n - t, b).round().long() if b > 1 else torch.zeros(1, dtype=torch.long)
+    return torch.stack([ids[s:s + t] for s in starts.tolist()])          # [B, T]
+
+
+def _token_stream(text: str, tok, vocab: int) -> tuple[torch.Tensor, str]:
+    if tok is not None:
+        ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+        return torch.tensor(ids, dtype=torch.long), "tokenizer"
+    if vocab < 256:
+        raise NoForwardPass(f"no tokenizer and vocab_size {vocab} < 256: cannot feed UTF-8 bytes")
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long), "bytes"
+
+
+def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, device: str | None = None,
+                       progress: Progress | None = None) -> ActivationRun:
+    """Activation metrics of every layer on a corpus sample, with chance, n_tokens and intervals.
+
+    The text (``sample.text``, else the bundled corpus) is tokenised (the checkpoint's tokenizer,
+    else UTF-8 bytes) and cut into windows of the model's context (at most ``MAX_WINDOW``) spread
+    over it, ``sample.tokens`` in total; the windows go through the model in batches of about
+    ``BATCH_TOKENS`` tokens. A pre-hook on each attention module hands the layer input ``x``
+    ``[B, T, d_model]`` to that layer's ``analysis.activations.ActivationAccumulator``, which keeps
+    per-window statistics only. Raises ``NoForwardPass`` when the checkpoint cannot be run.
+    """
+    from analysis.activations import ActivationAccumulator
+
+    sample = sample or SampleSpec()
+    meta = ckpt.meta
+    dev = torch.device(device or default_device())
+    want = sample.tokens if sample.tokens is not None else max(DEFAULT_TOKENS, TOKENS_PER_COLUMN * meta.d_head)
+    text = sample.read().text
+    model, tok, vocab = _load_runnable(ckpt)
+    mods = _attention_modules(model)
+    if len(mods) != meta.n_layers:
+        raise NoForwardPass(f"{ckpt.path}: found {len(mods)} attention modules in the model, "
+                            f"expected {meta.n_layers} (one per layer)")
+    context = _context(model)
+    # tokenise only as much text as the sample needs (with margin), all of it if that falls short
+    ids, how = _token_stream(text[: want * 16], tok, vocab)
+    if ids.numel() < want and len(text) > want * 16:
+        ids, how = _token_stream(text, tok, vocab)
+    if ids.numel() < 2:
+        raise NoForwardPass(f"the sample text gave {ids.numel()} tokens")
+    windows = sample_windows(ids, context=context, n_tokens=want)        # [B, T]
+    n_win, t = windows.shape
+    rope = meta.positions not in ("learned", "none")
+    reason = (f"positions are {meta.positions}: logits of the un-rotated q and k are not the "
+              "model's logits") if rope else None
+    accs = [ActivationAccumulator(layer, meta, logits=not rope, logits_reason=reason, device=dev)
+            for layer in ckpt.layers()]
+
+    def hook_for(i):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs.get("hidden_states")
+            accs[i].add(x.detach())                                      # [b, T, d_model]
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(mods)]
+    model = model.to(dev)
+    per_batch = max(1, BATCH_TOKENS // t)
     try:
-        cap = capture_activations(ckpt, text=text, device=device)
-    except NoForwardPass as exc:
-        return pd.DataFrame(columns=COLUMNS), {m: str(exc) for m in names("activations")}
+        with torch.inference_mode():
+            for lo in range(0, n_win, per_batch):
+                if progress:
+                    progress(lo, n_win, f"activations: windows {lo + 1}-{min(lo + per_batch, n_win)} of {n_win}")
+                model(windows[lo:lo + per_batch].to(dev))
+    finally:
+        for h in handles:
+            h.remove()
     frames, notes = [], {}
-    n = len(cap.layers)
-    for lc in cap.layers:
-        if progress:
-            progress(lc.layer, n, f"activations layer {lc.layer}")
-        df, nt = activation_metrics(lc.layer, lc.k, lc.v, lc.logits, logits_reason=cap.logits_reason,
-                                    device=device)
+    for acc in accs:
+        df, nt = acc.result()
         frames.append(df)
         _merge_notes(notes, nt)
     if progress:
-        progress(n, n, "activations done")
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+        progress(n_win, n_win, "activations done")
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
     _nonfinite_notes(frame, notes)
-    return frame, notes
+    fed = n_win * t
+    if fed < want:
+        short = (f"the sample text holds {ids.numel()} tokens: {fed} fed in {n_win} windows of {t}, "
+                 f"fewer than the {want} asked for")
+        for m in names("activations"):
+            notes[m] = f"{notes[m]}; {short}" if m in notes else short
+    info = {**sample.key(), "n_tokens": fed, "windows": n_win, "window": t, "tokenizer": how}
+    return ActivationRun(frame[RESULT_COLUMNS], notes, info)
+
+
+def activation_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
+                     sample: SampleSpec | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
+    """``corpus_activations`` as ``(frame, notes)``, or an empty frame and the reason for each metric."""
+    try:
+        run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)
+    except NoForwardPass as exc:
+        return pd.DataFrame(columns=RESULT_COLUMNS), {m: str(exc) for m in names("activations")}
+    return run.frame, run.notes
 
 
 # -- the store side ----------------------------------------------------------------
@@ -390,7 +552,7 @@ def _cached(store: Store, checkpoint_id: int, kind: str) -> JobResult | None:
                                                                       frame["metric"])])
     frame["layer"] = frame["layer"].astype(int)
     return JobResult(checkpoint_id, "", kind, frame[RESULT_COLUMNS], job.notes, cached=True,
-                     seconds=job.seconds, device=job.device)
+                     seconds=job.seconds, device=job.device, sample=job.sample, tied=job.tied)
 
 
 def _store_results(store: Store, results: list[JobResult]) -> None:
@@ -399,25 +561,29 @@ def _store_results(store: Store, results: list[JobResult]) -> None:
             level = "weights" if res.kind == "weights" else "activations"
             replace_results(con, checkpoint_id=res.checkpoint_id, kind=res.kind, metrics=names(level),
                             metric_version=METRIC_VERSION, notes=res.notes, seconds=res.seconds,
-                            device=res.device, frame=res.frame)
+                            device=res.device, frame=res.frame, sample=res.sample, tied=res.tied)
 
 
 def analyze(store: Store, checkpoint_id: int, *, activations: bool = False, device: str | None = None,
             progress: Progress | None = None, force: bool = False,
-            opener: Opener | None = None) -> list[JobResult]:
+            opener: Opener | None = None, sample: SampleSpec | None = None) -> list[JobResult]:
     """Weight-level (and with ``activations`` activation-level) metrics of one stored checkpoint.
 
     Cached kinds are read back (``cached=True``); the others are computed from
     the file at the checkpoint's stored path and stored together in one
-    transaction. ``force`` recomputes. ``opener`` replaces
-    ``loaders.checkpoints.open_checkpoint`` (tests build checkpoints in code).
+    transaction. Activation results are reused only for the same ``sample``
+    (text and token count, ``SampleSpec.key``). ``force`` recomputes. ``opener``
+    replaces ``loaders.checkpoints.open_checkpoint`` (tests build checkpoints in code).
     """
     info = checkpoint_row(store, checkpoint_id)
+    sample = sample or SampleSpec()
     kinds = ["weights"] + (["activations"] if activations else [])
     results: dict[str, JobResult] = {}
     if not force:
         for kind in kinds:
             hit = _cached(store, checkpoint_id, kind)
+            if hit is not None and kind == "activations" and not _same_sample(hit.sample, sample.key()):
+                hit = None
             if hit is not None:
                 hit.path = info["path"]
                 results[kind] = hit
@@ -433,14 +599,28 @@ def analyze(store: Store, checkpoint_id: int, *, activations: bool = False, devi
         with opener(info["path"]) as ckpt:
             for kind in todo:
                 t0 = time.perf_counter()
-                fn = weight_frame if kind == "weights" else activation_frame
-                frame, notes = fn(ckpt, device=dev, progress=progress)
+                used = ties = None
+                if kind == "weights":
+                    frame, notes = weight_frame(ckpt, device=dev, progress=progress)
+                    ties = tied_checkpoint(ckpt, device=dev)
+                else:
+                    try:
+                        run = corpus_activations(ckpt, sample=sample, device=dev, progress=progress)
+                        frame, notes, used = run.frame, run.notes, run.sample
+                    except NoForwardPass as exc:
+                        frame = pd.DataFrame(columns=RESULT_COLUMNS)
+                        notes, used = {m: str(exc) for m in names("activations")}, sample.key()
                 res = JobResult(checkpoint_id, info["path"], kind, frame, notes, cached=False,
-                                seconds=time.perf_counter() - t0, device=str(dev))
+                                seconds=time.perf_counter() - t0, device=str(dev), sample=used, tied=ties)
                 fresh.append(res)
                 results[kind] = res
         _store_results(store, fresh)
     return [results[k] for k in kinds]
+
+
+def _same_sample(stored: dict | None, wanted: dict) -> bool:
+    """Whether a stored activation job ran on the sample ``wanted`` (``SampleSpec.key``)."""
+    return stored is not None and all(stored.get(k) == v for k, v in wanted.items())
 
 
 def resolve(store: Store, target: str) -> int:

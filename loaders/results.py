@@ -35,6 +35,8 @@ class StoredJob:
     notes: dict[str, str]
     seconds: float
     device: str | None
+    sample: dict | None = None      # what an activation job ran on (None: weights)
+    tied: dict | None = None        # a weights job's ties read from the tensors
 
 
 def _as_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -61,7 +63,8 @@ _INSERT = (f"INSERT INTO analysis_results (checkpoint_id, {', '.join(RESULT_FIEL
 def replace_results(con: duckdb.DuckDBPyConnection, *, checkpoint_id: int, kind: str, metrics: list[str],
                     metric_version: int, notes: dict[str, str] | str, seconds: float | None,
                     device: str | None, frame: pd.DataFrame | None = None,
-                    parquet: list[str] | None = None, sha256: str | None = None) -> int:
+                    parquet: list[str] | None = None, sha256: str | None = None,
+                    sample: dict | str | None = None, tied: dict | str | None = None) -> int:
     """Replace one checkpoint's results of ``kind`` (the rows of ``metrics``) at ``metric_version``
     with ``frame`` or with the rows of the Parquet files ``parquet`` whose ``checkpoint_sha256`` is
     ``sha256``; record the job row. Call inside a transaction. Returns the rows inserted.
@@ -89,10 +92,11 @@ def replace_results(con: duckdb.DuckDBPyConnection, *, checkpoint_id: int, kind:
                   "WHERE checkpoint_sha256 = ?)")
         n = con.execute(_INSERT.format(source=source),
                         [checkpoint_id, metric_version, parquet, sha256]).fetchone()[0]
-    con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, device, seconds, notes) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [checkpoint_id, kind, metric_version, device, seconds,
-                 notes if isinstance(notes, str) else json.dumps(notes, sort_keys=True)])
+    con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, device, seconds, notes, sample, "
+                "tied) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [checkpoint_id, kind, metric_version, device, seconds] + [
+                    None if x is None else x if isinstance(x, str) else json.dumps(x, sort_keys=True)
+                    for x in (notes, sample, tied)])
     return int(n)
 
 
@@ -101,7 +105,7 @@ def stored_job(store: Store, *, checkpoint_id: int, kind: str, metrics: list[str
     """The stored job of ``kind`` at ``metric_version`` with its rows of ``metrics``, or None."""
     with store.connect() as con:
         job = con.execute(
-            "SELECT notes, seconds, device FROM analysis_jobs WHERE checkpoint_id = ? AND kind = ? "
+            "SELECT notes, seconds, device, sample, tied FROM analysis_jobs WHERE checkpoint_id = ? AND kind = ? "
             "AND metric_version = ?", [checkpoint_id, kind, metric_version]).fetchone()
         if job is None:
             return None
@@ -109,4 +113,5 @@ def stored_job(store: Store, *, checkpoint_id: int, kind: str, metrics: list[str
             f"SELECT {', '.join(RESULT_FIELDS)} FROM analysis_results WHERE checkpoint_id = ? "
             "AND metric_version = ? AND list_contains(?, metric) ORDER BY layer, metric, head NULLS FIRST",
             [checkpoint_id, metric_version, list(metrics)]).df()
-    return StoredJob(_as_rows(rows), json.loads(job[0]) if job[0] else {}, float(job[1] or 0.0), job[2])
+    return StoredJob(_as_rows(rows), json.loads(job[0]) if job[0] else {}, float(job[1] or 0.0), job[2],
+                     json.loads(job[3]) if job[3] else None, json.loads(job[4]) if job[4] else None)

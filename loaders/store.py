@@ -187,6 +187,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "ALTER TABLE analysis_results ADD COLUMN n_tokens BIGINT",    # NULL: a weight metric
         "ALTER TABLE analysis_results ADD COLUMN ci_low DOUBLE",      # NULL: not sampled
         "ALTER TABLE analysis_results ADD COLUMN ci_high DOUBLE",
+        # The sample an activation job ran on ({"text", "tokens", "context", ...}): part of
+        # its cache key, so another text or token count is computed, not read back.
+        "ALTER TABLE analysis_jobs ADD COLUMN sample JSON",
+        # A weights job's ties read from the tensors (analysis.tied): {"variant", "layers": [...]}.
+        "ALTER TABLE analysis_jobs ADD COLUMN tied JSON",
     ]),
 ]
 

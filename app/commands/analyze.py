@@ -9,8 +9,17 @@ qkvscope's own checkpoints, nanoGPT checkpoints and both papers' language
 models); where none is possible the notes say why.
 
 JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
-"value"}...], "notes": {metric: why absent}, "cached": bool} per checkpoint,
-a list when several are given. Metric names: see `python -m app analyze --list`.
+"value", "chance"} (activation rows also "n_tokens", "ci_low", "ci_high")...],
+"notes": {metric: why absent or what to mind}, "cached": bool, "tied":
+{"variant", "layout_variant", "agree", "layers": [...]}, "sample" (with
+--activations): {"text", "tokens", "n_tokens", "windows", "window",
+"tokenizer"}} per checkpoint, a list when several are given. Metric names: see
+`python -m app analyze --list`.
+
+--activations feeds a corpus (--text FILE or folder of .txt; default the
+bundled one) cut into windows of the model's context, --tokens N in total
+(default 4096, at least 8 x d_head); results are reused only for the same
+text and token count.
 
 Batch mode, for many checkpoints (in-process, or on Ray with --ray): a glob
 pattern as PATH_OR_ID ('ckpts/**/*.safetensors', quoted so the shell leaves
@@ -45,7 +54,7 @@ import sys
 
 import pandas as pd
 
-from analysis.registry import METRICS
+from analysis.registry import BY_NAME, METRICS
 from app.commands._common import add_db_argument, print_json, store_from
 
 NAME = "analyze"
@@ -61,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to compute (default: cuda if available, else cpu)")
     parser.add_argument("--activations", action="store_true",
                         help="also run a forward pass on sample text for the activation metrics")
+    parser.add_argument("--text", metavar="FILE", default=None,
+                        help="sample text for --activations: a plain UTF-8 file or a folder of .txt files "
+                             "(default: the bundled corpus, data/corpus)")
+    parser.add_argument("--tokens", type=_positive, default=None, metavar="N",
+                        help="tokens fed for --activations, in windows of the model's context (default: "
+                             "4096, and at least 8 x d_head)")
     parser.add_argument("--force", action="store_true", help="recompute even when results are stored")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a summary table")
     parser.add_argument("--list", action="store_true", help="list the metrics with their help and exit")
@@ -82,6 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="split a checkpoint whose attention weights exceed SIZE into tasks of contiguous "
                             "layer ranges, each within SIZE: 4GB (default; GB = 1e9), 512MiB (MiB = 2^20), "
                             "bytes, or 'none' (never split)")
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, found {text!r}") from None
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"expected at least 2 tokens, found {n}")
+    return n
 
 
 def _size(text: str) -> int | None:
@@ -108,25 +133,52 @@ class _Bar:
         self.stream.flush()
 
 
+def _number(x) -> float | None:
+    return None if x is None or pd.isna(x) else float(x)
+
+
+def _row(row) -> dict:
+    out = {"layer": int(row.layer), "head": None if pd.isna(row.head) else int(row.head),
+           "metric": row.metric, "value": _number(row.value), "chance": _number(row.chance)}
+    if BY_NAME[row.metric].level == "activations":
+        out |= {"n_tokens": None if pd.isna(row.n_tokens) else int(row.n_tokens),
+                "ci_low": _number(row.ci_low), "ci_high": _number(row.ci_high)}
+    return out
+
+
 def _payload(results) -> dict:
     first = results[0]
     frame = pd.concat([r.frame for r in results], ignore_index=True)
     notes: dict[str, str] = {}
     for r in results:
         notes.update(r.notes)
-    metrics = [{"layer": int(row.layer), "head": None if pd.isna(row.head) else int(row.head),
-                "metric": row.metric, "value": None if pd.isna(row.value) else float(row.value)}
-               for row in frame.itertuples()]
-    return {"checkpoint": {"id": first.checkpoint_id, "path": first.path},
-            "metrics": metrics, "notes": notes, "cached": all(r.cached for r in results)}
+    out = {"checkpoint": {"id": first.checkpoint_id, "path": first.path},
+           "metrics": [_row(row) for row in frame.itertuples()], "notes": notes,
+           "cached": all(r.cached for r in results)}
+    if first.tied is not None:
+        out["tied"] = first.tied
+    acts = [r for r in results if r.kind == "activations"]
+    if acts and acts[0].sample is not None:
+        out["sample"] = acts[0].sample
+    return out
 
 
 def _print_table(payload: dict) -> None:
     ck = payload["checkpoint"]
     print(f"checkpoint {ck['id']}: {ck['path']}" + ("  (cached)" if payload["cached"] else ""))
+    tied = payload.get("tied")
+    if tied and not tied["agree"]:
+        print(f"  the layout says variant {tied['layout_variant']}, the tensors say {tied['variant']} "
+              "(projections equal to float tolerance; see `info --json` for each layer)")
+    if "sample" in payload:
+        s = payload["sample"]
+        print(f"  activations on {s['n_tokens']} tokens ({s['windows']} windows of {s['window']}, "
+              f"text {s['text']})")
     df = pd.DataFrame(payload["metrics"])
     if not df.empty:
-        summary = df.groupby("metric", sort=False)["value"].agg(["count", "mean", "min", "max"])
+        summary = df.groupby("metric", sort=False).agg(
+            count=("value", "count"), mean=("value", "mean"), min=("value", "min"), max=("value", "max"),
+            chance=("chance", "median"))
         print(summary.to_string(float_format=lambda x: f"{x:.4g}"))
     for metric, why in sorted(payload["notes"].items()):
         print(f"  {metric}: {why}")
@@ -196,13 +248,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from app import jobs
 
+    sample = jobs.SampleSpec(args.text, args.tokens)
+    if args.activations:
+        sample.read()                      # a bad --text fails here, before anything is opened
     store = store_from(args)
     payloads = []
     for target in args.targets:
         cid = jobs.resolve(store, target)
         bar = _Bar(f"checkpoint {cid}")
         results = jobs.analyze(store, cid, activations=args.activations, device=args.device,
-                               progress=bar, force=args.force)
+                               progress=bar, force=args.force, sample=sample)
         payloads.append(_payload(results))
     if args.json:
         print_json(payloads[0] if len(payloads) == 1 else payloads)

@@ -28,10 +28,11 @@ def test_analyze_json_by_path_then_by_id(tmp_path, tiny_gpt2, capsys):
     db = tmp_path / "a.duckdb"
     assert main(["analyze", str(tiny_gpt2), "--db", str(db), "--device", "cpu", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"checkpoint", "metrics", "notes", "cached"}
+    assert set(out) == {"checkpoint", "metrics", "notes", "cached", "tied"}
     assert out["checkpoint"]["id"] == 1 and out["cached"] is False
+    assert out["tied"]["variant"] == out["tied"]["layout_variant"] == "qkv"
     rows = out["metrics"]
-    assert all(set(r) == {"layer", "head", "metric", "value"} for r in rows)
+    assert all(set(r) == {"layer", "head", "metric", "value", "chance"} for r in rows)
     assert {r["metric"] for r in rows} | set(out["notes"]) == set(names("weights"))
     layer_sym = [r for r in rows if r["metric"] == "qk_symmetry" and r["head"] is None]
     assert [r["layer"] for r in layer_sym] == [0, 1]
@@ -92,7 +93,7 @@ def test_wd_sensitivity_json_known_slopes(tmp_path, capsys):
     by_variant = {o["variant"]: o for o in out}
     assert set(by_variant) == {"qkv", "k_eq_v", "wq_identity"}
     lone = by_variant["wq_identity"]
-    assert (lone["slope"], lone["curvature"], lone["best_weight_decay"], lone["n_runs"]) == (None, None, 0.1, 1)
+    assert (lone["slope"], lone["curvature"], lone["best_weight_decay"], lone["n_runs"]) == (None, None, None, 1)
     for variant, slope, best in (("qkv", 0.2, 1e-3), ("k_eq_v", -0.1, 1.0)):
         o = by_variant[variant]
         assert {"variant", "weight_decays", "final_val_loss", "slope", "best_weight_decay", "n_runs"} <= set(o)

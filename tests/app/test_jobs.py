@@ -206,10 +206,10 @@ def test_own_checkpoint_capture_reproduces_attention_output(tmp_path, variant):
     v = lc.v.repeat_interleave(2, 0)                                      # [H, T, d_head]
     y = torch.einsum("hts,hse,hed->td", lc.attn, v, w_o)
     torch.testing.assert_close(y, seen["y"], atol=1e-5, rtol=1e-4)
-    from analysis.activations import activation_metrics
-
-    df, notes = activation_metrics(1, lc.k, lc.v, lc.logits, device="cpu")
-    assert notes == {}
+    with open_checkpoint(path) as ckpt:
+        run = jobs.corpus_activations(ckpt, device="cpu", sample=jobs.SampleSpec(tokens=512))
+    df, notes = run.frame, run.notes
+    assert notes == {} and set(df["n_tokens"]) == {run.sample["n_tokens"]} and run.sample["n_tokens"] >= 512
     if variant in ("q_eq_k",):
         sym = df[(df.metric == "logit_symmetry") & df["head"].notna()]["value"]
         assert sym.to_numpy() == pytest.approx(1.0, abs=1e-6)             # q = k: symmetric logits
