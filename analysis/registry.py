@@ -80,7 +80,7 @@ METRICS: list[Metric] = [
     Metric("kv_share_r2", "weights", "kv_head", "kv_similarity",
            "K=V sharing fit: 1 - min_T ||V - K T||^2 / ||V||^2 (V regressed on K)"),
     Metric("qk_symmetry", "weights", "head+layer", "qk_geometry",
-           "symmetry score of M = W_Q W_K^T: ||sym(M)||^2/||M||^2; 1 symmetric, ~0.5 random, 0 antisymmetric "
+           "symmetry score of M = W_Q W_K^T: ||sym(M)||^2/||M||^2; 1 symmetric, (1 + 1/d_model)/2 random, 0 antisymmetric "
            "(per head; head empty: M summed over heads; Saponati et al. 2025)"),
     Metric("qk_directionality", "weights", "layer", "qk_geometry",
            "directionality of the layer's M as Saponati et al. 2025 compute it: (e_c - e_r)/(e_c + e_r), e the "

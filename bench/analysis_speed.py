@@ -20,7 +20,10 @@ peak CUDA memory on a GPU). The analysis time is broken down into the
 stacked-W_Q metrics (``wq_condition``, ``wq_basis_orth_defect``: one
 ``d_model x d_model`` LU and two Lanczos runs per layer, the only
 ``O(d_model^3)`` step), the other metrics, and opening/reading/reshaping the
-checkpoint; the ratio without the stacked-W_Q metrics is printed too.
+checkpoint, and the chance levels (``analysis.chance``: random layers of the same
+shapes, computed cold once for the checkpoint), whose cost relative to the rest of
+the analysis is printed (target: at most double it); the ratio without the
+stacked-W_Q metrics is printed too.
 The bare LU factorisations alone (every layer's stacked W_Q, float32, already
 in memory) are timed too: no exact condition number or log-determinant comes
 cheaper, so their ratio to ``read`` is this machine's floor for the first
@@ -97,23 +100,33 @@ def phase_analysis(folder: Path, device: str) -> dict:
     from app.jobs import weight_frame
     from loaders.checkpoints import open_checkpoint
 
-    spent = {"stacked_wq": 0.0, "metrics": 0.0}
+    from analysis import chance
+
+    spent = {"stacked_wq": 0.0, "metrics": 0.0, "chance": 0.0}
+    inside = {"chance": False}
 
     def timed(key, fn):
         def wrapper(*args, **kw):
+            if inside["chance"] and key != "chance":              # the random layers' own metrics
+                return fn(*args, **kw)
+            inside[key] = True
             t = time.perf_counter()
             try:
                 return fn(*args, **kw)
             finally:
+                inside[key] = False
                 spent[key] += time.perf_counter() - t
         return wrapper
-    # the stacked-W_Q metrics, and all metrics of a layer (reading and reshaping excluded)
+    # the stacked-W_Q metrics, all metrics of a layer (reading and reshaping excluded), and the
+    # chance levels (random layers of the same shapes, once per shape: analysis.chance)
     weights.query_absorb.stacked_spectrum = timed("stacked_wq", query_absorb.stacked_spectrum)
     app.jobs.weight_metrics = timed("metrics", weights.weight_metrics)
+    app.jobs.attach_weight_chance = timed("chance", chance.attach_weight_chance)
 
     with open_checkpoint(folder) as ck:                           # warm-up on the first layer
         weights.weight_metrics(ck.layer(0), ck.meta, device=device)
-    spent.update(stacked_wq=0.0, metrics=0.0)
+    spent.update(stacked_wq=0.0, metrics=0.0, chance=0.0)
+    chance._chance_rows.cache_clear()                             # the chance levels are timed cold
     t0, c0 = time.perf_counter(), time.process_time()
     with open_checkpoint(folder) as ck:
         frame, notes = weight_frame(ck, device=device)
@@ -134,7 +147,8 @@ def phase_analysis(folder: Path, device: str) -> dict:
     return {"seconds": total, "cpu_seconds": cpu, "lu_only_seconds": lu_seconds,
             "stacked_wq_seconds": spent["stacked_wq"],
             "other_metrics_seconds": spent["metrics"] - spent["stacked_wq"],
-            "reading_seconds": total - spent["metrics"],
+            "chance_seconds": spent["chance"],
+            "reading_seconds": total - spent["metrics"] - spent["chance"],
             "rows": len(frame), "notes": sorted(notes)}
 
 
@@ -246,6 +260,9 @@ def main() -> None:
     print(f"  of which stacked-W_Q condition/defect {wq:.3f} s (one LU and two Lanczos runs per layer), "
           f"other metrics {an['other_metrics_seconds']:.3f} s, "
           f"opening/reading/reshaping the checkpoint {an['reading_seconds']:.3f} s")
+    ch = an["chance_seconds"]
+    print(f"  chance levels (random layers of the same shapes, once per shape) {ch:.3f} s = "
+          f"{ch / max(a - ch, 1e-9):.2f}x the weight analysis without them (target <= 1x: at most double)")
     print(f"  without the stacked-W_Q metrics: {a - wq:.3f} s = {(a - wq) / r:.1f}x read")
     print(f"  the bare float32 LU of each layer's stacked W_Q (the O(d_model^3) floor of any exact "
           f"wq_condition / wq_basis_orth_defect): {an['lu_only_seconds']:.3f} s = {an['lu_only_seconds'] / r:.1f}x read")
