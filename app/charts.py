@@ -108,7 +108,11 @@ def chance_label(rows: pd.DataFrame) -> str:
     if not len(c):
         return "no chance level stored"
     lo, hi = float(c.min()), float(c.max())
-    return f"chance {num(lo)}" if hi - lo <= 1e-6 * max(1.0, abs(hi)) else f"chance {num(lo)}–{num(hi)}"
+    if hi - lo <= 1e-6 * max(1.0, abs(hi)):
+        return f"chance {num(lo)}"
+    # a range: 3 significant digits of the larger end, the same decimals on both ends
+    decimals = max(0, 2 - math.floor(math.log10(max(abs(lo), abs(hi))))) if max(abs(lo), abs(hi)) > 0 else 3
+    return f"chance {lo:.{decimals}f}–{hi:.{decimals}f}"
 
 
 def diverging_range(values, chance: float) -> tuple[float, float]:
@@ -276,8 +280,9 @@ def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
     With a chance level the scale diverges from it (``DIVERGING``: white at chance, ``zmid``;
     the range symmetric around it unless ``zmin``/``zmax`` are given) and the colour bar says
     ``chance 0.25``; without one it is sequential (Viridis). Each cell's tooltip gives its value,
-    its own chance and, for activation metrics, its tokens and 95% interval. ``muted``: the reason
-    the values are not to be trusted (too few tokens): the cells are faded and the title says why.
+    its own chance and, for activation metrics, its tokens and 95% interval. ``muted``: why the
+    values rest on too few tokens (``"512 tokens < 8 x d_head = 1024"``): the cells are faded and
+    the title says why.
     """
     data = results[(results["metric"] == metric) & results["head"].notna() & results["layer"].notna()]
     if data.empty:
@@ -309,7 +314,7 @@ def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
         colorbar=dict(title=dict(text=f"{metric}<br>{chance_label(data)}"))))
     fig.update_yaxes(autorange="reversed")
     height = max(260, min(900, 40 * z.shape[0] + 120))
-    title = f"Faded: {muted}" if muted else (help_text or None)
+    title = f"Faded: too few tokens ({muted})" if muted else (help_text or None)
     fig = _layout(fig, title=title, x_title="head", y_title="layer", height=height)
     if muted:
         fig.update_layout(title_font=dict(size=13, color="#777"))

@@ -27,6 +27,11 @@ def few_tokens(note: str | None) -> bool:
     return bool(note) and _FEW_TOKENS.search(str(note)) is not None
 
 
+def short_reason(note: str) -> str:
+    """The first clause of a too-few-tokens note (``"512 tokens < 8 x d_head = 1024"``), for titles."""
+    return str(note).split(":", 1)[0].split(";", 1)[0].strip()
+
+
 def muted_metrics(notes: dict[str, str]) -> dict[str, str]:
     """The metrics of ``notes`` whose values rest on too few tokens, with the reason."""
     return {m: n for m, n in notes.items() if few_tokens(n)}
@@ -39,7 +44,9 @@ def _grey_rows(frame: pd.DataFrame, column: str = "note") -> Styler:
     def style(row: pd.Series) -> list[str]:
         return [MUTED if few_tokens(row.get(column)) else ""] * len(row)
 
-    return frame.style.apply(style, axis=1).format("{:.4g}", subset=floats, na_rep="")
+    others = [c for c in frame.columns if c not in floats]
+    return (frame.style.apply(style, axis=1).format("{:.4g}", subset=floats, na_rep="")
+            .format(na_rep="", subset=others))
 
 
 def layer_table(results: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
@@ -70,7 +77,7 @@ def head_summary(results: pd.DataFrame, metrics: list[str], notes: dict[str, str
             "95% CI (mean of heads' bounds)", "note"]
     if rows.empty:
         return _grey_rows(pd.DataFrame(columns=cols))
-    sampled = rows["ci_low"].notna()
+    sampled = rows["n_tokens"].notna()         # activation rows: judged by their interval only
     rows["above"] = np.where(sampled, rows["ci_low"] > rows["chance"], rows["value"] > rows["chance"])
     rows["judged"] = rows["chance"].notna() & (rows["ci_low"].notna() | ~sampled)
     g = rows.groupby(["layer", "metric"], sort=False)

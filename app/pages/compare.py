@@ -106,11 +106,13 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
                   else "(no chance level stored: run the analysis again to get one)."))
     left, right = st.columns(2)
     left.markdown(f"**A** {labels[a]}")
-    left.plotly_chart(charts.heatmap_figure(ra, metric, zmin=zmin, zmax=zmax, muted=muted_a), width="stretch",
-                      key="cmp_heat_a")
+    left.plotly_chart(charts.heatmap_figure(ra, metric, zmin=zmin, zmax=zmax,
+                                            muted=muted_a and tables.short_reason(muted_a)),
+                      width="stretch", key="cmp_heat_a")
     right.markdown(f"**B** {labels[b]}")
-    right.plotly_chart(charts.heatmap_figure(rb, metric, zmin=zmin, zmax=zmax, muted=muted_b), width="stretch",
-                       key="cmp_heat_b")
+    right.plotly_chart(charts.heatmap_figure(rb, metric, zmin=zmin, zmax=zmax,
+                                             muted=muted_b and tables.short_reason(muted_b)),
+                       width="stretch", key="cmp_heat_b")
     for side, reason in (("A", muted_a), ("B", muted_b)):
         if reason:
             st.warning(f"{side}: {metric} rests on too few tokens: {reason}", icon=":material/warning:")

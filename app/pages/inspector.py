@@ -345,7 +345,8 @@ def _heatmap(results: pd.DataFrame, notes: dict[str, str]) -> None:
     muted = tables.muted_metrics(notes).get(metric)
     if muted:
         st.warning(f"{metric} rests on too few tokens: {muted}", icon=":material/warning:")
-    st.plotly_chart(charts.heatmap_figure(results, metric, muted=muted), width="stretch", key="insp_heatmap")
+    st.plotly_chart(charts.heatmap_figure(results, metric, muted=muted and tables.short_reason(muted)),
+                    width="stretch", key="insp_heatmap")
     if info.axis == "head+layer":
         st.plotly_chart(charts.layer_figure(results, metric), width="stretch", key="insp_layer")
 

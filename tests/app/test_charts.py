@@ -85,7 +85,7 @@ def test_heatmap_with_chance_varying_per_head_centres_on_the_median():
     frame = _chance_results([[0.5, 0.5, 0.5]], 0.0)
     frame["chance"] = [0.2, 0.3, 0.25]
     t = charts.heatmap_figure(frame, "kv_share_r2").data[0]
-    assert t.zmid == 0.25 and t.colorbar.title.text == "kv_share_r2<br>chance 0.2–0.3"
+    assert t.zmid == 0.25 and t.colorbar.title.text == "kv_share_r2<br>chance 0.200–0.300"
     assert t.customdata[0][1].endswith("0.5 (chance 0.3)")  # each cell's own chance
 
 
@@ -93,7 +93,7 @@ def test_heatmap_muted_fades_cells_and_says_why():
     fig = charts.heatmap_figure(_chance_results([[0.9]], 0.25), "kv_share_r2",
                                 muted="512 tokens < 8 x d_head = 1024")
     assert fig.data[0].opacity == 0.35
-    assert fig.layout.title.text == "Faded: 512 tokens < 8 x d_head = 1024"
+    assert fig.layout.title.text == "Faded: too few tokens (512 tokens < 8 x d_head = 1024)"
 
 
 def test_heat_range_for_shared_scales():
@@ -149,3 +149,10 @@ def test_diff_heatmap_tooltip_gives_both_sides_with_chance():
     t = charts.diff_heatmap(diff, "kv_cka").data[0]
     assert t.zmid == 0.0
     assert t.customdata[0][0] == "L0H1<br>B - A = +0.06<br>A 0.3 (chance 0.2)<br>B 0.36 (chance 0.2)"
+
+
+def test_chance_label_of_a_range_keeps_the_same_decimals():
+    frame = pd.DataFrame({"chance": [0.2772, 0.2799, 0.28]})
+    assert charts.chance_label(frame) == "chance 0.277–0.280"
+    assert charts.chance_label(pd.DataFrame({"chance": [111.8, 111.8]})) == "chance 111.8"
+    assert charts.chance_label(pd.DataFrame({"chance": [float("nan")]})) == "no chance level stored"

@@ -56,3 +56,15 @@ def test_head_means_average_heads_per_step_with_chance_and_bounds():
                                                    "n_tokens", "ci_low", "ci_high"]
     assert m.loc["kv_cka_act", "value"] == pytest.approx(0.45) and m.loc["kv_cka_act", "ci_high"] == pytest.approx(0.6833333)
     assert "wq_condition" not in m.index  # whole-layer rows are not head means
+
+
+def test_activation_rows_without_an_interval_are_not_judged_against_chance():
+    frame = _results()
+    frame.loc[frame["metric"] == "kv_cka_act", ["ci_low", "ci_high"]] = np.nan  # one window: no bootstrap
+    t = tables.head_summary(frame, ["kv_cka_act"], {}).data
+    assert t["heads above chance"].tolist() == [""]
+
+
+def test_short_reason_is_the_first_clause():
+    assert tables.short_reason("128 tokens < 8 x d_head = 256: biased toward 1; one window") == \
+        "128 tokens < 8 x d_head = 256"
