@@ -2,16 +2,30 @@
 
 Everything here works on stacks of per-head matrices, ``[..., rows, d_head]``,
 and never forms a ``rows x rows`` matrix: a tall matrix's singular values come
-from its ``d_head x d_head`` Gram matrix (``sigma_i^2 = eig_i(A^T A)``), whose
-products are float32 and whose eigen-decompositions are float64 (cheap at
-``d_head x d_head``, and it keeps small eigenvalues from going negative).
+from its ``d_head x d_head`` Gram matrix (``sigma_i^2 = eig_i(A^T A)``).
+
+Precision: the weights and caches arrive as float32 (or narrower) data, and
+every Gram is accumulated in float64 from that data (``gram``; a product of two
+float32 numbers is exact in float64, so only the summation rounds, at
+``~eps64 * lambda_max``). The eigen-decompositions are float64 too. An
+eigenvalue is "unresolved", and set to 0, below ``n * eps * lambda_max`` with
+``eps`` the machine epsilon of the Gram's own dtype (``eps64`` for the Grams
+formed here; ``eps32`` if a caller passes float32 products): singular values
+down to ``~1e-7 sigma_max`` (condition numbers to ``~1e7``) are kept. A float32
+Gram would lose everything below ``~2e-3 sigma_max`` at d_head 64.
 """
 from __future__ import annotations
 
 import torch
 
-#: Machine epsilon of float32; the Gram matrices are accumulated in float32.
+#: Machine epsilon of float32 (the data, and the fast LU of ``query_absorb``).
 EPS32 = float(torch.finfo(torch.float32).eps)
+#: Machine epsilon of float64 (every Gram and decomposition here).
+EPS64 = float(torch.finfo(torch.float64).eps)
+
+#: Largest number of elements converted to float64 at once by ``gram``/``row_gram``
+#: (64 MiB of float64): bounds the extra memory on large models.
+_CHUNK = 8 << 20
 
 
 def as_float32(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -42,40 +56,66 @@ def sum_groups(a: torch.Tensor, groups: int) -> torch.Tensor:
     return a.reshape(groups, heads // groups, m, n).sum(1)
 
 
+def _chunked(a: torch.Tensor, f) -> torch.Tensor:
+    """``f`` of float64 copies of ``a``'s leading-axis chunks (at most ``_CHUNK`` elements
+    each), concatenated; ``a.double()`` keeps ``a``'s strides, so a transposed layout
+    stays one BLAS call per chunk."""
+    if a.dim() < 3:
+        return f(a.double())
+    per = max(1, _CHUNK // max(1, a[0].numel()))
+    return torch.cat([f(c.double()) for c in a.split(per)])
+
+
 def gram(a: torch.Tensor) -> torch.Tensor:
-    """``A^T A`` for a stack ``[..., rows, n]`` -> ``[..., n, n]``."""
-    return a.mT @ a
+    """``A^T A`` in float64 for a stack ``[..., rows, n]`` -> ``[..., n, n]`` (any input dtype)."""
+    return _chunked(a, lambda x: x.mT @ x)
+
+
+def row_gram(a: torch.Tensor) -> torch.Tensor:
+    """``A A^T`` in float64 for a stack ``[..., n, cols]`` -> ``[..., n, n]`` (e.g. W_O)."""
+    return _chunked(a, lambda x: x @ x.mT)
+
+
+def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``A^T B`` in float64 for stacks ``[..., rows, n]`` of one shape -> ``[..., n, n]``."""
+    if a.dim() < 3:
+        return a.double().mT @ b.double()
+    per = max(1, _CHUNK // max(1, a[0].numel()))
+    return torch.cat([x.double().mT @ y.double() for x, y in zip(a.split(per), b.split(per))])
+
+
+def _tolerance(g: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """``n * eps * lambda_max`` with ``eps`` of ``g``'s dtype (float64 unless a caller
+    passed float32 products): the eigenvalues that products of that precision resolve."""
+    eps = EPS32 if g.dtype in (torch.float32, torch.float16, torch.bfloat16) else EPS64
+    return g.shape[-1] * eps * top
 
 
 def gram_eigvals(g: torch.Tensor) -> torch.Tensor:
-    """Eigenvalues (descending, float64, >= 0) of symmetric PSD stacks ``[..., n, n]``.
-
-    Eigenvalues below ``n * eps32 * lambda_max`` are set to 0: a float32 Gram
-    matrix does not resolve them (its entries carry errors ~ eps32 * lambda_max).
-    """
+    """Eigenvalues (descending, float64, >= 0) of symmetric PSD stacks ``[..., n, n]``,
+    those below ``n * eps * lambda_max`` (``_tolerance``) set to 0."""
     g64 = g.to(torch.float64)
     g64 = (g64 + g64.mT) / 2
     lam = torch.linalg.eigvalsh(g64).flip(-1)  # [..., n], descending
-    top = lam[..., :1].clamp_min(0)
-    tol = g.shape[-1] * EPS32 * top
+    tol = _tolerance(g, lam[..., :1].clamp_min(0))
     return torch.where(lam > tol, lam, torch.zeros_like(lam))
 
 
 def singular_values(a: torch.Tensor) -> torch.Tensor:
     """Singular values (descending, float64) of a tall stack ``[..., rows, n]``, rows >= n,
-    as ``sqrt(eig(A^T A))``."""
+    as ``sqrt(eig(A^T A))`` with the Gram in float64."""
     return gram_eigvals(gram(a)).sqrt()
 
 
 def clean_eigh(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigen-decomposition (float64, ascending) of symmetric PSD stacks ``[..., n, n]``
-    accumulated in float32, with the eigenvalues float32 cannot resolve (below
-    ``n * eps32 * lambda_max``, as in ``gram_eigvals``) set to 0: ``(lam, U)``."""
+    (float64 or float32 products), with the unresolved eigenvalues (below
+    ``n * eps * lambda_max``, as in ``gram_eigvals``) set to 0: ``(lam, U)``."""
     g64 = g.to(torch.float64)
     g64 = (g64 + g64.mT) / 2
     lam, u = torch.linalg.eigh(g64)                      # [..., n], [..., n, n]
-    top = lam[..., -1:].clamp_min(0)
-    lam = torch.where(lam > g.shape[-1] * EPS32 * top, lam, torch.zeros_like(lam))
+    tol = _tolerance(g, lam[..., -1:].clamp_min(0))
+    lam = torch.where(lam > tol, lam, torch.zeros_like(lam))
     return lam, u
 
 

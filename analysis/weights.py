@@ -14,12 +14,21 @@ exist for this model to the reason. Formulas live in the family modules
 (``kv_similarity``, ``qk_geometry``, ``spectra``, ``query_absorb``).
 
 Per layer this costs a handful of batched ``[heads, d_head, d_head]`` Gram
-products, each formed once and shared by the metrics that need it, three
+products (float64, from the float32 weights), each formed once and shared by
+the metrics that need it, three
 batched float64 eigen-decompositions of ``[n_heads, d_head, d_head]`` stacks
 (W_Q, W_O, ``M_h``), small ones for the kv heads and the stacked K and V, and
 for the query-absorbability metrics one LU factorisation of the stacked
 ``d_model x d_model`` W_Q with two Lanczos runs (``query_absorb``): the only
 ``O(d_model^3)`` step, and on a CPU most of the time.
+
+Precision: every Gram and cross product is accumulated in float64 from the
+float32 weights and every decomposition is float64 (``_linalg``), so the
+spectra, ``kv_share_r2`` and the norms equal a float64 reference computed from
+the matrices themselves to ~1e-6 relative or better at condition numbers up
+to 1e6; ``wq_condition`` and ``wq_basis_orth_defect`` come from a float32 LU,
+redone in float64 when its condition estimate exceeds ``query_absorb.REDO_CONDITION``
+(``query_absorb`` explains). ``tests/analysis/test_precision.py`` checks all of this.
 
 Per-layer spectra (``head`` None) exist for W_K and W_V of grouped-query models
 (their stacked matrix is at most half as wide as W_Q's); for W_Q, W_O and the
@@ -33,7 +42,7 @@ import pandas as pd
 import torch
 
 from analysis import kv_similarity, qk_geometry, query_absorb, spectra
-from analysis._linalg import (as_float32, clean_eigh, gram, identity_queries, kv_index, psd_sqrt_from,
+from analysis._linalg import (as_float32, clean_eigh, gram, identity_queries, kv_index, psd_sqrt_from, row_gram,
                              spectrum_stats, stack_heads)
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS
@@ -122,11 +131,10 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
         k = as_float32(layer.W_K, dev)                       # [g, d, e]
         v = as_float32(layer.W_V, dev)                       # [g, d, e]
         kv_of = kv_index(h, g, dev)
-        kvp = kv_similarity.products(k, v)                   # K^T K, V^T V, K^T V: [g, e, e] float32
+        kvp = kv_similarity.products(k, v)                   # K^T K, V^T V, K^T V: [g, e, e] float64
         eig_k = clean_eigh(kvp.kk)                           # float64 (lam ascending, U)
-        o = as_float32(layer.W_O, dev)                       # [h, e, d], in the loader's layout
-        go = o @ o.mT                                        # W_O[h] W_O[h]^T, [h, e, e]
-        del o
+        # W_O[h] W_O[h]^T, [h, e, e] float64, converted a few heads at a time in the loader's layout
+        go = row_gram(layer.W_O.detach().to(dev))
 
         # -- K/V similarity
         out.heads("kv_cosine_flat", kv_similarity.cosine_flat(k, v, prod=kvp), kv=True)
@@ -143,7 +151,7 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
                 notes[m] = reason
         else:
             q = identity_queries(h, d, e, dev) if identity else as_float32(layer.W_Q, dev)   # [h, d, e]
-            gq = gram(q)                                     # [h, e, e], float32
+            gq = gram(q)                                     # [h, e, e], float64
             eig_q = clean_eigh(gq)
             form = qk_geometry.layer_form(q, k)              # the layer's M in thin pieces
             sk = psd_sqrt_from(eig_k)                        # (K^T K)^{1/2}, [g, e, e]

@@ -58,13 +58,6 @@ def ref_stats(a, keep=None):
             "energy_rank99": int(np.searchsorted(frac, 0.99) + 1)}
 
 
-def ref_directionality(m, gamma=2.0):
-    r, c = np.linalg.norm(m, axis=1), np.linalg.norm(m, axis=0)
-    rb = r[r > r.mean() + gamma * r.std(ddof=1)].sum()
-    cb = c[c > c.mean() + gamma * c.std(ddof=1)].sum()
-    return 0.0 if rb + cb == 0 else (cb - rb) / (cb + rb)
-
-
 # -- known answers -----------------------------------------------------------
 def test_k_equals_v_gives_one():
     k = rand(3, D, E)
@@ -148,7 +141,6 @@ def test_qk_and_spectra_match_reference(n_heads, n_kv):
                 assert float(stats[name][h]) == pytest.approx(val, rel=1e-4), name
     m_layer = sum(qn[h] @ kn[int(kv_of[h])].T for h in range(n_heads))
     assert qk_geometry.symmetry_layer(q, k) == pytest.approx(ref_sym(m_layer), abs=1e-5)
-    assert qk_geometry.directionality_layer(q, k) == pytest.approx(ref_directionality(m_layer), abs=1e-5)
 
 
 def test_qk_spectra_of_rank_deficient_heads():
@@ -160,16 +152,6 @@ def test_qk_spectra_of_rank_deficient_heads():
     for h in range(3):
         for name, val in ref_stats(qn[h] @ kn[0].T, keep=4).items():
             assert float(st[name][h]) == pytest.approx(val, rel=1e-4), name
-
-
-def test_directionality_known_answer():
-    # M = e_0 1^T: one dominant row (query side), all columns equal (no outlier): d = -1.
-    q = torch.zeros(1, D, E)
-    q[0, 0, 0] = 1.0
-    k = torch.zeros(1, D, E)
-    k[0, :, 0] = 1.0
-    assert qk_geometry.directionality_layer(q, k) == pytest.approx(-1.0)
-    assert qk_geometry.directionality_layer(k, q) == pytest.approx(1.0)
 
 
 def ref_defect(s):
