@@ -25,7 +25,19 @@ Nothing is ever unpickled beyond plain tensors and containers: a pickle that
 asks for any other callable raises ``UnsafeCheckpointError`` and runs nothing.
 
 ``content_hash(path)`` is the sha256 of a file, or of the files a folder or
-sharded set is read from (names and contents), streamed in 1 MiB chunks.
+sharded set is read from (names and contents), streamed in 1 MiB chunks; it
+calls ``validate(path)`` first, so a safetensors file with a bad header is
+refused before gigabytes are hashed.
+
+Budgets (``loaders/budgets.py``), checked before allocating: every unpickled
+tensor must use its own storage (``tensor_problem``: no zero or overlapping
+strides, its bytes inside the file); side data is walked within
+``QKVSCOPE_SIDE_ITEMS`` / ``_DEPTH`` / ``_BYTES``; YAML configs within
+``QKVSCOPE_YAML_BYTES`` with aliases counted in full; zip entries may not
+overlap and extraction writes at most ``QKVSCOPE_ZIP_TOTAL_BYTES``; a
+safetensors tensor lying in a hole of a sparse file is refused. A file that
+changes (size or mtime) after it was opened fails with one line before the
+next tensor is read, never a bus error from a shrunken memory map.
 """
 from __future__ import annotations
 
@@ -49,11 +61,12 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
+from loaders.budgets import BudgetExceeded, SideBudget, budget, load_yaml, tensor_problem
 from loaders.errors import CheckpointFormatError, FileError, UnsafeCheckpointError
 from loaders.tensor_source import TensorSource
 
 __all__ = [
-    "open_source", "content_hash", "is_checkpoint_candidate",
+    "open_source", "content_hash", "validate", "is_checkpoint_candidate", "check_tensor",
     "SafetensorsSource", "TorchSource", "ShardedSource", "ZipSource",
     "EXPECTED", "CHECKPOINT_SUFFIXES",
 ]
@@ -81,7 +94,7 @@ _ST_MAX_HEADER = 100_000_000
 
 # Zip uploads: limits against zip bombs and runaway extraction.
 _ZIP_MAX_ENTRIES = 10_000
-_ZIP_MAX_TOTAL = 64 * 2**30          # 64 GiB uncompressed in all
+_ZIP_MAX_TOTAL = budget("QKVSCOPE_ZIP_TOTAL_BYTES")   # 64 GiB uncompressed in all (declared and written)
 _ZIP_MAX_RATIO = 200                 # per entry, uncompressed / compressed
 _ZIP_RATIO_MIN_SIZE = 1 << 20        # the ratio is checked for entries over 1 MiB
 _ZIP_JUNK = ("__MACOSX/",)
@@ -132,8 +145,7 @@ def content_hash(path: str | Path) -> str:
     Files are streamed in 1 MiB chunks, never read whole.
     """
     p = Path(path)
-    if not p.exists():
-        raise CheckpointFormatError(p, f"no such file or folder; {EXPECTED}")
+    validate(p)
     if p.is_dir():
         return _hash_files(p, _folder_plan(p).files)
     if p.name.endswith(".index.json"):
@@ -141,6 +153,33 @@ def content_hash(path: str | Path) -> str:
     h = hashlib.sha256()
     _feed(h, p)
     return h.hexdigest()
+
+
+def validate(path: str | Path) -> None:
+    """Cheap checks of a checkpoint before it is hashed or read: the file(s)
+    exist and every safetensors file's header is valid (``_read_safetensors_header``:
+    header length, JSON, dtypes, shapes, offsets that tile the data area).
+    Reads only headers; raises ``CheckpointFormatError``. ``content_hash`` calls it."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointFormatError(p, f"no such file or folder; {EXPECTED}")
+    if p.is_dir():
+        files = _folder_plan(p).files
+    elif p.name.endswith(".index.json"):
+        files = [f for f in _index_shard_paths(p) if f.is_file()]
+    else:
+        files = [p]
+    for f in files:
+        if f.suffix.lower() != ".json" and f.is_file() and _file_kind(f) == "safetensors":
+            _read_safetensors_header(f)
+
+
+def check_tensor(path: str | Path, name: str, t: torch.Tensor) -> None:
+    """Refuse an unpickled tensor that does not own its bytes (``budgets.tensor_problem``):
+    zero or overlapping strides, or a shape beyond its storage. Call before any copy."""
+    problem = tensor_problem(t)
+    if problem is not None:
+        raise CheckpointFormatError(path, f"tensor '{name}' {problem}; refused")
 
 
 def is_checkpoint_candidate(path: str | Path) -> bool:
@@ -237,6 +276,22 @@ def _open_file(p: Path) -> TensorSource:
 # ----------------------------------------------------------------------------
 # safetensors
 # ----------------------------------------------------------------------------
+
+def _identity(p: Path) -> tuple[int, int]:
+    st = p.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _check_unchanged(p: Path, was: tuple[int, int], st: os.stat_result, key: str) -> None:
+    """A file rewritten while it is read (a training run saving over it) fails
+    here, before tensor ``key`` is read, instead of faulting in a memory map."""
+    now = (st.st_size, st.st_mtime_ns)
+    if now != was:
+        raise CheckpointFormatError(
+            p, f"file changed while it was read (size {was[0]:,} -> {now[0]:,} bytes"
+               f"{', modified' if now[1] != was[1] else ''}) before tensor '{key}'; read it again "
+               f"once it is no longer being written")
+
 
 class _Closing:
     def __enter__(self):
@@ -360,6 +415,7 @@ class SafetensorsSource(_Closing, TensorSource):
         self.path = str(path)
         self._file = Path(path)
         self._entries, metadata, self._data_start = _read_safetensors_header(self._file)
+        self._stat = _identity(self._file)
         self.config = {}
         self.extras = {"safetensors_metadata": dict(metadata)}
         if sys.byteorder != "little":
@@ -368,14 +424,15 @@ class SafetensorsSource(_Closing, TensorSource):
         self._fd: int | None = None
         self._handle = None
         try:
+            self._fd = os.open(self._file, os.O_RDONLY)      # pread, and stat/holes for mmap
             if reader == "mmap":
                 from safetensors import SafetensorError, safe_open
                 try:
                     self._handle = safe_open(str(self._file), framework="pt", device="cpu")
                 except SafetensorError as exc:
+                    os.close(self._fd)
+                    self._fd = None
                     raise CheckpointFormatError(self._file, f"safetensors file cannot be opened: {exc}") from None
-            else:
-                self._fd = os.open(self._file, os.O_RDONLY)
         except OSError as exc:
             raise CheckpointFormatError(self._file, f"safetensors file cannot be opened: {exc}") from None
 
@@ -390,16 +447,29 @@ class SafetensorsSource(_Closing, TensorSource):
 
     def get(self, key: str) -> torch.Tensor:
         e = self._entry(key)
-        if self._handle is not None:
-            return self._handle.get_tensor(key)
         if self._fd is None:
             raise ValueError(f"{self.path}: source is closed")
+        # pread sees an in-place rewrite of the same size as new bytes (harmless);
+        # a memory map must also not see a rewrite (mtime), which may cut it
+        st = os.fstat(self._fd)
+        _check_unchanged(self._file, self._stat if self._handle is not None else (self._stat[0], st.st_mtime_ns),
+                         st, key)
+        begin, end = e["data_offsets"]
+        self._check_no_hole(key, self._data_start + begin, end - begin)
+        if self._handle is not None:
+            # mapped pages: a file cut after this check can still fault; the
+            # default pread reader only ever sees a short read
+            return self._handle.get_tensor(key)
         name, _ = _ST_DTYPES[e["dtype"]]
         dtype, shape = getattr(torch, name), tuple(e["shape"])
-        begin, end = e["data_offsets"]
         if end == begin:
             return torch.empty(shape, dtype=dtype)
-        buf = bytearray(end - begin)
+        try:
+            buf = bytearray(end - begin)
+        except MemoryError:
+            raise CheckpointFormatError(
+                self._file, f"safetensors tensor '{key}' needs {end - begin:,} bytes, more memory "
+                            f"than this process may use") from None
         view, done = memoryview(buf), 0
         while done < len(buf):                           # preadv may return short reads
             n = os.preadv(self._fd, [view[done:]], self._data_start + begin + done)
@@ -410,6 +480,22 @@ class SafetensorsSource(_Closing, TensorSource):
             done += n
         # little-endian on disk (safetensors spec), as on every platform torch supports here
         return torch.frombuffer(buf, dtype=dtype).reshape(shape)   # [numel] -> shape
+
+    def _check_no_hole(self, key: str, start: int, n: int) -> None:
+        """Refuse a tensor whose byte range holds a hole of a sparse file (bytes
+        the header declares but the file never wrote); ``QKVSCOPE_ALLOW_SPARSE=1``
+        skips this. One ``lseek(SEEK_HOLE)``: the next hole at or after ``start``."""
+        if n <= _CHUNK or budget("QKVSCOPE_ALLOW_SPARSE") or not hasattr(os, "SEEK_HOLE"):
+            return
+        try:
+            hole = os.lseek(self._fd, start, os.SEEK_HOLE)
+        except OSError:
+            return                                       # the file system cannot tell
+        if hole < start + n:
+            raise CheckpointFormatError(
+                self._file, f"safetensors tensor '{key}' ({n:,} bytes from byte {start:,}) lies in "
+                            f"a hole of a sparse file from byte {hole:,}: the declared shape's bytes "
+                            f"are not in the file (QKVSCOPE_ALLOW_SPARSE=1 reads it anyway)")
 
     def close(self) -> None:
         self._handle = None
@@ -515,32 +601,59 @@ def _torch_load(p: Path, kind: str):
         raise CheckpointFormatError(p, f"PyTorch file cannot be read: {first}") from None
 
 
-def _jsonlike(v):
-    """Numbers, strings, lists and dicts only; one-element tensors -> float."""
+def _jsonlike(v, side: SideBudget | None = None, depth: int = 0):
+    """Numbers, strings, lists and dicts only; one-element tensors -> float.
+
+    Every value visited (each occurrence of a shared container again: a pickle
+    memo repeating one list 10 times at 9 levels is 10^9 values) is charged to
+    ``side`` (a fresh ``SideBudget`` if none), so the walk raises
+    ``BudgetExceeded`` before it builds more than the budget allows.
+    """
+    side = SideBudget() if side is None else side
     if isinstance(v, torch.Tensor):
-        if v.numel() == 1:
+        side.spend(depth)
+        if v.numel() == 1 and tensor_problem(v) is None:
             return float(v.item()) if not v.is_complex() else str(v.item())
-        if v.numel() <= _EXTRA_TENSOR_MAX and not v.is_complex():
+        if v.numel() <= _EXTRA_TENSOR_MAX and not v.is_complex() and tensor_problem(v) is None:
+            side.spend(depth, 8 * v.numel())
             return v.tolist()
         return f"tensor(shape={list(v.shape)}, dtype={str(v.dtype).replace('torch.', '')})"
     if isinstance(v, Mapping):
-        return {str(k): _jsonlike(x) for k, x in v.items()}
+        side.spend(depth)
+        out = {}
+        for k, x in v.items():
+            key = str(k)
+            side.spend(depth + 1, len(key))
+            out[key] = _jsonlike(x, side, depth + 1)
+        return out
     if isinstance(v, (list, tuple, set, frozenset)):
-        return [_jsonlike(x) for x in v]
-    if v is None or isinstance(v, (bool, int, float, str)):
+        side.spend(depth)
+        return [_jsonlike(x, side, depth + 1) for x in v]
+    if v is None or isinstance(v, (bool, int, float)):
+        side.spend(depth)
+        return v
+    if isinstance(v, str):
+        side.spend(depth, len(v))
         return v
     if hasattr(v, "item") and hasattr(v, "dtype"):      # numpy scalar
-        return _jsonlike(v.item())
-    if isinstance(v, bytes):
-        return v.hex()
-    return str(v)
+        return _jsonlike(v.item(), side, depth)
+    if isinstance(v, (bytes, bytearray)):
+        side.spend(depth, 2 * len(v))
+        return bytes(v).hex()
+    text = str(v)
+    side.spend(depth, len(text))
+    return text
 
 
-def _has_tensor(v) -> bool:
+def _has_tensor(v, depth: int = 0) -> bool:
     if isinstance(v, torch.Tensor):
         return True
     if isinstance(v, Mapping):
-        return any(_has_tensor(x) for x in v.values())
+        if depth > budget("QKVSCOPE_SIDE_DEPTH"):
+            raise BudgetExceeded(f"mappings nested more than {budget('QKVSCOPE_SIDE_DEPTH')} levels "
+                                 f"deep (or a mapping that holds itself), over the budget "
+                                 f"(QKVSCOPE_SIDE_DEPTH; set it in the environment to raise it)")
+        return any(_has_tensor(x, depth + 1) for x in v.values())
     return False
 
 
@@ -580,7 +693,15 @@ def _flatten_weights(p: Path, tree: Mapping, prefix: str = "",
 
 
 def _split_checkpoint(p: Path, obj) -> tuple[dict[str, torch.Tensor], dict, dict]:
-    """A loaded checkpoint object -> (weights, config, extras)."""
+    """A loaded checkpoint object -> (weights, config, extras); budgets broken
+    anywhere in it (``BudgetExceeded``) become one ``CheckpointFormatError``."""
+    try:
+        return _split_checkpoint_within_budget(p, obj)
+    except BudgetExceeded as exc:
+        raise CheckpointFormatError(p, f"{exc}; refused") from None
+
+
+def _split_checkpoint_within_budget(p: Path, obj) -> tuple[dict[str, torch.Tensor], dict, dict]:
     if isinstance(obj, torch.Tensor):
         raise CheckpointFormatError(
             p, f"holds a single tensor, not a state dict (shape {list(obj.shape)}, "
@@ -606,9 +727,15 @@ def _split_checkpoint(p: Path, obj) -> tuple[dict[str, torch.Tensor], dict, dict
         raise CheckpointFormatError(
             p, f"holds no weight tensors (top-level keys: {keys}); expected a state dict or a dict "
                f"with 'model', 'model_state_dict' or 'state_dict'")
+    for name, t in weights.items():
+        check_tensor(p, name, t)
+    side = SideBudget()                               # one budget for all of this file's side data
     for k, v in rest.items():
         if str(k) not in _DROPPED:
-            extras[str(k)] = _jsonlike(v)
+            try:
+                extras[str(k)] = _jsonlike(v, side)
+            except BudgetExceeded as exc:
+                raise BudgetExceeded(f"side entry '{k}': {exc}") from None
     if skipped:
         extras["non_tensor_entries"] = skipped
     config = next((dict(extras[k]) for k in _CONFIG_KEYS if isinstance(extras.get(k), dict)), {})
@@ -626,6 +753,8 @@ class TorchSource(_Closing, TensorSource):
             raise CheckpointFormatError(p, f"is not a PyTorch file (found {kind}); {EXPECTED}")
         self.path = str(p)
         self.format = "pytorch-zip" if kind == "torch_zip" else "pytorch-legacy"
+        self._file, self._mapped = p, kind == "torch_zip"
+        self._stat = _identity(p)
         obj = _torch_load(p, kind)
         try:
             self._weights, self.config, self.extras = _split_checkpoint(p, obj)
@@ -642,7 +771,17 @@ class TorchSource(_Closing, TensorSource):
         return str(self._tensor(key).dtype).replace("torch.", "")
 
     def get(self, key: str) -> torch.Tensor:
-        return self._tensor(key)
+        """The tensor; for the (memory-mapped) zip format a copy, taken after
+        checking that the file's size and mtime are those it had when opened, so
+        a file cut by a rewrite fails with one line instead of a bus error."""
+        t = self._tensor(key)
+        if not self._mapped:
+            return t
+        try:
+            _check_unchanged(self._file, self._stat, self._file.stat(), key)
+        except OSError as exc:
+            raise CheckpointFormatError(self._file, f"file cannot be read any more ({exc.strerror})") from None
+        return t.clone()
 
     def close(self) -> None:
         self._weights = {}
@@ -711,7 +850,11 @@ class ShardedSource(_Closing, TensorSource):
         self.format = ("safetensors-sharded" if all(k == "safetensors" for k in self._kinds.values())
                        else "pytorch-sharded")
         self.config = {}
-        self.extras = {"index_metadata": _jsonlike(index.get("metadata") or {}), "shards": shards}
+        try:
+            meta = _jsonlike(index.get("metadata") or {})
+        except BudgetExceeded as exc:
+            raise CheckpointFormatError(p, f"shard index metadata: {exc}") from None
+        self.extras = {"index_metadata": meta, "shards": shards}
         try:
             for s, k in self._kinds.items():
                 self._shards[s] = SafetensorsSource(p.parent / s) if k == "safetensors" else None
@@ -864,13 +1007,17 @@ def _read_yaml_config(p: Path) -> dict:
     import yaml
 
     try:
-        cfg = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        cfg = load_yaml(p)
+        if not isinstance(cfg, dict):
+            raise CheckpointFormatError(p, f"model config is a YAML {type(cfg).__name__}, expected a mapping")
+        return _jsonlike(cfg)
+    except BudgetExceeded as exc:
+        raise CheckpointFormatError(p, f"model config: {exc}; refused") from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointFormatError(p, f"model config is not UTF-8 (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0]
         raise CheckpointFormatError(p, f"model config is not valid YAML ({first})") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointFormatError(p, f"model config is a YAML {type(cfg).__name__}, expected a mapping")
-    return _jsonlike(cfg)
 
 
 # ----------------------------------------------------------------------------
@@ -894,6 +1041,31 @@ def _check_zip_entry(zp: Path, info: zipfile.ZipInfo) -> None:
             raise CheckpointFormatError(
                 zp, f"zip entry '{name}' expands {ratio:.0f}x ({info.file_size} bytes from "
                     f"{info.compress_size}), over the {_ZIP_MAX_RATIO}x limit; refused as a zip bomb")
+
+
+def _check_zip_overlap(zp: Path, zf: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> None:
+    """Each entry's bytes (local header, name, extra field, compressed data) must
+    end before the next entry's local header starts: overlapping entries are a
+    zip bomb that expands the same compressed bytes once per entry. The local
+    header's name and extra lengths (bytes 26..30, APPNOTE 4.3.7) are read from
+    the file; nothing is decompressed."""
+    spans = []
+    fp = zf.fp
+    for info in infos:
+        fp.seek(info.header_offset)
+        local = fp.read(30)
+        if len(local) < 30 or local[:4] != b"PK\x03\x04":
+            raise CheckpointFormatError(
+                zp, f"zip entry '{info.filename}' has no local header at byte {info.header_offset}; "
+                    f"the file is truncated or corrupt")
+        n_name, n_extra = struct.unpack("<HH", local[26:30])
+        start = info.header_offset
+        spans.append((start, start + 30 + n_name + n_extra + info.compress_size, info.filename))
+    spans.sort()
+    for (s0, e0, a), (s1, _e1, b) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise CheckpointFormatError(
+                zp, f"zip entries '{a}' and '{b}' overlap (bytes {s1}..{e0}); refused as a zip bomb")
 
 
 def _extract_zip(zp: Path, dest: Path) -> None:
@@ -922,7 +1094,9 @@ def _extract_zip(zp: Path, dest: Path) -> None:
         if total > free:
             raise CheckpointFormatError(
                 zp, f"zip expands to {total} bytes but the temporary folder {dest} has {free} free")
+        _check_zip_overlap(zp, zf, infos)
         root = dest.resolve()
+        written_all = 0
         for info in infos:
             target = (dest / info.filename).resolve()
             if root not in target.parents and target != root:
@@ -936,6 +1110,11 @@ def _extract_zip(zp: Path, dest: Path) -> None:
                 with zf.open(info) as src, open(target, "wb") as out:
                     while chunk := src.read(_CHUNK):
                         written += len(chunk)
+                        written_all += len(chunk)
+                        if written_all > _ZIP_MAX_TOTAL:
+                            raise CheckpointFormatError(
+                                zp, f"zip extraction wrote more than {_ZIP_MAX_TOTAL} bytes in all "
+                                    f"(QKVSCOPE_ZIP_TOTAL_BYTES); refused")
                         if written > info.file_size:
                             raise CheckpointFormatError(
                                 zp, f"zip entry '{info.filename}' holds more than the {info.file_size} "

@@ -161,9 +161,18 @@ def from_config(cfg: dict) -> dict:
 
 
 def _read_yaml(path: Path) -> dict | None:
+    """A YAML config's mapping, ``None`` if it does not parse. Read within the
+    budgets (``loaders.budgets.load_yaml``: file size, aliases counted in full,
+    depth); a file over one raises ``LogFormatError`` naming it and the budget."""
     import yaml
+
+    from loaders.budgets import BudgetExceeded, SideBudget, load_yaml, walk_plain
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = load_yaml(path)
+        if isinstance(doc, dict):
+            walk_plain(doc, SideBudget().spend)      # text bytes, counted per occurrence
+    except BudgetExceeded as exc:
+        raise LogFormatError(path, f"config {exc}; refused") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     return doc if isinstance(doc, dict) else None

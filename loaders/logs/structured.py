@@ -8,19 +8,55 @@ changed file is read again whole and its points replace what it stored before.
 from __future__ import annotations
 
 import json
+import os
 import re
+import struct
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from loaders.budgets import budget
 from loaders.errors import LogFormatError
 from loaders.logs.base import (Parsed, RunData, empty_points, normalise_metric, points_frame,
                                steps_went_back)
 
 
 # -- TensorBoard ---------------------------------------------------------------
+def check_record_lengths(path: Path) -> None:
+    """Walk a TFRecord file's framing before any record is read.
+
+    Each record is ``u64 length``, ``u32 masked crc32c(length)``, ``length``
+    bytes, ``u32 crc`` (TensorFlow ``core/lib/io/record_writer``). Only the
+    12-byte headers are read, with one seek per record. A length over
+    ``QKVSCOPE_RECORD_BYTES`` (64 MiB) is refused; a header whose length runs
+    past the end of the file (or whose checksum is wrong) ends the walk: the
+    event loader stops at that record too, reading no more than the file holds.
+    """
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    cap = budget("QKVSCOPE_RECORD_BYTES")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        pos = 0
+        while pos + 12 <= size:
+            f.seek(pos)
+            head = f.read(12)
+            if len(head) < 12:
+                return
+            length, crc = struct.unpack("<QI", head)
+            if masked_crc32c(head[:8]) != crc:
+                return
+            if length > cap:
+                raise LogFormatError(path, f"TensorBoard record at byte {pos:,} claims {length:,} bytes, "
+                                           f"over the budget of {cap:,} (QKVSCOPE_RECORD_BYTES; set it "
+                                           f"in the environment to raise it)")
+            if length + 4 > size - pos - 12:
+                return
+            pos += 12 + length + 4
+
+
 class TensorBoardReader:
     name = "tensorboard"
     help = "TensorBoard event file (events.out.tfevents.*), scalars only; read without TensorFlow"
@@ -36,6 +72,7 @@ class TensorBoardReader:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         from tensorboard.util import tensor_util
 
+        check_record_lengths(path)
         steps, tags, values, walls = [], [], [], []
         n_events = 0
         try:
@@ -147,12 +184,20 @@ def _is_torch_zip(head: bytes) -> bool:
 
 
 def _load_tensor(path: Path):
+    """The saved tensor, refused unless it owns its bytes (``budgets.tensor_problem``:
+    ``zeros(1).expand(10**9, 3)`` is 24 GB once converted to float64)."""
     import torch
+
+    from loaders.budgets import tensor_problem
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several unrelated types for corrupt/unsafe files
         raise LogFormatError(path, f"expected a tensor saved by torch.save, found a file "
                                    f"torch.load(weights_only=True) refuses ({type(exc).__name__})") from None
+    if isinstance(obj, torch.Tensor):
+        problem = tensor_problem(obj)
+        if problem is not None:
+            raise LogFormatError(path, f"loss tensor {problem}; refused")
     return obj
 
 
