@@ -5,7 +5,10 @@ fed as ``--batches`` calls of ``add()`` (8 windows of 512 tokens in all), then
 ``result(n_boot=200)``; with and without logits. Prints the seconds of the
 ``add()`` calls (the layer's projections, ``n_random`` random ones for the
 chance levels, float64 statistics) and of ``result()`` (metrics, chance, the
-bootstrap), and ``result(n_boot=2)`` beside it: the difference is the bootstrap.
+bootstrap), and ``result(n_boot=2)`` beside it: the difference is the bootstrap;
+and, side by side, the floor: the layer's own K and V projections and their
+Grams alone (what any activation metric must compute), with the ratio of the
+whole to it (the price of chance levels, float64 statistics and intervals).
 
     .venv/bin/python bench/activations_speed.py [--device cpu|cuda] [--threads N] [--repeat 3]
 
@@ -16,10 +19,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.activations import ActivationAccumulator
 
@@ -47,6 +54,20 @@ def main() -> None:
     x = torch.randn(windows, t, d, generator=gen).to(args.device)        # [8, 512, 2048]
     print(f"device {args.device}, threads {torch.get_num_threads()}, {windows} windows x {t} tokens, "
           f"d_model {d}, {h} heads, {g} kv heads, d_head {e}, n_random 3, n_boot 200")
+    # the floor, side by side: the layer's own K and V projections and their float32 Grams alone
+    wk, wv = lay.W_K.permute(1, 0, 2).reshape(d, g * e).to(args.device), lay.W_V.permute(1, 0, 2).reshape(
+        d, g * e).to(args.device)                                        # [d_model, g*d_head]
+    floors = []
+    for _ in range(args.repeat):
+        _sync(args.device)
+        t0 = time.perf_counter()
+        k = (x @ wk).view(-1, g, e).transpose(0, 1)                      # [g, tokens, d_head]
+        v = (x @ wv).view(-1, g, e).transpose(0, 1)
+        _ = (k.mT @ k, v.mT @ v, k.mT @ v)
+        _sync(args.device)
+        floors.append(time.perf_counter() - t0)
+    floor = statistics.median(floors)
+    print(f"floor: the layer's K, V projections and Grams alone {floor:.3f} s")
     for logits in (False, True):
         adds, results, smalls = [], [], []
         for _ in range(args.repeat):
@@ -68,7 +89,8 @@ def main() -> None:
             smalls.append(t3 - t2)
         a, r, s = (statistics.median(v) for v in (adds, results, smalls))
         print(f"logits={logits!s:5}: add() {a:.2f} s, result(n_boot=200) {r:.2f} s "
-              f"(n_boot=2: {s:.2f} s), total {a + r:.2f} s  (median of {args.repeat})")
+              f"(n_boot=2: {s:.2f} s), total {a + r:.2f} s  (median of {args.repeat}); "
+              f"total / floor = {(a + r) / floor:.1f}x")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "log_ingest": ["--points", "1000000", "--repeat", "2"],   # below ~1M points fixed costs dominate
     "dashboard_speed": ["--runs", "50", "--steps", "2000"],
     "analysis_speed": ["--naive-layers", "1"],        # the 22-layer file is the measurement itself
+    "activations_speed": ["--repeat", "1"],
 }
 
 
@@ -125,7 +126,21 @@ def parse_dashboard_speed(out: str) -> list[Row]:
     return rows
 
 
+def parse_activations_speed(out: str) -> list[Row]:
+    rows = []
+    floor = re.search(r"^floor: .* ([\d.]+) s$", out, re.M)
+    for logits, total, ratio in re.findall(
+            r"^logits=(True|False)\s*: .* total ([\d.]+) s .*total / floor = ([\d.]+)x$", out, re.M):
+        rows.append(Row("activations_speed",
+                        f"activation metrics, chance and intervals of one Llama-1B-shaped layer, 4,096 tokens"
+                        f"{' with logits' if logits == 'True' else ''}",
+                        f"{float(ratio):.1f}x ({float(total):.2f} s)",
+                        f"its K, V projections and Grams alone ({floor.group(1) if floor else '?'} s)", "-", "-"))
+    return rows
+
+
 PARSERS: dict[str, Callable[[str], list[Row]]] = {
+    "activations_speed": parse_activations_speed,
     "log_ingest": parse_log_ingest,
     "checkpoint_memory": parse_checkpoint_memory,
     "analysis_speed": parse_analysis_speed,

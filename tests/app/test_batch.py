@@ -278,7 +278,7 @@ def test_cli_explicit_targets_keep_the_single_checkpoint_json(tmp_path, ckpts, c
     db = tmp_path / "c.duckdb"
     assert main(["analyze", str(ckpts[0]), "--db", str(db), "--device", "cpu", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"checkpoint", "metrics", "notes", "cached"} and out["cached"] is False
+    assert set(out) == {"checkpoint", "metrics", "notes", "cached", "tied"} and out["cached"] is False
     assert not (tmp_path / "c.results").exists()
 
 

@@ -61,8 +61,22 @@ def rows(name: str, out: str) -> list[tuple]:
 
 
 def test_every_bench_script_is_found_and_parsed():
-    assert R.discover() == ["analysis_speed", "checkpoint_memory", "dashboard_speed", "log_ingest"]
+    assert R.discover() == ["activations_speed", "analysis_speed", "checkpoint_memory", "dashboard_speed",
+                            "log_ingest"]
     assert set(R.PARSERS) == set(R.discover()) == set(R.QUICK_ARGS)
+
+
+ACTIVATIONS_SPEED = """device cpu, threads 2, 8 windows x 512 tokens, d_model 2048, 32 heads, 8 kv heads, d_head 64
+floor: the layer's K, V projections and Grams alone 0.120 s
+logits=False: add() 0.82 s, result(n_boot=200) 1.40 s (n_boot=2: 0.07 s), total 2.22 s  (median of 3); total / floor = 18.5x
+logits=True : add() 3.90 s, result(n_boot=200) 1.30 s (n_boot=2: 0.06 s), total 5.20 s  (median of 3); total / floor = 43.3x
+"""
+
+
+def test_activations_speed_rows():
+    got = rows("activations_speed", ACTIVATIONS_SPEED)
+    assert [g[1] for g in got] == ["18.5x (2.22 s)", "43.3x (5.20 s)"]
+    assert got[1][0].endswith("with logits") and got[0][2] == "its K, V projections and Grams alone (0.120 s)"
 
 
 def test_log_ingest_rows():
