@@ -354,7 +354,9 @@ def layer_figure(results: pd.DataFrame, metric: str) -> go.Figure:
     chance = pd.to_numeric(_col(data, "chance"), errors="coerce")
     if chance.notna().any():
         fig.add_trace(_chance_trace(data["layer"], chance, name=chance_label(data)))
-    return _layout(fig, x_title="layer", y_title=metric, height=320)
+    fig = _layout(fig, x_title="layer", y_title=metric, height=320)
+    fig.update_xaxes(dtick=1)                   # layers are integers
+    return fig
 
 
 def spectra_figure(spectra: pd.DataFrame, *, log_y: bool = True) -> go.Figure:

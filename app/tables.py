@@ -49,6 +49,11 @@ def _grey_rows(frame: pd.DataFrame, column: str = "note") -> Styler:
             .format(na_rep="", subset=others))
 
 
+def _count_text(values) -> list[str]:
+    """Token counts as text, "" where absent (the grid draws a missing number as "None")."""
+    return ["" if pd.isna(v) else str(int(v)) for v in values]
+
+
 def layer_table(results: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     """Per-layer values (head NULL) of ``metrics`` with each one's chance beside it:
     ``layer, <m>, <m> chance, ...`` in the order of ``metrics`` (absent metrics left out)."""
@@ -91,7 +96,7 @@ def head_summary(results: pd.DataFrame, metrics: list[str], notes: dict[str, str
     out["95% CI (mean of heads' bounds)"] = [interval_text(lo, hi) for lo, hi in zip(out["ci_low"], out["ci_high"])]
     out["note"] = out["metric"].map(lambda m: notes.get(m, "")).astype(str)
     out["layer"] = out["layer"].astype(int)
-    out["n_tokens"] = out["n_tokens"].astype("Int64")
+    out["n_tokens"] = _count_text(out["n_tokens"])
     return _grey_rows(out[cols].reset_index(drop=True))
 
 
@@ -102,7 +107,7 @@ def head_rows(results: pd.DataFrame, metrics: list[str], notes: dict[str, str]) 
     out = pd.DataFrame({
         "layer": rows["layer"].astype(int), "head": rows["head"].astype(int), "metric": rows["metric"],
         "value": rows["value"].astype(float), "chance": rows["chance"].astype(float),
-        "n_tokens": rows["n_tokens"].astype("Int64"),
+        "n_tokens": _count_text(rows["n_tokens"]),
         "95% CI": [interval_text(lo, hi) for lo, hi in zip(rows["ci_low"], rows["ci_high"])],
         "note": rows["metric"].map(lambda m: notes.get(m, "")).astype(str)})
     return _grey_rows(out.sort_values(["layer", "head", "metric"]).reset_index(drop=True))
@@ -120,9 +125,9 @@ def change_table(diff: pd.DataFrame, metric: str, notes_a: dict[str, str], notes
                         "A": d["a"].astype(float), "B": d["b"].astype(float), "B - A": d["diff"].astype(float),
                         "chance A": d["chance_a"].astype(float), "chance B": d["chance_b"].astype(float)})
     if d[["ci_low_a", "ci_low_b"]].notna().any().any():
-        out["n_tokens A"] = d["n_tokens_a"].astype("Int64")
+        out["n_tokens A"] = _count_text(d["n_tokens_a"])
         out["A 95% CI"] = [interval_text(lo, hi) for lo, hi in zip(d["ci_low_a"], d["ci_high_a"])]
-        out["n_tokens B"] = d["n_tokens_b"].astype("Int64")
+        out["n_tokens B"] = _count_text(d["n_tokens_b"])
         out["B 95% CI"] = [interval_text(lo, hi) for lo, hi in zip(d["ci_low_b"], d["ci_high_b"])]
         out["CIs overlap"] = [bool(la <= hb and lb <= ha) if np.isfinite([la, ha, lb, hb]).all() else None
                               for la, ha, lb, hb in zip(d["ci_low_a"], d["ci_high_a"], d["ci_low_b"],

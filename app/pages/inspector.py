@@ -338,7 +338,7 @@ def _heatmap(results: pd.DataFrame, notes: dict[str, str]) -> None:
     set_query_params(metric=metric)
     info = BY_NAME[metric]
     st.caption(f"**{metric}** ({'per KV head' if info.axis == 'kv_head' else 'per head'}): {info.help}")
-    rows = results[results["metric"] == metric]
+    rows = results[(results["metric"] == metric) & results["head"].notna()]   # what the heatmap shows
     st.caption(f"**{charts.chance_label(rows)}**: {chance_definition(metric)}. "
                + ("Colours diverge from it: white at chance, red above, blue below."
                   if rows["chance"].notna().any() else "No chance level is stored for these values."))

@@ -113,6 +113,7 @@ def test_layer_figure_draws_chance_line_and_interval():
     np.testing.assert_allclose(main.error_y.arrayminus, [0.05, 0.1])
     assert main.customdata[0] == "layer 0<br>logit_symmetry 0.7 (chance 0.5)<br>n=4096 tokens, 95% CI 0.65–0.72"
     assert chance.name == "chance 0.5" and chance.line.dash == "dash" and list(chance.y) == [0.5, 0.5]
+    assert fig.layout.xaxis.dtick == 1
 
 
 def test_trajectory_has_one_chance_line_when_layers_share_it():

@@ -36,7 +36,7 @@ def test_head_summary_counts_heads_above_chance_by_value_or_interval():
     t = styled.data.set_index("metric")
     assert t.loc["kv_share_r2", "heads above chance"] == "2 of 3"   # 0.3, 0.4 > 0.25
     assert t.loc["kv_cka_act", "heads above chance"] == "1 of 3"    # only 0.4-0.6 lies wholly above 0.2
-    assert t.loc["kv_cka_act", "n_tokens"] == 512
+    assert t.loc["kv_cka_act", "n_tokens"] == "512" and t.loc["kv_share_r2", "n_tokens"] == ""
     assert t.loc["kv_cka_act", "95% CI (mean of heads' bounds)"] == "0.2167–0.6833"
     assert t.loc["kv_share_r2", "mean"] == pytest.approx(0.3) and t.loc["kv_share_r2", "chance"] == 0.25
     html = styled.to_html()
