@@ -228,7 +228,8 @@ class ActivationAccumulator:
                 _add_note(notes, m, f"{n} tokens < {TOKENS_PER_COLUMN} x d_head = {TOKENS_PER_COLUMN * self.e}: "
                                     f"{why}; read it against its chance level")
         if n_win == 1:
-            for m in values:
+            # one note per registered metric (the per-layer logit row is logit_symmetry's)
+            for m in dict.fromkeys("logit_symmetry" if m == "logit_symmetry_layer" else m for m in values):
                 _add_note(notes, m, "one window: no bootstrap interval over windows (ci_low, ci_high empty)")
         rows = []
         for m, val in values.items():

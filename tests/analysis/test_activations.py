@@ -225,6 +225,18 @@ def test_single_window_has_no_interval_and_few_tokens_note():
         "(ci_low, ci_high empty)")
     assert notes["erank_kcache"].startswith("40 tokens < 8 x d_head = 128: the value is biased low")
     assert "kv_cosine_act" in notes and "40 tokens" not in notes["kv_cosine_act"]
+    from analysis.registry import names
+    assert set(notes) <= set(names("activations"))          # notes only under registered names
+
+
+def test_single_window_with_logits_notes_the_registered_name():
+    d, e = 32, 16
+    lay = layer(rand(2, d, e, seed=1), rand(1, d, e, seed=2), rand(1, d, e, seed=3))
+    acc = ActivationAccumulator(lay, meta(2, 1, d, e), logits=True, device="cpu")
+    acc.add(rand(1, 200, d, seed=4))
+    _, notes = acc.result()
+    assert "logit_symmetry_layer" not in notes
+    assert notes["logit_symmetry"] == "one window: no bootstrap interval over windows (ci_low, ci_high empty)"
 
 
 def test_fewer_tokens_than_d_head_still_has_values():
