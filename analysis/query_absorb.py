@@ -150,7 +150,7 @@ REDO_CONDITION = 3e3
 
 
 def _sigma_min_squared_inv(lu: torch.Tensor, piv: torch.Tensor, n: int, device, block: int,
-                           dtype: torch.dtype = torch.float32) -> float:
+                           dtype: torch.dtype = torch.float32, rtol: float = 1e-6) -> float:
     """``1 / sigma_min(A)^2``, the top eigenvalue of ``(A^T A)^{-1} = A^{-1} A^{-T}``, by
     Lanczos through the triangular solves of ``A``'s LU (``lu``, ``piv``) of ``dtype``;
     the Lanczos basis stays float32 (the operator's relative error is what matters)."""
@@ -160,7 +160,7 @@ def _sigma_min_squared_inv(lu: torch.Tensor, piv: torch.Tensor, n: int, device, 
     else:
         fwd = lambda x: torch.linalg.lu_solve(lu, piv, x.to(dtype), adjoint=True).float()
         bwd = lambda y: torch.linalg.lu_solve(lu, piv, y.to(dtype)).float()
-    return _largest_sv_squared(fwd, bwd, n, device, block=block)
+    return _largest_sv_squared(fwd, bwd, n, device, block=block, rtol=rtol)
 
 
 def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSpectrum:
@@ -202,17 +202,25 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
             top = _largest_sv_squared(fwd, bwd, n, a.device, block=block)
             return StackedSpectrum(n, top ** 0.5, 0.0, fro2, float("-inf"))
         log_det = float(diag.log().sum())
-        # sigma_max(A^{-T}) = 1 / sigma_min(A); A^{-T} and A^{-1} through the LU's triangular solves
-        inv_top = _sigma_min_squared_inv(lu, piv, n, a.device, block)
-        if not (inv_top > 0 and math.isfinite(inv_top)):
-            top = _largest_sv_squared(fwd, bwd, n, a.device, block=block)
-            return StackedSpectrum(n, top ** 0.5, 0.0, fro2, log_det)
-        sigma_min = inv_top ** -0.5
+        # A first look at 1% (Lanczos' Ritz values rise to the true ones, so this condition
+        # number is a lower bound): a layer already past REDO_CONDITION goes to float64 at once.
+        inv_rough = _sigma_min_squared_inv(lu, piv, n, a.device, block, rtol=1e-2)
+        top_rough = _largest_sv_squared(fwd, bwd, n, a.device, block=block, rtol=1e-2)
+        redo = inv_rough > 0 and math.isfinite(inv_rough) and (top_rough * inv_rough) ** 0.5 > REDO_CONDITION
+        if not redo:
+            # sigma_max(A^{-T}) = 1 / sigma_min(A); A^{-T} and A^{-1} through the LU's triangular solves
+            inv_top = _sigma_min_squared_inv(lu, piv, n, a.device, block)
+            if not (inv_top > 0 and math.isfinite(inv_top)):
+                top = _largest_sv_squared(fwd, bwd, n, a.device, block=block)
+                return StackedSpectrum(n, top ** 0.5, 0.0, fro2, log_det)
+            sigma_min = inv_top ** -0.5
+        else:
+            sigma_min = inv_rough ** -0.5                              # an upper bound: sets sigma_max's tolerance
         # relative tolerance on sigma_max^2: twice the one on sigma_max
         top = _largest_sv_squared(fwd, bwd, n, a.device, block=block, rtol=lambda theta: 2 * max(
             1e-6, min(1e-4, EPS32 * math.sqrt(max(theta, 0.0)) / sigma_min / 10)))
         sigma_max = top ** 0.5
-        if sigma_max / sigma_min > REDO_CONDITION:                    # float32 LU not accurate enough
+        if redo or sigma_max / sigma_min > REDO_CONDITION:            # float32 LU not accurate enough
             lu64, piv64, _ = torch.linalg.lu_factor_ex(a.double())    # keeps A's column-major layout
             diag64 = torch.diagonal(lu64).abs()
             if not bool(diag64.min() > 0):
