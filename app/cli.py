@@ -1,7 +1,8 @@
 """``python -m app``: the command-line interface, built from ``app.commands``.
 
 User errors (``loaders.errors.QkvscopeError``, ``analysis.errors.AnalysisError``)
-print one line on stderr and exit 2; anything else is a bug and keeps its
+and ``OSError`` on a named path print one line on stderr (characters that are
+not printable escaped) and exit 2; anything else is a bug and keeps its
 traceback.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import ModuleType
 import app.commands
 from analysis.errors import AnalysisError
 from loaders.errors import QkvscopeError
+from loaders.report import one_line
 
 
 def command_modules() -> list[ModuleType]:
@@ -47,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except (QkvscopeError, AnalysisError) as exc:
-        print(f"error: {exc}".replace("\n", " "), file=sys.stderr)
+        print(one_line(f"error: {exc}".replace("\n", " ")), file=sys.stderr)
+        return 2
+    except OSError as exc:       # a path the user named: unreadable, vanished, ...
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(one_line(f"error: {where}{exc.strerror or exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -17,7 +17,8 @@ import torch
 
 from loaders import layouts
 from loaders.canonical import Checkpoint
-from loaders.errors import UnknownArchitectureError
+from loaders.errors import CheckpointFormatError, UnknownArchitectureError
+from loaders.filecheck import check_openable
 from loaders.tensor_source import TensorSource
 
 #: Substrings that make a tensor name "attention-like" in error messages.
@@ -64,6 +65,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     Use it as a context manager, or call ``close()``."""
     from loaders.sources import open_source
 
+    check_openable(path)
     return checkpoint_from_source(open_source(path))
 
 
@@ -105,8 +107,27 @@ def count_nonfinite(ckpt: Checkpoint) -> int:
         for layer in ckpt.layers():
             for name, t in layer.tensors().items():
                 if name not in skip and t.is_floating_point():
-                    total += int((~torch.isfinite(t)).sum())
+                    total += _nonfinite(ckpt.path, name, t)
     return total
+
+
+#: Float dtypes ``torch.isfinite`` has no kernel for, counted through float16
+#: (which holds every FP8 value, NaN and Inf included).
+_NO_ISFINITE = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                                            "float8_e5m2fnuz") if hasattr(torch, n)}
+
+
+def _nonfinite(path, name: str, t: torch.Tensor) -> int:
+    """NaN/Inf count of one dense tensor; a tensor without values (meta device)
+    or not dense (sparse, nested) is a ``CheckpointFormatError``."""
+    if t.is_meta:
+        raise CheckpointFormatError(path, f"{name} is a meta tensor: it has a shape but no values")
+    if t.is_nested or t.layout != torch.strided:
+        raise CheckpointFormatError(path, f"{name} is a {'nested' if t.is_nested else t.layout} tensor; "
+                                          f"expected a dense one")
+    if t.dtype in _NO_ISFINITE:
+        t = t.to(torch.float16)
+    return int((~torch.isfinite(t)).sum())
 
 
 def inspect_checkpoint(path: str | Path) -> dict:
@@ -116,6 +137,7 @@ def inspect_checkpoint(path: str | Path) -> dict:
     (the source's ``step``/``iter_num`` when it has one)."""
     from loaders.sources import open_source
 
+    check_openable(path)
     source = open_source(path)
     extras = dict(source.extras or {})
     with checkpoint_from_source(source) as ckpt:

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from loaders.errors import DatabaseBusyError, FileError, QkvscopeError, StoreError
+from loaders.errors import CheckpointFormatError, DatabaseBusyError, FileError, QkvscopeError, StoreError
+from loaders.filecheck import MAX_FOLDER_DEPTH, check_openable, failure, refusal, unencodable_name
 from loaders.report import FileReport, IngestReport
 from loaders.store import Store
 
@@ -43,35 +44,69 @@ _STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint)[-_]?0*(\d+)", re.IGNO
 
 
 def _is_hf_folder(path: Path) -> bool:
-    return (path / "config.json").is_file() and any((path / f).exists() for f in _HF_WEIGHT_FILES)
+    # is_file: a regular file (through links), never a FIFO named like weights.
+    return (path / "config.json").is_file() and any((path / f).is_file() for f in _HF_WEIGHT_FILES)
 
 
 def discover(paths: Iterable[str | Path]) -> Iterator[Path]:
     """Every file or Hugging Face folder under ``paths``, in a stable order.
 
     A Hugging Face folder (``config.json`` beside weights) is yielded as one
-    item and not descended into: its shards are one checkpoint.
+    item and not descended into: its shards are one checkpoint. What
+    ``scan`` skips (FIFOs, devices, links out of the folder, ...) is left out.
     """
+    return (path for path, why in scan(paths) if why is None)
+
+
+def scan(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str | None]]:
+    """``(path, None)`` for what ``discover`` yields, ``(path, reason)`` for what
+    is skipped without being opened: anything but regular files and folders
+    (FIFOs, sockets, devices), symbolic links that loop or lead out of the
+    ingested folder (``loaders.filecheck.refusal``), and folders more than
+    ``MAX_FOLDER_DEPTH`` levels down. The walk keeps its own stack: Python's
+    recursion would end near 1,000 levels."""
     for raw in paths:
         path = Path(raw).expanduser()
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             raise FileError(path, "no such file or folder")
-        if path.is_file():
-            yield path
+        why = refusal(path)
+        if why or not path.is_dir():
+            yield path, why
             continue
         if _is_hf_folder(path):
-            yield path
+            yield path, None
             continue
-        for root, dirs, files in os.walk(path):
-            root_p = Path(root)
-            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-            hf = [d for d in dirs if _is_hf_folder(root_p / d)]
-            for d in hf:
-                yield root_p / d
-            dirs[:] = [d for d in dirs if d not in hf]
-            for f in sorted(files):
-                if not f.startswith("."):
-                    yield root_p / f
+        root = path
+        stack = [(path, 0)]
+        while stack:
+            folder, depth = stack.pop()
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError as exc:
+                yield folder, failure(exc)
+                continue
+            hf, files, subfolders = [], [], []
+            for entry in entries:
+                child = Path(entry.path)
+                if entry.name.startswith(".") or entry.name in _SKIP_DIRS:
+                    continue
+                why = refusal(child, root=root)
+                if why:
+                    files.append((child, why))
+                elif entry.is_dir(follow_symlinks=False):
+                    if _is_hf_folder(child):
+                        hf.append((child, None))
+                    elif depth + 1 > MAX_FOLDER_DEPTH:
+                        files.append((child, f"folders more than {MAX_FOLDER_DEPTH} levels below {root} "
+                                             f"are not searched"))
+                    else:
+                        subfolders.append(child)
+                elif not entry.is_dir():        # a link to a folder is not followed
+                    files.append((child, None))
+            yield from hf
+            yield from files
+            # Depth first, in name order: a folder's own items before its sub-folders' (as os.walk).
+            stack.extend((d, depth + 1) for d in reversed(subfolders))
 
 
 def _step_from_name(path: Path) -> int | None:
@@ -112,6 +147,7 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
     from loaders.sources import content_hash
 
     path = Path(path)
+    check_openable(path)
     size, mtime = _size_of(path), _mtime_of(path)
     with store.connect() as con:
         # The journal spares re-hashing an unchanged multi-GB file on every scan.
@@ -123,6 +159,7 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
         return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
                           reason="already stored")
     digest = content_hash(path)
+    _check_unchanged(path, size, mtime)
     with store.connect() as con:
         row = con.execute("SELECT id FROM checkpoints WHERE sha256 = ?", [digest]).fetchone()
     if row:
@@ -130,6 +167,7 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
         return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
                           reason="same content already stored")
     info = inspect_checkpoint(path)
+    _check_unchanged(path, size, mtime)       # what was read is what was hashed
     step = info.get("step")
     if step is None:
         step = _step_from_name(path)
@@ -158,6 +196,23 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
         reason = f"{info['nonfinite']} NaN/Inf values in attention weights"
     return FileReport(str(path), "checkpoint", "added", format=info["architecture"],
                       checkpoint_id=ckpt_id, reason=reason)
+
+
+def _check_unchanged(path: Path, size: int, mtime: float) -> None:
+    """Raise ``CheckpointFormatError`` when ``path`` changed since ``size``/``mtime``
+    were taken (a training run rewriting its checkpoint while it is read): the
+    hash and the geometry would describe different bytes."""
+    try:
+        if not path.exists():
+            raise FileNotFoundError(path)
+        now = _size_of(path), _mtime_of(path)
+    except FileNotFoundError:
+        raise CheckpointFormatError(path, "vanished while it was read; ingest it again once it "
+                                          "is written") from None
+    if now != (size, mtime):
+        raise CheckpointFormatError(
+            path, f"changed while it was read (size {size} -> {now[0]} bytes, mtime {mtime} -> "
+                  f"{now[1]}); ingest it again once it is written")
 
 
 def _journal_row(con, path: Path, size: int, mtime: float, digest: str) -> None:
@@ -242,36 +297,55 @@ def _classify(path: Path) -> tuple[str, str | None]:
 
 
 def ingest_file(store: Store, path: Path) -> list[FileReport]:
-    """Ingest one file or folder; typed errors become an ``error`` report."""
+    """Ingest one file or folder; whatever reading it raises becomes one ``error`` report.
+
+    This is the per-file boundary of a folder ingest: typed errors, and the
+    exceptions parsers raise on hostile content (``RecursionError`` on deep
+    nesting, ``MemoryError`` in a parser, ``duckdb.Error``, ``OSError`` on a
+    file deleted or replaced meanwhile, ``ValueError``, torch's
+    ``RuntimeError``, ...) are reported as ``PATH: what`` while that file's
+    transaction rolls back, and the next file is ingested. ``StoreError`` (the
+    database itself) and ``KeyboardInterrupt`` still stop the ingest.
+    """
     from loaders.logs import ingest_log
 
+    why = unencodable_name(path)
+    if why:
+        return [FileReport(str(path), "unknown", "error", reason=f"{path}: {why}")]
+    kind, detail = "unknown", None
     try:
         kind, detail = _classify(path)
-    except QkvscopeError as exc:
-        return [FileReport(str(path), "unknown", "error", reason=str(exc))]
-    if kind == "unknown":
-        return [FileReport(str(path), "unknown", "skipped", reason=detail)]
-    if kind == "broken_log":
-        return [FileReport(str(path), "log", "error", reason=f"{path}: {detail}")]
-    try:
+        if kind == "unknown":
+            return [FileReport(str(path), "unknown", "skipped", reason=detail)]
+        if kind == "broken_log":
+            return [FileReport(str(path), "log", "error", reason=f"{path}: {detail}")]
         if kind == "log":
             return ingest_log(store, path, format=detail)
         reports = [ingest_checkpoint(store, path)]
     except StoreError:
         raise                   # the database, not this file: stop (the CLI says "database is busy")
-    except QkvscopeError as exc:
-        return [FileReport(str(path), kind, "error", format=detail, reason=str(exc))]
+    except Exception as exc:    # noqa: BLE001 -- the per-file boundary, see the docstring
+        return [FileReport(str(path), kind, "error", format=detail, reason=_reason(path, exc))]
     # Some checkpoints also carry a run's metrics (the projection-sharing
     # paper's final_model.pt holds val_metrics): store them as a log too.
-    fmt = _log_inside_checkpoint(path)
-    if fmt:
-        try:
+    try:
+        fmt = _log_inside_checkpoint(path)
+        if fmt:
             reports.extend(ingest_log(store, path, format=fmt))
-        except StoreError:
-            raise
-        except QkvscopeError as exc:
-            reports.append(FileReport(str(path), "log", "error", format=fmt, reason=str(exc)))
+    except StoreError:
+        raise
+    except Exception as exc:    # noqa: BLE001 -- the per-file boundary
+        reports.append(FileReport(str(path), "log", "error", reason=_reason(path, exc)))
     return reports
+
+
+def _reason(path: Path, exc: Exception) -> str:
+    """``PATH: what`` for any exception from reading ``path``."""
+    if isinstance(exc, FileError):
+        return str(exc)
+    if isinstance(exc, QkvscopeError):
+        return f"{path}: {exc}"
+    return f"{path}: {failure(exc)}"
 
 
 def _log_inside_checkpoint(path: Path) -> str | None:
@@ -294,13 +368,15 @@ def ingest_paths(store: Store, paths: Iterable[str | Path], *,
     Logs go first so that checkpoints find their runs; a final pass links any
     checkpoint stored before its run.
     """
-    found = list(discover(paths))
     report = IngestReport()
     classified = []
-    for p in found:
+    for p, why in scan(paths):
+        if why is not None:
+            report.files.append(FileReport(str(p), "unknown", "skipped", reason=why))
+            continue
         try:
             kind, _ = _classify(p)
-        except QkvscopeError:
+        except Exception:       # noqa: BLE001 -- ingest_file reports it in its turn
             kind = "unknown"
         classified.append((0 if kind == "log" else 1, p))
     ordered = [p for _, p in sorted(classified, key=lambda t: t[0])]

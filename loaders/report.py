@@ -4,6 +4,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+def one_line(text: str) -> str:
+    """``text`` with every character that is not printable (newline, tab,
+    control characters, the lone surrogates a name that is not UTF-8 decodes to)
+    written as its Python escape, so one report entry stays one line."""
+    return "".join(c if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF else ascii(c)[1:-1]
+                   for c in text)
+
+
+def shown(name: str) -> str:
+    """A file name for a text report: as it is when printable, else quoted
+    repr-style (``'evil\\nname.csv'``), so a newline cannot split a line."""
+    return name if one_line(name) == name else repr(name)
+
+
 @dataclass
 class FileReport:
     """The outcome of ingesting one file.

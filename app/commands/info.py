@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 from app.commands._common import print_json
+from loaders.report import shown
 
 NAME = "info"
 HELP = "what is this checkpoint? (architecture, variant, geometry, parameters)"
@@ -67,15 +68,30 @@ def disagreement(layout_variant: str, ties: dict) -> str | None:
             f"({found}, to float tolerance)")
 
 
-def run(args: argparse.Namespace) -> int:
+def describe(path: str) -> dict:
+    """``inspect_checkpoint`` plus ``tied``; whatever reading the file raises
+    (``RecursionError`` on deep nesting, ``MemoryError``, ``OSError``, torch's
+    ``RuntimeError``, ...) becomes a ``FileError`` naming it: one line, exit 2."""
     from loaders.checkpoints import inspect_checkpoint
+    from loaders.errors import FileError, QkvscopeError
+    from loaders.filecheck import failure
 
-    info = inspect_checkpoint(args.path)
-    info["tied"] = tensor_ties(args.path)
+    try:
+        info = inspect_checkpoint(path)
+        info["tied"] = tensor_ties(path)
+    except QkvscopeError:
+        raise
+    except Exception as exc:    # noqa: BLE001 -- an untrusted file's content, see the docstring
+        raise FileError(path, failure(exc)) from exc
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    info = describe(args.path)
     if args.json:
         print_json(info)
         return 0
-    print(args.path)
+    print(shown(args.path))
     for key in _ORDER:
         if key in info:
             print(f"  {key:<20} {info[key]}")

@@ -8,8 +8,12 @@ Examples:
 
 Each file is one transaction: it is stored completely or not at all. The same
 content ingested twice adds nothing; a log that grew adds only its new points.
-Files that are neither checkpoints nor logs are skipped with the reason.
-Exit status: 0, or 1 when some file had an error (the others are stored).
+Files that are neither checkpoints nor logs are skipped with the reason, and so
+is what is never opened: FIFOs, sockets, devices, symbolic links that loop or
+lead out of the folder, folders more than 64 levels down. A file that cannot
+be read is one ``error`` line (``PATH: what``; names that are not printable
+are quoted); the folder's other files are still ingested.
+Exit status: 0, or 2 when some file had an error (the others are stored).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import argparse
 import sys
 
 from app.commands._common import add_db_argument, print_json, store_from
+from loaders.report import one_line, shown
 
 NAME = "ingest"
 HELP = "store the checkpoints and training logs found under PATH..."
@@ -36,7 +41,7 @@ def _progress(done: int, total: int, path: str) -> None:
     if sys.stderr.isatty() and total:
         width = 30
         fill = int(width * done / total)
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {path[-40:]:<40}")
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {one_line(path)[-40:]:<40}")
         if done == total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -48,7 +53,7 @@ def print_report(report) -> None:
             what = f.format or f.kind
             detail = f" ({f.reason})" if f.reason else ""
             extra = f", {f.n_points} points" if f.n_points else ""
-            print(f"{f.status:<9} {what:<18} {f.path}{extra}{detail}")
+            print(one_line(f"{f.status:<9} {what:<18} ") + shown(f.path) + one_line(f"{extra}{detail}"))
     j = report.to_json()
     print(f"{j['added']} added, {j['appended']} appended, {j['unchanged']} unchanged, "
           f"{j['skipped']} skipped, {j['errors']} errors")
@@ -80,4 +85,4 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.to_json())
     else:
         print_report(report)
-    return 1 if report.count("error") else 0
+    return 2 if report.count("error") else 0
