@@ -1,25 +1,92 @@
 """Read-only SQL against the store, for users who want their own cut.
 
-Safety, in layers: the connection is opened ``read_only`` with
+Safety, in layers: only single SELECT-like statements are accepted
+(``check_query``); the query runs in its own process
+(``loaders/sql_child.py``) on a connection opened ``read_only`` with
 ``enable_external_access = false`` (no files read or written, no ATTACH, no
-extension installs) and its configuration locked; only single SELECT-like
-statements are accepted; a timer interrupts a query that outlives its time
-limit; results are capped at ``max_rows``. The database file is never opened
-for writing here.
+extension installs), ``temp_directory = ''`` (nothing spilled to disk) and
+its configuration locked; and that process has budgets it cannot exceed:
+
+================================  ==============================  ===========================================
+budget (environment variable)     default                         what it bounds
+================================  ==============================  ===========================================
+``QKVSCOPE_SQL_TIMEOUT_S``        10                              a query's time limit when none is given
+                                                                  (the page's default)
+``QKVSCOPE_SQL_MAX_TIMEOUT_S``    120                             the largest time limit a query may ask for
+``QKVSCOPE_SQL_MAX_ROWS``         10,000                          rows returned when none is given (more are
+                                                                  cut off, the result marked truncated)
+``QKVSCOPE_SQL_RESULT_MB``        64                              bytes of one result (Arrow size); over it
+                                                                  the query fails
+``QKVSCOPE_SQL_MEMORY_MB``        1,024                           DuckDB's ``memory_limit`` in the query process
+``QKVSCOPE_SQL_ADDRESS_MB``       ``QKVSCOPE_SQL_MEMORY_MB`` +    the query process's address space
+                                  2,048                           (``RLIMIT_AS``)
+``QKVSCOPE_SQL_SPILL_MB``         0                               spill files (DuckDB's ``temp_directory``):
+                                                                  0 writes none, so a query that needs more
+                                                                  than its memory fails; N lets it spill N MB
+                                                                  into a fresh temporary folder, removed after
+================================  ==============================  ===========================================
+
+The time limit is enforced twice: a timer calls DuckDB's ``interrupt()`` at
+the deadline, and the parent kills the process ``KILL_GRACE_S`` later, since
+one function call (``repeat('x', 3000000000)``: 18 s, uninterruptible) does
+not look at interrupts. Memory that DuckDB does not count against
+``memory_limit`` (string heaps: ``SELECT repeat('x', 100000000) FROM
+range(10001)`` reached 6 GB with ``memory_limit = 1GB``) is stopped by the
+address-space limit. Results travel back as an Arrow IPC stream, never a
+pickle. The database file is never opened for writing here.
 """
 from __future__ import annotations
 
-import threading
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from loaders.errors import QueryError
 from loaders.store import Store
 
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+CHILD = Path(__file__).with_name("sql_child.py")
+KILL_GRACE_S = 1.0  # after the deadline, the query process is killed
+
+#: name -> default; read from the environment at each query (``sql_budget``).
+SQL_BUDGETS: dict[str, int] = {
+    "QKVSCOPE_SQL_TIMEOUT_S": 10,
+    "QKVSCOPE_SQL_MAX_TIMEOUT_S": 120,
+    "QKVSCOPE_SQL_MAX_ROWS": 10_000,
+    "QKVSCOPE_SQL_RESULT_MB": 64,
+    "QKVSCOPE_SQL_MEMORY_MB": 1024,
+    "QKVSCOPE_SQL_ADDRESS_MB": 0,  # 0: QKVSCOPE_SQL_MEMORY_MB + 2048
+    "QKVSCOPE_SQL_SPILL_MB": 0,    # 0: no spill files
+}
+
+
+def sql_budget(name: str) -> int:
+    """``$name`` if set to a positive integer (or 0 for the spill budget), else
+    its default (address space: the memory budget + 2,048 MB)."""
+    raw = os.environ.get(name, "").strip().replace("_", "")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0 or (value == 0 and name != "QKVSCOPE_SQL_SPILL_MB"):
+        value = SQL_BUDGETS[name]
+    if name == "QKVSCOPE_SQL_ADDRESS_MB" and value <= 0:
+        value = sql_budget("QKVSCOPE_SQL_MEMORY_MB") + 2048
+    return value
+
+
+def _raise_hint(name: str) -> str:
+    return f"{name}; set it in the environment to raise it"
 
 
 @dataclass
@@ -53,33 +120,93 @@ def schema(store: Store) -> pd.DataFrame:
                ORDER BY table_name, ordinal_position""").df()
 
 
-def run_readonly_query(store: Store, sql: str, *, timeout_s: float = 10.0,
-                       max_rows: int = 10_000) -> QueryResult:
-    """Run one SELECT on a read-only, sandboxed connection with a time limit."""
+def _timeout_message(timeout_s: float) -> str:
+    return f"query stopped after its time limit of {timeout_s:g} s"
+
+
+def run_readonly_query(store: Store, sql: str, *, timeout_s: float | None = None,
+                       max_rows: int | None = None, max_mb: int | None = None) -> QueryResult:
+    """Run one SELECT in a sandboxed child process within the budgets above.
+
+    ``timeout_s`` (default ``QKVSCOPE_SQL_TIMEOUT_S``) may not exceed
+    ``QKVSCOPE_SQL_MAX_TIMEOUT_S``; ``max_rows`` (default
+    ``QKVSCOPE_SQL_MAX_ROWS``) rows are kept and the rest cut off
+    (``truncated``); a result over ``max_mb`` MB (default and ceiling
+    ``QKVSCOPE_SQL_RESULT_MB``) fails. Every failure is a ``QueryError``
+    with one line: refused, failed (DuckDB's first line), over the time
+    limit, over the memory budget, or over the result budget.
+    """
     check_query(sql)
+    ceiling = sql_budget("QKVSCOPE_SQL_MAX_TIMEOUT_S")
+    timeout_s = float(sql_budget("QKVSCOPE_SQL_TIMEOUT_S") if timeout_s is None else timeout_s)
+    if not 0 < timeout_s <= ceiling:
+        raise QueryError(f"time limit {timeout_s:g} s is outside 0-{ceiling:g} s "
+                         f"({_raise_hint('QKVSCOPE_SQL_MAX_TIMEOUT_S')})")
+    max_rows = sql_budget("QKVSCOPE_SQL_MAX_ROWS") if max_rows is None else int(max_rows)
+    result_mb = sql_budget("QKVSCOPE_SQL_RESULT_MB")
+    max_mb = result_mb if max_mb is None else min(int(max_mb), result_mb)
+    memory_mb = sql_budget("QKVSCOPE_SQL_MEMORY_MB")
     store.migrate()
-    con = duckdb.connect(str(store.path), read_only=True,
-                         config={"enable_external_access": False, "threads": 1,
-                                 "memory_limit": "1GB"})
+    spill_mb = sql_budget("QKVSCOPE_SQL_SPILL_MB")
+    with tempfile.TemporaryDirectory(prefix="qkvscope-sql-") if spill_mb else nullcontext() as tmp:
+        request = {"db": str(store.path), "sql": sql, "timeout_s": timeout_s, "max_rows": max_rows,
+                   "max_bytes": max_mb << 20, "memory_mb": memory_mb,
+                   "address_mb": sql_budget("QKVSCOPE_SQL_ADDRESS_MB"),
+                   "temp_dir": tmp, "spill_mb": spill_mb}
+        out, err, returncode, seconds = _run_child(request, timeout_s)
+    return _result(out, err, returncode, seconds, timeout_s=timeout_s, max_mb=max_mb,
+                   memory_mb=memory_mb)
+
+
+def _run_child(request: dict, timeout_s: float) -> tuple[bytes, bytes, int, float]:
+    """The child's stdout, stderr, exit status and wall time; killed at the deadline."""
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-I", str(CHILD)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        con.execute("SET lock_configuration = true")
-        timer = threading.Timer(timeout_s, con.interrupt)
-        start = time.monotonic()
-        timer.start()
-        try:
-            cur = con.execute(sql)
-            rows = cur.fetchmany(max_rows + 1)
-            cols = [d[0] for d in cur.description] if cur.description else []
-        except duckdb.InterruptException as exc:
-            raise QueryError(f"query stopped after its time limit of {timeout_s:g} s") from exc
-        except duckdb.Error as exc:
-            msg = str(exc).splitlines()[0]
-            raise QueryError(f"query failed: {msg}") from exc
-        finally:
-            timer.cancel()
-        seconds = time.monotonic() - start
+        out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout_s + KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise QueryError(_timeout_message(timeout_s)) from None
     finally:
-        con.close()
-    truncated = len(rows) > max_rows
-    frame = pd.DataFrame(rows[:max_rows], columns=cols)
-    return QueryResult(frame=frame, truncated=truncated, seconds=seconds)
+        if proc.poll() is None:  # interrupted (e.g. KeyboardInterrupt): leave no query behind
+            proc.kill()
+            proc.wait()
+    return out, err, proc.returncode, time.monotonic() - start
+
+
+def _result(out: bytes, err: bytes, returncode: int, seconds: float, *, timeout_s: float,
+            max_mb: int, memory_mb: int) -> QueryResult:
+    """Read the child's status line and Arrow stream; a ``QueryError`` for each failure."""
+    head, _, body = out.partition(b"\n")
+    try:
+        status = json.loads(head)
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        # no status line: the process died (the kernel's OOM killer, a crash)
+        last = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {returncode}"]
+        if returncode in (-9, 137) or "MemoryError" in last[0] or "bad_alloc" in last[0]:
+            raise QueryError(_memory_message(memory_mb))
+        if seconds >= timeout_s:
+            raise QueryError(_timeout_message(timeout_s))
+        raise QueryError(f"query failed: the query process ended: {last[0][:300]}")
+    if not status["ok"]:
+        kind = status["kind"]
+        if kind == "timeout":
+            raise QueryError(_timeout_message(timeout_s))
+        if kind == "memory":
+            raise QueryError(_memory_message(memory_mb))
+        if kind == "bytes":
+            raise QueryError(f"result over {max_mb:,} MB: add LIMIT or select fewer columns "
+                             f"({_raise_hint('QKVSCOPE_SQL_RESULT_MB')})")
+        raise QueryError(f"query failed: {status['message']}")
+    table = pa.ipc.open_stream(body).read_all()
+    return QueryResult(frame=table.to_pandas(), truncated=status["truncated"],
+                       seconds=status["seconds"])
+
+
+def _memory_message(memory_mb: int) -> str:
+    return (f"query needs more memory than the SQL console's budget of {memory_mb:,} MB "
+            f"({_raise_hint('QKVSCOPE_SQL_MEMORY_MB')})")

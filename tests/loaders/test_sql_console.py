@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import hashlib
 
+import pandas as pd
 import pytest
 
 from loaders.errors import QueryError
-from loaders.sql_console import check_query, run_readonly_query
+from loaders.sql_console import check_query, run_readonly_query, sql_budget
 from loaders.store import Store
 
 
@@ -75,3 +76,53 @@ def test_unparseable_query():
     with pytest.raises(QueryError) as err:
         check_query("SELEC nothing")
     assert str(err.value).startswith("query does not parse: ")
+
+
+def test_result_bytes_are_capped_with_the_exact_message(store):
+    # 2,000 rows of 1,000 bytes: about 2 MB of Arrow data against a 1 MB cap
+    with pytest.raises(QueryError) as err:
+        run_readonly_query(store, "SELECT repeat('x', 1000) AS s FROM range(2000)", max_mb=1)
+    assert str(err.value) == ("result over 1 MB: add LIMIT or select fewer columns "
+                              "(QKVSCOPE_SQL_RESULT_MB; set it in the environment to raise it)")
+    res = run_readonly_query(store, "SELECT repeat('x', 1000) AS s FROM range(500)", max_mb=1)
+    assert len(res.frame) == 500 and set(res.frame["s"].str.len()) == {1000}
+
+
+def test_the_row_cut_comes_before_the_byte_count(store):
+    """Rows past max_rows are not counted: 10 kept rows of 1,000 bytes fit in 1 MB."""
+    res = run_readonly_query(store, "SELECT repeat('x', 1000) AS s FROM range(100000)",
+                             max_rows=10, max_mb=1)
+    assert len(res.frame) == 10 and res.truncated
+
+
+def test_budgets_come_from_the_environment(store, monkeypatch):
+    monkeypatch.setenv("QKVSCOPE_SQL_RESULT_MB", "1")
+    assert sql_budget("QKVSCOPE_SQL_RESULT_MB") == 1
+    with pytest.raises(QueryError) as err:  # a caller cannot raise it past the budget
+        run_readonly_query(store, "SELECT repeat('x', 1000) FROM range(2000)", max_mb=500)
+    assert str(err.value).startswith("result over 1 MB: ")
+    monkeypatch.setenv("QKVSCOPE_SQL_MEMORY_MB", "512")
+    assert sql_budget("QKVSCOPE_SQL_ADDRESS_MB") == 512 + 2048
+    monkeypatch.setenv("QKVSCOPE_SQL_ADDRESS_MB", "not a number")
+    assert sql_budget("QKVSCOPE_SQL_ADDRESS_MB") == 512 + 2048
+    assert sql_budget("QKVSCOPE_SQL_SPILL_MB") == 0
+    monkeypatch.setenv("QKVSCOPE_SQL_MAX_TIMEOUT_S", "5")
+    with pytest.raises(QueryError) as err:
+        run_readonly_query(store, "SELECT 1", timeout_s=6)
+    assert str(err.value) == ("time limit 6 s is outside 0-5 s (QKVSCOPE_SQL_MAX_TIMEOUT_S; "
+                              "set it in the environment to raise it)")
+
+
+def test_the_query_process_has_no_spill_directory_and_a_locked_config(store):
+    res = run_readonly_query(store, "SELECT current_setting('temp_directory') AS t, "
+                                    "current_setting('memory_limit') AS m, "
+                                    "current_setting('lock_configuration') AS l")
+    assert res.frame.to_dict("records") == [{"t": "", "m": "1.0 GiB", "l": True}]
+
+
+def test_types_survive_the_arrow_stream(store):
+    res = run_readonly_query(store, "SELECT 42 AS i, 0.5::DOUBLE AS f, 'a' AS s, NULL::INT AS n, "
+                                    "true AS b, [1, 2] AS l")
+    row = res.frame.iloc[0]
+    assert (row["i"], row["f"], row["s"], row["b"], list(row["l"])) == (42, 0.5, "a", True, [1, 2])
+    assert pd.isna(row["n"])
