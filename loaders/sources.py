@@ -171,7 +171,14 @@ def validate(path: str | Path) -> None:
         files = [p]
     for f in files:
         if f.suffix.lower() != ".json" and f.is_file() and _file_kind(f) == "safetensors":
-            _read_safetensors_header(f)
+            entries, _, start = _read_safetensors_header(f)
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                for key, e in entries.items():
+                    begin, end = e["data_offsets"]
+                    _check_no_hole(f, fd, key, start + begin, end - begin)
+            finally:
+                os.close(fd)
 
 
 def check_tensor(path: str | Path, name: str, t: torch.Tensor) -> None:
@@ -482,20 +489,7 @@ class SafetensorsSource(_Closing, TensorSource):
         return torch.frombuffer(buf, dtype=dtype).reshape(shape)   # [numel] -> shape
 
     def _check_no_hole(self, key: str, start: int, n: int) -> None:
-        """Refuse a tensor whose byte range holds a hole of a sparse file (bytes
-        the header declares but the file never wrote); ``QKVSCOPE_ALLOW_SPARSE=1``
-        skips this. One ``lseek(SEEK_HOLE)``: the next hole at or after ``start``."""
-        if n <= _CHUNK or budget("QKVSCOPE_ALLOW_SPARSE") or not hasattr(os, "SEEK_HOLE"):
-            return
-        try:
-            hole = os.lseek(self._fd, start, os.SEEK_HOLE)
-        except OSError:
-            return                                       # the file system cannot tell
-        if hole < start + n:
-            raise CheckpointFormatError(
-                self._file, f"safetensors tensor '{key}' ({n:,} bytes from byte {start:,}) lies in "
-                            f"a hole of a sparse file from byte {hole:,}: the declared shape's bytes "
-                            f"are not in the file (QKVSCOPE_ALLOW_SPARSE=1 reads it anyway)")
+        _check_no_hole(self._file, self._fd, key, start, n)
 
     def close(self) -> None:
         self._handle = None
@@ -508,6 +502,23 @@ class SafetensorsSource(_Closing, TensorSource):
             return self._entries[key]
         except KeyError:
             raise KeyError(f"{self.path}: no tensor named {key!r}") from None
+
+
+def _check_no_hole(file: Path, fd: int, key: str, start: int, n: int) -> None:
+    """Refuse a tensor whose byte range holds a hole of a sparse file (bytes
+    the header declares but the file never wrote); ``QKVSCOPE_ALLOW_SPARSE=1``
+    skips this. One ``lseek(SEEK_HOLE)``: the next hole at or after ``start``."""
+    if n <= _CHUNK or budget("QKVSCOPE_ALLOW_SPARSE") or not hasattr(os, "SEEK_HOLE"):
+        return
+    try:
+        hole = os.lseek(fd, start, os.SEEK_HOLE)
+    except OSError:
+        return                                       # the file system cannot tell
+    if hole < start + n:
+        raise CheckpointFormatError(
+            file, f"safetensors tensor '{key}' ({n:,} bytes from byte {start:,}) lies in "
+                        f"a hole of a sparse file from byte {hole:,}: the declared shape's bytes "
+                        f"are not in the file (QKVSCOPE_ALLOW_SPARSE=1 reads it anyway)")
 
 
 # ----------------------------------------------------------------------------

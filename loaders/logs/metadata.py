@@ -167,6 +167,7 @@ def _read_yaml(path: Path) -> dict | None:
     import yaml
 
     from loaders.budgets import BudgetExceeded, SideBudget, load_yaml, walk_plain
+    from loaders.errors import LogFormatError
     try:
         doc = load_yaml(path)
         if isinstance(doc, dict):
