@@ -1,10 +1,20 @@
-"""SQL: read-only queries against the database, for users who want their own cut."""
+"""SQL: read-only queries against the database, for users who want their own cut.
+
+A link's ``?q=`` (and ``timeout``, ``rows``) fills the editor; nothing runs
+until Run is clicked, so a link alone costs the server nothing. The editor and
+the limits are keyed widgets whose state is seeded from the URL once per
+session: passing the URL's value as ``value=`` made each Run (which writes the
+URL) change the widget's identity, so the next edit was thrown away and the
+previous query ran again. The last result is kept in the session and shown on
+every rerun until the next Run.
+"""
 from __future__ import annotations
 
 import streamlit as st
 
 from app.state import get_store, query_param, set_query_params
-from loaders.sql_console import run_readonly_query, schema
+from loaders.errors import QueryError
+from loaders.sql_console import run_readonly_query, schema, sql_budget
 
 TITLE = "SQL"
 ICON = ":material/terminal:"
@@ -18,27 +28,64 @@ WHERE p.metric = 'val/loss'
 GROUP BY ALL
 ORDER BY final_val_loss"""
 
+_QUERY, _TIMEOUT, _ROWS, _RESULT = "sql_query", "sql_timeout", "sql_rows", "sql_result"
+
+
+def _int_param(name: str, default: int, lo: int, hi: int) -> int:
+    try:
+        value = int(query_param(name, str(default)))
+    except ValueError:
+        return default
+    return min(max(value, lo), hi)
+
+
+def _seed_from_url(max_timeout: int) -> None:
+    """Widget state from the URL, once: later reruns keep what the user typed."""
+    if _QUERY not in st.session_state:
+        st.session_state[_QUERY] = query_param("q", EXAMPLE)
+    if _TIMEOUT not in st.session_state:
+        st.session_state[_TIMEOUT] = _int_param(
+            "timeout", min(sql_budget("QKVSCOPE_SQL_TIMEOUT_S"), max_timeout), 1, max_timeout)
+    if _ROWS not in st.session_state:
+        st.session_state[_ROWS] = _int_param("rows", sql_budget("QKVSCOPE_SQL_MAX_ROWS"), 10, 1_000_000)
+
 
 def render() -> None:
     store = get_store()
     st.title("SQL")
+    result_mb = sql_budget("QKVSCOPE_SQL_RESULT_MB")
     st.caption("Read-only: one SELECT at a time; no files, no ATTACH, no writes. "
-               "The database is DuckDB, so its whole SQL dialect is here.")
+               "The database is DuckDB, so its whole SQL dialect is here. "
+               f"Each query runs in its own process with "
+               f"{sql_budget('QKVSCOPE_SQL_MEMORY_MB'):,} MB of memory and results up to "
+               f"{result_mb:,} MB (see the README's security section to change them).")
     with st.expander("Tables and columns"):
         st.dataframe(schema(store), hide_index=True, width="stretch")
-    sql = st.text_area("Query", value=query_param("q", EXAMPLE), height=180)
+    max_timeout = sql_budget("QKVSCOPE_SQL_MAX_TIMEOUT_S")
+    from_link = "q" in st.query_params and _QUERY not in st.session_state
+    _seed_from_url(max_timeout)
+    sql = st.text_area("Query", key=_QUERY, height=180)
     c1, c2, _ = st.columns([1, 1, 3])
-    timeout = c1.number_input("Time limit (s)", min_value=1, max_value=120,
-                              value=int(query_param("timeout", "10")))
-    max_rows = c2.number_input("Row limit", min_value=10, max_value=1_000_000,
-                               value=int(query_param("rows", "10000")), step=1000)
-    if not st.button("Run", type="primary", icon=":material/play_arrow:") and "q" not in st.query_params:
-        return
-    set_query_params(q=sql, timeout=int(timeout), rows=int(max_rows))
-    result = run_readonly_query(store, sql, timeout_s=float(timeout), max_rows=int(max_rows))
-    note = f", first {max_rows:,} shown" if result.truncated else ""
-    n = len(result.frame)
-    st.caption(f"{n:,} row{'' if n == 1 else 's'} in {result.seconds:.3f} s{note}")
-    st.dataframe(result.frame, hide_index=True, width="stretch")
-    st.download_button("Download CSV", result.frame.to_csv(index=False).encode(),
-                       file_name="qkvscope-query.csv", mime="text/csv", icon=":material/download:")
+    timeout = c1.number_input("Time limit (s)", min_value=1, max_value=max_timeout, key=_TIMEOUT)
+    max_rows = c2.number_input("Row limit", min_value=10, max_value=1_000_000, step=1000, key=_ROWS)
+    if st.button("Run", type="primary", icon=":material/play_arrow:"):
+        set_query_params(q=sql, timeout=int(timeout), rows=int(max_rows))
+        try:
+            st.session_state[_RESULT] = (int(max_rows), run_readonly_query(
+                store, sql, timeout_s=float(timeout), max_rows=int(max_rows)))
+        except QueryError as exc:
+            st.session_state[_RESULT] = exc
+    elif from_link:
+        st.info("Query from the link: press Run to run it.", icon=":material/info:")
+    last = st.session_state.get(_RESULT)
+    if isinstance(last, QueryError):
+        st.error(str(last), icon=":material/error:")
+    elif last is not None:
+        shown, result = last
+        note = f", first {shown:,} shown" if result.truncated else ""
+        n = len(result.frame)
+        st.caption(f"{n:,} row{'' if n == 1 else 's'} in {result.seconds:.3f} s{note}")
+        st.dataframe(result.frame, hide_index=True, width="stretch")
+        st.download_button("Download CSV", result.frame.to_csv(index=False).encode(),
+                           file_name="qkvscope-query.csv", mime="text/csv",
+                           icon=":material/download:")

@@ -1,0 +1,71 @@
+"""The SQL page: a query from a link fills the editor and waits for Run; every
+edited query runs as typed (issue 17: every other one used to run the last)."""
+from __future__ import annotations
+
+import pytest
+
+from loaders.store import Store
+from tests.app.apptest import page_test
+
+
+@pytest.fixture
+def empty_db(tmp_path, monkeypatch):
+    db = tmp_path / "sql.duckdb"
+    Store(db).migrate()
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    return db
+
+
+def run_button(at):
+    return next(b for b in at.button if b.label == "Run")
+
+
+def test_a_query_in_the_link_waits_for_a_click(empty_db):
+    at = page_test("sql", {"q": "SELECT 41 + 1 AS answer"}).run()
+    assert not at.exception
+    assert at.text_area[0].value == "SELECT 41 + 1 AS answer"
+    assert len(at.dataframe) == 1  # the schema panel only: nothing ran
+    assert any("press Run" in i.value for i in at.info)
+    run_button(at).click().run()
+    assert at.dataframe[-1].value["answer"].tolist() == [42]
+
+
+def test_every_edited_query_runs_as_typed(empty_db):
+    at = page_test("sql").run()
+    for n in (42, 7, 8, 9, 10):
+        at.text_area[0].input(f"SELECT {n} AS answer").run()
+        run_button(at).click().run()
+        assert not at.exception
+        assert at.text_area[0].value == f"SELECT {n} AS answer"
+        assert at.dataframe[-1].value["answer"].tolist() == [n], n
+        assert at.query_params["q"] in ([f"SELECT {n} AS answer"], f"SELECT {n} AS answer")
+
+
+def test_limits_survive_the_url_round_trip(empty_db):
+    at = page_test("sql", {"timeout": "5", "rows": "20"}).run()
+    assert [at.number_input[0].value, at.number_input[1].value] == [5, 20]
+    at.number_input[1].set_value(30).run()
+    at.text_area[0].input("SELECT * FROM range(100)").run()
+    run_button(at).click().run()
+    at.text_area[0].input("SELECT * FROM range(200)").run()
+    run_button(at).click().run()
+    assert at.number_input[1].value == 30
+    assert len(at.dataframe[-1].value) == 30
+    assert any("first 30 shown" in c.value for c in at.caption)
+
+
+def test_a_refused_query_is_one_message(empty_db):
+    at = page_test("sql", {"q": "DELETE FROM runs"}).run()
+    assert not at.error
+    run_button(at).click().run()
+    assert not at.exception
+    assert at.error[0].value == ("only SELECT queries are allowed here (got DELETE); "
+                                 "the SQL page never changes the database")
+
+
+def test_the_result_stays_while_the_page_reruns(empty_db):
+    at = page_test("sql").run()
+    at.text_area[0].input("SELECT 5 AS answer").run()
+    run_button(at).click().run()
+    at.number_input[0].set_value(20).run()  # any other rerun
+    assert at.dataframe[-1].value["answer"].tolist() == [5]
