@@ -126,3 +126,20 @@ def test_types_survive_the_arrow_stream(store):
     row = res.frame.iloc[0]
     assert (row["i"], row["f"], row["s"], row["b"], list(row["l"])) == (42, 0.5, "a", True, [1, 2])
     assert pd.isna(row["n"])
+
+
+@pytest.mark.parametrize("body, message", [
+    # the kernel's OOM killer ends a process with SIGKILL and no word
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+     "query needs more memory than the SQL console's budget of 1,024 MB "
+     "(QKVSCOPE_SQL_MEMORY_MB; set it in the environment to raise it)"),
+    ("raise SystemExit('broken pipe somewhere')",
+     "query failed: the query process ended: broken pipe somewhere"),
+])
+def test_a_query_process_that_dies_is_one_line(store, tmp_path, monkeypatch, body, message):
+    child = tmp_path / "child.py"
+    child.write_text(body + "\n")
+    monkeypatch.setattr("loaders.sql_console.CHILD", child)
+    with pytest.raises(QueryError) as err:
+        run_readonly_query(store, "SELECT 1")
+    assert str(err.value) == message
