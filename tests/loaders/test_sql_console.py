@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from loaders.errors import QueryError
-from loaders.sql_console import check_query, run_readonly_query, sql_budget
+from loaders.sql_console import SQL_BUDGETS, check_query, run_readonly_query, sql_budget
 from loaders.store import Store
 
 
@@ -143,3 +144,10 @@ def test_a_query_process_that_dies_is_one_line(store, tmp_path, monkeypatch, bod
     with pytest.raises(QueryError) as err:
         run_readonly_query(store, "SELECT 1")
     assert str(err.value) == message
+
+
+def test_every_budget_is_in_the_readme():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Security"):]
+    missing = [name for name in SQL_BUDGETS if f"| `{name}` |" not in section]
+    assert missing == []
