@@ -32,6 +32,7 @@ def test_overview_and_sql_in_a_real_browser(tmp_path):
         q = urllib.parse.quote("SELECT 6 * 7 AS answer")
         page.goto(f"{url}/sql?q={q}")
         wait_idle(page)
+        page.get_by_role("button", name="Run").click()         # a query from a link runs only on a click
         page.get_by_text("1 row in").wait_for(timeout=30_000)
         page.locator("[data-testid='stDataFrame']").last.wait_for(timeout=30_000)
         wait_idle(page)

@@ -78,13 +78,16 @@ def test_overview_ingest_form_reports_skips(empty_db, tmp_path):
     assert at.query_params["path"] == [str(folder)] or at.query_params["path"] == str(folder)
 
 
-def test_sql_page_runs_query_from_url(empty_db):
+def test_sql_page_runs_query_from_url_after_a_click(empty_db):
     at = page_test("sql", {"q": "SELECT 41 + 1 AS answer"}).run()
-    assert not at.exception
+    assert not at.exception                                  # a link alone runs nothing (issue 14)
+    assert not any("answer" in d.value.columns for d in at.dataframe)
+    at.button[0].click().run()
     assert at.dataframe[-1].value["answer"].tolist() == [42]
 
 
 def test_sql_page_refuses_writes_with_a_message(empty_db):
     at = page_test("sql", {"q": "DELETE FROM runs"}).run()
+    at.button[0].click().run()
     assert not at.exception
     assert at.error[0].value.startswith("only SELECT queries are allowed here")
