@@ -120,6 +120,23 @@ def _deep_folder(b: Path) -> Path:
     return b.joinpath(*["d"] * 64)
 
 
+@pytest.fixture(autouse=True)
+def _remove_deep_folders(tmp_path):
+    """pytest's own clean-up (``shutil.rmtree``) recurses: the 1,500-level folder goes first, bottom up."""
+    yield
+    top = tmp_path / "runs" / "b_bad" / "d"
+    if not top.is_dir():
+        return
+    deep = str(top)
+    while os.path.isdir(os.path.join(deep, "d")):
+        deep = os.path.join(deep, "d")
+    for name in os.listdir(deep):
+        os.unlink(os.path.join(deep, name))
+    while len(deep) >= len(str(top)):
+        os.rmdir(deep)
+        deep = os.path.dirname(deep)
+
+
 def _nanogpt_pt(b: Path, tensor=lambda t: t, **extra) -> Path:
     """A readable nanoGPT checkpoint (1 layer, 2 heads, d_model 8), each tensor passed through ``tensor``."""
     torch.save({"model": {k: tensor(v) for k, v in _weights().items()},
