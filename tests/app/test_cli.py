@@ -65,12 +65,13 @@ def test_ingest_then_checkpoints_json_and_idempotence(tmp_path):
     (runs / "notes.txt").write_text("lr sweep ideas\n")
 
     first = cli("ingest", str(runs), "--db", str(db), "--json")
-    assert first.returncode in (0, 1), first.stderr
+    assert first.returncode == 2, first.stderr               # one file failed: exit 2 (issue 14)
     report = json.loads(first.stdout)
     assert report["added"] == 1
     statuses = {Path(f["path"]).name: f["status"] for f in report["files"]}
     assert statuses["a"] == "added"
     assert statuses["notes.txt"] == "skipped"
+    assert statuses["not_a_model.safetensors"] == "error"
 
     listed = json.loads(cli("checkpoints", "--db", str(db), "--json").stdout)
     assert len(listed) == 1
