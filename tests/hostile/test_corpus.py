@@ -91,7 +91,7 @@ def test_cli_ingest_and_info_say_one_line_and_change_nothing(corpus, db, name, c
     before = digest(db)
     rc = main(["ingest", str(case.path), "--db", str(db), "--json"])
     out, err = capsys.readouterr()
-    assert rc == (1 if case.status == "error" else 0)
+    assert rc == (2 if case.status == "error" else 0)
     assert err == ""
     files = json.loads(out)["files"]
     assert [(f["status"], f["reason"]) for f in files] == [(case.status, case.reason)]
@@ -124,7 +124,7 @@ def test_whole_corpus_through_the_real_cli(corpus, db):
     before = digest(db)
     proc = subprocess.run([sys.executable, "-m", "app", "ingest", str(root), "--db", str(db), "--json"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert proc.stderr == ""
     report = json.loads(proc.stdout)
     got = {f["path"]: (f["status"], f["reason"]) for f in report["files"]}
