@@ -1,15 +1,14 @@
-"""`python -m app analyze` and `python -m app wd-sensitivity`: the JSON contracts."""
+"""`python -m app analyze`: the JSON contract (wd-sensitivity's: tests/app/test_cli_wd_sensitivity.py)."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
 
 from analysis.registry import names
 from app.cli import main
-from loaders.store import Store, refresh_run_stats
+from loaders.store import Store
 
 
 @pytest.fixture
@@ -60,44 +59,3 @@ def test_analyze_list_shows_every_metric(capsys):
     assert main(["analyze", "--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert listed == names()
-
-
-def _synthetic_store(path) -> Store:
-    """Two variants x 4 weight decays; final val loss = 3 + slope * log10(wd)."""
-    store = Store(path)
-    slopes = {"qkv": 0.2, "k_eq_v": -0.1}
-    rid = 0
-    with store.transaction() as con:
-        for variant, slope in slopes.items():
-            for wd in (1e-3, 1e-2, 1e-1, 1.0):
-                rid += 1
-                final = 3 + slope * math.log10(wd)
-                con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, config) "
-                            "VALUES (?, ?, 'mem', 'test', ?, ?, ?)",
-                            [rid, f"r{rid}", variant, wd, json.dumps({"lr": 1e-3, "seed": rid, "weight_decay": wd})])
-                for step, val in ((0, final + 2), (100, final + 1), (200, final)):
-                    con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
-                                [rid, step, val])
-        # one lone run: no slope can be fitted
-        con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, config) "
-                    "VALUES (99, 'lone', 'mem', 'test', 'wq_identity', 0.1, '{\"save_steps\": [5]}')")
-        con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (99, 10, 'val/loss', 4.0)")
-        refresh_run_stats(con, [r[0] for r in con.execute("SELECT id FROM runs").fetchall()])
-    return store
-
-
-def test_wd_sensitivity_json_known_slopes(tmp_path, capsys):
-    store = _synthetic_store(tmp_path / "wd.duckdb")
-    assert main(["wd-sensitivity", "--db", str(store.path), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    by_variant = {o["variant"]: o for o in out}
-    assert set(by_variant) == {"qkv", "k_eq_v", "wq_identity"}
-    lone = by_variant["wq_identity"]
-    assert (lone["slope"], lone["curvature"], lone["best_weight_decay"], lone["n_runs"]) == (None, None, None, 1)
-    for variant, slope, best in (("qkv", 0.2, 1e-3), ("k_eq_v", -0.1, 1.0)):
-        o = by_variant[variant]
-        assert {"variant", "weight_decays", "final_val_loss", "slope", "best_weight_decay", "n_runs"} <= set(o)
-        assert o["slope"] == pytest.approx(slope, abs=1e-6)
-        assert o["best_weight_decay"] == best and o["n_runs"] == 4
-        assert o["weight_decays"] == [1e-3, 1e-2, 1e-1, 1.0]
-        assert o["group"] == "all" and o["spikes"] == [0] * 4 and o["diverged"] == [False] * 4
