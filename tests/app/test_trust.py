@@ -11,7 +11,7 @@ from analysis.registry import names
 from app.cli import main
 
 
-def _word_tokenizer(vocab: int = 2000):
+def _word_tokenizer(vocab: int = 8000):
     """A word-level tokenizer trained in code on the bundled corpus: real LLMs have thousands of
     distinct tokens (fed as bytes, a random model's layer-0 input spans only ~70 directions, and
     any fit of d_head >= 70 columns is exact by construction, at chance too)."""
@@ -30,11 +30,11 @@ def _word_tokenizer(vocab: int = 2000):
 def _llama(folder, *, hidden=512, heads=4, kv_heads=4, layers=2, tie=None, seed=0, tokenizer=False):
     """A random-init Llama (head_dim = hidden / heads) saved as safetensors; ``tie`` sets
     every layer's q_proj to the identity ("wq_identity") or v_proj to k_proj ("k_eq_v");
-    ``tokenizer`` saves a word-level tokenizer beside it (vocabulary 2,000)."""
+    ``tokenizer`` saves a word-level tokenizer beside it (vocabulary 8,000)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=2000 if tokenizer else 256, hidden_size=hidden, intermediate_size=2 * hidden,
+    cfg = LlamaConfig(vocab_size=8000 if tokenizer else 256, hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                       max_position_embeddings=512)
     model = LlamaForCausalLM(cfg)
@@ -58,7 +58,10 @@ def _run(capsys, *args) -> dict:
 
 @pytest.mark.slow
 def test_random_llama_head_dim_128_reads_chance_not_one(tmp_path, capsys):
-    folder = _llama(tmp_path / "llama", tokenizer=True)
+    # one layer: its input is the (normalised) embeddings of the corpus' words; deeper layers of a
+    # random model read averaged, more anisotropic inputs, where the chance level itself rises
+    # (0.74 at layer 1), and the value stays at it
+    folder = _llama(tmp_path / "llama", layers=1, tokenizer=True)
     out = _run(capsys, folder, "--db", tmp_path / "a.duckdb", "--activations")
     rows = out["metrics"]
     assert all("chance" in r for r in rows)
@@ -71,15 +74,13 @@ def test_random_llama_head_dim_128_reads_chance_not_one(tmp_path, capsys):
     assert out["sample"]["n_tokens"] >= 8 * 128 and out["sample"]["text"] == "bundled"
     assert out["sample"]["tokenizer"] == "tokenizer"
     share = [r for r in acts if r["metric"] == "kv_share_r2_act"]
-    assert len(share) == 2 * 4
+    assert len(share) == 4
     for r in share:
         assert r["n_tokens"] == out["sample"]["n_tokens"]
-        # was 1.0 on 64 tokens; on this Zipfian word stream the chance level itself is ~0.7
-        # (B2's test of analysis.activations checks "below 0.6" on a milder input)
-        assert r["value"] < 0.9 and r["ci_high"] < 0.95, r
+        assert r["value"] < 0.6, r                          # was 1.0 on 64 tokens
         assert r["ci_low"] <= r["value"] <= r["ci_high"]
         # the random model reads chance: its interval reaches the chance level
-        assert r["ci_low"] - 0.02 <= r["chance"] <= r["ci_high"] + 0.02, r
+        assert r["ci_low"] <= r["chance"] <= r["ci_high"], r
     assert out["tied"]["variant"] == "qkv" and out["tied"]["agree"] is True
 
 
