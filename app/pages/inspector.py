@@ -182,12 +182,30 @@ def _from_path(store) -> int | None:
     if not path or not (opened or query_param("path")):
         return None
     target = Path(path).expanduser()
+    if not opened:
+        # A link alone never reads a file on the server (issue 14): one already stored opens from
+        # the database; anything else waits for a click on Open.
+        stored = _stored_id(store, target)
+        if stored is None:
+            st.info(f"Path from the link: {target}. Press **Open** to read it on the server.")
+        return stored
     if not target.exists():
         st.error(f"{target}: no such file or folder on the server. Give the path of a checkpoint file, "
                  "a Hugging Face folder or a zip.")
         return None
     set_query_params(path=str(target))
     return _ingest(store, target)
+
+
+def _stored_id(store, target: Path) -> int | None:
+    """The id of the stored checkpoint read from ``target`` (as given or resolved), else None."""
+    names = {str(target)}
+    try:
+        names.add(str(target.resolve()))
+    except (OSError, RuntimeError):
+        pass
+    ids = [int(c["id"]) for c in store.checkpoints() if c["path"] in names]
+    return ids[-1] if ids else None
 
 
 def _pick_checkpoint(store, ckpts: pd.DataFrame) -> int | None:

@@ -95,18 +95,32 @@ def test_spectra_attention_reports_and_downloads(ckpt_db):
     assert qp(at, "layer") == "0"
 
 
-def test_server_path_ingests_and_shows_the_heatmap(tmp_path, monkeypatch, model_dir):
+def test_server_path_from_a_link_waits_for_open_then_ingests(tmp_path, monkeypatch, model_dir):
     db = tmp_path / "p.duckdb"
     Store(db).migrate()
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    before = db.read_bytes()
     at = page_test("inspector", {"src": "path", "path": str(model_dir)}).run()
+    assert not at.exception, at.exception
+    # a link alone reads nothing on the server (issue 14)
+    assert "insp_heatmap" not in figures(at) and Store(db).checkpoints() == []
+    assert db.read_bytes() == before
+    assert any("Press **Open** to read it" in i.value for i in at.info)
+    at.button[0].click().run()                                   # the form's Open button
     assert not at.exception, at.exception
     assert "insp_heatmap" in figures(at)
     assert qp(at, "ckpt") == "1"
+    # the same link again opens the stored checkpoint without reading the path
+    again = page_test("inspector", {"src": "path", "path": str(model_dir)}).run()
+    assert not again.exception and "insp_heatmap" in figures(again)
+    assert len(Store(db).checkpoints()) == 1
 
 
 def test_server_path_that_does_not_exist_says_so(ckpt_db, tmp_path):
     at = page_test("inspector", {"src": "path", "path": str(tmp_path / "nope")}).run()
+    assert not at.exception
+    assert not at.error                                          # nothing is looked at before Open
+    at.button[0].click().run()
     assert not at.exception
     assert at.error[0].value.startswith(f"{tmp_path / 'nope'}: no such file or folder on the server.")
 
