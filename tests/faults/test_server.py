@@ -164,3 +164,11 @@ def test_ten_browser_sessions_at_once(demo_db):
         print(f"server RSS: start {start / 2**20:.0f} MiB, with 10 sessions {peak / 2**20:.0f} MiB, "
               f"after they closed {end / 2**20:.0f} MiB; 20 page runs in {elapsed:.1f} s")
         assert end - start < 300 << 20
+
+
+def test_xsrf_protection_and_cors_stay_on():
+    import tomllib
+
+    server = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())["server"]
+    assert server["enableXsrfProtection"] is True and server["enableCORS"] is True
+    assert server["address"] == "127.0.0.1"
