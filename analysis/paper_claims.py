@@ -354,16 +354,21 @@ def _kv_erank(claim: Claim, data: Inputs) -> dict:
             "reading": "Whole-layer W_K and W_V effective ranks, as fractions of d_model."}
 
 
-def _query_free(claim: Claim, data: Inputs) -> dict:
+def _geometry_share(data: Inputs, column: str, prefix: str, reading: str) -> dict:
+    """A parameter share (``column`` of ``geometry_savings``) per stored geometry, largest last."""
     geo = geometry_savings(data.checkpoints)
     if geo.empty:
         return {"measured": None, "reading": "No stored checkpoint with a complete geometry."}
-    parts = [f"{r.sharing} ({r.n_kv_heads} of {r.n_heads} KV heads): {100 * r.wq_share:.1f}%"
-             for r in geo.sort_values("wq_share").itertuples()]
-    return {"measured": "; ".join(parts), "chance": "no chance level (a parameter count)",
-            "n": int(geo["n_checkpoints"].sum()), "n_label": "checkpoints",
-            "reading": "W_Q's share of each stored geometry's qkv attention parameters (analysis.kv_cost). "
-                       + claim.note + "."}
+    parts = [f"{r.sharing} ({r.n_kv_heads} of {r.n_heads} KV heads): {100 * getattr(r, column):.1f}%"
+             for r in geo.sort_values(column).itertuples()]
+    return {"measured": prefix + "; ".join(parts), "chance": "no chance level (a parameter count)",
+            "n": int(geo["n_checkpoints"].sum()), "n_label": "checkpoints", "reading": reading}
+
+
+def _query_free(claim: Claim, data: Inputs) -> dict:
+    return _geometry_share(data, "wq_share", "",
+                           "W_Q's share of each stored geometry's qkv attention parameters (analysis.kv_cost). "
+                           + claim.note + ".")
 
 
 def _query_free_nonembedding(claim: Claim, data: Inputs) -> dict:
@@ -494,13 +499,7 @@ def _kv_ratio(claim: Claim, data: Inputs) -> dict:
 
 
 def _kv_projection(claim: Claim, data: Inputs) -> dict:
-    geo = geometry_savings(data.checkpoints)
-    if geo.empty:
-        return {"measured": None, "reading": "No stored checkpoint with a complete geometry."}
-    parts = [f"{r.sharing} ({r.n_kv_heads} of {r.n_heads} KV heads): {100 * r.wv_share:.1f}%"
-             for r in geo.sort_values("wv_share").itertuples()]
-    return {"measured": "K=V removes " + "; ".join(parts), "chance": "no chance level (a parameter count)",
-            "n": int(geo["n_checkpoints"].sum()), "n_label": "checkpoints", "reading": claim.note + "."}
+    return _geometry_share(data, "wv_share", "K=V removes ", claim.note + ".")
 
 
 _MEASURES = {
