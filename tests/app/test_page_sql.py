@@ -10,14 +10,6 @@ from loaders.store import Store
 from tests.app.apptest import page_test
 
 
-@pytest.fixture
-def empty_db(tmp_path, monkeypatch):
-    db = tmp_path / "sql.duckdb"
-    Store(db).migrate()
-    monkeypatch.setenv("QKVSCOPE_DB", str(db))
-    return db
-
-
 def run_button(at):
     return next(b for b in at.button if b.label == "Run")
 

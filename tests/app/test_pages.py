@@ -12,14 +12,6 @@ from tests.app.apptest import page_test
 PAGES = [m.__name__.rsplit(".", 1)[-1] for m in page_modules()]
 
 
-@pytest.fixture
-def empty_db(tmp_path, monkeypatch):
-    db = tmp_path / "empty.duckdb"
-    Store(db).migrate()
-    monkeypatch.setenv("QKVSCOPE_DB", str(db))
-    return db
-
-
 @pytest.fixture(scope="module")
 def filled_db(tmp_path_factory):
     from transformers import GPT2Config, GPT2LMHeadModel
