@@ -1,0 +1,64 @@
+"""The attention variants this tool knows: one place for their names and facts.
+
+A dependency-free leaf (standard library only): ``loaders``, ``analysis``,
+``experiments`` and ``app`` all import variant facts from here, and nowhere
+else defines them. (The one import of ``analysis`` that ``loaders`` makes.)
+
+Variants (paper A: arXiv query-free attention; paper B: arXiv 2606.04032):
+
+========================  ============  ==========================================
+name                      paper label   what is tied
+========================  ============  ==========================================
+``qkv``                   Q-K-V         nothing (baseline)
+``wq_identity``           W_Q = I       query is the identity slice (no W_Q)
+``q_eq_k``                Q=K-V         W_Q = W_K (symmetric logits)
+``k_eq_v``                Q-K=V         W_K = W_V (one cached tensor)
+``q_eq_k_eq_v``           Q=K=V         one projection for all three
+========================  ============  ==========================================
+
+``n_cached`` is the number of tensors cached per layer and kv head: 1 where K
+and V are one tensor, else 2 (paper B's ``mult``).
+"""
+from __future__ import annotations
+
+#: Stable stored names, in the order pages list them.
+VARIANTS: tuple[str, ...] = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
+#: Name shown for a run whose variant is not known.
+UNKNOWN = "unknown"
+#: Paper-style labels.
+LABELS: dict[str, str] = {
+    "qkv": "Q-K-V", "wq_identity": "query-free (W_Q = I)", "q_eq_k": "Q=K-V",
+    "k_eq_v": "Q-K=V", "q_eq_k_eq_v": "Q=K=V", UNKNOWN: "unknown",
+}
+#: Variants whose K and V are one cached tensor (KV cache halved).
+KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
+#: Variants whose query is computed by W_K (Q=K).
+Q_TIED = frozenset({"q_eq_k", "q_eq_k_eq_v"})
+#: Variants without a W_Q of their own (identity or tied to K).
+Q_DROPPED = frozenset({"wq_identity", "q_eq_k", "q_eq_k_eq_v"})
+#: One colour per variant, the same on every page (colour-blind-safe Tableau 10).
+COLORS: dict[str, str] = {
+    "qkv": "#4C78A8", "wq_identity": "#F58518", "q_eq_k": "#54A24B", "k_eq_v": "#E45756",
+    "q_eq_k_eq_v": "#B279A2", UNKNOWN: "#9D9D9D",
+}
+
+
+def n_cached(variant: str) -> int:
+    """Tensors cached per layer and kv head: 1 for K=V variants, else 2."""
+    return 1 if variant in KV_TIED else 2
+
+
+def label(variant: str | None) -> str:
+    """The paper label of a stored variant name (the name itself if unknown)."""
+    return LABELS.get(str(variant), str(variant))
+
+
+def sharing(n_heads: int | None, n_kv_heads: int | None) -> str:
+    """``MHA``, ``MQA`` (one kv head) or ``GQA-g`` (g query heads per kv head); ``?`` if unknown."""
+    if not n_heads or not n_kv_heads:
+        return "?"
+    if n_kv_heads == n_heads:
+        return "MHA"
+    if n_kv_heads == 1:
+        return "MQA"
+    return f"GQA-{n_heads // n_kv_heads}" if n_heads % n_kv_heads == 0 else f"GQA({n_kv_heads})"

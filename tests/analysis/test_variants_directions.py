@@ -1,0 +1,42 @@
+"""The two dependency-free leaves: variant facts and metric directions."""
+import math
+
+import pytest
+
+from analysis import directions, variants
+
+
+def test_every_variant_has_a_label_and_a_colour():
+    for v in variants.VARIANTS + (variants.UNKNOWN,):
+        assert v in variants.LABELS and v in variants.COLORS
+    assert len(set(variants.COLORS.values())) == len(variants.COLORS)
+
+
+@pytest.mark.parametrize("variant,cached", [("qkv", 2), ("wq_identity", 2), ("q_eq_k", 2),
+                                            ("k_eq_v", 1), ("q_eq_k_eq_v", 1)])
+def test_n_cached(variant, cached):
+    assert variants.n_cached(variant) == cached
+
+
+@pytest.mark.parametrize("h,kv,name", [(8, 8, "MHA"), (8, 1, "MQA"), (8, 2, "GQA-4"), (6, 4, "GQA(4)"),
+                                       (None, 2, "?")])
+def test_sharing(h, kv, name):
+    assert variants.sharing(h, kv) == name
+
+
+@pytest.mark.parametrize("metric,way", [
+    ("val/loss", "min"), ("train/loss", "min"), ("val/ppl", "min"), ("val_loss", "min"),
+    ("val/accuracy", "max"), ("val_top1", "max"), ("val_top5", "max"), ("eval/auroc", "max"),
+    ("val/acc@1", "max"), ("error_rate", "min"), ("val/bpb", "min"), ("lr", "min"),
+    ("Accuracy/val", "max"), ("loss/accuracy", "min"), ("val/top_1", "max"), ("acc1", "max"),
+    ("train/tokens_per_sec", "max"), ("val/wer", "min"),
+])
+def test_direction_by_name(metric, way):
+    assert directions.direction(metric) == way
+
+
+def test_override_wins_and_best_follows_direction():
+    assert directions.direction("val/loss", {"val/loss": "max"}) == "max"
+    assert directions.best([0.5, float("nan"), 0.9, None], "val/accuracy") == 0.9
+    assert directions.best([0.5, 0.9], "val/loss") == 0.5
+    assert directions.best([math.nan], "val/loss") is None
