@@ -170,7 +170,8 @@ def process_group(device: str, environ: Mapping[str, str] | None = None) -> Iter
 
     Backend ``nccl`` on CUDA, else ``gloo``; rendezvous through torchrun's
     ``MASTER_ADDR``/``MASTER_PORT`` (``env://``). ``destroy_process_group``
-    runs when the body ends, also when it raises.
+    runs when the body ends, also when it raises; a body that ends normally
+    first meets the other ranks at a barrier.
     """
     env = torchrun_env(environ)
     if env is None:
@@ -195,6 +196,10 @@ def process_group(device: str, environ: Mapping[str, str] | None = None) -> Iter
     try:
         yield Dist(rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
                    backend=backend, device=dev)
+        # A rank that tears gloo down while another still uses the group can abort
+        # at exit ("terminate called without an active exception"): on a normal
+        # end every rank waits here, so all destroy the group together.
+        tdist.barrier()
     finally:
         tdist.destroy_process_group()
 
