@@ -3,7 +3,7 @@
 Inputs are plain DataFrames (the app reads them from the store):
 
 * ``runs``: one row per run with ``run_id``, ``variant``, ``weight_decay`` and
-  ``config`` (dict or JSON string; may be empty);
+  ``config`` (dict or JSON string; may be empty), optionally ``lr``;
 * ``points``: ``run_id, step, value`` of the validation loss (``val/loss``).
 
 Grouping: runs are grouped by ``variant`` and by their ``config`` minus the
@@ -17,6 +17,20 @@ Per run: ``final_val_loss`` (last finite point), ``best_val_loss`` (min),
 counted once per excursion) and ``diverged`` (a non-finite value, or final
 loss above ``diverge_ratio`` times the best). The loss the statistics below
 use is the final one (``statistic="final"``, the default) or the best one.
+Direction (``direction``, from the metric's name by ``analysis.directions``):
+for a higher-is-better metric (accuracy) best is the max, a spike a fall
+below ``(1 - spike_ratio)`` x the best so far, diverged a final value below
+best / ``diverge_ratio``, and the best weight decay has the highest mean; the
+column names keep ``loss``.
+
+Method (``method``, ``method_reason``, ``regression``): in a random sweep no
+two runs agree in everything but weight decay, so each group holds one run.
+Per variant, ``analysis.wd_regression.choose_method`` picks ``"regression"``
+when under half of the variant's runs (with a value) sit in groups with runs
+at >= 2 distinct weight decays and >= 8 runs have wd > 0; ``regression`` is
+then ``analysis.wd_regression.wd_regression`` of all the variant's runs (the
+other swept config keys, and the run's ``lr``, as covariates), the same dict
+in every row of the variant. Otherwise ``"grouped"`` and ``regression`` None.
 
 Per group, with ``u = log10(weight_decay)`` over the runs with
 ``weight_decay > 0`` (wd 0 has no log10, so it takes part in the best wd
@@ -52,12 +66,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 
 import numpy as np
 import pandas as pd
 
+from analysis.directions import direction
 from analysis.errors import AnalysisError
+from analysis.wd_regression import choose_method, wd_regression
 
 #: Config keys that do not define a group (besides weight decay itself).
 IGNORED_KEYS = frozenset({
@@ -105,26 +122,37 @@ def _scalars(cfg: dict) -> dict:
 
 
 def run_curve_stats(values: np.ndarray, *, spike_ratio: float = 0.1,
-                    diverge_ratio: float = 1.5) -> dict:
-    """``final``, ``best``, ``spikes``, ``diverged`` of one loss curve (in step order)."""
+                    diverge_ratio: float = 1.5, direction: str = "min") -> dict:
+    """``final``, ``best``, ``spikes``, ``diverged`` of one curve (in step order).
+
+    ``direction`` ``"min"`` (a loss): best is the lowest value, a spike a rise above
+    ``(1 + spike_ratio)`` x the best so far, diverged a final value above ``diverge_ratio``
+    x the best. ``"max"`` (an accuracy): best is the highest, a spike a fall below
+    ``(1 - spike_ratio)`` x the best so far, diverged a final value below best / ``diverge_ratio``.
+    A non-finite value always means diverged.
+    """
     vals = np.asarray(values, dtype=float)
     finite = vals[np.isfinite(vals)]
     if finite.size == 0:
         return {"final": None, "best": None, "spikes": 0, "diverged": bool(vals.size)}
-    best_so_far = math.inf
+    higher = direction == "max"
+    best_so_far = -math.inf if higher else math.inf
     spikes, in_spike = 0, False
     for x in vals:
         if not math.isfinite(x):
             continue
-        if math.isfinite(best_so_far) and x > best_so_far * (1 + spike_ratio):
+        worse = (x < best_so_far * (1 - spike_ratio)) if higher else (x > best_so_far * (1 + spike_ratio))
+        if math.isfinite(best_so_far) and worse:
             if not in_spike:
                 spikes += 1
             in_spike = True
         else:
             in_spike = False
-        best_so_far = min(best_so_far, x)
-    final, best = float(finite[-1]), float(finite.min())
-    diverged = bool((~np.isfinite(vals)).any() or final > diverge_ratio * best)
+        best_so_far = max(best_so_far, x) if higher else min(best_so_far, x)
+    final = float(finite[-1])
+    best = float(finite.max() if higher else finite.min())
+    far = final < best / diverge_ratio if higher else final > diverge_ratio * best
+    diverged = bool((~np.isfinite(vals)).any() or far)
     return {"final": final, "best": best, "spikes": spikes, "diverged": diverged}
 
 
@@ -141,7 +169,9 @@ OUTPUT_COLUMNS = ["variant", "group", "weight_decays", "final_val_loss", "best_v
                   # how sure: counts, intervals, and why a statistic is absent
                   "statistic", "n_wd", "n_wd_fit", "n_wd_repeated", "per_wd", "slope_ci_low", "slope_ci_high",
                   "curvature_ci_low", "curvature_ci_high", "best_wd_ci_low", "best_wd_ci_high",
-                  "best_wd_share", "n_boot", "fit_reason", "best_reason", "interval_reason"]
+                  "best_wd_share", "n_boot", "fit_reason", "best_reason", "interval_reason",
+                  # which way is better, and the estimator for random sweeps (analysis.wd_regression)
+                  "direction", "method", "method_reason", "regression"]
 
 
 def huber_fit(X: np.ndarray, y: np.ndarray, *, epsilon: float = 1.35, max_iter: int = 500,
@@ -233,13 +263,15 @@ def _best_reason(n_runs: int, wds: list[float]) -> str | None:
 
 
 def group_statistics(wds, losses, *, n_boot: int = N_BOOT, confidence: float = CONFIDENCE,
-                     rng: np.random.Generator | None = None) -> dict:
+                     rng: np.random.Generator | None = None, direction: str = "min") -> dict:
     """Slope, curvature, best wd, per-wd means and their bootstrap intervals of one group.
 
     ``wds``, ``losses``: one entry per run (a loss of None or NaN: the run is left
     out). Returns the keys of ``OUTPUT_COLUMNS`` from ``slope`` on that these
-    compute (see the module docstring), ``per_wd`` without run ids.
+    compute (see the module docstring), ``per_wd`` without run ids. ``direction``: ``"min"``
+    (the best weight decay has the lowest mean) or ``"max"`` (the highest, for an accuracy).
     """
+    pick_best = np.argmax if direction == "max" else np.argmin
     rng = np.random.default_rng(SEED) if rng is None else rng
     wd = np.asarray(wds, float)
     y = np.array([np.nan if v is None else v for v in losses], float)
@@ -268,7 +300,7 @@ def group_statistics(wds, losses, *, n_boot: int = N_BOOT, confidence: float = C
            "interval_reason": None}
     means = np.array([p["mean"] for p in per_wd])
     if out["best_reason"] is None:
-        out["best_weight_decay"] = levels[int(np.argmin(means))]  # ties: the smaller weight decay
+        out["best_weight_decay"] = levels[int(pick_best(means))]  # ties: the smaller weight decay
     if not any(len(idx) > 1 for idx in strata):
         out["interval_reason"] = ("one run per weight decay: an interval needs repeated runs (seeds) "
                                   "at a weight decay")
@@ -281,7 +313,7 @@ def group_statistics(wds, losses, *, n_boot: int = N_BOOT, confidence: float = C
     if out["best_weight_decay"] is not None:
         bounds = np.cumsum([0] + [len(i) for i in strata])
         bmeans = np.stack([yb[:, a:b].mean(axis=1) for a, b in zip(bounds[:-1], bounds[1:])], axis=1)  # [n_boot, n_wd]
-        picks = np.asarray(levels)[np.argmin(bmeans, axis=1)]  # [n_boot]
+        picks = np.asarray(levels)[pick_best(bmeans, axis=1)]  # [n_boot]
         out["best_wd_ci_low"], out["best_wd_ci_high"] = _interval(picks, confidence, method="inverted_cdf")
         out["best_wd_share"] = float(np.mean(picks == out["best_weight_decay"]))
     if out["slope"] is not None and any(len(idx) > 1 for w, idx in zip(levels, strata) if w > 0):
@@ -299,11 +331,18 @@ def _group_rng(seed: int, variant, label: str) -> np.random.Generator:
 
 def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: float = 0.1,
                    diverge_ratio: float = 1.5, statistic: str = "final", n_boot: int = N_BOOT,
-                   confidence: float = CONFIDENCE, seed: int = SEED) -> pd.DataFrame:
+                   confidence: float = CONFIDENCE, seed: int = SEED, metric: str = "val/loss",
+                   overrides: dict[str, str] | None = None, method: str = "auto") -> pd.DataFrame:
     """One row per (variant, group); columns ``OUTPUT_COLUMNS`` (see module docstring).
 
-    ``statistic``: ``"final"`` or ``"best"``, which loss of each run the slope,
-    curvature, best wd and per-wd means use.
+    ``statistic``: ``"final"`` or ``"best"``, which value of each run the slope,
+    curvature, best wd and per-wd means use. ``metric`` (with ``overrides``) sets
+    the direction (``analysis.directions``): for an accuracy the best value of a
+    run and the best weight decay are the highest. ``method``: ``"auto"`` (per
+    variant, ``analysis.wd_regression.choose_method``), ``"grouped"`` or
+    ``"regression"`` (forced for every variant); ``regression`` holds the
+    ``wd_regression`` of the variant's runs (the same dict in each of its rows)
+    when the method is ``"regression"``, else None.
     """
     for name, frame, cols in (("runs", runs, ("run_id", "variant", "weight_decay")),
                               ("points", points, ("run_id", "step", "value"))):
@@ -313,6 +352,8 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
                                 f"found {sorted(frame.columns)}")
     if statistic not in ("final", "best"):
         raise AnalysisError(f"wd_sensitivity: statistic must be 'final' or 'best', got {statistic!r}")
+    if method not in METHODS:
+        raise AnalysisError(f"wd_sensitivity: method must be one of {', '.join(METHODS)}, got {method!r}")
     if n_boot < 1 or not 0 < confidence < 1:
         raise AnalysisError(f"wd_sensitivity: need n_boot >= 1 and 0 < confidence < 1, "
                             f"got n_boot={n_boot}, confidence={confidence}")
@@ -321,11 +362,13 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
         return pd.DataFrame(columns=OUTPUT_COLUMNS)
     cfgs = runs["config"] if "config" in runs.columns else pd.Series([{}] * len(runs), index=runs.index)
     runs["_key"] = [_scalars(_config(c)) for c in cfgs]
+    way = direction(metric, overrides)
 
     curves = {rid: g.sort_values("step")["value"].to_numpy(dtype=float)
               for rid, g in points.groupby("run_id")}
     rows = []
     for variant, vruns in runs.groupby("variant", sort=True):
+        first = len(rows)
         keys = [json.dumps(k, sort_keys=True, default=str) for k in vruns["_key"]]
         vruns = vruns.assign(_gkey=keys)
         all_keys = set().union(*vruns["_key"])
@@ -338,7 +381,7 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
             wds, finals, bests, spikes, diverged, ids = [], [], [], [], [], []
             for r in grp.itertuples():
                 st = run_curve_stats(curves.get(r.run_id, np.array([])), spike_ratio=spike_ratio,
-                                     diverge_ratio=diverge_ratio)
+                                     diverge_ratio=diverge_ratio, direction=way)
                 wds.append(float(r.weight_decay))
                 finals.append(st["final"])
                 bests.append(st["best"])
@@ -346,7 +389,7 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
                 diverged.append(st["diverged"])
                 ids.append(int(r.run_id))
             stats = group_statistics(wds, finals if statistic == "final" else bests, n_boot=n_boot,
-                                     confidence=confidence, rng=_group_rng(seed, variant, label))
+                                     confidence=confidence, rng=_group_rng(seed, variant, label), direction=way)
             for p in stats["per_wd"]:
                 at = [i for i, w in enumerate(wds) if w == p["weight_decay"]]
                 p["run_ids"] = [ids[i] for i in at]
@@ -356,9 +399,54 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
                 "variant": variant, "group": label, "weight_decays": wds,
                 "final_val_loss": finals, "best_val_loss": bests,
                 "n_runs": len(ids), "run_ids": ids, "spikes": spikes, "diverged": diverged,
-                "statistic": statistic, "n_boot": n_boot, **stats,
+                "statistic": statistic, "n_boot": n_boot, **stats, "direction": way,
             })
+        _add_method(rows[first:], vruns, method, n_boot=n_boot, confidence=confidence,
+                    rng=_group_rng(seed, variant, "\x00regression"), seed=seed, direction=way)
     return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
+
+
+METHODS = ("auto", "grouped", "regression")
+
+_LR_NAME = re.compile(r"^(lr|learning_rate|.*_lr|lr_.*)$")
+
+
+def _regression_config(key: dict, lr) -> dict:
+    """A run's scalar config for the regression; the run's stored ``lr`` is added as ``lr``
+    when no config key names a learning rate (logs whose lr came from a name or a log line)."""
+    cfg = dict(key)
+    if lr is not None and isinstance(lr, (int, float)) and math.isfinite(lr) and not any(
+            _LR_NAME.match(k.rsplit(".", 1)[-1].lower()) for k in cfg):
+        cfg["lr"] = float(lr)
+    return cfg
+
+
+def _add_method(rows: list[dict], vruns: pd.DataFrame, method: str, *, n_boot: int, confidence: float,
+                rng: np.random.Generator, seed: int, direction: str) -> None:
+    """Sets ``method``, ``method_reason`` and ``regression`` in each of one variant's group rows."""
+    keys = dict(zip(vruns["run_id"].astype(int), vruns["_key"]))
+    lrs = dict(zip(vruns["run_id"].astype(int), vruns["lr"] if "lr" in vruns.columns else [None] * len(vruns)))
+    ids, wds, vals, cfgs = [], [], [], []
+    for row in rows:
+        values = row["final_val_loss"] if row["statistic"] == "final" else row["best_val_loss"]
+        for rid, wd, v in zip(row["run_ids"], row["weight_decays"], values):
+            ids.append(rid)
+            wds.append(wd)
+            vals.append(v)
+            cfgs.append(_regression_config(keys[rid], lrs[rid]))
+    n_fit = sum(1 for w, v in zip(wds, vals) if w > 0 and v is not None and v == v)
+    if method == "auto":
+        chosen, why = choose_method(rows, n_fit)
+    else:
+        chosen, why = method, f"{method} (asked for)"
+    reg = None
+    if chosen == "regression":
+        order = np.argsort(ids, kind="stable")  # run order, not group order: groups do not matter here
+        reg = wd_regression([ids[i] for i in order], [wds[i] for i in order], [vals[i] for i in order],
+                            [cfgs[i] for i in order], direction=direction, n_boot=n_boot,
+                            confidence=confidence, seed=seed, rng=rng)
+    for row in rows:
+        row.update(method=chosen, method_reason=why, regression=reg)
 
 
 def projection_norms_vs_wd(runs: pd.DataFrame, norms: pd.DataFrame) -> pd.DataFrame:

@@ -14,9 +14,11 @@ NORM_METRICS = ("norm_q", "norm_k", "norm_v", "norm_o")
 
 
 def wd_runs(store: Store) -> pd.DataFrame:
-    """Every run: ``run_id, variant, weight_decay, config`` (config as stored, a JSON string), by id."""
+    """Every run: ``run_id, variant, weight_decay, lr, config`` (config as stored, a JSON string), by id.
+    ``lr`` is a covariate of the random-sweep regression (``analysis.wd_regression``) when the
+    config names no learning rate."""
     with store.connect() as con:
-        return con.execute("SELECT id AS run_id, variant, weight_decay, config FROM runs ORDER BY id").df()
+        return con.execute("SELECT id AS run_id, variant, weight_decay, lr, config FROM runs ORDER BY id").df()
 
 
 def loss_points(store: Store, metric: str) -> pd.DataFrame:

@@ -23,6 +23,21 @@ curvature_ci_high, best_wd_ci_low, best_wd_ci_high, best_wd_share (fraction
 of resamples with the same best weight decay), n_boot, confidence, seed,
 fit_reason, best_reason, interval_reason (why slope and curvature, the best
 weight decay, or the intervals are null; null when they are not).
+
+Random sweeps (``analysis.wd_regression``): new fields direction ("min" or
+"max": which way the metric is better, from its name), method ("grouped" or
+"regression": the estimator chosen for the row's variant, --method), and
+method_reason (why), regression (null unless method is "regression"; else the
+same object in every row of the variant): reason (why the numbers are null,
+else null), n_runs, run_ids, weight_decays, values (the runs used: wd > 0 and
+a finite value), n_excluded_wd0, n_excluded_no_value, excluded_run_ids, note,
+covariates (name, transform "log10" or "linear", coef per unit of the
+transformed value), unused (name, reason), wd_coef (d metric / d log10(wd),
+the other covariates held fixed), wd_coef_ci_low, wd_coef_ci_high (case
+bootstrap percentile interval), wd_coef_std (per standard deviation of
+log10(wd)), intercept, r2, n_boot, n_boot_used, confidence, direction,
+pd_model, pd_weight_decays, pd_values (tree partial dependence),
+linear_pd_values, pd_best_weight_decay, pd_range, pd_slope.
 """
 from __future__ import annotations
 
@@ -31,7 +46,7 @@ import math
 
 import pandas as pd
 
-from analysis.wd_sensitivity import CONFIDENCE, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
+from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app.commands._common import add_db_argument, print_json, store_from
 from loaders.wd import NORM_METRICS, read_inputs  # noqa: F401  (read_inputs: the command's reads)
 
@@ -54,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=float, default=CONFIDENCE,
                         help=f"interval coverage, between 0 and 1 (default {CONFIDENCE})")
     parser.add_argument("--seed", type=int, default=SEED, help=f"bootstrap seed (default {SEED})")
+    parser.add_argument("--method", choices=METHODS, default="auto",
+                        help="estimator per variant: grouped (runs that agree in everything but wd), "
+                             "regression (log10 wd with the other swept hyperparameters as covariates, for "
+                             "random sweeps), or auto: regression when under half of a variant's runs are in "
+                             "groups with >= 2 weight decays (default auto)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -107,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     store = store_from(args)
     runs, points, norms = read_inputs(store, args.metric)
     table = wd_sensitivity(runs, points, spike_ratio=args.spike_ratio, diverge_ratio=args.diverge_ratio,
-                           statistic=args.loss, n_boot=args.boot, confidence=args.confidence, seed=args.seed)
+                           statistic=args.loss, n_boot=args.boot, confidence=args.confidence, seed=args.seed,
+                           metric=args.metric, method=args.method)
     pn = projection_norms_vs_wd(runs, norms)
     out = []
     for row in table.to_dict("records"):
@@ -123,6 +144,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"no runs with a weight decay and '{args.metric}' points in {store.path}")
         return 0
     pct = f"{args.confidence:.0%}"
+    shown = set()
     for row in out:
+        if row["variant"] not in shown:
+            shown.add(row["variant"])
+            print(f"{row['variant']}: method {row['method']} ({row['method_reason']})")
+            if row["regression"] is not None:
+                _print_regression(row["regression"], args.metric, row["statistic"], pct)
         _print_group(row, args.metric, pct)
     return 0
+
+
+def _print_regression(reg: dict, metric: str, statistic: str, pct: str) -> None:
+    if reg["note"]:
+        print(f"   regression: {reg['note']}")
+    if reg["reason"]:
+        print(f"   regression: n/a ({reg['reason']})")
+        return
+    covs = ", ".join(f"{c['transform']}({c['name']})" if c["transform"] == "log10" else c["name"]
+                     for c in reg["covariates"]) or "none"
+    print(f"   regression of {statistic} {metric} on log10(wd) + {covs}: n={reg['n_runs']}, R^2={reg['r2']:.3f}")
+    print(f"   wd coefficient d{metric}/dlog10(wd)={reg['wd_coef']:+.4f}"
+          f"{_ci(reg['wd_coef_ci_low'], reg['wd_coef_ci_high'], '+.4f')} ({pct}, {reg['n_boot_used']} of "
+          f"{reg['n_boot']} resamples)")
+    for u in reg["unused"]:
+        print(f"   not a covariate: {u['name']} ({u['reason']})")
+    print(f"   partial dependence ({reg['pd_model']}): slope {reg['pd_slope']:+.4f}, range {reg['pd_range']:.4f}, "
+          f"best wd {reg['pd_best_weight_decay']:.4g}")

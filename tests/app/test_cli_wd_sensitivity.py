@@ -137,5 +137,5 @@ def test_loaders_read_the_latest_value_per_step_and_the_norms(tmp_path):
         {"run_id": 1, "step": 200, "metric": "norm_k", "value": 2.0}]
     runs, points, norms = read_inputs(store, "val/loss")
     assert runs["run_id"].tolist() == list(range(1, 9)) + [99]
-    assert list(runs.columns) == ["run_id", "variant", "weight_decay", "config"]
+    assert list(runs.columns) == ["run_id", "variant", "weight_decay", "lr", "config"]
     assert points.equals(pts) and len(norms) == 1
