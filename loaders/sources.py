@@ -12,17 +12,24 @@ safetensors file                         header validated here, one tensor per
 ``*.safetensors.index.json`` + shards    one source over all shards, lazy per key
 PyTorch zip file (.pt/.pth/.ckpt/.bin)   ``torch.load(weights_only=True, mmap=True)``
 PyTorch legacy (pre-1.6) pickle file     ``torch.load(weights_only=True)`` (no mmap)
+llama2.c export (v0, v1, v2 ``.bin``)    ``loaders/llama2c.py``: header checked against
+                                         the file size, one tensor per ``get``
 ``pytorch_model.bin.index.json``         one source over the torch shards
 Hugging Face folder (``config.json``)    config.json + model.safetensors / index /
                                          pytorch_model.bin
-run folder (nanoGPT, paper code)         its one checkpoint file (+ model_config.yaml)
+run folder (nanoGPT, paper code,         its one checkpoint file (+ model_config.yaml);
+llama2.c ``out/``)                       a llama2.c ``tokenizer.bin`` is not a checkpoint
 ``.zip`` of any of these                 extracted safely to a temporary folder that
                                          ``close()`` deletes
 =======================================  ============================================
 
-The format is decided by content (magic bytes), the suffix only breaks ties.
+The format is decided by content (magic bytes; for llama2.c's headerless v0
+a header whose implied size is the file's), the suffix only breaks ties.
 Nothing is ever unpickled beyond plain tensors and containers: a pickle that
 asks for any other callable raises ``UnsafeCheckpointError`` and runs nothing.
+``load_plain_pickle`` is the restricted unpickler for side files such as
+nanoGPT's ``meta.pkl``: no global at all may be imported, and the result is
+walked within the side-data budgets.
 
 ``content_hash(path)`` is the sha256 of a file, or of the files a folder or
 sharded set is read from (names and contents), streamed in 1 MiB chunks; it
@@ -62,17 +69,19 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from loaders.budgets import BudgetExceeded, SideBudget, budget, load_yaml, tensor_problem
+from loaders import llama2c
 from loaders.errors import CheckpointFormatError, FileError, UnsafeCheckpointError
 from loaders.tensor_source import TensorSource
 
 __all__ = [
     "open_source", "content_hash", "validate", "is_checkpoint_candidate", "check_tensor",
+    "load_plain_pickle",
     "SafetensorsSource", "TorchSource", "ShardedSource", "ZipSource",
     "EXPECTED", "CHECKPOINT_SUFFIXES",
 ]
 
 #: What a checkpoint may be, quoted in errors about unrecognised input.
-EXPECTED = ("expected a safetensors, PyTorch (.bin/.pt/.pth/.ckpt) or zip file, "
+EXPECTED = ("expected a safetensors, PyTorch (.bin/.pt/.pth/.ckpt), llama2.c .bin or zip file, "
             "or a folder with config.json")
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".zip")
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -209,7 +218,15 @@ def is_checkpoint_candidate(path: str | Path) -> bool:
         return False
     if p.suffix.lower() == ".zip":
         return head[:4] in (b"PK\x03\x04", b"PK\x05\x06")
-    return _magic_kind(head, size) in ("zip", "pickle", "safetensors")
+    kind = _magic_kind(head, size)
+    if kind == "unknown":
+        if head[:4] == struct.pack("<I", llama2c.MAGIC):
+            return True                     # a broken llama2.c v1/v2 export is an error to show
+        try:
+            return llama2c.sniff(p) is not None
+        except CheckpointFormatError:
+            return False
+    return kind in ("zip", "pickle", "safetensors")
 
 
 # ----------------------------------------------------------------------------
@@ -245,7 +262,7 @@ def _is_torch_zip(zf: zipfile.ZipFile) -> bool:
 
 
 def _file_kind(p: Path) -> str:
-    """``safetensors``, ``torch_zip``, ``torch_legacy`` or ``zip``; raises otherwise."""
+    """``safetensors``, ``torch_zip``, ``torch_legacy``, ``llama2c`` or ``zip``; raises otherwise."""
     head, size = _head(p)
     kind = _magic_kind(head, size)
     if kind == "empty":
@@ -264,6 +281,8 @@ def _file_kind(p: Path) -> str:
             raise CheckpointFormatError(
                 p, f"starts like a zip file (PyTorch or upload) but its directory cannot be read "
                    f"({exc}); the file is truncated or corrupt") from None
+    if llama2c.sniff(p) is not None:                 # raises for a broken llama2.c export
+        return "llama2c"
     raise CheckpointFormatError(p, f"unrecognised content (first bytes {head[:8].hex()}); {EXPECTED}")
 
 
@@ -277,6 +296,8 @@ def _open_file(p: Path) -> TensorSource:
         return TorchSource(p, _kind=kind)
     if kind == "zip":
         return ZipSource(p)
+    if kind == "llama2c":
+        return llama2c.Llama2cSource(p)
     raise CheckpointFormatError(p, f"unrecognised content; {EXPECTED}")
 
 
@@ -656,6 +677,57 @@ def _jsonlike(v, side: SideBudget | None = None, depth: int = 0):
     return text
 
 
+class _NoGlobals(pickle.Unpickler):
+    """An unpickler that imports nothing: a pickle of plain values (dicts, lists,
+    strings, numbers) loads, any callable or persistent id is refused."""
+
+    def __init__(self, file, path: Path):
+        super().__init__(file)
+        self._path = path
+
+    def find_class(self, module, name):
+        raise UnsafeCheckpointError(
+            self._path, f"refused to unpickle: the pickle calls {module}.{name}, which is not a plain "
+                        f"value (a vocabulary pickle holds only dicts, strings and numbers)")
+
+    def persistent_load(self, pid):
+        raise UnsafeCheckpointError(self._path, "refused to unpickle: the pickle refers to outside "
+                                                "objects (persistent ids)")
+
+
+def load_plain_pickle(path: str | Path):
+    """A pickle file of plain values only (nanoGPT's ``meta.pkl``: ``vocab_size``,
+    ``itos``, ``stoi``), read without importing anything (``_NoGlobals``).
+
+    The file may hold at most ``QKVSCOPE_SIDE_BYTES``; the loaded value is walked
+    (``_jsonlike``: mapping keys become strings) within the side-data budgets, so
+    a memo that repeats one container is charged once per occurrence.
+    Raises ``UnsafeCheckpointError`` for a pickle that asks for a callable and
+    ``CheckpointFormatError`` for a broken or oversized one."""
+    import io
+
+    p = Path(path)
+    cap = budget("QKVSCOPE_SIDE_BYTES")
+    size = p.stat().st_size
+    if size > cap:
+        raise CheckpointFormatError(
+            p, f"pickle is {size:,} bytes, over the budget of {cap:,} (QKVSCOPE_SIDE_BYTES; set it in "
+               f"the environment to raise it)")
+    raw = p.read_bytes()
+    try:
+        obj = _NoGlobals(io.BytesIO(raw), p).load()
+    except UnsafeCheckpointError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+            struct.error, UnicodeDecodeError, MemoryError, RecursionError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointFormatError(p, f"pickle cannot be read ({first}); it is truncated or corrupt") from None
+    try:
+        return _jsonlike(obj)
+    except BudgetExceeded as exc:
+        raise CheckpointFormatError(p, f"{exc}; refused") from None
+
+
 def _has_tensor(v, depth: int = 0) -> bool:
     if isinstance(v, torch.Tensor):
         return True
@@ -964,11 +1036,22 @@ def _folder_plan(d: Path) -> _FolderPlan:
         raise CheckpointFormatError(
             d, f"folder holds no checkpoint file (found: {found}); {EXPECTED}")
     note = ""
+    toks = [c for c in cands if c.suffix.lower() == ".bin" and llama2c.is_tokenizer(c)]
+    if toks:
+        cands = [c for c in cands if c not in toks]
+        note = f"skipped llama2.c tokenizer: {', '.join(c.name for c in toks)}"
     if len(cands) > 1:
         logs = [c for c in cands if _holds_bare_tensor(c)]
         cands = [c for c in cands if c not in logs]
         if logs:
-            note = f"skipped tensor-only files: {', '.join(c.name for c in logs)}"
+            note = "; ".join(x for x in (note, f"skipped tensor-only files: {', '.join(c.name for c in logs)}") if x)
+    exports = [c for c in cands if c.suffix.lower() == ".bin" and _is_llama2c(c)]
+    if exports and len(cands) - len(exports) == 1:
+        # llama2.c out/: ckpt.pt beside the .bin exported from it; the training checkpoint wins
+        kept = [c for c in cands if c not in exports]
+        note = "; ".join(x for x in (note, f"chose {kept[0].name} over its llama2.c export "
+                                           f"{', '.join(c.name for c in exports)}") if x)
+        cands = kept
     if len(cands) > 1 and "final_model.pt" in {c.name for c in cands}:
         # projection-sharing paper runs: final_model.pt beside intermediate checkpoints
         others = [c.name for c in cands if c.name != "final_model.pt"]
@@ -981,6 +1064,13 @@ def _folder_plan(d: Path) -> _FolderPlan:
                f"(open one of them by its path)")
     cfg_file = cfg or names.get("model_config.yaml")
     return _FolderPlan(cands[0], cfg_file, [cands[0]] + ([cfg_file] if cfg_file else []), note)
+
+
+def _is_llama2c(p: Path) -> bool:
+    try:
+        return _file_kind(p) == "llama2c"
+    except CheckpointFormatError:
+        return False
 
 
 def _open_folder(d: Path) -> TensorSource:
