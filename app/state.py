@@ -3,8 +3,10 @@
 The database is DuckDB, which lets one process write at a time; the server
 never keeps a connection open between script runs (``loaders.store``), so a
 CLI ingest can write while the dashboard serves. Cached reads are keyed by
-``data_version``, which changes whenever the file does, so new data shows up
-without a restart.
+what they read: the database file (``db``, which they open, whatever
+``$QKVSCOPE_DB`` says) and ``data_version``, which changes whenever the file
+does, so new data shows up without a restart, after an ingest from this page
+or from a shell.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import streamlit as st
 
 from analysis.errors import AnalysisError
 from analysis.registry import METRIC_VERSION
+from app.pickers import user_message
 from app.paths import DEMO_DIR, ROOT  # noqa: F401  (pages import them from here)
-from loaders import curves, queries
+from loaders import checkpoint_labels, curves, queries
 from loaders.errors import QkvscopeError
 from loaders.store import Store, default_db_path
 
@@ -28,15 +31,21 @@ def get_store() -> Store:
     return Store(default_db_path(), busy_timeout=10.0)
 
 
-def data_version(store: Store) -> tuple[int, int]:
-    """Changes whenever the database file (or its WAL) changes: a cache key."""
-    stamp = []
+def store_at(db: str) -> Store:
+    """The store of the file ``db``: what a cached reader opens (its cache key names the file)."""
+    return Store(Path(db), busy_timeout=10.0)
+
+
+def data_version(store: Store) -> tuple[int, ...]:
+    """Changes whenever the database file (or its WAL) changes: ``(mtime_ns, size)`` of each
+    (0, 0 for a missing one), a cache key."""
+    stamp: list[int] = []
     for p in (store.path, Path(str(store.path) + ".wal")):
         try:
             s = p.stat()
-            stamp.append(s.st_mtime_ns ^ s.st_size)
+            stamp += [s.st_mtime_ns, s.st_size]
         except FileNotFoundError:
-            stamp.append(0)
+            stamp += [0, 0]
     return tuple(stamp)
 
 
@@ -61,7 +70,7 @@ def show_errors(fn: Callable[[], None]) -> None:
     try:
         fn()
     except (QkvscopeError, AnalysisError) as exc:
-        st.error(str(exc), icon=":material/error:")
+        st.error(user_message(str(exc)), icon=":material/error:")
 
 
 def demo_only(run_sources: list[str]) -> bool:
@@ -70,18 +79,31 @@ def demo_only(run_sources: list[str]) -> bool:
     return bool(run_sources) and all(str(s).startswith(demo) for s in run_sources)
 
 
-# -- cached reads shared by several pages (keyed by file and data_version) --------
+# -- cached reads shared by several pages (keyed by the file they read and its data_version) --
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def checkpoints_frame(db: str, version: tuple) -> pd.DataFrame:
     """Stored checkpoints with geometry (``loaders.queries.checkpoints_frame``)."""
-    return queries.checkpoints_frame(get_store())
+    return queries.checkpoints_frame(store_at(db))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def checkpoint_choices(db: str, version: tuple) -> pd.DataFrame:
+    """What checkpoint pickers list: checkpoints with run, step and run settings
+    (``loaders.checkpoint_labels.checkpoint_choices``; named by ``app.pickers.checkpoint_label``)."""
+    return checkpoint_labels.checkpoint_choices(store_at(db))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def summary(db: str, version: tuple) -> dict:
+    """Counts of runs, points, checkpoints and analyses (``loaders.queries.summary``)."""
+    return queries.summary(store_at(db))
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def analysis_results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
     """One checkpoint's stored metric values (``loaders.curves.analysis_results``)."""
-    return curves.analysis_results(get_store(), checkpoint_id)
+    return curves.analysis_results(store_at(db), checkpoint_id)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -89,7 +111,7 @@ def results_over_checkpoints(db: str, version: tuple, ids: tuple,
                              metrics: tuple | None = None) -> pd.DataFrame:
     """Several checkpoints' stored values with step and run, optionally only ``metrics``
     (``loaders.curves.results_over_checkpoints``)."""
-    return curves.results_over_checkpoints(get_store(), ids, list(metrics) if metrics else None)
+    return curves.results_over_checkpoints(store_at(db), ids, list(metrics) if metrics else None)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -98,5 +120,5 @@ def stored_notes(db: str, version: tuple, checkpoint_id: int) -> dict[str, str]:
     for a checkpoint at the current metric version; {} when none is."""
     notes: dict[str, str] = {}
     for kind in ("weights", "activations"):
-        notes.update(curves.stored_job_notes(get_store(), checkpoint_id, [kind], METRIC_VERSION) or {})
+        notes.update(curves.stored_job_notes(store_at(db), checkpoint_id, [kind], METRIC_VERSION) or {})
     return notes

@@ -13,15 +13,14 @@ tokens are greyed with the reason.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from analysis.registry import BY_NAME, METRICS
-from app import charts, tables
+from app import charts, pickers, tables
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
-                       stored_notes, checkpoints_frame as _checkpoints, analysis_results as _results)
+                       store_at, stored_notes, checkpoint_choices, analysis_results as _results)
 from loaders import curves
 
 TITLE = "Compare"
@@ -35,7 +34,7 @@ HEAD_METRICS = [m.name for m in METRICS if m.axis in ("head", "kv_head", "head+l
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _run_checkpoints(db: str, version: tuple) -> pd.DataFrame:
-    return curves.run_checkpoints(get_store())
+    return curves.run_checkpoints(store_at(db))
 
 
 
@@ -59,22 +58,22 @@ def _ensure_analysed(store, ids: list[int], label: str) -> list[str]:
     return problems
 
 
-def _label(row) -> str:
-    step = f", step {int(row.step)}" if pd.notna(row.step) else ""
-    run = f" {row.run}" if isinstance(row.run, str) else ""
-    return f"#{row.id}{run} {Path(str(row.path)).name} ({row.variant}{step})"
+def _url_id(name: str, ids: set[int]) -> int | None:
+    raw = query_param(name)
+    return int(raw) if raw and raw.isdigit() and int(raw) in ids else None
 
 
 def _pair(store, ckpts: pd.DataFrame) -> None:
     st.subheader("Two checkpoints")
-    labels = {int(r.id): _label(r) for r in ckpts.itertuples()}
-    ids = list(labels)
-    a_url, b_url = query_param("a"), query_param("b")
-    a_def = int(a_url) if a_url and a_url.isdigit() and int(a_url) in labels else ids[0]
-    b_def = int(b_url) if b_url and b_url.isdigit() and int(b_url) in labels else ids[-1]
+    st.caption("By default two checkpoints of one geometry that differ in one setting (the qkv baseline "
+               "against a variant at the same weight decay and step, where there is one).")
+    known = {int(i) for i in ckpts["id"]}
+    a_def, b_def = pickers.default_pair(ckpts)
+    a_def, b_def = _url_id("a", known) or a_def, _url_id("b", known) or b_def
     c1, c2 = st.columns(2)
-    a = c1.selectbox("A", ids, index=ids.index(a_def), format_func=labels.get, key="cmp_a")
-    b = c2.selectbox("B", ids, index=ids.index(b_def), format_func=labels.get, key="cmp_b")
+    a = pickers.checkpoint_picker("A", ckpts, key="cmp_a", default=a_def, container=c1)
+    b = pickers.checkpoint_picker("B", ckpts, key="cmp_b", default=b_def, container=c2)
+    labels = {int(r["id"]): pickers.checkpoint_label(r) for r in ckpts.to_dict("records")}
     set_query_params(a=a, b=b)
     problems = _ensure_analysed(store, sorted({a, b}), "Analysing")
     for p in problems:
@@ -183,7 +182,7 @@ def _trajectories(store) -> None:
 def render() -> None:
     store = get_store()
     st.title("Compare")
-    ckpts = _checkpoints(str(store.path), data_version(store))
+    ckpts = checkpoint_choices(str(store.path), data_version(store))
     if ckpts.empty:
         st.info("No checkpoints stored yet. Ingest some on the Overview page, upload one on the Checkpoint "
                 f"inspector, or from a shell: `python -m app ingest PATH --db {store.path}`.",

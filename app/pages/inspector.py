@@ -19,7 +19,6 @@ browser session ends.
 from __future__ import annotations
 
 import io
-import tempfile
 from pathlib import Path, PurePath
 
 import numpy as np
@@ -28,8 +27,8 @@ import streamlit as st
 
 from analysis.chance import WEIGHT_CHANCE
 from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
-from app import charts, tables
-from app.state import (data_version, get_store, query_param, set_query_params,
+from app import charts, pickers, tables
+from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
                        checkpoints_frame as _checkpoints, analysis_results as _results)
 from loaders import curves
 from loaders.errors import FileError, QkvscopeError
@@ -113,14 +112,9 @@ def _ties(path: str, stamp: str) -> list[dict]:
 
 # -- getting a checkpoint --------------------------------------------------------------
 
-def save_uploads(files: list[tuple[str, bytes]], dest: Path) -> Path:
-    """Write uploaded files into ``dest``; return what to ingest.
-
-    One file: that file (a zip is read as a zip). Several files: ``dest`` as a
-    folder (the files of a Hugging Face checkpoint: config.json beside the
-    weights). Names are reduced to their last component, so an upload cannot
-    write outside ``dest``.
-    """
+def upload_names(files: list[tuple[str, bytes]]) -> list[str]:
+    """The uploaded files' names reduced to their last component (so an upload cannot write
+    outside its folder); a name that is empty, ``.`` or ``..``, or two files of one name, are errors."""
     if not files:
         raise QkvscopeError("no files uploaded")
     names = [PurePath(name.replace("\\", "/")).name for name, _ in files]
@@ -130,6 +124,18 @@ def save_uploads(files: list[tuple[str, bytes]], dest: Path) -> Path:
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise QkvscopeError(f"uploaded files share names: {', '.join(dup)}; upload each file once")
+    return names
+
+
+def save_uploads(files: list[tuple[str, bytes]], dest: Path) -> Path:
+    """Write uploaded files into ``dest``; return what to ingest.
+
+    One file: that file (a zip is read as a zip). Several files: ``dest`` as a
+    folder (the files of a Hugging Face checkpoint: config.json beside the
+    weights). Names are reduced to their last component (``upload_names``).
+    ``app.pickers.upload_folder`` makes a ``dest`` whose path keeps the names.
+    """
+    names = upload_names(files)
     for name, (_, data) in zip(names, files):
         (dest / name).write_bytes(data)
     return dest / names[0] if len(names) == 1 else dest
@@ -154,10 +160,14 @@ def _from_upload(store) -> int | None:
     if st.session_state.get("insp_upload_sig") == sig:
         return st.session_state.get("insp_upload_id")
     _release_upload()
-    holder = tempfile.TemporaryDirectory(prefix="qkvscope-upload-")
+    uploaded = [(f.name, f.getvalue()) for f in files]
+    holder, dest = pickers.upload_folder(upload_names(uploaded))
     st.session_state["insp_upload_dir"] = holder
-    target = save_uploads([(f.name, f.getvalue()) for f in files], Path(holder.name))
-    ckpt_id = _ingest(store, target)
+    target = save_uploads(uploaded, dest)
+    try:
+        ckpt_id = _ingest(store, target)
+    except QkvscopeError as exc:  # the message names the upload, not the server's temporary folder
+        raise QkvscopeError(pickers.user_message(str(exc))) from exc
     st.session_state["insp_upload_sig"] = sig
     st.session_state["insp_upload_id"] = ckpt_id
     return ckpt_id
@@ -221,12 +231,9 @@ def _pick_checkpoint(store, ckpts: pd.DataFrame) -> int | None:
         st.info("No checkpoints stored yet. Upload one above, give a server path, or ingest from a shell: "
                 f"`python -m app ingest PATH --db {store.path}`.", icon=":material/inbox:")
         return None
-    labels = {int(r.id): f"#{r.id} {Path(str(r.path)).name} ({r.architecture}, {r.variant}"
-              + (f", step {int(r.step)}" if pd.notna(r.step) else "") + ")" for r in ckpts.itertuples()}
     url_id = query_param("ckpt")
-    ids = list(labels)
-    default = int(url_id) if url_id and url_id.isdigit() and int(url_id) in labels else ids[-1]
-    return st.selectbox("Checkpoint", ids, index=ids.index(default), format_func=labels.get, key="insp_ckpt")
+    return pickers.checkpoint_picker("Checkpoint", ckpts, key="insp_ckpt",
+                                     default=int(url_id) if url_id and url_id.isdigit() else None)
 
 
 # -- sections -------------------------------------------------------------------------------
@@ -259,7 +266,7 @@ def _geometry(row: pd.Series) -> None:
                                             "NaN/Inf in attention", "path"],
                                   "value": [str(row["norm"]), str(row["positions"]), str(row["dtype"]),
                                             f"{int(row['params_total']):,}", f"{int(row['params_attention']):,}",
-                                            str(int(row["nonfinite"])), str(row["path"])]}),
+                                            str(int(row["nonfinite"])), pickers.display_path(row["path"])]}),
                     hide_index=True, width="stretch")
 
 
@@ -311,7 +318,7 @@ def _tied_check(row: pd.Series) -> None:
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _stored_notes(db: str, version: tuple, checkpoint_id: int, kinds: tuple) -> dict[str, str] | None:
-    return curves.stored_job_notes(get_store(), checkpoint_id, kinds, METRIC_VERSION)
+    return curves.stored_job_notes(store_at(db), checkpoint_id, kinds, METRIC_VERSION)
 
 
 def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
@@ -413,7 +420,7 @@ def _spectra_section(row: pd.Series) -> None:
     st.subheader("Singular-value spectra")
     path = str(row["path"])
     if not Path(path).exists():
-        st.caption(f"The weights are no longer at `{path}` (an upload that was released, or a moved file): "
+        st.caption(f"The weights are no longer at `{pickers.display_path(path)}` (an upload that was released, or a moved file): "
                    "open it again from a server path or an upload to see spectra and attention maps.")
         return
     c1, c2, c3 = st.columns([1, 1, 1])
@@ -438,7 +445,7 @@ def _attention_section(row: pd.Series) -> None:
     set_query_params(text=None if text == SAMPLE_TEXT[:160] else text)
     tokens, maps, reason = _attention(str(row["path"]), _file_stamp(str(row["path"])), text)
     if maps is None:
-        st.caption(f"No attention maps: {reason}")
+        st.caption(f"No attention maps: {pickers.user_message(reason)}")
         return
     layer = int(st.session_state.get("insp_layer_n", 0))
     head = int(st.session_state.get("insp_head_n", 0))
@@ -467,8 +474,7 @@ def render() -> None:
     store = get_store()
     st.title("Checkpoint inspector")
     version = data_version(store)
-    ckpts = _checkpoints(str(store.path), version)
-    ckpt_id = _pick_checkpoint(store, ckpts)
+    ckpt_id = _pick_checkpoint(store, checkpoint_choices(str(store.path), version))
     if ckpt_id is None:
         return
     set_query_params(ckpt=ckpt_id)
