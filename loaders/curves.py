@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.directions import direction as metric_direction
 from loaders.errors import QkvscopeError
 from loaders.store import Store
 
@@ -135,54 +136,70 @@ def group_band(binned: pd.DataFrame, groups: dict[int, str]) -> pd.DataFrame:
     return out[cols]
 
 
-def ema(values, weight: float) -> np.ndarray:
-    """Exponential moving average with debiasing (as TensorBoard's smoothing).
-
-    s_t = w s_{t-1} + (1 - w) v_t, s_0 = 0, reported as s_t / (1 - w^(t+1)),
-    so the first points are not pulled towards 0 (Kingma & Ba 2015, Adam's bias
-    correction). ``weight`` 0 returns the values unchanged.
-    """
-    v = np.asarray(values, dtype="float64")
-    if not 0.0 <= weight < 1.0:
-        raise QkvscopeError(f"smoothing weight must be in [0, 1); got {weight}")
-    if weight == 0.0 or len(v) == 0:
-        return v.copy()
-    out = np.empty_like(v)
-    s = 0.0
-    w_pow = 1.0
-    for i, val in enumerate(v):  # sequential recurrence; curves are <= MAX_POINTS long
-        s = weight * s + (1.0 - weight) * val
-        w_pow *= weight
-        out[i] = s / (1.0 - w_pow)
-    return out
-
-
-def smooth(frame: pd.DataFrame, weight: float, *, by: str = "run_id", column: str = "value") -> pd.DataFrame:
-    """A copy of a curves frame with ``column`` smoothed by ``ema`` within each ``by`` group."""
-    out = frame.copy()
-    if weight == 0.0 or out.empty:
-        return out
-    out[column] = out.groupby(by, sort=False)[column].transform(lambda s: ema(s.to_numpy(), weight))
-    return out
-
-
-def final_values(store: Store, metric: str, run_ids=None) -> pd.DataFrame:
-    """Per run: last value of ``metric`` (at its highest step), best (lowest) value, spikes.
+def final_values(store: Store, metric: str, run_ids=None, *, overrides: dict[str, str] | None = None) -> pd.DataFrame:
+    """Per run: last value of ``metric`` (at its highest step), best value, spikes.
 
     Returns ``run_id, final_step, final, best, best_step, n, nonfinite``;
-    ``nonfinite`` counts infinite values (a diverged run). Read from the
-    ``run_stats`` summary that ingest keeps, not from ``points``.
+    ``nonfinite`` counts infinite values (a diverged run). ``best`` is direction-aware
+    (``analysis.directions``): the lowest value of a loss, the highest of an accuracy
+    (``overrides`` as there). Read from the ``run_stats`` summary that ingest keeps; the
+    highest value, which it does not keep, from ``points``.
     """
     ids = None if run_ids is None else _ids(run_ids)
-    where = "metric = $metric" + ("" if ids is None else " AND run_id IN (SELECT unnest($ids))")
-    sql = f"""
-    SELECT run_id, final_step, final, best, best_step, n_values AS n, nonfinite
-    FROM run_stats WHERE {where} AND n_values > 0
-    ORDER BY run_id
-    """
+    where = "s.metric = $metric" + ("" if ids is None else " AND s.run_id IN (SELECT unnest($ids))")
     params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
+    if metric_direction(metric, overrides) == "max":
+        sql = f"""
+        WITH hi AS (
+            SELECT run_id, max(value) AS best, arg_max(step, value) AS best_step FROM points
+            WHERE metric = $metric AND value IS NOT NULL AND isfinite(value) GROUP BY run_id)
+        SELECT s.run_id, s.final_step, s.final, hi.best, hi.best_step, s.n_values AS n, s.nonfinite
+        FROM run_stats s LEFT JOIN hi USING (run_id) WHERE {where} AND s.n_values > 0
+        ORDER BY s.run_id
+        """
+    else:
+        sql = f"""
+        SELECT s.run_id, s.final_step, s.final, s.best, s.best_step, s.n_values AS n, s.nonfinite
+        FROM run_stats s WHERE {where} AND s.n_values > 0
+        ORDER BY s.run_id
+        """
     with store.connect() as con:
         return con.execute(sql, params).df()
+
+
+def run_metric_summary(store: Store, metrics, run_ids=None) -> pd.DataFrame:
+    """Per run and metric: ``run_id, metric, n, final_step, final, min, max`` over finite values
+    (``final`` the value at the highest step with a finite value), for the Results table."""
+    names = [str(m) for m in metrics]
+    cols = ["run_id", "metric", "n", "final_step", "final", "min", "max"]
+    if not names:
+        return pd.DataFrame(columns=cols)
+    ids = None if run_ids is None else _ids(run_ids)
+    where = "metric IN (SELECT unnest($metrics)) AND value IS NOT NULL AND isfinite(value)" + (
+        "" if ids is None else " AND run_id IN (SELECT unnest($ids))")
+    params: dict = {"metrics": names} if ids is None else {"metrics": names, "ids": ids}
+    sql = f"""
+    SELECT run_id, metric, count(*) AS n, max(step) AS final_step, arg_max(value, step) AS final,
+           min(value) AS min, max(value) AS max
+    FROM points WHERE {where} GROUP BY run_id, metric ORDER BY run_id, metric
+    """
+    with store.connect() as con:
+        return con.execute(sql, params).df()[cols]
+
+
+def run_geometry(store: Store) -> pd.DataFrame:
+    """Each run's latest checkpoint geometry: ``run_id, checkpoint_id, step, n_layers, n_heads,
+    n_kv_heads, d_model, d_head, dtype, params_attention, kv_bytes_per_token`` (runs without a
+    linked checkpoint are absent)."""
+    sql = """
+    SELECT run_id, id AS checkpoint_id, step, n_layers, n_heads, n_kv_heads, d_model, d_head, dtype,
+           params_attention, kv_bytes_per_token
+    FROM checkpoints WHERE run_id IS NOT NULL
+    QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY step DESC NULLS LAST, id DESC) = 1
+    ORDER BY run_id
+    """
+    with store.connect() as con:
+        return con.execute(sql).df()
 
 
 def metric_names(store: Store, run_ids=None) -> list[str]:
@@ -267,7 +284,6 @@ def head_difference(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     merged = merged[keys + ["a", "b", "diff", "chance_a", "chance_b", "n_tokens_a", "n_tokens_b",
                             "ci_low_a", "ci_high_a", "ci_low_b", "ci_high_b"]]
     return merged.sort_values(keys, na_position="first").reset_index(drop=True)
-
 
 
 def run_checkpoints(store: Store) -> pd.DataFrame:

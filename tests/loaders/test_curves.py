@@ -1,4 +1,4 @@
-"""Curve queries: SQL min-max downsampling, bands, EMA, final values, results."""
+"""Curve queries: SQL min-max downsampling, bands, final and best values, run summaries, results."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,26 +78,6 @@ def test_no_runs_gives_an_empty_frame(long_run):
     assert df.empty and list(df.columns) == ["run_id", "x", "value", "step"]
 
 
-def test_ema_debiased_known_values():
-    out = curves.ema([1.0, 1.0, 1.0], 0.9)
-    np.testing.assert_allclose(out, [1.0, 1.0, 1.0])  # debiasing: a constant stays constant
-    out = curves.ema([0.0, 10.0], 0.5)
-    # s1 = 0, s2 = 0.5*0 + 0.5*10 = 5; debiased: 5 / (1 - 0.25) = 6.667
-    np.testing.assert_allclose(out, [0.0, 5.0 / 0.75])
-    raw = np.array([3.0, 1.0])
-    assert curves.ema(raw, 0.0) is not raw
-    with pytest.raises(QkvscopeError) as err:
-        curves.ema(raw, 1.0)
-    assert str(err.value) == "smoothing weight must be in [0, 1); got 1.0"
-
-
-def test_smooth_is_per_run_and_leaves_input_alone():
-    frame = pd.DataFrame({"run_id": [1, 1, 2, 2], "x": [0, 1, 0, 1], "value": [0.0, 10.0, 4.0, 4.0]})
-    out = curves.smooth(frame, 0.5)
-    assert frame["value"].tolist() == [0.0, 10.0, 4.0, 4.0]
-    np.testing.assert_allclose(out["value"], [0.0, 5.0 / 0.75, 4.0, 4.0])
-
-
 def test_group_band_mean_and_extremes(tmp_path):
     rows = [(r, s, "m", float(r * 10 + s), None, None) for r in (1, 2, 3) for s in range(4)]
     store = _store_with_points(tmp_path, rows)
@@ -123,6 +103,46 @@ def test_final_values_last_best_and_divergence(tmp_path):
     assert f.loc[2, "final"] == 5.0
     assert curves.metric_names(store) == ["val/loss"]
     assert curves.metric_names(store, []) == []
+
+
+def test_best_of_an_accuracy_is_its_highest_value(tmp_path):
+    rows = [(1, 0, "val/accuracy", 0.2, None, None), (1, 10, "val/accuracy", 0.7, None, None),
+            (1, 20, "val/accuracy", 0.6, None, None), (2, 0, "val_top1", 10.0, None, None),
+            (2, 5, "val_top1", 40.0, None, None)]
+    store = _store_with_points(tmp_path, rows)
+    f = curves.final_values(store, "val/accuracy").set_index("run_id")
+    assert (f.loc[1, "final"], f.loc[1, "best"], f.loc[1, "best_step"]) == (0.6, 0.7, 10)
+    top1 = curves.final_values(store, "val_top1")
+    assert top1["best"].tolist() == [40.0] and top1["best_step"].tolist() == [5]
+    # a direction override reads the accuracy as lower-is-better
+    low = curves.final_values(store, "val/accuracy", overrides={"val/accuracy": "min"})
+    assert low["best"].tolist() == [0.2]
+
+
+def test_run_metric_summary_final_min_max(tmp_path):
+    rows = [(1, 0, "val/loss", 5.0, None, None), (1, 10, "val/loss", 3.0, None, None),
+            (1, 20, "val/loss", 3.5, None, None), (1, 30, "val/loss", float("inf"), None, None),
+            (2, 0, "val/loss", 4.0, None, None), (2, 0, "other", 1.0, None, None)]
+    store = _store_with_points(tmp_path, rows)
+    s = curves.run_metric_summary(store, ["val/loss"])
+    assert s.columns.tolist() == ["run_id", "metric", "n", "final_step", "final", "min", "max"]
+    assert s.iloc[0][["run_id", "n", "final_step", "final", "min", "max"]].tolist() == [1, 3, 20, 3.5, 3.0, 5.0]
+    assert s["run_id"].tolist() == [1, 2]
+    assert curves.run_metric_summary(store, ["val/loss"], [2])["run_id"].tolist() == [2]
+    assert curves.run_metric_summary(store, []).empty
+
+
+def test_run_geometry_takes_the_latest_checkpoint(tmp_path):
+    store = Store(tmp_path / "g.duckdb")
+    store.migrate()
+    with store.transaction() as con:
+        con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'r', '/r', 'csv')")
+        for cid, step, kv in ((1, 500, 4), (2, 1000, 1), (3, None, 2)):
+            con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
+                        "n_kv_heads, d_model, d_head, run_id, step, params_attention, kv_bytes_per_token) "
+                        "VALUES (?, 'p', ?, 'gpt2', 'qkv', 2, 4, ?, 8, 2, 1, ?, 100, 64)", [cid, f"s{cid}", kv, step])
+    g = curves.run_geometry(store)
+    assert g[["run_id", "checkpoint_id", "step", "n_kv_heads"]].values.tolist() == [[1, 2, 1000, 1]]
 
 
 def test_analysis_results_latest_version_and_head_difference(tmp_path):
