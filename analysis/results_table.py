@@ -1,0 +1,251 @@
+"""Results tables as papers print them: variants as rows, metrics as columns, mean ± std over seeds.
+
+Pure pandas (no I/O). ``run_facts(config)`` reads what a run's config says about its task and
+attention geometry; ``run_groups(runs)`` gives each run its group (task, variant, query heads,
+KV heads: MHA, GQA and MQA runs of one variant are different rows); ``results_table(runs,
+values, metrics)`` aggregates per group.
+
+Per group and metric (``statistic`` ``"final"``: each run's last value; ``"best"``: its best,
+the lowest of a loss and the highest of an accuracy, ``analysis.directions``):
+
+* ``mean`` = sum(x) / n and ``std`` the sample standard deviation sqrt(sum (x - mean)^2 / (n - 1))
+  (NaN for one run), over the group's runs (seeds, when the other settings are held fixed);
+* ``n`` runs with a value;
+* ``vs qkv %`` = 100 (mean - mean_qkv) / |mean_qkv| against the ``qkv`` row of the same task
+  and head sharing (paper B, arXiv 2606.04032, Table 4: "+3.1% perplexity"); NaN for the
+  baseline itself and where the group has no baseline.
+
+``perplexity`` adds ``exp(loss)`` per run before the mean (the perplexity of a loss in nats,
+per token or per byte as the loss is).
+
+Beside them: KV bytes per token ``n_layers * n_cached * n_kv_heads * d_head * bytes``
+(``analysis.variants.n_cached``: 1 for K=V variants, else 2) and the attention parameters
+(W_Q, W_K, W_V, W_O without biases, those a variant ties counted once), from the run's
+checkpoint geometry or, without a checkpoint, its config.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis import variants as V
+from analysis.directions import direction
+from analysis.errors import AnalysisError
+
+#: Task of a run whose config names none.
+DEFAULT_TASK = "language"
+#: The baseline variant of the % column.
+BASELINE = "qkv"
+STATISTICS = ("final", "best")
+#: Bytes per element of a checkpoint dtype name.
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
+               "bf16": 2, "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1,
+               "float64": 8}
+#: Order of head-sharing kinds in a table.
+_SHARING_ORDER = {"MHA": 0, "GQA": 1, "MQA": 2, "?": 3}
+
+_KEYS = {
+    "n_heads": ("n_head", "n_heads", "num_attention_heads", "num_heads"),
+    "n_kv_heads": ("n_kv_heads", "n_kv_head", "num_key_value_heads", "n_query_groups", "kv_heads"),
+    "n_layers": ("n_layer", "n_layers", "num_hidden_layers", "num_layers", "depth"),
+    "d_model": ("d_model", "n_embd", "hidden_size", "dim", "embed_dim"),
+    "d_head": ("d_head", "head_dim", "head_size"),
+}
+
+
+def _num(v) -> int | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if math.isfinite(f) and f > 0 else None
+
+
+def _scopes(config: dict) -> list[dict]:
+    """The dicts of a run config to read, in order: itself, its ``model_config`` / ``model_args`` /
+    ``model`` (the papers' nestings), then each file's contents under ``files`` (as ingest keeps
+    them: ``{"files": {"config.json": {...}}}``) with their nestings."""
+    out = []
+    for d in [config] + [v for v in (config.get("files") or {}).values() if isinstance(v, dict)]:
+        out.append(d)
+        out.extend(d[k] for k in ("model_config", "model_args", "model") if isinstance(d.get(k), dict))
+    return out
+
+
+def run_facts(config: dict | None) -> dict:
+    """``task, n_heads, n_kv_heads, n_layers, d_model, d_head`` from a run config (``_scopes``:
+    top level, the papers' nestings, the files ingest read); None where absent.
+    ``task`` is ``config["task"]`` (``"language"`` when missing); ``n_kv_heads`` defaults to
+    ``n_heads`` (no head sharing stated) and ``d_head`` to ``d_model / n_heads``."""
+    config = config if isinstance(config, dict) else {}
+    scopes = _scopes(config)
+    out: dict = {}
+    for field, names in _KEYS.items():
+        out[field] = next((_num(s[n]) for s in scopes for n in names if n in s and _num(s[n]) is not None), None)
+    task = next((s["task"] for s in scopes if isinstance(s.get("task"), str) and s["task"].strip()), None)
+    out["task"] = task.strip() if task else DEFAULT_TASK
+    if out["n_kv_heads"] is None:
+        out["n_kv_heads"] = out["n_heads"]
+    if out["d_head"] is None and out["d_model"] and out["n_heads"] and out["d_model"] % out["n_heads"] == 0:
+        out["d_head"] = out["d_model"] // out["n_heads"]
+    return out
+
+
+def _int_or_none(v):
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else int(v)
+
+
+def run_groups(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` (``id`` or ``run_id``, ``variant``, and ``task``, ``n_heads``, ``n_kv_heads``
+    where known) with ``task`` filled (``"language"``), ``sharing`` (``analysis.variants.sharing``)
+    and ``group``: ``"<task>|<variant>|<n_heads>|<n_kv_heads>"``, the key that keeps MHA, GQA
+    and MQA runs of one variant apart."""
+    out = runs.copy()
+    if "task" not in out.columns:
+        out["task"] = DEFAULT_TASK
+    out["task"] = out["task"].where(out["task"].notna() & (out["task"].astype(str) != ""), DEFAULT_TASK).astype(str)
+    for c in ("n_heads", "n_kv_heads"):
+        if c not in out.columns:
+            out[c] = None
+    out["variant"] = out["variant"].where(out["variant"].notna(), V.UNKNOWN).astype(str)
+    h = [_int_or_none(v) for v in out["n_heads"]]
+    kv = [_int_or_none(v) for v in out["n_kv_heads"]]
+    out["sharing"] = [V.sharing(a, b) for a, b in zip(h, kv)]
+    out["group"] = [f"{t}|{v}|{a}|{b}" for t, v, a, b in zip(out["task"], out["variant"], h, kv)]
+    return out
+
+
+def attention_params(variant: str, n_layers, n_heads, n_kv_heads, d_model, d_head) -> int | None:
+    """W_Q + W_K + W_V + W_O parameters over all layers, a tied projection counted once:
+    per layer W_Q ``n_heads d_model d_head`` (0 when dropped: ``analysis.variants.Q_DROPPED``),
+    W_K ``n_kv_heads d_model d_head``, W_V the same (0 when tied to K), W_O ``n_heads d_head
+    d_model``; None when a size is unknown."""
+    L, H, G, dm, dh = (_int_or_none(v) for v in (n_layers, n_heads, n_kv_heads, d_model, d_head))
+    if None in (L, H, G, dm, dh):
+        return None
+    q = 0 if variant in V.Q_DROPPED else H * dm * dh
+    v = 0 if variant in V.KV_TIED else G * dm * dh
+    return L * (q + G * dm * dh + v + H * dh * dm)
+
+
+def kv_bytes_per_token(variant: str, n_layers, n_kv_heads, d_head, bytes_per_elem) -> int | None:
+    """``n_layers * n_cached(variant) * n_kv_heads * d_head * bytes_per_elem``; None when unknown."""
+    L, G, dh, b = (_int_or_none(v) for v in (n_layers, n_kv_heads, d_head, bytes_per_elem))
+    if None in (L, G, dh, b):
+        return None
+    return L * V.n_cached(variant) * G * dh * b
+
+
+def _per_run_value(values: pd.DataFrame, metric: str, statistic: str, overrides) -> pd.Series:
+    rows = values[values["metric"] == metric].drop_duplicates("run_id").set_index("run_id")
+    if statistic == "final":
+        return rows["final"].astype(float)
+    return (rows["max"] if direction(metric, overrides) == "max" else rows["min"]).astype(float)
+
+
+def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], *, statistic: str = "final",
+                  perplexity: bool = False, bytes_per_elem: int | None = None,
+                  overrides: dict[str, str] | None = None, baseline: str = BASELINE) -> pd.DataFrame:
+    """One row per group of ``run_groups(runs)`` (see the module docstring).
+
+    ``runs``: ``id`` (or ``run_id``), ``variant`` and where known ``task, n_heads, n_kv_heads,
+    n_layers, d_model, d_head, seed, dtype, params_attention, kv_bytes_per_token`` (from the
+    latest checkpoint; the stored ``kv_bytes_per_token`` is used unless ``bytes_per_elem`` is
+    given, which recomputes it from the geometry). ``values``: ``run_id, metric, final, min,
+    max`` (``loaders.curves.run_metric_summary``).
+
+    Returns ``task, variant, label, sharing, n_heads, n_kv_heads, n runs, seeds, run ids``, then
+    per metric ``<m> mean, <m> std, <m> n, <m> vs qkv %`` (and with ``perplexity`` the same for
+    ``exp(<m>)`` of each loss metric), then ``KV bytes/token, attention params``; rows in the
+    order task, head sharing (MHA, GQA, MQA), variant (``analysis.variants.VARIANTS``).
+    """
+    if statistic not in STATISTICS:
+        raise AnalysisError(f"results_table: statistic must be one of {', '.join(STATISTICS)}; got {statistic!r}")
+    id_col = "id" if "id" in runs.columns else "run_id"
+    g = run_groups(runs)
+    if id_col == "id":
+        g = g.drop(columns=[c for c in ("run_id",) if c in g.columns]).rename(columns={"id": "run_id"})
+    g["run_id"] = g["run_id"].astype(int)
+    columns: list[tuple[str, pd.Series]] = []
+    for m in metrics:
+        per_run = _per_run_value(values, m, statistic, overrides)
+        columns.append((m, g["run_id"].map(per_run)))
+        if perplexity and direction(m, overrides) == "min":
+            columns.append((f"exp({m})", np.exp(g["run_id"].map(per_run))))
+    out_rows = []
+    order = {v: i for i, v in enumerate(V.VARIANTS)}
+    for key, rows in g.groupby("group", sort=False):
+        first = rows.iloc[0]
+        variant = str(first["variant"])
+        row = {"task": first["task"], "variant": variant, "label": V.label(variant), "sharing": first["sharing"],
+               "n_heads": _int_or_none(first["n_heads"]), "n_kv_heads": _int_or_none(first["n_kv_heads"]),
+               "n runs": len(rows),
+               "seeds": ", ".join(str(_int_or_none(s)) for s in rows["seed"] if _int_or_none(s) is not None)
+               if "seed" in rows.columns else "",
+               "run ids": ", ".join(str(i) for i in sorted(rows["run_id"]))}
+        for name, series in columns:
+            x = series.loc[rows.index].dropna().to_numpy(dtype=float)
+            row[f"{name} mean"] = float(x.mean()) if x.size else np.nan
+            row[f"{name} std"] = float(x.std(ddof=1)) if x.size > 1 else np.nan
+            row[f"{name} n"] = int(x.size)
+        row["KV bytes/token"] = _geometry_value(rows, variant, "kv", bytes_per_elem)
+        row["attention params"] = _geometry_value(rows, variant, "params", bytes_per_elem)
+        row["_order"] = _sort_key(str(first["task"]), str(first["sharing"]), _int_or_none(first["n_kv_heads"]),
+                                  order.get(variant, len(order)), variant)
+        out_rows.append(row)
+    base_cols = ["task", "variant", "label", "sharing", "n_heads", "n_kv_heads", "n runs", "seeds", "run ids"]
+    metric_cols = [f"{name} {s}" for name, _ in columns for s in ("mean", "std", "n", "vs qkv %")]
+    if not out_rows:
+        return pd.DataFrame(columns=base_cols + metric_cols + ["KV bytes/token", "attention params"])
+    out = pd.DataFrame(out_rows).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+    for name, _ in columns:
+        base = (out[out["variant"] == baseline]
+                .drop_duplicates(["task", "n_heads", "n_kv_heads"])
+                .set_index(["task", "n_heads", "n_kv_heads"])[f"{name} mean"])
+        ref = [base.get((t, h, kv), np.nan) for t, h, kv in zip(out["task"], out["n_heads"], out["n_kv_heads"])]
+        ref = np.asarray(ref, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pct = 100.0 * (out[f"{name} mean"].to_numpy(dtype=float) - ref) / np.abs(ref)
+        pct[(out["variant"] == baseline).to_numpy() | ~np.isfinite(pct)] = np.nan
+        out[f"{name} vs qkv %"] = pct
+    return out[base_cols + metric_cols + ["KV bytes/token", "attention params"]]
+
+
+def _sort_key(task: str, sharing: str, n_kv_heads, variant_rank: int, variant: str) -> tuple:
+    """Rows by task, head sharing (MHA, GQA with more KV heads first, MQA), then variant."""
+    kind = "GQA" if sharing.startswith("GQA") else (sharing if sharing in _SHARING_ORDER else "?")
+    return (task, _SHARING_ORDER[kind], -(n_kv_heads or 0), variant_rank, variant)
+
+
+def _geometry_value(rows: pd.DataFrame, variant: str, what: str, bytes_per_elem) -> float:
+    """The group's KV bytes per token or attention parameters (the median over its runs)."""
+    vals = []
+    for r in rows.to_dict("records"):
+        if what == "params":
+            v = r.get("params_attention")
+            if _int_or_none(v) is None:
+                v = attention_params(variant, r.get("n_layers"), r.get("n_heads"), r.get("n_kv_heads"),
+                                     r.get("d_model"), r.get("d_head"))
+        else:
+            v = None if bytes_per_elem is not None else r.get("kv_bytes_per_token")
+            if _int_or_none(v) is None:
+                b = bytes_per_elem if bytes_per_elem is not None else DTYPE_BYTES.get(str(r.get("dtype")).lower())
+                v = kv_bytes_per_token(variant, r.get("n_layers"), r.get("n_kv_heads"), r.get("d_head"), b)
+        if _int_or_none(v) is not None:
+            vals.append(float(v))
+    return float(np.median(vals)) if vals else np.nan
+
+
+def common_setting(runs: pd.DataFrame, column: str = "weight_decay"):
+    """The value of ``column`` shared by the most groups (ties: the largest value), the setting a
+    table holds fixed by default so its rows differ in variant and seed only; None if absent."""
+    if column not in runs.columns or runs[column].dropna().empty:
+        return None
+    g = run_groups(runs)
+    counts = g.dropna(subset=[column]).groupby(column)["group"].nunique()
+    best = counts.max()
+    return float(max(v for v, c in counts.items() if c == best))

@@ -1,0 +1,105 @@
+"""Results table: groups, mean ± std over seeds, n, % against qkv, KV bytes and attention parameters (by hand)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.errors import AnalysisError
+from analysis.results_table import (attention_params, common_setting, kv_bytes_per_token, results_table,
+                                    run_facts, run_groups)
+
+
+def _runs():
+    # qkv MHA: three seeds; k_eq_v MHA: two seeds; qkv MQA and k_eq_v MQA: one each; a vision qkv run
+    rows = [(1, "qkv", 4, 4, 1, "language"), (2, "qkv", 4, 4, 2, None), (3, "qkv", 4, 4, 3, "language"),
+            (4, "k_eq_v", 4, 4, 1, None), (5, "k_eq_v", 4, 4, 2, None),
+            (6, "qkv", 4, 1, 1, None), (7, "k_eq_v", 4, 1, 1, None), (8, "qkv", 4, 4, 1, "vision")]
+    frame = pd.DataFrame(rows, columns=["id", "variant", "n_heads", "n_kv_heads", "seed", "task"])
+    return frame.assign(n_layers=2, d_model=8, d_head=2, dtype="float16")
+
+
+def _values():
+    loss = {1: 2.0, 2: 2.2, 3: 2.4, 4: 2.5, 5: 2.7, 6: 3.0, 7: 3.3, 8: 1.0}
+    best = {k: v - 0.1 for k, v in loss.items()}
+    acc = {1: 0.5, 2: 0.6, 3: 0.7, 4: 0.4, 5: 0.5, 6: 0.3, 7: 0.2, 8: 0.9}
+    rows = [{"run_id": r, "metric": "val/loss", "final": loss[r], "min": best[r], "max": loss[r] + 1} for r in loss]
+    rows += [{"run_id": r, "metric": "val/accuracy", "final": acc[r] - 0.05, "min": 0.0, "max": acc[r]} for r in acc]
+    return pd.DataFrame(rows)
+
+
+def test_groups_keep_mha_and_mqa_and_tasks_apart():
+    g = run_groups(_runs()).set_index("id")
+    assert g.loc[1, "group"] == g.loc[2, "group"] == "language|qkv|4|4"
+    assert g.loc[6, "group"] == "language|qkv|4|1" and g.loc[6, "sharing"] == "MQA"
+    assert g.loc[8, "group"] == "vision|qkv|4|4"
+    assert g.loc[2, "task"] == "language"          # missing task: a language run
+
+
+def test_mean_std_n_and_percent_against_qkv_by_hand():
+    t = results_table(_runs(), _values(), ["val/loss"])
+    assert list(zip(t["task"], t["variant"], t["sharing"])) == [
+        ("language", "qkv", "MHA"), ("language", "k_eq_v", "MHA"), ("language", "qkv", "MQA"),
+        ("language", "k_eq_v", "MQA"), ("vision", "qkv", "MHA")]
+    q = t.iloc[0]
+    # qkv MHA: 2.0, 2.2, 2.4 -> mean 2.2, sample std sqrt((0.04 + 0 + 0.04) / 2) = 0.2
+    assert q["val/loss mean"] == pytest.approx(2.2) and q["val/loss std"] == pytest.approx(0.2)
+    assert q["val/loss n"] == 3 and q["n runs"] == 3 and q["seeds"] == "1, 2, 3"
+    assert math.isnan(q["val/loss vs qkv %"])      # the baseline itself
+    kv = t.iloc[1]
+    # k_eq_v MHA: 2.5, 2.7 -> mean 2.6, std sqrt(0.02) ; vs qkv: 100 (2.6 - 2.2) / 2.2 = +18.18%
+    assert kv["val/loss mean"] == pytest.approx(2.6) and kv["val/loss std"] == pytest.approx(math.sqrt(0.02))
+    assert kv["val/loss vs qkv %"] == pytest.approx(100 * 0.4 / 2.2)
+    # k_eq_v MQA against qkv MQA (same head sharing): 100 (3.3 - 3.0) / 3.0 = +10%
+    assert t.iloc[3]["val/loss vs qkv %"] == pytest.approx(10.0)
+    assert math.isnan(t.iloc[2]["val/loss std"]) and t.iloc[2]["val/loss n"] == 1  # one run: no std
+
+
+def test_best_is_direction_aware_and_perplexity_is_exp_of_each_run():
+    t = results_table(_runs(), _values(), ["val/loss", "val/accuracy"], statistic="best", perplexity=True)
+    q = t.iloc[0]
+    assert q["val/loss mean"] == pytest.approx(2.1)          # the lowest loss of each run
+    assert q["val/accuracy mean"] == pytest.approx(0.6)      # the highest accuracy of each run
+    # perplexity: the mean of exp(best loss) over runs, not exp of the mean
+    assert q["exp(val/loss) mean"] == pytest.approx(np.mean(np.exp([1.9, 2.1, 2.3])))
+    assert "exp(val/accuracy) mean" not in t.columns        # not a loss
+    final = results_table(_runs(), _values(), ["val/accuracy"])
+    assert final.iloc[0]["val/accuracy mean"] == pytest.approx(0.55)
+    with pytest.raises(AnalysisError) as err:
+        results_table(_runs(), _values(), ["val/loss"], statistic="last")
+    assert str(err.value) == "results_table: statistic must be one of final, best; got 'last'"
+
+
+def test_kv_bytes_and_attention_parameters_from_geometry():
+    t = results_table(_runs(), _values(), ["val/loss"]).set_index(["variant", "sharing"]).loc[
+        lambda d: d["task"] == "language"]
+    # 2 layers x n_cached x n_kv_heads x d_head 2 x 2 bytes (fp16)
+    assert t.loc[("qkv", "MHA"), "KV bytes/token"] == 2 * 2 * 4 * 2 * 2
+    assert t.loc[("k_eq_v", "MHA"), "KV bytes/token"] == 2 * 1 * 4 * 2 * 2
+    assert t.loc[("k_eq_v", "MQA"), "KV bytes/token"] == 2 * 1 * 1 * 2 * 2
+    # per layer W_Q 4*8*2 + W_K n_kv*8*2 + W_V (0 when tied) + W_O 4*2*8, two layers
+    assert t.loc[("qkv", "MHA"), "attention params"] == 2 * (64 + 64 + 64 + 64)
+    assert t.loc[("k_eq_v", "MQA"), "attention params"] == 2 * (64 + 16 + 0 + 64)
+    assert attention_params("wq_identity", 1, 4, 4, 8, 2) == 0 + 64 + 64 + 64
+    assert kv_bytes_per_token("qkv", 4, 4, 16, 4) == 2048          # the demo's MHA runs at fp32
+    assert kv_bytes_per_token("qkv", 4, 4, 16, None) is None
+    # a stored value wins unless bytes per element are chosen
+    stored = _runs().assign(kv_bytes_per_token=999)
+    assert results_table(stored, _values(), ["val/loss"]).iloc[0]["KV bytes/token"] == 999
+    assert results_table(stored, _values(), ["val/loss"], bytes_per_elem=1).iloc[0]["KV bytes/token"] == 32
+
+
+def test_run_facts_read_nested_configs_and_default_the_task():
+    f = run_facts({"files": {"config.json": {"n_layer": 4, "n_head": 4, "n_kv_heads": 1, "d_model": 64}}})
+    assert f == {"n_heads": 4, "n_kv_heads": 1, "n_layers": 4, "d_model": 64, "d_head": 16, "task": "language"}
+    g = run_facts({"model_config": {"n_head": 8, "n_layer": 2, "n_embd": 128}, "task": "vision"})
+    assert (g["n_heads"], g["n_kv_heads"], g["d_head"], g["task"]) == (8, 8, 16, "vision")
+    assert run_facts(None)["task"] == "language"
+
+
+def test_common_setting_is_the_weight_decay_most_groups_share():
+    runs = _runs().assign(weight_decay=[0.1, 0.1, 0.1, 0.1, 0.0, 0.1, 0.1, 0.0])
+    assert common_setting(runs) == 0.1
+    assert common_setting(runs.drop(columns="weight_decay")) is None
