@@ -1,4 +1,8 @@
-"""Overview: what the database holds, and ingesting a path from the page."""
+"""Overview: what the database holds, and ingesting a path from the page.
+
+The counters and the demo notice sit at the top but are drawn after the ingest form
+has run, from the database as it is then, so an ingest shows in them at once.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,9 +10,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app.state import (DEMO_DIR, data_version, demo_only, get_store, query_param, set_query_params,
-                       checkpoints_frame as _checkpoints)
-from loaders import queries
+from app.state import (DEMO_DIR, data_version, demo_only, get_store, query_param, set_query_params, store_at,
+                       summary, checkpoints_frame as _checkpoints)
 from loaders.ingest import ingest_paths
 
 TITLE = "Overview"
@@ -18,16 +21,10 @@ URL_PATH = "overview"
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _summary(db: str, version: tuple) -> dict:
-    return queries.summary(get_store())
-
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
 def _runs(db: str, version: tuple) -> pd.DataFrame:
     from loaders.logs import list_runs
 
-    rows = list_runs(get_store())
+    rows = list_runs(store_at(db))
     cols = ["id", "name", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",
             "first_step", "last_step", "source"]
     frame = pd.DataFrame(rows)
@@ -71,26 +68,24 @@ def render() -> None:
     st.title("qkvscope")
     st.caption("Does a transformer need all three attention projections? "
                f"Database: `{store.path}`")
-    version = data_version(store)
-    s = _summary(str(store.path), version)
-
-    c1, c2, c3, c4 = st.columns(4)
+    top = st.container()   # filled below, after the ingest form, so an ingest shows at once
+    _ingest_form(store)
+    version = data_version(store)  # an ingest above changed the file
+    s = summary(str(store.path), version)
+    c1, c2, c3, c4 = top.columns(4)
     c1.metric("Runs", f"{s['runs']:,}")
     c2.metric("Logged points", f"{s['points']:,}")
     c3.metric("Checkpoints", f"{s['checkpoints']:,}")
     c4.metric("Analysed checkpoints", f"{s['analysed']:,}")
 
     if demo_only(s["run_sources"]):
-        st.info("You are looking at the bundled demo experiments (small models trained on the "
-                "Python standard library's source). Ingest your own runs below or with "
-                "`python -m app ingest PATH`.", icon=":material/science:")
+        top.info("You are looking at the bundled demo experiments (small models trained on the "
+                 "Python standard library's source). Ingest your own runs below or with "
+                 "`python -m app ingest PATH`.", icon=":material/science:")
     elif s["runs"] == 0 and s["checkpoints"] == 0:
-        st.info("The database is empty. Ingest a folder of runs or a checkpoint below, or from "
-                f"a shell: `python -m app ingest PATH --db {store.path}`. The bundled demo lives "
-                f"in `{DEMO_DIR}`.", icon=":material/inbox:")
-
-    _ingest_form(store)
-    version = data_version(store)  # an ingest above changed the file
+        top.info("The database is empty. Ingest a folder of runs or a checkpoint below, or from "
+                 f"a shell: `python -m app ingest PATH --db {store.path}`. The bundled demo lives "
+                 f"in `{DEMO_DIR}`.", icon=":material/inbox:")
 
     st.subheader("Runs")
     runs = _runs(str(store.path), version)

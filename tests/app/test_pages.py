@@ -83,3 +83,37 @@ def test_sql_page_refuses_writes_with_a_message(empty_db):
     at.button[0].click().run()
     assert not at.exception
     assert at.error[0].value.startswith("only SELECT queries are allowed here")
+
+
+def test_overview_counters_and_demo_notice_follow_an_ingest_at_once(tmp_path, monkeypatch):
+    """Issue 17 item 6: the counters and the demo notice are drawn from the database after the form ran."""
+    from app.paths import DEMO_DIR
+
+    db = tmp_path / "demo-then-own.duckdb"
+    assert ingest_paths(Store(db), [DEMO_DIR / "qkv-mha-wd0" / "metrics.jsonl"]).to_json()["errors"] == 0
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    own = tmp_path / "own-run"
+    own.mkdir()
+    (own / "metrics.csv").write_text("step,train_loss\n0,4\n10,3.5\n20,3.25\n")
+    at = page_test("overview").run()
+    assert {m.label: m.value for m in at.metric}["Runs"] == "1"
+    assert any("bundled demo" in i.value for i in at.info)
+    at.text_input[0].input(str(own))
+    at.button[0].click().run()
+    assert not at.exception, at.exception
+    counts = {m.label: m.value for m in at.metric}
+    assert counts["Runs"] == "2" and counts["Logged points"] != "0"
+    assert not any("bundled demo" in i.value for i in at.info)   # no longer demo only
+
+
+def test_cached_readers_read_the_database_they_are_given(filled_db, empty_db):
+    """Issue 18 item 7: a cached reader opens its ``db`` argument, not whatever $QKVSCOPE_DB says
+    (``empty_db`` sets it to an empty file)."""
+    from app import state
+
+    version = state.data_version(Store(filled_db))
+    assert len(state.checkpoints_frame(str(filled_db), version)) == 1
+    assert state.summary(str(filled_db), version)["runs"] == 1
+    assert len(state.checkpoint_choices(str(filled_db), version)) == 1
+    assert state.summary(str(empty_db), state.data_version(Store(empty_db)))["runs"] == 0
+    assert len(version) == 4 and version[1] == filled_db.stat().st_size
