@@ -25,17 +25,40 @@ n_heads, as ``W_K[h // group]``), ``k_eq_v`` has ``W_V`` equal to ``W_K``,
 parameter counts count a tied tensor once. ``wq_identity`` has ``W_Q = None``.
 
 For GQA, query head ``h`` uses kv head ``h // (n_heads // n_kv_heads)``.
+
+Beyond the projections (each with a default, so a layout without them is unchanged):
+
+* Towers. A checkpoint with several attention stacks (CLIP's and SigLIP's
+  vision and text encoders) numbers its layers across them: the first tower's
+  layers come first. ``ModelMeta.towers`` lists each stack's name, first layer,
+  layer count and geometry (empty: one stack); ``AttentionWeights.tower`` names
+  the layer's. The top-level geometry is the first tower's; ``layer_meta(i)`` is
+  the metadata with layer ``i``'s tower geometry, what a layer's metrics need.
+* QK-norm. ``q_norm`` ``[n_heads, d_head]`` and ``k_norm`` ``[n_kv_heads,
+  d_head]`` are the multiplicative gains of an RMSNorm applied to q and k after
+  the projection: q = g_q * (x W_Q) / rms(x W_Q). ``ModelMeta.qk_norm`` says
+  over what the rms runs: ``head`` (each head's d_head: Qwen3, Gemma 3),
+  ``layer`` (all heads' concatenated projection: OLMo 2), ``none``. Gemma's
+  ``(1 + weight)`` convention is folded in, so the stored gain is what multiplies.
+  ``W_Q``/``W_K`` stay the projections before the norm.
+* ``ModelMeta.logit_softcap``: ``c`` of ``c * tanh(logits / c)`` (Gemma 2), None without.
+* ``ModelMeta.latent``: multi-head latent attention (DeepSeek-V2/V3, see
+  ``loaders.layouts.deepseek_mla``): the ranks and head widths of the real
+  layer; ``W_K``/``W_V`` are then the composed maps and the KV cache is the latent.
+* ``ModelMeta.notes``: ``{metric name: note}`` for metrics the layout's
+  conventions change (QK-norm, composed maps); ``analyze`` shows them beside the rows.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 import torch
 
-VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
-#: Variants whose K and V are one cached tensor (KV cache halved).
-KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
+# variant facts live in the leaf; re-exported here for callers that import them from loaders
+from analysis.variants import KV_TIED, VARIANTS, n_cached  # noqa: F401
+
+QK_NORMS = ("none", "head", "layer")
 NORMS = ("layernorm", "rmsnorm", "none")
 
 _DTYPE_BYTES = {
@@ -49,9 +72,45 @@ def dtype_bytes(dtype: str) -> int:
     return _DTYPE_BYTES.get(dtype.replace("torch.", ""), 4)
 
 
-def n_cached(variant: str) -> int:
-    """Tensors cached per layer and kv head: 1 for K=V variants, else 2."""
-    return 1 if variant in KV_TIED else 2
+@dataclass(frozen=True)
+class Tower:
+    """One attention stack of a multi-tower checkpoint: layers
+    ``first_layer .. first_layer + n_layers - 1`` of the checkpoint's numbering."""
+
+    name: str
+    first_layer: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+
+    def has(self, layer: int) -> bool:
+        return self.first_layer <= layer < self.first_layer + self.n_layers
+
+
+@dataclass(frozen=True)
+class Latent:
+    """Multi-head latent attention geometry (DeepSeek-V2/V3 ``DeepseekV3Attention``).
+
+    ``kv_lora_rank``: width of the cached latent c_kv; ``q_lora_rank``: the query's
+    (None: a full ``q_proj``); ``rope_dim``: the decoupled rotary key, one per token
+    shared by all heads and cached beside c_kv; ``nope_dim``/``v_dim``: per-head
+    widths of the key's position-free part and of the value. The canonical
+    ``d_head`` is ``max(nope_dim + rope_dim, v_dim)`` (the narrower of W_K and W_V
+    is zero-padded, see the layout).
+    """
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    rope_dim: int
+    nope_dim: int
+    v_dim: int
+
+    @property
+    def cache_width(self) -> int:
+        """Elements cached per token and layer: kv_lora_rank + rope_dim."""
+        return self.kv_lora_rank + self.rope_dim
 
 
 @dataclass(frozen=True)
@@ -81,20 +140,48 @@ class ModelMeta:
     params_total: int
     params_attention: int
     config: dict = field(default_factory=dict)
+    towers: tuple[Tower, ...] = ()
+    qk_norm: str = "none"
+    logit_softcap: float | None = None
+    latent: Latent | None = None
+    notes: dict = field(default_factory=dict)
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """n_layers * n_cached * n_kv_heads * d_head * bytes(dtype)."""
-        return (self.n_layers * n_cached(self.variant) * self.n_kv_heads
-                * self.d_head * dtype_bytes(self.dtype))
+        """n_layers * n_cached * n_kv_heads * d_head * bytes(dtype), summed over the
+        towers of a multi-tower checkpoint; for latent attention (MLA) what the model
+        really caches: n_layers * (kv_lora_rank + rope_dim) * bytes(dtype)."""
+        per = dtype_bytes(self.dtype)
+        if self.latent is not None:
+            return self.n_layers * self.latent.cache_width * per
+        stacks = self.towers or (self,)
+        return sum(t.n_layers * n_cached(self.variant) * t.n_kv_heads * t.d_head * per for t in stacks)
+
+    def tower_of(self, layer: int) -> Tower | None:
+        """The tower holding ``layer``, None for a one-stack checkpoint."""
+        return next((t for t in self.towers if t.has(layer)), None)
+
+    def layer_meta(self, layer: int) -> "ModelMeta":
+        """This metadata with layer ``layer``'s geometry (its tower's); ``self`` when
+        the checkpoint has one stack or the tower's geometry is the top-level one."""
+        t = self.tower_of(layer)
+        if t is None or (t.n_heads, t.n_kv_heads, t.d_model, t.d_head) == (
+                self.n_heads, self.n_kv_heads, self.d_model, self.d_head):
+            return self
+        return replace(self, n_heads=t.n_heads, n_kv_heads=t.n_kv_heads, d_model=t.d_model,
+                       d_head=t.d_head)
 
     def to_json(self) -> dict:
-        """The stable JSON shape of ``python -m app info --json`` (geometry part)."""
+        """The stable JSON shape of ``python -m app info --json`` (geometry part).
+        ``towers`` is a list (empty for one stack), ``latent`` an object or null."""
         out = asdict(self)
         out.pop("params_total")
         out.pop("params_attention")
+        out["towers"] = [asdict(t) for t in self.towers]
         out["params"] = {"total": self.params_total, "attention": self.params_attention}
         out["kv_bytes_per_token"] = self.kv_bytes_per_token
+        if self.latent is not None:
+            out["latent"]["cache_width"] = self.latent.cache_width
         return out
 
 
@@ -111,10 +198,13 @@ class AttentionWeights:
     b_K: torch.Tensor | None = None
     b_V: torch.Tensor | None = None
     b_O: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None     # [n_heads, d_head] QK-norm gain, see the module docstring
+    k_norm: torch.Tensor | None = None     # [n_kv_heads, d_head]
+    tower: str | None = None               # the layer's tower in a multi-tower checkpoint
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The present tensors by canonical name."""
-        names = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+        names = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "q_norm", "k_norm")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 import torch
@@ -292,9 +292,11 @@ class Geometry:
 
 def make_meta(source: TensorSource, *, architecture: str, variant: str, geom: Geometry,
               norm: str, positions: str, attn_scale: float | None, dtype_key: str,
-              attention_keys: Iterable[str]) -> ModelMeta:
+              attention_keys: Iterable[str], **extra) -> ModelMeta:
     """``attention_keys``: every source tensor holding attention projection
-    weights or biases; a tied tensor is one key, so it is counted once."""
+    weights or biases; a tied tensor is one key, so it is counted once.
+    ``extra``: the optional ``ModelMeta`` fields (``towers``, ``qk_norm``,
+    ``logit_softcap``, ``latent``, ``notes``)."""
     if attn_scale is None:
         attn_scale = 1.0 / math.sqrt(geom.d_head)
     return ModelMeta(
@@ -303,7 +305,7 @@ def make_meta(source: TensorSource, *, architecture: str, variant: str, geom: Ge
         d_head=geom.d_head, norm=norm, positions=positions, attn_scale=float(attn_scale),
         dtype=source.dtype(dtype_key), params_total=params_total(source),
         params_attention=sum(source.numel(k) for k in set(attention_keys)),
-        config=_jsonable(source.config or {}))
+        config=_jsonable(source.config or {}), **extra)
 
 
 def _jsonable(obj):
@@ -469,3 +471,67 @@ def hf_geometry(source: TensorSource, pattern: str, first_q: str, *,
     n = need_int(source, cfg(source, *head_keys), "head count", tuple(head_keys))
     dh = split_heads_check(source, d, n, cfg(source, head_dim_key) if head_dim_key else None)
     return LayerGeometry(p, layers, d, n, dh, set(keys))
+
+
+# ---- QK-norm ------------------------------------------------------------------
+
+#: Metric names (``analysis.registry``) that read W_Q or W_K: a QK-norm changes
+#: what they describe. Metrics of W_V, W_O and the value cache alone do not.
+Q_METRICS = ("qk_symmetry", "qk_directionality", "erank_q", "stable_rank_q", "energy_rank90_q",
+             "energy_rank99_q", "erank_qk", "stable_rank_qk", "energy_rank90_qk",
+             "energy_rank99_qk", "norm_q", "wq_condition", "wq_basis_orth_defect",
+             "wq_absorb_error", "logit_symmetry")
+K_METRICS = ("kv_cosine_flat", "kv_cka", "kv_share_r2", "erank_k", "stable_rank_k",
+             "energy_rank90_k", "energy_rank99_k", "norm_k", "kv_cka_act", "kv_cosine_act",
+             "kv_share_r2_act", "erank_kcache")
+V_METRICS = ("erank_v", "stable_rank_v", "energy_rank90_v", "energy_rank99_v", "norm_v",
+             "erank_vcache")
+
+
+def qk_norm_notes(scope: str) -> dict[str, str]:
+    """The note each Q- or K-reading metric carries when q and k pass an RMSNorm
+    (``scope`` ``head`` or ``layer``) after the projection."""
+    over = "each head's d_head" if scope == "head" else "all heads' concatenated projection"
+    why = (f"computed on W_Q/W_K before the model's QK-norm: attention uses g * q / rms(q) and "
+           f"g * k / rms(k) (RMSNorm over {over}; gains q_norm/k_norm in the canonical layer), "
+           "so the logits' bilinear form is W_Q diag(g_q g_k) W_K^T up to per-token scales")
+    return {m: why for m in Q_METRICS + K_METRICS}
+
+
+def norm_gains(source: TensorSource, key: str, n: int, d_head: int, scope: str, layer: int,
+               why: str) -> None:
+    """Check a QK-norm weight's shape: ``[d_head]`` for ``head`` scope (one gain
+    shared by every head), ``[n*d_head]`` for ``layer`` scope."""
+    expect_shape(source, key, (d_head,) if scope == "head" else (n * d_head,), layer, why)
+
+
+def gains_to_heads(w: torch.Tensor, n: int, d_head: int, offset: float = 0.0) -> torch.Tensor:
+    """A QK-norm weight ``[d_head]`` (shared by the heads) or ``[n*d_head]`` -> ``[n, d_head]``
+    gains, ``offset`` added (Gemma's RMSNorm multiplies by ``1 + weight``)."""
+    g = w.float() + offset if offset else w
+    if g.dim() == 1 and g.shape[0] == d_head:
+        return fresh(g.expand(n, d_head))                  # (dh,) -> (n, dh), shared gain
+    return fresh(g.reshape(n, d_head))                     # (n*dh,) -> (n, dh)
+
+
+def add_qk_norm(source: TensorSource, meta: ModelMeta, build: Callable[[int], AttentionWeights],
+                *, q_key: str, k_key: str, scope: str, offset: float = 0.0, have: set[str],
+                layers: list[int], name: str):
+    """Wrap a converted separate-projection layout with its QK-norm weights
+    (``q_key``/``k_key``: key templates with ``{i}``): shapes checked now, gains
+    in every layer, ``meta.qk_norm`` and the notes set."""
+    n, g, dh = meta.n_heads, meta.n_kv_heads, meta.d_head
+    why = basis(meta.d_model, n, g, dh)
+    require(source, [t.format(i=i) for i in layers for t in (q_key, k_key)], have, name)
+    for i in layers:
+        norm_gains(source, q_key.format(i=i), n, dh, scope, i, why)
+        norm_gains(source, k_key.format(i=i), g, dh, scope, i, why)
+    meta = replace(meta, qk_norm=scope, notes={**meta.notes, **qk_norm_notes(scope)})
+
+    def with_norms(i: int) -> AttentionWeights:
+        layer = build(i)
+        layer.q_norm = gains_to_heads(source.get(q_key.format(i=i)), n, dh, offset)
+        layer.k_norm = gains_to_heads(source.get(k_key.format(i=i)), g, dh, offset)
+        return layer
+
+    return meta, layer_fn(with_norms)
