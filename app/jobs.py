@@ -10,14 +10,22 @@ key: the same checkpoint, kind and ``analysis.registry.METRIC_VERSION`` again
 is a cache hit that reads the stored rows and computes nothing. Its ``notes``
 JSON says why each absent metric is absent.
 
-Forward passes: Hugging Face folders run through ``transformers`` (eager
+Forward passes: Hugging Face folders (and zips of one, extracted by
+``loaders.sources``) run through ``transformers`` (eager
 attention; every ``from_pretrained`` with ``trust_remote_code=False``, and a
 folder that names model code, ``auto_map`` or ``.py`` files, is not run at
 all: weight metrics only, with the note "model code beside the checkpoint is
 never run"), this project's own checkpoints through
-``experiments.train.load_checkpoint``, and nanoGPT, the query-free paper's and
-the projection-sharing paper's checkpoints as the project's GPT
-(``experiments.foreign.runnable``). A forward pre-hook on each layer's
+``experiments.train.load_checkpoint``, and nanoGPT (with LayerNorm or RMSNorm,
+GELU or SwiGLU MLPs), llama2.c / Meta Llama (``ckpt.pt`` and llama2.c ``.bin``
+exports), the query-free paper's and the projection-sharing paper's
+checkpoints as the project's GPT (``experiments.foreign.runnable``). Their
+text goes through the vocabulary found beside them (``loaders.vocab``: a
+llama2.c ``tokenizer.bin``, a ``stoi`` in the checkpoint, nanoGPT's
+``meta.pkl`` read without unpickling code), else UTF-8 bytes when the
+vocabulary has 256 ids or more, else (and always for Llama vocabularies, whose
+ids are not bytes) token ids sampled uniformly with a fixed seed, which every
+activation note then says. A forward pre-hook on each layer's
 attention module records the attention input ``x`` (already normalised where
 the model normalises); the caches and logits are then ``x W_K + b_K``,
 ``x W_V + b_V`` and ``(x W_Q + b_Q)(x W_K + b_K)^T`` from the canonical
@@ -84,7 +92,7 @@ class LayerCapture:
 @dataclass
 class Capture:
     tokens: list[str]                   # the sample tokens as text, for plot axes
-    tokenizer: str                      # 'tokenizer' or 'bytes'
+    tokenizer: str                      # 'tokenizer', 'bytes', 'sampled ids' or a vocabulary's name
     layers: list[LayerCapture]
     logits_reason: str | None = None    # why logits are None, if they are
 
@@ -233,11 +241,37 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 #: Layouts ``experiments.foreign`` rebuilds as the project's GPT.
-_FOREIGN = ("nanogpt", "query_free", "projection_sharing")
+_FOREIGN = ("nanogpt", "query_free", "projection_sharing", "llama_meta")
+
+
+def _where(src, path: Path) -> Path:
+    """The folder or file a source was read from: a zip's extracted member, else ``path``."""
+    tmp = getattr(src, "extracted_to", None)
+    if tmp is not None:
+        return tmp / src.extras.get("zip_member", ".")
+    return path
+
+
+def _vocabulary(arch: str, where: Path, src, vocab: int):
+    """The checkpoint's ``loaders.vocab`` vocabulary; else None (UTF-8 bytes) for a vocabulary
+    of 256 ids or more, or ``SampledIds`` (Llama ids are not bytes; below 256 bytes do not fit)."""
+    from loaders.vocab import SampledIds, find_vocabulary
+
+    found, why = find_vocabulary(where, extras=dict(src.extras or {}), config=dict(src.config or {}),
+                                 vocab_size=vocab, llama2c=arch == "llama_meta")
+    if found is not None:
+        return found
+    if arch != "llama_meta" and vocab >= 256:
+        return None
+    looked = ("a llama2.c tokenizer.bin / tok{vocab}.bin, a stoi or a meta.pkl" if arch == "llama_meta"
+              else "a stoi in the checkpoint or a meta.pkl beside it")
+    reason = f"no vocabulary found ({looked}{': ' + '; '.join(why) if why else ''})"
+    return SampledIds(vocab, reason)
 
 
 def _foreign_model(ckpt: Checkpoint):
-    """nanoGPT / query-free / projection-sharing weights, re-read whole, as a GPT."""
+    """nanoGPT / Llama / query-free / projection-sharing weights, re-read whole, as a GPT,
+    with the vocabulary found beside them."""
     from experiments.foreign import ForeignCheckpointError, runnable
     from loaders.sources import open_source
 
@@ -245,14 +279,38 @@ def _foreign_model(ckpt: Checkpoint):
     src = open_source(ckpt.path)
     try:
         sd, config = {k: src.get(k) for k in src.keys()}, dict(src.config or {})
+        try:
+            model = runnable(meta.architecture, sd, config, variant=meta.variant, n_heads=meta.n_heads,
+                             n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale, norm=meta.norm)
+        except ForeignCheckpointError as exc:
+            raise NoForwardPass(f"{ckpt.path}: {exc}; weight-level metrics only") from exc
+        vocab = int(model.cfg.vocab_size)
+        tok = _vocabulary(meta.architecture, _where(src, Path(ckpt.path)), src, vocab)
     finally:
         src.close()
+    return model.eval(), tok, vocab
+
+
+def _hf_zip_model(path: Path):
+    """A zip of a Hugging Face folder: extracted (``loaders.sources.ZipSource``), run from
+    the extracted folder (the model-code refusal included), the folder deleted after loading."""
+    from loaders.sources import open_source
+
+    src = open_source(path)
     try:
-        model = runnable(meta.architecture, sd, config, variant=meta.variant, n_heads=meta.n_heads,
-                         n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale)
-    except ForeignCheckpointError as exc:
-        raise NoForwardPass(f"{ckpt.path}: {exc}; weight-level metrics only") from exc
-    return model.eval(), None, int(model.cfg.vocab_size)
+        root = _where(src, path)
+        if not (root.is_dir() and (root / "config.json").is_file()):
+            return None
+        reason = model_code_reason(root)
+        if reason is not None:
+            member = src.extras.get("zip_member", ".")
+            raise NoForwardPass(reason.replace(str(root), f"{path} (member {member})", 1))
+        try:
+            return _hf_model(root)
+        except NoForwardPass as exc:
+            raise NoForwardPass(str(exc).replace(str(root), str(path))) from exc
+    finally:
+        src.close()
 
 
 def _load_runnable(ckpt: Checkpoint):
@@ -264,13 +322,24 @@ def _load_runnable(ckpt: Checkpoint):
         return _hf_model(path)
     if path.suffix == ".safetensors" and arch == "qkvscope":
         return _own_model(path)
+    if path.is_file() and path.suffix.lower() == ".zip":
+        loaded = _hf_zip_model(path)
+        if loaded is not None:
+            return loaded
     raise NoForwardPass(
         f"{path}: no forward pass for a {arch} checkpoint (runnable: Hugging Face folders with "
-        "config.json, this project's own checkpoints, nanoGPT, query-free and projection-sharing "
-        "language models); weight-level metrics only")
+        "config.json and zips of them, this project's own checkpoints, nanoGPT, llama2.c/Meta Llama, "
+        "query-free and projection-sharing language models); weight-level metrics only")
 
 
 def _tokens(text: str, tok, vocab: int, max_tokens: int) -> tuple[torch.Tensor, list[str], str]:
+    from loaders.vocab import SampledIds, Vocabulary
+
+    if isinstance(tok, Vocabulary):
+        ids = tok.sample(max_tokens) if isinstance(tok, SampledIds) else tok.encode(text)[:max_tokens]
+        if len(ids) < 2:
+            raise NoForwardPass(f"the {tok.how} vocabulary turned the sample text into {len(ids)} tokens")
+        return torch.tensor(ids, dtype=torch.long), tok.pieces(ids), tok.how
     if tok is not None:
         enc = tok(text, return_tensors="pt", truncation=True, max_length=max_tokens)
         ids = enc["input_ids"][0]
@@ -299,6 +368,11 @@ def capture_activations(ckpt: Checkpoint, *, text: str = SAMPLE_TEXT, max_tokens
     cfg = getattr(model, "cfg", None)          # the project's GPT: learned positions cap the sample
     if cfg is not None and getattr(cfg, "positions", None) == "learned":
         max_tokens = min(max_tokens, cfg.block_size)
+    max_tokens = min(max_tokens, _context(model))
+    # the project's GPT with rotary positions (llama2.c / Meta Llama, own rotary runs): its
+    # attention is softmax(rot(q) rot(k)^T * scale) with experiments.model.rotary on the
+    # canonical q and k (same interleaved pair order), so the maps are the model's own
+    own_rotary = cfg is not None and getattr(cfg, "positions", None) == "rotary"
     ids, token_text, how = _tokens(text, tok, vocab, max_tokens)
     inputs: dict[int, torch.Tensor] = {}
 
@@ -333,7 +407,7 @@ def capture_activations(ckpt: Checkpoint, *, text: str = SAMPLE_TEXT, max_tokens
             if layer.b_V is not None:
                 v = v + layer.b_V.float().to(dev)[:, None, :]
             logits = attn = None
-            if not rope:
+            if not rope or own_rotary:
                 if layer.W_Q is None:                                          # identity slices
                     q = x.view(x.shape[0], meta.n_heads, meta.d_head).permute(1, 0, 2)
                 else:
@@ -341,10 +415,20 @@ def capture_activations(ckpt: Checkpoint, *, text: str = SAMPLE_TEXT, max_tokens
                 if layer.b_Q is not None:
                     q = q + layer.b_Q.float().to(dev)[:, None, :]
                 group = meta.n_heads // meta.n_kv_heads
-                logits = q @ k.repeat_interleave(group, 0).mT                 # [H, T, T]
+                if not rope:
+                    logits = q @ k.repeat_interleave(group, 0).mT             # [H, T, T]
+                else:
+                    from experiments.model import rotary
+
+                    qr = rotary(q[None], 0, cfg.rope_base)[0]                  # [H, T, d_head]
+                    kr = rotary(k[None], 0, cfg.rope_base)[0]                  # [G, T, d_head]
+                    T = qr.shape[1]
+                    mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+                    rot = (qr @ kr.repeat_interleave(group, 0).mT) * cfg.attn_scale   # [H, T, T]
+                    attn = rot.masked_fill(~mask, float("-inf")).softmax(-1)
             if hf_attn is not None:
                 attn = hf_attn[i][0].float()
-            elif logits is not None:                                           # own causal model
+            elif logits is not None and attn is None:                          # own causal model
                 T = logits.shape[-1]
                 mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
                 attn = (logits * meta.attn_scale).masked_fill(~mask, float("-inf")).softmax(-1)
@@ -407,6 +491,9 @@ class ActivationRun:
 
 def _context(model) -> int:
     """How many positions the model takes: its learned-position table, else its config's limit."""
+    limit = getattr(model, "context_limit", None)            # experiments.foreign: trained positions
+    if isinstance(limit, int) and limit > 0:
+        return limit
     cfg = getattr(model, "cfg", None)
     if cfg is not None:                                      # the project's GPT
         return int(cfg.block_size) if getattr(cfg, "positions", None) == "learned" else MAX_WINDOW
@@ -428,7 +515,14 @@ def sample_windows(ids: torch.Tensor, *, context: int, n_tokens: int) -> torch.T
     return torch.stack([ids[s:s + t] for s in starts.tolist()])          # [B, T]
 
 
-def _token_stream(text: str, tok, vocab: int) -> tuple[torch.Tensor, str]:
+def _token_stream(text: str, tok, vocab: int, n: int | None = None) -> tuple[torch.Tensor, str]:
+    """Token ids of ``text``; ``n``: how many a ``SampledIds`` stand-in draws."""
+    from loaders.vocab import SampledIds, Vocabulary
+
+    if isinstance(tok, SampledIds):
+        return torch.tensor(tok.sample(n if n is not None else len(text)), dtype=torch.long), tok.how
+    if isinstance(tok, Vocabulary):
+        return torch.tensor(tok.encode(text), dtype=torch.long), tok.how
     if tok is not None:
         ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
         return torch.tensor(ids, dtype=torch.long), "tokenizer"
@@ -462,9 +556,10 @@ def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, de
                             f"expected {meta.n_layers} (one per layer)")
     context = _context(model)
     # tokenise only as much text as the sample needs (with margin), all of it if that falls short
-    ids, how = _token_stream(text[: want * 16], tok, vocab)
+    n_draw = want + min(context, MAX_WINDOW)                             # SampledIds only
+    ids, how = _token_stream(text[: want * 16], tok, vocab, n_draw)
     if ids.numel() < want and len(text) > want * 16:
-        ids, how = _token_stream(text, tok, vocab)
+        ids, how = _token_stream(text, tok, vocab, n_draw)
     if ids.numel() < 2:
         raise NoForwardPass(f"the sample text gave {ids.numel()} tokens")
     windows = sample_windows(ids, context=context, n_tokens=want)        # [B, T]
@@ -508,6 +603,13 @@ def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, de
                  f"fewer than the {want} asked for")
         for m in names("activations"):
             notes[m] = f"{notes[m]}; {short}" if m in notes else short
+    from loaders.vocab import SampledIds
+
+    if isinstance(tok, SampledIds):
+        said = (f"inputs are token ids drawn uniformly from the vocabulary of {vocab}, not the text: "
+                f"{tok.reason}")
+        for m in names("activations"):
+            notes[m] = f"{notes[m]}; {said}" if m in notes else said
     info = {**sample.key(), "n_tokens": fed, "windows": n_win, "window": t, "tokenizer": how}
     return ActivationRun(frame[RESULT_COLUMNS], notes, info)
 

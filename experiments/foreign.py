@@ -50,6 +50,30 @@ head ``h // (n_head // kv)``. A layer with any other attention tensor (for
 example the 2D positional correction of their ``(Q=K)+`` variants) is refused,
 as are their synthetic-task encoders (``blocks.N``; one-hot inputs, no causal
 mask): this GPT cannot run them.
+
+Llama-style models (:func:`from_llama_meta`): llama2.c's ``model.py`` and
+Meta's original layout (``tok_embeddings``, ``layers.N.attention.wq/wk/wv/wo``,
+``layers.N.feed_forward.w1/w2/w3``, ``attention_norm``, ``ffn_norm``, ``norm``,
+``output``), from a ``ckpt.pt`` or a llama2.c ``.bin`` export
+(``loaders/llama2c.py`` names its tensors the same way). The GPT runs them
+with ``norm="rmsnorm"`` (``x * rsqrt(mean(x^2) + eps) * w``, eps ``norm_eps``,
+1e-5 by default), rotary positions on interleaved pairs with base
+``rope_theta`` (10000 by default; llama2.c's ``precompute_freqs_cis`` and
+``apply_rotary_emb``, the pairs ``x[2i], x[2i+1]``), grouped kv heads
+(query head h reads kv head ``h // (n_heads / n_kv_heads)``, llama2.c's
+``repeat_kv``), and each block's MLP replaced by :class:`SwiGLU`
+``w2(silu(w1 x) * w3 x)``. A v0 export's rotary tables (``freqs_cos``,
+``freqs_sin``) are checked against the ones this GPT computes.
+
+nanoGPT variants (:func:`from_nanogpt_variant`): nanoGPT's names with RMSNorm
+instead of LayerNorm and/or a SwiGLU MLP under ``mlp.`` named
+``w1``/``w3``/``w2`` (gate/up/down, llama2.c's names), ``gate_proj``/``up_proj``/
+``down_proj`` (Hugging Face's) or ``w_gate``/``w_up``/``w_down``. A fused
+``c_fc`` of twice the hidden width is refused: which half gates is not
+recorded in the weights.
+
+Every model built here carries ``context_limit``: the positions it was
+trained on (``max_seq_len``/``block_size``), the longest window to feed it.
 """
 from __future__ import annotations
 
@@ -57,11 +81,14 @@ import re
 from typing import Mapping
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from experiments.model import GPT, GPTConfig
 from loaders.sources import strip_key_prefixes
 
-__all__ = ["ForeignCheckpointError", "runnable", "from_projection_sharing"]
+__all__ = ["ForeignCheckpointError", "runnable", "from_projection_sharing", "from_llama_meta",
+           "from_nanogpt_variant", "SwiGLU", "swiglu_names"]
 
 _PROJ = ("c_attn", "c_q", "c_k", "c_v", "c_kv", "c_qk", "c_qkv")
 _KV_NAMES = ("n_kv_groups", "n_kv_heads", "n_kv_head", "num_kv_heads")
@@ -233,6 +260,218 @@ def from_projection_sharing(sd: Mapping[str, torch.Tensor], config: Mapping, *,
         raise ForeignCheckpointError(exc.args[0]) from None
 
 
+# ---- SwiGLU models: llama2.c / Meta Llama, nanoGPT variants ---------------------------
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` (Shazeer 2020, arXiv 2002.05202); in llama2.c
+    ``w2(F.silu(w1(x)) * w3(x))``."""
+
+    def __init__(self, d_model: int, hidden: int, bias: bool = False):
+        super().__init__()
+        self.gate = nn.Linear(d_model, hidden, bias=bias)
+        self.up = nn.Linear(d_model, hidden, bias=bias)
+        self.down = nn.Linear(hidden, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+#: (gate, up, down) module names of SwiGLU MLPs, as the code that trained them names them.
+SWIGLU_NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"), ("w_gate", "w_up", "w_down"))
+
+
+def swiglu_names(keys, stem: str) -> tuple[str, str, str] | None:
+    """The (gate, up, down) names under ``stem`` (e.g. ``transformer.h.0.mlp.``) whose
+    ``.weight`` keys are all in ``keys``, else None."""
+    have = set(keys)
+    for names in SWIGLU_NAMES:
+        if all(f"{stem}{n}.weight" in have for n in names):
+            return names
+    return None
+
+
+def _assemble(cfg: GPTConfig, own: dict[str, torch.Tensor], *, swiglu_hidden: int | None,
+              context: int) -> GPT:
+    """A GPT of ``cfg`` holding exactly the tensors ``own`` (in the GPT's names; SwiGLU
+    blocks as ``blocks.N.mlp.gate/up/down``), built on the meta device and filled by
+    assignment (float32 copies where the dtype differs; the caller's tensors are not
+    modified). Missing or unexpected names are listed, sorted."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+        if swiglu_hidden is not None:
+            for block in model.blocks:
+                block.mlp = SwiGLU(cfg.d_model, swiglu_hidden, bias=cfg.bias)
+    want = dict(model.state_dict())
+    if cfg.tie_embeddings:
+        own = {**own, "lm_head.weight": own.get("wte.weight")}
+    missing, unexpected = sorted(set(want) - set(own)), sorted(set(own) - set(want))
+    if missing or unexpected:
+        raise ForeignCheckpointError(f"the GPT has no place for {_listed(unexpected) or 'nothing'} and "
+                                     f"lacks {_listed(missing) or 'nothing'}")
+    for k, t in want.items():
+        if tuple(own[k].shape) != tuple(t.shape):
+            raise ForeignCheckpointError(f"{k}: expected shape {tuple(t.shape)}, found {tuple(own[k].shape)}")
+    model.load_state_dict({k: v.detach().float() for k, v in own.items()}, strict=True, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.wte.weight
+    model.context_limit = int(context)
+    return model
+
+
+_LLAMA_BUFFERS = ("freqs_cos", "freqs_sin", "rope.freqs")
+
+
+def _check_rotary_tables(sd: Mapping[str, torch.Tensor], d_head: int, base: float) -> None:
+    """A llama2.c v0 export's ``freqs_cos``/``freqs_sin`` [seq_len, d_head/2] must be
+    cos/sin(pos * base^(-2i/d_head)): the rotation the GPT applies."""
+    if "freqs_cos" not in sd or "freqs_sin" not in sd:
+        return
+    cos, sin = sd["freqs_cos"].double(), sd["freqs_sin"].double()
+    inv = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)       # [d_head/2]
+    ang = torch.outer(torch.arange(cos.shape[0], dtype=torch.float64), inv)         # [seq_len, d_head/2]
+    if cos.shape != ang.shape or not (torch.allclose(cos, ang.cos(), atol=1e-4)
+                                      and torch.allclose(sin, ang.sin(), atol=1e-4)):
+        raise ForeignCheckpointError(
+            f"the rotary tables freqs_cos/freqs_sin {tuple(cos.shape)} are not those of base {base:g} "
+            f"and head size {d_head}, which this GPT applies")
+
+
+def from_llama_meta(sd: Mapping[str, torch.Tensor], config: Mapping) -> GPT:
+    """A GPT computing llama2.c's / Meta's Llama (module docstring). ``config``: llama2.c
+    ``model_args`` or the ``.bin`` header (``n_heads`` required; ``n_kv_heads``,
+    ``norm_eps``, ``rope_theta``, ``max_seq_len`` optional)."""
+    sd = {strip_key_prefixes(k): v for k, v in sd.items()}
+    if "tok_embeddings.weight" not in sd:
+        raise ForeignCheckpointError(f"expected tok_embeddings.weight; found {_listed(sd)}")
+    vocab, d = sd["tok_embeddings.weight"].shape
+    layers = sorted({int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))})
+    n = _conf(config, "n_heads", "n_head")
+    if n is None:
+        raise ForeignCheckpointError("the model config gives no n_heads")
+    n = int(n)
+    if n <= 0 or d % n:
+        raise ForeignCheckpointError(f"dim {d} is not divisible by n_heads {n}")
+    dh = d // n
+    kv = int(_conf(config, "n_kv_heads", default=n))
+    base = float(_conf(config, "rope_theta", default=10000.0))
+    _check_rotary_tables(sd, dh, base)
+    if "layers.0.feed_forward.w1.weight" not in sd:
+        raise ForeignCheckpointError("expected the MLP as layers.N.feed_forward.w1/w2/w3; found no "
+                                     "layers.0.feed_forward.w1.weight")
+    hidden = sd["layers.0.feed_forward.w1.weight"].shape[0]
+    out = sd.get("output.weight")
+    tied = out is None or torch.equal(out, sd["tok_embeddings.weight"])
+    names = {"attention_norm": "ln_1", "ffn_norm": "ln_2", "attention.wq": "attn.q",
+             "attention.wk": "attn.k", "attention.wv": "attn.v", "attention.wo": "attn.o",
+             "feed_forward.w1": "mlp.gate", "feed_forward.w3": "mlp.up", "feed_forward.w2": "mlp.down"}
+    own: dict[str, torch.Tensor] = {"wte.weight": sd["tok_embeddings.weight"]}
+    unknown = []
+    for k, v in sd.items():
+        if k in ("tok_embeddings.weight",) + _LLAMA_BUFFERS:
+            continue
+        if k == "norm.weight":
+            own["ln_f.weight"] = v
+        elif k == "output.weight":
+            if not tied:
+                own["lm_head.weight"] = v
+        elif (m := re.fullmatch(r"layers\.(\d+)\.(.+)\.weight", k)) and m.group(2) in names:
+            own[f"blocks.{m.group(1)}.{names[m.group(2)]}.weight"] = v
+        else:
+            unknown.append(k)
+    if unknown:
+        raise ForeignCheckpointError(f"tensors this Llama has no place for: {_listed(unknown)}")
+    context = int(_conf(config, "max_seq_len", "seq_len", default=2048))
+    try:
+        cfg = GPTConfig(vocab_size=vocab, block_size=context, n_layer=len(layers), n_head=n, n_kv_heads=kv,
+                        d_model=d, norm="rmsnorm", positions="rotary", mlp_ratio=hidden / d, bias=False,
+                        tie_embeddings=tied, rope_base=base,
+                        norm_eps=float(_conf(config, "norm_eps", "rms_norm_eps", default=1e-5)))
+    except ValueError as exc:
+        raise ForeignCheckpointError(str(exc)) from None
+    return _assemble(cfg, own, swiglu_hidden=hidden, context=context)
+
+
+def from_nanogpt_variant(sd: Mapping[str, torch.Tensor], config: Mapping, *, n_head: int,
+                         norm: str) -> GPT:
+    """A nanoGPT with ``norm`` (``layernorm`` or ``rmsnorm``) and a GELU (``c_fc``,
+    ``c_proj``) or SwiGLU MLP (``SWIGLU_NAMES``), learned positions; names as nanoGPT's
+    (``transformer.h.N.ln_1``, ``attn.c_attn`` rows ``[q; k; v]``, ``attn.c_proj``,
+    ``transformer.ln_f``, ``lm_head``; LayerNorm ``gamma``/``beta`` accepted)."""
+    alias = {"gamma": "weight", "beta": "bias"}
+    sd = {strip_key_prefixes(k): v for k, v in sd.items()}
+    sd = {(k.rsplit(".", 1)[0] + "." + alias[k.rsplit(".", 1)[1]]
+           if k.rsplit(".", 1)[-1] in alias else k): v for k, v in sd.items()}
+    for need in ("transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.c_attn.weight"):
+        if need not in sd:
+            raise ForeignCheckpointError(f"expected {need} (learned positions, fused c_attn); found "
+                                         f"{_listed(sd)}")
+    wte = sd["transformer.wte.weight"]
+    vocab, d = wte.shape
+    n_layer = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("transformer.h."))
+    mlp = swiglu_names(sd, "transformer.h.0.mlp.")
+    if mlp is None and "transformer.h.0.mlp.c_fc.weight" not in sd:
+        found = sorted({k.split(".")[4] for k in sd if k.startswith("transformer.h.0.mlp.")})
+        raise ForeignCheckpointError(f"the MLP ({', '.join(found) or 'none'}) is neither c_fc/c_proj (GELU) "
+                                     f"nor a named SwiGLU ({'; '.join('/'.join(n) for n in SWIGLU_NAMES)})")
+    if mlp is None:
+        hidden = sd["transformer.h.0.mlp.c_fc.weight"].shape[0]
+        if sd["transformer.h.0.mlp.c_proj.weight"].shape[1] * 2 == hidden:
+            raise ForeignCheckpointError(
+                f"mlp.c_fc has {hidden} rows, twice mlp.c_proj's {hidden // 2} columns: a fused SwiGLU "
+                f"whose gate half is not recorded in the weights")
+        mlp_names = {"mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
+    else:
+        hidden = sd[f"transformer.h.0.mlp.{mlp[0]}.weight"].shape[0]
+        mlp_names = {f"mlp.{mlp[0]}": "mlp.gate", f"mlp.{mlp[1]}": "mlp.up", f"mlp.{mlp[2]}": "mlp.down"}
+    names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_proj": "attn.o", **mlp_names}
+    own: dict[str, torch.Tensor] = {"wte.weight": wte, "wpe.weight": sd["transformer.wpe.weight"]}
+    out = sd.get("lm_head.weight")
+    tied = out is None or torch.equal(out, wte)
+    if not tied:
+        own["lm_head.weight"] = out
+    unknown = []
+    for k, v in sd.items():
+        if k in ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"):
+            continue
+        if k.startswith("transformer.ln_f."):
+            own["ln_f." + k.rsplit(".", 1)[1]] = v
+            continue
+        m = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)\.(weight|bias)", k)
+        if m is None:
+            unknown.append(k)
+            continue
+        i, mod, p = m.groups()
+        if mod == "attn" and p == "bias" and v.dim() == 4:
+            continue                                  # the causal-mask buffer
+        if mod == "attn.c_attn":
+            for name, t in zip(("q", "k", "v"), v.split(d, dim=0)):     # rows [q; k; v]
+                own[f"blocks.{i}.attn.{name}.{p}"] = t
+        elif mod in names:
+            own[f"blocks.{i}.{names[mod]}.{p}"] = v
+        else:
+            unknown.append(k)
+    if unknown:
+        raise ForeignCheckpointError(f"tensors this GPT has no place for: {_listed(unknown)}")
+    if sd["transformer.h.0.attn.c_attn.weight"].shape[0] != 3 * d:
+        raise ForeignCheckpointError(f"attn.c_attn.weight has {sd['transformer.h.0.attn.c_attn.weight'].shape[0]} "
+                                     f"rows; expected {3 * d} ([q; k; v])")
+    bias = any(k.endswith(".bias") and not k.startswith("ln_f") and ".ln_" not in k for k in own)
+    norm_bias = "blocks.0.ln_1.bias" in own
+    if norm == "rmsnorm" and norm_bias:
+        raise ForeignCheckpointError("the norms have biases, which RMSNorm does not")
+    if norm == "layernorm" and norm_bias != bias:
+        raise ForeignCheckpointError("the LayerNorms and the Linears disagree on biases; this GPT has one flag")
+    context = sd["transformer.wpe.weight"].shape[0]
+    try:
+        cfg = GPTConfig(vocab_size=vocab, block_size=context, n_layer=n_layer, n_head=n_head, d_model=d,
+                        norm=norm, positions="learned", mlp_ratio=hidden / d, bias=bias, tie_embeddings=tied,
+                        norm_eps=float(_conf(config, "norm_eps", "rms_norm_eps", "layer_norm_epsilon",
+                                             "eps", default=1e-5)))
+    except ValueError as exc:
+        raise ForeignCheckpointError(str(exc)) from None
+    return _assemble(cfg, own, swiglu_hidden=hidden if mlp is not None else None, context=context)
+
+
 # ---- dispatch ------------------------------------------------------------------------
 
 _QUERY_FREE_MODES = {"identity": "identity", "original": "standard", "residual": "residual"}
@@ -248,16 +487,24 @@ def _query_mode(config: Mapping, variant: str) -> str:
 
 
 def runnable(architecture: str, sd: Mapping[str, torch.Tensor], config: Mapping, *,
-             variant: str, n_heads: int, n_kv_heads: int, attn_scale: float) -> GPT:
+             variant: str, n_heads: int, n_kv_heads: int, attn_scale: float,
+             norm: str = "layernorm") -> GPT:
     """The GPT for a checkpoint the weight converter named ``architecture``.
 
-    ``variant``, ``n_heads``, ``n_kv_heads``, ``attn_scale``: the converter's
-    reading (``loaders`` ``ModelMeta``); the model must agree with it.
+    ``variant``, ``n_heads``, ``n_kv_heads``, ``attn_scale``, ``norm``: the
+    converter's reading (``loaders`` ``ModelMeta``); the model must agree with it.
     Raises :class:`ForeignCheckpointError` with the reason otherwise.
     """
     try:
         if architecture == "nanogpt":
-            model = GPT.from_nanogpt(sd, n_head=n_heads)
+            plain = norm == "layernorm" and swiglu_names(
+                {strip_key_prefixes(k) for k in sd}, "transformer.h.0.mlp.") is None
+            model = (GPT.from_nanogpt(sd, n_head=n_heads) if plain
+                     else from_nanogpt_variant(sd, config, n_head=n_heads, norm=norm))
+            if plain:
+                model.context_limit = int(model.cfg.block_size)
+        elif architecture == "llama_meta":
+            model = from_llama_meta(sd, config)
         elif architecture == "query_free":
             mode = _query_mode(config, variant)
             if mode not in _QUERY_FREE_MODES:
@@ -277,6 +524,9 @@ def runnable(architecture: str, sd: Mapping[str, torch.Tensor], config: Mapping,
         raise ForeignCheckpointError(msg if " " in msg else f"missing tensor {msg}") from None
     except ValueError as exc:
         raise ForeignCheckpointError(str(exc)) from None
+    if norm != "layernorm" and model.cfg.norm != norm:
+        raise ForeignCheckpointError(f"the forward-pass model normalises with {model.cfg.norm}; the weight "
+                                     f"converter read {norm}")
     got = (model.cfg.variant, model.cfg.n_head, model.cfg.n_kv_heads)
     if got != (variant, n_heads, n_kv_heads) or abs(model.cfg.attn_scale - attn_scale) > 1e-12 * attn_scale:
         raise ForeignCheckpointError(

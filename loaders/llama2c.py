@@ -53,6 +53,7 @@ import torch
 
 from loaders.errors import CheckpointFormatError
 from loaders.tensor_source import TensorSource
+from loaders.vocab import Vocabulary
 
 __all__ = ["Header", "sniff", "Llama2cSource", "read_tokenizer", "is_tokenizer", "Llama2cTokenizer",
            "MAGIC"]
@@ -317,7 +318,7 @@ class Llama2cSource(TensorSource):
 
 # ---- tokenizer.bin ---------------------------------------------------------------------
 
-class Llama2cTokenizer:
+class Llama2cTokenizer(Vocabulary):
     """llama2.c's tokenizer (``run.c`` ``encode``; module docstring). ``pieces[i]`` is token
     i's text, ``scores[i]`` its merge score."""
 

@@ -13,6 +13,16 @@ parameter and is ignored.
 ``num_layers``/``num_heads``/``dim_embedding`` of some forks (e.g.
 sqtian/GPT_by_Hand). ``d_model`` and the layer count come from the shapes when
 absent; the head count cannot and must be in the config (or ``head_size``).
+
+The norm (``norm_of``): what the config declares (``norm``/``norm_type``/
+``normalization``/``norm_layer`` naming RMS or Layer norm, or a true
+``use_rmsnorm``/``rmsnorm``/``use_rms_norm``), else the tensors: a norm with a
+bias is a LayerNorm; a norm weight without a bias is an RMSNorm when the block
+has a SwiGLU MLP (``mlp.w1/w2/w3``, ``gate_proj/up_proj/down_proj``,
+``w_gate/w_up/w_down``), when its name says ``rms``, or when the Linears have
+biases (nanoGPT's LayerNorm has one whenever they do), and a LayerNorm when
+the config says ``bias``/``use_bias`` false (nanoGPT's ``LayerNorm(bias=False)``);
+with no bias setting at all, a weight without a bias reads as RMSNorm.
 """
 from __future__ import annotations
 
@@ -81,13 +91,51 @@ def validate(source, p, layers, d, rows_per_d, have, layout=NAME):
     return attn_keys
 
 
+_NORM_FIELDS = ("norm", "norm_type", "normalization", "norm_layer", "layer_norm_type")
+_RMS_FLAGS = ("use_rmsnorm", "rmsnorm", "use_rms_norm")
+_SWIGLU = (("w1", "w2", "w3"), ("gate_proj", "up_proj", "down_proj"), ("w_gate", "w_up", "w_down"))
+
+
+def norm_of(source, p: str, have: set[str]) -> str:
+    """``rmsnorm`` or ``layernorm`` of a nanoGPT-style source (module docstring); reads
+    only key names and the config."""
+    for name in _NORM_FIELDS:
+        v = C.cfg(source, name)
+        if isinstance(v, str) and "rms" in v.lower():
+            return "rmsnorm"
+        if isinstance(v, str) and "layer" in v.lower():
+            return "layernorm"
+    for name in _RMS_FLAGS:
+        v = C.cfg(source, name)
+        if isinstance(v, bool):
+            return "rmsnorm" if v else "layernorm"
+    block = f"{p}h.0."
+    norms = sorted({k[len(block):].rsplit(".", 1)[0] for k in have
+                    if k.startswith(block) and not k[len(block):].startswith(("attn.", "mlp."))
+                    and k.endswith((".weight", ".gamma", ".scale"))})
+    if not norms:
+        return "layernorm"                          # no affine norm parameters: nanoGPT's default
+    if any(f"{block}{m}.{b}" in have for m in norms for b in ("bias", "beta")):
+        return "layernorm"
+    if any("rms" in m.lower() for m in norms):
+        return "rmsnorm"
+    if any(all(f"{block}mlp.{n}.weight" in have for n in names) for names in _SWIGLU):
+        return "rmsnorm"
+    if f"{block}attn.c_attn.bias" in have:
+        return "rmsnorm"
+    bias = C.cfg(source, "bias", "use_bias")
+    if isinstance(bias, bool) and not bias:
+        return "layernorm"
+    return "rmsnorm"
+
+
 def convert(source):
     keys = source.keys()
     have = set(keys)
     p, layers, d, n, dh = geometry(source, keys, 3)
     attn_keys = validate(source, p, layers, d, 3, have)
     geom = C.Geometry(len(layers), n, n, d, dh)
-    meta = C.make_meta(source, architecture=NAME, variant="qkv", geom=geom, norm="layernorm",
+    meta = C.make_meta(source, architecture=NAME, variant="qkv", geom=geom, norm=norm_of(source, p, have),
                        positions="learned", attn_scale=None,
                        dtype_key=f"{p}h.0.attn.c_attn.weight", attention_keys=attn_keys)
     get = C.getter(source, have)
