@@ -11,9 +11,16 @@ Prices are not specifications: ``price_per_hour`` is an assumed on-demand rate
 (USD) for one GPU, to be replaced with the user's own (every caller takes an
 override). ``sources`` names where each of memory, bandwidth and bf16 figure
 comes from.
+
+Names: :func:`get_gpu` accepts a catalogue name, its label, or a common
+spelling in ``ALIASES``, in any case and with any spaces, hyphens or
+underscores, and with or without the vendor words (``H100``, ``nvidia h100
+pcie``, ``RTX 4090``, ``A100``). A bare ``H100`` is the SXM part and a bare
+``A100`` the 80GB one, the parts cloud providers rent by those names.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from analysis.errors import AnalysisError
@@ -146,13 +153,56 @@ CATALOGUE: dict[str, GPU] = {g.name: g for g in (
 )}
 
 
-def gpu_names() -> list[str]:
-    return list(CATALOGUE)
+#: Common spellings and the catalogue entry each means (matched after :func:`_compact`).
+ALIASES: dict[str, str] = {
+    "h100": "h100-sxm", "h100 sxm5": "h100-sxm", "h100 80gb": "h100-sxm",
+    "h100 pcie": "h100-pcie",
+    "h200 sxm": "h200",
+    "b200 hgx": "b200",
+    "a100": "a100-80gb", "a100 sxm": "a100-80gb", "a100 80g": "a100-80gb",
+    "a100 40g": "a100-40gb",
+    "rtx 4090": "rtx-4090", "4090": "rtx-4090",
+    "phone": "edge-phone",
+}
+_VENDOR_WORDS = ("nvidia", "geforce", "amd", "instinct", "tesla")
+
+
+def _compact(name: str) -> str:
+    """Lower case, vendor words and every non-alphanumeric character removed:
+    ``"NVIDIA GeForce RTX 4090"`` -> ``"rtx4090"``."""
+    key = str(name).lower()
+    for word in _VENDOR_WORDS:
+        key = key.replace(word, "")
+    return re.sub(r"[^a-z0-9]", "", key)
+
+
+def _lookup() -> dict[str, str]:
+    table = {}
+    for gpu in CATALOGUE.values():
+        table[_compact(gpu.name)] = gpu.name
+        table[_compact(gpu.label)] = gpu.name
+    for alias, target in ALIASES.items():
+        table[_compact(alias)] = target
+    return table
+
+
+_LOOKUP = _lookup()
+
+
+def resolve_gpu_name(name: str) -> str:
+    """The catalogue name that ``name`` spells (``"H100"`` -> ``"h100-sxm"``); AnalysisError
+    lists the catalogue names and every accepted alias."""
+    found = _LOOKUP.get(_compact(name)) if str(name).strip() else None
+    if found is None:
+        names = []
+        for gpu in CATALOGUE:
+            also = [a for a, t in ALIASES.items() if t == gpu]
+            names.append(f"{gpu} ({', '.join(also)})" if also else gpu)
+        raise AnalysisError(f"unknown GPU {name!r}: expected one of {', '.join(names)}; "
+                            "any case, spaces or hyphens, or the label --list-gpus prints")
+    return found
 
 
 def get_gpu(name: str) -> GPU:
-    """The catalogue entry ``name`` (case-insensitive); AnalysisError lists the known names."""
-    key = name.strip().lower()
-    if key not in CATALOGUE:
-        raise AnalysisError(f"unknown GPU {name!r}: expected one of {', '.join(CATALOGUE)}")
-    return CATALOGUE[key]
+    """The catalogue entry ``name`` spells (see :func:`resolve_gpu_name`)."""
+    return CATALOGUE[resolve_gpu_name(name)]

@@ -13,16 +13,52 @@ returned, with the numbers filled in, in ``Estimate.steps``)::
     n_cached         = 2, or 1 when K = V (k_eq_v, q_eq_k_eq_v)
     cache layers     = ceil(n_layers / layers per shared cache)  (cross-layer sharing)
     bytes/token      = cache layers * n_cached * n_kv_heads * d_head * bytes/elem
-                     = cache layers * (latent + rope) * bytes/elem        (MLA)
+                     = cache layers * (kv_lora_rank + qk_rope_head_dim) * bytes/elem   (MLA)
     cached tokens    = min(context, window)
     bytes/user       = bytes/token * cached tokens
     usable           = GPU memory * gpus per replica * utilisation
     users per GPU    = floor((usable - weights - reserve) / bytes/user), 0 if negative
+    batch/replica    = min(batch cap, users per GPU)       (the engine's max_num_seqs)
+    GPUs needed      = ceil(users / batch per replica) * gpus per replica
     step time        = max((weight bytes read + batch * KV bytes read) / (bandwidth * eff_bw),
                            batch * FLOPs/token / (peak bf16 * eff_compute))
     tokens/s         = batch / step time, summed over replicas when the users
                        need more than one (split as evenly as possible)
     USD / 1M tokens  = price/hour * GPUs / (tokens/s * 3600) * 1e6
+    USD / month      = price/hour * GPUs * 730 h            (8760 h / 12, always on)
+    prefill FLOPs    = 2 * params read * prompt + attention FLOPs/pair * causal pairs
+    prefill time     = max(prefill FLOPs / (peak bf16 * eff_compute),
+                           (weight bytes read + prompt * bytes/token) / (bandwidth * eff_bw))
+    TTFT             = prefill time;   TPOT = step time at the largest batch
+
+MLA (multi-head latent attention, DeepSeek-V2 arXiv 2405.04434 section 2.1, and
+DeepSeek-V3 arXiv 2412.19437): each layer caches one compressed latent
+c_KV of ``kv_lora_rank`` elements and one decoupled rotary key k_R of
+``qk_rope_head_dim`` elements per token, both shared by all heads, so the
+cache does not grow with the number of heads. DeepSeek-V3 (61 layers,
+kv_lora_rank 512, qk_rope_head_dim 64) at bf16: 61 * (512 + 64) * 2 = 70,272
+bytes per token, against 61 * 2 * 128 heads * 128 * 2 = 3,997,696 for MHA
+with its 128 heads of 128 (56.9x more).
+
+Latency is one request's alone (no queueing, prefill not chunked or batched
+with other requests, no sampling or network time): the prefill of a prompt
+is compute-bound for any prompt of more than a few hundred tokens (2 FLOPs
+per parameter per token against 2 bytes per parameter read once), decoding
+is memory-bound until the batch is large. ``eff_compute`` is the model FLOPs
+utilisation (MFU) and ``eff_bw`` the achieved fraction of peak bandwidth.
+The prompt is ``prompt_len`` when given, else the whole context. Causal
+pairs of a prompt of P tokens: sum over i = 1..P of min(i, window);
+attention FLOPs per pair = 4 * n_layers * n_heads * d_head (q.k and p.v),
+for MLA 2 * n_layers * n_heads * (2 * d_head + rope) in prefill (keys
+decompressed) and 2 * n_layers * n_heads * (2 * latent + rope) in decode
+(W_UK and W_UV absorbed into the query and output, as DeepSeek-V2 section
+2.1.2 describes).
+
+The batch cap: vLLM's scheduler admits at most ``max_num_seqs`` sequences
+per step, default 256 (``vllm/engine/arg_utils.py``; vLLM V1 raises it to
+1024 on GPUs with at least 70 GiB other than the A100); a replica serves
+min(cap, users whose cache fits) users at once, and more users need more
+replicas even when memory would hold them.
 
 Decode reads every weight once per step (except the input embedding tables, of
 which it reads one row per token) and every cached K/V of every user in the
@@ -47,14 +83,13 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.gpus import GB, GIB, GPU
+from analysis.variants import KV_TIED, Q_DROPPED, VARIANTS, n_cached, sharing
+from analysis.variants import LABELS as VARIANT_LABELS  # noqa: F401  (re-exported: paper_claims, pages)
 
-VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
-KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
-Q_DROPPED = frozenset({"wq_identity", "q_eq_k", "q_eq_k_eq_v"})
-VARIANT_LABELS = {
-    "qkv": "Q-K-V", "wq_identity": "query-free (W_Q = I)", "q_eq_k": "Q=K-V",
-    "k_eq_v": "Q-K=V", "q_eq_k_eq_v": "Q=K=V",
-}
+#: Sequences one replica decodes at once, at most: vLLM's ``max_num_seqs`` default.
+DEFAULT_MAX_BATCH = 256
+#: Hours in a month of continuous serving: 365 * 24 / 12.
+HOURS_PER_MONTH = 730.0
 
 #: Bits per element of each cache / weight dtype name; int8 and int4 also carry
 #: one group of scale (+ zero point) bytes per ``group_size`` elements.
@@ -101,6 +136,9 @@ class Geometry:
     checkpoint); when set they replace the formula for the native configuration
     and other configurations are derived from them by the attention difference.
     ``sliding_window``: the model's own attention window (Mistral 7B v0.1: 4096).
+    ``kv_lora_rank`` set: the model's own attention is MLA (DeepSeek-V2/V3), with
+    ``qk_rope_head_dim`` rotary key elements and, when set, a query compressed to
+    ``q_lora_rank`` (Hugging Face ``DeepseekV3Config`` names).
     """
 
     name: str
@@ -121,6 +159,9 @@ class Geometry:
     params_total: int | None = None
     params_attention: int | None = None
     sliding_window: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int = 0
+    q_lora_rank: int | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -134,6 +175,14 @@ class Geometry:
                                 f"got {self.variant!r}")
         if self.mlp not in ("gelu", "gated"):
             raise AnalysisError(f"geometry {self.name!r}: mlp must be 'gelu' or 'gated', got {self.mlp!r}")
+        for key in ("kv_lora_rank", "q_lora_rank"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise AnalysisError(f"geometry {self.name!r}: {key} must be None or an integer >= 1, "
+                                    f"got {value!r}")
+        if not isinstance(self.qk_rope_head_dim, int) or self.qk_rope_head_dim < 0:
+            raise AnalysisError(f"geometry {self.name!r}: qk_rope_head_dim must be an integer >= 0, "
+                                f"got {self.qk_rope_head_dim!r}")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -151,7 +200,8 @@ class Attention:
 
     ``n_kv_heads`` None keeps the geometry's. ``mla_latent`` set switches to
     multi-head latent attention (cache: latent + rope elements per layer per
-    token; the variant's K=V tie does not apply). ``layers_per_cache``: layers
+    token, shared by all heads; the variant's K=V tie does not apply;
+    ``mla_q_rank`` a compressed query as DeepSeek-V3's). ``layers_per_cache``: layers
     that share one cache (cross-layer attention; 1 = none). ``window`` None
     keeps the geometry's own sliding window (or none); 0 removes it.
     """
@@ -162,20 +212,30 @@ class Attention:
     mla_rope: int = 0
     layers_per_cache: int = 1
     window: int | None = None
+    mla_q_rank: int | None = None
 
     def label(self, geometry: Geometry) -> str:
         kv = self.n_kv_heads or geometry.n_kv_heads
         if self.mla_latent:
             text = f"MLA latent {self.mla_latent}+rope {self.mla_rope}"
         else:
-            heads = ("MHA" if kv == geometry.n_heads else "MQA" if kv == 1 else f"GQA-{kv}")
-            text = f"{VARIANT_LABELS[self.variant]}, {heads}"
+            text = f"{VARIANT_LABELS[self.variant]}, {sharing(geometry.n_heads, kv)}"
         if self.layers_per_cache > 1:
             text += f", CLA x{self.layers_per_cache}"
         window = _window(geometry, self)
         if window:
             text += f", window {window}"
         return text
+
+
+def native_attention(geometry: Geometry) -> Attention:
+    """The model's own attention: MLA with its ranks when it has ``kv_lora_rank``, else its
+    variant at its own KV heads."""
+    if geometry.kv_lora_rank:
+        return Attention(variant=geometry.variant, n_kv_heads=geometry.n_kv_heads,
+                         mla_latent=geometry.kv_lora_rank, mla_rope=geometry.qk_rope_head_dim,
+                         mla_q_rank=geometry.q_lora_rank)
+    return Attention(variant=geometry.variant, n_kv_heads=geometry.n_kv_heads)
 
 
 def _window(geometry: Geometry, attention: Attention) -> int | None:
@@ -196,6 +256,10 @@ class Serving:
     fits). ``reserve_bytes``: memory kept for activations, CUDA context and
     fragmentation. ``gpus_per_replica``: tensor-parallel GPUs that hold one copy
     of the weights (memory, bandwidth, FLOPs and price all multiply).
+    ``max_batch``: the most sequences one replica decodes at once (vLLM's
+    ``max_num_seqs``, default 256); None for no cap. ``prompt_len`` alone
+    sets the prompt whose prefill gives the time to first token (else the
+    whole context is the prompt).
     """
 
     context: int | None = 4096
@@ -212,6 +276,7 @@ class Serving:
     bandwidth_efficiency: float = 0.80
     compute_efficiency: float = 0.50
     gpus_per_replica: int = 1
+    max_batch: int | None = DEFAULT_MAX_BATCH
 
     def resolved_context(self) -> int:
         if self.context is not None:
@@ -219,6 +284,10 @@ class Serving:
         if self.prompt_len is not None and self.output_len is not None:
             return self.prompt_len + self.output_len
         raise AnalysisError("serving: give a context length, or both prompt and output lengths")
+
+    def prompt_tokens(self) -> int:
+        """The prompt whose prefill is timed: ``prompt_len`` when given, else the whole context."""
+        return self.prompt_len if self.prompt_len is not None else self.resolved_context()
 
     def decode_length(self) -> float:
         """Tokens attended per decode step: prompt + output/2 when both are given, else the context."""
@@ -245,6 +314,8 @@ class Serving:
             raise AnalysisError(f"serving: reserve_bytes must be >= 0, got {self.reserve_bytes}")
         if self.gpus_per_replica < 1:
             raise AnalysisError(f"serving: gpus_per_replica must be >= 1, got {self.gpus_per_replica}")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise AnalysisError(f"serving: max_batch must be >= 1 (or None: no cap), got {self.max_batch}")
         normalise_dtype(self.kv_dtype)
         normalise_dtype(self.weight_dtype)
 
@@ -256,16 +327,20 @@ def attention_params(geometry: Geometry, attention: Attention) -> int:
 
     Per layer: W_Q d*nh*dh (absent for wq_identity, q_eq_k, q_eq_k_eq_v),
     W_K d*nkv*dh, W_V d*nkv*dh (absent for k_eq_v, q_eq_k_eq_v), W_O nh*dh*d,
-    and their biases where the model has them. MLA (DeepSeek-V2 without query
-    compression): W_Q d*nh*(dh+rope), W_DKV d*latent, W_KR d*rope,
-    W_UK latent*nh*dh, W_UV latent*nh*dh, W_O nh*dh*d.
+    and their biases where the model has them. MLA (DeepSeek-V2 section 2.1,
+    Hugging Face ``DeepseekV3Attention``): the query W_Q d*nh*(dh+rope), or
+    compressed W_DQ d*q_rank + its norm q_rank + W_UQ q_rank*nh*(dh+rope); W_DKV
+    d*latent and W_KR d*rope (one matrix, ``kv_a_proj_with_mqa``), the latent's
+    norm latent, W_UK latent*nh*dh, W_UV latent*nh*dh, W_O nh*dh*d (value head
+    dim = d_head).
     """
     d, nh, dh = geometry.d_model, geometry.n_heads, geometry.d_head
     nkv = attention.n_kv_heads or geometry.n_kv_heads
     _check_kv_heads(geometry.name, nh, nkv)
     if attention.mla_latent:
-        r, rope = attention.mla_latent, attention.mla_rope
-        per_layer = d * nh * (dh + rope) + d * r + d * rope + 2 * r * nh * dh + nh * dh * d
+        r, rope, qr = attention.mla_latent, attention.mla_rope, attention.mla_q_rank
+        query = d * qr + qr + qr * nh * (dh + rope) if qr else d * nh * (dh + rope)
+        per_layer = query + d * (r + rope) + r + 2 * r * nh * dh + nh * dh * d
         return geometry.n_layers * per_layer
     q = 0 if attention.variant in Q_DROPPED else d * nh * dh
     k = d * nkv * dh
@@ -310,7 +385,7 @@ def params(geometry: Geometry, attention: Attention) -> tuple[int, int]:
     native configuration; any other is the known total plus the attention
     difference: total' = total - attn(native) + attn(target).
     """
-    native = Attention(variant=geometry.variant, n_kv_heads=geometry.n_kv_heads)
+    native = native_attention(geometry)
     attn = attention_params(geometry, attention)
     if geometry.params_total is None:
         return formula_params(geometry, attention), attn
@@ -327,7 +402,8 @@ def kv_bytes_per_token(geometry: Geometry, attention: Attention, kv_dtype: str =
     """Cache bytes one token adds: cache layers * n_cached * n_kv_heads * d_head * bytes/elem.
 
     cache layers = ceil(n_layers / layers_per_cache); n_cached = 1 for K=V
-    variants, else 2. MLA caches (latent + rope) elements per cache layer.
+    variants, else 2. MLA caches (kv_lora_rank + qk_rope_head_dim) elements per
+    cache layer: one latent and the decoupled rotary key, shared by all heads.
     """
     b = bytes_per_element(kv_dtype, group_size=group_size, group_overhead_bytes=group_overhead_bytes)
     layers = cache_layers(geometry, attention)
@@ -337,8 +413,7 @@ def kv_bytes_per_token(geometry: Geometry, attention: Attention, kv_dtype: str =
     _check_kv_heads(geometry.name, geometry.n_heads, nkv)
     if attention.variant not in VARIANTS:
         raise AnalysisError(f"variant must be one of {', '.join(VARIANTS)}, got {attention.variant!r}")
-    n_cached = 1 if attention.variant in KV_TIED else 2
-    return layers * n_cached * nkv * geometry.d_head * b
+    return layers * n_cached(attention.variant) * nkv * geometry.d_head * b
 
 
 def cache_layers(geometry: Geometry, attention: Attention) -> int:
@@ -355,6 +430,28 @@ def cached_tokens(geometry: Geometry, attention: Attention, context: float) -> f
 
 # -- the estimate -------------------------------------------------------------------------
 
+def causal_pairs(prompt: int, window: int | None) -> int:
+    """(query, key) pairs a causal prefill of ``prompt`` tokens scores: sum over i = 1..P of
+    min(i, window) = P(P+1)/2 without a window."""
+    p = int(prompt)
+    if not window or p <= window:
+        return p * (p + 1) // 2
+    return window * (window + 1) // 2 + (p - window) * window
+
+
+def attention_flops_per_pair(geometry: Geometry, attention: Attention, phase: str) -> int:
+    """FLOPs of one (query, key) pair summed over layers and heads (multiply-add = 2 FLOPs).
+
+    q.k and p.v: 4 * n_layers * n_heads * d_head. MLA: keys decompressed in
+    prefill, 2 * L * nh * (2 * d_head + rope); absorbed in decode (scores and
+    values over the latent), 2 * L * nh * (2 * latent + rope)."""
+    L, nh, dh = geometry.n_layers, geometry.n_heads, geometry.d_head
+    if attention.mla_latent:
+        width = 2 * attention.mla_latent if phase == "decode" else 2 * dh
+        return 2 * L * nh * (width + attention.mla_rope)
+    return 4 * L * nh * dh
+
+
 @dataclass(frozen=True)
 class Step:
     """One line of the working: a name, its formula, the formula with numbers, the value."""
@@ -368,7 +465,12 @@ class Step:
 
 @dataclass
 class Estimate:
-    """Every figure of one configuration; ``steps`` shows how each was reached."""
+    """Every figure of one configuration; ``steps`` shows how each was reached.
+
+    ``users_per_gpu`` is what memory holds per replica; ``batch_per_replica``
+    what one replica decodes at once (the batch cap may be lower, said by
+    ``batch_limit``); ``gpus`` the GPUs needed for ``users``; ``ttft_s`` and
+    ``tpot_s`` one request's time to first token and time per output token."""
 
     label: str
     variant: str
@@ -400,6 +502,17 @@ class Estimate:
     price_per_hour: float
     usd_per_million_tokens: float | None
     gpu: str
+    max_batch: int | None = None
+    batch_per_replica: int = 0
+    batch_limit: str | None = None
+    tokens_per_s_per_gpu: float = 0.0
+    usd_per_month: float | None = None
+    prompt_tokens: int = 0
+    prefill_flops: float | None = None
+    prefill_time_s: float | None = None
+    prefill_bound: str | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
     steps: list[Step] = field(default_factory=list)
 
     def to_json(self, *, with_steps: bool = False) -> dict:
@@ -417,6 +530,10 @@ class Estimate:
 
 def _gb(x: float) -> str:
     return f"{x / GB:,.3f} GB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.3f} ms"
 
 
 def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GPU) -> Estimate:
@@ -445,10 +562,9 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
     if attention.mla_latent:
         filled = (f"{layers} * ({attention.mla_latent} + {attention.mla_rope}) * {kb:g} "
                   f"= {per_token:,.1f} B ({per_token / 1024:,.3f} KiB)")
-        formula = "cache layers * (latent + rope) * bytes/elem"
+        formula = "cache layers * (kv_lora_rank + qk_rope_head_dim) * bytes/elem (MLA: shared by all heads)"
     else:
-        n_cached = 1 if attention.variant in KV_TIED else 2
-        filled = (f"{layers} * {n_cached} * {nkv} * {geometry.d_head} * {kb:g} "
+        filled = (f"{layers} * {n_cached(attention.variant)} * {nkv} * {geometry.d_head} * {kb:g} "
                   f"= {per_token:,.1f} B ({per_token / 1024:,.3f} KiB)")
         formula = "cache layers * n_cached * n_kv_heads * d_head * bytes/elem"
     steps.append(Step("KV bytes per token", formula, filled, per_token, "bytes"))
@@ -472,17 +588,31 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
     fits = users_per_gpu > 0
     price = gpu.price_per_hour
     decode_len = serving.decode_length()
+    cap = serving.max_batch
+    prompt = serving.prompt_tokens()
+    inputs, _ = embedding_params(geometry)
+    read_params = max(total - inputs, 0)
+    weight_read = read_params * wb
+    bandwidth = gpu.bandwidth_bytes_s * n * serving.bandwidth_efficiency
+    compute = gpu.bf16_flops * n * serving.compute_efficiency
+    bw_text = f"({gpu.bandwidth_bytes_s / 1e12:g} TB/s * {n} * {serving.bandwidth_efficiency:g})"
+    fl_text = f"({gpu.bf16_flops / 1e12:g} TFLOPS * {n} * {serving.compute_efficiency:g})"
+    prefill_flops = prefill_time = ttft = tpot = None
+    prefill_bound = batch_limit = usd_month = None
+    per_gpu_rate = 0.0
     if fits:
-        users = serving.users if serving.users is not None else users_per_gpu
-        replicas = math.ceil(users / users_per_gpu)
+        per_replica = min(users_per_gpu, cap) if cap else users_per_gpu
+        batch_limit = "batch cap" if cap and cap < users_per_gpu else "memory"
+        users = serving.users if serving.users is not None else per_replica
+        replicas = math.ceil(users / per_replica)
         batch = math.ceil(users / replicas)  # the largest batch; users split as evenly as possible
-        inputs, _ = embedding_params(geometry)
-        read_params = max(total - inputs, 0)
-        weight_read = read_params * wb
+        gpus = replicas * n
+        steps.append(Step("GPUs needed", "ceil(users / min(batch cap, users per GPU)) * GPUs per replica",
+                          f"ceil({users:,} / min({cap if cap else 'no cap'}, {users_per_gpu:,})) * {n} = "
+                          f"{replicas:,} * {n} = {gpus:,} GPU(s), batch up to {batch:,} "
+                          f"(limited by {batch_limit})", gpus, "GPUs"))
         attended = cached_tokens(geometry, attention, decode_len)
-        bandwidth = gpu.bandwidth_bytes_s * n * serving.bandwidth_efficiency
-        flops_token = 2 * read_params + 4 * geometry.n_layers * geometry.n_heads * geometry.d_head * attended
-        compute = gpu.bf16_flops * n * serving.compute_efficiency
+        flops_token = 2 * read_params + attention_flops_per_pair(geometry, attention, "decode") * attended
 
         def times(b: int) -> tuple[float, float]:
             """(memory time, compute time) of one decode step at batch b."""
@@ -495,31 +625,52 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
         steps.append(Step("memory time per step",
                           "(weight bytes read + batch * bytes/token * attended) / (bandwidth * GPUs * efficiency)",
                           f"({_gb(weight_read)} + {batch} * {per_token:,.1f} * {attended:,.0f}) / "
-                          f"({gpu.bandwidth_bytes_s / 1e12:g} TB/s * {n} * {serving.bandwidth_efficiency:g}) "
-                          f"= {memory_time * 1e3:,.3f} ms", memory_time, "s"))
+                          f"{bw_text} = {_ms(memory_time)}", memory_time, "s"))
         steps.append(Step("compute time per step",
-                          "batch * (2 * params read + 4 * layers * heads * d_head * attended) / "
+                          "batch * (2 * params read + attention FLOPs/pair * attended) / "
                           "(peak bf16 * GPUs * efficiency)",
-                          f"{batch} * {flops_token:,.0f} / ({gpu.bf16_flops / 1e12:g} TFLOPS * {n} * "
-                          f"{serving.compute_efficiency:g}) = {compute_time * 1e3:,.3f} ms",
+                          f"{batch} * {flops_token:,.0f} / {fl_text} = {_ms(compute_time)}",
                           compute_time, "s"))
         # replicas holding q+1 users (rem of them) and q users: each runs at its own batch's pace
         q, rem = divmod(users, replicas)
         rate = rem * (q + 1) / max(times(q + 1)) + ((replicas - rem) * q / max(times(q)) if q else 0.0)
         per_user_rate = 1 / step
+        per_gpu_rate = rate / gpus
         split = (f"{rem} replica(s) at batch {q + 1}, {replicas - rem} at batch {q}" if rem
                  else f"{replicas} replica(s) at batch {q}")
         steps.append(Step("decode tokens/s", "sum over replicas of batch / max(memory time, compute time)",
-                          f"{split}: {rate:,.1f} tokens/s ({bound}-bound at batch {batch}, "
-                          f"step {step * 1e3:,.3f} ms)", rate, "tokens/s"))
-        gpus = replicas * n
+                          f"{split}: {rate:,.1f} tokens/s = {per_gpu_rate:,.1f} per GPU ({bound}-bound at "
+                          f"batch {batch}, step {_ms(step)})", rate, "tokens/s"))
         usd = price * gpus / (rate * 3600) * 1e6 if rate > 0 else None
         steps.append(Step("USD per 1M output tokens", "price/hour * GPUs / (tokens/s * 3600) * 1e6",
                           f"{price:g} * {gpus} / ({rate:,.1f} * 3600) * 1e6 = "
                           + (f"{usd:,.4f} USD" if usd is not None else "n/a"), usd, "USD"))
+        usd_month = price * gpus * HOURS_PER_MONTH
+        steps.append(Step("USD per month", "price/hour * GPUs * 730 hours",
+                          f"{price:g} * {gpus} * {HOURS_PER_MONTH:g} = {usd_month:,.0f} USD", usd_month, "USD"))
+
+        pairs = causal_pairs(prompt, _window(geometry, attention))
+        per_pair = attention_flops_per_pair(geometry, attention, "prefill")
+        prefill_flops = 2 * read_params * prompt + per_pair * pairs
+        p_compute = prefill_flops / compute if compute > 0 else math.inf
+        p_memory = (weight_read + prompt * per_token) / bandwidth
+        prefill_time = max(p_compute, p_memory)
+        prefill_bound = "compute" if p_compute >= p_memory else "memory"
+        steps.append(Step("prefill FLOPs", "2 * params read * prompt + attention FLOPs/pair * causal pairs",
+                          f"2 * {read_params:,} * {prompt:,} + {per_pair:,} * {pairs:,} = {prefill_flops:.4g}",
+                          prefill_flops, "FLOPs"))
+        steps.append(Step("time to first token (prefill)",
+                          "max(prefill FLOPs / (peak bf16 * GPUs * MFU), "
+                          "(weight bytes read + prompt * bytes/token) / (bandwidth * GPUs * efficiency))",
+                          f"max({prefill_flops:.4g} / {fl_text}, ({_gb(weight_read)} + {prompt:,} * "
+                          f"{per_token:,.1f}) / {bw_text}) = max({_ms(p_compute)}, {_ms(p_memory)}) = "
+                          f"{_ms(prefill_time)} ({prefill_bound}-bound)", prefill_time, "s"))
+        ttft, tpot = prefill_time, step
+        steps.append(Step("time per output token", "decode step time at the largest batch",
+                          f"{_ms(tpot)} at batch {batch} = {1 / tpot:,.1f} tokens/s per user", tpot, "s"))
     else:
         users = serving.users if serving.users is not None else 0
-        replicas = gpus = batch = 0
+        replicas = gpus = batch = per_replica = 0
         memory_time = compute_time = step = None
         bound = None
         rate = per_user_rate = 0.0
@@ -537,22 +688,28 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
         users_per_gpu=users_per_gpu, fits=fits, users=users, replicas=replicas, gpus=gpus, batch=batch,
         decode_length=decode_len, step_time_s=step, memory_time_s=memory_time, compute_time_s=compute_time,
         bound=bound, tokens_per_s=rate, tokens_per_s_per_user=per_user_rate, price_per_hour=price,
-        usd_per_million_tokens=usd, gpu=gpu.name, steps=steps)
+        usd_per_million_tokens=usd, gpu=gpu.name, max_batch=cap, batch_per_replica=per_replica,
+        batch_limit=batch_limit, tokens_per_s_per_gpu=per_gpu_rate, usd_per_month=usd_month,
+        prompt_tokens=prompt, prefill_flops=prefill_flops, prefill_time_s=prefill_time,
+        prefill_bound=prefill_bound, ttft_s=ttft, tpot_s=tpot, steps=steps)
 
 
 #: Figures where smaller is better (saving = 1 - value / baseline) and larger is better
-#: (ratio = value / baseline).
+#: (ratio = value / baseline). Pages colour a change by these: a drop is good only in the first.
 SMALLER_BETTER = ("params_total", "params_attention", "weights_bytes", "bytes_per_token",
-                  "bytes_per_user", "usd_per_million_tokens")
-LARGER_BETTER = ("users_per_gpu", "tokens_per_s")
+                  "bytes_per_user", "usd_per_million_tokens", "gpus", "usd_per_month", "ttft_s", "tpot_s")
+LARGER_BETTER = ("users_per_gpu", "tokens_per_s", "tokens_per_s_per_gpu")
 
 
 def savings(value: Estimate, baseline: Estimate) -> dict:
     """``saving_<x>`` = 1 - value/baseline for sizes and cost; ``ratio_<x>`` = value/baseline
-    for users and throughput (None where the baseline is 0 or missing)."""
+    for users and throughput (None where the baseline is 0 or missing, and for GPUs when
+    either configuration does not fit: 0 GPUs is then no saving)."""
     out = {}
     for key in SMALLER_BETTER:
         v, b = getattr(value, key), getattr(baseline, key)
+        if key == "gpus" and not (value.fits and baseline.fits):
+            v = None
         out[f"saving_{key}"] = (1 - v / b) if (v is not None and b) else None
     for key in LARGER_BETTER:
         v, b = getattr(value, key), getattr(baseline, key)
@@ -567,9 +724,11 @@ def baseline_attention(geometry: Geometry) -> Attention:
 
 def standard_configs(geometry: Geometry, n_kv_heads: int | None = None) -> list[Attention]:
     """Every variant at ``n_kv_heads`` (default: the geometry's), then K=V with GQA
-    (n_heads/4 KV heads, when it divides) and with MQA."""
+    (n_heads/4 KV heads, when it divides) and with MQA; an MLA model's own attention
+    first (its row type ``mla``)."""
     nkv = n_kv_heads or geometry.n_kv_heads
-    configs = [Attention(variant=v, n_kv_heads=nkv) for v in VARIANTS]
+    configs = [native_attention(geometry)] if geometry.kv_lora_rank else []
+    configs += [Attention(variant=v, n_kv_heads=nkv) for v in VARIANTS]
     extra = []
     g4 = geometry.n_heads // 4
     if geometry.n_heads % 4 == 0 and g4 >= 1 and g4 != nkv:
@@ -586,6 +745,9 @@ TABLE_COLUMNS = [
     "label", "variant", "n_kv_heads", "params_total", "params_attention", "attention_share",
     "weights_bytes", "bytes_per_token", "bytes_per_user", "bytes_all_users", "users_per_gpu", "users",
     "gpus", "tokens_per_s", "bound", "usd_per_million_tokens",
+    # added with the batch cap and latency (issue 17); the columns above keep their meaning
+    "max_batch", "batch_per_replica", "batch_limit", "batch", "tokens_per_s_per_gpu", "usd_per_month",
+    "prompt_tokens", "prefill_time_s", "ttft_s", "tpot_s",
 ]
 
 
@@ -620,14 +782,17 @@ def sweep_context(geometry: Geometry, configs: list[Attention], serving: Serving
 
 def sweep_users(geometry: Geometry, configs: list[Attention], serving: Serving, gpu: GPU,
                 users: list[int]) -> pd.DataFrame:
-    """Tidy (label, users, gpus, tokens_per_s, usd_per_million_tokens, bound) over concurrent users."""
+    """Tidy (label, users, gpus, tokens_per_s, tokens_per_s_per_gpu, usd_per_million_tokens,
+    usd_per_month, bound) over concurrent users."""
     rows = []
     for u in users:
         s = replace(serving, users=int(u))
         for cfg in configs:
             e = estimate(geometry, cfg, s, gpu)
             rows.append({"label": e.label, "users": int(u), "gpus": e.gpus, "tokens_per_s": e.tokens_per_s,
-                         "usd_per_million_tokens": e.usd_per_million_tokens, "bound": e.bound})
+                         "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+                         "usd_per_million_tokens": e.usd_per_million_tokens,
+                         "usd_per_month": e.usd_per_month, "bound": e.bound})
     return pd.DataFrame(rows)
 
 
@@ -636,7 +801,9 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
     keys n_layers, n_heads, n_kv_heads, d_model, d_head, variant, and the
     parameter counts as ``params: {total, attention}`` or ``params_total`` /
     ``params_attention``. The attention biases (none, Q/K/V only, or all) are the
-    layout whose count equals ``params_attention``, so variants drop their biases too."""
+    layout whose count equals ``params_attention``, so variants drop their biases too.
+    MLA models: ``kv_lora_rank``, ``qk_rope_head_dim`` and ``q_lora_rank`` (Hugging Face
+    DeepSeek config names) at the top level or under ``mla``."""
     missing = [k for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head") if info.get(k) is None]
     label = name or str(info.get("path") or info.get("name") or "checkpoint")
     if missing:
@@ -647,13 +814,20 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
     variant = info.get("variant") or "qkv"
     if variant not in VARIANTS:
         raise AnalysisError(f"{label}: variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    mla = dict(info.get("mla") or {})
+    for key in ("kv_lora_rank", "qk_rope_head_dim", "q_lora_rank"):
+        if info.get(key) is not None:
+            mla[key] = info[key]
     g = Geometry(name=label, n_layers=int(info["n_layers"]), n_heads=int(info["n_heads"]),
                  n_kv_heads=int(info["n_kv_heads"]), d_model=int(info["d_model"]),
                  d_head=int(info["d_head"]), variant=variant,
                  params_total=int(total) if total else None,
                  params_attention=int(attn) if attn is not None else None,
+                 kv_lora_rank=int(mla["kv_lora_rank"]) if mla.get("kv_lora_rank") else None,
+                 qk_rope_head_dim=int(mla.get("qk_rope_head_dim") or 0),
+                 q_lora_rank=int(mla["q_lora_rank"]) if mla.get("q_lora_rank") else None,
                  source=f"checkpoint {label}")
-    if attn is not None:
+    if attn is not None and not g.kv_lora_rank:
         # Which biases the attention has follows from its parameter count: the count
         # equals exactly one of no biases, Q/K/V biases only, or biases everywhere.
         native = Attention(variant=variant, n_kv_heads=g.n_kv_heads)
