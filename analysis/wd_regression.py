@@ -57,7 +57,10 @@ largest observed u (``method="brute"``, exact averages). Reported:
 grid point whose pd is best for the metric's direction: lowest for a loss,
 highest for an accuracy, ``analysis.directions``), ``pd_range`` (max - min of
 pd) and ``pd_slope`` (least-squares slope of pd against the grid u, comparable
-with ``wd_coef``). ``linear_pd_values`` is the linear model's own partial
+with ``wd_coef``, but shrunk toward 0: step functions flatten an effect at the
+edges of the data, to about 0.5-0.95 x the true slope on 40-run sweeps, so the
+partial dependence shows the shape and the linear coefficient is the number).
+``linear_pd_values`` is the linear model's own partial
 dependence on the same grid: ``mean(y) + wd_coef (u - mean(u))``.
 """
 from __future__ import annotations
