@@ -11,12 +11,19 @@ cell is no point; a cell that says ``nan`` is a point whose value is NaN
 
 * long: columns ``step,metric,value`` (optionally ``wall_time``/``tokens``).
 * wide: a step column (``step``, ``global_step``, ``iter``, ...) and one
-  numeric column per metric.
+  numeric column per metric. A file without a step column but with
+  ``epoch`` (paper B's per-epoch logs, ``epoch,train_loss,val_loss,val_top1,
+  val_top5,epoch_time_sec,lr``; timm's ``summary.csv``) uses the epoch as its
+  step axis, and the run's config says ``step_axis: "epoch"``.
 * Lightning: ``version_N/metrics.csv`` beside ``hparams.yaml``; a wide CSV
   with sparse columns, ``epoch`` kept as a metric.
 * W&B: columns ``<run name> - <metric>`` with ``__MIN``/``__MAX``
   companions (dropped: they are the band around the same metric); one file
   holds many runs.
+
+A line longer than ``CSV_LINE_BYTES`` is refused before DuckDB reads the
+file: the file fails with one line naming the line and its length (DuckDB
+would otherwise fail with an unrelated message, or skip the line).
 """
 from __future__ import annotations
 
@@ -37,6 +44,10 @@ from loaders.logs.base import (SOURCE_VIEW, Parsed, RunData, SqlPoints, complete
 
 STEP_COLUMNS = ("step", "global_step", "_step", "iter", "iteration", "iter_num", "it",
                 "trainer/global_step", "steps")
+#: The step axis of a per-epoch log without any of ``STEP_COLUMNS``.
+EPOCH_COLUMNS = ("epoch", "epochs")
+#: The longest CSV line read, in bytes (DuckDB's default ``max_line_size``).
+CSV_LINE_BYTES = 2 * 1024 * 1024
 WALL_COLUMNS = ("wall_time", "walltime", "_timestamp", "timestamp", "time_s", "elapsed_s")
 TOKEN_COLUMNS = ("tokens", "tokens_seen", "num_tokens", "num_input_tokens_seen")
 _LONG_REQUIRED = {"step", "metric", "value"}
@@ -62,6 +73,16 @@ def _header(text: str) -> tuple[list[str], str] | None:
     except csv.Error:                     # e.g. a bare carriage return inside the line
         return None
     return [f.strip() for f in fields], delim
+
+
+def step_column(fields: list[str]) -> tuple[str | None, str]:
+    """(the step column, ``"step"`` or ``"epoch"``): a step column if there is
+    one, else an epoch column (a per-epoch log), else (None, "step")."""
+    step = _pick(fields, STEP_COLUMNS)
+    if step is not None:
+        return step, "step"
+    epoch = _pick(fields, EPOCH_COLUMNS)
+    return (epoch, "epoch") if epoch is not None else (None, "step")
 
 
 def _pick(fields: list[str], names: tuple[str, ...]) -> str | None:
@@ -107,7 +128,7 @@ def classify_csv(path: Path, head: bytes) -> str | None:
     wandb = [f for f in fields if _WANDB_COL.match(f)]
     if wandb and _pick(fields, STEP_COLUMNS) and len(wandb) == len(fields) - 1:
         return "wandb_csv"
-    step = _pick(fields, STEP_COLUMNS)
+    step, _ = step_column(fields)
     if step is None or not _numeric_sample(text, delim, fields, step):
         return None
     if _LONG_REQUIRED <= low:
@@ -162,7 +183,8 @@ class CsvFile:
     def __call__(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyRelation:
         src = str(self.path) if self.data is None else io.BytesIO(self.data)
         return con.read_csv(src, header=self.header, columns={c: "VARCHAR" for c in self.columns},
-                            delimiter=self.delim, quotechar='"', auto_detect=False)
+                            delimiter=self.delim, quotechar='"', auto_detect=False,
+                            max_line_size=CSV_LINE_BYTES + 2)
 
     def changed(self) -> bool:
         if self.data is not None:
@@ -225,11 +247,12 @@ def unpivot_select(step: str, metrics: list[tuple[str, str]], wall: str | None,
         WHERE __step IS NOT NULL""", params
 
 
-def _text_chunk(path: Path, start: int) -> tuple[bytes, int]:
+def _text_chunk(path: Path, start: int, *, complete: bool = False) -> tuple[bytes, int]:
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read()
-    chunk, used = complete_lines(data)
+    chunk, used = (data, len(data)) if complete else complete_lines(data)
+    _scan_bytes(path, chunk)
     decode_text(path, chunk, start)
     return chunk, used
 
@@ -240,27 +263,62 @@ def _first_line_end(path: Path) -> int:
     return len(line)
 
 
-def _is_ascii_file(path: Path) -> bool:
-    """Whether every byte of ``path`` is below 0x80: one vectorised pass over a
-    read-only map of the file, without copying it."""
-    with open(path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size == 0:
-            return True
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            data = np.frombuffer(mm, dtype=np.uint8)
-            top = int(data.max())
-            del data                        # the map cannot close while numpy holds it
+_SCAN_BLOCK = 4 << 20
+
+
+def _scan_bytes(path: Path, data, offset: int = 0, size: int | None = None) -> bool:
+    """Whether every byte of ``data`` (bytes of ``path`` from ``offset``) is below
+    0x80; LogFormatError at the first line longer than ``CSV_LINE_BYTES``.
+
+    One vectorised pass in blocks of 4 MiB (the newline positions of a block,
+    the gap to the previous block's last newline carried over).
+    """
+    size = len(data) if size is None else size
+    top = 0
+    last_nl = -1                      # offset in data of the last newline seen
+    lines_before = 0                  # newlines before the current block
+    for start in range(0, size, _SCAN_BLOCK):
+        block = np.frombuffer(data, dtype=np.uint8, count=min(_SCAN_BLOCK, size - start), offset=start)
+        top = max(top, int(block.max()))
+        nl = np.flatnonzero(block == 10) + start             # (newlines in block,)
+        del block                     # a map cannot close while numpy holds a view of it
+        gaps = np.diff(nl, prepend=last_nl) - 1              # (newlines in block,) line lengths
+        if len(gaps) and int(gaps.max()) > CSV_LINE_BYTES:
+            i = int(np.argmax(gaps > CSV_LINE_BYTES))
+            _too_long(path, lines_before + i + 1, int(gaps[i]))
+        if len(nl):
+            last_nl = int(nl[-1])
+        lines_before += len(nl)
+    if size - last_nl - 1 > CSV_LINE_BYTES:
+        _too_long(path, lines_before + 1, size - last_nl - 1)
     return top < 0x80
 
 
+def _too_long(path: Path, line: int, length: int) -> None:
+    raise LogFormatError(path, f"line {line:,} is {length:,} bytes long, over the {CSV_LINE_BYTES:,}-byte "
+                               f"limit for one CSV line (CSV_LINE_BYTES); the file is refused, not "
+                               f"read without that line")
+
+
+def _scan_file(path: Path) -> bool:
+    """``_scan_bytes`` over a read-only map of the whole file, without copying it."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            return True
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return _scan_bytes(path, mm, 0, size)
+
+
 def _check_utf8_file(path: Path) -> None:
-    """LogFormatError at the first byte of ``path`` that is not UTF-8.
+    """LogFormatError at the first byte of ``path`` that is not UTF-8, or at
+    its first line over ``CSV_LINE_BYTES``.
 
     DuckDB validates only the columns a query reads, so the whole file is
-    checked here: most logs are ASCII (``_is_ascii_file``); others are decoded
+    checked here: most logs are ASCII (``_scan_file``); others are decoded
     block by block.
     """
-    if _is_ascii_file(path):
+    if _scan_file(path):
         return
     offset = 0            # file offset of ``carry`` + the next block
     carry = b""           # a character cut at the end of the previous block
@@ -312,6 +370,7 @@ class _CsvBase:
             else:                               # a log being written: its last line is not complete
                 with open(path, "rb") as fh:
                     chunk, body_end = complete_lines(fh.read())
+                _scan_bytes(path, chunk)
                 decode_text(path, chunk)
                 source = CsvFile(path, chunk, True, columns, delim)
                 empty = body_end <= state["header_bytes"]
@@ -335,26 +394,27 @@ class CsvWideReader(_CsvBase):
     help = "CSV with a step column and one column per metric (step,train_loss,val_loss,...)"
 
     def plan(self, path: Path, fields: list[str], delim: str) -> dict:
-        step = _pick(fields, STEP_COLUMNS)
+        step, axis = step_column(fields)
         if step is None:
-            raise LogFormatError(path, f"expected a step column ({', '.join(STEP_COLUMNS[:5])}, ...), "
-                                       f"found columns {fields[:10]}")
+            raise LogFormatError(path, f"expected a step column ({', '.join(STEP_COLUMNS[:5])}, ...) "
+                                       f"or an epoch column, found columns {fields[:10]}")
         wall = _pick(fields, WALL_COLUMNS)
         tokens = _pick(fields, TOKEN_COLUMNS)
         metrics = [f for f in fields if f not in (step, wall, tokens) and f]
         return {"fields": fields, "delim": delim, "step": step, "wall": wall, "tokens": tokens,
-                "metrics": metrics}
+                "metrics": metrics, "step_axis": axis}
 
     def extract(self, source: CsvFile | None, state: dict) -> list[RunData]:
+        config = {"step_axis": "epoch"} if state.get("step_axis") == "epoch" else {}
         if source is None:
-            return [RunData(name="", points=empty_points())]
+            return [RunData(name="", points=empty_points(), config=config)]
         fields, cols = state["fields"], column_names(state["fields"])
         metrics = [(c, f) for c, f in zip(cols, fields) if f not in (state["step"], state["wall"],
                                                                       state["tokens"]) and f]
         select, params = unpivot_select(self._column(state, state["step"]), metrics,
                                         self._column(state, state["wall"]),
                                         self._column(state, state["tokens"]))
-        return [RunData(name="", points=SqlPoints(source, select, params))]
+        return [RunData(name="", points=SqlPoints(source, select, params), config=config)]
 
 
 class LightningReader(CsvWideReader):

@@ -16,6 +16,17 @@ A resumed run (steps of a metric go back) stays ONE run: per (step, metric)
 the point logged last wins, and ``runs.resumed`` is set. User corrections in
 ``run_overrides`` are written back over the run row after every ingest.
 
+A run that logs its learning rate (metric ``lr``) and states none elsewhere
+(log, config files) gets the peak of the logged values as ``runs.lr``
+(``config["lr_peak"]``, ``config["lr_initial"]``: the first logged value),
+so an llm.c ``main.log`` or a per-epoch CSV has the lr its schedule reached.
+
+Several files feed one run where their format says they are one training:
+the query-free paper's three tensors of a folder, a Hugging Face Trainer's
+``trainer_state.json`` in its output dir and in each ``checkpoint-N/`` (as
+long as their histories agree; see ``_hf_shares_run``), and TensorBoard event
+files of one folder (TensorBoard itself shows a folder as one run).
+
 Points go in, and are checked, in SQL (``loaders.logs.newpoints``); a CSV is
 read by DuckDB's ``read_csv`` inside the write transaction itself.
 """
@@ -29,13 +40,15 @@ import json
 from pathlib import Path
 
 import duckdb
+import numpy as np
+import pandas as pd
 
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints
 from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
 from loaders.logs.registry import reader_for, why_not_a_log
-from loaders.logs.structured import hf_run_dir
+from loaders.logs.structured import HF_STATE_NAME, hf_run_dir
 from loaders.report import FileReport
 from loaders.store import Store, refresh_run_stats
 
@@ -87,6 +100,7 @@ def file_sha256(path: Path) -> str:
 
 # A run folder of this project's trainer (experiments/train.py) holds config.json,
 # metrics.jsonl and TensorBoard events of the same points: one run, not two.
+# (TensorBoard event files are folder-keyed in any folder: ``run_source``.)
 _RUN_FOLDER_FORMATS = ("jsonl", "csv_wide", "csv_long", "tensorboard")
 
 
@@ -120,11 +134,13 @@ def run_source(path: Path, fmt: str) -> tuple[str, Path, bool]:
     is the folder.
     """
     resolved = path.resolve()
-    if fmt == "query_free":
+    if fmt in ("query_free", "tensorboard"):
         return str(resolved.parent), resolved.parent, True
     if fmt == "hf_trainer":
         d = hf_run_dir(resolved)
-        return str(d), d, True
+        if path.name == HF_STATE_NAME:
+            return str(d), d, True
+        return str(resolved), d, False      # another name: one file, one training
     if fmt in _RUN_FOLDER_FORMATS and is_trainer_run_folder(resolved.parent):
         return str(resolved.parent), resolved.parent, True
     return str(resolved), resolved.parent, False
@@ -266,6 +282,12 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                     f"{store.path}: {path} is being stored by another process at the same time; "
                     f"try again when it finishes")
             raise _JournalMoved()
+        if fmt == "hf_trainer" and shared and parsed.runs and not _hf_shares_run(
+                con, source, parsed.runs[0], {r["id"] for r in prev_runs.values()}):
+            # A state file of another training in the same output dir: its own run.
+            source, shared = key, False
+            where = path.parent.name if path.parent.resolve() != run_dir else path.stem
+            parsed.runs[0].name = f"{run_dir.name}/{where}"
         if append_from is None and prev_runs and not shared:
             # The file was rewritten: what it stored before goes.
             old = [r["id"] for r in prev_runs.values()]
@@ -312,6 +334,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             runs_state[name] = known
             total += new.n
             ids.append(run_id)
+            _lr_from_points(con, run_id)
             _apply_overrides(con, run_id)
         refresh_run_stats(con, ids + [r["id"] for r in prev_runs.values()])
         state = {"reader": parsed.state, "runs": runs_state}
@@ -356,6 +379,65 @@ def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str
                model_size = ?, config = ? WHERE id = ?""",
         [fmt, *values, json.dumps(merged, default=str), run_id])
     return run_id
+
+
+#: Trainer-state keys two files of one training agree on.
+_HF_SAME_TRAINING = ("max_steps", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
+                     "num_train_epochs")
+
+
+def _hf_shares_run(con, source: str, run: RunData, own_ids: set[int]) -> bool:
+    """Whether a ``trainer_state.json`` continues the run already stored for its
+    output dir: it stored into that run before, or the run's trainer settings
+    (``_HF_SAME_TRAINING``) agree with it and its ``train/loss``, ``val/loss``
+    and ``lr`` agree at every step both log (to 1e-6, relative), with some
+    common step where their step ranges overlap."""
+    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ? AND format = 'hf_trainer'",
+                      [source, run.name]).fetchall()
+    if not row or row[0][0] in own_ids:
+        return True
+    run_id, cfg = row[0][0], json.loads(row[0][1]) if row[0][1] else {}
+    if any(k in cfg and k in run.config and cfg[k] != run.config[k] for k in _HF_SAME_TRAINING):
+        return False
+    stored = con.execute("SELECT step, metric, value FROM points WHERE run_id = ? AND metric IN "
+                         "('train/loss', 'val/loss', 'lr')", [run_id]).df()
+    new = run.points if isinstance(run.points, pd.DataFrame) else pd.DataFrame(columns=["step", "metric", "value"])
+    new = new[new["metric"].astype(str).isin(["train/loss", "val/loss", "lr"])]
+    if stored.empty or new.empty:
+        return True
+    both = stored.merge(new.assign(metric=new["metric"].astype(str))[["step", "metric", "value"]],
+                        on=["step", "metric"], suffixes=("_old", "_new"))
+    a, b = both["value_old"].to_numpy("float64"), both["value_new"].to_numpy("float64")
+    if len(both) and not np.allclose(a, b, rtol=1e-6, atol=0.0, equal_nan=True):
+        return False
+    overlap = max(stored["step"].min(), new["step"].min()) <= min(stored["step"].max(), new["step"].max())
+    return bool(len(both)) or not overlap
+
+
+def _lr_from_points(con, run_id: int) -> None:
+    """Record the logged lr's first and peak values in the run's config; the
+    peak becomes ``runs.lr`` unless the log or a config file states an lr
+    (a value read from a name gives way, with a note when it differs)."""
+    got = con.execute(
+        """SELECT max(value), arg_min(value, step), count(*) FROM points
+           WHERE run_id = ? AND metric = 'lr' AND value IS NOT NULL AND isfinite(value)""",
+        [run_id]).fetchall()[0]
+    peak, first, n = got
+    if not n:
+        return
+    lr, cfg_json = con.execute("SELECT lr, config FROM runs WHERE id = ?", [run_id]).fetchone()
+    cfg = json.loads(cfg_json) if cfg_json else {}
+    cfg["lr_peak"], cfg["lr_initial"] = peak, first
+    sources = cfg.setdefault("metadata_sources", {})
+    if (lr is None or sources.get("lr") in ("name", "logged lr (peak)")) and metadata.plausible("lr", peak):
+        if lr is not None and sources.get("lr") == "name" and abs(lr - peak) > 1e-9 * abs(peak):
+            notes = cfg.setdefault("metadata_notes", [])
+            note = f"the name says lr {lr:g}, the logged lr peaks at {peak:g}: the logged value is kept"
+            if note not in notes:
+                notes.append(note)
+        sources["lr"] = "logged lr (peak)"
+        con.execute("UPDATE runs SET lr = ? WHERE id = ?", [peak, run_id])
+    con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
 
 
 def _merge_config(con, run_id: int, extra: dict) -> None:

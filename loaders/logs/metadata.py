@@ -11,7 +11,15 @@ Where it comes from, first found wins:
    are read, nothing is executed), and the ``config`` dict of a nanoGPT
    ``ckpt.pt`` (``torch.load(weights_only=True)``);
 3. the run's and its folders' names: ``wd0.03``, ``lr6e-4``, ``seed1``,
-   ``kv2`` / ``mqa``, ``k_eq_v``, ``query_free``, ...
+   ``kv2`` / ``mqa``, ``k_eq_v``, ``query_free``, paper B's file tags
+   (``vit_s16_imagenet_Q__K_V``), ...
+
+Numbers in names follow the usual encodings: ``3e-4``, ``1em2`` (= 1e-2, ``m``
+for minus), ``0p1`` (= 0.1, ``p`` for the point) and a leading zero that stands
+for the point (``wd010`` = 0.10, ``wd001`` = 0.01). A value outside a plausible
+range (lr in (0, 10], weight decay in [0, 10]) is refused from any source, with
+a note in the run's ``config["metadata_notes"]``; a name that disagrees with
+the file's own content is noted too, and the content wins.
 """
 from __future__ import annotations
 
@@ -21,8 +29,17 @@ import math
 import re
 from pathlib import Path
 
+from analysis import variants as _variants
+
 FIELDS = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
-VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
+#: Paper B's "+" variants (arXiv 2606.04032: a 2D positional correction added
+#: to Q=K-V and Q=K=V), stored under these names (issue 16).
+PLUS_VARIANTS = ("q_eq_k_plus", "q_eq_k_eq_v_plus")
+#: Stored variant names: ``analysis.variants.VARIANTS``, and the "+" variants
+#: until that leaf lists them.
+VARIANTS = tuple(_variants.VARIANTS) + tuple(v for v in PLUS_VARIANTS if v not in _variants.VARIANTS)
+#: Plausible ranges; a value outside is refused with a note: (low, high, low included).
+RANGES = {"lr": (0.0, 10.0, False), "weight_decay": (0.0, 10.0, True)}
 
 _KEYS = {
     "variant": ("variant", "attention_variant", "qkv_variant", "projection_sharing", "attn_variant"),
@@ -38,6 +55,9 @@ _NAME_KEYS = ("clearml_task", "output_dir", "out_dir", "run_name", "wandb_run_na
               "experiment_name", "name")
 
 _VARIANT_ALIASES = [
+    # The "+" spellings first: "q=k=v+" also contains "q=k=v".
+    ("q_eq_k_eq_v_plus", ("q_eq_k_eq_v_plus", "(q=k=v)+", "q=k=v+", "qkv_shared_plus")),
+    ("q_eq_k_plus", ("q_eq_k_plus", "(q=k-v)+", "q=k-v+", "(q=k!=v)+")),
     ("q_eq_k_eq_v", ("q_eq_k_eq_v", "q=k=v", "qkv_shared", "qeqkeqv", "qkequalsv", "qequalskequalsv",
                      "shared_qkv", "single_projection")),
     ("k_eq_v", ("k_eq_v", "q-k=v", "k=v", "keqv", "kequalsv", "kv_shared", "shared_kv", "qkk",
@@ -72,7 +92,8 @@ def _variant_in_text(text: str) -> str | None:
     return None
 
 
-_NUMBER = r"(\d+(?:\.\d+)?(?:e[-+]?\d+)?|\.\d+)"
+# A number as names write it: 6e-4, 1em2 (m = minus), 0p1 (p = point), 0.03, .5, 010.
+_NUMBER = r"(\d+(?:[.p]\d+)?(?:e[-+m]?\d+)?|\.\d+)"
 _NAME_PATTERNS = {
     "weight_decay": re.compile(rf"(?:^|[^a-z])(?:wd|weight_decay|weightdecay)[-_=]?{_NUMBER}"),
     "lr": re.compile(rf"(?:^|[^a-z])(?:lr|learning_rate)[-_=]?{_NUMBER}"),
@@ -81,20 +102,81 @@ _NAME_PATTERNS = {
 }
 
 
-def from_name(text: str) -> dict:
-    """Metadata stated in a run or folder name (``wd0.03_lr6e-4_seed1_k_eq_v``)."""
+def name_number(token: str) -> float:
+    """A number as run names encode it: ``3e-4``, ``1em2`` = 1e-2, ``0p1`` = 0.1,
+    ``010`` = 0.10 (a leading zero stands for the point), ``.5``, ``2``."""
+    t = token.lower().replace("p", ".")
+    t = re.sub(r"e(m)(\d)", r"e-\2", t)
+    mant, _, exp = t.partition("e")
+    if len(mant) > 1 and mant[0] == "0" and mant.isdigit():
+        mant = "0." + mant[1:]                      # 010 -> 0.10, 0003 -> 0.003
+    return float(mant + ("e" + exp if exp else ""))
+
+
+def plausible(key: str, value) -> bool:
+    """Whether ``value`` is in the plausible range of ``key`` (``RANGES``); other keys always are."""
+    if key not in RANGES or value is None:
+        return True
+    lo, hi, lo_in = RANGES[key]
+    return (value >= lo if lo_in else value > lo) and value <= hi
+
+
+def range_text(key: str) -> str:
+    lo, hi, lo_in = RANGES[key]
+    return f"{'[' if lo_in else '('}{lo:g}, {hi:g}]"
+
+
+# Paper B's run files (Brainchip-Inc/Do-Transformers-Need-3-Projections,
+# imagenet_experiment.py): ``vit_s16_imagenet_<tag>.csv`` / ``.pt``, the tag
+# being the condition with every non-alphanumeric character replaced by "_"
+# and "_" stripped from the ends; the two conditions without "+" get an explicit
+# "_noplus" tag, since stripping would give them the tag of their "+" form.
+# Longest first: Q_K__V_noplus before Q_K__V.
+PAPER_B_TAGS = {
+    "Q_K__V_noplus": ("q_eq_k", "Q=K!=V"),            # Q=K-V without the + correction
+    "Q_K_V_noplus": ("q_eq_k_eq_v", "Q=K=V"),         # Q=K=V without the + correction
+    "Q__K_V": ("k_eq_v", "Q!=K=V"),                   # Q-K=V
+    "Q_K__V": ("q_eq_k_plus", "(Q=K!=V)+"),           # (Q=K-V)+
+    "Q_K_V": ("q_eq_k_eq_v_plus", "(Q=K=V)+"),        # (Q=K=V)+
+    "QVV_3": ("k_eq_v", "QVV(3)"),                    # K=V with a depth-2 factored Q
+    "QKV": ("qkv", "QKV"),
+}
+_PAPER_B_TAG = re.compile(r"(?:^|_)(" + "|".join(PAPER_B_TAGS) + r")$")
+
+
+def paper_b_condition(stem: str) -> tuple[str, str] | None:
+    """(stored variant, paper B's condition) for a file stem ending in one of
+    paper B's tags (case as written), else None: ``vit_s16_imagenet_Q__K_V`` ->
+    ``("k_eq_v", "Q!=K=V")``."""
+    m = _PAPER_B_TAG.search(stem)
+    return PAPER_B_TAGS[m.group(1)] if m else None
+
+
+def from_name(text: str, notes: list[str] | None = None) -> dict:
+    """Metadata stated in a run or folder name (``wd0.03_lr6e-4_seed1_k_eq_v``).
+
+    An lr or weight decay outside its plausible range is left out, with a line
+    in ``notes`` when a list is given.
+    """
     out: dict = {}
     low = text.lower()
     for key, pat in _NAME_PATTERNS.items():
         m = pat.search(low)
         if m:
             try:
-                out[key] = int(m.group(1)) if key in ("seed", "n_kv_heads") else float(m.group(1))
+                value = int(m.group(1)) if key in ("seed", "n_kv_heads") else name_number(m.group(1))
             except ValueError:
-                pass
+                continue
+            if not plausible(key, value):
+                if notes is not None:
+                    notes.append(f"{key} {value:g} read from the name {text!r} refused: outside "
+                                 f"{range_text(key)}")
+                continue
+            out[key] = value
     if re.search(r"(?:^|[^a-z])mqa(?:$|[^a-z])", low):
         out.setdefault("n_kv_heads", 1)
-    v = _variant_in_text(low)
+    paper_b = paper_b_condition(text)
+    v = paper_b[0] if paper_b else _variant_in_text(low)
     if v:
         out["variant"] = v
     return out
@@ -260,12 +342,22 @@ def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
     files = config_files(run_dir, exclude=exclude)
     fields: dict = {}
     sources: dict = {}
+    notes: list[str] = []
 
     def take(found: dict, source: str) -> None:
         for k, v in found.items():
-            if k in FIELDS and v is not None and k not in fields:
+            if k not in FIELDS or v is None:
+                continue
+            if not plausible(k, v):
+                notes.append(f"{k} {v:g} from {source} refused: outside {range_text(k)}")
+                continue
+            if k not in fields:
                 fields[k] = v
                 sources[k] = source
+            elif source == "name" and k in RANGES and sources[k] != "name" \
+                    and not math.isclose(v, fields[k], rel_tol=1e-9):
+                notes.append(f"the name says {k} {v:g}, {sources[k]} says {fields[k]:g}: "
+                             f"the file's value is kept")
 
     take({k: v for k, v in stated.items() if k in FIELDS}, "log")
     take(from_config(reader_config), "log")
@@ -274,13 +366,18 @@ def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
         take(from_config(files[name]), name)
     parts = [run_name, run_dir.name, run_dir.parent.name]
     for part in parts:
-        take(from_name(part), "name")
+        take(from_name(part, notes), "name")
     variant = normalise_variant(fields.get("variant")) or "unknown"
     fields["variant"] = variant
     for k in FIELDS:
         fields.setdefault(k, None)
     config = {"run_dir": str(run_dir), **reader_config}
+    paper_b = paper_b_condition(run_name)
+    if paper_b:
+        config["paper_condition"] = paper_b[1]
     if files:
         config["files"] = files
     config["metadata_sources"] = sources
+    if notes:
+        config["metadata_notes"] = list(dict.fromkeys(notes))
     return fields, config

@@ -111,6 +111,9 @@ class TensorBoardReader:
 # -- Hugging Face Trainer --------------------------------------------------------
 _HF_NAMES = {"loss": "train/loss", "eval_loss": "val/loss", "learning_rate": "lr"}
 _HF_CHECKPOINT_DIR = re.compile(r"^checkpoint-\d+$")
+#: The name the Trainer gives its state file; files of this name in an output
+#: dir and its checkpoint-N/ folders are one training (``loaders.logs.ingest``).
+HF_STATE_NAME = "trainer_state.json"
 
 
 def hf_run_dir(path: Path) -> Path:
@@ -168,7 +171,10 @@ class HfTrainerReader:
         config = {k: v for k, v in doc.items() if k not in ("log_history", "stateful_callbacks")
                   and not isinstance(v, (list, dict))}
         run_dir = hf_run_dir(path)
-        run = RunData(name=run_dir.name, points=pts, config=config, resumed=steps_went_back(pts))
+        # The Trainer's own file is named after its output dir; any other name
+        # (two trainings' states side by side) after itself.
+        name = run_dir.name if path.name == HF_STATE_NAME else path.stem
+        run = RunData(name=name, points=pts, config=config, resumed=steps_went_back(pts))
         return Parsed(runs=[run], read_bytes=path.stat().st_size)
 
 

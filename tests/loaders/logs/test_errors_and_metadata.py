@@ -143,7 +143,8 @@ def test_bad_corrections(store, tmp_path):
     rid = rep.run_ids[0]
     with pytest.raises(QkvscopeError) as e:
         set_run_metadata(store, rid, variant="qqq")
-    assert str(e.value) == (f"run {rid}: variant must be one of qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v "
+    assert str(e.value) == (f"run {rid}: variant must be one of qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v, "
+                            "q_eq_k_plus, q_eq_k_eq_v_plus "
                             "or unknown, found 'qqq'")
     with pytest.raises(QkvscopeError) as e:
         set_run_metadata(store, rid, n_kv_heads=2.5)
