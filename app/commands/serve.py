@@ -3,10 +3,17 @@
 Examples:
   python -m app serve                       # data/qkvscope.duckdb, port 8501
   python -m app serve --db my.duckdb --port 8600
-  python -m app serve --host 0.0.0.0        # reachable from other machines: see README
+  python -m app serve --host 0.0.0.0 --allow-host myserver.lan   # other machines: see README
 
-On the first start with the default database, the bundled demo experiments
-(data/demo) are ingested so that the pages have something to show.
+On the first start with the default database (or when it holds no run and no
+checkpoint), the bundled demo experiments (data/demo) are ingested so that
+the pages have something to show.
+
+The server answers only requests whose Host header is localhost, 127.0.0.1,
+::1 or the --host address, plus each --allow-host NAME and the names in
+QKVSCOPE_ALLOWED_HOSTS (comma-separated; "*" turns the check off); a
+websocket must come from the same allowed host (app/hostguard.py: DNS
+rebinding).
 """
 from __future__ import annotations
 
@@ -27,17 +34,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to bind (default 127.0.0.1, this machine only). Anything "
                              "else lets every host that reaches it browse your server's files "
                              "through the ingest form and upload files.")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests for this host name (repeatable; default: "
+                             "localhost, 127.0.0.1, ::1 and --host; also QKVSCOPE_ALLOWED_HOSTS)")
     parser.add_argument("--no-demo", action="store_true",
                         help="do not ingest the bundled demo into a new database")
 
 
+def is_empty(db_path) -> bool:
+    """True when ``db_path`` does not exist or holds no run and no checkpoint
+    (a database that cannot be read is not empty: it is left alone)."""
+    from loaders.errors import QkvscopeError
+    from loaders.queries import summary
+    from loaders.store import Store
+
+    if not db_path.exists():
+        return True
+    try:
+        held = summary(Store(db_path))
+    except QkvscopeError:
+        return False
+    return held["runs"] == 0 and held["checkpoints"] == 0
+
+
 def ensure_demo(db_path, *, quiet: bool = False) -> None:
-    """Ingest data/demo into a database that does not exist yet."""
+    """Ingest data/demo into a database that does not exist yet or is empty."""
     from app.paths import DEMO_DIR
     from loaders.ingest import ingest_paths
     from loaders.store import Store
 
-    if db_path.exists() or not DEMO_DIR.exists():
+    if not DEMO_DIR.exists() or not is_empty(db_path):
         return
     if not quiet:
         print(f"First start: building {db_path} from the bundled demo ({DEMO_DIR})...",
@@ -56,11 +82,17 @@ def run(args: argparse.Namespace) -> int:
     db = (args.db or default_db_path()).expanduser().resolve()
     if not args.no_demo and args.db is None:
         ensure_demo(db)
-    env = dict(os.environ, QKVSCOPE_DB=str(db), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "dashboard" / "streamlit_app.py"),
+    from app.hostguard import ENV, allowed_hosts
+
+    hosts = allowed_hosts(args.host, args.allow_host)
+    env = dict(os.environ, QKVSCOPE_DB=str(db), PYTHONPATH=str(ROOT), **{ENV: ",".join(hosts)})
+    # app.hostguard installs the Host allow-list and the websocket Origin check, then runs
+    # `streamlit run` (it refuses to start when it cannot install them).
+    cmd = [sys.executable, "-m", "app.hostguard", "run", str(ROOT / "app" / "dashboard" / "streamlit_app.py"),
            "--server.address", args.host, "--server.port", str(args.port),
            "--server.headless", "true", "--browser.gatherUsageStats", "false"]
-    print(f"qkvscope: http://{args.host}:{args.port}  (database {db})", file=sys.stderr)
+    print(f"qkvscope: http://{args.host}:{args.port}  (database {db}; answers to {', '.join(hosts)})",
+          file=sys.stderr)
     os.chdir(ROOT)  # streamlit reads .streamlit/config.toml from the working directory
     os.execve(sys.executable, cmd, env)
     return 0  # not reached: execve replaces this process
