@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from app.cli import main
@@ -139,3 +140,76 @@ def test_loaders_read_the_latest_value_per_step_and_the_norms(tmp_path):
     assert runs["run_id"].tolist() == list(range(1, 9)) + [99]
     assert list(runs.columns) == ["run_id", "variant", "weight_decay", "lr", "config"]
     assert points.equals(pts) and len(norms) == 1
+
+
+def _random_sweep_store(path, n: int = 40, *, a: float = 0.08, b: float = -0.3, seed: int = 0) -> Store:
+    """An Optuna-like sweep of one variant: lr, wd log-uniform, dropout uniform, final val loss
+    3 + a log10(wd) + b log10(lr) + 0.5 dropout + noise (sd 0.02); run 1 at wd 0."""
+    rng = np.random.default_rng(seed)
+    lr, wd, dropout = 10 ** rng.uniform(-4, -2, n), 10 ** rng.uniform(-3, 0, n), rng.uniform(0, 0.3, n)
+    wd[0] = 0.0
+    final = 3 + a * np.log10(np.where(wd > 0, wd, 1.0)) + b * np.log10(lr) + 0.5 * dropout + rng.normal(0, 0.02, n)
+    store = Store(path)
+    with store.transaction() as con:
+        for i in range(n):
+            con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr, config) "
+                        "VALUES (?, ?, 'mem', 'test', 'qkv', ?, ?, ?)",
+                        [i + 1, f"trial_{i}", float(wd[i]), float(lr[i]),
+                         json.dumps({"lr": float(lr[i]), "weight_decay": float(wd[i]), "dropout": float(dropout[i])})])
+            for step, val in ((0, final[i] + 2), (100, final[i] + 1), (200, final[i])):
+                con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
+                            [i + 1, step, float(val)])
+        refresh_run_stats(con, list(range(1, n + 1)))
+    return store
+
+
+def test_json_random_sweep_names_the_regression_and_recovers_the_coefficient(tmp_path, capsys):
+    store = _random_sweep_store(tmp_path / "sweep.duckdb")
+    capsys.readouterr()
+    assert main(["wd-sensitivity", "--db", str(store.path), "--json", "--boot", "500"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 40 and {r["n_runs"] for r in rows} == {1} and {r["slope"] for r in rows} == {None}
+    assert {r["method"] for r in rows} == {"regression"} and {r["direction"] for r in rows} == {"min"}
+    assert rows[0]["method_reason"] == ("0 of 40 runs are in groups with runs at >= 2 weight decays (under half): "
+                                        "regression over the variant's runs")
+    reg = rows[0]["regression"]
+    assert all(r["regression"] == reg for r in rows)
+    assert set(reg) == {"reason", "n_runs", "run_ids", "weight_decays", "values", "n_excluded_wd0",
+                        "n_excluded_no_value", "excluded_run_ids", "note", "covariates", "unused", "wd_coef",
+                        "wd_coef_ci_low", "wd_coef_ci_high", "wd_coef_std", "intercept", "r2", "n_boot",
+                        "n_boot_used", "confidence", "direction", "pd_model", "pd_weight_decays", "pd_values",
+                        "linear_pd_values", "pd_best_weight_decay", "pd_range", "pd_slope"}
+    assert (reg["n_runs"], reg["n_excluded_wd0"], reg["excluded_run_ids"], reg["n_boot"]) == (39, 1, [1], 500)
+    assert reg["note"] == "1 run at wd 0 left out (log10 0 is undefined)"
+    assert reg["wd_coef_ci_low"] < 0.08 < reg["wd_coef_ci_high"]
+    assert reg["wd_coef"] == pytest.approx(0.08, abs=0.015)
+    assert [(c["name"], c["transform"]) for c in reg["covariates"]] == [("dropout", "linear"), ("lr", "log10")]
+    assert len(reg["pd_weight_decays"]) == len(reg["pd_values"]) == len(reg["linear_pd_values"]) == 25
+    assert reg["pd_model"].startswith("GradientBoostingRegressor(") and reg["pd_model"].endswith("random_state=0)")
+    # the grouped estimator can be asked for, and then no regression is made
+    capsys.readouterr()
+    assert main(["wd-sensitivity", "--db", str(store.path), "--json", "--method", "grouped"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["method"] for r in rows} == {"grouped"} and {json.dumps(r["regression"]) for r in rows} == {"null"}
+
+
+def test_json_a_grid_keeps_the_grouped_method(tmp_path, capsys):
+    store = _store(tmp_path / "wd.duckdb")
+    by_variant = _json(capsys, "--db", str(store.path))
+    assert {v: o["method"] for v, o in by_variant.items()} == {"qkv": "grouped", "k_eq_v": "grouped",
+                                                               "wq_identity": "grouped"}
+    assert by_variant["qkv"]["regression"] is None
+    assert by_variant["wq_identity"]["method_reason"] == (
+        "0 of 1 runs are in groups with runs at >= 2 weight decays (under half), but 1 run with wd > 0: a "
+        "regression needs >= 8; grouped")
+
+
+def test_table_prints_the_regression_once_per_variant(tmp_path, capsys):
+    store = _random_sweep_store(tmp_path / "sweep.duckdb")
+    capsys.readouterr()
+    assert main(["wd-sensitivity", "--db", str(store.path), "--boot", "200"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("qkv: method regression (0 of 40 runs") == 1
+    assert "   regression: 1 run at wd 0 left out (log10 0 is undefined)\n" in out
+    assert "   regression of final val/loss on log10(wd) + dropout, log10(lr): n=39, R^2=" in out
+    assert "   wd coefficient dval/loss/dlog10(wd)=+0.0" in out and "(95%, 200 of 200 resamples)" in out
