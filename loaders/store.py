@@ -193,6 +193,13 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # A weights job's ties read from the tensors (analysis.tied): {"variant", "layers": [...]}.
         "ALTER TABLE analysis_jobs ADD COLUMN tied JSON",
     ]),
+    (5, [
+        # Which tower each layer belongs to, for checkpoints of several attention stacks
+        # (CLIP/SigLIP vision and text): ModelMeta.towers as [{"name", "first_layer", "n_layers",
+        # "n_heads", "n_kv_heads", "d_model", "d_head"}, ...]; NULL or [] for one stack. Result rows
+        # keep the checkpoint's layer numbering; a layer's tower is the entry whose range holds it.
+        "ALTER TABLE checkpoints ADD COLUMN towers JSON",
+    ]),
 ]
 
 

@@ -6,6 +6,9 @@ Examples:
 
 Reads metadata and one layer at a time (safetensors are memory-mapped), so it
 is cheap for files larger than memory. Nothing is written to the database.
+The file is read in a child process (``loaders.parse_child``) under an
+address-space limit (``QKVSCOPE_PARSE_MEMORY_MB`` plus the file's size) and a
+time limit (``QKVSCOPE_PARSE_TIMEOUT_S``).
 
 ``variant`` is what the layout's tensor names say; ``tied`` is what the
 tensors themselves show (``analysis.tied``: W_Q equal to the identity slice,
@@ -44,7 +47,7 @@ def tensor_ties(path: str) -> dict:
     from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(path) as ckpt:
-        layers = [tied_layer(layer, ckpt.meta) for layer in ckpt.layers()]
+        layers = [tied_layer(layer, ckpt.meta.layer_meta(layer.layer)) for layer in ckpt.layers()]
     return {"variant": tied_variant(layers), "layers": layers}
 
 
@@ -68,6 +71,25 @@ def disagreement(layout_variant: str, ties: dict) -> str | None:
             f"({found}, to float tolerance)")
 
 
+def _extra_lines(info: dict) -> list[str]:
+    """Towers, latent attention (MLA), QK-norm and soft-capping, where the checkpoint has them."""
+    lines = []
+    for t in info.get("towers") or []:
+        last = t["first_layer"] + t["n_layers"] - 1
+        lines.append(f"{'tower ' + t['name']:<20} layers {t['first_layer']}-{last}: {t['n_heads']} heads "
+                     f"({t['n_kv_heads']} kv) of d_head {t['d_head']}, d_model {t['d_model']}")
+    lat = info.get("latent")
+    if lat:
+        lines.append(f"{'latent (MLA)':<20} kv_lora_rank {lat['kv_lora_rank']} + rotary {lat['rope_dim']} = "
+                     f"{lat['cache_width']} cached per token and layer; q_lora_rank {lat['q_lora_rank']}; "
+                     f"W_K, W_V are composed maps")
+    if info.get("qk_norm", "none") != "none":
+        lines.append(f"{'qk_norm':<20} RMSNorm on q and k per {info['qk_norm']} (gains in the canonical layer)")
+    if info.get("logit_softcap") is not None:
+        lines.append(f"{'logit_softcap':<20} {info['logit_softcap']}")
+    return lines
+
+
 def describe(path: str) -> dict:
     """``inspect_checkpoint`` plus ``tied``; whatever reading the file raises
     (``RecursionError`` on deep nesting, ``MemoryError``, ``OSError``, torch's
@@ -87,7 +109,11 @@ def describe(path: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = describe(args.path)
+    from loaders.parse_child import call
+
+    # Read in a child process under an address-space and a time limit (loaders/parse_child.py):
+    # a bomb no reader's budget catches ends that process with one line, not this one.
+    info = call("app.commands.info:describe", args.path)
     if args.json:
         print_json(info)
         return 0
@@ -95,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     for key in _ORDER:
         if key in info:
             print(f"  {key:<20} {info[key]}")
+    for line in _extra_lines(info):
+        print(f"  {line}")
     params = info["params"]
     share = params["attention"] / params["total"] if params["total"] else 0.0
     print(f"  {'params':<20} {params['total']:,} total, {params['attention']:,} attention ({share:.1%})")
