@@ -27,7 +27,7 @@ import streamlit as st
 
 from analysis.chance import WEIGHT_CHANCE
 from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
-from app import charts, pickers, tables
+from app import attention_view, charts, pickers, tables
 from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
                        checkpoints_frame as _checkpoints, analysis_results as _results)
 from loaders import curves
@@ -81,15 +81,17 @@ def _spectra(path: str, stamp: str, layer: int, head: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["projection", "index", "sigma"])
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _attention(path: str, stamp: str, text: str) -> tuple[list[str], np.ndarray | None, str | None]:
-    """Tokens and attention maps ``[n_layers, n_heads, T, T]`` on ``text``, or the reason there are none."""
+@st.cache_resource(show_spinner=False, max_entries=2)
+def _attention(path: str, stamp: str, text: str, max_tokens: int) -> tuple[list[str], np.ndarray | None, str | None]:
+    """Tokens and attention maps ``[n_layers, n_heads, T, T]`` on ``text`` (at most ``max_tokens``
+    tokens), or the reason there are none. A resource cache: the maps (64 MB per 16 heads at
+    2,048 tokens) are read where they are, never copied per rerun; callers do not write into them."""
     from app.jobs import NoForwardPass, capture_activations
     from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(path) as ckpt:
         try:
-            cap = capture_activations(ckpt, text=text)
+            cap = capture_activations(ckpt, text=text, max_tokens=max_tokens)
         except NoForwardPass as exc:
             return [], None, str(exc)
     if any(lc.attn is None for lc in cap.layers):
@@ -434,22 +436,54 @@ def _spectra_section(row: pd.Series) -> None:
     st.plotly_chart(charts.spectra_figure(spectra, log_y=log_y), width="stretch", key="insp_spectra")
 
 
+def default_text(text: str, limit: int = 160) -> str:
+    """The first whole sentences of ``text`` within ``limit`` characters, else its whole words
+    within it: a sample text that never stops mid-word."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit + 1]
+    end = max(cut.rfind(". "), cut.rfind("; "), cut.rfind("? "), cut.rfind("! "))
+    if end > 0:
+        return cut[:end + 1]
+    space = cut.rfind(" ")
+    return cut[:space] if space > 0 else text[:limit]
+
+
 def _attention_section(row: pd.Series) -> None:
-    from app.jobs import SAMPLE_TEXT
+    from app.jobs import MAX_TOKENS, SAMPLE_TEXT
 
     if not Path(str(row["path"])).exists():
         return
     st.subheader("Attention maps")
-    text = st.text_area("Sample text", value=query_param("text", SAMPLE_TEXT[:160]), key="insp_text",
-                        height=80, help="Up to 64 tokens are used.")
-    set_query_params(text=None if text == SAMPLE_TEXT[:160] else text)
-    tokens, maps, reason = _attention(str(row["path"]), _file_stamp(str(row["path"])), text)
+    sample = default_text(SAMPLE_TEXT)
+    text = st.text_area("Sample text", value=query_param("text", sample), key="insp_text", height=80,
+                        help="The model's tokenizer splits it; at most the number of tokens below is used.")
+    c1, c2 = st.columns([1, 3])
+    n_max = c1.number_input("Tokens (at most)", 8, 4096, max(8, _url_int("tokens", 4096) or MAX_TOKENS), step=64,
+                            key="insp_tokens", help="Capped by the model's context. Past 48 tokens (grid) "
+                            "or 128 (enlarged head) each cell is the maximum of a block of tokens.")
+    set_query_params(text=None if text == sample else text, tokens=None if n_max == MAX_TOKENS else int(n_max))
+    tokens, maps, reason = _attention(str(row["path"]), _file_stamp(str(row["path"])), text, int(n_max))
     if maps is None:
         st.caption(f"No attention maps: {pickers.user_message(reason)}")
         return
-    layer = int(st.session_state.get("insp_layer_n", 0))
-    head = int(st.session_state.get("insp_head_n", 0))
-    st.plotly_chart(charts.attention_figure(maps[layer, head], tokens, title=f"L{layer}H{head}"),
+    n_layers, n_heads = maps.shape[0], maps.shape[1]
+    layer = min(int(st.session_state.get("insp_layer_n", 0)), n_layers - 1)
+    head_default = min(_url_int("ahead", n_heads - 1) if query_param("ahead") else
+                       int(st.session_state.get("insp_head_n", 0)), n_heads - 1)
+    heads = list(range(n_heads))
+    head = c2.segmented_control("Enlarge head", heads, default=head_default, format_func=lambda h: f"H{h}",
+                                key="insp_attn_head") if n_heads <= 16 else \
+        c2.selectbox("Enlarge head", heads, index=head_default, format_func=lambda h: f"H{h}", key="insp_attn_head")
+    head = head_default if head is None else int(head)
+    set_query_params(ahead=head)
+    layer_maps = maps[layer]   # [n_heads, T, T]
+    st.caption(f"Layer {layer} (the spectra's layer above), {len(tokens)} tokens: all {n_heads} heads on one "
+               "colour scale, 0 to the layer's largest weight; the enlarged head is outlined in red.")
+    st.plotly_chart(attention_view.grid_figure(layer_maps, tokens, layer=layer, selected=head), width="stretch",
+                    key="insp_attention_grid")
+    st.plotly_chart(attention_view.head_figure(layer_maps[head], tokens, title=f"L{layer}H{head}",
+                                               zmax=attention_view.shared_max(layer_maps)),
                     width="stretch", key="insp_attention")
 
 

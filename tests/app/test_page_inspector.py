@@ -334,3 +334,40 @@ def test_tie_message_names_layers_that_differ():
     msg = tie_message("qkv", [ties(0), ties(1, k_eq_v=True), ties(2, k_eq_v=True), ties(3)])
     assert msg.startswith("The layout names this checkpoint **qkv**, but its layers are tied differently "
                           "(qkv in layers 0, 3; k_eq_v in layers 1-2): W_K = W_V in layers 1-2 (of 4 layers;")
+
+
+def test_attention_grid_of_all_heads_enlarges_one_and_stays_small_at_2048_tokens(tmp_path, monkeypatch):
+    """Issue 17 item 10: every head of the layer as small multiples on one scale, one enlarged
+    (chosen by a control), 2,048 tokens drawn as max-pooled blocks; the default text ends on a word."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from app.attention_view import GRID_BINS, LARGE_BINS
+    from app.jobs import SAMPLE_TEXT
+
+    torch.manual_seed(0)
+    folder = tmp_path / "gpt2-long"
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=300, n_positions=2048,
+                               bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
+    db = tmp_path / "long.duckdb"
+    store = Store(db)
+    store.migrate()
+    ingest_checkpoint(store, folder)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("inspector", {"layer": "1", "head": "2"}, timeout=180).run()
+    assert not at.exception, at.exception
+    text = at.text_area(key="insp_text").value
+    assert SAMPLE_TEXT.startswith(text) and SAMPLE_TEXT[len(text)] == " " and text.endswith(".")
+    grid = figures(at)["insp_attention_grid"]
+    assert [t["name"] for t in grid["data"]] == ["L1H0", "L1H1", "L1H2", "L1H3"]
+    assert {t["coloraxis"] for t in grid["data"]} == {"coloraxis"}        # one colour scale
+    assert figures(at)["insp_attention"]["layout"]["title"]["text"] == "L1H2"
+    at.segmented_control(key="insp_attn_head").set_value(0).run()
+    assert figures(at)["insp_attention"]["layout"]["title"]["text"] == "L1H0" and qp(at, "ahead") == "0"
+    long_text = ("word " * 2100).strip()                                   # byte tokens: 2,048 used
+    long = page_test("inspector", {"layer": "0", "text": long_text, "tokens": "2048"}, timeout=300).run()
+    assert not long.exception, long.exception
+    figs = figures(long)
+    assert all(len(arr(t["z"])) == GRID_BINS for t in figs["insp_attention_grid"]["data"])
+    big = figs["insp_attention"]["data"][0]
+    assert len(arr(big["z"])) == LARGE_BINS and "block max at query" in big["hovertemplate"]
+    assert big["customdata"][LARGE_BINS - 1][0][0].startswith("20")       # a query near token 2,047
