@@ -11,24 +11,142 @@ import math
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-#: One colour per attention variant, the same on every page.
-VARIANT_COLORS = {
-    "qkv": "#4C78A8", "wq_identity": "#F58518", "q_eq_k": "#54A24B", "k_eq_v": "#E45756",
-    "q_eq_k_eq_v": "#B279A2", "unknown": "#9D9D9D",
-}
+from analysis import variants as V
+
+#: One colour per attention variant, the same on every page (``analysis.variants.COLORS``).
+VARIANT_COLORS = V.COLORS
 _CYCLE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D",
           "#EECA3B", "#BAB0AC"]
 
 X_TITLES = {"step": "step", "tokens": "tokens seen", "wall_time": "wall time since start (s)"}
 
+#: Axis and column titles in words, for run columns that figures put on an axis.
+AXIS_TITLES = {
+    "weight_decay": "weight decay", "lr": "learning rate", "seed": "seed",
+    "model_size": "model size (parameters)", "n_kv_heads": "KV heads", "n_heads": "query heads",
+    "variant": "variant", "sharing": "head sharing", "task": "task", "final": "final", "best": "best",
+    "step": "step", "tokens": "tokens seen", "wall_time": "wall time since start (s)",
+}
+
+# -- one palette and one legend for variant x head sharing, on every page -----------
+#: Head sharing is drawn by line dash and marker symbol; the hue is the variant's.
+SHARING_DASH = {"MHA": "solid", "GQA": "dash", "MQA": "dot", "?": "solid"}
+SHARING_SYMBOL = {"MHA": "circle", "GQA": "diamond", "MQA": "square", "?": "circle"}
+#: Tasks drawn without a suffix in the legend (a run config without a task is a language run).
+DEFAULT_TASK = "language"
+
+
+def axis_title(column: str) -> str:
+    """A column name in words (``"weight_decay"`` -> ``"weight decay"``); unknown names unchanged."""
+    return AXIS_TITLES.get(str(column), str(column).replace("_", " "))
+
 
 def variant_color(variant: str | None, i: int = 0) -> str:
+    """The variant's colour (``analysis.variants.COLORS``); an unknown name gets colour ``i`` of a cycle."""
     return VARIANT_COLORS.get(str(variant), _CYCLE[i % len(_CYCLE)])
 
 
 def run_color(i: int) -> str:
     return _CYCLE[i % len(_CYCLE)]
+
+
+def sharing_kind(sharing: str | None) -> str:
+    """``"GQA-2"`` -> ``"GQA"``; ``"MHA"``, ``"MQA"`` unchanged; anything else ``"?"``."""
+    s = str(sharing or "?")
+    return "GQA" if s.startswith("GQA") else (s if s in ("MHA", "MQA") else "?")
+
+
+def sharing_of(n_heads, n_kv_heads) -> str:
+    """``analysis.variants.sharing`` for values that may be NaN/None (read from a frame)."""
+    def as_int(v):
+        return int(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) and v is not pd.NA else None
+    return V.sharing(as_int(n_heads), as_int(n_kv_heads))
+
+
+def legend_label(variant: str | None, sharing: str | None = None, task: str | None = None) -> str:
+    """The one legend name of a variant x head sharing group: ``"Q-K=V · MQA"``; a task other
+    than language is added (``"Q-K=V · MQA · vision"``); an unknown sharing is left out."""
+    parts = [V.label(variant)]
+    if sharing and sharing != "?":
+        parts.append(str(sharing))
+    if task and str(task) != DEFAULT_TASK:
+        parts.append(str(task))
+    return " · ".join(parts)
+
+
+def shade(hex_color: str, amount: float) -> str:
+    """``hex_color`` mixed with white (``amount`` > 0) or black (< 0) by ``|amount|``."""
+    h = hex_color.lstrip("#")
+    rgb = [int(h[i:i + 2], 16) for i in (0, 2, 4)]
+    target = 255 if amount > 0 else 0
+    a = min(abs(amount), 1.0)
+    return "#" + "".join(f"{round(c + (target - c) * a):02X}" for c in rgb)
+
+
+#: Shades of one hue for several runs of one group (light and dark in turn, base first).
+_RUN_SHADES = [0.0, 0.35, -0.3, 0.6, -0.5, 0.2, -0.15, 0.5]
+
+
+def group_style(variant: str | None, sharing: str | None = None, i: int = 0) -> dict:
+    """Colour (the variant's), dash and marker symbol (the head sharing's) of one group."""
+    kind = sharing_kind(sharing)
+    return {"color": variant_color(variant, i), "dash": SHARING_DASH[kind], "symbol": SHARING_SYMBOL[kind]}
+
+
+def _val(row, key):
+    v = row.get(key) if hasattr(row, "get") else None
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
+    """Per run id (``id`` or ``run_id`` column; ``variant`` and where present ``n_heads``,
+    ``n_kv_heads``, ``task``): ``color, dash, symbol, group`` (``legend_label``). Runs of one
+    group share hue and dash and differ in shade, in run id order."""
+    id_col = "id" if "id" in runs.columns else "run_id"
+    out: dict[int, dict] = {}
+    seen: dict[str, int] = {}
+    for row in runs.sort_values(id_col).to_dict("records"):
+        sharing = sharing_of(row.get("n_heads"), row.get("n_kv_heads"))
+        group = legend_label(row.get("variant"), sharing, _val(row, "task"))
+        k = seen.get(group, 0)
+        seen[group] = k + 1
+        style = group_style(row.get("variant"), sharing)
+        style["color"] = shade(style["color"], _RUN_SHADES[k % len(_RUN_SHADES)])
+        out[int(row[id_col])] = {**style, "group": group}
+    return out
+
+
+def log_ticks(values, *, max_ticks: int = 12) -> dict:
+    """Tick values and labels for a log axis over ``values`` that read as numbers ("0.3", not a
+    bare "3" as plotly labels minor ticks): 1, 2, 5 x 10^k (or only the powers of ten over many
+    decades) inside the data's range, labelled with ``:g``. ``{}`` when no value is positive."""
+    v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce"), dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return {}
+    lo, hi = math.floor(math.log10(v.min())), math.ceil(math.log10(v.max()))
+    ticks: list[float] = []
+    for mantissas in ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 5), (1, 3), (1,)):
+        ticks = [float(f"{m * 10.0 ** e:.6g}") for e in range(lo, hi + 1) for m in mantissas]
+        ticks = [t for t in ticks if v.min() / 1.0001 <= t <= v.max() * 1.0001]
+        if len(ticks) <= max_ticks:
+            break
+    if len(ticks) > max_ticks:                  # many decades: every k-th power of ten
+        ticks = ticks[::math.ceil(len(ticks) / max_ticks)]
+    if len(ticks) < 2:                          # a range inside one step: its ends, 2 digits
+        ticks = sorted({float(f"{v.min():.2g}"), float(f"{v.max():.2g}")} | set(ticks))
+    return dict(tickmode="array", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+
+
+def readable_log_axis(fig: go.Figure, values, axis: str = "y", **selector) -> go.Figure:
+    """Give a figure's log axis readable ticks (``log_ticks`` of ``values``); other pages call
+    this after ``plotly.express`` (``axis`` ``"x"`` or ``"y"``; ``selector`` as ``update_xaxes``)."""
+    ticks = log_ticks(values)
+    if ticks:
+        (fig.update_xaxes if axis == "x" else fig.update_yaxes)(**ticks, **selector)
+    return fig
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -160,32 +278,47 @@ def empty_figure(message: str, height: int = 300) -> go.Figure:
 
 
 def curves_figure(raw: pd.DataFrame, labels: dict[int, str], *, smoothed: pd.DataFrame | None = None,
-                  x: str = "step", metric: str = "", log_x: bool = False, log_y: bool = False) -> go.Figure:
-    """One line per run (``run_id, x, value, step``); with ``smoothed``, raw points faint behind it."""
+                  x: str = "step", metric: str = "", log_x: bool = False, log_y: bool = False,
+                  styles: dict[int, dict] | None = None) -> go.Figure:
+    """One line per run (``run_id, x, value, step``); with ``smoothed``, raw points faint behind it.
+
+    ``styles`` (``run_styles``): each run in its variant's hue, its head sharing's dash, and a
+    shade of its own; without it runs take the colours of a cycle.
+    """
     fig = go.Figure()
     for i, (rid, g) in enumerate(raw.groupby("run_id", sort=True)):
-        color = run_color(i)
+        style = (styles or {}).get(int(rid), {"color": run_color(i), "dash": "solid"})
+        color = style["color"]
         name = labels.get(int(rid), f"run {rid}")
         fig.add_trace(go.Scattergl(
             x=g["x"], y=g["value"], mode="lines", name=name, legendgroup=str(rid),
-            line=dict(color=_rgba(color, 0.25) if smoothed is not None else color, width=1),
+            line=dict(color=_rgba(color, 0.25) if smoothed is not None else color, width=1,
+                      dash=style["dash"] if smoothed is None else "solid"),
             showlegend=smoothed is None, customdata=g["step"],
             hovertemplate=f"{name}<br>step %{{customdata}}<br>x %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
         if smoothed is not None:
             s = smoothed[smoothed["run_id"] == rid]
             fig.add_trace(go.Scattergl(
                 x=s["x"], y=s["value"], mode="lines", name=name, legendgroup=str(rid),
-                line=dict(color=color, width=2), customdata=s["step"],
+                line=dict(color=color, width=2, dash=style["dash"]), customdata=s["step"],
                 hovertemplate=f"{name} (smoothed)<br>step %{{customdata}}<br>{metric} %{{y:.4g}}<extra></extra>"))
-    return _layout(fig, x_title=X_TITLES.get(x, x), y_title=metric, log_x=log_x, log_y=log_y)
+    fig = _layout(fig, x_title=X_TITLES.get(x, x), y_title=metric, log_x=log_x, log_y=log_y)
+    if log_y:
+        readable_log_axis(fig, raw["value"], "y")
+    return fig
 
 
 def band_figure(band: pd.DataFrame, *, x: str = "step", metric: str = "", log_x: bool = False,
-                log_y: bool = False) -> go.Figure:
-    """Mean line and min-max band per group (``group, x, mean, lo, hi, n_runs``)."""
+                log_y: bool = False, styles: dict[str, dict] | None = None) -> go.Figure:
+    """Mean line and min-max band per group (``group, x, mean, lo, hi, n_runs``).
+
+    ``styles`` maps a group to its ``group_style`` (colour of the variant, dash of the head
+    sharing); a group without one is read as a variant name.
+    """
     fig = go.Figure()
     for i, (group, g) in enumerate(band.groupby("group", sort=True)):
-        color = variant_color(group, i)
+        style = (styles or {}).get(group) or group_style(group, None, i)
+        color = style["color"]
         g = g.sort_values("x")
         fig.add_trace(go.Scatter(x=g["x"], y=g["hi"], mode="lines", line=dict(width=0),
                                  legendgroup=str(group), showlegend=False, hoverinfo="skip"))
@@ -195,29 +328,56 @@ def band_figure(band: pd.DataFrame, *, x: str = "step", metric: str = "", log_x:
         n = int(g["n_runs"].max())
         fig.add_trace(go.Scatter(
             x=g["x"], y=g["mean"], mode="lines", name=f"{group} (n={n})", legendgroup=str(group),
-            line=dict(color=color, width=2), customdata=np.stack([g["lo"], g["hi"], g["n_runs"]], axis=-1),
+            line=dict(color=color, width=2, dash=style["dash"]),
+            customdata=np.stack([g["lo"], g["hi"], g["n_runs"]], axis=-1),
             hovertemplate=(f"{group}<br>x %{{x}}<br>mean %{{y:.4g}}<br>min %{{customdata[0]:.4g}} "
                            "max %{customdata[1]:.4g}<br>runs %{customdata[2]}<extra></extra>")))
-    return _layout(fig, x_title=X_TITLES.get(x, x), y_title=f"{metric} (mean, min-max band)",
-                   log_x=log_x, log_y=log_y)
+    fig = _layout(fig, x_title=X_TITLES.get(x, x), y_title=f"{metric} (mean, min-max band)",
+                  log_x=log_x, log_y=log_y)
+    if log_y and len(band):
+        readable_log_axis(fig, pd.concat([band["lo"], band["hi"]]), "y")
+    return fig
 
 
 def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", metric: str = "",
                   log_x: bool = False) -> go.Figure:
-    """Final metric against a hyperparameter, coloured by variant (``name, variant, <hparam>, <value>``)."""
+    """Final metric against a hyperparameter, one trace per variant x head sharing group
+    (``name, variant, <hparam>, <value>`` and where present ``n_heads, n_kv_heads, task``):
+    the variant's colour, the sharing's marker symbol, the legend ``"Q-K=V · MQA"``."""
     fig = go.Figure()
     data = frame.dropna(subset=[hparam, value])
-    for i, (variant, g) in enumerate(data.groupby("variant", sort=True)):
+    data = data.assign(_sharing=[sharing_of(r.get("n_heads"), r.get("n_kv_heads"))
+                                 for r in data.to_dict("records")],
+                       _task=data["task"] if "task" in data.columns else None)
+    data = data.assign(_group=[legend_label(v, s, t) for v, s, t in
+                               zip(data["variant"], data["_sharing"], data["_task"])])
+    order = {v: i for i, v in enumerate(V.VARIANTS)}
+    keys = sorted(data.groupby(["variant", "_sharing", "_group"], dropna=False).groups,
+                  key=lambda k: (order.get(k[0], 99), str(k[0]), sharing_kind(k[1]), str(k[1])))
+    title = axis_title(hparam)
+    for i, key in enumerate(keys):
+        variant, sharing, group = key
+        g = data[(data["variant"] == variant) & (data["_sharing"] == sharing) & (data["_group"] == group)]
         g = g.sort_values(hparam)
+        style = group_style(variant, sharing, i)
         fig.add_trace(go.Scatter(
-            x=g[hparam], y=g[value], mode="markers", name=str(variant),
-            marker=dict(color=variant_color(variant, i), size=10, line=dict(width=1, color="white")),
-            text=g["name"], hovertemplate=f"%{{text}}<br>{hparam} %{{x:.4g}}<br>{metric} %{{y:.4g}}<extra></extra>"))
-    return _layout(fig, x_title=hparam, y_title=f"{value} {metric}", log_x=log_x)
+            x=g[hparam], y=g[value], mode="markers", name=group,
+            marker=dict(color=style["color"], symbol=style["symbol"], size=10, line=dict(width=1, color="white")),
+            text=g["name"], hovertemplate=f"%{{text}}<br>{title} %{{x:.4g}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+    fig = _layout(fig, x_title=title, y_title=f"{value} {metric}", log_x=log_x)
+    if log_x and hparam in data.columns:
+        readable_log_axis(fig, data[hparam], "x")
+    return fig
 
 
-def parallel_figure(frame: pd.DataFrame, dims: list[str], *, color: str = "final", metric: str = "") -> go.Figure:
-    """Parallel coordinates over hyperparameters and the final metric, coloured by it."""
+def parallel_figure(frame: pd.DataFrame, dims: list[str], *, color: str = "final", metric: str = "",
+                    direction: str = "min") -> go.Figure:
+    """Parallel coordinates over hyperparameters and the final metric, coloured by it (the best
+    runs brightest: ``direction`` ``"min"`` for a loss, ``"max"`` for an accuracy).
+
+    Axis names are in words (``axis_title``) with room above the axes so none is cut off;
+    categorical columns (the variant) are labelled by their paper labels.
+    """
     data = frame.dropna(subset=[color])
     dimensions = []
     for d in dims:
@@ -225,13 +385,20 @@ def parallel_figure(frame: pd.DataFrame, dims: list[str], *, color: str = "final
         if not pd.api.types.is_numeric_dtype(col):
             cats = sorted(col.astype(str).unique())
             codes = col.astype(str).map({c: i for i, c in enumerate(cats)})
-            dimensions.append(dict(label=d, values=codes, tickvals=list(range(len(cats))), ticktext=cats))
+            text = [V.label(c) if d == "variant" else c for c in cats]
+            dimensions.append(dict(label=axis_title(d), values=codes, tickvals=list(range(len(cats))), ticktext=text))
         else:
-            dimensions.append(dict(label=d, values=col.astype(float)))
+            dimensions.append(dict(label=axis_title(d), values=col.astype(float)))
     dimensions.append(dict(label=f"{color} {metric}", values=data[color]))
-    fig = go.Figure(go.Parcoords(line=dict(color=data[color], colorscale="Viridis_r", showscale=True),
-                                 dimensions=dimensions))
-    return _layout(fig, height=420)
+    fig = go.Figure(go.Parcoords(line=dict(color=data[color], colorscale="Viridis" if direction == "max" else "Viridis_r",
+                                           showscale=True,
+                                           colorbar=dict(title=dict(text=f"{color}<br>{metric}"))),
+                                 dimensions=dimensions, labelangle=0, labelside="top",
+                                 labelfont=dict(size=13), tickfont=dict(size=11)))
+    fig = _layout(fig, height=460)
+    # parcoords draws its axis names above the plot area: leave room for them on every side
+    fig.update_layout(margin=dict(l=90, r=110, t=90, b=40))
+    return fig
 
 
 def param_split_figure(row: dict) -> go.Figure:
@@ -360,13 +527,17 @@ def layer_figure(results: pd.DataFrame, metric: str) -> go.Figure:
 
 
 def spectra_figure(spectra: pd.DataFrame, *, log_y: bool = True) -> go.Figure:
-    """Singular values by index, one line per projection (``projection, index, sigma``)."""
+    """Singular values by index, one line per projection (``projection, index, sigma``); a log
+    y axis gets ticks that read as numbers (``log_ticks``: "0.3", never a bare "3")."""
     fig = go.Figure()
     for i, (proj, g) in enumerate(spectra.groupby("projection", sort=False)):
         fig.add_trace(go.Scatter(x=g["index"], y=g["sigma"], mode="lines+markers", name=str(proj),
                                  line=dict(color=run_color(i)),
                                  hovertemplate=f"{proj}<br>i=%{{x}}<br>sigma %{{y:.4g}}<extra></extra>"))
-    return _layout(fig, x_title="singular value index", y_title="sigma", log_y=log_y, height=360)
+    fig = _layout(fig, x_title="singular value index", y_title="singular value σ", log_y=log_y, height=360)
+    if log_y and len(spectra):
+        readable_log_axis(fig, spectra["sigma"], "y")
+    return fig
 
 
 def attention_figure(weights: np.ndarray, tokens: list[str], *, title: str = "") -> go.Figure:
@@ -463,27 +634,49 @@ def _wd_x(wd: pd.Series, zero_at: float | None) -> pd.Series:
     return wd.where(wd > 0, zero_at if zero_at is not None else np.nan)
 
 
+def _group_sharing(group: str) -> str | None:
+    """The head sharing a weight-decay group label names (``"n_kv_heads=1"`` with ``n_head=4``), if any."""
+    import re
+
+    kv = re.search(r"n_kv_heads=(\d+)", str(group))
+    heads = re.search(r"n_heads?=(\d+)", str(group))
+    if kv and heads:
+        return V.sharing(int(heads.group(1)), int(kv.group(1)))
+    if kv and int(kv.group(1)) == 1:
+        return "MQA"
+    return None
+
+
 def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str = "final val/loss") -> go.Figure:
     """Loss against weight decay per variant, log x; diverged runs as crosses, spiky ones ringed.
 
     ``points``: ``variant, group, weight_decay, <y>, diverged, spikes, run_id``. Weight decay 0
-    is drawn half a decade left of the smallest positive value, on a tick labelled "0".
+    is drawn half a decade left of the smallest positive value, on a tick labelled "0". Groups
+    of one variant share its colour and differ in dash and marker (head sharing where the group
+    names it, else by order); legend ``"Q-K=V [n_kv_heads=1]"``.
     """
     fig = go.Figure()
     ticks, zero_at = _wd_axis(points["weight_decay"])
     data = points[points["weight_decay"] >= 0].assign(x=lambda d: _wd_x(d["weight_decay"], zero_at))
+    kinds = list(SHARING_DASH)[:3]
+    within: dict[str, int] = {}
     for i, ((variant, group), g) in enumerate(data.groupby(["variant", "group"], sort=True)):
-        color = variant_color(variant, i)
+        k = within.get(variant, 0)
+        within[variant] = k + 1
+        sharing = _group_sharing(group)
+        style = group_style(variant, sharing or (kinds[k % 3] if group != "all" else "MHA"), i)
+        color = style["color"]
         g = g.sort_values("weight_decay")
-        name = str(variant) if group == "all" else f"{variant} [{group}]"
+        name = V.label(variant) if group == "all" else f"{V.label(variant)} [{group}]"
         ok = g[~g["diverged"]]
         mean = ok.groupby("x", as_index=False)[y].mean()
         fig.add_trace(go.Scatter(x=mean["x"], y=mean[y], mode="lines", name=name,
-                                 legendgroup=name, line=dict(color=color, width=2), hoverinfo="skip"))
+                                 legendgroup=name, line=dict(color=color, width=2, dash=style["dash"]),
+                                 hoverinfo="skip"))
         marker_line = np.where(g["spikes"] > 0, 3, 1)
         fig.add_trace(go.Scatter(
             x=g["x"], y=g[y], mode="markers", legendgroup=name, showlegend=False,
-            marker=dict(color=color, size=11, symbol=np.where(g["diverged"], "x", "circle"),
+            marker=dict(color=color, size=11, symbol=np.where(g["diverged"], "x", style["symbol"]),
                         line=dict(width=marker_line, color=np.where(g["spikes"] > 0, "black", "white"))),
             customdata=np.stack([g["run_id"], g["spikes"], g["diverged"].astype(int), g["weight_decay"]], axis=-1),
             hovertemplate=(f"{name}<br>wd %{{customdata[3]:.4g}}<br>{y_title} %{{y:.4g}}<br>run %{{customdata[0]}}"
@@ -493,23 +686,72 @@ def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str =
     return fig
 
 
-def norms_figure(norms: pd.DataFrame) -> go.Figure:
-    """Projection norms against weight decay (``variant, weight_decay, metric, value``), log x.
+#: Projection norm metrics in the order and words the norms figure uses.
+NORM_TITLES = {"norm_q": "W_Q", "norm_k": "W_K", "norm_v": "W_V", "norm_o": "W_O"}
 
-    One marker per run, a line through the mean at each weight decay.
+
+def _with_heads(frame: pd.DataFrame, runs: pd.DataFrame | None) -> pd.DataFrame:
+    """``frame`` (with ``run_id``) given ``n_heads, n_kv_heads`` from ``runs`` (``run_id`` or
+    ``id``; its own ``n_heads``/``n_kv_heads`` columns or its ``config``, ``analysis.results_table.run_facts``)."""
+    if runs is None or "run_id" not in frame.columns or runs.empty:
+        return frame
+    from analysis.results_table import run_facts
+
+    r = runs.rename(columns={"id": "run_id"}) if "run_id" not in runs.columns else runs
+    facts = pd.DataFrame([run_facts(c) for c in (r["config"] if "config" in r.columns else [None] * len(r))],
+                         index=r.index)
+    heads = pd.DataFrame({"run_id": r["run_id"].astype(int),
+                          "n_heads": r["n_heads"] if "n_heads" in r.columns else facts["n_heads"],
+                          "n_kv_heads": r["n_kv_heads"] if "n_kv_heads" in r.columns else facts["n_kv_heads"]})
+    heads["n_kv_heads"] = heads["n_kv_heads"].where(heads["n_kv_heads"].notna(), facts["n_kv_heads"])
+    base = frame.drop(columns=[c for c in ("n_heads", "n_kv_heads") if c in frame.columns])
+    return base.merge(heads.drop_duplicates("run_id"), on="run_id", how="left")
+
+
+def norms_figure(norms: pd.DataFrame, *, variants=None, runs: pd.DataFrame | None = None) -> go.Figure:
+    """Projection norms against weight decay (``variant, weight_decay, metric, value`` and where
+    present ``n_heads, n_kv_heads``), log x: one panel per projection (W_Q, W_K, W_V, W_O) with
+    a shared y axis, one line per variant x head sharing in the variant's colour and the
+    sharing's dash (one legend entry per group, as on every page), a marker per run.
+
+    ``variants``: only these variants (the page's Variants filter); None or empty: all.
+    ``runs``: where ``norms`` lacks head counts, the runs (``run_id``, ``config`` or
+    ``n_heads``/``n_kv_heads``) that give them, so MHA and MQA runs are separate lines.
     """
-    fig = go.Figure()
-    ticks, zero_at = _wd_axis(norms["weight_decay"])
-    data = norms[norms["weight_decay"] >= 0].assign(x=lambda d: _wd_x(d["weight_decay"], zero_at))
-    for i, ((variant, metric), g) in enumerate(data.groupby(["variant", "metric"], sort=True)):
-        name = f"{variant} {metric}"
-        mean = g.groupby("x", as_index=False)["value"].mean()
-        fig.add_trace(go.Scatter(x=mean["x"], y=mean["value"], mode="lines", name=name, legendgroup=name,
-                                 line=dict(color=run_color(i)), hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=g["x"], y=g["value"], mode="markers", legendgroup=name, showlegend=False,
-                                 marker=dict(color=run_color(i), size=8), customdata=g["weight_decay"],
-                                 hovertemplate=f"{name}<br>wd %{{customdata:.4g}}<br>norm %{{y:.4g}}<extra></extra>"))
-    _layout(fig, x_title="weight decay (log)", y_title="Frobenius norm (root-sum-square over layers)",
-            log_x=True, height=380)
-    fig.update_xaxes(**ticks)
+    data = _with_heads(norms[norms["weight_decay"] >= 0], runs)
+    if variants:
+        data = data[data["variant"].astype(str).isin([str(v) for v in variants])]
+    if data.empty:
+        return empty_figure("No projection norms for the chosen variants")
+    ticks, zero_at = _wd_axis(data["weight_decay"])
+    data = data.assign(x=_wd_x(data["weight_decay"], zero_at),
+                       _sharing=[sharing_of(r.get("n_heads"), r.get("n_kv_heads")) for r in data.to_dict("records")])
+    present = [m for m in NORM_TITLES if m in set(data["metric"])] + sorted(set(data["metric"]) - set(NORM_TITLES))
+    fig = make_subplots(rows=1, cols=len(present), shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[NORM_TITLES.get(m, m) for m in present])
+    order = {v: i for i, v in enumerate(V.VARIANTS)}
+    groups = sorted(data.groupby(["variant", "_sharing"]).groups,
+                    key=lambda k: (order.get(k[0], 99), str(k[0]), sharing_kind(k[1]), str(k[1])))
+    for i, (variant, sharing) in enumerate(groups):
+        g_all = data[(data["variant"] == variant) & (data["_sharing"] == sharing)]
+        style = group_style(variant, sharing, i)
+        name = legend_label(variant, sharing)
+        for col, metric in enumerate(present, start=1):
+            g = g_all[g_all["metric"] == metric]
+            if g.empty:
+                continue
+            mean = g.groupby("x", as_index=False)["value"].mean()
+            fig.add_trace(go.Scatter(x=mean["x"], y=mean["value"], mode="lines", name=name, legendgroup=name,
+                                     showlegend=col == 1, line=dict(color=style["color"], dash=style["dash"]),
+                                     hoverinfo="skip"), row=1, col=col)
+            fig.add_trace(go.Scatter(
+                x=g["x"], y=g["value"], mode="markers", legendgroup=name, showlegend=False, name=name,
+                marker=dict(color=style["color"], symbol=style["symbol"], size=8), customdata=g["weight_decay"],
+                hovertemplate=(f"{name}<br>{NORM_TITLES.get(metric, metric)}<br>wd %{{customdata:.4g}}"
+                               "<br>norm %{y:.4g}<extra></extra>")), row=1, col=col)
+    _layout(fig, x_title="", y_title="", log_x=True, height=400)
+    fig.update_xaxes(type="log", **ticks)
+    fig.update_xaxes(title_text="weight decay (log)", row=1, col=(len(present) + 1) // 2)
+    fig.update_yaxes(title_text="Frobenius norm", row=1, col=1)
+    fig.update_layout(margin=dict(l=70, r=20, t=60, b=60), legend=dict(orientation="h", y=-0.25))
     return fig

@@ -157,3 +157,109 @@ def test_chance_label_of_a_range_keeps_the_same_decimals():
     assert charts.chance_label(frame) == "chance 0.277–0.280"
     assert charts.chance_label(pd.DataFrame({"chance": [111.8, 111.8]})) == "chance 111.8"
     assert charts.chance_label(pd.DataFrame({"chance": [float("nan")]})) == "no chance level stored"
+
+
+# -- one palette and one legend for variant x head sharing (issue 17 item 5) --------------
+
+def test_palette_is_the_variants_leaf_and_legend_names_variant_and_sharing():
+    from analysis import variants
+
+    assert charts.VARIANT_COLORS is variants.COLORS
+    assert charts.legend_label("k_eq_v", "MQA") == "Q-K=V · MQA"
+    assert charts.legend_label("qkv", "GQA-2", "vision") == "Q-K-V · GQA-2 · vision"
+    assert charts.legend_label("qkv", "?", "language") == "Q-K-V"
+    mha, mqa = charts.group_style("k_eq_v", "MHA"), charts.group_style("k_eq_v", "MQA")
+    assert mha["color"] == mqa["color"] == variants.COLORS["k_eq_v"]
+    assert (mha["dash"], mqa["dash"], charts.group_style("k_eq_v", "GQA-2")["dash"]) == ("solid", "dot", "dash")
+    assert mha["symbol"] != mqa["symbol"]
+
+
+def test_run_styles_share_the_hue_of_a_group_and_shade_its_runs():
+    from analysis import variants
+
+    runs = pd.DataFrame({"id": [3, 1, 2], "variant": ["qkv", "qkv", "k_eq_v"], "n_heads": [4, 4, 4],
+                         "n_kv_heads": [4, 4, 1]})
+    s = charts.run_styles(runs)
+    assert s[1]["color"] == variants.COLORS["qkv"] and s[1]["group"] == "Q-K-V · MHA"
+    assert s[3]["color"] != s[1]["color"] and s[3]["dash"] == "solid"   # same group: another shade
+    assert s[2] == {"color": variants.COLORS["k_eq_v"], "dash": "dot", "symbol": "square", "group": "Q-K=V · MQA"}
+
+
+def test_log_ticks_read_as_numbers_not_bare_digits():
+    t = charts.log_ticks([0.11, 0.95])
+    assert t["ticktext"] == ["0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9"]
+    assert charts.log_ticks([0.001, 50])["ticktext"][:4] == ["0.001", "0.003", "0.01", "0.03"]
+    assert charts.log_ticks([0.31, 0.33])["ticktext"] == ["0.31", "0.33"]
+    assert charts.log_ticks([0.0, -1.0]) == {}
+
+
+def test_spectra_log_axis_has_labelled_ticks():
+    spectra = pd.DataFrame({"projection": ["W_Q"] * 3 + ["W_K"] * 3, "index": [0, 1, 2] * 2,
+                            "sigma": [0.9, 0.3, 0.12, 0.8, 0.25, 0.1]})
+    fig = charts.spectra_figure(spectra)
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.tickmode == "array"
+    assert list(fig.layout.yaxis.ticktext) == ["0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9"]
+    assert fig.layout.yaxis.title.text == "singular value σ"
+
+
+def test_axis_titles_are_words():
+    assert charts.axis_title("weight_decay") == "weight decay"
+    assert charts.axis_title("n_kv_heads") == "KV heads"
+    assert charts.axis_title("some_new_column") == "some new column"
+    frame = pd.DataFrame({"name": ["a", "b"], "variant": ["qkv", "k_eq_v"], "lr": [1e-3, 3e-3], "final": [2.0, 2.1]})
+    fig = charts.final_scatter(frame, hparam="lr", metric="val/loss", log_x=True)
+    assert fig.layout.xaxis.title.text == "learning rate"
+    assert [t.name for t in fig.data] == ["Q-K-V", "Q-K=V"]
+
+
+def test_parallel_coordinates_names_fit_and_read_as_words():
+    frame = pd.DataFrame({"variant": ["qkv", "k_eq_v"], "weight_decay": [0.1, 0.0], "n_kv_heads": [4, 1],
+                          "final": [2.0, 2.1]})
+    fig = charts.parallel_figure(frame, ["weight_decay", "n_kv_heads", "variant"], metric="val/loss")
+    dims = fig.data[0].dimensions
+    assert [d.label for d in dims] == ["weight decay", "KV heads", "variant", "final val/loss"]
+    assert list(dims[2].ticktext) == ["Q-K=V", "Q-K-V"]
+    assert fig.layout.margin.t >= 80 and fig.layout.margin.l >= 80 and fig.layout.margin.r >= 80
+
+
+def _norms(n_variants=5):
+    rows = []
+    for v in ["qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v"][:n_variants]:
+        for kv in (4, 1):
+            for wd in (0.0, 0.03, 0.1):
+                for m in ("norm_q", "norm_k", "norm_v", "norm_o"):
+                    rows.append({"variant": v, "weight_decay": wd, "run_id": 1, "metric": m, "value": 10 - wd,
+                                 "n_heads": 4, "n_kv_heads": kv})
+    return pd.DataFrame(rows)
+
+
+def test_norms_figure_is_one_panel_per_projection_one_colour_per_variant():
+    from analysis import variants
+
+    fig = charts.norms_figure(_norms())
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["W_Q", "W_K", "W_V", "W_O"]
+    legend = [t for t in fig.data if t.showlegend]
+    # one legend entry per variant x sharing (10), not one per variant x projection (20)
+    assert len(legend) == 10 and len({t.name for t in legend}) == 10
+    qkv = [t for t in legend if t.name.startswith("Q-K-V ·")]
+    assert {t.line.color for t in qkv} == {variants.COLORS["qkv"]} and {t.line.dash for t in qkv} == {"solid", "dot"}
+    assert len({t.line.color for t in legend}) == 5   # five variants, five hues
+    assert fig.layout.yaxis.title.text == "Frobenius norm"
+
+
+def test_norms_figure_follows_the_variants_filter():
+    fig = charts.norms_figure(_norms(), variants=["k_eq_v"])
+    assert {t.name for t in fig.data if t.showlegend} == {"Q-K=V · MHA", "Q-K=V · MQA"}
+    assert charts.norms_figure(_norms(), variants=[]).data  # empty filter: all variants
+    empty = charts.norms_figure(_norms(), variants=["nope"])
+    assert empty.layout.annotations[0].text == "No projection norms for the chosen variants"
+
+
+def test_norms_figure_reads_head_sharing_from_the_runs_config():
+    norms = _norms(1).drop(columns=["n_heads", "n_kv_heads"])
+    norms["run_id"] = [1 if i < 12 else 2 for i in range(len(norms))]   # first half MHA, second MQA
+    runs = pd.DataFrame({"run_id": [1, 2], "config": [{"files": {"config.json": {"n_head": 4, "n_kv_heads": 4}}},
+                                                      {"n_head": 4, "n_kv_heads": 1}]})
+    fig = charts.norms_figure(norms, runs=runs)
+    assert sorted(t.name for t in fig.data if t.showlegend) == ["Q-K-V · MHA", "Q-K-V · MQA"]
