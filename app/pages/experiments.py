@@ -1,8 +1,13 @@
 """Experiments: find runs, overlay their curves, compare final metrics, fix metadata.
 
 Every selection lives in the URL (``?runs=3,7&m=val/loss&x=step&s=0.6&logy=1``),
-so a copied link reopens the same view. Curves are downsampled in DuckDB
+so a copied link reopens the same view, and in the session (``exp_saved``), so
+leaving the page and coming back through the navigation (which clears the URL)
+reopens it too. Without either, the best run of each group (variant x head
+sharing x task) is plotted. The search and filters narrow the curves already
+plotted as well as the table. Curves are downsampled in DuckDB
 (``loaders.curves``): no curve has more than 2,000 points and spikes stay.
+Smoothing is ``analysis.trajectories.smooth`` (time-weighted, debiased EMA).
 """
 from __future__ import annotations
 
@@ -11,6 +16,10 @@ import math
 import pandas as pd
 import streamlit as st
 
+from analysis.directions import direction
+from analysis.results_table import best_of_each_group, run_facts, run_groups
+from analysis.trajectories import smooth
+from analysis.variants import VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts
 from app.state import data_version, get_store, query_param, set_query_params
 from loaders import curves
@@ -20,12 +29,18 @@ ICON = ":material/monitoring:"
 ORDER = 20
 URL_PATH = "experiments"
 
-RUN_COLUMNS = ["id", "name", "variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size",
-               "format", "n_points", "first_step", "last_step", "metrics", "source"]
+RUN_COLUMNS = ["id", "name", "variant", "n_heads", "n_kv_heads", "task", "weight_decay", "lr", "seed",
+               "model_size", "format", "n_points", "first_step", "last_step", "metrics", "source"]
 HPARAMS = ["weight_decay", "lr", "seed", "model_size", "n_kv_heads", "variant"]
 X_LABELS = {"step": "Step", "tokens": "Tokens", "wall_time": "Wall time"}
 EDITABLE = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
-VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v", "unknown")
+VARIANTS = (*_KNOWN_VARIANTS, UNKNOWN)
+#: URL keys of this page: kept in the session (``SAVED``) so the page reopens as it was left.
+URL_KEYS = ("runs", "m", "x", "s", "logx", "logy", "group", "q", "variant", "wd", "fmt", "src", "fm", "hp",
+            "view", "fv")
+SAVED = "exp_saved"
+#: Runs plotted when nothing is selected yet: the best of each group, at most this many.
+DEFAULT_RUNS = 8
 
 
 # -- cached reads (keyed by the database file's version) ----------------------
@@ -35,6 +50,12 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
     from loaders.logs import list_runs
 
     frame = pd.DataFrame(list_runs(get_store()))
+    if not frame.empty:
+        facts = pd.DataFrame([run_facts(c) for c in frame["config"]], index=frame.index)
+        frame["n_heads"] = facts["n_heads"]
+        frame["task"] = facts["task"]
+        # the run's own n_kv_heads (with the user's corrections) wins; the config fills gaps
+        frame["n_kv_heads"] = frame["n_kv_heads"].where(frame["n_kv_heads"].notna(), facts["n_kv_heads"])
     for col in RUN_COLUMNS:
         if col not in frame.columns:
             frame[col] = None
@@ -71,6 +92,19 @@ def _fmt_wd(v) -> str:
     return "none" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}"
 
 
+def metric_order(names) -> list[str]:
+    """Metric names in picking order: validation metrics first (their loss first, then accuracies
+    such as ``val/accuracy`` or ``val_top1``), then training metrics (loss first), then the rest
+    (learning rate and the like), alphabetically within each."""
+    def key(name: str):
+        low = name.lower()
+        split = low.replace("/", "_").replace("-", "_")
+        stage = 0 if split.startswith(("val", "eval", "valid", "test")) else 1 if split.startswith("train") else 2
+        loss = 0 if "loss" in low else 1
+        return stage, loss, low
+    return sorted({str(n) for n in names}, key=key)
+
+
 def _metrics_of(runs: pd.DataFrame) -> list[str]:
     names: set[str] = set()
     for m in runs["metrics"]:
@@ -80,8 +114,20 @@ def _metrics_of(runs: pd.DataFrame) -> list[str]:
             names.update(str(x) for x in m.tolist())
         elif isinstance(m, str) and m:
             names.update(s.strip() for s in m.split(","))
-    preferred = [n for n in ("val/loss", "train/loss") if n in names]
-    return preferred + sorted(names - set(preferred))
+    return metric_order(names)
+
+
+def _restore_saved() -> dict | None:
+    """The page's last state in this session; written into the URL when the URL has none of
+    this page's keys (the navigation cleared it), so widgets start from it."""
+    saved = st.session_state.get(SAVED)
+    if saved is not None and not any(k in st.query_params for k in URL_KEYS):
+        set_query_params(**{k: v for k, v in saved.items() if v})
+    return saved
+
+
+def _save() -> None:
+    st.session_state[SAVED] = {k: query_param(k) for k in URL_KEYS}
 
 
 # -- page sections --------------------------------------------------------------
@@ -119,57 +165,91 @@ def _filters(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame) -> list[int]:
-    labels = {int(r.id): f"{r.name} [{r.variant}]" for r in runs.itertuples()}
-    in_url = [i for i in _url_ints("runs") if i in labels]
-    options = list(dict.fromkeys([int(i) for i in shown["id"]] + in_url))
+def _default_runs(store, version, runs: pd.DataFrame, shown: pd.DataFrame) -> list[int]:
+    """The best run of each group (variant x head sharing x task) among the runs shown, by the
+    first metric in picking order (``metric_order``: the validation loss where there is one)."""
+    metrics = _metrics_of(shown)
+    if not metrics:
+        return []
+    finals = _finals(str(store.path), version, metrics[0])
+    return best_of_each_group(shown, finals, metrics[0], limit=DEFAULT_RUNS)
+
+
+def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, saved: dict | None) -> list[int]:
+    styles = charts.run_styles(runs)
+    labels = {int(r.id): f"{r.name} ({styles[int(r.id)]['group']})" for r in runs.itertuples()}
+    if "runs" in st.query_params or saved is not None:
+        in_url = [i for i in _url_ints("runs") if i in labels]
+    else:                                       # first visit in this session, no runs in the link
+        in_url = _default_runs(store, version, runs, shown)
+    shown_ids = [int(i) for i in shown["id"]]
+    options = list(dict.fromkeys(shown_ids + in_url))
     selected = st.multiselect("Runs to plot", options, default=in_url, format_func=lambda i: labels[i],
                               key="exp_runs", placeholder="Pick runs from the table (search narrows the list)")
-    metrics = _metrics_of(runs[runs["id"].isin(selected)] if selected else runs)
+    # the search and filters narrow the curves too; the selection is kept for when they are cleared
+    plotted = [i for i in selected if i in set(shown_ids)]
+    metrics = _metrics_of(runs[runs["id"].isin(plotted)] if plotted else runs)
     c1, c2, c3, c4, c5, c6 = st.columns([2, 1.6, 1.4, 0.8, 0.8, 1.2])
     m_url = query_param("m")
     metric = c1.selectbox("Metric", metrics, index=metrics.index(m_url) if m_url in metrics else 0,
-                          key="exp_metric") if metrics else None
+                          key="exp_metric", help="validation metrics first (loss, then accuracy or top-1)"
+                          ) if metrics else None
     x_url = query_param("x", "step")
     x = c2.radio("x axis", list(X_LABELS), index=list(X_LABELS).index(x_url) if x_url in X_LABELS else 0,
                  format_func=X_LABELS.get, horizontal=True, key="exp_x")
-    smoothing = c3.slider("Smoothing (EMA)", 0.0, 0.99, value=min(0.99, max(0.0, float(query_param("s", "0") or 0))),
-                          step=0.01, key="exp_s", help="s_t = w s_(t-1) + (1-w) v_t, debiased; 0 = off")
+    smoothing = c3.slider("Smoothing (EMA)", 0.0, 0.999,
+                          value=min(0.999, max(0.0, float(query_param("s", "0") or 0))), step=0.001, format="%.3f",
+                          key="exp_s",
+                          help="time-weighted, debiased EMA (as W&B and TensorBoard): the weight applies per "
+                               "1/1000 of the chart's x range, so sparse validation points are smoothed as much "
+                               "per step as dense training points; the line ends between the last two values; "
+                               "0 = off")
     log_x = c4.toggle("log x", value=query_param("logx") == "1", key="exp_logx")
     log_y = c5.toggle("log y", value=query_param("logy") == "1", key="exp_logy")
     group = c6.toggle("By variant", value=query_param("group") == "1", key="exp_group",
-                      help="mean line and min-max band over the selected runs of each variant")
+                      help="mean line and min-max band over the plotted runs of each variant x head sharing "
+                           "(MHA, GQA, MQA) x task")
     set_query_params(runs=",".join(str(i) for i in selected), m=metric, x=x,
                      s=f"{smoothing:g}" if smoothing else None, logx="1" if log_x else None,
                      logy="1" if log_y else None, group="1" if group else None)
-    if not selected:
-        st.info("Pick runs above to overlay their curves.", icon=":material/touch_app:")
-        return selected
+    hidden = [i for i in selected if i not in set(plotted)]
+    if hidden:
+        st.caption(f"{len(hidden)} selected run(s) hidden by the search and filters: "
+                   + ", ".join(labels[i] for i in hidden))
+    if not plotted:
+        st.info("Pick runs above to overlay their curves." if not selected else
+                "The search and filters hide every selected run; clear them or pick runs shown in the table.",
+                icon=":material/touch_app:")
+        return plotted
     if metric is None:
         st.info("The selected runs logged no metrics.", icon=":material/info:")
-        return selected
-    key = (str(store.path), version, tuple(sorted(selected)), metric, x)
+        return plotted
+    key = (str(store.path), version, tuple(sorted(plotted)), metric, x)
     if group:
         binned = _band(*key)
-        variant_of = {int(r.id): str(r.variant) for r in runs.itertuples()}
-        band = curves.group_band(binned, variant_of)
+        group_of = {i: styles[i]["group"] for i in plotted}
+        band = curves.group_band(binned, group_of)
         if smoothing:
-            band = curves.smooth(band, smoothing, by="group", column="mean")
-        fig = charts.band_figure(band, x=x, metric=metric, log_x=log_x, log_y=log_y)
+            band = smooth(band, smoothing, by="group", column="mean")
+        band_styles = {styles[i]["group"]: charts.group_style(v, charts.sharing_of(h, kv))
+                       for i, v, h, kv in runs[["id", "variant", "n_heads", "n_kv_heads"]].itertuples(index=False)
+                       if i in group_of}
+        fig = charts.band_figure(band, x=x, metric=metric, log_x=log_x, log_y=log_y, styles=band_styles)
         n_shown = len(band)
     else:
         raw = _curves(*key)
-        smoothed = curves.smooth(raw, smoothing) if smoothing else None
-        fig = charts.curves_figure(raw, labels, smoothed=smoothed, x=x, metric=metric, log_x=log_x, log_y=log_y)
+        smoothed = smooth(raw, smoothing) if smoothing else None
+        fig = charts.curves_figure(raw, labels, smoothed=smoothed, x=x, metric=metric, log_x=log_x, log_y=log_y,
+                                   styles=styles)
         n_shown = len(raw)
-        missing = sorted(set(selected) - set(int(i) for i in raw["run_id"].unique()))
+        missing = sorted(set(plotted) - set(int(i) for i in raw["run_id"].unique()))
         if missing:
             st.caption("No points with this metric and x axis for: " + ", ".join(labels[i] for i in missing))
     st.plotly_chart(fig, width="stretch", key="exp_curves")
-    logged = int(runs[runs["id"].isin(selected)]["n_points"].fillna(0).sum())
+    logged = int(runs[runs["id"].isin(plotted)]["n_points"].fillna(0).sum())
     st.caption(f"{n_shown:,} points drawn ({logged:,} logged points in these runs, all metrics); "
                "long curves keep each bucket's minimum and maximum so spikes stay visible.")
-    return selected
+    return plotted
 
 
 def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]) -> None:
@@ -187,8 +267,10 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
     views = ["Scatter", "Parallel coordinates"]
     view = c3.radio("View", views, index=1 if query_param("view") == "parallel" else 0, key="exp_view",
                     horizontal=True)
+    way = direction(fmetric)
     value = c4.radio("Value", ["final", "best"], index=1 if query_param("fv") == "best" else 0, key="exp_fv",
-                     horizontal=True)
+                     horizontal=True, help=f"best of {fmetric}: its {'highest' if way == 'max' else 'lowest'} "
+                                           "value (analysis.directions reads the metric's name)")
     set_query_params(fm=fmetric, hp=hparam, view="parallel" if view != "Scatter" else None,
                      fv="best" if value == "best" else None)
     finals = _finals(str(store.path), version, fmetric)
@@ -203,7 +285,7 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
                                    log_x=bool(positive) and hparam in ("weight_decay", "lr", "model_size"))
     else:
         dims = [h for h in HPARAMS if data[h].notna().any()]
-        fig = charts.parallel_figure(data, dims, color=value, metric=fmetric)
+        fig = charts.parallel_figure(data, dims, color=value, metric=fmetric, direction=way)
     st.plotly_chart(fig, width="stretch", key="exp_final")
     diverged = data[data["nonfinite"] > 0]
     if len(diverged):
@@ -266,6 +348,7 @@ def render() -> None:
                 f"`python -m app ingest PATH --db {store.path}` (CSV, JSONL, TensorBoard, W&B and "
                 "nanoGPT logs are read).", icon=":material/inbox:")
         return
+    saved = _restore_saved()
     shown = _filters(runs)
     st.caption(f"{len(shown):,} of {len(runs):,} runs")
     st.dataframe(shown, hide_index=True, width="stretch", height=min(38 * (len(shown) + 1), 320),
@@ -273,6 +356,7 @@ def render() -> None:
                                 "lr": st.column_config.NumberColumn(format="%.3g"),
                                 "metrics": st.column_config.ListColumn()},
                  key="exp_table")
-    _curve_section(store, version, runs, shown)
+    _curve_section(store, version, runs, shown, saved)
     _final_section(store, version, shown, _metrics_of(shown))
+    _save()
     _edit_section(store, runs)

@@ -78,19 +78,82 @@ def test_empty_database_says_how_to_get_data_in(tmp_path, monkeypatch):
     assert at.info[0].value.startswith("No training runs stored yet. Ingest a folder of logs")
 
 
-def test_selecting_runs_adds_traces_and_writes_the_url(runs_db):
+def test_opens_with_the_best_run_of_each_group_then_selecting_adds_traces(runs_db):
     at = page_test("experiments").run()
     assert not at.exception
-    assert "exp_curves" not in figures(at)
+    # final val/loss = 4.2 - 250/300 + wd (+0.05 for k_eq_v): runs 1 (qkv) and 3 (k_eq_v) are best
+    assert at.multiselect(key="exp_runs").value == [1, 3]
+    names = [t["name"] for t in figures(at)["exp_curves"]["data"]]
+    assert names == ["qkv-wd0.01 (Q-K-V)", "kv-wd0.01 (Q-K=V)"]
+    assert qp(at, "runs") == "1,3" and qp(at, "m") == "val/loss"
     assert len(at.dataframe[0].value) == 4
-    at.multiselect(key="exp_runs").select(1).run()
-    one = figures(at)["exp_curves"]["data"]
-    assert [t["name"] for t in one] == ["qkv-wd0.01 [qkv]"]
-    at.multiselect(key="exp_runs").select(3).run()
-    two = figures(at)["exp_curves"]["data"]
-    assert [t["name"] for t in two] == ["qkv-wd0.01 [qkv]", "kv-wd0.01 [k_eq_v]"]
-    assert qp(at, "runs") == "1,3"
-    assert qp(at, "m") == "val/loss"
+    at.multiselect(key="exp_runs").unselect(3).run()
+    assert [t["name"] for t in figures(at)["exp_curves"]["data"]] == ["qkv-wd0.01 (Q-K-V)"]
+    at.multiselect(key="exp_runs").select(4).run()
+    assert [t["name"] for t in figures(at)["exp_curves"]["data"]] == ["qkv-wd0.01 (Q-K-V)", "kv-wd0.1 (Q-K=V)"]
+    assert qp(at, "runs") == "1,4"
+    at.multiselect(key="exp_runs").unselect(1).unselect(4).run()
+    assert "exp_curves" not in figures(at)
+    assert at.info[0].value == "Pick runs above to overlay their curves."
+
+
+#: The page as the navigation runs it, with a second "page" to leave to: the navigation clears
+#: the URL and Streamlit forgets the widgets of a page that is not drawn.
+_TWO_PAGES = """
+import sys
+sys.path.insert(0, {root!r})
+import streamlit as st
+from app.state import show_errors
+import app.pages.experiments as page
+if st.session_state.get("elsewhere"):
+    st.write("another page")
+else:
+    show_errors(page.render)
+"""
+
+
+def test_leaving_the_page_and_coming_back_keeps_the_selection(runs_db):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.app.apptest import ROOT
+
+    at = AppTest.from_string(_TWO_PAGES.format(root=str(ROOT)), default_timeout=60).run()
+    at.multiselect(key="exp_runs").unselect(1).select(2).run()
+    at.selectbox(key="exp_metric").select("train/loss").run()
+    assert at.multiselect(key="exp_runs").value == [3, 2]
+    at.session_state["elsewhere"] = True
+    at.query_params.clear()
+    at.run()
+    assert not at.get("multiselect")
+    at.session_state["elsewhere"] = False
+    at.run()
+    assert not at.exception
+    assert at.multiselect(key="exp_runs").value == [3, 2]
+    assert at.selectbox(key="exp_metric").value == "train/loss"
+    assert qp(at, "runs") == "3,2" and qp(at, "m") == "train/loss"
+    # a selection emptied on purpose stays empty (no default selection on the way back)
+    at.multiselect(key="exp_runs").unselect(3).unselect(2).run()
+    at.session_state["elsewhere"] = True
+    at.query_params.clear()
+    at.run()
+    at.session_state["elsewhere"] = False
+    at.run()
+    assert at.multiselect(key="exp_runs").value == []
+
+
+def test_filters_narrow_the_curves_already_plotted(runs_db):
+    at = page_test("experiments", {"runs": "1,2,3,4"}).run()
+    assert len(figures(at)["exp_curves"]["data"]) == 4
+    at.multiselect(key="exp_variant").select("k_eq_v").run()
+    names = [t["name"] for t in figures(at)["exp_curves"]["data"]]
+    assert names == ["kv-wd0.01 (Q-K=V)", "kv-wd0.1 (Q-K=V)"]
+    assert at.caption[1].value.startswith("2 selected run(s) hidden by the search and filters: qkv-wd0.01")
+    at.text_input(key="exp_q").input("wd0.1").run()
+    assert [t["name"] for t in figures(at)["exp_curves"]["data"]] == ["kv-wd0.1 (Q-K=V)"]
+    assert at.multiselect(key="exp_runs").value == [1, 2, 3, 4]  # kept for when the filters are cleared
+    at.multiselect(key="exp_variant").unselect("k_eq_v").run()
+    at.text_input(key="exp_q").input("").run()
+    assert len(figures(at)["exp_curves"]["data"]) == 4
 
 
 def test_url_reopens_the_same_view(runs_db):
@@ -119,8 +182,82 @@ def test_group_by_variant_draws_mean_and_band(runs_db):
     at = page_test("experiments", {"runs": "1,2,3,4", "m": "train/loss"}).run()
     at.toggle(key="exp_group").set_value(True).run()
     names = [t.get("name") for t in figures(at)["exp_curves"]["data"] if t.get("showlegend", True)]
-    assert names == ["k_eq_v (n=2)", "qkv (n=2)"]
+    assert names == ["Q-K-V (n=2)", "Q-K=V (n=2)"]
     assert qp(at, "group") == "1"
+
+
+def _set_heads(db, heads: dict[int, tuple[int, int, str | None]]):
+    """Give runs a config with n_head (and a task) and their n_kv_heads."""
+    with Store(db).transaction() as con:
+        for rid, (h, kv, task) in heads.items():
+            cfg = {"n_head": h} | ({"task": task} if task else {})
+            con.execute("UPDATE runs SET n_kv_heads = ?, config = ? WHERE id = ?", [kv, json.dumps(cfg), rid])
+
+
+def test_by_variant_keeps_mha_mqa_and_tasks_apart(runs_db):
+    # runs 1 and 2 are both qkv: one MHA, one MQA; run 4 a vision k_eq_v run
+    _set_heads(runs_db, {1: (4, 4, None), 2: (4, 1, None), 3: (4, 4, None), 4: (4, 4, "vision")})
+    at = page_test("experiments", {"runs": "1,2,3,4", "m": "train/loss", "group": "1"}).run()
+    assert not at.exception
+    lines = [t for t in figures(at)["exp_curves"]["data"] if t.get("showlegend", True)]
+    assert [t["name"] for t in lines] == ["Q-K-V · MHA (n=1)", "Q-K-V · MQA (n=1)", "Q-K=V · MHA (n=1)",
+                                          "Q-K=V · MHA · vision (n=1)"]
+    styles = {t["name"]: (t["line"]["color"], t["line"]["dash"]) for t in lines}
+    from analysis.variants import COLORS
+
+    assert styles["Q-K-V · MHA (n=1)"] == (COLORS["qkv"], "solid")
+    assert styles["Q-K-V · MQA (n=1)"] == (COLORS["qkv"], "dot")     # one hue, another dash
+
+
+def test_curves_take_the_variant_colour_and_the_sharing_dash(runs_db):
+    from analysis.variants import COLORS
+
+    _set_heads(runs_db, {1: (4, 4, None), 2: (4, 1, None), 3: (4, 2, None), 4: (4, 4, None)})
+    at = page_test("experiments", {"runs": "1,2,3,4", "m": "train/loss"}).run()
+    by = {t["name"]: t["line"] for t in figures(at)["exp_curves"]["data"]}
+    assert by["qkv-wd0.01 (Q-K-V · MHA)"]["color"] == COLORS["qkv"]
+    assert by["qkv-wd0.1 (Q-K-V · MQA)"]["dash"] == "dot"
+    assert by["kv-wd0.01 (Q-K=V · GQA-2)"] == {"color": COLORS["k_eq_v"], "width": 1, "dash": "dash"}
+
+
+def test_smoothed_validation_curve_ends_within_its_data(tmp_path, monkeypatch):
+    # 17 validation points, falling fast: per logged point, an EMA at 0.9 ended ~0.3 above them
+    db = tmp_path / "val17.duckdb"
+    store = Store(db)
+    store.migrate()
+    steps = np.arange(0, 4001, 250)
+    loss = 1.3 + 4.1 * np.exp(-steps / 600)
+    frame = pd.DataFrame({"run_id": 1, "step": steps, "metric": "val/loss", "value": loss,
+                          "wall_time": steps.astype(float), "tokens": steps})
+    with store.transaction() as con:
+        con.execute("INSERT INTO runs (id, name, source, format, variant) VALUES (1, 'r', '/r', 'csv', 'qkv')")
+        con.register("f", frame)
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        refresh_run_stats(con, [1])
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("experiments", {"runs": "1", "s": "0.9"}).run()
+    raw, smoothed = figures(at)["exp_curves"]["data"]
+    y = arr(smoothed["y"])
+    assert len(y) == 17 and y[0] == pytest.approx(loss[0])
+    assert min(loss[-2:]) <= y[-1] <= max(loss[-2:])
+
+
+def test_accuracy_metrics_are_picked_like_the_loss_and_best_is_their_highest(runs_db):
+    frame = pd.DataFrame({"run_id": [1, 1, 1, 2, 2], "step": [0, 100, 200, 0, 200],
+                          "metric": ["val/accuracy"] * 3 + ["val_top1"] * 2, "value": [0.2, 0.8, 0.7, 10.0, 30.0],
+                          "wall_time": 0.0, "tokens": 0})
+    with Store(runs_db).transaction() as con:
+        con.register("f", frame)
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        refresh_run_stats(con, [1, 2])
+    at = page_test("experiments", {"runs": "1,2"}).run()
+    options = at.selectbox(key="exp_metric").options
+    assert options[:3] == ["val/loss", "val/accuracy", "val_top1"]
+    at.selectbox(key="exp_fm").select("val/accuracy").run()
+    at.radio(key="exp_fv").set_value("best").run()
+    fig = figures(at)["exp_final"]
+    assert [arr(t["y"]) for t in fig["data"]] == [[0.8]]          # the highest accuracy, not the lowest
+    assert fig["layout"]["yaxis"]["title"]["text"] == "best val/accuracy"
 
 
 def test_filters_narrow_the_table(runs_db):
@@ -135,12 +272,20 @@ def test_final_metric_against_weight_decay(runs_db):
     at = page_test("experiments").run()
     fig = figures(at)["exp_final"]
     by_variant = {t["name"]: t for t in fig["data"]}
-    assert sorted(by_variant) == ["k_eq_v", "qkv"]
+    assert list(by_variant) == ["Q-K-V", "Q-K=V"]   # paper labels, variants in their order
     assert fig["layout"]["xaxis"]["type"] == "log"
+    assert fig["layout"]["xaxis"]["title"]["text"] == "weight decay"  # in words, not the column name
+    from analysis.variants import COLORS
+
+    assert by_variant["Q-K-V"]["marker"]["color"] == COLORS["qkv"]   # the colour it has in the curves
     # final val/loss at step 250 = 4.2 - 250/300 + wd
-    assert arr(by_variant["qkv"]["y"]) == pytest.approx([4.2 - 250 / 300 + 0.01, 4.2 - 250 / 300 + 0.1])
+    assert arr(by_variant["Q-K-V"]["y"]) == pytest.approx([4.2 - 250 / 300 + 0.01, 4.2 - 250 / 300 + 0.1])
     at.radio(key="exp_view").set_value("Parallel coordinates").run()
-    assert figures(at)["exp_final"]["data"][0]["type"] == "parcoords"
+    par = figures(at)["exp_final"]
+    assert par["data"][0]["type"] == "parcoords"
+    labels = [d["label"] for d in par["data"][0]["dimensions"]]
+    assert labels == ["weight decay", "learning rate", "variant", "final val/loss"]
+    assert par["layout"]["margin"]["t"] >= 80       # room above the axes for their names
 
 
 def test_edit_metadata_is_stored(runs_db):
@@ -174,10 +319,10 @@ def test_experiments_and_weight_decay_in_a_real_browser(tmp_path):
         assert page.locator(".js-plotly-plot").count() == 1  # only the final-metric view
         # select two runs in the picker: the curve chart appears with two lines
         page.locator("[data-testid='stMultiSelect']").filter(has_text="Runs to plot").click()
-        page.get_by_role("option", name="qkv-wd0.01 [qkv]").click()
+        page.get_by_role("option", name="qkv-wd0.01 (Q-K-V)").click()
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stMultiSelect']").filter(has_text="Runs to plot").click()
-        page.get_by_role("option", name="kv-wd0.1 [k_eq_v]").click()
+        page.get_by_role("option", name="kv-wd0.1 (Q-K=V)").click()
         page.keyboard.press("Escape")
         wait_idle(page, timeout=60_000)
         page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
