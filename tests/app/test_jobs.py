@@ -92,8 +92,9 @@ def test_identity_query_notes_and_no_forward_pass(store, tmp_path):
     assert w.notes["erank_q"] == why and "erank_q" not in set(w.frame.metric)
     assert a.frame.empty
     reason = (f"{tmp_path / 'ckpt.safetensors'}: no forward pass for a test checkpoint (runnable: Hugging Face "
-              "folders with config.json, this project's own checkpoints, nanoGPT, query-free and "
-              "projection-sharing language models); weight-level metrics only")
+              "folders with config.json and zips of them, this project's own checkpoints, nanoGPT, "
+              "llama2.c/Meta Llama, query-free and projection-sharing language models); weight-level "
+              "metrics only")
     assert a.notes == {m: reason for m in names("activations")}
     (cached_a,) = [r for r in jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity"),
                                            activations=True) if r.kind == "activations"]
@@ -334,12 +335,17 @@ def test_query_free_residual_gelu_note(tmp_path):
         "runnable modes: identity, original, residual; weight-level metrics only")
 
 
-def test_realworld_nanogpt_runs_but_has_no_byte_vocabulary(realworld, tmp_path):
-    """sqtian/GPT_by_Hand (vocab 32): the model is built; UTF-8 bytes cannot be fed."""
+def test_realworld_nanogpt_runs_on_sampled_ids(realworld, tmp_path):
+    """sqtian/GPT_by_Hand (vocab 32, no meta.pkl beside it): UTF-8 bytes cannot be fed, so the
+    activation metrics run on token ids sampled from its vocabulary, and every note says so."""
     path = realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt"
     store = Store(tmp_path / "rw.duckdb")
     _, a = jobs.analyze(store, jobs.resolve(store, str(path)), device="cpu", activations=True)
-    assert a.notes["erank_kcache"] == "no tokenizer and vocab_size 32 < 256: cannot feed UTF-8 bytes"
+    said = ("inputs are token ids drawn uniformly from the vocabulary of 32, not the text: no vocabulary "
+            "found (a stoi in the checkpoint or a meta.pkl beside it)")
+    assert a.notes["erank_kcache"] == said and a.notes["kv_cka_act"] == said
+    assert (a.sample["tokenizer"], a.sample["window"]) == ("sampled ids", 8)       # its seq_length
+    assert {"erank_kcache", "kv_cka_act"} <= set(a.frame.metric)
 
 
 def test_undefined_heads_are_noted_beside_a_metrics_absence_note():
