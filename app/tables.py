@@ -150,3 +150,89 @@ def head_means(results: pd.DataFrame) -> pd.DataFrame:
            .agg(value=("value", "mean"), chance=("chance", "mean"), n_tokens=("n_tokens", "min"),
                 ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean")))
     return out[cols]
+
+
+# -- results tables as papers print them (analysis.results_table) ------------------------
+
+def _pm(mean, std, digits: int) -> str:
+    if not _finite_number(mean):
+        return ""
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if _finite_number(std) else f"{mean:.{digits}f}"
+
+
+def _finite_number(v) -> bool:
+    return v is not None and v is not pd.NA and isinstance(v, (int, float, np.number)) and np.isfinite(v)
+
+
+def _pct(v) -> str:
+    return f"{v:+.1f}%" if _finite_number(v) else ""
+
+
+def _count(v) -> str:
+    return f"{int(v):,}" if _finite_number(v) else ""
+
+
+def results_metric_names(table: pd.DataFrame) -> list[str]:
+    """The metric columns of a ``results_table`` frame (``<m>`` of each ``<m> mean``), in order."""
+    return [c[: -len(" mean")] for c in table.columns if c.endswith(" mean")]
+
+
+def results_display(table: pd.DataFrame, *, digits: int = 4) -> pd.DataFrame:
+    """A ``results_table`` frame as a paper prints it, all text: ``Variant, Heads`` (and ``Task``
+    when there is more than one), ``n``, per metric ``"1.3194 ± 0.0047"`` and ``"vs Q-K-V"``
+    (``"+2.0%"``, empty for the baseline), ``KV bytes/token, Attention params``."""
+    out = pd.DataFrame({"Variant": table["label"].astype(str), "Heads": table["sharing"].astype(str)})
+    if table["task"].nunique() > 1:
+        out.insert(0, "Task", table["task"].astype(str))
+    out["n"] = [str(int(n)) for n in table["n runs"]]
+    for m in results_metric_names(table):
+        out[m] = [_pm(a, b, digits) for a, b in zip(table[f"{m} mean"], table[f"{m} std"])]
+        out[f"{m} vs Q-K-V"] = [_pct(v) for v in table[f"{m} vs qkv %"]]
+    out["KV bytes/token"] = [_count(v) for v in table["KV bytes/token"]]
+    out["Attention params"] = [_count(v) for v in table["attention params"]]
+    return out.reset_index(drop=True)
+
+
+def results_markdown(display: pd.DataFrame) -> str:
+    """A ``results_display`` frame as a Markdown (GitHub) table; numbers right-aligned."""
+    cols = list(display.columns)
+    text = {"Task", "Variant", "Heads"}
+    esc = [[str(v).replace("|", "\\|") for v in row] for row in display.itertuples(index=False)]
+    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |",
+             "|" + "|".join(":---" if c in text else "---:" for c in cols) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in esc]
+    return "\n".join(lines) + "\n"
+
+
+_LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def _latex(text: str) -> str:
+    out = "".join(_LATEX_ESCAPES.get(ch, ch) for ch in str(text))
+    return out.replace("±", r"$\pm$").replace("·", r"$\cdot$").replace("σ", r"$\sigma$")
+
+
+def results_latex(display: pd.DataFrame, *, caption: str | None = None, label: str | None = None) -> str:
+    """A ``results_display`` frame as a LaTeX ``booktabs`` table (``\\toprule``, ``\\midrule``,
+    ``\\bottomrule``; needs ``\\usepackage{booktabs}``), special characters escaped, ``±`` as
+    ``$\\pm$``; a ``\\midrule`` between head-sharing (and task) blocks as papers group rows."""
+    cols = list(display.columns)
+    align = "".join("l" if c in ("Task", "Variant", "Heads") else "r" for c in cols)
+    lines = [r"\begin{table}[t]", r"\centering"]
+    if caption:
+        lines.append(r"\caption{" + _latex(caption) + "}")
+    if label:
+        lines.append(r"\label{" + label + "}")
+    lines += [r"\begin{tabular}{" + align + "}", r"\toprule", " & ".join(_latex(c) for c in cols) + r" \\",
+              r"\midrule"]
+    block = [c for c in ("Task", "Heads") if c in cols]
+    prev = None
+    for row in display.to_dict("records"):
+        key = tuple(str(row[c]) for c in block)
+        if prev is not None and key != prev:
+            lines.append(r"\midrule")
+        prev = key
+        lines.append(" & ".join(_latex(row[c]) for c in cols) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(lines) + "\n"

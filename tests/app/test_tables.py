@@ -68,3 +68,45 @@ def test_activation_rows_without_an_interval_are_not_judged_against_chance():
 def test_short_reason_is_the_first_clause():
     assert tables.short_reason("128 tokens < 8 x d_head = 256: biased toward 1; one window") == \
         "128 tokens < 8 x d_head = 256"
+
+
+# -- results tables (Results page exports) -----------------------------------------------
+
+def _results_table():
+    from analysis.results_table import results_table
+
+    runs = pd.DataFrame({"id": [1, 2, 3, 4], "variant": ["qkv", "qkv", "k_eq_v", "qkv"], "n_heads": 4,
+                         "n_kv_heads": [4, 4, 4, 1], "seed": [1, 2, 1, 1], "n_layers": 2, "d_model": 8,
+                         "d_head": 2, "dtype": "float32"})
+    values = pd.DataFrame({"run_id": [1, 2, 3, 4], "metric": "val/loss", "final": [2.0, 2.2, 2.31, 3.0],
+                           "min": np.nan, "max": np.nan})
+    return results_table(runs, values, ["val/loss"])
+
+
+def test_results_display_prints_mean_pm_std_and_percent():
+    d = tables.results_display(_results_table())
+    assert d.columns.tolist() == ["Variant", "Heads", "n", "val/loss", "val/loss vs Q-K-V", "KV bytes/token",
+                                  "Attention params"]
+    # qkv MHA: 2.0, 2.2 -> 2.1 ± 0.1414; k_eq_v: 2.31, +10.0% against 2.1; attention params
+    # 2 layers x (W_Q 64 + W_K 64 + W_V 64 + W_O 64), W_V tied for k_eq_v
+    assert d.iloc[0].tolist() == ["Q-K-V", "MHA", "2", "2.1000 ± 0.1414", "", "128", "512"]
+    assert d.iloc[1].tolist() == ["Q-K=V", "MHA", "1", "2.3100", "+10.0%", "64", "384"]
+    assert d.iloc[2][["Variant", "Heads", "KV bytes/token"]].tolist() == ["Q-K-V", "MQA", "32"]
+
+
+def test_results_markdown_and_latex_booktabs():
+    d = tables.results_display(_results_table())
+    md = tables.results_markdown(d).splitlines()
+    assert md[0] == "| Variant | Heads | n | val/loss | val/loss vs Q-K-V | KV bytes/token | Attention params |"
+    assert md[1] == "|:---|:---|---:|---:|---:|---:|---:|"
+    assert md[3] == "| Q-K=V | MHA | 1 | 2.3100 | +10.0% | 64 | 384 |"
+    tex = tables.results_latex(d, caption="Validation loss (mean ± std over seeds)", label="tab:res")
+    lines = tex.splitlines()
+    assert lines[:5] == [r"\begin{table}[t]", r"\centering", r"\caption{Validation loss (mean $\pm$ std over seeds)}",
+                         r"\label{tab:res}", r"\begin{tabular}{llrrrrr}"]
+    assert lines[5:8] == [r"\toprule", r"Variant & Heads & n & val/loss & val/loss vs Q-K-V & KV bytes/token & "
+                          r"Attention params \\", r"\midrule"]
+    assert lines[8] == r"Q-K-V & MHA & 2 & 2.1000 $\pm$ 0.1414 &  & 128 & 512 \\"
+    assert lines[9] == r"Q-K=V & MHA & 1 & 2.3100 & +10.0\% & 64 & 384 \\"
+    assert lines[10] == r"\midrule"            # MHA block, then MQA
+    assert lines[-3:] == [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
