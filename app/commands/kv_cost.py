@@ -4,11 +4,15 @@ Geometry from a preset (--preset, see --list-presets), a checkpoint
 (--checkpoint PATH) or typed in (--layers --heads --kv-heads --d-head --d-model).
 Every figure is compared with the baseline (separate Q, K, V at the model's
 own KV heads). Units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes.
+Serving: GPUs needed for --users under a batch cap per replica (--max-batch,
+vLLM's max_num_seqs), USD per month, and one request's time to first token
+(prefill of --prompt-len) and time per output token (a roofline).
 
 Examples:
   python -m app kv-cost --preset llama-3-8b --variant k_eq_v --gpu h100-sxm
   python -m app kv-cost --preset projection-sharing-300m --variant k_eq_v --kv-heads 1 --json
   python -m app kv-cost --layers 24 --heads 16 --kv-heads 4 --d-head 64 --d-model 1024 --context 8192
+  python -m app kv-cost --preset llama-3-8b --users 100000 --max-batch 128 --prompt-len 2000 --gpu H100
 """
 from __future__ import annotations
 
@@ -16,10 +20,10 @@ import argparse
 import dataclasses
 
 from analysis.errors import AnalysisError
-from analysis.gpus import CATALOGUE, GB, GIB, TB_S, TFLOPS, get_gpu
+from analysis.gpus import ALIASES, CATALOGUE, GB, GIB, TB_S, TFLOPS, get_gpu
 from analysis.kv_cost import (
-    DTYPE_BITS, VARIANTS, Attention, Geometry, Serving, baseline_attention, compare, estimate,
-    geometry_from_info, savings, standard_configs,
+    DEFAULT_MAX_BATCH, DTYPE_BITS, VARIANTS, Attention, Geometry, Serving, baseline_attention, compare,
+    estimate, geometry_from_info, native_attention, savings, standard_configs,
 )
 from analysis.presets import PRESETS, get_preset
 from app.commands._common import print_json
@@ -58,7 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="weight dtype (default bf16)")
     srv.add_argument("--quant-group-size", type=int, default=64,
                      help="int8/int4 cache: elements per scale group (default 64)")
-    srv.add_argument("--gpu", default="h100-sxm", help="GPU from the catalogue (see --list-gpus)")
+    srv.add_argument("--gpu", default="h100-sxm",
+                     help=f"GPU from the catalogue, any case ({', '.join(CATALOGUE)}; also "
+                          f"{', '.join(repr(a) for a in ALIASES)}; see --list-gpus)")
+    srv.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                     help=f"most sequences one replica decodes at once (default {DEFAULT_MAX_BATCH}, vLLM's "
+                          "max_num_seqs; 0: no cap, memory alone limits the batch)")
     srv.add_argument("--gpus-per-replica", type=int, default=1, help="tensor-parallel GPUs per model copy")
     srv.add_argument("--price-per-hour", type=float, help="USD per GPU-hour (default: the catalogue's)")
     srv.add_argument("--gpu-memory-gb", type=float, help="override GPU memory, GB (1e9 bytes)")
@@ -70,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--bandwidth-efficiency", type=float, default=0.8,
                      help="achieved / peak bandwidth (default 0.8)")
     srv.add_argument("--compute-efficiency", type=float, default=0.5,
-                     help="achieved / peak bf16 throughput (default 0.5)")
+                     help="achieved / peak bf16 throughput, the MFU of prefill and decode (default 0.5)")
     out = p.add_argument_group("output")
     out.add_argument("--compare", action="store_true", help="also a table of every variant and GQA/MQA")
     out.add_argument("--list-presets", action="store_true", help="list the preset models")
@@ -87,11 +96,10 @@ def _geometry(args: argparse.Namespace) -> Geometry:
     if args.preset is not None:
         return get_preset(args.preset)
     if args.checkpoint is not None:
-        try:
-            from loaders.checkpoints import inspect_checkpoint
-        except ImportError as exc:
-            raise AnalysisError(f"{args.checkpoint}: reading a checkpoint's geometry needs "
-                                f"loaders.checkpoints.inspect_checkpoint, which this build lacks ({exc})")
+        # imported here: loaders.checkpoints imports torch (~8 s), which no other path of
+        # this command, nor the parser that imports every command, needs
+        from loaders.checkpoints import inspect_checkpoint
+
         return geometry_from_info(inspect_checkpoint(args.checkpoint), name=str(args.checkpoint))
     missing = [f"--{k.replace('_', '-')}" for k, v in
                zip(("layers", "heads", "d_head", "d_model"), typed) if v is None]
@@ -111,7 +119,7 @@ def _serving(args: argparse.Namespace) -> Serving:
                    kv_dtype=args.kv_dtype, weight_dtype=args.weight_dtype, kv_group_size=args.quant_group_size,
                    mem_utilisation=args.utilisation, reserve_bytes=args.reserve_gb * GB,
                    bandwidth_efficiency=args.bandwidth_efficiency, compute_efficiency=args.compute_efficiency,
-                   gpus_per_replica=args.gpus_per_replica)
+                   gpus_per_replica=args.gpus_per_replica, max_batch=args.max_batch or None)
 
 
 def _gpu(args: argparse.Namespace):
@@ -142,6 +150,10 @@ def _ratio(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1e3:,.2f} ms"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list_presets:
         rows = [{"name": g.name, "n_layers": g.n_layers, "n_heads": g.n_heads, "n_kv_heads": g.n_kv_heads,
@@ -170,9 +182,13 @@ def run(args: argparse.Namespace) -> int:
     geometry = _geometry(args)
     serving = _serving(args)
     gpu = _gpu(args)
-    attention = Attention(variant=args.variant or geometry.variant, n_kv_heads=args.kv_heads,
-                          mla_latent=args.mla_latent, mla_rope=args.mla_rope,
-                          layers_per_cache=args.layers_per_cache, window=args.window)
+    if args.mla_latent is None and args.variant is None and args.kv_heads is None and geometry.kv_lora_rank:
+        attention = dataclasses.replace(native_attention(geometry), layers_per_cache=args.layers_per_cache,
+                                        window=args.window)  # an MLA checkpoint: its own attention
+    else:
+        attention = Attention(variant=args.variant or geometry.variant, n_kv_heads=args.kv_heads,
+                              mla_latent=args.mla_latent, mla_rope=args.mla_rope,
+                              layers_per_cache=args.layers_per_cache, window=args.window)
     base_attention = baseline_attention(geometry)
     result = estimate(geometry, attention, serving, gpu)
     base = estimate(geometry, base_attention, serving, gpu)
@@ -213,18 +229,29 @@ def run(args: argparse.Namespace) -> int:
         ("KV bytes, all users", _fmt_bytes(result.bytes_all_users), ""),
         ("users per GPU", f"{result.users_per_gpu:,} at context {result.context:,}",
          _ratio(saved["ratio_users_per_gpu"])),
+        ("GPUs needed", f"{result.gpus:,} for {result.users:,} users, batch up to {result.batch_per_replica:,} "
+                        f"a replica" + (f" (limited by {result.batch_limit})" if result.batch_limit else ""),
+         _pct(saved["saving_gpus"])),
         ("decode tokens/s", f"{result.tokens_per_s:,.1f} for {result.users:,} users on {result.gpus} GPU(s)"
          + (f", {result.bound}-bound" if result.bound else ", nothing fits"), _ratio(saved["ratio_tokens_per_s"])),
+        ("decode tokens/s per GPU", f"{result.tokens_per_s_per_gpu:,.1f}",
+         _ratio(saved["ratio_tokens_per_s_per_gpu"])),
         ("USD per 1M output tokens",
          "n/a" if result.usd_per_million_tokens is None else f"{result.usd_per_million_tokens:,.4f}",
          _pct(saved["saving_usd_per_million_tokens"])),
+        ("USD per month", "n/a" if result.usd_per_month is None else
+         f"{result.usd_per_month:,.0f} (${result.price_per_hour:g}/GPU-hour * {result.gpus} * 730 h)",
+         _pct(saved["saving_usd_per_month"])),
+        ("time to first token", f"{_ms(result.ttft_s)} (prefill of {result.prompt_tokens:,} tokens"
+         + (f", {result.prefill_bound}-bound)" if result.prefill_bound else ")"), _pct(saved["saving_ttft_s"])),
+        ("time per output token", f"{_ms(result.tpot_s)} at batch {result.batch:,}", _pct(saved["saving_tpot_s"])),
     ]
     print(f"{'figure':<26} {'value':<62} vs baseline (saving / ratio)")
     for name, value, vs in lines:
         print(f"{name:<26} {value:<62} {vs}")
     if table is not None:
         print()
-        cols = ["label", "bytes_per_token", "users_per_gpu", "tokens_per_s", "usd_per_million_tokens",
-                "saving_bytes_per_token"]
+        cols = ["label", "bytes_per_token", "users_per_gpu", "gpus", "tokens_per_s", "tokens_per_s_per_gpu",
+                "usd_per_million_tokens", "ttft_s", "tpot_s", "saving_bytes_per_token"]
         print(table[cols].to_string(index=False))
     return 0

@@ -1,25 +1,40 @@
-"""KV cache & serving cost: what a variant buys in memory, users and dollars.
+"""KV cache & serving cost: what a variant buys in memory, users, GPUs, latency and dollars.
 
 Reads widgets (defaults from the URL), calls ``analysis.kv_cost``, renders.
 Every selection is written back to the URL, so a copied link reopens the
-same comparison.
+same comparison. State: the link values this run could not use are kept per
+browser session in ``st.session_state`` (never in the module, which every
+session shares); the stored-checkpoint list is cached by database file and
+its ``data_version``, an upload's geometry by the upload's id.
+
+Deltas against the baseline are coloured by whether the change is better for
+that figure (``SMALLER_BETTER`` / ``LARGER_BETTER`` of ``analysis.kv_cost``):
+a drop in tokens/s is red, a drop in bytes or dollars green; the arrow follows
+the sign.
 """
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 import pandas as pd
 import plotly.express as px
 import streamlit as st
 
 from analysis.errors import AnalysisError
-from analysis.gpus import CATALOGUE, GB, GIB, TB_S, TFLOPS
+from analysis.gpus import CATALOGUE, GB, GIB, TB_S, TFLOPS, resolve_gpu_name
 from analysis.kv_cost import (
-    DTYPE_BITS, VARIANT_LABELS, VARIANTS, Attention, Geometry, Serving, baseline_attention, compare,
-    estimate, geometry_from_info, savings, standard_configs, sweep_context, sweep_users,
+    DEFAULT_MAX_BATCH, DTYPE_BITS, LARGER_BETTER, SMALLER_BETTER, VARIANT_LABELS, VARIANTS, Attention,
+    Estimate, Geometry, Serving, baseline_attention, compare, estimate, geometry_from_info, standard_configs,
+    sweep_context, sweep_users,
 )
 from analysis.presets import PRESETS
-from app.state import query_param, set_query_params
+from analysis.variants import sharing
+from app.charts import group_style, readable_log_axis
+from app.state import data_version, get_store, query_param, set_query_params
+from loaders.errors import QkvscopeError
+from loaders.store import Store
 
 TITLE = "KV cache & serving cost"
 ICON = ":material/memory:"
@@ -27,7 +42,12 @@ ORDER = 60
 URL_PATH = "kv-cost"
 
 SOURCES = ("preset", "checkpoint", "typed")
-_bad_params: list[str] = []
+#: st.session_state key of this run's unusable link values (per browser session).
+BAD_PARAMS = "kv_cost_bad_params"
+
+
+def _bad(note: str) -> None:
+    st.session_state.setdefault(BAD_PARAMS, []).append(note)
 
 
 def _q_int(name: str, default: int | None, lo: int = 0, hi: int = 10_000_000) -> int | None:
@@ -37,10 +57,10 @@ def _q_int(name: str, default: int | None, lo: int = 0, hi: int = 10_000_000) ->
     try:
         value = int(raw)
     except ValueError:
-        _bad_params.append(f"{name}={raw!r} (expected an integer)")
+        _bad(f"{name}={raw!r} (expected an integer)")
         return default
     if not lo <= value <= hi:
-        _bad_params.append(f"{name}={value} (expected {lo}..{hi})")
+        _bad(f"{name}={value} (expected {lo}..{hi})")
         return default
     return value
 
@@ -52,10 +72,10 @@ def _q_float(name: str, default: float, lo: float = 0.0, hi: float = 100_000.0) 
     try:
         value = float(raw)
     except ValueError:
-        _bad_params.append(f"{name}={raw!r} (expected a number)")
+        _bad(f"{name}={raw!r} (expected a number)")
         return default
     if not lo <= value <= hi:
-        _bad_params.append(f"{name}={value:g} (expected {lo:g}..{hi:g})")
+        _bad(f"{name}={value:g} (expected {lo:g}..{hi:g})")
         return default
     return value
 
@@ -65,38 +85,50 @@ def _q_choice(name: str, options: list[str], default: str) -> str:
     if raw is None:
         return default
     if raw not in options:
-        _bad_params.append(f"{name}={raw!r} (expected one of {', '.join(options)})")
+        _bad(f"{name}={raw!r} (expected one of {', '.join(options)})")
         return default
     return raw
 
 
+def _q_gpu(default: str) -> str:
+    """The ``gpu`` link value as a catalogue name; common spellings (``H100``) are accepted."""
+    raw = query_param("gpu")
+    if raw is None or raw == "":
+        return default
+    try:
+        return resolve_gpu_name(raw)
+    except AnalysisError:
+        _bad(f"gpu={raw!r} (expected one of {', '.join(CATALOGUE)})")
+        return default
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _checkpoint_rows(db: str, version: tuple) -> list[dict]:
+    """Stored checkpoints' geometry rows of database ``db``, cached until the file changes."""
+    return Store(db, busy_timeout=10.0).checkpoints()
+
+
 def _stored_checkpoints() -> list[dict]:
     """Stored checkpoints' geometry rows; [] when the database is absent or unreadable."""
-    from app.state import get_store
-    from loaders.errors import QkvscopeError
-
     store = get_store()
     if not store.path.exists():
         return []
     try:
-        return store.checkpoints()
+        return _checkpoint_rows(str(store.path), data_version(store))
     except QkvscopeError as exc:
         st.caption(f"Stored checkpoints unavailable: {exc}")
         return []
 
 
-def _inspect_upload(upload) -> dict | None:
-    """Geometry of an uploaded checkpoint, when the loaders offer ``inspect_checkpoint``."""
-    try:
-        from loaders.checkpoints import inspect_checkpoint
-    except ImportError:
-        return None
-    import tempfile
-    from pathlib import Path
+@st.cache_data(show_spinner=False, max_entries=4)
+def _inspect_upload(file_id: str, name: str, _data: bytes) -> dict:
+    """Geometry of an uploaded checkpoint, cached by the upload's id (its bytes are not hashed)."""
+    # imported here: loaders.checkpoints imports torch, which only this path of the page needs
+    from loaders.checkpoints import inspect_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(upload.name).name
-        path.write_bytes(upload.getvalue())
+        path = Path(tmp) / Path(name).name
+        path.write_bytes(_data)
         return inspect_checkpoint(str(path))
 
 
@@ -118,17 +150,12 @@ def _geometry_inputs(state: dict) -> Geometry:
         upload = st.file_uploader("…or upload a checkpoint (geometry only is read)", key="kv_upload",
                                   type=["pt", "pth", "bin", "safetensors", "ckpt"])
         if upload is not None:
-            from loaders.errors import QkvscopeError
-
             try:
-                info = _inspect_upload(upload)
+                info = _inspect_upload(upload.file_id, upload.name, upload.getvalue())
             except QkvscopeError as exc:  # the file's problem, named; the page goes on
                 st.error(str(exc), icon=":material/error:")
                 info = {}
-            if info is None:
-                st.info("Reading an uploaded checkpoint needs `loaders.checkpoints.inspect_checkpoint`, "
-                        "which this installation lacks; ingest it with `python -m app ingest PATH` instead.")
-            elif info:
+            if info:
                 return geometry_from_info(info, name=upload.name)
         if not rows:
             st.info("No stored checkpoints: ingest one with `python -m app ingest PATH`, or choose a preset.")
@@ -137,7 +164,7 @@ def _geometry_inputs(state: dict) -> Geometry:
         ids = [int(r["id"]) for r in rows]
         wanted = _q_int("ckpt", ids[0])
         if wanted not in ids:
-            _bad_params.append(f"ckpt={wanted} (no stored checkpoint has this id)")
+            _bad(f"ckpt={wanted} (no stored checkpoint has this id)")
             wanted = ids[0]
         by_id = {int(r["id"]): r for r in rows}
         chosen = st.selectbox("Stored checkpoint", ids, index=ids.index(wanted), key="kv_ckpt",
@@ -164,22 +191,29 @@ def _attention_inputs(state: dict, geometry: Geometry) -> Attention:
     divisors = [k for k in range(1, geometry.n_heads + 1) if geometry.n_heads % k == 0]
     kv_default = _q_int("kvh", geometry.n_kv_heads)
     if kv_default not in divisors:
-        _bad_params.append(f"kvh={kv_default} (must divide n_heads={geometry.n_heads})")
+        _bad(f"kvh={kv_default} (must divide n_heads={geometry.n_heads})")
         kv_default = geometry.n_kv_heads
     kv = c[1].selectbox("KV heads", divisors, index=divisors.index(kv_default), key="kv_kvh",
                         format_func=lambda k: "MHA" if k == geometry.n_heads else "MQA (1)" if k == 1
                         else f"GQA, {k} KV heads")
-    with c[2].expander("Compare: MLA, cross-layer sharing, window"):
-        mla = st.number_input("MLA latent dim (0: off)", 0, 65536, _q_int("mla", 0, 0, 65536), key="kv_mla")
-        rope = st.number_input("MLA rotary key dim", 0, 4096, _q_int("rope", 64, 0, 4096), key="kv_rope")
+    own_mla, own_rope = geometry.kv_lora_rank or 0, geometry.qk_rope_head_dim if geometry.kv_lora_rank else 64
+    with c[2].expander("Compare: MLA (latent attention), cross-layer sharing, window",
+                       expanded=bool(own_mla)):
+        mla = st.number_input("MLA latent dim, kv_lora_rank (0: off)", 0, 65536,
+                              _q_int("mla", own_mla, 0, 65536), key="kv_mla")
+        rope = st.number_input("MLA rotary key dim, qk_rope_head_dim", 0, 4096,
+                               _q_int("rope", own_rope, 0, 4096), key="kv_rope")
+        st.caption("MLA caches one latent and one rotary key per layer and token, shared by all heads: "
+                   "(kv_lora_rank + qk_rope_head_dim) x bytes/elem (DeepSeek-V2/V3: 512 + 64).")
         lpc = st.number_input("Layers per shared cache (1: off)", 1, 64, _q_int("lpc", 1, 1, 64), key="kv_lpc")
         window = st.number_input("Sliding window, tokens (0: none)", 0, 10_000_000,
                                  _q_int("window", geometry.sliding_window or 0), key="kv_window")
-    state.update(variant=variant, kvh=kv, mla=mla or None, rope=rope if mla else None,
-                 lpc=lpc if lpc > 1 else None,
+    state.update(variant=variant, kvh=kv, mla=mla if mla != own_mla else None,
+                 rope=rope if mla and rope != own_rope else None, lpc=lpc if lpc > 1 else None,
                  window=window if window != (geometry.sliding_window or 0) else None)
     return Attention(variant=variant, n_kv_heads=int(kv), mla_latent=int(mla) or None,
                      mla_rope=int(rope) if mla else 0,
+                     mla_q_rank=geometry.q_lora_rank if own_mla and mla == own_mla else None,
                      layers_per_cache=int(lpc),
                      window=None if window == (geometry.sliding_window or 0) else int(window))
 
@@ -192,21 +226,31 @@ def _serving_inputs(state: dict) -> tuple[Serving, object]:
     w_dtype = c[1].selectbox("Weight dtype", dtypes, index=dtypes.index(_q_choice("wdtype", dtypes, "bf16")),
                              key="kv_wdtype")
     context = c[2].number_input("Context (tokens per user)", 1, 10_000_000, _q_int("ctx", 4096, 1), key="kv_ctx")
-    users = c[3].number_input("Concurrent users (0: fill a GPU)", 0, 10_000_000, _q_int("users", 0),
+    users = c[3].number_input("Concurrent users (0: one full replica)", 0, 10_000_000, _q_int("users", 0),
                               key="kv_users")
-    prompt = c[4].number_input("Prompt tokens (0: cost at full context)", 0, 10_000_000,
-                               _q_int("prompt", 0), key="kv_prompt")
+    prompt = c[4].number_input("Prompt tokens (0: the whole context)", 0, 10_000_000,
+                               _q_int("prompt", 0), key="kv_prompt",
+                               help="Its prefill gives the time to first token; with output tokens as well, "
+                                    "decoding is costed at prompt + output/2 tokens instead of the full context.")
     output = c[5].number_input("Output tokens", 0, 10_000_000, _q_int("output", 0), key="kv_output")
 
-    c = st.columns(4)
+    c = st.columns(5)
     names = list(CATALOGUE)
-    gpu_name = c[0].selectbox("GPU", names, index=names.index(_q_choice("gpu", names, "h100-sxm")),
+    gpu_name = c[0].selectbox("GPU", names, index=names.index(_q_gpu("h100-sxm")),
                               format_func=lambda n: CATALOGUE[n].label, key="kv_gpu")
     base = CATALOGUE[gpu_name]
     tp = c[1].number_input("GPUs per model copy (tensor parallel)", 1, 64, _q_int("tp", 1, 1, 64), key="kv_tp")
-    price = c[2].number_input("Price, USD per GPU-hour", 0.0, 1000.0, _q_float("price", base.price_per_hour, 0.0, 1000.0),
-                              key=f"kv_price_{gpu_name}", format="%.3f")
-    group = c[3].number_input("int8/int4 group size", 1, 4096, _q_int("group", 64, 1, 4096), key="kv_group")
+    cap = c[2].number_input("Batch cap per replica (0: none)", 0, 1_000_000,
+                            _q_int("maxbatch", DEFAULT_MAX_BATCH, 0, 1_000_000), key="kv_maxbatch",
+                            help=f"Most sequences one replica decodes at once: vLLM's max_num_seqs, default "
+                                 f"{DEFAULT_MAX_BATCH} (vLLM V1 raises it to 1024 on GPUs of 70 GiB or more "
+                                 "other than the A100). More users need more replicas even when memory would "
+                                 "hold them.")
+    price = c[3].number_input("Price, USD per GPU-hour", 0.0, 1000.0,
+                              _q_float("price", base.price_per_hour, 0.0, 1000.0),
+                              key=f"kv_price_{gpu_name}", format="%.3f",
+                              help=f"Default: {base.sources.get('price', 'assumed')}.")
+    group = c[4].number_input("int8/int4 group size", 1, 4096, _q_int("group", 64, 1, 4096), key="kv_group")
     with st.expander("GPU figures and efficiency factors (every one editable)"):
         c = st.columns(4)
         mem = c[0].number_input("Memory, GB (1e9 B)", 0.0, 10_000.0, _q_float("mem", base.memory_bytes / GB, 0.0, 10_000.0),
@@ -219,19 +263,21 @@ def _serving_inputs(state: dict) -> tuple[Serving, object]:
         c = st.columns(3)
         util = c[0].slider("Usable memory fraction", 0.05, 1.0, _q_float("util", 0.9, 0.05, 1.0), 0.01, key="kv_util")
         eff_bw = c[1].slider("Bandwidth efficiency", 0.05, 1.0, _q_float("effbw", 0.8, 0.05, 1.0), 0.01, key="kv_effbw")
-        eff_c = c[2].slider("Compute efficiency", 0.01, 1.0, _q_float("effc", 0.5, 0.01, 1.0), 0.01, key="kv_effc")
+        eff_c = c[2].slider("Compute efficiency (MFU)", 0.01, 1.0, _q_float("effc", 0.5, 0.01, 1.0), 0.01,
+                            key="kv_effc", help="Achieved / peak bf16 FLOPs, for prefill and decode.")
         st.markdown("\n".join(f"* **{k}**: {v}" for k, v in base.sources.items()))
     gpu = base.with_overrides(memory_bytes=mem * GB, bandwidth_bytes_s=bw * TB_S, bf16_flops=tflops * TFLOPS,
                               price_per_hour=price)
     split = prompt > 0 and output > 0
     serving = Serving(context=int(context), users=int(users) or None,
-                      prompt_len=int(prompt) if split else None, output_len=int(output) if split else None,
+                      prompt_len=int(prompt) or None, output_len=int(output) if split else None,
                       kv_dtype=kv_dtype, weight_dtype=w_dtype, kv_group_size=int(group),
                       mem_utilisation=float(util), reserve_bytes=reserve * GB,
                       bandwidth_efficiency=float(eff_bw), compute_efficiency=float(eff_c),
-                      gpus_per_replica=int(tp))
+                      gpus_per_replica=int(tp), max_batch=int(cap) or None)
     state.update(kvdtype=kv_dtype, wdtype=w_dtype, ctx=context, users=users or None,
                  prompt=prompt or None, output=output or None, gpu=gpu_name, tp=tp if tp > 1 else None,
+                 maxbatch=cap if cap != DEFAULT_MAX_BATCH else None,
                  price=price if price != base.price_per_hour else None, group=group if group != 64 else None,
                  mem=mem if mem != base.memory_bytes / GB else None,
                  bw=bw if bw != base.bandwidth_bytes_s / TB_S else None,
@@ -242,60 +288,128 @@ def _serving_inputs(state: dict) -> tuple[Serving, object]:
 
 
 def _configs(geometry: Geometry, chosen: Attention) -> list[Attention]:
-    """The baseline, every variant and K=V with GQA/MQA at the chosen window, plus
-    the chosen configuration itself when it adds MLA or cross-layer sharing."""
+    """The baseline first, then an MLA model's own attention, every variant and K=V with
+    GQA/MQA at the chosen window, plus the chosen configuration itself when it adds MLA or
+    cross-layer sharing."""
     configs = [dataclasses.replace(c, window=chosen.window)
                for c in standard_configs(geometry, chosen.n_kv_heads)]
     if chosen not in configs:
         configs.append(chosen)
     base = baseline_attention(geometry)
-    return configs if base in configs else [base] + configs
+    return [base] + [c for c in configs if c != base]
 
 
-def _metrics(result, base) -> None:
-    saved = savings(result, base)
+def delta(key: str, result: Estimate, base: Estimate) -> tuple[str | None, str]:
+    """(delta text, delta_color) of ``key`` against the baseline for ``st.metric``.
 
-    def pct(key):  # shown as a change: -50% is a saving
-        v = saved[key]
-        return None if not v else f"{-v:+.1%}"
+    The text is the signed change ("-7.0%", with the ratio for throughput: "-7.0% (0.93x)"),
+    so the arrow follows the sign; the colour says whether that change is better for this
+    figure: ``inverse`` (a drop is green) for sizes, GPUs, latency and dollars, ``normal`` (a
+    drop is red) for users and throughput. None where either value is missing or they are equal."""
+    value, ref = getattr(result, key), getattr(base, key)
+    if key not in SMALLER_BETTER and key not in LARGER_BETTER:
+        raise KeyError(f"{key}: not a compared figure")
+    if value is None or not ref or (key == "gpus" and not (result.fits and base.fits)):
+        return None, "off"
+    change = value / ref - 1
+    if abs(change) < 5e-4:
+        return None, "off"
+    text = f"{change:+.1%}" + (f" ({value / ref:.2f}x)" if key in LARGER_BETTER else "")
+    return text, "inverse" if key in SMALLER_BETTER else "normal"
 
-    def ratio(key):
-        v = saved[key]
-        return None if v is None or v == 1 else f"{v:.2f}x"
 
-    c = st.columns(5)
-    c[0].metric("KV per token", f"{result.bytes_per_token / 1024:,.2f} KiB", pct("saving_bytes_per_token"),
-                delta_color="inverse")
-    c[1].metric("KV per user", f"{result.bytes_per_user / GIB:,.3f} GiB", pct("saving_bytes_per_user"),
-                delta_color="inverse", help=f"{result.bytes_per_user / GB:,.3f} GB (1e9 B)")
-    c[2].metric("Users per GPU", f"{result.users_per_gpu:,}", ratio("ratio_users_per_gpu"))
-    c[3].metric("Decode tokens/s", f"{result.tokens_per_s:,.0f}", ratio("ratio_tokens_per_s"),
-                help=f"{result.bound}-bound" if result.bound else "nothing fits")
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:,.1f} ms"
+
+
+def _metrics(result: Estimate, base: Estimate) -> None:
+    def metric(col, label, value, key, help=None):
+        text, color = delta(key, result, base)
+        col.metric(label, value, text, delta_color=color, help=help)
+
     usd = result.usd_per_million_tokens
-    c[4].metric("USD per 1M output tokens", "n/a" if usd is None else f"{usd:,.4f}",
-                pct("saving_usd_per_million_tokens"), delta_color="inverse")
-    st.caption(f"Deltas against the baseline ({base.label}). Parameters {result.params_total:,} "
-               f"(attention {result.attention_share:.1%}), weights {result.weights_bytes / GB:,.2f} GB = "
-               f"{result.weights_bytes / GIB:,.2f} GiB. "
+    c = st.columns(5)
+    metric(c[0], "KV per token", f"{result.bytes_per_token / 1024:,.2f} KiB", "bytes_per_token")
+    metric(c[1], "KV per user", f"{result.bytes_per_user / GIB:,.3f} GiB", "bytes_per_user",
+           help=f"{result.bytes_per_user / GB:,.3f} GB (1e9 B)")
+    metric(c[2], "Users per GPU (memory)", f"{result.users_per_gpu:,}", "users_per_gpu",
+           help="Users whose cache fits beside the weights in one replica's memory.")
+    metric(c[3], "Decode tokens/s", f"{result.tokens_per_s:,.0f}", "tokens_per_s",
+           help=(f"All {result.users:,} users on {result.gpus:,} GPU(s), {result.bound}-bound"
+                 if result.bound else "nothing fits"))
+    metric(c[4], "USD per 1M output tokens", "n/a" if usd is None else f"{usd:,.4f}", "usd_per_million_tokens")
+    c = st.columns(5)
+    metric(c[0], "GPUs needed", f"{result.gpus:,}" if result.fits else "n/a", "gpus",
+           help=f"ceil(users / min(batch cap, users per GPU)) x GPUs per replica; batch up to "
+                f"{result.batch_per_replica:,} per replica"
+                + (f", limited by the {result.batch_limit}" if result.batch_limit else ""))
+    metric(c[1], "Tokens/s per GPU", f"{result.tokens_per_s_per_gpu:,.0f}", "tokens_per_s_per_gpu")
+    month = result.usd_per_month
+    metric(c[2], "USD per month", "n/a" if month is None else f"{month:,.0f}", "usd_per_month",
+           help=f"${result.price_per_hour:g} per GPU-hour x GPUs x 730 hours")
+    metric(c[3], "Time to first token", _ms(result.ttft_s), "ttft_s",
+           help=f"Prefill of {result.prompt_tokens:,} prompt tokens, one request alone"
+                + (f", {result.prefill_bound}-bound" if result.prefill_bound else ""))
+    metric(c[4], "Time per output token", _ms(result.tpot_s), "tpot_s",
+           help=f"One decode step at batch {result.batch:,}")
+    st.caption(f"Deltas against the baseline ({base.label}): green is better, red worse, for that figure. "
+               f"Parameters {result.params_total:,} (attention {result.attention_share:.1%}), weights "
+               f"{result.weights_bytes / GB:,.2f} GB = {result.weights_bytes / GIB:,.2f} GiB. "
                + (f"Decode is **{result.bound}-bound** at batch {result.batch}." if result.bound else
                   "**The weights (plus reserve) do not fit, or no user's cache fits beside them.**"))
 
 
+#: Axis titles in words for the sweep charts.
+AXES = {
+    "context": "context (tokens per user)", "users": "concurrent users", "label": "configuration",
+    "KV GiB per user": "KV cache per user (GiB)", "users_per_gpu": "users per GPU (memory)",
+    "usd_per_million_tokens": "USD per 1M output tokens", "gpus": "GPUs needed",
+    "tokens_per_s": "decode tokens/s", "bound": "bound", "tokens_per_s_per_gpu": "tokens/s per GPU",
+}
+
+
+def _styles(geometry: Geometry, configs: list[Attention]) -> tuple[dict, dict]:
+    """Colour (the variant's) and dash (the head sharing's) per configuration label."""
+    colors, dashes = {}, {}
+    for i, cfg in enumerate(configs):
+        kv = cfg.n_kv_heads or geometry.n_kv_heads
+        style = group_style("mla" if cfg.mla_latent else cfg.variant, sharing(geometry.n_heads, kv), i)
+        colors[cfg.label(geometry)], dashes[cfg.label(geometry)] = style["color"], style["dash"]
+    return colors, dashes
+
+
+def _line(frame: pd.DataFrame, x: str, y: str, title: str, styles: tuple[dict, dict], *, log_x: bool = True,
+          log_y: bool = False, hover: list[str] | None = None):
+    colors, dashes = styles
+    fig = px.line(frame, x=x, y=y, color="label", line_dash="label", color_discrete_map=colors,
+                  line_dash_map=dashes, markers=True, log_x=log_x, log_y=log_y, hover_data=hover,
+                  labels=AXES, title=title)
+    if log_x:
+        readable_log_axis(fig, frame[x], "x")
+    if log_y:
+        readable_log_axis(fig, frame[y], "y")
+    fig.update_layout(legend_title_text="configuration")
+    return fig
+
+
 def render() -> None:
-    _bad_params.clear()
+    st.session_state[BAD_PARAMS] = []
     st.title(TITLE)
-    st.caption("For your model: what a projection-sharing variant buys in cache memory, concurrent users "
-               "and dollars. Units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes.")
+    st.caption("For your model: what a projection-sharing variant buys in cache memory, concurrent users, "
+               "GPUs, latency and dollars. Units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes.")
     state: dict = {}
     geometry = _geometry_inputs(state)
+    mla = (f", MLA latent {geometry.kv_lora_rank} + rope {geometry.qk_rope_head_dim}"
+           if geometry.kv_lora_rank else "")
     st.caption(f"**{geometry.name}**: {geometry.n_layers} layers, d_model {geometry.d_model}, "
                f"{geometry.n_heads} heads ({geometry.n_kv_heads} KV), d_head {geometry.d_head}, "
-               f"own variant {geometry.variant}")
+               f"own variant {geometry.variant}{mla}")
     attention = _attention_inputs(state, geometry)
     serving, gpu = _serving_inputs(state)
     set_query_params(**state)
-    if _bad_params:
-        st.warning("Ignored in the link: " + "; ".join(_bad_params), icon=":material/link_off:")
+    bad = st.session_state[BAD_PARAMS]
+    if bad:
+        st.warning("Ignored in the link: " + "; ".join(bad), icon=":material/link_off:")
 
     try:
         result = estimate(geometry, attention, serving, gpu)
@@ -311,18 +425,30 @@ def render() -> None:
     shown = table.assign(
         weights_GB=table["weights_bytes"] / GB, KiB_per_token=table["bytes_per_token"] / 1024,
         GiB_per_user=table["bytes_per_user"] / GIB, tokens_per_s=table["tokens_per_s"].round(0),
+        tokens_per_s_per_gpu=table["tokens_per_s_per_gpu"].round(0),
+        ttft_ms=table["ttft_s"] * 1e3, tpot_ms=table["tpot_s"] * 1e3,
         cache_saving=table["saving_bytes_per_token"], cost_saving=table["saving_usd_per_million_tokens"])
     cols = ["label", "params_total", "attention_share", "weights_GB", "KiB_per_token", "GiB_per_user",
-            "users_per_gpu", "tokens_per_s", "bound", "usd_per_million_tokens", "cache_saving", "cost_saving"]
+            "users_per_gpu", "batch_per_replica", "gpus", "tokens_per_s", "tokens_per_s_per_gpu", "bound",
+            "ttft_ms", "tpot_ms", "usd_per_million_tokens", "usd_per_month", "cache_saving", "cost_saving"]
     st.dataframe(shown[cols], hide_index=True, width="stretch", column_config={
         "label": "configuration", "params_total": st.column_config.NumberColumn("parameters", format="localized"),
         "attention_share": st.column_config.NumberColumn("attention share", format="percent"),
         "weights_GB": st.column_config.NumberColumn("weights, GB", format="%.2f"),
         "KiB_per_token": st.column_config.NumberColumn("KV KiB/token", format="%.2f"),
         "GiB_per_user": st.column_config.NumberColumn("KV GiB/user", format="%.3f"),
-        "users_per_gpu": st.column_config.NumberColumn("users/GPU", format="localized"),
-        "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="localized"),
+        "users_per_gpu": st.column_config.NumberColumn("users/GPU (memory)", format="localized"),
+        "batch_per_replica": st.column_config.NumberColumn(
+            "batch/replica", format="localized", help="min(batch cap, users per GPU)"),
+        "gpus": st.column_config.NumberColumn("GPUs needed", format="localized",
+                                              help=f"for {result.users:,} users"),
+        "tokens_per_s": st.column_config.NumberColumn("tokens/s (all GPUs)", format="localized"),
+        "tokens_per_s_per_gpu": st.column_config.NumberColumn("tokens/s per GPU", format="localized"),
+        "ttft_ms": st.column_config.NumberColumn("TTFT, ms", format="%.1f",
+                                                 help=f"prefill of {result.prompt_tokens:,} tokens"),
+        "tpot_ms": st.column_config.NumberColumn("TPOT, ms", format="%.2f"),
         "usd_per_million_tokens": st.column_config.NumberColumn("USD/1M tokens", format="%.4f"),
+        "usd_per_month": st.column_config.NumberColumn("USD/month", format="localized"),
         "cache_saving": st.column_config.NumberColumn("cache saving", format="percent"),
         "cost_saving": st.column_config.NumberColumn("cost saving", format="percent"),
     })
@@ -330,26 +456,32 @@ def render() -> None:
                        mime="text/csv", icon=":material/download:", key="kv_csv")
 
     st.subheader("Against context and users")
+    styles = _styles(geometry, configs)
     top = max(serving.resolved_context(), 1024)
     contexts = sorted({int(top * f) for f in (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4)} - {0})
     sweep = sweep_context(geometry, configs, serving, gpu, contexts)
     sweep["KV GiB per user"] = sweep["bytes_per_user"] / GIB
     c = st.columns(2)
-    c[0].plotly_chart(px.line(sweep, x="context", y="KV GiB per user", color="label", markers=True, log_x=True,
-                              title="Cache per user (GiB) against context"), key="kv_plot_cache")
-    c[1].plotly_chart(px.line(sweep, x="context", y="users_per_gpu", color="label", markers=True, log_x=True,
-                              log_y=False, title="Users per GPU against context"), key="kv_plot_users")
-    cap = max(result.users_per_gpu, base.users_per_gpu, 8)
-    users = sorted({max(1, int(cap * f)) for f in (1 / 64, 1 / 16, 1 / 4, 1 / 2, 1, 2, 4)})
-    by_users = sweep_users(geometry, configs, serving, gpu, users)
-    st.plotly_chart(px.line(by_users.dropna(subset=["usd_per_million_tokens"]), x="users",
-                            y="usd_per_million_tokens", color="label", markers=True, log_x=True, log_y=True,
-                            hover_data=["gpus", "bound"],
-                            title="USD per 1M output tokens against concurrent users"), key="kv_plot_cost")
+    c[0].plotly_chart(_line(sweep, "context", "KV GiB per user", "KV cache per user against context", styles),
+                      key="kv_plot_cache")
+    c[1].plotly_chart(_line(sweep, "context", "users_per_gpu", "Users per GPU against context", styles),
+                      key="kv_plot_users")
+    cap = max(result.users_per_gpu, base.users_per_gpu, result.batch_per_replica, 8)
+    users = sorted({max(1, int(cap * f)) for f in (1 / 64, 1 / 16, 1 / 4, 1 / 2, 1, 2, 4, 16)})
+    by_users = sweep_users(geometry, configs, serving, gpu, users).dropna(subset=["usd_per_million_tokens"])
+    c = st.columns(2)
+    c[0].plotly_chart(_line(by_users, "users", "usd_per_million_tokens",
+                            "USD per 1M output tokens against concurrent users", styles, log_y=True,
+                            hover=["gpus", "bound"]), key="kv_plot_cost")
+    c[1].plotly_chart(_line(by_users, "users", "gpus", "GPUs needed against concurrent users", styles,
+                            log_y=True, hover=["tokens_per_s", "tokens_per_s_per_gpu"]), key="kv_plot_gpus")
 
     st.subheader("The working, with your numbers")
     st.dataframe(pd.DataFrame([{"step": s.name, "formula": s.formula, "with numbers": s.filled}
                                for s in result.steps]), hide_index=True, width="stretch")
     st.caption("Decode reads every weight once per step (input embedding tables excepted) and every cached "
                "token of every user in the batch; the slower of that memory time and the compute time sets "
-               "the step (a roofline). K=V variants cache one tensor per layer instead of two.")
+               "the step (a roofline). A replica decodes at most the batch cap at once. The time to first token "
+               "is one request's prefill alone (no queueing): 2 FLOPs per parameter per prompt token plus "
+               "attention, at the compute efficiency (MFU). K=V variants cache one tensor per layer instead "
+               "of two; MLA one latent and one rotary key shared by all heads.")

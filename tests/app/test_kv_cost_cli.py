@@ -15,6 +15,9 @@ from app.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = {"bytes_per_token", "bytes_per_user", "weights_bytes", "users_per_gpu", "tokens_per_s",
             "usd_per_million_tokens", "bound"}
+#: Added for issue 17 (README "KV cache and serving cost"): the batch cap, GPUs, cost per month, latency.
+SERVING = {"gpus", "max_batch", "batch_per_replica", "batch_limit", "tokens_per_s_per_gpu", "usd_per_month",
+           "prompt_tokens", "prefill_flops", "prefill_time_s", "prefill_bound", "ttft_s", "tpot_s"}
 
 
 def run_json(capsys, *args: str) -> dict:
@@ -84,7 +87,12 @@ def test_readable_report_labels_units(capsys):
     (["--layers", "3", "--heads", "4"], "error: kv-cost: a typed geometry needs --d-head, --d-model as well"),
     (["--preset", "gpt2", "--kv-heads", "5"],
      "error: geometry 'gpt2': n_kv_heads must divide n_heads=12 (1 for MQA, 12 for MHA), got 5"),
-    (["--preset", "gpt2", "--gpu", "tpu"], "error: unknown GPU 'tpu': expected one of " + ", ".join(CATALOGUE)),
+    (["--preset", "gpt2", "--gpu", "tpu"],
+     "error: unknown GPU 'tpu': expected one of h100-sxm (h100, h100 sxm5, h100 80gb), h100-pcie (h100 pcie), "
+     "h200 (h200 sxm), b200 (b200 hgx), a100-40gb (a100 40g), a100-80gb (a100, a100 sxm, a100 80g), l40s, l4, "
+     "a10g, rtx-4090 (rtx 4090, 4090), mi300x, edge-phone (phone); any case, spaces or hyphens, or the label "
+     "--list-gpus prints"),
+    (["--preset", "gpt2", "--max-batch", "-3"], "error: serving: max_batch must be >= 1 (or None: no cap), got -3"),
 ])
 def test_errors_are_one_line_and_exit_2(capsys, args, message):
     assert main(["kv-cost", *args]) == 2
@@ -114,3 +122,47 @@ def test_missing_checkpoint_is_a_one_line_error(capsys, tmp_path):
     assert main(["kv-cost", "--checkpoint", str(tmp_path / "nope.pt")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "nope.pt" in err and "\n" not in err
+
+
+def test_serving_fields_in_json_with_hand_computed_values(capsys):
+    data = run_json(capsys, "--preset", "llama-3-8b", "--users", "100000", "--max-batch", "64",
+                    "--prompt-len", "1000", "--price-per-hour", "2")
+    assert SERVING <= set(data) and SERVING <= set(data["baseline"])
+    # 100 users' caches fit an H100; the cap is 64: ceil(100,000 / min(64, 100)) GPUs
+    assert (data["users_per_gpu"], data["max_batch"], data["batch_per_replica"]) == (100, 64, 64)
+    assert data["batch_limit"] == "batch cap" and data["gpus"] == 1563
+    assert data["usd_per_month"] == 2 * 1563 * 730
+    assert data["tokens_per_s_per_gpu"] == pytest.approx(data["tokens_per_s"] / 1563)
+    assert data["prompt_tokens"] == 1000
+    read = 8_030_261_248 - 128256 * 4096
+    assert data["prefill_flops"] == 2 * read * 1000 + 4 * 32 * 32 * 128 * 500_500
+    assert data["ttft_s"] == pytest.approx(data["prefill_flops"] / (989.4e12 * 0.5))
+    assert data["tpot_s"] == data["step_time_s"]
+    assert data["serving"]["max_batch"] == 64
+    assert {"saving_gpus", "saving_usd_per_month", "saving_ttft_s", "saving_tpot_s",
+            "ratio_tokens_per_s_per_gpu"} <= set(data["savings"])
+
+
+def test_no_batch_cap_with_zero(capsys):
+    data = run_json(capsys, "--preset", "projection-sharing-300m", "--variant", "k_eq_v", "--kv-heads", "1",
+                    "--max-batch", "0", "--users", "6625")
+    assert (data["max_batch"], data["gpus"], data["batch_limit"]) == (None, 1, "memory")
+
+
+def test_compare_rows_carry_the_serving_columns(capsys):
+    data = run_json(capsys, "--preset", "gpt2", "--compare", "--users", "5000")
+    assert all(SERVING - {"prefill_flops", "prefill_bound"} <= set(row) for row in data["comparison"])
+
+
+@pytest.mark.parametrize("spelling, name", [("H100", "h100-sxm"), ("A100", "a100-80gb"),
+                                            ("h100 pcie", "h100-pcie"), ("RTX 4090", "rtx-4090")])
+def test_gpu_accepts_common_spellings(capsys, spelling, name):
+    assert run_json(capsys, "--preset", "gpt2", "--gpu", spelling)["gpu"] == name
+
+
+def test_readable_report_shows_gpus_and_latency(capsys):
+    assert main(["kv-cost", "--preset", "llama-3-8b", "--users", "100000"]) == 0
+    text = capsys.readouterr().out
+    assert "GPUs needed                1,000 for 100,000 users, batch up to 100 a replica (limited by memory)" in text
+    assert "USD per month              2,190,000 ($3/GPU-hour * 1000 * 730 h)" in text
+    assert "time to first token" in text and "time per output token" in text

@@ -1,7 +1,11 @@
 """The KV-cost page in Streamlit's AppTest: URL state in and out, figures, plots, errors."""
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
+from streamlit.proto.Metric_pb2 import Metric as MetricProto
 
 from app.pages import kv_cost
 from loaders.store import Store
@@ -34,7 +38,7 @@ def test_url_state_drives_the_figures_and_is_written_back():
     table = at.dataframe[0].value
     assert table["label"].iloc[0] == "Q-K-V, MHA"  # the baseline row comes first
     assert "Q-K=V, MQA" in set(table["label"])
-    assert len(at.get("plotly_chart")) == 3
+    assert len(at.get("plotly_chart")) == 4
     assert len(at.get("download_button")) == 1
     working = at.dataframe[1].value
     assert working.loc[working["step"] == "KV bytes per token", "with numbers"].iloc[0] == (
@@ -101,3 +105,96 @@ def test_stored_checkpoint_geometry(tmp_path, empty_db):
     working = at.dataframe[1].value
     assert working.loc[working["step"] == "parameters", "with numbers"].iloc[0].startswith(
         f"{row['params_total']:,} of which attention {row['params_attention']:,}")
+
+
+def _metric(at, label):
+    (m,) = [m for m in at.metric if m.label == label]
+    return m
+
+
+def test_a_drop_in_throughput_is_red_and_points_down():
+    """Issue 17: at 100,000 users with no batch cap, K=V + MQA needs 62 GPUs instead of 1,000, so
+    total tokens/s falls: the delta must read as a drop (down, red), while the GPUs, bytes and
+    dollars that fall are drops for the better (down, green)."""
+    at = page_test("kv_cost", {"preset": "llama-3-8b", "variant": "k_eq_v", "kvh": "1", "users": "100000",
+                               "maxbatch": "0"})
+    at.run()
+    assert not at.exception
+    rate = _metric(at, "Decode tokens/s")
+    assert rate.delta.startswith("-") and rate.delta.endswith("x)")
+    assert rate.proto.color == MetricProto.MetricColor.RED
+    assert rate.proto.direction == MetricProto.MetricDirection.DOWN
+    for label in ("KV per token", "GPUs needed", "USD per month"):
+        m = _metric(at, label)
+        assert m.delta.startswith("-"), label
+        assert m.proto.color == MetricProto.MetricColor.GREEN, label  # lower is better
+        assert m.proto.direction == MetricProto.MetricDirection.DOWN, label
+    per_gpu = _metric(at, "Tokens/s per GPU")
+    assert per_gpu.delta.startswith("+") and per_gpu.proto.color == MetricProto.MetricColor.GREEN
+    assert per_gpu.proto.direction == MetricProto.MetricDirection.UP
+    assert _metric(at, "GPUs needed").value == "62"  # ceil(100,000 / 1,622 users per GPU)
+    assert at.query_params["maxbatch"] == "0"
+
+
+def test_gpus_needed_follow_the_batch_cap_and_are_in_the_table():
+    at = page_test("kv_cost", {"preset": "llama-3-8b", "users": "100000", "maxbatch": "64"})
+    at.run()
+    assert not at.exception
+    # 100 users' caches fit a GPU, the cap is 64: ceil(100,000 / min(64, 100))
+    assert _metric(at, "GPUs needed").value == f"{math.ceil(100_000 / 64):,}"
+    table = at.dataframe[0].value
+    base = table.iloc[0]
+    assert (base["users_per_gpu"], base["batch_per_replica"], base["gpus"]) == (100, 64, 1563)
+    assert {"tokens_per_s_per_gpu", "ttft_ms", "tpot_ms", "usd_per_month"} <= set(table.columns)
+    assert base["usd_per_month"] == pytest.approx(3.0 * 1563 * 730)
+
+
+def test_time_to_first_token_for_a_prompt():
+    at = page_test("kv_cost", {"preset": "llama-3-8b", "prompt": "1000"})
+    at.run()
+    assert not at.exception
+    # compute-bound: (2 * params read * 1000 + 4 * 32 * 32 * 128 * 1000*1001/2) / (989.4 TFLOPS * 0.5)
+    read = 8_030_261_248 - 128256 * 4096
+    ttft = (2 * read * 1000 + 4 * 32 * 32 * 128 * 500_500) / (989.4e12 * 0.5)
+    assert _metric(at, "Time to first token").value == f"{ttft * 1e3:,.1f} ms"
+
+
+def test_gpu_link_accepts_common_spellings():
+    at = page_test("kv_cost", {"preset": "llama-3-8b", "gpu": "H100 PCIe"})
+    at.run()
+    assert not at.exception and not at.warning
+    assert at.query_params["gpu"] == "h100-pcie"
+
+
+def test_link_problems_live_in_the_session_not_the_module():
+    at = page_test("kv_cost", {"preset": "llama-3-8b", "ctx": "lots"})
+    at.run()
+    assert at.session_state[kv_cost.BAD_PARAMS] == ["ctx='lots' (expected an integer)"]
+    assert not [name for name, value in vars(kv_cost).items()
+                if isinstance(value, list) and not name.startswith("__")]
+    clean = page_test("kv_cost", {"preset": "llama-3-8b"})
+    clean.run()
+    assert not clean.warning and clean.session_state[kv_cost.BAD_PARAMS] == []
+
+
+def _figure(at, key):
+    (chart,) = [c for c in at.get("plotly_chart") if c.key == key]
+    return json.loads(chart.proto.spec)
+
+
+@pytest.mark.parametrize("key, axis, title", [
+    ("kv_plot_cache", "xaxis", "context (tokens per user)"),
+    ("kv_plot_cost", "xaxis", "concurrent users"),
+    ("kv_plot_cost", "yaxis", "USD per 1M output tokens"),
+    ("kv_plot_gpus", "yaxis", "GPUs needed"),
+])
+def test_log_axes_have_readable_ticks_and_titles_in_words(key, axis, title):
+    at = page_test("kv_cost", {"preset": "llama-3-8b"})
+    at.run()
+    layout = _figure(at, key)["layout"][axis]
+    assert layout["type"] == "log"
+    assert layout["title"]["text"] == title
+    values, texts = layout["tickvals"], layout["ticktext"]
+    assert len(values) >= 2
+    # each label is the tick's own value (not a bare mantissa such as "3" for 0.3)
+    assert all(float(text) == pytest.approx(value) for value, text in zip(values, texts))
