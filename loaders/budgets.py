@@ -19,6 +19,10 @@ budget (environment variable)  default      what it bounds
 ``QKVSCOPE_ZIP_TOTAL_BYTES``   64 GiB       bytes written when extracting a zip upload
 ``QKVSCOPE_ALLOW_SPARSE``      0            1: read safetensors tensors that lie in a
                                             hole of a sparse file (refused by default)
+``QKVSCOPE_PARSE_MEMORY_MB``   4,096        address space (``RLIMIT_AS``) of the process
+                                            reading one file, plus that file's size
+                                            (memory-mapped files count toward it)
+``QKVSCOPE_PARSE_TIMEOUT_S``   600          seconds that process may spend on one file
 =============================  ===========  ==========================================
 
 Values are read from the environment when a reader starts (``budget(name)``),
@@ -41,6 +45,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
     "QKVSCOPE_RECORD_BYTES": (64 << 20, "one TensorBoard (TFRecord) record"),
     "QKVSCOPE_ZIP_TOTAL_BYTES": (64 << 30, "bytes written when extracting one zip upload"),
     "QKVSCOPE_ALLOW_SPARSE": (0, "1 reads safetensors tensors lying in a hole of a sparse file"),
+    "QKVSCOPE_PARSE_MEMORY_MB": (4096, "address space of the process reading one file, plus its size"),
+    "QKVSCOPE_PARSE_TIMEOUT_S": (600, "seconds the process reading one file may take"),
 }
 
 
@@ -63,6 +69,26 @@ def over(name: str, what: str) -> BudgetExceeded:
     """``BudgetExceeded`` whose message names the budget and how to raise it."""
     return BudgetExceeded(f"{what}, over the budget of {budget(name):,} ({name}; set it in the "
                           f"environment to raise it)")
+
+
+def memory_limit_bytes(file_bytes: int) -> int:
+    """The address-space limit of the process reading a file of ``file_bytes``:
+    ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file itself (``torch.load(mmap=True)``
+    and ``safe_open`` map the whole file into the address space)."""
+    return (budget("QKVSCOPE_PARSE_MEMORY_MB") << 20) + max(0, int(file_bytes))
+
+
+def memory_exceeded(limit_bytes: int) -> str:
+    """The one-line problem for a file whose reading hit the address-space limit."""
+    return (f"reading it needed more than {limit_bytes / (1 << 30):.1f} GiB of memory (limit "
+            f"QKVSCOPE_PARSE_MEMORY_MB={budget('QKVSCOPE_PARSE_MEMORY_MB'):,} plus the file's size; "
+            f"set it in the environment to raise it)")
+
+
+def time_exceeded() -> str:
+    """The one-line problem for a file whose reading ran past the time limit."""
+    return (f"reading it took more than {budget('QKVSCOPE_PARSE_TIMEOUT_S'):,} s (limit "
+            f"QKVSCOPE_PARSE_TIMEOUT_S; set it in the environment to raise it)")
 
 
 # -- tensors -------------------------------------------------------------------

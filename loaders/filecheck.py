@@ -83,12 +83,37 @@ def unencodable_name(path: Path) -> str | None:
     return None
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation that failed: Python's ``MemoryError``,
+    torch's ``DefaultCPUAllocator: can't allocate memory`` (a ``RuntimeError``),
+    DuckDB's ``OutOfMemoryException``, a C++ ``std::bad_alloc`` passed up."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryException":
+        return True
+    return isinstance(exc, RuntimeError) and any(
+        words in str(exc) for words in ("can't allocate memory", "std::bad_alloc", "Cannot allocate memory"))
+
+
+def address_limit() -> int | None:
+    """This process's soft ``RLIMIT_AS`` in bytes, or None when it has none."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def failure(exc: BaseException) -> str:
     """One line on why parsing a file failed, for an exception no reader turned
-    into a typed error (``FileError`` already says ``PATH: problem``)."""
+    into a typed error (``FileError`` already says ``PATH: problem``). An
+    allocation that failed under an address-space limit (the reading process of
+    ``loaders.parse_child``) names the limit and its budget."""
     if isinstance(exc, RecursionError):
         return "content nested deeper than can be followed (RecursionError)"
-    if isinstance(exc, MemoryError):
+    if out_of_memory(exc):
+        limit = address_limit()
+        if limit is not None:
+            from loaders.budgets import memory_exceeded
+
+            return memory_exceeded(limit)
         return "ran out of memory while parsing it (MemoryError)"
     if isinstance(exc, OSError):
         return f"cannot be read ({exc.strerror or type(exc).__name__})"

@@ -1,0 +1,333 @@
+"""Reading untrusted files in a child process, under an address-space limit and a time limit.
+
+Every reader has its own budgets (``loaders.budgets``); this is the net under
+all of them, for a bomb nobody thought of. ``Reader`` keeps one child process
+(``python -m loaders.parse_child``) that reads files one at a time for its
+parent. Before each file the child lowers its own address-space limit
+(``RLIMIT_AS``) to ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size
+(memory-mapped files count toward it); the parent waits at most
+``QKVSCOPE_PARSE_TIMEOUT_S`` seconds for the answer and then kills the child.
+What fails becomes one line naming the file:
+
+* an allocation over the limit (``MemoryError``, torch's ``can't allocate
+  memory``): ``PATH: reading it needed more than 4.0 GiB of memory (limit
+  QKVSCOPE_PARSE_MEMORY_MB=4,096 plus the file's size; ...)``, and the same
+  child goes on with the next file;
+* past the time limit: ``PATH: reading it took more than 600 s (limit
+  QKVSCOPE_PARSE_TIMEOUT_S; ...)``;
+* the child killed by a signal: ``SIGBUS`` (a memory-mapped file truncated
+  while it was read) says the file changed while it was read; ``SIGKILL`` not
+  sent by us (the kernel's out-of-memory killer) says memory; any other death
+  names the signal or exit status. The next file gets a fresh child.
+
+Ingest: the child runs ``loaders.ingest.ingest_file`` for one path, which
+stores that file in one DuckDB transaction; a child that dies part-way
+leaves no row of it (a transaction that never committed is discarded, the
+guarantee ``tests/faults/test_kill.py`` checks with ``kill -9``), and the
+parent links checkpoints to runs at the end. The parent never parses the
+file: it only walks folders (``lstat``), sends paths and reads JSON answers
+(never a pickle). ``info``: ``call("app.commands.info:describe", path)``
+runs the function in the child and returns its JSON-able result.
+
+The protocol is one JSON line each way: ``{"op": ..., "limit": BYTES, ...}``
+on the child's stdin; ``{"ok": true, "result": ...}`` or ``{"ok": false,
+"message": "PATH: what", "store": CLASS | null}`` on its stdout (whatever a
+library prints goes to stderr, so it cannot break a line).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+from loaders.budgets import budget, memory_exceeded, memory_limit_bytes, time_exceeded
+from loaders.errors import DatabaseBusyError, FileError, QkvscopeError, StoreError
+from loaders.report import FileReport, IngestReport
+
+ROOT = Path(__file__).resolve().parents[1]
+Progress = Callable[[int, int, str], None]  # (done, total, current path)
+
+
+def _held(st: os.stat_result) -> int:
+    """Bytes a file holds: its size, or its allocated blocks when fewer (a
+    sparse file's holes hold nothing, so they buy no address space)."""
+    return min(st.st_size, st.st_blocks * 512)
+
+
+def reading_size(path: str | Path) -> int:
+    """Bytes a reader of ``path`` may map or load: the bytes the file holds (a zip's
+    declared uncompressed total when larger, capped by ``QKVSCOPE_ZIP_TOTAL_BYTES``),
+    or for a folder the files directly in it (a Hugging Face folder's shards).
+    Only ``stat`` and a zip's central directory are read; 0 when unreadable."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            return sum(_held(p.stat()) for p in path.iterdir() if p.is_file())
+        size = _held(path.stat())
+        if path.suffix.lower() == ".zip" and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                declared = sum(i.file_size for i in zf.infolist())
+            size = max(size, min(declared, budget("QKVSCOPE_ZIP_TOTAL_BYTES")))
+        return size
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return 0
+
+
+def _death(rc: int, limit: int) -> str:
+    """The one-line problem for a child that died while reading a file."""
+    if rc < 0:
+        sig = -rc
+        if sig == signal.SIGBUS:
+            return ("changed while it was read (bus error: a memory-mapped file was truncated or "
+                    "rewritten); read it again once it is written")
+        if sig == signal.SIGKILL:
+            return memory_exceeded(limit) + " [the reading process was killed, as by the out-of-memory killer]"
+        return f"the process reading it died ({signal.Signals(sig).name})"
+    return f"the process reading it exited with status {rc}"
+
+
+class Reader:
+    """One child process reading untrusted files for this process; see the module docstring.
+
+    Use as a context manager (the child ends with it); a child that dies or
+    runs out of time is replaced at the next request. Not shared between
+    threads: each caller (a page run, a CLI command) makes its own.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._buf = b""
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        self._buf = b""
+        # -P: the caller's working directory (relative paths are its) is not on sys.path.
+        return subprocess.Popen([sys.executable, "-P", "-m", "loaders.parse_child"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
+
+    def _kill(self) -> int:
+        proc, self._proc = self._proc, None
+        proc.kill()
+        return proc.wait()
+
+    def _readline(self, deadline: float) -> bytes | None:
+        """The child's next answer line, or None at EOF; ``TimeoutError`` past ``deadline``."""
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def request(self, path: str | Path, op: str, **fields):
+        """Run ``op`` on ``path`` in the child and return its result; a failure
+        raises ``FileError(path, problem)`` (``StoreError``s keep their class)."""
+        limit = memory_limit_bytes(reading_size(path))
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = self._start()
+        line = json.dumps({"op": op, "path": str(path), "limit": limit, **fields}) + "\n"
+        try:
+            self._proc.stdin.write(line.encode())
+            self._proc.stdin.flush()
+            answer = self._readline(time.monotonic() + budget("QKVSCOPE_PARSE_TIMEOUT_S"))
+        except TimeoutError:
+            self._kill()
+            raise FileError(path, time_exceeded()) from None
+        except BrokenPipeError:
+            answer = None
+        if answer is None:                       # the child died while reading
+            raise FileError(path, _death(self._kill(), limit))
+        reply = json.loads(answer)
+        if reply["ok"]:
+            return reply["result"]
+        message = reply["message"]
+        if reply.get("store"):
+            cls = DatabaseBusyError if reply["store"] == "DatabaseBusyError" else StoreError
+            raise cls(message)
+        prefix = f"{path}: "
+        raise FileError(path, message[len(prefix):] if message.startswith(prefix) else message)
+
+    # -- what callers use --------------------------------------------------
+
+    def ingest_file(self, store, path: Path) -> list[FileReport]:
+        """``loaders.ingest.ingest_file`` in the child: every outcome is a report."""
+        try:
+            return [FileReport(**r) for r in self.request(path, "ingest", db=str(store.path),
+                                                           busy_timeout=store.busy_timeout)]
+        except StoreError:
+            raise
+        except FileError as exc:
+            return [FileReport(str(path), "unknown", "error", reason=str(exc))]
+
+    def kind_of(self, path: Path) -> str:
+        """'log', 'checkpoint', ... as ``loaders.ingest`` classifies it ('unknown' on failure)."""
+        try:
+            return self.request(path, "classify")
+        except FileError:
+            return "unknown"       # ingest_file reports it in its turn
+
+
+def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | None = None,
+                 reader: Reader | None = None) -> IngestReport:
+    """``loaders.ingest.ingest_paths`` with each file read (and stored) by the child.
+
+    Same walk (``scan``), same order (logs first), same final linking; a file
+    that kills or stalls the child is one ``error`` report and the next file
+    gets a fresh child.
+    """
+    from loaders.ingest import link_checkpoints, scan
+
+    own = reader is None
+    reader = reader or Reader()
+    report = IngestReport()
+    try:
+        classified = []
+        for p, why in scan(paths):
+            if why is not None:
+                report.files.append(FileReport(str(p), "unknown", "skipped", reason=why))
+                continue
+            classified.append((0 if reader.kind_of(p) == "log" else 1, p))
+        ordered = [p for _, p in sorted(classified, key=lambda t: t[0])]
+        for i, path in enumerate(ordered):
+            if progress:
+                progress(i, len(ordered), str(path))
+            report.files.extend(reader.ingest_file(store, path))
+    finally:
+        if own:
+            reader.close()
+    if any(f.status in ("added", "appended") for f in report.files):
+        link_checkpoints(store)
+    if progress:
+        progress(len(ordered), len(ordered), "")
+    return report
+
+
+def ingest_checkpoint(store, path: str | Path) -> FileReport:
+    """``loaders.ingest.ingest_checkpoint`` in a child (the Inspector's upload and
+    path field): its report, or ``FileError`` with the one-line problem."""
+    with Reader() as reader:
+        return FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
+                                           busy_timeout=store.busy_timeout))
+
+
+def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,
+          on_report: Callable[[IngestReport], None] | None = None,
+          on_busy: Callable[[DatabaseBusyError], None] | None = None,
+          stop: Callable[[], bool] | None = None) -> None:
+    """``loaders.ingest.watch`` with one child kept across polls."""
+    paths = list(paths)
+    with Reader() as reader:
+        while True:
+            try:
+                report = ingest_paths(store, paths, reader=reader)
+            except DatabaseBusyError as exc:
+                if on_busy is None:
+                    raise
+                on_busy(exc)
+            else:
+                if on_report is not None:
+                    on_report(report)
+            if stop is not None and stop():
+                return
+            time.sleep(interval)
+
+
+def call(target: str, path: str | Path):
+    """``module:function`` called on ``path`` in a child; its result must be JSON-able."""
+    with Reader() as reader:
+        return reader.request(path, "call", target=target)
+
+
+# -- the child -------------------------------------------------------------
+
+def _run(req: dict):
+    from loaders.store import Store
+
+    path = Path(req["path"])
+    if req["op"] == "classify":
+        from loaders.ingest import _classify
+
+        return _classify(path)[0]
+    if req["op"] == "ingest":
+        from loaders.ingest import ingest_file
+
+        store = Store(req["db"], busy_timeout=req["busy_timeout"])
+        return [r.to_json() for r in ingest_file(store, path)]
+    if req["op"] == "ingest_checkpoint":
+        from loaders.ingest import ingest_checkpoint as ingest_one
+
+        return ingest_one(Store(req["db"], busy_timeout=req["busy_timeout"]), path).to_json()
+    if req["op"] == "call":
+        import importlib
+
+        module, name = req["target"].split(":")
+        return getattr(importlib.import_module(module), name)(str(path))
+    raise ValueError(f"unknown op {req['op']!r}")
+
+
+def main() -> int:
+    import resource
+
+    from loaders.filecheck import failure
+
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)                                # a library's print() cannot break a line
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    for line in sys.stdin:
+        req = json.loads(line)
+        cap = int(req["limit"]) if hard == resource.RLIM_INFINITY else min(int(req["limit"]), hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        try:
+            reply = {"ok": True, "result": _run(req)}
+        except StoreError as exc:
+            reply = {"ok": False, "message": str(exc), "store": type(exc).__name__}
+        except QkvscopeError as exc:
+            reply = {"ok": False, "message": str(exc) if isinstance(exc, FileError)
+                     else f"{req['path']}: {exc}"}
+        except Exception as exc:    # noqa: BLE001 -- an untrusted file's content
+            reply = {"ok": False, "message": f"{req['path']}: {failure(exc)}"}
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+        answers.write(json.dumps(reply, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

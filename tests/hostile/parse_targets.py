@@ -1,0 +1,36 @@
+"""Functions that ``tests/hostile/test_parse_child.py`` runs in the reading process
+(``loaders.parse_child.call("tests.hostile.parse_targets:NAME", path)``): each
+does what a bomb nobody thought of, or a file changing under a reader, does."""
+from __future__ import annotations
+
+import os
+import time
+
+
+def grow(path: str) -> int:
+    """Allocate 256 MiB blocks and touch them until an allocation fails."""
+    blocks = []
+    while True:
+        b = bytearray(256 << 20)
+        b[::4096] = b"\x01" * len(b[::4096])          # touch every page: resident, not just reserved
+        blocks.append(b)
+
+
+def stall(path: str) -> None:
+    """Never answer (a parser stuck in a loop)."""
+    while True:
+        time.sleep(0.1)
+
+
+def read_while_truncated(path: str) -> float:
+    """Memory-map a .pt (as ``TorchSource`` does), have it truncated by "a
+    training run rewriting it", then read the tensor: the pages are gone (SIGBUS)."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    os.truncate(path, 0)
+    return float(state["w"].sum())
+
+
+def pid(path: str) -> int:
+    return os.getpid()

@@ -1,0 +1,156 @@
+"""The net under every budget: untrusted files are read in a child process
+(``loaders/parse_child.py``) with an address-space limit and a time limit.
+
+First the mechanism, with functions that behave like bombs
+(``tests/hostile/parse_targets.py``): memory, time, a memory-mapped file
+truncated mid-read (SIGBUS). Then real files through the CLI, with the
+specific budget that would catch them switched off so that only the net is
+left: one line, exit 2, the other files of the folder stored, the database
+unchanged by the bomb.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from loaders.errors import FileError
+from loaders.parse_child import Reader, call, reading_size
+from tests.hostile.test_bombs import cli, digest, gpt2_state, one_error_line, st_header
+
+T = "tests.hostile.parse_targets"
+
+
+def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "2048")
+    f = tmp_path / "bomb.bin"
+    f.write_bytes(b"x" * 1000)
+    with Reader() as reader:
+        with pytest.raises(FileError) as err:
+            reader.request(f, "call", target=f"{T}:grow")
+        first = reader.pid
+        assert reader.request(f, "call", target=f"{T}:pid") == first     # same process, still usable
+    limit_gib = ((2048 << 20) + reading_size(f)) / (1 << 30)     # the budget plus what the file holds
+    assert str(err.value) == (
+        f"{f}: reading it needed more than {limit_gib:.1f} GiB of memory (limit "
+        f"QKVSCOPE_PARSE_MEMORY_MB=2,048 plus the file's size; set it in the environment to raise it)")
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 2 GiB address-space limit)")
+
+
+def test_past_the_time_limit_the_child_is_killed_and_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKVSCOPE_PARSE_TIMEOUT_S", "3")
+    f = tmp_path / "stall.bin"
+    f.write_bytes(b"x")
+    with Reader() as reader:
+        reader.request(f, "call", target=f"{T}:pid")        # the child's imports are not timed below
+        first = reader.pid
+        t0 = time.monotonic()
+        with pytest.raises(FileError) as err:
+            reader.request(f, "call", target=f"{T}:stall")
+        took = time.monotonic() - t0
+        assert reader.request(f, "call", target=f"{T}:pid") != first
+    assert str(err.value) == (f"{f}: reading it took more than 3 s (limit QKVSCOPE_PARSE_TIMEOUT_S; "
+                              f"set it in the environment to raise it)")
+    assert 3 <= took < 10
+
+
+def test_a_memory_mapped_checkpoint_truncated_mid_read_is_one_line_not_a_bus_error(tmp_path):
+    """Before: ``info`` on a ``ckpt.pt`` a training run rewrote: "Bus error", exit 135."""
+    f = tmp_path / "ckpt.pt"
+    torch.save({"w": torch.ones(1 << 20)}, f)
+    with pytest.raises(FileError) as err:
+        call(f"{T}:read_while_truncated", f)
+    assert str(err.value) == (f"{f}: changed while it was read (bus error: a memory-mapped file was "
+                              f"truncated or rewritten); read it again once it is written")
+
+
+def test_the_limit_counts_what_a_file_holds_not_its_holes(tmp_path):
+    dense = tmp_path / "dense.bin"
+    dense.write_bytes(b"\x01" * (1 << 20))
+    sparse = tmp_path / "sparse.bin"
+    with open(sparse, "wb") as fh:
+        fh.truncate(1 << 34)                                  # 16 GiB of hole
+    assert reading_size(dense) == 1 << 20
+    assert reading_size(sparse) < 1 << 20
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(b"\x01" * 8192)
+    (folder / "b.bin").write_bytes(b"\x01" * 8192)
+    assert reading_size(folder) == 16384
+
+
+def _sparse_gpt2(folder: Path) -> Path:
+    """A Hugging Face GPT-2 folder whose model.safetensors is 27 GB of hole
+    (``test_bombs.test_sparse_safetensors_with_a_valid_header``)."""
+    d, vocab = 24576, 16
+    shapes = {k: list(v.shape) for k, v in gpt2_state(d=8, vocab=vocab).items()}
+    shapes = {k: [d if s == 8 else 3 * d if s == 24 else 4 * d if s == 32 else s for s in shape]
+              for k, shape in shapes.items()}
+    head, data = st_header(shapes)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_layer": 1, "n_head": 96, "n_embd": d, "vocab_size": vocab,
+        "n_positions": 8}))
+    p = folder / "model.safetensors"
+    with open(p, "wb") as fh:
+        fh.write(head)
+        fh.truncate(len(head) + data)
+    return p
+
+
+@pytest.mark.slow
+def test_a_memory_bomb_no_budget_catches_fails_its_file_only(tmp_path):
+    """The sparse 27 GB safetensors with its own check switched off
+    (``QKVSCOPE_ALLOW_SPARSE=1``): before, one layer read whole, 6 GB RSS in
+    7.5 s; now the reading process stops at its limit and the folder's other
+    files are stored."""
+    root = tmp_path / "runs"
+    for name in ("a_good", "c_good"):
+        (root / name).mkdir(parents=True)
+        (root / name / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4\n")
+    bomb = _sparse_gpt2(root / "b_bomb")
+    env = {"QKVSCOPE_ALLOW_SPARSE": "1", "QKVSCOPE_PARSE_MEMORY_MB": "3072"}
+    proc, took = cli("info", str(bomb.parent), env=env)
+    line = one_error_line(proc, bomb.parent, "reading it needed more than 3.0 GiB of memory",
+                          "QKVSCOPE_PARSE_MEMORY_MB")
+    print(f"info: {took:.1f} s: {line}")
+    db = tmp_path / "db.duckdb"
+    proc, took = cli("ingest", str(root), "--db", str(db), env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
+    errors = [ln for ln in proc.stdout.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1 and str(bomb.parent) in errors[0], proc.stdout
+    assert "reading it needed more than 3.0 GiB of memory" in errors[0]
+    assert "2 added" in proc.stdout.splitlines()[-1], proc.stdout
+    print(f"ingest: {took:.1f} s")
+
+
+@pytest.mark.slow
+def test_a_time_bomb_no_budget_catches_leaves_the_database_unchanged(tmp_path):
+    """The pickle-memo billion laughs with its item budget switched off
+    (before: 9 GB after 277 s, still growing): at QKVSCOPE_PARSE_TIMEOUT_S the
+    reading process is killed; nothing of the file is stored."""
+    from loaders.ingest import ingest_paths
+    from loaders.store import Store
+    from tests.hostile.test_bombs import _laughs
+
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4\n")
+    db = tmp_path / "db.duckdb"
+    ingest_paths(Store(db), [good])
+    bomb = tmp_path / "side.pt"
+    torch.save({"model": gpt2_state(), "laughs": _laughs()}, bomb)
+    env = {"QKVSCOPE_SIDE_ITEMS": str(10**15), "QKVSCOPE_SIDE_BYTES": str(10**15),
+           "QKVSCOPE_PARSE_TIMEOUT_S": "8"}
+    before = digest(db)
+    proc, took = cli("ingest", str(bomb), "--db", str(db), env=env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert f"{bomb}: reading it took more than 8 s (limit QKVSCOPE_PARSE_TIMEOUT_S" in proc.stdout
+    assert digest(db) == before
+    assert took < 40
