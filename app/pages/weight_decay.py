@@ -8,9 +8,17 @@ than one run (seeds) shares it, labelled with its n. Per group of runs that
 agree in everything but weight decay: the best weight decay, a robust slope
 and curvature against log10(wd), with intervals where runs repeat, how many
 runs and weight decays stand behind them, and the reason where one is
-absent. A table lists every weight decay's n, mean and interval. Where runs
-have checkpoints, their projection norms against weight decay.
-URL: ``?wm=val/loss&wl=best&variant=qkv,k_eq_v``.
+absent (an em dash in the table, the reason in "why absent"). A table lists
+every weight decay's n, mean and interval. Random sweeps (no two runs agree
+in everything but weight decay; ``analysis.wd_regression``): per variant the
+estimator chosen (grouped or regression, or the one asked for), and for a
+regression the tree model's partial dependence of the metric on log10(wd)
+with the runs' points and the linear model's line, the wd coefficient with
+its bootstrap interval and n against the zero (no effect) line, the
+covariates used and the runs left out. Where runs have checkpoints, their
+projection norms against weight decay; "Analyse" names each checkpoint by its
+run and step and redraws the page when done.
+URL: ``?wm=val/loss&wl=best&variant=qkv,k_eq_v&we=regression``.
 """
 from __future__ import annotations
 
@@ -18,7 +26,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis.wd_sensitivity import CONFIDENCE, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
+from analysis import variants as V
+from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app import charts
 from app.state import data_version, get_store, query_param, results_over_checkpoints, set_query_params
 from loaders import curves
@@ -29,6 +38,8 @@ ORDER = 30
 URL_PATH = "weight-decay"
 
 NORMS = ["norm_q", "norm_k", "norm_v", "norm_o"]
+#: shown where a statistic is absent (the reason is in the "why absent" column)
+DASH = "\u2014"
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -36,7 +47,7 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
     from loaders.logs import list_runs
 
     frame = pd.DataFrame(list_runs(get_store()))
-    cols = ["id", "name", "variant", "weight_decay", "config", "metrics"]
+    cols = ["id", "name", "variant", "weight_decay", "lr", "config", "metrics"]
     if frame.empty:
         return pd.DataFrame(columns=["run_id"] + cols[1:])
     return frame[cols].rename(columns={"id": "run_id"})
@@ -44,10 +55,11 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diverge_ratio: float,
-                 statistic: str = "final"):
+                 statistic: str = "final", method: str = "auto"):
     runs = _runs(db, version)
     points = curves.metric_points(get_store(), metric, runs["run_id"].tolist())
-    table = wd_sensitivity(runs, points, spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, statistic=statistic)
+    table = wd_sensitivity(runs, points, spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, statistic=statistic,
+                           metric=metric, method=method)
     return table
 
 
@@ -97,7 +109,7 @@ def add_intervals(fig: go.Figure, points: pd.DataFrame, *, y_title: str) -> go.F
     error bar (only where runs repeat) and ``n=`` beside it where more than one run stands behind it."""
     data = points.assign(x=lambda d: _x_of(fig, d["weight_decay"]))
     for i, ((variant, group), g) in enumerate(data.groupby(["variant", "group"], sort=True)):
-        name = str(variant) if group == "all" else f"{variant} [{group}]"
+        name = V.label(variant) if group == "all" else f"{V.label(variant)} [{group}]"  # as charts.wd_figure
         has = g["ci_low"].notna()
         err = dict(type="data", symmetric=False, array=(g["ci_high"] - g["mean"]).where(has, 0).tolist(),
                    arrayminus=(g["mean"] - g["ci_low"]).where(has, 0).tolist(), thickness=1.5, width=6,
@@ -115,14 +127,28 @@ def add_intervals(fig: go.Figure, points: pd.DataFrame, *, y_title: str) -> go.F
 
 
 def _ci(lo, hi, fmt: str) -> str:
-    return f"{lo:{fmt}} to {hi:{fmt}}" if pd.notna(lo) and pd.notna(hi) else ""
+    return f"{lo:{fmt}} to {hi:{fmt}}" if _has(lo) and _has(hi) else DASH
+
+
+def _has(value) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)
+
+
+def _fmt(value, fmt: str) -> str:
+    """A number as text, or an em dash where it is absent (NaN or None)."""
+    return format(value, fmt) if _has(value) else DASH
 
 
 def summary_table(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per group: counts, best wd, slope, curvature with their intervals, and why any is absent."""
-    out = table[["variant", "group", "n_runs", "n_wd", "n_wd_fit", "best_weight_decay", "slope", "curvature"]].copy()
+    """One row per group: counts, best wd, slope, curvature with their intervals, and why any is absent.
+
+    Statistics are text, an em dash where absent (the reason in ``why absent``), so no cell reads "None"."""
+    out = table[["variant", "group", "method", "n_runs", "n_wd", "n_wd_fit"]].copy()
+    out["best_weight_decay"] = [_fmt(v, "g") for v in table["best_weight_decay"]]
+    out["slope"] = [_fmt(v, "+.4f") for v in table["slope"]]
+    out["curvature"] = [_fmt(v, "+.4f") for v in table["curvature"]]
     out["best wd 95% CI"] = [_ci(lo, hi, "g") for lo, hi in zip(table["best_wd_ci_low"], table["best_wd_ci_high"])]
-    out["best in"] = [f"{s:.0%} of resamples" if pd.notna(s) else "" for s in table["best_wd_share"]]
+    out["best in"] = [f"{s:.0%} of resamples" if _has(s) else DASH for s in table["best_wd_share"]]
     out["slope 95% CI"] = [_ci(lo, hi, "+.4f") for lo, hi in zip(table["slope_ci_low"], table["slope_ci_high"])]
     out["curvature 95% CI"] = [_ci(lo, hi, "+.4f")
                                for lo, hi in zip(table["curvature_ci_low"], table["curvature_ci_high"])]
@@ -147,6 +173,116 @@ def absent_lines(table: pd.DataFrame) -> list[str]:
     return [f"**{what}** n/a for {', '.join(names)}: {why}" for (what, why), names in by.items()]
 
 
+def points_table(points: pd.DataFrame) -> pd.DataFrame:
+    """``per_wd`` for display: the interval as text, an em dash with "(one run)" where no run repeats."""
+    out = points[["variant", "group", "weight_decay", "n_runs", "mean"]].copy()
+    out["95% CI"] = [_ci(lo, hi, ".4f") if _has(lo) else f"{DASH} (one run)" if n == 1 else DASH
+                     for lo, hi, n in zip(points["ci_low"], points["ci_high"], points["n_runs"])]
+    out["diverged"], out["spiky"] = points["n_diverged"], points["n_spiky"]
+    return out
+
+
+# -- random sweeps: the regression estimator ---------------------------------------------------
+
+def regressions(table: pd.DataFrame) -> dict[str, dict]:
+    """``{variant: regression}`` for the variants whose method is ``"regression"`` (one per variant)."""
+    out = {}
+    for r in table.itertuples():
+        if r.method == "regression" and isinstance(r.regression, dict):
+            out.setdefault(str(r.variant), r.regression)
+    return out
+
+
+def regression_figure(regs: dict[str, dict], *, y_title: str) -> go.Figure:
+    """Per variant: the runs used (markers), the tree model's partial dependence on log10(wd) (solid)
+    and the linear model's (dotted), log x."""
+    fig = go.Figure()
+    for i, (variant, reg) in enumerate(sorted(regs.items())):
+        color, shown = charts.variant_color(variant, i), V.label(variant)
+        fig.add_trace(go.Scatter(
+            x=reg["weight_decays"], y=reg["values"], mode="markers", name=f"{shown}: runs", legendgroup=variant,
+            marker=dict(color=color, size=8, opacity=0.6), customdata=reg["run_ids"],
+            hovertemplate=f"{shown}<br>run %{{customdata}}<br>wd %{{x:.4g}}<br>{y_title} %{{y:.4g}}<extra></extra>"))
+        if reg["pd_values"] is None:
+            continue
+        fig.add_trace(go.Scatter(
+            x=reg["pd_weight_decays"], y=reg["pd_values"], mode="lines", name=f"{shown}: partial dependence (trees)",
+            legendgroup=variant, line=dict(color=color, width=3),
+            hovertemplate=f"{shown}<br>wd %{{x:.4g}}<br>partial dependence %{{y:.4g}}<extra></extra>"))
+        fig.add_trace(go.Scatter(
+            x=reg["pd_weight_decays"], y=reg["linear_pd_values"], mode="lines", name=f"{shown}: linear model",
+            legendgroup=variant, line=dict(color=color, width=1.5, dash="dot"), hoverinfo="skip"))
+    fig.update_layout(height=420, template="plotly_white", margin=dict(l=60, r=20, t=20, b=50),
+                      legend=dict(orientation="h", y=-0.2), hovermode="closest")
+    fig.update_xaxes(type="log", title="weight decay (log; wd 0 left out)")
+    fig.update_yaxes(title=y_title)
+    return fig
+
+
+def coefficient_figure(regs: dict[str, dict], *, metric: str) -> go.Figure:
+    """The wd coefficient per variant with its bootstrap interval and n, and the zero (no effect) line."""
+    fig = go.Figure()
+    rows = [(v, r) for v, r in sorted(regs.items()) if r["wd_coef"] is not None]
+    for i, (variant, reg) in enumerate(rows):
+        lo, hi, b = reg["wd_coef_ci_low"], reg["wd_coef_ci_high"], reg["wd_coef"]
+        err = (dict(type="data", symmetric=False, array=[hi - b], arrayminus=[b - lo], thickness=2, width=8)
+               if lo is not None else None)
+        fig.add_trace(go.Scatter(
+            x=[b], y=[V.label(variant)], mode="markers+text", name=V.label(variant), showlegend=False, error_x=err,
+            marker=dict(color=charts.variant_color(variant, i), size=12), text=[f"n={reg['n_runs']}"],
+            textposition="top center",
+            hovertemplate=(f"{V.label(variant)}<br>d {metric} / d log10(wd) %{{x:+.4f}}<br>"
+                           f"{reg['confidence']:.0%} CI {_ci(lo, hi, '+.4f')}<br>n {reg['n_runs']} runs"
+                           "<extra></extra>")))
+    fig.add_vline(x=0, line=dict(color="#555", dash="dash", width=1), annotation_text="0: no effect",
+                  annotation_position="top")
+    fig.update_layout(height=120 + 60 * max(len(rows), 1), template="plotly_white",
+                      margin=dict(l=60, r=20, t=30, b=50))
+    fig.update_xaxes(title=f"d {metric} / d log10(wd), other hyperparameters held fixed", zeroline=False)
+    return fig
+
+
+def regression_table(regs: dict[str, dict]) -> pd.DataFrame:
+    """One row per variant: n, the wd coefficient with its interval, R^2, the covariates, the runs left
+    out, and the tree model's best wd and slope; an em dash where absent, the reason in ``why absent``."""
+    rows = []
+    for variant, reg in sorted(regs.items()):
+        covs = ", ".join(f"log10({c['name']})" if c["transform"] == "log10" else c["name"] for c in reg["covariates"])
+        rows.append({
+            "variant": variant, "runs": reg["n_runs"], "wd coefficient": _fmt(reg["wd_coef"], "+.4f"),
+            f"{reg['confidence']:.0%} CI": _ci(reg["wd_coef_ci_low"], reg["wd_coef_ci_high"], "+.4f"),
+            "R²": _fmt(reg["r2"], ".3f"), "covariates": covs or DASH,
+            "not used": "; ".join(f"{u['name']}: {u['reason']}" for u in reg["unused"]) or DASH,
+            "left out": reg["note"] or DASH,
+            "trees: best wd": _fmt(reg["pd_best_weight_decay"], ".4g"), "trees: slope": _fmt(reg["pd_slope"], "+.4f"),
+            "why absent": reg["reason"] or ""})
+    return pd.DataFrame(rows)
+
+
+def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> None:
+    methods = table.drop_duplicates("variant")[["variant", "method", "method_reason"]]
+    regs = regressions(table)
+    st.subheader("Random sweeps: effect of log10(wd) with the other hyperparameters held fixed")
+    st.markdown("\n".join(f"* **{m.variant}**: {m.method} ({m.method_reason})" for m in methods.itertuples()))
+    if not regs:
+        st.caption("No variant uses the regression: each has runs that agree in everything but weight decay "
+                   "(choose *regression* above to fit it anyway).")
+        return
+    left, right = st.columns([3, 2])
+    left.plotly_chart(regression_figure(regs, y_title=y_title), width="stretch", key="wd_regression")
+    right.plotly_chart(coefficient_figure(regs, metric=metric), width="stretch", key="wd_coef")
+    st.dataframe(regression_table(regs), hide_index=True, width="stretch", key="wd_regression_table")
+    any_reg = next(iter(regs.values()))
+    st.caption(
+        f"Linear model: least squares of each run's {y_title} on log10(wd) and the other swept hyperparameters "
+        "(log10 for learning rates and other positive values drawn over orders of magnitude; standardised); the "
+        f"coefficient is the change per decade of weight decay with the others held fixed, its interval a "
+        f"{any_reg['confidence']:.0%} case bootstrap ({any_reg['n_boot']:,} resamples of the runs). Partial "
+        f"dependence: {any_reg['pd_model']}, its prediction at each weight decay averaged over the runs' other "
+        "hyperparameters; trees flatten an effect at the edges, so read its shape, and the coefficient for the "
+        "size. Runs at wd 0 are left out (log10 0 is undefined).")
+
+
 def _norms_section(store, version, runs: pd.DataFrame) -> None:
     st.subheader("Projection norms against weight decay")
     latest = _latest(str(store.path), version)
@@ -155,20 +291,28 @@ def _norms_section(store, version, runs: pd.DataFrame) -> None:
         st.caption("No run has a checkpoint with a training step yet. Checkpoints in a run's folder are linked "
                    "to it when ingested; their norms then show here.")
         return
+    done_now = st.session_state.pop("wd_analysed", None)
+    if done_now:
+        st.success(f"Analysed {done_now}.", icon=":material/check:")
     todo = latest[~latest["analysed"]]
     if len(todo):
-        st.caption(f"{len(todo)} of {len(latest)} runs' latest checkpoints are not analysed yet.")
+        names = dict(zip(runs["run_id"], runs["name"]))
+        labels = [checkpoint_label(names.get(r.run_id, f"run {r.run_id}"), r.step) for r in todo.itertuples()]
+        st.caption(f"{len(todo)} of {len(latest)} runs' latest checkpoints are not analysed yet: "
+                   + ", ".join(labels) + ".")
         if st.button(f"Analyse {len(todo)} checkpoints", icon=":material/play_arrow:", key="wd_analyse"):
             from app.jobs import analyze
 
             bar = st.progress(0.0)
-            for n, cid in enumerate(todo["checkpoint_id"]):
-                bar.progress(n / len(todo), text=f"checkpoint {cid} ({n + 1}/{len(todo)})")
+            for n, (cid, label) in enumerate(zip(todo["checkpoint_id"], labels)):
+                bar.progress(n / len(todo), text=f"{label} ({n + 1}/{len(todo)})")
                 analyze(store, int(cid))
             bar.empty()
-            version = data_version(store)
-            latest = curves.latest_run_checkpoints(store)
-            latest = latest[latest["run_id"].isin(runs["run_id"])]
+            # what was drawn above (the caption, the button) describes the store before the analysis:
+            # draw the page again from the store as it is now
+            _latest.clear()
+            st.session_state["wd_analysed"] = ", ".join(labels)
+            st.rerun()
     done = latest[latest["analysed"]]
     if done.empty:
         return
@@ -180,6 +324,11 @@ def _norms_section(store, version, runs: pd.DataFrame) -> None:
         st.caption("The analysed checkpoints' runs have no weight decay recorded.")
         return
     st.plotly_chart(charts.norms_figure(table), width="stretch", key="wd_norms")
+
+
+def checkpoint_label(run: str, step) -> str:
+    """``"qkv-wd0.1 · step 4,000"``: a checkpoint named by its run and step."""
+    return f"{run} · step {int(step):,}" if _has(step) else f"{run} · no step"
 
 
 def render() -> None:
@@ -207,14 +356,20 @@ def render() -> None:
                             key="wd_spike", help="a rise of more than this fraction above the best value so far")
     diverge = c4.number_input("Diverged above best x", 1.01, 100.0, float(query_param("div", "1.5")), step=0.1,
                               key="wd_div", help="final loss above this multiple of the best counts as diverged")
+    meth_url = query_param("we", "auto")
+    method = c2.radio("Estimator", list(METHODS), index=list(METHODS).index(meth_url) if meth_url in METHODS else 0,
+                      horizontal=True, key="wd_method",
+                      help="grouped: runs that agree in everything but weight decay; regression: log10(wd) with "
+                           "the other swept hyperparameters as covariates (random sweeps); auto: regression for a "
+                           "variant when under half of its runs are in groups with runs at 2 or more weight decays")
     stat_url = query_param("wl", "final")
     statistic = c1.radio("Loss of each run", ["final", "best"], index=1 if stat_url == "best" else 0,
                          horizontal=True, key="wd_statistic",
                          help="final: its last logged value; best: its lowest")
     set_query_params(wm=metric if metric != "val/loss" else None, variant=",".join(picked),
                      spike=None if spike == 0.1 else f"{spike:g}", div=None if diverge == 1.5 else f"{diverge:g}",
-                     wl=None if statistic == "final" else statistic)
-    table = _sensitivity(str(store.path), version, metric, float(spike), float(diverge), statistic)
+                     wl=None if statistic == "final" else statistic, we=None if method == "auto" else method)
+    table = _sensitivity(str(store.path), version, metric, float(spike), float(diverge), statistic, method)
     if picked:
         table = table[table["variant"].isin(picked)]
     if table.empty:
@@ -237,10 +392,9 @@ def render() -> None:
                                 "n_wd": st.column_config.NumberColumn("weight decays"),
                                 "n_wd_fit": st.column_config.NumberColumn("of them > 0",
                                                                           help="wd 0 has no log10: not in the fit"),
-                                "best_weight_decay": st.column_config.NumberColumn("best wd", format="%.4g"),
-                                "slope": st.column_config.NumberColumn("slope d loss / d log10 wd", format="%.4f"),
-                                "curvature": st.column_config.NumberColumn("curvature d² loss / d(log10 wd)²",
-                                                                           format="%.4f")})
+                                "best_weight_decay": st.column_config.TextColumn("best wd"),
+                                "slope": st.column_config.TextColumn("slope d loss / d log10 wd"),
+                                "curvature": st.column_config.TextColumn("curvature d² loss / d(log10 wd)²")})
     st.caption("Slope and curvature: robust (Huber) fits of every run's loss against log10(wd), reported from "
                "3 or more distinct weight decays > 0; best wd: the lowest mean loss, from 2 or more runs at 2 or "
                "more weight decays. Their intervals resample the runs within each weight decay, so they hold "
@@ -249,12 +403,11 @@ def render() -> None:
     if absent:
         st.markdown("\n".join(f"* {line}" for line in absent))
     with st.expander("Every weight decay: runs, mean, interval", expanded=False):
-        st.dataframe(points, hide_index=True, width="stretch", key="wd_points",
+        st.dataframe(points_table(points), hide_index=True, width="stretch", key="wd_points",
                      column_config={"weight_decay": st.column_config.NumberColumn("wd", format="%.4g"),
                                     "n_runs": st.column_config.NumberColumn("n runs"),
-                                    "mean": st.column_config.NumberColumn(f"mean {statistic} loss", format="%.4f"),
-                                    "ci_low": st.column_config.NumberColumn("95% CI low", format="%.4f"),
-                                    "ci_high": st.column_config.NumberColumn("95% CI high", format="%.4f")})
+                                    "mean": st.column_config.NumberColumn(f"mean {statistic} loss", format="%.4f")})
+    _regression_section(table, metric=metric, y_title=y_title)
     flagged = long[long["diverged"] | (long["spikes"] > 0)]
     if len(flagged):
         st.warning("Unstable runs: " + ", ".join(

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import variants as V
 from loaders.store import Store, refresh_run_stats
 from tests.app.apptest import page_test
 from tests.app.test_page_experiments import arr, figures, qp
@@ -70,14 +71,14 @@ def test_loss_against_weight_decay_with_best_and_unstable_runs(wd_db):
     fig = figures(at)["wd_curve"]
     assert fig["layout"]["xaxis"]["type"] == "log"
     lines = {t["name"]: t for t in fig["data"] if t.get("mode") == "lines"}
-    assert sorted(lines) == ["k_eq_v", "qkv"]
+    assert sorted(lines) == sorted([V.label("k_eq_v"), V.label("qkv")])
     # the diverged run is drawn as a cross and left out of the mean line
-    assert arr(lines["k_eq_v"]["x"]) == [0.01]
+    assert arr(lines[V.label("k_eq_v")]["x"]) == [0.01]
     markers = [t for t in fig["data"] if t.get("mode") == "markers"]
     symbols = {tuple(arr(t["x"])): list(t["marker"]["symbol"]) for t in markers}
     assert symbols[(0.01, 0.1)] == ["circle", "x"]
     summary = at.dataframe[0].value.set_index("variant")
-    assert summary.loc["qkv", "best_weight_decay"] == 0.03
+    assert summary.loc["qkv", "best_weight_decay"] == "0.03"
     assert summary.loc["qkv", "spiky runs"] == 1 and summary.loc["k_eq_v", "diverged runs"] == 1
     assert "qkv-wd0.03 (wd 0.03: 1 spikes)" in at.warning[0].value
     assert "k_eq_v-wd0.1 (wd 0.1: diverged)" in at.warning[0].value
@@ -107,7 +108,7 @@ def test_projection_norms_against_weight_decay(wd_db):
     at = page_test("weight_decay").run()
     assert not at.exception, at.exception
     trace = figures(at)["wd_norms"]["data"][0]
-    assert trace["name"] == "qkv norm_k"
+    assert V.label("qkv") in trace["name"]
     # root-sum-square over the two layers
     np.testing.assert_allclose(arr(trace["y"]), [math.sqrt(2) * 3.0 / w ** 0.5 for w in (0.01, 0.03, 0.1)])
 
@@ -133,12 +134,15 @@ def test_counts_and_why_slope_or_intervals_are_absent(wd_db):
     summary = _summary(at)
     # qkv: 3 weight decays, a slope and a curvature; k_eq_v: 2, so neither, and the reason says so
     assert summary.loc["qkv", ["n_runs", "n_wd", "n_wd_fit"]].tolist() == [3, 3, 3]
-    assert not math.isnan(summary.loc["qkv", "slope"]) and not math.isnan(summary.loc["qkv", "curvature"])
-    assert math.isnan(summary.loc["k_eq_v", "slope"]) and math.isnan(summary.loc["k_eq_v", "curvature"])
+    # loss = 3 + (log10 wd + 1.5)^2 at 0.01, 0.03, 0.1: a bowl, nearly flat across it
+    assert abs(float(summary.loc["qkv", "slope"])) < 0.05 and float(summary.loc["qkv", "curvature"]) > 1
+    # an absent statistic is an em dash, never "None" or "nan"; the reason is beside it
+    assert summary.loc["k_eq_v", ["slope", "curvature", "best wd 95% CI", "slope 95% CI"]].tolist() == ["\u2014"] * 4
     assert summary.loc["k_eq_v", "why absent"] == (
         "slope, curvature: 2 distinct weight decays > 0 (0.01, 0.1); slope and curvature need >= 3; "
         "intervals: one run per weight decay: an interval needs repeated runs (seeds) at a weight decay")
-    assert summary.loc["qkv", "slope 95% CI"] == "" and summary.loc["qkv", "best in"] == ""
+    assert summary.loc["qkv", "slope 95% CI"] == "\u2014" and summary.loc["qkv", "best in"] == "\u2014"
+    assert not summary.astype(str).isin(["None", "nan", "NaN", "<NA>"]).any().any()
     shown = "\n".join(m.value for m in at.markdown)
     assert ("* **slope, curvature** n/a for k_eq_v: 2 distinct weight decays > 0 (0.01, 0.1); slope and curvature "
             "need >= 3\n* **intervals** n/a for k_eq_v, qkv: one run per weight decay") in shown
@@ -167,7 +171,7 @@ def test_intervals_and_n_where_seeds_share_a_weight_decay(seeds_db):
     at = page_test("weight_decay").run()
     assert not at.exception, at.exception
     fig = figures(at)["wd_curve"]
-    bar = next(t for t in fig["data"] if "error_y" in t and t.get("legendgroup") == "qkv")
+    bar = next(t for t in fig["data"] if "error_y" in t and t.get("legendgroup") == V.label("qkv"))
     assert arr(bar["x"]) == [0.001, 0.01, 0.1] and list(bar["text"]) == ["", "", "n=3"]
     np.testing.assert_allclose(arr(bar["y"]), [2.7, 2.8, 2.9])
     up, down = arr(bar["error_y"]["array"]), arr(bar["error_y"]["arrayminus"])
@@ -176,16 +180,20 @@ def test_intervals_and_n_where_seeds_share_a_weight_decay(seeds_db):
     summary = _summary(at)
     q = summary.loc["qkv"]
     lo, hi = (float(v) for v in q["slope 95% CI"].split(" to "))
-    assert lo <= q["slope"] <= hi and q["slope"] == pytest.approx(0.1, abs=1e-9)
-    assert (q["best_weight_decay"], q["best wd 95% CI"], q["best in"]) == (0.001, "0.001 to 0.001",
+    assert q["slope"] == "+0.1000" and lo <= 0.1 <= hi
+    assert (q["best_weight_decay"], q["best wd 95% CI"], q["best in"]) == ("0.001", "0.001 to 0.001",
                                                                           "100% of resamples")
     lone = summary.loc["wq_identity"]
-    assert math.isnan(lone["best_weight_decay"]) and lone["n_runs"] == 1
+    assert lone["best_weight_decay"] == "\u2014" and lone["n_runs"] == 1
     assert "best wd: 1 run with a loss; a best weight decay needs >= 2 runs at >= 2 weight decays" in lone["why absent"]
     points = at.dataframe[1].value
     row = points[(points["variant"] == "qkv") & (points["weight_decay"] == 0.1)].iloc[0]
     assert row["n_runs"] == 3 and row["mean"] == pytest.approx(2.9)
-    assert 2.88 <= row["ci_low"] < row["mean"] < row["ci_high"] <= 2.92
+    lo, hi = (float(v) for v in row["95% CI"].split(" to "))
+    assert 2.88 <= lo < row["mean"] < hi <= 2.92
+    # a weight decay with one run: no interval, and the cell says why instead of "None"
+    lone_wd = points[(points["variant"] == "qkv") & (points["weight_decay"] == 0.001)].iloc[0]
+    assert lone_wd["95% CI"] == "\u2014 (one run)"
 
 
 def test_best_loss_is_a_url_choice(seeds_db):
@@ -196,3 +204,118 @@ def test_best_loss_is_a_url_choice(seeds_db):
     assert fig["layout"]["yaxis"]["title"]["text"] == "best val/loss"
     at.radio(key="wd_statistic").set_value("final").run()
     assert qp(at, "wl") is None
+
+
+# ---- random sweeps: the regression beside the grouped view -------------------------------------
+
+SWEEP_A = 0.08  # d final val/loss / d log10(wd) in the sweep below
+
+
+@pytest.fixture
+def sweep_db(tmp_path, monkeypatch):
+    """A 40-trial Optuna-like sweep of qkv (lr, wd log-uniform, dropout uniform; trial 0 at wd 0):
+    final val loss 3 + 0.08 log10(wd) - 0.3 log10(lr) + 0.5 dropout + noise (sd 0.02)."""
+    db = tmp_path / "sweep.duckdb"
+    rng = np.random.default_rng(0)
+    n = 40
+    lr, wd, dropout = 10 ** rng.uniform(-4, -2, n), 10 ** rng.uniform(-3, 0, n), rng.uniform(0, 0.3, n)
+    wd[0] = 0.0
+    final = (3 + SWEEP_A * np.log10(np.where(wd > 0, wd, 1.0)) - 0.3 * np.log10(lr) + 0.5 * dropout
+             + rng.normal(0, 0.02, n))
+    store = Store(db)
+    store.migrate()
+    with store.transaction() as con:
+        for i in range(n):
+            con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr, config) "
+                        "VALUES (?, ?, ?, 'csv', 'qkv', ?, ?, ?)",
+                        [i + 1, f"trial_{i}", f"/s/{i}", float(wd[i]), float(lr[i]),
+                         json.dumps({"lr": float(lr[i]), "dropout": float(dropout[i]), "weight_decay": float(wd[i])})])
+            for step, val in ((0, final[i] + 1), (100, final[i] + 0.5), (200, final[i])):
+                con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
+                            [i + 1, step, float(val)])
+        refresh_run_stats(con, list(range(1, n + 1)))
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    return db
+
+
+def test_random_sweep_shows_the_regression_beside_the_grouped_view(sweep_db):
+    at = page_test("weight_decay").run()
+    assert not at.exception, at.exception
+    figs = figures(at)
+    assert {"wd_curve", "wd_regression", "wd_coef"} <= set(figs)
+    summary = at.dataframe[0].value
+    assert len(summary) == 40 and set(summary["method"]) == {"regression"}
+    shown = "\n".join(m.value for m in at.markdown)
+    assert ("* **qkv**: regression (0 of 40 runs are in groups with runs at >= 2 weight decays (under half): "
+            "regression over the variant's runs)") in shown
+    # partial dependence line, linear line and the 39 runs with wd > 0 as points
+    traces = {t["name"]: t for t in figs["wd_regression"]["data"]}
+    label = V.label("qkv")
+    assert len(arr(traces[f"{label}: runs"]["x"])) == 39 and min(arr(traces[f"{label}: runs"]["x"])) > 0
+    assert len(arr(traces[f"{label}: partial dependence (trees)"]["y"])) == 25
+    assert figs["wd_regression"]["layout"]["xaxis"]["type"] == "log"
+    # the coefficient with its interval and n, against the zero line
+    coef = figs["wd_coef"]
+    point = coef["data"][0]
+    b = arr(point["x"])[0]
+    lo, hi = b - arr(point["error_x"]["arrayminus"])[0], b + arr(point["error_x"]["array"])[0]
+    assert lo < SWEEP_A < hi and list(point["text"]) == ["n=39"]
+    assert [(s["x0"], s["x1"]) for s in coef["layout"]["shapes"]] == [(0, 0)]
+    table = next(d.value for d in at.dataframe if "wd coefficient" in d.value.columns).iloc[0]
+    assert table["runs"] == 39 and float(table["wd coefficient"]) == pytest.approx(b, abs=1e-4)
+    assert table["covariates"] == "dropout, log10(lr)" and table["why absent"] == ""
+    assert table["left out"] == "1 run at wd 0 left out (log10 0 is undefined)"
+    ci_lo, ci_hi = (float(v) for v in table["95% CI"].split(" to "))
+    assert ci_lo == pytest.approx(lo, abs=1e-4) and ci_hi == pytest.approx(hi, abs=1e-4)
+
+
+def test_the_estimator_is_a_url_choice(wd_db):
+    at = page_test("weight_decay", {"we": "grouped"}).run()
+    assert not at.exception, at.exception
+    assert at.radio(key="wd_method").value == "grouped"
+    assert "wd_regression" not in figures(at)
+    assert any(c.value.startswith("No variant uses the regression") for c in at.caption)
+    at.radio(key="wd_method").set_value("regression").run()
+    assert qp(at, "we") == "regression"
+    # 3 qkv runs are too few: the regression says why instead of drawing a number
+    table = next(d.value for d in at.dataframe if "wd coefficient" in d.value.columns).set_index("variant")
+    assert table.loc["qkv", "wd coefficient"] == "\u2014"
+    assert table.loc["qkv", "why absent"] == ("3 runs at 3 distinct weight decays > 0 with a value; a regression "
+                                              "needs >= 8 runs at >= 3 weight decays > 0")
+
+
+def test_analysing_checkpoints_names_them_and_redraws_without_the_stale_notice(wd_db, monkeypatch):
+    store = Store(wd_db)
+    with store.transaction() as con:
+        for rid, variant, wd in RUNS[:3]:
+            con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
+                        "n_kv_heads, d_model, d_head, run_id, step) "
+                        "VALUES (?, 'gone', ?, 'gpt2', 'qkv', 2, 2, 2, 8, 4, ?, 4000)", [rid, f"s{rid}", rid])
+    done = []
+
+    def fake_analyze(store, checkpoint_id, **kw):  # stores what the weights analysis would
+        done.append(checkpoint_id)
+        with store.transaction() as con:
+            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 1)",
+                        [checkpoint_id])
+            con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version) "
+                        "VALUES (?, 0, NULL, 'norm_k', 2.0, 1)", [checkpoint_id])
+        return []
+
+    monkeypatch.setattr("app.jobs.analyze", fake_analyze)
+    at = page_test("weight_decay").run()
+    assert not at.exception, at.exception
+    notice = next(c.value for c in at.caption if "not analysed yet" in c.value)
+    assert notice == ("3 of 3 runs' latest checkpoints are not analysed yet: qkv-wd0.01 · step 4,000, "
+                      "qkv-wd0.03 · step 4,000, qkv-wd0.1 · step 4,000.")
+    assert "wd_norms" not in figures(at)
+    at.button(key="wd_analyse").click().run()
+    assert not at.exception, at.exception
+    assert done == [1, 2, 3]
+    assert not any("not analysed yet" in c.value for c in at.caption)
+    assert not [b for b in at.button if b.key == "wd_analyse"]
+    assert at.success[0].value == "Analysed qkv-wd0.01 · step 4,000, qkv-wd0.03 · step 4,000, qkv-wd0.1 · step 4,000."
+    assert "wd_norms" in figures(at)
+    # the next run of the page (any widget change) drops the one-off notice
+    at.run()
+    assert not at.success and "wd_norms" in figures(at)
