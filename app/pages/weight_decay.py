@@ -29,6 +29,7 @@ import streamlit as st
 from analysis import variants as V
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app import charts
+from app.pickers import checkpoint_label
 from app.state import data_version, get_store, query_param, results_over_checkpoints, set_query_params
 from loaders import curves
 
@@ -297,7 +298,8 @@ def _norms_section(store, version, runs: pd.DataFrame) -> None:
     todo = latest[~latest["analysed"]]
     if len(todo):
         names = dict(zip(runs["run_id"], runs["name"]))
-        labels = [checkpoint_label(names.get(r.run_id, f"run {r.run_id}"), r.step) for r in todo.itertuples()]
+        labels = [checkpoint_label({"id": r.checkpoint_id, "step": r.step, "path": "",
+                                    "run": names.get(r.run_id, f"run {r.run_id}")}) for r in todo.itertuples()]
         st.caption(f"{len(todo)} of {len(latest)} runs' latest checkpoints are not analysed yet: "
                    + ", ".join(labels) + ".")
         if st.button(f"Analyse {len(todo)} checkpoints", icon=":material/play_arrow:", key="wd_analyse"):
@@ -324,11 +326,6 @@ def _norms_section(store, version, runs: pd.DataFrame) -> None:
         st.caption("The analysed checkpoints' runs have no weight decay recorded.")
         return
     st.plotly_chart(charts.norms_figure(table), width="stretch", key="wd_norms")
-
-
-def checkpoint_label(run: str, step) -> str:
-    """``"qkv-wd0.1 · step 4,000"``: a checkpoint named by its run and step."""
-    return f"{run} · step {int(step):,}" if _has(step) else f"{run} · no step"
 
 
 def render() -> None:

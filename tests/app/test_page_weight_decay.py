@@ -306,15 +306,17 @@ def test_analysing_checkpoints_names_them_and_redraws_without_the_stale_notice(w
     at = page_test("weight_decay").run()
     assert not at.exception, at.exception
     notice = next(c.value for c in at.caption if "not analysed yet" in c.value)
-    assert notice == ("3 of 3 runs' latest checkpoints are not analysed yet: qkv-wd0.01 · step 4,000, "
-                      "qkv-wd0.03 · step 4,000, qkv-wd0.1 · step 4,000.")
+    # named by run and step as every picker names them (app.pickers.checkpoint_label)
+    assert notice == ("3 of 3 runs' latest checkpoints are not analysed yet: qkv-wd0.01 · step 4,000 (#1), "
+                      "qkv-wd0.03 · step 4,000 (#2), qkv-wd0.1 · step 4,000 (#3).")
     assert "wd_norms" not in figures(at)
     at.button(key="wd_analyse").click().run()
     assert not at.exception, at.exception
     assert done == [1, 2, 3]
     assert not any("not analysed yet" in c.value for c in at.caption)
     assert not [b for b in at.button if b.key == "wd_analyse"]
-    assert at.success[0].value == "Analysed qkv-wd0.01 · step 4,000, qkv-wd0.03 · step 4,000, qkv-wd0.1 · step 4,000."
+    assert at.success[0].value == ("Analysed qkv-wd0.01 · step 4,000 (#1), qkv-wd0.03 · step 4,000 (#2), "
+                                   "qkv-wd0.1 · step 4,000 (#3).")
     assert "wd_norms" in figures(at)
     # the next run of the page (any widget change) drops the one-off notice
     at.run()
