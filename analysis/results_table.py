@@ -249,3 +249,40 @@ def common_setting(runs: pd.DataFrame, column: str = "weight_decay"):
     counts = g.dropna(subset=[column]).groupby(column)["group"].nunique()
     best = counts.max()
     return float(max(v for v, c in counts.items() if c == best))
+
+
+def best_of_each_group(runs: pd.DataFrame, values: pd.DataFrame, metric: str, *, limit: int = 8,
+                       overrides: dict[str, str] | None = None) -> list[int]:
+    """A default selection of runs to plot: per group (``run_groups``), the run with the best
+    final ``metric`` (lowest loss, highest accuracy; ``values``: ``run_id, final`` rows of that
+    metric), groups in table order, at most ``limit``; groups without the metric give their
+    first run. Empty for no runs."""
+    if runs.empty:
+        return []
+    id_col = "id" if "id" in runs.columns else "run_id"
+    g = run_groups(runs)
+    final = dict(zip(values["run_id"].astype(int), values["final"].astype(float))) if len(values) else {}
+    sign = -1.0 if direction(metric, overrides) == "max" else 1.0
+    order = {v: i for i, v in enumerate(V.VARIANTS)}
+    picks = []
+    for _, rows in g.groupby("group", sort=False):
+        first = rows.iloc[0]
+        ids = [int(i) for i in rows[id_col]]
+        scored = [(sign * final[i], i) for i in ids if i in final and math.isfinite(final[i])]
+        pick = min(scored)[1] if scored else min(ids)
+        picks.append((_sort_key(str(first["task"]), str(first["sharing"]), _int_or_none(first["n_kv_heads"]),
+                                order.get(str(first["variant"]), len(order)), str(first["variant"])), pick))
+    return [i for _, i in sorted(picks)[:limit]]
+
+
+def metric_order(names) -> list[str]:
+    """Metric names in picking order: validation metrics first (their loss first, then accuracies
+    such as ``val/accuracy`` or ``val_top1``), then training metrics (loss first), then the rest
+    (learning rate and the like), alphabetically within each."""
+    def key(name: str):
+        low = name.lower()
+        split = low.replace("/", "_").replace("-", "_")
+        stage = 0 if split.startswith(("val", "eval", "valid", "test")) else 1 if split.startswith("train") else 2
+        loss = 0 if "loss" in low else 1
+        return stage, loss, low
+    return sorted({str(n) for n in names}, key=key)

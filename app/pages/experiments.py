@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis.directions import direction
-from analysis.results_table import best_of_each_group, run_facts, run_groups
+from analysis.results_table import best_of_each_group, metric_order, run_facts
 from analysis.trajectories import smooth
 from analysis.variants import VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts
@@ -90,19 +90,6 @@ def _url_ints(name: str) -> list[int]:
 
 def _fmt_wd(v) -> str:
     return "none" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}"
-
-
-def metric_order(names) -> list[str]:
-    """Metric names in picking order: validation metrics first (their loss first, then accuracies
-    such as ``val/accuracy`` or ``val_top1``), then training metrics (loss first), then the rest
-    (learning rate and the like), alphabetically within each."""
-    def key(name: str):
-        low = name.lower()
-        split = low.replace("/", "_").replace("-", "_")
-        stage = 0 if split.startswith(("val", "eval", "valid", "test")) else 1 if split.startswith("train") else 2
-        loss = 0 if "loss" in low else 1
-        return stage, loss, low
-    return sorted({str(n) for n in names}, key=key)
 
 
 def _metrics_of(runs: pd.DataFrame) -> list[str]:
