@@ -138,7 +138,8 @@ class Geometry:
     ``sliding_window``: the model's own attention window (Mistral 7B v0.1: 4096).
     ``kv_lora_rank`` set: the model's own attention is MLA (DeepSeek-V2/V3), with
     ``qk_rope_head_dim`` rotary key elements and, when set, a query compressed to
-    ``q_lora_rank`` (Hugging Face ``DeepseekV3Config`` names).
+    ``q_lora_rank``, and per-head key and value widths ``qk_nope_head_dim`` and
+    ``v_head_dim`` (None: ``d_head``) (Hugging Face ``DeepseekV3Config`` names).
     """
 
     name: str
@@ -162,6 +163,8 @@ class Geometry:
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int = 0
     q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -175,7 +178,7 @@ class Geometry:
                                 f"got {self.variant!r}")
         if self.mlp not in ("gelu", "gated"):
             raise AnalysisError(f"geometry {self.name!r}: mlp must be 'gelu' or 'gated', got {self.mlp!r}")
-        for key in ("kv_lora_rank", "q_lora_rank"):
+        for key in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise AnalysisError(f"geometry {self.name!r}: {key} must be None or an integer >= 1, "
@@ -331,16 +334,17 @@ def attention_params(geometry: Geometry, attention: Attention) -> int:
     Hugging Face ``DeepseekV3Attention``): the query W_Q d*nh*(dh+rope), or
     compressed W_DQ d*q_rank + its norm q_rank + W_UQ q_rank*nh*(dh+rope); W_DKV
     d*latent and W_KR d*rope (one matrix, ``kv_a_proj_with_mqa``), the latent's
-    norm latent, W_UK latent*nh*dh, W_UV latent*nh*dh, W_O nh*dh*d (value head
-    dim = d_head).
+    norm latent, W_UK latent*nh*nope, W_UV latent*nh*v, W_O nh*v*d, where nope
+    and v are the geometry's ``qk_nope_head_dim`` and ``v_head_dim`` (default d_head).
     """
     d, nh, dh = geometry.d_model, geometry.n_heads, geometry.d_head
     nkv = attention.n_kv_heads or geometry.n_kv_heads
     _check_kv_heads(geometry.name, nh, nkv)
     if attention.mla_latent:
         r, rope, qr = attention.mla_latent, attention.mla_rope, attention.mla_q_rank
-        query = d * qr + qr + qr * nh * (dh + rope) if qr else d * nh * (dh + rope)
-        per_layer = query + d * (r + rope) + r + 2 * r * nh * dh + nh * dh * d
+        nope, v = geometry.qk_nope_head_dim or dh, geometry.v_head_dim or dh
+        query = d * qr + qr + qr * nh * (nope + rope) if qr else d * nh * (nope + rope)
+        per_layer = query + d * (r + rope) + r + r * nh * (nope + v) + nh * v * d
         return geometry.n_layers * per_layer
     q = 0 if attention.variant in Q_DROPPED else d * nh * dh
     k = d * nkv * dh
@@ -443,11 +447,15 @@ def attention_flops_per_pair(geometry: Geometry, attention: Attention, phase: st
     """FLOPs of one (query, key) pair summed over layers and heads (multiply-add = 2 FLOPs).
 
     q.k and p.v: 4 * n_layers * n_heads * d_head. MLA: keys decompressed in
-    prefill, 2 * L * nh * (2 * d_head + rope); absorbed in decode (scores and
-    values over the latent), 2 * L * nh * (2 * latent + rope)."""
+    prefill, 2 * L * nh * (nope + rope + v) (nope = v = d_head unless the geometry
+    says otherwise); absorbed in decode (scores and values over the latent),
+    2 * L * nh * (2 * latent + rope)."""
     L, nh, dh = geometry.n_layers, geometry.n_heads, geometry.d_head
     if attention.mla_latent:
-        width = 2 * attention.mla_latent if phase == "decode" else 2 * dh
+        if phase == "decode":
+            width = 2 * attention.mla_latent
+        else:
+            width = (geometry.qk_nope_head_dim or dh) + (geometry.v_head_dim or dh)
         return 2 * L * nh * (width + attention.mla_rope)
     return 4 * L * nh * dh
 
@@ -802,8 +810,10 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
     parameter counts as ``params: {total, attention}`` or ``params_total`` /
     ``params_attention``. The attention biases (none, Q/K/V only, or all) are the
     layout whose count equals ``params_attention``, so variants drop their biases too.
-    MLA models: ``kv_lora_rank``, ``qk_rope_head_dim`` and ``q_lora_rank`` (Hugging Face
-    DeepSeek config names) at the top level or under ``mla``."""
+    MLA models: ``latent`` as ``inspect_checkpoint`` gives it (``kv_lora_rank``,
+    ``q_lora_rank``, ``rope_dim``, ``nope_dim``, ``v_dim``), or the Hugging Face DeepSeek
+    config names (``kv_lora_rank``, ``qk_rope_head_dim``, ``q_lora_rank``,
+    ``qk_nope_head_dim``, ``v_head_dim``) at the top level or under ``mla``."""
     missing = [k for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head") if info.get(k) is None]
     label = name or str(info.get("path") or info.get("name") or "checkpoint")
     if missing:
@@ -814,18 +824,26 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
     variant = info.get("variant") or "qkv"
     if variant not in VARIANTS:
         raise AnalysisError(f"{label}: variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    mla = dict(info.get("mla") or {})
-    for key in ("kv_lora_rank", "qk_rope_head_dim", "q_lora_rank"):
+    latent = info.get("latent") or {}
+    mla = {"kv_lora_rank": latent.get("kv_lora_rank"), "q_lora_rank": latent.get("q_lora_rank"),
+           "qk_rope_head_dim": latent.get("rope_dim"), "qk_nope_head_dim": latent.get("nope_dim"),
+           "v_head_dim": latent.get("v_dim")}
+    mla.update({k: v for k, v in (info.get("mla") or {}).items() if v is not None})
+    for key in ("kv_lora_rank", "qk_rope_head_dim", "q_lora_rank", "qk_nope_head_dim", "v_head_dim"):
         if info.get(key) is not None:
             mla[key] = info[key]
+
+    def dim(key: str) -> int | None:
+        return int(mla[key]) if mla.get(key) else None
+
     g = Geometry(name=label, n_layers=int(info["n_layers"]), n_heads=int(info["n_heads"]),
                  n_kv_heads=int(info["n_kv_heads"]), d_model=int(info["d_model"]),
                  d_head=int(info["d_head"]), variant=variant,
                  params_total=int(total) if total else None,
                  params_attention=int(attn) if attn is not None else None,
-                 kv_lora_rank=int(mla["kv_lora_rank"]) if mla.get("kv_lora_rank") else None,
-                 qk_rope_head_dim=int(mla.get("qk_rope_head_dim") or 0),
-                 q_lora_rank=int(mla["q_lora_rank"]) if mla.get("q_lora_rank") else None,
+                 kv_lora_rank=dim("kv_lora_rank"), qk_rope_head_dim=dim("qk_rope_head_dim") or 0,
+                 q_lora_rank=dim("q_lora_rank"), qk_nope_head_dim=dim("qk_nope_head_dim"),
+                 v_head_dim=dim("v_head_dim"),
                  source=f"checkpoint {label}")
     if attn is not None and not g.kv_lora_rank:
         # Which biases the attention has follows from its parameter count: the count

@@ -5,6 +5,7 @@ Every expected value is worked out by hand from the formula in ``analysis.kv_cos
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -231,19 +232,24 @@ def test_checkpoint_info_with_mla_dims_makes_an_mla_geometry():
     assert kv_bytes_per_token(nested, native_attention(nested), "bf16") == 70_272
 
 
-def test_transformers_deepseek_v3_cache_and_attention_parameters_equal_the_calculator():
-    """transformers' DeepseekV3 caches the latent (kv_lora_rank) and the rotary key (rope) per
-    layer and token; its attention parameters follow the MLA formula."""
+def tiny_deepseek_v3(nope: int = 16, v: int = 16):
+    """A 2-layer transformers DeepseekV3 (4 heads, d_model 64, latent 16, rope 8, q rank 24)."""
     tf = pytest.importorskip("transformers")
     if not hasattr(tf, "DeepseekV3Config"):
         pytest.skip("this transformers has no DeepseekV3")
     cfg = tf.DeepseekV3Config(vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                              kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16,
-                              v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                              kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=nope,
+                              v_head_dim=v, n_routed_experts=4, num_experts_per_tok=2,
                               first_k_dense_replace=1, n_group=1, topk_group=1, max_position_embeddings=64)
     torch.manual_seed(0)
-    model = tf.DeepseekV3ForCausalLM(cfg).eval()
+    return tf.DeepseekV3ForCausalLM(cfg).eval()
+
+
+def test_transformers_deepseek_v3_cache_and_attention_parameters_equal_the_calculator():
+    """transformers' DeepseekV3 caches the latent (kv_lora_rank) and the rotary key (rope) per
+    layer and token; its attention parameters follow the MLA formula."""
+    model = tiny_deepseek_v3()
     with torch.inference_mode():
         cache = model(torch.randint(0, 64, (1, 7)), use_cache=True).past_key_values
     stored = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
@@ -253,6 +259,27 @@ def test_transformers_deepseek_v3_cache_and_attention_parameters_equal_the_calcu
     assert stored == e.bytes_per_user == 2 * 7 * (16 + 8) * 4
     hf_attention = sum(p.numel() for layer in model.model.layers for p in layer.self_attn.parameters())
     assert hf_attention == attention_params(g, native_attention(g))
+
+
+def test_a_read_deepseek_checkpoint_is_costed_as_mla(tmp_path):
+    """The checkpoint reader's ``latent`` (kv_lora_rank, rope_dim, nope_dim, v_dim) makes an MLA
+    geometry whose cache is the reader's own kv_bytes_per_token and whose parameters are its
+    count; key and value widths that differ (nope 12, v 20) follow through."""
+    from loaders.checkpoints import inspect_checkpoint
+
+    model = tiny_deepseek_v3(nope=12, v=20)
+    model.save_pretrained(tmp_path / "v3")
+    info = inspect_checkpoint(tmp_path / "v3")
+    g = geometry_from_info(info)
+    assert (g.kv_lora_rank, g.qk_rope_head_dim, g.q_lora_rank, g.qk_nope_head_dim, g.v_head_dim) == (
+        16, 8, 24, 12, 20)
+    native = native_attention(g)
+    assert kv_bytes_per_token(g, native, "fp32") == info["kv_bytes_per_token"] == 2 * (16 + 8) * 4
+    assert estimate(g, native, Serving(context=10), H100).params_total == info["params"]["total"]
+    hf = sum(p.numel() for layer in model.model.layers for p in layer.self_attn.parameters())
+    # the formula (with both norms) against transformers' own modules
+    assert attention_params(dataclasses.replace(g, params_total=None, params_attention=None), native) == hf
+    assert standard_configs(g)[0] == native
 
 
 def test_variant_labels_come_from_the_variants_leaf():

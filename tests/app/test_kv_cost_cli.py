@@ -166,3 +166,22 @@ def test_readable_report_shows_gpus_and_latency(capsys):
     assert "GPUs needed                1,000 for 100,000 users, batch up to 100 a replica (limited by memory)" in text
     assert "USD per month              2,190,000 ($3/GPU-hour * 1000 * 730 h)" in text
     assert "time to first token" in text and "time per output token" in text
+
+
+def test_mla_checkpoint_is_costed_with_its_latent(capsys, tmp_path):
+    tf = pytest.importorskip("transformers")
+    if not hasattr(tf, "DeepseekV3Config"):
+        pytest.skip("this transformers has no DeepseekV3")
+    import torch
+
+    torch.manual_seed(0)
+    tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+        vocab_size=64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+        n_group=1, topk_group=1, max_position_embeddings=64)).save_pretrained(tmp_path / "v3")
+    data = run_json(capsys, "--checkpoint", str(tmp_path / "v3"), "--kv-dtype", "bf16", "--compare")
+    # 2 layers * (kv_lora_rank 16 + rope 8) * 2 B, against MHA: 2 layers * 2 * 4 heads * d_head 24 * 2 B
+    assert (data["variant"], data["bytes_per_token"]) == ("mla", 2 * (16 + 8) * 2)
+    assert data["baseline"]["bytes_per_token"] == 2 * 2 * 4 * 24 * 2
+    assert data["comparison"][0]["variant"] == "mla"
