@@ -121,6 +121,12 @@ class SqlPoints:
     params: dict = field(default_factory=dict)
 
 
+# Every appendable reader's ``parse(path, *, start=0, state=None, complete=False)``:
+# ``complete`` says the file is finished (not growing), so a last line without
+# a newline is read too (``complete_lines``); ``read_bytes`` stays at the end
+# of the last complete line either way.
+
+
 @dataclass
 class Parsed:
     """A reader's result for one file (or the new tail of one)."""
@@ -253,15 +259,18 @@ def decode_text(path: Path, data: bytes, offset: int = 0) -> str:
                   f"{offset + exc.start} that is not valid UTF-8") from None
 
 
-def complete_lines(data: bytes) -> tuple[bytes, int]:
-    """The part of ``data`` up to and including its last newline, and its length.
+def complete_lines(data: bytes, complete: bool = False) -> tuple[bytes, int]:
+    """(the part of ``data`` to parse, the length of its complete lines).
 
-    A log being written may end in half a line; that part is read next time.
+    A log being written may end in half a line; that part is read next time:
+    the part to parse ends at the last newline. When the file is complete (a
+    finished log whose last line has no newline, ``complete``), the part to
+    parse is all of ``data``, and the length still ends at the last newline,
+    so that a log which grows after all re-reads that line whole.
     """
     end = data.rfind(b"\n")
-    if end < 0:
-        return b"", 0
-    return data[:end + 1], end + 1
+    used = end + 1 if end >= 0 else 0
+    return (data if complete else data[:used]), used
 
 
 def finite_or_none(x) -> float | None:

@@ -251,10 +251,24 @@ def _text_chunk(path: Path, start: int, *, complete: bool = False) -> tuple[byte
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read()
-    chunk, used = (data, len(data)) if complete else complete_lines(data)
+    chunk, used = complete_lines(data, complete)
     _scan_bytes(path, chunk)
     decode_text(path, chunk, start)
     return chunk, used
+
+
+def _complete_end(path: Path, size: int) -> int:
+    """The end of the last complete line of ``path`` (0 if none), read backwards in blocks."""
+    with open(path, "rb") as fh:
+        end = size
+        while end > 0:
+            start = max(0, end - (1 << 20))
+            fh.seek(start)
+            i = fh.read(end - start).rfind(b"\n")
+            if i >= 0:
+                return start + i + 1
+            end = start
+    return 0
 
 
 def _first_line_end(path: Path) -> int:
@@ -344,7 +358,8 @@ class _CsvBase:
     #: ``parse`` reads the header only; the store step reads the rows (SqlPoints).
     rows_read_by_store = True
 
-    def parse(self, path: Path, *, start: int = 0, state: dict | None = None) -> Parsed:
+    def parse(self, path: Path, *, start: int = 0, state: dict | None = None,
+              complete: bool = False) -> Parsed:
         if start == 0 or not state:
             head = read_head(path)
             text = decode_text(path, head[: head.rfind(b"\n") + 1] or head)
@@ -362,9 +377,11 @@ class _CsvBase:
                 fh.seek(max(0, size - 1))
                 last = fh.read(1)
             columns = tuple(column_names(state["fields"]))
-            if last == b"\n" or size == 0:
+            if last == b"\n" or size == 0 or complete:
                 _check_utf8_file(path)
                 body_end = size
+                if last != b"\n" and size:   # finished, last line without newline: read it,
+                    body_end = _complete_end(path, size)     # count only complete lines as read
                 source = CsvFile(path, None, True, columns, delim, size)
                 empty = size <= state["header_bytes"]
             else:                               # a log being written: its last line is not complete
@@ -375,7 +392,7 @@ class _CsvBase:
                 source = CsvFile(path, chunk, True, columns, delim)
                 empty = body_end <= state["header_bytes"]
         else:
-            chunk, used = _text_chunk(path, start)
+            chunk, used = _text_chunk(path, start, complete=complete)
             body_end = start + used
             if not chunk.strip():
                 return Parsed(runs=[], read_bytes=body_end, state=state)

@@ -37,6 +37,8 @@ import csv
 import dataclasses
 import hashlib
 import json
+import os
+import time
 from pathlib import Path
 
 import duckdb
@@ -57,6 +59,8 @@ _GENERIC_STEMS = {"metrics", "log", "logs", "train", "training", "trainer_state"
                   "out", "progress", "history", "events", "eval_val_tensor", "eval_train_tensor",
                   "tensor", "final_model", "main", "train_log", "run"}
 _FP_WINDOW = 64 * 1024
+#: A file last modified at least this long ago is not being written.
+_SETTLE_S = 2.0
 #: Exceptions the parsing libraries (csv, json, pandas, numpy, DuckDB) raise on
 #: malformed content; ``ingest_log`` reports them as ``LogFormatError``.
 _PARSE_ERRORS = (ValueError, OverflowError, csv.Error, duckdb.Error)
@@ -77,6 +81,23 @@ def _cannot_parse(path: Path, fmt: str, exc: Exception, *, start: int = 0) -> Lo
     where = f" in the part from byte {start} on" if start else ""
     return LogFormatError(path, f"expected a {fmt} log, found content it cannot parse{where} "
                                 f"({type(exc).__name__}: {what})")
+
+
+def ends_unterminated(path: Path, size: int) -> bool:
+    """Whether the file's last byte is not a newline."""
+    if size == 0:
+        return False
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        return fh.read(1) != b"\n"
+
+
+def is_finished(st: os.stat_result) -> bool:
+    """Whether a file is not being written: unchanged for ``_SETTLE_S`` (its
+    mtime that old). A log held back as being written is looked at again by
+    the next ingest (or ``--watch`` poll) even if its size and mtime are the
+    same, so the last line of a log that stopped growing is read then."""
+    return time.time() - st.st_mtime >= _SETTLE_S
 
 
 def fingerprint(path: Path, length: int) -> str:
@@ -120,7 +141,7 @@ def run_name(path: Path, fmt: str, name: str) -> str:
     stem = path.name.split(".")[0] if path.name.startswith("events.out") else path.stem
     base = path.parent.name if (stem.lower() in _GENERIC_STEMS or path.name.startswith("events.out")) \
         else stem
-    if fmt == "modded_nanogpt":
+    if fmt in ("modded_nanogpt", "nanogpt"):      # several runs in one file: #2, #3, ...
         return base if name in ("", "#1") else f"{base}{name}"
     return name or base
 
@@ -221,14 +242,21 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
         if prev["format"] != fmt:
             prev = None  # read with another reader before (e.g. --format): start over
     mode = "full"
+    # A finished log whose last line has no newline: that line is read too (it
+    # is kept back only while the file is being written); the journal still
+    # counts only complete lines as read, so if the log grows after all, the
+    # line is read again whole and replaces what was read of it.
+    unterminated = reader.appendable and ends_unterminated(path, st.st_size)
+    tail = unterminated and is_finished(st)
+    held = prev is not None and bool(prev["state"].get("held_tail")) and tail
     if prev is not None:
         same_stat = prev["size"] == st.st_size and prev["mtime"] == st.st_mtime
-        if same_stat:
+        if same_stat and not held:
             return [_unchanged(path, fmt, prev)]
         if reader.appendable and prev["read_bytes"] is not None:
             consumed = prev["read_bytes"]
             intact = st.st_size >= consumed and fingerprint(path, consumed) == prev["state"].get("fingerprint")
-            if intact and st.st_size == prev["size"]:
+            if intact and st.st_size == prev["size"] and not held:
                 _touch_journal(store, key, st)
                 return [_unchanged(path, fmt, prev)]
             if intact:
@@ -237,11 +265,12 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
             _touch_journal(store, key, st)
             return [_unchanged(path, fmt, prev)]
 
+    extra = {"complete": True} if tail else {}
     try:
         if mode == "append":
-            parsed = reader.parse(path, start=prev["read_bytes"], state=prev["state"].get("reader"))
+            parsed = reader.parse(path, start=prev["read_bytes"], state=prev["state"].get("reader"), **extra)
         else:
-            parsed = reader.parse(path, start=0, state=None)
+            parsed = reader.parse(path, start=0, state=None, **extra)
     except _PARSE_ERRORS as exc:
         # A reader's own checks raise LogFormatError; these come from the
         # parsing libraries on content no reader anticipated (a step too large
@@ -249,8 +278,13 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
         raise _cannot_parse(path, fmt, exc) from None
     if frozen:
         _freeze(parsed)
-    return _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
-                  prev, reader.appendable, seen=seen, last_attempt=last_attempt)
+    reports = _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
+                     prev, reader.appendable, seen=seen, last_attempt=last_attempt, tail=tail,
+                     held_tail=unterminated and not tail)
+    if tail:
+        for r in reports:
+            r.reason = "last line has no newline; read, as the file is not being written"
+    return reports
 
 
 def _unchanged(path: Path, fmt: str, prev: dict) -> FileReport:
@@ -266,10 +300,13 @@ def _touch_journal(store: Store, key: str, st) -> None:
 
 def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, append_from: dict | None,
            prev: dict | None, appendable: bool, *, seen: tuple | None = None,
-           last_attempt: bool = False) -> list[FileReport]:
+           last_attempt: bool = False, tail: bool = False, held_tail: bool = False) -> list[FileReport]:
     source, run_dir, shared = run_source(path, fmt)
     prev_runs = (prev or {}).get("state", {}).get("runs", {})
     runs_state: dict = dict(prev_runs) if append_from is not None else {}
+    # The last ingest read an unterminated last line, read again now: points at
+    # the last stored step are that line's, not a resume.
+    reread = append_from is not None and bool(append_from["state"].get("tail"))
     total = 0
     ids: list[int] = []
     digest = None if appendable else file_sha256(path)
@@ -321,7 +358,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                 if new.n and (shared or _overlaps(new.first, known["last"])):
                     # Latest wins: a resumed run (or a second file of a shared
                     # run) replaces the points it logs again.
-                    if replace_stored(con, run_id) and not shared:
+                    if replace_stored(con, run_id) and not shared and (
+                            not reread or _overlaps(new.first, known["last"], strict=True)):
                         resumed = True
                 move_staged(con, run_id)
             if new.n:
@@ -338,6 +376,10 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             _apply_overrides(con, run_id)
         refresh_run_stats(con, ids + [r["id"] for r in prev_runs.values()])
         state = {"reader": parsed.state, "runs": runs_state}
+        if tail:
+            state["tail"] = True         # an unterminated last line was read
+        if held_tail:
+            state["held_tail"] = True    # one was kept back: the file was being written
         read_bytes = parsed.read_bytes if parsed.read_bytes is not None else st.st_size
         if appendable:
             state["fingerprint"] = fingerprint(path, read_bytes)
@@ -352,10 +394,11 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total)]
 
 
-def _overlaps(first: dict[str, int], last: dict[str, int]) -> bool:
+def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = False) -> bool:
     """Whether new points (``first`` step per metric) reach back to steps already
-    stored for their metric (``last`` step per metric)."""
-    return any(m in last and s <= last[m] for m, s in first.items())
+    stored for their metric (``last`` step per metric); ``strict``: to steps
+    before the last one."""
+    return any(m in last and (s < last[m] if strict else s <= last[m]) for m, s in first.items())
 
 
 def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str, run: RunData,

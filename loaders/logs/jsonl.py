@@ -64,11 +64,12 @@ class JsonlReader:
     help = "JSON lines: one object per line with a step key (step, iter, ...) and numeric fields"
     appendable = True
 
-    def parse(self, path: Path, *, start: int = 0, state: dict | None = None) -> Parsed:
+    def parse(self, path: Path, *, start: int = 0, state: dict | None = None,
+              complete: bool = False) -> Parsed:
         with open(path, "rb") as fh:
             fh.seek(start)
             data = fh.read()
-        chunk, used = complete_lines(data)
+        chunk, used = complete_lines(data, complete)
         if start == 0 and not chunk and data.strip():
             chunk, used = data, len(data)  # a one-line file without its final newline
         decode_text(path, chunk, start)
