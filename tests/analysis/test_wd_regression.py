@@ -59,6 +59,7 @@ def test_exact_data_are_fitted_exactly():
     assert out["intercept"] == pytest.approx(3.0, abs=1e-10) and out["r2"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_interval_covers_the_truth_in_about_95_percent_of_sweeps():
     hits = 0
     for seed in range(200):

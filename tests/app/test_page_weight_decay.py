@@ -238,6 +238,7 @@ def sweep_db(tmp_path, monkeypatch):
     return db
 
 
+@pytest.mark.slow
 def test_random_sweep_shows_the_regression_beside_the_grouped_view(sweep_db):
     at = page_test("weight_decay").run()
     assert not at.exception, at.exception
