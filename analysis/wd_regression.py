@@ -19,7 +19,10 @@ Design matrix (``build_design``):
 * covariates: every config key whose value varies over the runs kept, numeric
   (int, float, bool as 0/1, or a string that parses as a number) in every one
   of them. A varying key that is missing or not numeric in some run is not
-  used and listed in ``unused`` with the reason.
+  used and listed in ``unused`` with the reason; so is a key that is an
+  identifier or counter (``NOT_HYPERPARAMETERS``: trial number, version,
+  step, epoch) or names an outcome (``loss``, ``acc``, ``score``, a ``val_``
+  prefix ...: it would explain the value by itself).
 * transform: ``log10`` when every value is > 0 and either the key names a
   rate-like hyperparameter (its last dotted part is ``lr``, ``learning_rate``,
   ends in ``_lr``, or is ``eps``/``adam_eps``/``weight_decay``/``wd``), or its
@@ -88,6 +91,12 @@ PD_GRID = 25
 #: the tree model of the partial dependence (random_state is the caller's seed)
 PD_PARAMS = dict(n_estimators=200, learning_rate=0.05, max_depth=2, min_samples_leaf=3, subsample=1.0)
 
+#: config keys (their last dotted part) that are identifiers or progress counters, not hyperparameters
+NOT_HYPERPARAMETERS = frozenset({"trial", "trial_id", "trial_number", "number", "id", "run_id", "version",
+                                 "step", "global_step", "iter_num", "epoch", "current_epoch", "timestamp"})
+#: a key naming an outcome (a metric the run reached) is not a covariate: it would explain the value by itself
+_OUTCOME = re.compile(r"(^|_)(loss|nll|ppl|perplexity|acc|accuracy|score|metric|top1|top5|f1|auc)(_|$)|^(val|eval|test)_")
+
 _RATE = re.compile(r"^(lr|learning_rate|.*_lr|lr_.*|eps|adam_eps|adam_epsilon|weight_decay|wd)$")
 
 REGRESSION_KEYS = ["reason", "n_runs", "run_ids", "weight_decays", "values", "n_excluded_wd0",
@@ -144,6 +153,13 @@ def build_design(u: np.ndarray, configs: list[dict]) -> tuple[np.ndarray, list[d
         raw = [cfg.get(key) for cfg in configs]
         if len({repr(v) for v in raw}) <= 1:
             continue  # the same in every run: not swept
+        last = key.rsplit(".", 1)[-1].lower()
+        if last in NOT_HYPERPARAMETERS:
+            unused.append({"name": key, "reason": "an identifier or counter, not a hyperparameter"})
+            continue
+        if _OUTCOME.search(last):
+            unused.append({"name": key, "reason": "names an outcome (a metric), not a hyperparameter"})
+            continue
         nums = [_number(v) for v in raw]
         missing = sum(x is None for x in nums)
         if missing:

@@ -95,7 +95,8 @@ def test_design_transforms_and_leaves_out_unusable_keys():
     cfgs = _configs(wd, lr, dropout, batch_size=batch, learning_rate=lr.tolist(),
                     optimizer=["adamw" if i % 2 else "lion" for i in range(40)],
                     warmup=[100] * 40, label_smoothing=[0.1] * 39 + [None],
-                    muon_weight_decay=(2 * wd).tolist())
+                    muon_weight_decay=(2 * wd).tolist(), trial=list(range(40)),
+                    best_val_loss=rng.uniform(2, 3, 40).tolist())
     X, covariates, unused = build_design(np.log10(wd), cfgs)
     assert [(c["name"], c["transform"]) for c in covariates] == [
         ("batch_size", "log10"), ("dropout", "linear"), ("learning_rate", "log10")]
@@ -103,6 +104,8 @@ def test_design_transforms_and_leaves_out_unusable_keys():
     np.testing.assert_allclose(X[:, 3], np.log10(lr))
     reasons = {u["name"]: u["reason"] for u in unused}
     assert reasons == {
+        "best_val_loss": "names an outcome (a metric), not a hyperparameter",
+        "trial": "an identifier or counter, not a hyperparameter",
         "label_smoothing": "missing or not a number in 1 of 40 runs",
         "lr": "collinear with learning_rate (|r| = 1.000)",
         "muon_weight_decay": "collinear with log10(weight_decay) (|r| = 1.000)",
