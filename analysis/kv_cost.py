@@ -255,8 +255,8 @@ class Serving:
     ``output_len``, when both given, set ``context`` to their sum if ``context``
     is None, and the decode step is costed at the mean length during
     generation, prompt + output/2; otherwise at the full context (worst case).
-    ``users``: concurrent users; None fills one replica (the largest batch that
-    fits). ``reserve_bytes``: memory kept for activations, CUDA context and
+    ``users``: concurrent users; None fills one replica (min(batch cap, the
+    largest batch whose caches fit)). ``reserve_bytes``: memory kept for activations, CUDA context and
     fragmentation. ``gpus_per_replica``: tensor-parallel GPUs that hold one copy
     of the weights (memory, bandwidth, FLOPs and price all multiply).
     ``max_batch``: the most sequences one replica decodes at once (vLLM's

@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     att.add_argument("--window", type=int, help="sliding window in tokens (0: none; default: the model's)")
     srv = p.add_argument_group("serving")
     srv.add_argument("--context", type=int, help="tokens cached per user (default 4096, or prompt + output)")
-    srv.add_argument("--users", type=int, help="concurrent users (default: as many as one GPU holds)")
+    srv.add_argument("--users", type=int, help="concurrent users (default: one full replica, min(--max-batch, what "
+                     "memory holds))")
     srv.add_argument("--prompt-len", type=int, help="prompt tokens (with --output-len: decode costed at "
                      "prompt + output/2)")
     srv.add_argument("--output-len", type=int, help="generated tokens per request")
