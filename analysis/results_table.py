@@ -215,6 +215,13 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
     return out[base_cols + metric_cols + ["KV bytes/token", "attention params"]]
 
 
+def table_order(task, sharing, n_kv_heads, variant) -> tuple:
+    """The sort key of a row in table order: task, head sharing (MHA, GQA with more KV heads
+    first, MQA), variant (``analysis.variants.VARIANTS`` order)."""
+    rank = {v: i for i, v in enumerate(V.VARIANTS)}
+    return _sort_key(str(task), str(sharing), _int_or_none(n_kv_heads), rank.get(str(variant), len(rank)), str(variant))
+
+
 def _sort_key(task: str, sharing: str, n_kv_heads, variant_rank: int, variant: str) -> tuple:
     """Rows by task, head sharing (MHA, GQA with more KV heads first, MQA), then variant."""
     kind = "GQA" if sharing.startswith("GQA") else (sharing if sharing in _SHARING_ORDER else "?")

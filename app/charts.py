@@ -313,10 +313,13 @@ def band_figure(band: pd.DataFrame, *, x: str = "step", metric: str = "", log_x:
     """Mean line and min-max band per group (``group, x, mean, lo, hi, n_runs``).
 
     ``styles`` maps a group to its ``group_style`` (colour of the variant, dash of the head
-    sharing); a group without one is read as a variant name.
+    sharing), in legend order; a group without one is read as a variant name.
     """
     fig = go.Figure()
-    for i, (group, g) in enumerate(band.groupby("group", sort=True)):
+    present = sorted(set(band["group"]), key=str)
+    order = [g for g in (styles or {}) if g in set(present)] + [g for g in present if g not in (styles or {})]
+    for i, group in enumerate(order):       # the order of ``styles`` (the page's row order), else by name
+        g = band[band["group"] == group]
         style = (styles or {}).get(group) or group_style(group, None, i)
         color = style["color"]
         g = g.sort_values("x")

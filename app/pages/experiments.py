@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis.directions import direction
-from analysis.results_table import best_of_each_group, metric_order, run_facts
+from analysis.results_table import best_of_each_group, metric_order, run_facts, run_groups, table_order
 from analysis.trajectories import smooth
 from analysis.variants import VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts
@@ -218,9 +218,9 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
         band = curves.group_band(binned, group_of)
         if smoothing:
             band = smooth(band, smoothing, by="group", column="mean")
-        band_styles = {styles[i]["group"]: charts.group_style(v, charts.sharing_of(h, kv))
-                       for i, v, h, kv in runs[["id", "variant", "n_heads", "n_kv_heads"]].itertuples(index=False)
-                       if i in group_of}
+        rows = run_groups(runs[runs["id"].isin(plotted)]).to_dict("records")
+        rows.sort(key=lambda r: table_order(r["task"], r["sharing"], r["n_kv_heads"], r["variant"]))
+        band_styles = {styles[int(r["id"])]["group"]: charts.group_style(r["variant"], r["sharing"]) for r in rows}
         fig = charts.band_figure(band, x=x, metric=metric, log_x=log_x, log_y=log_y, styles=band_styles)
         n_shown = len(band)
     else:
@@ -250,7 +250,7 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
                            index=metric_options.index(fm_url) if fm_url in metric_options else 0, key="exp_fm")
     hp_url = query_param("hp", "weight_decay")
     hparam = c2.selectbox("Hyperparameter", HPARAMS, index=HPARAMS.index(hp_url) if hp_url in HPARAMS else 0,
-                          key="exp_hp")
+                          key="exp_hp", format_func=charts.axis_title)
     views = ["Scatter", "Parallel coordinates"]
     view = c3.radio("View", views, index=1 if query_param("view") == "parallel" else 0, key="exp_view",
                     horizontal=True)
@@ -339,8 +339,14 @@ def render() -> None:
     shown = _filters(runs)
     st.caption(f"{len(shown):,} of {len(runs):,} runs")
     st.dataframe(shown, hide_index=True, width="stretch", height=min(38 * (len(shown) + 1), 320),
-                 column_config={"weight_decay": st.column_config.NumberColumn(format="%.4g"),
-                                "lr": st.column_config.NumberColumn(format="%.3g"),
+                 column_config={"weight_decay": st.column_config.NumberColumn("weight decay", format="%.4g"),
+                                "lr": st.column_config.NumberColumn("learning rate", format="%.3g"),
+                                "n_heads": st.column_config.NumberColumn("query heads"),
+                                "n_kv_heads": st.column_config.NumberColumn("KV heads"),
+                                "model_size": st.column_config.NumberColumn("model size (parameters)"),
+                                "n_points": st.column_config.NumberColumn("points"),
+                                "first_step": st.column_config.NumberColumn("first step"),
+                                "last_step": st.column_config.NumberColumn("last step"),
                                 "metrics": st.column_config.ListColumn()},
                  key="exp_table")
     _curve_section(store, version, runs, shown, saved)

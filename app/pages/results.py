@@ -140,7 +140,7 @@ def render() -> None:
         st.caption("No run matches these choices.")
         return
     st.dataframe(_screen(table), hide_index=True, width="stretch", key="res_table",
-                 column_config=_column_config(table))
+                 column_config=_column_config(table), height=min(38 * (len(table) + 1) + 4, 800))
     st.caption(f"{stat.capitalize()} value of each run; mean ± sample standard deviation over a row's runs "
                f"(n); weight decay {wd_pick}. \"vs Q-K-V\": the row's mean against the Q-K-V row of the same "
                "head sharing and task, in %. KV bytes per token = layers x cached tensors (1 for K=V, else 2) x "
@@ -162,12 +162,14 @@ def render() -> None:
 
 
 def _screen(table: pd.DataFrame) -> pd.DataFrame:
-    """The columns shown on screen: labels, then each metric's mean, std, n and %, then the costs."""
-    keep = ["task", "label", "sharing", "n runs", "seeds"]
+    """The columns shown on screen: labels and costs, then each metric's mean, std, % (and its n
+    where it differs from the row's runs: a run that did not log it)."""
+    keep = ["task", "label", "sharing", "n runs", "seeds", "KV bytes/token", "attention params"]
     if table["task"].nunique() <= 1:
         keep.remove("task")
-    metric_cols = [c for c in table.columns if c.endswith((" mean", " std", " n", " vs qkv %"))]
-    return table[keep + metric_cols + ["KV bytes/token", "attention params"]]
+    metric_cols = [c for c in table.columns if c.endswith((" mean", " std", " vs qkv %"))
+                   or (c.endswith(" n") and not (table[c] == table["n runs"]).all())]
+    return table[keep + metric_cols]
 
 
 def _column_config(table: pd.DataFrame) -> dict:

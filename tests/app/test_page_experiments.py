@@ -200,7 +200,8 @@ def test_by_variant_keeps_mha_mqa_and_tasks_apart(runs_db):
     at = page_test("experiments", {"runs": "1,2,3,4", "m": "train/loss", "group": "1"}).run()
     assert not at.exception
     lines = [t for t in figures(at)["exp_curves"]["data"] if t.get("showlegend", True)]
-    assert [t["name"] for t in lines] == ["Q-K-V · MHA (n=1)", "Q-K-V · MQA (n=1)", "Q-K=V · MHA (n=1)",
+    # in table order: task, then head sharing (MHA before MQA), then variant
+    assert [t["name"] for t in lines] == ["Q-K-V · MHA (n=1)", "Q-K=V · MHA (n=1)", "Q-K-V · MQA (n=1)",
                                           "Q-K=V · MHA · vision (n=1)"]
     styles = {t["name"]: (t["line"]["color"], t["line"]["dash"]) for t in lines}
     from analysis.variants import COLORS
