@@ -163,8 +163,10 @@ def _top_statements(body: list[ast.stmt]):
                 yield from _top_statements(part)
 
 
-def _scope_of(tree: ast.Module) -> tuple[_Scope, list[ast.stmt]]:
-    """The script's bindings, and the statements searched for optimizer calls."""
+def _scope_of(tree: ast.Module) -> tuple[_Scope, list[tuple[ast.stmt, frozenset]]]:
+    """The script's bindings, and the statements searched for optimizer calls,
+    each with the parameter names of the top-level function it is in (none at
+    module level): a call that passes those is a helper's, not what ran."""
     scope = _Scope()
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
@@ -180,11 +182,12 @@ def _scope_of(tree: ast.Module) -> tuple[_Scope, list[ast.stmt]]:
                 if v is not None:
                     fields[(st.target if isinstance(st, ast.AnnAssign) else st.targets[0]).id] = v
             scope.fields[node.name] = fields
-    module = list(_top_statements(tree.body))
-    functions = [st for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+    module = [(st, frozenset()) for st in _top_statements(tree.body)]
+    functions = [(st, frozenset(a.arg for a in f.args.args + f.args.kwonlyargs + f.args.posonlyargs))
+                 for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                  for st in _top_statements(f.body)]
     for stmts, first_wins in ((module, False), (functions, True)):
-        for st in stmts:
+        for st, _ in stmts:
             if isinstance(st, ast.Assign):
                 for t in st.targets:
                     scope.bind(t, st.value, first_wins=first_wins)
@@ -250,12 +253,12 @@ def _group_dict(node: ast.expr) -> dict | None:
     return d if "params" in d else None
 
 
-def optimizer_groups(scope: _Scope, statements: list[ast.stmt]) -> list[dict]:
+def optimizer_groups(scope: _Scope, statements: list[tuple[ast.stmt, frozenset]]) -> list[dict]:
     """Every optimizer constructor call's parameter groups, in script order."""
     out, seen = [], set()
     compound = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try,
                 ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    for st in statements:
+    for st, own_params in statements:
         if isinstance(st, compound):
             continue                  # their bodies are among ``statements``; classes never
         bound = None
@@ -274,6 +277,10 @@ def optimizer_groups(scope: _Scope, statements: list[ast.stmt]) -> list[dict]:
                 isinstance(first, ast.Name) and isinstance(scope.nodes.get(first.id), (ast.List, ast.Tuple)))
             if not (kw & {"lr", *_WD_KEYS, "params"}) and not groups_list:
                 continue
+            used = {n.id for part in [*node.args, *(k.value for k in node.keywords)]
+                    for n in ast.walk(part) if isinstance(n, ast.Name)}
+            if used & own_params:
+                continue              # a helper passing on its own arguments
             out.extend(_groups(scope, node, bound if node is getattr(st, "value", None) else None))
     return out
 
@@ -303,16 +310,23 @@ def header_hyperparameters(header: str) -> dict:
     when the script states it.
     """
     out: dict = {}
-    tree = parse_code(code_of(header))
-    if tree is None:
-        flat = {k: float(v) for k, v in _FLAT_ASSIGN.findall(code_of(header))}
-        for key, names in (("lr", ("lr", "learning_rate")), ("weight_decay", ("weight_decay",)),
-                           *_META_NAMES.items()):
-            for n in names:
-                if n in flat and key != "variant":
-                    out[key] = int(flat[n]) if key in ("seed", "num_iterations", "n_kv_heads") else flat[n]
-                    break
-        return out
+    code = code_of(header)
+    tree = parse_code(code)
+    if tree is not None:
+        _from_tree(tree, out)
+    # What the parsed part does not say, from unindented ``name = number`` lines
+    # (the part after a syntax error, or a header that does not parse at all).
+    flat = {k: float(v) for k, v in _FLAT_ASSIGN.findall(code)}
+    for key, names in (("lr", ("lr", "learning_rate")), ("weight_decay", ("weight_decay",)),
+                       *_META_NAMES.items()):
+        for n in names:
+            if n in flat and key != "variant" and key not in out:
+                out[key] = int(flat[n]) if key in ("seed", "num_iterations", "n_kv_heads") else flat[n]
+                break
+    return out
+
+
+def _from_tree(tree: ast.Module, out: dict) -> None:
     scope, statements = _scope_of(tree)
     groups = optimizer_groups(scope, statements)
     if groups:
@@ -340,4 +354,3 @@ def header_hyperparameters(header: str) -> dict:
     kept = {k: v for k, v in values.items() if _KEEP_NAME.search(k) and (_is_number(v) or isinstance(v, bool))}
     if kept:
         out["code_assignments"] = dict(sorted(kept.items())[:200])
-    return out
