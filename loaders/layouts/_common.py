@@ -30,9 +30,11 @@ from loaders.tensor_source import TensorSource
 #: Non-parameter buffers that some frameworks save next to the weights:
 #: nanoGPT/GPT-2/GPT-J/NeoX causal masks (``attn.bias`` [1, 1, T, T],
 #: ``masked_bias``), rotary ``inv_freq`` and cached sin/cos tables, BERT's
-#: ``position_ids``/``token_type_ids``. They are excluded from ``params_total``.
+#: ``position_ids``/``token_type_ids``, DeepSeek-V3's router ``e_score_correction_bias``
+#: (a buffer updated outside the gradient). They are excluded from ``params_total``.
 _BUFFER_SUFFIXES = ("masked_bias", "inv_freq", "position_ids", "token_type_ids",
-                    "embed_positions", "freqs_cos", "freqs_sin", "cos_cached", "sin_cached")
+                    "embed_positions", "freqs_cos", "freqs_sin", "cos_cached", "sin_cached",
+                    "e_score_correction_bias")
 
 #: Output-embedding / input-embedding key endings checked for weight tying.
 _OUT_EMBED = ("lm_head.weight", "output.weight", "embed_out.weight")
