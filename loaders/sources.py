@@ -81,7 +81,7 @@ __all__ = [
 ]
 
 #: What a checkpoint may be, quoted in errors about unrecognised input.
-EXPECTED = ("expected a safetensors, PyTorch (.bin/.pt/.pth/.ckpt), llama2.c .bin or zip file, "
+EXPECTED = ("expected a safetensors, PyTorch (.bin/.pt/.pth/.ckpt) or zip file, "
             "or a folder with config.json")
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".zip")
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
