@@ -314,7 +314,8 @@ def delta(key: str, result: Estimate, base: Estimate) -> tuple[str | None, str]:
     change = value / ref - 1
     if abs(change) < 5e-4:
         return None, "off"
-    text = f"{change:+.1%}" + (f" ({value / ref:.2f}x)" if key in LARGER_BETTER else "")
+    text = (f"{change:+.1%}" if abs(change) < 1 else f"{change:+,.0%}")  # -7.0%, +1,522%
+    text += f" ({value / ref:.2f}x)" if key in LARGER_BETTER else ""
     return text, "inverse" if key in SMALLER_BETTER else "normal"
 
 

@@ -133,6 +133,7 @@ def test_a_drop_in_throughput_is_red_and_points_down():
     assert per_gpu.delta.startswith("+") and per_gpu.proto.color == MetricProto.MetricColor.GREEN
     assert per_gpu.proto.direction == MetricProto.MetricDirection.UP
     assert _metric(at, "GPUs needed").value == "62"  # ceil(100,000 / 1,622 users per GPU)
+    assert _metric(at, "Users per GPU (memory)").delta == "+1,522% (16.22x)"  # 1,622 against 100
     assert at.query_params["maxbatch"] == "0"
 
 
