@@ -31,7 +31,8 @@ Beyond the projections (each with a default, so a layout without them is unchang
 * Towers. A checkpoint with several attention stacks (CLIP's and SigLIP's
   vision and text encoders) numbers its layers across them: the first tower's
   layers come first. ``ModelMeta.towers`` lists each stack's name, first layer,
-  layer count and geometry (empty: one stack); ``AttentionWeights.tower`` names
+  layer count and geometry (a one-tower CLIP/SigLIP lists its one; empty where a
+  layout names no towers); ``AttentionWeights.tower`` names
   the layer's. The top-level geometry is the first tower's; ``layer_meta(i)`` is
   the metadata with layer ``i``'s tower geometry, what a layer's metrics need.
 * QK-norm. ``q_norm`` ``[n_heads, d_head]`` and ``k_norm`` ``[n_kv_heads,
