@@ -26,9 +26,10 @@ default, or the embedding Adam's value). So the code is parsed with ``ast``
 
 ``weight_decay`` and ``lr`` are those of the group that trains the
 attention/MLP matrices: the group whose parameters are named like them
-(``hidden_matrix_params``, ``blocks``, ``attn``, ``mlp``, ``ndim == 2``, ...),
-else the group of a Muon-type optimizer (Muon trains the matrices), else the
-only group. Every group is kept in ``optimizer_groups``.
+(``hidden_matrix_params``, ``blocks``, ``attn``, ``mlp``, ``ndim == 2``, ...;
+not ``ndim < 2``, ``bias``, ``norm``, ``embed``, ``head``, ...), else the
+group of a Muon-type optimizer (Muon trains the matrices), else the only
+group. Every group is kept in ``optimizer_groups``.
 
 A header that does not parse is cut at its first syntax error (the code that
 parses is read); one that does not parse at all gives only top-level
@@ -46,6 +47,9 @@ _OPTIMIZER = re.compile(r"(adam|muon|sgd|lion|soap|shampoo|sophia|adafactor|lamb
 #: Parameter-group names that mean the attention/MLP matrices.
 _MATRIX_HINTS = ("hidden_matrix", "matrix", "matrices", "block", ".h.", "transformer.h", "layers", "attn",
                  "mlp", "ndim == 2", "ndim >= 2", "ndim==2", "ndim>=2", "2d")
+#: ... unless they are named like vectors, embeddings or the head.
+_NOT_MATRIX_HINTS = ("ndim < 2", "ndim<2", "ndim == 1", "ndim==1", "ndim <= 1", "bias", "norm", "scalar",
+                     "gain", "embed", "wte", "lm_head", "head")
 _WD_KEYS = ("weight_decay", "wd")
 _SEPARATOR = re.compile(r"^={20,}\s*$", re.MULTILINE)
 #: Script names read into the run's metadata besides lr and weight decay.
@@ -289,7 +293,7 @@ def matrix_group(groups: list[dict]) -> dict | None:
     """The group that trains the attention/MLP matrices (see the module docstring)."""
     for g in groups:
         text = (g["params"] or "").lower()
-        if any(h in text for h in _MATRIX_HINTS):
+        if any(h in text for h in _MATRIX_HINTS) and not any(h in text for h in _NOT_MATRIX_HINTS):
             return g
     muon = [g for g in groups if "muon" in g["optimizer"].lower()]
     if muon:

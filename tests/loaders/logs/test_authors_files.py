@@ -176,6 +176,16 @@ def test_code_header_reads_the_optimizer_calls_not_signature_defaults():
     assert got["code_assignments"]["block_adamw_weight_decay"] == 0.10
 
 
+def test_code_header_matrix_group_is_not_a_vector_group_of_the_blocks():
+    code = ("import torch\n"
+            "opt1 = torch.optim.AdamW([dict(params=[p for p in model.blocks.parameters() if p.ndim < 2], lr=0.01,"
+            " weight_decay=0.05), dict(params=[model.lm_head.weight], lr=0.004)], weight_decay=0.0)\n"
+            "opt2 = Muon([p for p in model.blocks.parameters() if p.ndim >= 2], lr=0.02, weight_decay=0.01)\n")
+    got = header_hyperparameters(code)
+    assert (got["lr"], got["weight_decay"]) == (0.02, 0.01)
+    assert [g["weight_decay"] for g in got["optimizer_groups"]] == [0.05, 0.0, 0.01]
+
+
 def test_code_header_optimizer_without_weight_decay_and_a_broken_tail():
     code = ("import torch\nclass MuonH(torch.optim.Optimizer):\n    def __init__(self, params, lr=0.014, mu=0.95):\n"
             "        super().__init__(params, dict(lr=lr, mu=mu))\n"
