@@ -213,3 +213,29 @@ def test_table_prints_the_regression_once_per_variant(tmp_path, capsys):
     assert "   regression: 1 run at wd 0 left out (log10 0 is undefined)\n" in out
     assert "   regression of final val/loss on log10(wd) + dropout, log10(lr): n=39, R^2=" in out
     assert "   wd coefficient dval/loss/dlog10(wd)=+0.0" in out and "(95%, 200 of 200 resamples)" in out
+
+
+@pytest.mark.slow
+def test_a_lightning_sweep_ingested_from_disk_gets_the_regression(tmp_path, capsys):
+    """16 Lightning ``version_N`` folders (hparams.yaml with lr, weight_decay, dropout; metrics.csv with
+    val_loss), as an Optuna study driving Lightning writes them, through ``ingest`` and ``wd-sensitivity``."""
+    rng = np.random.default_rng(1)
+    n = 16
+    lr, wd, dropout = 10 ** rng.uniform(-4, -2, n), 10 ** rng.uniform(-3, 0, n), rng.uniform(0, 0.3, n)
+    final = 3 + 0.08 * np.log10(wd) - 0.3 * np.log10(lr) + 0.5 * dropout + rng.normal(0, 0.02, n)
+    for i in range(n):
+        run = tmp_path / "sweep" / "lightning_logs" / f"version_{i}"
+        run.mkdir(parents=True)
+        (run / "hparams.yaml").write_text(f"lr: {float(lr[i])}\nweight_decay: {float(wd[i])}\n"
+                                          f"dropout: {float(dropout[i])}\nn_layer: 4\n")
+        rows = [f"{e},{s},,{final[i] + 0.4 - 0.2 * e:.6f}" for e, s in enumerate((99, 199, 299))]
+        (run / "metrics.csv").write_text("epoch,step,train_loss,val_loss\n" + "\n".join(rows) + "\n")
+    db = str(tmp_path / "sweep.duckdb")
+    assert main(["ingest", str(tmp_path / "sweep"), "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["wd-sensitivity", "--db", db, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 16 and {r["method"] for r in rows} == {"regression"}
+    reg = rows[0]["regression"]
+    assert reg["n_runs"] == 16 and [c["name"] for c in reg["covariates"]] == ["dropout", "lr"]
+    assert reg["wd_coef_ci_low"] < 0.08 < reg["wd_coef_ci_high"]
