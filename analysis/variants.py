@@ -14,33 +14,56 @@ name                      paper label   what is tied
 ``q_eq_k``                Q=K-V         W_Q = W_K (symmetric logits)
 ``k_eq_v``                Q-K=V         W_K = W_V (one cached tensor)
 ``q_eq_k_eq_v``           Q=K=V         one projection for all three
+``q_eq_k_plus``           (Q=K-V)+      as ``q_eq_k``, plus paper B's 2D positional
+                                        correction of the score map
+``q_eq_k_eq_v_plus``      (Q=K=V)+      as ``q_eq_k_eq_v``, plus that correction
 ========================  ============  ==========================================
+
+The "+" correction (paper B, its repository's ``SharedProjAttention``): a fixed
+2D sin/cos tensor ``P[i, j, :]`` (half its ``m`` channels encode the query
+position ``i``, half the key position ``j``, so ``P[i, j] != P[j, i]``) and
+learned ``w`` (``m``) and ``b``: ``scores' = scores * sum(w) + P @ w + b``, an
+exact 1x1 convolution over the score map and ``P``. It breaks the symmetry of
+``Q K^T`` when ``Q = K``; the paper uses it only for non-causal tasks (vision,
+synthetic), since a causal mask is asymmetric already. Projections and KV
+cache are those of the base variant (``base``).
 
 ``n_cached`` is the number of tensors cached per layer and kv head: 1 where K
 and V are one tensor, else 2 (paper B's ``mult``).
 """
 from __future__ import annotations
 
-#: Stable stored names, in the order pages list them.
+#: The five projection-sharing variants, in the order pages list them.
 VARIANTS: tuple[str, ...] = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
+#: Paper B's "+" variants: a base variant plus the 2D positional score correction.
+PLUS: dict[str, str] = {"q_eq_k_plus": "q_eq_k", "q_eq_k_eq_v_plus": "q_eq_k_eq_v"}
+#: Every stored variant name (a checkpoint, run or model may carry any of these).
+ALL_VARIANTS: tuple[str, ...] = VARIANTS + tuple(PLUS)
 #: Name shown for a run whose variant is not known.
 UNKNOWN = "unknown"
 #: Paper-style labels.
 LABELS: dict[str, str] = {
     "qkv": "Q-K-V", "wq_identity": "query-free (W_Q = I)", "q_eq_k": "Q=K-V",
-    "k_eq_v": "Q-K=V", "q_eq_k_eq_v": "Q=K=V", UNKNOWN: "unknown",
+    "k_eq_v": "Q-K=V", "q_eq_k_eq_v": "Q=K=V", "q_eq_k_plus": "(Q=K-V)+",
+    "q_eq_k_eq_v_plus": "(Q=K=V)+", UNKNOWN: "unknown",
 }
 #: Variants whose K and V are one cached tensor (KV cache halved).
-KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
+KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v", "q_eq_k_eq_v_plus"})
 #: Variants whose query is computed by W_K (Q=K).
-Q_TIED = frozenset({"q_eq_k", "q_eq_k_eq_v"})
+Q_TIED = frozenset({"q_eq_k", "q_eq_k_eq_v", "q_eq_k_plus", "q_eq_k_eq_v_plus"})
 #: Variants without a W_Q of their own (identity or tied to K).
-Q_DROPPED = frozenset({"wq_identity", "q_eq_k", "q_eq_k_eq_v"})
+Q_DROPPED = frozenset({"wq_identity"}) | Q_TIED
 #: One colour per variant, the same on every page (colour-blind-safe Tableau 10).
 COLORS: dict[str, str] = {
     "qkv": "#4C78A8", "wq_identity": "#F58518", "q_eq_k": "#54A24B", "k_eq_v": "#E45756",
-    "q_eq_k_eq_v": "#B279A2", UNKNOWN: "#9D9D9D",
+    "q_eq_k_eq_v": "#B279A2", "q_eq_k_plus": "#72B7B2", "q_eq_k_eq_v_plus": "#FF9DA6",
+    UNKNOWN: "#9D9D9D",
 }
+
+
+def base(variant: str) -> str:
+    """The projection-sharing variant under a "+" variant (``q_eq_k_plus`` -> ``q_eq_k``)."""
+    return PLUS.get(variant, variant)
 
 
 def n_cached(variant: str) -> int:

@@ -11,6 +11,15 @@ Runs (one model size, byte-level Python-stdlib corpus):
 
 Checkpoints at several steps are kept for ``qkv-mha-wd0.1`` and
 ``k_eq_v-mha-wd0.1``; every run keeps its final checkpoint.
+
+Vision runs (paper B's other half; ViTs on scikit-learn's 8x8 digits, the
+closest bundled task to its MNIST column), named ``vit-...``:
+
+* MHA: paper B's six variants (``qkv``, ``q_eq_k``, ``q_eq_k_plus``, ``k_eq_v``,
+  ``q_eq_k_eq_v``, ``q_eq_k_eq_v_plus``) x weight decay {0.0, 0.03, 0.1}  (18 runs)
+* ``k_eq_v`` with GQA-2 and MQA x the same weight decays  (6 runs)
+
+each keeping its final checkpoint only (the demo stays small).
 """
 from __future__ import annotations
 
@@ -35,6 +44,11 @@ SAVE_STEPS = [500, 1000, 2000, 3000]
 #: extra seeds of one configuration, to measure the seed-to-seed spread
 SEED_REPLICATES = ("qkv-mha-wd0.1", (1, 2))
 MULTI_CHECKPOINT_RUNS = ("qkv-mha-wd0.1", "k_eq_v-mha-wd0.1")
+#: Paper B's six variants, in its tables' order.
+VISION_VARIANTS = ("qkv", "q_eq_k", "q_eq_k_plus", "k_eq_v", "q_eq_k_eq_v", "q_eq_k_eq_v_plus")
+VISION_STEPS = 300
+VISION_MODEL = dict(n_layer=2, n_head=4, d_model=64, norm="layernorm", mlp_ratio=4.0)
+PARTS = ("all", "language", "vision")
 
 
 def demo_training(steps: int = STEPS):
@@ -42,6 +56,22 @@ def demo_training(steps: int = STEPS):
     return TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup_steps=100, eval_interval=250,
                        eval_batches=32, log_interval=20, seed=1337, corpus=None,
                        corpus_max_bytes=CORPUS_MAX_BYTES, threads=1)
+
+
+def vision_training(steps: int = VISION_STEPS):
+    from experiments.train import TrainConfig
+    return TrainConfig(steps=steps, batch_size=128, lr=3e-3, warmup_steps=20, eval_interval=25,
+                       log_interval=10, seed=1337, dataset="digits", threads=1)
+
+
+def vision_specs(steps: int = VISION_STEPS, model: dict | None = None) -> list[RunSpec]:
+    """The demo's vision runs: the six variants at MHA, then K=V at GQA-2 and MQA."""
+    from experiments.vision import load_images, vision_config
+
+    mc = vision_config(load_images("digits"), **(model or VISION_MODEL))
+    tc = vision_training(steps)
+    return (grid(VISION_VARIANTS, WEIGHT_DECAYS, model=mc, training=tc)
+            + grid(("k_eq_v",), WEIGHT_DECAYS, n_kv_heads=(mc.n_head // 2, 1), model=mc, training=tc))
 
 
 def demo_specs(steps: int = STEPS, model: GPTConfig = DEMO_MODEL) -> list[RunSpec]:
@@ -82,22 +112,82 @@ def read_runs(root: str | Path) -> list[dict]:
         cfg = json.loads(cfg_path.read_text())
         vals = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
         vals = [r for r in vals if r.get("val_loss") is not None]
+        accs = [r["val_accuracy"] for r in vals if r.get("val_accuracy") is not None]
         ckpts = sorted(p.name for p in (run / "checkpoints").glob("*.safetensors"))
         finals = [c for c in ckpts if c.startswith("final_")]
-        row = {"name": run.name, "variant": cfg["variant"], "n_head": cfg["n_head"], "seed": cfg["seed"],
+        row = {"name": run.name, "task": cfg.get("task", "language"), "variant": cfg["variant"],
+               "n_head": cfg["n_head"], "seed": cfg["seed"],
                "n_kv_heads": cfg["n_kv_heads"], "weight_decay": cfg["weight_decay"],
                "steps": vals[-1]["step"] if vals else 0,
                "final_val_loss": vals[-1]["val_loss"] if vals else None,
                "best_val_loss": min(r["val_loss"] for r in vals) if vals else None,
+               "final_val_accuracy": accs[-1] if accs else None,
+               "best_val_accuracy": max(accs) if accs else None,
                "checkpoints": ckpts}
         if finals:
             m = load_checkpoint(run / "checkpoints" / finals[-1])
             row.update(params=m.n_params(), params_attention=m.n_attention_params(),
                        kv_bytes_per_token=m.cfg.kv_bytes_per_token(4))
         rows.append(row)
-    order = {v: i for i, v in enumerate(VARIANT_ORDER)}
-    rows.sort(key=lambda r: (-r["n_kv_heads"], order.get(r["variant"], 99), r["weight_decay"], r["name"]))
+    order = {v: i for i, v in enumerate(VARIANT_ORDER + VISION_VARIANTS[2:3] + VISION_VARIANTS[5:])}
+    rows.sort(key=lambda r: (r["task"] != "language", -r["n_kv_heads"], order.get(r["variant"], 99),
+                             r["weight_decay"], r["name"]))
     return rows
+
+
+def vision_table_markdown(rows: list[dict]) -> str:
+    lines = ["| run | variant | heads (kv) | weight decay | final val accuracy | best val accuracy "
+             "| final val loss | params | attention params | KV bytes/token (fp32) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| `{r['name']}` | `{r['variant']}` | {r['n_head']} ({r['n_kv_heads']}, "
+            f"{sharing_label(r['n_head'], r['n_kv_heads']).upper()}) | {r['weight_decay']:g} | "
+            f"{r['final_val_accuracy']:.3f} | {r['best_val_accuracy']:.3f} | {r['final_val_loss']:.4f} | "
+            f"{r.get('params', 0):,} | {r.get('params_attention', 0):,} | {r.get('kv_bytes_per_token', 0):,} |")
+    return "\n".join(lines)
+
+
+def vision_readme_section(rows: list[dict], built: dict | None = None) -> str:
+    """The README's vision part: how it was built, the table, the mean accuracy per variant,
+    and the caveats."""
+    vision = [r for r in rows if r["task"] == "image" and r["final_val_accuracy"] is not None]
+    if not vision:
+        return ""
+    tc = vision_training()
+    cfg = VISION_MODEL
+    by_variant: dict[str, list[float]] = {}
+    for r in vision:
+        if r["n_kv_heads"] == r["n_head"]:
+            by_variant.setdefault(r["variant"], []).append(r["final_val_accuracy"])
+    means = "\n".join(f"| `{v}` | {sum(a) / len(a):.3f} | {min(a):.3f} to {max(a):.3f} | {len(a)} |"
+                       for v, a in sorted(by_variant.items(), key=lambda kv: VISION_VARIANTS.index(kv[0])
+                                          if kv[0] in VISION_VARIANTS else 99))
+    how = (f"Built with `{built['command']}` in {built['wall_s'] / 60:.1f} min, {built['jobs']} runs at a "
+           f"time, one torch thread each, on {built['machine']}.\n\n") if built else ""
+    return f"""
+## Vision runs (ViT on the 8x8 digits)
+
+{how}* Data: scikit-learn's bundled digits (1,797 8x8 greyscale images, 10 classes), a fixed stratified
+  80/20 split (1,438 / 359 images), standardised with the training split's statistics.
+* Model: ViT encoder (no causal mask), patches of 2x2 pixels (16 patches + a class token),
+  {cfg['n_layer']} layers, d_model {cfg['d_model']}, {cfg['n_head']} heads, MLP ratio {cfg['mlp_ratio']:g},
+  pre-norm {cfg['norm']}, learned positions; the "+" variants add paper B's 2D positional score correction.
+* Training: {tc.steps} steps x {tc.batch_size} images (with replacement), AdamW lr {tc.lr:g}, {tc.warmup_steps}
+  warmup steps then cosine, seed {tc.seed}; validation (loss and top-1 accuracy on all 359 images) every
+  {tc.eval_interval} steps.
+
+{vision_table_markdown(vision)}
+
+Mean final validation accuracy of the MHA runs over the three weight decays:
+
+| variant | mean accuracy | range | runs |
+|---|---|---|---|
+{means}
+
+With 359 validation images one image is 0.28 points of accuracy, and a 95% binomial interval
+around 0.9 is about +-0.03: differences between variants below that are noise.
+"""
 
 
 def table_markdown(rows: list[dict]) -> str:
@@ -124,11 +214,33 @@ def _groups(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return out
 
 
-def write_readme(root: str | Path, *, command: str, wall_s: float, jobs: int, machine: str) -> Path:
-    """Write ``root/README.md`` from the run folders found there."""
+REBUILDS_FILE = "rebuilds.json"
+
+
+def record_rebuild(root: Path, part: str, *, command: str, wall_s: float, jobs: int, machine: str) -> dict:
+    """Update ``root/rebuilds.json`` (how each half was last built) and return it."""
+    path = root / REBUILDS_FILE
+    record = json.loads(path.read_text()) if path.exists() else {}
+    entry = {"command": command, "wall_s": wall_s, "jobs": jobs, "machine": machine}
+    for half in (("language", "vision") if part == "all" else (part,)):
+        record[half] = entry
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def write_readme(root: str | Path, *, command: str, wall_s: float, jobs: int, machine: str,
+                 part: str = "all") -> Path:
+    """Write ``root/README.md`` from the run folders found there; ``part`` names the half
+    just rebuilt (its command, time and machine are kept in ``rebuilds.json``, so a
+    rebuild of one half leaves the other's record as it was)."""
     root = Path(root)
+    record = record_rebuild(root, part, command=command, wall_s=wall_s, jobs=jobs, machine=machine)
+    lang = record.get("language", {"command": command, "wall_s": wall_s, "jobs": jobs, "machine": machine})
+    command, wall_s, jobs, machine = lang["command"], lang["wall_s"], lang["jobs"], lang["machine"]
     rows = read_runs(root)
     tc = demo_training()
+    vision_part = vision_readme_section(rows, record.get("vision"))
+    rows = [r for r in rows if r["task"] == "language"]
     main = [r for r in rows if r["seed"] == tc.seed]
     replicates = [r for r in rows if r["name"].startswith(SEED_REPLICATES[0])]
     mha = [r for r in main if r["n_kv_heads"] == r["n_head"]]
@@ -193,7 +305,7 @@ These are runs of a tiny model trained for {tc.steps} steps
 ({tc.steps * tc.batch_size * mc.block_size / 1e6:.2f}M tokens). They show the pipeline end to end
 (trainer, loaders, analysis); they do not replicate either paper, whose models are orders of
 magnitude larger and longer trained.
-"""
+{vision_part}"""
     path = root / "README.md"
     path.write_text(text)
     return path

@@ -43,10 +43,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VARIANTS = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
-KV_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
-Q_TIED = frozenset({"q_eq_k", "q_eq_k_eq_v"})
+from analysis.variants import ALL_VARIANTS as VARIANTS, KV_TIED, PLUS, Q_TIED, base, n_cached
 NORMS = ("layernorm", "rmsnorm", "none")
+TASKS = ("language", "image")
 POSITIONS = ("learned", "rotary")
 
 #: The projection tensors each variant owns (``blocks.N.attn.<name>.weight``).
@@ -57,6 +56,7 @@ PROJECTIONS = {
     "k_eq_v": ("q", "kv"),
     "q_eq_k_eq_v": ("qkv",),
 }
+PROJECTIONS.update({plus: PROJECTIONS[b] for plus, b in PLUS.items()})
 
 
 @dataclass
@@ -65,7 +65,11 @@ class GPTConfig:
 
     ``n_kv_heads`` and ``d_head`` default (``None``) to ``n_head`` and
     ``d_model // n_head``; ``attn_scale`` ``None`` means ``1/sqrt(d_head)``
-    (the query-free paper trains with ``1/(2*sqrt(d_head))``).
+    (the query-free paper trains with ``1/(2*sqrt(d_head))``). ``causal``
+    False makes an encoder (the vision models); ``pos2d_dim`` is the number
+    ``m`` of channels of the "+" variants' 2D positional score correction.
+    ``task`` is ``language`` (this GPT) or ``image`` (:mod:`experiments.vision`,
+    with ``image_size``, ``patch_size``, ``channels`` and ``n_classes``).
     ``mlp_ratio``: MLP width = ``round(mlp_ratio * d_model)`` (4.0 standard;
     the query-free paper's parameter-matched comparison uses 4.5 vs 3.5).
     """
@@ -86,6 +90,13 @@ class GPTConfig:
     tie_embeddings: bool = True
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
+    causal: bool = True
+    pos2d_dim: int = 10
+    task: str = "language"
+    image_size: int | None = None
+    patch_size: int | None = None
+    channels: int | None = None
+    n_classes: int | None = None
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -106,6 +117,10 @@ class GPTConfig:
         if self.variant == "wq_identity" and self.n_head * self.d_head != self.d_model:
             problems.append(f"wq_identity needs n_head * d_head == d_model, found "
                             f"{self.n_head} * {self.d_head} != {self.d_model}")
+        if self.task not in TASKS:
+            problems.append(f"task {self.task!r} is not one of {', '.join(TASKS)}")
+        if self.variant in PLUS and self.pos2d_dim < 2:
+            problems.append(f"variant {self.variant} needs pos2d_dim >= 2, found {self.pos2d_dim}")
         if self.positions == "rotary" and self.d_head % 2:
             problems.append(f"rotary positions need an even d_head, found {self.d_head}")
         if problems:
@@ -118,7 +133,7 @@ class GPTConfig:
     @property
     def n_cached(self) -> int:
         """Tensors cached per layer and kv head: 1 for K=V variants, else 2."""
-        return 1 if self.variant in KV_TIED else 2
+        return n_cached(self.variant)
 
     def kv_bytes_per_token(self, bytes_per_elem: int = 4) -> int:
         """n_layer * n_cached * n_kv_heads * d_head * bytes_per_elem."""
@@ -170,6 +185,22 @@ def rotary(x: torch.Tensor, start: int, base: float) -> torch.Tensor:
     return out.flatten(-2)
 
 
+def sincos_2d(n: int, m: int) -> torch.Tensor:
+    """Paper B's fixed 2D positional tensor ``P`` ``[n, n, m]``: channels ``0..m//2-1``
+    encode the query position ``i``, the rest the key position ``j``, each as the
+    usual sin/cos of ``pos * 10000^(-2c/k)`` (pairs (sin, cos), ``k`` channels).
+    ``P[i, j] != P[j, i]``, which is what lets the "+" variants break Q=K symmetry."""
+    def one(k: int) -> torch.Tensor:                   # [n, k]
+        pos = torch.arange(n, dtype=torch.float32)[:, None]
+        c = torch.arange(k)
+        freq = 10000.0 ** (-(2 * (c // 2)).float() / max(k, 1))
+        ang = pos * freq                                # [n, k]
+        return torch.where(c % 2 == 0, ang.sin(), ang.cos())
+    half = m // 2
+    row, col = one(half), one(m - half)                 # [n, half], [n, m - half]
+    return torch.cat((row[:, None, :].expand(n, n, half), col[None, :, :].expand(n, n, m - half)), dim=-1)
+
+
 class KVCache:
     """Per-layer decoding cache: ``{"k", "v"}`` or, for K=V variants, ``{"kv"}``.
 
@@ -217,6 +248,12 @@ class Attention(nn.Module):
         for name in PROJECTIONS[cfg.variant]:
             setattr(self, name, nn.Linear(d, width.get(name, cfg.n_kv_heads * dh), bias=cfg.bias))
         self.o = nn.Linear(cfg.n_head * dh, d, bias=cfg.bias)
+        if cfg.variant in PLUS:
+            # scores' = scores * sum(w) + P @ w + b (a 1x1 convolution of [scores, P]);
+            # w ~ N(0, 0.02^2) as in paper B's code, so attention starts near uniform
+            self.pos_w = nn.Parameter(torch.randn(cfg.pos2d_dim) * 0.02)
+            self.pos_b = nn.Parameter(torch.zeros(1))
+            self.register_buffer("pos2d", sincos_2d(cfg.block_size, cfg.pos2d_dim), persistent=False)
 
     def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = t.shape
@@ -236,7 +273,7 @@ class Attention(nn.Module):
             v = kv_all
             k_new = shared
         else:
-            k_new = self._heads((self.qk if cfg.variant == "q_eq_k" else self.k)(x), G)  # (B, G, T, dh)
+            k_new = self._heads((self.qk if base(cfg.variant) == "q_eq_k" else self.k)(x), G)  # (B, G, T, dh)
             v_new = self._heads(self.v(x), G)
             k_rot = rotary(k_new, past, cfg.rope_base) if rope else k_new
             k = cache.append(layer, "k", k_rot) if cache is not None else k_rot
@@ -252,14 +289,32 @@ class Attention(nn.Module):
         if G != H:
             k = k.repeat_interleave(H // G, dim=1)  # (B, H, past+T, dh)
             v = v.repeat_interleave(H // G, dim=1)
-        if past == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=cfg.attn_scale)
+        if cfg.variant in PLUS:
+            y = self._plus_attention(q, k, v, past)
+        elif past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal, scale=cfg.attn_scale)
+        elif not cfg.causal:
+            raise ValueError("an encoder (causal=False) has no incremental decoding cache")
         else:
             # query i sits at absolute position past+i and sees keys 0..past+i
             mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.attn_scale)
         y = y.transpose(1, 2).reshape(B, T, H * cfg.d_head)  # (B, T, H*dh)
         return self.o(y)
+
+    def _plus_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
+        """Attention with the "+" score correction; q (B, H, T, dh), k/v (B, H, past+T, dh)."""
+        cfg = self.cfg
+        T, S = q.shape[2], k.shape[2]
+        if S > self.pos2d.shape[0]:
+            raise ValueError(f"sequence of {S} tokens exceeds block_size {self.pos2d.shape[0]}")
+        scores = (q @ k.transpose(-2, -1)) * cfg.attn_scale        # (B, H, T, S)
+        P = self.pos2d[past:past + T, :S]                           # (T, S, m)
+        scores = scores * self.pos_w.sum() + P @ self.pos_w + self.pos_b
+        if cfg.causal:
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=past)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return F.softmax(scores, dim=-1) @ v                        # (B, H, T, dh)
 
 
 class MLP(nn.Module):

@@ -1,7 +1,8 @@
 """Sweeps: a grid of runs (variant x weight decay x head sharing) and a runner.
 
 Each run is an ordinary trainer run folder ``<out>/<name>``, named
-``<variant>-<mha|gqaN|mqa>-wd<wd>`` (e.g. ``k_eq_v-mqa-wd0.1``). Runs are
+``<variant>-<mha|gqaN|mqa>-wd<wd>`` (e.g. ``k_eq_v-mqa-wd0.1``; vision runs
+``vit-k_eq_v-mqa-wd0.1``). Runs are
 independent processes (``jobs`` at a time, one torch thread each by
 default), so a sweep is resumable run by run: finished runs are skipped,
 unfinished ones continue from their resume state.
@@ -39,7 +40,9 @@ def sharing_label(n_head: int, n_kv_heads: int) -> str:
 
 
 def run_name(mc: GPTConfig, tc: TrainConfig) -> str:
-    return f"{mc.variant}-{sharing_label(mc.n_head, mc.n_kv_heads)}-wd{tc.weight_decay:g}"
+    """``<variant>-<sharing>-wd<wd>``, with ``vit-`` in front for the image task."""
+    prefix = "vit-" if mc.task == "image" else ""
+    return f"{prefix}{mc.variant}-{sharing_label(mc.n_head, mc.n_kv_heads)}-wd{tc.weight_decay:g}"
 
 
 def grid(variants: Iterable[str], weight_decays: Iterable[float], *,

@@ -14,11 +14,19 @@ global batch, each rank trains on its slice of the same global batch, logged
 losses are averaged over ranks, and only rank 0 writes the run folder, so N
 processes log the curve one process logs (up to float summation order).
 
+Two tasks (``GPTConfig.task``): ``language`` trains the byte-level GPT of
+:mod:`experiments.model` on a text corpus (next-token loss); ``image`` trains
+the ViT of :mod:`experiments.vision` on an image dataset (cross-entropy of
+the class; validation also scores top-1 accuracy over the whole validation
+split). Training batches are drawn with replacement from the training split
+(images) or as random windows of the text (language), from the batch
+generator.
+
 A run folder holds::
 
-    config.json            every hyperparameter (model + training + corpus)
-    metrics.jsonl          {"step", "train_loss" | "val_loss", "lr", "tokens", "wall_time"}
-    events.out.tfevents.*  TensorBoard: train/loss, val/loss, lr
+    config.json            every hyperparameter (model + training + corpus or dataset, task)
+    metrics.jsonl          {"step", "train_loss" | "val_loss" [, "val_accuracy"], "lr", "tokens", "wall_time"}
+    events.out.tfevents.*  TensorBoard: train/loss, val/loss [, val/accuracy], lr
     checkpoints/step_000500.safetensors ... final_step_002000.safetensors
     resume.state           only while a run is unfinished: safetensors of weights, AdamW
                            moments and batch generator state (no pickle); its suffix keeps
@@ -38,7 +46,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from safetensors import safe_open
@@ -48,6 +56,9 @@ from experiments.corpus import Corpus, get_batch, load_corpus
 from experiments.distributed import Dist, check_global_batch
 from experiments.model import GPT, GPTConfig
 from loaders.errors import FileError
+
+if TYPE_CHECKING:
+    from experiments.vision import ImageData
 
 CONFIG_KEY = "qkvscope_config"
 RUN_KEY = "qkvscope_run"
@@ -79,6 +90,7 @@ class TrainConfig:
     save_steps: list[int] = field(default_factory=list)
     corpus: str | None = None
     corpus_max_bytes: int | None = None
+    dataset: str | None = None          # image task: 'digits', an .npz or a folder of class folders
     device: str = "cpu"
     threads: int | None = None
 
@@ -105,21 +117,86 @@ def make_optimizer(model: GPT, tc: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), foreach=False)
 
 
-def run_config(mc: GPTConfig, tc: TrainConfig, corpus_info: dict) -> dict:
-    """The flat ``config.json`` of a run."""
+def run_config(mc: GPTConfig, tc: TrainConfig, data_info: dict) -> dict:
+    """The flat ``config.json`` of a run (``corpus`` or, for images, ``dataset`` info)."""
     out = {"format": "qkvscope-run", "format_version": 1}
     out.update(mc.to_dict())
-    out.update({k: v for k, v in asdict(tc).items() if k not in ("corpus",)})
-    out["corpus"] = corpus_info
+    out.update({k: v for k, v in asdict(tc).items() if k not in ("corpus", "dataset")})
+    out["dataset" if mc.task == "image" else "corpus"] = data_info
     out["tokens_per_step"] = tc.batch_size * mc.block_size
     return out
+
+
+class LanguageTask:
+    """Next-byte prediction on a corpus (random windows of ``block_size``)."""
+
+    def __init__(self, corpus: Corpus, mc: GPTConfig):
+        self.corpus, self.mc, self.info = corpus, mc, corpus.info
+
+    def build(self) -> GPT:
+        return GPT(self.mc)
+
+    def tokens_per_step(self, batch_size: int) -> int:
+        return batch_size * self.mc.block_size
+
+    def batch(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return get_batch(self.corpus.train, batch_size, self.mc.block_size, gen)  # (B, T) each
+
+    @torch.inference_mode()
+    def evaluate(self, model, tc: TrainConfig, dist: Dist | None = None) -> dict:
+        return {"val_loss": evaluate(model, self.corpus.val, tc, self.mc.block_size, dist)}
+
+
+class ImageTask:
+    """Image classification: batches drawn with replacement from the training split;
+    validation scores the whole validation split (loss and top-1 accuracy)."""
+
+    def __init__(self, data: "ImageData", mc: GPTConfig):
+        self.data, self.mc, self.info = data, mc, data.info
+
+    def build(self):
+        from experiments.vision import ViT
+
+        return ViT(self.mc)
+
+    def tokens_per_step(self, batch_size: int) -> int:
+        return batch_size * self.mc.block_size        # patches + cls token per image
+
+    def batch(self, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.randint(0, len(self.data.train_y), (batch_size,), generator=gen)
+        return self.data.train_x[idx], self.data.train_y[idx]   # (B, C, H, W), (B,)
+
+    @torch.inference_mode()
+    def evaluate(self, model, tc: TrainConfig, dist: Dist | None = None) -> dict:
+        """Every validation image on every rank (the same numbers as one process)."""
+        model.eval()
+        total, correct, n = 0.0, 0, len(self.data.val_y)
+        for i in range(0, n, 512):
+            x, y = self.data.val_x[i:i + 512].to(tc.device), self.data.val_y[i:i + 512].to(tc.device)
+            logits, _ = model(x)
+            total += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(-1) == y).sum())
+        model.train()
+        return {"val_loss": total / n, "val_accuracy": correct / n}
+
+
+def make_task(mc: GPTConfig, tc: TrainConfig, corpus: Corpus | None = None):
+    """The task of ``mc.task``: its data read (corpus or image dataset) and its model builder."""
+    if mc.task == "image":
+        from experiments.vision import load_images
+
+        return ImageTask(load_images(tc.dataset or "digits"), mc)
+    return LanguageTask(corpus if corpus is not None else
+                        load_corpus(tc.corpus, max_bytes=tc.corpus_max_bytes), mc)
+
+
 
 
 def checkpoint_name(step: int, final: bool) -> str:
     return f"{'final_step' if final else 'step'}_{step:06d}.safetensors"
 
 
-def save_checkpoint(model: GPT, path: Path, *, step: int, tokens: int, final: bool,
+def save_checkpoint(model, path: Path, *, step: int, tokens: int, final: bool,
                     tc: TrainConfig) -> None:
     meta = {
         "format": "pt",
@@ -142,7 +219,16 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> GPT:
         raise RunFolderError(path, f"expected safetensors metadata key {CONFIG_KEY!r} "
                                    f"(a qkvscope checkpoint), found keys {sorted(meta)}")
     cfg = GPTConfig.from_dict(json.loads(meta[CONFIG_KEY]))
-    return GPT.from_state_dict(cfg, load_file(str(path), device=device))
+    return _model_class(cfg).from_state_dict(cfg, load_file(str(path), device=device))
+
+
+def _model_class(cfg: GPTConfig):
+    """GPT, or ViT for ``task='image'`` (imported only then: the language path stays as it was)."""
+    if cfg.task == "image":
+        from experiments.vision import ViT
+
+        return ViT
+    return GPT
 
 
 def _save_resume(model: GPT, opt: torch.optim.AdamW, gen: torch.Generator, path: Path,
@@ -217,8 +303,9 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
           corpus: Corpus | None = None, progress: Callable[[str], None] = _stderr,
           dist: Dist | None = None) -> dict:
     """Train one run into the folder ``out``; returns a summary dict
-    (``final_val_loss``, ``steps``, ``params``, ``params_attention``,
-    ``kv_bytes_per_token``, ``checkpoint``, ``wall_s``, ``world_size``).
+    (``final_val_loss``, ``final_val_accuracy`` (image task, else None), ``steps``,
+    ``params``, ``params_attention``, ``kv_bytes_per_token``, ``checkpoint``,
+    ``wall_s``, ``world_size``). ``mc.task`` picks the task (``make_task``).
 
     ``resume=True`` continues an unfinished run from ``resume.state``
     (the hyperparameters must match ``config.json``); a finished run is left
@@ -250,9 +337,8 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
     try:
         if dist is not None:
             check_global_batch(tc.batch_size, dist.world_size)
-        if corpus is None:
-            corpus = load_corpus(tc.corpus, max_bytes=tc.corpus_max_bytes)
-        config = run_config(mc, tc, corpus.info)
+        task = make_task(mc, tc, corpus)
+        config = run_config(mc, tc, task.info)
         finished = _check_run_folder(out, config, resume, final_path, resume_path)
     except Exception as exc:
         if dist is None:
@@ -269,7 +355,7 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
         cfg_path.write_text(json.dumps(config, indent=2) + "\n")
 
     torch.manual_seed(tc.seed)
-    model = GPT(mc).to(tc.device)
+    model = task.build().to(tc.device)
     model.train()
     opt = make_optimizer(model, tc)
     gen = torch.Generator().manual_seed(tc.seed + 1)
@@ -296,25 +382,26 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
                     if ln.strip() and json.loads(ln)["step"] <= start]
         metrics_path.write_text("".join(ln + "\n" for ln in kept))
         writer = SummaryWriter(log_dir=str(out), purge_step=start if start else None)
-    tps = tc.batch_size * mc.block_size
+    tps = task.tokens_per_step(tc.batch_size)
     t0 = time.time()
-    last_val: tuple[int, float] | None = None  # (step, val_loss) of the latest validation
+    last_val: tuple[int, float, float | None] | None = None  # (step, val_loss, val_accuracy), latest
 
     def log(record: dict) -> None:
         nonlocal last_val
         if "val_loss" in record:
-            last_val = (record["step"], record["val_loss"])
+            last_val = (record["step"], record["val_loss"], record.get("val_accuracy"))
         if not main:
             return
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
-        for key, tag in (("train_loss", "train/loss"), ("val_loss", "val/loss"), ("lr", "lr")):
+        for key, tag in (("train_loss", "train/loss"), ("val_loss", "val/loss"),
+                         ("val_accuracy", "val/accuracy"), ("lr", "lr")):
             if key in record and record[key] is not None:
                 writer.add_scalar(tag, record[key], record["step"], walltime=record["wall_time"])
 
     if start == 0:
-        log({"step": 0, "val_loss": evaluate(model, corpus.val, tc, mc.block_size, dist),
-             "lr": lr_at(0, tc), "tokens": 0, "wall_time": time.time()})
+        log({"step": 0, **task.evaluate(model, tc, dist), "lr": lr_at(0, tc), "tokens": 0,
+             "wall_time": time.time()})
     window: list[float] = []
     t_last, step_last = time.time(), start
     diverged = False
@@ -324,7 +411,7 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
             lr = lr_at(step, tc)
             for g in opt.param_groups:
                 g["lr"] = lr
-            x, y = get_batch(corpus.train, tc.batch_size, mc.block_size, gen)  # (B, T) global batch
+            x, y = task.batch(tc.batch_size, gen)  # the global batch: (B, T) tokens or (B, C, H, W) images
             if dist is not None:
                 x, y = dist.shard(x), dist.shard(y)  # (B/N, T): this rank's rows
             _, loss = net(x.to(tc.device), y.to(tc.device))
@@ -350,10 +437,9 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
                 progress(f"{out.name}: loss is not finite at step {done}; stopping")
                 break
             if done % tc.eval_interval == 0 and done != tc.steps:
-                val = evaluate(model, corpus.val, tc, mc.block_size, dist)
-                log({"step": done, "val_loss": val, "lr": lr, "tokens": done * tps,
-                     "wall_time": time.time()})
-                progress(f"{out.name} step {done} val_loss {val:.4f}")
+                scores = task.evaluate(model, tc, dist)
+                log({"step": done, **scores, "lr": lr, "tokens": done * tps, "wall_time": time.time()})
+                progress(f"{out.name} step {done} {_scores_text(scores)}")
                 if main:
                     _save_resume(model, opt, gen, resume_path, done, elapsed0 + time.time() - t0)
             if done in tc.save_steps and done != tc.steps and main:
@@ -366,16 +452,16 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
         raise
     done = step + 1 if tc.steps > start else start
     if not diverged:
-        val = evaluate(model, corpus.val, tc, mc.block_size, dist)
-        log({"step": done, "val_loss": val, "lr": lr_at(max(done - 1, 0), tc),
+        scores = task.evaluate(model, tc, dist)
+        log({"step": done, **scores, "lr": lr_at(max(done - 1, 0), tc),
              "tokens": done * tps, "wall_time": time.time()})
-        progress(f"{out.name} step {done} val_loss {val:.4f}")
+        progress(f"{out.name} step {done} {_scores_text(scores)}")
     final_path = ckpt_dir / checkpoint_name(done, True)
     wall_s = elapsed0 + time.time() - t0
     if not main:
         dist.barrier()  # returns once rank 0 has written the final checkpoint
-        val_step, val_loss = last_val if last_val is not None else (0, None)
-        return _result(model, val_loss, val_step, final_path, wall_s, dist)
+        val_step, val_loss, val_acc = last_val if last_val is not None else (0, None, None)
+        return _result(model, val_loss, val_step, final_path, wall_s, dist, val_acc)
     save_checkpoint(model, final_path, step=done, tokens=done * tps, final=True, tc=tc)
     writer.close()
     if resume_path.exists():
@@ -383,6 +469,10 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
     if dist is not None:
         dist.barrier()
     return _summary(model, metrics_path, final_path, wall_s, dist)
+
+
+def _scores_text(scores: dict) -> str:
+    return " ".join(f"{k} {v:.4f}" for k, v in scores.items())
 
 
 def _silent(line: str) -> None:
@@ -408,18 +498,19 @@ def _check_run_folder(out: Path, config: dict, resume: bool, final_path: Path,
     return final_path.exists() and not resume_path.exists()
 
 
-def _summary(model: GPT, metrics_path: Path, checkpoint: Path, wall_s: float,
+def _summary(model, metrics_path: Path, checkpoint: Path, wall_s: float,
              dist: Dist | None = None) -> dict:
     vals = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
     vals = [r for r in vals if "val_loss" in r]
     return _result(model, vals[-1]["val_loss"] if vals else None, vals[-1]["step"] if vals else 0,
-                   checkpoint, wall_s, dist)
+                   checkpoint, wall_s, dist, vals[-1].get("val_accuracy") if vals else None)
 
 
-def _result(model: GPT, final_val: float | None, steps: int, checkpoint: Path, wall_s: float,
-            dist: Dist | None) -> dict:
+def _result(model, final_val: float | None, steps: int, checkpoint: Path, wall_s: float,
+            dist: Dist | None, final_accuracy: float | None = None) -> dict:
     return {
         "final_val_loss": final_val,
+        "final_val_accuracy": final_accuracy,
         "steps": steps,
         "params": model.n_params(),
         "params_attention": model.n_attention_params(),

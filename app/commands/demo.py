@@ -2,9 +2,12 @@
 
   python -m app demo              list the demo runs and their final validation losses
   python -m app demo --rebuild    re-train all of them (94.5 min measured on 2 shared CPU cores)
+  python -m app demo --rebuild --part vision    only the 24 vision runs (vit-*)
 
---rebuild trains into <out>.rebuild/ and replaces <out> only when every run
-finished, then writes <out>/README.md (command, machine, duration, table).
+--rebuild trains into <out>.rebuild/ and replaces the rebuilt part's run folders
+in <out> only when every run finished, then writes <out>/README.md (command,
+machine, duration and table of each half; rebuilds.json keeps how each half
+was last built).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rebuild", action="store_true", help="re-train every demo run (tens of minutes)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="demo folder (default data/demo)")
     p.add_argument("--jobs", type=int, default=2, help="runs trained at once (default 2)")
+    p.add_argument("--part", choices=("all", "language", "vision"), default="all",
+                   help="with --rebuild: both halves (default), the language runs or the vision runs (vit-*)")
     p.add_argument("--steps", type=int, default=None, help="override the steps per run (smoke tests)")
     p.add_argument("--json", action="store_true", help="print the runs as JSON")
 
@@ -37,24 +42,30 @@ def run(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     if args.rebuild:
-        specs = demo.demo_specs(args.steps or demo.STEPS)
+        specs = []
+        if args.part in ("all", "language"):
+            specs += demo.demo_specs(args.steps or demo.STEPS)
+        if args.part in ("all", "vision"):
+            specs += demo.vision_specs(args.steps or demo.VISION_STEPS)
         tmp = out.with_name(out.name + ".rebuild")
         t0 = time.time()
         demo.run_demo_sweep(specs, tmp, jobs=args.jobs)
         wall = time.time() - t0
         if out.exists():
             for child in out.iterdir():
-                if child.is_dir() and (child / "config.json").exists():
+                vision = child.name.startswith("vit-")
+                if child.is_dir() and (child / "config.json").exists() and (
+                        args.part == "all" or vision == (args.part == "vision")):
                     shutil.rmtree(child)
         out.mkdir(parents=True, exist_ok=True)
         for child in tmp.iterdir():
             if child.is_dir():
                 shutil.move(str(child), str(out / child.name))
         shutil.rmtree(tmp)
-        command = "python -m app demo --rebuild" + (f" --jobs {args.jobs}" if args.jobs != 2 else "") \
-            + (f" --steps {args.steps}" if args.steps else "")
+        command = "python -m app demo --rebuild" + (f" --part {args.part}" if args.part != "all" else "") \
+            + (f" --jobs {args.jobs}" if args.jobs != 2 else "") + (f" --steps {args.steps}" if args.steps else "")
         readme = demo.write_readme(out, command=command, wall_s=wall, jobs=args.jobs,
-                                   machine=demo.machine_description())
+                                   machine=demo.machine_description(), part=args.part)
         print(f"rebuilt {len(specs)} runs in {wall / 60:.1f} min; wrote {readme}")
     if not out.exists() or not any(out.glob("*/config.json")):
         print(f"error: {out}: expected demo run folders, found none; run python -m app demo --rebuild",
@@ -65,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(rows)
         return 0
     print(f"{out}: {len(rows)} runs, {demo.folder_bytes(out) / 1e6:.1f} MB")
-    print(f"{'run':<28} {'val loss':>9} {'params':>9} {'KV B/tok':>9}  checkpoints")
+    print(f"{'run':<28} {'val loss':>9} {'val acc':>7} {'params':>9} {'KV B/tok':>9}  checkpoints")
     for r in rows:
-        print(f"{r['name']:<28} {r['final_val_loss']:>9.4f} {r.get('params', 0):>9,} "
+        acc = f"{r['final_val_accuracy']:>7.3f}" if r.get("final_val_accuracy") is not None else f"{'':>7}"
+        print(f"{r['name']:<28} {r['final_val_loss']:>9.4f} {acc} {r.get('params', 0):>9,} "
               f"{r.get('kv_bytes_per_token', 0):>9,}  {len(r['checkpoints'])}")
     return 0

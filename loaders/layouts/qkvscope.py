@@ -16,10 +16,17 @@ variant           projection keys             shapes
 ``q_eq_k``        ``qk``, ``v``               qk ``[n_kv*dh, d]``
 ``k_eq_v``        ``q``, ``kv``               kv ``[n_kv*dh, d]``
 ``q_eq_k_eq_v``   ``qkv``                     ``[n_kv*dh, d]``
+``*_plus``        as the base variant         plus ``pos_w`` ``[m]``, ``pos_b`` ``[1]``
 ================  ==========================  ==========================
 
 all as ``blocks.{i}.attn.<name>.weight`` (and ``.bias`` when trained with
 biases), output ``blocks.{i}.attn.o.weight`` ``[d, n*dh]``.
+
+The vision models (``config`` ``task`` = ``image``, :mod:`experiments.vision`)
+have the same block keys after a patch embedding; their geometry is read the
+same way. Paper B's "+" variants (``q_eq_k_plus``, ``q_eq_k_eq_v_plus``) hold
+the base variant's projections and two small tensors of the 2D positional
+score correction per layer, which the canonical container does not carry.
 
 Canonical tensors follow ``loaders.canonical``'s tied convention: a tied
 tensor is read once and appears under every name it serves (``q_eq_k``:
@@ -32,7 +39,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from loaders.canonical import VARIANTS, AttentionWeights
+from analysis.variants import ALL_VARIANTS as VARIANTS, PLUS
+from loaders.canonical import AttentionWeights
 from loaders.errors import CheckpointFormatError
 from loaders.layouts import _common as C
 
@@ -49,6 +57,7 @@ PROJECTIONS = {
     "k_eq_v": {"q": ("Q",), "kv": ("K", "V")},
     "q_eq_k_eq_v": {"qkv": ("Q", "K", "V")},
 }
+PROJECTIONS.update({plus: PROJECTIONS[b] for plus, b in PLUS.items()})
 
 
 def _metadata(source) -> dict:

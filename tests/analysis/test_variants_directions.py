@@ -7,13 +7,14 @@ from analysis import directions, variants
 
 
 def test_every_variant_has_a_label_and_a_colour():
-    for v in variants.VARIANTS + (variants.UNKNOWN,):
+    for v in variants.ALL_VARIANTS + (variants.UNKNOWN,):
         assert v in variants.LABELS and v in variants.COLORS
     assert len(set(variants.COLORS.values())) == len(variants.COLORS)
 
 
 @pytest.mark.parametrize("variant,cached", [("qkv", 2), ("wq_identity", 2), ("q_eq_k", 2),
-                                            ("k_eq_v", 1), ("q_eq_k_eq_v", 1)])
+                                            ("k_eq_v", 1), ("q_eq_k_eq_v", 1), ("q_eq_k_plus", 2),
+                                            ("q_eq_k_eq_v_plus", 1)])
 def test_n_cached(variant, cached):
     assert variants.n_cached(variant) == cached
 
@@ -40,3 +41,11 @@ def test_override_wins_and_best_follows_direction():
     assert directions.best([0.5, float("nan"), 0.9, None], "val/accuracy") == 0.9
     assert directions.best([0.5, 0.9], "val/loss") == 0.5
     assert directions.best([math.nan], "val/loss") is None
+
+
+def test_plus_variants_share_their_base_projections():
+    assert variants.base("q_eq_k_plus") == "q_eq_k" and variants.base("qkv") == "qkv"
+    for plus, b in variants.PLUS.items():
+        assert (plus in variants.Q_TIED) == (b in variants.Q_TIED)
+        assert (plus in variants.KV_TIED) == (b in variants.KV_TIED)
+    assert variants.label("q_eq_k_eq_v_plus") == "(Q=K=V)+"

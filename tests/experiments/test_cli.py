@@ -68,7 +68,7 @@ def test_sweep_and_demo_listing(tmp_path, capsys):
 def test_sweep_unknown_variant(tmp_path, capsys):
     assert main(["sweep", "--variants", "qkv,kq", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == ("error: unknown variant(s) kq; expected some of "
-                                       "qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v\n")
+                                       "qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v, q_eq_k_plus, q_eq_k_eq_v_plus\n")
 
 
 def test_demo_without_runs(tmp_path, capsys):

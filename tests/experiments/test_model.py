@@ -91,7 +91,7 @@ def test_cache_bytes_match_formula(variant, n_kv):
     cache = KVCache(L)
     with torch.inference_mode():
         m(torch.randint(0, 64, (3, 10)), cache=cache)
-    n_cached = 1 if variant in ("k_eq_v", "q_eq_k_eq_v") else 2
+    n_cached = 1 if variant in ("k_eq_v", "q_eq_k_eq_v", "q_eq_k_eq_v_plus") else 2
     expected = L * n_cached * n_kv * (D // H) * 4
     assert cache.bytes_per_token() == expected == m.cfg.kv_bytes_per_token(4)
     assert cache.nbytes() == expected * 3 * 10
@@ -159,7 +159,7 @@ def test_model_does_not_modify_inputs():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(variant="qk"), "invalid GPTConfig: variant 'qk' is not one of qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v"),
+    (dict(variant="qk"), "invalid GPTConfig: variant 'qk' is not one of qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v, q_eq_k_plus, q_eq_k_eq_v_plus"),
     (dict(n_kv_heads=3), "invalid GPTConfig: n_kv_heads 3 does not divide n_head 4"),
     (dict(variant="wq_identity", d_head=4),
      "invalid GPTConfig: wq_identity needs n_head * d_head == d_model, found 4 * 4 != 32"),
