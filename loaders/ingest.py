@@ -284,6 +284,12 @@ def _classify(path: Path) -> tuple[str, str | None]:
         return "log", fmt
     if path.name in _CONFIG_FILES or path.suffix.lower() in (".yaml", ".yml"):
         return "unknown", "configuration file: read as metadata of the run beside it"
+    if path.suffix.lower() == ".bin" and path.name.startswith("tok"):
+        from loaders.llama2c import is_tokenizer
+
+        if is_tokenizer(path):
+            return "unknown", ("llama2.c tokenizer: read as the vocabulary of the checkpoint beside it, "
+                               "not a checkpoint")
     if is_checkpoint_candidate(path) or path.suffix.lower() in _CHECKPOINT_SUFFIXES:
         # A broken file named like a checkpoint is an error the user must see,
         # not a silent skip.

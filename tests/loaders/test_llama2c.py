@@ -186,3 +186,18 @@ def test_plain_pickle_loads_and_code_is_refused(tmp_path):
     with pytest.raises(CheckpointFormatError) as e:
         load_plain_pickle(cut)
     assert str(e.value).startswith(f"{cut}: pickle cannot be read (")
+
+
+def test_ingest_of_an_output_folder_stores_the_model_and_names_the_tokenizer(tmp_path):
+    from loaders.ingest import ingest_paths
+    from loaders.store import Store
+
+    out = tmp_path / "out"
+    out.mkdir()
+    write_bin(out / "model.bin", llama_state(), version=0, **GEOM)
+    write_tokenizer(out / "tokenizer.bin", *toy_pieces(300))
+    rep = ingest_paths(Store(tmp_path / "db.duckdb"), [out])
+    got = {f.path.rsplit("/", 1)[1]: (f.kind, f.status, f.reason) for f in rep.files}
+    assert got["model.bin"][:2] == ("checkpoint", "added")
+    assert got["tokenizer.bin"] == ("unknown", "skipped", "llama2.c tokenizer: read as the vocabulary of the "
+                                                          "checkpoint beside it, not a checkpoint")
