@@ -31,7 +31,8 @@ runs the function in the child and returns its JSON-able result.
 
 The protocol is one JSON line each way: ``{"op": ..., "limit": BYTES, ...}``
 on the child's stdin; ``{"ok": true, "result": ...}`` or ``{"ok": false,
-"message": "PATH: what", "store": CLASS | null}`` on its stdout (whatever a
+"message": "PATH: what", "file": PATH, "problem": TEXT, "store": CLASS}``
+on its stdout (whatever a
 library prints goes to stderr, so it cannot break a line).
 """
 from __future__ import annotations
@@ -131,8 +132,18 @@ class Reader:
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
         self._buf = b""
         # -P: the caller's working directory (relative paths are its) is not on sys.path.
-        return subprocess.Popen([sys.executable, "-P", "-m", "loaders.parse_child"], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
+        self._proc = subprocess.Popen([sys.executable, "-P", "-m", "loaders.parse_child"], env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
+        # The child imports the readers (torch, duckdb) before it says ready: a busy machine's
+        # slow start is not counted against the first file's time limit.
+        try:
+            ready = self._readline(time.monotonic() + max(300, budget("QKVSCOPE_PARSE_TIMEOUT_S")))
+        except TimeoutError:
+            ready = None
+        if ready != b'{"ready": true}':
+            rc = self._kill()
+            raise QkvscopeError(f"the process that reads files did not start (exit status {rc})")
+        return self._proc
 
     def _kill(self) -> int:
         proc, self._proc = self._proc, None
@@ -181,6 +192,8 @@ class Reader:
         if reply.get("store"):
             cls = DatabaseBusyError if reply["store"] == "DatabaseBusyError" else StoreError
             raise cls(message)
+        if reply.get("file"):                    # a FileError: keep the file it names (a folder's shard)
+            raise FileError(reply["file"], reply["problem"])
         prefix = f"{path}: "
         raise FileError(path, message[len(prefix):] if message.startswith(prefix) else message)
 
@@ -309,6 +322,10 @@ def main() -> int:
 
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)                                # a library's print() cannot break a line
+    import loaders.checkpoints                   # noqa: F401 -- the readers, before any limit
+    import loaders.ingest                        # noqa: F401
+    import loaders.logs                          # noqa: F401
+    answers.write('{"ready": true}\n')
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     for line in sys.stdin:
         req = json.loads(line)
@@ -318,9 +335,10 @@ def main() -> int:
             reply = {"ok": True, "result": _run(req)}
         except StoreError as exc:
             reply = {"ok": False, "message": str(exc), "store": type(exc).__name__}
+        except FileError as exc:
+            reply = {"ok": False, "message": str(exc), "file": exc.path, "problem": exc.problem}
         except QkvscopeError as exc:
-            reply = {"ok": False, "message": str(exc) if isinstance(exc, FileError)
-                     else f"{req['path']}: {exc}"}
+            reply = {"ok": False, "message": f"{req['path']}: {exc}"}
         except Exception as exc:    # noqa: BLE001 -- an untrusted file's content
             reply = {"ok": False, "message": f"{req['path']}: {failure(exc)}"}
         finally:
