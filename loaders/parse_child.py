@@ -128,7 +128,7 @@ class Reader:
         return self._proc.pid if self._proc is not None else None
 
     def _start(self) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        env = dict(os.environ, QKVSCOPE_PARSE_PARENT=str(os.getpid()), PYTHONPATH=os.pathsep.join(
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
         self._buf = b""
         # -P: the caller's working directory (relative paths are its) is not on sys.path.
@@ -315,11 +315,25 @@ def _run(req: dict):
     raise ValueError(f"unknown op {req['op']!r}")
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``): a
+    ``kill -9`` of ``ingest`` must not leave a child that goes on writing."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(os.environ.get("QKVSCOPE_PARSE_PARENT", os.getppid())):
+        os._exit(1)                              # the parent died before prctl took effect
+
+
 def main() -> int:
     import resource
 
     from loaders.filecheck import failure
 
+    _die_with_parent()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)                                # a library's print() cannot break a line
     import loaders.checkpoints                   # noqa: F401 -- the readers, before any limit

@@ -176,3 +176,26 @@ def test_a_time_bomb_no_budget_catches_leaves_the_database_unchanged(tmp_path):
     assert f"{bomb}: reading it took more than 8 s (limit QKVSCOPE_PARSE_TIMEOUT_S" in proc.stdout
     assert digest(db) == before
     print(f"ingest: {took:.1f} s, peak RSS {peak / 2**30:.2f} GiB")
+
+
+def test_the_child_dies_with_its_parent(tmp_path):
+    """``kill -9`` of ``ingest`` must not leave its reading process writing on."""
+    script = tmp_path / "parent.py"
+    script.write_text(f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
+                      "from loaders.parse_child import Reader\nr = Reader()\nr._start()\n"
+                      "print(r.pid, flush=True)\ntime.sleep(300)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{child}/stat") as fh:
+            if fh.read().split(")")[-1].split()[0] == "Z":      # dead, waiting for init to reap it
+                return
+        time.sleep(0.1)
+    os.kill(child, 9)
+    raise AssertionError("the reading process outlived its parent")
