@@ -145,19 +145,22 @@ def test_qk_norm_layouts_claim_undeclared_keys_by_norm_shape(saved):
 
 # ---- DeepSeek multi-head latent attention -----------------------------------
 
-def mla_model(q_lora_rank=12, v_head_dim=5, attention_bias=False, rope_scaling=None):
-    config = tf.DeepseekV3Config(
+def mla_model(q_lora_rank=12, v_head_dim=5, attention_bias=False, rope_scaling=None, version=3):
+    config_cls, model_cls = ((tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM) if version == 3
+                             else (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM))
+    config = config_cls(
         num_attention_heads=4, num_key_value_heads=4, moe_intermediate_size=16, n_routed_experts=4,
         num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=q_lora_rank,
         kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=v_head_dim,
         attention_bias=attention_bias, **_LM)
     if rope_scaling is not None:
         config.rope_parameters = {**config.rope_parameters, **rope_scaling}
-    return randomise(tf.DeepseekV3ForCausalLM(config))
+    return randomise(model_cls(config))
 
 
 MLA = [("q_lora_v_narrow", dict(q_lora_rank=12, v_head_dim=5)),
-       ("q_proj_v_wide_bias", dict(q_lora_rank=None, v_head_dim=12, attention_bias=True))]
+       ("q_proj_v_wide_bias", dict(q_lora_rank=None, v_head_dim=12, attention_bias=True)),
+       ("v2_q_lora", dict(q_lora_rank=12, v_head_dim=5, version=2))]
 
 
 @pytest.mark.parametrize("kwargs", [c[1] for c in MLA], ids=[c[0] for c in MLA])
