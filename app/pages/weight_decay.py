@@ -163,15 +163,23 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def absent_lines(table: pd.DataFrame) -> list[str]:
     """One line per (statistic, reason): which groups lack it and why, e.g.
-    ``"**slope, curvature** n/a for q_eq_k, qkv [n_kv_heads=4]: 2 distinct weight decays > 0 ..."``."""
+    ``"**slope, curvature** n/a for q_eq_k, qkv [n_kv_heads=4]: 2 distinct weight decays > 0 ..."``.
+    A variant whose method is the regression gets one line instead of one per group (a random
+    sweep has a group per run): ``"**grouped statistics** n/a for the 40 groups of qkv: ..."``."""
     by: dict[tuple[str, str], list[str]] = {}
-    for r in table.itertuples():
+    swept = table[table["method"] == "regression"] if "method" in table.columns else table.iloc[:0]
+    lines = []
+    for variant, g in swept.groupby("variant", sort=True):
+        lone = int((g["n_wd"] <= 1).sum())
+        lines.append(f"**grouped statistics** n/a for {lone} of the {len(g)} groups of {variant}: each holds runs "
+                     "at one weight decay (a random sweep); the regression under *Random sweeps* is used instead")
+    for r in table.drop(swept.index).itertuples():
         name = str(r.variant) if r.group == "all" else f"{r.variant} [{r.group}]"
         for what, why in (("slope, curvature", r.fit_reason), ("best wd", r.best_reason),
                           ("intervals", r.interval_reason)):
             if isinstance(why, str):
                 by.setdefault((what, why), []).append(name)
-    return [f"**{what}** n/a for {', '.join(names)}: {why}" for (what, why), names in by.items()]
+    return lines + [f"**{what}** n/a for {', '.join(names)}: {why}" for (what, why), names in by.items()]
 
 
 def points_table(points: pd.DataFrame) -> pd.DataFrame:
@@ -239,7 +247,7 @@ def coefficient_figure(regs: dict[str, dict], *, metric: str) -> go.Figure:
                   annotation_position="top")
     fig.update_layout(height=120 + 60 * max(len(rows), 1), template="plotly_white",
                       margin=dict(l=60, r=20, t=30, b=50))
-    fig.update_xaxes(title=f"d {metric} / d log10(wd), other hyperparameters held fixed", zeroline=False)
+    fig.update_xaxes(title=f"d {metric} / d log10(wd)", zeroline=False)
     return fig
 
 
@@ -272,6 +280,9 @@ def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> No
     left, right = st.columns([3, 2])
     left.plotly_chart(regression_figure(regs, y_title=y_title), width="stretch", key="wd_regression")
     right.plotly_chart(coefficient_figure(regs, metric=metric), width="stretch", key="wd_coef")
+    right.caption(f"Change of the {y_title} per decade of weight decay with the other hyperparameters held "
+                  "fixed; bars: its bootstrap interval; n: runs fitted. An interval across the dashed line "
+                  "means the sweep cannot tell the sign.")
     st.dataframe(regression_table(regs), hide_index=True, width="stretch", key="wd_regression_table")
     any_reg = next(iter(regs.values()))
     st.caption(
@@ -383,6 +394,7 @@ def render() -> None:
                f"its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), drawn "
                "only where more than one run (seeds) shares the weight decay, labelled with that n; an unlabelled "
                "weight decay has one run, so its spread is not measured.")
+    _regression_section(table, metric=metric, y_title=y_title)
     summary = summary_table(table)
     st.dataframe(summary, hide_index=True, width="stretch",
                  column_config={"n_runs": st.column_config.NumberColumn("runs"),
@@ -404,7 +416,7 @@ def render() -> None:
                      column_config={"weight_decay": st.column_config.NumberColumn("wd", format="%.4g"),
                                     "n_runs": st.column_config.NumberColumn("n runs"),
                                     "mean": st.column_config.NumberColumn(f"mean {statistic} loss", format="%.4f")})
-    _regression_section(table, metric=metric, y_title=y_title)
+
     flagged = long[long["diverged"] | (long["spikes"] > 0)]
     if len(flagged):
         st.warning("Unstable runs: " + ", ".join(

@@ -244,9 +244,13 @@ def test_random_sweep_shows_the_regression_beside_the_grouped_view(sweep_db):
     assert not at.exception, at.exception
     figs = figures(at)
     assert {"wd_curve", "wd_regression", "wd_coef"} <= set(figs)
-    summary = at.dataframe[0].value
+    summary = next(d.value for d in at.dataframe if "slope 95% CI" in d.value.columns)
     assert len(summary) == 40 and set(summary["method"]) == {"regression"}
     shown = "\n".join(m.value for m in at.markdown)
+    # one line for the 40 one-run groups, not 40 lines of reasons
+    assert ("* **grouped statistics** n/a for 40 of the 40 groups of qkv: each holds runs at one weight decay "
+            "(a random sweep); the regression under *Random sweeps* is used instead") in shown
+    assert "**slope, curvature** n/a" not in shown
     assert ("* **qkv**: regression (0 of 40 runs are in groups with runs at >= 2 weight decays (under half): "
             "regression over the variant's runs)") in shown
     # partial dependence line, linear line and the 39 runs with wd > 0 as points
