@@ -72,6 +72,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.gpus import GB, GIB, GPU
+from analysis.variants import ALL_VARIANTS
 # The model half, re-exported so ``from analysis.kv_cost import Geometry, ...`` keeps working
 # (presets, paper_claims, the page, the command and the tests import from here).
 from analysis.kv_geometry import (  # noqa: F401
@@ -253,8 +254,8 @@ def _ms(seconds: float) -> str:
 def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GPU) -> Estimate:
     """All serving figures for one configuration (formulas in the module docstring)."""
     serving.validate()
-    if attention.variant not in VARIANTS:
-        raise AnalysisError(f"variant must be one of {', '.join(VARIANTS)}, got {attention.variant!r}")
+    if attention.variant not in ALL_VARIANTS:
+        raise AnalysisError(f"variant must be one of {', '.join(ALL_VARIANTS)}, got {attention.variant!r}")
     nkv = attention.n_kv_heads or geometry.n_kv_heads
     check_kv_heads(geometry.name, geometry.n_heads, nkv)
     steps: list[Step] = []

@@ -22,7 +22,10 @@ with its 128 heads of 128 (56.9x more).
 
 Parameter counts: ``wq_identity`` and ``q_eq_k`` drop W_Q (d_model * n_heads *
 d_head per layer, and b_Q), ``k_eq_v`` drops W_V (d_model * n_kv_heads * d_head,
-and b_V), ``q_eq_k_eq_v`` drops both.
+and b_V), ``q_eq_k_eq_v`` drops both. Paper B's "+" variants (``q_eq_k_plus``,
+``q_eq_k_eq_v_plus``, ``analysis.variants.PLUS``) cache and count as their base
+variant: the score correction's m + 1 weights per layer are left out of the
+formula (a checkpoint's own count keeps them).
 
 Sources: MLA from DeepSeek-V2 (arXiv 2405.04434) and the Hugging Face
 ``DeepseekV3Attention``; cross-layer KV sharing from Brandon et al. (arXiv
@@ -35,7 +38,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from analysis.errors import AnalysisError
-from analysis.variants import KV_TIED, Q_DROPPED, VARIANTS, n_cached, sharing
+from analysis.variants import ALL_VARIANTS, KV_TIED, Q_DROPPED, VARIANTS, n_cached, sharing
 from analysis.variants import LABELS as VARIANT_LABELS
 
 #: Bits per element of each cache / weight dtype name; int8 and int4 also carry
@@ -120,8 +123,8 @@ class Geometry:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise AnalysisError(f"geometry {self.name!r}: {key} must be an integer >= 1, got {value!r}")
         check_kv_heads(self.name, self.n_heads, self.n_kv_heads)
-        if self.variant not in VARIANTS:
-            raise AnalysisError(f"geometry {self.name!r}: variant must be one of {', '.join(VARIANTS)}, "
+        if self.variant not in ALL_VARIANTS:
+            raise AnalysisError(f"geometry {self.name!r}: variant must be one of {', '.join(ALL_VARIANTS)}, "
                                 f"got {self.variant!r}")
         if self.mlp not in ("gelu", "gated"):
             raise AnalysisError(f"geometry {self.name!r}: mlp must be 'gelu' or 'gated', got {self.mlp!r}")
@@ -287,8 +290,8 @@ def kv_bytes_per_token(geometry: Geometry, attention: Attention, kv_dtype: str =
         return layers * (attention.mla_latent + attention.mla_rope) * b
     nkv = attention.n_kv_heads or geometry.n_kv_heads
     check_kv_heads(geometry.name, geometry.n_heads, nkv)
-    if attention.variant not in VARIANTS:
-        raise AnalysisError(f"variant must be one of {', '.join(VARIANTS)}, got {attention.variant!r}")
+    if attention.variant not in ALL_VARIANTS:
+        raise AnalysisError(f"variant must be one of {', '.join(ALL_VARIANTS)}, got {attention.variant!r}")
     return layers * n_cached(attention.variant) * nkv * geometry.d_head * b
 
 
@@ -378,8 +381,8 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
     total = p.get("total", info.get("params_total"))
     attn = p.get("attention", info.get("params_attention"))
     variant = info.get("variant") or "qkv"
-    if variant not in VARIANTS:
-        raise AnalysisError(f"{label}: variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    if variant not in ALL_VARIANTS:
+        raise AnalysisError(f"{label}: variant must be one of {', '.join(ALL_VARIANTS)}, got {variant!r}")
     latent = info.get("latent") or {}
     mla = {"kv_lora_rank": latent.get("kv_lora_rank"), "q_lora_rank": latent.get("q_lora_rank"),
            "qk_rope_head_dim": latent.get("rope_dim"), "qk_nope_head_dim": latent.get("nope_dim"),

@@ -22,10 +22,11 @@ import dataclasses
 from analysis.errors import AnalysisError
 from analysis.gpus import ALIASES, CATALOGUE, GB, GIB, TB_S, TFLOPS, get_gpu
 from analysis.kv_cost import (
-    DEFAULT_MAX_BATCH, DTYPE_BITS, VARIANTS, Attention, Geometry, Serving, baseline_attention, compare,
+    DEFAULT_MAX_BATCH, DTYPE_BITS, Attention, Geometry, Serving, baseline_attention, compare,
     estimate, geometry_from_info, native_attention, savings, standard_configs,
 )
 from analysis.presets import PRESETS, get_preset
+from analysis.variants import ALL_VARIANTS
 from app.commands._common import print_json
 
 NAME = "kv-cost"
@@ -44,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--vocab", type=int, default=0, help="typed geometry: vocabulary (default 0: "
                      "embeddings not counted)")
     att = p.add_argument_group("attention being costed")
-    att.add_argument("--variant", choices=VARIANTS, help="default: the model's own variant")
+    att.add_argument("--variant", choices=ALL_VARIANTS, help="default: the model's own variant "
+                     "(the '+' variants cache and count as their base)")
     att.add_argument("--kv-heads", type=int, help="KV heads (n_heads: MHA, 1: MQA, else GQA); "
                      "default: the model's")
     att.add_argument("--mla-latent", type=int, help="cost multi-head latent attention with this latent dim")

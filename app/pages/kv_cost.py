@@ -186,8 +186,10 @@ def _geometry_inputs(state: dict) -> Geometry:
 
 def _attention_inputs(state: dict, geometry: Geometry) -> Attention:
     c = st.columns(3)
-    variant = c[0].selectbox("Variant", VARIANTS, format_func=VARIANT_LABELS.get, key="kv_variant",
-                             index=VARIANTS.index(_q_choice("variant", list(VARIANTS), geometry.variant)))
+    # the five variants, and a checkpoint's own "+" variant when it has one
+    options = list(VARIANTS) + ([geometry.variant] if geometry.variant not in VARIANTS else [])
+    variant = c[0].selectbox("Variant", options, format_func=VARIANT_LABELS.get, key="kv_variant",
+                             index=options.index(_q_choice("variant", options, geometry.variant)))
     divisors = [k for k in range(1, geometry.n_heads + 1) if geometry.n_heads % k == 0]
     kv_default = _q_int("kvh", geometry.n_kv_heads)
     if kv_default not in divisors:

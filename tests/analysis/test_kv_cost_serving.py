@@ -288,3 +288,14 @@ def test_variant_labels_come_from_the_variants_leaf():
     from analysis.variants import sharing
 
     assert Attention("k_eq_v", 8).label(g) == f"Q-K=V, {sharing(32, 8)}"
+
+
+@pytest.mark.parametrize("plus, base", [("q_eq_k_plus", "q_eq_k"), ("q_eq_k_eq_v_plus", "q_eq_k_eq_v")])
+def test_plus_variants_cache_and_count_as_their_base(plus, base):
+    g = get_preset("llama-3-8b")
+    assert kv_bytes_per_token(g, Attention(plus), "bf16") == kv_bytes_per_token(g, Attention(base), "bf16")
+    assert attention_params(g, Attention(plus)) == attention_params(g, Attention(base))
+    e = estimate(g, Attention(plus), Serving(), H100)
+    assert e.label.startswith(LABELS[plus] + ", ")
+    info = {"n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "d_model": 32, "d_head": 8, "variant": plus}
+    assert geometry_from_info(info).variant == plus

@@ -185,3 +185,10 @@ def test_mla_checkpoint_is_costed_with_its_latent(capsys, tmp_path):
     assert (data["variant"], data["bytes_per_token"]) == ("mla", 2 * (16 + 8) * 2)
     assert data["baseline"]["bytes_per_token"] == 2 * 2 * 4 * 24 * 2
     assert data["comparison"][0]["variant"] == "mla"
+
+
+def test_plus_variant_is_accepted(capsys):
+    plus = run_json(capsys, "--preset", "gpt2", "--variant", "q_eq_k_eq_v_plus")
+    base = run_json(capsys, "--preset", "gpt2", "--variant", "q_eq_k_eq_v")
+    assert plus["bytes_per_token"] == base["bytes_per_token"] == 12 * 1 * 12 * 64 * 2
+    assert plus["label"] == "(Q=K=V)+, MHA"

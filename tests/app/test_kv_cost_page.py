@@ -199,3 +199,14 @@ def test_log_axes_have_readable_ticks_and_titles_in_words(key, axis, title):
     assert len(values) >= 2
     # each label is the tick's own value (not a bare mantissa such as "3" for 0.3)
     assert all(float(text) == pytest.approx(value) for value, text in zip(values, texts))
+
+
+def test_a_checkpoint_of_a_plus_variant_is_offered_its_own_variant(monkeypatch):
+    row = {"id": 7, "path": "/runs/plus.pt", "variant": "q_eq_k_eq_v_plus", "n_layers": 2, "n_heads": 4,
+           "n_kv_heads": 4, "d_model": 32, "d_head": 8, "params_total": None, "params_attention": None}
+    monkeypatch.setattr(kv_cost, "_stored_checkpoints", lambda: [row])
+    at = page_test("kv_cost", {"src": "checkpoint", "kvdtype": "fp32"})
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="kv_variant").value == "q_eq_k_eq_v_plus"
+    assert at.metric[0].value == f"{2 * 1 * 4 * 8 * 4 / 1024:,.2f} KiB"  # K=V: one tensor cached
