@@ -13,7 +13,20 @@ Side by side in the same run it also times the curve query the page uses
 (SQL min-max downsampling to <= 2,000 points per run) against fetching the
 same 10 runs' raw points, and prints the ratio. Target: each page under 1 s.
 
+Then, in a real browser (Debian's Chromium driven by Playwright, launched as
+``tests/app/browser.py`` does; never a downloaded browser), against a real
+``python -m app serve`` on the bundled demo and on the big database: the time
+from a click to the last change of the page's main area (the last chart
+drawn), for sidebar navigation to every page (after one untimed round that
+stores analyses and fills the server's caches; median and max of
+``--rounds``) and for a control change (the Inspector's metric), beside each
+page's AppTest script time. A MutationObserver stamps every change inside
+``stMain``; a step has ended when Streamlit's status widget is gone and the
+main area has been still for 1.5 s, and its time is the last stamp minus the
+click. Targets (issue 17): sidebar navigation < 1 s, a control change < 0.5 s.
+
     .venv/bin/python bench/dashboard_speed.py [--runs 500] [--steps 20000] [--keep DIR]
+                                              [--rounds 3] [--no-browser]
 """
 from __future__ import annotations
 
@@ -118,7 +131,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=500)
     ap.add_argument("--steps", type=int, default=20_000)
     ap.add_argument("--keep", type=Path, default=None, help="build the database in this folder and keep it")
+    ap.add_argument("--rounds", type=int, default=3, help="timed browser rounds over every page (default 3)")
+    ap.add_argument("--no-browser", action="store_true", help="AppTest figures only (no Chromium)")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
     tmp = tempfile.TemporaryDirectory(prefix="qkvscope-bench-")
     folder = args.keep or Path(tmp.name)
     folder.mkdir(parents=True, exist_ok=True)
@@ -160,6 +176,143 @@ def main() -> None:
     for label, t in (("experiments cold", cold), ("experiments warm", warm),
                      ("inspector cold", cold_i), ("inspector warm", warm_i)):
         print(f"  {label:18s} script {t:6.2f} s  {'under' if t < target else 'OVER'} the {target:g} s target")
+    if not args.no_browser:
+        browser_main(db, folder, args.rounds)
+
+# -- the browser tier ---------------------------------------------------------------------
+
+#: Targets in seconds (issue 17 item 11).
+NAV_TARGET, CONTROL_TARGET = 1.0, 0.5
+#: How long the main area must be still (and the status widget gone) for a step to have ended.
+QUIET_MS = 1500
+#: Installed before any page script: stamps the time of every change inside the main area.
+_OBSERVER = """
+window.__qkvLast = 0;
+new MutationObserver((records) => {
+  for (const r of records) {
+    const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+    if (el && el.closest && el.closest("[data-testid='stMain']")) { window.__qkvLast = performance.now(); return; }
+  }
+}).observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+"""
+_SETTLED = """([t0, quiet]) => {
+  const busy = document.querySelector("[data-testid='stStatusWidget']");
+  return !busy && performance.now() - Math.max(window.__qkvLast, t0) > quiet;
+}"""
+_CHARTS = "document.querySelectorAll(\"[data-testid='stMain'] .js-plotly-plot .main-svg\").length"
+
+
+def _settle(page, t0: float, timeout_s: float) -> tuple[float, int]:
+    """Seconds from ``t0`` (page clock, ms) to the main area's last change (0 when nothing changed),
+    and the charts drawn."""
+    page.wait_for_function(_SETTLED, arg=[t0, QUIET_MS], timeout=timeout_s * 1000, polling=100)
+    last = page.evaluate("window.__qkvLast")
+    return max(0.0, last - t0) / 1000, int(page.evaluate(_CHARTS))
+
+
+def _click_timed(page, locator, timeout_s: float = 120) -> tuple[float, int]:
+    locator.wait_for(timeout=timeout_s * 1000)
+    t0 = page.evaluate("performance.now()")
+    locator.click()
+    return _settle(page, t0, timeout_s)
+
+
+def browser_timings(db: Path, titles: list[str], rounds: int) -> dict:
+    """``{"nav": {title: [seconds...]}, "charts": {title: n}, "control": [seconds...]}`` for ``db``."""
+    import statistics  # noqa: F401  (used by the caller's table)
+
+    from playwright.sync_api import sync_playwright
+
+    sys.path.insert(0, str(ROOT))
+    from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, dashboard
+
+    if not CHROMIUM.exists():
+        raise SystemExit(f"{CHROMIUM} is missing: bash scripts/setup.sh --dev installs Debian's chromium")
+    out: dict = {"nav": {t: [] for t in titles}, "charts": {}, "control": []}
+    with dashboard(db, "--no-demo") as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.add_init_script(_OBSERVER)
+            t0 = time.perf_counter()
+            page.goto(f"{url}/sql")      # start away from the first page timed
+            page.wait_for_selector("[data-testid='stSidebarNav']", timeout=120_000)
+            _settle(page, 0, 300)
+            out["first_load"] = time.perf_counter() - t0
+
+            def nav(title: str, timeout_s: float = 120) -> tuple[float, int]:
+                link = page.locator("[data-testid='stSidebarNav'] a").filter(has_text=title).first
+                return _click_timed(page, link, timeout_s)
+
+            for title in titles:                # untimed: analyses stored, server caches filled
+                nav(title, timeout_s=600)
+            for _ in range(rounds):
+                for title in titles:
+                    secs, charts = nav(title)
+                    out["nav"][title].append(secs)
+                    out["charts"][title] = charts
+            nav("Checkpoint inspector")
+            for i in range(rounds):
+                page.locator("[data-testid='stSelectbox']").filter(has_text="Metric").first.click()
+                option = page.get_by_role("option", name="qk_symmetry" if i % 2 == 0 else "kv_cka", exact=True)
+                secs, _ = _click_timed(page, option)
+                out["control"].append(secs)
+        finally:
+            browser.close()
+    return out
+
+
+def demo_database(folder: Path) -> Path:
+    """The bundled demo ingested into ``folder/demo.duckdb`` (what the first start builds)."""
+    from app.paths import DEMO_DIR
+    from loaders.ingest import ingest_paths
+
+    db = folder / "demo.duckdb"
+    if db.exists():
+        db.unlink()
+    ingest_paths(Store(db), [DEMO_DIR])
+    return db
+
+
+def apptest_pages(db: Path) -> dict[str, float]:
+    """Each page's warm AppTest script time (``timed_page``) on ``db``, by page title."""
+    from app.pages import page_modules
+
+    os.environ["QKVSCOPE_DB"] = str(db)
+    times = {}
+    for mod in page_modules():
+        _, _, warm, _, _ = timed_page(mod.__name__.rsplit(".", 1)[-1], {})
+        times[mod.TITLE] = warm
+    return times
+
+
+def print_browser_table(name: str, timings: dict, script: dict[str, float]) -> None:
+    """One line per measurement: ``browser <db> <what>  median s  (max s, n charts; AppTest s)  < target  pass``."""
+    import statistics
+
+    print(f"browser ({name}): first load {timings['first_load']:.2f} s; click to the last chart drawn, "
+          f"median (max) of {len(timings['control'])} rounds")
+    print(f"  {'db':6s} {'step':34s} {'median':>7s} {'max':>7s} {'charts':>6s} {'AppTest':>8s}  target  result")
+    for title, secs in timings["nav"].items():
+        med = statistics.median(secs)
+        print(f"  {name:6s} {'sidebar -> ' + title:34s} {med:6.2f}s {max(secs):6.2f}s {timings['charts'][title]:6d} "
+              f"{script.get(title, float('nan')):7.2f}s  < {NAV_TARGET:g} s  {'pass' if med < NAV_TARGET else 'FAIL'}")
+    med = statistics.median(timings["control"])
+    print(f"  {name:6s} {'control: Inspector metric':34s} {med:6.2f}s {max(timings['control']):6.2f}s {'':6s} "
+          f"{script.get('Checkpoint inspector', float('nan')):7.2f}s  < {CONTROL_TARGET:g} s  "
+          f"{'pass' if med < CONTROL_TARGET else 'FAIL'}")
+
+
+def browser_main(big_db: Path, folder: Path, rounds: int) -> None:
+    from app.pages import page_modules
+
+    titles = [m.TITLE for m in page_modules()]
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    demo = demo_database(folder)
+    for name, db in (("demo", demo), ("big", big_db)):
+        script = apptest_pages(db)
+        print_browser_table(name, browser_timings(db, titles, rounds), script)
+
 
 if __name__ == "__main__":
     main()
