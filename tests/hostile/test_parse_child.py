@@ -46,6 +46,7 @@ def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path
     print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 2 GiB address-space limit)")
 
 
+@pytest.mark.slow
 def test_past_the_time_limit_the_child_is_killed_and_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv("QKVSCOPE_PARSE_TIMEOUT_S", "3")
     f = tmp_path / "stall.bin"
