@@ -387,13 +387,19 @@ def render() -> None:
     points = per_wd(table)
     names = dict(zip(runs["run_id"], runs["name"]))
     y_title = f"{statistic} {metric}"
-    fig = charts.wd_figure(long, y=f"{statistic}_val_loss", y_title=y_title)
-    st.plotly_chart(add_intervals(fig, points, y_title=y_title), width="stretch", key="wd_curve")
-    st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss of "
-               f"the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay and "
-               f"its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), drawn "
-               "only where more than one run (seeds) shares the weight decay, labelled with that n; an unlabelled "
-               "weight decay has one run, so its spread is not measured.")
+    # a variant fitted by the regression has a group per run: its runs are drawn under "Random sweeps"
+    swept = sorted(regressions(table))
+    grouped_long = long[~long["variant"].astype(str).isin(swept)]
+    if len(grouped_long):
+        fig = charts.wd_figure(grouped_long, y=f"{statistic}_val_loss", y_title=y_title)
+        fig = add_intervals(fig, points[~points["variant"].astype(str).isin(swept)], y_title=y_title)
+        st.plotly_chart(fig, width="stretch", key="wd_curve")
+        st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss "
+                   f"of the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay "
+                   f"and its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), "
+                   "drawn only where more than one run (seeds) shares the weight decay, labelled with that n; an "
+                   "unlabelled weight decay has one run, so its spread is not measured."
+                   + (f" Not drawn here: {', '.join(swept)} (a group per run; see *Random sweeps*)." if swept else ""))
     _regression_section(table, metric=metric, y_title=y_title)
     summary = summary_table(table)
     st.dataframe(summary, hide_index=True, width="stretch",

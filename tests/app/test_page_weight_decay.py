@@ -243,7 +243,9 @@ def test_random_sweep_shows_the_regression_beside_the_grouped_view(sweep_db):
     at = page_test("weight_decay").run()
     assert not at.exception, at.exception
     figs = figures(at)
-    assert {"wd_curve", "wd_regression", "wd_coef"} <= set(figs)
+    assert {"wd_regression", "wd_coef"} <= set(figs)
+    # its 40 one-run groups are not drawn as 40 lines of the grouped chart (the only variant: no chart)
+    assert "wd_curve" not in figs
     summary = next(d.value for d in at.dataframe if "slope 95% CI" in d.value.columns)
     assert len(summary) == 40 and set(summary["method"]) == {"regression"}
     shown = "\n".join(m.value for m in at.markdown)
@@ -326,3 +328,30 @@ def test_analysing_checkpoints_names_them_and_redraws_without_the_stale_notice(w
     # the next run of the page (any widget change) drops the one-off notice
     at.run()
     assert not at.success and "wd_norms" in figures(at)
+
+
+def test_a_grid_and_a_sweep_side_by_side(wd_db):
+    """qkv and k_eq_v from a grid keep the grouped chart; a 12-run random sweep of wq_identity is drawn
+    only under Random sweeps."""
+    store = Store(wd_db)
+    rng = np.random.default_rng(5)
+    with store.transaction() as con:
+        for i in range(12):
+            rid, lr, wd = 100 + i, float(10 ** rng.uniform(-4, -2)), float(10 ** rng.uniform(-3, 0))
+            con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, config) "
+                        "VALUES (?, ?, ?, 'csv', 'wq_identity', ?, ?)",
+                        [rid, f"trial_{i}", f"/t/{i}", wd, json.dumps({"lr": lr})])
+            con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, 100, 'val/loss', ?)",
+                        [rid, 3 + 0.1 * math.log10(wd) - 0.2 * math.log10(lr)])
+        refresh_run_stats(con, list(range(100, 112)))
+    at = page_test("weight_decay").run()
+    assert not at.exception, at.exception
+    figs = figures(at)
+    lines = sorted(t["name"] for t in figs["wd_curve"]["data"] if t.get("mode") == "lines")
+    assert lines == sorted([V.label("k_eq_v"), V.label("qkv")])
+    assert any("Not drawn here: wq_identity (a group per run; see *Random sweeps*)." in c.value for c in at.caption)
+    names = {t["name"] for t in figs["wd_regression"]["data"]}
+    assert f"{V.label('wq_identity')}: runs" in names and not any(V.label("qkv") in n for n in names)
+    # exact data: the coefficient is the truth, its interval collapses onto it
+    point = figs["wd_coef"]["data"][0]
+    assert arr(point["x"])[0] == pytest.approx(0.1, abs=1e-9) and list(point["text"]) == ["n=12"]
