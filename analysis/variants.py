@@ -77,11 +77,13 @@ def label(variant: str | None) -> str:
 
 
 def sharing(n_heads: int | None, n_kv_heads: int | None) -> str:
-    """``MHA``, ``MQA`` (one kv head) or ``GQA-g`` (g query heads per kv head); ``?`` if unknown."""
+    """``MHA``, ``MQA`` (one kv head) or ``GQA-g`` with ``g`` the number of kv heads (groups),
+    as Ainslie et al. (2023) and paper B write it (Llama-3-8B, 32 heads over 8: ``GQA-8``);
+    ``?`` if unknown."""
     if not n_heads or not n_kv_heads:
         return "?"
     if n_kv_heads == n_heads:
         return "MHA"
     if n_kv_heads == 1:
         return "MQA"
-    return f"GQA-{n_heads // n_kv_heads}" if n_heads % n_kv_heads == 0 else f"GQA({n_kv_heads})"
+    return f"GQA-{n_kv_heads}"

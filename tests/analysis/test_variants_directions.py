@@ -19,7 +19,7 @@ def test_n_cached(variant, cached):
     assert variants.n_cached(variant) == cached
 
 
-@pytest.mark.parametrize("h,kv,name", [(8, 8, "MHA"), (8, 1, "MQA"), (8, 2, "GQA-4"), (6, 4, "GQA(4)"),
+@pytest.mark.parametrize("h,kv,name", [(8, 8, "MHA"), (8, 1, "MQA"), (8, 2, "GQA-2"), (32, 8, "GQA-8"),
                                        (None, 2, "?")])
 def test_sharing(h, kv, name):
     assert variants.sharing(h, kv) == name
