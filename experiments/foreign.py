@@ -290,13 +290,23 @@ def swiglu_names(keys, stem: str) -> tuple[str, str, str] | None:
     return None
 
 
+#: Above this many parameters a GPT is built on the meta device before its weights are assigned.
+_META_PARAMS = 100_000_000
+
+
 def _assemble(cfg: GPTConfig, own: dict[str, torch.Tensor], *, swiglu_hidden: int | None,
               context: int) -> GPT:
     """A GPT of ``cfg`` holding exactly the tensors ``own`` (in the GPT's names; SwiGLU
-    blocks as ``blocks.N.mlp.gate/up/down``), built on the meta device and filled by
-    assignment (float32 copies where the dtype differs; the caller's tensors are not
-    modified). Missing or unexpected names are listed, sorted."""
-    with torch.device("meta"):
+    blocks as ``blocks.N.mlp.gate/up/down``), filled by assignment (float32 copies where
+    the dtype differs; the caller's tensors are not modified). Missing or unexpected
+    names are listed, sorted. A model of more than ``_META_PARAMS`` parameters is built
+    on the meta device (no second copy of its weights); a smaller one on the CPU,
+    where GPT's random init is faster than under the meta device mode (0.8 s against
+    3.8 s for stories15M's shape, measured on this project's 2-core machine)."""
+    from contextlib import nullcontext
+
+    big = sum(v.numel() for v in own.values()) > _META_PARAMS
+    with torch.device("meta") if big else nullcontext():
         model = GPT(cfg)
         if swiglu_hidden is not None:
             for block in model.blocks:

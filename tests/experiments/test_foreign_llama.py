@@ -70,7 +70,10 @@ def _model(source):
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_llama2c_ckpt_matches_reference(shared):
+@pytest.mark.parametrize("meta_device", [False, True])
+def test_llama2c_ckpt_matches_reference(shared, meta_device, monkeypatch):
+    if meta_device:                                  # the path of models over _META_PARAMS
+        monkeypatch.setattr("experiments.foreign._META_PARAMS", 0)
     sd = llama_state(shared=shared)
     config = {"dim": D, "n_layers": L, "n_heads": H, "n_kv_heads": KV, "vocab_size": VOCAB,
               "max_seq_len": SEQ, "multiple_of": 8, "dropout": 0.0}

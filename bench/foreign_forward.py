@@ -1,0 +1,90 @@
+"""Forward-pass speed of the checkpoints experiments.foreign runs: a llama2.c v0 export of
+stories15M's geometry (dim 288, 6 layers, 6 heads, vocab 32,000, seq_len 256; random
+weights, written in llama2.c's byte order) with a tokenizer.bin, and a nanoGPT with
+RMSNorm and a SwiGLU MLP of the same width.
+
+    .venv/bin/python bench/foreign_forward.py [--device cpu|cuda] [--tokens 4096]
+
+Prints, side by side: seconds to open and build the model, the model's own forward
+tokens/s (batches of the activation job's windows), and ``app.jobs.corpus_activations``
+end to end (tokenising the bundled corpus, hooks, per-layer statistics, chance levels).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app import jobs  # noqa: E402
+from loaders.checkpoints import open_checkpoint  # noqa: E402
+from tests.loaders.llama2c_files import llama_state, toy_pieces, write_bin, write_tokenizer  # noqa: E402
+
+
+def _nanogpt(path: Path, d=288, layers=6, heads=6, hidden=768, vocab=32000, seq=256) -> Path:
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.02  # noqa: E731
+    sd = {"transformer.wte.weight": r(vocab, d), "transformer.wpe.weight": r(seq, d),
+          "transformer.ln_f.weight": torch.ones(d)}
+    for i in range(layers):
+        p = f"transformer.h.{i}."
+        sd.update({p + "ln_1.weight": torch.ones(d), p + "ln_2.weight": torch.ones(d),
+                   p + "attn.c_attn.weight": r(3 * d, d), p + "attn.c_proj.weight": r(d, d),
+                   p + "mlp.w1.weight": r(hidden, d), p + "mlp.w3.weight": r(hidden, d),
+                   p + "mlp.w2.weight": r(d, hidden)})
+    torch.save({"model": sd, "model_args": {"n_layer": layers, "n_head": heads, "n_embd": d,
+                                            "block_size": seq, "vocab_size": vocab}}, path)
+    return path
+
+
+def _time(label: str, path: Path, device: str, tokens: int) -> None:
+    t0 = time.perf_counter()
+    with open_checkpoint(path) as ckpt:
+        model, tok, vocab = jobs._load_runnable(ckpt)
+        t_load = time.perf_counter() - t0
+        model = model.to(device)
+        T = jobs._context(model)
+        ids = torch.randint(0, vocab, (max(1, tokens // T), T), generator=torch.Generator().manual_seed(0))
+        per = max(1, jobs.BATCH_TOKENS // T)
+        with torch.inference_mode():
+            model(ids[:per].to(device))                           # warm-up
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            for lo in range(0, ids.shape[0], per):
+                model(ids[lo:lo + per].to(device))
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            fwd = ids.numel() / (time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        run = jobs.corpus_activations(ckpt, device=device, sample=jobs.SampleSpec(tokens=tokens))
+        t_job = time.perf_counter() - t2
+    print(f"{label:34s} {getattr(tok, 'how', 'bytes'):16s} load {t_load:6.2f} s  forward {fwd:10,.0f} tok/s  "
+          f"activation job {run.sample['n_tokens']:,} tokens in {t_job:6.2f} s "
+          f"({run.sample['n_tokens'] / t_job:8,.0f} tok/s)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tokens", type=int, default=4096)
+    args = ap.parse_args()
+    print(f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        sd = llama_state(dim=288, hidden=768, n_layers=6, n_heads=6, n_kv=6, vocab=32000, seq_len=256)
+        (d / "l2c").mkdir()
+        write_bin(d / "l2c" / "model.bin", sd, version=0, n_heads=6, n_kv=6, seq_len=256)
+        write_tokenizer(d / "l2c" / "tokenizer.bin", *toy_pieces(32000))
+        _time("llama2.c v0 .bin (stories15M shape)", d / "l2c" / "model.bin", args.device, args.tokens)
+        (d / "nano").mkdir()
+        _time("nanoGPT RMSNorm+SwiGLU ckpt.pt", _nanogpt(d / "nano" / "ckpt.pt"), args.device, args.tokens)
+
+
+if __name__ == "__main__":
+    main()
