@@ -289,3 +289,17 @@ def test_activations_run_through_transformers(which, saved, tmp_path):
     out = cli_json("analyze", str(folder), "--activations", "--tokens", "256", "--db", str(tmp_path / "db.duckdb"))
     acts = [r for r in out["metrics"] if r["metric"] == "kv_cka_act"]
     assert len(acts) == 2 * (4 if which == "mla" else 2) and all(r["n_tokens"] >= 256 for r in acts)
+
+
+def test_tied_read_from_the_tensors_with_qk_norm(tmp_path):
+    """A Gemma 3 whose v_proj is its k_proj (GQA) reads as k_eq_v from the tensors; a random one as qkv."""
+    from app.commands.info import describe
+
+    model = randomise(CASES[2][1]())
+    model.save_pretrained(tmp_path / "qkv")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.v_proj.weight.copy_(layer.self_attn.k_proj.weight)
+    model.save_pretrained(tmp_path / "kv")
+    assert describe(str(tmp_path / "qkv"))["tied"]["variant"] == "qkv"
+    assert describe(str(tmp_path / "kv"))["tied"]["variant"] == "k_eq_v"

@@ -362,3 +362,26 @@ def test_timm_info_and_analyze_run(tmp_path):
     assert cli_json("info", str(tmp_path))["n_heads"] == 3
     out = cli_json("analyze", str(tmp_path), "--db", str(tmp_path.parent / "t.duckdb"))
     assert {r["layer"] for r in out["metrics"]} == {0, 1}
+
+
+def test_tower_prefixed_one_tower_checkpoint_reads_as_unprefixed(saved):
+    """A SigLIP/CLIP vision model saved with its ``vision_model.`` prefix (transformers 4.x) and
+    the top-level vision config reads like the prefix-less 5.x file."""
+    model, folder = saved["siglip_vision"]
+    sd = {f"vision_model.{k}": v for k, v in model.state_dict().items()}
+    prefixed = checkpoint_from_source(DictSource(sd, config=model.config.to_dict()))
+    with open_checkpoint(folder) as bare:
+        assert [t.name for t in prefixed.meta.towers] == [t.name for t in bare.meta.towers] == ["vision"]
+        assert torch.equal(prefixed.layer(1).W_V, bare.layer(1).W_V)
+
+
+def test_layer_meta_is_the_meta_itself_for_one_geometry(saved):
+    with open_checkpoint(saved["vit_model"][1]) as ckpt:
+        assert ckpt.meta.tower_of(0) is None and ckpt.meta.layer_meta(2) is ckpt.meta
+    model = clip_model(text_width=32, text_heads=4)
+    clip = checkpoint_from_source(DictSource(model.state_dict(), config=model.config.to_dict()))
+    assert clip.meta.tower_of(4).name == "text" and clip.meta.layer_meta(4) is clip.meta
+    other = clip_model()
+    clip = checkpoint_from_source(DictSource(other.state_dict(), config=other.config.to_dict()))
+    text = clip.meta.layer_meta(3)
+    assert (text.n_heads, text.d_model, text.d_head, text.n_layers) == (3, 24, 8, 5)
