@@ -140,7 +140,7 @@ def render() -> None:
         st.caption("No run matches these choices.")
         return
     st.dataframe(_screen(table), hide_index=True, width="stretch", key="res_table",
-                 column_config=_column_config(table), height=min(38 * (len(table) + 1) + 4, 800))
+                 column_config=_column_config(table), height=min(35 * (len(table) + 1) + 3, 800))
     st.caption(f"{stat.capitalize()} value of each run; mean ± sample standard deviation over a row's runs "
                f"(n); weight decay {wd_pick}. \"vs Q-K-V\": the row's mean against the Q-K-V row of the same "
                "head sharing and task, in %. KV bytes per token = layers x cached tensors (1 for K=V, else 2) x "
