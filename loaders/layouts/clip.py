@@ -111,6 +111,6 @@ def convert(source):
 
 
 def _first_key(source) -> str:
-    tower, rx = _stacks(source)[0]
-    return next(k for k in source.keys() if C.re.match(rx, k) and
-                C.re.match(rx, k).group("i") == "0")
+    """The first tower's layer-0 query weight (its dtype is the checkpoint's)."""
+    rx = C.re.compile(_stacks(source)[0][1])
+    return next(k for k in source.keys() if (m := rx.match(k)) and m.group("i") == "0")

@@ -58,7 +58,6 @@ import math
 import torch
 
 from loaders.canonical import AttentionWeights, Latent
-from loaders.errors import CheckpointFormatError
 from loaders.layouts import _common as C
 
 NAME = "deepseek_mla"
