@@ -603,8 +603,12 @@ def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, de
                  f"fewer than the {want} asked for")
         for m in names("activations"):
             notes[m] = f"{notes[m]}; {short}" if m in notes else short
-    from loaders.vocab import SampledIds
+    from loaders.vocab import CharVocabulary, SampledIds
 
+    if isinstance(tok, CharVocabulary) and tok.dropped:
+        said = f"{tok.dropped} characters of the text are not in the {tok.how} vocabulary and were left out"
+        for m in names("activations"):
+            notes[m] = f"{notes[m]}; {said}" if m in notes else said
     if isinstance(tok, SampledIds):
         said = (f"inputs are token ids drawn uniformly from the vocabulary of {vocab}, not the text: "
                 f"{tok.reason}")

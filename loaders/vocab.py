@@ -49,7 +49,7 @@ class Vocabulary:
 
 class CharVocabulary(Vocabulary):
     """A character-level vocabulary (``stoi``: character -> id). Characters of the
-    text that it lacks are dropped (``dropped`` counts them)."""
+    text that it lacks are dropped (``dropped``: how many, in the last ``encode``)."""
 
     def __init__(self, stoi: dict[str, int], *, how: str):
         self.stoi = stoi
@@ -59,7 +59,7 @@ class CharVocabulary(Vocabulary):
 
     def encode(self, text: str) -> list[int]:
         ids = [self.stoi[c] for c in text if c in self.stoi]
-        self.dropped += len(text) - len(ids)
+        self.dropped = len(text) - len(ids)
         return ids
 
     def pieces(self, ids: list[int]) -> list[str]:

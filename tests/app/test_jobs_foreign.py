@@ -108,7 +108,12 @@ def test_char_level_nanogpt_reads_its_meta_pkl(tmp_path):
         run = jobs.corpus_activations(ckpt, device="cpu", sample=jobs.SampleSpec(tokens=256))
     assert cap.tokenizer == "meta.pkl characters"
     assert "".join(cap.tokens) == "the lazy dog"[:12]
-    assert run.sample["tokenizer"] == "meta.pkl characters" and run.notes == {}
+    assert run.sample["tokenizer"] == "meta.pkl characters"
+    text = jobs.SampleSpec(tokens=256).read().text[: 256 * 16]          # what the job tokenised
+    dropped = sum(c not in meta["stoi"] for c in text)
+    assert dropped > 0 and run.notes == {m: f"{dropped} characters of the text are not in the meta.pkl "
+                                            "characters vocabulary and were left out"
+                                         for m in names("activations")}
     assert set(run.frame.metric) == set(names("activations"))
 
 
