@@ -41,7 +41,7 @@ Canonical form (the composed maps, n_kv_heads = n_heads):
   and ``W_O``'s rows when v is narrower, ``W_Q``/``W_K`` otherwise). Zero columns
   change no CKA, R^2, rank, norm or logit; the flat cosine and the chance levels
   (drawn at the padded width) are noted.
-* Computed in float64 and stored as float32 (float64 sources stay float64).
+* Composed in float32 (float64 for a float64 source), one layer at a time.
 
 ``meta.latent`` records the real geometry; ``kv_bytes_per_token`` is what MLA
 caches, ``n_layers * (kv_lora_rank + rope) * bytes``, and ``meta.notes`` says which
@@ -142,8 +142,9 @@ def convert(source):
     get = C.getter(source, have)
 
     def build(i: int) -> AttentionWeights:
-        wdt = torch.float64
-        out = torch.float64 if source.dtype(first) == "float64" else torch.float32
+        # float32 products (float64 for a float64 source): a V3 layer's composed maps are
+        # 128 heads x 7168 x 192, 0.7 GB each in float32
+        wdt = out = torch.float64 if source.dtype(first) == "float64" else torch.float32
         kva = get(k(i, "kv_a_proj_with_mqa.weight")).to(wdt)          # [r + rope, d]
         w_dkv, w_kr = kva[:r], kva[r:]                                 # [r, d], [rope, d]
         g_kv = get(k(i, "kv_a_layernorm.weight")).to(wdt)              # [r]
