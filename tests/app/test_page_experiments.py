@@ -312,7 +312,7 @@ def test_experiments_and_weight_decay_in_a_real_browser(tmp_path):
     db = tmp_path / "browser-exp.duckdb"
     fill_runs(db)
     with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2000)) as page:
-        page.goto(f"{url}/experiments")
+        page.goto(f"{url}/experiments?runs=")    # a link with no runs: none plotted (no default selection)
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=60_000)
         page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
@@ -340,3 +340,32 @@ def test_experiments_and_weight_decay_in_a_real_browser(tmp_path):
         page.locator(".js-plotly-plot .scatterlayer .trace").first.wait_for(timeout=60_000)
         wait_idle(page, timeout=60_000)
         screenshot(page, "weight_decay")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_selection_survives_sidebar_navigation_in_a_real_browser(tmp_path):
+    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+
+    db = tmp_path / "browser-nav.duckdb"
+    fill_runs(db)
+    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 1600)) as page:
+        page.goto(f"{url}/experiments")
+        wait_idle(page, timeout=180_000)
+        page.locator(".js-plotly-plot").nth(1).wait_for(timeout=120_000)  # curves of the default runs
+        assert "runs=1%2C3" in page.url or "runs=1,3" in page.url
+        page.locator("[data-testid='stMultiSelect']").filter(has_text="Runs to plot").click()
+        page.get_by_role("option", name="kv-wd0.1 (Q-K=V)").click()
+        page.keyboard.press("Escape")
+        wait_idle(page, timeout=120_000)
+        page.get_by_role("link", name="Results").first.click()
+        wait_idle(page, timeout=120_000)
+        page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=120_000)
+        screenshot(page, "results")
+        page.get_by_role("link", name="Experiments").first.click()
+        wait_idle(page, timeout=120_000)
+        page.locator(".js-plotly-plot").nth(1).wait_for(timeout=120_000)
+        assert "runs=1%2C3%2C4" in page.url or "runs=1,3,4" in page.url
+        chips = page.locator("[data-testid='stMultiSelect']").filter(has_text="Runs to plot").inner_text()
+        assert "kv-wd0.1 (Q-K=V)" in chips and "qkv-wd0.01 (Q-K-V)" in chips
+        screenshot(page, "experiments_after_navigation")
