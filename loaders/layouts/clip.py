@@ -1,6 +1,6 @@
-"""Hugging Face CLIP and SigLIP: the full two-tower models (``CLIPModel``,
-``SiglipModel``) and either tower alone (``CLIPVisionModel``, ``CLIPTextModel``,
-``SiglipVisionModel``, ``SiglipTextModel``).
+"""Hugging Face CLIP, SigLIP and SigLIP 2: the full two-tower models (``CLIPModel``,
+``SiglipModel``, ``Siglip2Model``) and either tower alone (``CLIPVisionModel``,
+``CLIPTextModel``, ``SiglipVisionModel``, ``Siglip2VisionModel``, ...).
 
 Keys: ``{tower}_model.encoder.layers.{i}.self_attn.{q,k,v,out}_proj.{weight,bias}``
 with ``tower`` ``vision`` or ``text`` (``nn.Linear`` ``[d, d]``), or
@@ -33,7 +33,8 @@ from loaders.layouts import _common as C
 NAME = "clip"
 PRIORITY = 30
 MODEL_TYPES = frozenset({"clip", "clip_vision_model", "clip_text_model", "siglip",
-                         "siglip_vision_model", "siglip_text_model"})
+                         "siglip_vision_model", "siglip_text_model", "siglip2",
+                         "siglip2_vision_model", "siglip2_text_model"})
 ARCHITECTURES = ("CLIP", "Siglip")
 TOWERS = ("vision", "text")
 

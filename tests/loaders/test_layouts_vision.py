@@ -385,3 +385,22 @@ def test_layer_meta_is_the_meta_itself_for_one_geometry(saved):
     clip = checkpoint_from_source(DictSource(other.state_dict(), config=other.config.to_dict()))
     text = clip.meta.layer_meta(3)
     assert (text.n_heads, text.d_model, text.d_head, text.n_layers) == (3, 24, 8, 5)
+
+
+def test_siglip2_vision_tower(tmp_path):
+    """SigLIP 2 keeps SigLIP's attention names (its patch embedding differs, not read here)."""
+    model = randomise(tf.Siglip2VisionModel(tf.Siglip2VisionConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, patch_size=4,
+        num_channels=3)))
+    model.save_pretrained(tmp_path)
+    with open_checkpoint(tmp_path) as ckpt:
+        m = ckpt.meta
+        assert (m.architecture, m.n_layers, m.n_heads, m.d_head, [t.name for t in m.towers]) == (
+            "clip", 2, 4, 8, ["vision"])
+        attn = model.encoder.layers[1].self_attn
+        layer = ckpt.layer(1)
+        for h in range(4):
+            rows = slice(8 * h, 8 * (h + 1))
+            assert torch.equal(layer.W_Q[h], attn.q_proj.weight[rows].T)
+            assert torch.equal(layer.W_V[h], attn.v_proj.weight[rows].T)
+            assert torch.equal(layer.W_O[h], attn.out_proj.weight[:, rows].T)
