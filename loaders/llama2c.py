@@ -412,9 +412,20 @@ def read_tokenizer(path: str | Path) -> Llama2cTokenizer:
 
 
 def is_tokenizer(path: str | Path) -> bool:
-    """Whether ``path`` parses as a llama2.c ``tokenizer.bin`` (used to keep it out of checkpoint counts)."""
+    """Whether ``path`` parses as a llama2.c ``tokenizer.bin`` (used to keep it out of checkpoint
+    counts). A llama2.c checkpoint (``sniff``) is answered from its header, without reading it."""
+    p = Path(path)
     try:
-        read_tokenizer(path)
+        with open(p, "rb") as f:
+            head = f.read(12)
+        if len(head) < 12 or not 0 < struct.unpack_from("<i", head, 0)[0] <= 1024:
+            return False
+        try:
+            if sniff(p) is not None:
+                return False
+        except CheckpointFormatError:
+            return False
+        read_tokenizer(p)
     except (CheckpointFormatError, OSError):
         return False
     return True
