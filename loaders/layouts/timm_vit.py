@@ -37,7 +37,10 @@ SIZE_HEADS = {"tiny": 3, "small": 6, "medium": 8, "base": 12, "large": 16, "huge
 def detect(source) -> bool:
     if C.model_type(source) is not None:          # a Hugging Face config: not a timm dict
         return False
-    return C.any_match(source.keys(), _RX)
+    # timm's output projection is ``attn.proj`` (qkvscope's own Q=K=V model also has an
+    # ``attn.qkv``, beside ``attn.o``)
+    keys = source.keys()
+    return C.any_match(keys, _RX) and C.any_match(keys, r"^(?:.*\.)?blocks\.0\.attn\.proj\.weight$")
 
 
 def _arch_name(source) -> str | None:
