@@ -74,7 +74,8 @@ def create_credential_chain_secret(con: duckdb.DuckDBPyConnection) -> None:
 # -- Parquet files ------------------------------------------------------------------------
 def file_exists(con: duckdb.DuckDBPyConnection, url: str) -> bool:
     """Whether ``url`` names a file (an object, for an object-storage URL)."""
-    return bool(con.execute("SELECT count(*) FROM glob(?)", [url]).fetchone()[0])
+    # fetchall: a result left half-read (fetchone) blocks the connection's next register()
+    return bool(con.execute("SELECT count(*) FROM glob(?)", [url]).fetchall()[0][0])
 
 
 def copy_to_parquet(con: duckdb.DuckDBPyConnection, frame: pd.DataFrame, target: str) -> None:
@@ -107,7 +108,7 @@ def read_job(con: duckdb.DuckDBPyConnection, url: str) -> pd.DataFrame:
 def count_rows(con: duckdb.DuckDBPyConnection, parts: list[str]) -> int:
     """Rows in the Parquet files ``parts`` together."""
     return int(con.execute("SELECT count(*) FROM read_parquet(?, hive_partitioning = false)",
-                           [parts]).fetchone()[0])
+                           [parts]).fetchall()[0][0])
 
 
 # -- the store ----------------------------------------------------------------------------
