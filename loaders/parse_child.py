@@ -199,15 +199,17 @@ class Reader:
 
     # -- what callers use --------------------------------------------------
 
-    def ingest_file(self, store, path: Path) -> list[FileReport]:
-        """``loaders.ingest.ingest_file`` in the child: every outcome is a report."""
+    def ingest_file(self, store, path: Path, kind: str = "unknown") -> list[FileReport]:
+        """``loaders.ingest.ingest_file`` in the child: every outcome is a report
+        (``kind``, from ``kind_of``, labels the report of a child that died)."""
         try:
             return [FileReport(**r) for r in self.request(path, "ingest", db=str(store.path),
                                                            busy_timeout=store.busy_timeout)]
         except StoreError:
             raise
         except FileError as exc:
-            return [FileReport(str(path), "unknown", "error", reason=str(exc))]
+            return [FileReport(str(path), kind if kind in ("log", "checkpoint") else "unknown", "error",
+                               reason=str(exc))]
 
     def kind_of(self, path: Path) -> str:
         """'log', 'checkpoint', ... as ``loaders.ingest`` classifies it ('unknown' on failure)."""
@@ -236,12 +238,13 @@ def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | Non
             if why is not None:
                 report.files.append(FileReport(str(p), "unknown", "skipped", reason=why))
                 continue
-            classified.append((0 if reader.kind_of(p) == "log" else 1, p))
-        ordered = [p for _, p in sorted(classified, key=lambda t: t[0])]
-        for i, path in enumerate(ordered):
+            kind = reader.kind_of(p)
+            classified.append((0 if kind == "log" else 1, p, kind))
+        ordered = sorted(classified, key=lambda t: t[0])
+        for i, (_, path, kind) in enumerate(ordered):
             if progress:
                 progress(i, len(ordered), str(path))
-            report.files.extend(reader.ingest_file(store, path))
+            report.files.extend(reader.ingest_file(store, path, kind))
     finally:
         if own:
             reader.close()
