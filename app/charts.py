@@ -120,24 +120,36 @@ def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
 
 def log_ticks(values, *, max_ticks: int = 12) -> dict:
     """Tick values and labels for a log axis over ``values`` that read as numbers ("0.3", not a
-    bare "3" as plotly labels minor ticks): 1, 2, 5 x 10^k (or only the powers of ten over many
-    decades) inside the data's range, labelled with ``:g``. ``{}`` when no value is positive."""
+    bare "3" as plotly labels minor ticks): 1..9, 1-2-3-5 or 1-2-5 x 10^k (or only powers of ten
+    over many decades) inside the data's range, labelled by ``tick_text``. ``{}`` when no value
+    is positive."""
     v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce"), dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
     if not v.size:
         return {}
     lo, hi = math.floor(math.log10(v.min())), math.ceil(math.log10(v.max()))
+    # the axis shows a little beyond the data (plotly pads a log range by about 5% each side)
+    pad = 10 ** (0.05 * max(math.log10(v.max() / v.min()), 0.02))
     ticks: list[float] = []
-    for mantissas in ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 5), (1, 3), (1,)):
+    for mantissas in ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 5), (1, 2, 5), (1, 3), (1,)):
         ticks = [float(f"{m * 10.0 ** e:.6g}") for e in range(lo, hi + 1) for m in mantissas]
-        ticks = [t for t in ticks if v.min() / 1.0001 <= t <= v.max() * 1.0001]
-        if len(ticks) <= max_ticks:
+        ticks = [t for t in ticks if v.min() / pad <= t <= v.max() * pad]
+        if len(ticks) <= (8 if len(mantissas) == 9 else max_ticks):
             break
     if len(ticks) > max_ticks:                  # many decades: every k-th power of ten
         ticks = ticks[::math.ceil(len(ticks) / max_ticks)]
     if len(ticks) < 2:                          # a range inside one step: its ends, 2 digits
         ticks = sorted({float(f"{v.min():.2g}"), float(f"{v.max():.2g}")} | set(ticks))
-    return dict(tickmode="array", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+    return dict(tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
+
+
+def tick_text(t: float) -> str:
+    """A tick value as text: ``:g`` below 10,000 ("0.3", "2000"), SI above ("20k", "1M", "3G")."""
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e4, "k")):
+        if abs(t) >= div:
+            scale = 1e3 if unit == "k" else div
+            return f"{t / scale:g}{unit}"
+    return f"{t:g}"
 
 
 def readable_log_axis(fig: go.Figure, values, axis: str = "y", **selector) -> go.Figure:

@@ -187,7 +187,10 @@ def test_run_styles_share_the_hue_of_a_group_and_shade_its_runs():
 
 def test_log_ticks_read_as_numbers_not_bare_digits():
     t = charts.log_ticks([0.11, 0.95])
-    assert t["ticktext"] == ["0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9"]
+    assert t["ticktext"] == ["0.1", "0.2", "0.3", "0.5", "1"]       # ticks just past the data's ends
+    assert t["tickvals"] == [0.1, 0.2, 0.3, 0.5, 1.0]
+    assert charts.log_ticks([0.25, 0.7])["ticktext"] == ["0.3", "0.4", "0.5", "0.6", "0.7"]
+    assert charts.log_ticks([1000, 2e6])["ticktext"][-3:] == ["500k", "1M", "2M"]
     assert charts.log_ticks([0.001, 50])["ticktext"][:4] == ["0.001", "0.003", "0.01", "0.03"]
     assert charts.log_ticks([0.31, 0.33])["ticktext"] == ["0.31", "0.33"]
     assert charts.log_ticks([0.0, -1.0]) == {}
@@ -198,7 +201,7 @@ def test_spectra_log_axis_has_labelled_ticks():
                             "sigma": [0.9, 0.3, 0.12, 0.8, 0.25, 0.1]})
     fig = charts.spectra_figure(spectra)
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.tickmode == "array"
-    assert list(fig.layout.yaxis.ticktext) == ["0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9"]
+    assert list(fig.layout.yaxis.ticktext) == ["0.1", "0.2", "0.3", "0.5", "1"]
     assert fig.layout.yaxis.title.text == "singular value σ"
 
 
