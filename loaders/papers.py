@@ -48,17 +48,26 @@ def _number(value):
         return None
 
 
+def _image_runs(store: Store) -> set[int]:
+    """Runs whose config says ``task: image`` (vision runs): the papers' claims compared here are
+    language-model claims (perplexity, a 300M LM's weights), so these stay out of the comparison."""
+    return {int(r["id"]) for r in list_runs(store) if (r.get("config") or {}).get("task") == "image"}
+
+
 def compared_checkpoints(store: Store, scope: str = "latest") -> pd.DataFrame:
     """``_CHECKPOINT_COLUMNS`` of the checkpoints compared: ``all``, or ``latest`` (each run's
-    highest-step checkpoint, plus every checkpoint linked to no run)."""
+    highest-step checkpoint, plus every checkpoint linked to no run); checkpoints of vision runs
+    (``_image_runs``) are left out."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     where = "" if scope == "all" else """
         WHERE c.run_id IS NULL OR c.id IN (
             SELECT arg_max(id, coalesce(step, -1)) FROM checkpoints WHERE run_id IS NOT NULL GROUP BY run_id)"""
     with store.connect() as con:
-        return con.execute(f"SELECT {', '.join('c.' + c for c in _CHECKPOINT_COLUMNS)} FROM checkpoints c"
-                           f"{where} ORDER BY c.id").df()
+        frame = con.execute(f"SELECT {', '.join('c.' + c for c in _CHECKPOINT_COLUMNS)} FROM checkpoints c"
+                            f"{where} ORDER BY c.id").df()
+    image = _image_runs(store)
+    return frame[~frame["run_id"].isin(image)].reset_index(drop=True) if image else frame
 
 
 def stored_results(store: Store, checkpoint_ids, metrics=METRICS) -> pd.DataFrame:
@@ -92,9 +101,9 @@ def unanalysed(store: Store, checkpoint_ids) -> list[int]:
 
 
 def runs_with_finals(store: Store, loss_metric: str = "val/loss") -> pd.DataFrame:
-    """``_RUN_COLUMNS``: every run, its final finite ``loss_metric`` (NaN when it logged none), its head
+    """``_RUN_COLUMNS``: every language run (vision runs left out), its final finite ``loss_metric`` (NaN when it logged none), its head
     count (from a linked checkpoint, else its config) and its MLP ratio (config ``mlp_ratio``)."""
-    runs = list_runs(store)
+    runs = [r for r in list_runs(store) if (r.get("config") or {}).get("task") != "image"]
     if not runs:
         return pd.DataFrame(columns=_RUN_COLUMNS)
     finals = curves.final_values(store, loss_metric).set_index("run_id")["final"]
