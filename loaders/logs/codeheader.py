@@ -317,7 +317,10 @@ def header_hyperparameters(header: str) -> dict:
     code = code_of(header)
     tree = parse_code(code)
     if tree is not None:
-        _from_tree(tree, out)
+        try:
+            _from_tree(tree, out)
+        except (RecursionError, MemoryError):      # e.g. 1+1+...+1 nested past the stack
+            out.clear()
     # What the parsed part does not say, from unindented ``name = number`` lines
     # (the part after a syntax error, or a header that does not parse at all).
     flat = {k: float(v) for k, v in _FLAT_ASSIGN.findall(code)}

@@ -233,10 +233,13 @@ def _nanogpt_block(facts: dict, lo: int, hi: int, config: dict) -> tuple[dict, d
 
 
 def _assignment(line: str) -> tuple[str, object] | None:
-    """(name, value) of a ``name = <literal>  # comment`` line, else None."""
+    """(name, value) of a ``name = <literal>  # comment`` line, else None
+    (also for a line over 1,000 characters: no config line is that long)."""
+    if len(line) > 1000:
+        return None
     try:
         tree = ast.parse(line.strip())
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
         return None

@@ -195,6 +195,8 @@ def test_code_header_optimizer_without_weight_decay_and_a_broken_tail():
     assert (got["lr"], got["weight_decay"]) == (0.018, 0.0)   # MuonH applies no weight decay
     unparsable = "import torch\ndef f(lr=0.5, weight_decay=0.3):\n  pass(\nweight_decay = 0.2\nlr = 3e-4\n"
     assert header_hyperparameters(unparsable) == {"lr": 3e-4, "weight_decay": 0.2}
+    deep = "import torch\nx = " + "+".join(["1"] * 20000) + "\nopt = Muon(ps, lr=x, weight_decay=0.1)\n"
+    assert header_hyperparameters(deep) == {}       # too deep to parse: nothing read, no crash
 
 
 def test_modded_track3_records_and_runs_sharing_one_header(store, tmp_path):
