@@ -43,6 +43,7 @@ from analysis.kv_cost import (
     formula_params, geometry_from_info, kv_bytes_per_token,
 )
 from analysis.presets import PRESETS
+from analysis.variants import ALL_VARIANTS
 from analysis.wd_sensitivity import relative_stability, wd_sensitivity
 
 PAPER_A = "2510.23912"
@@ -200,7 +201,7 @@ def sharing(n_heads, n_kv_heads) -> str:
 def _geometry(row) -> Geometry | None:
     info = {k: (None if pd.isna(row.get(k)) else row.get(k)) for k in
             ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "params_total", "params_attention")}
-    info["variant"] = row.get("variant") if row.get("variant") in VARIANTS else "qkv"
+    info["variant"] = row.get("variant") if row.get("variant") in ALL_VARIANTS else "qkv"
     try:
         return geometry_from_info(info, name=f"checkpoint {row.get('id')}")
     except AnalysisError:
