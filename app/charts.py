@@ -52,6 +52,10 @@ def run_color(i: int) -> str:
     return _CYCLE[i % len(_CYCLE)]
 
 
+#: Legend order of head-sharing kinds.
+SHARING_RANK = {"MHA": 0, "GQA": 1, "MQA": 2, "?": 3}
+
+
 def sharing_kind(sharing: str | None) -> str:
     """``"GQA-2"`` -> ``"GQA"``; ``"MHA"``, ``"MQA"`` unchanged; anything else ``"?"``."""
     s = str(sharing or "?")
@@ -368,7 +372,7 @@ def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", met
                                zip(data["variant"], data["_sharing"], data["_task"])])
     order = {v: i for i, v in enumerate(V.VARIANTS)}
     keys = sorted(data.groupby(["variant", "_sharing", "_group"], dropna=False).groups,
-                  key=lambda k: (order.get(k[0], 99), str(k[0]), sharing_kind(k[1]), str(k[1])))
+                  key=lambda k: (order.get(k[0], 99), str(k[0]), SHARING_RANK[sharing_kind(k[1])], str(k[1])))
     title = axis_title(hparam)
     for i, key in enumerate(keys):
         variant, sharing, group = key
@@ -675,10 +679,16 @@ def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str =
     data = points[points["weight_decay"] >= 0].assign(x=lambda d: _wd_x(d["weight_decay"], zero_at))
     kinds = list(SHARING_DASH)[:3]
     within: dict[str, int] = {}
+    import re
+
+    kvs = [int(m.group(1)) for m in (re.search(r"n_kv_heads=(\d+)", str(g)) for g in data["group"].unique()) if m]
     for i, ((variant, group), g) in enumerate(data.groupby(["variant", "group"], sort=True)):
         k = within.get(variant, 0)
         within[variant] = k + 1
         sharing = _group_sharing(group)
+        kv = re.search(r"n_kv_heads=(\d+)", str(group))
+        if sharing is None and kv and kvs:     # the most KV heads in the figure drawn as MHA, fewer as GQA
+            sharing = "MHA" if int(kv.group(1)) == max(kvs) else "GQA"
         style = group_style(variant, sharing or (kinds[k % 3] if group != "all" else "MHA"), i)
         color = style["color"]
         g = g.sort_values("weight_decay")
@@ -746,7 +756,7 @@ def norms_figure(norms: pd.DataFrame, *, variants=None, runs: pd.DataFrame | Non
                         subplot_titles=[NORM_TITLES.get(m, m) for m in present])
     order = {v: i for i, v in enumerate(V.VARIANTS)}
     groups = sorted(data.groupby(["variant", "_sharing"]).groups,
-                    key=lambda k: (order.get(k[0], 99), str(k[0]), sharing_kind(k[1]), str(k[1])))
+                    key=lambda k: (order.get(k[0], 99), str(k[0]), SHARING_RANK[sharing_kind(k[1])], str(k[1])))
     for i, (variant, sharing) in enumerate(groups):
         g_all = data[(data["variant"] == variant) & (data["_sharing"] == sharing)]
         style = group_style(variant, sharing, i)

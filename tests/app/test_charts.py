@@ -266,3 +266,22 @@ def test_norms_figure_reads_head_sharing_from_the_runs_config():
                                                       {"n_head": 4, "n_kv_heads": 1}]})
     fig = charts.norms_figure(norms, runs=runs)
     assert sorted(t.name for t in fig.data if t.showlegend) == ["Q-K-V · MHA", "Q-K-V · MQA"]
+
+
+def test_wd_figure_draws_the_head_sharing_groups_of_one_variant_apart():
+    from analysis import variants
+
+    pts = pd.DataFrame({"variant": "qkv", "group": ["n_kv_heads=1", "n_kv_heads=2", "n_kv_heads=4"] * 2,
+                        "weight_decay": [0.1, 0.1, 0.1, 0.01, 0.01, 0.01], "final_val_loss": [3.0, 2.9, 2.8] * 2,
+                        "diverged": False, "spikes": 0, "run_id": [1, 2, 3, 4, 5, 6]})
+    lines = {t.name: t.line for t in charts.wd_figure(pts).data if t.mode == "lines"}
+    assert {n: l.dash for n, l in lines.items()} == {"Q-K-V [n_kv_heads=1]": "dot", "Q-K-V [n_kv_heads=2]": "dash",
+                                                    "Q-K-V [n_kv_heads=4]": "solid"}
+    assert {l.color for l in lines.values()} == {variants.COLORS["qkv"]}
+
+
+def test_scatter_legend_lists_mha_then_gqa_then_mqa():
+    frame = pd.DataFrame({"name": list("abc"), "variant": "qkv", "n_heads": 4, "n_kv_heads": [1, 2, 4],
+                          "weight_decay": 0.1, "final": [1.0, 2.0, 3.0]})
+    assert [t.name for t in charts.final_scatter(frame, hparam="weight_decay").data] == [
+        "Q-K-V · MHA", "Q-K-V · GQA-2", "Q-K-V · MQA"]
