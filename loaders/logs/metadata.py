@@ -32,12 +32,8 @@ from pathlib import Path
 from analysis import variants as _variants
 
 FIELDS = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
-#: Paper B's "+" variants (arXiv 2606.04032: a 2D positional correction added
-#: to Q=K-V and Q=K=V), stored under these names (issue 16).
-PLUS_VARIANTS = ("q_eq_k_plus", "q_eq_k_eq_v_plus")
-#: Stored variant names: ``analysis.variants.VARIANTS``, and the "+" variants
-#: until that leaf lists them.
-VARIANTS = tuple(_variants.VARIANTS) + tuple(v for v in PLUS_VARIANTS if v not in _variants.VARIANTS)
+#: Stored variant names, paper B's "+" variants included (``analysis.variants``).
+VARIANTS = _variants.ALL_VARIANTS
 #: Plausible ranges; a value outside is refused with a note: (low, high, low included).
 RANGES = {"lr": (0.0, 10.0, False), "weight_decay": (0.0, 10.0, True)}
 
