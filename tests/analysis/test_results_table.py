@@ -103,3 +103,35 @@ def test_common_setting_is_the_weight_decay_most_groups_share():
     runs = _runs().assign(weight_decay=[0.1, 0.1, 0.1, 0.1, 0.0, 0.1, 0.1, 0.0])
     assert common_setting(runs) == 0.1
     assert common_setting(runs.drop(columns="weight_decay")) is None
+
+
+def test_default_selection_is_the_best_run_of_each_group():
+    from analysis.results_table import best_of_each_group
+
+    vals = _values()
+    loss = vals[vals["metric"] == "val/loss"]
+    # groups in table order: qkv MHA (best 2.0: run 1), k_eq_v MHA (run 4), qkv MQA (6), k_eq_v MQA (7), vision (8)
+    assert best_of_each_group(_runs(), loss, "val/loss") == [1, 4, 6, 7, 8]
+    acc = vals[vals["metric"] == "val/accuracy"]
+    # final accuracies 0.45, 0.55, 0.65 for qkv MHA: the highest (run 3) is the best
+    assert best_of_each_group(_runs(), acc, "val/accuracy", limit=2) == [3, 5]
+    assert best_of_each_group(_runs().iloc[:0], loss, "val/loss") == []
+
+
+def test_metric_order_puts_validation_loss_then_accuracy_first():
+    from analysis.results_table import metric_order
+
+    names = ["lr", "train/loss", "val_top1", "val/accuracy", "val/loss", "train/accuracy", "tokens_per_s"]
+    assert metric_order(names) == ["val/loss", "val/accuracy", "val_top1", "train/loss", "train/accuracy", "lr",
+                                   "tokens_per_s"]
+
+
+def test_table_order_is_task_then_sharing_then_variant():
+    from analysis.results_table import table_order
+
+    keys = [("language", "MQA", 1, "qkv"), ("language", "MHA", 4, "k_eq_v"), ("language", "GQA-2", 2, "qkv"),
+            ("language", "MHA", 4, "qkv"), ("language", "GQA-4", 4, "qkv"), ("vision", "MHA", 4, "qkv")]
+    ordered = sorted(keys, key=lambda k: table_order(*k))
+    assert ordered == [("language", "MHA", 4, "qkv"), ("language", "MHA", 4, "k_eq_v"),
+                       ("language", "GQA-4", 4, "qkv"), ("language", "GQA-2", 2, "qkv"),
+                       ("language", "MQA", 1, "qkv"), ("vision", "MHA", 4, "qkv")]
