@@ -30,7 +30,8 @@ POINT_COLUMNS = ("step", "metric", "value", "wall_time", "tokens")
 HEAD_BYTES = 64 * 1024
 
 # Metric names normalised across formats (issue 3): the training loss, the
-# validation loss and the learning rate; everything else keeps its logged name.
+# validation loss, the validation top-1 accuracy and the learning rate;
+# everything else keeps its logged name (paper B's CSVs keep val_top1, val_top5).
 _METRIC_ALIASES = {
     "train/loss": "train/loss", "train_loss": "train/loss", "loss/train": "train/loss", "loss": "train/loss",
     "training_loss": "train/loss", "train-loss": "train/loss", "trainloss": "train/loss",
@@ -39,6 +40,10 @@ _METRIC_ALIASES = {
     "eval/loss": "val/loss", "val-loss": "val/loss", "loss/validation": "val/loss",
     "lr": "lr", "learning_rate": "lr", "learning-rate": "lr", "train/lr": "lr",
     "train/learning_rate": "lr",
+    # top-1 validation accuracy (qkvscope's image runs log val_accuracy; Lightning/Keras val_acc)
+    "val/accuracy": "val/accuracy", "val_accuracy": "val/accuracy", "val_acc": "val/accuracy",
+    "val/acc": "val/accuracy", "accuracy/val": "val/accuracy", "eval_accuracy": "val/accuracy",
+    "eval/accuracy": "val/accuracy",
 }
 
 
@@ -57,7 +62,7 @@ def metric_alias_sql(expr: str) -> str:
 
 
 def normalise_metric(name: str) -> str:
-    """``train/loss``, ``val/loss`` or ``lr`` for their usual spellings, else ``name``.
+    """``train/loss``, ``val/loss``, ``val/accuracy`` or ``lr`` for their usual spellings, else ``name``.
 
     Lightning's ``LearningRateMonitor`` writes ``lr-<Optimizer>``; that is ``lr`` too.
     """

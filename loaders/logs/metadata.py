@@ -373,6 +373,12 @@ def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
         config["paper_condition"] = paper_b[1]
     if files:
         config["files"] = files
+        # the task (language / image) a trainer's config states, lifted to the top level so the
+        # pages and the Papers comparison read it in one place (this project's config.json first)
+        task = next((f["task"] for n, f in sorted(files.items(), key=lambda kv: kv[0] != "config.json")
+                     if isinstance(f, dict) and isinstance(f.get("task"), str) and f["task"].strip()), None)
+        if task and "task" not in config:
+            config["task"] = task.strip()
     config["metadata_sources"] = sources
     if notes:
         config["metadata_notes"] = list(dict.fromkeys(notes))

@@ -187,6 +187,27 @@ def test_image_training_logs_accuracy_and_resumes(tmp_path):
     assert strip(out / "metrics.jsonl") == strip(other / "metrics.jsonl")
 
 
+def test_image_run_folder_ingests_with_accuracy_and_task(tmp_path):
+    from loaders import curves
+    from loaders.logs.ingest import ingest_log
+    from loaders.logs.runs import list_runs
+    from loaders.store import Store
+
+    data = load_images("digits", max_images=200)
+    mc = vision_config(data, n_layer=1, n_head=2, d_model=16, variant="q_eq_k_plus")
+    out = tmp_path / "vit-run"
+    train(mc, TrainConfig(steps=4, batch_size=8, warmup_steps=1, eval_interval=2, log_interval=2,
+                          dataset="digits"), out, progress=lambda line: None)
+    store = Store(tmp_path / "db.duckdb")
+    store.migrate()
+    ingest_log(store, out / "metrics.jsonl")
+    (run,) = list_runs(store)
+    assert run["variant"] == "q_eq_k_plus" and run["config"]["task"] == "image"
+    assert "val/accuracy" in curves.metric_names(store)
+    finals = curves.final_values(store, "val/accuracy")
+    assert 0.0 <= float(finals["final"].iloc[0]) <= 1.0
+
+
 def test_image_checkpoint_reads_with_the_qkvscope_layout(tmp_path):
     from loaders.checkpoints import open_checkpoint
 
