@@ -146,19 +146,32 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     for done, (i, layer) in enumerate(pairs):
         if progress:
             progress(done, n, f"weights layer {i}")
-        df, nt = weight_metrics(layer, ckpt.meta, device=device)
-        frames.append(df)
+        # each layer with its own tower's geometry (a CLIP's vision and text towers differ)
+        lm = ckpt.meta.layer_meta(i)
+        df, nt = weight_metrics(layer, lm, device=device)
+        # chance levels: the same metrics of independent Gaussian projections of these shapes
+        # (computed once per shape and process, see analysis.chance)
+        frames.append(attach_weight_chance(df, lm, query_free=ckpt.meta.variant == "wq_identity",
+                                           device=device))
         _merge_notes(notes, nt)
     if progress:
         progress(n, n, "weights done")
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    frame = pd.concat(frames, ignore_index=True) if frames else \
+        attach_weight_chance(pd.DataFrame(columns=COLUMNS), ckpt.meta, query_free=False, device=device)
+    # layout notes first, undefined-value notes after: a batch's layer groups join to the same text
+    _layout_notes(notes, ckpt.meta, frame)
     if nonfinite_notes:
         _nonfinite_notes(frame, notes)
-    # chance levels: the same metrics of independent Gaussian projections of these shapes
-    # (computed once per shape and process, see analysis.chance)
-    frame = attach_weight_chance(frame, ckpt.meta, query_free=ckpt.meta.variant == "wq_identity",
-                                 device=device)
     return frame, notes
+
+
+def _layout_notes(notes: dict[str, str], meta, frame: pd.DataFrame) -> None:
+    """The layout's notes on metrics its conventions change (QK-norm gains applied after W_Q/W_K,
+    MLA's composed K/V maps), for the metrics present in ``frame``."""
+    present = set(frame["metric"]) if len(frame) else set()
+    for metric, text in (getattr(meta, "notes", None) or {}).items():
+        if metric in present and text not in notes.get(metric, ""):
+            notes[metric] = f"{notes[metric]}; {text}" if metric in notes else text
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
@@ -442,7 +455,7 @@ def tied_checkpoint(ckpt: Checkpoint, *, device: str | None = None) -> dict:
     ``{"variant": tied variant, "layout_variant": the layout's, "agree": bool, "layers": [...]}``."""
     from analysis.tied import tied_layer, tied_variant
 
-    layers = [tied_layer(layer, ckpt.meta, device=device) for layer in ckpt.layers()]
+    layers = [tied_layer(layer, ckpt.meta.layer_meta(layer.layer), device=device) for layer in ckpt.layers()]
     variant = tied_variant(layers)
     return {"variant": variant, "layout_variant": ckpt.meta.variant,
             "agree": variant == ckpt.meta.variant, "layers": layers}
@@ -630,14 +643,8 @@ def activation_frame(ckpt: Checkpoint, *, device: str | None = None, progress: P
 
 # -- the store side ----------------------------------------------------------------
 def checkpoint_row(store: Store, checkpoint_id: int) -> dict:
-    with store.connect() as con:
-        row = con.execute("SELECT id, path, architecture, variant FROM checkpoints WHERE id = ?",
-                          [checkpoint_id]).fetchone()
-        if row is None:
-            ids = [r[0] for r in con.execute("SELECT id FROM checkpoints ORDER BY id").fetchall()]
-            raise StoreError(f"{store.path}: no checkpoint with id {checkpoint_id} "
-                             f"(stored ids: {ids if ids else 'none'})")
-    return dict(zip(("id", "path", "architecture", "variant"), row))
+    """``id, path, architecture, variant`` of a stored checkpoint (``Store.checkpoint``)."""
+    return store.checkpoint(checkpoint_id)
 
 
 def _label(layer, head, metric: str) -> str:

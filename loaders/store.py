@@ -355,6 +355,19 @@ class Store:
         return _rows(con.execute(sql))
 
 
+    def checkpoint(self, checkpoint_id: int) -> dict:
+        """``id, path, architecture, variant`` of one stored checkpoint; a ``StoreError``
+        naming the stored ids when there is none with ``checkpoint_id``."""
+        with self.connect() as con:
+            row = con.execute("SELECT id, path, architecture, variant FROM checkpoints WHERE id = ?",
+                              [checkpoint_id]).fetchone()
+            if row is None:
+                ids = [r[0] for r in con.execute("SELECT id FROM checkpoints ORDER BY id").fetchall()]
+                raise StoreError(f"{self.path}: no checkpoint with id {checkpoint_id} "
+                                 f"(stored ids: {ids if ids else 'none'})")
+        return dict(zip(("id", "path", "architecture", "variant"), row))
+
+
 def _rows(cursor: duckdb.DuckDBPyConnection) -> list[dict]:
     cols = [d[0] for d in cursor.description]
     return [dict(zip(cols, row)) for row in cursor.fetchall()]

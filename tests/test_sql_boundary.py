@@ -15,7 +15,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("app", "analysis", "experiments")
@@ -27,11 +26,6 @@ _STATEMENT = re.compile(
 #: page's editor starts with: the user's own query, shown for them to edit and run through
 #: loaders.sql_console like anything they type, not a query the page runs for itself.
 ALLOWED = {("app/pages/sql.py", "EXAMPLE")}
-#: Files whose SQL is being moved to loaders/ as this test lands (issue 18 item 1, app/jobs.py:
-#: engineer "foreign"). The test below fails (strict xfail) once they are clean: then empty this.
-PENDING = ("app/jobs.py",)
-
-
 def _text(node: ast.AST) -> str:
     if isinstance(node, ast.Constant):
         return node.value
@@ -62,14 +56,8 @@ def sql_literals(source: str, path: str = "<source>") -> list[tuple[int, str]]:
     return sorted(hits)
 
 
-def _files(include_pending: bool) -> list[str]:
-    out = []
-    for folder in SCANNED:
-        for f in sorted((ROOT / folder).rglob("*.py")):
-            rel = f.relative_to(ROOT).as_posix()
-            if include_pending == (rel in PENDING):
-                out.append(rel)
-    return out
+def _files() -> list[str]:
+    return [f.relative_to(ROOT).as_posix() for folder in SCANNED for f in sorted((ROOT / folder).rglob("*.py"))]
 
 
 def _hits(files: list[str]) -> list[str]:
@@ -78,14 +66,9 @@ def _hits(files: list[str]) -> list[str]:
 
 
 def test_no_sql_outside_loaders():
-    files = _files(include_pending=False)
+    files = _files()
     assert len(files) > 50                                        # the scan found the packages
     assert _hits(files) == []
-
-
-@pytest.mark.xfail(strict=True, reason=f"SQL still being moved to loaders/ from: {', '.join(PENDING)}")
-def test_pending_files_hold_no_sql():
-    assert _hits(_files(include_pending=True)) == []
 
 
 def test_the_scan_finds_sql_and_spares_words():

@@ -238,8 +238,6 @@ def test_clip_analyze_covers_both_towers(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="app/jobs.py passes ckpt.meta, not ckpt.meta.layer_meta(i), to "
-                                       "weight_metrics: a text tower of another width fails its shape check")
 def test_clip_analyze_towers_of_different_widths(tmp_path):
     clip_model().save_pretrained(tmp_path / "clip")
     out = cli_json("analyze", str(tmp_path / "clip"), "--db", str(tmp_path / "db.duckdb"))
