@@ -44,14 +44,12 @@ def pool_max(weights: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np
     return z, q, k
 
 
-def _hover(q: np.ndarray, k: np.ndarray, tokens: list[str]) -> list[list[list[str]]]:
-    """Per cell: ``[query, key]``, the tokens of the cell's maximum, as ``"12 'fox'"``."""
-    names = [f"{i} {t!r}" for i, t in enumerate(tokens)]
-
-    def name(i: int) -> str:
-        return names[i] if i < len(names) else str(i)
-
-    return [[[name(int(qi)), name(int(ki))] for qi, ki in zip(qr, kr)] for qr, kr in zip(q, k)]
+def _hover(q: np.ndarray, k: np.ndarray, tokens: list[str]) -> np.ndarray:
+    """Per cell: ``[query, key]``, the tokens of the cell's maximum, as ``"12 'fox'"``: a ``[n, n, 2]``
+    string array (numpy arrays go to the browser without plotly validating each cell)."""
+    names = np.array([f"{i} {t!r}" for i, t in enumerate(tokens)] or [""])
+    clip = len(names) - 1
+    return np.stack([names[np.minimum(q, clip)], names[np.minimum(k, clip)]], axis=-1)
 
 
 def _template(pooled: bool, lead: str = "") -> str:
@@ -85,7 +83,7 @@ def grid_figure(maps: np.ndarray, tokens: list[str], *, layer: int, selected: in
         z, q, k = pool_max(maps[h], bins)
         s = max(1, math.ceil(t / bins))
         fig.add_trace(go.Heatmap(
-            z=z.tolist(), customdata=_hover(q, k, tokens), coloraxis="coloraxis", name=f"L{layer}H{h}",
+            z=z, customdata=_hover(q, k, tokens), coloraxis="coloraxis", name=f"L{layer}H{h}",
             hovertemplate=_template(s > 1, f"L{layer}H{h}<br>")),
             row=h // cols + 1, col=h % cols + 1)
     fig.update_xaxes(showticklabels=False)
@@ -107,7 +105,7 @@ def head_figure(weights: np.ndarray, tokens: list[str], *, title: str, zmax: flo
     t = weights.shape[-1]
     s = max(1, math.ceil(t / bins))
     z, q, k = pool_max(weights, bins)
-    fig = go.Figure(go.Heatmap(z=z.tolist(), customdata=_hover(q, k, tokens), colorscale="Blues",
+    fig = go.Figure(go.Heatmap(z=z, customdata=_hover(q, k, tokens), colorscale="Blues",
                                zmin=0, zmax=zmax, colorbar=dict(title=dict(text="weight")),
                                hovertemplate=_template(s > 1)))
     where, labels = _axis_ticks(z.shape[0], s, tokens)

@@ -190,7 +190,7 @@ def checkpoint_picker(label: str, choices: pd.DataFrame, *, key: str, default: i
         return None
     box = container if container is not None else st
     left, right = box.columns([1, 2])
-    query = left.text_input(f"Search {label.lower()}", key=f"{key}_search", placeholder="run, variant, wd, step",
+    query = left.text_input(f"Search {label if len(label) <= 2 else label.lower()}", key=f"{key}_search", placeholder="run, variant, wd, step",
                             help="Every word must match: run name, variant, architecture, wd0.1, seed1, "
                                  "L4 (layers), H4 (heads), KV1 (KV heads).")
     shown = search(choices, query)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from analysis.registry import BY_NAME, METRICS
+from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
 from app import charts, pickers, tables
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
                        store_at, stored_notes, checkpoint_choices, analysis_results as _results)
@@ -38,13 +38,23 @@ def _run_checkpoints(db: str, version: tuple) -> pd.DataFrame:
 
 
 
+@st.cache_data(show_spinner=False, max_entries=16)
+def _analysed(db: str, version: tuple, ids: tuple) -> set[int]:
+    """The checkpoints among ``ids`` whose weight analysis is stored at the current metric version."""
+    store = store_at(db)
+    return {cid for cid in ids if curves.stored_job_notes(store, cid, ["weights"], METRIC_VERSION) is not None}
+
+
 def _ensure_analysed(store, ids: list[int], label: str) -> list[str]:
-    """Analyse the checkpoints among ``ids`` that are not yet (weights level); returns problems."""
+    """Analyse the checkpoints among ``ids`` that are not yet (weights level); returns problems.
+    Those already analysed are known from one cached read, so a rerun opens nothing."""
     from app.jobs import analyze
     from loaders.errors import QkvscopeError
 
     problems = []
     bar = None
+    done = _analysed(str(store.path), data_version(store), tuple(ids))
+    ids = [cid for cid in ids if cid not in done]
     for n, cid in enumerate(ids):
         if bar is None:
             bar = st.progress(0.0, text=f"{label}: checking stored results...")

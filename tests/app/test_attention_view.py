@@ -45,7 +45,7 @@ def test_grid_of_all_heads_on_one_scale_and_enlarged_head_at_2048_tokens():
     s = -(-t // GRID_BINS)                                        # ceil(2048 / 48) = 43 tokens a block
     i, j = 1500 // s, 7 // s
     assert spike[i, j] == pytest.approx(0.9)                      # max-pooling keeps the spike
-    assert fig.data[3].customdata[i][j] == ["1500 't1500'", "7 't7'"]   # hover names the token pair
+    assert list(fig.data[3].customdata[i][j]) == ["1500 't1500'", "7 't7'"]   # hover names the token pair
     big = head_figure(maps[3], tokens, title="L2H3", zmax=shared_max(maps))
     assert np.asarray(big.data[0].z).shape == (LARGE_BINS, LARGE_BINS)
     assert "block max at query" in big.data[0].hovertemplate
