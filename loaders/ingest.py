@@ -181,14 +181,16 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
         ckpt_id = con.execute(
             """INSERT INTO checkpoints (path, sha256, size, architecture, variant, n_layers, n_heads,
                    n_kv_heads, d_model, d_head, norm, positions, attn_scale, dtype, params_total,
-                   params_attention, kv_bytes_per_token, nonfinite, run_id, step, config)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
+                   params_attention, kv_bytes_per_token, nonfinite, run_id, step, config, towers)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
             [str(path.resolve()), digest, size, info["architecture"], info["variant"],
              info["n_layers"], info["n_heads"], info["n_kv_heads"], info["d_model"], info["d_head"],
              info.get("norm"), info.get("positions"), info.get("attn_scale"), info.get("dtype"),
              info["params"]["total"], info["params"]["attention"], info["kv_bytes_per_token"],
              int(info.get("nonfinite", 0)), run_id, step,
-             json.dumps(info.get("config", {}), default=str)],
+             json.dumps(info.get("config", {}), default=str),
+             # which layers belong to which tower (CLIP/SigLIP): [] for one attention stack
+             json.dumps(info.get("towers") or [], default=str)],
         ).fetchone()[0]
         _journal_row(con, path, size, mtime, digest)
     reason = None

@@ -245,6 +245,22 @@ def test_clip_analyze_towers_of_different_widths(tmp_path):
     assert max(heads[3], heads[4]) == 2
 
 
+def test_clip_ingest_stores_which_layer_is_which_tower(tmp_path):
+    import json
+
+    from loaders.ingest import ingest_checkpoint
+    from loaders.store import Store
+
+    clip_model().save_pretrained(tmp_path / "clip")
+    store = Store(tmp_path / "db.duckdb")
+    store.migrate()
+    report = ingest_checkpoint(store, tmp_path / "clip")
+    with store.connect() as con:
+        (towers,) = con.execute("SELECT towers FROM checkpoints WHERE id = ?", [report.checkpoint_id]).fetchone()
+    assert [(t["name"], t["first_layer"], t["n_layers"]) for t in json.loads(towers)] == \
+        [("vision", 0, 3), ("text", 3, 2)]
+
+
 # ---- timm ------------------------------------------------------------------
 
 def timm_state_dict(d=24, n_layers=2, seed=0, prefix=""):
