@@ -295,7 +295,23 @@ def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> No
         "size. Runs at wd 0 are left out (log10 0 is undefined).")
 
 
-def _norms_section(store, version, runs: pd.DataFrame) -> None:
+def applies_to_line(runs: pd.DataFrame) -> str | None:
+    """Which optimizer group's weight decay the page shows, for runs whose code sets several
+    (modded-nanogpt: Muon for the matrices, Adam for embeddings and scalars); None when no run
+    says (a single weight decay)."""
+    groups = {}
+    for name, cfg in zip(runs["name"], runs["config"]):
+        if isinstance(cfg, dict) and cfg.get("weight_decay_applies_to"):
+            groups.setdefault(str(cfg["weight_decay_applies_to"]), []).append(str(name))
+    if not groups:
+        return None
+    parts = "; ".join(f"{g} ({len(n)} run{'s' if len(n) > 1 else ''})" for g, n in sorted(groups.items()))
+    return (f"Weight decay here is the one applied to the attention and MLP matrices, read from the optimizer "
+            f"call of the run's code: {parts}. Every parameter group's value is in the run's config "
+            "(`optimizer_groups`).")
+
+
+def _norms_section(store, version, runs: pd.DataFrame, variants=None) -> None:
     st.subheader("Projection norms against weight decay")
     latest = _latest(str(store.path), version)
     latest = latest[latest["run_id"].isin(runs["run_id"])]
@@ -336,7 +352,8 @@ def _norms_section(store, version, runs: pd.DataFrame) -> None:
     if table.empty:
         st.caption("The analysed checkpoints' runs have no weight decay recorded.")
         return
-    st.plotly_chart(charts.norms_figure(table), width="stretch", key="wd_norms")
+    # the Variants filter applies here too; the runs give head counts, so MHA and MQA are apart
+    st.plotly_chart(charts.norms_figure(table, variants=variants, runs=runs), width="stretch", key="wd_norms")
 
 
 def render() -> None:
@@ -377,6 +394,9 @@ def render() -> None:
     set_query_params(wm=metric if metric != "val/loss" else None, variant=",".join(picked),
                      spike=None if spike == 0.1 else f"{spike:g}", div=None if diverge == 1.5 else f"{diverge:g}",
                      wl=None if statistic == "final" else statistic, we=None if method == "auto" else method)
+    applies = applies_to_line(with_wd if not picked else with_wd[with_wd["variant"].isin(picked)])
+    if applies:
+        st.caption(applies)
     table = _sensitivity(str(store.path), version, metric, float(spike), float(diverge), statistic, method)
     if picked:
         table = table[table["variant"].isin(picked)]
@@ -429,4 +449,4 @@ def render() -> None:
             f"{names.get(r.run_id, r.run_id)} (wd {r.weight_decay:g}: "
             + ("diverged" if r.diverged else f"{r.spikes} spikes") + ")" for r in flagged.itertuples()),
             icon=":material/warning:")
-    _norms_section(store, version, with_wd)
+    _norms_section(store, version, with_wd, variants=picked)

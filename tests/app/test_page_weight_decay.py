@@ -355,3 +355,18 @@ def test_a_grid_and_a_sweep_side_by_side(wd_db):
     # exact data: the coefficient is the truth, its interval collapses onto it
     point = figs["wd_coef"]["data"][0]
     assert arr(point["x"])[0] == pytest.approx(0.1, abs=1e-9) and list(point["text"]) == ["n=12"]
+
+
+def test_the_page_says_which_parameter_group_the_weight_decay_is():
+    import pandas as pd
+
+    from app.pages.weight_decay import applies_to_line
+
+    runs = pd.DataFrame({"name": ["rec1", "rec2", "plain"],
+                         "config": [{"weight_decay_applies_to": "Muon(hidden_matrix_params)"},
+                                    {"weight_decay_applies_to": "Muon(hidden_matrix_params)"}, {}]})
+    assert applies_to_line(runs) == (
+        "Weight decay here is the one applied to the attention and MLP matrices, read from the optimizer call "
+        "of the run's code: Muon(hidden_matrix_params) (2 runs). Every parameter group's value is in the run's "
+        "config (`optimizer_groups`).")
+    assert applies_to_line(runs.iloc[2:]) is None
