@@ -2,7 +2,9 @@
 
 Both views read stored analysis results; a checkpoint not analysed yet is
 analysed once (``app.jobs.analyze``, with a progress bar) and stored.
-URL: ``?a=1&b=2&metric=kv_cka`` for the pair, ``&run=3&tmetric=qk_symmetry``
+Without ``?a=&b=`` the pair is two checkpoints of one geometry that differ in one setting
+(``app.pickers.default_pair``: the qkv baseline against k_eq_v at the same weight decay and
+step where the store has them). URL: ``?a=1&b=2&metric=kv_cka`` for the pair, ``&run=3&tmetric=qk_symmetry``
 for the trajectories.
 
 Values are read against their chance level: the two heatmaps share one colour scale

@@ -10,8 +10,13 @@ beside the value; activation metrics with their tokens and 95% interval), metric
 few sample tokens are faded/greyed with the reason, and a checkpoint whose tensors are tied
 differently from what its layout says (``analysis.tied``) is flagged.
 
+Checkpoints are picked by run and step with a search box (``app.pickers``); attention maps
+show every head of a layer as small multiples on one colour scale with one enlarged,
+max-pooled past 48/128 tokens (``app.attention_view``).
+
 Uploads: Streamlit keeps uploaded files in memory; they are written to a
-temporary folder, ingested and analysed there. The folder lives as long as
+temporary folder (``app.pickers.upload_folder``, whose path keeps the uploaded names:
+the page and its messages show those, never the folder), ingested and analysed there. The folder lives as long as
 the uploader holds those files (spectra and attention maps read the weights
 from it) and is deleted when the upload is removed or replaced, or when the
 browser session ends.
