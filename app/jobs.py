@@ -55,6 +55,7 @@ import torch
 
 from analysis.chance import attach_weight_chance
 from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, RESULT_COLUMNS, names
+from analysis.variants import PLUS
 from analysis.weights import default_device, weight_metrics
 from loaders.canonical import Checkpoint
 from loaders.errors import QkvscopeError, StoreError
@@ -233,10 +234,8 @@ def _hf_model(path: Path):
 
 
 def _own_model(path: Path):
-    try:
-        from experiments.train import load_checkpoint
-    except ImportError as exc:
-        raise NoForwardPass(f"{path}: experiments.train is not available ({exc})") from exc
+    from experiments.train import load_checkpoint     # here: torch and the trainer load only for a forward pass
+
     model = load_checkpoint(path)
     return model.eval(), None, int(model.cfg.vocab_size)
 
@@ -379,6 +378,10 @@ def capture_activations(ckpt: Checkpoint, *, text: str = SAMPLE_TEXT, max_tokens
         raise NoForwardPass(f"{ckpt.path}: found {len(mods)} attention modules in the model, "
                             f"expected {meta.n_layers} (one per layer)")
     cfg = getattr(model, "cfg", None)          # the project's GPT: learned positions cap the sample
+    if getattr(cfg, "task", "language") == "image":
+        raise NoForwardPass(f"{ckpt.path}: a vision model reads images, not text: its attention maps over a "
+                            "sample text do not exist (its activation metrics run on images: "
+                            "python -m app analyze PATH --activations)")
     if cfg is not None and getattr(cfg, "positions", None) == "learned":
         max_tokens = min(max_tokens, cfg.block_size)
     max_tokens = min(max_tokens, _context(model))
@@ -475,10 +478,13 @@ BATCH_TOKENS = 4096
 @dataclass(frozen=True)
 class SampleSpec:
     """What the activation metrics run on: a text (None: the bundled corpus) and a token count
-    (None: ``max(DEFAULT_TOKENS, TOKENS_PER_COLUMN * d_head)``)."""
+    (None: ``max(DEFAULT_TOKENS, TOKENS_PER_COLUMN * d_head)``); for a vision model the images
+    (``images``: ``digits``, an .npz or a class-folder dataset; None: the dataset the run trained
+    on, else ``digits``), whose patches are the tokens."""
 
     text: str | None = None
     tokens: int | None = None
+    images: str | None = None
 
     def key(self) -> dict:
         """The cache key of an activation job: the same key again reads the stored rows."""
@@ -487,7 +493,10 @@ class SampleSpec:
         else:
             import hashlib
             source = "sha256:" + hashlib.sha256(self.read().text.encode("utf-8")).hexdigest()
-        return {"text": source, "tokens": self.tokens if self.tokens is not None else "default"}
+        key = {"text": source, "tokens": self.tokens if self.tokens is not None else "default"}
+        if self.images is not None:
+            key["images"] = self.images
+        return key
 
     def read(self):
         from loaders.text_corpus import read_text_sample
@@ -561,12 +570,14 @@ def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, de
     meta = ckpt.meta
     dev = torch.device(device or default_device())
     want = sample.tokens if sample.tokens is not None else max(DEFAULT_TOKENS, TOKENS_PER_COLUMN * meta.d_head)
-    text = sample.read().text
     model, tok, vocab = _load_runnable(ckpt)
     mods = _attention_modules(model)
     if len(mods) != meta.n_layers:
         raise NoForwardPass(f"{ckpt.path}: found {len(mods)} attention modules in the model, "
                             f"expected {meta.n_layers} (one per layer)")
+    if getattr(getattr(model, "cfg", None), "task", "language") == "image":
+        return _image_activations(ckpt, model, mods, sample, want, dev, progress)
+    text = sample.read().text
     context = _context(model)
     # tokenise only as much text as the sample needs (with margin), all of it if that falls short
     n_draw = want + min(context, MAX_WINDOW)                             # SampledIds only
@@ -579,8 +590,8 @@ def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, de
     n_win, t = windows.shape
     rope = meta.positions not in ("learned", "none")
     reason = (f"positions are {meta.positions}: logits of the un-rotated q and k are not the "
-              "model's logits") if rope else None
-    accs = [ActivationAccumulator(layer, meta, logits=not rope, logits_reason=reason, device=dev)
+              "model's logits") if rope else _plus_reason(meta)
+    accs = [ActivationAccumulator(layer, meta, logits=reason is None, logits_reason=reason, device=dev)
             for layer in ckpt.layers()]
 
     def hook_for(i):
@@ -628,6 +639,79 @@ def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, de
         for m in names("activations"):
             notes[m] = f"{notes[m]}; {said}" if m in notes else said
     info = {**sample.key(), "n_tokens": fed, "windows": n_win, "window": t, "tokenizer": how}
+    return ActivationRun(frame[RESULT_COLUMNS], notes, info)
+
+
+def _plus_reason(meta) -> str | None:
+    """Why q k^T is not the model's logit for paper B's "+" variants (None for the others)."""
+    if meta.variant in PLUS:
+        return ("a '+' variant adds a 2D positional correction to q k^T (scores * sum(w) + P w + b): "
+                "logits of q and k alone are not the model's logits")
+    return None
+
+
+def _image_activations(ckpt: Checkpoint, model, mods, sample: SampleSpec, want: int, dev,
+                       progress: Progress | None) -> ActivationRun:
+    """The activation metrics of a vision model: validation images of ``sample.images`` (else
+    the dataset the run trained on, else ``digits``) as windows, each image's patches plus its
+    class token as the tokens (``block_size`` per image); as many images as ``want`` tokens need."""
+    from analysis.activations import ActivationAccumulator
+    from experiments.vision import load_images
+
+    meta = ckpt.meta
+    run = (meta.config or {}).get("run") or {}
+    dataset = sample.images or run.get("dataset") or "digits"
+    try:
+        data = load_images(dataset)
+    except QkvscopeError as exc:
+        if sample.images:                       # the user's own --images: their error to see
+            raise
+        raise NoForwardPass(f"the images this run trained on cannot be read ({exc}); give --images") from None
+    cfg = model.cfg
+    if (data.image_size, data.channels) != (cfg.image_size, cfg.channels):
+        raise NoForwardPass(f"{dataset}: images of {data.image_size}x{data.image_size}x{data.channels} do not fit "
+                            f"this model ({cfg.image_size}x{cfg.image_size}x{cfg.channels})")
+    t = int(cfg.block_size)
+    n_img = min(len(data.val_y), -(-want // t))
+    images = data.val_x[:n_img]                                          # [N, C, H, W]
+    reason = _plus_reason(meta)
+    accs = [ActivationAccumulator(layer, meta, logits=reason is None, logits_reason=reason, device=dev)
+            for layer in ckpt.layers()]
+
+    def hook_for(i):
+        def hook(module, args, kwargs):
+            accs[i].add(args[0].detach())                                 # [b, T, d_model]
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(mods)]
+    model = model.to(dev)
+    per_batch = max(1, BATCH_TOKENS // t)
+    try:
+        with torch.inference_mode():
+            for lo in range(0, n_img, per_batch):
+                if progress:
+                    progress(lo, n_img, f"activations: images {lo + 1}-{min(lo + per_batch, n_img)} of {n_img}")
+                model(images[lo:lo + per_batch].to(dev))
+    finally:
+        for h in handles:
+            h.remove()
+    frames, notes = [], {}
+    for acc in accs:
+        df, nt = acc.result()
+        frames.append(df)
+        _merge_notes(notes, nt)
+    if progress:
+        progress(n_img, n_img, "activations done")
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
+    _nonfinite_notes(frame, notes)
+    fed = n_img * t
+    said = f"inputs: {n_img} validation images of {dataset}, {t} tokens each (patches and the class token)"
+    if fed < want:
+        said += f", fewer than the {want} tokens asked for (the validation split holds {len(data.val_y)} images)"
+    for m in names("activations"):
+        notes[m] = f"{notes[m]}; {said}" if m in notes else said
+    info = {**sample.key(), "images": dataset, "n_tokens": fed, "windows": n_img, "window": t,
+            "tokenizer": "image patches"}
     return ActivationRun(frame[RESULT_COLUMNS], notes, info)
 
 

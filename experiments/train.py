@@ -202,7 +202,8 @@ def save_checkpoint(model, path: Path, *, step: int, tokens: int, final: bool,
         "format": "pt",
         CONFIG_KEY: json.dumps(model.cfg.to_dict()),
         RUN_KEY: json.dumps({"step": step, "tokens": tokens, "final": final,
-                             "weight_decay": tc.weight_decay, "lr": tc.lr, "seed": tc.seed}),
+                             "weight_decay": tc.weight_decay, "lr": tc.lr, "seed": tc.seed,
+                             **({"dataset": tc.dataset} if tc.dataset else {})}),
     }
     sd = {k: v.cpu() for k, v in model.export_state_dict().items()}
     tmp = path.with_suffix(".tmp")

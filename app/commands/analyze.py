@@ -19,7 +19,9 @@ JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 --activations feeds a corpus (--text FILE or folder of .txt; default the
 bundled one) cut into windows of the model's context, --tokens N in total
 (default 4096, at least 8 x d_head); results are reused only for the same
-text and token count.
+text and token count. Vision models (ViTs trained with `train --task image`)
+are fed validation images instead (--images DATASET; default the dataset the
+run trained on), each image's patches and class token as tokens.
 
 Batch mode, for many checkpoints (in-process, or on Ray with --ray): a glob
 pattern as PATH_OR_ID ('ckpts/**/*.safetensors', quoted so the shell leaves
@@ -76,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=_positive, default=None, metavar="N",
                         help="tokens fed for --activations, in windows of the model's context (default: "
                              "4096, and at least 8 x d_head)")
+    parser.add_argument("--images", metavar="DATASET", default=None,
+                        help="vision models, --activations: the images fed (digits, an .npz with x and y, or a "
+                             "folder of class folders; default: the dataset the run trained on); their "
+                             "validation split's images, patches as tokens")
     parser.add_argument("--force", action="store_true", help="recompute even when results are stored")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a summary table")
     parser.add_argument("--list", action="store_true", help="list the metrics with their help and exit")
@@ -248,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from app import jobs
 
-    sample = jobs.SampleSpec(args.text, args.tokens)
+    sample = jobs.SampleSpec(args.text, args.tokens, args.images)
     if args.activations:
         sample.read()                      # a bad --text fails here, before anything is opened
     store = store_from(args)

@@ -263,3 +263,34 @@ def test_vision_demo_grid_and_readme(tmp_path):
     rows = demo.read_runs(tmp_path)
     assert {r["task"] for r in rows} == {"image"} and all(0 <= r["final_val_accuracy"] <= 1 for r in rows)
     assert json.loads((tmp_path / demo.REBUILDS_FILE).read_text())["vision"]["jobs"] == 1
+
+
+@pytest.mark.slow
+def test_analyze_activations_of_a_vit_runs_on_validation_images(tmp_path):
+    data = load_images("digits")
+    mc = vision_config(data, n_layer=1, n_head=2, d_model=16, variant="k_eq_v")
+    train(mc, TrainConfig(steps=2, batch_size=8, warmup_steps=1, eval_interval=100, log_interval=1,
+                          dataset="digits"), tmp_path / "r", progress=lambda line: None)
+    ckpt = tmp_path / "r" / "checkpoints" / "final_step_000002.safetensors"
+    res = subprocess.run([sys.executable, "-m", "app", "analyze", str(ckpt), "--activations", "--tokens", "340",
+                          "--db", str(tmp_path / "db.duckdb"), "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    act = [r for r in out["metrics"] if r.get("n_tokens") is not None]
+    assert act and {r["n_tokens"] for r in act} == {20 * 17}          # 20 images x (16 patches + cls)
+    assert out["sample"]["images"] == "digits" and out["sample"]["tokenizer"] == "image patches"
+    assert any("validation images of digits" in n for n in out["notes"].values())
+
+
+def test_attention_maps_of_a_vit_say_why_not(tmp_path):
+    from app.jobs import NoForwardPass, capture_activations
+    from loaders.checkpoints import open_checkpoint
+
+    data = load_images("digits", max_images=100)
+    mc = vision_config(data, n_layer=1, n_head=2, d_model=16)
+    train(mc, TrainConfig(steps=1, batch_size=4, warmup_steps=1, eval_interval=100, log_interval=1,
+                          dataset="digits"), tmp_path / "r", progress=lambda line: None)
+    with open_checkpoint(tmp_path / "r" / "checkpoints" / "final_step_000001.safetensors") as ckpt:
+        with pytest.raises(NoForwardPass, match="a vision model reads images, not text"):
+            capture_activations(ckpt)
