@@ -41,6 +41,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -71,8 +72,10 @@ def reading_size(path: str | Path) -> int:
     try:
         if path.is_dir():
             return sum(_held(p.stat()) for p in path.iterdir() if p.is_file())
-        size = _held(path.stat())
-        if path.suffix.lower() == ".zip" and zipfile.is_zipfile(path):
+        st = path.stat()
+        size = _held(st)
+        # only a regular file is opened here: a FIFO named x.zip would block this process
+        if path.suffix.lower() == ".zip" and stat.S_ISREG(st.st_mode) and zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as zf:
                 declared = sum(i.file_size for i in zf.infolist())
             size = max(size, min(declared, budget("QKVSCOPE_ZIP_TOTAL_BYTES")))

@@ -201,3 +201,16 @@ def test_the_child_dies_with_its_parent(tmp_path):
         time.sleep(0.1)
     os.kill(child, 9)
     raise AssertionError("the reading process outlived its parent")
+
+
+def test_sizing_a_fifo_named_zip_does_not_open_it(tmp_path):
+    """The parent sizes the limit from ``stat`` alone: ``open`` on a FIFO blocks for ever."""
+    fifo = tmp_path / "upload.zip"
+    os.mkfifo(fifo)
+    assert reading_size(fifo) == 0
+    import zipfile
+
+    z = tmp_path / "small.zip"
+    with zipfile.ZipFile(z, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("model.safetensors", b"\0" * (1 << 20))
+    assert reading_size(z) == 1 << 20              # what it declares, more than its few KB
