@@ -23,6 +23,9 @@ budget (environment variable)  default      what it bounds
                                             reading one file, plus that file's size
                                             (memory-mapped files count toward it)
 ``QKVSCOPE_PARSE_TIMEOUT_S``   600          seconds that process may spend on one file
+``QKVSCOPE_CSV_LINE_BYTES``    2 MiB        one line of a CSV log (a longer line refuses
+                                            the file: it is never read without that line)
+``QKVSCOPE_TOKENIZER_BYTES``   64 MiB       one llama2.c ``tokenizer.bin``
 =============================  ===========  ==========================================
 
 Values are read from the environment when a reader starts (``budget(name)``),
@@ -47,6 +50,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
     "QKVSCOPE_ALLOW_SPARSE": (0, "1 reads safetensors tensors lying in a hole of a sparse file"),
     "QKVSCOPE_PARSE_MEMORY_MB": (4096, "address space of the process reading one file, plus its size"),
     "QKVSCOPE_PARSE_TIMEOUT_S": (600, "seconds the process reading one file may take"),
+    "QKVSCOPE_CSV_LINE_BYTES": (2 << 20, "bytes of one line of a CSV log"),
+    "QKVSCOPE_TOKENIZER_BYTES": (64 << 20, "size of one llama2.c tokenizer.bin"),
 }
 
 

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from loaders.budgets import budget
 from loaders.errors import CheckpointFormatError
 from loaders.tensor_source import TensorSource
 from loaders.vocab import Vocabulary
@@ -65,7 +66,6 @@ _NAMES = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size"
 #: Bounds for a header to be a plausible llama2.c v0 export (a guess below them is "unknown").
 _PLAUSIBLE = 1 << 20
 #: The biggest tokenizer.bin read (Llama 2's is 0.4 MB; a 128k vocabulary about 2 MB).
-TOKENIZER_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -401,12 +401,14 @@ def _parse_tokenizer(p: Path, raw: bytes) -> tuple[list[str], list[float]]:
 
 
 def read_tokenizer(path: str | Path) -> Llama2cTokenizer:
-    """Parse a ``tokenizer.bin`` (at most ``TOKENIZER_MAX_BYTES``); ``CheckpointFormatError`` otherwise."""
+    """Parse a ``tokenizer.bin`` (at most the ``QKVSCOPE_TOKENIZER_BYTES`` budget); ``CheckpointFormatError`` otherwise."""
     p = Path(path)
     size = p.stat().st_size
-    if size > TOKENIZER_MAX_BYTES:
+    limit = budget("QKVSCOPE_TOKENIZER_BYTES")
+    if size > limit:
         raise CheckpointFormatError(
-            p, f"llama2.c tokenizer is {size:,} bytes, over the {TOKENIZER_MAX_BYTES:,}-byte limit for one")
+            p, f"llama2.c tokenizer is {size:,} bytes, over the budget of {limit:,} (QKVSCOPE_TOKENIZER_BYTES; "
+               "set it in the environment to raise it)")
     pieces, scores = _parse_tokenizer(p, p.read_bytes())
     return Llama2cTokenizer(pieces, scores, path=str(p))
 

@@ -21,7 +21,7 @@ cell is no point; a cell that says ``nan`` is a point whose value is NaN
   companions (dropped: they are the band around the same metric); one file
   holds many runs.
 
-A line longer than ``CSV_LINE_BYTES`` is refused before DuckDB reads the
+A line longer than ``QKVSCOPE_CSV_LINE_BYTES`` is refused before DuckDB reads the
 file: the file fails with one line naming the line and its length (DuckDB
 would otherwise fail with an unrelated message, or skip the line).
 """
@@ -38,6 +38,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from loaders.budgets import budget
 from loaders.errors import LogFormatError
 from loaders.logs.base import (SOURCE_VIEW, Parsed, RunData, SqlPoints, complete_lines, decode_text,
                                empty_points, metric_alias_sql, normalise_metric, read_head)
@@ -47,7 +48,9 @@ STEP_COLUMNS = ("step", "global_step", "_step", "iter", "iteration", "iter_num",
 #: The step axis of a per-epoch log without any of ``STEP_COLUMNS``.
 EPOCH_COLUMNS = ("epoch", "epochs")
 #: The longest CSV line read, in bytes (DuckDB's default ``max_line_size``).
-CSV_LINE_BYTES = 2 * 1024 * 1024
+def csv_line_bytes() -> int:
+    """The longest CSV line read: the ``QKVSCOPE_CSV_LINE_BYTES`` budget (2 MiB by default)."""
+    return budget("QKVSCOPE_CSV_LINE_BYTES")
 WALL_COLUMNS = ("wall_time", "walltime", "_timestamp", "timestamp", "time_s", "elapsed_s")
 TOKEN_COLUMNS = ("tokens", "tokens_seen", "num_tokens", "num_input_tokens_seen")
 _LONG_REQUIRED = {"step", "metric", "value"}
@@ -184,7 +187,7 @@ class CsvFile:
         src = str(self.path) if self.data is None else io.BytesIO(self.data)
         return con.read_csv(src, header=self.header, columns={c: "VARCHAR" for c in self.columns},
                             delimiter=self.delim, quotechar='"', auto_detect=False,
-                            max_line_size=CSV_LINE_BYTES + 2)
+                            max_line_size=csv_line_bytes() + 2)
 
     def changed(self) -> bool:
         if self.data is not None:
@@ -282,12 +285,13 @@ _SCAN_BLOCK = 4 << 20
 
 def _scan_bytes(path: Path, data, offset: int = 0, size: int | None = None) -> bool:
     """Whether every byte of ``data`` (bytes of ``path`` from ``offset``) is below
-    0x80; LogFormatError at the first line longer than ``CSV_LINE_BYTES``.
+    0x80; LogFormatError at the first line longer than ``QKVSCOPE_CSV_LINE_BYTES``.
 
     One vectorised pass in blocks of 4 MiB (the newline positions of a block,
     the gap to the previous block's last newline carried over).
     """
     size = len(data) if size is None else size
+    limit = csv_line_bytes()
     top = 0
     last_nl = -1                      # offset in data of the last newline seen
     lines_before = 0                  # newlines before the current block
@@ -297,21 +301,21 @@ def _scan_bytes(path: Path, data, offset: int = 0, size: int | None = None) -> b
         nl = np.flatnonzero(block == 10) + start             # (newlines in block,)
         del block                     # a map cannot close while numpy holds a view of it
         gaps = np.diff(nl, prepend=last_nl) - 1              # (newlines in block,) line lengths
-        if len(gaps) and int(gaps.max()) > CSV_LINE_BYTES:
-            i = int(np.argmax(gaps > CSV_LINE_BYTES))
+        if len(gaps) and int(gaps.max()) > limit:
+            i = int(np.argmax(gaps > limit))
             _too_long(path, lines_before + i + 1, int(gaps[i]))
         if len(nl):
             last_nl = int(nl[-1])
         lines_before += len(nl)
-    if size - last_nl - 1 > CSV_LINE_BYTES:
+    if size - last_nl - 1 > limit:
         _too_long(path, lines_before + 1, size - last_nl - 1)
     return top < 0x80
 
 
 def _too_long(path: Path, line: int, length: int) -> None:
-    raise LogFormatError(path, f"line {line:,} is {length:,} bytes long, over the {CSV_LINE_BYTES:,}-byte "
-                               f"limit for one CSV line (CSV_LINE_BYTES); the file is refused, not "
-                               f"read without that line")
+    raise LogFormatError(path, f"line {line:,} is {length:,} bytes long, over the {csv_line_bytes():,}-byte "
+                               f"limit for one CSV line (QKVSCOPE_CSV_LINE_BYTES; set it in the environment "
+                               f"to raise it); the file is refused, not read without that line")
 
 
 def _scan_file(path: Path) -> bool:
@@ -326,7 +330,7 @@ def _scan_file(path: Path) -> bool:
 
 def _check_utf8_file(path: Path) -> None:
     """LogFormatError at the first byte of ``path`` that is not UTF-8, or at
-    its first line over ``CSV_LINE_BYTES``.
+    its first line over ``QKVSCOPE_CSV_LINE_BYTES``.
 
     DuckDB validates only the columns a query reads, so the whole file is
     checked here: most logs are ASCII (``_scan_file``); others are decoded

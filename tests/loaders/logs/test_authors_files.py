@@ -392,18 +392,18 @@ def test_a_step_column_wins_over_epoch(store, tmp_path):
 
 # -- issue 14: a CSV line too long to read ---------------------------------------------------
 def test_over_long_csv_line_fails_the_file_with_one_line(store, tmp_path):
-    n = csv_logs.CSV_LINE_BYTES + 10
+    n = csv_logs.csv_line_bytes() + 10
     p = write(tmp_path / "r" / "metrics_long.csv", "step,loss,note\n0,1.0,a\n1,2.0," + "x" * n + "\n2,3.0,b\n")
     with pytest.raises(LogFormatError) as e:
         ingest_log(store, p)
-    assert str(e.value) == (f"{p}: line 3 is {n + 6:,} bytes long, over the {csv_logs.CSV_LINE_BYTES:,}-byte "
-                            "limit for one CSV line (CSV_LINE_BYTES); the file is refused, not read without "
-                            "that line")
+    assert str(e.value) == (f"{p}: line 3 is {n + 6:,} bytes long, over the {csv_logs.csv_line_bytes():,}-byte "
+                            "limit for one CSV line (QKVSCOPE_CSV_LINE_BYTES; set it in the environment to raise "
+                            "it); the file is refused, not read without that line")
     assert count_points(store) == 0
 
 
 def test_over_long_line_in_an_appended_tail(store, tmp_path, monkeypatch):
-    monkeypatch.setattr(csv_logs, "CSV_LINE_BYTES", 100)
+    monkeypatch.setenv("QKVSCOPE_CSV_LINE_BYTES", "100")
     p = write(tmp_path / "r" / "metrics_grow.csv", "step,loss,note\n0,1.0,a\n")
     ingest_log(store, p)
     with open(p, "a", encoding="utf-8") as fh:
