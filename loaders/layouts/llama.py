@@ -1,4 +1,5 @@
-"""Hugging Face Llama family: Llama, Mistral, Mixtral, Qwen2, Qwen3, OLMo, Granite.
+"""Hugging Face Llama family: Llama, Mistral, Mixtral, Qwen2, OLMo, Granite (Qwen3 and OLMo 2,
+whose QK-norm gains this layout does not read, have their own: ``qwen3.py``, ``olmo2.py``).
 
 Keys (prefix ``model.`` or none): ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
 ``nn.Linear``: q ``[n_heads*d_head, d_model]``, k/v
@@ -19,9 +20,8 @@ from loaders.layouts import _common as C
 
 NAME = "llama"
 PRIORITY = 35
-MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo", "olmo2",
-                         "granite"})
-ARCHITECTURES = ("Llama", "Mistral", "Mixtral", "Qwen2", "Qwen3", "Olmo", "Granite")
+MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "olmo", "granite"})
+ARCHITECTURES = ("Llama", "Mistral", "Mixtral", "Qwen2", "Olmo", "Granite")
 
 _RX = r"^(?P<p>(?:.*\.)?)layers\.(?P<i>\d+)\.self_attn\.q_proj\.weight$"
 
