@@ -199,7 +199,7 @@ _SETTLED = """([t0, quiet]) => {
   const busy = document.querySelector("[data-testid='stStatusWidget']");
   return !busy && performance.now() - Math.max(window.__qkvLast, t0) > quiet;
 }"""
-_CHARTS = "document.querySelectorAll(\"[data-testid='stMain'] .js-plotly-plot .main-svg\").length"
+_CHARTS = "document.querySelectorAll(\"[data-testid='stMain'] .js-plotly-plot .main-svg:first-of-type\").length"
 
 
 def _settle(page, t0: float, timeout_s: float) -> tuple[float, int]:

@@ -75,7 +75,9 @@ def _url_id(name: str, ids: set[int]) -> int | None:
     return int(raw) if raw and raw.isdigit() and int(raw) in ids else None
 
 
+@st.fragment
 def _pair(store, ckpts: pd.DataFrame) -> None:
+    """The pair view: a fragment, so picking A, B or the metric reruns only this part."""
     st.subheader("Two checkpoints")
     st.caption("By default two checkpoints of one geometry that differ in one setting (the qkv baseline "
                "against a variant at the same weight decay and step, where there is one).")
@@ -143,7 +145,9 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
             st.caption("Greyed: " + "; ".join(f"{s}: {r}" for s, r in (("A", muted_a), ("B", muted_b)) if r))
 
 
+@st.fragment
 def _trajectories(store) -> None:
+    """A run's trajectories: a fragment, so its run and metric pickers rerun only this part."""
     st.subheader("A run's checkpoints over training")
     version = data_version(store)
     rc = _run_checkpoints(str(store.path), version)

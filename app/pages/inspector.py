@@ -181,7 +181,9 @@ def _from_upload(store) -> int | None:
 
 
 def _ingest(store, target: Path) -> int:
-    from loaders.ingest import ingest_checkpoint
+    # Read in a child process under an address-space and a time limit (loaders/parse_child.py):
+    # a bomb ends that process with one line; this server and its other sessions go on.
+    from loaders.parse_child import ingest_checkpoint
 
     with st.spinner(f"Reading {target.name}..."):
         report = ingest_checkpoint(store, target)
@@ -359,7 +361,9 @@ def chance_definition(metric: str) -> str:
     return WEIGHT_CHANCE.get(metric, "not defined")
 
 
+@st.fragment
 def _heatmap(results: pd.DataFrame, notes: dict[str, str]) -> None:
+    """The metric picker and its heatmap: a fragment, so a new metric reruns only this part."""
     available = [m for m in HEAD_METRICS if m in set(results["metric"])]
     if not available:
         st.caption("No per-head metrics stored for this checkpoint.")
@@ -509,6 +513,14 @@ def _downloads(results: pd.DataFrame, notes: dict[str, str], ckpt_id: int) -> No
                        mime="application/vnd.apache.parquet", icon=":material/download:", key="insp_parquet")
 
 
+@st.fragment
+def _weights_views(row: pd.Series) -> None:
+    """Spectra and attention maps, which read the weights: one fragment (the attention grid shows
+    the spectra's layer), so their controls rerun only this part."""
+    _spectra_section(row)
+    _attention_section(row)
+
+
 def render() -> None:
     store = get_store()
     st.title("Checkpoint inspector")
@@ -533,7 +545,6 @@ def render() -> None:
     st.subheader("Metrics per layer and head")
     _heatmap(results, notes)
     _reports(results, notes, row)
-    _spectra_section(row)
-    _attention_section(row)
+    _weights_views(row)
     st.subheader("Download")
     _downloads(results, notes, ckpt_id)
