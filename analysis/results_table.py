@@ -161,7 +161,7 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
     Returns ``task, variant, label, sharing, n_heads, n_kv_heads, n runs, seeds, run ids``, then
     per metric ``<m> mean, <m> std, <m> n, <m> vs qkv %`` (and with ``perplexity`` the same for
     ``exp(<m>)`` of each loss metric), then ``KV bytes/token, attention params``; rows in the
-    order task, head sharing (MHA, GQA, MQA), variant (``analysis.variants.VARIANTS``).
+    order task, head sharing (MHA, GQA, MQA), variant (``analysis.variants.ALL_VARIANTS``).
     """
     if statistic not in STATISTICS:
         raise AnalysisError(f"results_table: statistic must be one of {', '.join(STATISTICS)}; got {statistic!r}")
@@ -177,7 +177,7 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
         if perplexity and direction(m, overrides) == "min":
             columns.append((f"exp({m})", np.exp(g["run_id"].map(per_run))))
     out_rows = []
-    order = {v: i for i, v in enumerate(V.VARIANTS)}
+    order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     for key, rows in g.groupby("group", sort=False):
         first = rows.iloc[0]
         variant = str(first["variant"])
@@ -217,8 +217,8 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
 
 def table_order(task, sharing, n_kv_heads, variant) -> tuple:
     """The sort key of a row in table order: task, head sharing (MHA, GQA with more KV heads
-    first, MQA), variant (``analysis.variants.VARIANTS`` order)."""
-    rank = {v: i for i, v in enumerate(V.VARIANTS)}
+    first, MQA), variant (``analysis.variants.ALL_VARIANTS`` order)."""
+    rank = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     return _sort_key(str(task), str(sharing), _int_or_none(n_kv_heads), rank.get(str(variant), len(rank)), str(variant))
 
 
@@ -270,7 +270,7 @@ def best_of_each_group(runs: pd.DataFrame, values: pd.DataFrame, metric: str, *,
     g = run_groups(runs)
     final = dict(zip(values["run_id"].astype(int), values["final"].astype(float))) if len(values) else {}
     sign = -1.0 if direction(metric, overrides) == "max" else 1.0
-    order = {v: i for i, v in enumerate(V.VARIANTS)}
+    order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     picks = []
     for _, rows in g.groupby("group", sort=False):
         first = rows.iloc[0]

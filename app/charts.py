@@ -370,7 +370,7 @@ def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", met
                        _task=data["task"] if "task" in data.columns else None)
     data = data.assign(_group=[legend_label(v, s, t) for v, s, t in
                                zip(data["variant"], data["_sharing"], data["_task"])])
-    order = {v: i for i, v in enumerate(V.VARIANTS)}
+    order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     keys = sorted(data.groupby(["variant", "_sharing", "_group"], dropna=False).groups,
                   key=lambda k: (order.get(k[0], 99), str(k[0]), SHARING_RANK[sharing_kind(k[1])], str(k[1])))
     title = axis_title(hparam)
@@ -754,7 +754,7 @@ def norms_figure(norms: pd.DataFrame, *, variants=None, runs: pd.DataFrame | Non
     present = [m for m in NORM_TITLES if m in set(data["metric"])] + sorted(set(data["metric"]) - set(NORM_TITLES))
     fig = make_subplots(rows=1, cols=len(present), shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=[NORM_TITLES.get(m, m) for m in present])
-    order = {v: i for i, v in enumerate(V.VARIANTS)}
+    order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     groups = sorted(data.groupby(["variant", "_sharing"]).groups,
                     key=lambda k: (order.get(k[0], 99), str(k[0]), SHARING_RANK[sharing_kind(k[1])], str(k[1])))
     for i, (variant, sharing) in enumerate(groups):

@@ -19,7 +19,7 @@ import streamlit as st
 from analysis.directions import direction
 from analysis.results_table import best_of_each_group, metric_order, run_facts, run_groups, table_order
 from analysis.trajectories import smooth
-from analysis.variants import VARIANTS as _KNOWN_VARIANTS, UNKNOWN
+from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts
 from app.state import data_version, get_store, query_param, set_query_params
 from loaders import curves

@@ -7,7 +7,7 @@ per token and attention parameters beside them (``analysis.results_table``). Sor
 exported as CSV, Markdown and LaTeX (booktabs).
 
 URL keys: ``metrics`` (comma list), ``stat`` (``final``/``best``), ``wd`` (a weight decay or
-``all``), ``task``, ``ppl`` (``0`` hides the perplexity columns), ``kvb`` (bytes per element
+``all``), ``task`` (a task, or ``all``; default ``language`` when several are stored), ``ppl`` (``0`` hides the perplexity columns), ``kvb`` (bytes per element
 of the KV cache: ``ckpt``, ``1``, ``2``, ``4``), ``sort`` (a column) and ``desc`` (``1``).
 """
 from __future__ import annotations
@@ -104,8 +104,13 @@ def render() -> None:
                        key="res_kvb")
     tasks = sorted(runs["task"].astype(str).unique())
     c5, c6, c7, c8 = st.columns([1.4, 1.2, 2, 0.8])
-    task = c5.selectbox("Task", ["all"] + tasks, index=(["all"] + tasks).index(query_param("task"))
-                        if query_param("task") in tasks else 0, key="res_task") if len(tasks) > 1 else "all"
+    # several tasks: language rows first by default (a loss in nats per byte and a classifier's
+    # cross-entropy are different quantities); ?task=all shows every task's rows together
+    options = ["all"] + tasks
+    default_task = "language" if "language" in tasks and len(tasks) > 1 else "all"
+    asked = query_param("task")
+    task = c5.selectbox("Task", options, index=options.index(asked if asked in options else default_task),
+                        key="res_task") if len(tasks) > 1 else "all"
     losses = [m for m in metrics if direction(m) == "min"]
     ppl = c6.toggle("Perplexity", value=query_param("ppl") != "0", key="res_ppl", disabled=not losses,
                     help="add exp(loss) per run (the perplexity of a loss in nats; per byte for a byte-level loss)")
@@ -129,7 +134,7 @@ def render() -> None:
     desc = c8.toggle("Descending", value=query_param("desc") == "1", key="res_desc")
     set_query_params(metrics=",".join(metrics), stat=None if stat == "final" else stat,
                      wd=None if wd_pick == _fmt(default_wd) else wd_pick, kvb=None if kvb == "ckpt" else kvb,
-                     task=None if task == "all" else task, ppl=None if ppl else "0",
+                     task=None if task == default_task else task, ppl=None if ppl else "0",
                      sort=None if sort == ORDER_BY else sort, desc="1" if desc else None)
     if sort != ORDER_BY:
         order = table[sort].sort_values(ascending=not desc, na_position="last", kind="stable").index

@@ -62,7 +62,10 @@ def test_empty_database_says_how_to_get_data_in(empty_db):
 
 
 def test_rows_are_variant_by_head_sharing_with_mean_std_and_percent(results_db):
-    at = page_test("results").run()
+    default = page_test("results").run()                 # several tasks: language by default
+    assert not default.exception, default.exception
+    assert len(default.dataframe[0].value) == 4 and "task" not in default.dataframe[0].value.columns
+    at = page_test("results", query={"task": "all"}).run()
     assert not at.exception, at.exception
     t = at.dataframe[0].value
     # weight decay 0.1 (shared by the most groups) by default: run 6 (wd 0) is left out
@@ -102,11 +105,11 @@ def test_url_keys_choose_metrics_statistic_weight_decay_and_costs(results_db):
     assert t["val/loss vs qkv %"].iloc[2:].isna().all()
     assert qp(at, "sort") == "val/loss vs qkv %" and qp(at, "desc") == "1"
     assert (qp(at, "stat"), qp(at, "wd"), qp(at, "kvb"), qp(at, "ppl"), qp(at, "task")) == (
-        "best", "all", "2", "0", "language")
+        "best", "all", "2", "0", None)                            # language: the default, not written
 
 
 def test_exports_are_markdown_and_latex_booktabs(results_db):
-    at = page_test("results", {"ppl": "0"}).run()
+    at = page_test("results", {"ppl": "0", "task": "all"}).run()
     md, tex = (c.value for c in at.code)
     assert md.splitlines()[0] == ("| Task | Variant | Heads | n | val/loss | val/loss vs Q-K-V | KV bytes/token | "
                                   "Attention params |")
@@ -137,3 +140,12 @@ def test_demo_reproduces_the_shape_of_paper_b_table_4(tmp_path, monkeypatch):
     q = t.iloc[0]                                        # three seeds at wd 0.1 (data/demo/README.md)
     assert q["n runs"] == 3 and q["val/loss mean"] == pytest.approx(np.mean([1.3246, 1.3181, 1.3155]), abs=1e-4)
     assert (t["val/loss vs qkv %"].iloc[1:5] > 0).all()  # every tie costs loss against Q-K-V MHA
+    # the vision runs: paper B's six variants at MHA, K=V at GQA-2 and MQA, accuracy higher-is-better
+    at = page_test("results", query={"task": "image", "metrics": "val/accuracy"}).run()
+    assert not at.exception, at.exception
+    v = at.dataframe[0].value
+    assert list(zip(v["label"], v["sharing"])) == [
+        ("Q-K-V", "MHA"), ("Q=K-V", "MHA"), ("Q-K=V", "MHA"), ("Q=K=V", "MHA"), ("(Q=K-V)+", "MHA"),
+        ("(Q=K=V)+", "MHA"), ("Q-K=V", "GQA-2"), ("Q-K=V", "MQA")]
+    assert v["KV bytes/token"].tolist() == [1024, 1024, 512, 512, 1024, 512, 256, 128]
+    assert (v["val/accuracy mean"] > 0.7).all() and (v["n runs"] == 1).all()
