@@ -123,7 +123,16 @@ def parse_dashboard_speed(out: str) -> list[Row]:
         rows.append(Row("dashboard_speed", f"{label.split()[0]} page script run, {label.split()[1]} ({size})",
                         f"{float(secs):.2f} s", "absolute (AppTest render time)", f"< {target} s",
                         _verdict(word == "under")))
+    # the browser table: one line per step, median and max over rounds, charts drawn, AppTest script time
+    for where, step, med, mx, _charts, script, target, verdict in BROWSER_LINE.findall(out):
+        rows.append(Row("dashboard_speed", f"browser, {step} ({'demo' if where == 'demo' else size})",
+                        f"{med} s (max {mx})", f"AppTest script {script} s", f"< {target} s", verdict))
     return rows
+
+
+#: One line of ``bench/dashboard_speed.py``'s browser table.
+BROWSER_LINE = re.compile(r"^\s+(demo|big)\s+(sidebar -> .+?|control: .+?)\s+([\d.]+)s\s+([\d.]+)s\s+(\d*)\s+"
+                          r"([\d.]+|nan)s\s+< ([\d.]+) s\s+(pass|FAIL)$", re.M)
 
 
 def parse_activations_speed(out: str) -> list[Row]:

@@ -73,6 +73,17 @@ def ensure_demo(db_path, *, quiet: bool = False) -> None:
         j = report.to_json()
         print(f"  {j['added']} files added, {j['skipped']} skipped, {j['errors']} errors",
               file=sys.stderr)
+        for line in skipped_lines(j):
+            print(line, file=sys.stderr)
+
+
+def skipped_lines(report: dict) -> list[str]:
+    """What an ingest skipped, grouped by reason (``  24 skipped: configuration file: ...``)."""
+    from collections import Counter
+
+    reasons = Counter(f.get("reason") or "no reason given" for f in report.get("files", [])
+                      if f.get("status") == "skipped")
+    return [f"  {n} skipped: {reason}" for reason, n in reasons.most_common()]
 
 
 def run(args: argparse.Namespace) -> int:

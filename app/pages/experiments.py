@@ -21,7 +21,7 @@ from analysis.results_table import best_of_each_group, metric_order, run_facts, 
 from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts
-from app.state import data_version, get_store, query_param, set_query_params
+from app.state import data_version, get_store, query_param, set_query_params, store_at
 from loaders import curves
 
 TITLE = "Experiments"
@@ -49,7 +49,7 @@ DEFAULT_RUNS = 8
 def _runs(db: str, version: tuple) -> pd.DataFrame:
     from loaders.logs import list_runs
 
-    frame = pd.DataFrame(list_runs(get_store()))
+    frame = pd.DataFrame(list_runs(store_at(db)))
     if not frame.empty:
         facts = pd.DataFrame([run_facts(c) for c in frame["config"]], index=frame.index)
         frame["n_heads"] = facts["n_heads"]
@@ -64,17 +64,17 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _curves(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
-    return curves.curves(get_store(), ids, metric, x=x)
+    return curves.curves(store_at(db), ids, metric, x=x)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _band(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
-    return curves.band_points(get_store(), ids, metric, x=x)
+    return curves.band_points(store_at(db), ids, metric, x=x)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _finals(db: str, version: tuple, metric: str) -> pd.DataFrame:
-    return curves.final_values(get_store(), metric)
+    return curves.final_values(store_at(db), metric)
 
 
 # -- URL helpers ----------------------------------------------------------------

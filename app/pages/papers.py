@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis.paper_claims import PAPER_A, PAPER_B, PAPERS, Inputs, measure
-from app.state import data_version, get_store, query_param, set_query_params
+from app.state import data_version, get_store, query_param, set_query_params, store_at
 from loaders import papers
 
 TITLE = "Papers"
@@ -27,7 +27,7 @@ _SCOPE_LABELS = {"latest": "each run's latest checkpoint", "all": "every stored 
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _table(db: str, version: tuple, scope: str, loss: str) -> pd.DataFrame:
-    return measure(Inputs(**papers.paper_inputs(get_store(), scope=scope, loss_metric=loss)))
+    return measure(Inputs(**papers.paper_inputs(store_at(db), scope=scope, loss_metric=loss)))
 
 
 def _choice(name: str, options, default: str) -> str:

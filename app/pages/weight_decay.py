@@ -30,7 +30,8 @@ from analysis import variants as V
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app import charts
 from app.pickers import checkpoint_label
-from app.state import data_version, get_store, query_param, results_over_checkpoints, set_query_params
+from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
+                       store_at)
 from loaders import curves
 
 TITLE = "Weight decay"
@@ -47,7 +48,7 @@ DASH = "\u2014"
 def _runs(db: str, version: tuple) -> pd.DataFrame:
     from loaders.logs import list_runs
 
-    frame = pd.DataFrame(list_runs(get_store()))
+    frame = pd.DataFrame(list_runs(store_at(db)))
     cols = ["id", "name", "variant", "weight_decay", "lr", "config", "metrics"]
     if frame.empty:
         return pd.DataFrame(columns=["run_id"] + cols[1:])
@@ -58,7 +59,7 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
 def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diverge_ratio: float,
                  statistic: str = "final", method: str = "auto"):
     runs = _runs(db, version)
-    points = curves.metric_points(get_store(), metric, runs["run_id"].tolist())
+    points = curves.metric_points(store_at(db), metric, runs["run_id"].tolist())
     table = wd_sensitivity(runs, points, spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, statistic=statistic,
                            metric=metric, method=method)
     return table
@@ -66,7 +67,7 @@ def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diver
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _latest(db: str, version: tuple) -> pd.DataFrame:
-    return curves.latest_run_checkpoints(get_store())
+    return curves.latest_run_checkpoints(store_at(db))
 
 
 def per_run(table: pd.DataFrame) -> pd.DataFrame:

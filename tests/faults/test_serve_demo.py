@@ -41,3 +41,14 @@ def test_a_missing_database_gets_the_demo_and_an_unreadable_one_is_not_touched(t
     assert not serve.is_empty(junk)
     serve.ensure_demo(junk, quiet=True)
     assert junk.read_bytes() == b"not a database" * 100
+
+
+def test_first_start_says_what_was_skipped():
+    from app.commands.serve import skipped_lines
+
+    report = {"files": [{"status": "added", "reason": None},
+                        {"status": "skipped", "reason": "configuration file: read as metadata of the run beside it"},
+                        {"status": "skipped", "reason": "configuration file: read as metadata of the run beside it"},
+                        {"status": "skipped", "reason": "not a checkpoint or a log"}]}
+    assert skipped_lines(report) == ["  2 skipped: configuration file: read as metadata of the run beside it",
+                                     "  1 skipped: not a checkpoint or a log"]
