@@ -12,7 +12,7 @@ import streamlit as st
 
 from app.state import (DEMO_DIR, data_version, demo_only, get_store, query_param, set_query_params, store_at,
                        summary, checkpoints_frame as _checkpoints)
-from loaders.ingest import ingest_paths
+from loaders.parse_child import ingest_paths   # each file read in a child process under the parse budgets
 
 TITLE = "Overview"
 ICON = ":material/home:"
