@@ -792,27 +792,69 @@ def analyze(store: Store, checkpoint_id: int, *, activations: bool = False, devi
         if not Path(info["path"]).exists() and opener.__module__ == "loaders.checkpoints":
             raise StoreError(f"{info['path']}: checkpoint {checkpoint_id} is stored but its file is gone; "
                              "re-ingest it from its new place")
-        fresh = []
-        with opener(info["path"]) as ckpt:
-            for kind in todo:
-                t0 = time.perf_counter()
-                used = ties = None
-                if kind == "weights":
-                    frame, notes = weight_frame(ckpt, device=dev, progress=progress)
-                    ties = tied_checkpoint(ckpt, device=dev)
-                else:
-                    try:
-                        run = corpus_activations(ckpt, sample=sample, device=dev, progress=progress)
-                        frame, notes, used = run.frame, run.notes, run.sample
-                    except NoForwardPass as exc:
-                        frame = pd.DataFrame(columns=RESULT_COLUMNS)
-                        notes, used = {m: str(exc) for m in names("activations")}, sample.key()
-                res = JobResult(checkpoint_id, info["path"], kind, frame, notes, cached=False,
-                                seconds=time.perf_counter() - t0, device=str(dev), sample=used, tied=ties)
-                fresh.append(res)
-                results[kind] = res
+        if opener.__module__ == "loaders.checkpoints":
+            # a stored file is someone's file: analysed in a child process under the memory budget
+            # and QKVSCOPE_ANALYSIS_TIMEOUT_S (loaders/parse_child.py), so a bomb ends that process
+            from loaders.parse_child import call
+
+            if progress:
+                progress(0, 1, "analysing in a child process")
+            got = call("app.jobs:compute_jobs", info["path"], timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+                       kinds=todo, device=str(dev), text=sample.text, tokens=sample.tokens, images=sample.images)
+            fresh = [_job_from_json(checkpoint_id, info["path"], g) for g in got]
+        else:
+            with opener(info["path"]) as ckpt:
+                fresh = [_job_from_json(checkpoint_id, info["path"], g) for g in
+                         _compute(ckpt, todo, dev, sample, progress)]
+        for res in fresh:
+            results[res.kind] = res
         _store_results(store, fresh)
     return [results[k] for k in kinds]
+
+
+def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
+             progress: Progress | None = None) -> list[dict]:
+    """The metrics of ``kinds`` of an opened checkpoint, each as a JSON-able job
+    (``kind, rows, notes, seconds, device, sample, tied``): what ``analyze`` stores."""
+    out = []
+    for kind in kinds:
+        t0 = time.perf_counter()
+        used = ties = None
+        if kind == "weights":
+            frame, notes = weight_frame(ckpt, device=device, progress=progress)
+            ties = tied_checkpoint(ckpt, device=device)
+        else:
+            try:
+                run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)
+                frame, notes, used = run.frame, run.notes, run.sample
+            except NoForwardPass as exc:
+                frame = pd.DataFrame(columns=RESULT_COLUMNS)
+                notes, used = {m: str(exc) for m in names("activations")}, sample.key()
+        rows = frame[RESULT_COLUMNS].astype(object).where(frame[RESULT_COLUMNS].notna(), None)
+        out.append({"kind": kind, "rows": rows.values.tolist(), "notes": notes,
+                    "seconds": time.perf_counter() - t0, "device": str(device), "sample": used, "tied": ties})
+    return out
+
+
+def compute_jobs(path: str, *, kinds: list[str], device: str, text: str | None = None,
+                 tokens: int | None = None, images: str | None = None) -> list[dict]:
+    """``_compute`` on the checkpoint at ``path``: the body ``analyze`` runs in the child process."""
+    from loaders.checkpoints import open_checkpoint
+
+    with open_checkpoint(path) as ckpt:
+        return _compute(ckpt, list(kinds), device, SampleSpec(text, tokens, images))
+
+
+def _job_from_json(checkpoint_id: int, path: str, job: dict) -> JobResult:
+    """A ``JobResult`` from ``_compute``'s JSON-able job (rows in ``RESULT_COLUMNS`` order)."""
+    frame = pd.DataFrame(job["rows"], columns=RESULT_COLUMNS)
+    frame["layer"] = frame["layer"].astype("int64")
+    frame["head"] = pd.array(frame["head"], dtype="Int64")
+    frame["n_tokens"] = pd.array(frame["n_tokens"], dtype="Int64")
+    for col in ("value", "chance", "ci_low", "ci_high"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+    return JobResult(checkpoint_id, path, job["kind"], frame, job["notes"], cached=False,
+                     seconds=job["seconds"], device=job["device"], sample=job["sample"], tied=job["tied"])
 
 
 def _same_sample(stored: dict | None, wanted: dict) -> bool:

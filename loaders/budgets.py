@@ -23,6 +23,8 @@ budget (environment variable)  default      what it bounds
                                             reading one file, plus that file's size
                                             (memory-mapped files count toward it)
 ``QKVSCOPE_PARSE_TIMEOUT_S``   600          seconds that process may spend on one file
+``QKVSCOPE_ANALYSIS_TIMEOUT_S`` 7,200       seconds the process analysing one checkpoint (its
+                                            weight and activation metrics) may take
 ``QKVSCOPE_CSV_LINE_BYTES``    2 MiB        one line of a CSV log (a longer line refuses
                                             the file: it is never read without that line)
 ``QKVSCOPE_TOKENIZER_BYTES``   64 MiB       one llama2.c ``tokenizer.bin``
@@ -50,6 +52,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
     "QKVSCOPE_ALLOW_SPARSE": (0, "1 reads safetensors tensors lying in a hole of a sparse file"),
     "QKVSCOPE_PARSE_MEMORY_MB": (4096, "address space of the process reading one file, plus its size"),
     "QKVSCOPE_PARSE_TIMEOUT_S": (600, "seconds the process reading one file may take"),
+    "QKVSCOPE_ANALYSIS_TIMEOUT_S": (7200, "seconds the process analysing one checkpoint may take"),
     "QKVSCOPE_CSV_LINE_BYTES": (2 << 20, "bytes of one line of a CSV log"),
     "QKVSCOPE_TOKENIZER_BYTES": (64 << 20, "size of one llama2.c tokenizer.bin"),
 }
@@ -90,10 +93,10 @@ def memory_exceeded(limit_bytes: int) -> str:
             f"set it in the environment to raise it)")
 
 
-def time_exceeded() -> str:
-    """The one-line problem for a file whose reading ran past the time limit."""
-    return (f"reading it took more than {budget('QKVSCOPE_PARSE_TIMEOUT_S'):,} s (limit "
-            f"QKVSCOPE_PARSE_TIMEOUT_S; set it in the environment to raise it)")
+def time_exceeded(name: str = "QKVSCOPE_PARSE_TIMEOUT_S", doing: str = "reading") -> str:
+    """The one-line problem for a file whose reading (or analysis) ran past its time limit."""
+    return (f"{doing} it took more than {budget(name):,} s (limit {name}; set it in the environment "
+            f"to raise it)")
 
 
 # -- tensors -------------------------------------------------------------------

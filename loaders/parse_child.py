@@ -170,9 +170,10 @@ class Reader:
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
-    def request(self, path: str | Path, op: str, **fields):
+    def request(self, path: str | Path, op: str, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", **fields):
         """Run ``op`` on ``path`` in the child and return its result; a failure
-        raises ``FileError(path, problem)`` (``StoreError``s keep their class)."""
+        raises ``FileError(path, problem)`` (``StoreError``s keep their class).
+        ``timeout`` names the time budget (analyses have their own, longer one)."""
         limit = memory_limit_bytes(reading_size(path))
         if self._proc is None or self._proc.poll() is not None:
             self._proc = self._start()
@@ -180,10 +181,10 @@ class Reader:
         try:
             self._proc.stdin.write(line.encode())
             self._proc.stdin.flush()
-            answer = self._readline(time.monotonic() + budget("QKVSCOPE_PARSE_TIMEOUT_S"))
+            answer = self._readline(time.monotonic() + budget(timeout))
         except TimeoutError:
             self._kill()
-            raise FileError(path, time_exceeded()) from None
+            raise FileError(path, time_exceeded(timeout, "analysing" if "ANALYSIS" in timeout else "reading")) from None
         except BrokenPipeError:
             answer = None
         if answer is None:                       # the child died while reading
@@ -288,10 +289,11 @@ def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,
             time.sleep(interval)
 
 
-def call(target: str, path: str | Path):
-    """``module:function`` called on ``path`` in a child; its result must be JSON-able."""
+def call(target: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", **kwargs):
+    """``module:function`` called on ``path`` (and the JSON-able ``kwargs``) in a child, under
+    the memory budget and the time budget ``timeout``; its result must be JSON-able."""
     with Reader() as reader:
-        return reader.request(path, "call", target=target)
+        return reader.request(path, "call", target=target, kwargs=kwargs, timeout=timeout)
 
 
 # -- the child -------------------------------------------------------------
@@ -317,7 +319,7 @@ def _run(req: dict):
         import importlib
 
         module, name = req["target"].split(":")
-        return getattr(importlib.import_module(module), name)(str(path))
+        return getattr(importlib.import_module(module), name)(str(path), **(req.get("kwargs") or {}))
     raise ValueError(f"unknown op {req['op']!r}")
 
 

@@ -1,0 +1,50 @@
+"""analyze computes a stored file's metrics in a child process under the memory and time budgets."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app import jobs
+from loaders.errors import FileError
+from loaders.ingest import ingest_checkpoint
+from loaders.store import Store
+
+
+@pytest.fixture
+def stored(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    folder = tmp_path / "gpt2-tiny"
+    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4)).save_pretrained(folder)
+    store = Store(tmp_path / "db.duckdb")
+    store.migrate()
+    return store, ingest_checkpoint(store, folder).checkpoint_id
+
+
+def test_the_child_answers_what_the_process_itself_computes(stored):
+    store, cid = stored
+    (child,) = jobs.analyze(store, cid)
+    from loaders.checkpoints import open_checkpoint
+
+    # an opener of the caller's own computes in this process: the same rows
+    (own,) = jobs.analyze(store, cid, force=True, opener=lambda p: open_checkpoint(p))
+    a = child.frame.sort_values(["layer", "metric", "head"], na_position="first").reset_index(drop=True)
+    b = own.frame.sort_values(["layer", "metric", "head"], na_position="first").reset_index(drop=True)
+    assert a["metric"].tolist() == b["metric"].tolist() and a["head"].equals(b["head"])
+    assert (a["value"] - b["value"]).abs().max() < 1e-9 and a["chance"].equals(b["chance"])
+    assert child.tied == own.tied and child.notes == own.notes
+
+
+def test_an_analysis_past_its_time_budget_is_one_line_and_the_caller_goes_on(stored, monkeypatch):
+    store, cid = stored
+    monkeypatch.setenv("QKVSCOPE_ANALYSIS_TIMEOUT_S", "0")
+    with pytest.raises(FileError) as err:
+        jobs.analyze(store, cid)
+    assert str(err.value).endswith("analysing it took more than 0 s (limit QKVSCOPE_ANALYSIS_TIMEOUT_S; set it in "
+                                   "the environment to raise it)")
+    with store.connect() as con:                          # nothing stored for it
+        assert con.execute("SELECT count(*) FROM analysis_results WHERE checkpoint_id = ?", [cid]).fetchone() == (0,)
+    monkeypatch.delenv("QKVSCOPE_ANALYSIS_TIMEOUT_S")
+    (done,) = jobs.analyze(store, cid)                    # the next analysis runs in a fresh child
+    assert len(done.frame) > 0
