@@ -25,10 +25,19 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
     from loaders.logs import list_runs
 
     rows = list_runs(store_at(db))
-    cols = ["id", "name", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",
+    cols = ["id", "name", "task", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",
             "first_step", "last_step", "source"]
+    for r in rows:                        # the task a run's config states (vision runs: image)
+        r["task"] = str((r.get("config") or {}).get("task") or "language")
     frame = pd.DataFrame(rows)
     return frame[[c for c in cols if c in frame.columns]] if len(frame) else pd.DataFrame(columns=cols)
+
+
+def task_counts(runs: pd.DataFrame) -> str:
+    """``"23 language runs, 24 image runs"``: how many runs of each task the database holds."""
+    counts = runs["task"].value_counts()
+    order = sorted(counts.index, key=lambda t: (t != "language", t))
+    return ", ".join(f"{counts[t]:,} {t} run{'s' if counts[t] != 1 else ''}" for t in order)
 
 
 def _ingest_form(store) -> None:
@@ -90,6 +99,7 @@ def render() -> None:
     st.subheader("Runs")
     runs = _runs(str(store.path), version)
     if len(runs):
+        st.caption(task_counts(runs))
         st.dataframe(runs, hide_index=True, width="stretch",
                      column_config={"weight_decay": st.column_config.NumberColumn(format="%.4g"),
                                     "lr": st.column_config.NumberColumn(format="%.3g")})
