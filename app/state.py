@@ -100,6 +100,13 @@ def summary(db: str, version: tuple) -> dict:
     return queries.summary(store_at(db))
 
 
+@st.cache_data(show_spinner=False, max_entries=8)
+def metric_directions(db: str, version: tuple) -> dict[str, str]:
+    """``{metric: 'min' | 'max'}`` set by the user (``loaders.curves.metric_directions``): the
+    overrides every page passes to ``analysis.directions.direction``."""
+    return curves.metric_directions(store_at(db))
+
+
 @st.cache_data(show_spinner=False, max_entries=32)
 def analysis_results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
     """One checkpoint's stored metric values (``loaders.curves.analysis_results``)."""

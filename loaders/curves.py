@@ -349,3 +349,20 @@ def stored_job_notes(store: Store, checkpoint_id: int, kinds, metric_version: in
     for _, raw in sorted(rows):
         notes.update(json.loads(raw) if raw else {})
     return notes
+
+
+def metric_directions(store: Store) -> dict[str, str]:
+    """``{metric: 'min' | 'max'}`` the user set (``analysis.directions.direction``'s overrides)."""
+    with store.connect() as con:
+        return dict(con.execute("SELECT metric, direction FROM metric_directions ORDER BY metric").fetchall())
+
+
+def set_metric_direction(store: Store, metric: str, direction: str | None) -> None:
+    """Store whether lower (``min``) or higher (``max``) is better for ``metric``; None removes
+    the setting, so the name decides again."""
+    if direction not in (None, "min", "max"):
+        raise ValueError(f"direction must be 'min', 'max' or None, got {direction!r}")
+    with store.transaction() as con:
+        con.execute("DELETE FROM metric_directions WHERE metric = ?", [metric])
+        if direction is not None:
+            con.execute("INSERT INTO metric_directions VALUES (?, ?)", [metric, direction])

@@ -200,6 +200,14 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # keep the checkpoint's layer numbering; a layer's tower is the entry whose range holds it.
         "ALTER TABLE checkpoints ADD COLUMN towers JSON",
     ]),
+    (6, [
+        # Whether lower or higher is better for a logged metric, where the user set it on the
+        # Experiments page (analysis.directions reads the name otherwise): 'min' or 'max'.
+        """CREATE TABLE metric_directions (
+            metric    VARCHAR PRIMARY KEY,
+            direction VARCHAR NOT NULL CHECK (direction IN ('min', 'max'))
+        )""",
+    ]),
 ]
 
 

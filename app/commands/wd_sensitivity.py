@@ -124,11 +124,13 @@ def _print_group(row: dict, metric: str, pct: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loaders.curves import metric_directions    # the directions set on the Experiments page
+
     store = store_from(args)
     runs, points, norms = read_inputs(store, args.metric)
     table = wd_sensitivity(runs, points, spike_ratio=args.spike_ratio, diverge_ratio=args.diverge_ratio,
                            statistic=args.loss, n_boot=args.boot, confidence=args.confidence, seed=args.seed,
-                           metric=args.metric, method=args.method)
+                           metric=args.metric, method=args.method, overrides=metric_directions(store))
     pn = projection_norms_vs_wd(runs, norms)
     out = []
     for row in table.to_dict("records"):

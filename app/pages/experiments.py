@@ -74,7 +74,7 @@ def _band(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFr
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _finals(db: str, version: tuple, metric: str) -> pd.DataFrame:
-    return curves.final_values(store_at(db), metric)
+    return curves.final_values(store_at(db), metric, overrides=curves.metric_directions(store_at(db)))
 
 
 # -- URL helpers ----------------------------------------------------------------
@@ -239,6 +239,30 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
     return plotted
 
 
+BETTER = {"auto": "as its name says", "min": "lower", "max": "higher"}
+
+
+def _direction_control(store, version, metric: str) -> str:
+    """Whether lower or higher is better for ``metric``: the user's stored choice, else its name
+    (``analysis.directions``); a change is stored for every page (``loaders.curves``)."""
+    from app.state import metric_directions
+
+    overrides = metric_directions(str(store.path), version)
+    stored = overrides.get(metric, "auto")
+    by_name = direction(metric)
+    pick = st.selectbox(f"Better for {metric}", list(BETTER), index=list(BETTER).index(stored),
+                        format_func=lambda k: BETTER[k] if k != "auto" else
+                        f"{'higher' if by_name == 'max' else 'lower'} ({BETTER['auto']})",
+                        key=f"exp_better_{metric}",
+                        help="which way is better for this metric on every page (best values, the Results "
+                             "table, weight-decay sensitivity); stored in the database")
+    if pick != stored:
+        curves.set_metric_direction(store, metric, None if pick == "auto" else pick)
+        st.cache_data.clear()                 # finals and tables read the new direction
+        st.rerun()
+    return direction(metric, overrides)
+
+
 def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]) -> None:
     st.subheader("Final metric against hyperparameters")
     if not metric_options:
@@ -254,10 +278,10 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
     views = ["Scatter", "Parallel coordinates"]
     view = c3.radio("View", views, index=1 if query_param("view") == "parallel" else 0, key="exp_view",
                     horizontal=True)
-    way = direction(fmetric)
+    way = _direction_control(store, version, fmetric)
     value = c4.radio("Value", ["final", "best"], index=1 if query_param("fv") == "best" else 0, key="exp_fv",
                      horizontal=True, help=f"best of {fmetric}: its {'highest' if way == 'max' else 'lowest'} "
-                                           "value (analysis.directions reads the metric's name)")
+                                           "value (the Better control says which)")
     set_query_params(fm=fmetric, hp=hparam, view="parallel" if view != "Scatter" else None,
                      fv="best" if value == "best" else None)
     finals = _finals(str(store.path), version, fmetric)

@@ -111,7 +111,10 @@ def render() -> None:
     asked = query_param("task")
     task = c5.selectbox("Task", options, index=options.index(asked if asked in options else default_task),
                         key="res_task") if len(tasks) > 1 else "all"
-    losses = [m for m in metrics if direction(m) == "min"]
+    from app.state import metric_directions
+
+    overrides = metric_directions(str(store.path), version)      # the user's choices (Experiments page)
+    losses = [m for m in metrics if direction(m, overrides) == "min"]
     ppl = c6.toggle("Perplexity", value=query_param("ppl") != "0", key="res_ppl", disabled=not losses,
                     help="add exp(loss) per run (the perplexity of a loss in nats; per byte for a byte-level loss)")
     chosen = runs if wd_pick == "all" else runs[runs["weight_decay"].map(
@@ -124,7 +127,7 @@ def render() -> None:
         return
     values = _values(str(store.path), version, tuple(metrics))
     table = results_table(chosen, values, metrics, statistic=stat, perplexity=bool(ppl and losses),
-                          bytes_per_elem=None if kvb == "ckpt" else int(kvb))
+                          bytes_per_elem=None if kvb == "ckpt" else int(kvb), overrides=overrides)
     display = tables.results_display(table)
     sortable = [ORDER_BY] + [c for c in table.columns if c.endswith((" mean", " vs qkv %"))] + [
         "KV bytes/token", "attention params", "n runs"]

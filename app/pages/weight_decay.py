@@ -61,7 +61,7 @@ def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diver
     runs = _runs(db, version)
     points = curves.metric_points(store_at(db), metric, runs["run_id"].tolist())
     table = wd_sensitivity(runs, points, spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, statistic=statistic,
-                           metric=metric, method=method)
+                           metric=metric, method=method, overrides=curves.metric_directions(store_at(db)))
     return table
 
 

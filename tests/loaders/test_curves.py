@@ -251,3 +251,28 @@ def test_stored_job_notes_need_every_kind(tmp_path):
     assert curves.stored_job_notes(store, 1, ["weights"], 1) == {"wq_absorb_error": "model uses layernorm"}
     assert curves.stored_job_notes(store, 1, ["weights", "activations"], 1) is None
     assert curves.stored_job_notes(store, 1, ["weights"], 2) is None
+
+
+def test_metric_directions_are_stored_and_change_best(tmp_path):
+    import pandas as pd
+
+    from loaders import curves as C
+    from loaders.store import Store, refresh_run_stats
+
+    store = Store(tmp_path / "d.duckdb")
+    store.migrate()
+    with store.transaction() as con:
+        con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'r', '/r', 'csv')")
+        con.register("p", pd.DataFrame({"run_id": 1, "step": [0, 1, 2], "metric": "score", "value": [0.5, 0.9, 0.7]}))
+        con.execute("INSERT INTO points (run_id, step, metric, value) SELECT * FROM p")
+        refresh_run_stats(con, [1])
+    assert C.metric_directions(store) == {}
+    assert float(C.final_values(store, "score")["best"].iloc[0]) == 0.9          # 'score' reads as higher
+    C.set_metric_direction(store, "score", "min")
+    assert C.metric_directions(store) == {"score": "min"}
+    assert float(C.final_values(store, "score", overrides=C.metric_directions(store))["best"].iloc[0]) == 0.5
+    C.set_metric_direction(store, "score", None)
+    assert C.metric_directions(store) == {}
+    import pytest
+    with pytest.raises(ValueError, match="direction must be 'min', 'max' or None, got 'up'"):
+        C.set_metric_direction(store, "score", "up")
