@@ -41,6 +41,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "dashboard_speed": ["--runs", "50", "--steps", "2000"],
     "analysis_speed": ["--naive-layers", "1"],        # the 22-layer file is the measurement itself
     "activations_speed": ["--repeat", "1"],
+    "foreign_forward": ["--tokens", "1024"],
 }
 
 
@@ -148,12 +149,25 @@ def parse_activations_speed(out: str) -> list[Row]:
     return rows
 
 
+def parse_foreign_forward(out: str) -> list[Row]:
+    """One row per model: the activation job's tokens/s against the same model's plain forward."""
+    rows = []
+    for label, fwd, n, secs, job in re.findall(
+            r"^(.+?)\s+\S+\s+load\s+[\d.]+ s\s+forward\s+([\d,]+) tok/s\s+activation job ([\d,]+) tokens in\s+"
+            r"([\d.]+) s \(\s*([\d,]+) tok/s\)$", out, re.M):
+        f, j = float(fwd.replace(",", "")), float(job.replace(",", ""))
+        rows.append(Row("foreign_forward", f"activation job, {label.strip()}, {n} tokens",
+                        f"{j / f:.2f}x ({job} tok/s in {secs} s)", f"its plain forward pass ({fwd} tok/s)", "-", "-"))
+    return rows
+
+
 PARSERS: dict[str, Callable[[str], list[Row]]] = {
     "activations_speed": parse_activations_speed,
     "log_ingest": parse_log_ingest,
     "checkpoint_memory": parse_checkpoint_memory,
     "analysis_speed": parse_analysis_speed,
     "dashboard_speed": parse_dashboard_speed,
+    "foreign_forward": parse_foreign_forward,
 }
 
 

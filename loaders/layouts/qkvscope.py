@@ -136,6 +136,8 @@ def convert(source):
                 attn_keys.append(stem + p + ".bias")
         C.expect_shape(source, stem + "o.weight", (d, n * dh), i, why)
         attn_keys.append(stem + "o.weight")
+        # the "+" variants' score correction (w, b): attention parameters, not in the container
+        attn_keys += [stem + k for k in ("pos_w", "pos_b") if stem + k in have]
         if stem + "o.bias" in have:
             C.expect_shape(source, stem + "o.bias", (d,), i, why)
             attn_keys.append(stem + "o.bias")

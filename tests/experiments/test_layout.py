@@ -32,7 +32,7 @@ def _save(model: GPT, path) -> str:
     return str(path)
 
 
-def _attention_from_canonical(aw, x: torch.Tensor, n: int, n_kv: int, scale: float) -> torch.Tensor:
+def _attention_from_canonical(aw, x: torch.Tensor, n: int, n_kv: int, scale: float, plus=None) -> torch.Tensor:
     x = x.double()  # (T, d)
     T, d = x.shape
     dh = d // n
@@ -47,7 +47,11 @@ def _attention_from_canonical(aw, x: torch.Tensor, n: int, n_kv: int, scale: flo
         v = x @ aw.W_V[h // group].double()
         if aw.b_K is not None:
             k, v = k + aw.b_K[h // group].double(), v + aw.b_V[h // group].double()
-        att = (q @ k.T * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+        scores = q @ k.T * scale
+        if plus is not None:                # paper B's "+" correction: scores * sum(w) + P w + b
+            w, b, P = (t.double() for t in plus)
+            scores = scores * w.sum() + P[:T, :T] @ w + b
+        att = scores.masked_fill(~mask, float("-inf")).softmax(-1)
         y = y + att @ v @ aw.W_O[h].double()
     return y + (aw.b_O.double() if aw.b_O is not None else 0)
 
@@ -74,7 +78,10 @@ def test_canonical_attention_equals_model(tmp_path, variant, n_kv, bias):
                 assert torch.equal(aw.W_V, aw.W_K)
             if variant in ("q_eq_k", "q_eq_k_eq_v"):
                 assert torch.equal(aw.W_Q, aw.W_K.repeat_interleave(H // n_kv, 0))
-            ref = _attention_from_canonical(aw, x, H, n_kv, meta.attn_scale)
+            # the container holds projections only; a "+" variant's correction comes from the model
+            attn = model.blocks[i].attn
+            plus = (attn.pos_w.detach(), attn.pos_b.detach(), attn.pos2d) if hasattr(attn, "pos_w") else None
+            ref = _attention_from_canonical(aw, x, H, n_kv, meta.attn_scale, plus=plus)
             with torch.inference_mode():
                 got = model.blocks[i].attn(x[None])[0]
             torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-6)
@@ -134,4 +141,4 @@ def test_unknown_variant_message(tmp_path):
     with pytest.raises(CheckpointFormatError) as e:
         open_checkpoint(path)
     assert str(e.value) == (f"{path}: qkvscope config variant 'kv_only' is not one of "
-                            "qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v")
+                            "qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v, q_eq_k_plus, q_eq_k_eq_v_plus")

@@ -62,7 +62,7 @@ def rows(name: str, out: str) -> list[tuple]:
 
 def test_every_bench_script_is_found_and_parsed():
     assert R.discover() == ["activations_speed", "analysis_speed", "checkpoint_memory", "dashboard_speed",
-                            "log_ingest"]
+                            "foreign_forward", "log_ingest"]
     assert set(R.PARSERS) == set(R.discover()) == set(R.QUICK_ARGS)
 
 
@@ -190,3 +190,15 @@ def test_the_real_command_runs_one_benchmark_quickly():
         "ingest_log, long CSV (1,000,000 points, N MB)", "ingest_log, wide CSV (1,000,000 points, N MB)"]
     assert all(r["result"] in ("pass", "FAIL") and r["target"] == "<= 2x" for r in doc["rows"])
     assert doc["runs"][0]["command"] == "bench/log_ingest.py --points 1000000 --repeat 2"
+
+
+FOREIGN_FORWARD = """device cpu, torch 2.13.0+cpu, 2 threads
+llama2.c v0 .bin (stories15M shape) tokenizer.bin      load   1.55 s  forward        492 tok/s  activation job 4,096 tokens in  79.00 s (      52 tok/s)
+nanoGPT RMSNorm+SwiGLU ckpt.pt     bytes            load   1.23 s  forward        607 tok/s  activation job 4,096 tokens in  86.00 s (      48 tok/s)
+"""
+
+
+def test_foreign_forward_rows():
+    got = rows("foreign_forward", FOREIGN_FORWARD)
+    assert [g[1] for g in got] == ["0.11x (52 tok/s in 79.00 s)", "0.08x (48 tok/s in 86.00 s)"]
+    assert got[0][0] == "activation job, llama2.c v0 .bin (stories15M shape), 4,096 tokens"
