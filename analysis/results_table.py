@@ -223,9 +223,10 @@ def table_order(task, sharing, n_kv_heads, variant) -> tuple:
 
 
 def _sort_key(task: str, sharing: str, n_kv_heads, variant_rank: int, variant: str) -> tuple:
-    """Rows by task, head sharing (MHA, GQA with more KV heads first, MQA), then variant."""
+    """Rows by task (language first, then the others by name), head sharing (MHA, GQA with more
+    KV heads first, MQA), then variant."""
     kind = "GQA" if sharing.startswith("GQA") else (sharing if sharing in _SHARING_ORDER else "?")
-    return (task, _SHARING_ORDER[kind], -(n_kv_heads or 0), variant_rank, variant)
+    return (task != DEFAULT_TASK, task, _SHARING_ORDER[kind], -(n_kv_heads or 0), variant_rank, variant)
 
 
 def _geometry_value(rows: pd.DataFrame, variant: str, what: str, bytes_per_elem) -> float:

@@ -135,3 +135,15 @@ def test_table_order_is_task_then_sharing_then_variant():
     assert ordered == [("language", "MHA", 4, "qkv"), ("language", "MHA", 4, "k_eq_v"),
                        ("language", "GQA-4", 4, "qkv"), ("language", "GQA-2", 2, "qkv"),
                        ("language", "MQA", 1, "qkv"), ("vision", "MHA", 4, "qkv")]
+
+
+def test_default_selection_and_rows_put_language_before_image_runs():
+    import pandas as pd
+
+    from analysis.results_table import best_of_each_group
+
+    runs = pd.DataFrame({"id": [1, 2, 3, 4], "variant": ["qkv", "qkv", "k_eq_v", "k_eq_v"],
+                         "task": ["image", "language", "image", "language"], "n_heads": 4, "n_kv_heads": 4})
+    finals = pd.DataFrame({"run_id": [1, 2, 3, 4], "final": [0.2, 1.3, 0.3, 1.4]})
+    # image losses are lower, but the language groups come first, as the tables order them
+    assert best_of_each_group(runs, finals, "val/loss", limit=2) == [2, 4]
