@@ -10,7 +10,8 @@ Grouping: runs are grouped by ``variant`` and by their ``config`` minus the
 keys in ``IGNORED_KEYS`` (weight decay itself, seeds, output folders, run
 names): everything but weight decay. A group's ``group`` label lists the
 config entries that tell it apart from the other groups of its variant
-(``"all"`` when the variant has one group).
+(``"all"`` when the variant has one group): its task first when the variant has
+runs of several tasks, then at most ``LABEL_KEYS`` entries ("+N more").
 
 Per run: ``final_val_loss`` (last finite point), ``best_val_loss`` (min),
 ``spikes`` (rises more than ``spike_ratio`` above the best value seen so far,
@@ -325,6 +326,28 @@ def group_statistics(wds, losses, *, n_boot: int = N_BOOT, confidence: float = C
     return out
 
 
+#: Most config entries a group's label names (the rest counted: "+12 more").
+LABEL_KEYS = 3
+
+
+def _group_label(cfg: dict, varying: list[str], peers: list[dict], *, by_task: bool) -> str:
+    """What tells a group apart from the other groups of its variant: its task first where the
+    variant has runs of several tasks (vision and language configs differ in dozens of keys),
+    then the entries that vary among the groups of that task, at most ``LABEL_KEYS``; ``"all"``
+    for a variant's only group."""
+    parts, keys = [], varying
+    if by_task:
+        task = cfg.get("task") or "language"
+        parts.append(str(task))
+        same = [d for d in peers if (d.get("task") or "language") == task]
+        keys = [k for k in varying if k != "task"
+                and len({json.dumps(d.get(k), default=str) for d in same}) > 1]
+    parts += [f"{k}={cfg.get(k)}" for k in keys[:LABEL_KEYS]]
+    if len(keys) > LABEL_KEYS:
+        parts.append(f"+{len(keys) - LABEL_KEYS} more")
+    return ", ".join(parts) or "all"
+
+
 def _group_rng(seed: int, variant, label: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(f"{variant}\x00{label}".encode())])
 
@@ -374,9 +397,10 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
         all_keys = set().union(*vruns["_key"])
         varying = sorted(k for k in all_keys
                          if len({json.dumps(d.get(k), default=str) for d in vruns["_key"]}) > 1)
+        tasks = {json.dumps(d.get("task") or "language") for d in vruns["_key"]}
         for gkey, grp in vruns.groupby("_gkey", sort=True):
             cfg = json.loads(gkey)
-            label = ", ".join(f"{k}={cfg.get(k)}" for k in varying) or "all"
+            label = _group_label(cfg, varying, [d for d in vruns["_key"]], by_task=len(tasks) > 1)
             grp = grp.sort_values(["weight_decay", "run_id"])
             wds, finals, bests, spikes, diverged, ids = [], [], [], [], [], []
             for r in grp.itertuples():

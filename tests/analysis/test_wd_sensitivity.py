@@ -292,3 +292,25 @@ def test_relative_stability_without_runs_or_with_an_unknown_group():
     out = relative_stability(pd.concat([table[table["variant"] == "wq_identity"], lone]), "wq_identity", "qkv")
     assert out["ratio_reason"] == ("qkv: 1 run with a loss; a best weight decay needs >= 2 runs at "
                                    ">= 2 weight decays")
+
+
+def test_group_labels_name_the_task_first_and_stay_short():
+    import pandas as pd
+
+    from analysis.wd_sensitivity import wd_sensitivity
+
+    lang = {"block_size": 128, "corpus": "stdlib"}
+    image = {"task": "image", "block_size": 17, "dataset": "digits", "patch_size": 2, "channels": 1, "causal": False}
+    runs = pd.DataFrame([{"run_id": i, "variant": "qkv", "weight_decay": wd, "config": cfg}
+                         for i, (wd, cfg) in enumerate([(0.0, lang), (0.1, lang), (0.0, image), (0.1, image)])])
+    points = pd.DataFrame([{"run_id": i, "step": s, "value": 1.0 + i - s / 10} for i in range(4) for s in (0, 1)])
+    table = wd_sensitivity(runs, points)
+    assert sorted(table["group"]) == ["image", "language"]
+
+
+def test_group_label_caps_the_entries_it_names():
+    from analysis.wd_sensitivity import _group_label
+
+    peers = [{"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}, {"a": 2, "b": 2, "c": 2, "d": 2, "e": 2}]
+    assert _group_label(peers[0], ["a", "b", "c", "d", "e"], peers, by_task=False) == "a=1, b=1, c=1, +2 more"
+    assert _group_label({}, [], [{}], by_task=False) == "all"
