@@ -594,33 +594,7 @@ def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, de
     accs = [ActivationAccumulator(layer, meta, logits=reason is None, logits_reason=reason, device=dev)
             for layer in ckpt.layers()]
 
-    def hook_for(i):
-        def hook(module, args, kwargs):
-            x = args[0] if args else kwargs.get("hidden_states")
-            accs[i].add(x.detach())                                      # [b, T, d_model]
-        return hook
-
-    handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(mods)]
-    model = model.to(dev)
-    per_batch = max(1, BATCH_TOKENS // t)
-    try:
-        with torch.inference_mode():
-            for lo in range(0, n_win, per_batch):
-                if progress:
-                    progress(lo, n_win, f"activations: windows {lo + 1}-{min(lo + per_batch, n_win)} of {n_win}")
-                model(windows[lo:lo + per_batch].to(dev))
-    finally:
-        for h in handles:
-            h.remove()
-    frames, notes = [], {}
-    for acc in accs:
-        df, nt = acc.result()
-        frames.append(df)
-        _merge_notes(notes, nt)
-    if progress:
-        progress(n_win, n_win, "activations done")
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
-    _nonfinite_notes(frame, notes)
+    frame, notes = _feed(model, mods, accs, windows, t, dev, progress, "windows")
     fed = n_win * t
     if fed < want:
         short = (f"the sample text holds {ids.numel()} tokens: {fed} fed in {n_win} windows of {t}, "
@@ -640,6 +614,43 @@ def corpus_activations(ckpt: Checkpoint, *, sample: SampleSpec | None = None, de
             notes[m] = f"{notes[m]}; {said}" if m in notes else said
     info = {**sample.key(), "n_tokens": fed, "windows": n_win, "window": t, "tokenizer": how}
     return ActivationRun(frame[RESULT_COLUMNS], notes, info)
+
+
+def _feed(model, mods, accs, inputs: torch.Tensor, t: int, dev, progress: Progress | None,
+          what: str) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Run ``inputs`` (windows ``[N, T]`` of token ids, or images ``[N, C, H, W]``) through
+    ``model`` in batches of about ``BATCH_TOKENS`` tokens (``t`` per input), a pre-hook on each
+    attention module handing its input ``x`` ``[b, T, d_model]`` to that layer's accumulator;
+    then every layer's rows and notes (``RESULT_COLUMNS``)."""
+    def hook_for(i):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs.get("hidden_states")
+            accs[i].add(x.detach())                                      # [b, T, d_model]
+        return hook
+
+    n = int(inputs.shape[0])
+    handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(mods)]
+    model = model.to(dev)
+    per_batch = max(1, BATCH_TOKENS // t)
+    try:
+        with torch.inference_mode():
+            for lo in range(0, n, per_batch):
+                if progress:
+                    progress(lo, n, f"activations: {what} {lo + 1}-{min(lo + per_batch, n)} of {n}")
+                model(inputs[lo:lo + per_batch].to(dev))
+    finally:
+        for h in handles:
+            h.remove()
+    frames, notes = [], {}
+    for acc in accs:
+        df, nt = acc.result()
+        frames.append(df)
+        _merge_notes(notes, nt)
+    if progress:
+        progress(n, n, "activations done")
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
+    _nonfinite_notes(frame, notes)
+    return frame, notes
 
 
 def _plus_reason(meta) -> str | None:
@@ -678,32 +689,7 @@ def _image_activations(ckpt: Checkpoint, model, mods, sample: SampleSpec, want: 
     accs = [ActivationAccumulator(layer, meta, logits=reason is None, logits_reason=reason, device=dev)
             for layer in ckpt.layers()]
 
-    def hook_for(i):
-        def hook(module, args, kwargs):
-            accs[i].add(args[0].detach())                                 # [b, T, d_model]
-        return hook
-
-    handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(mods)]
-    model = model.to(dev)
-    per_batch = max(1, BATCH_TOKENS // t)
-    try:
-        with torch.inference_mode():
-            for lo in range(0, n_img, per_batch):
-                if progress:
-                    progress(lo, n_img, f"activations: images {lo + 1}-{min(lo + per_batch, n_img)} of {n_img}")
-                model(images[lo:lo + per_batch].to(dev))
-    finally:
-        for h in handles:
-            h.remove()
-    frames, notes = [], {}
-    for acc in accs:
-        df, nt = acc.result()
-        frames.append(df)
-        _merge_notes(notes, nt)
-    if progress:
-        progress(n_img, n_img, "activations done")
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
-    _nonfinite_notes(frame, notes)
+    frame, notes = _feed(model, mods, accs, images, t, dev, progress, "images")
     fed = n_img * t
     said = f"inputs: {n_img} validation images of {dataset}, {t} tokens each (patches and the class token)"
     if fed < want:
