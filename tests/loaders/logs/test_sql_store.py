@@ -220,7 +220,8 @@ def test_ingest_leaves_no_view_or_table_behind(store, tmp_path):
         assert con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone()[0] == 0
         tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     assert tables == {"meta", "runs", "run_overrides", "points", "ingest_journal", "checkpoints",
-                      "analysis_results", "analysis_jobs", "analysis_result_files", "run_stats"}
+                      "analysis_results", "analysis_jobs", "analysis_result_files", "run_stats",
+                      "metric_directions"}
     assert detect_log(p) == "csv_wide"
 
 
