@@ -58,10 +58,6 @@ PRESETS: dict[str, Geometry] = {g.name: g for g in (
 )}
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
-
-
 def get_preset(name: str) -> Geometry:
     """The preset ``name`` (case-insensitive); AnalysisError lists the known names."""
     key = name.strip().lower()

@@ -64,13 +64,20 @@ NORMS = ("layernorm", "rmsnorm", "none")
 
 _DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1, "uint8": 1,
+    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1,
+    "bool": 1, "complex64": 8, "complex128": 16,
 }
 
 
 def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a dtype named as in torch (``"bfloat16"``)."""
-    return _DTYPE_BYTES.get(dtype.replace("torch.", ""), 4)
+    """Bytes per element of a dtype named as in torch (``"bfloat16"``); ``ValueError`` naming the
+    dtype for one not in the table (a silent 4 would misstate a checkpoint's size and KV bytes)."""
+    name = str(dtype).replace("torch.", "")
+    try:
+        return _DTYPE_BYTES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(_DTYPE_BYTES)}") from None
 
 
 @dataclass(frozen=True)
