@@ -194,6 +194,10 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
                 notes[m] = _QUERY_FREE
         else:
             _absorbability(out, notes, layer, meta, q, k, fro2=norms["q"] ** 2)
+    # -- metrics that plugins registered (analysis.registry.register; QKVSCOPE_PLUGINS names their modules)
+    from analysis.plugins import add_weight_metrics   # imported here: this block is the file's one tie to plugins
+
+    add_weight_metrics(out, notes, layer, meta, dev)
     return out.frame(), notes
 
 
