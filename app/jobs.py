@@ -848,13 +848,25 @@ def _same_sample(stored: dict | None, wanted: dict) -> bool:
     return stored is not None and all(stored.get(k) == v for k, v in wanted.items())
 
 
-def resolve(store: Store, target: str) -> int:
-    """A checkpoint id from ``target``: an existing path is ingested first, else an integer id."""
+def resolve(store: Store, target: str, *, reader=None) -> int:
+    """A checkpoint id from ``target``: an existing path is ingested first, else an integer id.
+
+    The path is someone's file: it is read and stored by the child process of
+    ``loaders.parse_child`` (under the memory and time budgets), never in this
+    process, so a bomb ends that child with one line ``PATH: what`` (``FileError``).
+    ``reader`` (a ``loaders.parse_child.Reader``) reuses one child over several
+    targets (a glob's matches); None starts one for this target.
+    """
     path = Path(target).expanduser()
     if path.exists():
-        from loaders.ingest import ingest_checkpoint
+        from loaders import parse_child
+        from loaders.report import FileReport
 
-        rep = ingest_checkpoint(store, path)
+        if reader is None:
+            rep = parse_child.ingest_checkpoint(store, path)
+        else:
+            rep = FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
+                                              busy_timeout=store.busy_timeout))
         if rep.checkpoint_id is None:
             raise QkvscopeError(f"{path}: not analysable: {rep.reason or rep.status}")
         return int(rep.checkpoint_id)

@@ -48,3 +48,55 @@ def test_an_analysis_past_its_time_budget_is_one_line_and_the_caller_goes_on(sto
     monkeypatch.delenv("QKVSCOPE_ANALYSIS_TIMEOUT_S")
     (done,) = jobs.analyze(store, cid)                    # the next analysis runs in a fresh child
     assert len(done.frame) > 0
+
+
+# -- resolve: an unstored path is ingested by the child, never in this process ----------------
+
+@pytest.fixture
+def bomb(tmp_path):
+    """A 3 KB nanoGPT-style checkpoint whose c_attn weight is ``zeros(1).expand(73728, 24576)``
+    (zero strides: 7 GB if materialised), as in tests/hostile/test_bombs.py."""
+    from tests.hostile.test_bombs import gpt2_state
+
+    state = gpt2_state()
+    state["h.0.attn.c_attn.weight"] = torch.zeros(1).expand(73728, 24576)
+    p = tmp_path / "expand.pt"
+    torch.save({"model": state}, p)
+    assert p.stat().st_size < 10_000
+    return p
+
+
+@pytest.mark.slow
+def test_resolve_ingests_in_the_child_only(stored, bomb, tmp_path, monkeypatch):
+    """``loaders.ingest.ingest_checkpoint`` is never called in this process (it would raise)."""
+    import loaders.ingest
+    from loaders.parse_child import Reader
+
+    def in_process(*a, **k):
+        raise AssertionError("the file was parsed in the parent process")
+
+    monkeypatch.setattr(loaders.ingest, "ingest_checkpoint", in_process)
+    store, cid = stored
+    with pytest.raises(FileError) as err:                              # a child of its own
+        jobs.resolve(store, str(bomb))
+    assert str(err.value).startswith(f"{bomb}: ") and "strides [0, 0] reuses its storage's elements" in str(err.value)
+    assert jobs.resolve(store, str(cid)) == cid                         # an id: no file read
+    with Reader() as reader:                                            # one child for several targets
+        assert [jobs.resolve(store, str(tmp_path / "gpt2-tiny"), reader=reader) for _ in range(2)] == [cid, cid]
+        with pytest.raises(FileError):
+            jobs.resolve(store, str(bomb), reader=reader)
+        pid = reader.pid
+        assert jobs.resolve(store, str(tmp_path / "gpt2-tiny"), reader=reader) == cid and reader.pid == pid
+
+
+@pytest.mark.slow
+def test_analyze_cli_on_a_bomb_is_one_line_and_the_database_unchanged(stored, bomb):
+    """``python -m app analyze BOMB`` under an address-space limit of 4 GiB: exit 2, one line
+    ``error: BOMB: what``, the database byte-identical."""
+    from tests.hostile.test_bombs import cli, digest, one_error_line
+
+    store, _ = stored
+    before = digest(store.path)
+    proc, secs = cli("analyze", str(bomb), "--db", str(store.path), "--device", "cpu")
+    one_error_line(proc, bomb, "strides [0, 0] reuses its storage's elements")
+    assert digest(store.path) == before and secs < 60
