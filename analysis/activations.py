@@ -35,7 +35,14 @@ windows:
   the ``[n, d_head]`` caches, ``sigma_i^2 = eig(K^T K)`` (not centred);
 * ``logit_symmetry`` = ``(1 + sum_w tr(L_w L_w) / sum_w ||L_w||_F^2) / 2``
   (Saponati et al. 2025's symmetry score over the windows' logit matrices),
-  per head and of the logits summed over heads (head None).
+  per head and of the logits summed over heads (head None);
+* each activation metric a plugin registered (``analysis.registry.register``):
+  its ``compute(stats, d_head)`` on the same sums, keys ``n``, ``sk``, ``sv``
+  (``[..., g, e]``), ``kk``, ``vv``, ``kv`` (``[..., g, e, e]``) and, where the
+  logits are captured, ``lsym``, ``lsq`` (``[..., h]``), ``lsym_layer``,
+  ``lsq_layer`` (``[...]``); so its chance level (rule ``random_projection``,
+  or NaN for ``none``) and its interval come as the built-in metrics' do
+  (the interval unclipped).
 
 Every row also carries:
 
@@ -76,13 +83,13 @@ import torch
 
 from analysis._linalg import as_float32, spectrum_stats, stack_heads
 from analysis.errors import AnalysisError
-from analysis.registry import RESULT_COLUMNS
+from analysis.plugins import activation_values
+from analysis.registry import BY_NAME, RESULT_COLUMNS
 from analysis.weights import LayerLike, MetaLike, check_geometry, default_device
 
 #: Tokens per column a metric needs before its sampling bias is small.
 TOKENS_PER_COLUMN = 8
 EPS64 = float(torch.finfo(torch.float64).eps)
-_KV_METRICS = ("kv_cka_act", "kv_cosine_act", "kv_share_r2_act", "erank_kcache", "erank_vcache")
 #: How each metric is biased with fewer than TOKENS_PER_COLUMN x d_head tokens.
 _FEW_TOKENS = {
     "kv_share_r2_act": "the value is biased toward 1 (a fit with nearly as many columns as samples)",
@@ -91,9 +98,11 @@ _FEW_TOKENS = {
     "erank_kcache": "the value is biased low (the singular values of a nearly square sample spread out)",
     "erank_vcache": "the value is biased low (the singular values of a nearly square sample spread out)",
 }
-#: Where each metric lives (the shifted bootstrap interval is clipped to it; eranks: [1, d_head]).
+#: Where each metric lives (the shifted bootstrap interval is clipped to it; eranks: [1, d_head];
+#: a plugin's metric: unbounded).
 _RANGE = {"kv_cosine_act": (-1.0, 1.0), "kv_cka_act": (0.0, 1.0), "kv_share_r2_act": (0.0, 1.0),
           "logit_symmetry": (0.0, 1.0), "logit_symmetry_layer": (0.0, 1.0)}
+_ERANKS = ("erank_kcache", "erank_vcache")
 #: Bootstrap resamples per batch: bounds the resampled d_head x d_head stacks in memory.
 _BOOT_BYTES = 2**27
 
@@ -217,6 +226,7 @@ class ActivationAccumulator:
             values = _metrics({key: val.sum(0) for key, val in per_win.items()}, self.e)
             draws = [_metrics(c, self.e) for c in self._chance]
             chance = {m: float(torch.stack([dr[m] for dr in draws]).flatten().nanquantile(0.5))
+                      if _row_metric(m).chance != "none" else math.nan
                       for m in values}                       # median (the mean of the middle two)
             if n_win > 1:
                 lo, hi = self._bootstrap(per_win, values, n_boot, seed)
@@ -233,9 +243,10 @@ class ActivationAccumulator:
                 _add_note(notes, m, "one window: no bootstrap interval over windows (ci_low, ci_high empty)")
         rows = []
         for m, val in values.items():
-            lab = "KV" if m in _KV_METRICS else "H"
-            heads = [None] if m == "logit_symmetry_layer" else range(val.numel())
-            metric = "logit_symmetry" if m == "logit_symmetry_layer" else m
+            row = _row_metric(m)
+            lab = "KV" if row.axis == "kv_head" else "H"
+            heads = [None] if m == "logit_symmetry_layer" or row.axis == "layer" else range(val.numel())
+            metric = row.name
             flat, flo, fhi = val.reshape(-1).tolist(), lo[m].reshape(-1).tolist(), hi[m].reshape(-1).tolist()
             for i, hd in enumerate(heads):
                 label = f"L{self.layer}" if hd is None else f"L{self.layer}{lab}{hd}"
@@ -270,9 +281,14 @@ class ActivationAccumulator:
             # a resample repeats windows, so it has fewer distinct tokens and the Gram-based metrics'
             # small-sample bias grows: recentre the percentile interval by that bias (mean - value)
             shift = r.nanmean(0) - values[m]
-            low, high = _RANGE.get(m, (1.0, float(self.e)))                      # eranks: [1, d_head]
+            low, high = _RANGE.get(m) or ((1.0, float(self.e)) if m in _ERANKS else (-math.inf, math.inf))
             lo[m], hi[m] = (qs[0] - shift).clamp(low, high), (qs[1] - shift).clamp(low, high)
         return lo, hi
+
+
+def _row_metric(m: str):
+    """The registry row of a value of ``_metrics`` (the layer's logit symmetry is ``logit_symmetry``'s)."""
+    return BY_NAME["logit_symmetry" if m == "logit_symmetry_layer" else m]
 
 
 def _tokens_last(t: torch.Tensor) -> torch.Tensor:
@@ -319,6 +335,7 @@ def _metrics(st: dict[str, torch.Tensor], d_head: int) -> dict[str, torch.Tensor
     if "lsym" in st:
         out["logit_symmetry"] = (1 + st["lsym"] / st["lsq"]) / 2
         out["logit_symmetry_layer"] = (1 + st["lsym_layer"] / st["lsq_layer"]) / 2
+    out.update(activation_values(st, d_head))                            # registered plugins' metrics
     return out
 
 

@@ -13,6 +13,15 @@ is known, the chance level is its closed form; otherwise it is the median over
 seeded draws (and over heads, for per-head metrics) of ``weight_metrics`` on
 random layers. ``d = d_model``, ``e = d_head``, ``h = n_heads``, ``g = n_kv_heads``.
 
+Which of these a metric gets is its registry row's ``chance`` rule
+(``analysis.registry.Metric``): ``closed`` (the closed form below where it
+holds for the geometry, else Monte Carlo), ``monte_carlo`` or ``none``; its
+one-line description is the row's ``chance_help`` (``WEIGHT_CHANCE`` reads it).
+This module holds the formulas only; a plugin metric with the rule ``closed``
+brings its own (``registry.register(..., closed_form=)``), and one with
+``monte_carlo`` gets the median of its own ``compute`` over the random layers,
+since ``weight_metrics`` runs plugins on them as on any layer.
+
 Closed forms (each checked against Monte Carlo in ``tests/analysis/test_chance.py``):
 
 * ``kv_cosine_flat``: **0**. ``V -> -V`` leaves the distribution unchanged and
@@ -66,7 +75,7 @@ Monte Carlo (``median of N Gaussian draws x H heads``; ``N = draws(n_kv_heads)``
 ``wq_absorb_error`` (its float32 round-off on random ``W_Q``, ``W_K``), ``wq_condition``
 of a non-square stack and ``qk_directionality`` of a query-free grouped-query layer.
 
-No chance level (NaN): ``norm_q``, ``norm_k``, ``norm_v``, ``norm_o``: a norm
+No chance level (NaN; rule ``none``): ``norm_q``, ``norm_k``, ``norm_v``, ``norm_o``: a norm
 measures the scale itself, which random matrices of any scale match.
 
 Cost: a chance level depends on the shapes, the norm type, whether the model is
@@ -82,12 +91,14 @@ between seeds (``kv_cka``; spectra 0.01-1.2%, integer energy ranks not at all).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
 import pandas as pd
 import torch
 
+from analysis import registry
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS, RESULT_COLUMNS
 from analysis.weights import MetaLike, default_device, weight_metrics
@@ -100,30 +111,25 @@ TW1_MEDIAN = -1.2686
 #: Median of ``sqrt(d) sigma_min`` of a ``d x d`` Gaussian matrix as ``d -> inf`` (Edelman 1988).
 EDELMAN_MEDIAN = math.sqrt(1 + 2 * math.log(2)) - 1
 
-_MC = "median of random Gaussian layers of the same shapes (over draws and heads)"
-#: metric -> its chance level in one line (README, pages). Details: module docstring.
-WEIGHT_CHANCE: dict[str, str] = {
-    "kv_cosine_flat": "0: independent K and V have a flat cosine symmetric about 0 (closed form)",
-    "kv_cka": f"{_MC}; about d_head / (d_model + d_head + 1)",
-    "kv_share_r2": "d_head / d_model: the exact mean of R^2 for V independent of K, Beta(e^2/2, e(d-e)/2) "
-                   "(closed form)",
-    "qk_symmetry": "(1 + 1/d_model)/2, not 1/2 (tr(M^2) is even in Q): E tr(M^2) / E ||M||_F^2 = 1/d_model "
-                   "for random Q, K; query-free (identity Q) the exact mean (closed form)",
-    "qk_directionality": "0: transposing M swaps row and column outliers, and random Q, K are exchangeable "
-                         f"(closed form); query-free grouped-query layers: {_MC}",
-    **{f"{stat}_{p}": _MC for stat in ("erank", "stable_rank", "energy_rank90", "energy_rank99")
-       for p in ("q", "k", "v", "o", "qk")},
-    **{f"norm_{p}": "none: a norm measures the scale itself, which random matrices of any scale match"
-       for p in ("q", "k", "v", "o")},
-    "wq_condition": "square stacked W_Q: the median condition number of a d_model x d_model Gaussian matrix, "
-                    "about 3.67 d_model (Edelman 1988, Tracy-Widom edge; closed form); "
-                    f"non-square: {_MC}",
-    "wq_basis_orth_defect": "psi(d^2/2) - ln d - (1/d) sum_k psi(k/2), d = d_model: the exact mean "
-                            "defect of a square Gaussian W_Q, about 1 (closed form)",
-    "wq_absorb_error": f"{_MC}: the conversion's float32 round-off on random W_Q and W_K",
-}
+class _ChanceTexts(Mapping):
+    """metric -> its chance level in one line (README, pages): each weight metric's ``chance_help``,
+    read from the registry when asked, so a plugin registered later is in it too."""
 
-_NO_CHANCE = "none: scale-dependent"
+    def __getitem__(self, name: str) -> str:
+        m = registry.BY_NAME.get(name)
+        if m is None or m.level != "weights":
+            raise KeyError(name)
+        return m.chance_help
+
+    def __iter__(self):
+        return iter(registry.names("weights"))
+
+    def __len__(self) -> int:
+        return len(registry.names("weights"))
+
+
+#: metric -> its chance level in one line (``analysis.registry.Metric.chance_help``). Details: module docstring.
+WEIGHT_CHANCE: Mapping[str, str] = _ChanceTexts()
 _CLOSED = "closed form"
 
 
@@ -201,22 +207,37 @@ def square_orth_defect_mean(d: int) -> float:
     return float(psi(torch.tensor(d * d / 2, dtype=torch.float64)) - math.log(d) - psi(k / 2).mean())
 
 
-def _closed_forms(geo: _Geometry, query_free: bool) -> dict[str, float]:
-    """The metrics whose chance level has a closed form for this geometry (both rows: head and whole)."""
+def _closed_form(metric: str, geo: _Geometry, query_free: bool) -> float | None:
+    """The closed-form chance level of a metric whose registry rule is ``closed``, or None where
+    the closed form does not hold for this geometry (then the metric's chance is Monte Carlo).
+    A plugin's comes from its ``closed_form``; the built-in ones are the module docstring's."""
+    plugin = registry.PLUGINS.get(metric)
+    if plugin is not None:
+        got = plugin.closed_form(geo, query_free)
+        return None if got is None else float(got)
     h, g, d, e = geo.n_heads, geo.n_kv_heads, geo.d_model, geo.d_head
-    out = {"kv_cosine_flat": 0.0, "kv_share_r2": min(1.0, e / d), "qk_symmetry": (1 + 1 / d) / 2}
-    if not query_free or g == h:
-        out["qk_directionality"] = 0.0
-    if not query_free and h * e == d:
-        out["wq_condition"] = square_condition_median(d)
-        out["wq_basis_orth_defect"] = square_orth_defect_mean(d)
-    return out
+    square = not query_free and h * e == d
+    if metric == "kv_cosine_flat":
+        return 0.0
+    if metric == "kv_share_r2":
+        return min(1.0, e / d)
+    if metric == "qk_symmetry":
+        return (1 + 1 / d) / 2
+    if metric == "qk_directionality":
+        return 0.0 if not query_free or g == h else None
+    if metric == "wq_condition":
+        return square_condition_median(d) if square else None
+    if metric == "wq_basis_orth_defect":
+        return square_orth_defect_mean(d) if square else None
+    raise AnalysisError(f"metric {metric!r}: its registry rule is 'closed' but analysis.chance has no "
+                        "closed form for it")
 
 
 @lru_cache(maxsize=64)
 def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm: str, query_free: bool,
-                 device_type: str, seed: int) -> tuple[tuple[str, bool, float, str], ...]:
-    """``(metric, whole, chance, how)`` for one geometry; immutable, so the cache can share it."""
+                 device_type: str, seed: int, generation: int) -> tuple[tuple[str, bool, float, str], ...]:
+    """``(metric, whole, chance, how)`` for one geometry and registry ``generation`` (a plugin
+    registered since gets a fresh entry); immutable, so the cache can share it."""
     geo = _Geometry(n_heads, n_kv_heads, d_model, d_head, norm)
     n = draws(n_kv_heads)
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -230,12 +251,13 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
             samples.setdefault((metric, w), []).append(float(value))
         if not per_draw:
             per_draw = {key: len(vals) for key, vals in samples.items()}
-    closed = _closed_forms(geo, query_free)
+    rules = {metric: registry.BY_NAME[metric].chance for metric, _ in samples}
+    closed = {metric: _closed_form(metric, geo, query_free) for metric, rule in rules.items() if rule == "closed"}
     rows = []
     for (metric, whole), values in samples.items():
-        if metric.startswith("norm_"):
-            rows.append((metric, whole, math.nan, _NO_CHANCE))
-        elif metric in closed:
+        if rules[metric] == "none":
+            rows.append((metric, whole, math.nan, "none"))
+        elif closed.get(metric) is not None:
             rows.append((metric, whole, closed[metric], _CLOSED))
         else:
             finite = torch.tensor([v for v in values if math.isfinite(v)], dtype=torch.float64)
@@ -253,13 +275,14 @@ def weight_chance(meta: MetaLike, *, query_free: bool, device: str | torch.devic
     One row per ``(metric, whole)``: columns ``metric``, ``whole`` (True: the
     per-layer row, ``head`` None), ``chance`` (NaN where none), ``how``
     (``closed form``, ``median of N Gaussian draws x H heads``, ``median of N
-    Gaussian draws`` for a per-layer value, or ``none: scale-dependent``).
+    Gaussian draws`` for a per-layer value, or ``none``: the row's rule, whose reason is
+    the registry's ``chance_help``).
     ``query_free``: the model has no W_Q (identity queries). Deterministic for a
-    given ``seed`` and device type; cached per geometry for the process.
+    given ``seed`` and device type; cached per geometry (and registry generation) for the process.
     """
     dev = torch.device(device or default_device())
     rows = _chance_rows(int(meta.n_heads), int(meta.n_kv_heads), int(meta.d_model), int(meta.d_head),
-                        str(meta.norm), bool(query_free), dev.type, int(seed))
+                        str(meta.norm), bool(query_free), dev.type, int(seed), registry.generation())
     return pd.DataFrame(list(rows), columns=["metric", "whole", "chance", "how"])
 
 

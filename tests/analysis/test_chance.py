@@ -174,7 +174,8 @@ def test_random_layers_read_near_their_chance_level(shape):
         values = df.loc[(df["metric"] == metric) & (df["whole"] == whole), "value"]
         assert len(values), (metric, whole)
         if metric.startswith("norm_"):
-            assert math.isnan(ch) and how == "none: scale-dependent"
+            assert math.isnan(ch) and how == "none" and registry.BY_NAME[metric].chance == "none"
+            assert "scale" in chance.WEIGHT_CHANCE[metric]
             continue
         # per head: inside the central 90%; per layer (12 values; qk_directionality of random layers
         # spreads over [-1, 1] at these sizes): inside their range
@@ -291,7 +292,7 @@ def test_draws_and_how():
     assert t.loc[("kv_cka", False), "how"] == "median of 16 Gaussian draws x 2 heads"
     assert t.loc[("erank_q", False), "how"] == "median of 16 Gaussian draws x 8 heads"
     assert t.loc[("erank_k", True), "how"] == "median of 16 Gaussian draws"
-    assert t.loc[("norm_q", True), "how"] == "none: scale-dependent"
+    assert t.loc[("norm_q", True), "how"] == "none"
     assert table(meta(h=4, g=1, d=64, e=16)).loc[("kv_cka", False), "how"] == "median of 16 Gaussian draws x 1 head"
     assert math.isnan(t.loc[("norm_q", True), "chance"])
 
