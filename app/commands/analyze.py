@@ -14,7 +14,9 @@ JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 {"variant", "layout_variant", "agree", "layers": [...]}, "sample" (with
 --activations): {"text", "tokens", "n_tokens", "windows", "window",
 "tokenizer"}} per checkpoint, a list when several are given. Metric names: see
-`python -m app analyze --list`.
+`python -m app analyze --list` (the registry, `analysis/registry.py`, with the
+metrics of the modules named in QKVSCOPE_PLUGINS, comma-separated module
+names or .py files: README, "Adding a metric").
 
 --activations feeds a corpus (--text FILE or folder of .txt; default the
 bundled one) cut into windows of the model's context, --tokens N in total
@@ -56,7 +58,7 @@ import sys
 
 import pandas as pd
 
-from analysis.registry import BY_NAME, METRICS
+from analysis.registry import BY_NAME, METRICS, check_plugins
 from app.commands._common import add_db_argument, print_json, store_from
 
 NAME = "analyze"
@@ -243,6 +245,7 @@ def run_batch_mode(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_plugins()                        # a module in QKVSCOPE_PLUGINS that failed to import: one line
     if args.list:
         for m in METRICS:
             print(f"{m.name:22} {m.level:11} {m.axis:10} {m.help}")
