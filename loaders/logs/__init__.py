@@ -9,7 +9,9 @@ Public interface (used by ``loaders.ingest`` and the CLI):
   nothing, a grown text log appends only its new points.
 * ``list_runs(store) -> list[dict]``: runs with metadata, overrides applied.
 * ``set_run_metadata(store, run_id, **fields) -> dict``: a user correction.
-* ``READERS``: every reader by name (``.help`` says what it reads).
+* ``READERS``: every reader module by name, in detection order (``.HELP``
+  says what it reads); the readers are the modules of ``loaders.logs.readers``,
+  whose docstring gives their protocol.
 """
 from __future__ import annotations
 

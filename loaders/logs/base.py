@@ -11,7 +11,6 @@ NaN) is ``loaders.logs.ingest``'s job, not the readers'.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -80,7 +79,7 @@ class RunData:
     """One run found in a file: its points and what the file says about it."""
 
     name: str
-    #: A pandas DataFrame, an Arrow table or ``SqlPoints`` (see ``Points``).
+    #: A pandas DataFrame, an Arrow table or ``SqlPoints``.
     points: pd.DataFrame | pa.Table | SqlPoints
     config: dict = field(default_factory=dict)
     #: Metadata the file itself states (variant, weight_decay, lr, seed, ...).
@@ -126,15 +125,10 @@ class SqlPoints:
     params: dict = field(default_factory=dict)
 
 
-# Every appendable reader's ``parse(path, *, start=0, state=None, complete=False)``:
-# ``complete`` says the file is finished (not growing), so a last line without
-# a newline is read too (``complete_lines``); ``read_bytes`` stays at the end
-# of the last complete line either way.
-
-
 @dataclass
 class Parsed:
-    """A reader's result for one file (or the new tail of one)."""
+    """A reader's result for one file (or the new tail of one): what its
+    ``read`` returns (protocol: ``loaders.logs.readers``)."""
 
     runs: list[RunData]
     #: Bytes of the file consumed (end of the last complete line for text logs).
@@ -167,47 +161,8 @@ def points_frame(step, metric, value, wall_time=None, tokens=None) -> pd.DataFra
     return df
 
 
-def melt_wide(frame: pd.DataFrame, *, step_col: str, metric_cols: list[str],
-              wall_col: str | None = None, tokens_col: str | None = None,
-              rename: dict[str, str] | None = None) -> pd.DataFrame:
-    """Wide rows (one column per metric) to long points, dropping empty cells.
-
-    A cell that is empty (absent) is no point; a cell that holds NaN literally
-    (``nan`` in a CSV, ``NaN`` in JSON) cannot be told apart after parsing
-    and is dropped as well: stored values are never NaN.
-    Row order is kept (row-major: all metrics of row 0, then row 1, ...).
-    """
-    if not metric_cols:
-        return empty_points()
-    n = len(frame)
-    steps = pd.to_numeric(frame[step_col], errors="coerce").to_numpy(dtype="float64")
-    values = np.column_stack([
-        pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype="float64") for c in metric_cols
-    ])  # (rows, metrics)
-    names = [rename.get(c, c) if rename else c for c in metric_cols]
-    m = len(metric_cols)
-    flat_values = values.reshape(n * m)  # row-major: (rows * metrics,)
-    flat_steps = np.repeat(steps, m)
-    metric_codes = np.tile(np.arange(m), n)
-    keep = ~np.isnan(flat_values) & ~np.isnan(flat_steps)
-    cat = pd.Categorical.from_codes(metric_codes[keep], categories=pd.Index(names).unique()
-                                    if len(set(names)) == len(names) else names)
-    wall = None
-    if wall_col is not None:
-        wall = np.repeat(pd.to_numeric(frame[wall_col], errors="coerce").to_numpy("float64"), m)[keep]
-    tokens = None
-    if tokens_col is not None:
-        tok = pd.to_numeric(frame[tokens_col], errors="coerce").to_numpy("float64")
-        tokens = pd.array(np.repeat(tok, m)[keep], dtype="Float64").round().astype("Int64")
-    out = points_frame(flat_steps[keep].astype("int64"), cat, flat_values[keep], wall, tokens)
-    return out
-
-
 # A points "frame" is a pandas DataFrame (small logs) or, for the JSONL reader,
 # a pyarrow Table straight from DuckDB (no copy into Python objects).
-Points = "pd.DataFrame | pa.Table | SqlPoints"
-
-
 def n_points(points) -> int:
     return points.num_rows if isinstance(points, pa.Table) else len(points)
 
@@ -250,8 +205,18 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
         return fh.read(n)
 
 
+#: The first bytes of a zip file (a torch ``.pt`` is one).
+ZIP_MAGIC = b"PK\x03\x04"
+
+
 def looks_binary(head: bytes) -> bool:
     return b"\x00" in head[:8192]
+
+
+def is_text_head(head: bytes) -> bool:
+    """Whether the first bytes of a file may be a text log: no zip, no NUL
+    bytes. Every text reader's ``sniff`` asks this first."""
+    return head[:4] != ZIP_MAGIC and not looks_binary(head)
 
 
 def decode_text(path: Path, data: bytes, offset: int = 0) -> str:
@@ -276,11 +241,3 @@ def complete_lines(data: bytes, complete: bool = False) -> tuple[bytes, int]:
     end = data.rfind(b"\n")
     used = end + 1 if end >= 0 else 0
     return (data if complete else data[:used]), used
-
-
-def finite_or_none(x) -> float | None:
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None

@@ -21,11 +21,12 @@ A run that logs its learning rate (metric ``lr``) and states none elsewhere
 (``config["lr_peak"]``, ``config["lr_initial"]``: the first logged value),
 so an llm.c ``main.log`` or a per-epoch CSV has the lr its schedule reached.
 
-Several files feed one run where their format says they are one training:
-the query-free paper's three tensors of a folder, a Hugging Face Trainer's
-``trainer_state.json`` in its output dir and in each ``checkpoint-N/`` (as
-long as their histories agree; see ``_hf_shares_run``), and TensorBoard event
-files of one folder (TensorBoard itself shows a folder as one run).
+Several files feed one run where their format says they are one training
+(the query-free paper's three tensors of a folder, a Trainer's state files,
+the TensorBoard event files of one folder): which run a file feeds is
+``loaders.logs.run_identity``'s. The reader is ``loaders.logs.registry``'s
+choice (``reader_for``); user corrections are ``loaders.logs.runs``'
+``apply_overrides``.
 
 Points go in, and are checked, in SQL (``loaders.logs.newpoints``); a CSV is
 read by DuckDB's ``read_csv`` inside the write transaction itself.
@@ -42,22 +43,17 @@ import time
 from pathlib import Path
 
 import duckdb
-import numpy as np
-import pandas as pd
 
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints
 from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
 from loaders.logs.registry import reader_for, why_not_a_log
-from loaders.logs.structured import HF_STATE_NAME, hf_run_dir
+from loaders.logs.run_identity import hf_shares_run, run_name, run_source
+from loaders.logs.runs import apply_overrides
 from loaders.report import FileReport
 from loaders.store import Store, refresh_run_stats
 
-# File stems that say nothing about the run: the run is named after its folder.
-_GENERIC_STEMS = {"metrics", "log", "logs", "train", "training", "trainer_state", "stdout", "output",
-                  "out", "progress", "history", "events", "eval_val_tensor", "eval_train_tensor",
-                  "tensor", "final_model", "main", "train_log", "run"}
 _FP_WINDOW = 64 * 1024
 #: A file last modified at least this long ago is not being written.
 _SETTLE_S = 2.0
@@ -119,54 +115,6 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# A run folder of this project's trainer (experiments/train.py) holds config.json,
-# metrics.jsonl and TensorBoard events of the same points: one run, not two.
-# (TensorBoard event files are folder-keyed in any folder: ``run_source``.)
-_RUN_FOLDER_FORMATS = ("jsonl", "csv_wide", "csv_long", "tensorboard")
-
-
-def is_trainer_run_folder(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and any(
-        (folder / m).is_file() for m in ("metrics.jsonl", "metrics.csv"))
-
-
-def run_name(path: Path, fmt: str, name: str) -> str:
-    """The stored run name: the reader's (W&B run names), else the file's or folder's."""
-    if fmt == "lightning":
-        return f"{path.parent.parent.name}/{path.parent.name}"
-    if fmt in ("hf_trainer", "query_free", "projection_sharing") and name:
-        return name
-    if fmt in _RUN_FOLDER_FORMATS and is_trainer_run_folder(path.parent):
-        return path.parent.name
-    stem = path.name.split(".")[0] if path.name.startswith("events.out") else path.stem
-    base = path.parent.name if (stem.lower() in _GENERIC_STEMS or path.name.startswith("events.out")) \
-        else stem
-    if fmt in ("modded_nanogpt", "nanogpt"):      # several runs in one file: #2, #3, ...
-        return base if name in ("", "#1") else f"{base}{name}"
-    return name or base
-
-
-def run_source(path: Path, fmt: str) -> tuple[str, Path, bool]:
-    """(runs.source, run folder, shared): several files of one run share a source.
-
-    The query-free paper writes three tensors per run folder, and a Trainer
-    writes a trainer_state.json into every checkpoint-N folder (and one into
-    its output dir on ``save_state``): those files feed one run whose source
-    is the folder.
-    """
-    resolved = path.resolve()
-    if fmt in ("query_free", "tensorboard"):
-        return str(resolved.parent), resolved.parent, True
-    if fmt == "hf_trainer":
-        d = hf_run_dir(resolved)
-        if path.name == HF_STATE_NAME:
-            return str(d), d, True
-        return str(resolved), d, False      # another name: one file, one training
-    if fmt in _RUN_FOLDER_FORMATS and is_trainer_run_folder(resolved.parent):
-        return str(resolved.parent), resolved.parent, True
-    return str(resolved), resolved.parent, False
-
-
 class _JournalMoved(Exception):
     """Another process stored this file between our journal read and our write."""
 
@@ -210,7 +158,7 @@ def _ingest_log_once(store: Store, path: Path, format: str | None, *,
     # only the header: this connection, open until the file is stored, spares
     # opening the database twice (tens of ms). Other readers may parse for
     # long and must not hold the database meanwhile.
-    with store.connect() if getattr(reader, "rows_read_by_store", False) else contextlib.nullcontext():
+    with store.connect() if getattr(reader, "ROWS_READ_BY_STORE", False) else contextlib.nullcontext():
         return _read_and_store(store, reader, path, last_attempt=last_attempt, frozen=frozen)
 
 
@@ -226,7 +174,7 @@ def _freeze(parsed: Parsed) -> None:
 
 
 def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, frozen: bool) -> list[FileReport]:
-    fmt = reader.name
+    fmt = reader.NAME
     st = path.stat()
     if st.st_size == 0:
         raise LogFormatError(path, why_not_a_log(path))
@@ -240,20 +188,20 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
         prev = {"size": row[0], "mtime": row[1], "sha256": row[2], "read_bytes": row[3],
                 "state": json.loads(row[4]) if row[4] else {}, "format": row[5]}
         if prev["format"] != fmt:
-            prev = None  # read with another reader before (e.g. --format): start over
+            prev = None  # read with another reader before (e.g. format=): start over
     mode = "full"
     # A finished log whose last line has no newline: that line is read too (it
     # is kept back only while the file is being written); the journal still
     # counts only complete lines as read, so if the log grows after all, the
     # line is read again whole and replaces what was read of it.
-    unterminated = reader.appendable and ends_unterminated(path, st.st_size)
+    unterminated = reader.APPENDABLE and ends_unterminated(path, st.st_size)
     tail = unterminated and is_finished(st)
     held = prev is not None and bool(prev["state"].get("held_tail")) and tail
     if prev is not None:
         same_stat = prev["size"] == st.st_size and prev["mtime"] == st.st_mtime
         if same_stat and not held:
             return [_unchanged(path, fmt, prev)]
-        if reader.appendable and prev["read_bytes"] is not None:
+        if reader.APPENDABLE and prev["read_bytes"] is not None:
             consumed = prev["read_bytes"]
             intact = st.st_size >= consumed and fingerprint(path, consumed) == prev["state"].get("fingerprint")
             if intact and st.st_size == prev["size"] and not held:
@@ -261,16 +209,16 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
                 return [_unchanged(path, fmt, prev)]
             if intact:
                 mode = "append"
-        elif not reader.appendable and prev["sha256"] and file_sha256(path) == prev["sha256"]:
+        elif not reader.APPENDABLE and prev["sha256"] and file_sha256(path) == prev["sha256"]:
             _touch_journal(store, key, st)
             return [_unchanged(path, fmt, prev)]
 
     extra = {"complete": True} if tail else {}
     try:
         if mode == "append":
-            parsed = reader.parse(path, start=prev["read_bytes"], state=prev["state"].get("reader"), **extra)
+            parsed = reader.read(path, start=prev["read_bytes"], state=prev["state"].get("reader"), **extra)
         else:
-            parsed = reader.parse(path, start=0, state=None, **extra)
+            parsed = reader.read(path, start=0, state=None, **extra)
     except _PARSE_ERRORS as exc:
         # A reader's own checks raise LogFormatError; these come from the
         # parsing libraries on content no reader anticipated (a step too large
@@ -279,7 +227,7 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
     if frozen:
         _freeze(parsed)
     reports = _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
-                     prev, reader.appendable, seen=seen, last_attempt=last_attempt, tail=tail,
+                     prev, reader.APPENDABLE, seen=seen, last_attempt=last_attempt, tail=tail,
                      held_tail=unterminated and not tail)
     if tail:
         for r in reports:
@@ -319,7 +267,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                     f"{store.path}: {path} is being stored by another process at the same time; "
                     f"try again when it finishes")
             raise _JournalMoved()
-        if fmt == "hf_trainer" and shared and parsed.runs and not _hf_shares_run(
+        if fmt == "hf_trainer" and shared and parsed.runs and not hf_shares_run(
                 con, source, parsed.runs[0], {r["id"] for r in prev_runs.values()}):
             # A state file of another training in the same output dir: its own run.
             source, shared = key, False
@@ -373,7 +321,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             total += new.n
             ids.append(run_id)
             _lr_from_points(con, run_id)
-            _apply_overrides(con, run_id)
+            apply_overrides(con, run_id)
         refresh_run_stats(con, ids + [r["id"] for r in prev_runs.values()])
         state = {"reader": parsed.state, "runs": runs_state}
         if tail:
@@ -424,39 +372,6 @@ def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str
     return run_id
 
 
-#: Trainer-state keys two files of one training agree on.
-_HF_SAME_TRAINING = ("max_steps", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
-                     "num_train_epochs")
-
-
-def _hf_shares_run(con, source: str, run: RunData, own_ids: set[int]) -> bool:
-    """Whether a ``trainer_state.json`` continues the run already stored for its
-    output dir: it stored into that run before, or the run's trainer settings
-    (``_HF_SAME_TRAINING``) agree with it and its ``train/loss``, ``val/loss``
-    and ``lr`` agree at every step both log (to 1e-6, relative), with some
-    common step where their step ranges overlap."""
-    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ? AND format = 'hf_trainer'",
-                      [source, run.name]).fetchall()
-    if not row or row[0][0] in own_ids:
-        return True
-    run_id, cfg = row[0][0], json.loads(row[0][1]) if row[0][1] else {}
-    if any(k in cfg and k in run.config and cfg[k] != run.config[k] for k in _HF_SAME_TRAINING):
-        return False
-    stored = con.execute("SELECT step, metric, value FROM points WHERE run_id = ? AND metric IN "
-                         "('train/loss', 'val/loss', 'lr')", [run_id]).df()
-    new = run.points if isinstance(run.points, pd.DataFrame) else pd.DataFrame(columns=["step", "metric", "value"])
-    new = new[new["metric"].astype(str).isin(["train/loss", "val/loss", "lr"])]
-    if stored.empty or new.empty:
-        return True
-    both = stored.merge(new.assign(metric=new["metric"].astype(str))[["step", "metric", "value"]],
-                        on=["step", "metric"], suffixes=("_old", "_new"))
-    a, b = both["value_old"].to_numpy("float64"), both["value_new"].to_numpy("float64")
-    if len(both) and not np.allclose(a, b, rtol=1e-6, atol=0.0, equal_nan=True):
-        return False
-    overlap = max(stored["step"].min(), new["step"].min()) <= min(stored["step"].max(), new["step"].max())
-    return bool(len(both)) or not overlap
-
-
 def _lr_from_points(con, run_id: int) -> None:
     """Record the logged lr's first and peak values in the run's config; the
     peak becomes ``runs.lr`` unless the log or a config file states an lr
@@ -491,23 +406,4 @@ def _merge_config(con, run_id: int, extra: dict) -> None:
             cfg[k] = cfg[k] + [c for c in v if c not in cfg[k]]
         else:
             cfg[k] = v
-    con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
-
-
-def _apply_overrides(con, run_id: int) -> None:
-    """Write the user's corrections (``run_overrides``) over the run row."""
-    from loaders.logs.runs import COLUMN_FIELDS
-    rows = con.execute("SELECT field, value FROM run_overrides WHERE run_id = ? ORDER BY field",
-                       [run_id]).fetchall()
-    if not rows:
-        return
-    cfg_row = con.execute("SELECT config FROM runs WHERE id = ?", [run_id]).fetchone()
-    cfg = json.loads(cfg_row[0]) if cfg_row and cfg_row[0] else {}
-    for field, value in rows:
-        v = json.loads(value) if value is not None else None
-        if field in COLUMN_FIELDS:
-            con.execute(f"UPDATE runs SET {field} = ? WHERE id = ?", [v, run_id])
-        else:
-            cfg[field] = v
-    cfg["overrides"] = sorted(f for f, _ in rows)
     con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])

@@ -29,7 +29,11 @@ import math
 import re
 from pathlib import Path
 
+import yaml
+
 from analysis import variants as _variants
+from loaders.budgets import BudgetExceeded, SideBudget, load_yaml, walk_plain
+from loaders.errors import LogFormatError
 
 FIELDS = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
 #: Stored variant names, paper B's "+" variants included (``analysis.variants``).
@@ -242,10 +246,6 @@ def _read_yaml(path: Path) -> dict | None:
     """A YAML config's mapping, ``None`` if it does not parse. Read within the
     budgets (``loaders.budgets.load_yaml``: file size, aliases counted in full,
     depth); a file over one raises ``LogFormatError`` naming it and the budget."""
-    import yaml
-
-    from loaders.budgets import BudgetExceeded, SideBudget, load_yaml, walk_plain
-    from loaders.errors import LogFormatError
     try:
         doc = load_yaml(path)
         if isinstance(doc, dict):
@@ -289,7 +289,8 @@ def _read_py_literals(path: Path) -> dict | None:
 
 
 def _read_nanogpt_ckpt_config(path: Path) -> dict | None:
-    import torch
+    import torch  # here, not at the top: importing loaders.logs (pages, `runs`) needs no torch
+
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # unsafe or unreadable checkpoint: its config is simply not used

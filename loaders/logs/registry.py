@@ -1,45 +1,24 @@
-"""The log readers, by name, and content-based detection.
+"""Which reader a log is for: detection by content, and the reader by name.
 
-Detection reads at most the first 64 KB of a file (``HEAD_BYTES``); a torch
-zip is opened only to read its small pickle index, never unpickled. The order
-of the checks matters: binary framings first, then JSON, CSV and the stdout
-formats, whose line patterns do not overlap.
+The readers are the modules of ``loaders.logs.readers`` (its docstring gives
+the protocol); ``READERS`` is theirs, by name, in detection order. Detection
+reads at most the first 64 KB of a file (``HEAD_BYTES``) and asks each
+reader's ``sniff`` in ``PRIORITY`` order: binary framings first, then JSON,
+CSV and the stdout formats. A torch zip is opened only to read its small
+pickle index, never unpickled.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from loaders.errors import LogFormatError
-from loaders.logs.base import HEAD_BYTES, looks_binary, read_head
-from loaders.logs.csv_logs import (CsvLongReader, CsvWideReader, LightningReader, WandbCsvReader,
-                                   classify_csv)
-from loaders.logs.jsonl import JsonlReader, is_jsonl
-from loaders.logs.structured import (HfTrainerReader, ProjectionSharingReader, QueryFreeReader,
-                                     TensorBoardReader)
-from loaders.logs.textlogs import LlmcReader, ModdedNanoGptReader, NanoGptReader
-
-#: Every reader, by name. ``help`` says what each reads.
-READERS = {r.name: r for r in (
-    CsvLongReader(), CsvWideReader(), LightningReader(), WandbCsvReader(), JsonlReader(),
-    TensorBoardReader(), HfTrainerReader(), NanoGptReader(), ModdedNanoGptReader(), LlmcReader(),
-    QueryFreeReader(), ProjectionSharingReader(),
-)}
+from loaders.logs.base import HEAD_BYTES, ZIP_MAGIC, looks_binary, read_head
+from loaders.logs.readers import READERS
+from loaders.logs.readers.lightning import metrics_csv as lightning_metrics
 
 #: Readers ``detect_log`` never picks: their files are checkpoints first (the
 #: checkpoint loader owns them); ``ingest_log(..., format=NAME)`` reads them.
-CHECKPOINT_LOG_FORMATS = ("projection_sharing",)
-
-_VERSION_DIR = re.compile(r"^version_\d+$")
-
-
-def lightning_metrics(path: Path) -> Path | None:
-    """``version_N/metrics.csv`` for a Lightning version folder, else None."""
-    csv = path / "metrics.csv"
-    if csv.is_file() and ((path / "hparams.yaml").is_file() or _VERSION_DIR.match(path.name)):
-        return csv
-    return None
-
+CHECKPOINT_LOG_FORMATS = tuple(n for n, r in READERS.items() if getattr(r, "INSIDE_CHECKPOINT", False))
 
 def detect_log(path: Path) -> str | None:
     """The reader name if ``path`` is a training log (a Lightning folder counts), else None."""
@@ -65,35 +44,23 @@ def _is_config_file(path: Path) -> bool:
     return path.name in _CONFIG_NAMES or path.stem.endswith("config") or path.suffix in (".yaml", ".yml", ".py")
 
 
+def _detected(reader) -> bool:
+    return not getattr(reader, "INSIDE_CHECKPOINT", False)
+
+
 def detect_from_head(path: Path, head: bytes) -> str | None:
+    """The first reader, in ``READERS`` order, whose ``sniff`` takes ``head``
+    (the first bytes of ``path``); None for an empty head or a config file."""
     if not head.strip() or _is_config_file(path):
         return None
-    if TensorBoardReader.sniff(path, head):
-        return "tensorboard"
-    if head[:4] == b"PK\x03\x04":
-        return "query_free" if QueryFreeReader.sniff(path, head) else None
-    if looks_binary(head):
-        return None
-    if HfTrainerReader.sniff(path, head):
-        return "hf_trainer"
-    if is_jsonl(head):
-        return "jsonl"
-    kind = classify_csv(path, head)
-    if kind:
-        return kind
-    if LlmcReader.sniff(path, head):
-        return "llmc"
-    if ModdedNanoGptReader.sniff(path, head):
-        return "modded_nanogpt"
-    if NanoGptReader.sniff(path, head):
-        return "nanogpt"
-    return None
+    return next((name for name, reader in READERS.items() if _detected(reader) and reader.sniff(path, head)),
+                None)
 
 
 def why_not_a_log(path: Path) -> str:
     """The reason ``detect_log`` found no reader, for the error message."""
     expected = "expected a training log (" + ", ".join(
-        n for n in READERS if n not in CHECKPOINT_LOG_FORMATS) + ")"
+        n for n, r in READERS.items() if _detected(r)) + ")"
     if not path.exists():
         return "no such file or folder"
     if path.is_dir():
@@ -104,7 +71,7 @@ def why_not_a_log(path: Path) -> str:
     head = read_head(path, HEAD_BYTES)
     if not head.strip():
         return f"{expected}; found only whitespace ({size} bytes)"
-    if head[:4] == b"PK\x03\x04":
+    if head[:4] == ZIP_MAGIC:
         return f"{expected}; found a zip/torch file that is not one of the query-free paper's loss tensors"
     if looks_binary(head):
         return f"{expected}; found binary data (first bytes {head[:8].hex(' ')})"
@@ -120,7 +87,7 @@ def why_not_a_log(path: Path) -> str:
 
 
 def reader_for(path: Path, format: str | None):
-    """(reader, path to read) for ``path``; LogFormatError when none fits."""
+    """(reader module, path to read) for ``path``; LogFormatError when none fits."""
     path = Path(path)
     if path.is_dir():
         csv = lightning_metrics(path)

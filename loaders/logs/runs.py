@@ -64,6 +64,28 @@ def list_runs(store: Store, con=None) -> list[dict]:
     return out
 
 
+def apply_overrides(con, run_id: int) -> None:
+    """Write the user's corrections (``run_overrides``) of run ``run_id`` over
+    its row, on ``con`` (inside the caller's transaction): ``COLUMN_FIELDS``
+    into their columns, other fields into ``config``, whose ``overrides``
+    lists them. ``set_run_metadata`` calls it, and the log ingest after every
+    store of the run."""
+    rows = con.execute("SELECT field, value FROM run_overrides WHERE run_id = ? ORDER BY field",
+                       [run_id]).fetchall()
+    if not rows:
+        return
+    cfg_row = con.execute("SELECT config FROM runs WHERE id = ?", [run_id]).fetchone()
+    cfg = json.loads(cfg_row[0]) if cfg_row and cfg_row[0] else {}
+    for field, value in rows:
+        v = json.loads(value) if value is not None else None
+        if field in COLUMN_FIELDS:
+            con.execute(f"UPDATE runs SET {field} = ? WHERE id = ?", [v, run_id])
+        else:
+            cfg[field] = v
+    cfg["overrides"] = sorted(f for f, _ in rows)
+    con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
+
+
 def _coerce(run_id: int, field: str, value):
     if value is None:
         return None
@@ -104,7 +126,6 @@ def set_run_metadata(store: Store, run_id: int, **fields) -> dict:
     A value of None removes that override (the ingested value comes back on
     the next ingest).
     """
-    from loaders.logs.ingest import _apply_overrides
     if not fields:
         raise QkvscopeError(f"run {run_id}: no fields to set (use FIELD=VALUE)")
     clean = {f: _coerce(run_id, f, v) for f, v in fields.items()}
@@ -118,5 +139,5 @@ def set_run_metadata(store: Store, run_id: int, **fields) -> dict:
             con.execute(
                 """INSERT OR REPLACE INTO run_overrides (run_id, field, value, updated_at)
                    VALUES (?, ?, ?, current_timestamp)""", [run_id, field, json.dumps(value)])
-        _apply_overrides(con, run_id)
+        apply_overrides(con, run_id)
         return next(r for r in list_runs(store, con) if r["id"] == run_id)

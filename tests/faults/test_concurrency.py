@@ -94,29 +94,29 @@ def test_a_writer_that_cannot_get_in_says_the_database_is_busy(tmp_path):
 
 
 def _racing_parse(monkeypatch, store_path: Path, times: int):
-    """Make the csv_long reader's parse store the same file from 'another
-    process' (a second Store, its own connections) while this one parses."""
+    """Make the csv_long reader's read store the same file from 'another
+    process' (a second Store, its own connections) while this one reads."""
     from loaders.logs import READERS, ingest_log
 
     reader = READERS["csv_long"]
-    real = type(reader).parse
+    real = reader.read
     calls = {"n": 0}
 
-    def parse(self, path, **kw):
+    def read(path, **kw):
         calls["n"] += 1
         if calls["n"] <= times:
             if times > 1:                            # a live log: it grows under both writers
                 with open(path, "a") as f:
                     f.write(f"{100 + 2 * calls['n']},train_loss,0.5\n")
-            monkeypatch.setattr(type(reader), "parse", real)
+            monkeypatch.setattr(reader, "read", real)
             ingest_log(Store(store_path), path)
-            monkeypatch.setattr(type(reader), "parse", parse)
+            monkeypatch.setattr(reader, "read", read)
             if times > 1:
                 with open(path, "a") as f:
                     f.write(f"{101 + 2 * calls['n']},train_loss,0.5\n")
-        return real(self, path, **kw)
+        return real(path, **kw)
 
-    monkeypatch.setattr(type(reader), "parse", parse)
+    monkeypatch.setattr(reader, "read", read)
     return calls
 
 

@@ -25,8 +25,8 @@ EXPECTED = ("expected a safetensors, PyTorch (.bin/.pt/.pth/.ckpt) or zip file, 
 HINT = "  (qkvscope loads only plain tensors and containers; re-save the weights with safetensors)"
 NOT_READ = "not a checkpoint or a training log qkvscope reads"
 NOT_A_LOG = "not a training log qkvscope reads: "
-LOG_EXPECTED = ("expected a training log (csv_long, csv_wide, lightning, wandb_csv, jsonl, tensorboard, "
-                "hf_trainer, nanogpt, modded_nanogpt, llmc, query_free)")
+LOG_EXPECTED = ("expected a training log (tensorboard, query_free, hf_trainer, jsonl, wandb_csv, csv_long, "
+                "lightning, csv_wide, llmc, modded_nanogpt, nanogpt)")
 
 
 class Payload:

@@ -16,16 +16,11 @@ import pytest
 from analysis.directions import direction
 from app.cli import main
 from loaders.errors import LogFormatError
-from loaders.logs import csv_logs, detect_log, ingest_log, list_runs
+from loaders.logs import detect_log, ingest_log, list_runs
 from loaders.logs.codeheader import header_hyperparameters
 from loaders.logs.metadata import from_name, name_number, paper_b_condition
-from loaders.store import Store
+from loaders.logs.readers._csv_bytes import csv_line_bytes
 from tests.loaders.logs.helpers import count_points, points, write
-
-
-@pytest.fixture
-def store(tmp_path):
-    return Store(tmp_path / "db.duckdb")
 
 
 def _settled(path, age: float = 10.0):
@@ -392,11 +387,11 @@ def test_a_step_column_wins_over_epoch(store, tmp_path):
 
 # -- issue 14: a CSV line too long to read ---------------------------------------------------
 def test_over_long_csv_line_fails_the_file_with_one_line(store, tmp_path):
-    n = csv_logs.csv_line_bytes() + 10
+    n = csv_line_bytes() + 10
     p = write(tmp_path / "r" / "metrics_long.csv", "step,loss,note\n0,1.0,a\n1,2.0," + "x" * n + "\n2,3.0,b\n")
     with pytest.raises(LogFormatError) as e:
         ingest_log(store, p)
-    assert str(e.value) == (f"{p}: line 3 is {n + 6:,} bytes long, over the {csv_logs.csv_line_bytes():,}-byte "
+    assert str(e.value) == (f"{p}: line 3 is {n + 6:,} bytes long, over the {csv_line_bytes():,}-byte "
                             "limit for one CSV line (QKVSCOPE_CSV_LINE_BYTES; set it in the environment to raise "
                             "it); the file is refused, not read without that line")
     assert count_points(store) == 0

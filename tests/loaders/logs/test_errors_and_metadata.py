@@ -9,15 +9,9 @@ from app.cli import main
 from loaders.errors import LogFormatError, QkvscopeError
 from loaders.logs import READERS, detect_log, ingest_log, list_runs, set_run_metadata
 from loaders.logs.metadata import from_name, normalise_variant
-from loaders.store import Store
 from tests.loaders.logs.helpers import write
 
 EXPECTED = "expected a training log (" + ", ".join(n for n in READERS if n != "projection_sharing") + ")"
-
-
-@pytest.fixture
-def store(tmp_path):
-    return Store(tmp_path / "db.duckdb")
 
 
 def test_empty_file(store, tmp_path):

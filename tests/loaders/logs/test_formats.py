@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from loaders.logs import detect_log, ingest_log, list_runs
-from loaders.store import Store
 from tests.loaders.logs.helpers import points, write
 
 MODDED_HEADER = '''import os
@@ -39,11 +38,6 @@ def modded_run(iters, seed, lr, wd, base):
                  f"train_time:{iters * 100}ms step_avg:100.00ms")
     lines.append("peak memory consumption: 22 GiB")
     return "\n".join(lines) + "\n"
-
-
-@pytest.fixture
-def store(tmp_path):
-    return Store(tmp_path / "db.duckdb")
 
 
 def test_csv_long(store, tmp_path):

@@ -19,11 +19,6 @@ from tests.loaders.logs.test_formats import modded_run
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def store(tmp_path):
-    return Store(tmp_path / "db.duckdb")
-
-
 def _append(path: Path, text: str) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(text)

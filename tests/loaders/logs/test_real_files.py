@@ -6,13 +6,7 @@ import json
 import pytest
 
 from loaders.logs import detect_log, ingest_log, list_runs
-from loaders.store import Store
 from tests.loaders.logs.helpers import points
-
-
-@pytest.fixture
-def store(tmp_path):
-    return Store(tmp_path / "db.duckdb")
 
 
 def test_realworld_llmc_log(store, realworld):

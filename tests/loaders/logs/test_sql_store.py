@@ -7,15 +7,10 @@ import pytest
 
 from loaders.errors import LogFormatError
 from loaders.logs import detect_log, ingest_log, list_runs
-from loaders.logs.csv_logs import column_names
+from loaders.logs.readers._csv import column_names
 from loaders.logs.newpoints import went_back_and_repeats
 from loaders.store import Store
 from tests.loaders.logs.helpers import count_points, points, write
-
-
-@pytest.fixture
-def store(tmp_path):
-    return Store(tmp_path / "db.duckdb")
 
 
 def metrics(store: Store, run_id: int) -> list[str]:
@@ -230,7 +225,7 @@ def test_a_csv_written_to_while_duckdb_reads_it(store, tmp_path, monkeypatch, ha
     """The writer appends half a line just as DuckDB opens the file: the store
     step sees the file changed, rolls back and reads a copy of the complete
     lines instead (not a wrong point, nor an error about a row being written)."""
-    from loaders.logs.csv_logs import CsvFile
+    from loaders.logs.readers._csv import CsvFile
 
     p = write(tmp_path / "r" / "wide.csv", "step,train_loss\n0,1\n1,2\n")
     real = CsvFile.__call__

@@ -1,0 +1,73 @@
+"""Log readers: one module per log format, each turning one file (or the
+appended tail of one) into ``loaders.logs.base.Parsed``.
+
+The reader protocol. A module in this package (name not starting with
+``_``) is a reader when it defines:
+
+* ``NAME: str``: the format's name (``ingest_log(..., format=NAME)``, ``runs.format``),
+  also the module's file name.
+* ``PRIORITY: int``: detection order, lower first. 10-19 binary framings
+  (``tensorboard``), 20-29 torch zips told apart by their pickle index
+  (``query_free``, ``projection_sharing``), 30-39 JSON documents
+  (``hf_trainer``, before JSON lines: a one-line trainer state is also a JSON
+  line with a ``global_step``), 40-49 JSON lines, 50-59 CSV (``wandb_csv``,
+  ``csv_long``, ``lightning``, ``csv_wide``: ``_csv.classify_csv`` gives each
+  file exactly one of them), 60-69 stdout logs matched by their line patterns
+  (``llmc``, ``modded_nanogpt``, ``nanogpt``).
+* ``HELP: str``: what it reads, in one line.
+* ``APPENDABLE: bool``: a log that grew is read from where the last read
+  stopped (``read_bytes``, the end of a complete line); otherwise a changed
+  file is read again whole and its points replace what it stored before.
+* ``sniff(path, head) -> bool``: whether the file is of this format, from
+  ``head``, its first ``base.HEAD_BYTES`` (64 KB); cheap: a text reader looks
+  at the first lines only, a torch-zip reader reads the zip's small pickle
+  index (never unpickled). Text readers refuse binary heads
+  (``base.is_text_head``).
+* ``read(path, *, start=0, state=None, complete=False) -> Parsed``: the runs
+  in ``path`` from byte ``start`` on, ``state`` being the ``Parsed.state`` of
+  the previous read of the same file; ``complete``: the file is not being
+  written, so a last line without a newline is read too (``base.complete_lines``).
+  A reader that is not ``APPENDABLE`` is always called with ``start=0`` and
+  ignores ``state`` and ``complete``. Content it cannot read raises
+  ``LogFormatError`` naming the file, what was expected and what was found.
+
+and optionally:
+
+* ``ROWS_READ_BY_STORE = True``: ``read`` plans only (``base.SqlPoints``) and
+  the store step reads the rows inside its transaction (the CSV readers).
+* ``INSIDE_CHECKPOINT = True``: its files are checkpoints first, which the
+  checkpoint loader owns: ``detect_log`` never picks it, ``ingest`` offers a
+  checkpoint file to it (``loaders.ingest``) and ``ingest_log(..., format=NAME)`` reads one.
+
+``discover()`` finds the modules by these attributes (as ``loaders.layouts``
+finds its converters); nothing else lists them. A new format is a new module
+here (copy ``jsonl.py``).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+
+def discover() -> dict[str, ModuleType]:
+    """Every reader module of this package, by ``NAME``, in detection order
+    (``PRIORITY``, then ``NAME``). Two modules of one ``NAME`` are an error."""
+    mods = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if all(hasattr(mod, a) for a in ("NAME", "PRIORITY", "sniff", "read")):
+            mods.append(mod)
+    out: dict[str, ModuleType] = {}
+    for mod in sorted(mods, key=lambda m: (m.PRIORITY, m.NAME)):
+        if mod.NAME in out:
+            raise ValueError(f"log readers {out[mod.NAME].__name__} and {mod.__name__} "
+                             f"are both named {mod.NAME!r}")
+        out[mod.NAME] = mod
+    return out
+
+
+#: Every reader, by name, in detection order.
+READERS: dict[str, ModuleType] = discover()

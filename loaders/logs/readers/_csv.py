@@ -1,0 +1,299 @@
+"""What the CSV readers (``csv_long``, ``csv_wide``, ``lightning``,
+``wandb_csv``) share: the header, which of them a file is, and the SQL that
+reads its rows.
+
+A CSV reader parses no rows itself. It reads the header, plans the columns
+(its ``plan``) and hands the store step ``SqlPoints`` (its ``extract``): a
+SELECT over DuckDB's own ``read_csv`` of the file (every column as text,
+converted with TRY_CAST), the wide layouts reshaped to long points with
+``UNPIVOT``. The store runs it inside its transaction, so the file is parsed
+once, straight into the points table (issue 3: no Python loop per row, no
+copy through Arrow or numpy). An empty cell is no point; a cell that says
+``nan`` is a point whose value is NaN (stored as NULL).
+
+A line longer than ``QKVSCOPE_CSV_LINE_BYTES`` is refused before DuckDB reads
+the file (``_csv_bytes``): the file fails with one line naming the line and
+its length (DuckDB would otherwise fail with an unrelated message, or skip
+the line).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+
+from loaders.errors import LogFormatError
+from loaders.logs.base import (SOURCE_VIEW, Parsed, RunData, complete_lines, decode_text, normalise_metric,
+                               read_head)
+from loaders.logs.readers._csv_bytes import (check_utf8_file, complete_end, csv_line_bytes, first_line_end,
+                                             scan_bytes, text_chunk)
+
+STEP_COLUMNS = ("step", "global_step", "_step", "iter", "iteration", "iter_num", "it",
+                "trainer/global_step", "steps")
+#: The step axis of a per-epoch log without any of ``STEP_COLUMNS``.
+EPOCH_COLUMNS = ("epoch", "epochs")
+WALL_COLUMNS = ("wall_time", "walltime", "_timestamp", "timestamp", "time_s", "elapsed_s")
+TOKEN_COLUMNS = ("tokens", "tokens_seen", "num_tokens", "num_input_tokens_seen")
+LONG_REQUIRED = {"step", "metric", "value"}
+WANDB_COL = re.compile(r"^(?P<run>.+?) - (?P<metric>.+?)(?P<band>__MIN|__MAX)?$")
+VERSION_DIR = re.compile(r"^version_\d+$")
+
+
+def quote(name: str) -> str:
+    """A SQL identifier for a column name taken from a file header."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def header_fields(text: str) -> tuple[list[str], str] | None:
+    """(fields, delimiter) of the first line, or None when it is no CSV header."""
+    first = text.split("\n", 1)[0].rstrip("\r")
+    if not first or first.lstrip().startswith(("{", "[", "#")):
+        return None
+    delim = "\t" if first.count("\t") > first.count(",") else ","
+    if first.count(delim) < 1:
+        return None
+    try:
+        fields = next(csv.reader([first], delimiter=delim))
+    except csv.Error:                     # e.g. a bare carriage return inside the line
+        return None
+    return [f.strip() for f in fields], delim
+
+
+def step_column(fields: list[str]) -> tuple[str | None, str]:
+    """(the step column, ``"step"`` or ``"epoch"``): a step column if there is
+    one, else an epoch column (a per-epoch log), else (None, "step")."""
+    step = pick(fields, STEP_COLUMNS)
+    if step is not None:
+        return step, "step"
+    epoch = pick(fields, EPOCH_COLUMNS)
+    return (epoch, "epoch") if epoch is not None else (None, "step")
+
+
+def pick(fields: list[str], names: tuple[str, ...]) -> str | None:
+    low = {f.lower(): f for f in fields}
+    for n in names:
+        if n in low:
+            return low[n]
+    return None
+
+
+def _numeric_sample(text: str, delim: str, fields: list[str], col: str) -> bool:
+    """Whether ``col`` holds a number in some of the first data rows."""
+    idx = fields.index(col)
+    try:
+        rows = list(csv.reader(io.StringIO("\n".join(text.split("\n")[1:50])), delimiter=delim))
+    except csv.Error:                     # a bare carriage return inside a field
+        return False
+    for row in rows:
+        if len(row) > idx and row[idx].strip():
+            try:
+                float(row[idx])
+                return True
+            except ValueError:
+                return False
+    return False
+
+
+def classify_csv(path: Path, head: bytes) -> str | None:
+    """Which CSV reader fits: ``csv_long``, ``csv_wide``, ``lightning``, ``wandb_csv``, or None.
+
+    Each CSV reader's ``sniff`` asks this; the answer for one head is
+    computed once (the four ask in turn)."""
+    lightning = path.name == "metrics.csv" and ((path.parent / "hparams.yaml").is_file()
+                                                or bool(VERSION_DIR.match(path.parent.name)))
+    return _classify(head, lightning)
+
+
+@lru_cache(maxsize=8)
+def _classify(head: bytes, lightning: bool) -> str | None:
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not just a character cut at the 64 KB boundary
+            return None
+        text = head[:exc.start].decode("utf-8")
+    hdr = header_fields(text)
+    if hdr is None:
+        return None
+    fields, delim = hdr
+    if len(text.split("\n")) < 2:
+        return None
+    low = {f.lower() for f in fields}
+    wandb = [f for f in fields if WANDB_COL.match(f)]
+    if wandb and pick(fields, STEP_COLUMNS) and len(wandb) == len(fields) - 1:
+        return "wandb_csv"
+    step, _ = step_column(fields)
+    if step is None or not _numeric_sample(text, delim, fields, step):
+        return None
+    if LONG_REQUIRED <= low:
+        return "csv_long"
+    if lightning:
+        return "lightning"
+    others = [f for f in fields if f != step]
+    if any(_numeric_sample(text, delim, fields, f) for f in others[:50]):
+        return "csv_wide"
+    return None
+
+
+def column_names(fields: list[str]) -> list[str]:
+    """Unique names for ``read_csv``'s ``names``, one per header field.
+
+    DuckDB needs them unique, compared case-insensitively; a repeated or empty
+    header field gets ``_1``, ``_2``, ... (``columnN`` when empty), as DuckDB
+    itself names them.
+    """
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, f in enumerate(fields):
+        base = f or f"column{i}"
+        name, k = base, 1
+        while name.lower() in seen:
+            name, k = f"{base}_{k}", k + 1
+        seen.add(name.lower())
+        out.append(name)
+    return out
+
+
+@dataclass(frozen=True)
+class CsvFile:
+    """One CSV for DuckDB's ``read_csv`` (a ``PointSource``): the file, its
+    first ``size`` bytes planned for; or ``data``, complete lines of it.
+    ``header``: the first line is the header.
+
+    Nothing is sniffed: the delimiter and the header are the ones this module
+    read, every column is text (the SELECTs convert with TRY_CAST), so a row
+    with another number of fields is an error naming its line, not a
+    different guess of the dialect.
+    """
+
+    path: Path
+    data: bytes | None          # None: read the file itself
+    header: bool
+    columns: tuple[str, ...]
+    delim: str
+    size: int = 0               # of the file, when read itself
+
+    def __call__(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyRelation:
+        src = str(self.path) if self.data is None else io.BytesIO(self.data)
+        return con.read_csv(src, header=self.header, columns={c: "VARCHAR" for c in self.columns},
+                            delimiter=self.delim, quotechar='"', auto_detect=False,
+                            max_line_size=csv_line_bytes() + 2)
+
+    def changed(self) -> bool:
+        if self.data is not None:
+            return False
+        try:
+            return self.path.stat().st_size != self.size
+        except OSError:                 # gone: the next attempt says so
+            return True
+
+    def frozen(self) -> CsvFile:
+        if self.data is not None:
+            return self
+        with open(self.path, "rb") as fh:
+            return replace(self, data=fh.read(self.size))
+
+
+def cast_step(col: str) -> str:
+    return f"TRY_CAST(TRY_CAST({quote(col)} AS DOUBLE) AS BIGINT)"
+
+
+def cast_wall(col: str | None) -> str:
+    return f"TRY_CAST({quote(col)} AS DOUBLE)" if col else "NULL::DOUBLE"
+
+
+def cast_tokens(col: str | None) -> str:
+    return f"TRY_CAST(TRY_CAST({quote(col)} AS DOUBLE) AS BIGINT)" if col else "NULL::BIGINT"
+
+
+# Names the unpivot SELECT uses for itself; a metric alias must not be one.
+_RESERVED = {"__step", "__wall", "__tokens", "__metric", "__value"}
+
+
+def unpivot_select(step: str, metrics: list[tuple[str, str]], wall: str | None,
+                   tokens: str | None) -> tuple[str, dict]:
+    """(SELECT, params): wide rows of ``SOURCE_VIEW`` to long points.
+
+    ``metrics``: (column, metric name as logged) pairs. UNPIVOT drops absent
+    (NULL) cells and keeps NaN; rows come out row-major (all metrics of row 0,
+    then row 1), which is file order. The normalised names are the column
+    aliases, so the metric column needs no per-row mapping; when two names
+    coincide (``loss`` and ``train_loss``), the aliases are positional and a
+    parameter list maps them.
+    """
+    names = [normalise_metric(m) for _, m in metrics]
+    low = [n.lower() for n in names]
+    by_alias = len(set(low)) == len(low) and not (set(low) & _RESERVED) and all("\x00" not in n for n in names)
+    aliases = names if by_alias else [f"__m{i}" for i in range(len(names))]
+    casts = ", ".join(f"TRY_CAST({quote(c)} AS DOUBLE) AS {quote(a)}" for (c, _), a in zip(metrics, aliases))
+    metric_sql, params = "__metric", {}
+    if not by_alias:
+        metric_sql, params = "list_extract($metric_names, CAST(substr(__metric, 4) AS INTEGER) + 1)", \
+            {"metric_names": names}
+    return f"""
+        SELECT __step AS step, {metric_sql} AS metric, __value AS value, __wall AS wall_time,
+               __tokens AS tokens
+        FROM (SELECT {cast_step(step)} AS __step, {cast_wall(wall)} AS __wall,
+                     {cast_tokens(tokens)} AS __tokens, {casts}
+              FROM {SOURCE_VIEW})
+        UNPIVOT (__value FOR __metric IN ({", ".join(quote(a) for a in aliases)}))
+        WHERE __step IS NOT NULL""", params
+
+
+def read_csv_log(path: Path, plan: Callable[[Path, list[str], str], dict],
+                 extract: Callable[[CsvFile | None, dict], list[RunData]], *, start: int = 0,
+                 state: dict | None = None, complete: bool = False) -> Parsed:
+    """A CSV reader's ``read``: the header through ``plan(path, fields,
+    delimiter) -> state``, then ``extract(source, state) -> runs`` (source
+    None for a file without rows). Appended bytes (``start`` > 0) are read
+    with the header planned before (``state``)."""
+    if start == 0 or not state:
+        head = read_head(path)
+        text = decode_text(path, head[: head.rfind(b"\n") + 1] or head)
+        hdr = header_fields(text)
+        if hdr is None:
+            raise LogFormatError(path, "expected a CSV header line with a step column, "
+                                       f"found {text.splitlines()[0][:80]!r}" if text else
+                                 "expected a CSV header line, found an empty file")
+        fields, delim = hdr
+        state = plan(path, fields, delim)
+        state["header_bytes"] = first_line_end(path)
+        # The whole file through read_csv; only complete lines count as read.
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            fh.seek(max(0, size - 1))
+            last = fh.read(1)
+        columns = tuple(column_names(state["fields"]))
+        if last == b"\n" or size == 0 or complete:
+            check_utf8_file(path)
+            body_end = size
+            if last != b"\n" and size:   # finished, last line without newline: read it,
+                body_end = complete_end(path, size)     # count only complete lines as read
+            source = CsvFile(path, None, True, columns, delim, size)
+            empty = size <= state["header_bytes"]
+        else:                               # a log being written: its last line is not complete
+            with open(path, "rb") as fh:
+                chunk, body_end = complete_lines(fh.read())
+            scan_bytes(path, chunk)
+            decode_text(path, chunk)
+            source = CsvFile(path, chunk, True, columns, delim)
+            empty = body_end <= state["header_bytes"]
+    else:
+        chunk, used = text_chunk(path, start, complete=complete)
+        body_end = start + used
+        if not chunk.strip():
+            return Parsed(runs=[], read_bytes=body_end, state=state)
+        source = CsvFile(path, chunk, False, tuple(column_names(state["fields"])), state["delim"])
+        empty = False
+    return Parsed(runs=extract(None if empty else source, state), read_bytes=body_end, state=state)
+
+
+def column(state: dict, field: str | None) -> str | None:
+    """The read_csv column name of header field ``field``."""
+    return None if field is None else column_names(state["fields"])[state["fields"].index(field)]
