@@ -90,9 +90,10 @@ def more_readers(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setattr(readers, "__path__", [*readers.__path__, str(folder)])
     yield folder
-    for key in [k for k in sys.modules if k.startswith("loaders.logs.readers.toy")
-                or k in ("loaders.logs.readers._toy_helper", "loaders.logs.readers.toy_half")]:
-        del sys.modules[key]
+    for path in folder.glob("*.py"):                 # imported modules, and their names on the package
+        sys.modules.pop(f"{readers.__name__}.{path.stem}", None)
+        if hasattr(readers, path.stem):
+            delattr(readers, path.stem)
 
 
 def test_a_reader_module_dropped_in_the_package_is_found_in_priority_order(more_readers, store, tmp_path,
