@@ -11,6 +11,7 @@ import torch
 from analysis.activations import ActivationAccumulator
 from analysis.errors import AnalysisError
 from analysis.registry import RESULT_COLUMNS, names
+from tests.analysis._threads import one_thread  # noqa: F401  (autouse: one torch thread)
 
 KV_METRICS = ("kv_cka_act", "kv_cosine_act", "kv_share_r2_act", "erank_kcache", "erank_vcache")
 

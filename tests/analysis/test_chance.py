@@ -15,6 +15,7 @@ from analysis.chance import attach_weight_chance, weight_chance
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS, RESULT_COLUMNS
 from analysis.weights import weight_metrics
+from tests.analysis._threads import one_thread  # noqa: F401  (autouse: one torch thread)
 
 
 def meta(h=4, g=4, d=32, e=8, norm="layernorm", variant="qkv"):

@@ -21,6 +21,7 @@ from analysis.errors import AnalysisError
 from analysis.plugins import Absent
 from analysis.registry import Metric
 from analysis.weights import weight_metrics
+from tests.analysis._threads import one_thread  # noqa: F401  (autouse: one torch thread)
 
 
 def meta(h=4, g=2, d=32, e=8, norm="layernorm"):
