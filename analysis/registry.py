@@ -1,8 +1,10 @@
 """Every metric qkvscope computes, one row each: name, level, axis, family, help, direction, chance rule.
 
-The CLI, the jobs, the chance levels and the dashboard pages read their lists
-and facts from ``METRICS`` (``BY_NAME``); a metric that is computed but not
-registered is a bug (a test checks it).
+The CLI (``analyze --list``, the JSON rows), the jobs (what is stored and read
+back), the chance levels (``analysis.chance`` by each row's rule) and the
+Inspector's and Compare's metric lists read their lists and facts from
+``METRICS`` (``BY_NAME``); a metric that is computed but not registered is a
+bug (a test checks it).
 
 * ``level``: ``weights`` (from the checkpoint alone) or ``activations``
   (needs a forward pass on sample tokens).
