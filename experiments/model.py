@@ -29,9 +29,10 @@ keys and values (two tensors) or, for K=V variants, the one shared tensor, so
 its bytes per token are ``n_layer * n_cached * n_kv_heads * d_head * bytes``
 with ``n_cached = 1`` for K=V, as in DESIGN.md "KV-cache and serving cost".
 
-Other checkpoints: :meth:`GPT.from_nanogpt` (nanoGPT and the query-free
-paper's nanoGPT fork), :meth:`GPT.from_state_dict` (this model's own), and
-:mod:`experiments.foreign` (the projection-sharing paper's language models).
+Checkpoints: :meth:`GPT.from_state_dict` (this model's own, in its own names);
+other people's (nanoGPT, the two papers' models, llama2.c) are built by
+:mod:`experiments.foreign` from the canonical container their layout module
+(``loaders/layouts/``) reads, so no checkpoint's key names are written here.
 """
 from __future__ import annotations
 
@@ -433,64 +434,3 @@ class GPT(nn.Module):
                     raise ValueError(f"{k}: expected shape {tuple(own[k].shape)}, found {tuple(sd[k].shape)}")
                 own[k].copy_(sd[k])
         return model
-
-    @classmethod
-    def from_nanogpt(cls, sd: Mapping[str, torch.Tensor], *, n_head: int,
-                     query_mode: str = "standard", attn_scale: float | None = None,
-                     norm_eps: float = 1e-5) -> "GPT":
-        """Build from a nanoGPT state dict (``transformer.h.N.attn.c_attn`` Linear,
-        ``_orig_mod.`` prefixes allowed), GELU MLP, LayerNorm, learned positions.
-
-        The query-free paper's fork (``query_mode="identity"``) has
-        ``c_attn = Linear(d, 2d)`` producing only k and v; it becomes variant
-        ``wq_identity``. Its ``query_mode="residual"`` computes
-        ``q = x + (x Wq^T + bq)``, which is linear: variant ``qkv`` with
-        ``W_q = Wq + I``. Geometry is read from the tensor shapes; ``n_head``
-        must be given (nanoGPT stores it in ``model_args``).
-        """
-        if query_mode not in ("standard", "identity", "residual"):
-            raise ValueError(f"query_mode {query_mode!r} is not one of standard, identity, residual")
-        # some nanoGPT-style code names LayerNorm parameters gamma/beta
-        alias = {"gamma": "weight", "beta": "bias"}
-        sd = {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
-        sd = {(k.rsplit(".", 1)[0] + "." + alias[k.rsplit(".", 1)[1]]
-               if ".ln_" in k and k.rsplit(".", 1)[1] in alias else k): v for k, v in sd.items()}
-        wte = sd["transformer.wte.weight"]  # (vocab, d)
-        vocab, d = wte.shape
-        n_layer = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("transformer.h."))
-        c_attn = sd["transformer.h.0.attn.c_attn.weight"]  # (3d or 2d, d)
-        variant = "wq_identity" if query_mode == "identity" else "qkv"
-        n_proj = 2 if variant == "wq_identity" else 3
-        if c_attn.shape[0] != n_proj * d:
-            raise ValueError(f"transformer.h.0.attn.c_attn.weight: expected {n_proj * d} rows for "
-                             f"query_mode {query_mode!r}, found {c_attn.shape[0]}")
-        bias = "transformer.h.0.attn.c_attn.bias" in sd
-        tied = "lm_head.weight" not in sd or torch.equal(sd["lm_head.weight"], wte)
-        cfg = GPTConfig(vocab_size=vocab, block_size=sd["transformer.wpe.weight"].shape[0],
-                        n_layer=n_layer, n_head=n_head, d_model=d, variant=variant,
-                        mlp_ratio=sd["transformer.h.0.mlp.c_fc.weight"].shape[0] / d,
-                        attn_scale=attn_scale, bias=bias, tie_embeddings=tied, norm_eps=norm_eps)
-        own: dict[str, torch.Tensor] = {"wte.weight": wte, "wpe.weight": sd["transformer.wpe.weight"]}
-        if not tied:
-            own["lm_head.weight"] = sd["lm_head.weight"]
-        names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_proj": "attn.o",
-                 "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
-        for i in range(n_layer):
-            src, dst = f"transformer.h.{i}.", f"blocks.{i}."
-            for a, b in names.items():
-                for p in ("weight", "bias"):
-                    if src + f"{a}.{p}" in sd:
-                        own[dst + f"{b}.{p}"] = sd[src + f"{a}.{p}"]
-            # nanoGPT's c_attn rows are [q; k; v] (or [k; v] in the query-free fork)
-            parts = ("k", "v") if variant == "wq_identity" else ("q", "k", "v")
-            for p in ("weight", "bias"):
-                if src + f"attn.c_attn.{p}" in sd:
-                    for name, t in zip(parts, sd[src + f"attn.c_attn.{p}"].split(d, dim=0)):
-                        own[dst + f"attn.{name}.{p}"] = t
-            if query_mode == "residual":      # q = x + x Wq^T: fold the identity into W_q
-                wq = own[dst + "attn.q.weight"]
-                own[dst + "attn.q.weight"] = wq + torch.eye(d, dtype=wq.dtype)
-        for p in ("weight", "bias"):
-            if f"transformer.ln_f.{p}" in sd:
-                own[f"ln_f.{p}"] = sd[f"transformer.ln_f.{p}"]
-        return cls.from_state_dict(cfg, own)

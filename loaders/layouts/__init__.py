@@ -21,6 +21,16 @@ The converter protocol. A module in this package (name not starting with
   ``ARCHITECTURES`` (prefixes of ``config.architectures`` class names): a
   source whose config declares one of these is offered to that layout before
   any key-based detection.
+* optionally ``convert_model(source) -> (ModelMeta, layer_fn, Body)``: the
+  whole model for a forward pass, the embeddings, norms and MLPs in
+  ``_body``'s canonical names (``nanogpt``, ``query_free``,
+  ``projection_sharing``, ``llama_meta``); ``experiments.foreign`` builds the
+  project's GPT from it, so a layout's key names stay in its module.
+
+Shared helpers (modules starting with ``_``, not layouts): ``_common``
+(config lookup, layer discovery, shape checks, reshapes, metadata),
+``_converters`` (whole converters of the common projection shapes),
+``_qk_norm`` (QK-norm gains), ``_body`` (the non-attention tensors).
 
 Row order: each layout keeps its own row order inside a head. Notably HF
 Llama-family ``q_proj``/``k_proj`` rows are permuted relative to Meta/llama2.c

@@ -1,5 +1,7 @@
 """Helpers shared by the layout converters: config lookup, layer discovery,
 shape validation, reshapes into canonical per-head form, parameter counts.
+Whole converters of the common projection shapes are in ``_converters``, the
+QK-norm reading in ``_qk_norm``, the non-attention tensors in ``_body``.
 
 Reshape conventions (x is a row vector, canonical ``q_h = x @ W_Q[h]``):
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -251,7 +253,7 @@ def getter(source: TensorSource, have: set[str]) -> Callable[[str], torch.Tensor
 
 # ---- metadata --------------------------------------------------------------
 
-def _is_buffer(source: TensorSource, key: str) -> bool:
+def is_buffer(source: TensorSource, key: str) -> bool:
     if key.endswith(_BUFFER_SUFFIXES):
         return True
     # causal masks registered as ``attn.bias`` / ``attention.bias``: [1, 1, T, T]
@@ -262,7 +264,7 @@ def params_total(source: TensorSource) -> int:
     """Sum of numel over every tensor except buffers; an output embedding equal
     to the input embedding (weight tying saved twice) is counted once. The
     config's ``tie_word_embeddings`` decides when present, else the values."""
-    keys = [k for k in source.keys() if not _is_buffer(source, k)]
+    keys = [k for k in source.keys() if not is_buffer(source, k)]
     total = sum(source.numel(k) for k in keys)
     outs = [k for k in keys if k.endswith(_OUT_EMBED)]
     ins = [k for k in keys if k.endswith(_IN_EMBED)]
@@ -307,14 +309,14 @@ def make_meta(source: TensorSource, *, architecture: str, variant: str, geom: Ge
         d_head=geom.d_head, norm=norm, positions=positions, attn_scale=float(attn_scale),
         dtype=source.dtype(dtype_key), params_total=params_total(source),
         params_attention=sum(source.numel(k) for k in set(attention_keys)),
-        config=_jsonable(source.config or {}), **extra)
+        config=jsonable(source.config or {}), **extra)
 
 
-def _jsonable(obj):
+def jsonable(obj):
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     if isinstance(obj, torch.Tensor) and obj.numel() == 1:
@@ -331,154 +333,11 @@ def layer_fn(build: Callable[[int], AttentionWeights]) -> Callable[[int], Attent
     return fn
 
 
-# ---- the common "separate q, k, v, o Linear projections" shape ------------
 
-def convert_separate(source: TensorSource, *, name: str, names: dict[str, str], layers: list[int],
-                     d: int, n: int, n_kv: int, dh: int, norm: str, positions: str,
-                     attn_scale: float | None, have: set[str]):
-    """Layouts with one ``nn.Linear`` per projection. ``names`` maps ``q``,
-    ``k``, ``v``, ``o`` to key stems with an ``{i}`` placeholder (``.weight``
-    and the optional ``.bias`` are appended). Shapes: q ``[n*dh, d]``, k and v
-    ``[n_kv*dh, d]``, o ``[d, n*dh]``; biases ``[rows]`` / ``[d]``."""
-    why = basis(d, n, n_kv, dh)
-    shapes = {"q": (n * dh, d), "k": (n_kv * dh, d), "v": (n_kv * dh, d), "o": (d, n * dh)}
-    require(source, [names[r].format(i=i) + ".weight" for i in layers for r in "qkvo"], have, name)
-    attn_keys = []
-    for i in layers:
-        for r in "qkvo":
-            stem = names[r].format(i=i)
-            expect_shape(source, stem + ".weight", shapes[r], i, why)
-            attn_keys.append(stem + ".weight")
-            if stem + ".bias" in have:
-                expect_shape(source, stem + ".bias", (shapes[r][0],), i, why)
-                attn_keys.append(stem + ".bias")
-    geom = Geometry(len(layers), n, n_kv, d, dh)
-    meta = make_meta(source, architecture=name, variant="qkv", geom=geom, norm=norm,
-                     positions=positions, attn_scale=attn_scale,
-                     dtype_key=names["q"].format(i=0) + ".weight", attention_keys=attn_keys)
-    get = getter(source, have)
+# ---- metric names a layout's notes name ------------------------------------
 
-    def build(i: int) -> AttentionWeights:
-        w = {r: get(names[r].format(i=i) + ".weight") for r in "qkvo"}
-        b = {r: get(names[r].format(i=i) + ".bias") for r in "qkvo"}
-        return AttentionWeights(
-            layer=i,
-            W_Q=rows_to_heads(w["q"], n, dh), W_K=rows_to_heads(w["k"], n_kv, dh),
-            W_V=rows_to_heads(w["v"], n_kv, dh), W_O=cols_to_heads(w["o"], n, dh),
-            b_Q=bias_heads(b["q"], n, dh), b_K=bias_heads(b["k"], n_kv, dh),
-            b_V=bias_heads(b["v"], n_kv, dh),
-            b_O=None if b["o"] is None else fresh(b["o"]))
-
-    return meta, layer_fn(build)
-
-
-# ---- fused q/k/v projections ----------------------------------------------
-
-def split_concat(n: int, n_kv: int, d_head: int):
-    """Rows ``[q (n*dh); k (n_kv*dh); v (n_kv*dh)]`` (Phi-3, Falcon multi-query)."""
-    def split(t: torch.Tensor):
-        a, b = n * d_head, (n + n_kv) * d_head
-        return t[:a], t[a:b], t[b:]
-    return split
-
-
-def split_interleaved(n: int, d_head: int):
-    """Rows grouped per head ``[n, 3, d_head]``: head h's q, k, v rows are
-    adjacent (GPT-NeoX, Falcon-7B-style non-multi-query)."""
-    def split(t: torch.Tensor):
-        rest = t.shape[1:]
-        t4 = t.reshape(n, 3, d_head, *rest)              # (n, 3, dh, ...)
-        return (t4[:, 0].reshape(n * d_head, *rest), t4[:, 1].reshape(n * d_head, *rest),
-                t4[:, 2].reshape(n * d_head, *rest))
-    return split
-
-
-def split_grouped(n: int, n_kv: int, d_head: int):
-    """Rows grouped per kv head ``[n_kv, n/n_kv + 2, d_head]``: the group's
-    queries, then its key, then its value (Falcon ``new_decoder_architecture``)."""
-    g = n // n_kv
-
-    def split(t: torch.Tensor):
-        rest = t.shape[1:]
-        t4 = t.reshape(n_kv, g + 2, d_head, *rest)       # (n_kv, g+2, dh, ...)
-        return (t4[:, :g].reshape(n * d_head, *rest), t4[:, g].reshape(n_kv * d_head, *rest),
-                t4[:, g + 1].reshape(n_kv * d_head, *rest))
-    return split
-
-
-def convert_fused(source: TensorSource, *, name: str, qkv: str, o: str, layers: list[int],
-                  d: int, n: int, n_kv: int, dh: int, split, norm: str, positions: str,
-                  attn_scale: float | None, have: set[str]):
-    """Layouts with one fused ``nn.Linear`` ``[(n + 2*n_kv)*dh, d]`` for q, k, v
-    (row order given by ``split``) and a Linear output projection ``[d, n*dh]``.
-    ``qkv`` and ``o`` are key stems with an ``{i}`` placeholder."""
-    why = basis(d, n, n_kv, dh)
-    rows = (n + 2 * n_kv) * dh
-    require(source, [s.format(i=i) + ".weight" for i in layers for s in (qkv, o)], have, name)
-    attn_keys = []
-    for i in layers:
-        kq, ko = qkv.format(i=i), o.format(i=i)
-        expect_shape(source, kq + ".weight", (rows, d), i, why)
-        expect_shape(source, ko + ".weight", (d, n * dh), i, why)
-        attn_keys += [kq + ".weight", ko + ".weight"]
-        for kb, shape in ((kq + ".bias", (rows,)), (ko + ".bias", (d,))):
-            if kb in have:
-                expect_shape(source, kb, shape, i, why)
-                attn_keys.append(kb)
-    geom = Geometry(len(layers), n, n_kv, d, dh)
-    meta = make_meta(source, architecture=name, variant="qkv", geom=geom, norm=norm,
-                     positions=positions, attn_scale=attn_scale,
-                     dtype_key=qkv.format(i=0) + ".weight", attention_keys=attn_keys)
-    get = getter(source, have)
-
-    def build(i: int) -> AttentionWeights:
-        wq, wk, wv = split(get(qkv.format(i=i) + ".weight"))
-        b = get(qkv.format(i=i) + ".bias")
-        bq, bk, bv = split(b) if b is not None else (None, None, None)
-        bo = get(o.format(i=i) + ".bias")
-        return AttentionWeights(
-            layer=i,
-            W_Q=rows_to_heads(wq, n, dh), W_K=rows_to_heads(wk, n_kv, dh),
-            W_V=rows_to_heads(wv, n_kv, dh),
-            W_O=cols_to_heads(get(o.format(i=i) + ".weight"), n, dh),
-            b_Q=bias_heads(bq, n, dh), b_K=bias_heads(bk, n_kv, dh), b_V=bias_heads(bv, n_kv, dh),
-            b_O=None if bo is None else fresh(bo))
-
-    return meta, layer_fn(build)
-
-
-@dataclass(frozen=True)
-class LayerGeometry:
-    """What every Hugging Face-style converter reads first (see ``hf_geometry``)."""
-
-    prefix: str
-    layers: list[int]
-    d: int
-    n: int
-    dh: int
-    have: set
-
-
-def hf_geometry(source: TensorSource, pattern: str, first_q: str, *,
-                layer_keys=("num_hidden_layers",), d_keys=("hidden_size",),
-                head_keys=("num_attention_heads",), head_dim_key: str | None = None) -> LayerGeometry:
-    """Layers found by ``pattern`` (checked against the config's layer count),
-    d_model from the config or the shape of ``first_q`` (a key template with
-    ``{p}`` for the prefix; its input dimension is d_model), the head count
-    from the config (it cannot come from shapes) and d_head."""
-    keys = source.keys()
-    p, layers = find_layers(source, pattern, keys)
-    check_layers(source, len(layers), cfg(source, *layer_keys))
-    d = cfg_int(source, *d_keys, default=source.shape(first_q.format(p=p))[1])
-    n = need_int(source, cfg(source, *head_keys), "head count", tuple(head_keys))
-    dh = split_heads_check(source, d, n, cfg(source, head_dim_key) if head_dim_key else None)
-    return LayerGeometry(p, layers, d, n, dh, set(keys))
-
-
-# ---- QK-norm ------------------------------------------------------------------
-
-#: Metric names (``analysis.registry``) that read W_Q or W_K: a QK-norm changes
-#: what they describe. Metrics of W_V, W_O and the value cache alone do not.
+#: Metric names (``analysis.registry``) by the projection they read: a QK-norm changes
+#: what the W_Q and W_K ones describe; composed maps (``deepseek_mla``) the W_K and W_V ones.
 Q_METRICS = ("qk_symmetry", "qk_directionality", "erank_q", "stable_rank_q", "energy_rank90_q",
              "energy_rank99_q", "erank_qk", "stable_rank_qk", "energy_rank90_qk",
              "energy_rank99_qk", "norm_q", "wq_condition", "wq_basis_orth_defect",
@@ -488,52 +347,3 @@ K_METRICS = ("kv_cosine_flat", "kv_cka", "kv_share_r2", "erank_k", "stable_rank_
              "kv_share_r2_act", "erank_kcache")
 V_METRICS = ("erank_v", "stable_rank_v", "energy_rank90_v", "energy_rank99_v", "norm_v",
              "erank_vcache")
-
-
-def qk_norm_notes(scope: str) -> dict[str, str]:
-    """The note each Q- or K-reading metric carries when q and k pass an RMSNorm
-    (``scope`` ``head`` or ``layer``) after the projection."""
-    over = "each head's d_head" if scope == "head" else "all heads' concatenated projection"
-    why = (f"computed on W_Q/W_K before the model's QK-norm: attention uses g * q / rms(q) and "
-           f"g * k / rms(k) (RMSNorm over {over}; gains q_norm/k_norm in the canonical layer), "
-           "so the logits' bilinear form is W_Q diag(g_q g_k) W_K^T up to per-token scales")
-    return {m: why for m in Q_METRICS + K_METRICS}
-
-
-def norm_gains(source: TensorSource, key: str, n: int, d_head: int, scope: str, layer: int,
-               why: str) -> None:
-    """Check a QK-norm weight's shape: ``[d_head]`` for ``head`` scope (one gain
-    shared by every head), ``[n*d_head]`` for ``layer`` scope."""
-    expect_shape(source, key, (d_head,) if scope == "head" else (n * d_head,), layer, why)
-
-
-def gains_to_heads(w: torch.Tensor, n: int, d_head: int, offset: float = 0.0) -> torch.Tensor:
-    """A QK-norm weight ``[d_head]`` (shared by the heads) or ``[n*d_head]`` -> ``[n, d_head]``
-    gains, ``offset`` added (Gemma's RMSNorm multiplies by ``1 + weight``)."""
-    g = w.float() + offset if offset else w
-    if g.dim() == 1 and g.shape[0] == d_head:
-        return fresh(g.expand(n, d_head))                  # (dh,) -> (n, dh), shared gain
-    return fresh(g.reshape(n, d_head))                     # (n*dh,) -> (n, dh)
-
-
-def add_qk_norm(source: TensorSource, meta: ModelMeta, build: Callable[[int], AttentionWeights],
-                *, q_key: str, k_key: str, scope: str, offset: float = 0.0, have: set[str],
-                layers: list[int], name: str):
-    """Wrap a converted separate-projection layout with its QK-norm weights
-    (``q_key``/``k_key``: key templates with ``{i}``): shapes checked now, gains
-    in every layer, ``meta.qk_norm`` and the notes set."""
-    n, g, dh = meta.n_heads, meta.n_kv_heads, meta.d_head
-    why = basis(meta.d_model, n, g, dh)
-    require(source, [t.format(i=i) for i in layers for t in (q_key, k_key)], have, name)
-    for i in layers:
-        norm_gains(source, q_key.format(i=i), n, dh, scope, i, why)
-        norm_gains(source, k_key.format(i=i), g, dh, scope, i, why)
-    meta = replace(meta, qk_norm=scope, notes={**meta.notes, **qk_norm_notes(scope)})
-
-    def with_norms(i: int) -> AttentionWeights:
-        layer = build(i)
-        layer.q_norm = gains_to_heads(source.get(q_key.format(i=i)), n, dh, offset)
-        layer.k_norm = gains_to_heads(source.get(k_key.format(i=i)), g, dh, offset)
-        return layer
-
-    return meta, layer_fn(with_norms)

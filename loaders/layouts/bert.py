@@ -14,6 +14,7 @@ Source: transformers ``models/bert/modeling_bert.py``.
 from __future__ import annotations
 
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_separate, hf_geometry
 
 NAME = "bert"
 PRIORITY = 30
@@ -28,13 +29,13 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    g = C.hf_geometry(source, _RX, "{p}encoder.layer.0.attention.self.query.weight")
+    g = hf_geometry(source, _RX, "{p}encoder.layer.0.attention.self.query.weight")
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     stem = p + "encoder.layer.{i}.attention."
     names = {"q": stem + "self.query", "k": stem + "self.key", "v": stem + "self.value",
              "o": stem + "output.dense"}
     pe = C.cfg(source, "position_embedding_type", default="absolute")
-    return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n, n_kv=n,
+    return convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n, n_kv=n,
                               dh=dh, norm="layernorm",
                               positions="learned" if pe == "absolute" else "unknown",
                               attn_scale=None, have=have)

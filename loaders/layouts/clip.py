@@ -26,9 +26,12 @@ Source: transformers ``models/clip/modeling_clip.py``, ``models/siglip/modeling_
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from loaders.canonical import AttentionWeights, Tower
 from loaders.errors import CheckpointFormatError
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_separate, hf_geometry
 
 NAME = "clip"
 PRIORITY = 30
@@ -84,11 +87,11 @@ def convert(source):
     first = 0
     for tower, rx in _stacks(source):
         view = _View(source, _tower_config(source, tower))
-        g = C.hf_geometry(view, rx, "{p}" + ("" if rx == _BARE_RX else f"{tower}_model.")
+        g = hf_geometry(view, rx, "{p}" + ("" if rx == _BARE_RX else f"{tower}_model.")
                           + "encoder.layers.0.self_attn.q_proj.weight")
         stem = g.prefix + ("" if rx == _BARE_RX else f"{tower}_model.") + "encoder.layers.{i}.self_attn."
         names = {"q": stem + "q_proj", "k": stem + "k_proj", "v": stem + "v_proj", "o": stem + "out_proj"}
-        meta, fn = C.convert_separate(view, name=NAME, names=names, layers=g.layers, d=g.d, n=g.n,
+        meta, fn = convert_separate(view, name=NAME, names=names, layers=g.layers, d=g.d, n=g.n,
                                       n_kv=g.n, dh=g.dh, norm="layernorm", positions="learned",
                                       attn_scale=None, have=g.have)
         metas.append(meta)
@@ -100,7 +103,7 @@ def convert(source):
     meta = C.make_meta(source, architecture=NAME, variant="qkv", geom=geom, norm="layernorm",
                        positions="learned", attn_scale=top.attn_scale, dtype_key=_first_key(source),
                        attention_keys=(), towers=tuple(towers))
-    meta = C.replace(meta, params_attention=sum(m.params_attention for m in metas))
+    meta = replace(meta, params_attention=sum(m.params_attention for m in metas))
 
     def build(i: int) -> AttentionWeights:
         k = next(j for j, t in enumerate(towers) if t.has(i))

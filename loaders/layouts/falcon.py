@@ -18,6 +18,7 @@ Source: transformers ``models/falcon/modeling_falcon.py``.
 from __future__ import annotations
 
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_fused, hf_geometry, split_concat, split_grouped, split_interleaved
 
 NAME = "falcon"
 PRIORITY = 30
@@ -32,7 +33,7 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    g = C.hf_geometry(source, _RX, "{p}h.0.self_attention.query_key_value.weight",
+    g = hf_geometry(source, _RX, "{p}h.0.self_attention.query_key_value.weight",
                       layer_keys=("num_hidden_layers", "n_layer"),
                       head_keys=("num_attention_heads", "n_head"))
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
@@ -40,16 +41,16 @@ def convert(source):
     multi_query = bool(C.cfg(source, "multi_query", default=True))
     if new_arch:
         n_kv = C.cfg_int(source, "num_kv_heads", "n_head_kv", default=n)
-        split = C.split_grouped(n, n_kv, dh)
+        split = split_grouped(n, n_kv, dh)
     elif multi_query:
         n_kv = 1
-        split = C.split_concat(n, 1, dh)
+        split = split_concat(n, 1, dh)
     else:
         n_kv = n
-        split = C.split_interleaved(n, dh)
+        split = split_interleaved(n, dh)
     stem = p + "h.{i}.self_attention."
     alibi = bool(C.cfg(source, "alibi", default=False))
-    return C.convert_fused(source, name=NAME, qkv=stem + "query_key_value", o=stem + "dense",
+    return convert_fused(source, name=NAME, qkv=stem + "query_key_value", o=stem + "dense",
                            layers=layers, d=d, n=n, n_kv=n_kv, dh=dh, split=split,
                            norm="layernorm", positions="alibi" if alibi else "rotary",
                            attn_scale=None, have=have)

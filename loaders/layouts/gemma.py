@@ -13,7 +13,7 @@ Keys as Llama's (prefix ``model.`` or none): ``layers.{i}.self_attn.{q,k,v,o}_pr
 * QK-norm (Gemma 3): ``self_attn.{q,k}_norm.weight`` ``[head_dim]``, an RMSNorm
   over each head's d_head with gain ``1 + weight`` (``Gemma3RMSNorm``); the
   canonical ``q_norm``/``k_norm`` hold that gain, ``meta.qk_norm = "head"``, and
-  the metrics of W_Q and W_K carry a note (``_common.qk_norm_notes``).
+  the metrics of W_Q and W_K carry a note (``_qk_norm.qk_norm_notes``).
 
 Detected only from a declared ``model_type`` (the keys are Llama's). The
 multimodal ``Gemma3ForConditionalGeneration`` (``model_type`` ``gemma3``, a
@@ -24,7 +24,11 @@ Source: transformers ``models/gemma{,2,3}/modeling_gemma*.py``.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_separate, hf_geometry
+from loaders.layouts._qk_norm import add_qk_norm
 
 NAME = "gemma"
 PRIORITY = 34
@@ -40,7 +44,7 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    g = C.hf_geometry(source, _RX, "{p}layers.0.self_attn.q_proj.weight", head_dim_key="head_dim")
+    g = hf_geometry(source, _RX, "{p}layers.0.self_attn.q_proj.weight", head_dim_key="head_dim")
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     n_kv = C.cfg_int(source, "num_key_value_heads", default=n)
     mt = C.model_type(source)
@@ -48,12 +52,12 @@ def convert(source):
     scale = (scalar if scalar is not None else dh) ** -0.5
     cap = C.cfg_float(source, "attn_logit_softcapping") if mt == "gemma2" else None
     stem = p + "layers.{i}.self_attn."
-    meta, fn = C.convert_separate(source, name=NAME, names={r: stem + f"{r}_proj" for r in "qkvo"},
+    meta, fn = convert_separate(source, name=NAME, names={r: stem + f"{r}_proj" for r in "qkvo"},
                                   layers=layers, d=d, n=n, n_kv=n_kv, dh=dh, norm="rmsnorm",
                                   positions="rotary", attn_scale=scale, have=have)
-    meta = C.replace(meta, logit_softcap=cap)
+    meta = replace(meta, logit_softcap=cap)
     if (stem + "q_norm.weight").format(i=0) in have:
-        meta, fn = C.add_qk_norm(source, meta, fn, q_key=stem + "q_norm.weight",
+        meta, fn = add_qk_norm(source, meta, fn, q_key=stem + "q_norm.weight",
                                  k_key=stem + "k_norm.weight", scope="head", offset=1.0,
                                  have=have, layers=layers, name=NAME)
     return meta, fn

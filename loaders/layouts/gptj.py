@@ -12,6 +12,7 @@ Source: transformers ``models/gptj/modeling_gptj.py``.
 from __future__ import annotations
 
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_separate, hf_geometry
 
 NAME = "gptj"
 PRIORITY = 30
@@ -29,13 +30,13 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    g = C.hf_geometry(source, _RX, "{p}h.0.attn.q_proj.weight",
+    g = hf_geometry(source, _RX, "{p}h.0.attn.q_proj.weight",
                       layer_keys=("n_layer", "num_hidden_layers"), d_keys=("n_embd", "hidden_size"),
                       head_keys=("n_head", "num_attention_heads"))
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     stem = p + "h.{i}.attn."
     names = {"q": stem + "q_proj", "k": stem + "k_proj", "v": stem + "v_proj",
              "o": stem + "out_proj"}
-    return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n, n_kv=n,
+    return convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n, n_kv=n,
                               dh=dh, norm="layernorm", positions="rotary", attn_scale=None,
                               have=have)

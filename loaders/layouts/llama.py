@@ -17,6 +17,7 @@ Source: transformers ``models/llama/modeling_llama.py`` (``LlamaAttention``).
 from __future__ import annotations
 
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_separate, hf_geometry
 
 NAME = "llama"
 PRIORITY = 35
@@ -43,11 +44,11 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    g = C.hf_geometry(source, _RX, "{p}layers.0.self_attn.q_proj.weight", head_dim_key="head_dim")
+    g = hf_geometry(source, _RX, "{p}layers.0.self_attn.q_proj.weight", head_dim_key="head_dim")
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     n_kv = C.cfg_int(source, "num_key_value_heads", default=n)
     stem = p + "layers.{i}.self_attn."
     names = {r: stem + f"{r}_proj" for r in "qkvo"}
-    return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n,
+    return convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n,
                               n_kv=n_kv, dh=dh, norm="rmsnorm", positions="rotary",
                               attn_scale=None, have=have)

@@ -23,11 +23,24 @@ has a SwiGLU MLP (``mlp.w1/w2/w3``, ``gate_proj/up_proj/down_proj``,
 biases (nanoGPT's LayerNorm has one whenever they do), and a LayerNorm when
 the config says ``bias``/``use_bias`` false (nanoGPT's ``LayerNorm(bias=False)``);
 with no bias setting at all, a weight without a bias reads as RMSNorm.
+
+The whole model (``convert_model``, for a forward pass; ``_body``'s names):
+``transformer.wte`` and learned ``transformer.wpe`` (its rows: the context),
+blocks ``transformer.h.{i}`` with ``ln_1``, ``attn``, ``ln_2`` and an MLP,
+``transformer.ln_f``, and ``lm_head`` (absent or equal to ``wte``: tied). Norm
+parameters named ``gamma``/``beta`` are read as weight/bias. The MLP is
+``mlp.c_fc`` -> GELU -> ``mlp.c_proj``, or a SwiGLU ``down(silu(gate x) * up x)``
+named ``w1``/``w3``/``w2`` (gate/up/down, llama2.c's names), ``gate_proj``/
+``up_proj``/``down_proj`` (Hugging Face's) or ``w_gate``/``w_up``/``w_down``. A
+fused ``c_fc`` of twice ``c_proj``'s width is refused: which half gates is not
+recorded in the weights. Norm eps: ``norm_eps``/``rms_norm_eps``/
+``layer_norm_epsilon``/``eps``, else 1e-5.
 """
 from __future__ import annotations
 
 from loaders.canonical import AttentionWeights
 from loaders.layouts import _common as C
+from loaders.layouts._body import NORM_ALIASES, Body, NotRunnable, aliased, gather, listed
 
 NAME = "nanogpt"
 PRIORITY = 50
@@ -93,7 +106,8 @@ def validate(source, p, layers, d, rows_per_d, have, layout=NAME):
 
 _NORM_FIELDS = ("norm", "norm_type", "normalization", "norm_layer", "layer_norm_type")
 _RMS_FLAGS = ("use_rmsnorm", "rmsnorm", "use_rms_norm")
-_SWIGLU = (("w1", "w2", "w3"), ("gate_proj", "up_proj", "down_proj"), ("w_gate", "w_up", "w_down"))
+#: (gate, up, down) module names of SwiGLU MLPs, as the code that trained them names them.
+SWIGLU = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"), ("w_gate", "w_up", "w_down"))
 
 
 def norm_of(source, p: str, have: set[str]) -> str:
@@ -119,7 +133,7 @@ def norm_of(source, p: str, have: set[str]) -> str:
         return "layernorm"
     if any("rms" in m.lower() for m in norms):
         return "rmsnorm"
-    if any(all(f"{block}mlp.{n}.weight" in have for n in names) for names in _SWIGLU):
+    if swiglu_names(have, f"{block}mlp.") is not None:
         return "rmsnorm"
     if f"{block}attn.c_attn.bias" in have:
         return "rmsnorm"
@@ -156,3 +170,52 @@ def convert(source):
             b_O=None if bo is None else C.fresh(bo))
 
     return meta, C.layer_fn(build)
+
+
+def swiglu_names(have: set[str], stem: str) -> tuple[str, str, str] | None:
+    """The (gate, up, down) names under ``stem`` (``transformer.h.0.mlp.``) whose ``.weight``
+    keys are all in ``have``, else None."""
+    for names in SWIGLU:
+        if all(f"{stem}{n}.weight" in have for n in names):
+            return names
+    return None
+
+
+def model_body(source) -> Body:
+    """The non-attention tensors of a nanoGPT-style source (module docstring), its
+    attention modules ``attn.c_attn``/``attn.c_proj`` left to the canonical layers."""
+    keys = source.keys()
+    have = set(keys)
+    p, _ = C.find_layers(source, RX, keys)
+    for need in (f"{p}wte.weight", f"{p}wpe.weight"):
+        if need not in have:
+            raise NotRunnable(f"expected {need} (learned positions, fused c_attn); found {listed(keys)}")
+    mlp = swiglu_names(have, f"{p}h.0.mlp.")
+    if mlp is None:
+        fc, proj = f"{p}h.0.mlp.c_fc.weight", f"{p}h.0.mlp.c_proj.weight"
+        if fc not in have or proj not in have:
+            found = sorted({k.split(".")[-2] for k in have if k.startswith(f"{p}h.0.mlp.")})
+            raise NotRunnable(f"the MLP ({', '.join(found) or 'none'}) is neither c_fc/c_proj (GELU) nor a "
+                              f"named SwiGLU ({'; '.join('/'.join(n) for n in SWIGLU)})")
+        hidden = source.shape(fc)[0]
+        if source.shape(proj)[1] * 2 == hidden:
+            raise NotRunnable(f"mlp.c_fc has {hidden} rows, twice mlp.c_proj's {hidden // 2} columns: a "
+                              f"fused SwiGLU whose gate half is not recorded in the weights")
+        modules = {"mlp.c_fc": "mlp.in", "mlp.c_proj": "mlp.out"}
+    else:
+        modules = {f"mlp.{mlp[0]}": "mlp.gate", f"mlp.{mlp[1]}": "mlp.in", f"mlp.{mlp[2]}": "mlp.out"}
+    root = p.removesuffix("transformer.")
+    top = aliased({f"{p}wte.weight": "embed", f"{p}wpe.weight": "pos_embed",
+                   f"{p}ln_f.weight": "ln_final.weight", f"{p}ln_f.bias": "ln_final.bias",
+                   f"{root}lm_head.weight": "unembed"}, NORM_ALIASES)
+    tensors = gather(source, top=top, block=p + "h.{i}.", modules={"ln_1": "ln1", "ln_2": "ln2", **modules},
+                     attention=("attn.c_attn", "attn.c_proj"), aliases=NORM_ALIASES)
+    eps = C.cfg_float(source, "norm_eps", "rms_norm_eps", "layer_norm_epsilon", "eps", default=1e-5)
+    return Body(tensors, mlp="gelu" if mlp is None else "swiglu", context=source.shape(f"{p}wpe.weight")[0],
+                norm_eps=eps)
+
+
+def convert_model(source):
+    """``convert``'s (meta, layer_fn) and the model's :class:`Body` (module docstring)."""
+    meta, layer = convert(source)
+    return meta, layer, model_body(source)

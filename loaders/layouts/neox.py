@@ -12,6 +12,7 @@ Source: transformers ``models/gpt_neox/modeling_gpt_neox.py``.
 from __future__ import annotations
 
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_fused, hf_geometry, split_interleaved
 
 NAME = "neox"
 PRIORITY = 30
@@ -26,10 +27,10 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    g = C.hf_geometry(source, _RX, "{p}layers.0.attention.query_key_value.weight")
+    g = hf_geometry(source, _RX, "{p}layers.0.attention.query_key_value.weight")
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     stem = p + "layers.{i}.attention."
-    return C.convert_fused(source, name=NAME, qkv=stem + "query_key_value", o=stem + "dense",
+    return convert_fused(source, name=NAME, qkv=stem + "query_key_value", o=stem + "dense",
                            layers=layers, d=d, n=n, n_kv=n, dh=dh,
-                           split=C.split_interleaved(n, dh), norm="layernorm",
+                           split=split_interleaved(n, dh), norm="layernorm",
                            positions="rotary", attn_scale=None, have=have)

@@ -10,12 +10,12 @@ hold the gains reshaped per head, ``meta.qk_norm = "layer"`` (the rms runs over
 the layer's heads together), and the metrics of W_Q and W_K carry a note.
 Post-norm blocks (``post_attention_layernorm`` after attention, no input norm):
 the attention input is the raw residual stream. Rotary, ``attn_scale = head_dim ** -0.5``.
+Read by ``_qk_norm.qk_norm_layout`` (shared with ``qwen3``).
 Source: transformers ``models/olmo2/modeling_olmo2.py``.
 """
 from __future__ import annotations
 
-from loaders.layouts import _common as C
-from loaders.layouts.qwen3 import _RX, _norm_is_per_head, qk_norm_layout
+from loaders.layouts._qk_norm import detect_scope, qk_norm_layout
 
 NAME = "olmo2"
 PRIORITY = 34
@@ -24,10 +24,7 @@ ARCHITECTURES = ("Olmo2",)
 
 
 def detect(source) -> bool:
-    mt = C.model_type(source)
-    if mt is not None:
-        return mt in MODEL_TYPES and C.any_match(source.keys(), _RX)
-    return _norm_is_per_head(source) is False
+    return detect_scope(source, MODEL_TYPES, per_head=False)
 
 
 def convert(source):

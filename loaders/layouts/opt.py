@@ -12,6 +12,7 @@ Source: transformers ``models/opt/modeling_opt.py`` (``OPTAttention``).
 from __future__ import annotations
 
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_separate, hf_geometry
 
 NAME = "opt"
 PRIORITY = 30
@@ -32,11 +33,11 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    g = C.hf_geometry(source, _RX, "{p}decoder.layers.0.self_attn.q_proj.weight")
+    g = hf_geometry(source, _RX, "{p}decoder.layers.0.self_attn.q_proj.weight")
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     stem = p + "decoder.layers.{i}.self_attn."
     names = {"q": stem + "q_proj", "k": stem + "k_proj", "v": stem + "v_proj",
              "o": stem + "out_proj"}
-    return C.convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n, n_kv=n,
+    return convert_separate(source, name=NAME, names=names, layers=layers, d=d, n=n, n_kv=n,
                               dh=dh, norm="layernorm", positions="learned",
                               attn_scale=dh ** -0.5, have=have)

@@ -10,6 +10,7 @@ Source: transformers ``models/phi3/modeling_phi3.py`` (``Phi3Attention``).
 from __future__ import annotations
 
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_fused, hf_geometry, split_concat
 
 NAME = "phi3"
 PRIORITY = 30
@@ -24,11 +25,11 @@ def detect(source) -> bool:
 
 
 def convert(source):
-    g = C.hf_geometry(source, _RX, "{p}layers.0.self_attn.qkv_proj.weight", head_dim_key="head_dim")
+    g = hf_geometry(source, _RX, "{p}layers.0.self_attn.qkv_proj.weight", head_dim_key="head_dim")
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
     n_kv = C.cfg_int(source, "num_key_value_heads", default=n)
     stem = p + "layers.{i}.self_attn."
-    return C.convert_fused(source, name=NAME, qkv=stem + "qkv_proj", o=stem + "o_proj",
+    return convert_fused(source, name=NAME, qkv=stem + "qkv_proj", o=stem + "o_proj",
                            layers=layers, d=d, n=n, n_kv=n_kv, dh=dh,
-                           split=C.split_concat(n, n_kv, dh), norm="rmsnorm",
+                           split=split_concat(n, n_kv, dh), norm="rmsnorm",
                            positions="rotary", attn_scale=None, have=have)

@@ -56,12 +56,32 @@ For a ``c_kv`` beside ``c_q`` without a kv-head count in ``model_config``, more
 rows than ``d_model`` are read as packed ``[k; v]`` and at most ``d_model`` rows as
 shared K=V (the paper's naming: ``c_kv`` is the shared projection).
 Tied tensors follow ``loaders.canonical``: present, identical, counted once.
+
+The whole language model (``convert_model``, for a forward pass; ``_body``'s names).
+From their repository (their model files ``transformer_*_300_M.py`` are not in it;
+``gao_keyless_repro.py`` builds a model of "the same structure as
+transformer_KQV_300_M.GPT", and ``distillation_llm.py``,
+``transformer_KQV_300M_fineweb.py``, ``kv_similarity_llm.py``, ``run_eval.py`` use
+theirs): GPT-2 style, pre-norm, ``x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))``,
+``nn.LayerNorm(n_embd, eps=layer_norm_epsilon)`` with bias for ``ln_1``, ``ln_2``,
+``ln_f``; token ``wte`` plus learned position ``wpe`` (``n_positions`` rows)
+embeddings at the top level, blocks in ``h``; logits ``ln_f(x) @ wte.weight.T``
+when ``tie_word_embeddings`` (no ``lm_head.weight`` key), else an ``lm_head``
+Linear without bias; causal attention. Not in their repository, so read from the
+tensors or assumed: the MLP is ``mlp.c_fc`` ``[n_inner, n_embd]`` -> GELU ->
+``mlp.c_proj`` (their profiler counts ``c_fc`` and ``c_proj`` outside ``attn`` as
+MLP and lists GELU; the exact GELU, not the tanh approximation, is assumed). Any
+other tensor (e.g. the 2D positional correction of their ``(Q=K)+`` variants) is
+refused, as are the synthetic-task encoders (``blocks.N``; one-hot inputs, no
+causal mask): they are not causal language models.
 """
 from __future__ import annotations
 
 from loaders.canonical import AttentionWeights
 from loaders.errors import CheckpointFormatError
 from loaders.layouts import _common as C
+from loaders.layouts._body import Body, NotRunnable, gather, listed
+from loaders.layouts._converters import split_concat
 
 NAME = "projection_sharing"
 PRIORITY = 10
@@ -216,7 +236,7 @@ def convert(source):
         w = {m: get(stem(i, m) + ".weight") for m in module_rows}
         b = {m: get(stem(i, m) + ".bias") for m in module_rows}
         if "qkv" in roles:
-            split = C.split_concat(n, n_kv, dh)
+            split = split_concat(n, n_kv, dh)
             wq, wk, wv = split(w["c_attn"])
             bq, bk, bv = split(b["c_attn"]) if b["c_attn"] is not None else (None,) * 3
         elif "kv" in roles:
@@ -242,3 +262,31 @@ def convert(source):
             b_Q=b_Q, b_K=b_K, b_V=b_V, b_O=None if bo is None else C.fresh(bo))
 
     return meta, C.layer_fn(build)
+
+
+
+def convert_model(source):
+    """``convert``'s (meta, layer_fn) and the language model's :class:`Body` (module docstring)."""
+    keys = source.keys()
+    if not C.any_match(keys, r"^(?:.*\.)?h\.\d+\.") and C.any_match(keys, r"^(?:.*\.)?blocks\.\d+\."):
+        raise NotRunnable("a synthetic-task encoder (blocks.N: one-hot inputs, no causal mask) is not "
+                          "a causal language model")
+    meta, layer = convert(source)
+    p, _ = C.find_layers(source, _RX, keys)
+    _, mods = _modules(source, keys)
+    tensors = gather(
+        source, block=p + "h.{i}.",
+        top={p + "wte.weight": "embed", p + "wpe.weight": "pos_embed", p + "lm_head.weight": "unembed",
+             p + "ln_f.weight": "ln_final.weight", p + "ln_f.bias": "ln_final.bias"},
+        modules={"ln_1": "ln1", "ln_2": "ln2", "mlp.c_fc": "mlp.in", "mlp.c_proj": "mlp.out"},
+        attention=[f"attn.{m}" for m in (*mods[0], "c_proj")],
+        hint=(f"a {meta.variant} layer runs {', '.join(sorted(mods[0]))} and c_proj; the MLP is "
+              "mlp.c_fc and mlp.c_proj"))
+    if "embed" not in tensors:
+        raise NotRunnable(f"expected wte.weight and blocks h.N.*; found {listed(keys)}")
+    if "blocks.0.mlp.in.weight" not in tensors:
+        raise NotRunnable("expected the MLP as h.N.mlp.c_fc and h.N.mlp.c_proj; found no h.0.mlp.c_fc.weight")
+    if "pos_embed" not in tensors:
+        raise NotRunnable("expected learned positions wpe.weight; found none")
+    eps = _get(_config(source), "layer_norm_epsilon", "layer_norm_eps", default=1e-5)
+    return meta, layer, Body(tensors, mlp="gelu", context=tensors["pos_embed"].shape[0], norm_eps=float(eps))

@@ -152,7 +152,7 @@ def convert(source):
                        positions=config.get("positions", "learned"),
                        attn_scale=config.get("attn_scale"), dtype_key=first,
                        attention_keys=attn_keys)
-    meta = replace(meta, config=C._jsonable(full_config))
+    meta = replace(meta, config=C.jsonable(full_config))
     get = C.getter(source, have)
 
     def build(i: int) -> AttentionWeights:

@@ -22,21 +22,26 @@ Config names: ``n_layer``, ``num_heads``, ``n_embd``, ``head_size``, ``bias``,
 ``scaled_dot_product_attention``; the paper trains identity models with
 ``1/(2*sqrt(d_head))``); when absent, their ``GPTConfig`` default
 ``sqrt(1/64)`` (computed from the class default ``head_size=64``).
+
+The whole model (``convert_model``) is nanoGPT's (``nanogpt.model_body``) for the
+linear query modes (``RUNNABLE_MODES``); ``residual_gelu`` is refused there.
 """
 from __future__ import annotations
 
 import math
 
-
 from loaders.canonical import AttentionWeights
 from loaders.errors import CheckpointFormatError
 from loaders.layouts import _common as C
 from loaders.layouts import nanogpt
+from loaders.layouts._body import NotRunnable
 
 NAME = "query_free"
 PRIORITY = 15
 
 MODES = ("identity", "original", "residual", "residual_gelu")
+#: The modes whose query is linear in x, which a forward pass of canonical W_Q runs.
+RUNNABLE_MODES = ("identity", "original", "residual")
 
 
 def _mode(source) -> str | None:
@@ -101,3 +106,12 @@ def convert(source):
 
     return meta, C.layer_fn(build)
 
+
+def convert_model(source):
+    """``convert``'s (meta, layer_fn) and nanoGPT's ``Body``, for the linear query modes."""
+    mode = _mode(source) or "identity"
+    if mode in MODES and mode not in RUNNABLE_MODES:
+        raise NotRunnable(f"query_mode {mode!r} (q = x + GELU(x Wq + bq)) is not a linear query; "
+                          f"runnable modes: {', '.join(RUNNABLE_MODES)}")
+    meta, layer = convert(source)
+    return meta, layer, nanogpt.model_body(source)

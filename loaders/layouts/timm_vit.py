@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from loaders.errors import CheckpointFormatError
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_fused, split_concat
 
 NAME = "timm_vit"
 PRIORITY = 32
@@ -82,6 +83,6 @@ def convert(source):
     n = _heads(source)
     dh = C.split_heads_check(source, d, n, None)
     stem = p + "blocks.{i}.attn."
-    return C.convert_fused(source, name=NAME, qkv=stem + "qkv", o=stem + "proj", layers=layers,
-                           d=d, n=n, n_kv=n, dh=dh, split=C.split_concat(n, n, dh),
+    return convert_fused(source, name=NAME, qkv=stem + "qkv", o=stem + "proj", layers=layers,
+                           d=d, n=n, n_kv=n, dh=dh, split=split_concat(n, n, dh),
                            norm="layernorm", positions="learned", attn_scale=None, have=set(keys))

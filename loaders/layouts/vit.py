@@ -20,6 +20,7 @@ Source: transformers ``models/vit/modeling_vit.py``, ``models/deit``, ``models/d
 from __future__ import annotations
 
 from loaders.layouts import _common as C
+from loaders.layouts._converters import convert_separate, hf_geometry
 
 NAME = "vit"
 PRIORITY = 30
@@ -56,8 +57,8 @@ def detect(source) -> bool:
 
 def convert(source):
     rx, names = _style(source)
-    g = C.hf_geometry(source, rx, "{p}" + names["q"].format(i=0) + ".weight")
+    g = hf_geometry(source, rx, "{p}" + names["q"].format(i=0) + ".weight")
     p, layers, d, n, dh, have = g.prefix, g.layers, g.d, g.n, g.dh, g.have
-    return C.convert_separate(source, name=NAME, names={r: p + s for r, s in names.items()},
+    return convert_separate(source, name=NAME, names={r: p + s for r, s in names.items()},
                               layers=layers, d=d, n=n, n_kv=n, dh=dh, norm="layernorm",
                               positions="learned", attn_scale=None, have=have)

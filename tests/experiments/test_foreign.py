@@ -2,7 +2,7 @@
 
 State dicts are built here with the key names and shapes of the
 projection-sharing paper's language models (SYNTHETIC: random tensors; the
-facts are in ``experiments/foreign.py``'s docstring) and of the query-free
+facts are in ``loaders/layouts/projection_sharing.py``'s docstring) and of the query-free
 paper's nanoGPT fork. Logits are checked against a float64 forward written
 here from their documented architecture: embeddings + learned positions,
 pre-norm LayerNorm blocks, causal softmax(q k^T / sqrt(d_head)) v, GELU MLP,
@@ -11,14 +11,18 @@ tied output embedding.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import experiments.foreign
+import experiments.model
 from experiments.foreign import ForeignCheckpointError, from_projection_sharing, runnable
 from experiments.model import GPT
-from loaders.checkpoints import checkpoint_from_source
+from loaders.checkpoints import checkpoint_from_source, open_checkpoint
+from loaders.layouts._body import memory_source
 from loaders.tensor_source import DictSource
 
 D, H, DH, L, VOCAB, P = 16, 4, 4, 2, 300, 12
@@ -207,14 +211,19 @@ def test_synthetic_encoder_and_missing_head_count_messages():
         from_projection_sharing(enc, {"n_head": H})
     assert str(e.value) == ("a synthetic-task encoder (blocks.N: one-hot inputs, no causal mask) "
                             "is not a causal language model")
+    # the layout's own reading and message (one converter: loaders/layouts/projection_sharing.py)
     with pytest.raises(ForeignCheckpointError) as e:
         from_projection_sharing(their_lm_sd({"c_attn": 3 * H}), {"n_embd": D})
-    assert str(e.value) == "model_config gives no n_head"
+    assert str(e.value) == "config has no head count (n_head); it cannot be inferred from tensor shapes"
     with pytest.raises(ForeignCheckpointError) as e:
         from_projection_sharing(their_lm_sd({"c_q": H, "c_v": H}), their_config())
-    assert str(e.value) == ("attention modules at h.0.attn (c_q, c_v) match no projection-sharing "
-                            "variant; expected c_attn, c_q+c_k+c_v, c_q+c_kv, c_q+c_k, c_k+c_v, "
-                            "c_qk+c_v, c_k, c_kv or c_qkv")
+    assert str(e.value) == ("attention modules c_q, c_v at layer 0 match no projection-sharing variant; "
+                            "expected one of c_attn | c_q+c_k+c_v | c_q+c_kv | c_q+c_k | c_k+c_v | "
+                            "c_qk+c_v | c_k | c_kv | c_qkv")
+    with pytest.raises(ForeignCheckpointError) as e:
+        from_projection_sharing(their_lm_sd({"c_q": H, "c_kv": 2}), their_config(n_kv_groups=2),
+                                n_kv_heads=1)
+    assert str(e.value) == "the attention shapes give 2 kv heads, expected 1"
 
 
 def test_runnable_refuses_a_different_reading():
@@ -222,8 +231,8 @@ def test_runnable_refuses_a_different_reading():
     with pytest.raises(ForeignCheckpointError) as e:
         runnable("projection_sharing", sd, their_config(n_kv_groups=2), variant="k_eq_v", n_heads=H,
                  n_kv_heads=1, attn_scale=DH ** -0.5)
-    # told 1 kv head, its c_kv of 2 head rows is packed [k; v]: not what the converter read
-    assert str(e.value) == ("the forward-pass model reads this checkpoint as qkv with 4 heads, 1 kv "
+    # the layout reads shared K=V at 2 kv heads (n_kv_groups=2): not the stored reading
+    assert str(e.value) == ("the forward-pass model reads this checkpoint as k_eq_v with 4 heads, 2 kv "
                             "heads, scale 0.5; the weight converter as k_eq_v with 4 heads, 1 kv "
                             "heads, scale 0.5")
     with pytest.raises(ForeignCheckpointError) as e:
@@ -311,12 +320,119 @@ def test_query_free_residual_gelu_is_refused():
 
 def test_nanogpt_realworld_checkpoint_is_runnable(realworld):
     """sqtian/GPT_by_Hand's ckpt.pt through the dispatcher (gamma names, no biases, own lm_head)."""
-    from loaders.checkpoints import open_checkpoint
-
     path = realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt"
     with open_checkpoint(path) as ckpt:
         meta = ckpt.meta
     ck = torch.load(path, weights_only=True, map_location="cpu")
     model = runnable(meta.architecture, ck["model"], ck["model_args"], variant=meta.variant,
-                     n_heads=meta.n_heads, n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale)
-    assert isinstance(model, GPT) and (model.cfg.n_layer, model.cfg.n_head) == (2, 2)
+                     n_heads=meta.n_heads, n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale,
+                     norm=meta.norm).eval()
+    assert isinstance(model, GPT) and (model.cfg.n_layer, model.cfg.n_head, model.cfg.d_model) == (2, 2, 16)
+    sd = ck["model"]
+    assert "transformer.h.0.attn.c_attn.bias" not in sd and "transformer.h.0.ln_1.gamma" in sd
+    idx = torch.randint(0, model.cfg.vocab_size, (1, model.cfg.block_size),
+                        generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(idx)[0].double(), _reference_nanogpt(sd, idx, 2, False, None),
+                                   rtol=1e-4, atol=1e-4)
+
+
+# ---- nanoGPT and the query-free fork, against a float64 reference --------------------
+
+def _reference_nanogpt(sd: dict, idx: torch.Tensor, n_head: int, query_free: bool,
+                       scale: float | None) -> torch.Tensor:
+    """nanoGPT's forward written out with plain float64 ops (LayerNorm, exact GELU); biases
+    where the state dict has them, norm ``gamma``/``beta`` names read as weight/bias, the
+    output projection ``lm_head`` or else the tied ``wte``."""
+    sd = {(k[:-5] + "weight" if k.endswith(".gamma") else k[:-4] + "bias" if k.endswith(".beta") else k):
+          v.double() for k, v in sd.items()}
+    d = sd["transformer.wte.weight"].shape[1]
+    dh = d // n_head
+    B, T = idx.shape
+    x = sd["transformer.wte.weight"][idx] + sd["transformer.wpe.weight"][:T]
+    n_layer = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("transformer.h."))
+
+    def ln(x, p):
+        return F.layer_norm(x, (d,), sd[p + ".weight"], sd.get(p + ".bias"), 1e-5)
+
+    def lin(x, p):
+        return F.linear(x, sd[p + ".weight"], sd.get(p + ".bias"))
+
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    for i in range(n_layer):
+        p = f"transformer.h.{i}."
+        h = ln(x, p + "ln_1")
+        qkv = lin(h, p + "attn.c_attn")
+        if query_free:
+            k, v = qkv.split(d, -1)
+            q = h
+        else:
+            q, k, v = qkv.split(d, -1)
+        q, k, v = (t.view(B, T, n_head, dh).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(dh))
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, d)
+        x = x + lin(y, p + "attn.c_proj")
+        x = x + lin(F.gelu(lin(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
+    return ln(x, "transformer.ln_f") @ sd.get("lm_head.weight", sd["transformer.wte.weight"]).T
+
+
+def _nanogpt_sd(d=16, n_layer=2, vocab=40, block=12, rows=3) -> dict:
+    g = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
+    sd = {"transformer.wte.weight": r(vocab, d), "transformer.wpe.weight": r(block, d),
+          "transformer.ln_f.weight": 1 + r(d), "transformer.ln_f.bias": r(d)}
+    for i in range(n_layer):
+        p = f"_orig_mod.transformer.h.{i}."
+        sd.update({p + "ln_1.weight": 1 + r(d), p + "ln_1.bias": r(d),
+                   p + "attn.c_attn.weight": r(rows * d, d), p + "attn.c_attn.bias": r(rows * d),
+                   p + "attn.c_proj.weight": r(d, d), p + "attn.c_proj.bias": r(d),
+                   p + "ln_2.weight": 1 + r(d), p + "ln_2.bias": r(d),
+                   p + "mlp.c_fc.weight": r(4 * d, d), p + "mlp.c_fc.bias": r(4 * d),
+                   p + "mlp.c_proj.weight": r(d, 4 * d), p + "mlp.c_proj.bias": r(d)})
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    return sd
+
+
+def _run_nanogpt(sd: dict, config: dict) -> GPT:
+    """The GPT of a nanoGPT-style state dict through the layout the converter picks."""
+    meta = checkpoint_from_source(memory_source(sd, config)).meta
+    return runnable(meta.architecture, sd, config, variant=meta.variant, n_heads=meta.n_heads,
+                    n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale, norm=meta.norm)
+
+
+@pytest.mark.parametrize("query_free, scale", [(False, None), (True, 1 / (2 * math.sqrt(8)))])
+def test_nanogpt_and_query_free_identity_match_reference(query_free, scale):
+    """``_orig_mod.`` prefixes on some keys (torch.compile), stripped by the layouts' source."""
+    sd = _nanogpt_sd(rows=2 if query_free else 3)
+    before = {k: v.clone() for k, v in sd.items()}
+    config = {"n_head": 2, **({"query_mode": "identity", "scale": scale} if query_free else {})}
+    m = _run_nanogpt(sd, config).eval()
+    assert m.cfg.variant == ("wq_identity" if query_free else "qkv")
+    idx = torch.randint(0, 40, (2, 12))
+    with torch.inference_mode():
+        got = m(idx)[0]
+    ref = _reference_nanogpt({k.removeprefix("_orig_mod."): v for k, v in sd.items()}, idx, 2,
+                             query_free, scale)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4)
+    assert all(torch.equal(sd[k], before[k]) for k in sd)
+
+
+def test_query_free_identity_wrong_rows_message():
+    sd = _nanogpt_sd(rows=3)
+    with pytest.raises(ForeignCheckpointError) as e:
+        runnable("query_free", sd, {"n_head": 2, "query_mode": "identity"}, variant="wq_identity",
+                 n_heads=2, n_kv_heads=2, attn_scale=0.125)
+    assert str(e.value) == ("layer 0 key 'transformer.h.0.attn.c_attn.weight' has shape (48, 16); "
+                            "expected (32, 16) for d_model 16")
+
+
+def test_checkpoint_key_names_are_written_in_the_layouts_only():
+    """The papers', nanoGPT's and llama2.c's key names and config fields: in their layout
+    modules, not in the model builder or the model (one converter per layout)."""
+    theirs = ("c_attn", "c_q", "c_kv", "c_fc", "c_proj", "transformer.", "tok_embeddings", "feed_forward",
+              "attention_norm", "ffn_norm", "_orig_mod", "module.", "gamma", "query_mode", "n_kv_groups",
+              "layer_norm_epsilon", "rope_theta", "max_seq_len", "h.0.", "w1")
+    for mod in (experiments.foreign, experiments.model):
+        text = Path(mod.__file__).read_text()
+        assert [name for name in theirs if name in text] == [], mod.__name__

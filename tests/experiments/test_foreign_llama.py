@@ -208,12 +208,26 @@ def test_nanogpt_layernorm_declared_by_config_matches_reference():
     torch.testing.assert_close(got.double(), nano_swiglu_forward(sd, idx, rms=False), rtol=1e-4, atol=1e-4)
 
 
-def test_nanogpt_layernorm_biases_without_linear_biases_are_refused():
+def test_nanogpt_layernorm_biases_without_linear_biases_match_reference():
+    """LayerNorm biases beside bias-free Linears: the GPT's one bias flag is on and the
+    Linears' biases are zero, which computes the same."""
     sd = nano_swiglu_sd(rms=False)
     config = {"n_layer": L, "n_head": H, "n_embd": D, "block_size": SEQ, "bias": False}
-    with pytest.raises(ForeignCheckpointError) as e:   # LayerNorm biases without Linear biases
+    meta, model = _model(DictSource(sd, config=config))
+    assert (meta.norm, model.cfg.bias) == ("layernorm", True)
+    assert not model.blocks[0].attn.q.bias.any() and model.blocks[0].ln_1.bias.any()
+    idx = _idx()
+    with torch.inference_mode():
+        got = model(idx)[0]
+    torch.testing.assert_close(got.double(), nano_swiglu_forward(sd, idx, rms=False), rtol=1e-4, atol=1e-4)
+
+
+def test_rmsnorm_with_norm_biases_is_refused():
+    sd = nano_swiglu_sd(rms=False)
+    config = {"n_layer": L, "n_head": H, "n_embd": D, "block_size": SEQ, "norm_type": "RMSNorm"}
+    with pytest.raises(ForeignCheckpointError) as e:
         _model(DictSource(sd, config=config))
-    assert str(e.value) == "the LayerNorms and the Linears disagree on biases; this GPT has one flag"
+    assert str(e.value) == "the norms have biases, which RMSNorm does not"
 
 
 def test_fused_swiglu_is_refused():

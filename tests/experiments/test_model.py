@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from experiments.model import GPT, KVCache, GPTConfig, PROJECTIONS, VARIANTS
 
@@ -190,99 +189,3 @@ def test_generate_greedy_matches_argmax_of_full_forward():
     with torch.inference_mode():
         logits, _ = m(out[:, :-1])
     assert torch.equal(logits[:, 3:].argmax(-1), out[:, 4:])
-
-
-# ---- nanoGPT and the query-free fork, against a float64 reference --------------------
-
-def _reference_nanogpt(sd: dict, idx: torch.Tensor, n_head: int, query_free: bool,
-                       scale: float | None) -> torch.Tensor:
-    """nanoGPT's forward written out with plain float64 ops (LayerNorm with bias, exact GELU)."""
-    sd = {k: v.double() for k, v in sd.items()}
-    d = sd["transformer.wte.weight"].shape[1]
-    dh = d // n_head
-    B, T = idx.shape
-    x = sd["transformer.wte.weight"][idx] + sd["transformer.wpe.weight"][:T]
-    n_layer = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("transformer.h."))
-
-    def ln(x, p):
-        return F.layer_norm(x, (d,), sd[p + ".weight"], sd[p + ".bias"], 1e-5)
-
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
-    for i in range(n_layer):
-        p = f"transformer.h.{i}."
-        h = ln(x, p + "ln_1")
-        qkv = h @ sd[p + "attn.c_attn.weight"].T + sd[p + "attn.c_attn.bias"]
-        if query_free:
-            k, v = qkv.split(d, -1)
-            q = h
-        else:
-            q, k, v = qkv.split(d, -1)
-        q, k, v = (t.view(B, T, n_head, dh).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(dh))
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, d)
-        x = x + y @ sd[p + "attn.c_proj.weight"].T + sd[p + "attn.c_proj.bias"]
-        h = ln(x, p + "ln_2")
-        h = F.gelu(h @ sd[p + "mlp.c_fc.weight"].T + sd[p + "mlp.c_fc.bias"])
-        x = x + h @ sd[p + "mlp.c_proj.weight"].T + sd[p + "mlp.c_proj.bias"]
-    return ln(x, "transformer.ln_f") @ sd["transformer.wte.weight"].T
-
-
-def _nanogpt_sd(d=16, n_layer=2, vocab=40, block=12, rows=3) -> dict:
-    g = torch.Generator().manual_seed(3)
-    r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
-    sd = {"transformer.wte.weight": r(vocab, d), "transformer.wpe.weight": r(block, d),
-          "transformer.ln_f.weight": 1 + r(d), "transformer.ln_f.bias": r(d)}
-    for i in range(n_layer):
-        p = f"_orig_mod.transformer.h.{i}."
-        sd.update({p + "ln_1.weight": 1 + r(d), p + "ln_1.bias": r(d),
-                   p + "attn.c_attn.weight": r(rows * d, d), p + "attn.c_attn.bias": r(rows * d),
-                   p + "attn.c_proj.weight": r(d, d), p + "attn.c_proj.bias": r(d),
-                   p + "ln_2.weight": 1 + r(d), p + "ln_2.bias": r(d),
-                   p + "mlp.c_fc.weight": r(4 * d, d), p + "mlp.c_fc.bias": r(4 * d),
-                   p + "mlp.c_proj.weight": r(d, 4 * d), p + "mlp.c_proj.bias": r(d)})
-    sd["lm_head.weight"] = sd["transformer.wte.weight"]
-    return sd
-
-
-@pytest.mark.parametrize("query_free, scale", [(False, None), (True, 1 / (2 * math.sqrt(8)))])
-def test_from_nanogpt_matches_reference(query_free, scale):
-    sd = _nanogpt_sd(rows=2 if query_free else 3)
-    before = {k: v.clone() for k, v in sd.items()}
-    m = GPT.from_nanogpt(sd, n_head=2, query_mode="identity" if query_free else "standard",
-                         attn_scale=scale).eval()
-    assert m.cfg.variant == ("wq_identity" if query_free else "qkv")
-    idx = torch.randint(0, 40, (2, 12))
-    with torch.inference_mode():
-        got = m(idx)[0]
-    ref = _reference_nanogpt({k.removeprefix("_orig_mod."): v for k, v in sd.items()}, idx, 2,
-                             query_free, scale)
-    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4)
-    assert all(torch.equal(sd[k], before[k]) for k in sd)
-
-
-def test_from_nanogpt_wrong_rows_message():
-    sd = _nanogpt_sd(rows=3)
-    with pytest.raises(ValueError) as e:
-        GPT.from_nanogpt(sd, n_head=2, query_mode="identity")
-    assert str(e.value) == ("transformer.h.0.attn.c_attn.weight: expected 32 rows for "
-                            "query_mode 'identity', found 48")
-
-
-def test_from_nanogpt_realworld_checkpoint(realworld):
-    """sqtian/GPT_by_Hand's nanoGPT ckpt.pt (2 layers, 2 heads, d 16): loads and predicts."""
-    ck = torch.load(realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt", weights_only=True,
-                    map_location="cpu")
-    args = ck["model_args"]
-    n_head = args.get("n_head", args.get("num_heads"))
-    m = GPT.from_nanogpt(ck["model"], n_head=n_head).eval()
-    assert (m.cfg.n_layer, m.cfg.n_head, m.cfg.d_model) == (2, 2, 16)
-    idx = torch.randint(0, m.cfg.vocab_size, (1, min(8, m.cfg.block_size)))
-    sd = {k.removeprefix("_orig_mod."): v for k, v in ck["model"].items()}
-    if "transformer.h.0.attn.c_attn.bias" in sd:
-        ref = _reference_nanogpt(sd, idx, n_head, False, None)
-        with torch.inference_mode():
-            torch.testing.assert_close(m(idx)[0].double(), ref, rtol=1e-4, atol=1e-4)
-    else:
-        with torch.inference_mode():
-            assert torch.isfinite(m(idx)[0]).all()
