@@ -24,6 +24,7 @@ each keeping its final checkpoint only (the demo stays small).
 from __future__ import annotations
 
 import json
+import os
 import platform
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,9 @@ from pathlib import Path
 import torch
 
 from experiments.model import GPTConfig
-from experiments.sweep import RunSpec, grid, sharing_label
+from experiments.sweep import RunSpec, grid, run_sweep, sharing_label
+from experiments.train import TrainConfig, load_checkpoint
+from experiments.vision import load_images, vision_config
 
 VARIANT_ORDER = ("qkv", "wq_identity", "q_eq_k", "k_eq_v", "q_eq_k_eq_v")
 WEIGHT_DECAYS = (0.0, 0.03, 0.1)
@@ -52,22 +55,18 @@ PARTS = ("all", "language", "vision")
 
 
 def demo_training(steps: int = STEPS):
-    from experiments.train import TrainConfig
     return TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup_steps=100, eval_interval=250,
                        eval_batches=32, log_interval=20, seed=1337, corpus=None,
                        corpus_max_bytes=CORPUS_MAX_BYTES, threads=1)
 
 
 def vision_training(steps: int = VISION_STEPS):
-    from experiments.train import TrainConfig
     return TrainConfig(steps=steps, batch_size=128, lr=3e-3, warmup_steps=20, eval_interval=25,
                        log_interval=10, seed=1337, dataset="digits", threads=1)
 
 
 def vision_specs(steps: int = VISION_STEPS, model: dict | None = None) -> list[RunSpec]:
     """The demo's vision runs: the six variants at MHA, then K=V at GQA-2 and MQA."""
-    from experiments.vision import load_images, vision_config
-
     mc = vision_config(load_images("digits"), **(model or VISION_MODEL))
     tc = vision_training(steps)
     return (grid(VISION_VARIANTS, WEIGHT_DECAYS, model=mc, training=tc)
@@ -89,7 +88,6 @@ def demo_specs(steps: int = STEPS, model: GPTConfig = DEMO_MODEL) -> list[RunSpe
 
 
 def machine_description() -> str:
-    import os
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -105,7 +103,6 @@ def machine_description() -> str:
 def read_runs(root: str | Path) -> list[dict]:
     """One row per run folder under ``root``: config, final val loss, best val loss,
     checkpoints, params and KV bytes per token (float32)."""
-    from experiments.train import load_checkpoint
     rows = []
     for cfg_path in sorted(Path(root).glob("*/config.json")):
         run = cfg_path.parent
@@ -133,19 +130,6 @@ def read_runs(root: str | Path) -> list[dict]:
     rows.sort(key=lambda r: (r["task"] != "language", -r["n_kv_heads"], order.get(r["variant"], 99),
                              r["weight_decay"], r["name"]))
     return rows
-
-
-def vision_table_markdown(rows: list[dict]) -> str:
-    lines = ["| run | variant | heads (kv) | weight decay | final val accuracy | best val accuracy "
-             "| final val loss | params | attention params | KV bytes/token (fp32) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| `{r['name']}` | `{r['variant']}` | {r['n_head']} ({r['n_kv_heads']}, "
-            f"{sharing_label(r['n_head'], r['n_kv_heads']).upper()}) | {r['weight_decay']:g} | "
-            f"{r['final_val_accuracy']:.3f} | {r['best_val_accuracy']:.3f} | {r['final_val_loss']:.4f} | "
-            f"{r.get('params', 0):,} | {r.get('params_attention', 0):,} | {r.get('kv_bytes_per_token', 0):,} |")
-    return "\n".join(lines)
 
 
 def vision_readme_section(rows: list[dict], built: dict | None = None) -> str:
@@ -177,7 +161,7 @@ def vision_readme_section(rows: list[dict], built: dict | None = None) -> str:
   warmup steps then cosine, seed {tc.seed}; validation (loss and top-1 accuracy on all 359 images) every
   {tc.eval_interval} steps.
 
-{vision_table_markdown(vision)}
+{table_markdown(vision, VISION_COLUMNS)}
 
 Mean final validation accuracy of the MHA runs over the three weight decays:
 
@@ -190,16 +174,32 @@ around 0.9 is about +-0.03: differences between variants below that are noise.
 """
 
 
-def table_markdown(rows: list[dict]) -> str:
-    lines = ["| run | variant | heads (kv) | weight decay | seed | final val loss | best val loss "
-             "| params | attention params | KV bytes/token (fp32) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| `{r['name']}` | `{r['variant']}` | {r['n_head']} ({r['n_kv_heads']}, "
-            f"{sharing_label(r['n_head'], r['n_kv_heads']).upper()}) | {r['weight_decay']:g} | {r['seed']} | "
-            f"{r['final_val_loss']:.4f} | {r['best_val_loss']:.4f} | {r.get('params', 0):,} | "
-            f"{r.get('params_attention', 0):,} | {r.get('kv_bytes_per_token', 0):,} |")
+#: The README tables' columns: (header, row field, format). ``code`` cells are
+#: backquoted, ``heads`` is "n_head (n_kv_heads, MHA/GQA-g/MQA)"; counts absent from a
+#: row (a run without a final checkpoint) are 0.
+LANGUAGE_COLUMNS = (("run", "name", "code"), ("variant", "variant", "code"), ("heads (kv)", "heads", ""),
+                    ("weight decay", "weight_decay", "g"), ("seed", "seed", ""),
+                    ("final val loss", "final_val_loss", ".4f"), ("best val loss", "best_val_loss", ".4f"),
+                    ("params", "params", ","), ("attention params", "params_attention", ","),
+                    ("KV bytes/token (fp32)", "kv_bytes_per_token", ","))
+VISION_COLUMNS = (LANGUAGE_COLUMNS[:4]
+                  + (("final val accuracy", "final_val_accuracy", ".3f"),
+                     ("best val accuracy", "best_val_accuracy", ".3f"), LANGUAGE_COLUMNS[5])
+                  + LANGUAGE_COLUMNS[7:])
+_COUNTS = ("params", "params_attention", "kv_bytes_per_token")
+
+
+def _cell(row: dict, field: str, spec: str) -> str:
+    if field == "heads":
+        return f"{row['n_head']} ({row['n_kv_heads']}, {sharing_label(row['n_head'], row['n_kv_heads']).upper()})"
+    value = row.get(field, 0) if field in _COUNTS else row[field]
+    return f"`{value}`" if spec == "code" else format(value, spec)
+
+
+def table_markdown(rows: list[dict], columns=LANGUAGE_COLUMNS) -> str:
+    """A Markdown table of ``rows`` (``read_runs``), one line a run, in ``columns``."""
+    lines = ["| " + " | ".join(head for head, _, _ in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r, field, spec) for _, field, spec in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -313,5 +313,4 @@ magnitude larger and longer trained.
 
 def run_demo_sweep(specs: list[RunSpec], out: str | Path, *, jobs: int = 2) -> list[dict]:
     """Train the demo runs into ``out`` (resuming any that an interrupted rebuild left)."""
-    from experiments.sweep import run_sweep
     return run_sweep(specs, out, jobs=jobs, resume=True)
