@@ -4,8 +4,11 @@ Every reader has its own budgets (``loaders.budgets``); this is the net under
 all of them, for a bomb nobody thought of. ``Reader`` keeps one child process
 (``python -m loaders.parse_child``) that reads files one at a time for its
 parent. Before each file the child lowers its own address-space limit
-(``RLIMIT_AS``) to ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size
-(memory-mapped files count toward it); the parent waits at most
+(``RLIMIT_AS``) to what it already holds (the interpreter, torch and the
+readers, imported before the first file: about 0.9 GB of address space with a
+CPU build of torch) plus ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size
+(memory-mapped files count toward it): the budget is for the file, never
+spent on the child's own start. The parent waits at most
 ``QKVSCOPE_PARSE_TIMEOUT_S`` seconds for the answer and then kills the child.
 What fails becomes one line naming the file:
 
@@ -17,8 +20,17 @@ What fails becomes one line naming the file:
   QKVSCOPE_PARSE_TIMEOUT_S; ...)``;
 * the child killed by a signal: ``SIGBUS`` (a memory-mapped file truncated
   while it was read) says the file changed while it was read; ``SIGKILL`` not
-  sent by us (the kernel's out-of-memory killer) says memory; any other death
-  names the signal or exit status. The next file gets a fresh child.
+  sent by us (the kernel's out-of-memory killer) says memory; exit status 127
+  is glibc giving up when it cannot map a new thread's stack and thread-local
+  data or a library loaded part-way (it prints "cannot allocate memory for
+  thread-local data: ABORT" and calls ``_exit(127)``: torch starting its
+  OpenMP threads, ``transformers`` imported for a forward pass): that says
+  memory too, naming the budget. Any other death names the signal or exit
+  status. The next file gets a fresh child.
+
+Callers that make many small requests (the Inspector's spectra, ties and
+attention maps; batch tasks) take a child from ``POOL`` instead of starting
+one each time (a start costs 2-3 s of imports): ``call(..., pooled=True)``.
 
 Ingest: the child runs ``loaders.ingest.ingest_file`` for one path, which
 stores that file in one DuckDB transaction; a child that dies part-way
@@ -37,6 +49,7 @@ library prints goes to stderr, so it cannot break a line).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -44,8 +57,10 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -84,8 +99,16 @@ def reading_size(path: str | Path) -> int:
         return 0
 
 
+#: glibc's exit status when it cannot allocate a new thread's TLS or map a library
+#: (``_dl_fatal_printf`` / ``_dl_signal_error``): under RLIMIT_AS, out of address space.
+GLIBC_OUT_OF_MEMORY = 127
+
+
 def _death(rc: int, limit: int) -> str:
     """The one-line problem for a child that died while reading a file."""
+    if rc == GLIBC_OUT_OF_MEMORY:
+        return memory_exceeded(limit) + (" [the reading process could not start a thread or load a library "
+                                         "in its address space: exit status 127]")
     if rc < 0:
         sig = -rc
         if sig == signal.SIGBUS:
@@ -145,7 +168,10 @@ class Reader:
             ready = None
         if ready != b'{"ready": true}':
             rc = self._kill()
-            raise QkvscopeError(f"the process that reads files did not start (exit status {rc})")
+            why = (" (exit status 127: out of address space while loading its libraries; this process "
+                   "runs under an address-space limit of its own, ulimit -v, too low for torch)"
+                   if rc == GLIBC_OUT_OF_MEMORY else f" (exit status {rc})")
+            raise QkvscopeError(f"the process that reads files did not start{why}")
         return self._proc
 
     def _kill(self) -> int:
@@ -289,10 +315,73 @@ def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,
             time.sleep(interval)
 
 
-def call(target: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", **kwargs):
+class ReaderPool:
+    """Idle children kept for callers that make many small requests (the Inspector's
+    spectra for each layer and head a user picks, one batch task after another).
+
+    ``with POOL.reader() as r:`` lends an idle child (or a new ``Reader``) to one
+    caller at a time and takes it back afterwards, keeping at most ``keep`` idle.
+    A child started under other budgets (the ``QKVSCOPE_*`` environment it
+    inherited, ``QKVSCOPE_DB`` aside) is closed instead of lent: budgets are read
+    from the environment by the child's readers. A child that died or timed out
+    is replaced by its ``Reader`` at the next request. Thread-safe; each child is
+    still used by one thread at a time.
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._idle: list[tuple[tuple, Reader]] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _env() -> tuple:
+        return tuple(sorted((k, v) for k, v in os.environ.items()
+                            if k.startswith("QKVSCOPE_") and k not in ("QKVSCOPE_DB", "QKVSCOPE_PARSE_PARENT")))
+
+    @contextmanager
+    def reader(self):
+        env = self._env()
+        stale: list[Reader] = []
+        lent = None
+        with self._lock:
+            while self._idle:
+                key, r = self._idle.pop()
+                if key == env and lent is None:
+                    lent = r
+                else:
+                    stale.append(r)
+        for r in stale:
+            r.close()
+        lent = lent or Reader()
+        try:
+            yield lent
+        finally:
+            with self._lock:
+                keep = len(self._idle) < self.keep and lent.pid is not None
+                if keep:
+                    self._idle.append((env, lent))
+            if not keep:
+                lent.close()
+
+    def close(self) -> None:
+        """End every idle child (at exit, or a test that wants a fresh start)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for _, r in idle:
+            r.close()
+
+
+#: The process-wide pool (``call(..., pooled=True)``); its children end with this process.
+POOL = ReaderPool()
+atexit.register(POOL.close)
+
+
+def call(target: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", pooled: bool = False,
+         **kwargs):
     """``module:function`` called on ``path`` (and the JSON-able ``kwargs``) in a child, under
-    the memory budget and the time budget ``timeout``; its result must be JSON-able."""
-    with Reader() as reader:
+    the memory budget and the time budget ``timeout``; its result must be JSON-able.
+    ``pooled``: in an idle child of ``POOL`` (started once, reused) instead of a new one."""
+    with (POOL.reader() if pooled else Reader()) as reader:
         return reader.request(path, "call", target=target, kwargs=kwargs, timeout=timeout)
 
 
@@ -323,6 +412,16 @@ def _run(req: dict):
     raise ValueError(f"unknown op {req['op']!r}")
 
 
+def address_space() -> int:
+    """Bytes of address space this process holds now (``VmSize``, from ``/proc/self/statm``;
+    0 where there is no ``/proc``): what the limit of the next file is added to."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _die_with_parent() -> None:
     """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``): a
     ``kill -9`` of ``ingest`` must not leave a child that goes on writing."""
@@ -339,7 +438,7 @@ def _die_with_parent() -> None:
 def main() -> int:
     import resource
 
-    from loaders.filecheck import failure
+    from loaders.filecheck import failure, out_of_memory
 
     _die_with_parent()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
@@ -351,7 +450,9 @@ def main() -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     for line in sys.stdin:
         req = json.loads(line)
-        cap = int(req["limit"]) if hard == resource.RLIM_INFINITY else min(int(req["limit"]), hard)
+        cap = address_space() + int(req["limit"])      # the budget is for the file, on top of what is held
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
         resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
         try:
             reply = {"ok": True, "result": _run(req)}
@@ -362,7 +463,8 @@ def main() -> int:
         except QkvscopeError as exc:
             reply = {"ok": False, "message": f"{req['path']}: {exc}"}
         except Exception as exc:    # noqa: BLE001 -- an untrusted file's content
-            reply = {"ok": False, "message": f"{req['path']}: {failure(exc)}"}
+            why = memory_exceeded(int(req["limit"])) if out_of_memory(exc) else failure(exc)
+            reply = {"ok": False, "message": f"{req['path']}: {why}"}
         finally:
             resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
         answers.write(json.dumps(reply, default=str) + "\n")

@@ -20,6 +20,13 @@ the page and its messages show those, never the folder), ingested and analysed t
 the uploader holds those files (spectra and attention maps read the weights
 from it) and is deleted when the upload is removed or replaced, or when the
 browser session ends.
+
+No checkpoint file is parsed in this server process: ingest
+(``loaders.parse_child.ingest_checkpoint``), analysis (``app.jobs.analyze``) and
+the spectra, tie check and attention maps (``app.inspect_child``) run in a child
+process under ``QKVSCOPE_PARSE_MEMORY_MB`` and a time limit; a file that fails
+there (a bomb, a file broken or replaced since it was stored) is one line on the
+page and the server keeps serving.
 """
 from __future__ import annotations
 
@@ -62,59 +69,53 @@ TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_
 
 
 
+# Spectra, ties and attention maps read the stored file again: each runs in a child process
+# (app.inspect_child, through loaders.parse_child's pool) under the address-space and time
+# limits, never in this server. A failure raises FileError("PATH: what"); the sections show
+# that line. Streamlit caches no exception, so the next rerun tries again.
+
 @st.cache_data(show_spinner=False, max_entries=32)
 def _spectra(path: str, stamp: str, layer: int, head: int) -> pd.DataFrame:
-    """Singular values of W_Q[h], W_K[g], W_V[g], W_O[h] of one layer (g: h's kv head)."""
-    import torch
+    """Singular values of W_Q[h], W_K[g], W_V[g], W_O[h] of one layer (g: h's kv head),
+    from ``app.inspect_child.spectra`` in the reading child."""
+    from loaders.parse_child import call
 
-    from analysis._linalg import singular_values
-    from loaders.checkpoints import open_checkpoint
-
-    rows = []
-    with open_checkpoint(path) as ckpt:
-        meta = ckpt.meta
-        w = ckpt.layer(layer)
-        g = head // (meta.n_heads // meta.n_kv_heads)
-        mats = {"W_Q": None if w.W_Q is None else w.W_Q[head], "W_K": w.W_K[g], "W_V": w.W_V[g],
-                "W_O": w.W_O[head].mT}  # W_O[h] is [d_head, d_model]; its transpose is tall
-        with torch.inference_mode():
-            for name, a in mats.items():
-                if a is None:
-                    continue
-                sv = singular_values(a.float()).cpu().numpy()  # [d_head], descending
-                rows += [(name, i, float(s)) for i, s in enumerate(sv)]
+    rows = call("app.inspect_child:spectra", path, pooled=True, layer=int(layer), head=int(head))
     return pd.DataFrame(rows, columns=["projection", "index", "sigma"])
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def _attention(path: str, stamp: str, text: str, max_tokens: int) -> tuple[list[str], np.ndarray | None, str | None]:
     """Tokens and attention maps ``[n_layers, n_heads, T, T]`` on ``text`` (at most ``max_tokens``
-    tokens), or the reason there are none. A resource cache: the maps (64 MB per 16 heads at
+    tokens), or the reason there are none. The forward pass runs in the reading child
+    (``app.inspect_child.attention``, time limit ``QKVSCOPE_ANALYSIS_TIMEOUT_S``), which writes
+    the maps as an ``.npy`` into a private temporary folder that is read here with
+    ``allow_pickle=False`` and removed. A resource cache: the maps (64 MB per 16 heads at
     2,048 tokens) are read where they are, never copied per rerun; callers do not write into them."""
-    from app.jobs import NoForwardPass, capture_activations
-    from loaders.checkpoints import open_checkpoint
+    import shutil
+    import tempfile
 
-    with open_checkpoint(path) as ckpt:
-        try:
-            cap = capture_activations(ckpt, text=text, max_tokens=max_tokens)
-        except NoForwardPass as exc:
-            return [], None, str(exc)
-    if any(lc.attn is None for lc in cap.layers):
-        return cap.tokens, None, cap.logits_reason or "the model returned no attention maps"
-    return cap.tokens, np.stack([lc.attn.numpy() for lc in cap.layers]), None
+    from app.inspect_child import read_maps
+    from loaders.parse_child import call
+
+    folder = tempfile.mkdtemp(prefix="qkvscope-attention-")       # mode 0700: this user's only
+    try:
+        got = call("app.inspect_child:attention", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+                   text=text, max_tokens=int(max_tokens), out=folder)
+        if got["file"] is None:
+            return got["tokens"], None, got["reason"]
+        return got["tokens"], read_maps(Path(folder), got), None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _ties(path: str, stamp: str) -> list[dict]:
     """Per layer, which projections are equal to float tolerance (``analysis.tied.tied_layer``),
-    reading one layer at a time."""
-    from analysis.tied import tied_layer
-    from analysis.weights import default_device
-    from loaders.checkpoints import open_checkpoint
+    reading one layer at a time in the reading child (``app.inspect_child.ties``)."""
+    from loaders.parse_child import call
 
-    with open_checkpoint(path) as ckpt:
-        return [tied_layer(ckpt.layer(i), ckpt.meta, device=default_device())
-                for i in range(ckpt.meta.n_layers)]
+    return call("app.inspect_child:ties", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")
 
 
 # -- getting a checkpoint --------------------------------------------------------------
@@ -320,7 +321,12 @@ def _tied_check(row: pd.Series) -> None:
     path = str(row["path"])
     if not Path(path).exists():
         return
-    message = tie_message(str(row["variant"]), _ties(path, _file_stamp(path)))
+    try:
+        ties = _ties(path, _file_stamp(path))
+    except QkvscopeError as exc:                       # the file broke or changed since it was stored
+        st.error(pickers.user_message(str(exc)), icon=":material/error:")
+        return
+    message = tie_message(str(row["variant"]), ties)
     if message:
         st.warning(message, icon=":material/link:")
 
@@ -441,7 +447,11 @@ def _spectra_section(row: pd.Series) -> None:
                            key="insp_head_n")
     log_y = c3.toggle("log y", value=query_param("slog", "1") == "1", key="insp_slog")
     set_query_params(layer=int(layer), head=int(head), slog=None if log_y else "0")
-    spectra = _spectra(path, _file_stamp(path), int(layer), int(head))
+    try:
+        spectra = _spectra(path, _file_stamp(path), int(layer), int(head))
+    except QkvscopeError as exc:
+        st.error(pickers.user_message(str(exc)), icon=":material/error:")
+        return
     st.plotly_chart(charts.spectra_figure(spectra, log_y=log_y), width="stretch", key="insp_spectra")
 
 
@@ -472,7 +482,11 @@ def _attention_section(row: pd.Series) -> None:
                             key="insp_tokens", help="Capped by the model's context. Past 48 tokens (grid) "
                             "or 128 (enlarged head) each cell is the maximum of a block of tokens.")
     set_query_params(text=None if text == sample else text, tokens=None if n_max == MAX_TOKENS else int(n_max))
-    tokens, maps, reason = _attention(str(row["path"]), _file_stamp(str(row["path"])), text, int(n_max))
+    try:
+        tokens, maps, reason = _attention(str(row["path"]), _file_stamp(str(row["path"])), text, int(n_max))
+    except (QkvscopeError, ValueError) as exc:
+        st.error(pickers.user_message(str(exc)), icon=":material/error:")
+        return
     if maps is None:
         st.caption(f"No attention maps: {pickers.user_message(reason)}")
         return

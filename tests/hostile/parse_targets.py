@@ -34,3 +34,17 @@ def read_while_truncated(path: str) -> float:
 
 def pid(path: str) -> int:
     return os.getpid()
+
+
+def allocate(path: str, mib: int = 128) -> int:
+    """Allocate and touch ``mib`` MiB (well under the budget, far over it with the child's imports)."""
+    b = bytearray(mib << 20)
+    b[::4096] = b"\x01" * len(b[::4096])
+    return len(b)
+
+
+def glibc_gives_up(path: str) -> None:
+    """Exit as glibc does when it cannot map a new thread's TLS or a library under RLIMIT_AS
+    ("cannot allocate memory for thread-local data: ABORT", ``_exit(127)``)."""
+    os.write(2, b"cannot allocate memory for thread-local data: ABORT\n")
+    os._exit(127)

@@ -46,6 +46,27 @@ def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path
     print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 2 GiB address-space limit)")
 
 
+def test_the_budget_is_for_the_file_not_the_childs_own_imports(tmp_path, monkeypatch):
+    """Before: the limit was the whole address space, and the child holds ~0.9 GB after importing
+    torch and the readers, so a 1 GiB budget failed every file and 1.5 GiB every analysis (glibc
+    exit 127, "cannot allocate memory for thread-local data"). Now the budget is on top of what the
+    child holds when the file's request starts: 256 MiB lets a 128 MiB read through, not 512 MiB.
+    Exit status 127 (glibc out of address space) is the memory line naming the budget."""
+    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "256")
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x")
+    limit = "reading it needed more than 0.3 GiB of memory (limit QKVSCOPE_PARSE_MEMORY_MB=256 plus the file's size"
+    with Reader() as reader:
+        assert reader.request(f, "call", target=f"{T}:allocate", kwargs={"mib": 128}) == 128 << 20
+        with pytest.raises(FileError) as err:
+            reader.request(f, "call", target=f"{T}:allocate", kwargs={"mib": 512})
+        assert str(err.value).startswith(f"{f}: {limit}")
+        with pytest.raises(FileError) as err:
+            reader.request(f, "call", target=f"{T}:glibc_gives_up")
+    assert str(err.value) == (f"{f}: {limit}; set it in the environment to raise it) [the reading process could "
+                              "not start a thread or load a library in its address space: exit status 127]")
+
+
 @pytest.mark.slow
 def test_past_the_time_limit_the_child_is_killed_and_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv("QKVSCOPE_PARSE_TIMEOUT_S", "3")
@@ -128,15 +149,15 @@ def _sparse_gpt2(folder: Path) -> Path:
 def test_a_memory_bomb_no_budget_catches_fails_its_file_only(tmp_path):
     """The sparse safetensors with its own check switched off
     (``QKVSCOPE_ALLOW_SPARSE=1``): before, one layer read whole (6 GB RSS in
-    7.5 s at 27 GB); now the reading process stops at its limit (2.5 GiB here:
-    an ingest's DuckDB needs some 1.7 GB of address space beside torch)
-    and the folder's other files are stored."""
+    7.5 s at 27 GB); now the reading process stops at its limit (1.5 GiB here,
+    on top of what the child holds after its imports) and the folder's other
+    files are stored."""
     root = tmp_path / "runs"
     for name in ("a_good", "c_good"):
         (root / name).mkdir(parents=True)
         (root / name / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4\n")
     bomb = _sparse_gpt2(root / "b_bomb")
-    env = {"QKVSCOPE_ALLOW_SPARSE": "1", "QKVSCOPE_PARSE_MEMORY_MB": "2560"}
+    env = {"QKVSCOPE_ALLOW_SPARSE": "1", "QKVSCOPE_PARSE_MEMORY_MB": "1536"}
     proc, took, peak = measured("info", str(bomb.parent), env=env)
     # The pread reader turns the failed allocation into its own message.
     line = one_error_line(proc, bomb, "safetensors tensor 'h.0.attn.c_attn.weight' needs 2,831,155,200 "
