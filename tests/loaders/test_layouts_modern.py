@@ -11,11 +11,12 @@ import pytest
 import torch
 import transformers as tf
 
+from app.commands.info import describe
 from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.errors import CheckpointFormatError
 from loaders.tensor_source import DictSource
-from tests.loaders.layout_checks import (bad_shape_error, capture, check_projections, cli_json, heads,
-                                         project, randomise, reshaped)
+from tests.loaders.layout_checks import (bad_shape_error, capture, check_projections, cli, cli_json,
+                                         heads, project, randomise, reshaped)
 
 _LM = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, vocab_size=256)
 _ATTN = "model.layers.{i}.self_attn."
@@ -260,8 +261,6 @@ def test_info_and_analyze_run(case, saved, tmp_path):
 
 @pytest.mark.slow
 def test_mla_info_reports_latent_and_cache(tmp_path):
-    from tests.loaders.layout_checks import cli
-
     mla_model().save_pretrained(tmp_path / "ds")
     info = cli_json("info", str(tmp_path / "ds"))
     assert info["latent"] == {"kv_lora_rank": 8, "q_lora_rank": 12, "rope_dim": 4, "nope_dim": 6, "v_dim": 5,
@@ -293,8 +292,6 @@ def test_activations_run_through_transformers(which, saved, tmp_path):
 
 def test_tied_read_from_the_tensors_with_qk_norm(tmp_path):
     """A Gemma 3 whose v_proj is its k_proj (GQA) reads as k_eq_v from the tensors; a random one as qkv."""
-    from app.commands.info import describe
-
     model = randomise(CASES[2][1]())
     model.save_pretrained(tmp_path / "qkv")
     with torch.no_grad():

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.errors import CheckpointFormatError
 from loaders.tensor_source import DictSource
+from tests.experiments.test_foreign import PS_LM, their_config, their_lm_sd
 
 D, H, DH, L = 16, 4, 4, 2
 
@@ -281,8 +282,6 @@ def test_projection_sharing_paper_checkpoint_file(tmp_path):
 def test_projection_sharing_lm_state_dicts(case):
     """Their LM layout with every key (buffers, MLP, norms) and their full
     model_config, whose n_kv_groups is 1 unless the file is a c_kv one."""
-    from tests.experiments.test_foreign import PS_LM, their_config, their_lm_sd
-
     mods, n_kv, variant, roles = PS_LM[case]
     sd = their_lm_sd(mods)
     conf = their_config(n_kv_groups=n_kv if "c_kv" in mods else 1)
@@ -311,8 +310,6 @@ def test_projection_sharing_lm_state_dicts(case):
 
 
 def test_projection_sharing_c_attn_rows_fit_no_head_count():
-    from tests.experiments.test_foreign import their_config, their_lm_sd
-
     sd = their_lm_sd({"c_attn": 3 * H})
     for i in range(L):
         sd[f"h.{i}.attn.c_attn.weight"] = torch.zeros(3 * D + 1, D)

@@ -4,17 +4,23 @@ tensors against the model's own projection modules, ties, ``info``/``analyze``,
 and the one-line error for a malformed tensor."""
 from __future__ import annotations
 
+import json
 import re
+import shutil
 
 import pytest
 import torch
 import transformers as tf
+from safetensors.torch import save_file
 
+from app.commands.info import describe
 from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.errors import CheckpointFormatError
+from loaders.ingest import ingest_checkpoint
+from loaders.store import Store
 from loaders.tensor_source import DictSource
-from tests.loaders.layout_checks import (bad_shape_error, capture, check_projections, cli_json,
-                                         randomise, reshaped)
+from tests.loaders.layout_checks import (bad_shape_error, capture, check_projections, cli, cli_json,
+                                         project, randomise, reshaped)
 
 _VISION = dict(image_size=16, patch_size=4, num_channels=3)
 _HF = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -123,8 +129,6 @@ def test_params_counted(case, saved):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_bad_shape_names_key_found_and_expected(case, saved, tmp_path):
-    import shutil
-
     cid, key = case[0], case[4]
     folder = shutil.copytree(saved[cid][1], tmp_path / cid)
     d, n = case[5][3], case[5][2]
@@ -136,8 +140,6 @@ def test_bad_shape_names_key_found_and_expected(case, saved, tmp_path):
 
 def test_tied_k_eq_v_read_from_the_tensors(tmp_path):
     """A ViT whose value projection is its key projection reads as k_eq_v; a random one as qkv."""
-    from app.commands.info import describe
-
     model = randomise(CASES[0][1]())
     model.save_pretrained(tmp_path / "qkv")
     with torch.no_grad():
@@ -211,7 +213,6 @@ def test_clip_info_names_both_towers(tmp_path):
     assert [(t["name"], t["first_layer"], t["n_layers"], t["d_model"]) for t in info["towers"]] == [
         ("vision", 0, 3, 32), ("text", 3, 2, 24)]
     assert info["tied"]["variant"] == "qkv" and len(info["tied"]["layers"]) == 5
-    from tests.loaders.layout_checks import cli
     rc, out, _ = cli("info", str(tmp_path))
     assert rc == 0
     assert "  tower vision         layers 0-2: 4 heads (4 kv) of d_head 8, d_model 32" in out
@@ -246,11 +247,6 @@ def test_clip_analyze_towers_of_different_widths(tmp_path):
 
 
 def test_clip_ingest_stores_which_layer_is_which_tower(tmp_path):
-    import json
-
-    from loaders.ingest import ingest_checkpoint
-    from loaders.store import Store
-
     clip_model().save_pretrained(tmp_path / "clip")
     store = Store(tmp_path / "db.duckdb")
     store.migrate()
@@ -289,10 +285,6 @@ def timm_reference(sd, i, x, n, prefix=""):
 
 @pytest.mark.parametrize("fmt", ["safetensors", "pth", "bin"])
 def test_timm_known_answer_in_each_format(fmt, tmp_path):
-    from safetensors.torch import save_file
-
-    from tests.loaders.layout_checks import project
-
     sd = timm_state_dict()
     folder = tmp_path / "timm"
     folder.mkdir()
@@ -341,8 +333,6 @@ def test_timm_without_head_count_says_how_to_fix():
 
 @pytest.mark.slow
 def test_timm_bad_shape_is_one_line(tmp_path):
-    from safetensors.torch import save_file
-
     sd = timm_state_dict()
     sd["blocks.1.attn.qkv.weight"] = torch.zeros(70, 24)
     save_file(sd, tmp_path / "model.safetensors")
@@ -369,8 +359,6 @@ def test_info_and_analyze_run(case, saved, tmp_path):
 
 @pytest.mark.slow
 def test_timm_info_and_analyze_run(tmp_path):
-    from safetensors.torch import save_file
-
     save_file(timm_state_dict(), tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text('{"architecture": "vit_tiny_patch16_224"}')
     assert cli_json("info", str(tmp_path))["n_heads"] == 3

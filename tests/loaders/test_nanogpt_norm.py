@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loaders.checkpoints import checkpoint_from_source
+from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.tensor_source import DictSource
 
 D, L, H = 8, 2, 2
@@ -53,7 +53,5 @@ def test_norm_from_config_and_tensors(tensors, extra, expected):
 
 
 def test_realworld_gpt_by_hand_is_layernorm(realworld):
-    from loaders.checkpoints import open_checkpoint
-
     with open_checkpoint(realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt") as ckpt:
         assert ckpt.meta.norm == "layernorm"          # its LayerNorm(bias=use_bias=False): gamma only
