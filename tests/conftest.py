@@ -1,4 +1,4 @@
-"""Shared test setup: small thread counts (2-core machines), GPU tier skipping."""
+"""Shared test setup: thread counts that fit the cores (pytest-xdist workers included), GPU tier skipping."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,14 @@ if str(ROOT) not in sys.path:
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One torch thread per core in all: with N pytest-xdist workers (scripts/test.sh runs two), each
+# worker and each process it starts gets cores // N threads. More threads than cores spin in each
+# other's batched eigen-decompositions (10-400x slower measured on a busy two-core box, see
+# tests/analysis/_threads.py); subprocesses inherit OMP_NUM_THREADS.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(THREADS)
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 
 def pytest_collection_modifyitems(config, items):
