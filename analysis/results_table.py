@@ -1,9 +1,10 @@
 """Results tables as papers print them: variants as rows, metrics as columns, mean ± std over seeds.
 
-Pure pandas (no I/O). ``run_facts(config)`` reads what a run's config says about its task and
-attention geometry; ``run_groups(runs)`` gives each run its group (task, variant, query heads,
-KV heads: MHA, GQA and MQA runs of one variant are different rows); ``results_table(runs,
-values, metrics)`` aggregates per group.
+Pure pandas (no I/O). ``run_groups(runs)`` gives each run its group (task, variant, query
+heads, KV heads: MHA, GQA and MQA runs of one variant are different rows; a paper condition
+of its own, ``OWN_CONDITIONS``, apart from its stored variant); ``results_table(runs, values,
+metrics)`` aggregates per group. The runs' task and geometry come from their configs
+(``loaders.run_table``).
 
 Per group and metric (``statistic`` ``"final"``: each run's last value; ``"best"``: its best,
 the lowest of a loss and the highest of an accuracy, ``analysis.directions``):
@@ -46,53 +47,23 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "ha
 #: Order of head-sharing kinds in a table.
 _SHARING_ORDER = {"MHA": 0, "GQA": 1, "MQA": 2, "?": 3}
 
-_KEYS = {
-    "n_heads": ("n_head", "n_heads", "num_attention_heads", "num_heads"),
-    "n_kv_heads": ("n_kv_heads", "n_kv_head", "num_key_value_heads", "n_query_groups", "kv_heads"),
-    "n_layers": ("n_layer", "n_layers", "num_hidden_layers", "num_layers", "depth"),
-    "d_model": ("d_model", "n_embd", "hidden_size", "dim", "embed_dim"),
-    "d_head": ("d_head", "head_dim", "head_size"),
-}
+#: Paper conditions that are an architecture of their own but are stored under the variant whose
+#: projections and KV cache they share, until ``analysis.variants`` names them: paper B's QVV(3)
+#: (K=V with a depth-2 factored W_Q, the parameter count of Q-K-V; its repository's
+#: ``imagenet_experiment.py``), stored as ``k_eq_v`` with ``config.paper_condition``. Rows and
+#: legends show the condition and keep its runs apart from the variant's own.
+OWN_CONDITIONS = frozenset({"QVV(3)"})
 
 
-def _num(v) -> int | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return int(f) if math.isfinite(f) and f > 0 else None
+def own_condition(condition) -> str | None:
+    """``condition`` when it is one of ``OWN_CONDITIONS``, else None (NaN, None, other names)."""
+    return condition if isinstance(condition, str) and condition in OWN_CONDITIONS else None
 
 
-def _scopes(config: dict) -> list[dict]:
-    """The dicts of a run config to read, in order: itself, its ``model_config`` / ``model_args`` /
-    ``model`` (the papers' nestings), then each file's contents under ``files`` (as ingest keeps
-    them: ``{"files": {"config.json": {...}}}``) with their nestings."""
-    out = []
-    for d in [config] + [v for v in (config.get("files") or {}).values() if isinstance(v, dict)]:
-        out.append(d)
-        out.extend(d[k] for k in ("model_config", "model_args", "model") if isinstance(d.get(k), dict))
-    return out
-
-
-def run_facts(config: dict | None) -> dict:
-    """``task, n_heads, n_kv_heads, n_layers, d_model, d_head`` from a run config (``_scopes``:
-    top level, the papers' nestings, the files ingest read); None where absent.
-    ``task`` is ``config["task"]`` (``"language"`` when missing); ``n_kv_heads`` defaults to
-    ``n_heads`` (no head sharing stated) and ``d_head`` to ``d_model / n_heads``."""
-    config = config if isinstance(config, dict) else {}
-    scopes = _scopes(config)
-    out: dict = {}
-    for field, names in _KEYS.items():
-        out[field] = next((_num(s[n]) for s in scopes for n in names if n in s and _num(s[n]) is not None), None)
-    task = next((s["task"] for s in scopes if isinstance(s.get("task"), str) and s["task"].strip()), None)
-    out["task"] = task.strip() if task else DEFAULT_TASK
-    if out["n_kv_heads"] is None:
-        out["n_kv_heads"] = out["n_heads"]
-    if out["d_head"] is None and out["d_model"] and out["n_heads"] and out["d_model"] % out["n_heads"] == 0:
-        out["d_head"] = out["d_model"] // out["n_heads"]
-    return out
+def variant_label(variant, condition=None) -> str:
+    """The name a row or legend shows: the paper's condition for ``OWN_CONDITIONS``
+    (``"QVV(3)"``), else the variant's paper label (``analysis.variants.label``)."""
+    return own_condition(condition) or V.label(variant)
 
 
 def _int_or_none(v):
@@ -100,10 +71,12 @@ def _int_or_none(v):
 
 
 def run_groups(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs`` (``id`` or ``run_id``, ``variant``, and ``task``, ``n_heads``, ``n_kv_heads``
-    where known) with ``task`` filled (``"language"``), ``sharing`` (``analysis.variants.sharing``)
-    and ``group``: ``"<task>|<variant>|<n_heads>|<n_kv_heads>"``, the key that keeps MHA, GQA
-    and MQA runs of one variant apart."""
+    """``runs`` (``id`` or ``run_id``, ``variant``, and ``task``, ``n_heads``, ``n_kv_heads``,
+    ``condition`` where known) with ``task`` filled (``"language"``), ``sharing``
+    (``analysis.variants.sharing``), ``label`` (``variant_label``) and ``group``:
+    ``"<task>|<variant>|<n_heads>|<n_kv_heads>"``, the key that keeps MHA, GQA and MQA runs of
+    one variant apart, with ``"|<condition>"`` added for an ``OWN_CONDITIONS`` run (QVV(3) is
+    not a Q-K=V run)."""
     out = runs.copy()
     if "task" not in out.columns:
         out["task"] = DEFAULT_TASK
@@ -114,8 +87,11 @@ def run_groups(runs: pd.DataFrame) -> pd.DataFrame:
     out["variant"] = out["variant"].where(out["variant"].notna(), V.UNKNOWN).astype(str)
     h = [_int_or_none(v) for v in out["n_heads"]]
     kv = [_int_or_none(v) for v in out["n_kv_heads"]]
+    own = [own_condition(c) for c in (out["condition"] if "condition" in out.columns else [None] * len(out))]
     out["sharing"] = [V.sharing(a, b) for a, b in zip(h, kv)]
-    out["group"] = [f"{t}|{v}|{a}|{b}" for t, v, a, b in zip(out["task"], out["variant"], h, kv)]
+    out["label"] = [variant_label(v, c) for v, c in zip(out["variant"], own)]
+    out["group"] = [f"{t}|{v}|{a}|{b}" + (f"|{c}" if c else "")
+                    for t, v, a, b, c in zip(out["task"], out["variant"], h, kv, own)]
     return out
 
 
@@ -181,7 +157,7 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
     for key, rows in g.groupby("group", sort=False):
         first = rows.iloc[0]
         variant = str(first["variant"])
-        row = {"task": first["task"], "variant": variant, "label": V.label(variant), "sharing": first["sharing"],
+        row = {"task": first["task"], "variant": variant, "label": first["label"], "sharing": first["sharing"],
                "n_heads": _int_or_none(first["n_heads"]), "n_kv_heads": _int_or_none(first["n_kv_heads"]),
                "n runs": len(rows),
                "seeds": ", ".join(str(_int_or_none(s)) for s in rows["seed"] if _int_or_none(s) is not None)
@@ -193,7 +169,10 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
             row[f"{name} std"] = float(x.std(ddof=1)) if x.size > 1 else np.nan
             row[f"{name} n"] = int(x.size)
         row["KV bytes/token"] = _geometry_value(rows, variant, "kv", bytes_per_elem)
-        row["attention params"] = _geometry_value(rows, variant, "params", bytes_per_elem)
+        # an own condition's projections are not its stored variant's (QVV(3) factors W_Q): only a
+        # checkpoint's stored count is used
+        row["attention params"] = _geometry_value(rows, variant, "params", bytes_per_elem,
+                                                  computed=own_condition(first["label"]) is None)
         row["_order"] = _sort_key(str(first["task"]), str(first["sharing"]), _int_or_none(first["n_kv_heads"]),
                                   order.get(variant, len(order)), variant)
         out_rows.append(row)
@@ -229,13 +208,15 @@ def _sort_key(task: str, sharing: str, n_kv_heads, variant_rank: int, variant: s
     return (task != DEFAULT_TASK, task, _SHARING_ORDER[kind], -(n_kv_heads or 0), variant_rank, variant)
 
 
-def _geometry_value(rows: pd.DataFrame, variant: str, what: str, bytes_per_elem) -> float:
-    """The group's KV bytes per token or attention parameters (the median over its runs)."""
+def _geometry_value(rows: pd.DataFrame, variant: str, what: str, bytes_per_elem, *,
+                    computed: bool = True) -> float:
+    """The group's KV bytes per token or attention parameters (the median over its runs); with
+    ``computed`` False, parameters only as a checkpoint stored them."""
     vals = []
     for r in rows.to_dict("records"):
         if what == "params":
             v = r.get("params_attention")
-            if _int_or_none(v) is None:
+            if _int_or_none(v) is None and computed:
                 v = attention_params(variant, r.get("n_layers"), r.get("n_heads"), r.get("n_kv_heads"),
                                      r.get("d_model"), r.get("d_head"))
         else:

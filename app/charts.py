@@ -14,6 +14,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis import variants as V
+from analysis.results_table import own_condition, variant_label
+from loaders.run_table import with_facts
 
 #: One colour per attention variant, the same on every page (``analysis.variants.COLORS``).
 VARIANT_COLORS = V.COLORS
@@ -36,6 +38,8 @@ SHARING_DASH = {"MHA": "solid", "GQA": "dash", "MQA": "dot", "?": "solid"}
 SHARING_SYMBOL = {"MHA": "circle", "GQA": "diamond", "MQA": "square", "?": "circle"}
 #: Tasks drawn without a suffix in the legend (a run config without a task is a language run).
 DEFAULT_TASK = "language"
+#: Shade of a variant's hue for a task other than language, in a figure of several tasks.
+TASK_SHADE = -0.35
 
 
 def axis_title(column: str) -> str:
@@ -69,15 +73,24 @@ def sharing_of(n_heads, n_kv_heads) -> str:
     return V.sharing(as_int(n_heads), as_int(n_kv_heads))
 
 
-def legend_label(variant: str | None, sharing: str | None = None, task: str | None = None) -> str:
+def legend_label(variant: str | None, sharing: str | None = None, task: str | None = None,
+                 condition: str | None = None, *, name_task: bool = False) -> str:
     """The one legend name of a variant x head sharing group: ``"Q-K=V · MQA"``; a task other
-    than language is added (``"Q-K=V · MQA · vision"``); an unknown sharing is left out."""
-    parts = [V.label(variant)]
+    than language is added (``"Q-K=V · MQA · vision"``), language too with ``name_task`` (a
+    figure holding runs of several tasks names each); an unknown sharing is left out. A paper
+    condition of its own names the group instead of its stored variant
+    (``analysis.results_table.variant_label``: ``"QVV(3) · MHA"``)."""
+    parts = [variant_label(variant, condition)]
     if sharing and sharing != "?":
         parts.append(str(sharing))
-    if task and str(task) != DEFAULT_TASK:
+    if task and (name_task or str(task) != DEFAULT_TASK):
         parts.append(str(task))
     return " · ".join(parts)
+
+
+def several_tasks(tasks) -> bool:
+    """Whether ``tasks`` (a column of task names; None or NaN: language) holds more than one task."""
+    return len({str(t) if isinstance(t, str) and t else DEFAULT_TASK for t in tasks}) > 1
 
 
 def shade(hex_color: str, amount: float) -> str:
@@ -106,14 +119,17 @@ def _val(row, key):
 
 def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
     """Per run id (``id`` or ``run_id`` column; ``variant`` and where present ``n_heads``,
-    ``n_kv_heads``, ``task``): ``color, dash, symbol, group`` (``legend_label``). Runs of one
-    group share hue and dash and differ in shade, in run id order."""
+    ``n_kv_heads``, ``task``, ``condition``): ``color, dash, symbol, group`` (``legend_label``,
+    naming every run's task when ``runs`` holds several). Runs of one group share hue and dash
+    and differ in shade, in run id order."""
     id_col = "id" if "id" in runs.columns else "run_id"
     out: dict[int, dict] = {}
     seen: dict[str, int] = {}
+    name_task = "task" in runs.columns and several_tasks(runs["task"])
     for row in runs.sort_values(id_col).to_dict("records"):
         sharing = sharing_of(row.get("n_heads"), row.get("n_kv_heads"))
-        group = legend_label(row.get("variant"), sharing, _val(row, "task"))
+        group = legend_label(row.get("variant"), sharing, _val(row, "task") or DEFAULT_TASK, _val(row, "condition"),
+                             name_task=name_task)
         k = seen.get(group, 0)
         seen[group] = k + 1
         style = group_style(row.get("variant"), sharing)
@@ -361,15 +377,18 @@ def band_figure(band: pd.DataFrame, *, x: str = "step", metric: str = "", log_x:
 def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", metric: str = "",
                   log_x: bool = False) -> go.Figure:
     """Final metric against a hyperparameter, one trace per variant x head sharing group
-    (``name, variant, <hparam>, <value>`` and where present ``n_heads, n_kv_heads, task``):
-    the variant's colour, the sharing's marker symbol, the legend ``"Q-K=V · MQA"``."""
+    (``name, variant, <hparam>, <value>`` and where present ``n_heads, n_kv_heads, task,
+    condition``): the variant's colour, the sharing's marker symbol, the legend
+    ``"Q-K=V · MQA"`` (``"Q-K=V · MQA · language"`` when the runs are of several tasks)."""
     fig = go.Figure()
     data = frame.dropna(subset=[hparam, value])
     data = data.assign(_sharing=[sharing_of(r.get("n_heads"), r.get("n_kv_heads"))
                                  for r in data.to_dict("records")],
-                       _task=data["task"] if "task" in data.columns else None)
-    data = data.assign(_group=[legend_label(v, s, t) for v, s, t in
-                               zip(data["variant"], data["_sharing"], data["_task"])])
+                       _task=[_val(r, "task") or DEFAULT_TASK for r in data.to_dict("records")],
+                       _condition=[_val(r, "condition") for r in data.to_dict("records")])
+    name_task = several_tasks(data["_task"])
+    data = data.assign(_group=[legend_label(v, s, t, c, name_task=name_task) for v, s, t, c in
+                               zip(data["variant"], data["_sharing"], data["_task"], data["_condition"])])
     order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     keys = sorted(data.groupby(["variant", "_sharing", "_group"], dropna=False).groups,
                   key=lambda k: (order.get(k[0], 99), str(k[0]), SHARING_RANK[sharing_kind(k[1])], str(k[1])))
@@ -666,13 +685,51 @@ def _group_sharing(group: str) -> str | None:
     return None
 
 
+def wd_group_name(variant: str | None, group: str, task: str | None = None, condition: str | None = None, *,
+                  paper_label: bool = True) -> str:
+    """The legend name of a weight-decay group (``analysis.wd_sensitivity``'s ``group`` label):
+    ``"Q-K=V [image, n_kv_heads=1]"``. ``task`` (where given) comes first unless the label starts
+    with it already; ``"all"`` (a variant's only group) adds nothing; a paper condition of its own
+    names the group instead of its stored variant (``"QVV(3) [image]"``), and its
+    ``paper_condition=...`` entry is dropped from the label. ``paper_label`` False: the stored
+    variant name (``"k_eq_v [image]"``), as tables write it."""
+    entries = [e for e in str(group).split(", ") if e and e != "all" and e != f"paper_condition={condition}"]
+    if task and (not entries or entries[0] != str(task)):
+        entries.insert(0, str(task))
+    name = variant_label(variant, condition) if paper_label else (own_condition(condition) or str(variant))
+    return f"{name} [{', '.join(entries)}]" if entries else name
+
+
+def wd_group_keys(points: pd.DataFrame) -> list[str]:
+    """The columns that tell weight-decay groups apart in ``points``: ``task`` (where present),
+    ``variant``, ``group``."""
+    return (["task"] if "task" in points.columns else []) + ["variant", "group"]
+
+
+def wd_groups(points: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """``points`` split by ``wd_group_keys``, as ``((task, variant, group), rows)`` (task None where
+    ``points`` has none), language first, then other tasks, variants and groups by name."""
+    keys = wd_group_keys(points)
+    parts = [((k if len(keys) == 3 else (None, *k)), g) for k, g in points.groupby(keys, sort=True)]
+    return sorted(parts, key=lambda p: (p[0][0] not in (None, DEFAULT_TASK), str(p[0][0]), p[0][1:]))
+
+
+def wd_task_shown(points: pd.DataFrame):
+    """A function of a task giving what ``wd_group_name`` should name: every task when ``points``
+    holds several, a task other than language always, else None."""
+    tasks = points["task"] if "task" in points.columns else pd.Series([], dtype=object)
+    several = several_tasks(tasks)
+    return lambda task: task if task and (several or str(task) != DEFAULT_TASK) else None
+
+
 def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str = "final val/loss") -> go.Figure:
     """Loss against weight decay per variant, log x; diverged runs as crosses, spiky ones ringed.
 
-    ``points``: ``variant, group, weight_decay, <y>, diverged, spikes, run_id``. Weight decay 0
-    is drawn half a decade left of the smallest positive value, on a tick labelled "0". Groups
-    of one variant share its colour and differ in dash and marker (head sharing where the group
-    names it, else by order); legend ``"Q-K=V [n_kv_heads=1]"``.
+    ``points``: ``variant, group, weight_decay, <y>, diverged, spikes, run_id`` and where known
+    ``task``, ``condition``. Weight decay 0 is drawn half a decade left of the smallest positive
+    value, on a tick labelled "0". Groups of one variant share its colour and differ in dash and
+    marker (head sharing where the group names it, else by order); groups of different tasks are
+    apart and their legend names the task (``wd_group_name``: ``"Q-K=V [image, n_kv_heads=1]"``).
     """
     fig = go.Figure()
     ticks, zero_at = _wd_axis(points["weight_decay"])
@@ -681,18 +738,19 @@ def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str =
     within: dict[str, int] = {}
     import re
 
+    shown = wd_task_shown(data)
     kvs = [int(m.group(1)) for m in (re.search(r"n_kv_heads=(\d+)", str(g)) for g in data["group"].unique()) if m]
-    for i, ((variant, group), g) in enumerate(data.groupby(["variant", "group"], sort=True)):
+    for i, ((task, variant, group), g) in enumerate(wd_groups(data)):
         k = within.get(variant, 0)
         within[variant] = k + 1
         sharing = _group_sharing(group)
         kv = re.search(r"n_kv_heads=(\d+)", str(group))
         if sharing is None and kv and kvs:     # the most KV heads in the figure drawn as MHA, fewer as GQA
             sharing = "MHA" if int(kv.group(1)) == max(kvs) else "GQA"
-        style = group_style(variant, sharing or (kinds[k % 3] if group != "all" else "MHA"), i)
+        style = group_style(variant, sharing or (kinds[k % 3] if k or group != "all" else "MHA"), i)
         color = style["color"]
         g = g.sort_values("weight_decay")
-        name = V.label(variant) if group == "all" else f"{V.label(variant)} [{group}]"
+        name = wd_group_name(variant, group, shown(task), first_value(g, "condition"))
         ok = g[~g["diverged"]]
         mean = ok.groupby("x", as_index=False)[y].mean()
         fig.add_trace(go.Scatter(x=mean["x"], y=mean[y], mode="lines", name=name,
@@ -711,56 +769,74 @@ def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str =
     return fig
 
 
+def first_value(frame: pd.DataFrame, column: str):
+    """The first non-missing value of ``column`` in ``frame`` (None where absent)."""
+    if column not in frame.columns:
+        return None
+    values = frame[column].dropna()
+    return values.iloc[0] if len(values) else None
+
+
 #: Projection norm metrics in the order and words the norms figure uses.
 NORM_TITLES = {"norm_q": "W_Q", "norm_k": "W_K", "norm_v": "W_V", "norm_o": "W_O"}
 
 
-def _with_heads(frame: pd.DataFrame, runs: pd.DataFrame | None) -> pd.DataFrame:
-    """``frame`` (with ``run_id``) given ``n_heads, n_kv_heads`` from ``runs`` (``run_id`` or
-    ``id``; its own ``n_heads``/``n_kv_heads`` columns or its ``config``, ``analysis.results_table.run_facts``)."""
+#: What ``_with_runs`` takes from a figure's runs.
+RUN_FACTS = ("n_heads", "n_kv_heads", "task", "condition")
+
+
+def _with_runs(frame: pd.DataFrame, runs: pd.DataFrame | None) -> pd.DataFrame:
+    """``frame`` (with ``run_id``) given ``RUN_FACTS`` of its runs: ``runs`` holds ``run_id`` or
+    ``id`` and either those columns (``loaders.run_table.run_table`` rows) or a ``config`` they
+    are read from (``loaders.run_table.with_facts``; a run's own ``n_kv_heads`` wins)."""
     if runs is None or "run_id" not in frame.columns or runs.empty:
         return frame
-    from analysis.results_table import run_facts
-
     r = runs.rename(columns={"id": "run_id"}) if "run_id" not in runs.columns else runs
-    facts = pd.DataFrame([run_facts(c) for c in (r["config"] if "config" in r.columns else [None] * len(r))],
-                         index=r.index)
-    heads = pd.DataFrame({"run_id": r["run_id"].astype(int),
-                          "n_heads": r["n_heads"] if "n_heads" in r.columns else facts["n_heads"],
-                          "n_kv_heads": r["n_kv_heads"] if "n_kv_heads" in r.columns else facts["n_kv_heads"]})
-    heads["n_kv_heads"] = heads["n_kv_heads"].where(heads["n_kv_heads"].notna(), facts["n_kv_heads"])
-    base = frame.drop(columns=[c for c in ("n_heads", "n_kv_heads") if c in frame.columns])
-    return base.merge(heads.drop_duplicates("run_id"), on="run_id", how="left")
+    if not set(RUN_FACTS) <= set(r.columns):
+        r = with_facts(r)
+    facts = r[["run_id", *RUN_FACTS]].assign(run_id=r["run_id"].astype(int)).drop_duplicates("run_id")
+    base = frame.drop(columns=[c for c in RUN_FACTS if c in frame.columns])
+    return base.merge(facts, on="run_id", how="left")
 
 
 def norms_figure(norms: pd.DataFrame, *, variants=None, runs: pd.DataFrame | None = None) -> go.Figure:
     """Projection norms against weight decay (``variant, weight_decay, metric, value`` and where
-    present ``n_heads, n_kv_heads``), log x: one panel per projection (W_Q, W_K, W_V, W_O) with
-    a shared y axis, one line per variant x head sharing in the variant's colour and the
-    sharing's dash (one legend entry per group, as on every page), a marker per run.
+    present ``n_heads, n_kv_heads, task, condition``), log x: one panel per projection (W_Q,
+    W_K, W_V, W_O) with a shared y axis, one line per task x variant x head sharing in the
+    variant's colour and the sharing's dash (one legend entry per group, as on every page,
+    naming the task when the runs are of several: ``"Q-K=V · MQA · image"``), a marker per run.
 
     ``variants``: only these variants (the page's Variants filter); None or empty: all.
-    ``runs``: where ``norms`` lacks head counts, the runs (``run_id``, ``config`` or
-    ``n_heads``/``n_kv_heads``) that give them, so MHA and MQA runs are separate lines.
+    ``runs``: the runs (``run_id``; ``RUN_FACTS`` columns or a ``config``) that give head
+    counts, task and condition, so MHA and MQA runs, and vision and language runs, are
+    separate lines.
     """
-    data = _with_heads(norms[norms["weight_decay"] >= 0], runs)
+    data = _with_runs(norms[norms["weight_decay"] >= 0], runs)
     if variants:
         data = data[data["variant"].astype(str).isin([str(v) for v in variants])]
     if data.empty:
         return empty_figure("No projection norms for the chosen variants")
     ticks, zero_at = _wd_axis(data["weight_decay"])
+    records = data.to_dict("records")
     data = data.assign(x=_wd_x(data["weight_decay"], zero_at),
-                       _sharing=[sharing_of(r.get("n_heads"), r.get("n_kv_heads")) for r in data.to_dict("records")])
+                       _sharing=[sharing_of(r.get("n_heads"), r.get("n_kv_heads")) for r in records],
+                       _task=[_val(r, "task") or DEFAULT_TASK for r in records],
+                       _condition=[_val(r, "condition") or "" for r in records])
+    name_task = several_tasks(data["_task"])
     present = [m for m in NORM_TITLES if m in set(data["metric"])] + sorted(set(data["metric"]) - set(NORM_TITLES))
     fig = make_subplots(rows=1, cols=len(present), shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=[NORM_TITLES.get(m, m) for m in present])
     order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
-    groups = sorted(data.groupby(["variant", "_sharing"]).groups,
-                    key=lambda k: (order.get(k[0], 99), str(k[0]), SHARING_RANK[sharing_kind(k[1])], str(k[1])))
-    for i, (variant, sharing) in enumerate(groups):
-        g_all = data[(data["variant"] == variant) & (data["_sharing"] == sharing)]
+    groups = sorted(data.groupby(["_task", "variant", "_condition", "_sharing"]).groups,
+                    key=lambda k: (k[0] != DEFAULT_TASK, k[0], order.get(k[1], 99), str(k[1]), k[2],
+                                   SHARING_RANK[sharing_kind(k[3])], str(k[3])))
+    for i, (task, variant, condition, sharing) in enumerate(groups):
+        g_all = data[(data["_task"] == task) & (data["variant"] == variant) & (data["_condition"] == condition)
+                     & (data["_sharing"] == sharing)]
         style = group_style(variant, sharing, i)
-        name = legend_label(variant, sharing)
+        if name_task and task != DEFAULT_TASK:     # another task's line of the same variant: a darker shade
+            style["color"] = shade(style["color"], TASK_SHADE)
+        name = legend_label(variant, sharing, task, condition or None, name_task=name_task)
         for col, metric in enumerate(present, start=1):
             g = g_all[g_all["metric"] == metric]
             if g.empty:

@@ -15,6 +15,10 @@ from pandas.io.formats.style import Styler
 
 from app.charts import interval_text
 
+#: What a table cell shows where a value is undefined (the std of one run, the baseline's own %),
+#: on screen (``st.dataframe(..., placeholder=MISSING)``: Streamlit draws a missing number as a grey
+#: "None" otherwise, whatever a Styler's ``na_rep`` says) and in text cells.
+MISSING = "\u2014"
 #: Text colour of values that are not to be read as results (too few tokens).
 MUTED = "color: #9a9a9a; font-style: italic"
 #: A note saying a metric had fewer sample tokens than it needs, as ``analysis.activations``

@@ -7,6 +7,11 @@ Without ``?a=&b=`` the pair is two checkpoints of one geometry that differ in on
 step where the store has them). URL: ``?a=1&b=2&metric=kv_cka`` for the pair, ``&run=3&tmetric=qk_symmetry``
 for the trajectories.
 
+Checkpoints are grouped by their run's task: where the store holds runs of several tasks (vision
+and language), a *Task* choice narrows both pickers to one task's checkpoints (the default pair is
+then of that task), headings name each side's task, and the trajectories' runs are listed language
+first, each with its task.
+
 Values are read against their chance level: the two heatmaps share one colour scale
 centred on it, the table of largest changes gives both sides' chance (and, for
 activation metrics, tokens, 95% intervals and whether they overlap), trajectories
@@ -23,7 +28,9 @@ from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
 from app import charts, pickers, tables
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
                        store_at, stored_notes, checkpoint_choices, analysis_results as _results)
+from analysis.results_table import DEFAULT_TASK
 from loaders import curves
+from loaders.run_table import run_table
 
 TITLE = "Compare"
 ICON = ":material/compare:"
@@ -37,6 +44,35 @@ HEAD_METRICS = [m.name for m in METRICS if m.axis in ("head", "kv_head", "head+l
 @st.cache_data(show_spinner=False, max_entries=8)
 def _run_checkpoints(db: str, version: tuple) -> pd.DataFrame:
     return curves.run_checkpoints(store_at(db))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _run_tasks(db: str, version: tuple) -> dict[int, str]:
+    """``{run id: task}`` (``loaders.run_table``: the run config's task, language where it names none)."""
+    runs = run_table(store_at(db))
+    return dict(zip(runs["id"].astype(int), runs["task"].astype(str)))
+
+
+ALL_TASKS = "all"
+
+
+def with_tasks(ckpts: pd.DataFrame, run_tasks: dict[int, str]) -> pd.DataFrame:
+    """``ckpts`` (``checkpoint_choices`` rows) with ``task``: its run's, None for a checkpoint not
+    linked to a run (ingested on its own or uploaded)."""
+    tasks = [run_tasks.get(int(r)) if pd.notna(r) else None for r in ckpts["run_id"]]
+    return ckpts.assign(task=pd.Series(tasks, index=ckpts.index, dtype=object))
+
+
+def task_options(ckpts: pd.DataFrame) -> list[str]:
+    """The Task choices: ``"all"`` then each task of a linked checkpoint, language first; only
+    ``["all"]`` when they are of one task."""
+    tasks = sorted({str(t) for t in ckpts["task"].dropna()}, key=lambda t: (t != DEFAULT_TASK, t))
+    return [ALL_TASKS] + tasks if len(tasks) > 1 else [ALL_TASKS]
+
+
+def side_label(label: str, task) -> str:
+    """A side's heading: its checkpoint label with the task where known (``"x · step 200 (#1) · image"``)."""
+    return f"{label} · {task}" if isinstance(task, str) and task else label
 
 
 
@@ -81,13 +117,20 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
     st.subheader("Two checkpoints")
     st.caption("By default two checkpoints of one geometry that differ in one setting (the qkv baseline "
                "against a variant at the same weight decay and step, where there is one).")
+    options = task_options(ckpts)
+    if len(options) > 1:
+        task = st.selectbox("Task", options, key="cmp_task", format_func=lambda t: "all tasks" if t == ALL_TASKS else t,
+                            help="the task of each checkpoint's run: vision and language checkpoints apart "
+                                 "(all tasks: every checkpoint, those without a run too)")
+        if task != ALL_TASKS:
+            ckpts = ckpts[ckpts["task"] == task]
     known = {int(i) for i in ckpts["id"]}
     a_def, b_def = pickers.default_pair(ckpts)
     a_def, b_def = _url_id("a", known) or a_def, _url_id("b", known) or b_def
     c1, c2 = st.columns(2)
     a = pickers.checkpoint_picker("A", ckpts, key="cmp_a", default=a_def, container=c1)
     b = pickers.checkpoint_picker("B", ckpts, key="cmp_b", default=b_def, container=c2)
-    labels = {int(r["id"]): pickers.checkpoint_label(r) for r in ckpts.to_dict("records")}
+    labels = {int(r["id"]): side_label(pickers.checkpoint_label(r), r["task"]) for r in ckpts.to_dict("records")}
     set_query_params(a=a, b=b)
     problems = _ensure_analysed(store, sorted({a, b}), "Analysing")
     for p in problems:
@@ -138,7 +181,7 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
     d = diff[(diff["metric"] == metric) & diff["head"].notna()]
     if len(d):
         st.caption(f"Largest changes of {metric} (B - A); mean change {d['diff'].mean():+.4g}.")
-        st.dataframe(tables.change_table(diff, metric, notes_a, notes_b), hide_index=True, width="stretch",
+        st.dataframe(tables.change_table(diff, metric, notes_a, notes_b), hide_index=True, width="stretch", placeholder=tables.MISSING,
                      column_config={"CIs overlap": st.column_config.CheckboxColumn(
                          help="A's and B's 95% intervals overlap: the change may be sampling noise")})
         if muted_a or muted_b:
@@ -158,7 +201,13 @@ def _trajectories(store) -> None:
                    "when they sit in the run's folder; their step comes from the file or its name "
                    "(`step_500`, `ckpt-1000`).")
         return
-    labels = {int(r.run_id): f"{r.run} ({r.n} checkpoints)" for r in counts.itertuples()}
+    run_tasks = _run_tasks(str(store.path), version)
+    several = len({run_tasks.get(int(r)) for r in counts["run_id"]}) > 1
+    counts = counts.assign(task=[run_tasks.get(int(r), DEFAULT_TASK) for r in counts["run_id"]])
+    counts = (counts.assign(_other=counts["task"] != DEFAULT_TASK)          # language runs first
+              .sort_values(["_other", "task", "run_id"], kind="stable"))
+    labels = {int(r.run_id): f"{r.run} ({r.n} checkpoints)" + (f" · {r.task}" if several else "")
+              for r in counts.itertuples()}
     ids = list(labels)
     r_url = query_param("run")
     run = st.selectbox("Run", ids, index=ids.index(int(r_url)) if r_url and r_url.isdigit() and int(r_url) in labels
@@ -198,7 +247,8 @@ def _trajectories(store) -> None:
 def render() -> None:
     store = get_store()
     st.title("Compare")
-    ckpts = checkpoint_choices(str(store.path), data_version(store))
+    version = data_version(store)
+    ckpts = with_tasks(checkpoint_choices(str(store.path), version), _run_tasks(str(store.path), version))
     if ckpts.empty:
         st.info("No checkpoints stored yet. Ingest some on the Overview page, upload one on the Checkpoint "
                 f"inspector, or from a shell: `python -m app ingest PATH --db {store.path}`.",

@@ -17,23 +17,28 @@ import pandas as pd
 import streamlit as st
 
 from analysis.directions import direction
-from analysis.results_table import best_of_each_group, metric_order, run_facts, run_groups, table_order
+from analysis.results_table import best_of_each_group, metric_order, run_groups, table_order
 from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
-from app import charts
+from app import charts, tables
 from app.state import data_version, get_store, query_param, set_query_params, store_at
 from loaders import curves
+from loaders.logs.runs import COLUMN_FIELDS, set_run_metadata
+from loaders.run_table import run_table
 
 TITLE = "Experiments"
 ICON = ":material/monitoring:"
 ORDER = 20
 URL_PATH = "experiments"
 
-RUN_COLUMNS = ["id", "name", "variant", "n_heads", "n_kv_heads", "task", "weight_decay", "lr", "seed",
-               "model_size", "format", "n_points", "first_step", "last_step", "metrics", "source"]
+RUN_COLUMNS = ["id", "name", "variant", "condition", "n_heads", "n_kv_heads", "task", "weight_decay", "lr",
+               "seed", "model_size", "format", "n_points", "first_step", "last_step", "metrics", "source"]
 HPARAMS = ["weight_decay", "lr", "seed", "model_size", "n_kv_heads", "variant"]
 X_LABELS = {"step": "Step", "tokens": "Tokens", "wall_time": "Wall time"}
-EDITABLE = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
+#: The fields the edit form sets, in form order (three a row): the metadata ingest reads
+#: (``loaders.logs.metadata.FIELDS``, each typed as ``loaders.logs.runs.COLUMN_FIELDS`` says);
+#: ``variant`` is a select box, the others text boxes.
+EDITABLE = ("variant", "weight_decay", "lr", "n_kv_heads", "seed", "model_size")
 VARIANTS = (*_KNOWN_VARIANTS, UNKNOWN)
 #: URL keys of this page: kept in the session (``SAVED``) so the page reopens as it was left.
 URL_KEYS = ("runs", "m", "x", "s", "logx", "logy", "group", "q", "variant", "wd", "fmt", "src", "fm", "hp",
@@ -47,19 +52,8 @@ DEFAULT_RUNS = 8
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _runs(db: str, version: tuple) -> pd.DataFrame:
-    from loaders.logs import list_runs
-
-    frame = pd.DataFrame(list_runs(store_at(db)))
-    if not frame.empty:
-        facts = pd.DataFrame([run_facts(c) for c in frame["config"]], index=frame.index)
-        frame["n_heads"] = facts["n_heads"]
-        frame["task"] = facts["task"]
-        # the run's own n_kv_heads (with the user's corrections) wins; the config fills gaps
-        frame["n_kv_heads"] = frame["n_kv_heads"].where(frame["n_kv_heads"].notna(), facts["n_kv_heads"])
-    for col in RUN_COLUMNS:
-        if col not in frame.columns:
-            frame[col] = None
-    return frame[RUN_COLUMNS]
+    """The runs table's rows: ``RUN_COLUMNS`` of ``loaders.run_table`` (task, heads, paper condition)."""
+    return run_table(store_at(db))[RUN_COLUMNS]
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -304,6 +298,19 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
                    icon=":material/warning:")
 
 
+def _field_title(name: str) -> str:
+    """A field's label in the edit form: ``"weight_decay"`` -> ``"Weight decay"``."""
+    title = charts.axis_title(name)
+    return title[0].upper() + title[1:]
+
+
+def _field_text(value, kind) -> str:
+    """A field's current value as the form shows it: empty where unset, an integer without ``.0``."""
+    if value is None or pd.isna(value):
+        return ""
+    return str(int(value)) if kind is int else f"{value:g}"
+
+
 def _edit_section(store, runs: pd.DataFrame) -> None:
     with st.expander("Edit a run's metadata", icon=":material/edit:"):
         st.caption("Corrections are stored beside what ingest found and survive re-ingesting the logs.")
@@ -311,22 +318,17 @@ def _edit_section(store, runs: pd.DataFrame) -> None:
         rid = st.selectbox("Run", list(labels), format_func=labels.get, key="exp_edit_run")
         row = runs[runs["id"] == rid].iloc[0]
         with st.form(f"exp_edit_{rid}"):
-            c1, c2, c3 = st.columns(3)
+            cells = [c for _ in range(2) for c in st.columns(3)]
             cur_v = str(row["variant"]) if row["variant"] in VARIANTS else "unknown"
-            variant = c1.selectbox("Variant", VARIANTS, index=VARIANTS.index(cur_v))
-            wd = c2.text_input("Weight decay", value="" if pd.isna(row["weight_decay"]) else f"{row['weight_decay']:g}")
-            lr = c3.text_input("Learning rate", value="" if pd.isna(row["lr"]) else f"{row['lr']:g}")
-            c4, c5, c6 = st.columns(3)
-            kv = c4.text_input("KV heads", value="" if pd.isna(row["n_kv_heads"]) else str(int(row["n_kv_heads"])))
-            seed = c5.text_input("Seed", value="" if pd.isna(row["seed"]) else str(int(row["seed"])))
-            size = c6.text_input("Model size (parameters)",
-                                 value="" if pd.isna(row["model_size"]) else str(int(row["model_size"])))
+            variant = cells[0].selectbox("Variant", VARIANTS, index=VARIANTS.index(cur_v))
+            texts = {name: cell.text_input(_field_title(name), value=_field_text(row[name], COLUMN_FIELDS[name]))
+                     for name, cell in zip([f for f in EDITABLE if f != "variant"], cells[1:])}
             saved = st.form_submit_button("Save", icon=":material/save:")
         if not saved:
             return
         fields, errors = {}, []
-        for name, text, kind in (("weight_decay", wd, float), ("lr", lr, float), ("n_kv_heads", kv, int),
-                                 ("seed", seed, int), ("model_size", size, int)):
+        for name, text in texts.items():
+            kind = COLUMN_FIELDS[name]
             text = text.strip()
             if not text:
                 continue
@@ -343,8 +345,6 @@ def _edit_section(store, runs: pd.DataFrame) -> None:
         if not changed:
             st.info("Nothing changed.")
             return
-        from loaders.logs import set_run_metadata
-
         set_run_metadata(store, int(rid), **changed)
         st.success(f"Saved {', '.join(sorted(changed))} for {labels[rid]}.")
 
@@ -362,7 +362,7 @@ def render() -> None:
     saved = _restore_saved()
     shown = _filters(runs)
     st.caption(f"{len(shown):,} of {len(runs):,} runs")
-    st.dataframe(shown, hide_index=True, width="stretch", height=min(38 * (len(shown) + 1), 320),
+    st.dataframe(shown, hide_index=True, width="stretch", placeholder=tables.MISSING, height=min(38 * (len(shown) + 1), 320),
                  column_config={"weight_decay": st.column_config.NumberColumn("weight decay", format="%.4g"),
                                 "lr": st.column_config.NumberColumn("learning rate", format="%.3g"),
                                 "n_heads": st.column_config.NumberColumn("query heads"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from app import tables
 from app.state import (DEMO_DIR, data_version, demo_only, get_store, query_param, set_query_params, store_at,
                        summary, checkpoints_frame as _checkpoints)
 from loaders.parse_child import ingest_paths   # each file read in a child process under the parse budgets
@@ -69,7 +70,7 @@ def _ingest_form(store) -> None:
     interesting = [f for f in j["files"] if f["status"] != "unchanged"]
     if interesting:
         st.dataframe(pd.DataFrame(interesting)[["status", "kind", "format", "path", "reason", "n_points"]],
-                     hide_index=True, width="stretch")
+                     hide_index=True, width="stretch", placeholder=tables.MISSING)
 
 
 def render() -> None:
@@ -100,7 +101,7 @@ def render() -> None:
     runs = _runs(str(store.path), version)
     if len(runs):
         st.caption(task_counts(runs))
-        st.dataframe(runs, hide_index=True, width="stretch",
+        st.dataframe(runs, hide_index=True, width="stretch", placeholder=tables.MISSING,
                      column_config={"weight_decay": st.column_config.NumberColumn(format="%.4g"),
                                     "lr": st.column_config.NumberColumn(format="%.3g")})
     else:
@@ -109,7 +110,7 @@ def render() -> None:
     st.subheader("Checkpoints")
     ckpts = _checkpoints(str(store.path), version)
     if len(ckpts):
-        st.dataframe(ckpts, hide_index=True, width="stretch",
+        st.dataframe(ckpts, hide_index=True, width="stretch", placeholder=tables.MISSING,
                      column_config={"params_total": st.column_config.NumberColumn(format="%d"),
                                     "kv_bytes_per_token": st.column_config.NumberColumn(
                                         "KV bytes/token", format="%d")})

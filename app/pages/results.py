@@ -18,10 +18,11 @@ import pandas as pd
 import streamlit as st
 
 from analysis.directions import direction
-from analysis.results_table import common_setting, metric_order, results_table, run_facts
+from analysis.results_table import common_setting, metric_order, results_table
 from app import tables
-from app.state import data_version, get_store, query_param, set_query_params
+from app.state import data_version, get_store, query_param, set_query_params, store_at
 from loaders import curves
+from loaders.run_table import run_table
 
 TITLE = "Results"
 ICON = ":material/table_chart:"
@@ -35,31 +36,15 @@ ORDER_BY = "paper order"
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _runs(db: str, version: tuple) -> pd.DataFrame:
-    """Runs with their config facts (task, heads) and their latest checkpoint's geometry."""
-    from loaders.logs import list_runs
-
-    frame = pd.DataFrame(list_runs(get_store()))
-    if frame.empty:
-        return frame
-    facts = pd.DataFrame([run_facts(c) for c in frame["config"]], index=frame.index)
-    for col in ("n_heads", "n_layers", "d_model", "d_head", "task"):
-        frame[col] = facts[col]
-    frame["n_kv_heads"] = frame["n_kv_heads"].where(frame["n_kv_heads"].notna(), facts["n_kv_heads"])
-    geo = curves.run_geometry(get_store())
-    if len(geo):
-        frame = frame.merge(geo.rename(columns={c: f"ck_{c}" for c in geo.columns if c != "run_id"}),
-                            left_on="id", right_on="run_id", how="left")
-        # a checkpoint's geometry is what was trained; the config fills runs without one
-        for col in ("n_heads", "n_kv_heads", "n_layers", "d_model", "d_head"):
-            frame[col] = frame[f"ck_{col}"].where(frame[f"ck_{col}"].notna(), frame[col])
-        for col in ("dtype", "params_attention", "kv_bytes_per_token"):
-            frame[col] = frame[f"ck_{col}"]
+    """Runs with their config facts (task, heads, paper condition) and their latest checkpoint's
+    geometry (``loaders.run_table``)."""
+    frame = run_table(store_at(db), geometry=True)
     return frame.drop(columns=["config", "overrides"], errors="ignore")
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _values(db: str, version: tuple, metrics: tuple) -> pd.DataFrame:
-    return curves.run_metric_summary(get_store(), list(metrics))
+    return curves.run_metric_summary(store_at(db), list(metrics))
 
 
 def _metric_options(runs: pd.DataFrame) -> list[str]:
@@ -147,7 +132,7 @@ def render() -> None:
     if table.empty:
         st.caption("No run matches these choices.")
         return
-    st.dataframe(_screen(table), hide_index=True, width="stretch", key="res_table",
+    st.dataframe(_screen(table), hide_index=True, width="stretch", placeholder=tables.MISSING, key="res_table",
                  column_config=_column_config(table), height=min(35 * (len(table) + 1) + 3, 800))
     st.caption(f"{stat.capitalize()} value of each run; mean ± sample standard deviation over a row's runs "
                f"(n); weight decay {wd_pick}. \"vs Q-K-V\": the row's mean against the Q-K-V row of the same "

@@ -26,13 +26,14 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from analysis import variants as V
+from analysis.results_table import DEFAULT_TASK, metric_order, own_condition
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
-from app import charts
+from app import charts, tables
 from app.pickers import checkpoint_label
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
                        store_at)
 from loaders import curves
+from loaders.run_table import run_table
 
 TITLE = "Weight decay"
 ICON = ":material/tune:"
@@ -41,18 +42,38 @@ URL_PATH = "weight-decay"
 
 NORMS = ["norm_q", "norm_k", "norm_v", "norm_o"]
 #: shown where a statistic is absent (the reason is in the "why absent" column)
-DASH = "\u2014"
+DASH = tables.MISSING
+
+
+#: The runs' columns the page reads (``loaders.run_table``).
+RUN_COLUMNS = ["run_id", "name", "variant", "weight_decay", "lr", "config", "metrics", "task", "condition",
+               "n_heads", "n_kv_heads"]
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _runs(db: str, version: tuple) -> pd.DataFrame:
-    from loaders.logs import list_runs
+    return run_table(store_at(db)).rename(columns={"id": "run_id"})[RUN_COLUMNS]
 
-    frame = pd.DataFrame(list_runs(store_at(db)))
-    cols = ["id", "name", "variant", "weight_decay", "lr", "config", "metrics"]
-    if frame.empty:
-        return pd.DataFrame(columns=["run_id"] + cols[1:])
-    return frame[cols].rename(columns={"id": "run_id"})
+
+def sensitivity_by_task(runs: pd.DataFrame, points: pd.DataFrame, **options) -> pd.DataFrame:
+    """``analysis.wd_sensitivity`` of each task's runs on their own (a vision and a language run
+    never share a group, a fit or a regression), with ``task`` and ``condition`` first: the paper
+    condition all of a group's runs share (``analysis.results_table.OWN_CONDITIONS``), else None.
+    ``runs``: ``RUN_COLUMNS``; ``options``: ``wd_sensitivity``'s keywords."""
+    condition = dict(zip(runs["run_id"].astype(int), runs["condition"].map(own_condition)))
+    parts = []
+    for task, sub in runs.groupby("task", sort=False):
+        table = wd_sensitivity(sub, points[points["run_id"].isin(sub["run_id"])], **options)
+        if len(table):
+            own = [{condition.get(int(i)) for i in ids} for ids in table["run_ids"]]
+            parts.append(table.assign(task=str(task), condition=[c.pop() if len(c) == 1 else None for c in own]))
+    if not parts:
+        return wd_sensitivity(runs.iloc[:0], points.iloc[:0], **options).assign(task=None, condition=None)
+    out = pd.concat(parts, ignore_index=True)
+    order = sorted(out["task"].unique(), key=lambda t: (t != DEFAULT_TASK, t))  # language first, as Results
+    out["_t"] = out["task"].map({t: i for i, t in enumerate(order)})
+    out = out.sort_values(["_t", "variant", "group"], kind="stable").drop(columns="_t").reset_index(drop=True)
+    return out[["task", "condition"] + [c for c in out.columns if c not in ("task", "condition")]]
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -60,9 +81,9 @@ def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diver
                  statistic: str = "final", method: str = "auto"):
     runs = _runs(db, version)
     points = curves.metric_points(store_at(db), metric, runs["run_id"].tolist())
-    table = wd_sensitivity(runs, points, spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, statistic=statistic,
-                           metric=metric, method=method, overrides=curves.metric_directions(store_at(db)))
-    return table
+    return sensitivity_by_task(runs, points, spike_ratio=spike_ratio, diverge_ratio=diverge_ratio,
+                               statistic=statistic, metric=metric, method=method,
+                               overrides=curves.metric_directions(store_at(db)))
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -70,14 +91,19 @@ def _latest(db: str, version: tuple) -> pd.DataFrame:
     return curves.latest_run_checkpoints(store_at(db))
 
 
+def _keys(table: pd.DataFrame) -> list[str]:
+    """The columns naming a group: ``task, condition`` (where present), ``variant, group``."""
+    return [c for c in ("task", "condition") if c in table.columns] + ["variant", "group"]
+
+
 def per_run(table: pd.DataFrame) -> pd.DataFrame:
-    """The sensitivity table's per-run lists as one row per run (``variant, group, run_id, weight_decay,
-    final_val_loss, best_val_loss, spikes, diverged``)."""
+    """The sensitivity table's per-run lists as one row per run (``[task, condition,] variant, group,
+    run_id, weight_decay, final_val_loss, best_val_loss, spikes, diverged``)."""
     cols = ["weight_decays", "final_val_loss", "best_val_loss", "run_ids", "spikes", "diverged"]
     if table.empty:
-        return pd.DataFrame(columns=["variant", "group", "run_id", "weight_decay", "final_val_loss",
-                                     "best_val_loss", "spikes", "diverged"])
-    long = table[["variant", "group"] + cols].explode(cols, ignore_index=True)
+        return pd.DataFrame(columns=_keys(table) + ["run_id", "weight_decay", "final_val_loss",
+                                                    "best_val_loss", "spikes", "diverged"])
+    long = table[_keys(table) + cols].explode(cols, ignore_index=True)
     long = long.rename(columns={"weight_decays": "weight_decay", "run_ids": "run_id"})
     long["weight_decay"] = long["weight_decay"].astype(float)
     long["final_val_loss"] = pd.to_numeric(long["final_val_loss"], errors="coerce")
@@ -89,10 +115,11 @@ def per_run(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_wd(table: pd.DataFrame) -> pd.DataFrame:
-    """The sensitivity table's per-weight-decay points as rows: ``variant, group, weight_decay, n_runs,
-    mean, ci_low, ci_high, n_diverged, n_spiky``."""
-    cols = ["variant", "group", "weight_decay", "n_runs", "mean", "ci_low", "ci_high", "n_diverged", "n_spiky"]
-    rows = [{"variant": r.variant, "group": r.group, **{k: p.get(k) for k in cols[2:]}}
+    """The sensitivity table's per-weight-decay points as rows: ``[task, condition,] variant, group,
+    weight_decay, n_runs, mean, ci_low, ci_high, n_diverged, n_spiky``."""
+    keys = _keys(table)
+    cols = keys + ["weight_decay", "n_runs", "mean", "ci_low", "ci_high", "n_diverged", "n_spiky"]
+    rows = [{**{k: getattr(r, k) for k in keys}, **{k: p.get(k) for k in cols[len(keys):]}}
             for r in table.itertuples() for p in r.per_wd]
     out = pd.DataFrame(rows, columns=cols)
     for c in ("weight_decay", "mean", "ci_low", "ci_high"):
@@ -110,8 +137,9 @@ def add_intervals(fig: go.Figure, points: pd.DataFrame, *, y_title: str) -> go.F
     """Per weight decay and group: the mean over runs as a dash with its 95% bootstrap interval as an
     error bar (only where runs repeat) and ``n=`` beside it where more than one run stands behind it."""
     data = points.assign(x=lambda d: _x_of(fig, d["weight_decay"]))
-    for i, ((variant, group), g) in enumerate(data.groupby(["variant", "group"], sort=True)):
-        name = V.label(variant) if group == "all" else f"{V.label(variant)} [{group}]"  # as charts.wd_figure
+    shown = charts.wd_task_shown(data)
+    for i, ((task, variant, group), g) in enumerate(charts.wd_groups(data)):
+        name = charts.wd_group_name(variant, group, shown(task), charts.first_value(g, "condition"))  # as charts.wd_figure
         has = g["ci_low"].notna()
         err = dict(type="data", symmetric=False, array=(g["ci_high"] - g["mean"]).where(has, 0).tolist(),
                    arrayminus=(g["mean"] - g["ci_low"]).where(has, 0).tolist(), thickness=1.5, width=6,
@@ -144,8 +172,14 @@ def _fmt(value, fmt: str) -> str:
 def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per group: counts, best wd, slope, curvature with their intervals, and why any is absent.
 
-    Statistics are text, an em dash where absent (the reason in ``why absent``), so no cell reads "None"."""
+    Statistics are text, an em dash where absent (the reason in ``why absent``), so no cell reads "None".
+    A ``task`` column comes first when the table holds several tasks, and a paper condition of its
+    own names its group's variant (``"QVV(3)"``)."""
     out = table[["variant", "group", "method", "n_runs", "n_wd", "n_wd_fit"]].copy()
+    if "condition" in table.columns:
+        out["variant"] = [own_condition(c) or v for v, c in zip(table["variant"], table["condition"])]
+    if "task" in table.columns and charts.several_tasks(table["task"]):
+        out.insert(0, "task", table["task"])
     out["best_weight_decay"] = [_fmt(v, "g") for v in table["best_weight_decay"]]
     out["slope"] = [_fmt(v, "+.4f") for v in table["slope"]]
     out["curvature"] = [_fmt(v, "+.4f") for v in table["curvature"]]
@@ -170,12 +204,15 @@ def absent_lines(table: pd.DataFrame) -> list[str]:
     by: dict[tuple[str, str], list[str]] = {}
     swept = table[table["method"] == "regression"] if "method" in table.columns else table.iloc[:0]
     lines = []
-    for variant, g in swept.groupby("variant", sort=True):
+    shown = charts.wd_task_shown(table)
+    for (task, variant), g in swept.groupby([_task_column(swept), "variant"], sort=True):
         lone = int((g["n_wd"] <= 1).sum())
-        lines.append(f"**grouped statistics** n/a for {lone} of the {len(g)} groups of {variant}: each holds runs "
+        lines.append(f"**grouped statistics** n/a for {lone} of the {len(g)} groups of "
+                     f"{charts.wd_group_name(variant, 'all', shown(task), paper_label=False)}: each holds runs "
                      "at one weight decay (a random sweep); the regression under *Random sweeps* is used instead")
     for r in table.drop(swept.index).itertuples():
-        name = str(r.variant) if r.group == "all" else f"{r.variant} [{r.group}]"
+        name = charts.wd_group_name(r.variant, r.group, shown(getattr(r, "task", None)), getattr(r, "condition", None),
+                                    paper_label=False)
         for what, why in (("slope, curvature", r.fit_reason), ("best wd", r.best_reason),
                           ("intervals", r.interval_reason)):
             if isinstance(why, str):
@@ -183,9 +220,17 @@ def absent_lines(table: pd.DataFrame) -> list[str]:
     return lines + [f"**{what}** n/a for {', '.join(names)}: {why}" for (what, why), names in by.items()]
 
 
+def _task_column(table: pd.DataFrame) -> pd.Series:
+    """``table``'s ``task`` column (a tasks-less table: None for every row), to group by."""
+    return table["task"].rename("task") if "task" in table.columns else pd.Series("", index=table.index, name="task")
+
+
 def points_table(points: pd.DataFrame) -> pd.DataFrame:
-    """``per_wd`` for display: the interval as text, an em dash with "(one run)" where no run repeats."""
+    """``per_wd`` for display: the interval as text, an em dash with "(one run)" where no run repeats;
+    ``task`` first when the points are of several tasks."""
     out = points[["variant", "group", "weight_decay", "n_runs", "mean"]].copy()
+    if "task" in points.columns and charts.several_tasks(points["task"]):
+        out.insert(0, "task", points["task"])
     out["95% CI"] = [_ci(lo, hi, ".4f") if _has(lo) else f"{DASH} (one run)" if n == 1 else DASH
                      for lo, hi, n in zip(points["ci_low"], points["ci_high"], points["n_runs"])]
     out["diverged"], out["spiky"] = points["n_diverged"], points["n_spiky"]
@@ -194,34 +239,44 @@ def points_table(points: pd.DataFrame) -> pd.DataFrame:
 
 # -- random sweeps: the regression estimator ---------------------------------------------------
 
-def regressions(table: pd.DataFrame) -> dict[str, dict]:
-    """``{variant: regression}`` for the variants whose method is ``"regression"`` (one per variant)."""
+def regressions(table: pd.DataFrame) -> dict[tuple[str, str], dict]:
+    """``{(task, variant): regression}`` for the variants whose method is ``"regression"`` (one per task
+    and variant; task ``""`` in a table without tasks)."""
     out = {}
     for r in table.itertuples():
         if r.method == "regression" and isinstance(r.regression, dict):
-            out.setdefault(str(r.variant), r.regression)
+            out.setdefault((str(getattr(r, "task", "") or ""), str(r.variant)), r.regression)
     return out
 
 
-def regression_figure(regs: dict[str, dict], *, y_title: str) -> go.Figure:
-    """Per variant: the runs used (markers), the tree model's partial dependence on log10(wd) (solid)
-    and the linear model's (dotted), log x."""
+def _subject(key: tuple[str, str], tasks: list[str], *, paper_label: bool = True) -> str:
+    """A regression's name: its variant (paper label or stored name), with its task where ``tasks``
+    holds several or the task is not language (``"Q-K-V [image]"``)."""
+    task, variant = key
+    shown = charts.wd_task_shown(pd.DataFrame({"task": tasks}))
+    return charts.wd_group_name(variant, "all", shown(task) if task else None, paper_label=paper_label)
+
+
+def regression_figure(regs: dict[tuple[str, str], dict], *, y_title: str) -> go.Figure:
+    """Per task and variant: the runs used (markers), the tree model's partial dependence on log10(wd)
+    (solid) and the linear model's (dotted), log x."""
     fig = go.Figure()
-    for i, (variant, reg) in enumerate(sorted(regs.items())):
-        color, shown = charts.variant_color(variant, i), V.label(variant)
+    tasks = [t for t, _ in regs]
+    for i, ((task, variant), reg) in enumerate(sorted(regs.items())):
+        color, shown = charts.variant_color(variant, i), _subject((task, variant), tasks)
         fig.add_trace(go.Scatter(
-            x=reg["weight_decays"], y=reg["values"], mode="markers", name=f"{shown}: runs", legendgroup=variant,
+            x=reg["weight_decays"], y=reg["values"], mode="markers", name=f"{shown}: runs", legendgroup=shown,
             marker=dict(color=color, size=8, opacity=0.6), customdata=reg["run_ids"],
             hovertemplate=f"{shown}<br>run %{{customdata}}<br>wd %{{x:.4g}}<br>{y_title} %{{y:.4g}}<extra></extra>"))
         if reg["pd_values"] is None:
             continue
         fig.add_trace(go.Scatter(
             x=reg["pd_weight_decays"], y=reg["pd_values"], mode="lines", name=f"{shown}: partial dependence (trees)",
-            legendgroup=variant, line=dict(color=color, width=3),
+            legendgroup=shown, line=dict(color=color, width=3),
             hovertemplate=f"{shown}<br>wd %{{x:.4g}}<br>partial dependence %{{y:.4g}}<extra></extra>"))
         fig.add_trace(go.Scatter(
             x=reg["pd_weight_decays"], y=reg["linear_pd_values"], mode="lines", name=f"{shown}: linear model",
-            legendgroup=variant, line=dict(color=color, width=1.5, dash="dot"), hoverinfo="skip"))
+            legendgroup=shown, line=dict(color=color, width=1.5, dash="dot"), hoverinfo="skip"))
     fig.update_layout(height=420, template="plotly_white", margin=dict(l=60, r=20, t=20, b=50),
                       legend=dict(orientation="h", y=-0.2), hovermode="closest")
     fig.update_xaxes(type="log", title="weight decay (log; wd 0 left out)")
@@ -229,19 +284,22 @@ def regression_figure(regs: dict[str, dict], *, y_title: str) -> go.Figure:
     return fig
 
 
-def coefficient_figure(regs: dict[str, dict], *, metric: str) -> go.Figure:
-    """The wd coefficient per variant with its bootstrap interval and n, and the zero (no effect) line."""
+def coefficient_figure(regs: dict[tuple[str, str], dict], *, metric: str) -> go.Figure:
+    """The wd coefficient per task and variant with its bootstrap interval and n, and the zero (no
+    effect) line."""
     fig = go.Figure()
-    rows = [(v, r) for v, r in sorted(regs.items()) if r["wd_coef"] is not None]
-    for i, (variant, reg) in enumerate(rows):
+    rows = [(k, r) for k, r in sorted(regs.items()) if r["wd_coef"] is not None]
+    tasks = [t for t, _ in regs]
+    for i, (key, reg) in enumerate(rows):
+        variant, shown = key[1], _subject(key, tasks)
         lo, hi, b = reg["wd_coef_ci_low"], reg["wd_coef_ci_high"], reg["wd_coef"]
         err = (dict(type="data", symmetric=False, array=[hi - b], arrayminus=[b - lo], thickness=2, width=8)
                if lo is not None else None)
         fig.add_trace(go.Scatter(
-            x=[b], y=[V.label(variant)], mode="markers+text", name=V.label(variant), showlegend=False, error_x=err,
+            x=[b], y=[shown], mode="markers+text", name=shown, showlegend=False, error_x=err,
             marker=dict(color=charts.variant_color(variant, i), size=12), text=[f"n={reg['n_runs']}"],
             textposition="top center",
-            hovertemplate=(f"{V.label(variant)}<br>d {metric} / d log10(wd) %{{x:+.4f}}<br>"
+            hovertemplate=(f"{shown}<br>d {metric} / d log10(wd) %{{x:+.4f}}<br>"
                            f"{reg['confidence']:.0%} CI {_ci(lo, hi, '+.4f')}<br>n {reg['n_runs']} runs"
                            "<extra></extra>")))
     fig.add_vline(x=0, line=dict(color="#555", dash="dash", width=1), annotation_text="0: no effect",
@@ -252,11 +310,14 @@ def coefficient_figure(regs: dict[str, dict], *, metric: str) -> go.Figure:
     return fig
 
 
-def regression_table(regs: dict[str, dict]) -> pd.DataFrame:
-    """One row per variant: n, the wd coefficient with its interval, R^2, the covariates, the runs left
-    out, and the tree model's best wd and slope; an em dash where absent, the reason in ``why absent``."""
+def regression_table(regs: dict[tuple[str, str], dict]) -> pd.DataFrame:
+    """One row per task and variant (``"qkv"``, ``"qkv [image]"``): n, the wd coefficient with its
+    interval, R^2, the covariates, the runs left out, and the tree model's best wd and slope; an em
+    dash where absent, the reason in ``why absent``."""
     rows = []
-    for variant, reg in sorted(regs.items()):
+    tasks = [t for t, _ in regs]
+    for key, reg in sorted(regs.items()):
+        variant = _subject(key, tasks, paper_label=False)
         covs = ", ".join(f"log10({c['name']})" if c["transform"] == "log10" else c["name"] for c in reg["covariates"])
         rows.append({
             "variant": variant, "runs": reg["n_runs"], "wd coefficient": _fmt(reg["wd_coef"], "+.4f"),
@@ -270,10 +331,13 @@ def regression_table(regs: dict[str, dict]) -> pd.DataFrame:
 
 
 def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> None:
-    methods = table.drop_duplicates("variant")[["variant", "method", "method_reason"]]
+    keyed = table.assign(task=_task_column(table))
+    methods = keyed.drop_duplicates(["task", "variant"])[["task", "variant", "method", "method_reason"]]
+    tasks = list(methods["task"])
     regs = regressions(table)
     st.subheader("Random sweeps: effect of log10(wd) with the other hyperparameters held fixed")
-    st.markdown("\n".join(f"* **{m.variant}**: {m.method} ({m.method_reason})" for m in methods.itertuples()))
+    st.markdown("\n".join(f"* **{_subject((m.task, m.variant), tasks, paper_label=False)}**: {m.method} "
+                          f"({m.method_reason})" for m in methods.itertuples()))
     if not regs:
         st.caption("No variant uses the regression: each has runs that agree in everything but weight decay "
                    "(choose *regression* above to fit it anyway).")
@@ -284,7 +348,7 @@ def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> No
     right.caption(f"Change of the {y_title} per decade of weight decay with the other hyperparameters held "
                   "fixed; bars: its bootstrap interval; n: runs fitted. An interval across the dashed line "
                   "means the sweep cannot tell the sign.")
-    st.dataframe(regression_table(regs), hide_index=True, width="stretch", key="wd_regression_table")
+    st.dataframe(regression_table(regs), hide_index=True, width="stretch", placeholder=tables.MISSING, key="wd_regression_table")
     any_reg = next(iter(regs.values()))
     st.caption(
         f"Linear model: least squares of each run's {y_title} on log10(wd) and the other swept hyperparameters "
@@ -368,12 +432,11 @@ def render() -> None:
                 "whose config states `weight_decay`), or set a run's weight decay on the Experiments page. "
                 f"From a shell: `python -m app ingest PATH --db {store.path}`.", icon=":material/inbox:")
         return
-    metrics = sorted({str(m) for ms in with_wd["metrics"] for m in list(ms)})
-    metrics = [m for m in ("val/loss", "train/loss") if m in metrics] + [m for m in metrics
-                                                                         if m not in ("val/loss", "train/loss")]
+    # validation loss, then accuracies (val/accuracy, val_top1), then training metrics (as every page)
+    metrics = metric_order(str(m) for ms in with_wd["metrics"] for m in list(ms))
     c1, c2, c3, c4 = st.columns([2, 2, 1, 1])
     wm_url = query_param("wm", "val/loss")
-    metric = c1.selectbox("Loss", metrics, index=metrics.index(wm_url) if wm_url in metrics else 0, key="wd_metric")
+    metric = c1.selectbox("Metric", metrics, index=metrics.index(wm_url) if wm_url in metrics else 0, key="wd_metric")
     variants = sorted(with_wd["variant"].astype(str).unique())
     picked = c2.multiselect("Variants", variants, default=[v for v in (query_param("variant", "") or "").split(",")
                                                               if v in variants], key="wd_variants",
@@ -409,21 +472,29 @@ def render() -> None:
     names = dict(zip(runs["run_id"], runs["name"]))
     y_title = f"{statistic} {metric}"
     # a variant fitted by the regression has a group per run: its runs are drawn under "Random sweeps"
-    swept = sorted(regressions(table))
-    grouped_long = long[~long["variant"].astype(str).isin(swept)]
+    regs = regressions(table)
+    swept = sorted(regs)
+    tasks = [t for t, _ in swept]
+
+    def not_swept(frame: pd.DataFrame) -> pd.Series:
+        return ~pd.Series(list(zip(_task_column(frame).astype(str), frame["variant"].astype(str))),
+                          index=frame.index).isin(swept)
+
+    grouped_long = long[not_swept(long)]
     if len(grouped_long):
         fig = charts.wd_figure(grouped_long, y=f"{statistic}_val_loss", y_title=y_title)
-        fig = add_intervals(fig, points[~points["variant"].astype(str).isin(swept)], y_title=y_title)
+        fig = add_intervals(fig, points[not_swept(points)], y_title=y_title)
         st.plotly_chart(fig, width="stretch", key="wd_curve")
         st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss "
                    f"of the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay "
                    f"and its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), "
                    "drawn only where more than one run (seeds) shares the weight decay, labelled with that n; an "
                    "unlabelled weight decay has one run, so its spread is not measured."
-                   + (f" Not drawn here: {', '.join(swept)} (a group per run; see *Random sweeps*)." if swept else ""))
+                   + (f" Not drawn here: {', '.join(_subject(k, tasks, paper_label=False) for k in swept)} "
+                      "(a group per run; see *Random sweeps*)." if swept else ""))
     _regression_section(table, metric=metric, y_title=y_title)
     summary = summary_table(table)
-    st.dataframe(summary, hide_index=True, width="stretch",
+    st.dataframe(summary, hide_index=True, width="stretch", placeholder=tables.MISSING,
                  column_config={"n_runs": st.column_config.NumberColumn("runs"),
                                 "n_wd": st.column_config.NumberColumn("weight decays"),
                                 "n_wd_fit": st.column_config.NumberColumn("of them > 0",
@@ -439,7 +510,7 @@ def render() -> None:
     if absent:
         st.markdown("\n".join(f"* {line}" for line in absent))
     with st.expander("Every weight decay: runs, mean, interval", expanded=False):
-        st.dataframe(points_table(points), hide_index=True, width="stretch", key="wd_points",
+        st.dataframe(points_table(points), hide_index=True, width="stretch", placeholder=tables.MISSING, key="wd_points",
                      column_config={"weight_decay": st.column_config.NumberColumn("wd", format="%.4g"),
                                     "n_runs": st.column_config.NumberColumn("n runs"),
                                     "mean": st.column_config.NumberColumn(f"mean {statistic} loss", format="%.4f")})

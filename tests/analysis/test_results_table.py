@@ -9,7 +9,7 @@ import pytest
 
 from analysis.errors import AnalysisError
 from analysis.results_table import (attention_params, common_setting, kv_bytes_per_token, results_table,
-                                    run_facts, run_groups)
+                                    run_groups, variant_label)
 
 
 def _runs():
@@ -91,12 +91,22 @@ def test_kv_bytes_and_attention_parameters_from_geometry():
     assert results_table(stored, _values(), ["val/loss"], bytes_per_elem=1).iloc[0]["KV bytes/token"] == 32
 
 
-def test_run_facts_read_nested_configs_and_default_the_task():
-    f = run_facts({"files": {"config.json": {"n_layer": 4, "n_head": 4, "n_kv_heads": 1, "d_model": 64}}})
-    assert f == {"n_heads": 4, "n_kv_heads": 1, "n_layers": 4, "d_model": 64, "d_head": 16, "task": "language"}
-    g = run_facts({"model_config": {"n_head": 8, "n_layer": 2, "n_embd": 128}, "task": "vision"})
-    assert (g["n_heads"], g["n_kv_heads"], g["d_head"], g["task"]) == (8, 8, 16, "vision")
-    assert run_facts(None)["task"] == "language"
+def test_paper_b_qvv3_is_a_row_of_its_own_named_by_its_condition():
+    # paper B's QVV(3) is stored as k_eq_v (K=V) with its condition; it is not a Q-K=V run
+    runs = _runs().assign(condition=None)
+    runs.loc[runs["id"] == 5, "condition"] = "QVV(3)"
+    runs.loc[runs["id"] == 4, "condition"] = "Q!=K=V"            # paper B's spelling of Q-K=V itself
+    g = run_groups(runs).set_index("id")
+    assert g.loc[4, "group"] == "language|k_eq_v|4|4" and g.loc[4, "label"] == "Q-K=V"
+    assert g.loc[5, "group"] == "language|k_eq_v|4|4|QVV(3)" and g.loc[5, "label"] == "QVV(3)"
+    t = results_table(runs, _values(), ["val/loss"]).query("sharing == 'MHA' and task == 'language'").set_index("label")
+    assert t.loc["Q-K=V", "n runs"] == 1 and t.loc["QVV(3)", "n runs"] == 1
+    assert t.loc["QVV(3)", "val/loss mean"] == pytest.approx(2.7)
+    assert t.loc["QVV(3)", "variant"] == "k_eq_v"
+    # its KV cache is K=V's; its W_Q is factored, so no parameter count is computed for it
+    assert t.loc["QVV(3)", "KV bytes/token"] == t.loc["Q-K=V", "KV bytes/token"] == 2 * 1 * 4 * 2 * 2
+    assert math.isnan(t.loc["QVV(3)", "attention params"]) and t.loc["Q-K=V", "attention params"] > 0
+    assert variant_label("k_eq_v", "QVV(3)") == "QVV(3)" and variant_label("k_eq_v", float("nan")) == "Q-K=V"
 
 
 def test_common_setting_is_the_weight_decay_most_groups_share():

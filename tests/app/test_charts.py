@@ -285,3 +285,36 @@ def test_scatter_legend_lists_mha_then_gqa_then_mqa():
                           "weight_decay": 0.1, "final": [1.0, 2.0, 3.0]})
     assert [t.name for t in charts.final_scatter(frame, hparam="weight_decay").data] == [
         "Q-K-V · MHA", "Q-K-V · GQA-2", "Q-K-V · MQA"]
+
+
+def test_weight_decay_group_names_say_the_task_and_the_paper_condition():
+    assert charts.wd_group_name("qkv", "all") == "Q-K-V"
+    assert charts.wd_group_name("qkv", "all", "image") == "Q-K-V [image]"
+    assert charts.wd_group_name("qkv", "n_kv_heads=1", "language") == "Q-K-V [language, n_kv_heads=1]"
+    # a label that names its task already (analysis.wd_sensitivity across tasks) is not doubled
+    assert charts.wd_group_name("qkv", "image, n_kv_heads=1", "image") == "Q-K-V [image, n_kv_heads=1]"
+    assert charts.wd_group_name("k_eq_v", "paper_condition=QVV(3), lr=0.1", "image", "QVV(3)") == "QVV(3) [image, lr=0.1]"
+    assert charts.wd_group_name("k_eq_v", "all", "image", "QVV(3)", paper_label=False) == "QVV(3) [image]"
+    assert charts.wd_group_name("k_eq_v", "all", None, "Q!=K=V", paper_label=False) == "k_eq_v"
+
+
+def test_weight_decay_figure_puts_language_first_and_names_every_task():
+    pts = pd.DataFrame({"task": ["image", "image", "language", "language"], "variant": "qkv", "group": "all",
+                        "weight_decay": [0.0, 0.1, 0.0, 0.1], "final_val_loss": [0.3, 0.2, 1.4, 1.3],
+                        "diverged": False, "spikes": 0, "run_id": [1, 2, 3, 4]})
+    lines = [t for t in charts.wd_figure(pts).data if t.mode == "lines"]
+    assert [t.name for t in lines] == ["Q-K-V [language]", "Q-K-V [image]"]
+    assert lines[0].line.dash != lines[1].line.dash             # one hue, two tasks: two dashes
+    only_language = charts.wd_figure(pts[pts["task"] == "language"])
+    assert [t.name for t in only_language.data if t.mode == "lines"] == ["Q-K-V"]
+
+
+def test_norms_figure_keeps_tasks_apart():
+    norms = pd.DataFrame({"run_id": [1, 2, 3, 4], "variant": "qkv", "weight_decay": [0.0, 0.1, 0.0, 0.1],
+                          "metric": "norm_k", "value": [1.0, 0.8, 3.0, 2.5]})
+    runs = pd.DataFrame({"run_id": [1, 2, 3, 4], "config": [{"n_head": 4}, {"n_head": 4}, {"n_head": 4, "task": "image"},
+                                                            {"n_head": 4, "task": "image"}]})
+    legend = [t for t in charts.norms_figure(norms, runs=runs).data if t.showlegend]
+    assert [t.name for t in legend] == ["Q-K-V · MHA · language", "Q-K-V · MHA · image"]
+    assert [list(t.y) for t in legend] == [[1.0, 0.8], [3.0, 2.5]]
+    assert legend[0].line.color != legend[1].line.color          # the other task a darker shade

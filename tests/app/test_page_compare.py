@@ -137,3 +137,40 @@ def test_pair_reads_against_chance_with_intervals_and_greys_the_undersampled_sid
     assert [t["name"] for t in traj if t.get("name")] == ["L0 95% CI", "L0", "L1 95% CI", "L1", "chance 0.2"]
     assert arr(traj[1]["y"]) == pytest.approx([0.365, 0.465])  # mean over heads of the lower bounds
     assert f"kv_cka_act at step 200 rests on too few tokens: {FEW}" in [w.value for w in at.warning]
+
+
+# -- issue 16: checkpoints grouped by their run's task ---------------------------------------------
+def test_checkpoints_are_grouped_by_their_runs_task(tmp_path, monkeypatch):
+    import json
+
+    root = tmp_path / "runs"
+    for r, name in enumerate(("lm-wd0.1", "vit-wd0.1")):
+        run = root / name
+        run.mkdir(parents=True)
+        (run / "metrics.csv").write_text("step,train_loss\n0,4.0\n200,3.0\n")
+        for i, step in enumerate((100, 200)):
+            tiny_gpt2(run / f"step_{step}", seed=10 * r + i)     # four different files (one sha256 is one checkpoint)
+    db = tmp_path / "tasks.duckdb"
+    store = Store(db)
+    report = ingest_paths(store, [root]).to_json()
+    assert (report["errors"], report["added"]) == (0, 6), report
+    with store.transaction() as con:          # the second run is a vision run (its config says so)
+        [(rid, cfg)] = con.execute("SELECT id, config FROM runs WHERE name = 'vit-wd0.1'").fetchall()
+        con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(json.loads(cfg or "{}") | {"task": "image"}),
+                                                                rid])
+        vit = {r[0] for r in con.execute("SELECT id FROM checkpoints WHERE run_id = ?", [rid]).fetchall()}
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("compare").run()
+    assert not at.exception, at.exception
+    task = at.selectbox(key="cmp_task")
+    assert task.options == ["all tasks", "language", "image"] and task.value == "all"
+    runs = at.selectbox(key="cmp_run")
+    assert [o.endswith(" · language") for o in runs.options] == [True, False]    # language first, task named
+    assert runs.options[1].startswith("vit-wd0.1 (2 checkpoints)") and runs.options[1].endswith(" · image")
+    task.select("image").run()
+    assert not at.exception, at.exception
+    picked = at.selectbox(key="cmp_a")
+    assert len(picked.options) == 2 and all(o.startswith("vit-wd0.1 · step") for o in picked.options)
+    assert picked.value in vit and at.selectbox(key="cmp_b").value in vit
+    headings = [m.value for m in at.markdown if m.value.startswith(("**A**", "**B**"))]
+    assert len(headings) == 2 and all(h.endswith(" · image") and "vit-wd0.1" in h for h in headings)

@@ -200,14 +200,15 @@ def test_by_variant_keeps_mha_mqa_and_tasks_apart(runs_db):
     at = page_test("experiments", {"runs": "1,2,3,4", "m": "train/loss", "group": "1"}).run()
     assert not at.exception
     lines = [t for t in figures(at)["exp_curves"]["data"] if t.get("showlegend", True)]
-    # in table order: task, then head sharing (MHA before MQA), then variant
-    assert [t["name"] for t in lines] == ["Q-K-V · MHA (n=1)", "Q-K=V · MHA (n=1)", "Q-K-V · MQA (n=1)",
-                                          "Q-K=V · MHA · vision (n=1)"]
+    # in table order: task, then head sharing (MHA before MQA), then variant; runs of two tasks
+    # are plotted, so every name says its task, language too
+    assert [t["name"] for t in lines] == ["Q-K-V · MHA · language (n=1)", "Q-K=V · MHA · language (n=1)",
+                                          "Q-K-V · MQA · language (n=1)", "Q-K=V · MHA · vision (n=1)"]
     styles = {t["name"]: (t["line"]["color"], t["line"]["dash"]) for t in lines}
     from analysis.variants import COLORS
 
-    assert styles["Q-K-V · MHA (n=1)"] == (COLORS["qkv"], "solid")
-    assert styles["Q-K-V · MQA (n=1)"] == (COLORS["qkv"], "dot")     # one hue, another dash
+    assert styles["Q-K-V · MHA · language (n=1)"] == (COLORS["qkv"], "solid")
+    assert styles["Q-K-V · MQA · language (n=1)"] == (COLORS["qkv"], "dot")     # one hue, another dash
 
 
 def test_curves_take_the_variant_colour_and_the_sharing_dash(runs_db):
@@ -377,3 +378,17 @@ def test_selection_survives_sidebar_navigation_in_a_real_browser(tmp_path):
         chips = page.locator("[data-testid='stMultiSelect']").filter(has_text="Runs to plot").inner_text()
         assert "kv-wd0.1 (Q-K=V)" in chips and "qkv-wd0.01 (Q-K-V)" in chips
         screenshot(page, "experiments_after_navigation")
+
+
+def test_edit_form_has_one_input_per_editable_field(runs_db):
+    from app.pages.experiments import EDITABLE
+    from loaders.logs.metadata import FIELDS
+
+    assert sorted(EDITABLE) == sorted(FIELDS)        # the form sets what ingest reads, nothing else
+    at = page_test("experiments").run()
+    at.selectbox(key="exp_edit_run").select(2)
+    at.run()
+    assert not at.exception, at.exception
+    labels = [t.label for t in at.text_input][1:]     # text_input[0] is the search box
+    assert labels == ["Weight decay", "Learning rate", "KV heads", "Seed", "Model size (parameters)"]
+    assert at.text_input[1].value == "0.1"

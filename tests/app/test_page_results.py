@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -149,3 +150,69 @@ def test_demo_reproduces_the_shape_of_paper_b_table_4(tmp_path, monkeypatch):
         ("(Q=K=V)+", "MHA"), ("Q-K=V", "GQA-2"), ("Q-K=V", "MQA")]
     assert v["KV bytes/token"].tolist() == [1024, 1024, 512, 512, 1024, 512, 256, 128]
     assert (v["val/accuracy mean"] > 0.7).all() and (v["n runs"] == 1).all()
+
+
+def test_undefined_values_show_a_dash_on_screen_not_none(results_db):
+    # the std of a one-run row and the baseline's own % are undefined: NaN in the frame, drawn as the
+    # placeholder (Streamlit draws a missing number as a grey "None" without one)
+    at = page_test("results", {"task": "all"}).run()
+    assert not at.exception, at.exception
+    frame, proto = at.dataframe[0].value, at.dataframe[0].proto
+    kv = frame[(frame["label"] == "Q-K=V") & (frame["sharing"] == "MHA")].iloc[0]
+    assert kv["n runs"] == 1 and math.isnan(kv["val/loss std"])
+    assert math.isnan(frame.iloc[0]["val/loss vs qkv %"])                 # Q-K-V itself
+    assert proto.placeholder == "\u2014"
+    # no column is handed over as text that reads "None" or "nan" either
+    text = frame.select_dtypes(exclude="number").astype(str)
+    assert not text.isin(["None", "nan", "NaN", "<NA>"]).any().any()
+
+
+def test_paper_b_qvv3_runs_are_a_row_of_their_own(results_db):
+    store = Store(results_db)
+    frame = pd.DataFrame({"run_id": 8, "step": [0, 1, 2], "metric": "val/loss", "value": [3.0, 2.6, 2.5],
+                          "wall_time": 0.0, "tokens": 0})
+    with store.transaction() as con:
+        con.execute("INSERT INTO runs (id, name, source, format, variant, n_kv_heads, weight_decay, seed, config) "
+                    "VALUES (8, 'vit_s16_imagenet_QVV_3', '/x/q.csv', 'csv_wide', 'k_eq_v', 4, 0.1, 1, ?)",
+                    [json.dumps({"n_head": 4, "n_layer": 2, "d_model": 8, "paper_condition": "QVV(3)",
+                                 "step_axis": "epoch"})])
+        con.register("f", frame)
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        refresh_run_stats(con, [8])
+    at = page_test("results").run()
+    assert not at.exception, at.exception
+    t = at.dataframe[0].value
+    assert list(zip(t["label"], t["sharing"], t["n runs"])) == [
+        ("Q-K-V", "MHA", 2), ("Q-K=V", "MHA", 1), ("QVV(3)", "MHA", 1), ("Q-K-V", "MQA", 1), ("Q-K=V", "MQA", 1)]
+    assert t.iloc[2]["val/loss mean"] == pytest.approx(2.5)
+    assert t.iloc[2]["val/loss vs qkv %"] == pytest.approx(100 * (2.5 - 2.1) / 2.1)
+
+
+def test_paper_b_epoch_csvs_ingest_and_read_as_accuracy_rows(tmp_path, monkeypatch):
+    # paper B's checkpoints_imagenet/*.csv in their exact column layout: epoch is the step axis,
+    # val_top1 is higher-better (its best is the highest), the file tag gives the variant
+    from loaders.logs import ingest_log
+
+    db = tmp_path / "b.duckdb"
+    store = Store(db)
+    store.migrate()
+    head = "epoch,train_loss,val_loss,val_top1,val_top5,epoch_time_sec,lr\n"
+    top1 = {"QKV": [0.10, 0.40, 0.35], "Q__K_V": [0.10, 0.30, 0.38], "QVV_3": [0.05, 0.20, 0.25]}
+    for tag, accs in top1.items():
+        p = tmp_path / "checkpoints_imagenet" / f"vit_s16_imagenet_{tag}.csv"
+        p.parent.mkdir(exist_ok=True)
+        p.write_text(head + "".join(f"{e},{6 - e:.4f},{5 - e:.4f},{a:.4f},{a + 0.2:.4f},3335.7,0.000125\n"
+                                    for e, a in enumerate(accs)))
+        ingest_log(store, p)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("results", {"metrics": "val_top1", "stat": "best", "ppl": "0"}).run()
+    assert not at.exception, at.exception
+    t = at.dataframe[0].value
+    assert list(t["label"]) == ["Q-K-V", "Q-K=V", "QVV(3)"]
+    assert t["val_top1 mean"].tolist() == pytest.approx([0.40, 0.38, 0.25])       # the highest of each run
+    assert t["val_top1 vs qkv %"].tolist()[1:] == pytest.approx([100 * (0.38 - 0.4) / 0.4, 100 * (0.25 - 0.4) / 0.4])
+    final = page_test("results", {"metrics": "val_top1", "ppl": "0"}).run().dataframe[0].value
+    assert final["val_top1 mean"].tolist() == pytest.approx([0.35, 0.38, 0.25])  # the last epoch's
+    from loaders.logs import list_runs
+
+    assert {(r["first_step"], r["last_step"], r["config"]["step_axis"]) for r in list_runs(store)} == {(0, 2, "epoch")}

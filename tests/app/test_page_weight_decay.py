@@ -370,3 +370,30 @@ def test_the_page_says_which_parameter_group_the_weight_decay_is():
         "of the run's code: Muon(hidden_matrix_params) (2 runs). Every parameter group's value is in the run's "
         "config (`optimizer_groups`).")
     assert applies_to_line(runs.iloc[2:]) is None
+
+
+# -- issue 16: vision and language runs by task ------------------------------------------------
+def test_vision_and_language_runs_are_grouped_by_task_and_legends_name_it(tmp_path, monkeypatch):
+    # qkv at three weight decays in each task; (Q=K-V)+ only as vision runs; QVV(3) (stored k_eq_v) in vision
+    runs = [(1, "qkv", 0.01), (2, "qkv", 0.03), (3, "qkv", 0.1), (4, "qkv", 0.01), (5, "qkv", 0.03), (6, "qkv", 0.1),
+            (7, "q_eq_k_plus", 0.01), (8, "q_eq_k_plus", 0.1), (9, "k_eq_v", 0.01), (10, "k_eq_v", 0.1)]
+    db = tmp_path / "tasks.duckdb"
+    store = _fill(db, runs, curve=lambda rid, wd: [4.0 - rid / 100 - 0.1 * i for i in range(5)])
+    with store.transaction() as con:
+        for rid in range(4, 11):
+            cfg = {"n_layer": 2, "seed": rid, "task": "image"} | ({"paper_condition": "QVV(3)"} if rid >= 9 else {})
+            con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg), rid])
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("weight_decay").run()
+    assert not at.exception, at.exception
+    lines = sorted(t["name"] for t in figures(at)["wd_curve"]["data"] if t["mode"] == "lines")
+    # every legend names its task, language too (the figure holds both); the QVV(3) runs by their condition
+    assert lines == ["(Q=K-V)+ [image]", "Q-K-V [image]", "Q-K-V [language]", "QVV(3) [image]"]
+    summary = at.dataframe[0].value
+    # language first (as Results), then by stored variant: QVV(3) is stored as k_eq_v
+    assert list(zip(summary["task"], summary["variant"])) == [
+        ("language", "qkv"), ("image", "QVV(3)"), ("image", "q_eq_k_plus"), ("image", "qkv")]
+    # each task's qkv runs are fitted on their own: 3 runs at 3 weight decays each
+    qkv = summary[summary["variant"] == "qkv"].set_index("task")
+    assert qkv.loc["language", "n_runs"] == 3 and qkv.loc["image", "n_runs"] == 3
+    assert at.dataframe[0].proto.placeholder == "\u2014"
