@@ -153,11 +153,16 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
             q = identity_queries(h, d, e, dev) if identity else as_float32(layer.W_Q, dev)   # [h, d, e]
             gq = gram(q)                                     # [h, e, e], float64
             eig_q = clean_eigh(gq)
-            form = qk_geometry.layer_form(q, k)              # the layer's M in thin pieces
             sk = psd_sqrt_from(eig_k)                        # (K^T K)^{1/2}, [g, e, e]
             out.heads("qk_symmetry", qk_geometry.symmetry_per_head(q, k, kv_of, gq=gq, gk=kvp.kk))
-            out.whole("qk_symmetry", qk_geometry.symmetry_layer(q, k, form=form))
-            out.whole("qk_directionality", qk_geometry.directionality_layer(q, k, form=form))
+            if d < qk_geometry.DENSE_BELOW * g * e:          # wide kv stack: M itself, once
+                sym, direction = qk_geometry.dense_layer_scores(q, k)
+            else:                                            # narrow: the layer's M in thin pieces
+                form = qk_geometry.layer_form(q, k)
+                sym = qk_geometry.symmetry_layer(q, k, form=form)
+                direction = qk_geometry.directionality_layer(q, k, form=form)
+            out.whole("qk_symmetry", sym)
+            out.whole("qk_directionality", direction)
             for stat, vals in spectra.qk_stats_from(eig_q, sk[kv_of]).items():
                 out.heads(f"{stat}_qk", vals)
 
