@@ -104,7 +104,7 @@ def test_cli_ingest_and_info_say_one_line_and_change_nothing(corpus, db, name, c
 
 def test_zip_total_size_limit_through_ingest(tmp_path, db, monkeypatch):
     """The 64 GiB total limit (lowered here: a real one needs a forged zip64 directory)."""
-    monkeypatch.setattr("loaders.sources._ZIP_MAX_TOTAL", 3 << 20)
+    monkeypatch.setattr("loaders.sources.zip_upload._ZIP_MAX_TOTAL", 3 << 20)
     zp = tmp_path / "big.zip"
     with zipfile.ZipFile(zp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for k in range(4):                          # 4 x 1 MiB, each under the per-entry ratio check

@@ -1,4 +1,4 @@
-"""Checkpoint container formats (loaders/sources.py): every format written in
+"""Checkpoint container formats (loaders/sources/): every format written in
 code, the real-world samples, and every bad input with its exact message."""
 from __future__ import annotations
 
@@ -742,7 +742,7 @@ def test_zip_attacks_refused(tmp_path, name, build, problem, monkeypatch):
     def spy(*a, **k):
         made.append(real_mkdtemp(*a, **k))
         return made[-1]
-    monkeypatch.setattr("loaders.sources.tempfile.mkdtemp", spy)
+    monkeypatch.setattr("loaders.sources.zip_upload.tempfile.mkdtemp", spy)
     with pytest.raises(CheckpointFormatError) as exc:
         open_source(zp)
     if name == "bomb":
@@ -778,7 +778,7 @@ def test_empty_zip(tmp_path):
 
 
 def test_zip_entry_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr("loaders.sources._ZIP_MAX_ENTRIES", 3)
+    monkeypatch.setattr("loaders.sources.zip_upload._ZIP_MAX_ENTRIES", 3)
     zp = tmp_path / "many.zip"
     with zipfile.ZipFile(zp, "w") as zf:
         for i in range(4):
@@ -883,7 +883,7 @@ def test_realworld_llama2c_checkpoint(realworld):
 
 
 def test_zip_total_size_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr("loaders.sources._ZIP_MAX_TOTAL", 100)
+    monkeypatch.setattr("loaders.sources.zip_upload._ZIP_MAX_TOTAL", 100)
     zp = tmp_path / "big.zip"
     with zipfile.ZipFile(zp, "w") as zf:
         zf.writestr("a.bin", b"x" * 60)

@@ -1,0 +1,76 @@
+"""``open_source``: a checkpoint file, sharded index, folder or zip -> the
+``TensorSource`` of its format.
+
+Dispatches on ``sniff._file_kind`` (content first, the suffix breaking ties)
+to ``SafetensorsSource``, ``TorchSource``, ``ShardedSource``, ``ZipSource``
+or ``loaders.llama2c.Llama2cSource``; a folder is read from the file its plan
+names (``folder._folder_plan``), with its ``config.json`` or
+``model_config.yaml``. Reads nothing beyond what those readers read; their
+budgets hold. Errors: ``CheckpointFormatError`` (or ``UnsafeCheckpointError``)
+naming the file, what was expected and what was found.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from loaders import llama2c
+from loaders.checkpoint_names import EXPECTED, HF_WEIGHT_FILES
+from loaders.errors import CheckpointFormatError
+from loaders.sources.folder import _folder_plan, _read_json_config, _read_yaml_config
+from loaders.sources.safetensors_file import SafetensorsSource
+from loaders.sources.sharded import ShardedSource
+from loaders.sources.sniff import _file_kind
+from loaders.sources.torch_file import TorchSource
+from loaders.sources.zip_upload import ZipSource
+from loaders.tensor_source import TensorSource
+
+
+def open_source(path: str | Path) -> TensorSource:
+    """Open a checkpoint file, sharded index, folder or zip as a ``TensorSource``.
+
+    Raises ``CheckpointFormatError`` (or its subclass ``UnsafeCheckpointError``)
+    naming the file, what was expected and what was found. Call ``close()`` on
+    the result when done (it deletes a zip's temporary folder).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointFormatError(p, f"no such file or folder; {EXPECTED}")
+    if p.is_dir():
+        return _open_folder(p)
+    return _open_file(p)
+
+
+def _open_file(p: Path) -> TensorSource:
+    if p.name.endswith(".index.json"):
+        return ShardedSource(p)
+    kind = _file_kind(p)
+    if kind == "safetensors":
+        return SafetensorsSource(p)
+    if kind in ("torch_zip", "torch_legacy"):
+        return TorchSource(p, _kind=kind)
+    if kind == "zip":
+        return ZipSource(p)
+    if kind == "llama2c":
+        return llama2c.Llama2cSource(p)
+    raise CheckpointFormatError(p, f"unrecognised content; {EXPECTED}")
+
+
+def _open_folder(d: Path) -> TensorSource:
+    plan = _folder_plan(d)
+    src = _open_file(plan.target) if not plan.target.name.endswith(".index.json") else ShardedSource(plan.target)
+    try:
+        if plan.config_file is not None and plan.config_file.name == "config.json":
+            # a Hugging Face folder's config.json is its config; beside another
+            # checkpoint file it fills in only when the file brought none
+            if plan.target.name in HF_WEIGHT_FILES or not src.config:
+                src.config = _read_json_config(plan.config_file)
+        elif plan.config_file is not None and "model_config" not in src.extras:
+            src.config = _read_yaml_config(plan.config_file)
+        src.extras["folder_file"] = plan.target.name
+        if plan.note:
+            src.extras["folder_note"] = plan.note
+        src.path = str(d)
+        return src
+    except BaseException:
+        src.close()
+        raise
