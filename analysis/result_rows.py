@@ -1,0 +1,31 @@
+"""Result rows as JSON and back: what a child process sends its parent.
+
+``json_rows(frame)`` is a frame with ``analysis.registry.RESULT_COLUMNS``
+(``layer, head, head_label, metric, value, chance, n_tokens, ci_low, ci_high``)
+as a list of rows in that column order, NaN and NA as None; ``rows_frame(rows)``
+is the frame again with the stored dtypes: ``layer`` int64, ``head`` and
+``n_tokens`` nullable Int64, ``value``, ``chance``, ``ci_low``, ``ci_high``
+float64 (None as NaN).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.registry import RESULT_COLUMNS
+
+
+def json_rows(frame: pd.DataFrame) -> list[list]:
+    """``frame``'s ``RESULT_COLUMNS`` as JSON-able rows (missing values as None)."""
+    rows = frame[RESULT_COLUMNS].astype(object).where(frame[RESULT_COLUMNS].notna(), None)
+    return rows.values.tolist()
+
+
+def rows_frame(rows: list[list]) -> pd.DataFrame:
+    """The frame of ``json_rows``' rows, with the stored dtypes (module docstring)."""
+    frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+    frame["layer"] = frame["layer"].astype("int64")
+    frame["head"] = pd.array(frame["head"], dtype="Int64")
+    frame["n_tokens"] = pd.array(frame["n_tokens"], dtype="Int64")
+    for col in ("value", "chance", "ci_low", "ci_high"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+    return frame

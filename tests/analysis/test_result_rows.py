@@ -1,0 +1,26 @@
+"""analysis.result_rows: result rows through JSON and back keep their values and dtypes."""
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from analysis.registry import RESULT_COLUMNS
+from analysis.result_rows import json_rows, rows_frame
+
+
+def test_round_trip_through_json():
+    frame = pd.DataFrame({
+        "layer": [0, 1], "head": pd.array([2, None], dtype="Int64"), "head_label": ["L0H2", "L1"],
+        "metric": ["kv_cka_act", "erank_o"], "value": [0.25, float("nan")], "chance": [0.5, None],
+        "n_tokens": pd.array([4096, None], dtype="Int64"), "ci_low": [0.2, None], "ci_high": [0.3, None]})
+    rows = json.loads(json.dumps(json_rows(frame)))                      # what a child sends
+    assert rows[1] == [1, None, "L1", "erank_o", None, None, None, None, None]
+    back = rows_frame(rows)
+    assert list(back.columns) == RESULT_COLUMNS
+    numeric = ["layer", "head", "value", "chance", "n_tokens", "ci_low", "ci_high"]
+    assert back[numeric].dtypes.astype(str).tolist() == ["int64", "Int64", "float64", "float64", "Int64",
+                                                         "float64", "float64"]
+    assert back.loc[0, "value"] == 0.25 and back.loc[0, "head"] == 2 and back.loc[0, "n_tokens"] == 4096
+    assert math.isnan(back.loc[1, "value"]) and back["head"].isna().tolist() == [False, True]
