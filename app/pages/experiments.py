@@ -365,6 +365,9 @@ def render() -> None:
     st.dataframe(shown, hide_index=True, width="stretch", placeholder=tables.MISSING, height=min(38 * (len(shown) + 1), 320),
                  column_config={"weight_decay": st.column_config.NumberColumn("weight decay", format="%.4g"),
                                 "lr": st.column_config.NumberColumn("learning rate", format="%.3g"),
+                                "condition": st.column_config.TextColumn(
+                                    "paper condition", help="the paper's own name for the run's condition, "
+                                                            "where ingest read one (paper B's file tags: QVV(3))"),
                                 "n_heads": st.column_config.NumberColumn("query heads"),
                                 "n_kv_heads": st.column_config.NumberColumn("KV heads"),
                                 "model_size": st.column_config.NumberColumn("model size (parameters)"),

@@ -4,7 +4,9 @@ One row per task x variant x head sharing (MHA, GQA-g, MQA); per chosen metric t
 sample std over its runs (seeds, with the weight decay held fixed), n, and the difference to
 the Q-K-V row of the same head sharing and task in % (paper B's "+3.1% perplexity"); KV bytes
 per token and attention parameters beside them (``analysis.results_table``). Sortable, and
-exported as CSV, Markdown and LaTeX (booktabs).
+exported as CSV, Markdown and LaTeX (booktabs). An undefined value (the std of a one-run row, the
+baseline's own %) is NaN in the table and shows as ``tables.MISSING`` on screen (blank in the
+exports); paper B's QVV(3) runs are a row of their own (``analysis.results_table.OWN_CONDITIONS``).
 
 URL keys: ``metrics`` (comma list), ``stat`` (``final``/``best``), ``wd`` (a weight decay or
 ``all``), ``task`` (a task, or ``all``; default ``language`` when several are stored), ``ppl`` (``0`` hides the perplexity columns), ``kvb`` (bytes per element

@@ -18,6 +18,13 @@ its bootstrap interval and n against the zero (no effect) line, the
 covariates used and the runs left out. Where runs have checkpoints, their
 projection norms against weight decay; "Analyse" names each checkpoint by its
 run and step and redraws the page when done.
+
+Each task's runs (vision, language: ``loaders.run_table``'s ``task``) are grouped, fitted and
+regressed on their own (``sensitivity_by_task``), language first; where several tasks are
+shown, or the one shown is not language, every legend entry and table row names its task
+(``"Q-K-V [image]"``, ``charts.wd_group_name``), and paper B's QVV(3) runs are named by their
+condition. The metric may be any logged one (a loss, ``val/accuracy``, ``val_top1``): best
+means its direction (``analysis.directions``).
 URL: ``?wm=val/loss&wl=best&variant=qkv,k_eq_v&we=regression``.
 """
 from __future__ import annotations
