@@ -1,8 +1,10 @@
 """The body of every batch task (``run_task``): one checkpoint, or one layer group of it, to Parquet.
 
-A task opens its checkpoint at the stored path (streaming one layer at a time, as
-``app.jobs.weight_frame`` does), computes the weight metrics (and, when asked, the
-activation metrics) and writes, per kind::
+A task has its checkpoint at the stored path read and analysed in a child process
+(``app.batch.child.compute``, streaming one layer at a time as ``app.jobs.weight_frame``
+does) under the same limits as a single ``analyze``: ``QKVSCOPE_PARSE_MEMORY_MB`` and
+``QKVSCOPE_ANALYSIS_TIMEOUT_S`` (``loaders.parse_child``). It computes the weight
+metrics (and, when asked, the activation metrics) and writes, per kind::
 
     part.parquet   checkpoint_sha256, path, layer, head, metric, value, chance, n_tokens,
                    ci_low, ci_high                                        (one row per value)
@@ -12,15 +14,15 @@ activation metrics) and writes, per kind::
 ``job.parquet`` is the completion marker. A layer group writes
 ``part-L<first>-<last>.parquet`` and ``job-L<first>-<last>.parquet`` (with
 ``first_layer``, ``last_layer``) instead. The same function runs in-process and on
-Ray workers; the device is resolved here, once per task, where the task starts
-(a worker may have a GPU the driver lacks).
+Ray workers; the device is resolved in the child, once per task, where the task
+runs (a worker may have a GPU the driver lacks). A checkpoint that ends its child
+(memory, time, a signal) is one ``failed`` line, never retried.
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -59,14 +61,14 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
     ``notes`` leave out the undefined-value notes: the driver adds those once, over every
     group, when it joins them (``finalise_groups``).
 
-    A ``QkvscopeError`` (unreadable checkpoint, missing file) is returned as a
-    ``failed`` outcome: retrying cannot help. Anything else propagates, so Ray
+    A ``QkvscopeError`` (unreadable checkpoint, missing file, a bomb that hit the child's
+    memory or time limit, any error raised while the child computed: it is the file's
+    content that decides it) is returned as a ``failed`` outcome: retrying cannot help. Anything else propagates, so Ray
     (or the in-process loop) retries it.
     """
-    # here: these import torch; the driver imports app.batch without it (and a worker needs them anyway)
-    from app.jobs import activation_frame, weight_frame
-    from analysis.weights import default_device
-    from loaders.checkpoints import open_checkpoint
+    # here: only where tasks run (the driver imports app.batch without them)
+    from app.batch.child import frame_of
+    from loaders.parse_child import call
 
     host, pid = socket.gethostname(), os.getpid()
     attempt = log_call(log, "start", spec.key, host, pid)
@@ -76,33 +78,28 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
         if not Path(spec.path).exists():
             raise StoreError(f"{spec.path}: checkpoint {spec.checkpoint_id} is not readable on host {host} "
                              "(workers must reach the checkpoints at their stored paths)")
-        dev = spec.device or default_device()        # once, for every kind of this task
+        # The file is someone's: read and analysed in a child process under the memory budget and
+        # QKVSCOPE_ANALYSIS_TIMEOUT_S, as `analyze` does (app/batch/child.py); a bomb is a FileError.
+        got = call("app.batch.child:compute", spec.path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+                   kinds=list(spec.kinds), device=spec.device,
+                   layers=None if spec.layers is None else list(spec.layers))
+        if spec.layers is not None and not got["jobs"]:
+            raise BatchError(f"{spec.path}: {spec.label} of checkpoint {spec.checkpoint_id} do not "
+                             f"exist: the file has {got['n_layers']} layers (it changed since it was "
+                             "ingested; ingest it again)")
         con = duckdb.connect()
         try:
             loc.prepare(con)
-            with open_checkpoint(spec.path) as ckpt:
-                n_layers = ckpt.meta.n_layers
-                if spec.layers is not None and not 0 <= spec.layers[0] < spec.layers[1] <= n_layers:
-                    raise BatchError(f"{spec.path}: {spec.label} of checkpoint {spec.checkpoint_id} do not "
-                                     f"exist: the file has {n_layers} layers (it changed since it was "
-                                     "ingested; ingest it again)")
-                for kind in spec.kinds:
-                    t_kind = time.perf_counter()
-                    if spec.layers is not None:
-                        frame, notes = weight_frame(ckpt, device=dev, layers=range(*spec.layers),
-                                                    nonfinite_notes=False)
-                    else:
-                        fn = weight_frame if kind == "weights" else activation_frame
-                        frame, notes = fn(ckpt, device=dev)
-                    seconds = time.perf_counter() - t_kind
-                    loc.write(con, _result_frame(frame, spec), loc.part(spec.sha256, kind, spec.layers))
-                    job = {"checkpoint_sha256": spec.sha256, "path": spec.path, "kind": kind,
-                           "metric_version": loc.metric_version, "notes": json.dumps(notes, sort_keys=True),
-                           "seconds": seconds, "device": str(dev), "host": host}
-                    if spec.layers is not None:
-                        job |= {"first_layer": spec.layers[0], "last_layer": spec.layers[1] - 1}
-                    # last: the completion marker (of the checkpoint, or of this group)
-                    loc.write(con, pd.DataFrame([job]), loc.job(spec.sha256, kind, spec.layers))
+            for job in got["jobs"]:
+                kind = job["kind"]
+                loc.write(con, _result_frame(frame_of(job), spec), loc.part(spec.sha256, kind, spec.layers))
+                marker = {"checkpoint_sha256": spec.sha256, "path": spec.path, "kind": kind,
+                          "metric_version": loc.metric_version, "notes": json.dumps(job["notes"], sort_keys=True),
+                          "seconds": job["seconds"], "device": got["device"], "host": host}
+                if spec.layers is not None:
+                    marker |= {"first_layer": spec.layers[0], "last_layer": spec.layers[1] - 1}
+                # last: the completion marker (of the checkpoint, or of this group)
+                loc.write(con, pd.DataFrame([marker]), loc.job(spec.sha256, kind, spec.layers))
         finally:
             con.close()
     except QkvscopeError as exc:

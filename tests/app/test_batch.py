@@ -573,3 +573,39 @@ def test_cli_max_task_bytes(tmp_path, deep, capsys):
     assert capsys.readouterr().err.splitlines()[-1].endswith(
         "argument --max-task-bytes: expected a size of at least 1 byte such as 4GB, 512MiB or 1000000, "
         "or 'none', found 'lots'")
+
+
+@pytest.mark.slow
+def test_a_bomb_among_good_checkpoints_fails_alone_under_the_analysis_limits(tmp_path, ckpts, monkeypatch,
+                                                                              capsys):
+    """Issue 14: a batch task reads its checkpoint in a child under QKVSCOPE_PARSE_MEMORY_MB, as a
+    single ``analyze`` does (before: in the batch's own process, no limit). A stored GPT-2 folder
+    replaced after ingest by an 11 GB sparse one (its own sparse check off: only the net is left):
+    one failure line, no retry, the good checkpoints analysed, this process's memory unchanged."""
+    import resource
+    import shutil
+
+    from tests.app.test_page_inspector import tiny_gpt2
+    from tests.hostile.test_parse_child import _sparse_gpt2
+
+    db = tmp_path / "b.duckdb"
+    store = Store(db)
+    folder = tiny_gpt2(tmp_path / "gpt2")
+    ids = _ids(store, [ckpts[0], folder, ckpts[1]])
+    shutil.rmtree(folder)
+    bomb = _sparse_gpt2(folder)
+    monkeypatch.setenv("QKVSCOPE_ALLOW_SPARSE", "1")
+    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "1024")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    assert main(["analyze", "--all", "--db", str(db), "--device", "cpu", "--retries", "2"]) == 1
+    out = capsys.readouterr().out
+    grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - before
+    assert out.splitlines()[0].startswith("2 computed, 0 skipped, 1 failed (in-process)"), out
+    why = (f"{bomb}: safetensors tensor 'h.0.attn.c_attn.weight' needs 2,831,155,200 bytes, more memory "
+           "than this process may use")
+    assert [ln.strip() for ln in out.splitlines() if "needs" in ln] == [why], out
+    assert "retr" not in out                                              # the file decides: never retried
+    with store.connect() as con:
+        done = con.execute("SELECT DISTINCT checkpoint_id FROM analysis_results ORDER BY 1").fetchall()
+    assert done == [(ids[0],), (ids[2],)]
+    assert grew < 512 << 20, grew

@@ -1,0 +1,67 @@
+"""A batch task's metrics, computed in the reading child process (``compute``), and back (``frame_of``).
+
+Every batch task (in-process or on a Ray worker) computes its checkpoint's
+metrics the way a single ``analyze`` does: in a child of
+``loaders.parse_child`` (``call(..., timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")``)
+under the address-space limit ``QKVSCOPE_PARSE_MEMORY_MB`` (plus the file's
+size, on top of what the child holds after its imports) and the time limit
+``QKVSCOPE_ANALYSIS_TIMEOUT_S``. A bomb among good checkpoints ends that
+child with one line ``PATH: what`` (a ``FileError``), which fails that
+task without retries; the worker and the other tasks go on. The task
+borrows a child from ``parse_child.POOL`` (one per worker process, reused by
+its next task: a child's start costs 2-3 s of imports).
+
+Rows come back as JSON lists in ``RESULT_COLUMNS`` order (``None`` for a
+missing value); ``frame_of`` makes the frame the task writes to Parquet.
+"""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from analysis.registry import RESULT_COLUMNS
+
+
+def compute(path: str, *, kinds: list[str], device: str | None, layers: list[int] | None = None) -> dict:
+    """Run in the child: the metrics of ``kinds`` of the checkpoint at ``path``.
+
+    ``layers`` ``[first, stop)``: the weight metrics of those layers only (a layer group,
+    without the undefined-value notes: the driver adds those once over every group).
+    Returns ``{"n_layers", "device", "jobs": [{"kind", "rows", "notes", "seconds"}]}``;
+    ``jobs`` is empty when ``layers`` is not inside the file's ``n_layers`` (the caller
+    says so). ``device`` None: cuda when available, else cpu (resolved here, where the
+    task runs).
+    """
+    from analysis.weights import default_device
+    from app.jobs import activation_frame, weight_frame
+    from loaders.checkpoints import open_checkpoint
+
+    dev = device or default_device()
+    out = {"device": str(dev), "jobs": []}
+    with open_checkpoint(path) as ckpt:
+        out["n_layers"] = n_layers = ckpt.meta.n_layers
+        if layers is not None and not 0 <= layers[0] < layers[1] <= n_layers:
+            return out
+        for kind in kinds:
+            t0 = time.perf_counter()
+            if layers is not None:
+                frame, notes = weight_frame(ckpt, device=dev, layers=range(*layers), nonfinite_notes=False)
+            else:
+                fn = weight_frame if kind == "weights" else activation_frame
+                frame, notes = fn(ckpt, device=dev)
+            rows = frame[RESULT_COLUMNS].astype(object).where(frame[RESULT_COLUMNS].notna(), None)
+            out["jobs"].append({"kind": kind, "rows": rows.values.tolist(), "notes": notes,
+                                "seconds": time.perf_counter() - t0})
+    return out
+
+
+def frame_of(job: dict) -> pd.DataFrame:
+    """The metric frame (``RESULT_COLUMNS``) of one of ``compute``'s jobs."""
+    frame = pd.DataFrame(job["rows"], columns=RESULT_COLUMNS)
+    frame["layer"] = frame["layer"].astype("int64")
+    frame["head"] = pd.array(frame["head"], dtype="Int64")
+    frame["n_tokens"] = pd.array(frame["n_tokens"], dtype="Int64")
+    for col in ("value", "chance", "ci_low", "ci_high"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+    return frame
