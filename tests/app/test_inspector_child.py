@@ -3,6 +3,7 @@ process (``app.inspect_child`` through ``loaders.parse_child``), never in the se
 that turned into a bomb after it was stored is one line per section and the page goes on."""
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 
@@ -99,3 +100,23 @@ def test_the_readers_children_are_pooled_across_reruns(model_dir, tmp_path, monk
     monkeypatch.setenv("QKVSCOPE_SIDE_ITEMS", "123")
     assert call("tests.hostile.parse_targets:pid", model_dir, pooled=True) != first
     POOL.close()
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),
+    (lambda p: p.symlink_to("/dev/zero"), "is a link to /dev/zero, a character device, not a regular file"),
+], ids=["fifo", "dev_zero_link"])
+def test_a_server_path_to_a_fifo_or_dev_zero_is_one_line_not_a_hang(tmp_path, monkeypatch, make, problem):
+    """Issue 14: a FIFO named model.pt, or model.pt -> /dev/zero, given in the server path field
+    hung the server for ever; now one line and nothing stored."""
+    db = tmp_path / "p.duckdb"
+    Store(db).migrate()
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    target = tmp_path / "model.pt"
+    make(target)
+    at = page_test("inspector", {"src": "path", "path": str(target)}, timeout=120).run()
+    at.button[0].click().run()                                            # Open
+    assert not at.exception, at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and errors[0].startswith(str(target)) and problem in errors[0], errors
+    assert "\n" not in errors[0] and Store(db).checkpoints() == []
