@@ -319,8 +319,10 @@ def hf_image_activations(ckpt: Checkpoint, model, mods, layers, sample: SampleSp
     side, c = data.image_size, data.channels
     patch = getattr(conf, "patch_size", None)
     patches = (size // int(patch[0] if isinstance(patch, (list, tuple)) else patch)) ** 2 if patch else None
-    what = (f"{patches} patches" + (f" and {t - patches} class/distillation/register tokens" if t > patches else "")
-            if patches is not None and patches <= t else "patches")
+    extra = t - patches if patches is not None else 0
+    what = (f"{patches} patches" + (f" and {extra} class/distillation/register token{'s' * (extra > 1)}"
+                                    if extra > 0 else "")
+            if patches is not None and extra >= 0 else "patches")
     said = (f"inputs: {n_img} validation images of {dataset} ({side}x{side}x{c}, standardised per channel, "
             f"resized to {size}x{size}x{channels}), {t} tokens each ({what})")
     return _image_run(frame, notes, sample, dataset, said, n_img, t, want, len(data.val_y))

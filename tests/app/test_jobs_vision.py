@@ -75,7 +75,7 @@ def test_vit_activations_match_a_float64_reference(folders):
     assert_rows(got.frame, [0, 1], 170)
     assert got.notes["kv_cosine_act"].startswith(
         "inputs: 10 validation images of digits (8x8x1, standardised per channel, resized to 32x32x3), "
-        "17 tokens each (16 patches and 1 class/distillation/register tokens)")
+        "17 tokens each (16 patches and 1 class/distillation/register token)")
 
     model = T.AutoModel.from_pretrained(folders["vit"], trust_remote_code=False, attn_implementation="eager").eval()
     images = fit_images(load_images("digits").val_x[:10], 32, 3)                # [10, 3, 32, 32]
@@ -97,6 +97,7 @@ def test_vit_activations_match_a_float64_reference(folders):
 def test_deit_counts_its_distillation_token_and_siglip_skips_its_pooling_head(folders):
     deit = run(folders["deit"], images=None)
     assert deit.sample["window"] == 18                                            # 16 patches, class, distillation
+    assert "18 tokens each (16 patches and 2 class/distillation/register tokens)" in deit.notes["kv_cka_act"]
     assert_rows(deit.frame, [0, 1], 18 * 10)
     siglip = run(folders["siglip"])                                               # no class token; head.attention
     assert siglip.sample["window"] == 16 and "16 patches)" in siglip.notes["kv_cka_act"]
