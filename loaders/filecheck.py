@@ -10,9 +10,11 @@ reason the ingest report and the CLI print.
 from __future__ import annotations
 
 import os
+import resource
 import stat
 from pathlib import Path
 
+from loaders.budgets import memory_exceeded
 from loaders.errors import FileError
 
 #: Folder levels below an ingested folder that a scan descends (deeper ones
@@ -95,8 +97,6 @@ def out_of_memory(exc: BaseException) -> bool:
 
 def address_limit() -> int | None:
     """This process's soft ``RLIMIT_AS`` in bytes, or None when it has none."""
-    import resource
-
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return None if soft == resource.RLIM_INFINITY else soft
 
@@ -111,8 +111,6 @@ def failure(exc: BaseException) -> str:
     if out_of_memory(exc):
         limit = address_limit()
         if limit is not None:
-            from loaders.budgets import memory_exceeded
-
             return memory_exceeded(limit)
         return "ran out of memory while parsing it (MemoryError)"
     if isinstance(exc, OSError):

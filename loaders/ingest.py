@@ -11,6 +11,12 @@ A checkpoint is linked to a run when they share a run folder (the checkpoint
 sits in the run's folder or a sub-folder of it); its training step comes from
 the checkpoint itself (``step``/``iter_num``) or from its name (``step_500``,
 ``ckpt-1000``, ``checkpoint-1000``).
+
+The readers are imported where they are first used, not at the top: the
+checkpoint readers (``loaders.sources``, ``loaders.checkpoints``,
+``loaders.llama2c``) import torch and the log readers (``loaders.logs``)
+pandas, and the parent of ``loaders/parse_child.py`` runs ``scan`` and
+``link_checkpoints`` from here without either (its child reads the files).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from loaders.checkpoint_names import HF_WEIGHT_FILES
 from loaders.errors import CheckpointFormatError, DatabaseBusyError, FileError, QkvscopeError, StoreError
 from loaders.filecheck import MAX_FOLDER_DEPTH, check_openable, failure, refusal, unencodable_name
 from loaders.report import FileReport, IngestReport
@@ -32,8 +39,6 @@ Progress = Callable[[int, int, str], None]  # (done, total, current path)
 # directory or a repository fast.
 _SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".ipynb_checkpoints",
               ".pytest_cache", ".hypothesis"}
-_HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                    "pytorch_model.bin.index.json")
 _CONFIG_FILES = {"config.json", "hparams.json", "args.json", "training_args.json",
                  "generation_config.json", "tokenizer_config.json", "run_config.json"}
 _CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".ckpt"}
@@ -45,7 +50,7 @@ _STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint)[-_]?0*(\d+)", re.IGNO
 
 def _is_hf_folder(path: Path) -> bool:
     # is_file: a regular file (through links), never a FIFO named like weights.
-    return (path / "config.json").is_file() and any((path / f).is_file() for f in _HF_WEIGHT_FILES)
+    return (path / "config.json").is_file() and any((path / f).is_file() for f in HF_WEIGHT_FILES)
 
 
 def discover(paths: Iterable[str | Path]) -> Iterator[Path]:
@@ -143,7 +148,7 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
     Reads the metadata and makes one pass over the attention layers to count
     NaN/Inf values; the database is written only after everything was read.
     """
-    from loaders.checkpoints import inspect_checkpoint
+    from loaders.checkpoints import inspect_checkpoint   # torch: see the module docstring
     from loaders.sources import content_hash
 
     path = Path(path)
@@ -269,7 +274,7 @@ def link_checkpoints(store: Store) -> int:
 def _classify(path: Path) -> tuple[str, str | None]:
     """('log', format) / ('checkpoint', None) / ('unknown', reason) /
     ('broken_log', reason): a text log that is not UTF-8."""
-    from loaders.logs import detect_log
+    from loaders.logs import detect_log                  # pandas, torch: see the module docstring
     from loaders.logs.registry import why_not_a_log
     from loaders.sources import is_checkpoint_candidate
 
@@ -287,7 +292,7 @@ def _classify(path: Path) -> tuple[str, str | None]:
     if path.name in _CONFIG_FILES or path.suffix.lower() in (".yaml", ".yml"):
         return "unknown", "configuration file: read as metadata of the run beside it"
     if path.suffix.lower() == ".bin" and path.name.startswith("tok"):
-        from loaders.llama2c import is_tokenizer
+        from loaders.llama2c import is_tokenizer         # torch: see the module docstring
 
         if is_tokenizer(path):
             return "unknown", ("llama2.c tokenizer: read as the vocabulary of the checkpoint beside it, "
@@ -315,7 +320,7 @@ def ingest_file(store: Store, path: Path) -> list[FileReport]:
     transaction rolls back, and the next file is ingested. ``StoreError`` (the
     database itself) and ``KeyboardInterrupt`` still stop the ingest.
     """
-    from loaders.logs import ingest_log
+    from loaders.logs import ingest_log                  # pandas: see the module docstring
 
     why = unencodable_name(path)
     if why:
@@ -357,7 +362,7 @@ def _reason(path: Path, exc: Exception) -> str:
 
 
 def _log_inside_checkpoint(path: Path) -> str | None:
-    from loaders.logs import CHECKPOINT_LOG_FORMATS, READERS
+    from loaders.logs import CHECKPOINT_LOG_FORMATS, READERS   # pandas: see the module docstring
 
     if not path.is_file():
         return None
@@ -402,7 +407,8 @@ def ingest_paths(store: Store, paths: Iterable[str | Path], *,
 def watch(store: Store, paths: Iterable[str | Path], *, interval: float = 2.0,
           on_report: Callable[[IngestReport], None] | None = None,
           on_busy: Callable[[DatabaseBusyError], None] | None = None,
-          stop: Callable[[], bool] | None = None) -> None:
+          stop: Callable[[], bool] | None = None,
+          ingest: Callable[[Store, list], IngestReport] = ingest_paths) -> None:
     """Poll ``paths`` and ingest what is new or has grown, until ``stop()`` is true.
 
     Unchanged files cost a stat and a journal look-up per poll; grown logs
@@ -411,12 +417,13 @@ def watch(store: Store, paths: Iterable[str | Path], *, interval: float = 2.0,
     process writing a large file) is reported to ``on_busy`` and tried again
     at the next poll: each file is one transaction, so nothing is half-stored
     and the next poll picks up where this one stopped. Without ``on_busy``
-    the error propagates.
+    the error propagates. ``ingest(store, paths)`` makes one poll:
+    ``ingest_paths`` here, the reading child's in ``loaders.parse_child.watch``.
     """
     paths = list(paths)
     while True:
         try:
-            report = ingest_paths(store, paths)
+            report = ingest(store, paths)
         except DatabaseBusyError as exc:
             if on_busy is None:
                 raise
