@@ -62,8 +62,8 @@ def _folder_plan(d: Path) -> _FolderPlan:
                 target = names[w]
                 extra = _index_shard_paths(target) if w.endswith(".index.json") else []
                 return _FolderPlan(target, cfg, [cfg, target, *extra])
-    for w in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if w in names:
+    for w in HF_WEIGHT_FILES:                       # an index without config.json: a sharded set
+        if w.endswith(".index.json") and w in names:
             return _FolderPlan(names[w], None, [names[w], *_index_shard_paths(names[w])])
     cands = [c for c in files if c.suffix.lower() in TORCH_SUFFIXES + (".safetensors",)]
     if not cands:
