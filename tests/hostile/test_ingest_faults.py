@@ -124,17 +124,7 @@ def _deep_folder(b: Path) -> Path:
 def _remove_deep_folders(tmp_path):
     """pytest's own clean-up (``shutil.rmtree``) recurses: the 1,500-level folder goes first, bottom up."""
     yield
-    top = tmp_path / "runs" / "b_bad" / "d"
-    if not top.is_dir():
-        return
-    deep = str(top)
-    while os.path.isdir(os.path.join(deep, "d")):
-        deep = os.path.join(deep, "d")
-    for name in os.listdir(deep):
-        os.unlink(os.path.join(deep, name))
-    while len(deep) >= len(str(top)):
-        os.rmdir(deep)
-        deep = os.path.dirname(deep)
+    _remove_deep(tmp_path / "runs" / "b_bad" / "d")
 
 
 def _nanogpt_pt(b: Path, tensor=lambda t: t, **extra) -> Path:
@@ -204,23 +194,66 @@ def _report_lines(out: str, name: str) -> list[str]:
     return [line for line in out.splitlines() if name in line]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_one_bad_file_is_one_line_and_the_folder_is_ingested(tmp_path, case):
-    root = tmp_path / "runs"
-    bad = _build(root, case)
-    db = tmp_path / "q.duckdb"
-    proc = cli("ingest", str(root), "--db", str(db), timeout=30)
+def _remove_deep(top: Path) -> None:
+    """Remove a 1,500-level folder bottom up (``shutil.rmtree`` recurses past Python's limit)."""
+    if not top.is_dir():
+        return
+    deep = str(top)
+    while os.path.isdir(os.path.join(deep, "d")):
+        deep = os.path.join(deep, "d")
+    for name in os.listdir(deep):
+        os.unlink(os.path.join(deep, name))
+    while len(deep) >= len(str(top)):
+        os.rmdir(deep)
+        deep = os.path.dirname(deep)
+
+
+@pytest.fixture(scope="module")
+def folder_runs(tmp_path_factory):
+    """Every case in one folder beside the two good logs (``b_<case>/``), ingested by one CLI run
+    per expected exit status: the cases that are skipped or added (exit 0: no file failed) and
+    the cases that fail (exit 2). ``ingest`` exits 2 exactly when a file failed, so each group's
+    status is each of its cases' status alone; two runs instead of one per case."""
+    out, roots = {}, []
+    for group, statuses in (("ok", ("skipped", "added")), ("error", ("error",))):
+        root = tmp_path_factory.mktemp(f"faults-{group}") / "runs"
+        bads = {}
+        for case in sorted(c for c in CASES if CASES[c][1] in statuses):
+            b = root / f"b_{case}"
+            b.mkdir(parents=True)
+            bads[case] = CASES[case][0](b)
+        for good in ("a_good", "z_good"):
+            (root / good).mkdir()
+            (root / good / "metrics.csv").write_text(GOOD_LOG)
+        db = root.parent / "q.duckdb"
+        proc = cli("ingest", str(root), "--db", str(db), timeout=40 + 10 * len(bads))
+        out[group] = (proc, bads, _runs(db))
+        roots.append(root)
+    yield out
+    for root in roots:
+        _remove_deep(root / "b_deep_folder" / "d")
+
+
+@pytest.mark.parametrize("group", ["ok", "error"])
+def test_a_folder_of_bad_files_exits_by_its_failures_and_stores_the_good_runs(folder_runs, group):
+    proc, bads, runs = folder_runs[group]
     out, err = proc.stdout.decode(), proc.stderr.decode()
     assert "Traceback" not in err, err
     assert err == ""
+    assert proc.returncode == (2 if group == "error" else 0), out
+    assert out.splitlines()[-1].endswith(f"{len(bads) if group == 'error' else 0} errors"), out
+    assert {"a_good", "z_good"} <= set(runs), out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_bad_file_is_one_line_and_the_folder_is_ingested(folder_runs, case):
     status = CASES[case][1]
+    proc, bads, _ = folder_runs["error" if status == "error" else "ok"]
+    bad, out = bads[case], proc.stdout.decode()
     lines = [line for line in out.splitlines()[:-1] if f"{bad} " in line or line.endswith(str(bad))]
-    assert proc.returncode == (2 if status == "error" else 0), out
     assert len(lines) == 1, out
-    assert out.splitlines()[-1].endswith(f"{1 if status == 'error' else 0} errors"), out
     assert lines[0].startswith(f"{status:<9}") and str(bad) in lines[0], out
     assert CASES[case][2] in lines[0], out
-    assert {"a_good", "z_good"} <= set(_runs(db)), out
 
 
 @pytest.mark.parametrize("case", ["fifo_pt", "deep_trainer_state", "deep_index_json", "huge_step_pt",
