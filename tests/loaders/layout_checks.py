@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from app.cli import main
+
 
 def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every parameter (biases and norm gains too) made non-trivial, in eval mode."""
@@ -70,8 +72,6 @@ def check_projections(layer, meta, cap: dict, q: str, k: str, v: str, o: str, at
 
 def cli(*args: str) -> tuple[int, str, str]:
     """``python -m app ARGS`` in this process: (exit status, stdout, stderr)."""
-    from app.cli import main
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(list(args))
