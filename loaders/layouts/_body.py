@@ -70,6 +70,10 @@ class Body:
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
 
+    def __post_init__(self):
+        if self.mlp not in MLPS:
+            raise ValueError(f"mlp {self.mlp!r} is not one of {', '.join(MLPS)}")
+
 
 def memory_source(sd: Mapping[str, torch.Tensor], config: Mapping | None = None,
                   extras: Mapping | None = None) -> DictSource:

@@ -22,7 +22,7 @@ import experiments.model
 from experiments.foreign import ForeignCheckpointError, from_projection_sharing, runnable
 from experiments.model import GPT
 from loaders.checkpoints import checkpoint_from_source, open_checkpoint
-from loaders.layouts._body import memory_source
+from loaders.layouts._body import Body, memory_source
 from loaders.tensor_source import DictSource
 
 D, H, DH, L, VOCAB, P = 16, 4, 4, 2, 300, 12
@@ -436,3 +436,13 @@ def test_checkpoint_key_names_are_written_in_the_layouts_only():
     for mod in (experiments.foreign, experiments.model):
         text = Path(mod.__file__).read_text()
         assert [name for name in theirs if name in text] == [], mod.__name__
+
+
+def test_body_and_memory_source():
+    """The layouts' in-memory source strips torch.compile's and DDP's prefixes; a Body names its MLP."""
+    src = memory_source({"_orig_mod.module.wte.weight": torch.zeros(2, 2), "ln_f.bias": torch.zeros(2)},
+                        {"n_head": 1})
+    assert sorted(src.keys()) == ["ln_f.bias", "wte.weight"] and src.config == {"n_head": 1}
+    with pytest.raises(ValueError) as e:
+        Body({}, mlp="relu", context=4)
+    assert str(e.value) == "mlp 'relu' is not one of gelu, swiglu"
