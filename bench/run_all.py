@@ -1,6 +1,6 @@
 """Run every benchmark under ``bench/`` and print ONE table of results.
 
-    .venv/bin/python bench/run_all.py [--quick] [--only NAME ...] [--json] [--timeout S]
+    .venv/bin/python bench/run_all.py [--quick | --size quick|full] [--only NAME ...] [--json] [--timeout S]
     .venv/bin/python -m app bench     (the same code)
 
 Each ``bench/*.py`` script (this one excepted) runs in its own process, one
@@ -8,7 +8,9 @@ after the other, exactly as a user would run it. ``--quick`` passes the
 script's own ``--quick`` when its ``--help`` lists one, else the small sizes
 in ``QUICK_ARGS`` below (each chosen from that script's argparse). The
 scripts print their measurements as text; ``PARSERS`` turns each script's
-output into rows of:
+output into rows of (a script may print its rows itself, one ``BENCH_ROW {json}``
+line each with these keys; ``FULL_RUNS``/``QUICK_RUNS`` run a script more than once,
+e.g. ``analysis_speed`` at the 1.1B and the 7B shape):
 
 * ``bench``: the script; ``measured``: what was timed or sized;
 * ``figure``: the measured ratio or time, with its raw numbers;
@@ -33,6 +35,18 @@ from typing import Callable
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
+
+#: Scripts run more than once at full size, one run per argument list (the rows of each are kept).
+FULL_RUNS: dict[str, list[list[str]]] = {
+    "analysis_speed": [["--shape", "1.1B"], ["--shape", "7B", "--skip-naive", "--repeat", "1"]],
+    "dashboard_speed": [["--runs", "2000", "--steps", "50000"]],
+}
+#: The same at ``--quick`` sizes (scripts not named here get their ``--quick`` or ``QUICK_ARGS``).
+QUICK_RUNS: dict[str, list[list[str]]] = {
+    "analysis_speed": [["--naive-layers", "1", "--repeat", "1"],
+                       ["--shape", "7B", "--layers", "4", "--skip-naive", "--repeat", "1"]],
+    "analysis_scaling": [["--layers", "1", "--sizes", "512", "1024", "2048"]],
+}
 
 #: Small sizes for ``--quick``, per script, from each script's own options.
 QUICK_ARGS: dict[str, list[str]] = {
@@ -186,17 +200,33 @@ def supports_quick(script: Path) -> bool:
     return proc.returncode == 0 and re.search(r"(^|\s)--quick\b", proc.stdout) is not None
 
 
-def command(name: str, quick: bool) -> list[str]:
+def commands(name: str, quick: bool) -> list[list[str]]:
+    """The command lines that run ``bench/NAME.py`` at full or ``quick`` sizes (usually one)."""
     script = BENCH_DIR / f"{name}.py"
-    args: list[str] = []
-    if quick:
-        args = ["--quick"] if supports_quick(script) else QUICK_ARGS.get(name, [])
-    return [sys.executable, str(script), *args]
+    runs = (QUICK_RUNS if quick else FULL_RUNS).get(name)
+    if runs is None:
+        runs = [(["--quick"] if supports_quick(script) else QUICK_ARGS.get(name, [])) if quick else []]
+    return [[sys.executable, str(script), *args] for args in runs]
 
 
-def run_one(name: str, *, quick: bool, timeout: float) -> tuple[list[Row], dict]:
-    """Run ``bench/NAME.py``; its rows, and what ran (command, seconds, exit status, output tail)."""
-    cmd = command(name, quick)
+def command(name: str, quick: bool) -> list[str]:
+    """The first of ``commands``."""
+    return commands(name, quick)[0]
+
+
+#: A row a script prints itself: ``BENCH_ROW {"bench", "measured", "figure", "against", "target", "result"}``.
+ROW_LINE = re.compile(r"^BENCH_ROW (\{.*\})$", re.M)
+
+
+def printed_rows(out: str) -> list[Row]:
+    """The ``BENCH_ROW`` lines of a script's output as rows."""
+    return [Row(**{k: str(v) for k, v in json.loads(m).items()}) for m in ROW_LINE.findall(out)]
+
+
+def run_one(name: str, *, quick: bool, timeout: float, cmd: list[str] | None = None) -> tuple[list[Row], dict]:
+    """Run ``bench/NAME.py`` (``cmd``: one of ``commands``; default the first); its rows, and what
+    ran (command, seconds, exit status, output tail)."""
+    cmd = cmd or command(name, quick)
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -213,7 +243,7 @@ def run_one(name: str, *, quick: bool, timeout: float) -> tuple[list[Row], dict]
         last = (err.strip().splitlines() or out.strip().splitlines() or [""])[-1][:160]
         return [Row(name, "the script", "failed", "-", "runs cleanly", "FAIL")], {**info, "error": f"{why}: {last}"}
     parser = PARSERS.get(name)
-    rows = parser(out) if parser else []
+    rows = printed_rows(out) or (parser(out) if parser else [])
     if not rows:
         what = "no parser for its output" if parser is None else "its output had none of the expected lines"
         rows = [Row(name, f"ran in {secs:.0f} s ({what}; see its output)", "-", "-", "-",
@@ -233,7 +263,9 @@ def table(rows: list[Row]) -> str:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true",
-                    help="small sizes: each script's --quick, else the sizes in bench/run_all.py QUICK_ARGS")
+                    help="small sizes: bench/run_all.py QUICK_RUNS, else each script's --quick, else QUICK_ARGS")
+    ap.add_argument("--size", choices=["quick", "full"], default=None,
+                    help="the sizes to run at: 'quick' is --quick, 'full' (default) the sizes the README quotes")
     ap.add_argument("--only", action="append", metavar="NAME", default=None,
                     help="run only this benchmark (repeatable); NAME is bench/NAME.py")
     ap.add_argument("--json", action="store_true", help="print {rows, runs} as JSON instead of the table")
@@ -243,11 +275,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.quick = bool(args.quick or getattr(args, "size", None) == "quick")
     names = discover()
     if args.list:
         for n in names:
-            print(f"{n:<20} {'parsed' if n in PARSERS else 'run only'}; quick: "
-                  f"{' '.join(QUICK_ARGS.get(n, [])) or '(script --quick if offered)'}")
+            full = " | ".join(" ".join(a) or "(defaults)" for a in FULL_RUNS.get(n, [[]]))
+            quick = " | ".join(" ".join(a) for a in QUICK_RUNS[n]) if n in QUICK_RUNS else \
+                " ".join(QUICK_ARGS.get(n, [])) or "(script --quick if offered)"
+            print(f"{n:<20} {'parsed' if n in PARSERS else 'rows it prints'}; full: {full}; quick: {quick}")
         return 0
     if args.only:
         unknown = sorted(set(args.only) - set(names))
@@ -262,12 +297,13 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         if not args.json:
             print(f"running bench/{name}.py ...", file=sys.stderr, flush=True)
-        r, info = run_one(name, quick=args.quick, timeout=args.timeout)
-        rows.extend(r)
-        runs.append(info)
-        if not args.json:
-            print(f"  {info['command']}: {info['seconds']:.0f} s"
-                  + (f"  ({info['error']})" if "error" in info else ""), file=sys.stderr, flush=True)
+        for cmd in commands(name, args.quick):
+            r, info = run_one(name, quick=args.quick, timeout=args.timeout, cmd=cmd)
+            rows.extend(r)
+            runs.append(info)
+            if not args.json:
+                print(f"  {info['command']}: {info['seconds']:.0f} s"
+                      + (f"  ({info['error']})" if "error" in info else ""), file=sys.stderr, flush=True)
     failed = any(r.result == "FAIL" for r in rows)
     if args.json:
         json.dump({"date": started, "quick": args.quick, "rows": [asdict(r) for r in rows], "runs": runs},

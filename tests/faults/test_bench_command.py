@@ -61,9 +61,26 @@ def rows(name: str, out: str) -> list[tuple]:
 
 
 def test_every_bench_script_is_found_and_parsed():
-    assert R.discover() == ["activations_speed", "analysis_speed", "checkpoint_memory", "dashboard_speed",
-                            "foreign_forward", "log_ingest"]
-    assert set(R.PARSERS) == set(R.discover()) == set(R.QUICK_ARGS)
+    assert R.discover() == ["activations_speed", "analysis_scaling", "analysis_speed", "checkpoint_memory",
+                            "dashboard_speed", "foreign_forward", "log_ingest"]
+    # every script is parsed or prints its own BENCH_ROW lines, and has quick sizes
+    assert set(R.PARSERS) | {"analysis_scaling"} == set(R.discover()) == set(R.QUICK_ARGS) | set(R.QUICK_RUNS)
+    # analysis_speed runs at both shapes of issue 20; the dashboard at 2,000 runs x 50,000 steps
+    assert [c[2:] for c in R.commands("analysis_speed", False)] == R.FULL_RUNS["analysis_speed"]
+    assert ["--shape", "7B"] == R.FULL_RUNS["analysis_speed"][1][:2]
+    assert R.commands("dashboard_speed", False)[0][2:] == ["--runs", "2000", "--steps", "50000"]
+
+
+def test_rows_a_script_prints_itself(tmp_path, monkeypatch):
+    row = {"bench": "x", "measured": "m", "figure": "1.50x (3.00 s)", "against": "a (2.00 s)",
+           "target": "<= 2x", "result": "pass"}
+    (tmp_path / "x.py").write_text("import json\nprint('noise')\n"
+                                   f"print('BENCH_ROW ' + json.dumps({row!r}))\n"
+                                   f"print('BENCH_ROW ' + json.dumps({ {**row, 'result': 'FAIL'}!r}))\n")
+    monkeypatch.setattr(R, "BENCH_DIR", tmp_path)
+    got, info = R.run_one("x", quick=False, timeout=60)
+    assert [r.result for r in got] == ["pass", "FAIL"] and got[0] == R.Row(**row)
+    assert info["exit_status"] == 0
 
 
 ACTIVATIONS_SPEED = """device cpu, threads 2, 8 windows x 512 tokens, d_model 2048, 32 heads, 8 kv heads, d_head 64
