@@ -25,7 +25,7 @@ FAIL row (the fit over three sizes on a shared machine is noisy: compare CPU
 seconds, printed too). Rows are printed as ``BENCH_ROW {json}`` for ``bench/run_all.py``.
 
     .venv/bin/python bench/analysis_scaling.py [--layers 2] [--sizes 1024 2048 4096] [--gqa-kv 4]
-                                               [--threads N] [--dir DIR]
+                                               [--threads N] [--device cpu|cuda] [--dir DIR]
 """
 from __future__ import annotations
 
@@ -46,11 +46,11 @@ EXPECTED = {"read": 2, "stacked_wq": 3, "layer_m": 3, "per_head": 2, "chance": 3
 D_HEAD = 128
 
 
-def measure(folder: Path, shape: _shapes.Shape, threads: int) -> dict[str, float]:
+def measure(folder: Path, shape: _shapes.Shape, threads: int, device: str = "cpu") -> dict[str, float]:
     """Seconds per phase of one analysis of ``shape`` (a fresh process: bench/analysis_speed.py)."""
     _shapes.build(folder, shape)
     cmd = [sys.executable, str(BENCH / "analysis_speed.py"), "--phase", "analysis", "--dir", str(folder),
-           "--threads", str(threads)]
+           "--threads", str(threads), "--device", device]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
     return {"read": out["reading_seconds"], "stacked_wq": out["stacked_wq_seconds"],
             "layer_m": out["layer_m_seconds"], "per_head": out["per_head_seconds"],
@@ -73,16 +73,17 @@ def row(measured: str, figure: str, against: str, target: str, ok: bool | None) 
                                      "result": "-" if ok is None else ("pass" if ok else "FAIL")}), flush=True)
 
 
-def run(layers: int, sizes: list[int], gqa_kv: int, threads: int, folder: Path) -> dict:
+def run(layers: int, sizes: list[int], gqa_kv: int, threads: int, folder: Path, device: str = "cpu") -> dict:
     """``{"mha": {d_model: phases}, "gqa": phases, "exponents": {phase: fitted}}``; prints the table and rows."""
     mha = {}
     for d in sizes:
         h = d // D_HEAD
         shape = _shapes.Shape(f"mha-{d}", layers, d, h, h, D_HEAD)
-        mha[d] = measure(folder / f"mha-{d}", shape, threads)
+        mha[d] = measure(folder / f"mha-{d}", shape, threads, device)
     d_gqa = sizes[len(sizes) // 2]
     h = d_gqa // D_HEAD
-    gqa = measure(folder / f"gqa-{d_gqa}", _shapes.Shape(f"gqa-{d_gqa}", layers, d_gqa, h, gqa_kv, D_HEAD), threads)
+    gqa = measure(folder / f"gqa-{d_gqa}", _shapes.Shape(f"gqa-{d_gqa}", layers, d_gqa, h, gqa_kv, D_HEAD), threads,
+                  device)
     exps = {p: exponent(sizes, [mha[d][p] for d in sizes]) for p in PHASES}
     print(f"seconds per phase, {layers} layers, d_head {D_HEAD}:")
     print(f"{'phase':<11}" + "".join(f"{'MHA d=' + str(d):>13}" for d in sizes)
@@ -107,10 +108,11 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--gqa-kv", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the folders (kept)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="qkvscope-scaling-") as tmp:
-        run(args.layers, args.sizes, args.gqa_kv, args.threads, args.dir or Path(tmp))
+        run(args.layers, args.sizes, args.gqa_kv, args.threads, args.dir or Path(tmp), args.device)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,11 @@
 # read the files it leaves in $OUT: env.txt, gpu_tests.txt (the `-m gpu` tests),
 # gpu_compare.txt (every metric of three demo checkpoints, CPU against CUDA),
 # analysis_speed_cuda.txt (the Llama-1B bench on the GPU, naive version
-# included) and analysis_speed_cpu.txt (the same bench on that machine's CPU
-# cores, for the CPU target on more than two cores). About 4-5 minutes.
+# included), analysis_7b_cuda.txt (the Llama-2-7B-shaped bench, 32 layers MHA,
+# 4.3 GB, against its floor: the same phases as on the CPU), analysis_scaling_cuda.txt
+# (each phase's exponent in d_model, MHA vs GQA) and analysis_speed_cpu.txt (the
+# Llama-1B bench on that machine's CPU cores, for the CPU target on more than
+# two cores). About 6-8 minutes.
 # It runs here too (no CUDA: the gpu tests skip, the rest says why it stops).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +42,10 @@ if [ "$cuda" = 0 ]; then
     $PY scripts/gpu_compare.py --device cuda 2>&1 | tee "$OUT/gpu_compare.txt" || status=1
     $PY bench/analysis_speed.py --device cuda --naive-layers 2 --repeat 3 --dir /tmp/qkvscope-bench-ckpt \
         2>&1 | tee "$OUT/analysis_speed_cuda.txt" || status=1
+    $PY bench/analysis_speed.py --device cuda --shape 7B --skip-naive --repeat 1 --dir /tmp/qkvscope-bench-7b \
+        2>&1 | tee "$OUT/analysis_7b_cuda.txt" || status=1
+    $PY bench/analysis_scaling.py --device cuda --dir /tmp/qkvscope-bench-scaling \
+        2>&1 | tee "$OUT/analysis_scaling_cuda.txt" || status=1
 else
     echo "no CUDA device: gpu_compare and the CUDA bench are skipped" | tee "$OUT/gpu_compare.txt"
 fi
