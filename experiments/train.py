@@ -44,7 +44,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -54,7 +54,8 @@ from safetensors.torch import load_file, save_file
 
 from experiments.corpus import Corpus, get_batch, load_corpus
 from experiments.distributed import Dist, check_global_batch
-from experiments.model import GPT, GPTConfig
+from experiments.config import GPTConfig, TrainConfig  # noqa: F401  (TrainConfig: callers import it from here)
+from experiments.model import GPT
 from loaders.errors import FileError
 
 if TYPE_CHECKING:
@@ -67,35 +68,6 @@ RESUME_FILE = "resume.state"  # safetensors inside; a suffix folder scans do not
 
 class RunFolderError(FileError):
     """A run folder that cannot be started or resumed as asked."""
-
-
-@dataclass
-class TrainConfig:
-    """Training hyperparameters (model hyperparameters live in GPTConfig)."""
-
-    steps: int = 1000
-    batch_size: int = 16
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    eval_interval: int = 100
-    eval_batches: int = 16
-    log_interval: int = 10
-    seed: int = 1337
-    val_seed: int = 0
-    save_steps: list[int] = field(default_factory=list)
-    corpus: str | None = None
-    corpus_max_bytes: int | None = None
-    dataset: str | None = None          # image task: 'digits', an .npz or a folder of class folders
-    device: str = "cpu"
-    threads: int | None = None
-
-    #: settings that may differ between a run and its resumption
-    RUNTIME = ("device", "threads")
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from experiments.distributed import refuse_under_torchrun
 
     refuse_under_torchrun('sweep')
-    from experiments.model import VARIANTS
-    from experiments.sweep import grid, run_sweep
+    from experiments.config import VARIANTS
+    from experiments.sweep import grid, run_sweep  # torch: only when a sweep starts
 
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:

@@ -30,10 +30,12 @@ single process logs. Only rank 0 writes the run folder and prints progress.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 from app.commands._common import print_json
+from experiments.config import NORMS, POSITIONS, TASKS, VARIANTS, GPTConfig, TrainConfig
 
 NAME = "train"
 HELP = "train one variant model (variant, head sharing, weight decay) into a run folder"
@@ -68,9 +70,6 @@ def _scale(text: str) -> float | str:
 
 def add_model_train_arguments(p: argparse.ArgumentParser, *, single: bool = True) -> None:
     """Model and training options shared by ``train`` and ``sweep``."""
-    from experiments.model import GPTConfig, NORMS, POSITIONS, TASKS, VARIANTS
-    from experiments.train import TrainConfig
-
     m, t = GPTConfig(), TrainConfig()
     g = p.add_argument_group("task")
     g.add_argument("--task", choices=TASKS, default="language",
@@ -128,11 +127,6 @@ def add_model_train_arguments(p: argparse.ArgumentParser, *, single: bool = True
 def configs_from_args(args: argparse.Namespace, *, variant: str = "qkv", n_kv_heads: int | None = None,
                       weight_decay: float = 0.1):
     """(GPTConfig, TrainConfig) from parsed arguments; ValueError on an invalid model."""
-    import math
-
-    from experiments.model import GPTConfig
-    from experiments.train import TrainConfig
-
     variant = getattr(args, "variant", variant)
     n_kv_heads = getattr(args, "n_kv_heads", n_kv_heads)
     d_model, n_layer = _task_value(args, "d_model"), _task_value(args, "n_layer")
@@ -144,7 +138,7 @@ def configs_from_args(args: argparse.Namespace, *, variant: str = "qkv", n_kv_he
                  mlp_ratio=args.mlp_ratio, attn_scale=scale, bias=args.bias)
     task = getattr(args, "task", "language")
     if task == "image":
-        from experiments.vision import load_images, vision_config
+        from experiments.vision import load_images, vision_config  # torch: only when a run starts
 
         mc = vision_config(load_images(args.dataset), patch_size=args.patch_size, **model)
     else:
@@ -167,6 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch is imported when a run starts, not when the CLI builds its parsers (app/commands/__init__)
     from experiments.distributed import process_group
     from experiments.train import train
 

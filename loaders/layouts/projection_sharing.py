@@ -77,6 +77,7 @@ causal mask): they are not causal language models.
 """
 from __future__ import annotations
 
+from analysis.variants import Q_TIED
 from loaders.canonical import AttentionWeights
 from loaders.errors import CheckpointFormatError
 from loaders.layouts import _common as C
@@ -205,7 +206,7 @@ def convert(source):
     why = C.basis(d, n, n_kv, dh)
     rows = {"q": n * dh, "k": n_kv * dh, "v": n_kv * dh, "kv": 2 * n_kv * dh,
             "qkv": (n + 2 * n_kv) * dh}
-    if variant in ("q_eq_k", "q_eq_k_eq_v"):
+    if variant in Q_TIED:
         rows["q"] = n_kv * dh   # the query is the key projection
     module_rows = {}
     for role, mod in roles.items():
@@ -250,7 +251,7 @@ def convert(source):
         W_K = C.rows_to_heads(wk, n_kv, dh)
         W_V = C.rows_to_heads(wv, n_kv, dh)
         b_K, b_V = C.bias_heads(bk, n_kv, dh), C.bias_heads(bv, n_kv, dh)
-        if variant in ("q_eq_k", "q_eq_k_eq_v"):
+        if variant in Q_TIED:
             W_Q = C.expand_kv(W_K, n)
             b_Q = None if b_K is None else C.expand_kv(b_K, n)
         else:
