@@ -12,6 +12,10 @@ from tests.app.apptest import page_test
 from tests.app.test_page_experiments import arr, figures, qp
 from tests.app.test_page_inspector import tiny_gpt2
 
+#: AppTest's limit for a page run that analyses checkpoints (each in a child process, 15-20 s on a
+#: loaded 2-core machine): the first run of a pair and a run's trajectories analyse three or four.
+ANALYSING_S = 240
+
 
 @pytest.fixture(scope="module")
 def run_db(tmp_path_factory):
@@ -39,7 +43,7 @@ def test_empty_database_says_how_to_get_checkpoints(tmp_path, monkeypatch):
 
 def test_pair_difference_is_b_minus_a(run_db, monkeypatch):
     monkeypatch.setenv("QKVSCOPE_DB", str(run_db))
-    at = page_test("compare", {"a": "1", "b": "3", "metric": "kv_cka"}).run()
+    at = page_test("compare", {"a": "1", "b": "3", "metric": "kv_cka"}, timeout=ANALYSING_S).run()
     assert not at.exception, at.exception
     figs = figures(at)
     ha, hb = figs["cmp_heat_a"]["data"][0], figs["cmp_heat_b"]["data"][0]
@@ -60,7 +64,7 @@ def test_pair_difference_is_b_minus_a(run_db, monkeypatch):
 
 def test_run_trajectory_has_one_line_per_layer_over_steps(run_db, monkeypatch):
     monkeypatch.setenv("QKVSCOPE_DB", str(run_db))
-    at = page_test("compare", {"tmetric": "kv_share_r2"}).run()
+    at = page_test("compare", {"tmetric": "kv_share_r2"}, timeout=ANALYSING_S).run()
     assert not at.exception, at.exception
     traj = figures(at)["cmp_traj"]["data"]
     # kv_share_r2 of independent K, V: d_head / d_model = 8 / 32 (closed form), one dashed line
@@ -110,7 +114,8 @@ def chance_run_db(tmp_path, monkeypatch):
 
 
 def test_pair_reads_against_chance_with_intervals_and_greys_the_undersampled_side(chance_run_db):
-    at = page_test("compare", {"a": "1", "b": "2", "metric": "kv_cka_act", "tmetric": "kv_cka_act"}).run()
+    at = page_test("compare", {"a": "1", "b": "2", "metric": "kv_cka_act", "tmetric": "kv_cka_act"},
+                   timeout=ANALYSING_S).run()
     assert not at.exception, at.exception
     figs = figures(at)
     ha, hb = figs["cmp_heat_a"]["data"][0], figs["cmp_heat_b"]["data"][0]
@@ -160,7 +165,7 @@ def test_checkpoints_are_grouped_by_their_runs_task(tmp_path, monkeypatch):
                                                                 rid])
         vit = {r[0] for r in con.execute("SELECT id FROM checkpoints WHERE run_id = ?", [rid]).fetchall()}
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
-    at = page_test("compare").run()
+    at = page_test("compare", timeout=ANALYSING_S).run()
     assert not at.exception, at.exception
     task = at.selectbox(key="cmp_task")
     assert task.options == ["all tasks", "language", "image"] and task.value == "all"
