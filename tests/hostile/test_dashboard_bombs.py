@@ -5,19 +5,43 @@ loading pages, and the server's own memory stays where it was.
 The bomb: the pickle-memo billion laughs (9 KB, before: 9 GB after 277 s in
 one process) with its item budget switched off in the server's environment,
 so that only the net of ``loaders/parse_child.py`` is left (address space
-2 GiB, 20 s).
+2 GiB, 20 s). Then a stored checkpoint whose folder was replaced by an 11 GB
+sparse GPT-2 (its sparse check off) is opened by a link: the Inspector's tie
+check, spectra and attention maps read it in the child (``app.inspect_child``;
+before: in the server, a layer read whole), each failing with one line, while
+the other session keeps loading pages.
 """
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
 import torch
 
+from app.jobs import analyze
+from loaders.checkpoints import open_checkpoint
+from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
+from tests.app.test_page_inspector import tiny_gpt2
+from tests.hostile.test_parse_child import _sparse_gpt2
 from tests.app.browser import dashboard, wait_idle
 from tests.faults.server import listeners, pid_of_socket, rss_bytes
 from tests.hostile.test_bombs import _laughs, gpt2_state
+
+
+def _serve_other(b, url: str, server: int, busy) -> tuple[list[float], int]:
+    """Load the Overview in session ``b`` again and again while ``busy()`` (at most 120 s):
+    the seconds of each load (none may show an exception) and the server's peak RSS."""
+    t0, loads, peak = time.monotonic(), [], rss_bytes(server)
+    while busy() and time.monotonic() - t0 < 120:
+        s = time.monotonic()
+        b.goto(f"{url}/overview")
+        wait_idle(b, timeout=60_000, quiet_ms=500)
+        assert b.locator("[data-testid='stException']").count() == 0
+        loads.append(time.monotonic() - s)
+        peak = max(peak, rss_bytes(server))
+    return loads, peak
 
 
 @pytest.mark.slow
@@ -35,7 +59,14 @@ def test_an_uploaded_bomb_ends_its_reader_and_other_sessions_are_served(tmp_path
                         "QKVSCOPE_PARSE_MEMORY_MB": "2048", "QKVSCOPE_PARSE_TIMEOUT_S": "20"}.items():
         monkeypatch.setenv(name, value)
     db = tmp_path / "db.duckdb"
-    Store(db).migrate()
+    store = Store(db)
+    store.migrate()
+    folder = tiny_gpt2(tmp_path / "gpt2")
+    cid = ingest_checkpoint(store, folder).checkpoint_id
+    analyze(store, cid, opener=lambda p: open_checkpoint(p))                # stored, in this process
+    shutil.rmtree(folder)
+    sparse = _sparse_gpt2(folder)                                           # same path: 1 layer of d 15,360
+    monkeypatch.setenv("QKVSCOPE_ALLOW_SPARSE", "1")
     with dashboard(db, "--no-demo") as url, sync_playwright() as p:
         [(_, inode)] = listeners(int(url.rsplit(":", 1)[1]))
         server = pid_of_socket(inode)
@@ -49,16 +80,15 @@ def test_an_uploaded_bomb_ends_its_reader_and_other_sessions_are_served(tmp_path
             before = rss_bytes(server)
             a.locator("input[type=file]").set_input_files(str(bomb))
             a.wait_for_selector("text=Reading laughs.pt", timeout=60_000)
-            t0, loads, peak = time.monotonic(), [], before
-            while a.locator("text=Reading laughs.pt").count() and time.monotonic() - t0 < 120:
-                s = time.monotonic()
-                b.goto(f"{url}/overview")
-                wait_idle(b, timeout=60_000, quiet_ms=500)
-                assert b.locator("[data-testid='stException']").count() == 0
-                loads.append(time.monotonic() - s)
-                peak = max(peak, rss_bytes(server))
+            loads, peak = _serve_other(b, url, server, lambda: a.locator("text=Reading laughs.pt").count())
             wait_idle(a, timeout=60_000)
             shown = a.inner_text("[data-testid='stMain']")
+            a.goto(f"{url}/inspector?ckpt={cid}&layer=0&head=0")               # a link to the stored bomb
+            later, peak2 = _serve_other(b, url, server,
+                                        lambda: a.locator("[data-testid='stAlertContentError']").count() < 3)
+            peak = max(peak, peak2)
+            wait_idle(a, timeout=60_000)
+            opened = a.inner_text("[data-testid='stMain']")
         finally:
             browser.close()
     print(f"server RSS {before / 2**20:.0f} -> peak {peak / 2**20:.0f} MiB; "
@@ -68,4 +98,7 @@ def test_an_uploaded_bomb_ends_its_reader_and_other_sessions_are_served(tmp_path
     assert ("reading it took more than 20 s" in shown or "needed more than 2.0 GiB" in shown), shown[:2000]
     assert "Traceback" not in shown
     assert loads, "the bomb ended before the other session loaded a page"
-    assert peak - before < 512 << 20                     # the bomb grew in its own process
+    print(f"stored bomb: {len(later)} Overview loads meanwhile; peak server RSS {peak / 2**20:.0f} MiB")
+    assert opened.count("more memory than this process may use") >= 2, opened[:3000]   # ties, spectra
+    assert str(sparse.parent.name) in opened and "Traceback" not in opened
+    assert peak - before < 512 << 20                     # the bombs grew in their own processes
