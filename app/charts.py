@@ -443,16 +443,17 @@ def param_split_figure(row: dict) -> go.Figure:
     """Where a checkpoint's parameters are: W_Q, W_K, W_V, W_O (from the geometry), the
     rest of attention (biases) and the rest of the model, as a donut.
 
-    Per layer: W_Q n_heads*d_model*d_head (0 for ``wq_identity``, and for ``q_eq_k`` /
-    ``q_eq_k_eq_v`` where it is W_K), W_K n_kv_heads*d_model*d_head, W_V the same (0 when
-    tied to W_K), W_O n_heads*d_head*d_model.
+    Per layer: W_Q n_heads*d_model*d_head (0 where the variant has none of its own,
+    ``analysis.variants.Q_DROPPED``: ``wq_identity``, and the Q=K variants where it is W_K),
+    W_K n_kv_heads*d_model*d_head, W_V the same (0 when tied to W_K, ``KV_TIED``), W_O
+    n_heads*d_head*d_model.
     """
     L, H, G = int(row["n_layers"]), int(row["n_heads"]), int(row["n_kv_heads"])
     dm, dh, variant = int(row["d_model"]), int(row["d_head"]), str(row["variant"])
     parts = {
-        "W_Q": 0 if variant in ("wq_identity", "q_eq_k", "q_eq_k_eq_v") else L * H * dm * dh,
+        "W_Q": 0 if variant in V.Q_DROPPED else L * H * dm * dh,
         "W_K": L * G * dm * dh,
-        "W_V": 0 if variant in ("k_eq_v", "q_eq_k_eq_v") else L * G * dm * dh,
+        "W_V": 0 if variant in V.KV_TIED else L * G * dm * dh,
         "W_O": L * H * dh * dm,
     }
     attention = int(row.get("params_attention") or 0)

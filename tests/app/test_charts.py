@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from app import charts
 
@@ -318,3 +319,15 @@ def test_norms_figure_keeps_tasks_apart():
     assert [t.name for t in legend] == ["Q-K-V · MHA · language", "Q-K-V · MHA · image"]
     assert [list(t.y) for t in legend] == [[1.0, 0.8], [3.0, 2.5]]
     assert legend[0].line.color != legend[1].line.color          # the other task a darker shade
+
+
+@pytest.mark.parametrize("variant, wq, wv", [("qkv", 2 * 4 * 8 * 2, 2 * 2 * 8 * 2), ("k_eq_v", 2 * 4 * 8 * 2, 0),
+                                             ("q_eq_k_plus", 0, 2 * 2 * 8 * 2), ("q_eq_k_eq_v_plus", 0, 0),
+                                             ("wq_identity", 0, 2 * 2 * 8 * 2)])
+def test_parameter_split_follows_the_variants_ties(variant, wq, wv):
+    row = {"n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_model": 8, "d_head": 2, "variant": variant,
+           "params_attention": 1000, "params_total": 5000}
+    pie = charts.param_split_figure(row).data[0]
+    parts = dict(zip(pie.labels, pie.values))
+    assert (parts["W_Q"], parts["W_K"], parts["W_V"], parts["W_O"]) == (wq, 2 * 2 * 8 * 2, wv, 2 * 4 * 2 * 8)
+    assert parts["rest of the model"] == 4000
