@@ -236,7 +236,7 @@ class Llama2cSource(TensorSource):
     """A llama2.c ``.bin`` export; one tensor read per ``get`` (module docstring)."""
 
     def __init__(self, path: str | Path, header: Header | None = None):
-        from loaders.sources import _identity
+        from loaders.sources import _identity  # here: loaders.sources imports this module (cycle)
 
         p = Path(path)
         h = header or sniff(p)
@@ -263,7 +263,7 @@ class Llama2cSource(TensorSource):
 
     def get(self, key: str) -> torch.Tensor:
         """The tensor as float32 (v2: ``int8 * scale`` per group of ``group_size``)."""
-        from loaders.sources import _check_no_hole, _check_unchanged
+        from loaders.sources import _check_no_hole, _check_unchanged  # here: a cycle, as above
 
         shape, kind, off, scale_off = self._entry(key)
         if self._fd is None:
