@@ -33,6 +33,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from analysis.registry import names
 from analysis.results_table import DEFAULT_TASK, metric_order, own_condition
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app import charts, tables
@@ -47,7 +48,7 @@ ICON = ":material/tune:"
 ORDER = 30
 URL_PATH = "weight-decay"
 
-NORMS = ["norm_q", "norm_k", "norm_v", "norm_o"]
+NORMS = names(family="norms")  # norm_q, norm_k, norm_v, norm_o, in registry order
 #: shown where a statistic is absent (the reason is in the "why absent" column)
 DASH = tables.MISSING
 

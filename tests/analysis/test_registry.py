@@ -280,3 +280,11 @@ def test_a_plugin_that_fails_to_load_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(AnalysisError) as exc:
         weight_metrics(layer(meta()), meta(), device="cpu")
     assert str(exc.value) == "QKVSCOPE_PLUGINS: x: ModuleNotFoundError: No module named 'x'"
+
+
+def test_the_stores_norm_list_is_the_registry_norms_family():
+    """``loaders.wd.NORM_METRICS`` copies the registry's norms (loaders may not import analysis.registry):
+    the two must not drift apart."""
+    from loaders.wd import NORM_METRICS
+
+    assert list(NORM_METRICS) == registry.names(family="norms")
