@@ -161,6 +161,10 @@ def _cached(store: Store, checkpoint_id: int, kind: str) -> JobResult | None:
                      metric_version=METRIC_VERSION)
     if job is None:
         return None
+    # A metric registered after these results were stored (a plugin, QKVSCOPE_PLUGINS) has neither
+    # rows nor a note in them: the stored job is stale and is computed again.
+    if set(names(level)) - set(job.rows["metric"]) - set(job.notes):
+        return None
     frame = job.rows.copy()
     frame.insert(2, "head_label", [_label(l, h, m) for l, h, m in zip(frame["layer"], frame["head"],
                                                                       frame["metric"])])

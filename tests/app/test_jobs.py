@@ -369,3 +369,29 @@ def test_undefined_heads_are_noted_beside_a_metrics_absence_note():
     assert notes["erank_o"].startswith("W_O: per head only")
     assert notes["erank_o"].endswith("; undefined (zero norm or singular matrix) at L0H1")
     assert "undefined" not in notes["erank_q"]
+
+
+def test_a_metric_registered_after_storing_makes_the_stored_job_stale(store):
+    """Results stored before a plugin was registered lack its rows: the next analyze computes again
+    (no --force) and stores the plugin's rows beside the others."""
+    from analysis.registry import Metric, register, unregister
+
+    op = Opener()
+    (first,) = jobs.analyze(store, 1, device="cpu", opener=op)
+    assert op.calls == 1 and "late_plugin" not in set(first.frame["metric"])
+    register(Metric("late_plugin", "weights", "layer", "toy", "sum of W_K", direction="none", chance="none",
+                    chance_help="none: a test metric"),
+             lambda layer, meta, device: layer.W_K.sum())
+    try:
+        (second,) = jobs.analyze(store, 1, device="cpu", opener=op)
+        assert not second.cached and op.calls == 2
+        rows = second.frame[second.frame["metric"] == "late_plugin"]
+        assert len(rows) == L
+        expect = [float(make_layer(i).W_K.double().sum()) for i in range(L)]
+        assert rows.sort_values("layer")["value"].tolist() == pytest.approx(expect, rel=1e-5)
+        (third,) = jobs.analyze(store, 1, device="cpu", opener=op)
+        assert third.cached and op.calls == 2
+    finally:
+        unregister("late_plugin")
+    (fourth,) = jobs.analyze(store, 1, device="cpu", opener=op)
+    assert fourth.cached and op.calls == 2       # a stored extra metric is no reason to recompute
