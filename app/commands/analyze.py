@@ -255,9 +255,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.targets:
         print("error: give at least one PATH_OR_ID (or --list)", file=sys.stderr)
         return 2
+    # torch loads here, when an analysis starts, not when the CLI builds its parsers
     from app import jobs
+    from experiments.activation_runs import SampleSpec
 
-    sample = jobs.SampleSpec(args.text, args.tokens, args.images)
+    sample = SampleSpec(args.text, args.tokens, args.images)
     if args.activations:
         sample.read()                      # a bad --text fails here, before anything is opened
     store = store_from(args)
