@@ -22,6 +22,15 @@ def tiny_gpt2(folder, seed: int = 0):
     return folder
 
 
+def _analysed_in_process(store, cid: int) -> None:
+    """Store a checkpoint's weight metrics in this process (a test of what the page shows
+    besides them need not pay for the analysis child; ``test_analyses_once...`` checks that path)."""
+    from app.jobs import analyze
+    from loaders.checkpoints import open_checkpoint
+
+    analyze(store, cid, opener=lambda p: open_checkpoint(p))
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return tiny_gpt2(tmp_path_factory.mktemp("m") / "gpt2-tiny")
@@ -312,6 +321,8 @@ def test_tied_tensors_in_a_standard_layout_are_flagged(tmp_path, monkeypatch, mo
     store.migrate()
     assert ingest_checkpoint(store, model_dir).checkpoint_id == 1
     assert ingest_checkpoint(store, tied).checkpoint_id == 2
+    for cid in (1, 2):                                # stored here: the page only reads the ties
+        _analysed_in_process(store, cid)
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     at = page_test("inspector", {"ckpt": "2"}).run()
     assert not at.exception, at.exception
@@ -351,7 +362,7 @@ def test_attention_grid_of_all_heads_enlarges_one_and_stays_small_at_2048_tokens
     db = tmp_path / "long.duckdb"
     store = Store(db)
     store.migrate()
-    ingest_checkpoint(store, folder)
+    _analysed_in_process(store, ingest_checkpoint(store, folder).checkpoint_id)
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     at = page_test("inspector", {"layer": "1", "head": "2"}, timeout=180).run()
     assert not at.exception, at.exception
