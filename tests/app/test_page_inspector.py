@@ -90,6 +90,7 @@ def test_analyses_once_and_metric_picker_changes_the_heatmap(ckpt_db):
 
 
 def test_spectra_attention_reports_and_downloads(ckpt_db):
+    _analysed_in_process(Store(ckpt_db), 1)               # this test reads the stored metrics
     at = page_test("inspector", {"layer": "1", "head": "2"}).run()
     assert not at.exception, at.exception
     spectra = figures(at)["insp_spectra"]["data"]
