@@ -88,7 +88,6 @@ def test_a_stored_checkpoint_turned_bomb_is_one_line_per_section(tmp_path, monke
     assert grew < 512 << 20, grew
 
 
-@pytest.mark.slow
 def test_the_readers_children_are_pooled_across_reruns(model_dir, tmp_path, monkeypatch):
     """A layer or head picked in the spectra controls reuses the pool's child (a fresh one costs
     2-3 s of imports); other budgets in the environment get another child."""
