@@ -450,7 +450,11 @@ def main() -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     for line in sys.stdin:
         req = json.loads(line)
-        cap = address_space() + int(req["limit"])      # the budget is for the file, on top of what is held
+        held = address_space()
+        cap = held + int(req["limit"])                  # the budget is for the file, on top of what is held
+        # for readers that word their own out-of-memory line from the soft limit (loaders.filecheck):
+        # the part of it that is not the file's budget
+        os.environ["QKVSCOPE_PARSE_HELD_BYTES"] = str(held)
         if hard != resource.RLIM_INFINITY:
             cap = min(cap, hard)
         resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
