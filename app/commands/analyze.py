@@ -32,7 +32,9 @@ LOCATION. One task per checkpoint writes Parquet under --results
 (<results>/checkpoint=<sha256>/metric_version=<v>/kind=<kind>/part.parquet);
 this process then registers it in the database. Checkpoints whose results
 already exist there for the current metric version are skipped (--force
-recomputes). Failed tasks are retried (--retries) and reported.
+recomputes). A task whose worker died or that raised outside the reading child is retried
+(--retries); one whose file failed in the child (a bomb, a bad tensor) fails at once, as one line.
+Every attempt is reported.
 
 A checkpoint whose attention weights exceed --max-task-bytes (default 4GB)
 computes its weight metrics in tasks of contiguous layer ranges
@@ -100,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_argument("--gpus-per-task", type=float, default=None, metavar="N",
                        help="GPUs each Ray task requests (default: 1 if the cluster has GPUs, else 0)")
     batch.add_argument("--retries", type=int, default=2, metavar="N",
-                       help="retries of a task that raised or whose worker died (default 2)")
+                       help="retries of a task whose worker died or that raised outside the reading child (default 2)")
     batch.add_argument("--max-task-bytes", type=_size, default="4GB", metavar="SIZE",
                        help="split a checkpoint whose attention weights exceed SIZE into tasks of contiguous "
                             "layer ranges, each within SIZE: 4GB (default; GB = 1e9), 512MiB (MiB = 2^20), "
@@ -180,8 +182,14 @@ def _print_table(payload: dict) -> None:
               "(projections equal to float tolerance; see `info --json` for each layer)")
     if "sample" in payload:
         s = payload["sample"]
-        print(f"  activations on {s['n_tokens']} tokens ({s['windows']} windows of {s['window']}, "
-              f"text {s['text']})")
+        if s.get("n_tokens") is None:          # no forward pass ran: the notes below say why
+            print("  activations: none computed (see the notes below)")
+        elif s.get("images"):
+            print(f"  activations on {s['n_tokens']} tokens ({s['windows']} images of {s['window']} tokens, "
+                  f"images {s['images']})")
+        else:
+            print(f"  activations on {s['n_tokens']} tokens ({s['windows']} windows of {s['window']}, "
+                  f"text {s.get('text')})")
     df = pd.DataFrame(payload["metrics"])
     if not df.empty:
         summary = df.groupby("metric", sort=False).agg(

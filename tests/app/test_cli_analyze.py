@@ -59,3 +59,21 @@ def test_analyze_list_shows_every_metric(capsys):
     assert main(["analyze", "--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert listed == names()
+
+
+@pytest.mark.parametrize("sample, line", [
+    ({"text": "builtin", "tokens": 4096}, "  activations: none computed (see the notes below)"),
+    ({"text": "builtin", "n_tokens": 4096, "windows": 4, "window": 1024},
+     "  activations on 4096 tokens (4 windows of 1024, text builtin)"),
+    ({"images": "digits", "n_tokens": 1700, "windows": 100, "window": 17},
+     "  activations on 1700 tokens (100 images of 17 tokens, images digits)"),
+])
+def test_table_output_says_what_the_activations_ran_on(capsys, sample, line):
+    """The table printer takes every sample the jobs store, including one where no forward pass ran
+    (it raised KeyError: 'n_tokens' there)."""
+    from app.commands.analyze import _print_table
+
+    _print_table({"checkpoint": {"id": 3, "path": "/x/ckpt.pt"}, "cached": False, "sample": sample,
+                  "metrics": [], "notes": {"kv_cka_act": "no forward pass for a gpt2 checkpoint"}})
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["checkpoint 3: /x/ckpt.pt", line, "  kv_cka_act: no forward pass for a gpt2 checkpoint"]
