@@ -288,13 +288,8 @@ def resolve(store: Store, target: str, *, reader=None) -> int:
     path = Path(target).expanduser()
     if path.exists():
         from loaders import parse_child
-        from loaders.report import FileReport
 
-        if reader is None:
-            rep = parse_child.ingest_checkpoint(store, path)
-        else:
-            rep = FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
-                                              busy_timeout=store.busy_timeout))
+        rep = parse_child.ingest_checkpoint(store, path, reader=reader)
         if rep.checkpoint_id is None:
             raise QkvscopeError(f"{path}: not analysable: {rep.reason or rep.status}")
         return int(rep.checkpoint_id)

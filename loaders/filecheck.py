@@ -111,7 +111,10 @@ def failure(exc: BaseException) -> str:
     if out_of_memory(exc):
         limit = address_limit()
         if limit is not None:
-            return memory_exceeded(limit)
+            # the reading child's soft limit is what it held before the file plus the file's budget
+            # (loaders.parse_child): the line names the budget, not what the imports hold
+            held = int(os.environ.get("QKVSCOPE_PARSE_HELD_BYTES") or 0)
+            return memory_exceeded(limit - held if 0 < held < limit else limit)
         return "ran out of memory while parsing it (MemoryError)"
     if isinstance(exc, OSError):
         return f"cannot be read ({exc.strerror or type(exc).__name__})"

@@ -285,34 +285,28 @@ def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | Non
     return report
 
 
-def ingest_checkpoint(store, path: str | Path) -> FileReport:
+def ingest_checkpoint(store, path: str | Path, *, reader: "Reader | None" = None) -> FileReport:
     """``loaders.ingest.ingest_checkpoint`` in a child (the Inspector's upload and
-    path field): its report, or ``FileError`` with the one-line problem."""
-    with Reader() as reader:
-        return FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
-                                           busy_timeout=store.busy_timeout))
+    path field, ``analyze PATH``): its report, or ``FileError`` with the one-line
+    problem. ``reader`` reuses that child over several paths (a glob's matches);
+    None starts one for this path."""
+    if reader is None:
+        with Reader() as own:
+            return ingest_checkpoint(store, path, reader=own)
+    return FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
+                                       busy_timeout=store.busy_timeout))
 
 
 def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,
           on_report: Callable[[IngestReport], None] | None = None,
           on_busy: Callable[[DatabaseBusyError], None] | None = None,
           stop: Callable[[], bool] | None = None) -> None:
-    """``loaders.ingest.watch`` with one child kept across polls."""
-    paths = list(paths)
+    """``loaders.ingest.watch`` (its polling loop) with one child kept across polls."""
+    from loaders.ingest import watch as poll     # here: loaders.ingest imports this module
+
     with Reader() as reader:
-        while True:
-            try:
-                report = ingest_paths(store, paths, reader=reader)
-            except DatabaseBusyError as exc:
-                if on_busy is None:
-                    raise
-                on_busy(exc)
-            else:
-                if on_report is not None:
-                    on_report(report)
-            if stop is not None and stop():
-                return
-            time.sleep(interval)
+        poll(store, paths, interval=interval, on_report=on_report, on_busy=on_busy, stop=stop,
+             ingest=lambda store, paths: ingest_paths(store, paths, reader=reader))
 
 
 class ReaderPool:

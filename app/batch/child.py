@@ -12,7 +12,7 @@ borrows a child from ``parse_child.POOL`` (one per worker process, reused by
 its next task: a child's start costs 2-3 s of imports).
 
 Rows come back as JSON lists in ``RESULT_COLUMNS`` order (``None`` for a
-missing value); ``frame_of`` makes the frame the task writes to Parquet.
+missing value; ``analysis.result_rows``); ``frame_of`` makes the frame the task writes to Parquet.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import time
 
 import pandas as pd
 
-from analysis.registry import RESULT_COLUMNS
+from analysis.result_rows import json_rows, rows_frame
 
 
 def compute(path: str, *, kinds: list[str], device: str | None, layers: list[int] | None = None) -> dict:
@@ -50,18 +50,11 @@ def compute(path: str, *, kinds: list[str], device: str | None, layers: list[int
             else:
                 fn = weight_frame if kind == "weights" else activation_frame
                 frame, notes = fn(ckpt, device=dev)
-            rows = frame[RESULT_COLUMNS].astype(object).where(frame[RESULT_COLUMNS].notna(), None)
-            out["jobs"].append({"kind": kind, "rows": rows.values.tolist(), "notes": notes,
+            out["jobs"].append({"kind": kind, "rows": json_rows(frame), "notes": notes,
                                 "seconds": time.perf_counter() - t0})
     return out
 
 
 def frame_of(job: dict) -> pd.DataFrame:
-    """The metric frame (``RESULT_COLUMNS``) of one of ``compute``'s jobs."""
-    frame = pd.DataFrame(job["rows"], columns=RESULT_COLUMNS)
-    frame["layer"] = frame["layer"].astype("int64")
-    frame["head"] = pd.array(frame["head"], dtype="Int64")
-    frame["n_tokens"] = pd.array(frame["n_tokens"], dtype="Int64")
-    for col in ("value", "chance", "ci_low", "ci_high"):
-        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
-    return frame
+    """The metric frame (``RESULT_COLUMNS``, the stored dtypes) of one of ``compute``'s jobs."""
+    return rows_frame(job["rows"])
