@@ -28,7 +28,8 @@ side in this one run, each phase in a fresh process:
   ``--naive-layers`` layers, scaled to all layers (``--skip-naive`` leaves it out).
 
 Targets (issue 20): analysis <= 2x the floor; analysis without the stacked-W_Q
-metrics <= 3x the read; peak RSS above the imports <= 0.25 of the file;
+metrics <= 3x the read; peak RSS above the imports <= 0.25 of the file (at the
+full 7B shape: the analysis holds one layer, so a smaller file holds a larger share);
 naive / analysis >= 100x. Each is printed as a ``BENCH_ROW {json}`` line that
 ``bench/run_all.py`` collects. ``--repeat N`` (default 3) alternates the read and
 analysis phases and reports the median of each (the 1-minute load average before
@@ -111,6 +112,7 @@ def phase_analysis(folder: Path, device: str) -> dict:
 
     base_rss = rss_mib()
     spent = {"stacked_wq": 0.0, "layer_m": 0.0, "metrics": 0.0, "chance": 0.0}
+    cpu_spent = dict(spent)                                       # the same in CPU seconds (all threads)
     inside = {"chance": False}
 
     def timed(key, fn):
@@ -118,12 +120,13 @@ def phase_analysis(folder: Path, device: str) -> dict:
             if inside["chance"] and key != "chance":              # the random layers' own metrics
                 return fn(*args, **kw)
             inside[key] = True
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kw)
             finally:
                 inside[key] = False
                 spent[key] += time.perf_counter() - t
+                cpu_spent[key] += time.process_time() - c
         return wrapper
     # the stacked-W_Q metrics, the layer-level M scores, all metrics of a layer (reading and reshaping
     # excluded), and the chance levels (random layers of the same shapes, once per shape: analysis.chance)
@@ -136,6 +139,7 @@ def phase_analysis(folder: Path, device: str) -> dict:
     with open_checkpoint(folder) as ck:                           # warm-up on the first layer
         weights.weight_metrics(ck.layer(0), ck.meta, device=device)
     spent.update(stacked_wq=0.0, layer_m=0.0, metrics=0.0, chance=0.0)
+    cpu_spent.update(spent)
     chance._chance_rows.cache_clear()                             # the chance levels are timed cold
     t0, c0 = time.perf_counter(), time.process_time()
     with open_checkpoint(folder) as ck:
@@ -176,6 +180,9 @@ def phase_analysis(folder: Path, device: str) -> dict:
             "reading_seconds": total - spent["metrics"] - spent["chance"],
             "ingest_seconds": ingest, "store_seconds": store_s,
             "base_rss_mib": base_rss, "analysis_peak_rss_mib": peak_rss,
+            "cpu": {"stacked_wq": cpu_spent["stacked_wq"], "layer_m": cpu_spent["layer_m"],
+                    "per_head": cpu_spent["metrics"] - cpu_spent["stacked_wq"] - cpu_spent["layer_m"],
+                    "chance": cpu_spent["chance"], "read": cpu - cpu_spent["metrics"] - cpu_spent["chance"]},
             "rows": len(frame), "notes": sorted(notes)}
 
 
@@ -324,8 +331,11 @@ def main() -> None:
               "<= 2x", a / floor <= 2)
     bench_row(f"weight analysis without the stacked-W_Q metrics, {shape.name}", f"{(a - wq) / r:.2f}x ({a - wq:.2f} s)",
               f"reading the same tensors ({r:.2f} s)", "<= 3x", (a - wq) / r <= 3)
-    bench_row(f"peak RSS above imports, weight analysis, {shape.name}", f"{above / size_mib:.3f} of the file ({above:.0f} MiB)",
-              f"file size ({size_mib:,.0f} MiB)", "<= 0.25", above / size_mib <= 0.25)
+    # the target is the attention-only 7B shape's (issue 20): one layer at a time, so smaller files hold more
+    full_7b = args.shape == "7B" and shape.n_layers == SHAPES["7B"].n_layers
+    bench_row(f"peak RSS above imports, weight analysis, {geo}", f"{above / size_mib:.3f} of the file ({above:.0f} MiB)",
+              f"file size ({size_mib:,.0f} MiB)", "<= 0.25" if full_7b else "- (the 7B shape's)",
+              above / size_mib <= 0.25 if full_7b else None)
     if "naive" in res:
         nv = res["naive"]["scaled_seconds"]
         print(f"naive (scaled) / analysis = {nv / a:.0f}x   (naive {res['naive']['seconds']:.1f} s on "
