@@ -9,7 +9,7 @@
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 -d .whl \
 #       duckdb==$(.venv/bin/pip show duckdb | awk '/^Version/{print $2}')
 #
-# then run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=480) and
+# then run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=600) and
 # read the files it leaves in $OUT: env.txt, gpu_tests.txt (the `-m gpu` tests),
 # gpu_compare.txt (every metric of three demo checkpoints, CPU against CUDA),
 # analysis_speed_cuda.txt (the Llama-1B bench on the GPU, naive version
@@ -17,7 +17,8 @@
 # 4.3 GB, against its floor: the same phases as on the CPU), analysis_scaling_cuda.txt
 # (each phase's exponent in d_model, MHA vs GQA) and analysis_speed_cpu.txt (the
 # Llama-1B bench on that machine's CPU cores, for the CPU target on more than
-# two cores). About 6-8 minutes.
+# two cores). The 7B step writes a 4.3 GB folder first (~1.5 min on 2 cores);
+# not yet run on a GPU machine with it: give it timeout_s=600.
 # It runs here too (no CUDA: the gpu tests skip, the rest says why it stops).
 set -uo pipefail
 cd "$(dirname "$0")/.."
