@@ -88,7 +88,8 @@ def attention(path: str, *, text: str, max_tokens: int, out: str) -> dict:
     """
     import torch
 
-    from app.jobs import NoForwardPass, capture_activations
+    from experiments.attention_maps import capture_activations
+    from experiments.runnable import NoForwardPass
     from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(path) as ckpt:

@@ -18,22 +18,16 @@ A stored file is someone's file: ``analyze`` computes in the child process of
 ``QKVSCOPE_ANALYSIS_TIMEOUT_S``), the rows coming back as JSON; ``resolve``
 ingests a path that is not stored yet in such a child too.
 
-Where the rest lives (re-exported here for the callers that import it from
-``app.jobs``):
+Where the rest lives (callers import it from there):
 
 * ``experiments.runnable``: loading a checkpoint as a model that runs
-  (``NoForwardPass``, ``model_code_reason``, ``REMOTE_CODE_NOTE``,
-  ``BATCH_TOKENS``, ``_load_runnable`` = ``load_runnable``, ``_context`` =
-  ``model_context``);
-* ``experiments.activation_runs``: the activation metrics on a corpus sample
-  (``SampleSpec``, ``ActivationRun``, ``corpus_activations``, ``DEFAULT_TOKENS``,
-  ``TOKENS_PER_COLUMN``);
+  (``NoForwardPass``, ``model_code_reason``, ``load_runnable``, ``feed``);
+* ``experiments.activation_runs``: the activation metrics on a corpus or image
+  sample (``SampleSpec``, ``ActivationRun``, ``corpus_activations``);
 * ``experiments.attention_maps``: the Inspector's maps (``capture_activations``,
   ``SAMPLE_TEXT``, ``MAX_TOKENS``);
-* ``analysis.captures``: the pure math on captured tensors (``LayerCapture``,
-  ``Capture``, ``sample_windows``, ``MAX_WINDOW``);
-* ``analysis.notes``: the notes beside result rows (``_merge_notes``,
-  ``_nonfinite_notes``, ``_layout_notes``).
+* ``analysis.captures``: the pure math on captured tensors;
+* ``analysis.notes``: the notes beside result rows.
 """
 from __future__ import annotations
 
@@ -45,7 +39,6 @@ from typing import Callable
 
 import pandas as pd
 
-from analysis.captures import MAX_WINDOW, Capture, LayerCapture, sample_windows  # noqa: F401
 from analysis.chance import attach_weight_chance
 from analysis.notes import layout_notes as _layout_notes
 from analysis.notes import merge_notes as _merge_notes
@@ -53,12 +46,8 @@ from analysis.notes import nonfinite_notes as _nonfinite_notes
 from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, RESULT_COLUMNS, names
 from analysis.result_rows import json_rows, rows_frame
 from analysis.weights import default_device, weight_metrics
-from experiments.activation_runs import (DEFAULT_TOKENS, TOKENS_PER_COLUMN, ActivationRun,  # noqa: F401
-                                         SampleSpec, corpus_activations)
-from experiments.attention_maps import MAX_TOKENS, SAMPLE_TEXT, capture_activations  # noqa: F401
-from experiments.runnable import BATCH_TOKENS, REMOTE_CODE_NOTE, NoForwardPass, model_code_reason  # noqa: F401
-from experiments.runnable import load_runnable as _load_runnable  # noqa: F401
-from experiments.runnable import model_context as _context  # noqa: F401
+from experiments.activation_runs import SampleSpec, corpus_activations
+from experiments.runnable import NoForwardPass
 from loaders.canonical import Checkpoint
 from loaders.errors import QkvscopeError, StoreError
 from loaders.results import replace_results, stored_job

@@ -6,7 +6,7 @@ RMSNorm and a SwiGLU MLP of the same width.
     .venv/bin/python bench/foreign_forward.py [--device cpu|cuda] [--tokens 4096]
 
 Prints, side by side: seconds to open and build the model, the model's own forward
-tokens/s (batches of the activation job's windows), and ``app.jobs.corpus_activations``
+tokens/s (batches of the activation job's windows), and ``experiments.activation_runs.corpus_activations``
 end to end (tokenising the bundled corpus, hooks, per-layer statistics, chance levels).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app import jobs  # noqa: E402
+from experiments import activation_runs, runnable  # noqa: E402
 from loaders.checkpoints import open_checkpoint  # noqa: E402
 from tests.loaders.llama2c_files import llama_state, toy_pieces, write_bin, write_tokenizer  # noqa: E402
 
@@ -45,12 +45,12 @@ def _nanogpt(path: Path, d=288, layers=6, heads=6, hidden=768, vocab=32000, seq=
 def _time(label: str, path: Path, device: str, tokens: int) -> None:
     t0 = time.perf_counter()
     with open_checkpoint(path) as ckpt:
-        model, tok, vocab = jobs._load_runnable(ckpt)
+        model, tok, vocab = runnable.load_runnable(ckpt)
         t_load = time.perf_counter() - t0
         model = model.to(device)
-        T = jobs._context(model)
+        T = runnable.model_context(model)
         ids = torch.randint(0, vocab, (max(1, tokens // T), T), generator=torch.Generator().manual_seed(0))
-        per = max(1, jobs.BATCH_TOKENS // T)
+        per = max(1, runnable.BATCH_TOKENS // T)
         with torch.inference_mode():
             model(ids[:per].to(device))                           # warm-up
             if device.startswith("cuda"):
@@ -62,7 +62,7 @@ def _time(label: str, path: Path, device: str, tokens: int) -> None:
                 torch.cuda.synchronize()
             fwd = ids.numel() / (time.perf_counter() - t1)
         t2 = time.perf_counter()
-        run = jobs.corpus_activations(ckpt, device=device, sample=jobs.SampleSpec(tokens=tokens))
+        run = activation_runs.corpus_activations(ckpt, device=device, sample=activation_runs.SampleSpec(tokens=tokens))
         t_job = time.perf_counter() - t2
     print(f"{label:34s} {getattr(tok, 'how', 'bytes'):16s} load {t_load:6.2f} s  forward {fwd:10,.0f} tok/s  "
           f"activation job {run.sample['n_tokens']:,} tokens in {t_job:6.2f} s "

@@ -38,10 +38,11 @@ def finalise_groups(con: duckdb.DuckDBPyConnection, loc: ResultsLocation, *, che
     """Join the layer groups of one checkpoint into its result: check every group's job file,
     build the notes exactly as ``weight_frame`` builds them for all layers at once (the
     groups' layer notes merged in layer order, then the undefined-value notes over the
-    joined rows, with the same ``app.jobs`` helpers), and write the checkpoint's
+    joined rows, with the helpers of ``analysis.notes`` that single jobs use), and write the checkpoint's
     ``job.parquet``, its completion marker, listing the group parts in layer order.
     The driver calls it only once every group succeeded."""
-    from app.jobs import _label, _merge_notes, _nonfinite_notes   # here: app.jobs imports torch
+    from analysis.notes import merge_notes, nonfinite_notes
+    from app.jobs import _label   # here: app.jobs imports torch, app.batch stays torch-free
 
     version = loc.metric_version
     notes: dict[str, str] = {}
@@ -58,7 +59,7 @@ def finalise_groups(con: duckdb.DuckDBPyConnection, loc: ResultsLocation, *, che
             raise BatchError(f"{url}: expected one row for checkpoint sha256 {sha256}, metric version "
                              f"{version}, layers {g[0]} to {g[1] - 1}, found {[tuple(r[:4]) for r in rows]}")
         _, _, _, _, group_notes, group_seconds, device, host = rows[0]
-        _merge_notes(notes, json.loads(group_notes) if group_notes else {})
+        merge_notes(notes, json.loads(group_notes) if group_notes else {})
         seconds += float(group_seconds or 0.0)
         devices += [device] if device not in devices else []
         hosts += [host] if host not in hosts else []
@@ -71,7 +72,7 @@ def finalise_groups(con: duckdb.DuckDBPyConnection, loc: ResultsLocation, *, che
     frame = pd.concat(frames, ignore_index=True)               # layer order, as one task would produce
     frame["head_label"] = [_label(layer, head, metric) for layer, head, metric
                            in zip(frame["layer"], frame["head"], frame["metric"])]
-    _nonfinite_notes(frame, notes)
+    nonfinite_notes(frame, notes)
     parts = [Path(loc.part(sha256, kind, g)).name for g in groups]
     job = pd.DataFrame([{
         "checkpoint_sha256": sha256, "path": path, "kind": kind, "metric_version": version,

@@ -469,7 +469,7 @@ def default_text(text: str, limit: int = 160) -> str:
 
 
 def _attention_section(row: pd.Series) -> None:
-    from app.jobs import MAX_TOKENS, SAMPLE_TEXT
+    from experiments.attention_maps import MAX_TOKENS, SAMPLE_TEXT
 
     if not Path(str(row["path"])).exists():
         return

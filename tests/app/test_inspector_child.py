@@ -39,7 +39,7 @@ def test_spectra_equal_the_float64_svd_of_the_heads_matrices(model_dir):
 
 
 def test_attention_maps_come_back_through_an_npy_file_exactly(model_dir, tmp_path):
-    from app.jobs import capture_activations
+    from experiments.attention_maps import capture_activations
 
     got = inspect_child.attention(str(model_dir), text="Hello there, world.", max_tokens=12, out=str(tmp_path))
     maps = inspect_child.read_maps(tmp_path, got)

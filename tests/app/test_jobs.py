@@ -9,6 +9,7 @@ import torch
 
 from analysis.registry import METRIC_VERSION, names
 from app import jobs
+from experiments import activation_runs, attention_maps
 from loaders.canonical import AttentionWeights, Checkpoint, ModelMeta
 from loaders.errors import StoreError
 from loaders.store import Store
@@ -132,7 +133,7 @@ def test_capture_matches_the_models_attention(tiny_gpt2):
     from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(tiny_gpt2) as ckpt:
-        cap = jobs.capture_activations(ckpt, device="cpu")
+        cap = attention_maps.capture_activations(ckpt, device="cpu")
         scale = ckpt.meta.attn_scale
     assert cap.tokenizer == "bytes" and len(cap.layers) == 2 and cap.logits_reason is None
     for lc in cap.layers:
@@ -162,7 +163,7 @@ def test_real_model_all_minilm(tmp_path):
     store = Store(tmp_path / "minilm.duckdb")
     cid = stored_id(store, folder)
     # 2 windows of its 512 positions: enough tokens (8 x d_head = 256) and windows for every interval
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=jobs.SampleSpec(tokens=1024))
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=activation_runs.SampleSpec(tokens=1024))
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
     assert a.sample["windows"] == 2 and (a.frame["n_tokens"] == 1024).all()
@@ -176,7 +177,7 @@ def test_real_model_all_minilm(tmp_path):
     from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(folder) as ckpt:
-        cap = jobs.capture_activations(ckpt, device="cpu")
+        cap = attention_maps.capture_activations(ckpt, device="cpu")
     assert cap.tokenizer == "tokenizer" and cap.tokens[0] == "[CLS]"
     model = transformers.AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(folder))
@@ -184,7 +185,7 @@ def test_real_model_all_minilm(tmp_path):
     h = model.encoder.layer[2].attention.self.key.register_forward_hook(
         lambda m, i, o: seen.setdefault("k", o.detach()))
     with torch.inference_mode():
-        model(**tok(jobs.SAMPLE_TEXT, return_tensors="pt", truncation=True, max_length=jobs.MAX_TOKENS))
+        model(**tok(attention_maps.SAMPLE_TEXT, return_tensors="pt", truncation=True, max_length=attention_maps.MAX_TOKENS))
     h.remove()
     k_model = seen["k"][0].view(-1, 12, 32).permute(1, 0, 2)         # [heads, T, d_head]
     torch.testing.assert_close(cap.layers[2].k, k_model, atol=1e-4, rtol=1e-4)
@@ -205,20 +206,20 @@ def test_own_checkpoint_capture_reproduces_attention_output(tmp_path, variant):
     path = tmp_path / "final_step_000010.safetensors"
     save_checkpoint(model, path, step=10, tokens=100, final=True, tc=TrainConfig())
     with open_checkpoint(path) as ckpt:
-        cap = jobs.capture_activations(ckpt, device="cpu")
+        cap = attention_maps.capture_activations(ckpt, device="cpu")
         w_o = ckpt.layer(1).W_O                                           # [H, d_head, d_model]
     assert cap.tokenizer == "bytes" and cap.logits_reason is None
     seen = {}
     hook = model.blocks[1].attn.register_forward_hook(lambda m, i, o: seen.setdefault("y", o[0]))
     with torch.inference_mode():
-        model(torch.tensor(list(jobs.SAMPLE_TEXT.encode())[:jobs.MAX_TOKENS])[None])
+        model(torch.tensor(list(attention_maps.SAMPLE_TEXT.encode())[:attention_maps.MAX_TOKENS])[None])
     hook.remove()
     lc = cap.layers[1]
     v = lc.v.repeat_interleave(2, 0)                                      # [H, T, d_head]
     y = torch.einsum("hts,hse,hed->td", lc.attn, v, w_o)
     torch.testing.assert_close(y, seen["y"], atol=1e-5, rtol=1e-4)
     with open_checkpoint(path) as ckpt:
-        run = jobs.corpus_activations(ckpt, device="cpu", sample=jobs.SampleSpec(tokens=512))
+        run = activation_runs.corpus_activations(ckpt, device="cpu", sample=activation_runs.SampleSpec(tokens=512))
     df, notes = run.frame, run.notes
     assert notes == {} and set(df["n_tokens"]) == {run.sample["n_tokens"]} and run.sample["n_tokens"] >= 512
     if variant in ("q_eq_k",):
@@ -256,9 +257,9 @@ def test_projection_sharing_checkpoint_activations(tmp_path, case):
     path = tmp_path / "final_model.pt"
     sd = _their_final_model(path, case)
     with open_checkpoint(path) as ckpt:
-        cap = jobs.capture_activations(ckpt, device="cpu")
+        cap = attention_maps.capture_activations(ckpt, device="cpu")
     assert cap.tokenizer == "bytes" and cap.logits_reason is None
-    idx = torch.tensor(list(jobs.SAMPLE_TEXT.encode())[:P])[None]    # n_positions caps the sample
+    idx = torch.tensor(list(attention_maps.SAMPLE_TEXT.encode())[:P])[None]    # n_positions caps the sample
     keys = []
     their_forward(sd, idx, PS_LM[case][3], PS_LM[case][1], capture=keys)
     assert len(cap.tokens) == P and len(cap.layers) == 2
@@ -289,7 +290,7 @@ def test_projection_sharing_run_folder(tmp_path):
     (folder / "model_config.yaml").write_text(yaml.safe_dump(their_config()))
     with open_checkpoint(folder) as ckpt:
         assert (ckpt.meta.architecture, ckpt.meta.variant) == ("projection_sharing", "k_eq_v")
-        cap = jobs.capture_activations(ckpt, device="cpu")
+        cap = attention_maps.capture_activations(ckpt, device="cpu")
     assert len(cap.layers) == 2 and cap.layers[0].logits is not None
 
 

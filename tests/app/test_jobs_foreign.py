@@ -10,6 +10,7 @@ import torch
 
 from analysis.registry import names
 from app import jobs
+from experiments import activation_runs, attention_maps, runnable
 from loaders.checkpoints import open_checkpoint
 from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
@@ -42,7 +43,7 @@ def test_llama2c_folder_attention_maps_are_the_models(tmp_path):
     write_bin(tmp_path / "model.bin", sd, version=1, **GEOM)
     write_tokenizer(tmp_path / "tokenizer.bin", *toy_pieces(300))
     with open_checkpoint(tmp_path) as ckpt:
-        cap = jobs.capture_activations(ckpt, text="the cat sat on the mat", device="cpu")
+        cap = attention_maps.capture_activations(ckpt, text="the cat sat on the mat", device="cpu")
     assert cap.tokenizer == "tokenizer.bin"
     assert cap.tokens[:2] == [" the", " cat"]
     ids = torch.tensor(toy_tokenizer_ids("the cat sat on the mat"))
@@ -73,7 +74,7 @@ def test_llama2c_bin_activations(tmp_path, version):
 def test_llama2c_without_tokenizer_samples_ids(tmp_path):
     write_bin(tmp_path / "model.bin", llama_state(), version=0, **GEOM)
     with open_checkpoint(tmp_path / "model.bin") as ckpt:
-        run = jobs.corpus_activations(ckpt, device="cpu")
+        run = activation_runs.corpus_activations(ckpt, device="cpu")
     assert run.sample["tokenizer"] == "sampled ids"
     note = run.notes["kv_cka_act"]
     assert note == ("inputs are token ids drawn uniformly from the vocabulary of 300, not the text: no "
@@ -105,12 +106,12 @@ def _char_nanogpt(folder, vocab=40):
 def test_char_level_nanogpt_reads_its_meta_pkl(tmp_path):
     path, meta = _char_nanogpt(tmp_path)
     with open_checkpoint(path) as ckpt:
-        cap = jobs.capture_activations(ckpt, text="the lazy dog", device="cpu")
-        run = jobs.corpus_activations(ckpt, device="cpu", sample=jobs.SampleSpec(tokens=256))
+        cap = attention_maps.capture_activations(ckpt, text="the lazy dog", device="cpu")
+        run = activation_runs.corpus_activations(ckpt, device="cpu", sample=activation_runs.SampleSpec(tokens=256))
     assert cap.tokenizer == "meta.pkl characters"
     assert "".join(cap.tokens) == "the lazy dog"[:12]
     assert run.sample["tokenizer"] == "meta.pkl characters"
-    text = jobs.SampleSpec(tokens=256).read().text[: 256 * 16]          # what the job tokenised
+    text = activation_runs.SampleSpec(tokens=256).read().text[: 256 * 16]          # what the job tokenised
     dropped = sum(c not in meta["stoi"] for c in text)
     assert dropped > 0 and run.notes == {m: f"{dropped} characters of the text are not in the meta.pkl "
                                             "characters vocabulary and were left out"
@@ -131,7 +132,7 @@ def test_char_level_meta_pkl_with_code_is_refused_and_ids_sampled(tmp_path):
     meta = tmp_path / "data" / "shakespeare_char" / "meta.pkl"
     meta.write_bytes(pickle.dumps({"stoi": Evil()}))
     with open_checkpoint(path) as ckpt:
-        run = jobs.corpus_activations(ckpt, device="cpu", sample=jobs.SampleSpec(tokens=256))
+        run = activation_runs.corpus_activations(ckpt, device="cpu", sample=activation_runs.SampleSpec(tokens=256))
     assert not marker.exists()
     assert run.sample["tokenizer"] == "sampled ids"
     assert run.notes["kv_cka_act"] == (
@@ -147,7 +148,7 @@ def test_stoi_in_the_checkpoint(tmp_path):
     ck["stoi"] = meta["stoi"]
     torch.save(ck, path)
     with open_checkpoint(path) as ckpt:
-        cap = jobs.capture_activations(ckpt, text="a fox", device="cpu")
+        cap = attention_maps.capture_activations(ckpt, text="a fox", device="cpu")
     assert cap.tokenizer == "stoi of the checkpoint" and cap.tokens == list("a fox")
 
 
@@ -172,10 +173,10 @@ def tiny_gpt2_zip(tmp_path):
 def test_hf_zip_runs_the_forward_pass(tiny_gpt2_zip):
     zp, folder = tiny_gpt2_zip
     with open_checkpoint(zp) as ckpt:
-        cap = jobs.capture_activations(ckpt, device="cpu")
+        cap = attention_maps.capture_activations(ckpt, device="cpu")
         scale = ckpt.meta.attn_scale
     with open_checkpoint(folder) as ckpt:
-        ref = jobs.capture_activations(ckpt, device="cpu")
+        ref = attention_maps.capture_activations(ckpt, device="cpu")
     assert cap.tokenizer == "bytes" and len(cap.layers) == 2
     for lc, lr in zip(cap.layers, ref.layers):
         torch.testing.assert_close(lc.attn, lr.attn)
@@ -194,7 +195,7 @@ def test_hf_zip_with_model_code_is_not_run(tmp_path, tiny_gpt2_zip):
         for f in sorted(folder.iterdir()):
             zf.write(f, f"gpt2-tiny/{f.name}")
     with open_checkpoint(evil) as ckpt:
-        with pytest.raises(jobs.NoForwardPass) as e:
-            jobs.capture_activations(ckpt, device="cpu")
-    assert str(e.value) == (f"{evil} (member gpt2-tiny): {jobs.REMOTE_CODE_NOTE} (modeling_evil.py beside it); "
+        with pytest.raises(runnable.NoForwardPass) as e:
+            attention_maps.capture_activations(ckpt, device="cpu")
+    assert str(e.value) == (f"{evil} (member gpt2-tiny): {runnable.REMOTE_CODE_NOTE} (modeling_evil.py beside it); "
                             "weight-level metrics only")

@@ -16,7 +16,7 @@ import torch
 
 from analysis.captures import fit_images
 from analysis.registry import names
-from app import jobs
+from experiments import activation_runs, attention_maps, runnable
 from loaders.checkpoints import open_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +47,9 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def run(folder: Path, **sample) -> jobs.ActivationRun:
+def run(folder: Path, **sample) -> activation_runs.ActivationRun:
     with open_checkpoint(folder) as ckpt:
-        return jobs.corpus_activations(ckpt, device="cpu", sample=jobs.SampleSpec(tokens=TOKENS, **sample))
+        return activation_runs.corpus_activations(ckpt, device="cpu", sample=activation_runs.SampleSpec(tokens=TOKENS, **sample))
 
 
 def assert_rows(frame, layers: list[int], n_tokens: int) -> None:
@@ -113,8 +113,8 @@ def test_full_clip_vision_tower_on_images_text_tower_on_text(folders):
     assert got.sample["towers"]["vision"]["tokenizer"] == "image patches"
     assert got.sample["towers"]["text"]["tokenizer"] == "bytes" and got.sample["towers"]["text"]["window"] == 32
     assert got.notes["kv_cosine_act"].startswith("vision tower: inputs: 10 validation images of digits")
-    with open_checkpoint(folders["clip"]) as ckpt, pytest.raises(jobs.NoForwardPass, match="a vision model reads images"):
-        jobs.capture_activations(ckpt, device="cpu")
+    with open_checkpoint(folders["clip"]) as ckpt, pytest.raises(runnable.NoForwardPass, match="a vision model reads images"):
+        attention_maps.capture_activations(ckpt, device="cpu")
 
 
 @pytest.mark.slow

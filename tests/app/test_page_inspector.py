@@ -354,7 +354,7 @@ def test_attention_grid_of_all_heads_enlarges_one_and_stays_small_at_2048_tokens
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from app.attention_view import GRID_BINS, LARGE_BINS
-    from app.jobs import SAMPLE_TEXT
+    from experiments.attention_maps import SAMPLE_TEXT
 
     torch.manual_seed(0)
     folder = tmp_path / "gpt2-long"

@@ -284,7 +284,8 @@ def test_analyze_activations_of_a_vit_runs_on_validation_images(tmp_path):
 
 
 def test_attention_maps_of_a_vit_say_why_not(tmp_path):
-    from app.jobs import NoForwardPass, capture_activations
+    from experiments.attention_maps import capture_activations
+    from experiments.runnable import NoForwardPass
     from loaders.checkpoints import open_checkpoint
 
     data = load_images("digits", max_images=100)

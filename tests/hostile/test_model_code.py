@@ -79,7 +79,7 @@ def test_analyze_with_yes_on_stdin_runs_no_model_code(tmp_path, case):
 
 
 def test_model_code_reason_names_what_it_found(tmp_path):
-    from app.jobs import model_code_reason
+    from experiments.runnable import model_code_reason
 
     plain = tmp_path / "plain"
     plain.mkdir()
