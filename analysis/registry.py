@@ -229,6 +229,16 @@ def names(level: str | None = None, family: str | None = None) -> list[str]:
             and (family is None or m.family == family)]
 
 
+#: Axes with one value per (query or kv) head: what the pages' head heatmaps can show.
+PER_HEAD_AXES = ("head", "kv_head", "head+layer")
+
+
+def head_metrics() -> list[str]:
+    """Metrics with a value per head (``PER_HEAD_AXES``), in registry order, plugins included
+    (called when a page renders, so a metric registered after import is listed)."""
+    return [m.name for m in METRICS if m.axis in PER_HEAD_AXES]
+
+
 def describe() -> pd.DataFrame:
     """The registry as a table (name, level, axis, family, help) for pages and docs."""
     return pd.DataFrame([m.__dict__ for m in METRICS], columns=["name", "level", "axis", "family", "help"])

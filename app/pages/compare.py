@@ -24,7 +24,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
+from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics
 from app import charts, pickers, tables
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
                        store_at, stored_notes, checkpoint_choices, analysis_results as _results)
@@ -37,7 +37,6 @@ ICON = ":material/compare:"
 ORDER = 50
 URL_PATH = "compare"
 
-HEAD_METRICS = [m.name for m in METRICS if m.axis in ("head", "kv_head", "head+layer")]
 
 
 
@@ -142,7 +141,7 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
     geo = ckpts.set_index("id")
     shape_a = tuple(int(geo.loc[a, k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
     shape_b = tuple(int(geo.loc[b, k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
-    available = [m for m in HEAD_METRICS if m in set(ra["metric"]) and m in set(rb["metric"])]
+    available = [m for m in head_metrics() if m in set(ra["metric"]) and m in set(rb["metric"])]
     if not available:
         st.caption("No per-head metric is stored for both checkpoints.")
         return
@@ -219,7 +218,7 @@ def _trajectories(store) -> None:
     version = data_version(store)
     res = results_over_checkpoints(str(store.path), version, tuple(int(c) for c in ck["checkpoint_id"]))
     per_layer = tables.head_means(res[res["run_id"] == run])
-    available = [m for m in HEAD_METRICS if m in set(per_layer["metric"])]
+    available = [m for m in head_metrics() if m in set(per_layer["metric"])]
     if not available:
         st.caption("No per-head metrics stored for this run's checkpoints.")
         return

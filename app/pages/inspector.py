@@ -37,8 +37,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from analysis.chance import WEIGHT_CHANCE
-from analysis.registry import BY_NAME, METRIC_VERSION, METRICS
+from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
 from app import attention_view, charts, pickers, tables
 from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
                        checkpoints_frame as _checkpoints, analysis_results as _results)
@@ -53,13 +52,8 @@ URL_PATH = "inspector"
 SOURCES = {"stored": "Stored", "upload": "Upload", "path": "Server path"}
 UPLOAD_TYPES = ["safetensors", "json", "bin", "pt", "pth", "ckpt", "zip", "model", "txt"]
 #: Per-head metrics for the heatmap, in registry order.
-HEAD_METRICS = [m.name for m in METRICS if m.axis in ("head", "kv_head", "head+layer")]
-ABSORB = ["wq_condition", "wq_basis_orth_defect", "wq_absorb_error"]
+ABSORB = names(family="query_absorb")   # wq_condition, wq_basis_orth_defect, wq_absorb_error
 KV_FIT = ["kv_share_r2", "kv_cka", "kv_cosine_flat", "kv_share_r2_act", "kv_cka_act"]
-#: How an activation metric's chance level is defined (``analysis.activations``).
-ACTIVATION_CHANCE = ("the same metric of the same captured layer input projected through random Gaussian "
-                     "matrices of the head's shapes (median over draws and heads): it keeps the input's "
-                     "anisotropy and the token count")
 #: What each tie of ``analysis.tied.tied_layer`` means, for the message.
 TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_v": "W_K = W_V",
         "q_eq_v": "W_Q = W_V"}
@@ -361,16 +355,14 @@ def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
 
 
 def chance_definition(metric: str) -> str:
-    """How ``metric``'s chance level is defined (``analysis.chance.WEIGHT_CHANCE`` for weights)."""
-    if BY_NAME[metric].level == "activations":
-        return ACTIVATION_CHANCE
-    return WEIGHT_CHANCE.get(metric, "not defined")
+    """How ``metric``'s chance level is defined: its registry row's ``chance_help``."""
+    return BY_NAME[metric].chance_help if metric in BY_NAME else "not defined"
 
 
 @st.fragment
 def _heatmap(results: pd.DataFrame, notes: dict[str, str]) -> None:
     """The metric picker and its heatmap: a fragment, so a new metric reruns only this part."""
-    available = [m for m in HEAD_METRICS if m in set(results["metric"])]
+    available = [m for m in head_metrics() if m in set(results["metric"])]
     if not available:
         st.caption("No per-head metrics stored for this checkpoint.")
         return
