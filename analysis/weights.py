@@ -19,14 +19,19 @@ the metrics that need it, three
 batched float64 eigen-decompositions of ``[n_heads, d_head, d_head]`` stacks
 (W_Q, W_O, ``M_h``), small ones for the kv heads and the stacked K and V, and
 for the query-absorbability metrics one LU factorisation of the stacked
-``d_model x d_model`` W_Q with two Lanczos runs (``query_absorb``): the only
-``O(d_model^3)`` step, and on a CPU most of the time.
+``d_model x d_model`` W_Q with Lanczos runs (``query_absorb``), the
+``O(d_model^3)`` floor. The layer-level ``qk_symmetry`` and ``qk_directionality``
+come from thin float64 pieces of ``M = W_Q W_K^T`` when the stacked kv heads are
+narrow (``d_model >= qk_geometry.DENSE_BELOW * n_kv_heads * d_head``), else from ``M``
+formed once in float32 (``qk_geometry.dense_layer_scores``: a full multi-head
+layer's thin pieces are five ``d_model x d_model`` float64 products, 13 of the 17
+CPU seconds of a Llama-2-7B layer before).
 
 Precision: every Gram and cross product is accumulated in float64 from the
 float32 weights and every decomposition is float64 (``_linalg``), so the
 spectra, ``kv_share_r2`` and the norms equal a float64 reference computed from
 the matrices themselves to ~1e-6 relative or better at condition numbers up
-to 1e6; ``wq_condition`` and ``wq_basis_orth_defect`` come from a float32 LU,
+to 1e6 (the dense layer-level scores: float32 accumulation, ~1e-6); ``wq_condition`` and ``wq_basis_orth_defect`` come from a float32 LU,
 redone in float64 when its condition estimate exceeds ``query_absorb.REDO_CONDITION``
 (``query_absorb`` explains). ``tests/analysis/test_precision.py`` checks all of this.
 
