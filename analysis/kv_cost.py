@@ -72,14 +72,14 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.gpus import GB, GIB, GPU
-from analysis.variants import ALL_VARIANTS
+from analysis.variants import ALL_VARIANTS, n_cached
 # The model half, re-exported so ``from analysis.kv_cost import Geometry, ...`` keeps working
 # (presets, paper_claims, the page, the command and the tests import from here).
 from analysis.kv_geometry import (  # noqa: F401
     DTYPE_ALIASES, DTYPE_BITS, KV_TIED, Q_DROPPED, QUANTISED, VARIANT_LABELS, VARIANTS, Attention, Geometry,
     attention_flops_per_pair, attention_params, baseline_attention, bytes_per_element, cache_layers,
     cached_tokens, causal_pairs, check_kv_heads, effective_window, embedding_params, formula_params,
-    geometry_from_info, kv_bytes_per_token, n_cached, native_attention, normalise_dtype, params,
+    geometry_from_info, kv_bytes_per_token, native_attention, normalise_dtype, params,
     standard_configs,
 )
 

@@ -38,8 +38,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from analysis.errors import AnalysisError
-from analysis.variants import ALL_VARIANTS, KV_TIED, Q_DROPPED, VARIANTS, n_cached, sharing
+from analysis.variants import ALL_VARIANTS, KV_TIED, Q_DROPPED, VARIANTS, sharing
 from analysis.variants import LABELS as VARIANT_LABELS
+from analysis.variants import kv_bytes_per_token as variant_kv_bytes
 
 #: Bits per element of each cache / weight dtype name; int8 and int4 also carry
 #: one group of scale (+ zero point) bytes per ``group_size`` elements.
@@ -292,7 +293,7 @@ def kv_bytes_per_token(geometry: Geometry, attention: Attention, kv_dtype: str =
     check_kv_heads(geometry.name, geometry.n_heads, nkv)
     if attention.variant not in ALL_VARIANTS:
         raise AnalysisError(f"variant must be one of {', '.join(ALL_VARIANTS)}, got {attention.variant!r}")
-    return layers * n_cached(attention.variant) * nkv * geometry.d_head * b
+    return variant_kv_bytes(attention.variant, layers, nkv, geometry.d_head, b)
 
 
 def cache_layers(geometry: Geometry, attention: Attention) -> int:

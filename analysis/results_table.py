@@ -113,7 +113,7 @@ def kv_bytes_per_token(variant: str, n_layers, n_kv_heads, d_head, bytes_per_ele
     L, G, dh, b = (_int_or_none(v) for v in (n_layers, n_kv_heads, d_head, bytes_per_elem))
     if None in (L, G, dh, b):
         return None
-    return L * V.n_cached(variant) * G * dh * b
+    return V.kv_bytes_per_token(variant, L, G, dh, b)
 
 
 def _per_run_value(values: pd.DataFrame, metric: str, statistic: str, overrides) -> pd.Series:

@@ -20,7 +20,7 @@ one layer's canonical tensors (``W_Q [n_heads, d_model, d_head]`` or None,
 float64 and run head by head (no float64 copy of a whole projection); two
 all-zero matrices are equal.
 
-``tied_variant`` names the checkpoint's variant with ``loaders.canonical.VARIANTS``.
+``tied_variant`` names the checkpoint's variant with ``analysis.variants.VARIANTS``.
 """
 from __future__ import annotations
 

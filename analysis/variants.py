@@ -71,6 +71,15 @@ def n_cached(variant: str) -> int:
     return 1 if variant in KV_TIED else 2
 
 
+def kv_bytes_per_token(variant: str, n_layers: int, n_kv_heads: int, d_head: int,
+                       bytes_per_elem: float) -> float:
+    """The KV-cache bytes one token adds to a stack of attention layers (DESIGN.md, "KV-cache and
+    serving cost"): ``n_layers * n_cached(variant) * n_kv_heads * d_head * bytes_per_elem``.
+    The one place the formula is written: the calculator, the store's checkpoints, the Results
+    table and the trainer's config all call it (latent attention, MLA, caches a latent instead)."""
+    return n_layers * n_cached(variant) * n_kv_heads * d_head * bytes_per_elem
+
+
 def label(variant: str | None) -> str:
     """The paper label of a stored variant name (the name itself if unknown)."""
     return LABELS.get(str(variant), str(variant))

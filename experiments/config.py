@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Mapping
 
-from analysis.variants import ALL_VARIANTS as VARIANTS, PLUS, n_cached
+from analysis.variants import ALL_VARIANTS as VARIANTS, PLUS, kv_bytes_per_token, n_cached
 
 NORMS = ("layernorm", "rmsnorm", "none")
 TASKS = ("language", "image")
@@ -107,7 +107,7 @@ class GPTConfig:
 
     def kv_bytes_per_token(self, bytes_per_elem: int = 4) -> int:
         """n_layer * n_cached * n_kv_heads * d_head * bytes_per_elem."""
-        return self.n_layer * self.n_cached * self.n_kv_heads * self.d_head * bytes_per_elem
+        return kv_bytes_per_token(self.variant, self.n_layer, self.n_kv_heads, self.d_head, bytes_per_elem)
 
     def to_dict(self) -> dict:
         return asdict(self)

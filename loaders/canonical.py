@@ -57,7 +57,7 @@ from typing import Callable, Iterator
 import torch
 
 # variant facts live in the leaf; re-exported here for callers that import them from loaders
-from analysis.variants import KV_TIED, VARIANTS, n_cached  # noqa: F401
+from analysis.variants import kv_bytes_per_token as variant_kv_bytes
 
 QK_NORMS = ("none", "head", "layer")
 NORMS = ("layernorm", "rmsnorm", "none")
@@ -163,7 +163,7 @@ class ModelMeta:
         if self.latent is not None:
             return self.n_layers * self.latent.cache_width * per
         stacks = self.towers or (self,)
-        return sum(t.n_layers * n_cached(self.variant) * t.n_kv_heads * t.d_head * per for t in stacks)
+        return sum(variant_kv_bytes(self.variant, t.n_layers, t.n_kv_heads, t.d_head, per) for t in stacks)
 
     def tower_of(self, layer: int) -> Tower | None:
         """The tower holding ``layer``, None for a one-stack checkpoint."""

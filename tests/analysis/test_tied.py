@@ -8,7 +8,8 @@ import torch
 
 from analysis import tied
 from analysis._linalg import identity_queries
-from loaders.canonical import VARIANTS, AttentionWeights
+from analysis.variants import VARIANTS
+from loaders.canonical import AttentionWeights
 
 D, E = 32, 8
 

@@ -49,3 +49,16 @@ def test_plus_variants_share_their_base_projections():
         assert (plus in variants.Q_TIED) == (b in variants.Q_TIED)
         assert (plus in variants.KV_TIED) == (b in variants.KV_TIED)
     assert variants.label("q_eq_k_eq_v_plus") == "(Q=K=V)+"
+
+
+def test_kv_bytes_formula_is_written_once():
+    """DESIGN.md's n_layers * n_cached * n_kv_heads * d_head * bytes, and its callers agree with it."""
+    from analysis.results_table import kv_bytes_per_token as table_bytes
+    from experiments.config import GPTConfig
+
+    assert variants.kv_bytes_per_token("qkv", 32, 8, 128, 2) == 32 * 2 * 8 * 128 * 2
+    assert variants.kv_bytes_per_token("k_eq_v", 32, 8, 128, 2) == 32 * 1 * 8 * 128 * 2
+    assert variants.kv_bytes_per_token("q_eq_k_eq_v_plus", 2, 1, 16, 4) == 2 * 1 * 1 * 16 * 4
+    assert table_bytes("k_eq_v", 4, 2, 16, 2) == 4 * 1 * 2 * 16 * 2
+    cfg = GPTConfig(n_layer=4, n_head=4, n_kv_heads=2, d_model=64, variant="q_eq_k")
+    assert cfg.kv_bytes_per_token(2) == 4 * 2 * 2 * 16 * 2
