@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from analysis.variants import KV_TIED, Q_TIED
 from loaders import layouts
 from loaders.canonical import Checkpoint
 from loaders.errors import CheckpointFormatError, UnknownArchitectureError
@@ -98,9 +99,9 @@ def count_nonfinite(ckpt: Checkpoint) -> int:
     A tied tensor is counted once (``W_Q`` of ``q_eq_k``, ``W_V`` of ``k_eq_v``)."""
     variant = ckpt.meta.variant
     skip = set()
-    if variant in ("q_eq_k", "q_eq_k_eq_v"):
+    if variant in Q_TIED:
         skip |= {"W_Q", "b_Q"}
-    if variant in ("k_eq_v", "q_eq_k_eq_v"):
+    if variant in KV_TIED:
         skip |= {"W_V", "b_V"}
     total = 0
     with torch.inference_mode():

@@ -3,7 +3,7 @@
 A ``TensorSource`` is what a checkpoint file (or folder, or zip) looks like
 once its container format is understood but before its layout is: a flat
 mapping of tensor names to lazily readable tensors, plus whatever configuration
-came with it. File formats (``loaders/sources.py``) produce sources; layout
+came with it. File formats (``loaders/sources/``) produce sources; layout
 converters (``loaders/layouts/``) consume them.
 
 * ``keys()``: every tensor name, prefixes such as ``_orig_mod.`` or
