@@ -52,13 +52,19 @@ def validate(path: str | Path) -> None:
     p = Path(path)
     if not p.exists():
         raise CheckpointFormatError(p, f"no such file or folder; {EXPECTED}")
+    configs: set[Path] = set()
     if p.is_dir():
-        files = _folder_plan(p).files
+        plan = _folder_plan(p)
+        files = plan.files
+        if plan.config_file is not None:     # config.json / model_config.yaml: read as config, not sniffed
+            configs.add(plan.config_file)
     elif p.name.endswith(".index.json"):
         files = [f for f in _index_shard_paths(p) if f.is_file()]
     else:
         files = [p]
     for f in files:
+        if f in configs:
+            continue
         if f.suffix.lower() != ".json" and f.is_file() and _file_kind(f) == "safetensors":
             entries, _, start = _read_safetensors_header(f)
             fd = os.open(f, os.O_RDONLY)
