@@ -42,6 +42,7 @@ from typing import NamedTuple
 import torch
 
 from analysis._linalg import clean_eigh, cross, gram
+from analysis.errors import AnalysisError
 
 
 class KVProducts(NamedTuple):
@@ -57,7 +58,6 @@ class KVProducts(NamedTuple):
 
 
 def _check(k: torch.Tensor, v: torch.Tensor) -> None:
-    from analysis.errors import AnalysisError
     if k.dim() != 3 or k.shape != v.shape:
         raise AnalysisError(
             f"K/V similarity: expected K and V of one shape [heads, rows, d_head], "

@@ -194,7 +194,7 @@ def _standardise(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _ols(X: np.ndarray, y: np.ndarray):
-    from sklearn.linear_model import LinearRegression
+    from sklearn.linear_model import LinearRegression  # here: scikit-learn loads only when a regression is fitted
 
     return LinearRegression().fit(X, y)
 
@@ -250,6 +250,7 @@ def fit_partial_dependence(X: np.ndarray, y: np.ndarray, *, direction: str, seed
                            grid: int = PD_GRID) -> dict:
     """Partial dependence of a gradient-boosted tree model's prediction on ``u = X[:, 0]``
     (see module docstring): ``pd_u`` (grid), ``pd_values``, ``pd_best_u``, ``pd_range``, ``pd_slope``."""
+    # here: scikit-learn loads only when a regression is fitted
     from sklearn.ensemble import GradientBoostingRegressor
     from sklearn.inspection import partial_dependence
 

@@ -7,6 +7,7 @@ Curves use ``Scattergl`` so ten runs of 2,000 points draw instantly.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -675,8 +676,6 @@ def _wd_x(wd: pd.Series, zero_at: float | None) -> pd.Series:
 
 def _group_sharing(group: str) -> str | None:
     """The head sharing a weight-decay group label names (``"n_kv_heads=1"`` with ``n_head=4``), if any."""
-    import re
-
     kv = re.search(r"n_kv_heads=(\d+)", str(group))
     heads = re.search(r"n_heads?=(\d+)", str(group))
     if kv and heads:
@@ -737,7 +736,6 @@ def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str =
     data = points[points["weight_decay"] >= 0].assign(x=lambda d: _wd_x(d["weight_decay"], zero_at))
     kinds = list(SHARING_DASH)[:3]
     within: dict[str, int] = {}
-    import re
 
     shown = wd_task_shown(data)
     kvs = [int(m.group(1)) for m in (re.search(r"n_kv_heads=(\d+)", str(g)) for g in data["group"].unique()) if m]

@@ -118,6 +118,7 @@ class HostGuard:
 def install(allowed: Iterable[str]) -> None:
     """Wrap the application Streamlit's server builds in ``HostGuard``; raise
     ``RuntimeError`` when this Streamlit builds it some other way."""
+    # here: streamlit internals, the launched server only
     from streamlit.web.server.starlette import starlette_server
 
     original = getattr(starlette_server, "create_starlette_app", None)
@@ -141,7 +142,7 @@ def main(argv: list[str]) -> int:
     except (ImportError, RuntimeError) as exc:
         print(f"error: {exc}; not starting the dashboard unguarded", file=sys.stderr)
         return 2
-    from streamlit.web import cli
+    from streamlit.web import cli  # here: streamlit loads only when the server starts
 
     flags = [a for h in allowed for a in ("--server.allowedHosts", h)]
     sys.argv = ["streamlit", *argv, *flags]

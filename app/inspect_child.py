@@ -42,7 +42,7 @@ MAPS_FILE = "maps.npy"
 def singular_values(a):
     """Singular values of the tensor ``a: [rows, cols]``, descending, float64
     (``torch.linalg.svdvals`` of the float64 matrix; ``min(rows, cols)`` values)."""
-    import torch
+    import torch  # here: the server imports this module without torch; torch loads in the child
 
     return torch.linalg.svdvals(a.to(torch.float64))
 
@@ -51,7 +51,7 @@ def spectra(path: str, *, layer: int, head: int) -> list[list]:
     """Rows ``[projection, index, sigma]`` for ``W_Q[h], W_K[g], W_V[g], W_O[h]`` of one
     layer of the checkpoint at ``path`` (``g = h // (n_heads / n_kv_heads)``, the query
     head's kv head; ``W_Q`` left out when the checkpoint has none). Reads that layer only."""
-    import torch
+    import torch  # here: the server imports this module without torch; torch loads in the child
 
     from loaders.checkpoints import open_checkpoint
 
@@ -71,7 +71,7 @@ def spectra(path: str, *, layer: int, head: int) -> list[list]:
 def ties(path: str) -> list[dict]:
     """Per layer, which projections are equal to float tolerance (``analysis.tied.tied_layer``),
     reading one layer at a time."""
-    from analysis.tied import tied_layer
+    from analysis.tied import tied_layer  # here: runs in the reading child (torch)
     from analysis.weights import default_device
     from loaders.checkpoints import open_checkpoint
 
@@ -86,7 +86,7 @@ def attention(path: str, *, text: str, max_tokens: int, out: str) -> dict:
     Returns ``{"tokens", "shape", "file", "reason"}``: ``file`` None and ``reason`` set when
     there are no maps (no forward pass is possible, or the model returned none).
     """
-    import torch
+    import torch  # here: the server imports this module without torch; torch loads in the child
 
     from experiments.attention_maps import capture_activations
     from experiments.runnable import NoForwardPass

@@ -113,6 +113,7 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
 def tied_checkpoint(ckpt: Checkpoint, *, device: str | None = None) -> dict:
     """Which projections are tied, read from the tensors layer by layer (``analysis.tied``):
     ``{"variant": tied variant, "layout_variant": the layout's, "agree": bool, "layers": [...]}``."""
+    # here: torch loads where tensors are read, not at CLI start
     from analysis.tied import tied_layer, tied_variant
 
     layers = [tied_layer(layer, ckpt.meta.layer_meta(layer.layer), device=device) for layer in ckpt.layers()]
@@ -248,7 +249,7 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
 def compute_jobs(path: str, *, kinds: list[str], device: str, text: str | None = None,
                  tokens: int | None = None, images: str | None = None) -> list[dict]:
     """``_compute`` on the checkpoint at ``path``: the body ``analyze`` runs in the child process."""
-    from loaders.checkpoints import open_checkpoint
+    from loaders.checkpoints import open_checkpoint  # here: torch loads when a checkpoint is opened
 
     with open_checkpoint(path) as ckpt:
         return _compute(ckpt, list(kinds), device, SampleSpec(text, tokens, images))

@@ -24,6 +24,8 @@ from typing import Any, Mapping
 import pandas as pd
 import streamlit as st
 
+from analysis.variants import VARIANTS
+
 #: Prefix of the temporary folder an upload is written to (``upload_folder``).
 UPLOAD_PREFIX = "qkvscope-upload-"
 #: Suffixes of the files uploaded beside the weights (named after them in a folder name).
@@ -223,8 +225,6 @@ def default_pair(choices: pd.DataFrame) -> tuple[int, int]:
     the latest step first. Without such a pair: two checkpoints of one geometry, else the first
     and the last. ``choices``: ``loaders.checkpoint_labels.checkpoint_choices`` rows (at least one).
     """
-    from analysis.variants import VARIANTS
-
     ids = [int(i) for i in choices["id"]]
     frame = choices.assign(id=choices["id"].astype(int))
     for setting in SETTINGS:

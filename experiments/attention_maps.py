@@ -33,7 +33,7 @@ def sample_tokens(text: str, tok, vocab: int, max_tokens: int) -> tuple[torch.Te
     """``(ids [T], pieces as text, how)`` of the first ``max_tokens`` tokens of ``text``: through a
     ``loaders.vocab`` vocabulary (``SampledIds``: drawn ids), a transformers tokenizer, else UTF-8
     bytes (needs ``vocab >= 256``); fewer than 2 tokens is ``NoForwardPass``."""
-    from loaders.vocab import SampledIds, Vocabulary
+    from loaders.vocab import SampledIds, Vocabulary  # here: only a forward pass needs a vocabulary
 
     if isinstance(tok, Vocabulary):
         ids = tok.sample(max_tokens) if isinstance(tok, SampledIds) else tok.encode(text)[:max_tokens]

@@ -37,7 +37,9 @@ import torch
 from analysis.captures import MAX_WINDOW
 from analysis.notes import merge_notes, nonfinite_notes
 from analysis.registry import RESULT_COLUMNS
+from experiments.foreign import ForeignCheckpointError, runnable
 from loaders.canonical import Checkpoint
+from loaders.sources import open_source
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
 
@@ -127,7 +129,7 @@ def _where(src, path: Path) -> Path:
 def _vocabulary(arch: str, where: Path, src, vocab: int):
     """The checkpoint's ``loaders.vocab`` vocabulary; else None (UTF-8 bytes) for a vocabulary
     of 256 ids or more, or ``SampledIds`` (Llama ids are not bytes; below 256 bytes do not fit)."""
-    from loaders.vocab import SampledIds, find_vocabulary
+    from loaders.vocab import SampledIds, find_vocabulary  # here: only a forward pass needs a vocabulary
 
     found, why = find_vocabulary(where, extras=dict(src.extras or {}), config=dict(src.config or {}),
                                  vocab_size=vocab, llama2c=arch == "llama_meta")
@@ -144,9 +146,6 @@ def _vocabulary(arch: str, where: Path, src, vocab: int):
 def foreign_model(ckpt: Checkpoint):
     """nanoGPT / Llama / query-free / projection-sharing weights, re-read whole, as a GPT,
     with the vocabulary found beside them."""
-    from experiments.foreign import ForeignCheckpointError, runnable
-    from loaders.sources import open_source
-
     meta = ckpt.meta
     src = open_source(ckpt.path)
     try:
@@ -167,7 +166,6 @@ def hf_zip_model(path: Path):
     """A zip of a Hugging Face folder: extracted (``loaders.sources.ZipSource``), run from
     the extracted folder (the model-code refusal included), the folder deleted after loading;
     None when the zip holds no Hugging Face folder."""
-    from loaders.sources import open_source
 
     src = open_source(path)
     try:

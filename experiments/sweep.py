@@ -13,6 +13,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -69,9 +70,6 @@ def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
     run folders a restarted sweep also writes; a daemon thread polls the
     parent pid and exits the worker at once when it changes.
     """
-    import os
-    import threading
-
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(interval)

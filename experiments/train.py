@@ -56,6 +56,7 @@ from experiments.corpus import Corpus, get_batch, load_corpus
 from experiments.distributed import Dist, check_global_batch
 from experiments.config import GPTConfig, TrainConfig  # noqa: F401  (TrainConfig: callers import it from here)
 from experiments.model import GPT
+from experiments.vision import ViT
 from loaders.errors import FileError
 
 if TYPE_CHECKING:
@@ -127,8 +128,6 @@ class ImageTask:
         self.data, self.mc, self.info = data, mc, data.info
 
     def build(self):
-        from experiments.vision import ViT
-
         return ViT(self.mc)
 
     def tokens_per_step(self, batch_size: int) -> int:
@@ -290,7 +289,7 @@ def train(mc: GPTConfig, tc: TrainConfig, out: str | Path, *, resume: bool = Fal
     ignored); only rank 0 writes files and calls ``progress``; every rank
     returns the summary (non-zero ranks compute it without reading the folder).
     """
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # here: TensorBoard loads only when a run writes events
 
     out = Path(out)
     main = dist is None or dist.is_main

@@ -83,7 +83,7 @@ def default_patch_size(image_size: int) -> int:
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray, dict]:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # here: scikit-learn loads only for the digits
 
     d = load_digits()
     x = d.images.astype(np.float32)                       # (1797, 8, 8), values 0..16
@@ -105,7 +105,7 @@ def _npz(path: Path) -> tuple[np.ndarray, np.ndarray, dict]:
 
 
 def _folder(path: Path) -> tuple[np.ndarray, np.ndarray, dict]:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # here: Pillow loads only for a folder of images
 
     classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
     if len(classes) < 2:

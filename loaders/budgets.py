@@ -167,7 +167,7 @@ def load_yaml(path: Path):
     Raises ``BudgetExceeded`` before the expansion is built, ``yaml.YAMLError``
     and ``UnicodeDecodeError`` for broken files.
     """
-    import yaml
+    import yaml  # here: only a YAML file needs it
     from yaml.events import AliasEvent
     from yaml.nodes import MappingNode, SequenceNode
 

@@ -20,6 +20,7 @@ from loaders import layouts
 from loaders.canonical import Checkpoint
 from loaders.errors import CheckpointFormatError, UnknownArchitectureError
 from loaders.filecheck import check_openable
+from loaders.sources import open_source
 from loaders.tensor_source import TensorSource
 
 #: Substrings that make a tensor name "attention-like" in error messages.
@@ -64,7 +65,6 @@ def checkpoint_from_source(source: TensorSource, *, close: bool = True) -> Check
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """Open ``path`` (file, Hugging Face folder or zip) as a canonical Checkpoint.
     Use it as a context manager, or call ``close()``."""
-    from loaders.sources import open_source
 
     check_openable(path)
     return checkpoint_from_source(open_source(path))
@@ -136,7 +136,6 @@ def inspect_checkpoint(path: str | Path) -> dict:
     geometry, ``params``, ``kv_bytes_per_token``, ``config``) plus ``path``,
     ``nonfinite`` (NaN/Inf count over the attention weights) and ``step``
     (the source's ``step``/``iter_num`` when it has one)."""
-    from loaders.sources import open_source
 
     check_openable(path)
     source = open_source(path)

@@ -13,6 +13,8 @@ without token counts) are left out.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
@@ -335,7 +337,6 @@ def latest_run_checkpoints(store: Store) -> pd.DataFrame:
 def stored_job_notes(store: Store, checkpoint_id: int, kinds, metric_version: int) -> dict[str, str] | None:
     """The merged ``notes`` of stored analysis jobs of these ``kinds`` at ``metric_version``,
     or None when any of them is not stored (the analysis still has to run)."""
-    import json
 
     kinds = list(kinds)
     with store.connect() as con:

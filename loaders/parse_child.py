@@ -66,7 +66,10 @@ from typing import Callable, Iterable
 
 from loaders.budgets import budget, memory_exceeded, memory_limit_bytes, time_exceeded
 from loaders.errors import DatabaseBusyError, FileError, QkvscopeError, StoreError
+from loaders.ingest import link_checkpoints, scan
+from loaders.ingest import watch as poll
 from loaders.report import FileReport, IngestReport
+from loaders.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 Progress = Callable[[int, int, str], None]  # (done, total, current path)
@@ -257,8 +260,6 @@ def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | Non
     that kills or stalls the child is one ``error`` report and the next file
     gets a fresh child.
     """
-    from loaders.ingest import link_checkpoints, scan
-
     own = reader is None
     reader = reader or Reader()
     report = IngestReport()
@@ -302,8 +303,6 @@ def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,
           on_busy: Callable[[DatabaseBusyError], None] | None = None,
           stop: Callable[[], bool] | None = None) -> None:
     """``loaders.ingest.watch`` (its polling loop) with one child kept across polls."""
-    from loaders.ingest import watch as poll     # here: loaders.ingest imports this module
-
     with Reader() as reader:
         poll(store, paths, interval=interval, on_report=on_report, on_busy=on_busy, stop=stop,
              ingest=lambda store, paths: ingest_paths(store, paths, reader=reader))
@@ -382,8 +381,6 @@ def call(target: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOU
 # -- the child -------------------------------------------------------------
 
 def _run(req: dict):
-    from loaders.store import Store
-
     path = Path(req["path"])
     if req["op"] == "classify":
         from loaders.ingest import _classify
@@ -419,7 +416,7 @@ def address_space() -> int:
 def _die_with_parent() -> None:
     """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``): a
     ``kill -9`` of ``ingest`` must not leave a child that goes on writing."""
-    import ctypes
+    import ctypes  # here: Linux only, the child only
 
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # 1 = PR_SET_PDEATHSIG
@@ -430,7 +427,7 @@ def _die_with_parent() -> None:
 
 
 def main() -> int:
-    import resource
+    import resource  # here: the child only
 
     from loaders.filecheck import failure, out_of_memory
 

@@ -48,6 +48,7 @@ def main() -> int:
         cap = min(cap, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
+    # imported under the address-space limit set above, so what DuckDB maps counts toward it
     import duckdb
     import pyarrow as pa
 

@@ -124,7 +124,7 @@ def find_vocabulary(path: str | Path, *, extras: dict, config: dict, vocab_size:
     ``extras``/``config``: the source's; ``llama2c``: look for a llama2.c tokenizer.
     A ``meta.pkl`` that asks to import code is refused (``UnsafeCheckpointError``'s
     message joins the reasons) and nothing of it runs."""
-    from loaders.llama2c import read_tokenizer
+    from loaders.llama2c import read_tokenizer  # here: loaders.llama2c imports this module (cycle)
     from loaders.sources import load_plain_pickle
 
     p = Path(path)

@@ -33,6 +33,7 @@ def compute(path: str, *, kinds: list[str], device: str | None, layers: list[int
     says so). ``device`` None: cuda when available, else cpu (resolved here, where the
     task runs).
     """
+    # here: runs in the reading child; torch loads there, not in the task's parent
     from analysis.weights import default_device
     from app.jobs import activation_frame, weight_frame
     from loaders.checkpoints import open_checkpoint

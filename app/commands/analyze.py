@@ -120,7 +120,7 @@ def _positive(text: str) -> int:
 
 
 def _size(text: str) -> int | None:
-    from app.batch import BatchError, parse_size
+    from app.batch import BatchError, parse_size  # here: batch mode only
 
     try:
         return parse_size(text)
@@ -201,7 +201,7 @@ def _print_table(payload: dict) -> None:
 
 
 def _is_batch(args: argparse.Namespace) -> bool:
-    from app.batch import is_glob
+    from app.batch import is_glob  # here: batch mode only
 
     return bool(args.all_checkpoints or args.ray or args.results or any(is_glob(t) for t in args.targets))
 
@@ -229,7 +229,7 @@ def _print_batch(report: dict) -> None:
 
 
 def run_batch_mode(args: argparse.Namespace) -> int:
-    from app import batch
+    from app import batch  # here: batch mode only
 
     store = store_from(args)
     inputs = batch.expand_targets(store, args.targets, all_checkpoints=args.all_checkpoints)

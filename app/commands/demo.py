@@ -35,10 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here: torch loads when the command runs, not at CLI start
     from experiments.distributed import refuse_under_torchrun
 
     refuse_under_torchrun('demo')
-    from experiments import demo
+    from experiments import demo  # here: torch loads when the command runs, not at CLI start
 
     out: Path = args.out
     if args.rebuild:

@@ -43,6 +43,7 @@ _TIE_WORDS = (("q_identity", "W_Q = identity slice"), ("q_eq_k", "W_Q = W_K"),
 def tensor_ties(path: str) -> dict:
     """``{"variant", "layers": [{"layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v"}, ...]}``
     from the tensors, one layer at a time."""
+    # here: torch loads where tensors are read, not at CLI start
     from analysis.tied import tied_layer, tied_variant
     from loaders.checkpoints import open_checkpoint
 
@@ -94,7 +95,7 @@ def describe(path: str) -> dict:
     """``inspect_checkpoint`` plus ``tied``; whatever reading the file raises
     (``RecursionError`` on deep nesting, ``MemoryError``, ``OSError``, torch's
     ``RuntimeError``, ...) becomes a ``FileError`` naming it: one line, exit 2."""
-    from loaders.checkpoints import inspect_checkpoint
+    from loaders.checkpoints import inspect_checkpoint  # here: torch loads in the reading child, not at CLI start
     from loaders.errors import FileError, QkvscopeError
     from loaders.filecheck import failure
 
@@ -109,7 +110,7 @@ def describe(path: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loaders.parse_child import call
+    from loaders.parse_child import call  # here: only when a checkpoint is read
 
     # Read in a child process under an address-space and a time limit (loaders/parse_child.py):
     # a bomb no reader's budget catches ends that process with one line, not this one.

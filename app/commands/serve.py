@@ -20,8 +20,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 
 from app.commands._common import add_db_argument
+from app.hostguard import ENV, allowed_hosts
+from app import paths  # paths.DEMO_DIR read when called (tests point it elsewhere)
+from app.paths import ROOT
+from loaders.errors import QkvscopeError
+from loaders.ingest import ingest_paths
+from loaders.queries import summary
+from loaders.store import Store, default_db_path
 
 NAME = "serve"
 HELP = "start the dashboard in the browser"
@@ -44,9 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def is_empty(db_path) -> bool:
     """True when ``db_path`` does not exist or holds no run and no checkpoint
     (a database that cannot be read is not empty: it is left alone)."""
-    from loaders.errors import QkvscopeError
-    from loaders.queries import summary
-    from loaders.store import Store
 
     if not db_path.exists():
         return True
@@ -59,16 +64,13 @@ def is_empty(db_path) -> bool:
 
 def ensure_demo(db_path, *, quiet: bool = False) -> None:
     """Ingest data/demo into a database that does not exist yet or is empty."""
-    from app.paths import DEMO_DIR
-    from loaders.ingest import ingest_paths
-    from loaders.store import Store
-
-    if not DEMO_DIR.exists() or not is_empty(db_path):
+    demo = paths.DEMO_DIR
+    if not demo.exists() or not is_empty(db_path):
         return
     if not quiet:
-        print(f"First start: building {db_path} from the bundled demo ({DEMO_DIR})...",
+        print(f"First start: building {db_path} from the bundled demo ({demo})...",
               file=sys.stderr)
-    report = ingest_paths(Store(db_path), [DEMO_DIR])
+    report = ingest_paths(Store(db_path), [demo])
     if not quiet:
         j = report.to_json()
         print(f"  {j['added']} files added, {j['skipped']} skipped, {j['errors']} errors",
@@ -79,21 +81,16 @@ def ensure_demo(db_path, *, quiet: bool = False) -> None:
 
 def skipped_lines(report: dict) -> list[str]:
     """What an ingest skipped, grouped by reason (``  24 skipped: configuration file: ...``)."""
-    from collections import Counter
-
     reasons = Counter(f.get("reason") or "no reason given" for f in report.get("files", [])
                       if f.get("status") == "skipped")
     return [f"  {n} skipped: {reason}" for reason, n in reasons.most_common()]
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.paths import ROOT
-    from loaders.store import default_db_path
 
     db = (args.db or default_db_path()).expanduser().resolve()
     if not args.no_demo and args.db is None:
         ensure_demo(db)
-    from app.hostguard import ENV, allowed_hosts
 
     hosts = allowed_hosts(args.host, args.allow_host)
     env = dict(os.environ, QKVSCOPE_DB=str(db), PYTHONPATH=str(ROOT), **{ENV: ",".join(hosts)})

@@ -85,7 +85,7 @@ def _analysed(db: str, version: tuple, ids: tuple) -> set[int]:
 def _ensure_analysed(store, ids: list[int], label: str) -> list[str]:
     """Analyse the checkpoints among ``ids`` that are not yet (weights level); returns problems.
     Those already analysed are known from one cached read, so a rerun opens nothing."""
-    from app.jobs import analyze
+    from app.jobs import analyze  # here: app.jobs imports torch; the page loads without it
     from loaders.errors import QkvscopeError
 
     problems = []

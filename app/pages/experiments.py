@@ -21,7 +21,7 @@ from analysis.results_table import best_of_each_group, metric_order, run_groups,
 from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts, tables
-from app.state import data_version, get_store, query_param, set_query_params, store_at
+from app.state import data_version, get_store, metric_directions, query_param, set_query_params, store_at
 from loaders import curves
 from loaders.logs.runs import COLUMN_FIELDS, set_run_metadata
 from loaders.run_table import run_table
@@ -239,7 +239,6 @@ BETTER = {"auto": "as its name says", "min": "lower", "max": "higher"}
 def _direction_control(store, version, metric: str) -> str:
     """Whether lower or higher is better for ``metric``: the user's stored choice, else its name
     (``analysis.directions``); a change is stored for every page (``loaders.curves``)."""
-    from app.state import metric_directions
 
     overrides = metric_directions(str(store.path), version)
     stored = overrides.get(metric, "auto")

@@ -31,6 +31,8 @@ page and the server keeps serving.
 from __future__ import annotations
 
 import io
+import shutil
+import tempfile
 from pathlib import Path, PurePath
 
 import numpy as np
@@ -72,7 +74,7 @@ TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_
 def _spectra(path: str, stamp: str, layer: int, head: int) -> pd.DataFrame:
     """Singular values of W_Q[h], W_K[g], W_V[g], W_O[h] of one layer (g: h's kv head),
     from ``app.inspect_child.spectra`` in the reading child."""
-    from loaders.parse_child import call
+    from loaders.parse_child import call  # here: only when a checkpoint is read
 
     rows = call("app.inspect_child:spectra", path, pooled=True, layer=int(layer), head=int(head))
     return pd.DataFrame(rows, columns=["projection", "index", "sigma"])
@@ -86,11 +88,8 @@ def _attention(path: str, stamp: str, text: str, max_tokens: int) -> tuple[list[
     the maps as an ``.npy`` into a private temporary folder that is read here with
     ``allow_pickle=False`` and removed. A resource cache: the maps (64 MB per 16 heads at
     2,048 tokens) are read where they are, never copied per rerun; callers do not write into them."""
-    import shutil
-    import tempfile
-
     from app.inspect_child import read_maps
-    from loaders.parse_child import call
+    from loaders.parse_child import call  # here: only when a checkpoint is read
 
     folder = tempfile.mkdtemp(prefix="qkvscope-attention-")       # mode 0700: this user's only
     try:
@@ -107,7 +106,7 @@ def _attention(path: str, stamp: str, text: str, max_tokens: int) -> tuple[list[
 def _ties(path: str, stamp: str) -> list[dict]:
     """Per layer, which projections are equal to float tolerance (``analysis.tied.tied_layer``),
     reading one layer at a time in the reading child (``app.inspect_child.ties``)."""
-    from loaders.parse_child import call
+    from loaders.parse_child import call  # here: only when a checkpoint is read
 
     return call("app.inspect_child:ties", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")
 
@@ -288,7 +287,7 @@ def _layers_text(layers: list[int]) -> str:
 def tie_message(variant: str, ties: list[dict]) -> str | None:
     """What to say when the layout's ``variant`` and the tensors' ties (``analysis.tied``)
     disagree; None when they agree."""
-    from analysis.tied import layer_variant, tied_variant
+    from analysis.tied import layer_variant, tied_variant  # here: torch loads only when ties are shown
 
     seen = tied_variant(ties)
     if seen == variant:
@@ -332,7 +331,7 @@ def _stored_notes(db: str, version: tuple, checkpoint_id: int, kinds: tuple) -> 
 
 def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
     """Notes of the stored analysis; runs it first (progress bar) when it is not stored yet."""
-    from app.jobs import analyze
+    from app.jobs import analyze  # here: app.jobs imports torch; the page loads without it
 
     kinds = ("weights", "activations") if activations else ("weights",)
     notes = _stored_notes(str(store.path), data_version(store), ckpt_id, kinds)
@@ -461,6 +460,7 @@ def default_text(text: str, limit: int = 160) -> str:
 
 
 def _attention_section(row: pd.Series) -> None:
+    # here: experiments.attention_maps imports torch
     from experiments.attention_maps import MAX_TOKENS, SAMPLE_TEXT
 
     if not Path(str(row["path"])).exists():

@@ -23,7 +23,7 @@ URL_PATH = "overview"
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _runs(db: str, version: tuple) -> pd.DataFrame:
-    from loaders.logs import list_runs
+    from loaders.logs import list_runs  # here: the log readers load on first use
 
     rows = list_runs(store_at(db))
     cols = ["id", "name", "task", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",

@@ -22,7 +22,7 @@ import streamlit as st
 from analysis.directions import direction
 from analysis.results_table import common_setting, metric_order, results_table
 from app import tables
-from app.state import data_version, get_store, query_param, set_query_params, store_at
+from app.state import data_version, get_store, metric_directions, query_param, set_query_params, store_at
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -98,7 +98,6 @@ def render() -> None:
     asked = query_param("task")
     task = c5.selectbox("Task", options, index=options.index(asked if asked in options else default_task),
                         key="res_task") if len(tasks) > 1 else "all"
-    from app.state import metric_directions
 
     overrides = metric_directions(str(store.path), version)      # the user's choices (Experiments page)
     losses = [m for m in metrics if direction(m, overrides) == "min"]
