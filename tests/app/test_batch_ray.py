@@ -186,13 +186,21 @@ def test_ray_group_that_raises_once_is_retried(local_ray, deep, tmp_path):
     marker = tmp_path / "failed-once"
 
     def bad_device_once(spec, log):
-        """The first attempt of layers 2-3 computes on a device that does not exist (raises
-        inside run_task, after its start is logged); the retry runs as asked."""
-        from dataclasses import replace
-
+        """The first attempt of layers 2-3 raises on the worker, outside the reading child (a
+        worker whose device went away); the retry runs as asked. (An error inside the child is
+        the file's and is not retried: tests/app/test_batch.py.)"""
         if spec.layers == (2, 4) and not marker.exists():
+            import os
+            import socket
+
+            from app.batch.task import log_call
+
             marker.touch()
-            spec = replace(spec, device="no-such-device")
+            # the attempt is logged as run_task logs one that raises outside the child
+            attempt = log_call(log, "start", spec.key, socket.gethostname(), os.getpid())
+            log_call(log, "end", spec.key, attempt, "RuntimeError: the worker lost its device "
+                                                    "(retried if attempts remain)")
+            raise RuntimeError("the worker lost its device")
         return batch.run_task(spec, log)
 
     rep = batch.run_batch(store, [cid], results=tmp_path / "r", device="cpu", ray_address="auto",
