@@ -324,11 +324,9 @@ def test_bad_safetensors_header_is_refused_before_hashing(tmp_path, db):
 
 # -- 6. zip entries that overlap -----------------------------------------------------
 
-def test_zip_entries_that_overlap(tmp_path, db):
-    """Before: 20 overlapping entries, each 188:1 (under the 200:1 check): 1.4 MB ->
-    5.37 GB written. Here entry k's compressed size in the central directory
-    reaches over every later entry, as in such a zip."""
-    zp = tmp_path / "overlap.zip"
+def overlapping_zip(zp: Path) -> Path:
+    """20 entries of 64 KiB zeros where entry 0's compressed size in the central directory
+    reaches into entry 1, as in the overlapping-entry zip bombs."""
     with zipfile.ZipFile(zp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for k in range(20):
             zf.writestr(f"run/part{k:02d}.bin", bytes(1 << 16))
@@ -337,6 +335,14 @@ def test_zip_entries_that_overlap(tmp_path, db):
     size = struct.unpack_from("<I", raw, cd + 20)[0]
     struct.pack_into("<I", raw, cd + 20, size + 200)     # entry 0 reaches into entry 1
     zp.write_bytes(bytes(raw))
+    return zp
+
+
+def test_zip_entries_that_overlap(tmp_path, db):
+    """Before: 20 overlapping entries, each 188:1 (under the 200:1 check): 1.4 MB ->
+    5.37 GB written. Here entry k's compressed size in the central directory
+    reaches over every later entry, as in such a zip."""
+    zp = overlapping_zip(tmp_path / "overlap.zip")
     refused_by_info_and_ingest(zp, db, "zip entries 'run/part00.bin' and 'run/part01.bin' overlap")
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import resource
-import struct
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,8 @@ from loaders.errors import QkvscopeError
 from loaders.parse_child import Reader, ingest_checkpoint
 from loaders.store import Store
 from tests.hostile.corpus import MARKER_NAME, build
-from tests.hostile.test_bombs import NANOGPT_ARGS, YAML_BOMB, _laughs, digest, gpt2_state, st_header
+from tests.hostile.test_bombs import (NANOGPT_ARGS, YAML_BOMB, _laughs, digest, gpt2_state, overlapping_zip,
+                                      st_header)
 
 #: The corpus's cases that are uploads (a checkpoint file or a zip of a folder).
 UPLOADED = (".pt", ".bin", ".ckpt", ".pth", ".safetensors", ".zip")
@@ -61,15 +60,7 @@ def _sparse_header(d: Path) -> list[Path]:
 
 
 def _overlapping_zip(d: Path) -> list[Path]:
-    zp = d / "overlap.zip"
-    with zipfile.ZipFile(zp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for k in range(20):
-            zf.writestr(f"run/part{k:02d}.bin", bytes(1 << 16))
-    raw = bytearray(zp.read_bytes())
-    cd = raw.index(b"PK\x01\x02")
-    struct.pack_into("<I", raw, cd + 20, struct.unpack_from("<I", raw, cd + 20)[0] + 200)
-    zp.write_bytes(bytes(raw))
-    return [zp]
+    return [overlapping_zip(d / "overlap.zip")]
 
 
 BOMBS = {"zero_stride": _zero_stride, "billion_laughs_side_data": _laughs_side,
