@@ -22,6 +22,7 @@ Exit status: 0, or 2 when some file had an error (the others are stored).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from app.commands._common import add_db_argument, print_json, store_from
@@ -81,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         def on_busy(exc) -> None:        # another process holds the file: try again next poll
             print(f"warning: {exc}; trying again in {args.interval:g} s", file=sys.stderr, flush=True)
 
+        # Ctrl-C ends the watch even when this process was started with SIGINT ignored (a parent
+        # that ignores it, as some job runners and test workers do, passes that on to its children)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             watch(store, args.paths, interval=args.interval, on_report=on_report, on_busy=on_busy)
         except KeyboardInterrupt:

@@ -200,7 +200,10 @@ def test_watch_from_the_cli_stops_cleanly_on_ctrl_c(tmp_path):
     db = tmp_path / "q.duckdb"
     proc = subprocess.Popen([sys.executable, "-m", "app", "ingest", str(tmp_path), "--db", str(db), "--watch",
                              "--interval", "0.2"], cwd=Path(__file__).resolve().parents[2],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # started with SIGINT ignored, as under a parent that ignores it (a pytest
+                            # worker did, and the watch never stopped): Ctrl-C must still end it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -222,7 +225,7 @@ def test_watch_from_the_cli_stops_cleanly_on_ctrl_c(tmp_path):
                 continue
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=90)   # a busy 2-core CI box: the child is stopped too
+        out, err = proc.communicate(timeout=60)   # a busy 2-core CI box: the child is stopped too
     assert proc.returncode == 0, err
     assert "appended" in out
     assert list_runs(Store(db))[0]["n_points"] == 2
