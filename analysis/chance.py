@@ -101,7 +101,7 @@ import torch
 from analysis import registry
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS, RESULT_COLUMNS
-from analysis.weights import MetaLike, default_device, weight_metrics
+from analysis.weights import SKIPPABLE, MetaLike, default_device, weight_metrics
 
 #: Samples a Monte Carlo chance level aims at for a kv-head metric (draws x n_kv_heads), and the
 #: bounds on the draws (see ``draws``).
@@ -243,9 +243,13 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
     gen = torch.Generator(device="cpu").manual_seed(seed)
     samples: dict[tuple[str, bool], list[float]] = {}
     per_draw: dict[tuple[str, bool], int] = {}
+    # a metric whose chance is its closed form here need not be computed on the draws (the stacked-W_Q
+    # LU and the layer's M are most of a random layer's cost); its rows still come, NaN
+    skip = {m for m in SKIPPABLE
+            if registry.BY_NAME[m].chance == "closed" and _closed_form(m, geo, query_free) is not None}
     for _ in range(n):
         frame, _notes = weight_metrics(random_layer(geo, query_free=query_free, generator=gen,
-                                                    device=device_type), geo, device=device_type)
+                                                    device=device_type), geo, device=device_type, skip=skip)
         whole = frame["head"].isna().tolist()
         for metric, w, value in zip(frame["metric"], whole, frame["value"]):
             samples.setdefault((metric, w), []).append(float(value))

@@ -27,10 +27,13 @@ basis ``x~ = x A`` makes head ``h``'s query the identity slice
 The first two need no SVD of ``A`` and no ``A^T A``: one LU factorisation
 (``log|det A|`` from its diagonal, ``sigma_min`` by Lanczos through its
 triangular solves) and ``sigma_max`` by Lanczos on ``x -> A^T (A x)``; see
-``stacked_spectrum``. Precision: the LU is float32, and is redone in float64
-for a layer whose condition number exceeds ``REDO_CONDITION`` (3e3), so both
-equal float64 ``svdvals``/``slogdet`` to 1e-3 relative or better at condition
-numbers up to 1e6 (measured ~1e-5 and below). ``absorb_error`` is float32
+``stacked_spectrum``. Precision: the LU is float32; for a layer whose condition
+number exceeds ``REDO_CONDITION`` (3e3) ``sigma_min`` is refined to float64
+accuracy through that same LU (iteratively refined inverse iteration), and past
+``REFINE_CONDITION`` (~2e6) the LU is redone in float64, so both equal float64
+``svdvals``/``slogdet`` to 1e-3 relative or better at condition numbers up to 1e6
+(measured ~1e-5 and below; ``log|det A|`` from the float32 LU moves the defect by
+~6e-6 at 1e6). ``absorb_error`` is float32
 round-off by definition and stays float32.
 """
 from __future__ import annotations
@@ -54,7 +57,7 @@ def stack_queries(q: torch.Tensor) -> torch.Tensor:
 
 def _largest_sv_squared(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callable[[torch.Tensor], torch.Tensor],
              n: int, device, *, block: int = 1, rtol: float | Callable[[float], float] = 1e-6,
-             max_iter: int = 300) -> float:
+             max_iter: int = 300, vectors: int = 0):
     """``sigma_max(F)^2``, the largest eigenvalue of ``F^T F``, for an operator given by
     ``fwd: X -> F X`` and ``bwd: Y -> F^T Y`` on float32 blocks ``[n, block]``.
 
@@ -73,7 +76,9 @@ def _largest_sv_squared(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callab
 
     ``block = 1`` is plain Lanczos: on a CPU it needs the least arithmetic (a
     matrix-vector product is memory-bound); larger blocks need fewer, larger
-    steps, which suits a GPU.
+    steps, which suits a GPU. ``vectors``: return ``(theta, V)`` with ``V: [n, k]`` the
+    top ``k <= vectors`` Ritz vectors (float32, orthonormal; fewer when the basis is
+    smaller) instead of ``theta`` alone.
     """
     block = max(1, min(block, n))
     steps = min(max_iter, n // block)
@@ -94,8 +99,10 @@ def _largest_sv_squared(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callab
         t[lo:hi, :hi] = bz_cpu.mT
         ritz, y = torch.linalg.eigh(t[:hi, :hi])
         theta = float(ritz[-1])
+        done = ((lambda: (theta, b_ @ y[:, -min(vectors, hi):].to(device=device, dtype=torch.float32)))
+                if vectors else (lambda: theta))
         if hi + block > n:                                                # B spans everything
-            return theta
+            return done()
         z = z - b_ @ bz
         z = z - b_ @ (b_.mT @ z)                                          # twice is enough
         q, r_k = torch.linalg.qr(z)                                       # [n, b], [b, b]
@@ -105,14 +112,14 @@ def _largest_sv_squared(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callab
         err = min(r, r * r / gap) if gap > 0 else r
         tol = rtol(theta) if callable(rtol) else rtol
         if err <= tol * abs(theta):
-            return theta
+            return done()
         if float(torch.diagonal(r_k).abs().max()) <= 1e-6 * abs(theta):  # invariant subspace found
-            return theta
+            return done()
         if block > 1:
             # columns of z at round-off level normalise into directions that are no
             # longer orthogonal to B: project once more
             q = torch.linalg.qr(q - b_ @ (b_.mT @ q))[0]
-    return theta
+    return done()
 
 
 @dataclass(frozen=True)
@@ -141,16 +148,93 @@ class StackedSpectrum:
         return max(math.log(self.fro2 / self.n) - 2.0 * self.log_abs_det / self.n, 0.0)
 
 
-#: Above this condition number (as the float32 LU estimates it) ``sigma_min`` and
-#: ``log|det A|`` are redone from a float64 LU. The float32 LU's relative error in
-#: ``sigma_min`` grows like ``eps32 * condition`` (measured 0.03-0.9x that on geometric
-#: and Gaussian spectra, n 256-2048: 5.9e-4 at condition 5.7e3, 3.9e-3 at 1e6), so
-#: below 3e3 it stays under ~4e-4; above, the float64 LU brings it to ~1e-7.
+#: Above this condition number (as the float32 LU estimates it) ``sigma_min`` is refined
+#: (``_refined_sigma_min``). The float32 LU's relative error in ``sigma_min`` grows like
+#: ``eps32 * condition`` (measured 0.03-0.9x that on geometric and Gaussian spectra, n
+#: 256-4096: 5.9e-4 at condition 5.7e3, 2.2e-3 at 3.9e4, 3.9e-3 at 1e6), so below 3e3 it
+#: stays under ~4e-4; refined, it is ~1e-5 at condition 1e6 and ~1e-10 at 3.9e4.
 REDO_CONDITION = 3e3
+#: Above this condition number the float32 LU no longer converges iterative refinement
+#: (each sweep shrinks the error by about ``eps32 * condition``): ``sigma_min`` and
+#: ``log|det A|`` come from a float64 LU instead, at about twice the float32 LU's cost.
+REFINE_CONDITION = 0.25 / EPS32
+#: Refinement sweeps per solve and subspace-iteration steps, at most (both stop when converged),
+#: and the subspace's width: ``sigma_min`` converges like ``(sigma_min / sigma_{_BLOCK+1})^2`` per step.
+_SWEEPS, _STEPS, _BLOCK = 8, 8, 16
+
+
+def _refined_solve(a64: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, b: torch.Tensor, *,
+                   adjoint: bool, tol: float = 1e-12) -> torch.Tensor | None:
+    """``A^{-1} B`` (``adjoint``: ``A^{-T} B``; ``B: [n, k]``) in float64 by iterative refinement
+    (Wilkinson; Higham, Accuracy and Stability of Numerical Algorithms, ch. 12): solve with the
+    float32 LU, add the float32 LU's solution of the float64 residual ``B - A X``, repeat until
+    the correction is below ``tol ||X||`` (or stalls below ``1e-9 ||X||``: float64's floor).
+    ``a64``: ``A`` in float64 (the float32 data, exactly). None when the corrections stop
+    shrinking above that (the LU too inaccurate for this ``A``)."""
+    mat = a64.mT if adjoint else a64
+    solve = lambda r: torch.linalg.lu_solve(lu, piv, r.float(), adjoint=adjoint).double()   # noqa: E731
+    x = solve(b)
+    last = math.inf
+    for _ in range(_SWEEPS):
+        dx = solve(b - mat @ x)                                       # residual in float64
+        x = x + dx
+        size = float(dx.norm()) / max(float(x.norm()), 1e-300)
+        if size <= tol:
+            return x
+        if size >= 0.5 * last:                                        # stalled: at float64's floor, or diverging
+            return x if size <= 1e-9 else None
+        last = size
+    return x
+
+
+def _refined_sigma_min(a: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, v: torch.Tensor,
+                       condition: float) -> float | None:
+    """``sigma_min(A)`` to float64 accuracy from the float32 LU.
+
+    Subspace iteration on ``(A^T A)^{-1}`` (``W <- A^{-1} A^{-T} W``, each solve
+    iteratively refined, ``_refined_solve``) from ``v: [n, k]``, the float32 Lanczos' top
+    Ritz vectors (filled up to ``_BLOCK`` columns with seeded random ones), with a
+    Rayleigh-Ritz step in float64 after each: ``sigma_min^2`` is the smallest eigenvalue
+    of ``(A W)^T (A W)`` for orthonormal ``W``, an upper bound that converges like
+    ``(sigma_min / sigma_{_BLOCK+1})^2`` per step. A component of ``W`` along a large
+    singular direction weighs ``(sigma_i / sigma_min)^2`` in that bound, so the solves are
+    refined to ``1e-4 / condition``. Stops when the smallest Ritz pair's residual bounds the
+    error of ``sigma_min^2`` below 1e-8 relative (Kato-Temple). One step takes the error from ``eps32 * condition`` (2e-3 at condition 4e4) to ~1e-10
+    on a Gaussian ``4096 x 4096`` stack. None when the refinement does not converge
+    (then a float64 LU is needed)."""
+    n = a.shape[0]
+    a64 = a.double()                                                  # [n, n], the float32 data exactly
+    k = min(_BLOCK, n)
+    w = v.double()
+    if w.shape[1] < k:                                                # a short Lanczos run: fill the block
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        extra = torch.randn(n, k - w.shape[1], generator=gen, dtype=torch.float64).to(a.device)
+        w = torch.cat([w, extra], dim=1)
+    w = torch.linalg.qr(w)[0]                                         # [n, k], orthonormal
+    tol = min(1e-6, 1e-4 / max(condition, 1.0))
+    best = math.inf
+    for _ in range(_STEPS):
+        y = _refined_solve(a64, lu, piv, w, adjoint=True, tol=tol)                       # A^{-T} W
+        w_new = None if y is None else _refined_solve(a64, lu, piv, y, adjoint=False, tol=tol)   # (A^T A)^{-1} W
+        if w_new is None or not bool(torch.isfinite(w_new).all()):
+            return None
+        w = torch.linalg.qr(w_new)[0]                                 # [n, k]
+        aw = a64 @ w                                                  # [n, k]
+        lam, vec = torch.linalg.eigh(aw.mT @ aw)                      # Rayleigh-Ritz, ascending
+        w, aw = w @ vec, aw @ vec                                     # Ritz vectors, smallest first
+        lam0 = float(lam[0].clamp_min(0))
+        best = min(best, lam0 ** 0.5)
+        # residual of the smallest Ritz pair of A^T A: |lam0 - sigma_min^2| <= min(r, r^2 / gap)
+        # (Kato-Temple; gap: the next Ritz value), so one step is enough where it is small
+        r = float(torch.linalg.vector_norm(a64.mT @ aw[:, 0] - lam0 * w[:, 0]))
+        gap = float(lam[1]) - lam0 if k > 1 else 0.0
+        if min(r, r * r / gap if gap > 0 else r) <= 1e-8 * lam0:
+            break
+    return best
 
 
 def _sigma_min_squared_inv(lu: torch.Tensor, piv: torch.Tensor, n: int, device, block: int,
-                           dtype: torch.dtype = torch.float32, rtol: float = 1e-6) -> float:
+                           dtype: torch.dtype = torch.float32, rtol: float = 1e-6, vectors: int = 0):
     """``1 / sigma_min(A)^2``, the top eigenvalue of ``(A^T A)^{-1} = A^{-1} A^{-T}``, by
     Lanczos through the triangular solves of ``A``'s LU (``lu``, ``piv``) of ``dtype``;
     the Lanczos basis stays float32 (the operator's relative error is what matters)."""
@@ -160,7 +244,7 @@ def _sigma_min_squared_inv(lu: torch.Tensor, piv: torch.Tensor, n: int, device, 
     else:
         fwd = lambda x: torch.linalg.lu_solve(lu, piv, x.to(dtype), adjoint=True).float()
         bwd = lambda y: torch.linalg.lu_solve(lu, piv, y.to(dtype)).float()
-    return _largest_sv_squared(fwd, bwd, n, device, block=block, rtol=rtol)
+    return _largest_sv_squared(fwd, bwd, n, device, block=block, rtol=rtol, vectors=vectors)
 
 
 def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSpectrum:
@@ -176,12 +260,16 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
     ``max(1e-6, min(1e-4, eps32 * condition / 10))`` on ``sigma_max``.
 
     Precision: when that float32 estimate of the condition number exceeds
-    ``REDO_CONDITION``, ``A`` (float32 data, converted exactly) is factorised again
-    in float64 and ``sigma_min`` and ``log|det A|`` come from that LU: the
-    condition number and the orthogonality defect then equal float64
+    ``REDO_CONDITION``, ``sigma_min`` is refined (``_refined_sigma_min``: inverse
+    iteration from the Lanczos vector with iteratively refined solves through the
+    float32 LU, residuals in float64); past ``REFINE_CONDITION``, or when the
+    refinement does not converge, ``A`` (float32 data, converted exactly) is
+    factorised again in float64 and ``sigma_min`` and ``log|det A|`` come from that
+    LU. The condition number and the orthogonality defect then equal float64
     ``svdvals``/``slogdet`` of ``A`` to ~1e-5 relative up to condition 1e6 and beyond
-    (the float32 LU alone is 4e-3 off at 1e6). Well-conditioned layers keep the
-    float32 LU only. A non-square stack falls back to float64 ``svdvals``
+    (the float32 Lanczos alone is 4e-3 off at 1e6). This replaced a float64 LU for
+    every layer past 3e3, about twice the float32 LU's time, which a Gaussian
+    ``4096 x 4096`` W_Q (condition ~1.5e4) always needed. A non-square stack falls back to float64 ``svdvals``
     (``log_abs_det`` nan). ``fro2``: ``||W_Q||_F^2`` if the caller has it.
     """
     with torch.inference_mode():
@@ -204,12 +292,12 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
         log_det = float(diag.log().sum())
         # A first look at 1% (Lanczos' Ritz values rise to the true ones, so this condition
         # number is a lower bound): a layer already past REDO_CONDITION goes to float64 at once.
-        inv_rough = _sigma_min_squared_inv(lu, piv, n, a.device, block, rtol=1e-2)
+        inv_rough, v_min = _sigma_min_squared_inv(lu, piv, n, a.device, block, rtol=1e-2, vectors=_BLOCK)
         top_rough = _largest_sv_squared(fwd, bwd, n, a.device, block=block, rtol=1e-2)
         redo = inv_rough > 0 and math.isfinite(inv_rough) and (top_rough * inv_rough) ** 0.5 > REDO_CONDITION
         if not redo:
             # sigma_max(A^{-T}) = 1 / sigma_min(A); A^{-T} and A^{-1} through the LU's triangular solves
-            inv_top = _sigma_min_squared_inv(lu, piv, n, a.device, block)
+            inv_top, v_min = _sigma_min_squared_inv(lu, piv, n, a.device, block, vectors=_BLOCK)
             if not (inv_top > 0 and math.isfinite(inv_top)):
                 top = _largest_sv_squared(fwd, bwd, n, a.device, block=block)
                 return StackedSpectrum(n, top ** 0.5, 0.0, fro2, log_det)
@@ -221,6 +309,10 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
             1e-6, min(1e-4, EPS32 * math.sqrt(max(theta, 0.0)) / sigma_min / 10)))
         sigma_max = top ** 0.5
         if redo or sigma_max / sigma_min > REDO_CONDITION:            # float32 LU not accurate enough
+            refined = (_refined_sigma_min(a, lu, piv, v_min, sigma_max / sigma_min)
+                       if sigma_max / sigma_min <= REFINE_CONDITION else None)
+            if refined is not None and refined > 0:
+                return StackedSpectrum(n, sigma_max, refined, fro2, log_det)
             lu64, piv64, _ = torch.linalg.lu_factor_ex(a.double())    # keeps A's column-major layout
             diag64 = torch.diagonal(lu64).abs()
             if not bool(diag64.min() > 0):

@@ -32,8 +32,8 @@ float32 weights and every decomposition is float64 (``_linalg``), so the
 spectra, ``kv_share_r2`` and the norms equal a float64 reference computed from
 the matrices themselves to ~1e-6 relative or better at condition numbers up
 to 1e6 (the dense layer-level scores: float32 accumulation, ~1e-6); ``wq_condition`` and ``wq_basis_orth_defect`` come from a float32 LU,
-redone in float64 when its condition estimate exceeds ``query_absorb.REDO_CONDITION``
-(``query_absorb`` explains). ``tests/analysis/test_precision.py`` checks all of this.
+``sigma_min`` refined to float64 accuracy when its condition estimate exceeds
+``query_absorb.REDO_CONDITION`` (``query_absorb`` explains). ``tests/analysis/test_precision.py`` checks all of this.
 
 Per-layer spectra (``head`` None) exist for W_K and W_V of grouped-query models
 (their stacked matrix is at most half as wide as W_Q's); for W_Q, W_O and the
@@ -41,6 +41,7 @@ K and V of full multi-head models, the ``notes`` say why they are absent.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 import pandas as pd
@@ -124,12 +125,29 @@ def _layer_spectra_note(what: str, width: int, d_model: int) -> str:
             f"analysis leaves out")
 
 
-def weight_metrics(layer: LayerLike, meta: MetaLike, *,
-                   device: str | torch.device | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Every weight-level metric of ``layer`` (see module docstring)."""
+#: The metrics ``skip`` can leave uncomputed, each group by the work it saves: the layer-level
+#: ``M`` scores (``qk_symmetry``, per head too, and ``qk_directionality``) and the stacked-W_Q LU.
+SKIPPABLE = frozenset({"qk_symmetry", "qk_directionality", "wq_condition", "wq_basis_orth_defect"})
+
+
+def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.device | None = None,
+                   skip: Collection[str] = ()) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Every weight-level metric of ``layer`` (see module docstring).
+
+    ``skip``: metrics of ``SKIPPABLE`` whose values are not wanted (``analysis.chance`` passes
+    those with a closed-form chance level on its random layers): their rows are still there,
+    with value NaN, so the frame has the same ``(metric, head)`` keys; the work is left out
+    only where every metric sharing it is skipped (the stacked-W_Q LU needs ``wq_condition``
+    and ``wq_basis_orth_defect`` both skipped, the layer's ``M`` both ``qk_*`` scores).
+    """
     check_geometry(layer, meta)
     dev = torch.device(device or default_device())
     h, g, d, e = meta.n_heads, meta.n_kv_heads, meta.d_model, meta.d_head
+    skip = frozenset(skip)
+    unknown = sorted(skip - SKIPPABLE)
+    if unknown:
+        raise AnalysisError(f"weight_metrics: cannot skip {unknown}; skippable: {sorted(SKIPPABLE)}")
+    skip_m = {"qk_symmetry", "qk_directionality"} <= skip
     out = _Rows(layer.layer)
     notes: dict[str, str] = {}
     with torch.inference_mode():
@@ -159,8 +177,14 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
             gq = gram(q)                                     # [h, e, e], float64
             eig_q = clean_eigh(gq)
             sk = psd_sqrt_from(eig_k)                        # (K^T K)^{1/2}, [g, e, e]
-            out.heads("qk_symmetry", qk_geometry.symmetry_per_head(q, k, kv_of, gq=gq, gk=kvp.kk))
-            if d < qk_geometry.DENSE_BELOW * g * e:          # wide kv stack: M itself, once
+            if skip_m:                                       # rows kept, values not wanted
+                out.heads("qk_symmetry", torch.full((h,), float("nan")))
+                sym = direction = float("nan")
+            else:
+                out.heads("qk_symmetry", qk_geometry.symmetry_per_head(q, k, kv_of, gq=gq, gk=kvp.kk))
+            if skip_m:
+                pass
+            elif d < qk_geometry.DENSE_BELOW * g * e:        # wide kv stack: M itself, once
                 sym, direction = qk_geometry.dense_layer_scores(q, k)
             else:                                            # narrow: the layer's M in thin pieces
                 form = qk_geometry.layer_form(q, k)
@@ -203,7 +227,8 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
                       "wq_absorb_error"):
                 notes[m] = _QUERY_FREE
         else:
-            _absorbability(out, notes, layer, meta, q, k, fro2=norms["q"] ** 2)
+            _absorbability(out, notes, layer, meta, q, k, fro2=norms["q"] ** 2,
+                           skip_lu={"wq_condition", "wq_basis_orth_defect"} <= skip)
     # -- metrics that plugins registered (analysis.registry.register; QKVSCOPE_PLUGINS names their modules)
     from analysis.plugins import add_weight_metrics   # imported here: this block is the file's one tie to plugins
 
@@ -212,11 +237,12 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *,
 
 
 def _absorbability(out: _Rows, notes: dict[str, str], layer: LayerLike, meta: MetaLike,
-                   q: torch.Tensor, k: torch.Tensor, *, fro2: float) -> None:
-    """``wq_condition`` and, by the model's normalisation, ``wq_basis_orth_defect`` or ``wq_absorb_error``."""
+                   q: torch.Tensor, k: torch.Tensor, *, fro2: float, skip_lu: bool = False) -> None:
+    """``wq_condition`` and, by the model's normalisation, ``wq_basis_orth_defect`` or ``wq_absorb_error``
+    (``skip_lu``: the first two NaN, their LU left out)."""
     h, d, e = meta.n_heads, meta.d_model, meta.d_head
-    stacked = query_absorb.stacked_spectrum(q, fro2=fro2)
-    out.whole("wq_condition", stacked.condition)
+    stacked = None if skip_lu else query_absorb.stacked_spectrum(q, fro2=fro2)
+    out.whole("wq_condition", float("nan") if stacked is None else stacked.condition)
     square = h * e == d
     if meta.norm == "none":
         notes["wq_basis_orth_defect"] = (
@@ -231,7 +257,7 @@ def _absorbability(out: _Rows, notes: dict[str, str], layer: LayerLike, meta: Me
         notes["wq_absorb_error"] = (f"model uses {meta.norm}: the conversion is not exact through the norm, "
                                     "see wq_basis_orth_defect")
         if square:
-            out.whole("wq_basis_orth_defect", stacked.orth_defect)
+            out.whole("wq_basis_orth_defect", float("nan") if stacked is None else stacked.orth_defect)
         else:
             notes["wq_basis_orth_defect"] = (
                 f"stacked W_Q is {d} x {h * e}, not square: no identity-query conversion")

@@ -14,6 +14,7 @@ from analysis import chance, registry
 from analysis.chance import attach_weight_chance, weight_chance
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS, RESULT_COLUMNS
+from analysis import weights as weights_mod
 from analysis.weights import weight_metrics
 from tests.analysis._threads import one_thread  # noqa: F401  (autouse: one torch thread)
 
@@ -341,3 +342,31 @@ def test_random_layer_shapes_and_independence():
     assert chance.random_layer(m, query_free=True, generator=gen(50)).W_Q is None
     again = chance.random_layer(m, query_free=False, generator=gen(50))
     assert torch.equal(lay.W_Q, again.W_Q) and torch.equal(lay.W_O, again.W_O)
+
+
+# -- the random draws leave out what their closed forms make unneeded ------------------------------
+def test_skip_keeps_the_rows_and_leaves_out_only_the_skipped_values():
+    m = meta(h=4, g=4, d=32, e=8)
+    lay = chance.random_layer(m, query_free=False, generator=gen(50))
+    full = weight_metrics(lay, m, device="cpu")[0]
+    part = weight_metrics(lay, m, device="cpu", skip=weights_mod.SKIPPABLE)[0]
+    assert list(zip(full["metric"], full["head"])) == list(zip(part["metric"], part["head"]))
+    skipped = part["metric"].isin(weights_mod.SKIPPABLE)
+    assert part.loc[skipped, "value"].isna().all() and full.loc[skipped, "value"].notna().all()
+    pd.testing.assert_series_equal(full.loc[~skipped, "value"], part.loc[~skipped, "value"])
+    with pytest.raises(AnalysisError, match=r"weight_metrics: cannot skip \['kv_cka'\]; skippable: "):
+        weight_metrics(lay, m, device="cpu", skip={"kv_cka"})
+
+
+def test_draws_skip_exactly_the_metrics_with_a_closed_form_here(monkeypatch):
+    asked = []
+    real = chance.weight_metrics
+    monkeypatch.setattr(chance, "weight_metrics", lambda *a, **kw: asked.append(set(kw["skip"])) or real(*a, **kw))
+    chance._chance_rows.cache_clear()
+    weight_chance(meta(h=4, g=4, d=32, e=8), query_free=False, device="cpu")     # square: all closed
+    assert asked[-1] == {"qk_symmetry", "qk_directionality", "wq_condition", "wq_basis_orth_defect"}
+    weight_chance(meta(h=4, g=4, d=48, e=8), query_free=False, device="cpu")     # not square: LU needed
+    assert asked[-1] == {"qk_symmetry", "qk_directionality"}
+    weight_chance(meta(h=4, g=2, d=32, e=8, variant="wq_identity"), query_free=True, device="cpu")
+    assert asked[-1] == {"qk_symmetry"}           # query-free GQA directionality has no closed form
+    chance._chance_rows.cache_clear()

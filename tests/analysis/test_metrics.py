@@ -199,6 +199,34 @@ def test_stacked_spectrum_known_singular_values(top_gap):
     assert st.orth_defect == pytest.approx(ref_defect(s), rel=1e-4)
 
 
+@pytest.mark.parametrize("cond, float64_lu", [(1e4, False), (1e6, False), (1e8, True)])
+def test_ill_conditioned_stack_refined_through_the_float32_lu(cond, float64_lu, monkeypatch):
+    # past REDO_CONDITION sigma_min is refined through the float32 LU; only past REFINE_CONDITION
+    # (~2e6) is the LU redone in float64. Either way: float64 svdvals / slogdet to 1e-4.
+    n = 256
+    s = np.geomspace(1.0, 1.0 / cond, n)
+    q = _with_singular_values(s, seed=44)
+    a = query_absorb.stack_queries(q).double()
+    ref = torch.linalg.svdvals(a)
+    factorised = []
+    real = torch.linalg.lu_factor_ex
+    monkeypatch.setattr(torch.linalg, "lu_factor_ex", lambda x, **kw: factorised.append(x.dtype) or real(x, **kw))
+    st = query_absorb.stacked_spectrum(q)
+    assert (torch.float64 in factorised) == float64_lu
+    assert st.condition == pytest.approx(float(ref[0] / ref[-1]), rel=1e-4)
+    ld = float(torch.linalg.slogdet(a)[1])
+    assert st.orth_defect == pytest.approx(math.log(float((ref ** 2).mean())) - 2 * ld / n, rel=1e-4)
+
+
+def test_refined_solve_gives_up_when_the_lu_is_not_accurate_enough():
+    # an LU of another matrix: the corrections do not shrink, so the refinement says so (None)
+    a = torch.linalg.qr(rand(64, 64, seed=45).double())[0].float() * torch.linspace(1, 2, 64)
+    other = a + 0.5 * rand(64, 64, seed=46)
+    lu, piv = torch.linalg.lu_factor(other)
+    assert query_absorb._refined_solve(a.double(), lu, piv, torch.ones(64, 2, dtype=torch.float64),
+                                       adjoint=False) is None
+
+
 @pytest.mark.parametrize("block", [1, 8])
 def test_top_singular_value_blocks(block):
     # plain Lanczos (CPU) and block Lanczos (GPU) on clustered top singular values
