@@ -56,6 +56,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "analysis_speed": ["--naive-layers", "1"],        # the 22-layer file is the measurement itself
     "activations_speed": ["--repeat", "1"],
     "foreign_forward": ["--tokens", "1024"],
+    "batch_speed": ["--quick"],                       # its own --quick: 6 of the demo checkpoints
 }
 
 
