@@ -65,3 +65,13 @@ def test_weight_metrics_takes_the_dense_path_for_a_wide_kv_stack(monkeypatch):
         assert used == [expect]
         (sym,) = df[(df.metric == "qk_symmetry") & df["head"].isna()]["value"].tolist()
         assert sym == pytest.approx(ref_sym(layer_m(layer.W_Q, layer.W_K)), rel=1e-6)
+
+
+def test_exact_bf16_reads_every_layout():
+    w = torch.randn(6, 40, 8).bfloat16().float()                       # [heads, d_model, d_head]
+    for t in (w, w.mT, qk_geometry.stack_heads(w), w[:, ::2]):            # contiguous, transposed, strided
+        assert qk_geometry._exact_bf16(t)
+        bumped = t.clone()
+        at = (1,) * t.dim()
+        bumped[at] = 1.0 + 2 ** -20                                     # a float32 that bfloat16 cannot hold
+        assert not qk_geometry._exact_bf16(bumped)
