@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import torch
 
-from analysis._linalg import clean_eigh, cross, gram
+from analysis._linalg import clean_eigh, grams_and_cross
 from analysis.errors import AnalysisError
 
 
@@ -69,7 +69,7 @@ def products(k: torch.Tensor, v: torch.Tensor) -> KVProducts:
     from the data as given (converted exactly, never rounded to float32 first)."""
     _check(k, v)
     with torch.inference_mode():
-        return KVProducts(gram(k), gram(v), cross(k, v))
+        return KVProducts(*grams_and_cross(k, v))
 
 
 def cosine_flat(k: torch.Tensor, v: torch.Tensor, *, prod: KVProducts | None = None) -> torch.Tensor:

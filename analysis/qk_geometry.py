@@ -57,7 +57,7 @@ from typing import NamedTuple
 
 import torch
 
-from analysis._linalg import gram, stack_heads, sum_groups
+from analysis._linalg import CHUNK, f64_chunks, gram, stack_heads, sum_groups
 
 #: ``dense_layer_scores`` is the cheaper way to the layer's scores when
 #: ``d_model < DENSE_BELOW * n_kv_heads * d_head`` (float64 thin products, 5 of
@@ -77,26 +77,48 @@ def _stack64(a: torch.Tensor) -> torch.Tensor:
     return _f64(a).mT.reshape(heads * d_head, rows).mT       # [heads*d_head, rows] -> [rows, heads*d_head]
 
 
+def query_products(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Q_h^T Q_h, K_{kv_of[h]}^T Q_h)`` per query head, both ``[n_heads, d_head, d_head]``
+    float64, each head's Q and K converted to float64 once (a few kv groups at a time, at
+    most ``_linalg.CHUNK`` elements of Q: the products share the copies).
+
+    ``q: [n_heads, d_model, d_head]``, ``k: [n_kv_heads, d_model, d_head]``, ``kv_of``
+    sorted (``kv_index``: query heads grouped by kv head); any other map gathers the keys.
+    """
+    with torch.inference_mode():
+        n_heads, d_model, d_head = q.shape
+        n_kv = k.shape[0]
+        r = n_heads // n_kv
+        if r * n_kv != n_heads or not bool((kv_of == torch.arange(n_heads, device=kv_of.device) // r).all()):
+            q64, k64 = _f64(q), _f64(k)
+            return gram(q64), k64[kv_of].mT @ q64
+        per = max(1, CHUNK // max(1, r * d_model * d_head))             # kv groups per chunk
+        gq, c = [], []
+        for q64, k64 in zip(f64_chunks(q, per * r), f64_chunks(k, per)):   # [p*r, d, e], [p, d, e]
+            gq.append(q64.mT @ q64)
+            qg = q64.reshape(k64.shape[0], r, d_model, d_head)           # query heads by kv group
+            c.append((k64.mT.unsqueeze(1) @ qg).reshape(-1, d_head, d_head))   # K_g^T Q_h
+        return torch.cat(gq), torch.cat(c)
+
+
 def symmetry_per_head(q: torch.Tensor, k: torch.Tensor, kv_of: torch.Tensor, *,
-                      gq: torch.Tensor | None = None, gk: torch.Tensor | None = None) -> torch.Tensor:
+                      gq: torch.Tensor | None = None, gk: torch.Tensor | None = None,
+                      c: torch.Tensor | None = None) -> torch.Tensor:
     """Symmetry score of ``M_h = Q_h K_{kv_of[h]}^T`` per query head, ``[n_heads]`` float64.
 
     ``q: [n_heads, d_model, d_head]``, ``k: [n_kv_heads, d_model, d_head]``,
-    ``kv_of: [n_heads]`` the kv head of each query head. ``gq``, ``gk``: the Grams
-    ``Q_h^T Q_h`` and ``K_g^T K_g`` if the caller has them in float64 (a float32
-    Gram is recomputed in float64: its round-off is what this avoids).
+    ``kv_of: [n_heads]`` the kv head of each query head. ``gq``, ``gk``, ``c``: the Grams
+    ``Q_h^T Q_h`` and ``K_g^T K_g`` and the products ``K_{kv_of[h]}^T Q_h`` if the caller
+    has them in float64 (``query_products``; a float32 one is recomputed in float64: its
+    round-off is what this avoids).
     """
     with torch.inference_mode():
-        q64, k64 = _f64(q), _f64(k)
-        if bool((kv_of[1:] >= kv_of[:-1]).all()):           # heads grouped by kv head (kv_index)
-            counts = torch.bincount(kv_of, minlength=k64.shape[0]).tolist()
-            c = torch.cat([k64[g].mT @ qg for g, qg in enumerate(torch.split(q64, counts))])
-        else:                                                # any other map: gather the keys
-            c = k64[kv_of].mT @ q64
+        f64 = lambda t: t is not None and t.dtype == torch.float64   # noqa: E731
+        if not (f64(gq) and f64(c)):
+            gq, c = query_products(q, k, kv_of)
         # c: K^T Q, [n_heads, d_head, d_head]
         tr_m2 = (c * c.mT).sum((1, 2))                       # tr(C C)
-        gq = gq if gq is not None and gq.dtype == torch.float64 else gram(q64)
-        gk = (gk if gk is not None and gk.dtype == torch.float64 else gram(k64))[kv_of]
+        gk = (gk if f64(gk) else gram(k))[kv_of]
         norm2 = (gq * gk).sum((1, 2))                        # tr(Gq Gk), both symmetric
         return (1 + tr_m2 / norm2) / 2
 

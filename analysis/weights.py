@@ -174,14 +174,17 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
                 notes[m] = reason
         else:
             q = identity_queries(h, d, e, dev) if identity else as_float32(layer.W_Q, dev)   # [h, d, e]
-            gq = gram(q)                                     # [h, e, e], float64
+            if skip_m:
+                gq, c_qk = gram(q), None                     # [h, e, e], float64
+            else:                                            # Q_h^T Q_h and K^T Q_h: one float64 copy of Q
+                gq, c_qk = qk_geometry.query_products(q, k, kv_of)
             eig_q = clean_eigh(gq)
             sk = psd_sqrt_from(eig_k)                        # (K^T K)^{1/2}, [g, e, e]
             if skip_m:                                       # rows kept, values not wanted
                 out.heads("qk_symmetry", torch.full((h,), float("nan")))
                 sym = direction = float("nan")
             else:
-                out.heads("qk_symmetry", qk_geometry.symmetry_per_head(q, k, kv_of, gq=gq, gk=kvp.kk))
+                out.heads("qk_symmetry", qk_geometry.symmetry_per_head(q, k, kv_of, gq=gq, gk=kvp.kk, c=c_qk))
             if skip_m:
                 pass
             elif d < qk_geometry.DENSE_BELOW * g * e:        # wide kv stack: M itself, once

@@ -441,3 +441,22 @@ def test_cpu_and_gpu_agree():
     a, _ = weight_metrics(_layer(), _meta(norm="none"), device="cpu")
     b, _ = weight_metrics(_layer(), _meta(norm="none"), device="cuda")
     np.testing.assert_allclose(a["value"].to_numpy(), b["value"].to_numpy(), rtol=2e-3, atol=1e-4)
+
+
+def test_chunked_float64_products_match_direct_ones_across_chunk_edges(monkeypatch):
+    # 5 heads in chunks of 2 (the last one short), heads stored transposed as the loaders hand them out
+    from analysis import _linalg, qk_geometry
+    monkeypatch.setattr(_linalg, "CHUNK", 2 * 40 * 8)
+    monkeypatch.setattr(qk_geometry, "CHUNK", 2 * 40 * 8)
+    a = rand(5, 8, 40, seed=60).mT                                       # [5, 40, 8], per head transposed
+    b = rand(5, 8, 40, seed=61).mT
+    a64, b64 = a.double(), b.double()
+    kk, vv, kv = _linalg.grams_and_cross(a, b)
+    for got, want in ((_linalg.gram(a), a64.mT @ a64), (_linalg.row_gram(a.mT), a64.mT @ a64), (kk, a64.mT @ a64),
+                      (vv, b64.mT @ b64), (kv, a64.mT @ b64), (_linalg.cross(a, b), a64.mT @ b64)):
+        assert got.dtype == torch.float64 and torch.allclose(got, want, rtol=1e-13, atol=0)
+    q = rand(10, 8, 40, seed=62).mT                                      # 10 query heads, 2 per kv head
+    gq, c = qk_geometry.query_products(q, a, kv_index(10, 5, "cpu"))
+    q64 = q.double()
+    assert torch.allclose(gq, q64.mT @ q64, rtol=1e-13, atol=0)
+    assert torch.allclose(c, a64[kv_index(10, 5, "cpu")].mT @ q64, rtol=1e-13, atol=0)
