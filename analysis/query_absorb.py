@@ -198,8 +198,8 @@ def _refined_sigma_min(a: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, v: 
     of ``(A W)^T (A W)`` for orthonormal ``W``, an upper bound that converges like
     ``(sigma_min / sigma_{_BLOCK+1})^2`` per step. A component of ``W`` along a large
     singular direction weighs ``(sigma_i / sigma_min)^2`` in that bound, so the solves are
-    refined to ``1e-4 / condition``. Stops when the smallest Ritz pair's residual bounds the
-    error of ``sigma_min^2`` below 1e-8 relative (Kato-Temple). One step takes the error from ``eps32 * condition`` (2e-3 at condition 4e4) to ~1e-10
+    refined to ``1e-4 / condition``. Stops when the smallest Ritz vector is certified
+    (``_certified``: one refined application of ``(A^T A)^{-1}`` to that vector alone). One step takes the error from ``eps32 * condition`` (2e-3 at condition 4e4) to ~1e-10
     on a Gaussian ``4096 x 4096`` stack. None when the refinement does not converge
     (then a float64 LU is needed)."""
     n = a.shape[0]
@@ -224,13 +224,27 @@ def _refined_sigma_min(a: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, v: 
         w, aw = w @ vec, aw @ vec                                     # Ritz vectors, smallest first
         lam0 = float(lam[0].clamp_min(0))
         best = min(best, lam0 ** 0.5)
-        # residual of the smallest Ritz pair of A^T A: |lam0 - sigma_min^2| <= min(r, r^2 / gap)
-        # (Kato-Temple; gap: the next Ritz value), so one step is enough where it is small
-        r = float(torch.linalg.vector_norm(a64.mT @ aw[:, 0] - lam0 * w[:, 0]))
-        gap = float(lam[1]) - lam0 if k > 1 else 0.0
-        if min(r, r * r / gap if gap > 0 else r) <= 1e-8 * lam0:
+        if lam0 <= 0 or k < 2 or _certified(a64, lu, piv, w[:, :1], 1.0 / float(lam[1]), tol):
             break
     return best
+
+
+def _certified(a64: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, w: torch.Tensor, mu_2: float,
+               tol: float) -> bool:
+    """Whether the unit vector ``w: [n, 1]`` is ``(A^T A)^{-1}``'s top eigenvector to within a
+    1e-8 relative error of its Rayleigh quotient ``mu``: the residual ``s = B w - mu w`` of
+    ``B = (A^T A)^{-1}`` (one refined application, one column) bounds it by
+    ``min(||s||, ||s||^2 / (mu - mu_2))`` (Kato-Temple; ``mu_2``: ``B``'s next Ritz value).
+    ``B`` damps a large singular direction by ``1 / sigma_i^2``, so this residual is not
+    swamped by them as ``A^T A``'s own residual is."""
+    y = _refined_solve(a64, lu, piv, w, adjoint=True, tol=tol)
+    y = None if y is None else _refined_solve(a64, lu, piv, y, adjoint=False, tol=tol)   # B w, [n, 1]
+    if y is None or not bool(torch.isfinite(y).all()):
+        return False
+    mu = float(w.mT @ y)
+    s = float(torch.linalg.vector_norm(y - mu * w))
+    gap = mu - mu_2
+    return mu > 0 and min(s, s * s / gap if gap > 0 else s) <= 1e-8 * mu
 
 
 def _sigma_min_squared_inv(lu: torch.Tensor, piv: torch.Tensor, n: int, device, block: int,
