@@ -6,6 +6,7 @@ here the table's form and verdicts, which ``bench/run_all.py`` reads, are pinned
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import sys
 
@@ -48,3 +49,46 @@ def test_run_all_reads_the_browser_rows(capsys):
     assert [(r.measured, r.figure, r.result) for r in rows] == [
         ("browser, sidebar -> Overview (demo)", "0.40 s (max 0.90)", "pass"),
         ("browser, control: Inspector metric (demo)", "0.30 s (max 0.70)", "pass")]
+
+
+def test_browser_table_has_the_filter_line_and_the_runs_plotted(capsys):
+    timings = {"first_load": 2.5, "nav": {"Experiments": [0.6, 0.7, 0.5]}, "charts": {"Experiments": 2},
+               "legend": 20, "control": [0.2, 0.7, 0.3], "filter": [0.3, 0.6, 0.4, 0.5]}
+    bench.print_browser_table("big", timings, {"Experiments": 0.3, "Checkpoint inspector": 0.2,
+                                               "Experiments run filter": 0.25})
+    out = capsys.readouterr().out
+    assert LINE.findall(out) == [
+        ("big", "sidebar -> Experiments (20 runs plotted)", "0.60", "0.70", "2", "0.30", "1", "pass"),
+        ("big", "control: Inspector metric", "0.30", "0.70", "", "0.20", "0.5", "pass"),
+        ("big", "control: Experiments run filter", "0.45", "0.60", "", "0.25", "0.5", "pass")]
+    rows = run_all.parse_dashboard_speed(out)
+    assert [(r.measured, r.target, r.result) for r in rows][-1] == (
+        "browser, control: Experiments run filter (the benchmark database)", "< 0.5 s", "pass")
+
+
+def test_logs_ingest_after_the_sql_build_into_new_run_ids(tmp_path):
+    db = tmp_path / "bench.duckdb"
+    bench.build(db, 3, 5)
+    assert bench.write_logs(tmp_path / "logs", 2, 7) == 2 * 7 * 3
+    secs, n = bench.ingest_logs(db, tmp_path / "logs")          # failed on run id 1 before the sequence moved
+    assert n == 42 and secs > 0
+    with bench.Store(db).connect() as con:
+        got = con.execute("SELECT r.id, r.name, count(*), count(DISTINCT p.metric), min(p.step), max(p.step) "
+                          "FROM runs r JOIN points p ON p.run_id = r.id GROUP BY ALL ORDER BY r.id").fetchall()
+        lr = con.execute("SELECT value FROM points WHERE run_id = 4 AND metric = 'lr' ORDER BY step").fetchall()
+    assert got == [(1, "run-1", 15, 3, 0, 4), (2, "run-2", 15, 3, 0, 4), (3, "run-3", 15, 3, 0, 4),
+                   (4, "log1", 21, 3, 0, 6), (5, "log2", 21, 3, 0, 6)]
+    # the same cosine schedule as the SQL build: 6e-4 at step 0, 6e-4 (1 + cos(pi s / 7)) / 2 after
+    assert lr[0][0] == 6e-4 and abs(lr[3][0] - 6e-4 * (1 + math.cos(math.pi * 3 / 7)) / 2) < 1e-9
+
+
+def test_the_filter_timing_narrows_the_run_list(tmp_path, monkeypatch):
+    db = tmp_path / "bench.duckdb"
+    bench.build(db, 12, 4)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    assert bench.query_runs([1, 2, 3]) == "runs=1,2,3&m=train/loss"     # the browser's start URL
+    *_, at = bench.timed_page("experiments", {"runs": "1,2,3", "m": "train/loss"})
+    first, later, caption = bench.timed_filter(at, ("run-1", ""), rounds=2)
+    assert caption == "4 of 12 runs"                  # run-1, run-10, run-11, run-12
+    assert len(later) == 3 and min([first, *later]) > 0
+    assert at.text_input(key="exp_q").value == "" and at.caption[0].value == "12 of 12 runs"
