@@ -39,7 +39,7 @@ from typing import Callable
 
 import pandas as pd
 
-from analysis.chance import attach_weight_chance
+from analysis.chance import attach_weight_chance, weight_chance
 from analysis.notes import layout_notes as _layout_notes
 from analysis.notes import merge_notes as _merge_notes
 from analysis.notes import nonfinite_notes as _nonfinite_notes
@@ -87,6 +87,15 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     frames, notes = [], {}
     todo = range(ckpt.meta.n_layers) if layers is None else layers
     n = len(todo)
+    query_free = ckpt.meta.variant == "wq_identity"
+    # chance levels before any layer is read (cached per geometry): their random layers, as large
+    # as a checkpoint's, then never share memory with one (the peak of a 7B analysis was there)
+    shapes = {}
+    for i in todo:
+        m = ckpt.meta.layer_meta(i)
+        shapes.setdefault((m.n_heads, m.n_kv_heads, m.d_model, m.d_head, m.norm), m)
+    for m in shapes.values():
+        weight_chance(m, query_free=query_free, device=device)
     pairs = zip(todo, ckpt.layers()) if layers is None else ((i, ckpt.layer(i)) for i in todo)
     for done, (i, layer) in enumerate(pairs):
         if progress:
@@ -96,8 +105,7 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         df, nt = weight_metrics(layer, lm, device=device)
         # chance levels: the same metrics of independent Gaussian projections of these shapes
         # (computed once per shape and process, see analysis.chance)
-        frames.append(attach_weight_chance(df, lm, query_free=ckpt.meta.variant == "wq_identity",
-                                           device=device))
+        frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device))
         _merge_notes(notes, nt)
     if progress:
         progress(n, n, "weights done")
