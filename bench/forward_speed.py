@@ -1,0 +1,442 @@
+"""Benchmark: the activation job's tokens/s against the same model's plain forward, side by side.
+
+Two sets of models, each measured in this one run:
+
+* the bundled demo's language checkpoints (``data/demo``, ``app.paths.DEMO_DIR``: each
+  run's final checkpoint, 23 GPTs of d_model 64, 4 layers, context 128, bytes; the ViT
+  runs are left out), all in one child process after one untimed warm-up: per checkpoint
+  the activation job, then the plain forward; the medians over checkpoints;
+* a Hugging Face ``LlamaForCausalLM`` of about 100M parameters (hidden 768, 12 layers,
+  12 heads, intermediate 2048, vocab 32,000; random weights, seed 0; the count is printed)
+  saved with ``save_pretrained(safe_serialization=True)`` into a temporary folder and opened
+  as qkvscope opens any Hugging Face folder (``loaders.checkpoints.open_checkpoint``, then
+  ``experiments.runnable.load_runnable``: ``AutoModel``, so no LM head, eager attention,
+  float32, never ``trust_remote_code``); each measurement in a fresh process after an
+  untimed one-window warm-up of the same code, ``--repeat`` job/plain pairs alternating,
+  with its peak RSS above the imports (``ru_maxrss`` against ``/proc/self/statm`` after
+  the imports).
+
+What is timed, on the model ``load_runnable`` gives and the same ``[B, T]`` windows:
+
+* the plain forward: ``model(input_ids)`` under ``torch.inference_mode()``, no hooks,
+  over the windows the job builds (``job_windows``: the job's tokeniser, context,
+  ``analysis.captures.sample_windows`` and budget), in the job's batches of
+  ``experiments.runnable.BATCH_TOKENS`` tokens;
+* the activation job, ``experiments.activation_runs.corpus_activations`` (what
+  ``analyze --activations`` calls) over the default token budget (``wanted``:
+  ``max(DEFAULT_TOKENS = 4096, 8 x d_head)``; ``--tokens`` overrides it), three figures:
+  its forward pass (``feed``'s batches: the model with the pre-hooks and every layer's
+  ``ActivationAccumulator.add``, i.e. the projections, the chance draws' projections and
+  the float64 statistics; from the first batch to the first ``result()``); the job
+  without its model load (tokenising, the forward pass, ``result()``: metrics, chance
+  levels, bootstrap intervals); and end to end, the load included. The load, ``add`` and
+  ``result`` seconds are timed inside (the functions wrapped in this process).
+
+Target (issue 20: "the hooks and captures must cost little"): tokens/s >= ``FORWARD_RATIO``
+(0.7, ``bench/run_all.py``) of the plain forward's, for the job's forward pass and for the
+job without its load (the end-to-end figure has none). Each figure is printed as a
+``BENCH_ROW {json}`` line that ``bench/run_all.py`` collects. On a machine other processes
+keep busy, run with ``--threads 1`` (OpenMP's spin-waiting makes the job's many small
+operations erratic; see bench/analysis_speed.py).
+
+    .venv/bin/python bench/forward_speed.py [--quick] [--device cpu|cuda] [--threads N] [--tokens N]
+                                            [--limit N] [--repeat 2] [--demo DIR] [--skip-demo] [--skip-llama]
+                                            [--hidden 768 --layers 12 --heads 12 --intermediate 2048 --vocab 32000]
+
+``--quick``: 3 demo checkpoints, 1,024 tokens, a Llama of hidden 256, 4 layers, 4 heads,
+intermediate 688 (19.5M parameters), one pair.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from run_all import FORWARD_RATIO  # noqa: E402  (bench/ is on sys.path: this script's folder)
+
+BENCH = "forward_speed"
+#: The ~100M-parameter Llama of issue 20, and the small one of ``--quick``.
+LLAMA_FULL = {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 2048, "vocab": 32000}
+LLAMA_QUICK = {"hidden": 256, "layers": 4, "heads": 4, "intermediate": 688, "vocab": 32000}
+QUICK_DEMO, QUICK_TOKENS = 3, 1024
+#: Tokens of the untimed warm-up run before each measurement (one window of ``MAX_WINDOW``).
+WARM_TOKENS = 512
+
+
+# -- pure helpers ------------------------------------------------------------------------
+
+def llama_parameters(hidden: int, layers: int, intermediate: int, vocab: int, *, tied: bool = False) -> int:
+    """Parameters of a Llama with MHA and no biases: embeddings ``vocab * hidden``, per layer
+    ``4 hidden^2`` (q, k, v, o) ``+ 3 hidden * intermediate`` (gate, up, down) ``+ 2 hidden``
+    (two RMSNorms), the final norm ``hidden``, the LM head ``vocab * hidden`` unless tied."""
+    per_layer = 4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+
+
+def rate(tokens: int, seconds: float) -> float:
+    """Tokens per second (NaN for no time)."""
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+def spread(items: list, n: int | None) -> list:
+    """``n`` of ``items`` spread evenly (first and last included); all without ``n`` or when fewer."""
+    if n is None or n >= len(items):
+        return list(items)
+    if n <= 1:
+        return list(items[:1])
+    return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
+
+
+def demo_checkpoints(demo: Path) -> list[Path]:
+    """Each language run's final checkpoint under ``demo`` (``RUN/checkpoints/final_*.safetensors``;
+    runs named ``vit-*`` are vision models), sorted by run."""
+    found = []
+    for run in sorted(p for p in demo.iterdir() if p.is_dir() and not p.name.startswith("vit-")):
+        final = sorted((run / "checkpoints").glob("final_*.safetensors"))
+        if final:
+            found.append(final[-1])
+    return found
+
+
+def job_rate(m: dict) -> float:
+    """The activation job's tokens/s without its model load (module docstring)."""
+    return rate(m["tokens"], m["seconds"] - m["load_s"])
+
+
+#: The activation job's figures, each against the plain forward: (key, what it times, target or not).
+FIGURES = [("forward", "the activation job's forward pass (hooks and every layer's add())", True),
+           ("job", "the activation job without its model load (add(), result(), tokenising)", True),
+           ("with_load", "the activation job end to end (its model load included)", False)]
+
+
+def summarise(pairs: list[tuple[dict, dict]]) -> dict:
+    """Medians over (job, plain) measurement pairs: the plain forward's tokens/s, and for each of
+    ``FIGURES`` the job's tokens/s and its per-pair ratio to the plain forward's; the job's split."""
+    plains = [rate(p["tokens"], p["seconds"]) for _, p in pairs]
+    rates = {"forward": [rate(j["tokens"], j["forward_s"]) for j, _ in pairs],
+             "job": [job_rate(j) for j, _ in pairs],
+             "with_load": [rate(j["tokens"], j["seconds"]) for j, _ in pairs]}
+    return {"n": len(pairs), "plain": statistics.median(plains),
+            **{k: statistics.median(v) for k, v in rates.items()},
+            "ratio": {k: statistics.median(r / p for r, p in zip(v, plains)) for k, v in rates.items()},
+            "split": {k: statistics.median(j[k] for j, _ in pairs)
+                      for k in ("seconds", "load_s", "forward_s", "add_s", "result_s")}}
+
+
+def bench_row(measured: str, figure: str, against: str, target: str, ok: bool | None) -> dict:
+    """One row of the bench table, printed as ``BENCH_ROW {json}`` for ``bench/run_all.py``."""
+    row = {"bench": BENCH, "measured": measured, "figure": figure, "against": against,
+           "target": target, "result": "-" if ok is None else ("pass" if ok else "FAIL")}
+    print("BENCH_ROW " + json.dumps(row), flush=True)
+    return row
+
+
+def ratio_rows(what: str, s: dict) -> list[dict]:
+    """The rows of a summary: each of ``FIGURES``' tokens/s over the plain forward's."""
+    return [bench_row(f"tokens/s of {label}, {what}", f"{s['ratio'][k]:.2f}x ({s[k]:,.0f} tok/s)",
+                      f"the same model's plain forward, same windows ({s['plain']:,.0f} tok/s)",
+                      f">= {FORWARD_RATIO:g}x" if target else "-",
+                      s["ratio"][k] >= FORWARD_RATIO if target else None)
+            for k, label, target in FIGURES]
+
+
+# -- measurements (in a child process) -----------------------------------------------------
+
+def rss_mib() -> float:
+    """Resident memory now (MiB), from /proc/self/statm."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (MiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _sync(device: str) -> None:
+    import torch
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def job_windows(ckpt, model, tok, vocab: int, tokens: int | None):
+    """The ``[B, T]`` windows ``corpus_activations`` feeds ``model`` (the steps of
+    ``experiments.activation_runs.text_activations``: its tokeniser, context and budget)."""
+    from analysis.captures import MAX_WINDOW, sample_windows
+    from experiments.activation_runs import SampleSpec, token_stream, wanted
+    from experiments.runnable import model_context
+
+    sample = SampleSpec(tokens=tokens)
+    want = wanted(sample, ckpt.meta)
+    text = sample.read().text
+    context = model_context(model)
+    n_draw = want + min(context, MAX_WINDOW)
+    ids, _ = token_stream(text[: want * 16], tok, vocab, n_draw)
+    if ids.numel() < want and len(text) > want * 16:
+        ids, _ = token_stream(text, tok, vocab, n_draw)
+    return sample_windows(ids, context=context, n_tokens=want)          # [B, T]
+
+
+def measure_plain(path: Path, device: str, tokens: int | None) -> dict:
+    """The plain forward of ``path``'s model over the job's windows: seconds, tokens, load seconds."""
+    import torch
+
+    from experiments.runnable import BATCH_TOKENS, load_runnable
+    from loaders.checkpoints import open_checkpoint
+
+    with open_checkpoint(path) as ckpt:
+        t0 = time.perf_counter()
+        model, tok, vocab = load_runnable(ckpt)
+        model = model.to(device)
+        load = time.perf_counter() - t0
+        windows = job_windows(ckpt, model, tok, vocab, tokens)          # [B, T]
+    per = max(1, BATCH_TOKENS // windows.shape[1])
+    with torch.inference_mode():
+        _sync(device)
+        t0 = time.perf_counter()
+        for lo in range(0, windows.shape[0], per):
+            model(windows[lo:lo + per].to(device))
+        _sync(device)
+        secs = time.perf_counter() - t0
+    return {"phase": "plain", "seconds": secs, "tokens": int(windows.numel()), "load_s": load,
+            "windows": list(windows.shape)}
+
+
+def measure_job(path: Path, device: str, tokens: int | None) -> dict:
+    """``corpus_activations`` of ``path``: seconds, tokens fed, and inside it the seconds of
+    ``load_runnable``, of every ``ActivationAccumulator.add`` and ``result``, and of its forward
+    pass (``forward_s``: from ``feed``'s first batch, its first ``progress`` call, to its first
+    ``result()``: the model's forward with the hooks and every layer's ``add``)."""
+    from analysis.activations import ActivationAccumulator
+    from experiments import activation_runs
+    from loaders.checkpoints import open_checkpoint
+
+    spent = {"load_s": 0.0, "add_s": 0.0, "result_s": 0.0}
+    marks: dict[str, float] = {}
+
+    def timed(key, fn):
+        def wrapper(*args, **kw):
+            if key == "result_s" and "forward_end" not in marks:
+                _sync(device)                                  # the queued add() work belongs to the forward
+                marks["forward_end"] = time.perf_counter()
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[key] += time.perf_counter() - t          # on CUDA add() is the time to queue it
+        return wrapper
+
+    def progress(done, total, what):
+        marks.setdefault("forward_start", time.perf_counter())
+
+    saved = activation_runs.load_runnable, ActivationAccumulator.add, ActivationAccumulator.result
+    activation_runs.load_runnable = timed("load_s", saved[0])
+    ActivationAccumulator.add = timed("add_s", saved[1])
+    ActivationAccumulator.result = timed("result_s", saved[2])
+    try:
+        with open_checkpoint(path) as ckpt:
+            _sync(device)
+            t0 = time.perf_counter()
+            run = activation_runs.corpus_activations(
+                ckpt, device=device, sample=activation_runs.SampleSpec(tokens=tokens), progress=progress)
+            _sync(device)
+            secs = time.perf_counter() - t0
+    finally:
+        activation_runs.load_runnable, ActivationAccumulator.add, ActivationAccumulator.result = saved
+    return {"phase": "job", "seconds": secs, "tokens": int(run.sample["n_tokens"]), **spent,
+            "forward_s": marks["forward_end"] - marks["forward_start"],
+            "windows": [run.sample["windows"], run.sample["window"]], "rows": len(run.frame)}
+
+
+def child(args) -> None:
+    """One measurement process: prints one JSON line per measurement, then its peak RSS."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import experiments.activation_runs  # noqa: F401  (the imports, before the baseline)
+    import loaders.checkpoints  # noqa: F401
+    if args.child != "demo":
+        import transformers  # noqa: F401
+    base = rss_mib()
+    paths = [Path(p) for p in args.paths]
+    if args.child == "demo":
+        measure_job(paths[0], args.device, WARM_TOKENS)               # warm-up: one of each, untimed
+        measure_plain(paths[0], args.device, WARM_TOKENS)
+        for p in paths:
+            print(json.dumps({"path": str(p), "job": measure_job(p, args.device, args.tokens),
+                              "plain": measure_plain(p, args.device, args.tokens)}), flush=True)
+    else:
+        fn = measure_job if args.child == "job" else measure_plain
+        fn(paths[0], args.device, WARM_TOKENS)                        # warm-up: the same code, one window
+        gc.collect()
+        print(json.dumps(fn(paths[0], args.device, args.tokens)), flush=True)
+    mem = {"base_rss_mib": base, "peak_rss_mib": peak_rss_mib(), "threads": torch.get_num_threads()}
+    if str(args.device).startswith("cuda"):
+        mem["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    print(json.dumps(mem), flush=True)
+
+
+def run_child(args, phase: str, paths: list[Path]) -> tuple[list[dict], dict]:
+    """Run ``--child phase`` on ``paths`` in a fresh process: its measurements and its memory line."""
+    cmd = [sys.executable, __file__, "--child", phase, "--device", args.device, "--threads", str(args.threads),
+           *(["--tokens", str(args.tokens)] if args.tokens is not None else []), *map(str, paths)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd[1:4])} exited {proc.returncode}: "
+                         f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
+    lines = [json.loads(x) for x in proc.stdout.strip().splitlines()]
+    return lines[:-1], lines[-1]
+
+
+# -- the two benchmarks ----------------------------------------------------------------------
+
+def split_text(s: dict) -> str:
+    """The job's median split into its parts (seconds)."""
+    sp = s["split"]
+    rest = sp["seconds"] - sp["load_s"] - sp["forward_s"] - sp["result_s"]
+    return (f"job {sp['seconds']:.3f} s = load {sp['load_s']:.3f} + forward pass {sp['forward_s']:.3f} "
+            f"(of which add() {sp['add_s']:.3f}) + result() {sp['result_s']:.3f} + tokenising, rest {rest:.3f}")
+
+
+def ratios_text(s: dict) -> str:
+    r = s["ratio"]
+    return (f"plain {s['plain']:,.0f} tok/s; job forward pass {s['forward']:,.0f} tok/s = {r['forward']:.2f}x, "
+            f"job without the load {s['job']:,.0f} tok/s = {r['job']:.2f}x, with it {s['with_load']:,.0f} tok/s "
+            f"= {r['with_load']:.2f}x")
+
+
+def bench_demo(args) -> None:
+    paths = spread(demo_checkpoints(args.demo), args.limit)
+    if not paths:
+        raise SystemExit(f"error: {args.demo}: no language checkpoints (RUN/checkpoints/final_*.safetensors)")
+    lines, mem = run_child(args, "demo", paths)
+    pairs = [(x["job"], x["plain"]) for x in lines]
+    for x in lines:
+        j, p = x["job"], x["plain"]
+        plain = rate(p["tokens"], p["seconds"])
+        print(f"  {Path(x['path']).parent.parent.name:24s} {j['tokens']:,} tokens ({j['windows'][0]} x "
+              f"{j['windows'][1]}): plain {plain:9,.0f} tok/s; job forward pass {rate(j['tokens'], j['forward_s']):9,.0f}"
+              f" tok/s ({rate(j['tokens'], j['forward_s']) / plain:.2f}x), without the load {job_rate(j):9,.0f} "
+              f"tok/s ({job_rate(j) / plain:.2f}x); add() {j['add_s']:.3f} s, result() {j['result_s']:.3f} s")
+    s = summarise(pairs)
+    above = mem["peak_rss_mib"] - mem["base_rss_mib"]
+    n_tok = pairs[0][0]["tokens"]
+    print(f"demo: {s['n']} checkpoints, medians: {ratios_text(s)}; {split_text(s)}; peak RSS "
+          f"{mem['peak_rss_mib']:.0f} MiB, {above:.0f} MiB above the imports' {mem['base_rss_mib']:.0f} MiB "
+          f"({mem['threads']} threads)")
+    ratio_rows(f"median of {s['n']} demo checkpoints, {n_tok:,} tokens each", s)
+    bench_row(f"peak RSS above the imports, activation job and plain forward of {s['n']} demo checkpoints "
+              "(one process)", f"{above:.0f} MiB", f"the imports ({mem['base_rss_mib']:.0f} MiB)", "-", None)
+
+
+def build_llama(folder: Path, hidden: int, layers: int, heads: int, intermediate: int, vocab: int) -> int:
+    """A random ``LlamaForCausalLM`` (seed 0) saved as safetensors into ``folder``; its parameter count."""
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()             # no "Writing model shards" bar
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=heads, intermediate_size=intermediate,
+                                      vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return sum(p.numel() for p in model.parameters())
+
+
+def bench_llama(args) -> None:
+    shape = {k: getattr(args, k) for k in LLAMA_FULL}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "llama"
+        n = build_llama(folder, **shape)
+        expect = llama_parameters(shape["hidden"], shape["layers"], shape["intermediate"], shape["vocab"])
+        body = n - 2 * shape["vocab"] * shape["hidden"]
+        mib = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2 ** 20
+        label = (f"LlamaForCausalLM {n / 1e6:.1f}M parameters (hidden {shape['hidden']}, {shape['layers']} layers, "
+                 f"{shape['heads']} heads, intermediate {shape['intermediate']}, vocab {shape['vocab']:,})")
+        print(f"{label}: {n:,} parameters (formula {expect:,}; {body:,} outside the embeddings and LM head); "
+              f"{mib:.0f} MiB of safetensors; AutoModel runs it without the LM head")
+        pairs, mems = [], {"job": [], "plain": []}
+        for _ in range(args.repeat):                                       # alternating, fresh processes
+            (j,), mj = run_child(args, "job", [folder])
+            (p,), mp = run_child(args, "plain", [folder])
+            pairs.append((j, p))
+            mems["job"].append(mj)
+            mems["plain"].append(mp)
+    s = summarise(pairs)
+    above = {k: max(m["peak_rss_mib"] - m["base_rss_mib"] for m in v) for k, v in mems.items()}
+    base = mems["job"][0]["base_rss_mib"]
+    tok = pairs[0][0]["tokens"]
+    print(f"llama: {tok:,} tokens ({pairs[0][0]['windows'][0]} x {pairs[0][0]['windows'][1]}), medians of "
+          f"{s['n']}: {ratios_text(s)}; {split_text(s)}; plain forward "
+          f"{statistics.median(p['seconds'] for _, p in pairs):.3f} s (load {statistics.median(p['load_s'] for _, p in pairs):.3f} s); "
+          f"peak RSS above the imports' {base:.0f} MiB: job {above['job']:.0f} MiB, plain {above['plain']:.0f} MiB "
+          f"({mems['job'][0]['threads']} threads)")
+    what = f"{label}, {tok:,} tokens"
+    ratio_rows(what, s)
+    bench_row(f"peak RSS above the imports, activation job, {what}",
+              f"{above['job']:.0f} MiB ({above['job'] / mib:.2f} of the file)",
+              f"plain forward, fresh process ({above['plain']:.0f} MiB)", "-", None)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    from app.paths import DEMO_DIR
+
+    ap.add_argument("--quick", action="store_true",
+                    help=f"small sizes: {QUICK_DEMO} demo checkpoints, {QUICK_TOKENS} tokens, a ~19M Llama, one pair")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own)")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="tokens per model (default: the activation job's own budget, 4,096 here)")
+    ap.add_argument("--limit", type=int, default=None, help="demo checkpoints, spread over the demo (default all)")
+    ap.add_argument("--repeat", type=int, default=2, help="job/plain pairs of the Llama (default 2)")
+    ap.add_argument("--demo", type=Path, default=DEMO_DIR, help=f"the demo folder (default {DEMO_DIR})")
+    ap.add_argument("--skip-demo", action="store_true")
+    ap.add_argument("--skip-llama", action="store_true")
+    for k, v in LLAMA_FULL.items():
+        ap.add_argument(f"--{k}", type=int, default=None, help=f"Llama {k} (default {v}; --quick {LLAMA_QUICK[k]})")
+    ap.add_argument("--child", choices=["demo", "job", "plain"], help=argparse.SUPPRESS)
+    ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    if args.device is None:
+        import torch
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.child:
+        child(args)
+        return 0
+    if args.quick:
+        args.limit = QUICK_DEMO if args.limit is None else args.limit
+        args.tokens = QUICK_TOKENS if args.tokens is None else args.tokens
+        args.repeat = 1
+    for k in LLAMA_FULL:
+        if getattr(args, k) is None:
+            setattr(args, k, (LLAMA_QUICK if args.quick else LLAMA_FULL)[k])
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, device {args.device}, "
+          f"load average {os.getloadavg()[0]:.2f}, tokens {args.tokens or 'the job default'}", flush=True)
+    if not args.skip_demo:
+        bench_demo(args)
+    if not args.skip_llama:
+        bench_llama(args)
+    print(f"load average after {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
