@@ -57,6 +57,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "activations_speed": ["--repeat", "1"],
     "foreign_forward": ["--tokens", "1024"],
     "batch_speed": ["--quick"],                       # its own --quick: 6 of the demo checkpoints
+    "forward_speed": ["--quick"],                     # its own --quick: 3 demo checkpoints, a 19.5M Llama
 }
 
 

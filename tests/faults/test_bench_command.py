@@ -62,9 +62,9 @@ def rows(name: str, out: str) -> list[tuple]:
 
 def test_every_bench_script_is_found_and_parsed():
     assert R.discover() == ["activations_speed", "analysis_scaling", "analysis_speed", "batch_speed", "checkpoint_memory",
-                            "dashboard_speed", "foreign_forward", "log_ingest"]
+                            "dashboard_speed", "foreign_forward", "forward_speed", "log_ingest"]
     # every script is parsed or prints its own BENCH_ROW lines, and has quick sizes
-    assert set(R.PARSERS) | {"analysis_scaling", "batch_speed"} == set(R.discover()) == set(R.QUICK_ARGS) | set(R.QUICK_RUNS)
+    assert set(R.PARSERS) | {"analysis_scaling", "batch_speed", "forward_speed"} == set(R.discover()) == set(R.QUICK_ARGS) | set(R.QUICK_RUNS)
     # analysis_speed runs at both shapes of issue 20; the dashboard at 2,000 runs x 50,000 steps
     assert [c[2:] for c in R.commands("analysis_speed", False)] == R.FULL_RUNS["analysis_speed"]
     assert ["--shape", "7B"] == R.FULL_RUNS["analysis_speed"][1][:2]
