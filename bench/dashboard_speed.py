@@ -419,6 +419,44 @@ def browser_timings(db: Path, titles: list[str], rounds: int, experiments: str |
     return out
 
 
+def draw_cost(folder: Path, runs: int = PLOTTED, points: int = 2000, repeat: int = 2) -> dict[str, float]:
+    """Seconds this Chromium takes to draw ``runs`` lines of ``points`` points (what the
+    Experiments chart holds: ``loaders.curves`` keeps <= 2,000 points a run) with plotly.js alone,
+    in a blank page (no server, no Streamlit): as WebGL (``Scattergl``, what ``app.charts``
+    draws) and as SVG (``Scatter``); best of ``repeat``. Headless Chromium has no GPU and
+    renders WebGL in software (SwiftShader), as a browser on a machine without one does."""
+    import numpy as np
+    import plotly.graph_objects as go
+    from playwright.sync_api import sync_playwright
+    from plotly.offline import get_plotlyjs
+
+    from tests.app.browser import CHROMIUM, CHROMIUM_ARGS
+
+    html = folder / "draw.html"
+    html.write_text("<html><body><div id='p' style='width:1300px;height:450px'></div><script>"
+                    + get_plotlyjs() + "</script></body></html>")
+    step = np.arange(points) * 25
+    out = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(html.as_uri())
+            for name, kind in (("WebGL (Scattergl)", go.Scattergl), ("SVG (Scatter)", go.Scatter)):
+                fig = go.Figure([kind(x=step, y=4 - 0.25 * np.log1p(step) + 0.05 * np.sin(step * 0.37 + r),
+                                      mode="lines", name=f"run-{r + 1}", line=dict(width=1), customdata=step)
+                                 for r in range(runs)])
+                ms = [page.evaluate("""async (spec) => {
+                          const f = JSON.parse(spec); Plotly.purge("p"); const t0 = performance.now();
+                          await Plotly.newPlot("p", f.data, f.layout);
+                          await new Promise((done) => requestAnimationFrame(() => setTimeout(done, 0)));
+                          return performance.now() - t0; }""", fig.to_json()) for _ in range(repeat)]
+                out[name] = min(ms) / 1000
+        finally:
+            browser.close()
+    return out
+
+
 def demo_database(folder: Path) -> Path:
     """The bundled demo ingested into ``folder/demo.duckdb`` (what the first start builds)."""
     from app.paths import DEMO_DIR
@@ -427,7 +465,11 @@ def demo_database(folder: Path) -> Path:
     db = folder / "demo.duckdb"
     if db.exists():
         db.unlink()
-    ingest_paths(Store(db), [DEMO_DIR])
+    store = Store(db)
+    ingest_paths(store, [DEMO_DIR])
+    with store.connect() as con:
+        n_runs, n_ckpts = con.execute("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM checkpoints)").fetchone()
+    print(f"demo database: {n_runs} runs, {n_ckpts} checkpoints")
     return db
 
 
@@ -490,6 +532,9 @@ def browser_main(big_db: Path, folder: Path, rounds: int, experiments: str | Non
 
     titles = [m.TITLE for m in page_modules()]
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    draw = draw_cost(folder)
+    print(f"plotly.js draw in this Chromium, {PLOTTED} runs x 2,000 points, blank page: "
+          + "; ".join(f"{k} {v:.2f} s" for k, v in draw.items()))
     demo = demo_database(folder)
     for name, db, query in (("demo", demo, None), ("big", big_db, experiments)):
         script = apptest_pages(db, dict(parse_qsl(query)) if query else None, NEEDLES[name])

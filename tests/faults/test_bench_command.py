@@ -45,14 +45,29 @@ naive (scaled) / analysis = 147x   (naive 37.6 s on 1 layers -> 826 s for 22; ta
 peak RSS MiB: read 1414, analysis 675, naive 647
 """
 DASHBOARD_SPEED = """\
+started 2026-12-01 19:10:43 UTC; load average 1.76 on 2 cores
+database: 50 runs x 2000 steps x 3 metrics = 300,000 points, built in 0.2 s (7 MiB)
+build (SQL bulk insert from range(), not the ingest path): 1,390,639 points/s; DuckDB file 7 MB = 24.5 bytes/point
+ingest, 20 runs' CSV logs x 2000 steps x 3 metrics (120,000 points, 2 MB), into a new database: 120,000 points in 3.28 s = 36,594 points/s
+curve query, 20 runs: downsampled 40,000 points in 84 ms; raw 40,000 points in 42 ms; downsampled/raw time ratio 2.00
+experiments page, 20 runs selected (chart drawn: True, 20 traces): script cold 0.78 s, warm 0.18 s (AppTest wall 1.10 / 0.19 s); warm/cold 0.23
+experiments run filter (search box set to 'run-1' and cleared, 6 changes; 'run-1' shows 11 of 50 runs): first change 0.23 s, later ones median 0.19 s, max 0.21 s
+inspector, analysed checkpoint: script cold 8.26 s, warm 0.61 s (AppTest wall 8.43 / 0.61 s); warm/cold 0.07
+  experiments cold   script   0.78 s  under the 1 s target
+  experiments warm   script   0.18 s  under the 1 s target
+  filter first       script   0.23 s  under the 0.5 s target
+  filter warm        script   0.19 s  under the 0.5 s target
+  inspector cold     script   8.26 s  OVER the 1 s target
+  inspector warm     script   0.61 s  under the 1 s target
+ingest, the same 20 runs' CSV logs into this 50-run database: 120,000 points in 2.19 s = 54,826 points/s
+plotly.js draw in this Chromium, 20 runs x 2,000 points, blank page: WebGL (Scattergl) 1.48 s; SVG (Scatter) 0.13 s
+"""
+#: The same script's output before the filter and ingest rows (10 runs plotted): still read.
+DASHBOARD_SPEED_10 = """\
 database: 50 runs x 2000 steps x 3 metrics = 300,000 points, built in 0.2 s (7 MiB)
 curve query, 10 runs: downsampled 20,000 points in 51 ms; raw 20,000 points in 21 ms; downsampled/raw time ratio 2.42
-experiments page, 10 runs selected (chart drawn: True): script cold 0.38 s, warm 0.08 s (AppTest wall 0.51 / 0.08 s); warm/cold 0.21
-inspector, analysed checkpoint: script cold 0.34 s, warm 0.12 s (AppTest wall 0.46 / 0.13 s); warm/cold 0.36
-  experiments cold   script   0.38 s  under the 1 s target
   experiments warm   script   0.08 s  under the 1 s target
   inspector cold     script   1.34 s  OVER the 1 s target
-  inspector warm     script   0.12 s  under the 1 s target
 """
 
 
@@ -122,11 +137,35 @@ def test_analysis_speed_rows():
 
 def test_dashboard_speed_rows():
     got = rows("dashboard_speed", DASHBOARD_SPEED)
-    assert got[0] == ("curve query, 10 runs (50 runs x 2000 steps), 20,000 points drawn", "2.42x (51 ms)",
-                      "fetching all 20,000 raw points (21 ms)", "-", "-")
-    assert got[3] == ("inspector page script run, cold (50 runs x 2000 steps)", "1.34 s",
-                      "absolute (AppTest render time)", "< 1 s", "FAIL")
-    assert [g[4] for g in got[1:]] == ["pass", "pass", "FAIL", "pass"]
+    size = "50 runs x 2000 steps"
+    assert got[:4] == [
+        (f"database build, SQL bulk insert from range() ({size}, 300,000 points)", "1,390,639 points/s (0.2 s)",
+         "-", "-", "-"),
+        (f"DuckDB file size ({size})", "7 MB", "24.5 bytes/point", "-", "-"),
+        ("ingest of 20 runs' CSV logs (ingest_paths), into a new database", "36,594 points/s (3.28 s)", "-", "-", "-"),
+        (f"ingest of 20 runs' CSV logs (ingest_paths), into the {size} database", "54,826 points/s (2.19 s)",
+         "-", "-", "-")]
+    assert got[4] == (f"curve query, 20 runs ({size}), 40,000 points drawn", "2.00x (84 ms)",
+                      "fetching all 40,000 raw points (42 ms)", "-", "-")
+    assert got[5:11] == [
+        (f"experiments page script run, cold, 20 runs selected ({size})", "0.78 s",
+         "absolute (AppTest render time)", "< 1 s", "pass"),
+        (f"experiments page script run, warm, 20 runs selected ({size})", "0.18 s",
+         "absolute (AppTest render time)", "< 1 s", "pass"),
+        (f"experiments run list filter change, first time, 20 runs selected ({size})", "0.23 s",
+         "absolute (AppTest render time)", "< 0.5 s", "pass"),
+        (f"experiments run list filter change, warm (median), 20 runs selected ({size})", "0.19 s",
+         "absolute (AppTest render time)", "< 0.5 s", "pass"),
+        (f"inspector page script run, cold ({size})", "8.26 s", "absolute (AppTest render time)", "< 1 s", "FAIL"),
+        (f"inspector page script run, warm ({size})", "0.61 s", "absolute (AppTest render time)", "< 1 s", "pass")]
+    assert got[11:] == [("browser, plotly.js alone drawing 20 runs x 2,000 points as WebGL (app/charts.py's Scattergl)",
+                         "1.48 s", "the same as SVG (Scatter: 0.13 s)", "-", "-")]
+    # the earlier output (10 runs, no filter or ingest lines) still gives its rows
+    assert rows("dashboard_speed", DASHBOARD_SPEED_10) == [
+        (f"curve query, 10 runs ({size}), 20,000 points drawn", "2.42x (51 ms)",
+         "fetching all 20,000 raw points (21 ms)", "-", "-"),
+        (f"experiments page script run, warm ({size})", "0.08 s", "absolute (AppTest render time)", "< 1 s", "pass"),
+        (f"inspector page script run, cold ({size})", "1.34 s", "absolute (AppTest render time)", "< 1 s", "FAIL")]
 
 
 @pytest.fixture
