@@ -7,6 +7,8 @@ reopens it too. Without either, the best run of each group (variant x head
 sharing x task) is plotted. The search and filters narrow the curves already
 plotted as well as the table. Curves are downsampled in DuckDB
 (``loaders.curves``): no curve has more than 2,000 points and spikes stay.
+The curves of every selected run are fetched (and cached) together and the
+filters pick from them, so changing a filter runs no new curve query.
 Smoothing is ``analysis.trajectories.smooth`` (time-weighted, debiased EMA).
 """
 from __future__ import annotations
@@ -218,7 +220,11 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
         fig = charts.band_figure(band, x=x, metric=metric, log_x=log_x, log_y=log_y, styles=band_styles)
         n_shown = len(band)
     else:
-        raw = _curves(*key)
+        # the whole selection's curves, narrowed here to the runs the search and filters show: a
+        # filter change reuses the cached query (each run is downsampled on its own, loaders.curves)
+        raw = _curves(str(store.path), version, tuple(sorted(selected)), metric, x)
+        if len(plotted) < len(selected):
+            raw = raw[raw["run_id"].isin(plotted)].reset_index(drop=True)
         smoothed = smooth(raw, smoothing) if smoothing else None
         fig = charts.curves_figure(raw, labels, smoothed=smoothed, x=x, metric=metric, log_x=log_x, log_y=log_y,
                                    styles=styles)

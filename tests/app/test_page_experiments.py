@@ -392,3 +392,24 @@ def test_edit_form_has_one_input_per_editable_field(runs_db):
     labels = [t.label for t in at.text_input][1:]     # text_input[0] is the search box
     assert labels == ["Weight decay", "Learning rate", "KV heads", "Seed", "Model size (parameters)"]
     assert at.text_input[1].value == "0.1"
+
+
+def test_a_filter_change_reuses_the_selections_curves(runs_db, monkeypatch):
+    from loaders import curves as curves_mod
+
+    calls = []
+    query = curves_mod.curves
+    def counted(store, ids, *args, **kwargs):
+        calls.append(sorted(ids))
+        return query(store, ids, *args, **kwargs)
+
+    monkeypatch.setattr(curves_mod, "curves", counted)
+    at = page_test("experiments", {"runs": "1,2,3,4", "m": "train/loss"}).run()
+    assert calls == [[1, 2, 3, 4]]
+    at.multiselect(key="exp_variant").select("k_eq_v").run()
+    at.text_input(key="exp_q").input("wd0.1").run()
+    assert calls == [[1, 2, 3, 4]]                      # narrowed from the cached curves
+    [trace] = figures(at)["exp_curves"]["data"]
+    direct = query(Store(runs_db), [4], "train/loss")  # what a query of the shown run alone gives
+    assert trace["name"] == "kv-wd0.1 (Q-K=V)"
+    assert arr(trace["x"]) == direct["x"].tolist() and arr(trace["y"]) == direct["value"].tolist()
