@@ -2,7 +2,9 @@
 
 Pure functions, no streamlit, no I/O. Every figure gets the same look
 (``_layout``) and variants keep one colour across pages (``variant_color``).
-Curves use ``Scattergl`` so ten runs of 2,000 points draw instantly.
+Curves are SVG ``Scatter`` lines: the queries cap them at 2,000 points per run, and
+SVG draws 20 such runs in 0.17 s in headless Chromium where WebGL (``Scattergl``, no GPU
+there) took 1.70 s and blocked the rest of the page (``bench/dashboard_speed.py``).
 """
 from __future__ import annotations
 
@@ -323,7 +325,7 @@ def curves_figure(raw: pd.DataFrame, labels: dict[int, str], *, smoothed: pd.Dat
         style = (styles or {}).get(int(rid), {"color": run_color(i), "dash": "solid"})
         color = style["color"]
         name = labels.get(int(rid), f"run {rid}")
-        fig.add_trace(go.Scattergl(
+        fig.add_trace(go.Scatter(
             x=g["x"], y=g["value"], mode="lines", name=name, legendgroup=str(rid),
             line=dict(color=_rgba(color, 0.25) if smoothed is not None else color, width=1,
                       dash=style["dash"] if smoothed is None else "solid"),
@@ -331,7 +333,7 @@ def curves_figure(raw: pd.DataFrame, labels: dict[int, str], *, smoothed: pd.Dat
             hovertemplate=f"{name}<br>step %{{customdata}}<br>x %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
         if smoothed is not None:
             s = smoothed[smoothed["run_id"] == rid]
-            fig.add_trace(go.Scattergl(
+            fig.add_trace(go.Scatter(
                 x=s["x"], y=s["value"], mode="lines", name=name, legendgroup=str(rid),
                 line=dict(color=color, width=2, dash=style["dash"]), customdata=s["step"],
                 hovertemplate=f"{name} (smoothed)<br>step %{{customdata}}<br>{metric} %{{y:.4g}}<extra></extra>"))

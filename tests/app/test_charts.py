@@ -331,3 +331,12 @@ def test_parameter_split_follows_the_variants_ties(variant, wq, wv):
     parts = dict(zip(pie.labels, pie.values))
     assert (parts["W_Q"], parts["W_K"], parts["W_V"], parts["W_O"]) == (wq, 2 * 2 * 8 * 2, wv, 2 * 4 * 2 * 8)
     assert parts["rest of the model"] == 4000
+
+
+def test_curves_are_svg_lines_one_per_run_and_smoothed_behind():
+    # SVG, not WebGL: headless Chromium has no GPU and a WebGL draw blocked the page (bench/dashboard_speed.py)
+    raw = pd.DataFrame({"run_id": [1, 1, 2, 2], "x": [0, 1, 0, 1], "value": [3.0, 2.0, 4.0, 1.0], "step": [0, 1, 0, 1]})
+    fig = charts.curves_figure(raw, metric="loss", labels={1: "a", 2: "b"})
+    assert [(t.type, t.name) for t in fig.data] == [("scatter", "a"), ("scatter", "b")]
+    fig = charts.curves_figure(raw, metric="loss", labels={1: "a", 2: "b"}, smoothed=raw)
+    assert [t.type for t in fig.data] == ["scatter"] * 4 and fig.data[0].showlegend is False
