@@ -74,6 +74,17 @@ def _files(folder: Path) -> list[Path]:
     return sorted(folder.glob("model*.safetensors"))
 
 
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process image (MiB): ``VmHWM`` of /proc/self/status.
+    Not ``ru_maxrss``: Linux keeps that across ``execve``, so a phase process would report
+    the peak of the parent it was started from (the one that wrote the 4 GB folder)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def rss_mib() -> float:
     """Resident memory now (MiB), from /proc/self/statm."""
     with open("/proc/self/statm") as f:
@@ -147,7 +158,7 @@ def phase_analysis(folder: Path, device: str) -> dict:
         frame, notes = weight_frame(ck, device=device)
     total = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_rss = peak_rss_mib()
     # ingest (hashing, the checkpoint row) and storing the rows, as `analyze PATH` does after computing
     with tempfile.TemporaryDirectory(prefix="qkvscope-bench-db-") as tmp:
         store = Store(Path(tmp) / "bench.duckdb")
@@ -238,7 +249,7 @@ def child(args) -> None:
     else:
         res = phase_naive(folder, args.device, args.naive_layers, shape_of(args))
     res["threads"] = torch.get_num_threads()
-    res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    res["peak_rss_mib"] = peak_rss_mib()
     if args.device == "cuda":
         res["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
     print(json.dumps(res))

@@ -13,7 +13,7 @@ Two sets of models, each measured in this one run:
   ``experiments.runnable.load_runnable``: ``AutoModel``, so no LM head, eager attention,
   float32, never ``trust_remote_code``); each measurement in a fresh process after an
   untimed one-window warm-up of the same code, ``--repeat`` job/plain pairs alternating,
-  with its peak RSS above the imports (``ru_maxrss`` against ``/proc/self/statm`` after
+  with its peak RSS above the imports (``VmHWM`` against ``/proc/self/statm`` after
   the imports).
 
 What is timed, on the model ``load_runnable`` gives and the same ``[B, T]`` windows:
@@ -160,7 +160,12 @@ def rss_mib() -> float:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident memory of this process so far (MiB)."""
+    """Peak resident memory of this process image so far (MiB): ``VmHWM`` of /proc/self/status
+    (``ru_maxrss`` survives ``execve``: a fresh process would report its parent's peak)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
