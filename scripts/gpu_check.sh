@@ -15,7 +15,8 @@
 # analysis_speed_cuda.txt (the Llama-1B bench on the GPU, naive version
 # included), analysis_7b_cuda.txt (the Llama-2-7B-shaped bench, 32 layers MHA,
 # 4.3 GB, against its floor: the same phases as on the CPU), analysis_scaling_cuda.txt
-# (each phase's exponent in d_model, MHA vs GQA) and analysis_speed_cpu.txt (the
+# (each phase's exponent in d_model, MHA vs GQA), forward_speed_cuda.txt (the activation
+# job's tokens/s against the plain forward, demo and a ~100M Llama) and analysis_speed_cpu.txt (the
 # Llama-1B bench on that machine's CPU cores, for the CPU target on more than
 # two cores). The 7B step writes a 4.3 GB folder first (~1.5 min on 2 cores);
 # not yet run on a GPU machine with it: give it timeout_s=600.
@@ -47,6 +48,8 @@ if [ "$cuda" = 0 ]; then
         2>&1 | tee "$OUT/analysis_7b_cuda.txt" || status=1
     $PY bench/analysis_scaling.py --device cuda --dir /tmp/qkvscope-bench-scaling \
         2>&1 | tee "$OUT/analysis_scaling_cuda.txt" || status=1
+    $PY bench/forward_speed.py --device cuda \
+        2>&1 | tee "$OUT/forward_speed_cuda.txt" || status=1
 else
     echo "no CUDA device: gpu_compare and the CUDA bench are skipped" | tee "$OUT/gpu_compare.txt"
 fi
