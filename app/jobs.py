@@ -40,7 +40,7 @@ from typing import Callable
 
 import pandas as pd
 
-from analysis.chance import attach_weight_chance, weight_chance
+from analysis.chance import attach_weight_chance
 from analysis.notes import layout_notes as _layout_notes
 from analysis.notes import merge_notes as _merge_notes
 from analysis.notes import nonfinite_notes as _nonfinite_notes
@@ -109,14 +109,6 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     todo = range(ckpt.meta.n_layers) if layers is None else layers
     n = len(todo)
     query_free = ckpt.meta.variant == "wq_identity"
-    # chance levels before any layer is read (cached per geometry): their random layers, as large
-    # as a checkpoint's, then never share memory with one (the peak of a 7B analysis was there)
-    shapes = {}
-    for i in todo:
-        m = ckpt.meta.layer_meta(i)
-        shapes.setdefault((m.n_heads, m.n_kv_heads, m.d_model, m.d_head, m.norm), m)
-    for m in shapes.values():
-        weight_chance(m, query_free=query_free, device=device)
     pairs = zip(todo, ckpt.layers()) if layers is None else ((i, ckpt.layer(i)) for i in todo)
     for done, (i, layer) in enumerate(pairs):
         if progress:
@@ -124,11 +116,14 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         # each layer with its own tower's geometry (a CLIP's vision and text towers differ)
         lm = ckpt.meta.layer_meta(i)
         df, nt = weight_metrics(layer, lm, device=device)
+        # dropped before the chance levels' random layers (as large as this one; made for the first
+        # layer of each shape) and before the next layer is read: one layer in memory at a time. The
+        # first layer is read before any chance level, so a file that cannot be read says so first.
+        del layer
         # chance levels: the same metrics of independent Gaussian projections of these shapes
         # (computed once per shape and process, see analysis.chance)
         frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device))
         _merge_notes(notes, nt)
-        del layer                           # before the next layer is read: one layer in memory at a time
         _release_free_memory()
     if progress:
         progress(n, n, "weights done")

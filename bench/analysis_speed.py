@@ -146,7 +146,6 @@ def phase_analysis(folder: Path, device: str) -> dict:
         setattr(weights.qk_geometry, name, timed("layer_m", getattr(qk_geometry, name)))
     app.jobs.weight_metrics = timed("metrics", weights.weight_metrics)
     app.jobs.attach_weight_chance = timed("chance", chance.attach_weight_chance)
-    app.jobs.weight_chance = timed("chance", chance.weight_chance)          # weight_frame's first step
 
     with open_checkpoint(folder) as ck:                           # warm-up on the first layer
         weights.weight_metrics(ck.layer(0), ck.meta, device=device)
