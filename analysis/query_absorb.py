@@ -199,9 +199,10 @@ def _refined_sigma_min(a: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, v: 
     ``(sigma_min / sigma_{_BLOCK+1})^2`` per step. A component of ``W`` along a large
     singular direction weighs ``(sigma_i / sigma_min)^2`` in that bound, so the solves are
     refined to ``1e-4 / condition``. Stops when the smallest Ritz vector is certified
-    (``_certified``: one refined application of ``(A^T A)^{-1}`` to that vector alone). One step takes the error from ``eps32 * condition`` (2e-3 at condition 4e4) to ~1e-10
-    on a Gaussian ``4096 x 4096`` stack. None when the refinement does not converge
-    (then a float64 LU is needed)."""
+    (``_certified``: one refined application of ``(A^T A)^{-1}`` to that vector alone).
+    One step takes the error from ``eps32 * condition`` (2e-3 at condition 4e4) to ~1e-10
+    on a Gaussian ``4096 x 4096`` stack. None when the refinement does not converge or
+    nothing is certified within ``_STEPS`` steps (then a float64 LU is needed)."""
     n = a.shape[0]
     a64 = a.double()                                                  # [n, n], the float32 data exactly
     k = min(_BLOCK, n)
@@ -225,8 +226,8 @@ def _refined_sigma_min(a: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, v: 
         lam0 = float(lam[0].clamp_min(0))
         best = min(best, lam0 ** 0.5)
         if lam0 <= 0 or k < 2 or _certified(a64, lu, piv, w[:, :1], 1.0 / float(lam[1]), tol):
-            break
-    return best
+            return best
+    return None
 
 
 def _certified(a64: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, w: torch.Tensor, mu_2: float,

@@ -199,12 +199,18 @@ def test_stacked_spectrum_known_singular_values(top_gap):
     assert st.orth_defect == pytest.approx(ref_defect(s), rel=1e-4)
 
 
-@pytest.mark.parametrize("cond, float64_lu", [(1e4, False), (1e6, False), (1e8, True)])
-def test_ill_conditioned_stack_refined_through_the_float32_lu(cond, float64_lu, monkeypatch):
-    # past REDO_CONDITION sigma_min is refined through the float32 LU; only past REFINE_CONDITION
-    # (~2e6) is the LU redone in float64. Either way: float64 svdvals / slogdet to 1e-4.
+@pytest.mark.parametrize("cond, separated, float64_lu", [(1e4, True, False), (1e6, True, False),
+                                                         (1e4, False, True), (1e8, True, True)])
+def test_ill_conditioned_stack_refined_through_the_float32_lu(cond, separated, float64_lu, monkeypatch):
+    # past REDO_CONDITION sigma_min is refined through the float32 LU and certified; a smallest
+    # singular value inside a cluster (a geometric spectrum: neighbours 3.6% apart) is not certified
+    # in _STEPS steps, and past REFINE_CONDITION (~2e6) the refinement cannot converge: both take a
+    # float64 LU. Either way: float64 svdvals / slogdet to 1e-4.
     n = 256
     s = np.geomspace(1.0, 1.0 / cond, n)
+    if separated:                                   # sigma_min a third of the next (a Gaussian's is apart too)
+        s = np.geomspace(1.0, 3.0 / cond, n)
+        s[-1] = 1.0 / cond
     q = _with_singular_values(s, seed=44)
     a = query_absorb.stack_queries(q).double()
     ref = torch.linalg.svdvals(a)
