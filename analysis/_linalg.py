@@ -96,7 +96,7 @@ def row_gram(a: torch.Tensor) -> torch.Tensor:
 
 def grams_and_cross(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(A^T A, B^T B, A^T B)`` in float64 for stacks ``[heads, rows, n]`` of one shape, each
-    chunk of ``a`` and ``b`` converted once for all three (``gram``, ``gram``, ``cross``)."""
+    chunk of ``a`` and ``b`` converted once for all three."""
     if a.dim() < 3:
         a, b = a.unsqueeze(0), b.unsqueeze(0)
         return tuple(t.squeeze(0) for t in grams_and_cross(a, b))
@@ -106,13 +106,6 @@ def grams_and_cross(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, tor
         bb.append(y.mT @ y)
         ab.append(x.mT @ y)
     return torch.cat(aa), torch.cat(bb), torch.cat(ab)
-
-
-def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``A^T B`` in float64 for stacks ``[..., rows, n]`` of one shape -> ``[..., n, n]``."""
-    if a.dim() < 3:
-        return a.double().mT @ b.double()
-    return torch.cat([x.mT @ y for x, y in zip(f64_chunks(a, _per(a)), f64_chunks(b, _per(a)))])
 
 
 def _tolerance(g: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
