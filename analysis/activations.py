@@ -16,9 +16,23 @@ float64 sufficient statistics: the token count ``n``, ``sum_t k``, ``sum_t v``,
 ``L_h = Q_h K_{g(h)}^T`` (``T x T``, pre-softmax, unscaled, before the causal
 mask; tokens see only their own window) ``tr(L_h L_h) = sum(C_h * C_h^T)`` with
 ``C_h = K_g^T Q_h`` and ``||L_h||_F^2 = sum((Q_h^T Q_h) * (K_g^T K_g))``, and
-the same two sums of the layer's ``L = sum_h L_h`` (formed per window). Neither
-``x`` nor the caches are kept. ``result()`` computes, from the sums over all
-windows:
+the same two sums of the layer's ``L = sum_h L_h = Qs K^T`` (``Qs``: the query
+heads summed per kv head). Neither ``x`` nor the caches are kept.
+
+How the sums are formed (the same sums either way, float64 round-off apart):
+
+* windows at least as long as ``d_model`` (``T >= d``): ``add()`` keeps only each
+  window's float64 Gram ``G_w = sum_t x_t x_t^T`` (``d x d``, no bigger than the
+  window) and ``s_w = sum_t x_t``; every statistic above is a quadratic form of
+  them, ``(X A + 1 a^T)^T (X B + 1 b^T) = A^T G_w B + (A^T s_w) b^T + a (s_w^T B)
+  + T a b^T`` (``tr(L L) = sum(C * C^T)`` with ``C = K^T Qs``, ``||L||_F^2 =
+  sum((K^T K) * (Qs^T Qs))`` over all kv heads), evaluated for batches of windows
+  (at ``result()``, or once the held Grams pass ``_PENDING_BYTES``);
+* shorter windows: ``x`` is projected (the real projections and every draw's K
+  and Q in one float32 product) and the sums formed from the projections, the
+  layer's ``[T, T]`` logits as one batched product.
+
+``result()`` computes, from the sums over all windows:
 
 * ``kv_cosine_act`` = ``tr(K^T V) / sqrt(tr(K^T K) tr(V^T V))`` (flat cosine of
   the caches, not centred);
@@ -51,7 +65,11 @@ Every row also carries:
   ``[n_kv_heads, d_model, d_head]``, ``R_Q`` ``[n_heads, d_model, d_head]``,
   no biases; seeded), median over ``n_random`` draws and over heads (per-layer
   rows: over draws). It keeps the input's anisotropy and the token count: a
-  value at chance says nothing about the trained projections.
+  value at chance says nothing about the trained projections. A draw needs only
+  totals over windows, and its K and V sums are exact functions of the input's
+  Gram ``G = sum_t x_t x_t^T`` (float64) and ``s = sum_t x_t``: ``K_r^T K_r = R_K^T
+  G R_K``, ``V_r^T V_r = R_V^T G R_V``, ``K_r^T V_r = R_K^T G R_V``, ``sum k_r = R_K^T
+  s``; its logit sums are per window (above).
 * ``n_tokens``: the tokens behind the value (all windows).
 * ``ci_low``, ``ci_high``: 95% bootstrap over windows: windows resampled with
   replacement ``n_boot`` times (seeded), each metric recomputed from the
@@ -66,13 +84,17 @@ Every row also carries:
 need more tokens than columns (at least ``8 x d_head``); with fewer the value
 is stored and the notes say how it is biased.
 
-Precision: the projections are float32 products of float32 ``x`` and weights
-(float64 on a GPU that has TF32 matmuls switched on), every product and sum
-after them float64; float64 projections would double the cost of ``add()`` on
-a CPU for no measurable gain. Against a float64
+Precision: on the Gram path everything after the float32 ``x`` and weights is
+float64. On the projection path the projections are float32 products of float32
+``x`` and weights (float64 on a GPU that has TF32 matmuls switched on), the
+layer's ``[T, T]`` logits a float32 product of them, every product and sum after
+them float64; float64 projections would double the cost of ``add()`` on a CPU
+for no measurable gain. Against a float64
 reference (the same float32 ``x`` and weights, everything in float64, on the
 concatenated caches) every value agrees to < 1e-3 relative on heads with
-condition numbers up to 1e6 (tests/analysis/test_activations.py).
+condition numbers up to 1e6 (tests/analysis/test_activations.py); the Gram
+path's sums equal float64 projections to 1e-10, and both paths give the same
+rows (tests/analysis/test_activations_paths.py).
 """
 from __future__ import annotations
 
@@ -105,6 +127,10 @@ _RANGE = {"kv_cosine_act": (-1.0, 1.0), "kv_cka_act": (0.0, 1.0), "kv_share_r2_a
 _ERANKS = ("erank_kcache", "erank_vcache")
 #: Bootstrap resamples per batch: bounds the resampled d_head x d_head stacks in memory.
 _BOOT_BYTES = 2**27
+#: Per-window Grams held before they are reduced to the metrics' statistics (bytes).
+_PENDING_BYTES = 2**26
+#: Float64 work space of one reduction or projection chunk (bytes).
+_CHUNK_BYTES = 2**26
 
 
 class ActivationAccumulator:
@@ -148,8 +174,21 @@ class ActivationAccumulator:
             width = 2 * g * e + (h * e if self.logits else 0)
             self.r = [(torch.randn(d, width, generator=gen) / math.sqrt(d)).to(self.dev)
                       for _ in range(n_random)]             # n_random x [d, width]
-        self._windows: list[dict[str, torch.Tensor]] = []  # per add(): per-window sums [B, ...]
-        self._chance: list[dict[str, torch.Tensor] | None] = [None] * n_random   # totals per draw
+            # projection path: the real projections and the draws' K and Q in one product
+            # [d, width + n_random*(ge + he)] (the draws' K and V totals come from the input's Gram)
+            draws_kq = [torch.cat([r[:, :g * e], r[:, 2 * g * e:]], 1) for r in self.r] if self.logits else []
+            self.w_all = torch.cat([self.w, *draws_kq], 1)
+            self.b_all = torch.cat([self.b, torch.zeros(self.w_all.shape[1] - self.w.shape[1], device=self.dev)])
+            # Gram path: the same matrices in float64, per head [..., d, heads, e]
+            self.heads64 = _heads(self.w.double()[None], self.b.double(), g, h, e, identity_q=self.identity_q,
+                                  b_q=self.b_q_identity)
+            self.draws64 = _heads(torch.stack(self.r).double(), None, g, h, e, identity_q=False)
+        self._windows: list[dict[str, torch.Tensor]] = []  # per-window sums [B, ...]
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (G_w, s_w, n_w)
+        self._pending_bytes = 0
+        self._gram = torch.zeros(d, d, dtype=torch.float64, device=self.dev)      # sum_t x_t x_t^T
+        self._sum = torch.zeros(d, dtype=torch.float64, device=self.dev)          # sum_t x_t
+        self._chance_logits: dict[str, torch.Tensor] | None = None                # totals [n_random, ...]
         self._n = 0
 
     @property
@@ -162,69 +201,119 @@ class ActivationAccumulator:
         if x.dim() != 3 or x.shape[-1] != self.d or x.shape[1] == 0:
             raise AnalysisError(f"layer {self.layer}: expected the attention input as [windows, tokens, "
                                 f"d_model={self.d}], found {list(x.shape)}")
-        g, h, e = self.g, self.h, self.e
         with torch.inference_mode():
             x = as_float32(x, self.dev)
             B, T, d = x.shape
-            xf = x.reshape(B * T, d)                                     # [B*T, d]
-            p = _project(xf, self.w, self.b).view(B, T, -1)              # [B, T, 2ge (+ he)]
-            k, v = p[..., :g * e], p[..., g * e:2 * g * e]
-            q = None
-            if self.identity_q:
-                q = x[..., :h * e] + self.b_q_identity                   # identity slices, [B, T, he]
-            elif self.logits:
-                q = p[..., 2 * g * e:]
-            self._windows.append(self._stats(k, v, q))
-            del p, k, v, q
-            for i, r in enumerate(self.r):
-                pr = _project(xf, r, None).view(B, T, -1)                # [B, T, 2ge (+ he)]
-                q = pr[..., 2 * g * e:] if self.logits else None
-                st = {key: val.sum(0) for key, val in
-                      self._stats(pr[..., :g * e], pr[..., g * e:2 * g * e], q).items()}
-                prev = self._chance[i]
-                self._chance[i] = st if prev is None else {key: prev[key] + st[key] for key in st}
-                del pr
+            x64 = x.double()                                             # [B, T, d]
+            if _gram_path(d, T):
+                # Gram path: each window's x^T x is no bigger than the window itself; every
+                # statistic is a quadratic form of it, reduced later in batches of windows
+                gw = x64.mT @ x64                                        # [B, d, d]
+                sw = x64.sum(1)                                          # [B, d]
+                self._gram += gw.sum(0)
+                self._sum += sw.sum(0)
+                self._pending.append((gw, sw, torch.full((B,), float(T), dtype=torch.float64, device=self.dev)))
+                self._pending_bytes += gw.numel() * 8
+                if self._pending_bytes > _PENDING_BYTES:
+                    self._reduce()
+            else:
+                self._reduce()                                           # keep the windows in order
+                xf = x64.view(B * T, d)
+                self._gram += xf.mT @ xf
+                self._sum += xf.sum(0)
+                self._project(x)
         self._n += B * T
 
-    def _stats(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """Per-window float64 sums of ``k, v: [B, T, g*e]``, ``q: [B, T, h*e]`` (or None)."""
-        B, T, _ = k.shape
+    def _project(self, x: torch.Tensor) -> None:
+        """Projection path (windows shorter than d_model): the real and the draws' projections of
+        ``x: [B, T, d]`` in one float32 product, float64 statistics of them."""
+        g, h, e, n = self.g, self.h, self.e, len(self.r)
+        B, T, d = x.shape
+        p = _project(x.reshape(B * T, d), self.w_all, self.b_all).view(B, T, -1)   # [B, T, real + n(ge+he)]
+        real = self.w.shape[1]
+        pr = p[..., :real]
+        if self.identity_q:
+            pr = torch.cat([pr, x[..., :h * e] + self.b_q_identity], -1)          # [B, T, 2ge + he]
+        self._windows.append(self._proj_stats(pr, with_v=True, with_q=self.logits))
+        if self.logits:
+            # the draws' K and Q: [B, T, n, ge + he] -> [n, B, T, ge + he]
+            pd_ = p[..., real:].view(B, T, n, g * e + h * e).permute(2, 0, 1, 3)
+            st = self._proj_stats(pd_, with_v=False, with_q=True)
+            self._add_chance_logits({k: st[k].sum(1) for k in _LOGIT_KEYS})
+
+    def _proj_stats(self, p: torch.Tensor, *, with_v: bool, with_q: bool) -> dict[str, torch.Tensor]:
+        """Per-window float64 sums of projected ``p: [..., T, c]``, heads of d_head in the order
+        K (g), V (g, ``with_v``), Q (h, ``with_q``); leading dims kept."""
+        *lead, T, c = p.shape
         g, e, rep = self.g, self.e, self.rep
-        # tokens last and contiguous: every product below is A B^T of two [.., e, T] stacks
-        k64 = _tokens_last(k.view(B, T, g, e))                          # [B, g, e, T]
-        v64 = _tokens_last(v.view(B, T, g, e))
-        kk = k64 @ k64.mT                                                # K^T K: [B, g, e, e]
-        st = {"n": torch.full((B,), float(T), dtype=torch.float64, device=k.device),
-              "sk": k64.sum(-1), "sv": v64.sum(-1),                      # [B, g, e]
-              "kk": kk, "vv": v64 @ v64.mT, "kv": k64 @ v64.mT}
-        if q is not None:
-            q64 = _tokens_last(q.view(B, T, g, rep * e))                # [B, g, rep*e, T]
-            ct = (q64 @ k64.mT).view(B, g, rep, e, e)                    # C_h^T = Q_h^T K_g
-            qh = q64.view(B, g, rep, e, T)
-            gq = qh @ qh.mT                                              # Q_h^T Q_h: [B, g, rep, e, e]
-            st["lsym"] = (ct * ct.mT).sum((-2, -1)).reshape(B, g * rep)  # tr(L_h L_h), [B, h]
-            st["lsq"] = (gq * kk[:, :, None]).sum((-2, -1)).reshape(B, g * rep)   # ||L_h||_F^2
-            # the layer's L = Qs Ks^T with Qs the query heads summed per kv head: [T, T] per window
-            qs = q.view(B, T, g, rep, e).sum(3).reshape(B, T, g * e)    # [B, T, ge], float32
-            lay_sym, lay_sq = [], []
-            for b in range(B):                                           # one [T, T] matrix at a time
-                lw = (qs[b] @ k[b].mT).double()                          # [T, T]
-                lay_sym.append((lw * lw.mT).sum())
-                lay_sq.append(lw.square().sum())
-            st["lsym_layer"] = torch.stack(lay_sym)                      # [B]
-            st["lsq_layer"] = torch.stack(lay_sq)
+        t64 = _tokens_last(p.reshape(-1, T, c // e, e)).view(*lead, c // e, e, T)   # [..., heads, e, T]
+        k64 = t64[..., :g, :, :]                                         # [..., g, e, T]
+        kk = k64 @ k64.mT                                                # K^T K: [..., g, e, e]
+        st = {"n": torch.full(lead, float(T), dtype=torch.float64, device=p.device), "sk": k64.sum(-1), "kk": kk}
+        if with_v:
+            v64 = t64[..., g:2 * g, :, :]
+            st.update(sv=v64.sum(-1), vv=v64 @ v64.mT, kv=k64 @ v64.mT)
+        if with_q:
+            q64 = t64[..., -self.h:, :, :].unflatten(-3, (g, rep))       # [..., g, rep, e, T]
+            ct = q64 @ k64[..., None, :, :].mT                           # C_h^T = Q_h^T K_g: [..., g, rep, e, e]
+            gq = q64 @ q64.mT                                            # Q_h^T Q_h
+            st["lsym"] = (ct * ct.mT).sum((-2, -1)).flatten(-2)          # tr(L_h L_h): [..., h]
+            st["lsq"] = (gq * kk[..., None, :, :]).sum((-2, -1)).flatten(-2)   # ||L_h||_F^2
+            # the layer's L = Qs Ks^T (Qs: the query heads summed per kv head), [T, T] per window
+            q = p[..., c - self.h * e:].unflatten(-1, (g, rep, e)).sum(-2).flatten(-2)    # [..., T, ge]
+            k = p[..., :g * e]
+            st["lsym_layer"], st["lsq_layer"] = _layer_logit_sums(q, k)
         return st
+
+    def _reduce(self) -> None:
+        """Gram path: the statistics of the held windows from their Grams, in batches of windows."""
+        if not self._pending:
+            return
+        gw = torch.cat([p[0] for p in self._pending])                   # [N, d, d]
+        sw = torch.cat([p[1] for p in self._pending])                   # [N, d]
+        nw = torch.cat([p[2] for p in self._pending])                   # [N]
+        self._pending, self._pending_bytes = [], 0
+        d, width = self.d, self.w_all.shape[1]
+        step = max(1, _CHUNK_BYTES // (8 * d * (d + 2 * width)))        # the Grams and G W of a batch
+        for lo in range(0, gw.shape[0], step):
+            part = gw[lo:lo + step], sw[lo:lo + step], nw[lo:lo + step]
+            st = _gram_stats(*part, self.heads64, self.rep, with_q=self.logits)
+            self._windows.append({k: v if k == "n" else v[0] for k, v in st.items()})
+            if self.logits:                                              # the draws: leading [n_random]
+                st = _gram_stats(*part, self.draws64, self.rep, with_q=True, with_v=False)
+                self._add_chance_logits({k: st[k].sum(1) for k in _LOGIT_KEYS})     # over windows
+
+    def _add_chance_logits(self, st: dict[str, torch.Tensor]) -> None:
+        prev = self._chance_logits
+        self._chance_logits = st if prev is None else {k: prev[k] + st[k] for k in st}
+
+    def _chance_stats(self) -> list[dict[str, torch.Tensor]]:
+        """The totals of every draw: K and V sums from the input's Gram (``R^T G R``), the logit
+        sums accumulated per window (the held windows reduced first)."""
+        self._reduce()
+        n = torch.tensor(float(self._n), dtype=torch.float64, device=self.dev)
+        tot = _gram_stats(self._gram[None], self._sum[None], n[None], self.draws64, self.rep,
+                          with_q=False)                                  # [n_random, 1, ...]
+        draws = []
+        for i in range(len(self.r)):
+            st = {k: v[i, 0] for k, v in tot.items() if k != "n"}
+            st["n"] = n
+            if self.logits:
+                st.update({k: v[i] for k, v in self._chance_logits.items()})
+            draws.append(st)
+        return draws
 
     def result(self, *, n_boot: int = 200, seed: int = 0) -> tuple[pd.DataFrame, dict[str, str]]:
         """Rows (``analysis.registry.RESULT_COLUMNS``) of every activation metric, and notes."""
-        if not self._windows:
+        if not self._windows and not self._pending:
             raise AnalysisError(f"layer {self.layer}: no tokens were added (call add() first)")
         notes = dict(self.notes)
         with torch.inference_mode():
+            self._reduce()
             per_win = {key: torch.cat([w[key] for w in self._windows]) for key in self._windows[0]}
             n_win = int(per_win["n"].shape[0])
             values = _metrics({key: val.sum(0) for key, val in per_win.items()}, self.e)
-            draws = [_metrics(c, self.e) for c in self._chance]
+            draws = [_metrics(c, self.e) for c in self._chance_stats()]
             chance = {m: float(torch.stack([dr[m] for dr in draws]).flatten().nanquantile(0.5))
                       if _row_metric(m).chance != "none" else math.nan
                       for m in values}                       # median (the mean of the middle two)
@@ -310,6 +399,122 @@ def _flat_bias(b: torch.Tensor | None, width: int, dev: torch.device) -> torch.T
     if b is None:
         return torch.zeros(width, dtype=torch.float32, device=dev)
     return as_float32(b, dev).reshape(width)
+
+
+#: The per-window logit sums (statistics keys).
+_LOGIT_KEYS = ("lsym", "lsq", "lsym_layer", "lsq_layer")
+
+
+def _heads(w: torch.Tensor, b: torch.Tensor | None, g: int, h: int, e: int, *, identity_q: bool,
+           b_q: torch.Tensor | None = None) -> dict[str, torch.Tensor | None]:
+    """Float64 per-head views of ``L`` sets of projections side by side ``w: [L, d, 2ge (+ he)]``
+    (K, V, Q head-major) and their biases ``b: [2ge (+ he)]`` (None: none): ``wk``, ``wv``
+    ``[L, d, g, e]``, ``wq`` ``[L, d, h, e]`` (the identity for an identity query), ``wqs``
+    ``[L, d, g, e]`` (the query heads summed per kv head: the layer's logits are ``Qs K^T``),
+    biases ``bk`` ... ``bqs`` (``[heads, e]``, None where zero)."""
+    ge, rep = g * e, h // g
+    nz = lambda t: None if t is None or not bool(t.any()) else t      # noqa: E731
+    out = {"wk": w[..., :ge].unflatten(-1, (g, e)), "wv": w[..., ge:2 * ge].unflatten(-1, (g, e)),
+           "bk": None if b is None else nz(b[:ge].view(g, e)), "bv": None if b is None else nz(b[ge:2 * ge].view(g, e)),
+           "wq": None, "bq": None}
+    if w.shape[-1] > 2 * ge:
+        out["wq"] = w[..., 2 * ge:].unflatten(-1, (h, e))
+        out["bq"] = None if b is None else nz(b[2 * ge:].view(h, e))
+    elif identity_q:                                                     # Q_h = x[:, h*e:(h+1)*e] + b_Q[h]
+        eye = torch.eye(w.shape[-2], dtype=w.dtype, device=w.device)
+        out["wq"] = eye.expand(w.shape[0], -1, -1).unflatten(-1, (h, e))
+        out["bq"] = nz(b_q.double().view(h, e))
+    if out["wq"] is not None:
+        out["wqs"] = out["wq"].unflatten(-2, (g, rep)).sum(-2) if rep > 1 else out["wq"]   # [L, d, g, e]
+        out["bqs"] = None if out["bq"] is None else out["bq"].view(g, rep, e).sum(1)
+    return out
+
+
+def _gram_stats(G: torch.Tensor, s: torch.Tensor, n: torch.Tensor, heads: dict, rep: int, *, with_q: bool,
+                with_v: bool = True) -> dict[str, torch.Tensor]:
+    """Per-window sums of ``L`` sets of projections ``x W + b`` (``_heads``) from the windows'
+    float64 Grams ``G = sum_t x_t x_t^T: [N, d, d]``, sums ``s = sum_t x_t: [N, d]`` and token
+    counts ``n: [N]``, by ``(X A + 1 a^T)^T (X B + 1 b^T) = A^T G B + (A^T s) b^T + a (s^T B)
+    + n a b^T``; keys as ``ActivationAccumulator._proj_stats``, every value ``[L, N, ...]``."""
+    names = ["k"] + (["v"] if with_v else []) + (["q"] if with_q else []) + (["qs"] if with_q and rep > 1 else [])
+    L, d = heads["wk"].shape[:2]
+    N = G.shape[0]
+    ws = [heads["w" + k] for k in names]                                 # [L, d, heads, e]
+    wc = torch.cat([w.transpose(0, 1).reshape(d, -1) for w in ws], 1)    # [d, C], columns (L, head, e)
+    y = (wc.T @ G.transpose(0, 1).reshape(d, N * d)).view(-1, N, d)      # W^T G per window: [C, N, d]
+    sw = s @ wc                                                          # s^T W: [N, C]
+    parts, off = {}, 0
+    for k, w in zip(names, ws):
+        c = w[0].numel() // d
+        parts[k] = (w, y[off:off + L * c], sw[:, off:off + L * c], heads["b" + k])
+        off += L * c
+    if with_q and rep == 1:
+        parts["qs"] = parts["q"]
+    nn = n[:, None, None, None]                                          # [N, 1, 1, 1]
+
+    def cross(a: str, b: str, *, flat: bool = False, rep_b: int = 1) -> torch.Tensor:
+        """``sum_t (x_t W_a + b_a)^T (x_t W_b + b_b)`` per head (``flat``: all heads as one):
+        ``[L, N, heads, e_a, e_b]``."""
+        wa, ya, sa, ba = parts[a]
+        wb, _, sb, bb = parts[b]
+        m, ea = (1, wa.shape[-2] * wa.shape[-1]) if flat else wa.shape[-2:]
+        mb, eb = (1, wb.shape[-2] * wb.shape[-1]) if flat else wb.shape[-2:]
+        right = wb.reshape(L, d, mb, eb).permute(0, 2, 1, 3)             # [L, heads, d, e_b]
+        sb = sb.view(N, L, mb, eb).transpose(0, 1)                       # [L, N, heads, e_b]
+        bb = None if bb is None else bb.reshape(mb, eb)
+        if rep_b > 1:                                                    # kv head g(h) beside query head h
+            right, sb = right.repeat_interleave(rep_b, 1), sb.repeat_interleave(rep_b, 2)
+            bb = None if bb is None else bb.repeat_interleave(rep_b, 0)
+        out = torch.bmm(ya.view(L * m, ea * N, d), right.reshape(L * m, d, eb))
+        out = out.view(L, m, ea, N, eb).permute(0, 3, 1, 2, 4)          # [L, N, heads, e_a, e_b]
+        ba = None if ba is None else ba.reshape(m, ea)
+        if bb is not None:
+            out = out + sa.view(N, L, m, ea).transpose(0, 1)[..., :, None] * bb[:, None, :]
+        if ba is not None:
+            out = out + ba[:, :, None] * sb[..., None, :]
+        if ba is not None and bb is not None:
+            out = out + nn * (ba[:, :, None] * bb[:, None, :])
+        return out
+
+    def total(name: str) -> torch.Tensor:
+        """``sum_t (x_t W + b)`` per head: ``[L, N, heads, e]``."""
+        w, _, sb, b = parts[name]
+        t = sb.view(N, L, *w.shape[-2:]).transpose(0, 1)
+        return t if b is None else t + n[:, None, None] * b
+
+    kk = cross("k", "k")
+    st = {"n": n, "sk": total("k"), "kk": kk}
+    if with_v:
+        st.update(sv=total("v"), vv=cross("v", "v"), kv=cross("k", "v"))
+    if with_q:
+        ct = cross("q", "k", rep_b=rep)                                  # C_h^T = Q_h^T K_g(h): [L, N, h, e, e]
+        st["lsym"] = (ct * ct.mT).sum((-2, -1))                          # tr(L_h L_h)
+        st["lsq"] = (cross("q", "q") * kk.repeat_interleave(rep, -3)).sum((-2, -1))   # ||L_h||_F^2
+        c = cross("k", "qs", flat=True)[..., 0, :, :]                    # K^T Qs: [L, N, ge, ge]
+        st["lsym_layer"] = (c * c.mT).sum((-2, -1))                      # tr(L L), L = Qs K^T
+        st["lsq_layer"] = (cross("k", "k", flat=True) * cross("qs", "qs", flat=True)).sum((-3, -2, -1))
+    return st
+
+
+def _gram_path(d: int, T: int) -> bool:
+    """Whether windows of ``T`` tokens of width ``d`` are reduced through their Grams (``d <= T``:
+    the Gram is no bigger than the window, and its quadratic forms cost fewer products than the
+    projections) rather than projected."""
+    return d <= T
+
+
+def _layer_logit_sums(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tr(L L)`` and ``||L||_F^2`` of ``L = q k^T`` (``q, k: [..., T, ge]`` float32; ``L`` is
+    ``[T, T]`` per window, formed in float32 in batches of windows, summed in float64): ``[...]``."""
+    lead, T = q.shape[:-2], q.shape[-2]
+    qf, kf = q.reshape(-1, T, q.shape[-1]), k.reshape(-1, T, k.shape[-1])   # [M, T, ge]
+    step = max(1, _CHUNK_BYTES // (8 * T * T * 3))
+    sym, sq = [], []
+    for lo in range(0, qf.shape[0], step):
+        lw = (qf[lo:lo + step] @ kf[lo:lo + step].mT).double()           # [m, T, T]
+        sym.append((lw * lw.mT).sum((-2, -1)))
+        sq.append(lw.square().sum((-2, -1)))
+    return torch.cat(sym).view(lead), torch.cat(sq).view(lead)
 
 
 def _add_note(notes: dict[str, str], metric: str, msg: str) -> None:
