@@ -257,6 +257,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     reread = append_from is not None and bool(append_from["state"].get("tail"))
     total = 0
     ids: list[int] = []
+    fresh: set[int] = set()          # runs whose run_stats the point check already computed
     digest = None if appendable else file_sha256(path)
     with store.transaction() as con:
         rows = con.execute("SELECT size, mtime, read_bytes FROM ingest_journal WHERE path = ? AND kind = 'log'",
@@ -302,6 +303,10 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                 raise _cannot_parse(path, fmt, exc, start=append_from["read_bytes"] if append_from else 0) \
                     from None
             resumed = resumed or new.went_back
+            if new.stats_fresh:
+                fresh.add(run_id)
+            else:
+                fresh.discard(run_id)
             if new.staged:
                 if new.n and (shared or _overlaps(new.first, known["last"])):
                     # Latest wins: a resumed run (or a second file of a shared
@@ -322,7 +327,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             ids.append(run_id)
             _lr_from_points(con, run_id)
             apply_overrides(con, run_id)
-        refresh_run_stats(con, ids + [r["id"] for r in prev_runs.values()])
+        refresh_run_stats(con, {*ids, *(r["id"] for r in prev_runs.values())} - fresh)
         state = {"reader": parsed.state, "runs": runs_state}
         if tail:
             state["tail"] = True         # an unterminated last line was read

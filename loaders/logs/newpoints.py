@@ -14,7 +14,10 @@ inserted rows:
   the usual case. A frame's names are the reader's (the HF Trainer reader
   keeps the closing summary's ``train_loss`` apart from the curve).
 * First and last step per metric (the journal's ``last``, appends that reach
-  back) and the names: one GROUP BY.
+  back) and the names: one GROUP BY. A run with no stored points takes them
+  from its ``run_stats`` rows, computed at once (``refresh_run_stats``): in
+  the usual case (no name to normalise, no repeat) they are already the
+  run's summary, and the ingest does not compute it again (``stats_fresh``).
 * Steps that go back within a metric (a resumed run) and repeated (step,
   metric) pairs: one fetch of (step, metric code) in file order, checked in
   numpy (``went_back_and_repeats``). Then the point logged last wins: one
@@ -38,6 +41,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from loaders.logs.base import SOURCE_VIEW, SqlPoints, normalise_metric
+from loaders.store import refresh_run_stats
 
 # Every result is fetched whole (fetchall): DuckDB refuses ``register`` while
 # a result of the connection is unfinished.
@@ -68,6 +72,9 @@ class NewPoints:
     first: dict[str, int] = field(default_factory=dict)   # metric -> lowest step
     last: dict[str, int] = field(default_factory=dict)    # metric -> highest step
     went_back: bool = False    # steps of some metric go back: a resumed run
+    #: ``run_stats`` of the run already summarise its points (a run without
+    #: stored points, left unchanged after its summary).
+    stats_fresh: bool = False
 
     @property
     def staged(self) -> bool:
@@ -117,13 +124,20 @@ def _source_select(con, points) -> tuple[str, dict]:
 def _check(con, new: NewPoints, *, normalise: bool) -> None:
     """Names, first/last steps, resumes and repeats of the new points (see the module docstring)."""
     table, where, params = new.table, new.where, new.params
-    rows = con.execute(f"SELECT metric, min(step), max(step) FROM {table} WHERE {where} GROUP BY metric",
-                       params or None).fetchall()
+    if new.staged:
+        rows = con.execute(f"SELECT metric, min(step), max(step) FROM {table} WHERE {where} GROUP BY metric",
+                           params or None).fetchall()
+    else:                 # points holds exactly the run's new points: its summary has the same steps
+        refresh_run_stats(con, [params["run_id"]])
+        rows = con.execute("SELECT metric, first_step, last_step FROM run_stats WHERE run_id = $run_id",
+                           params).fetchall()
+        new.stats_fresh = True
     for name, lo, hi in rows:
         norm = normalise_metric(name) if normalise else name
         if norm != name:
             con.execute(f"UPDATE {table} SET metric = $norm WHERE {where} AND metric = $name",
                         {**params, "norm": norm, "name": name})
+            new.stats_fresh = False
         new.first[norm] = min(lo, new.first.get(norm, lo))
         new.last[norm] = max(hi, new.last.get(norm, hi))
     steps, codes = _steps_and_codes(con, new, sorted(new.first))
@@ -135,6 +149,7 @@ def _check(con, new: NewPoints, *, normalise: bool) -> None:
                     SELECT rowid FROM {table} WHERE {where}
                     QUALIFY row_number() OVER (PARTITION BY step, metric ORDER BY rowid DESC) > 1)""",
             params or None).fetchall()[0][0]
+        new.stats_fresh = False
     new.went_back = went_back
 
 

@@ -19,7 +19,7 @@ from loaders.errors import LogFormatError
 from loaders.logs import detect_log, ingest_log, list_runs
 from loaders.logs.codeheader import header_hyperparameters
 from loaders.logs.metadata import from_name, name_number, paper_b_condition
-from loaders.logs.readers._csv_bytes import csv_line_bytes
+from loaders.logs.readers._csv_bytes import _quick_scan, csv_line_bytes, scan_bytes
 from tests.loaders.logs.helpers import count_points, points, write
 
 
@@ -395,6 +395,35 @@ def test_over_long_csv_line_fails_the_file_with_one_line(store, tmp_path):
                             "limit for one CSV line (QKVSCOPE_CSV_LINE_BYTES; set it in the environment to raise "
                             "it); the file is refused, not read without that line")
     assert count_points(store) == 0
+
+
+@pytest.mark.parametrize("length", [199_999, 200_000, 200_001])
+@pytest.mark.parametrize("last", [False, True])
+def test_line_limit_is_exact_past_the_quick_scan(tmp_path, monkeypatch, length, last):
+    # 200,000-byte limit: blocks of 100,000 bytes. A line of 199,999 bytes or more
+    # holds a whole block without a newline, so the exact scan decides; last: the
+    # line ends the data, with no newline after it.
+    monkeypatch.setenv("QKVSCOPE_CSV_LINE_BYTES", "200000")
+    long_line = b"x" * length
+    data = b"step,note\n" + b"0," + b"a" * 150_000 + b"\n" + long_line + (b"" if last else b"\n1,b\n")
+    line = 3
+    assert _quick_scan(data, len(data), 200_000) is None
+    if length > 200_000:
+        with pytest.raises(LogFormatError, match=f"line {line} is {length:,} bytes long, over the 200,000-byte"):
+            scan_bytes(tmp_path / "f.csv", data)
+    else:
+        assert scan_bytes(tmp_path / "f.csv", data) is True
+
+
+def test_quick_scan_answers_short_lines_and_non_ascii(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKVSCOPE_CSV_LINE_BYTES", "200000")
+    rows = b"".join(b"%d,%d.5\n" % (i, i) for i in range(40_000))     # 40,000 lines, ~400 KB
+    ascii_data = b"step,loss\n" + rows
+    accented = b"step,lo\xc3\x9fs\n" + rows
+    assert _quick_scan(ascii_data, len(ascii_data), 200_000) is True
+    assert _quick_scan(accented, len(accented), 200_000) is False
+    assert scan_bytes(tmp_path / "f.csv", accented) is False
+    assert _quick_scan(ascii_data, len(ascii_data), 100) is None     # blocks under 64 KiB: the exact scan
 
 
 def test_over_long_line_in_an_appended_tail(store, tmp_path, monkeypatch):

@@ -249,3 +249,41 @@ def test_a_csv_written_to_while_duckdb_reads_it(store, tmp_path, monkeypatch, ha
     [run] = list_runs(store)
     assert points(store, run["id"], "train/loss") == [(0, 1.0), (1, 2.0), (2, 3.0)]
     assert run["resumed"] is False
+
+
+# -- run_stats kept by the point check ------------------------------------------------------------
+def _stats(store: Store) -> list[tuple]:
+    with store.connect() as con:
+        return con.execute("SELECT r.name, s.metric, s.n, s.n_values, s.nonfinite, s.first_step, s.last_step, "
+                           "s.final_step, s.final, s.best, s.best_step FROM run_stats s JOIN runs r "
+                           "ON r.id = s.run_id ORDER BY 1, 2").fetchall()
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    # in order: the summary computed with the first/last steps is the run's
+    ("plain.csv", "step,train_loss,val_loss\n0,3.0,\n10,2.0,2.5\n20,inf,2.25\n",
+     [("train/loss", 3, 3, 1, 0, 20, 10, 2.0, 2.0, 10), ("val/loss", 2, 2, 0, 10, 20, 20, 2.25, 2.25, 20)]),
+    # a repeated step: the latest point wins, the summary is the one after that
+    ("repeat.csv", "step,train_loss\n0,3.0\n10,2.0\n10,1.0\n20,1.5\n",
+     [("train/loss", 3, 3, 0, 0, 20, 20, 1.5, 1.0, 10)]),
+    # a long log whose names are normalised after the insert
+    ("names.csv", "step,metric,value\n0,Train_Loss,3.0\n5,Train_Loss,1.0\n5,LR,0.1\n",
+     [("lr", 1, 1, 0, 5, 5, 5, 0.1, 0.1, 5), ("train/loss", 2, 2, 0, 0, 5, 5, 1.0, 1.0, 5)]),
+])
+def test_run_stats_after_ingest_are_the_points_summary(store, tmp_path, name, text, expected):
+    p = write(tmp_path / "r" / name, text)
+    ingest_log(store, p)
+    got = [row[1:] for row in _stats(store)]
+    assert got == expected
+
+
+def test_run_stats_follow_a_rewritten_and_a_grown_log(store, tmp_path):
+    p = write(tmp_path / "r" / "log.csv", "step,train_loss\n0,3.0\n10,2.0\n")
+    ingest_log(store, p)
+    with open(p, "a", encoding="utf-8") as fh:        # grown: staged, summarised at the end
+        fh.write("20,1.0\n")
+    ingest_log(store, p)
+    assert [row[1:] for row in _stats(store)] == [("train/loss", 3, 3, 0, 0, 20, 20, 1.0, 1.0, 20)]
+    write(p, "step,val_loss\n5,4.0\n")                # rewritten: the old points and their summary go
+    ingest_log(store, p)
+    assert [row[1:] for row in _stats(store)] == [("val/loss", 1, 1, 0, 5, 5, 5, 4.0, 4.0, 5)]
