@@ -174,11 +174,10 @@ class ActivationAccumulator:
             width = 2 * g * e + (h * e if self.logits else 0)
             self.r = [(torch.randn(d, width, generator=gen) / math.sqrt(d)).to(self.dev)
                       for _ in range(n_random)]             # n_random x [d, width]
-            # projection path: the real projections and the draws' K and Q in one product
-            # [d, width + n_random*(ge + he)] (the draws' K and V totals come from the input's Gram)
-            draws_kq = [torch.cat([r[:, :g * e], r[:, 2 * g * e:]], 1) for r in self.r] if self.logits else []
-            self.w_all = torch.cat([self.w, *draws_kq], 1)
-            self.b_all = torch.cat([self.b, torch.zeros(self.w_all.shape[1] - self.w.shape[1], device=self.dev)])
+            # projection path: each draw's K and Q, [d, ge + he] (its K and V totals come from the
+            # input's Gram)
+            self.r_kq = [torch.cat([r[:, :g * e], r[:, 2 * g * e:]], 1) for r in self.r] if self.logits else []
+            self.has_bias = bool(self.b.any())
             # Gram path: the same matrices in float64, per head [..., d, heads, e]
             self.heads64 = _heads(self.w.double()[None], self.b.double(), g, h, e, identity_q=self.identity_q,
                                   b_q=self.b_q_identity)
@@ -188,7 +187,7 @@ class ActivationAccumulator:
         self._pending_bytes = 0
         self._gram = torch.zeros(d, d, dtype=torch.float64, device=self.dev)      # sum_t x_t x_t^T
         self._sum = torch.zeros(d, dtype=torch.float64, device=self.dev)          # sum_t x_t
-        self._chance_logits: dict[str, torch.Tensor] | None = None                # totals [n_random, ...]
+        self._chance_logits: list[dict[str, torch.Tensor] | None] = [None] * n_random   # totals per draw
         self._n = 0
 
     @property
@@ -225,39 +224,37 @@ class ActivationAccumulator:
         self._n += B * T
 
     def _project(self, x: torch.Tensor) -> None:
-        """Projection path (windows shorter than d_model): the real and the draws' projections of
-        ``x: [B, T, d]`` in one float32 product, float64 statistics of them."""
-        g, h, e, n = self.g, self.h, self.e, len(self.r)
+        """Projection path (windows shorter than d_model): float64 statistics of the float32
+        projections of ``x: [B, T, d]``, the real ones per window, each draw's K and Q summed."""
+        h, e = self.h, self.e
         B, T, d = x.shape
-        p = _project(x.reshape(B * T, d), self.w_all, self.b_all).view(B, T, -1)   # [B, T, real + n(ge+he)]
-        real = self.w.shape[1]
-        pr = p[..., :real]
+        xf = x.reshape(B * T, d)
+        p = _project(xf, self.w, self.b if self.has_bias else None).view(B, T, -1)   # [B, T, 2ge (+ he)]
         if self.identity_q:
-            pr = torch.cat([pr, x[..., :h * e] + self.b_q_identity], -1)          # [B, T, 2ge + he]
-        self._windows.append(self._proj_stats(pr, with_v=True, with_q=self.logits))
-        if self.logits:
-            # the draws' K and Q: [B, T, n, ge + he] -> [n, B, T, ge + he]
-            pd_ = p[..., real:].view(B, T, n, g * e + h * e).permute(2, 0, 1, 3)
-            st = self._proj_stats(pd_, with_v=False, with_q=True)
-            self._add_chance_logits({k: st[k].sum(1) for k in _LOGIT_KEYS})
+            p = torch.cat([p, x[..., :h * e] + self.b_q_identity], -1)  # [B, T, 2ge + he]
+        self._windows.append(self._proj_stats(p, with_v=True, with_q=self.logits))
+        for i, r in enumerate(self.r_kq):                                # one product per draw
+            st = self._proj_stats(_project(xf, r, None).view(B, T, -1), with_v=False, with_q=True)
+            self._add_chance_logits(i, {k: st[k].sum(0) for k in _LOGIT_KEYS})   # over windows
 
     def _proj_stats(self, p: torch.Tensor, *, with_v: bool, with_q: bool) -> dict[str, torch.Tensor]:
         """Per-window float64 sums of projected ``p: [..., T, c]``, heads of d_head in the order
         K (g), V (g, ``with_v``), Q (h, ``with_q``); leading dims kept."""
         *lead, T, c = p.shape
         g, e, rep = self.g, self.e, self.rep
-        t64 = _tokens_last(p.reshape(-1, T, c // e, e)).view(*lead, c // e, e, T)   # [..., heads, e, T]
-        k64 = t64[..., :g, :, :]                                         # [..., g, e, T]
+        heads = lambda lo, m: _tokens_last(p[..., lo * e:(lo + m) * e].unflatten(-1, (m, e)))   # noqa: E731
+        k64 = heads(0, g)                                                # [..., g, e, T] float64, contiguous
         kk = k64 @ k64.mT                                                # K^T K: [..., g, e, e]
         st = {"n": torch.full(lead, float(T), dtype=torch.float64, device=p.device), "sk": k64.sum(-1), "kk": kk}
         if with_v:
-            v64 = t64[..., g:2 * g, :, :]
+            v64 = heads(g, g)
             st.update(sv=v64.sum(-1), vv=v64 @ v64.mT, kv=k64 @ v64.mT)
         if with_q:
-            q64 = t64[..., -self.h:, :, :].unflatten(-3, (g, rep))       # [..., g, rep, e, T]
-            ct = q64 @ k64[..., None, :, :].mT                           # C_h^T = Q_h^T K_g: [..., g, rep, e, e]
-            gq = q64 @ q64.mT                                            # Q_h^T Q_h
-            st["lsym"] = (ct * ct.mT).sum((-2, -1)).flatten(-2)          # tr(L_h L_h): [..., h]
+            q64 = heads(c // e - self.h, self.h)                         # [..., h, e, T]
+            # a kv head's query heads side by side: [..., g, rep*e, T] @ [..., g, T, e]
+            ct = (q64.flatten(-3, -2).unflatten(-2, (g, rep * e)) @ k64.mT).unflatten(-2, (rep, e))
+            gq = (q64 @ q64.mT).unflatten(-3, (g, rep))                  # Q_h^T Q_h: [..., g, rep, e, e]
+            st["lsym"] = (ct * ct.mT).sum((-2, -1)).flatten(-2)          # tr(L_h L_h), C_h^T = Q_h^T K_g: [..., h]
             st["lsq"] = (gq * kk[..., None, :, :]).sum((-2, -1)).flatten(-2)   # ||L_h||_F^2
             # the layer's L = Qs Ks^T (Qs: the query heads summed per kv head), [T, T] per window
             q = p[..., c - self.h * e:].unflatten(-1, (g, rep, e)).sum(-2).flatten(-2)    # [..., T, ge]
@@ -273,19 +270,21 @@ class ActivationAccumulator:
         sw = torch.cat([p[1] for p in self._pending])                   # [N, d]
         nw = torch.cat([p[2] for p in self._pending])                   # [N]
         self._pending, self._pending_bytes = [], 0
-        d, width = self.d, self.w_all.shape[1]
-        step = max(1, _CHUNK_BYTES // (8 * d * (d + 2 * width)))        # the Grams and G W of a batch
+        d, width = self.d, self.w.shape[1] * (1 + len(self.r))
+        step = max(1, _CHUNK_BYTES // (8 * d * (d + 2 * width)))        # the Grams and W^T G of a batch
         for lo in range(0, gw.shape[0], step):
             part = gw[lo:lo + step], sw[lo:lo + step], nw[lo:lo + step]
             st = _gram_stats(*part, self.heads64, self.rep, with_q=self.logits)
             self._windows.append({k: v if k == "n" else v[0] for k, v in st.items()})
             if self.logits:                                              # the draws: leading [n_random]
                 st = _gram_stats(*part, self.draws64, self.rep, with_q=True, with_v=False)
-                self._add_chance_logits({k: st[k].sum(1) for k in _LOGIT_KEYS})     # over windows
+                for i in range(len(self.r)):
+                    self._add_chance_logits(i, {k: st[k][i].sum(0) for k in _LOGIT_KEYS})   # over windows
 
-    def _add_chance_logits(self, st: dict[str, torch.Tensor]) -> None:
-        prev = self._chance_logits
-        self._chance_logits = st if prev is None else {k: prev[k] + st[k] for k in st}
+    def _add_chance_logits(self, i: int, st: dict[str, torch.Tensor]) -> None:
+        """Add draw ``i``'s logit sums over windows."""
+        prev = self._chance_logits[i]
+        self._chance_logits[i] = st if prev is None else {k: prev[k] + st[k] for k in st}
 
     def _chance_stats(self) -> list[dict[str, torch.Tensor]]:
         """The totals of every draw: K and V sums from the input's Gram (``R^T G R``), the logit
@@ -299,7 +298,7 @@ class ActivationAccumulator:
             st = {k: v[i, 0] for k, v in tot.items() if k != "n"}
             st["n"] = n
             if self.logits:
-                st.update({k: v[i] for k, v in self._chance_logits.items()})
+                st.update(self._chance_logits[i])
             draws.append(st)
         return draws
 
@@ -381,9 +380,9 @@ def _row_metric(m: str):
 
 
 def _tokens_last(t: torch.Tensor) -> torch.Tensor:
-    """``[B, T, a, b] -> [B, a, b, T]`` float64, contiguous, in one copy."""
-    B, T, a, b = t.shape
-    return torch.empty(B, a, b, T, dtype=torch.float64, device=t.device).copy_(t.permute(0, 2, 3, 1))
+    """``[..., T, a, b] -> [..., a, b, T]`` float64, contiguous, in one copy (``t`` may be a view)."""
+    *lead, T, a, b = t.shape
+    return torch.empty(*lead, a, b, T, dtype=torch.float64, device=t.device).copy_(t.movedim(-3, -1))
 
 
 def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
