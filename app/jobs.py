@@ -231,12 +231,14 @@ def analyze(store: Store, checkpoint_id: int, *, activations: bool = False, devi
                              "re-ingest it from its new place")
         if opener.__module__ == "loaders.checkpoints":
             # a stored file is someone's file: analysed in a child process under the memory budget
-            # and QKVSCOPE_ANALYSIS_TIMEOUT_S (loaders/parse_child.py), so a bomb ends that process
+            # and QKVSCOPE_ANALYSIS_TIMEOUT_S (loaders/parse_child.py), so a bomb ends that process;
+            # the child is pooled (as batch tasks' are): a page analysing 23 checkpoints one after
+            # another pays the child's 2-3 s of imports once, and a child that died is replaced
             from loaders.parse_child import call
 
             if progress:
                 progress(0, 1, "analysing in a child process")
-            got = call("app.jobs:compute_jobs", info["path"], timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+            got = call("app.jobs:compute_jobs", info["path"], pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                        kinds=todo, device=str(dev), text=sample.text, tokens=sample.tokens, images=sample.images)
             fresh = [_job_from_json(checkpoint_id, info["path"], g) for g in got]
         else:
