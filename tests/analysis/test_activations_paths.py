@@ -160,13 +160,16 @@ def test_chance_totals_equal_float64_projections_of_the_draws(monkeypatch, gram)
         assert float(got["n"]) == x.shape[0] * x.shape[1]
 
 
-def test_held_grams_reduced_in_small_batches_equal_one_reduction(monkeypatch):
+@pytest.mark.parametrize("gram", [True, False])
+def test_small_batches_of_windows_equal_one_batch(monkeypatch, gram):
+    """Gram path: the held Grams reduced after every add(), one window at a time; projection
+    path: the layer's [T, T] logits one window at a time."""
     lay, m = integer_layer()
     x = rand(8, 24, m.d_model, seed=9)
-    whole = accumulate(lay, m, x, gram=True, monkeypatch=monkeypatch, calls=4).result(n_boot=30)[0]
+    whole = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, calls=4).result(n_boot=30)[0]
     monkeypatch.setattr(act, "_PENDING_BYTES", 1)                       # reduce after every add()
-    monkeypatch.setattr(act, "_CHUNK_BYTES", 1)                         # one window per reduction batch
-    parts = accumulate(lay, m, x, gram=True, monkeypatch=monkeypatch, calls=4).result(n_boot=30)[0]
+    monkeypatch.setattr(act, "_CHUNK_BYTES", 1)                         # one window per batch
+    parts = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, calls=4).result(n_boot=30)[0]
     for col in ("value", "chance", "ci_low", "ci_high"):
         np.testing.assert_allclose(parts[col].to_numpy(), whole[col].to_numpy(), rtol=1e-12, err_msg=col)
 
