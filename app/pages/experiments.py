@@ -48,6 +48,14 @@ URL_KEYS = ("runs", "m", "x", "s", "logx", "logy", "group", "q", "variant", "wd"
 SAVED = "exp_saved"
 #: Runs plotted when nothing is selected yet: the best of each group, at most this many.
 DEFAULT_RUNS = 8
+#: Points per curve sent to the chart (``loaders.curves``' ``max_points``): the chart is about
+#: 900 px wide in the page's column, so 500 min-max buckets are one per 2 px or less, spikes
+#: kept, at half the points (and half the browser's drawing) of the loader's 2,000 cap.
+CURVE_POINTS = 1000
+#: The page's charts keep their own look (``charts._layout``: plotly_white) instead of Streamlit's
+#: theme: Streamlit re-applies its theme once the chart is mounted, and plotly.js draws every
+#: trace again (three draws a chart instead of two; 2,000 markers and 20 curves on this page).
+CHART_THEME = None
 
 
 # -- cached reads (keyed by the database file's version) ----------------------
@@ -60,7 +68,7 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _curves(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
-    return curves.curves(store_at(db), ids, metric, x=x)
+    return curves.curves(store_at(db), ids, metric, x=x, max_points=CURVE_POINTS)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -160,7 +168,7 @@ def _default_runs(store, version, runs: pd.DataFrame, shown: pd.DataFrame) -> li
 
 def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, saved: dict | None) -> list[int]:
     styles = charts.run_styles(runs)
-    labels = {int(r.id): f"{r.name} ({styles[int(r.id)]['group']})" for r in runs.itertuples()}
+    labels = {i: f"{name} ({styles[i]['group']})" for i, name in zip(runs["id"].astype(int).tolist(), runs["name"].tolist())}
     if "runs" in st.query_params or saved is not None:
         in_url = [i for i in _url_ints("runs") if i in labels]
     else:                                       # first visit in this session, no runs in the link
@@ -232,7 +240,7 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
         missing = sorted(set(plotted) - set(int(i) for i in raw["run_id"].unique()))
         if missing:
             st.caption("No points with this metric and x axis for: " + ", ".join(labels[i] for i in missing))
-    st.plotly_chart(fig, width="stretch", key="exp_curves")
+    st.plotly_chart(fig, width="stretch", key="exp_curves", theme=CHART_THEME)
     logged = int(runs[runs["id"].isin(plotted)]["n_points"].fillna(0).sum())
     st.caption(f"{n_shown:,} points drawn ({logged:,} logged points in these runs, all metrics); "
                "long curves keep each bucket's minimum and maximum so spikes stay visible.")
@@ -296,7 +304,7 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
     else:
         dims = [h for h in HPARAMS if data[h].notna().any()]
         fig = charts.parallel_figure(data, dims, color=value, metric=fmetric, direction=way)
-    st.plotly_chart(fig, width="stretch", key="exp_final")
+    st.plotly_chart(fig, width="stretch", key="exp_final", theme=CHART_THEME)
     diverged = data[data["nonfinite"] > 0]
     if len(diverged):
         st.warning("Diverged (non-finite values): " + ", ".join(diverged["name"].astype(str)),
@@ -319,7 +327,7 @@ def _field_text(value, kind) -> str:
 def _edit_section(store, runs: pd.DataFrame) -> None:
     with st.expander("Edit a run's metadata", icon=":material/edit:"):
         st.caption("Corrections are stored beside what ingest found and survive re-ingesting the logs.")
-        labels = {int(r.id): f"{r.name} (id {r.id})" for r in runs.itertuples()}
+        labels = {i: f"{name} (id {i})" for i, name in zip(runs["id"].astype(int).tolist(), runs["name"].tolist())}
         rid = st.selectbox("Run", list(labels), format_func=labels.get, key="exp_edit_run")
         row = runs[runs["id"] == rid].iloc[0]
         with st.form(f"exp_edit_{rid}"):

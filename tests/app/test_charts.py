@@ -340,3 +340,90 @@ def test_curves_are_svg_lines_one_per_run_and_smoothed_behind():
     assert [(t.type, t.name) for t in fig.data] == [("scatter", "a"), ("scatter", "b")]
     fig = charts.curves_figure(raw, metric="loss", labels={1: "a", 2: "b"}, smoothed=raw)
     assert [t.type for t in fig.data] == ["scatter"] * 4 and fig.data[0].showlegend is False
+
+
+# -- the Experiments page at 2,000 runs (issue 20): one label and style per group ---------
+
+def _mixed_runs(n: int = 150) -> pd.DataFrame:
+    """Runs of every kind the legend tells apart: known and unknown variants, missing and GQA/MQA
+    head counts, two tasks and a missing one, a paper condition and missing ones (None, NaN)."""
+    rng = np.random.default_rng(7)
+    return pd.DataFrame({
+        "id": rng.permutation(np.arange(1, n + 1)),
+        "name": [f"run-{i}" for i in range(n)],
+        "variant": rng.choice(["qkv", "k_eq_v", "q_eq_k", "something_new"], n),
+        "n_heads": rng.choice([8.0, np.nan], n),
+        "n_kv_heads": rng.choice([8, 2, 1, None], n),
+        "task": rng.choice(["language", "vision", None], n),
+        "condition": rng.choice(["QVV(3)", None, np.nan], n),
+        "weight_decay": rng.choice([0.0, 0.01, 0.1], n),
+        "final": rng.normal(3.0, 0.2, n),
+    })
+
+
+def _row(row: dict, key: str):
+    v = row.get(key)
+    return None if v is None or (isinstance(v, float) and np.isnan(v)) else v
+
+
+def test_run_styles_of_many_runs_follow_the_per_run_definition():
+    runs = _mixed_runs()
+    name_task = charts.several_tasks(runs["task"])
+    assert name_task                                   # two tasks: every label names its task
+    seen: dict[str, int] = {}
+    expected = {}
+    for row in runs.sort_values("id").to_dict("records"):     # the definition, one run at a time
+        sharing = charts.sharing_of(row["n_heads"], row["n_kv_heads"])
+        group = charts.legend_label(row["variant"], sharing, _row(row, "task") or "language",
+                                    _row(row, "condition"), name_task=True)
+        k = seen.get(group, 0)
+        seen[group] = k + 1
+        style = charts.group_style(row["variant"], sharing)
+        expected[int(row["id"])] = {**style, "color": charts.shade(style["color"], charts._RUN_SHADES[k % 8]),
+                                    "group": group}
+    assert charts.run_styles(runs) == expected
+    assert len(set(seen)) > 6 and max(seen.values()) > 8      # groups of several runs, shades wrap round
+
+
+def test_final_scatter_draws_each_group_once_with_all_its_runs():
+    runs = _mixed_runs()
+    fig = charts.final_scatter(runs, hparam="weight_decay", metric="val/loss")
+    keys = charts.legend_keys(runs)
+    # one trace per variant x sharing x legend name (a paper condition names runs of two variants alike)
+    groups = {(str(k[0]), k[1], charts.legend_label(*k, name_task=True)) for k in keys}
+    assert sorted(t.name for t in fig.data) == sorted(g[2] for g in groups)
+    assert sum(len(t.x) for t in fig.data) == len(runs)
+    label = dict(zip(runs["name"], (charts.legend_label(*k, name_task=True) for k in keys)))
+    for trace in fig.data:
+        assert {label[n] for n in trace.text} == {trace.name}        # a trace holds its group's runs only
+        assert list(trace.x) == sorted(trace.x)                      # in hyperparameter order
+        y = dict(zip(runs["name"], runs["final"]))
+        assert [y[n] for n in trace.text] == list(trace.y)
+
+
+def test_light_template_is_plotly_white_less_what_these_figures_never_read():
+    import json
+
+    import plotly.io as pio
+
+    white = pio.templates["plotly_white"].to_plotly_json()
+    light = json.loads(json.dumps(charts.LIGHT.to_plotly_json()))
+    assert set(white["layout"]) - set(light["layout"]) == {"colorscale", "geo", "polar", "scene", "ternary"}
+    for key, value in light["layout"].items():
+        assert value == white["layout"][key], key
+    assert sorted(light["data"]) == sorted(charts.TRACE_TYPES)
+    for kind, defaults in light["data"].items():
+        assert defaults == charts._without(white["data"][kind], ("colorscale",)), kind
+    # every figure here is of those trace types, and each colour scale it uses is its own
+    results = _results([[0.1, 0.9], [0.5, 0.3]])
+    figs = [charts.heatmap_figure(results, "kv_cka"), charts.final_scatter(_mixed_runs(), hparam="weight_decay"),
+            charts.parallel_figure(_mixed_runs(), ["weight_decay"], metric="val/loss"),
+            charts.attention_figure(np.eye(3), ["a", "b", "c"])]
+    for fig in figs:
+        assert fig.layout.template == charts.LIGHT
+        for trace in fig.data:
+            assert trace.type in charts.TRACE_TYPES
+            if trace.type == "heatmap":
+                assert trace.colorscale is not None
+            if trace.type == "parcoords":
+                assert trace.line.colorscale is not None
