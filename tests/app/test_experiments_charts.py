@@ -1,0 +1,115 @@
+"""What the Experiments page sends the browser for its two charts (issue 20: 2,000 runs).
+
+Curves are sent at ``CURVE_POINTS`` per run (min-max buckets: a spike stays), both charts
+without Streamlit's theme (with it, plotly.js draws each chart a third time once mounted), and
+in Chromium each chart is drawn twice at most: the first draw and Streamlit's redraw on mount.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from loaders.store import Store, refresh_run_stats
+from tests.app.apptest import page_test
+from tests.app.test_page_experiments import arr
+
+
+def long_runs(db, n_runs: int = 3, steps: int = 5000, spike_at: int = 3217) -> Store:
+    """``n_runs`` runs of ``steps`` train/val loss points, one spike of +2 at ``spike_at`` each."""
+    store = Store(db)
+    store.migrate()
+    s = np.arange(steps)
+    frames = []
+    for rid in range(1, n_runs + 1):
+        loss = 4.0 - 0.25 * np.log1p(s) + 0.01 * rid + np.where(s == spike_at, 2.0, 0.0)
+        for metric, value in (("train/loss", loss), ("val/loss", loss + 0.1)):
+            frames.append(pd.DataFrame({"run_id": rid, "step": s, "metric": metric, "value": value,
+                                        "wall_time": 1000.0 + s, "tokens": s * 512}))
+    frame = pd.concat(frames, ignore_index=True)
+    with store.transaction() as con:
+        for rid in range(1, n_runs + 1):
+            con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
+                        "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)",
+                        [rid, f"run-{rid}", f"/exp/run-{rid}", ["qkv", "k_eq_v"][rid % 2], 0.1 * rid])
+        con.register("f", frame)
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        refresh_run_stats(con, frame["run_id"].unique())
+    return store
+
+
+def test_curves_are_sent_at_curve_points_per_run_with_the_spike_kept(tmp_path, monkeypatch):
+    from app.pages.experiments import CURVE_POINTS
+
+    db = tmp_path / "long.duckdb"
+    long_runs(db)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("experiments", {"runs": "1,2,3", "m": "train/loss"}).run()
+    assert not at.exception, at.exception
+    charts = {e.key: e for e in at.get("plotly_chart")}
+    traces = json.loads(charts["exp_curves"].proto.spec)["data"]
+    assert [t["name"].split(" ")[0] for t in traces] == ["run-1", "run-2", "run-3"]
+    for rid, trace in enumerate(traces, start=1):
+        x, y = arr(trace["x"]), arr(trace["y"])
+        assert CURVE_POINTS - 2 <= len(x) <= CURVE_POINTS < 5000
+        spike = dict(zip(x, y))[3217.0]                 # its bucket's maximum: the spike itself
+        assert spike == pytest.approx(4.0 - 0.25 * np.log1p(3217) + 0.01 * rid + 2.0)
+    caption = next(c.value for c in at.caption if "points drawn" in c.value)
+    assert caption.startswith(f"{sum(len(arr(t['x'])) for t in traces):,} points drawn (30,000 logged points")
+
+
+def test_both_charts_are_sent_without_streamlits_theme(tmp_path, monkeypatch):
+    db = tmp_path / "long.duckdb"
+    long_runs(db, steps=300)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("experiments", {"runs": "1,2", "m": "train/loss"}).run()
+    assert not at.exception, at.exception
+    charts = {e.key: e.proto for e in at.get("plotly_chart")}
+    assert set(charts) == {"exp_curves", "exp_final"}
+    assert {k: p.theme for k, p in charts.items()} == {"exp_curves": "", "exp_final": ""}
+    for proto in charts.values():                  # their own look: the white template, light
+        layout = json.loads(proto.spec)["layout"]
+        assert layout["template"]["layout"]["plot_bgcolor"] == "white"
+
+
+#: Counts, per chart, the times plotly.js sets the shape of a marker (``path.point``'s ``d``:
+#: twice a draw) and the points of each curve's path, installed before the page's scripts.
+_COUNT_DRAWS = """
+window.__pointShapes = [0, 0];
+new MutationObserver((records) => {
+  for (const r of records) {
+    const el = r.target;
+    if (r.attributeName !== 'd' || !el.classList || !el.classList.contains('point')) continue;
+    const chart = el.closest("[data-testid='stPlotlyChart']");
+    const i = [...document.querySelectorAll("[data-testid='stPlotlyChart']")].indexOf(chart);
+    if (i >= 0) window.__pointShapes[Math.min(i, 1)] += 1;
+  }
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ['d']});
+"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_charts_are_drawn_twice_at_most_in_a_real_browser(tmp_path):
+    from app.pages.experiments import CURVE_POINTS
+    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+
+    db = tmp_path / "browser-draws.duckdb"
+    long_runs(db, n_runs=6)
+    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2000)) as page:
+        page.add_init_script(_COUNT_DRAWS)
+        page.goto(f"{url}/experiments?runs=1,2,3,4,5,6&m=train/loss&fm=val/loss")
+        wait_idle(page, timeout=120_000)
+        page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
+        wait_idle(page, timeout=60_000)
+        curves, final = page.locator(".js-plotly-plot").nth(0), page.locator(".js-plotly-plot").nth(1)
+        lengths = curves.evaluate("gd => gd._fullData.map(t => t._length)")   # the points plotly.js holds
+        assert len(lengths) == 6 and all(CURVE_POINTS - 2 <= n <= CURVE_POINTS for n in lengths), lengths
+        markers = final.locator(".scatterlayer .point").count()
+        assert markers == 6                                            # one per run in the table
+        shapes = page.evaluate("window.__pointShapes[1]")
+        # a draw sets each marker's shape twice; Streamlit's theme made it three draws (36)
+        assert 2 * markers <= shapes <= 4 * markers, shapes
+        screenshot(page, "experiments_charts")
