@@ -10,7 +10,7 @@ measured inside the script, and AppTest's wall time beside it):
 * the inspector on the analysed checkpoint, cold and warm.
 
 Side by side in the same run it also times the curve query the page uses
-(SQL min-max downsampling to <= 2,000 points per run) against fetching the
+(SQL min-max downsampling to <= ``app.pages.experiments.CURVE_POINTS`` points per run) against fetching the
 same 10 runs' raw points, and prints the ratio. Target: each page under 1 s.
 
 Then, in a real browser (Debian's Chromium driven by Playwright, launched as
@@ -251,11 +251,12 @@ def main() -> None:
     os.environ["QKVSCOPE_DB"] = str(db)
 
     ids = list(range(1, min(PLOTTED, args.runs) + 1))
+    from app.pages.experiments import CURVE_POINTS
     from loaders import curves
 
     store = Store(db)
     t0 = time.perf_counter()
-    down = curves.curves(store, ids, "train/loss")
+    down = curves.curves(store, ids, "train/loss", max_points=CURVE_POINTS)   # what the page queries
     t_down = time.perf_counter() - t0
     t0 = time.perf_counter()
     with store.connect() as con:
@@ -419,19 +420,21 @@ def browser_timings(db: Path, titles: list[str], rounds: int, experiments: str |
     return out
 
 
-def draw_cost(folder: Path, runs: int = PLOTTED, points: int = 2000, repeat: int = 2) -> dict[str, float]:
+def draw_cost(folder: Path, runs: int = PLOTTED, points: int | None = None, repeat: int = 2) -> dict[str, float]:
     """Seconds this Chromium takes to draw ``runs`` lines of ``points`` points (what the
-    Experiments chart holds: ``loaders.curves`` keeps <= 2,000 points a run) with plotly.js alone,
-    in a blank page (no server, no Streamlit): as WebGL (``Scattergl``, what ``app.charts``
-    draws) and as SVG (``Scatter``); best of ``repeat``. Headless Chromium has no GPU and
+    Experiments chart holds: ``app.pages.experiments.CURVE_POINTS`` a run, the default) with plotly.js alone,
+    in a blank page (no server, no Streamlit): as WebGL (``Scattergl``) and as SVG (``Scatter``,
+    what ``app.charts`` draws); best of ``repeat``. Headless Chromium has no GPU and
     renders WebGL in software (SwiftShader), as a browser on a machine without one does."""
     import numpy as np
     import plotly.graph_objects as go
     from playwright.sync_api import sync_playwright
     from plotly.offline import get_plotlyjs
 
+    from app.pages.experiments import CURVE_POINTS
     from tests.app.browser import CHROMIUM, CHROMIUM_ARGS
 
+    points = points or CURVE_POINTS
     html = folder / "draw.html"
     html.write_text("<html><body><div id='p' style='width:1300px;height:450px'></div><script>"
                     + get_plotlyjs() + "</script></body></html>")
@@ -532,8 +535,10 @@ def browser_main(big_db: Path, folder: Path, rounds: int, experiments: str | Non
 
     titles = [m.TITLE for m in page_modules()]
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    from app.pages.experiments import CURVE_POINTS
+
     draw = draw_cost(folder)
-    print(f"plotly.js draw in this Chromium, {PLOTTED} runs x 2,000 points, blank page: "
+    print(f"plotly.js draw in this Chromium, {PLOTTED} runs x {CURVE_POINTS:,} points, blank page: "
           + "; ".join(f"{k} {v:.2f} s" for k, v in draw.items()))
     demo = demo_database(folder)
     for name, db, query in (("demo", demo, None), ("big", big_db, experiments)):
