@@ -6,7 +6,7 @@ leaving the page and coming back through the navigation (which clears the URL)
 reopens it too. Without either, the best run of each group (variant x head
 sharing x task) is plotted. The search and filters narrow the curves already
 plotted as well as the table. Curves are downsampled in DuckDB
-(``loaders.curves``): no curve has more than 2,000 points and spikes stay.
+(``loaders.curves``): no curve has more than ``CURVE_POINTS`` (1,000) points and spikes stay.
 The curves of every selected run are fetched (and cached) together and the
 filters pick from them, so changing a filter runs no new curve query.
 Smoothing is ``analysis.trajectories.smooth`` (time-weighted, debiased EMA).
