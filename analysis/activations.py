@@ -174,14 +174,7 @@ class ActivationAccumulator:
             width = 2 * g * e + (h * e if self.logits else 0)
             self.r = [(torch.randn(d, width, generator=gen) / math.sqrt(d)).to(self.dev)
                       for _ in range(n_random)]             # n_random x [d, width]
-            # projection path: each draw's K and Q, [d, ge + he] (its K and V totals come from the
-            # input's Gram)
-            self.r_kq = [torch.cat([r[:, :g * e], r[:, 2 * g * e:]], 1) for r in self.r] if self.logits else []
             self.has_bias = bool(self.b.any())
-            # Gram path: the same matrices in float64, per head [..., d, heads, e]
-            self.heads64 = _heads(self.w.double()[None], self.b.double(), g, h, e, identity_q=self.identity_q,
-                                  b_q=self.b_q_identity)
-            self.draws64 = _heads(torch.stack(self.r).double(), None, g, h, e, identity_q=False)
         self._windows: list[dict[str, torch.Tensor]] = []  # per-window sums [B, ...]
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (G_w, s_w, n_w)
         self._pending_bytes = 0
@@ -226,15 +219,17 @@ class ActivationAccumulator:
     def _project(self, x: torch.Tensor) -> None:
         """Projection path (windows shorter than d_model): float64 statistics of the float32
         projections of ``x: [B, T, d]``, the real ones per window, each draw's K and Q summed."""
-        h, e = self.h, self.e
+        g, h, e = self.g, self.h, self.e
         B, T, d = x.shape
         xf = x.reshape(B * T, d)
         p = _project(xf, self.w, self.b if self.has_bias else None).view(B, T, -1)   # [B, T, 2ge (+ he)]
         if self.identity_q:
             p = torch.cat([p, x[..., :h * e] + self.b_q_identity], -1)  # [B, T, 2ge + he]
         self._windows.append(self._proj_stats(p, with_v=True, with_q=self.logits))
-        for i, r in enumerate(self.r_kq):                                # one product per draw
-            st = self._proj_stats(_project(xf, r, None).view(B, T, -1), with_v=False, with_q=True)
+        for i, r in enumerate(self.r if self.logits else []):           # one product per draw
+            # its K and Q, [d, ge + he] (its K and V totals come from the input's Gram)
+            kq = _project(xf, torch.cat([r[:, :g * e], r[:, 2 * g * e:]], 1), None).view(B, T, -1)
+            st = self._proj_stats(kq, with_v=False, with_q=True)
             self._add_chance_logits(i, {k: st[k].sum(0) for k in _LOGIT_KEYS})   # over windows
 
     def _proj_stats(self, p: torch.Tensor, *, with_v: bool, with_q: bool) -> dict[str, torch.Tensor]:
@@ -272,14 +267,23 @@ class ActivationAccumulator:
         self._pending, self._pending_bytes = [], 0
         d, width = self.d, self.w.shape[1] * (1 + len(self.r))
         step = max(1, _CHUNK_BYTES // (8 * d * (d + 2 * width)))        # the Grams and W^T G of a batch
+        real, draws = self._heads64()
         for lo in range(0, gw.shape[0], step):
             part = gw[lo:lo + step], sw[lo:lo + step], nw[lo:lo + step]
-            st = _gram_stats(*part, self.heads64, self.rep, with_q=self.logits)
+            st = _gram_stats(*part, real, self.rep, with_q=self.logits)
             self._windows.append({k: v if k == "n" else v[0] for k, v in st.items()})
             if self.logits:                                              # the draws: leading [n_random]
-                st = _gram_stats(*part, self.draws64, self.rep, with_q=True, with_v=False)
+                st = _gram_stats(*part, draws, self.rep, with_q=True, with_v=False)
                 for i in range(len(self.r)):
                     self._add_chance_logits(i, {k: st[k][i].sum(0) for k in _LOGIT_KEYS})   # over windows
+
+    def _heads64(self) -> tuple[dict, dict]:
+        """The real projections and the draws in float64, per head (``_heads``), formed when used:
+        held for every layer they would double the accumulators' memory."""
+        g, h, e = self.g, self.h, self.e
+        real = _heads(self.w.double()[None], self.b.double(), g, h, e, identity_q=self.identity_q,
+                      b_q=self.b_q_identity)
+        return real, _heads(torch.stack(self.r).double(), None, g, h, e, identity_q=False)
 
     def _add_chance_logits(self, i: int, st: dict[str, torch.Tensor]) -> None:
         """Add draw ``i``'s logit sums over windows."""
@@ -291,7 +295,7 @@ class ActivationAccumulator:
         sums accumulated per window (the held windows reduced first)."""
         self._reduce()
         n = torch.tensor(float(self._n), dtype=torch.float64, device=self.dev)
-        tot = _gram_stats(self._gram[None], self._sum[None], n[None], self.draws64, self.rep,
+        tot = _gram_stats(self._gram[None], self._sum[None], n[None], self._heads64()[1], self.rep,
                           with_q=False)                                  # [n_random, 1, ...]
         draws = []
         for i in range(len(self.r)):
