@@ -26,10 +26,11 @@ What is timed, on the model ``load_runnable`` gives and the same ``[B, T]`` wind
   ``analyze --activations`` calls) over the default token budget (``wanted``:
   ``max(DEFAULT_TOKENS = 4096, 8 x d_head)``; ``--tokens`` overrides it), three figures:
   its forward pass (``feed``'s batches: the model with the pre-hooks and every layer's
-  ``ActivationAccumulator.add``, i.e. the projections, the chance draws' projections and
-  the float64 statistics; from the first batch to the first ``result()``); the job
-  without its model load (tokenising, the forward pass, ``result()``: metrics, chance
-  levels, bootstrap intervals); and end to end, the load included. The load, ``add`` and
+  ``ActivationAccumulator.add``, i.e. the input's float64 Gram and, for windows shorter
+  than d_model, the projections and their float64 statistics; from the first batch to
+  the first ``result()``); the job without its model load (tokenising, the forward pass,
+  ``result()``: for windows at least d_model long the statistics from the windows' Grams,
+  then metrics, chance levels, bootstrap intervals); and end to end, the load included. The load, ``add`` and
   ``result`` seconds are timed inside (the functions wrapped in this process).
 
 Target (issue 20: "the hooks and captures must cost little"): tokens/s >= ``FORWARD_RATIO``
