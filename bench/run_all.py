@@ -185,7 +185,7 @@ def parse_dashboard_speed(out: str) -> list[Row]:
                      r"WebGL \(Scattergl\) ([\d.]+) s; SVG \(Scatter\) ([\d.]+) s", out, re.M)
     if draw:
         rows.append(Row("dashboard_speed", f"browser, plotly.js alone drawing {draw.group(1)} runs x {draw.group(2)} "
-                                           "points as WebGL (app/charts.py's Scattergl)",
+                                           "points as WebGL (Scattergl; app/charts.py draws SVG)",
                         f"{draw.group(3)} s", f"the same as SVG (Scatter: {draw.group(4)} s)", "-", "-"))
     # the browser table: one line per step, median and max over rounds, charts drawn, AppTest script time
     for where, step, med, mx, _charts, script, target, verdict in BROWSER_LINE.findall(out):

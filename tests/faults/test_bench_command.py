@@ -158,7 +158,7 @@ def test_dashboard_speed_rows():
          "absolute (AppTest render time)", "< 0.5 s", "pass"),
         (f"inspector page script run, cold ({size})", "8.26 s", "absolute (AppTest render time)", "< 1 s", "FAIL"),
         (f"inspector page script run, warm ({size})", "0.61 s", "absolute (AppTest render time)", "< 1 s", "pass")]
-    assert got[11:] == [("browser, plotly.js alone drawing 20 runs x 2,000 points as WebGL (app/charts.py's Scattergl)",
+    assert got[11:] == [("browser, plotly.js alone drawing 20 runs x 2,000 points as WebGL (Scattergl; app/charts.py draws SVG)",
                          "1.48 s", "the same as SVG (Scatter: 0.13 s)", "-", "-")]
     # the earlier output (10 runs, no filter or ingest lines) still gives its rows
     assert rows("dashboard_speed", DASHBOARD_SPEED_10) == [
