@@ -147,7 +147,8 @@ def bench_row(measured: str, figure: str, against: str, target: str, ok: bool | 
 def floor2(x: float) -> float:
     """``x`` rounded down to two decimals: a ratio printed beside its pass/FAIL never reads as
     the target when it falls short of it (0.695 prints 0.69, not 0.70)."""
-    return math.floor(x * 100) / 100 if math.isfinite(x) else x
+    # x * 100 is rounded to 9 places first: 0.29 * 100 is 28.999999999999996 in binary floating point
+    return math.floor(round(x * 100, 9)) / 100 if math.isfinite(x) else x
 
 
 def ratio_rows(what: str, s: dict) -> list[dict]:

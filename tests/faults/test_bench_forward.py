@@ -35,6 +35,12 @@ def test_the_parameter_count_is_transformers_own():
     assert F.llama_parameters(768, 12, 2048, 32000, tied=True) == 109_529_856
 
 
+def test_ratios_round_down_to_two_decimals():
+    assert F.floor2(0.695) == 0.69                      # never printed as the 0.70 target
+    assert [F.floor2(x) for x in (0.29, 0.57, 0.7, 1.0)] == [0.29, 0.57, 0.7, 1.0]   # exact ones stay
+    assert F.floor2(0.6999) == 0.69 and math.isnan(F.floor2(math.nan))
+
+
 def test_rates_spread_and_medians():
     assert F.rate(4096, 2.0) == 2048.0 and math.isnan(F.rate(10, 0.0))
     assert F.spread(list(range(23)), 3) == [0, 11, 22]
