@@ -213,10 +213,10 @@ class ActivationAccumulator:
                 xf = x64.view(B * T, d)
                 self._gram += xf.mT @ xf
                 self._sum += xf.sum(0)
-                self._project(x)
+                self._add_projected(x)
         self._n += B * T
 
-    def _project(self, x: torch.Tensor) -> None:
+    def _add_projected(self, x: torch.Tensor) -> None:
         """Projection path (windows shorter than d_model): float64 statistics of the float32
         projections of ``x: [B, T, d]``, the real ones per window, each draw's K and Q summed."""
         g, h, e = self.g, self.h, self.e
