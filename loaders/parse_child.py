@@ -31,6 +31,8 @@ What fails becomes one line naming the file:
 Callers that make many small requests (the Inspector's spectra, ties and
 attention maps; batch tasks) take a child from ``POOL`` instead of starting
 one each time (a start costs 2-3 s of imports): ``call(..., pooled=True)``.
+``ingest_paths`` and ``ingest_checkpoint`` borrow one from ``POOL`` too unless
+given a ``Reader``: ``analyze PATH`` ingests and then analyses in one child.
 
 Ingest: the child runs ``loaders.ingest.ingest_file`` for one path, which
 stores that file in one DuckDB transaction; a child that dies part-way
@@ -258,12 +260,10 @@ def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | Non
 
     Same walk (``scan``), same order (logs first), same final linking; a file
     that kills or stalls the child is one ``error`` report and the next file
-    gets a fresh child.
+    gets a fresh child. ``reader`` None: an idle child of ``POOL``.
     """
-    own = reader is None
-    reader = reader or Reader()
     report = IngestReport()
-    try:
+    with _lent(reader) as reader:
         classified = []
         for p, why in scan(paths):
             if why is not None:
@@ -276,9 +276,6 @@ def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | Non
             if progress:
                 progress(i, len(ordered), str(path))
             report.files.extend(reader.ingest_file(store, path, kind))
-    finally:
-        if own:
-            reader.close()
     if any(f.status in ("added", "appended") for f in report.files):
         link_checkpoints(store)
     if progress:
@@ -289,13 +286,22 @@ def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | Non
 def ingest_checkpoint(store, path: str | Path, *, reader: "Reader | None" = None) -> FileReport:
     """``loaders.ingest.ingest_checkpoint`` in a child (the Inspector's upload and
     path field, ``analyze PATH``): its report, or ``FileError`` with the one-line
-    problem. ``reader`` reuses that child over several paths (a glob's matches);
-    None starts one for this path."""
-    if reader is None:
-        with Reader() as own:
-            return ingest_checkpoint(store, path, reader=own)
-    return FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
-                                       busy_timeout=store.busy_timeout))
+    problem. ``reader`` None: an idle child of ``POOL``, so the ``analyze`` that
+    follows (``call(..., pooled=True)``) finds the same child already started."""
+    with _lent(reader) as reader:
+        return FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
+                                           busy_timeout=store.busy_timeout))
+
+
+@contextmanager
+def _lent(reader: "Reader | None"):
+    """``reader`` itself, or one lent by ``POOL`` for the block (a child's start costs 2-3 s
+    of imports; a child that died or stalled is replaced at its next request either way)."""
+    if reader is not None:
+        yield reader
+        return
+    with POOL.reader() as lent:
+        yield lent
 
 
 def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,

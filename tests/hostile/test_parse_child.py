@@ -235,3 +235,32 @@ def test_sizing_a_fifo_named_zip_does_not_open_it(tmp_path):
     with zipfile.ZipFile(z, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("model.safetensors", b"\0" * (1 << 20))
     assert reading_size(z) == 1 << 20              # what it declares, more than its few KB
+
+
+def test_ingest_without_a_reader_borrows_the_pools_child_and_the_analysis_finds_it(tmp_path):
+    """``analyze PATH``: the checkpoint is ingested and then analysed in one child (a second
+    start cost 2-3 s of imports); a child killed between requests is replaced, and the store
+    still gets the file."""
+    from loaders.parse_child import POOL, ingest_checkpoint, ingest_paths
+    from loaders.store import Store
+    from tests.app.test_batch import make_checkpoints
+
+    POOL.close()
+    ckpt = make_checkpoints(tmp_path / "ckpts")[0]
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4")   # no trailing newline
+    store = Store(tmp_path / "p.duckdb")
+    assert ingest_checkpoint(store, ckpt).status == "added"
+    idle = [r.pid for _, r in POOL._idle]                                 # the ingest's child, handed back
+    first = call(f"{T}:pid", ckpt, pooled=True)
+    assert idle == [first]
+    assert ingest_checkpoint(store, ckpt).status == "unchanged"
+    assert call(f"{T}:pid", ckpt, pooled=True) == first                  # the same child all along
+    os.kill(first, 9)
+    time.sleep(0.2)
+    assert [f.status for f in ingest_paths(store, [tmp_path / "logs"]).files] == ["added"]
+    second = call(f"{T}:pid", ckpt, pooled=True)
+    assert second != first
+    with Reader() as own:                                                 # a caller's own child stays its own
+        assert ingest_checkpoint(store, ckpt, reader=own).status == "unchanged" and own.pid != second
+    POOL.close()
