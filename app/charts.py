@@ -436,26 +436,35 @@ def band_figure(band: pd.DataFrame, *, x: str = "step", metric: str = "", log_x:
     return fig
 
 
-def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", metric: str = "",
-                  log_x: bool = False) -> go.Figure:
-    """Final metric against a hyperparameter, one trace per variant x head sharing group
-    (``name, variant, <hparam>, <value>`` and where present ``n_heads, n_kv_heads, task,
-    condition``): the variant's colour, the sharing's marker symbol, the legend
-    ``"Q-K=V · MQA"`` (``"Q-K=V · MQA · language"`` when the runs are of several tasks)."""
-    fig = go.Figure()
-    data = frame.dropna(subset=[hparam, value])
+def _final_groups(frame: pd.DataFrame, hparam: str) -> tuple[pd.DataFrame, dict[tuple, np.ndarray]]:
+    """``frame``'s rows that have a ``hparam``, given ``_sharing`` and ``_group`` (``legend_keys``:
+    one label per group, naming every task when the rows hold several), and per group
+    ``(variant, sharing, group)`` the positions of its rows, in legend order: variants in their
+    order, then MHA, GQA, MQA."""
+    data = frame.dropna(subset=[hparam])
     keys = legend_keys(data)
     name_task = several_tasks([k[2] for k in keys])
     labels = {k: legend_label(*k, name_task=name_task) for k in set(keys)}   # one per group, not per run
     data = data.assign(_sharing=[k[1] for k in keys], _group=[labels[k] for k in keys])
     order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     groups = data.groupby(["variant", "_sharing", "_group"], dropna=False, sort=False).indices
-    ranked = sorted(groups, key=lambda k: (order.get(k[0], 99), str(k[0]), SHARING_RANK[sharing_kind(k[1])], str(k[1]),
-                                           str(k[2])))
+    ranked = sorted(groups, key=lambda k: (order.get(k[0], 99), str(k[0]), SHARING_RANK[sharing_kind(k[1])],
+                                           str(k[1]), str(k[2])))
+    return data, {k: groups[k] for k in ranked}
+
+
+def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", metric: str = "",
+                  log_x: bool = False) -> go.Figure:
+    """Final metric against a hyperparameter, every run a marker, one trace per variant x head
+    sharing group (``name, variant, <hparam>, <value>`` and where present ``n_heads, n_kv_heads,
+    task, condition``): the variant's colour, the sharing's marker symbol, the legend
+    ``"Q-K=V · MQA"`` (``"Q-K=V · MQA · language"`` when the runs are of several tasks).
+    ``final_summary_figure`` draws the same groups as a mean and interval per x instead."""
+    fig = go.Figure()
+    data, groups = _final_groups(frame.dropna(subset=[value]), hparam)
     title = axis_title(hparam)
-    for i, key in enumerate(ranked):
-        variant, sharing, group = key
-        g = data.iloc[groups[key]].sort_values(hparam)
+    for i, ((variant, sharing, group), rows) in enumerate(groups.items()):
+        g = data.iloc[rows].sort_values(hparam)
         style = group_style(variant, sharing, i)
         fig.add_trace(go.Scatter(
             x=g[hparam].to_numpy(), y=g[value].to_numpy(), mode="markers", name=group,
@@ -464,6 +473,121 @@ def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", met
     fig = _layout(fig, x_title=title, y_title=f"{value} {metric}", log_x=log_x)
     if log_x and hparam in data.columns:
         readable_log_axis(fig, data[hparam], "x")
+    return fig
+
+
+# -- the final metric summarised: a mean and its 95% interval per group and x -----------
+
+#: Student's t 0.975 quantile (a two-sided 95% interval) for 1..30 degrees of freedom:
+#: ``scipy.stats.t.ppf(0.975, df)`` rounded to 6 decimals (scipy is not a dependency).
+T975_TABLE = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157,
+              2.228139, 2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922,
+              2.093024, 2.085963, 2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831,
+              2.048407, 2.045230, 2.042272)
+#: The standard normal's 0.975 quantile.
+Z975 = 1.959963984540054
+
+
+def t975(df: int) -> float:
+    """Student's t 0.975 quantile with ``df`` degrees of freedom: ``T975_TABLE`` up to 30, above
+    it the Cornish-Fisher expansion of t in the normal quantile z to 1/df^4 (Abramowitz & Stegun
+    26.7.5), within 3e-8 of the exact value from df 31 on (1.96 as df grows)."""
+    if df < 1:
+        raise ValueError(f"a t quantile needs at least 1 degree of freedom, got {df}")
+    if df <= len(T975_TABLE):
+        return T975_TABLE[df - 1]
+    z, v = Z975, float(df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3)
+            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * v ** 4))
+
+
+#: Columns of ``final_summary``.
+SUMMARY_COLUMNS = ["variant", "sharing", "group", "x", "n", "diverged", "mean", "half", "lo", "hi", "min", "max"]
+
+
+def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> pd.DataFrame:
+    """Per variant x head sharing group (``_final_groups``) and value of ``hparam``: the mean of
+    the runs' ``value`` and its 95% t-interval, ``mean +- t975(n - 1) * s / sqrt(n)`` (``s`` the
+    sample standard deviation, ddof 1), in float64.
+
+    Returns ``SUMMARY_COLUMNS``, one row per group and x, groups in legend order and x ascending:
+    ``n`` the runs in the mean, ``diverged`` the runs left out of it (a non-finite ``value``, or
+    non-finite values logged: ``nonfinite`` > 0 where the frame has it), ``half`` the interval's
+    half-width (NaN for one run), ``lo, hi`` its ends, ``min, max`` of the runs in the mean. A
+    group and x whose runs all diverged has ``n`` 0 and NaN statistics.
+    """
+    data, groups = _final_groups(frame, hparam)
+    if data.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    v = pd.to_numeric(data[value], errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(v)
+    if "nonfinite" in data.columns:
+        bad |= pd.to_numeric(data["nonfinite"], errors="coerce").fillna(0).to_numpy() > 0
+    parts = pd.DataFrame({"variant": data["variant"].to_numpy(), "sharing": data["_sharing"].to_numpy(),
+                          "group": data["_group"].to_numpy(), "x": data[hparam].to_numpy(),
+                          "v": np.where(bad, np.nan, v), "bad": bad})
+    stats = (parts.groupby(["variant", "sharing", "group", "x"], dropna=False, sort=False)
+             .agg(n=("v", "count"), diverged=("bad", "sum"), mean=("v", "mean"), sd=("v", "std"),
+                  min=("v", "min"), max=("v", "max")).reset_index())
+    n = stats["n"].to_numpy()
+    t = np.array([t975(int(k) - 1) if k >= 2 else np.nan for k in n])
+    half = t * stats["sd"].to_numpy(dtype=float) / np.sqrt(np.maximum(n, 1))
+    stats = stats.assign(half=half, lo=stats["mean"] - half, hi=stats["mean"] + half,
+                         diverged=stats["diverged"].astype(int), n=stats["n"].astype(int))
+    rank = {k: i for i, k in enumerate(groups)}
+    stats["_rank"] = [rank[k] for k in zip(stats["variant"], stats["sharing"], stats["group"])]
+    return stats.sort_values(["_rank", "x"], kind="stable")[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+def _x_text(x) -> str:
+    return f"{x:.4g}" if isinstance(x, (int, float, np.number)) and not isinstance(x, bool) else str(x)
+
+
+def summary_hover(row: dict, *, hparam: str, what: str) -> str:
+    """One summary point's tooltip: group, x, the mean with its 95% interval (or the one run's
+    value), n, the runs' min and max, and the diverged runs left out."""
+    lines = [str(row["group"]), f"{axis_title(hparam)} {_x_text(row['x'])}"]
+    n = int(row["n"])
+    if n >= 2:
+        lines += [f"mean {what} {num(row['mean'])} ± {num(row['half'])}",
+                  f"95% t-interval {interval_text(row['lo'], row['hi'])}",
+                  f"n = {n} runs, min {num(row['min'])}, max {num(row['max'])}"]
+    else:
+        lines += [f"{what} {num(row['mean'])}", "n = 1 (no interval)"]
+    if row["diverged"]:
+        lines.append(f"{int(row['diverged'])} diverged (not in the mean)")
+    return "<br>".join(lines)
+
+
+def final_summary_figure(frame: pd.DataFrame, *, hparam: str, value: str = "final", metric: str = "",
+                         log_x: bool = False) -> go.Figure:
+    """``final_summary`` drawn: per variant x head sharing group one trace (styled and named as
+    ``final_scatter``'s, with its runs in the legend: ``"Q-K=V · MQA (n=40)"``), a marker at each
+    value of ``hparam`` at the mean of its runs' ``value`` with the 95% t-interval as an error bar
+    (none for one run); n, min, max and the diverged runs in the tooltip. One marker per group
+    and x, whatever the number of runs."""
+    summary = final_summary(frame, hparam=hparam, value=value)
+    fig = go.Figure()
+    what = f"{value} {metric}".strip()
+    drawn = summary["n"] > 0
+    for i, ((variant, sharing, group), g) in enumerate(summary.groupby(["variant", "sharing", "group"],
+                                                                        dropna=False, sort=False)):
+        g = g[drawn.loc[g.index]]                # an x whose runs all diverged has no marker
+        if g.empty:
+            continue
+        style = group_style(variant, sharing, i)   # i: the group's place in the legend, as final_scatter's
+        half = [None if not np.isfinite(h) else float(h) for h in g["half"]]
+        fig.add_trace(go.Scatter(
+            x=g["x"].tolist(), y=g["mean"].tolist(), mode="markers", name=f"{group} (n={int(g['n'].sum())})",
+            marker=dict(color=style["color"], symbol=style["symbol"], size=10, line=dict(width=1, color="white")),
+            error_y=dict(type="data", array=half, visible=True, color=style["color"], thickness=1.5, width=5),
+            text=[summary_hover(r, hparam=hparam, what=what) for r in g.to_dict("records")],
+            hovertemplate="%{text}<extra></extra>"))
+    title = axis_title(hparam)
+    fig = _layout(fig, x_title=title, y_title=f"{value} {metric} (mean, 95% interval)", log_x=log_x)
+    if log_x and drawn.any():
+        readable_log_axis(fig, summary.loc[drawn, "x"], "x")
     return fig
 
 

@@ -427,3 +427,103 @@ def test_light_template_is_plotly_white_less_what_these_figures_never_read():
                 assert trace.colorscale is not None
             if trace.type == "parcoords":
                 assert trace.line.colorscale is not None
+
+
+# -- the final metric summarised: per group and x a mean and its 95% t-interval ----------
+
+#: Student's t 0.975 quantiles, scipy.stats.t.ppf(0.975, df) (known answers; scipy is no dependency).
+T975_KNOWN = {1: 12.706204736174694, 2: 4.302652729749462, 4: 2.7764451051977934, 9: 2.262157162798205,
+              29: 2.045229642132703, 30: 2.0422724563012378, 31: 2.039513446396408, 44: 2.0153675744437636,
+              60: 2.0002978220142604, 120: 1.9799304050824402, 1000: 1.9623390808264083}
+
+
+@pytest.mark.parametrize("df", sorted(T975_KNOWN))
+def test_t_quantile_is_students(df):
+    # the table (df <= 30) to its 6 decimals, the expansion beyond it to 3e-8
+    assert charts.t975(df) == pytest.approx(T975_KNOWN[df], abs=5e-7 if df <= 30 else 3e-8)
+
+
+def test_t_quantile_needs_a_degree_of_freedom():
+    with pytest.raises(ValueError, match="at least 1 degree of freedom, got 0"):
+        charts.t975(0)
+
+
+def _summary_runs() -> pd.DataFrame:
+    """Two groups at two weight decays with 5, 45, 2 and 1 runs, and one group whose runs at wd 0.1
+    include a NaN, an inf and a run that logged non-finite values (its last finite value kept)."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for variant, wd, n in (("qkv", 0.01, 5), ("qkv", 0.1, 45), ("k_eq_v", 0.01, 2), ("k_eq_v", 0.1, 1)):
+        rows += [{"variant": variant, "weight_decay": wd, "final": float(v), "nonfinite": 0}
+                 for v in rng.normal(3.0 + wd, 0.1, n)]
+    rows += [{"variant": "k_eq_v", "weight_decay": 0.1, "final": v, "nonfinite": k}
+             for v, k in ((np.nan, 4), (np.inf, 1), (2.5, 7))]
+    frame = pd.DataFrame(rows)
+    return frame.assign(name=[f"run-{i}" for i in range(len(frame))])
+
+
+def test_final_summary_is_the_mean_and_t_interval_of_each_group_and_x():
+    frame = _summary_runs()
+    got = charts.final_summary(frame, hparam="weight_decay")
+    assert list(got.columns) == charts.SUMMARY_COLUMNS
+    assert list(zip(got["group"], got["x"], got["n"], got["diverged"])) == [
+        ("Q-K-V", 0.01, 5, 0), ("Q-K-V", 0.1, 45, 0), ("Q-K=V", 0.01, 2, 0), ("Q-K=V", 0.1, 1, 3)]
+    for row in got.to_dict("records"):
+        ok = frame[(frame["variant"] == row["variant"]) & (frame["weight_decay"] == row["x"])
+                   & (frame["nonfinite"] == 0) & np.isfinite(frame["final"])]["final"].to_numpy(np.float64)
+        assert row["mean"] == pytest.approx(np.mean(ok), rel=1e-13)
+        assert (row["min"], row["max"]) == (ok.min(), ok.max())
+        if len(ok) >= 2:                      # float64 reference: t * s / sqrt(n), s with ddof 1
+            half = T975_KNOWN[len(ok) - 1] * np.std(ok, ddof=1) / np.sqrt(len(ok))
+            assert row["half"] == pytest.approx(half, rel=1e-6)
+            assert (row["lo"], row["hi"]) == pytest.approx((row["mean"] - half, row["mean"] + half), rel=1e-6)
+        else:                                 # one run: its value, no interval
+            assert np.isnan(row["half"]) and np.isnan(row["lo"]) and np.isnan(row["hi"])
+
+
+def test_final_summary_of_runs_that_all_diverged_has_no_mean():
+    frame = pd.DataFrame({"name": ["a", "b", "c"], "variant": "qkv", "lr": [1e-3, 1e-3, 3e-3],
+                          "final": [np.inf, np.nan, 2.0]})
+    got = charts.final_summary(frame, hparam="lr")
+    assert list(zip(got["x"], got["n"], got["diverged"])) == [(1e-3, 0, 2), (3e-3, 1, 0)]
+    assert np.isnan(got["mean"][0])
+    fig = charts.final_summary_figure(frame, hparam="lr", log_x=True)
+    [trace] = fig.data
+    assert list(trace.x) == [3e-3] and list(trace.y) == [2.0]      # no marker where nothing is left
+
+
+def test_final_summary_figure_is_one_marker_per_group_and_x_with_its_interval():
+    frame = _summary_runs()
+    summary = charts.final_summary(frame, hparam="weight_decay")
+    fig = charts.final_summary_figure(frame, hparam="weight_decay", metric="val/loss", log_x=True)
+    from analysis.variants import COLORS
+
+    # one trace per group, styled as the every-run scatter's; n in the legend is the runs in the means
+    assert [t.name for t in fig.data] == ["Q-K-V (n=50)", "Q-K=V (n=3)"]
+    assert [t.marker.color for t in fig.data] == [COLORS["qkv"], COLORS["k_eq_v"]]
+    assert [t.marker.color for t in fig.data] == [t.marker.color for t in
+                                                  charts.final_scatter(frame, hparam="weight_decay").data]
+    qkv, kv = fig.data
+    assert list(qkv.x) == [0.01, 0.1] and list(qkv.y) == list(summary["mean"][:2])   # no per-run arrays
+    assert qkv.error_y.visible and list(qkv.error_y.array) == pytest.approx(list(summary["half"][:2]))
+    assert list(kv.error_y.array) == [summary["half"][2], None]                     # one run: no bar
+    assert fig.layout.yaxis.title.text == "final val/loss (mean, 95% interval)"
+    assert fig.layout.xaxis.type == "log"
+    hover = dict(zip(kv.x, kv.text))
+    assert hover[0.1] == ("Q-K=V<br>weight decay 0.1<br>final val/loss " + charts.num(summary["mean"][3])
+                          + "<br>n = 1 (no interval)<br>3 diverged (not in the mean)")
+    assert dict(zip(qkv.x, qkv.text))[0.1].split("<br>")[2:] == [
+        f"mean final val/loss {charts.num(summary['mean'][1])} ± {charts.num(summary['half'][1])}",
+        f"95% t-interval {charts.interval_text(summary['lo'][1], summary['hi'][1])}",
+        f"n = 45 runs, min {charts.num(summary['min'][1])}, max {charts.num(summary['max'][1])}"]
+
+
+def test_final_summary_of_many_runs_keeps_the_groups_of_the_every_run_scatter():
+    runs = _mixed_runs()
+    every = charts.final_scatter(runs, hparam="weight_decay", metric="val/loss")
+    summary = charts.final_summary_figure(runs, hparam="weight_decay", metric="val/loss")
+    assert [t.name.rsplit(" (n=", 1)[0] for t in summary.data] == [t.name for t in every.data]
+    assert [int(t.name.rsplit("(n=", 1)[1][:-1]) for t in summary.data] == [len(t.x) for t in every.data]
+    for s, e in zip(summary.data, every.data):
+        assert list(s.x) == sorted(set(e.x))                      # one marker per x of the group
+        assert s.type in charts.TRACE_TYPES and s.marker.symbol == e.marker.symbol
