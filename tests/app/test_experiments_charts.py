@@ -113,3 +113,72 @@ def test_charts_are_drawn_twice_at_most_in_a_real_browser(tmp_path):
         # a draw sets each marker's shape twice; Streamlit's theme made it three draws (36)
         assert 2 * markers <= shapes <= 4 * markers, shapes
         screenshot(page, "experiments_charts")
+
+
+def seeded_runs(db, n_runs: int = 240) -> Store:
+    """``n_runs`` runs of 3 variants x 4 weight decays (20 seeds each at 240), 20 steps of val/loss
+    each, ending at ``3 + wd + 0.05 * variant + noise(0.02)``: groups whose intervals have a width."""
+    store = Store(db)
+    store.migrate()
+    rng = np.random.default_rng(0)
+    variants, wds = ["qkv", "k_eq_v", "q_eq_k"], [0.0, 0.01, 0.1, 0.3]
+    s = np.arange(20)
+    frames, rows = [], []
+    for rid in range(1, n_runs + 1):
+        v, wd = (rid - 1) % 3, wds[((rid - 1) // 3) % 4]
+        end = 3.0 + wd + 0.05 * v + rng.normal(0, 0.02)
+        frames.append(pd.DataFrame({"run_id": rid, "step": s, "metric": "val/loss", "value": end + (19 - s) * 0.1,
+                                    "wall_time": 1000.0 + s, "tokens": s * 512}))
+        rows.append([rid, f"seed-{rid}", f"/exp/seed-{rid}", variants[v], wd])
+    frame = pd.concat(frames, ignore_index=True)
+    with store.transaction() as con:
+        con.executemany("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
+                        "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)", rows)
+        con.register("f", frame)
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        refresh_run_stats(con, frame["run_id"].unique())
+    return store
+
+
+def test_over_200_runs_the_final_chart_sends_one_point_per_group_and_x(tmp_path, monkeypatch):
+    db = tmp_path / "seeds.duckdb"
+    seeded_runs(db)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("experiments", {"runs": "1,2"}).run()
+    assert not at.exception, at.exception
+    final = next(e for e in at.get("plotly_chart") if e.key == "exp_final")
+    traces = json.loads(final.proto.spec)["data"]
+    assert [t["name"] for t in traces] == ["Q-K-V (n=80)", "Q=K-V (n=80)", "Q-K=V (n=80)"]
+    assert [len(arr(t["x"])) for t in traces] == [4, 4, 4]            # 12 markers for 240 runs
+    for t in traces:
+        half = arr(t["error_y"]["array"])
+        assert len(half) == 4 and all(0 < h < 0.05 for h in half)       # 20 seeds, noise 0.02: t * s / sqrt(20)
+    at.radio(key="exp_fd").set_value("runs").run()
+    traces = json.loads(next(e for e in at.get("plotly_chart") if e.key == "exp_final").proto.spec)["data"]
+    assert sum(len(arr(t["x"])) for t in traces) == 240
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_final_chart_over_200_runs_in_a_real_browser(tmp_path):
+    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+
+    db = tmp_path / "browser-seeds.duckdb"
+    seeded_runs(db)
+    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2000)) as page:
+        page.goto(f"{url}/experiments?runs=1,2,3&m=val/loss")
+        wait_idle(page, timeout=120_000)
+        page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
+        wait_idle(page, timeout=60_000)
+        final = page.locator(".js-plotly-plot").nth(1)
+        assert final.locator(".scatterlayer .point").count() == 12       # a marker per group and x
+        assert final.locator(".errorbars .errorbar").count() == 12       # each with its interval
+        assert final.locator(".legend .legendtext").all_text_contents() == ["Q-K-V (n=80)", "Q=K-V (n=80)", "Q-K=V (n=80)"]
+        assert page.get_by_text("Mean of each group's runs", exact=False).count() == 1
+        screenshot(page, "experiments_final_summary")
+        # the metadata form is drawn once its expander is opened (closed, the page skips it)
+        assert page.locator("[data-testid='stForm']").count() == 0
+        page.get_by_text("Edit a run's metadata").click()
+        page.locator("[data-testid='stForm']").wait_for(timeout=60_000)
+        wait_idle(page, timeout=60_000)
+        assert page.locator("[data-testid='stSelectbox']").filter(has_text="Run").count() >= 1

@@ -298,8 +298,17 @@ def test_final_metric_against_weight_decay(runs_db):
     assert par["layout"]["margin"]["t"] >= 80       # room above the axes for their names
 
 
+def open_editor(at) -> None:
+    """Open the "Edit a run's metadata" expander, as a click on it does (its content is drawn only
+    while it is open)."""
+    assert not at.get("form") and "exp_edit_run" not in [s.key for s in at.selectbox]   # closed: not drawn
+    at.session_state["exp_edit"] = True
+    at.run()
+
+
 def test_edit_metadata_is_stored(runs_db):
     at = page_test("experiments").run()
+    open_editor(at)
     at.selectbox(key="exp_edit_run").select(2)
     at.run()
     form = at.get("form")[0]
@@ -386,6 +395,7 @@ def test_edit_form_has_one_input_per_editable_field(runs_db):
 
     assert sorted(EDITABLE) == sorted(FIELDS)        # the form sets what ingest reads, nothing else
     at = page_test("experiments").run()
+    open_editor(at)
     at.selectbox(key="exp_edit_run").select(2)
     at.run()
     assert not at.exception, at.exception
@@ -413,3 +423,85 @@ def test_a_filter_change_reuses_the_selections_curves(runs_db, monkeypatch):
     direct = query(Store(runs_db), [4], "train/loss")  # what a query of the shown run alone gives
     assert trace["name"] == "kv-wd0.1 (Q-K=V)"
     assert arr(trace["x"]) == direct["x"].tolist() and arr(trace["y"]) == direct["value"].tolist()
+
+
+# -- the final-metric scatter: every run, or a mean and 95% interval per group and x --------
+
+def many_runs(db, n: int) -> Store:
+    """``n`` runs of two variants at two weight decays, 10 steps each (val/loss at step 0 only)."""
+    return fill_runs(db, [(i, f"run{i}", ("qkv", "k_eq_v")[i % 2], (0.01, 0.1)[(i // 2) % 2])
+                          for i in range(1, n + 1)], steps=10)
+
+
+def test_final_scatter_opens_with_every_run_up_to_200_runs_and_with_the_means_above(tmp_path, monkeypatch):
+    from app.pages.experiments import EVERY_RUN_MAX
+
+    assert EVERY_RUN_MAX == 200
+    for n, drawing, markers in ((200, "runs", 200), (201, "mean", 4)):
+        db = tmp_path / f"runs{n}.duckdb"
+        many_runs(db, n)
+        monkeypatch.setenv("QKVSCOPE_DB", str(db))
+        at = page_test("experiments", {"runs": "1"}).run()
+        assert not at.exception, at.exception
+        assert at.radio(key="exp_fd").value == drawing and qp(at, "fd") is None   # a default, not a choice
+        fig = figures(at)["exp_final"]
+        assert sum(len(arr(t["x"])) for t in fig["data"]) == markers
+        caption = next(c.value for c in at.caption if c.value.startswith(("Every run", "Mean of")))
+        assert f"{n:,} runs in the table" in caption
+    # 201 runs: per group and weight decay the mean of its runs, its t-interval as the error bar
+    by = {t["name"]: t for t in fig["data"]}
+    assert list(by) == ["Q-K-V (n=100)", "Q-K=V (n=101)"]
+    trace = by["Q-K-V (n=100)"]
+    assert arr(trace["x"]) == [0.01, 0.1] and trace["error_y"]["visible"]
+    # final val/loss at step 0 = 4.2 + wd for qkv: 50 equal runs at each, so no width
+    assert arr(trace["y"]) == pytest.approx([4.21, 4.3]) and arr(trace["error_y"]["array"]) == pytest.approx([0, 0])
+    assert "n = 50 runs" in trace["text"][0]
+    assert fig["layout"]["yaxis"]["title"]["text"] == "final val/loss (mean, 95% interval)"
+
+
+def test_the_default_follows_the_table_until_the_control_is_changed(tmp_path, monkeypatch):
+    db = tmp_path / "runs201.duckdb"
+    many_runs(db, 201)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("experiments", {"runs": "1"}).run()
+    assert at.radio(key="exp_fd").value == "mean"
+    at.multiselect(key="exp_variant").select("qkv").run()           # 100 runs in the table
+    assert at.radio(key="exp_fd").value == "runs" and qp(at, "fd") is None
+    assert sum(len(arr(t["x"])) for t in figures(at)["exp_final"]["data"]) == 100
+    at.radio(key="exp_fd").set_value("mean").run()                  # a choice: kept whatever the table
+    assert not at.exception, at.exception
+    assert qp(at, "fd") == "mean" and at.radio(key="exp_fd").value == "mean"
+    assert [t["name"] for t in figures(at)["exp_final"]["data"]] == ["Q-K-V (n=100)"]
+    assert any(c.value.startswith("Mean of") and "as picked" in c.value for c in at.caption)
+    at.multiselect(key="exp_variant").unselect("qkv").run()
+    assert at.radio(key="exp_fd").value == "mean"
+    at.radio(key="exp_fd").set_value("runs").run()                  # every run of 201, as asked
+    assert qp(at, "fd") == "runs"
+    assert sum(len(arr(t["x"])) for t in figures(at)["exp_final"]["data"]) == 201
+    at.radio(key="exp_view").set_value("Parallel coordinates").run()   # the control has no say there
+    assert at.radio(key="exp_fd").disabled and figures(at)["exp_final"]["data"][0]["type"] == "parcoords"
+
+
+def test_the_drawing_round_trips_through_the_url_and_the_navigation(runs_db):
+    at = page_test("experiments", {"fd": "mean"}).run()             # 4 runs, but the link asks for means
+    assert not at.exception, at.exception
+    assert at.radio(key="exp_fd").value == "mean"
+    assert [t["name"] for t in figures(at)["exp_final"]["data"]] == ["Q-K-V (n=2)", "Q-K=V (n=2)"]
+    trace = figures(at)["exp_final"]["data"][0]
+    assert trace["error_y"]["array"] == [None, None]
+    assert "n = 1 (no interval)" in trace["text"][0]                  # one run per group and weight decay
+
+    from streamlit.testing.v1 import AppTest
+
+    from tests.app.apptest import ROOT
+
+    at = AppTest.from_string(_TWO_PAGES.format(root=str(ROOT)), default_timeout=60).run()
+    assert at.radio(key="exp_fd").value == "runs"
+    at.radio(key="exp_fd").set_value("mean").run()
+    at.session_state["elsewhere"] = True
+    at.query_params.clear()
+    at.run()
+    at.session_state["elsewhere"] = False
+    at.run()
+    assert not at.exception, at.exception
+    assert at.radio(key="exp_fd").value == "mean" and qp(at, "fd") == "mean"
