@@ -5,8 +5,10 @@ steps x 3 metrics, plus one tiny GPT-2 checkpoint that is analysed once, then
 times script runs of the pages in Streamlit's AppTest (the page's ``render()``
 measured inside the script, and AppTest's wall time beside it):
 
-* Experiments with 10 runs selected: the first run after the data changed
-  (cold caches) and a second one (warm: what every widget change costs);
+* Experiments with 20 runs selected: the first run after the data changed
+  (cold caches) and a second one (warm: what every widget change costs), and
+  what its final-metric chart drew (every run, or the means and intervals of
+  its groups: the page's default over 200 runs);
 * the inspector on the analysed checkpoint, cold and warm.
 
 Side by side in the same run it also times the curve query the page uses
@@ -273,6 +275,7 @@ def main() -> None:
     print(f"experiments page, {len(ids)} runs selected (chart drawn: {chart is not None}, {traces} traces): "
           f"script cold {cold:.2f} s, warm {warm:.2f} s "
           f"(AppTest wall {cold_wall:.2f} / {warm_wall:.2f} s); warm/cold {warm / cold:.2f}")
+    print(f"experiments final-metric chart: {final_drawing(at)}")
     first_f, later_f, shown = timed_filter(at)
     print(f"experiments run filter (search box set to {FILTER_NEEDLES[0]!r} and cleared, "
           f"{len(later_f) + 1} changes; '{FILTER_NEEDLES[0]}' shows {shown}): first change {first_f:.2f} s, "
@@ -291,6 +294,27 @@ def main() -> None:
           f"{big_s:.2f} s = {big_n / big_s:,.0f} points/s")
     if not args.no_browser:
         browser_main(db, folder, args.rounds, experiments=query_runs(ids))
+
+
+def final_drawing(at) -> str:
+    """What the Experiments page's final-metric chart drew in the AppTest session ``at``: the Runs
+    control's choice and the markers sent (``"mean and 95% interval, 25 markers for 2,020 runs"``)."""
+    from app.pages.experiments import FINAL_DRAWINGS
+
+    [chart] = [e for e in at.get("plotly_chart") if e.key == "exp_final"] or [None]
+    if chart is None:
+        return "not drawn"
+    import base64
+
+    import numpy as np
+
+    markers = 0
+    for trace in json.loads(chart.proto.spec)["data"]:
+        x = trace.get("x", [])              # a list, or a numpy array as plotly sends it: {dtype, bdata}
+        markers += (len(base64.b64decode(x["bdata"])) // np.dtype(x["dtype"]).itemsize
+                    if isinstance(x, dict) else len(x))
+    n_runs = next((c.value.split(" of ")[0] for c in at.caption if c.value.endswith(" runs")), "?")
+    return f"{FINAL_DRAWINGS[at.radio(key='exp_fd').value]}, {markers:,} markers for {n_runs} runs"
 
 
 def query_runs(ids: list[int]) -> str:

@@ -92,3 +92,14 @@ def test_the_filter_timing_narrows_the_run_list(tmp_path, monkeypatch):
     assert caption == "4 of 12 runs"                  # run-1, run-10, run-11, run-12
     assert len(later) == 3 and min([first, *later]) > 0
     assert at.text_input(key="exp_q").value == "" and at.caption[0].value == "12 of 12 runs"
+
+
+def test_the_bench_says_what_the_final_metric_chart_drew(tmp_path, monkeypatch):
+    db = tmp_path / "bench.duckdb"
+    bench.build(db, 30, 4)
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    *_, at = bench.timed_page("experiments", {"runs": "1,2,3", "m": "train/loss"})
+    assert bench.final_drawing(at) == "every run, 30 markers for 30 runs"
+    at.radio(key="exp_fd").set_value("mean").run()
+    # build's grid: 5 variants x 5 weight decays, the 26th to 30th runs at weight decay 0 again
+    assert bench.final_drawing(at) == "mean and 95% interval, 25 markers for 30 runs"
