@@ -113,8 +113,9 @@ def run(args: argparse.Namespace) -> int:
     from loaders.parse_child import call  # here: only when a checkpoint is read
 
     # Read in a child process under an address-space and a time limit (loaders/parse_child.py):
-    # a bomb no reader's budget catches ends that process with one line, not this one.
-    info = call("app.commands.info:describe", args.path)
+    # a bomb no reader's budget catches ends that process with one line, not this one. Pooled:
+    # a caller that runs several commands in one process (``main([...])``) starts one child.
+    info = call("app.commands.info:describe", args.path, pooled=True)
     if args.json:
         print_json(info)
         return 0

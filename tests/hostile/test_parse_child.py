@@ -237,7 +237,7 @@ def test_sizing_a_fifo_named_zip_does_not_open_it(tmp_path):
     assert reading_size(z) == 1 << 20              # what it declares, more than its few KB
 
 
-def test_ingest_without_a_reader_borrows_the_pools_child_and_the_analysis_finds_it(tmp_path):
+def test_ingest_without_a_reader_borrows_the_pools_child_and_the_analysis_finds_it(tmp_path, capsys):
     """``analyze PATH``: the checkpoint is ingested and then analysed in one child (a second
     start cost 2-3 s of imports); a child killed between requests is replaced, and the store
     still gets the file."""
@@ -256,6 +256,10 @@ def test_ingest_without_a_reader_borrows_the_pools_child_and_the_analysis_finds_
     assert idle == [first]
     assert ingest_checkpoint(store, ckpt).status == "unchanged"
     assert call(f"{T}:pid", ckpt, pooled=True) == first                  # the same child all along
+    from app.cli import main
+
+    assert main(["info", str(ckpt), "--json"]) == 0                      # `info` borrows it too
+    assert [r.pid for _, r in POOL._idle] == [first]
     os.kill(first, 9)
     time.sleep(0.2)
     assert [f.status for f in ingest_paths(store, [tmp_path / "logs"]).files] == ["added"]
