@@ -107,12 +107,11 @@ def test_unanalysed_checkpoints_get_a_button(papers_db):
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_papers_page_on_the_demo_in_a_real_browser(tmp_path):
-    from app.commands.serve import ensure_demo
+def test_papers_page_on_the_demo_in_a_real_browser(tmp_path, tmp_path_factory):
     from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+    from tests.demo_db import demo_db
 
-    db = tmp_path / "demo.duckdb"
-    ensure_demo(db, quiet=True)
+    db = demo_db(tmp_path_factory, tmp_path / "demo.duckdb")
     with dashboard(db) as url, browser_page(viewport=(1400, 2200)) as page:
         page.goto(f"{url}/papers?ckpts=latest")
         wait_idle(page, timeout=120_000)

@@ -122,11 +122,10 @@ def test_exports_are_markdown_and_latex_booktabs(results_db):
 
 
 @pytest.mark.slow
-def test_demo_reproduces_the_shape_of_paper_b_table_4(tmp_path, monkeypatch):
-    from app.commands.serve import ensure_demo
+def test_demo_reproduces_the_shape_of_paper_b_table_4(tmp_path, tmp_path_factory, monkeypatch):
+    from tests.demo_db import demo_db
 
-    db = tmp_path / "demo.duckdb"
-    ensure_demo(db, quiet=True)
+    db = demo_db(tmp_path_factory, tmp_path / "demo.duckdb")
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     at = page_test("results").run()
     assert not at.exception, at.exception

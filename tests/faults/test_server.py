@@ -94,13 +94,9 @@ def test_ingest_while_the_dashboard_serves_pages(tmp_path):
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory):
-    demo = ROOT / "data" / "demo"
-    if not any(demo.glob("*/metrics.jsonl")):
-        pytest.skip("the bundled demo (data/demo) is not there")
-    db = tmp_path_factory.mktemp("demo") / "demo.duckdb"
-    report = ingest_paths(Store(db), [demo])
-    assert report.count("error") == 0
-    return db
+    from tests.demo_db import demo_db as copy
+
+    return copy(tmp_path_factory, tmp_path_factory.mktemp("demo") / "demo.duckdb")
 
 
 @pytest.mark.slow
