@@ -77,14 +77,14 @@ def test_both_charts_are_sent_without_streamlits_theme(tmp_path, monkeypatch):
 #: Counts, per chart, the times plotly.js sets the shape of a marker (``path.point``'s ``d``:
 #: twice a draw) and the points of each curve's path, installed before the page's scripts.
 _COUNT_DRAWS = """
-window.__pointShapes = [0, 0];
+window.__pointShapes = new Map();
 new MutationObserver((records) => {
   for (const r of records) {
     const el = r.target;
     if (r.attributeName !== 'd' || !el.classList || !el.classList.contains('point')) continue;
+    // by the chart's element, not its place: the final chart may be drawn before the curves mount
     const chart = el.closest("[data-testid='stPlotlyChart']");
-    const i = [...document.querySelectorAll("[data-testid='stPlotlyChart']")].indexOf(chart);
-    if (i >= 0) window.__pointShapes[Math.min(i, 1)] += 1;
+    if (chart) window.__pointShapes.set(chart, (window.__pointShapes.get(chart) || 0) + 1);
   }
 }).observe(document, {subtree: true, attributes: true, attributeFilter: ['d']});
 """
@@ -109,7 +109,7 @@ def test_charts_are_drawn_twice_at_most_in_a_real_browser(tmp_path):
         assert len(lengths) == 6 and all(CURVE_POINTS - 2 <= n <= CURVE_POINTS for n in lengths), lengths
         markers = final.locator(".scatterlayer .point").count()
         assert markers == 6                                            # one per run in the table
-        shapes = page.evaluate("window.__pointShapes[1]")
+        shapes = final.evaluate("gd => window.__pointShapes.get(gd.closest(\"[data-testid='stPlotlyChart']\")) || 0")
         # a draw sets each marker's shape twice; Streamlit's theme made it three draws (36)
         assert 2 * markers <= shapes <= 4 * markers, shapes
         screenshot(page, "experiments_charts")
