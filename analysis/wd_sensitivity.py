@@ -75,6 +75,7 @@ import pandas as pd
 
 from analysis.directions import direction
 from analysis.errors import AnalysisError
+from analysis.intervals import CONFIDENCE, N_BOOT, mean_interval, percentile_interval
 from analysis.wd_regression import choose_method, wd_regression
 
 #: Config keys that do not define a group (besides weight decay itself).
@@ -161,8 +162,6 @@ def run_curve_stats(values: np.ndarray, *, spike_ratio: float = 0.1,
 MIN_FIT_WDS = 3
 #: fewest runs (at >= 2 distinct weight decays) for a best weight decay
 MIN_BEST_RUNS = 2
-N_BOOT = 1000
-CONFIDENCE = 0.95
 SEED = 0
 
 OUTPUT_COLUMNS = ["variant", "group", "weight_decays", "final_val_loss", "best_val_loss", "slope",
@@ -236,9 +235,7 @@ def curvature(u: np.ndarray, y: np.ndarray) -> float | np.ndarray | None:
     return float(2 * c2) if y.ndim == 1 else 2 * c2
 
 
-def _interval(values: np.ndarray, confidence: float, *, method: str = "linear") -> tuple[float, float]:
-    lo, hi = np.quantile(values, [(1 - confidence) / 2, 1 - (1 - confidence) / 2], method=method)
-    return float(lo), float(hi)
+_interval = percentile_interval
 
 
 def _plural(n: int, word: str) -> str:
@@ -285,8 +282,7 @@ def group_statistics(wds, losses, *, n_boot: int = N_BOOT, confidence: float = C
         row = {"weight_decay": w, "n_runs": len(idx), "mean": float(y[idx].mean()), "ci_low": None,
                "ci_high": None}
         if len(idx) > 1:
-            boot = y[idx][rng.integers(0, len(idx), size=(n_boot, len(idx)))].mean(axis=1)  # [n_boot]
-            row["ci_low"], row["ci_high"] = _interval(boot, confidence)
+            row["ci_low"], row["ci_high"] = mean_interval(y[idx], rng, n_boot=n_boot, confidence=confidence)
         per_wd.append(row)
 
     positive = [w for w in levels if w > 0]

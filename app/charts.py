@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -18,6 +19,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from analysis import variants as V
+from analysis.intervals import mean_interval
 from analysis.results_table import own_condition, variant_label
 from loaders.run_table import with_facts
 
@@ -478,44 +480,32 @@ def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", met
 
 # -- the final metric summarised: a mean and its 95% interval per group and x -----------
 
-#: Student's t 0.975 quantile (a two-sided 95% interval) for 1..30 degrees of freedom:
-#: ``scipy.stats.t.ppf(0.975, df)`` rounded to 6 decimals (scipy is not a dependency).
-T975_TABLE = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157,
-              2.228139, 2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922,
-              2.093024, 2.085963, 2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831,
-              2.048407, 2.045230, 2.042272)
-#: The standard normal's 0.975 quantile.
-Z975 = 1.959963984540054
+#: Seed of the summary's bootstrap; each group and x draws from its own stream
+#: (``_summary_rng``), so filtering other runs out leaves its interval as it was.
+SUMMARY_SEED = 0
 
 
-def t975(df: int) -> float:
-    """Student's t 0.975 quantile with ``df`` degrees of freedom: ``T975_TABLE`` up to 30, above
-    it the Cornish-Fisher expansion of t in the normal quantile z to 1/df^4 (Abramowitz & Stegun
-    26.7.5), within 3e-8 of the exact value from df 31 on (1.96 as df grows)."""
-    if df < 1:
-        raise ValueError(f"a t quantile needs at least 1 degree of freedom, got {df}")
-    if df <= len(T975_TABLE):
-        return T975_TABLE[df - 1]
-    z, v = Z975, float(df)
-    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3)
-            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * v ** 4))
+def _summary_rng(group: str, x) -> np.random.Generator:
+    return np.random.default_rng([SUMMARY_SEED, zlib.crc32(f"{group}\x00{_x_text(x)}".encode())])
 
 
 #: Columns of ``final_summary``.
-SUMMARY_COLUMNS = ["variant", "sharing", "group", "x", "n", "diverged", "mean", "half", "lo", "hi", "min", "max"]
+SUMMARY_COLUMNS = ["variant", "sharing", "group", "x", "n", "diverged", "mean", "lo", "hi", "minus", "plus",
+                   "min", "max"]
 
 
 def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> pd.DataFrame:
     """Per variant x head sharing group (``_final_groups``) and value of ``hparam``: the mean of
-    the runs' ``value`` and its 95% t-interval, ``mean +- t975(n - 1) * s / sqrt(n)`` (``s`` the
-    sample standard deviation, ddof 1), in float64.
+    the runs' ``value`` in float64 and its 95% percentile-bootstrap interval
+    (``analysis.intervals.mean_interval``: 1,000 resamples of the runs, the interval the Weight
+    decay page gives each weight decay's mean), drawn from a stream seeded by the group and x.
 
     Returns ``SUMMARY_COLUMNS``, one row per group and x, groups in legend order and x ascending:
     ``n`` the runs in the mean, ``diverged`` the runs left out of it (a non-finite ``value``, or
-    non-finite values logged: ``nonfinite`` > 0 where the frame has it), ``half`` the interval's
-    half-width (NaN for one run), ``lo, hi`` its ends, ``min, max`` of the runs in the mean. A
-    group and x whose runs all diverged has ``n`` 0 and NaN statistics.
+    non-finite values logged: ``nonfinite`` > 0 where the frame has it), ``lo, hi`` the
+    interval's ends (NaN for one run), ``minus, plus`` their distances below and above the mean
+    (the error bar; a bootstrap interval need not be symmetric), ``min, max`` of the runs in the
+    mean. A group and x whose runs all diverged has ``n`` 0 and NaN statistics.
     """
     data, groups = _final_groups(frame, hparam)
     if data.empty:
@@ -527,13 +517,17 @@ def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> 
     parts = pd.DataFrame({"variant": data["variant"].to_numpy(), "sharing": data["_sharing"].to_numpy(),
                           "group": data["_group"].to_numpy(), "x": data[hparam].to_numpy(),
                           "v": np.where(bad, np.nan, v), "bad": bad})
-    stats = (parts.groupby(["variant", "sharing", "group", "x"], dropna=False, sort=False)
-             .agg(n=("v", "count"), diverged=("bad", "sum"), mean=("v", "mean"), sd=("v", "std"),
+    keys = ["variant", "sharing", "group", "x"]
+    stats = (parts.groupby(keys, dropna=False, sort=False)
+             .agg(n=("v", "count"), diverged=("bad", "sum"), mean=("v", "mean"),
                   min=("v", "min"), max=("v", "max")).reset_index())
-    n = stats["n"].to_numpy()
-    t = np.array([t975(int(k) - 1) if k >= 2 else np.nan for k in n])
-    half = t * stats["sd"].to_numpy(dtype=float) / np.sqrt(np.maximum(n, 1))
-    stats = stats.assign(half=half, lo=stats["mean"] - half, hi=stats["mean"] + half,
+    values = parts.groupby(keys, dropna=False, sort=False)["v"].apply(lambda v: v.to_numpy()[np.isfinite(v.to_numpy())])
+    ends = [mean_interval(values[tuple(k)], _summary_rng(k[2], k[3]))
+            for k in stats[keys].itertuples(index=False)]
+    lo = np.array([np.nan if a is None else a for a, _ in ends], dtype=float)
+    hi = np.array([np.nan if b is None else b for _, b in ends], dtype=float)
+    mean = stats["mean"].to_numpy(dtype=float)
+    stats = stats.assign(lo=lo, hi=hi, minus=mean - lo, plus=hi - mean,
                          diverged=stats["diverged"].astype(int), n=stats["n"].astype(int))
     rank = {k: i for i, k in enumerate(groups)}
     stats["_rank"] = [rank[k] for k in zip(stats["variant"], stats["sharing"], stats["group"])]
@@ -550,8 +544,8 @@ def summary_hover(row: dict, *, hparam: str, what: str) -> str:
     lines = [str(row["group"]), f"{axis_title(hparam)} {_x_text(row['x'])}"]
     n = int(row["n"])
     if n >= 2:
-        lines += [f"mean {what} {num(row['mean'])} ± {num(row['half'])}",
-                  f"95% t-interval {interval_text(row['lo'], row['hi'])}",
+        lines += [f"mean {what} {num(row['mean'])}",
+                  f"95% bootstrap interval {interval_text(row['lo'], row['hi'])}",
                   f"n = {n} runs, min {num(row['min'])}, max {num(row['max'])}"]
     else:
         lines += [f"{what} {num(row['mean'])}", "n = 1 (no interval)"]
@@ -564,7 +558,7 @@ def final_summary_figure(frame: pd.DataFrame, *, hparam: str, value: str = "fina
                          log_x: bool = False) -> go.Figure:
     """``final_summary`` drawn: per variant x head sharing group one trace (styled and named as
     ``final_scatter``'s, with its runs in the legend: ``"Q-K=V · MQA (n=40)"``), a marker at each
-    value of ``hparam`` at the mean of its runs' ``value`` with the 95% t-interval as an error bar
+    value of ``hparam`` at the mean of its runs' ``value`` with its 95% bootstrap interval as an error bar
     (none for one run); n, min, max and the diverged runs in the tooltip. One marker per group
     and x, whatever the number of runs."""
     summary = final_summary(frame, hparam=hparam, value=value)
@@ -577,11 +571,13 @@ def final_summary_figure(frame: pd.DataFrame, *, hparam: str, value: str = "fina
         if g.empty:
             continue
         style = group_style(variant, sharing, i)   # i: the group's place in the legend, as final_scatter's
-        half = [None if not np.isfinite(h) else float(h) for h in g["half"]]
+        plus = [None if not np.isfinite(h) else float(h) for h in g["plus"]]
+        minus = [None if not np.isfinite(h) else float(h) for h in g["minus"]]
         fig.add_trace(go.Scatter(
             x=g["x"].tolist(), y=g["mean"].tolist(), mode="markers", name=f"{group} (n={int(g['n'].sum())})",
             marker=dict(color=style["color"], symbol=style["symbol"], size=10, line=dict(width=1, color="white")),
-            error_y=dict(type="data", array=half, visible=True, color=style["color"], thickness=1.5, width=5),
+            error_y=dict(type="data", symmetric=False, array=plus, arrayminus=minus, visible=True,
+                         color=style["color"], thickness=1.5, width=5),
             text=[summary_hover(r, hparam=hparam, what=what) for r in g.to_dict("records")],
             hovertemplate="%{text}<extra></extra>"))
     title = axis_title(hparam)

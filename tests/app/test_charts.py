@@ -1,6 +1,8 @@
 """Chart builders: what the figures encode, independent of a page."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -429,23 +431,14 @@ def test_light_template_is_plotly_white_less_what_these_figures_never_read():
                 assert trace.line.colorscale is not None
 
 
-# -- the final metric summarised: per group and x a mean and its 95% t-interval ----------
+# -- the final metric summarised: per group and x a mean and its 95% bootstrap interval --
 
-#: Student's t 0.975 quantiles, scipy.stats.t.ppf(0.975, df) (known answers; scipy is no dependency).
-T975_KNOWN = {1: 12.706204736174694, 2: 4.302652729749462, 4: 2.7764451051977934, 9: 2.262157162798205,
-              29: 2.045229642132703, 30: 2.0422724563012378, 31: 2.039513446396408, 44: 2.0153675744437636,
-              60: 2.0002978220142604, 120: 1.9799304050824402, 1000: 1.9623390808264083}
-
-
-@pytest.mark.parametrize("df", sorted(T975_KNOWN))
-def test_t_quantile_is_students(df):
-    # the table (df <= 30) to its 6 decimals, the expansion beyond it to 3e-8
-    assert charts.t975(df) == pytest.approx(T975_KNOWN[df], abs=5e-7 if df <= 30 else 3e-8)
-
-
-def test_t_quantile_needs_a_degree_of_freedom():
-    with pytest.raises(ValueError, match="at least 1 degree of freedom, got 0"):
-        charts.t975(0)
+def _bootstrap_reference(ok: np.ndarray, group: str, x: float) -> tuple[float, float]:
+    """The percentile bootstrap written out in float64: 1,000 resamples of the runs from the
+    group and x's own stream, the 2.5% and 97.5% quantiles of their means."""
+    rng = np.random.default_rng([0, zlib.crc32(f"{group}\x00{x:.4g}".encode())])
+    means = ok[rng.integers(0, len(ok), size=(1000, len(ok)))].astype(np.float64).mean(axis=1)
+    return tuple(np.quantile(means, [0.025, 0.975]))
 
 
 def _summary_runs() -> pd.DataFrame:
@@ -462,7 +455,7 @@ def _summary_runs() -> pd.DataFrame:
     return frame.assign(name=[f"run-{i}" for i in range(len(frame))])
 
 
-def test_final_summary_is_the_mean_and_t_interval_of_each_group_and_x():
+def test_final_summary_is_the_mean_and_bootstrap_interval_of_each_group_and_x():
     frame = _summary_runs()
     got = charts.final_summary(frame, hparam="weight_decay")
     assert list(got.columns) == charts.SUMMARY_COLUMNS
@@ -473,12 +466,34 @@ def test_final_summary_is_the_mean_and_t_interval_of_each_group_and_x():
                    & (frame["nonfinite"] == 0) & np.isfinite(frame["final"])]["final"].to_numpy(np.float64)
         assert row["mean"] == pytest.approx(np.mean(ok), rel=1e-13)
         assert (row["min"], row["max"]) == (ok.min(), ok.max())
-        if len(ok) >= 2:                      # float64 reference: t * s / sqrt(n), s with ddof 1
-            half = T975_KNOWN[len(ok) - 1] * np.std(ok, ddof=1) / np.sqrt(len(ok))
-            assert row["half"] == pytest.approx(half, rel=1e-6)
-            assert (row["lo"], row["hi"]) == pytest.approx((row["mean"] - half, row["mean"] + half), rel=1e-6)
+        if len(ok) >= 2:
+            lo, hi = _bootstrap_reference(ok, row["group"], row["x"])
+            assert (row["lo"], row["hi"]) == pytest.approx((lo, hi), rel=1e-12)
+            assert ok.min() <= row["lo"] < row["mean"] < row["hi"] <= ok.max()
+            assert (row["minus"], row["plus"]) == pytest.approx((row["mean"] - lo, hi - row["mean"]), rel=1e-9)
         else:                                 # one run: its value, no interval
-            assert np.isnan(row["half"]) and np.isnan(row["lo"]) and np.isnan(row["hi"])
+            assert np.isnan(row["lo"]) and np.isnan(row["hi"]) and np.isnan(row["plus"])
+    # 45 runs of sd 0.1: the interval is about +-1.96 * 0.1 / sqrt(45) wide
+    assert got["hi"][1] - got["lo"][1] == pytest.approx(2 * 1.96 * np.std(
+        frame[(frame["variant"] == "qkv") & (frame["weight_decay"] == 0.1)]["final"], ddof=0) / np.sqrt(45), rel=0.2)
+
+
+def test_final_summary_interval_does_not_move_when_other_runs_are_filtered_out():
+    frame = _summary_runs()
+    every = charts.final_summary(frame, hparam="weight_decay")
+    alone = charts.final_summary(frame[frame["variant"] == "qkv"], hparam="weight_decay")
+    pd.testing.assert_frame_equal(alone, every[every["variant"] == "qkv"].reset_index(drop=True))
+
+
+def test_the_weight_decay_page_and_the_summary_bound_a_mean_the_same_way():
+    """One piece of code for a mean over runs: the Weight decay page's per-wd interval is
+    ``analysis.intervals.mean_interval`` too (same resamples from the same stream)."""
+    from analysis.intervals import mean_interval
+    from analysis.wd_sensitivity import group_statistics
+
+    y = [3.1, 3.0, 3.3, 2.9]
+    per_wd = group_statistics([0.1] * 4, y, rng=np.random.default_rng(5))["per_wd"][0]
+    assert (per_wd["ci_low"], per_wd["ci_high"]) == mean_interval(y, np.random.default_rng(5))
 
 
 def test_final_summary_of_runs_that_all_diverged_has_no_mean():
@@ -505,16 +520,18 @@ def test_final_summary_figure_is_one_marker_per_group_and_x_with_its_interval():
                                                   charts.final_scatter(frame, hparam="weight_decay").data]
     qkv, kv = fig.data
     assert list(qkv.x) == [0.01, 0.1] and list(qkv.y) == list(summary["mean"][:2])   # no per-run arrays
-    assert qkv.error_y.visible and list(qkv.error_y.array) == pytest.approx(list(summary["half"][:2]))
-    assert list(kv.error_y.array) == [summary["half"][2], None]                     # one run: no bar
+    assert qkv.error_y.visible and qkv.error_y.symmetric is False
+    assert list(qkv.error_y.array) == pytest.approx(list(summary["plus"][:2]))
+    assert list(qkv.error_y.arrayminus) == pytest.approx(list(summary["minus"][:2]))
+    assert list(kv.error_y.array) == [summary["plus"][2], None]                     # one run: no bar
     assert fig.layout.yaxis.title.text == "final val/loss (mean, 95% interval)"
     assert fig.layout.xaxis.type == "log"
     hover = dict(zip(kv.x, kv.text))
     assert hover[0.1] == ("Q-K=V<br>weight decay 0.1<br>final val/loss " + charts.num(summary["mean"][3])
                           + "<br>n = 1 (no interval)<br>3 diverged (not in the mean)")
     assert dict(zip(qkv.x, qkv.text))[0.1].split("<br>")[2:] == [
-        f"mean final val/loss {charts.num(summary['mean'][1])} ± {charts.num(summary['half'][1])}",
-        f"95% t-interval {charts.interval_text(summary['lo'][1], summary['hi'][1])}",
+        f"mean final val/loss {charts.num(summary['mean'][1])}",
+        f"95% bootstrap interval {charts.interval_text(summary['lo'][1], summary['hi'][1])}",
         f"n = 45 runs, min {charts.num(summary['min'][1])}, max {charts.num(summary['max'][1])}"]
 
 
