@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
-# Three workers (QKVSCOPE_TEST_WORKERS), each taking whole test files, the files with the most slow
-# tests first (tests/conftest.py): the slow tests mostly wait on servers, browsers and child
+# Three workers (QKVSCOPE_TEST_WORKERS), each taking whole test files, the longest files first
+# (tests/conftest.py: tests/durations.json, then the count of slow tests): the slow tests mostly wait on servers, browsers and child
 # processes, so a third worker fills two cores; QKVSCOPE_TEST_WORKERS=0 runs everything in this process.
 exec .venv/bin/python -m pytest -n "${QKVSCOPE_TEST_WORKERS:-3}" --dist loadfile "$@"

@@ -37,17 +37,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+#: Each file's seconds among a CI run's slowest tests (``scripts/test_durations.py`` writes it).
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
 def _slow_files_first(items: list) -> None:
-    """Under pytest-xdist (``--dist loadfile``, scripts/test.sh) the files that hold the most
-    ``slow``/``browser`` tests go first, each file's tests in their own order: a worker hands out
-    whole files in collection order, and a long file handed out last ran alone for minutes while
-    the other worker idled (the last 5% of the suite took 14 of its 47 min)."""
+    """Under pytest-xdist (``--dist loadfile``, scripts/test.sh) the longest files go first, each
+    file's tests in their own order: a worker takes whole files in collection order, and a long
+    file handed out last runs alone for minutes while the other workers idle (the last 5% of the
+    suite took 14 of its 47 min). Longest: the seconds ``tests/durations.json`` measured (a CI
+    run's slowest tests), then for files it does not list their count of ``slow``/``browser`` tests."""
+    import json
+
+    try:
+        measured = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        measured = {}
     weight: dict[str, int] = {}
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         heavy = item.get_closest_marker("slow") or item.get_closest_marker("browser")
         weight[path] = weight.get(path, 0) + (1 if heavy else 0)
-    rank = {path: i for i, path in enumerate(sorted(weight, key=lambda p: -weight[p]))}   # stable
+    order = sorted(weight, key=lambda p: (-float(measured.get(p, 0)), -weight[p]))   # stable
+    rank = {path: i for i, path in enumerate(order)}
     items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
 
 
