@@ -235,9 +235,6 @@ def curvature(u: np.ndarray, y: np.ndarray) -> float | np.ndarray | None:
     return float(2 * c2) if y.ndim == 1 else 2 * c2
 
 
-_interval = percentile_interval
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -311,14 +308,14 @@ def group_statistics(wds, losses, *, n_boot: int = N_BOOT, confidence: float = C
         bounds = np.cumsum([0] + [len(i) for i in strata])
         bmeans = np.stack([yb[:, a:b].mean(axis=1) for a, b in zip(bounds[:-1], bounds[1:])], axis=1)  # [n_boot, n_wd]
         picks = np.asarray(levels)[pick_best(bmeans, axis=1)]  # [n_boot]
-        out["best_wd_ci_low"], out["best_wd_ci_high"] = _interval(picks, confidence, method="inverted_cdf")
+        out["best_wd_ci_low"], out["best_wd_ci_high"] = percentile_interval(picks, confidence, method="inverted_cdf")
         out["best_wd_share"] = float(np.mean(picks == out["best_weight_decay"]))
     if out["slope"] is not None and any(len(idx) > 1 for w, idx in zip(levels, strata) if w > 0):
         sel = wd[order] > 0  # columns of runs at wd > 0
         ub = np.log10(wd[order][sel])
         slopes, curves = robust_slope(ub, yb[:, sel]), curvature(ub, yb[:, sel])  # [n_boot] each
-        out["slope_ci_low"], out["slope_ci_high"] = _interval(slopes, confidence)
-        out["curvature_ci_low"], out["curvature_ci_high"] = _interval(curves, confidence)
+        out["slope_ci_low"], out["slope_ci_high"] = percentile_interval(slopes, confidence)
+        out["curvature_ci_low"], out["curvature_ci_high"] = percentile_interval(curves, confidence)
     return out
 
 

@@ -517,13 +517,11 @@ def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> 
     parts = pd.DataFrame({"variant": data["variant"].to_numpy(), "sharing": data["_sharing"].to_numpy(),
                           "group": data["_group"].to_numpy(), "x": data[hparam].to_numpy(),
                           "v": np.where(bad, np.nan, v), "bad": bad})
-    keys = ["variant", "sharing", "group", "x"]
-    stats = (parts.groupby(keys, dropna=False, sort=False)
-             .agg(n=("v", "count"), diverged=("bad", "sum"), mean=("v", "mean"),
-                  min=("v", "min"), max=("v", "max")).reset_index())
-    values = parts.groupby(keys, dropna=False, sort=False)["v"].apply(lambda v: v.to_numpy()[np.isfinite(v.to_numpy())])
-    ends = [mean_interval(values[tuple(k)], _summary_rng(k[2], k[3]))
-            for k in stats[keys].itertuples(index=False)]
+    by = parts.groupby(["variant", "sharing", "group", "x"], dropna=False, sort=False)
+    stats = by.agg(n=("v", "count"), diverged=("bad", "sum"), mean=("v", "mean"),
+                   min=("v", "min"), max=("v", "max")).reset_index()
+    # the same groups in the same order (sort=False: first appearance), each its runs in the mean
+    ends = [mean_interval(v.dropna().to_numpy(), _summary_rng(key[2], key[3])) for key, v in by["v"]]
     lo = np.array([np.nan if a is None else a for a, _ in ends], dtype=float)
     hi = np.array([np.nan if b is None else b for _, b in ends], dtype=float)
     mean = stats["mean"].to_numpy(dtype=float)

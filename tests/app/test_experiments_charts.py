@@ -28,15 +28,20 @@ def long_runs(db, n_runs: int = 3, steps: int = 5000, spike_at: int = 3217) -> S
         for metric, value in (("train/loss", loss), ("val/loss", loss + 0.1)):
             frames.append(pd.DataFrame({"run_id": rid, "step": s, "metric": metric, "value": value,
                                         "wall_time": 1000.0 + s, "tokens": s * 512}))
-    frame = pd.concat(frames, ignore_index=True)
+    rows = [[rid, f"run-{rid}", f"/exp/run-{rid}", ["qkv", "k_eq_v"][rid % 2], 0.1 * rid]
+            for rid in range(1, n_runs + 1)]
+    return _stored(store, rows, pd.concat(frames, ignore_index=True))
+
+
+def _stored(store: Store, rows: list[list], points: pd.DataFrame) -> Store:
+    """``rows`` (id, name, source, variant, weight decay; lr 6e-4, CSV) and their ``points`` in one
+    transaction, with the runs' stats."""
     with store.transaction() as con:
-        for rid in range(1, n_runs + 1):
-            con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
-                        "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)",
-                        [rid, f"run-{rid}", f"/exp/run-{rid}", ["qkv", "k_eq_v"][rid % 2], 0.1 * rid])
-        con.register("f", frame)
+        con.executemany("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
+                        "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)", rows)
+        con.register("f", points)
         con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
-        refresh_run_stats(con, frame["run_id"].unique())
+        refresh_run_stats(con, points["run_id"].unique())
     return store
 
 
@@ -130,14 +135,7 @@ def seeded_runs(db, n_runs: int = 240) -> Store:
         frames.append(pd.DataFrame({"run_id": rid, "step": s, "metric": "val/loss", "value": end + (19 - s) * 0.1,
                                     "wall_time": 1000.0 + s, "tokens": s * 512}))
         rows.append([rid, f"seed-{rid}", f"/exp/seed-{rid}", variants[v], wd])
-    frame = pd.concat(frames, ignore_index=True)
-    with store.transaction() as con:
-        con.executemany("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
-                        "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)", rows)
-        con.register("f", frame)
-        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
-        refresh_run_stats(con, frame["run_id"].unique())
-    return store
+    return _stored(store, rows, pd.concat(frames, ignore_index=True))
 
 
 def test_over_200_runs_the_final_chart_sends_one_point_per_group_and_x(tmp_path, monkeypatch):
