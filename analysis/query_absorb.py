@@ -163,6 +163,14 @@ REFINE_CONDITION = 0.25 / EPS32
 _SWEEPS, _STEPS, _BLOCK = 8, 8, 16
 
 
+def _times(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``A X`` for a square ``A: [n, n]`` and a thin ``X: [n, k]``, formed as ``(X^T A^T)^T``:
+    the same sums, but BLAS then streams ``A`` once for a short left factor, which MKL's
+    float64 GEMM runs 2.5-4.4x faster than a thin right factor (n 4096, k 16, either
+    layout of ``A``: 101 -> 23 ms and 41 -> 16 ms on this project's AMD EPYC)."""
+    return (x.mT @ a.mT).mT
+
+
 def _refined_solve(a64: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, b: torch.Tensor, *,
                    adjoint: bool, tol: float = 1e-12) -> torch.Tensor | None:
     """``A^{-1} B`` (``adjoint``: ``A^{-T} B``; ``B: [n, k]``) in float64 by iterative refinement
@@ -176,7 +184,7 @@ def _refined_solve(a64: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, b: to
     x = solve(b)
     last = math.inf
     for _ in range(_SWEEPS):
-        dx = solve(b - mat @ x)                                       # residual in float64
+        dx = solve(b - _times(mat, x))                                # residual in float64
         x = x + dx
         size = float(dx.norm()) / max(float(x.norm()), 1e-300)
         if size <= tol:
@@ -220,7 +228,7 @@ def _refined_sigma_min(a: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, v: 
         if w_new is None or not bool(torch.isfinite(w_new).all()):
             return None
         w = torch.linalg.qr(w_new)[0]                                 # [n, k]
-        aw = a64 @ w                                                  # [n, k]
+        aw = _times(a64, w)                                           # [n, k]
         lam, vec = torch.linalg.eigh(aw.mT @ aw)                      # Rayleigh-Ritz, ascending
         w, aw = w @ vec, aw @ vec                                     # Ritz vectors, smallest first
         lam0 = float(lam[0].clamp_min(0))
@@ -308,8 +316,14 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
         # A first look at 1% (Lanczos' Ritz values rise to the true ones, so this condition
         # number is a lower bound): a layer already past REDO_CONDITION goes to float64 at once.
         inv_rough, v_min = _sigma_min_squared_inv(lu, piv, n, a.device, block, rtol=1e-2, vectors=_BLOCK)
-        top_rough = _largest_sv_squared(fwd, bwd, n, a.device, block=block, rtol=1e-2)
-        redo = inv_rough > 0 and math.isfinite(inv_rough) and (top_rough * inv_rough) ** 0.5 > REDO_CONDITION
+        usable = inv_rough > 0 and math.isfinite(inv_rough)
+        # sigma_max^2 >= ||A||_F^2 / n (the mean of the sigma_i^2): when that alone puts the
+        # condition number past REDO_CONDITION, the rough Lanczos run on A is not needed (11 of
+        # the ~60 matrix-vector steps of a Gaussian 4096 x 4096 W_Q)
+        redo = usable and (fro2 / n * inv_rough) ** 0.5 > REDO_CONDITION
+        if usable and not redo:
+            top_rough = _largest_sv_squared(fwd, bwd, n, a.device, block=block, rtol=1e-2)
+            redo = (top_rough * inv_rough) ** 0.5 > REDO_CONDITION
         if not redo:
             # sigma_max(A^{-T}) = 1 / sigma_min(A); A^{-T} and A^{-1} through the LU's triangular solves
             inv_top, v_min = _sigma_min_squared_inv(lu, piv, n, a.device, block, vectors=_BLOCK)
