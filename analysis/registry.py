@@ -60,7 +60,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 
-METRIC_VERSION = 3
+METRIC_VERSION = 4
 
 #: The columns of every tidy metric frame.
 COLUMNS = ["layer", "head", "head_label", "metric", "value"]
