@@ -1,0 +1,38 @@
+"""``bench/analysis_speed.py``: one tiny run at the 1.1B geometry (one layer), whose ``BENCH_ROW``
+lines ``bench/run_all.py`` reads, and the arithmetic its context rows report (no timing is asserted)."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _x(figure: str) -> float:
+    """``"12.03x (2.29 s)"`` -> 12.03."""
+    return float(re.match(r"([\d.]+)x \(", figure).group(1))
+
+
+@pytest.mark.slow
+def test_a_one_layer_run_prints_the_targets_and_the_exact_arithmetic_beside_them(tmp_path):
+    proc = subprocess.run([sys.executable, "bench/analysis_speed.py", "--shape", "1.1B", "--layers", "1",
+                           "--skip-naive", "--repeat", "1", "--dir", str(tmp_path / "ckpt")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line[len("BENCH_ROW "):]) for line in proc.stdout.splitlines()
+            if line.startswith("BENCH_ROW ")]
+    assert [r["measured"].split(",")[0] for r in rows] == [
+        "weight analysis", "weight analysis without the stacked-W_Q metrics",
+        "the arithmetic no exact analysis skips", "weight analysis against that arithmetic",
+        "peak RSS above imports"]
+    assert [r["target"] for r in rows] == ["<= 2x", "<= 3x", "-", "-", "- (the 7B shape's)"]
+    whole, _, exact, against, _ = rows
+    # read + LU + M + per-head products holds the floor (read + LU) and more
+    assert _x(exact["figure"]) > 1.0
+    # analysis / floor = (analysis / exact) * (exact / floor), up to the printed rounding
+    assert _x(whole["figure"]) == pytest.approx(_x(against["figure"]) * _x(exact["figure"]), rel=0.02)
