@@ -11,9 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 req=requirements.txt
 [ "${1:-}" = "--dev" ] && req=requirements-dev.txt
-# --no-compile: pip would byte-compile every installed module (torch, ray, transformers: 72 of the
-# install's 112 s here); Python compiles the ones a process imports, once, when it first imports them
-.venv/bin/python -m pip install -q --no-compile -r "$req"
+.venv/bin/python -m pip install -q -r "$req"
 if [ "${1:-}" = "--dev" ] && [ ! -x /usr/bin/chromium ]; then
   # Browser tests drive Debian's Chromium (never a downloaded browser).
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
