@@ -5,23 +5,28 @@ RMSNorm and a SwiGLU MLP of the same width.
 
     .venv/bin/python bench/foreign_forward.py [--device cpu|cuda] [--tokens 4096]
 
-Prints, side by side: seconds to open and build the model, the model's own forward
-tokens/s (batches of the activation job's windows), and ``experiments.activation_runs.corpus_activations``
-end to end (tokenising the bundled corpus, hooks, per-layer statistics, chance levels).
+Prints, side by side, what ``bench/forward_speed.py`` measures (its ``measure_plain`` and
+``measure_job``, the same code): seconds to open and build the model, the model's plain
+forward over the activation job's own windows (tokens/s), the job's forward pass (the model
+with its hooks and every layer's ``ActivationAccumulator.add``), and
+``experiments.activation_runs.corpus_activations`` without its model load (tokenising the
+bundled corpus, the forward pass, per-layer statistics, chance levels, bootstrap intervals).
+Target (issue 20, ``bench/run_all.py``'s ``FORWARD_RATIO``): the job's forward pass >= 0.7x the
+plain forward's tokens/s; the whole job is printed beside it with none (forward_speed.py says why).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import activation_runs, runnable  # noqa: E402
+import forward_speed as F  # noqa: E402  (bench/ is on sys.path: this script's folder)
+from experiments import runnable  # noqa: E402
 from loaders.checkpoints import open_checkpoint  # noqa: E402
 from tests.loaders.llama2c_files import llama_state, toy_pieces, write_bin, write_tokenizer  # noqa: E402
 
@@ -43,30 +48,17 @@ def _nanogpt(path: Path, d=288, layers=6, heads=6, hidden=768, vocab=32000, seq=
 
 
 def _time(label: str, path: Path, device: str, tokens: int) -> None:
-    t0 = time.perf_counter()
     with open_checkpoint(path) as ckpt:
-        model, tok, vocab = runnable.load_runnable(ckpt)
-        t_load = time.perf_counter() - t0
-        model = model.to(device)
-        T = runnable.model_context(model)
-        ids = torch.randint(0, vocab, (max(1, tokens // T), T), generator=torch.Generator().manual_seed(0))
-        per = max(1, runnable.BATCH_TOKENS // T)
-        with torch.inference_mode():
-            model(ids[:per].to(device))                           # warm-up
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            for lo in range(0, ids.shape[0], per):
-                model(ids[lo:lo + per].to(device))
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            fwd = ids.numel() / (time.perf_counter() - t1)
-        t2 = time.perf_counter()
-        run = activation_runs.corpus_activations(ckpt, device=device, sample=activation_runs.SampleSpec(tokens=tokens))
-        t_job = time.perf_counter() - t2
-    print(f"{label:34s} {getattr(tok, 'how', 'bytes'):16s} load {t_load:6.2f} s  forward {fwd:10,.0f} tok/s  "
-          f"activation job {run.sample['n_tokens']:,} tokens in {t_job:6.2f} s "
-          f"({run.sample['n_tokens'] / t_job:8,.0f} tok/s)")
+        how = getattr(runnable.load_runnable(ckpt)[1], "how", "bytes")
+    F.measure_plain(path, device, F.WARM_TOKENS)                  # warm-up: the same code, one window
+    F.measure_job(path, device, F.WARM_TOKENS)
+    plain = F.measure_plain(path, device, tokens)
+    job = F.measure_job(path, device, tokens)
+    fwd, hooked = F.rate(plain["tokens"], plain["seconds"]), F.rate(job["tokens"], job["forward_s"])
+    t_job = job["seconds"] - job["load_s"]
+    print(f"{label:34s} {how:16s} load {job['load_s']:6.2f} s  forward {fwd:10,.0f} tok/s  "
+          f"job's forward pass {hooked:10,.0f} tok/s  "
+          f"activation job {job['tokens']:,} tokens in {t_job:6.2f} s ({F.rate(job['tokens'], t_job):8,.0f} tok/s)")
 
 
 def main() -> None:

@@ -33,9 +33,12 @@ What is timed, on the model ``load_runnable`` gives and the same ``[B, T]`` wind
   then metrics, chance levels, bootstrap intervals); and end to end, the load included. The load, ``add`` and
   ``result`` seconds are timed inside (the functions wrapped in this process).
 
-Target (issue 20: "the hooks and captures must cost little"): tokens/s >= ``FORWARD_RATIO``
-(0.7, ``bench/run_all.py``) of the plain forward's, for the job's forward pass and for the
-job without its load (the end-to-end figure has none). Each figure is printed as a
+Target (issue 20: "the forward pass over the default token budget ... target >= 0.7 of it:
+the hooks and captures must cost little"): tokens/s >= ``FORWARD_RATIO`` (0.7,
+``bench/run_all.py``) of the plain forward's, for the job's forward pass. The job without its
+load and the job end to end are printed beside it with no target: their ``result()`` is the
+statistics of the issue "Numbers a researcher can trust" (chance draws, a 200-resample
+bootstrap with its eigen-solves), not hooks or captures. Each figure is printed as a
 ``BENCH_ROW {json}`` line that ``bench/run_all.py`` collects. On a machine other processes
 keep busy, run with ``--threads 1`` (OpenMP's spin-waiting makes the job's many small
 operations erratic; see bench/analysis_speed.py).
@@ -118,7 +121,7 @@ def job_rate(m: dict) -> float:
 
 #: The activation job's figures, each against the plain forward: (key, what it times, target or not).
 FIGURES = [("forward", "the activation job's forward pass (hooks and every layer's add())", True),
-           ("job", "the activation job without its model load (add(), result(), tokenising)", True),
+           ("job", "the activation job without its model load (add(), result(), tokenising)", False),
            ("with_load", "the activation job end to end (its model load included)", False)]
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
@@ -213,15 +214,20 @@ def parse_activations_speed(out: str) -> list[Row]:
 
 
 def parse_foreign_forward(out: str) -> list[Row]:
-    """One row per model: the activation job's tokens/s against the same model's plain forward."""
+    """Two rows per model against the same model's plain forward over the same windows: the
+    activation job's forward pass (hooks and captures: the target) and the job without its
+    model load (statistics, chance levels and intervals included: no target)."""
     rows = []
-    for label, fwd, n, secs, job in re.findall(
-            r"^(.+?)\s+\S+\s+load\s+[\d.]+ s\s+forward\s+([\d,]+) tok/s\s+activation job ([\d,]+) tokens in\s+"
-            r"([\d.]+) s \(\s*([\d,]+) tok/s\)$", out, re.M):
-        f, j = float(fwd.replace(",", "")), float(job.replace(",", ""))
-        rows.append(Row("foreign_forward", f"activation job, {label.strip()}, {n} tokens",
-                        f"{j / f:.2f}x ({job} tok/s in {secs} s)", f"its plain forward pass ({fwd} tok/s)",
-                        f">= {FORWARD_RATIO:g}x", _verdict(j / f >= FORWARD_RATIO)))
+    for label, fwd, hooked, n, secs, job in re.findall(
+            r"^(.+?)\s+\S+\s+load\s+[\d.]+ s\s+forward\s+([\d,]+) tok/s\s+job's forward pass\s+([\d,]+) tok/s"
+            r"\s+activation job ([\d,]+) tokens in\s+([\d.]+) s \(\s*([\d,]+) tok/s\)$", out, re.M):
+        f, h, j = (float(v.replace(",", "")) for v in (fwd, hooked, job))
+        against = f"its plain forward pass, same windows ({fwd} tok/s)"
+        rows.append(Row("foreign_forward", f"activation job's forward pass (hooks, add()), {label.strip()}, {n} tokens",
+                        f"{math.floor(h / f * 100) / 100:.2f}x ({hooked} tok/s)", against,
+                        f">= {FORWARD_RATIO:g}x", _verdict(h / f >= FORWARD_RATIO)))
+        rows.append(Row("foreign_forward", f"activation job without its load, {label.strip()}, {n} tokens",
+                        f"{j / f:.2f}x ({job} tok/s in {secs} s)", against, "-", "-"))
     return rows
 
 

@@ -80,7 +80,7 @@ def test_rows_print_as_bench_row_lines_with_the_target(capsys):
     rows = R.printed_rows(capsys.readouterr().out)
     assert [(r.bench, r.figure, r.target, r.result) for r in rows] == [
         ("forward_speed", "0.80x (800 tok/s)", ">= 0.7x", "pass"),
-        ("forward_speed", "0.50x (500 tok/s)", ">= 0.7x", "FAIL"),
+        ("forward_speed", "0.50x (500 tok/s)", "-", "-"),
         ("forward_speed", "0.40x (400 tok/s)", "-", "-")]
     assert rows[0].measured.startswith("tokens/s of the activation job's forward pass") and \
         rows[0].measured.endswith(", a model, 4,096 tokens")
