@@ -11,12 +11,14 @@ forward over the activation job's own windows (tokens/s), the job's forward pass
 with its hooks and every layer's ``ActivationAccumulator.add``), and
 ``experiments.activation_runs.corpus_activations`` without its model load (tokenising the
 bundled corpus, the forward pass, per-layer statistics, chance levels, bootstrap intervals).
-Target (issue 20, ``bench/run_all.py``'s ``FORWARD_RATIO``): the job's forward pass >= 0.7x the
+Each figure is the median of ``REPEAT`` (3) alternating pairs. Target (issue 20,
+``bench/run_all.py``'s ``FORWARD_RATIO``): the job's forward pass >= 0.7x the
 plain forward's tokens/s; the whole job is printed beside it with none (forward_speed.py says why).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +31,10 @@ import forward_speed as F  # noqa: E402  (bench/ is on sys.path: this script's f
 from experiments import runnable  # noqa: E402
 from loaders.checkpoints import open_checkpoint  # noqa: E402
 from tests.loaders.llama2c_files import llama_state, toy_pieces, write_bin, write_tokenizer  # noqa: E402
+
+
+#: Measurement pairs (plain forward, activation job) per model; the medians are printed.
+REPEAT = 3
 
 
 def _nanogpt(path: Path, d=288, layers=6, heads=6, hidden=768, vocab=32000, seq=256) -> Path:
@@ -52,10 +58,12 @@ def _time(label: str, path: Path, device: str, tokens: int) -> None:
         how = getattr(runnable.load_runnable(ckpt)[1], "how", "bytes")
     F.measure_plain(path, device, F.WARM_TOKENS)                  # warm-up: the same code, one window
     F.measure_job(path, device, F.WARM_TOKENS)
-    plain = F.measure_plain(path, device, tokens)
-    job = F.measure_job(path, device, tokens)
-    fwd, hooked = F.rate(plain["tokens"], plain["seconds"]), F.rate(job["tokens"], job["forward_s"])
-    t_job = job["seconds"] - job["load_s"]
+    # the median of REPEAT alternating pairs: a single pair swung 0.62-0.91x on an idle 2-core machine
+    pairs = [(F.measure_plain(path, device, tokens), F.measure_job(path, device, tokens)) for _ in range(REPEAT)]
+    job = pairs[0][1]                                             # its load time and token count
+    fwd = statistics.median(F.rate(p["tokens"], p["seconds"]) for p, _ in pairs)
+    hooked = statistics.median(F.rate(j["tokens"], j["forward_s"]) for _, j in pairs)
+    t_job = statistics.median(j["seconds"] - j["load_s"] for _, j in pairs)
     print(f"{label:34s} {how:16s} load {job['load_s']:6.2f} s  forward {fwd:10,.0f} tok/s  "
           f"job's forward pass {hooked:10,.0f} tok/s  "
           f"activation job {job['tokens']:,} tokens in {t_job:6.2f} s ({F.rate(job['tokens'], t_job):8,.0f} tok/s)")
