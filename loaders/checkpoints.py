@@ -118,6 +118,35 @@ _NO_ISFINITE = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", 
                                             "float8_e5m2fnuz") if hasattr(torch, n)}
 
 
+#: IEEE float formats: the integer type of the same width, the magnitude bits (all but the sign)
+#: and the all-ones exponent. A value is NaN or Inf exactly when its magnitude bits, read as an
+#: integer, reach the all-ones exponent (the exponent field is the magnitude's high bits).
+_IEEE_BITS = {torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80), torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+              torch.float32: (torch.int32, 0x7FFF_FFFF, 0x7F80_0000),
+              torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000)}
+#: Elements per chunk of ``_any_nonfinite``'s pass (2-8 MiB of bits: the masked copy stays in cache).
+_SCAN_CHUNK = 1 << 20
+
+
+def _any_nonfinite(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds a NaN or an Inf, exactly, from the bits: ``max(bits & magnitude) >=
+    exponent`` over the tensor read in memory order, a chunk at a time. One integer pass where
+    ``isfinite`` on the strided bf16 views of a layer's heads converts every value (7B attention
+    tensors ``[32, 4096, 128]``: 2-3 ms against 70 ms). True for a dtype without an entry (the
+    exact count then decides)."""
+    spec = _IEEE_BITS.get(t.dtype)
+    if spec is None:
+        return True
+    if t.numel() == 0:
+        return False
+    kind, magnitude, exponent = spec
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    flat = t.permute(order)                          # the same elements, strides descending
+    flat = flat.reshape(-1) if flat.is_contiguous() else t.reshape(-1)   # a view, or one copy
+    bits = flat.view(kind)                           # [numel] integers, the float's bits
+    return any(bool((c & magnitude).amax() >= exponent) for c in bits.split(_SCAN_CHUNK))
+
+
 def _nonfinite(path, name: str, t: torch.Tensor) -> int:
     """NaN/Inf count of one dense tensor; a tensor without values (meta device)
     or not dense (sparse, nested) is a ``CheckpointFormatError``."""
@@ -128,6 +157,8 @@ def _nonfinite(path, name: str, t: torch.Tensor) -> int:
                                           f"expected a dense one")
     if t.dtype in _NO_ISFINITE:
         t = t.to(torch.float16)
+    if not _any_nonfinite(t):
+        return 0
     return int((~torch.isfinite(t)).sum())
 
 

@@ -202,6 +202,35 @@ def test_inspect_counts_a_tied_tensor_once():
     assert count_nonfinite(ckpt) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_nonfinite_count_from_the_bits_equals_isfinite(dtype):
+    """``_nonfinite``'s bit test (``_any_nonfinite``) against ``torch.isfinite``: NaN, +Inf and
+    -Inf at the first, last and a middle element of a head-strided view (the layout the
+    canonical container hands over), the largest finite value, subnormals and -0 not counted."""
+    from loaders.checkpoints import _SCAN_CHUNK, _any_nonfinite, _nonfinite
+
+    info = torch.finfo(dtype)
+    base = torch.randn(96, 8 * 4, generator=torch.Generator().manual_seed(0)).to(dtype)   # [d_model, heads*d_head]
+    base[0, 0], base[1, 1], base[2, 2] = info.max, -info.max, info.smallest_normal / 4   # finite extremes, a subnormal
+    base[3, 3] = -0.0
+    view = base.view(96, 8, 4).permute(1, 0, 2)      # [heads, d_model, d_head], strides (4, 32, 1): not contiguous
+    assert not view.is_contiguous()
+    assert not _any_nonfinite(view) and _nonfinite("m.pt", "W_Q", view) == 0
+    for flat, bad in ((0, float("nan")), (base.numel() - 1, float("inf")), (1234, float("-inf"))):
+        b = base.clone()
+        b.view(-1)[flat] = bad
+        v = b.view(96, 8, 4).permute(1, 0, 2)
+        assert _any_nonfinite(v), (flat, bad)
+        assert _nonfinite("m.pt", "W_Q", v) == int((~torch.isfinite(v)).sum()) == 1
+    # several chunks, the bad value in the last one; and an expanded (zero-stride) tensor
+    long = torch.zeros(2 * _SCAN_CHUNK + 5, dtype=dtype)
+    assert not _any_nonfinite(long)
+    long[-1] = float("nan")
+    assert _any_nonfinite(long) and _nonfinite("m.pt", "W_Q", long) == 1
+    assert _nonfinite("m.pt", "W_Q", torch.tensor([float("inf")], dtype=dtype).expand(3, 4)) == 12
+    assert not _any_nonfinite(torch.empty(0, 4, dtype=dtype))
+
+
 @pytest.mark.parametrize("value, shown", [([2], "[2]"), ("two", "'two'"), (2.5, "2.5"), (True, "True"),
                                           (float("inf"), "inf")])
 def test_config_geometry_that_is_not_a_whole_number_is_named(tmp_path, value, shown):
