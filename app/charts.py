@@ -349,6 +349,10 @@ def light_template() -> go.layout.Template:
 
 #: Every figure's template (``_layout``).
 LIGHT = light_template()
+#: ``st.plotly_chart``'s ``theme`` for figures drawn with ``LIGHT``: none. With Streamlit's theme
+#: the chart is mounted with the figure's own look, the theme is applied afterwards and plotly.js
+#: draws every trace again (three draws a chart instead of two).
+CHART_THEME = None
 
 
 def _layout(fig: go.Figure, *, title: str | None = None, x_title: str = "", y_title: str = "",

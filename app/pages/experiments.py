@@ -28,6 +28,7 @@ from analysis.results_table import best_of_each_group, metric_order, run_groups,
 from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts, tables
+from app.charts import CHART_THEME
 from app.state import data_version, get_store, metric_directions, query_param, set_query_params, store_at
 from loaders import curves
 from loaders.logs.runs import COLUMN_FIELDS, set_run_metadata
@@ -57,10 +58,6 @@ DEFAULT_RUNS = 8
 #: 900 px wide in the page's column, so 500 min-max buckets are one per 2 px or less, spikes
 #: kept, at half the points (and half the browser's drawing) of the loader's 2,000 cap.
 CURVE_POINTS = 1000
-#: The page's charts keep their own look (``charts._layout``: plotly_white) instead of Streamlit's
-#: theme: Streamlit re-applies its theme once the chart is mounted, and plotly.js draws every
-#: trace again (three draws a chart instead of two; 2,000 markers and 20 curves on this page).
-CHART_THEME = None
 #: The final-metric scatter's two drawings (URL key ``fd``): every run a marker, or per group and
 #: hyperparameter value the mean of its runs with a 95% bootstrap interval (``charts.final_summary``).
 FINAL_DRAWINGS = {"runs": "every run", "mean": "mean and 95% interval"}

@@ -31,7 +31,7 @@ from analysis.kv_cost import (
 )
 from analysis.presets import PRESETS
 from analysis.variants import sharing
-from app.charts import group_style, readable_log_axis
+from app.charts import CHART_THEME, LIGHT, group_style, readable_log_axis
 from app.state import data_version, get_store, query_param, set_query_params
 from loaders.errors import QkvscopeError
 from loaders.store import Store
@@ -386,12 +386,14 @@ def _line(frame: pd.DataFrame, x: str, y: str, title: str, styles: tuple[dict, d
     colors, dashes = styles
     fig = px.line(frame, x=x, y=y, color="label", line_dash="label", color_discrete_map=colors,
                   line_dash_map=dashes, markers=True, log_x=log_x, log_y=log_y, hover_data=hover,
-                  labels=AXES, title=title)
+                  labels=AXES, title=title, template=LIGHT)
     if log_x:
         readable_log_axis(fig, frame[x], "x")
     if log_y:
         readable_log_axis(fig, frame[y], "y")
-    fig.update_layout(legend_title_text="configuration")
+    # the legend under the plot: beside it, seven configurations took half of a half-width column
+    fig.update_layout(legend=dict(title_text="configuration", orientation="h", yanchor="top", y=-0.3),
+                      height=520, margin=dict(l=60, r=20, t=50, b=40))
     return fig
 
 
@@ -466,18 +468,18 @@ def render() -> None:
     sweep["KV GiB per user"] = sweep["bytes_per_user"] / GIB
     c = st.columns(2)
     c[0].plotly_chart(_line(sweep, "context", "KV GiB per user", "KV cache per user against context", styles),
-                      key="kv_plot_cache")
+                      key="kv_plot_cache", theme=CHART_THEME)
     c[1].plotly_chart(_line(sweep, "context", "users_per_gpu", "Users per GPU against context", styles),
-                      key="kv_plot_users")
+                      key="kv_plot_users", theme=CHART_THEME)
     cap = max(result.users_per_gpu, base.users_per_gpu, result.batch_per_replica, 8)
     users = sorted({max(1, int(cap * f)) for f in (1 / 64, 1 / 16, 1 / 4, 1 / 2, 1, 2, 4, 16)})
     by_users = sweep_users(geometry, configs, serving, gpu, users).dropna(subset=["usd_per_million_tokens"])
     c = st.columns(2)
     c[0].plotly_chart(_line(by_users, "users", "usd_per_million_tokens",
                             "USD per 1M output tokens against concurrent users", styles, log_y=True,
-                            hover=["gpus", "bound"]), key="kv_plot_cost")
+                            hover=["gpus", "bound"]), key="kv_plot_cost", theme=CHART_THEME)
     c[1].plotly_chart(_line(by_users, "users", "gpus", "GPUs needed against concurrent users", styles,
-                            log_y=True, hover=["tokens_per_s", "tokens_per_s_per_gpu"]), key="kv_plot_gpus")
+                            log_y=True, hover=["tokens_per_s", "tokens_per_s_per_gpu"]), key="kv_plot_gpus", theme=CHART_THEME)
 
     st.subheader("The working, with your numbers")
     st.dataframe(pd.DataFrame([{"step": s.name, "formula": s.formula, "with numbers": s.filled}

@@ -212,3 +212,19 @@ def test_a_checkpoint_of_a_plus_variant_is_offered_its_own_variant(monkeypatch):
     assert not at.exception
     assert at.selectbox(key="kv_variant").value == "q_eq_k_eq_v_plus"
     assert at.metric[0].value == f"{2 * 1 * 4 * 8 * 4 / 1024:,.2f} KiB"  # K=V: one tensor cached
+
+
+def test_the_four_charts_keep_their_own_look_with_the_legend_under_the_plot():
+    """Sent without Streamlit's theme (with it plotly.js draws each chart a third time once it is
+    mounted), in the white template the other pages use, the legend below the plot so the curves
+    get the half-width column."""
+    at = page_test("kv_cost", {"preset": "llama-3-8b"})
+    at.run()
+    assert not at.exception
+    charts = {e.key: e.proto for e in at.get("plotly_chart")}
+    assert set(charts) == {"kv_plot_cache", "kv_plot_users", "kv_plot_cost", "kv_plot_gpus"}
+    for key, proto in charts.items():
+        assert proto.theme == "", key
+        layout = json.loads(proto.spec)["layout"]
+        assert layout["template"]["layout"]["plot_bgcolor"] == "white"
+        assert (layout["legend"]["orientation"], layout["legend"]["title"]["text"]) == ("h", "configuration")
