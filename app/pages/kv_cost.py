@@ -479,7 +479,8 @@ def render() -> None:
                             "USD per 1M output tokens against concurrent users", styles, log_y=True,
                             hover=["gpus", "bound"]), key="kv_plot_cost", theme=CHART_THEME)
     c[1].plotly_chart(_line(by_users, "users", "gpus", "GPUs needed against concurrent users", styles,
-                            log_y=True, hover=["tokens_per_s", "tokens_per_s_per_gpu"]), key="kv_plot_gpus", theme=CHART_THEME)
+                            log_y=True, hover=["tokens_per_s", "tokens_per_s_per_gpu"]),
+                      key="kv_plot_gpus", theme=CHART_THEME)
 
     st.subheader("The working, with your numbers")
     st.dataframe(pd.DataFrame([{"step": s.name, "formula": s.formula, "with numbers": s.filled}
