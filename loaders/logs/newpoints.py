@@ -53,6 +53,8 @@ _VALUE = "CASE WHEN isnan(value) THEN NULL ELSE value END"
 #: Up to this many metrics the code per point is computed in SQL
 #: (``list_position`` is linear in the number of names); beyond, from Arrow.
 _SQL_CODES_MAX = 64
+#: ``step * k + code`` (k <= _SQL_CODES_MAX) fits in int64 for steps below this in magnitude.
+_KEY_STEP_LIMIT = 1 << 56
 
 
 class FileChanged(Exception):
@@ -140,8 +142,7 @@ def _check(con, new: NewPoints, *, normalise: bool) -> None:
             new.stats_fresh = False
         new.first[norm] = min(lo, new.first.get(norm, lo))
         new.last[norm] = max(hi, new.last.get(norm, hi))
-    steps, codes = _steps_and_codes(con, new, sorted(new.first))
-    went_back, repeats = went_back_and_repeats(steps, codes)
+    went_back, repeats = _went_back_and_repeats_of(con, new)
     if went_back or repeats:
         # Latest wins: of the points of one (step, metric), keep the one logged last.
         new.n -= con.execute(
@@ -153,11 +154,38 @@ def _check(con, new: NewPoints, *, normalise: bool) -> None:
     new.went_back = went_back
 
 
-def _steps_and_codes(con, new: NewPoints, names: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
-    """(step per point, metric code per point or None for one metric), in file order."""
-    table, where, params = new.table, new.where, new.params
+def _went_back_and_repeats_of(con, new: NewPoints) -> tuple[bool, bool]:
+    """``went_back_and_repeats`` of the new points, fetched in file order.
+
+    Usually (a wide row per step, or a long log that lists a step's metrics
+    in one order) one int64 per point settles it: ``key = step * k + code``,
+    with codes numbered in the order the first points list the metrics. If
+    ``key`` strictly increases, then for two points i < j of one metric
+    ``step_j > step_i``: nothing goes back and nothing repeats. Only when it
+    does not are steps and codes (``key // k``, ``key % k``) checked whole.
+    """
     order = "" if con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0] \
         else " ORDER BY rowid"
+    names = sorted(new.first)
+    k = len(names)
+    span = max(max(map(abs, new.first.values()), default=0), max(map(abs, new.last.values()), default=0))
+    if not 2 <= k <= _SQL_CODES_MAX or span >= _KEY_STEP_LIMIT:
+        return went_back_and_repeats(*_steps_and_codes(con, new, names, order))
+    table, where, params = new.table, new.where, new.params
+    first = con.execute(f"SELECT metric FROM {table} WHERE {where}{order} LIMIT {k}", params or None).fetchall()
+    listed = list(dict.fromkeys(m for (m,) in first))
+    names = listed + sorted(set(names) - set(listed))               # (k,) code = position here
+    got = con.execute(f"SELECT step * {k} + (list_position($names, metric) - 1) AS key FROM {table} "
+                      f"WHERE {where}{order}", {**params, "names": names}).fetchnumpy()
+    key = np.asarray(got["key"], dtype=np.int64)                    # (n,) file order
+    if bool(np.all(key[1:] > key[:-1])):
+        return False, False
+    return went_back_and_repeats(key // k, (key % k).astype(np.uint8))
+
+
+def _steps_and_codes(con, new: NewPoints, names: list[str], order: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(step per point, metric code per point or None for one metric), in file order."""
+    table, where, params = new.table, new.where, new.params
     if len(names) <= 1:
         got = con.execute(f"SELECT step FROM {table} WHERE {where}{order}", params or None).fetchnumpy()
         return np.asarray(got["step"], dtype=np.int64), None

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from loaders.errors import DatabaseBusyError, StoreError
-from loaders.store import DB_ENV, SCHEMA_VERSION, Store, default_db_path
+from loaders.store import DB_ENV, SCHEMA_VERSION, Store, default_db_path, refresh_run_stats
 
 
 def test_new_database_gets_current_schema(tmp_path):
@@ -168,3 +168,50 @@ def test_run_stats_follow_ingest_growth_and_resume(tmp_path):
     assert stats == direct == (8, 0, 7, 8.3, 3.8)
     [run] = list_runs(store)
     assert (run["n_points"], run["first_step"], run["last_step"]) == (8, 0, 7)
+
+
+def _run_stats_reference(rows):
+    """run_stats computed in Python from (run_id, step, metric, value) rows."""
+    import math
+    out = {}
+    for run_id, metric in sorted({(r[0], r[2]) for r in rows}):
+        pts = [(s, v) for (r, s, m, v) in rows if (r, m) == (run_id, metric)]
+        fin = [(s, v) for s, v in pts if v is not None and math.isfinite(v)]
+        final_step = max((s for s, _ in fin), default=None)
+        best = min((v for _, v in fin), default=None)
+        out[(run_id, metric)] = (
+            len(pts), sum(v is not None for _, v in pts),
+            sum(v is not None and not math.isfinite(v) for _, v in pts),
+            min(s for s, _ in pts), max(s for s, _ in pts), final_step,
+            next((v for s, v in fin if s == final_step), None), best,
+            next((s for s, v in fin if v == best), None))
+    return out
+
+
+@pytest.mark.parametrize("ids", [[1], [1, 2], [2]])
+def test_run_stats_equal_a_per_point_reference_with_nan_inf_and_null(tmp_path, ids):
+    # NaN can reach points from a frame written by hand (ingest stores NULL): it
+    # counts as a value and as non-finite, as +-Inf do; none is final or best.
+    nan, inf = float("nan"), float("inf")
+    rows = [(1, 0, "loss", 4.0), (1, 10, "loss", 3.0), (1, 20, "loss", inf), (1, 30, "loss", None),
+            (1, 40, "loss", nan), (1, 5, "lr", 0.1), (1, 6, "lr", -inf),
+            (2, 0, "loss", nan), (2, 1, "loss", inf), (2, 2, "loss", None),   # nothing finite
+            (2, 3, "acc", -1.5), (2, 9, "acc", -2.5), (2, 7, "acc", -2.5)]    # best reached twice
+    store = Store(tmp_path / "q.duckdb")
+    store.migrate()
+    with store.transaction() as con:
+        con.executemany("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, ?, ?)", rows)
+        refresh_run_stats(con, ids)
+        got = con.execute("SELECT run_id, metric, n, n_values, nonfinite, first_step, last_step, final_step, "
+                          "final, best, best_step FROM run_stats").fetchall()
+    ref = {k: v for k, v in _run_stats_reference(rows).items() if k[0] in ids}
+    got = {(r[0], r[1]): tuple(r[2:]) for r in got}
+    assert set(got) == set(ref)
+    for key, want in ref.items():
+        if key == (2, "acc"):        # two points hold the best value: either step is right
+            assert got[key][:-1] == want[:-1] and got[key][-1] in (7, 9)
+        else:
+            assert got[key] == want, key
+    if ids == [1]:
+        assert got[(1, "loss")] == (5, 4, 2, 0, 40, 10, 3.0, 3.0, 10)
+        assert got[(1, "lr")] == (2, 2, 1, 5, 6, 5, 0.1, 0.1, 5)

@@ -68,6 +68,56 @@ def test_went_back_and_repeats_agrees_with_a_per_metric_reference(seed):
         assert got_repeat == repeat
 
 
+def _key_path(steps, names) -> tuple[bool, bool]:
+    """``_went_back_and_repeats_of`` on these points staged in a real DuckDB table."""
+    import duckdb
+
+    from loaders.logs.newpoints import STAGE, NewPoints, _went_back_and_repeats_of
+    con = duckdb.connect()
+    con.execute(f"CREATE TEMP TABLE {STAGE} (step BIGINT, metric VARCHAR)")
+    con.executemany(f"INSERT INTO {STAGE} VALUES (?, ?)", list(zip(steps, names)))
+    new = NewPoints(STAGE, "true", {}, len(steps))
+    for s, m in zip(steps, names):
+        new.first[m] = min(s, new.first.get(m, s))
+        new.last[m] = max(s, new.last.get(m, s))
+    return _went_back_and_repeats_of(con, new)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_one_key_check_agrees_with_the_per_metric_reference(seed):
+    # Wide rows (one order of metrics per step, some cells empty), long logs
+    # whose order varies, repeated rows, resumes, negative and huge steps.
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(2, 6))
+    cols = ["val_loss", "train_loss", "lr", "acc", "grad_norm"][:m]      # not sorted: codes follow the file
+    steps, names = [], []
+    for row_step in np.sort(rng.integers(-3, 40, int(rng.integers(1, 25)))) if seed % 3 else \
+            rng.integers(-3, 40, int(rng.integers(1, 25))):
+        cells = [c for c in (cols if seed % 4 else rng.permutation(cols)) if rng.random() > 0.2]
+        steps += [int(row_step)] * len(cells)
+        names += list(cells)
+    if seed % 5 == 0:
+        steps = [s + (1 << 57) for s in steps]            # past the key's range: the general path
+    if len(steps) < 2:
+        return
+    back, repeat = _reference(steps, names)
+    got_back, got_repeat = _key_path(steps, names)
+    assert got_back == back
+    if not back:
+        assert got_repeat == repeat
+
+
+@pytest.mark.parametrize("steps, names, expected", [
+    ([0, 0, 1, 1], ["b", "a", "b", "a"], (False, False)),   # wide rows, columns not sorted
+    ([0, 0, 0, 0], ["b", "a", "b", "a"], (False, True)),    # a row logged twice
+    ([0, 1, 1, 2], ["b", "b", "a", "a"], (False, False)),   # a's first cell empty
+    ([0, 0, 5, 5, 3, 3], ["b", "a"] * 3, (True, False)),    # resumed
+    ([-2, -2, -1, -1], ["b", "a", "b", "a"], (False, False)),
+])
+def test_the_one_key_check_known_answers(steps, names, expected):
+    assert _key_path(steps, names) == expected
+
+
 def test_column_names_are_unique_for_read_csv():
     assert column_names(["step", "a", "A", "", "a_1", "a"]) == ["step", "a", "A_1", "column3", "a_1_1", "a_2"]
 
