@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from loaders.store import Store
+from loaders.store import POINT_TABLES, Store
 
 #: per-layer Frobenius norms of the projections, as stored by the weights analysis
 NORM_METRICS = ("norm_q", "norm_k", "norm_v", "norm_o")
@@ -22,12 +22,19 @@ def wd_runs(store: Store) -> pd.DataFrame:
 
 
 def loss_points(store: Store, metric: str) -> pd.DataFrame:
-    """``run_id, step, value`` of ``metric``: at a step logged twice, the value stored last."""
+    """``run_id, step, value`` of ``metric``: at a step logged twice, the value stored last.
+
+    Ingest leaves one point per (run, step, metric); a database written by hand
+    may hold more. ``points`` is a view (schema 7), which has no ``rowid``, so
+    the order of insertion is read from each table behind it; across the two a
+    row of ``points_lean`` counts as the later (ingest never leaves both)."""
+    parts = " UNION ALL ".join(f"SELECT run_id, step, value, {i} AS part, rowid AS seq FROM {t} WHERE metric = $m"
+                               for i, t in enumerate(POINT_TABLES))
     with store.connect() as con:
         return con.execute(
-            """SELECT run_id, step, value FROM points WHERE metric = ?
-               QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY rowid DESC) = 1
-               ORDER BY run_id, step""", [metric]).df()
+            f"""SELECT run_id, step, value FROM ({parts})
+                QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY part DESC, seq DESC) = 1
+                ORDER BY run_id, step""", {"m": metric}).df()
 
 
 def projection_norm_rows(store: Store, metrics=NORM_METRICS) -> pd.DataFrame:

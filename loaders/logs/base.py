@@ -123,6 +123,10 @@ class SqlPoints:
     source: PointSource
     select: str
     params: dict = field(default_factory=dict)
+    #: The file has a wall time or a token count column: the points keep them
+    #: (``points_full``); else their ``wall_time``/``tokens`` are all NULL and
+    #: they are stored without those columns (``points_lean``).
+    timed: bool = True
 
 
 @dataclass

@@ -52,7 +52,7 @@ from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
 from loaders.logs.runs import apply_overrides
 from loaders.report import FileReport
-from loaders.store import Store, refresh_run_stats
+from loaders.store import Store, delete_points, refresh_run_stats
 
 _FP_WINDOW = 64 * 1024
 #: A file last modified at least this long ago is not being written.
@@ -277,7 +277,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
         if append_from is None and prev_runs and not shared:
             # The file was rewritten: what it stored before goes.
             old = [r["id"] for r in prev_runs.values()]
-            con.execute("DELETE FROM points WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [old])
+            delete_points(con, "run_id IN (SELECT unnest(?::INTEGER[]))", [old])
         for run in parsed.runs:
             name = run_name(path, fmt, run.name)
             known = runs_state.get(name)
@@ -314,7 +314,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                     if replace_stored(con, run_id) and not shared and (
                             not reread or _overlaps(new.first, known["last"], strict=True)):
                         resumed = True
-                move_staged(con, run_id)
+                move_staged(con, run_id, new)
             if new.n:
                 last = dict(known["last"])
                 for m, s in new.last.items():

@@ -20,7 +20,7 @@ def _store_with_points(tmp_path, rows) -> Store:
             con.execute("INSERT INTO runs (id, name, source, format) VALUES (?, ?, 'mem', 'csv')",
                         [int(rid), f"run{rid}"])
         con.register("f", frame)
-        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, frame["run_id"].unique())
     return store
 
@@ -264,7 +264,7 @@ def test_metric_directions_are_stored_and_change_best(tmp_path):
     with store.transaction() as con:
         con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'r', '/r', 'csv')")
         con.register("p", pd.DataFrame({"run_id": 1, "step": [0, 1, 2], "metric": "score", "value": [0.5, 0.9, 0.7]}))
-        con.execute("INSERT INTO points (run_id, step, metric, value) SELECT * FROM p")
+        con.execute("INSERT INTO points_lean (run_id, step, metric, value) SELECT * FROM p")
         refresh_run_stats(con, [1])
     assert C.metric_directions(store) == {}
     assert float(C.final_values(store, "score")["best"].iloc[0]) == 0.9          # 'score' reads as higher

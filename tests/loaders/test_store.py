@@ -37,7 +37,7 @@ def test_transaction_rolls_back_everything_on_error(tmp_path):
     with pytest.raises(RuntimeError):
         with store.transaction() as con:
             con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv')")
-            con.execute("INSERT INTO points VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
+            con.execute("INSERT INTO points_full VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
             raise RuntimeError("boom")
     with store.connect() as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
@@ -149,6 +149,45 @@ def test_upgrade_from_version_2_backfills_run_stats(tmp_path):
                     ("val/loss", 4, 3, 1, 0, 30, 10, 3.0, 3.0, 10)]
 
 
+def test_upgrade_from_version_6_keeps_points_behind_the_view(tmp_path):
+    """Schema 7 renames the points table and puts a view of that name over it
+    and a new lean table: what was stored reads as before, times included."""
+    import duckdb
+
+    from loaders.logs import ingest_log
+    from loaders.store import MIGRATIONS
+
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))  # a file as qkvscope with schema 6 left it
+    for version, statements in MIGRATIONS:
+        if version > 6:
+            break
+        for sql in statements:
+            con.execute(sql)
+    con.execute("INSERT INTO meta VALUES ('schema_version', '6')")
+    assert con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv') RETURNING id").fetchone() == (1,)
+    stored = [(1, 0, "val/loss", 4.0, 0.5, None), (1, 10, "val/loss", 3.0, 9.5, 640),
+              (1, 5, "lr", 0.1, None, 320)]
+    con.executemany("INSERT INTO points VALUES (?, ?, ?, ?, ?, ?)", stored)
+    refresh_run_stats(con, [1])
+    before = con.execute("SELECT * FROM run_stats ORDER BY metric").fetchall()
+    con.close()
+    store = Store(path)
+    assert store.migrate() == SCHEMA_VERSION
+    with store.connect() as c:
+        assert c.execute("SELECT * FROM points ORDER BY step").fetchall() == sorted(stored, key=lambda r: r[1])
+        assert c.execute("SELECT count(*) FROM points_full").fetchone()[0] == 3
+        assert c.execute("SELECT count(*) FROM points_lean").fetchone()[0] == 0
+        assert c.execute("SELECT * FROM run_stats ORDER BY metric").fetchall() == before
+    log = tmp_path / "new" / "log.csv"
+    log.parent.mkdir()
+    log.write_text("step,val_loss\n0,2\n")
+    ingest_log(store, log)
+    with store.connect() as c:
+        assert c.execute("SELECT count(*), count(wall_time) FROM points").fetchone() == (4, 2)
+        assert c.execute("SELECT count(*) FROM points_lean").fetchone()[0] == 1
+
+
 def test_run_stats_follow_ingest_growth_and_resume(tmp_path):
     from loaders.logs import ingest_log, list_runs
 
@@ -200,7 +239,7 @@ def test_run_stats_equal_a_per_point_reference_with_nan_inf_and_null(tmp_path, i
     store = Store(tmp_path / "q.duckdb")
     store.migrate()
     with store.transaction() as con:
-        con.executemany("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, ?, ?, ?)", rows)
         refresh_run_stats(con, ids)
         got = con.execute("SELECT run_id, metric, n, n_values, nonfinite, first_step, last_step, final_step, "
                           "final, best, best_step FROM run_stats").fetchall()

@@ -46,7 +46,7 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
                  {quote(col["value"])} AS raw
           FROM {SOURCE_VIEW})
         WHERE step IS NOT NULL AND metric IS NOT NULL AND raw IS NOT NULL"""
-    return [RunData(name="", points=SqlPoints(source, select))]
+    return [RunData(name="", points=SqlPoints(source, select, timed=bool(col["wall"] or col["tokens"])))]
 
 
 def read(path: Path, *, start: int = 0, state: dict | None = None, complete: bool = False) -> Parsed:

@@ -49,7 +49,8 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
                                                                   state["tokens"]) and f]
     select, params = unpivot_select(column(state, state["step"]), metrics, column(state, state["wall"]),
                                     column(state, state["tokens"]))
-    return [RunData(name="", points=SqlPoints(source, select, params), config=config)]
+    timed = bool(state["wall"] or state["tokens"])
+    return [RunData(name="", points=SqlPoints(source, select, params, timed=timed), config=config)]
 
 
 def read(path: Path, *, start: int = 0, state: dict | None = None, complete: bool = False) -> Parsed:

@@ -44,7 +44,7 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
             continue
         metrics = [(column(state, c), m) for c, m in cols]
         select, params = unpivot_select(column(state, state["step"]), metrics, None, None)
-        out.append(RunData(name=run, points=SqlPoints(source, select, params)))
+        out.append(RunData(name=run, points=SqlPoints(source, select, params, timed=False)))
     return out
 
 
