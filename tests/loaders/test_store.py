@@ -165,7 +165,8 @@ def test_upgrade_from_version_6_keeps_points_behind_the_view(tmp_path):
         for sql in statements:
             con.execute(sql)
     con.execute("INSERT INTO meta VALUES ('schema_version', '6')")
-    assert con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv') RETURNING id").fetchone() == (1,)
+    new_run = "INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv') RETURNING id"
+    assert con.execute(new_run).fetchone() == (1,)
     stored = [(1, 0, "val/loss", 4.0, 0.5, None), (1, 10, "val/loss", 3.0, 9.5, 640),
               (1, 5, "lr", 0.1, None, 320)]
     con.executemany("INSERT INTO points VALUES (?, ?, ?, ?, ?, ?)", stored)
