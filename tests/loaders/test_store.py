@@ -122,19 +122,25 @@ def test_env_variable_overrides_default(monkeypatch, tmp_path):
     assert Store().path == tmp_path / "x.duckdb"
 
 
-def test_upgrade_from_version_2_backfills_run_stats(tmp_path):
+def _old_database(path, schema: int):
+    """An open connection to a new file with the schema qkvscope ``schema`` wrote."""
     import duckdb
 
     from loaders.store import MIGRATIONS
 
-    path = tmp_path / "old.duckdb"
-    con = duckdb.connect(str(path))  # a file as qkvscope with schema 2 left it
+    con = duckdb.connect(str(path))
     for version, statements in MIGRATIONS:
-        if version > 2:
+        if version > schema:
             break
         for sql in statements:
             con.execute(sql)
-    con.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(schema)])
+    return con
+
+
+def test_upgrade_from_version_2_backfills_run_stats(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = _old_database(path, 2)
     con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'a', 's', 'csv')")
     con.execute("""INSERT INTO points (run_id, step, metric, value) VALUES
                    (1, 0, 'val/loss', 4.0), (1, 10, 'val/loss', 3.0), (1, 20, 'val/loss', 'inf'),
@@ -152,19 +158,10 @@ def test_upgrade_from_version_2_backfills_run_stats(tmp_path):
 def test_upgrade_from_version_6_keeps_points_behind_the_view(tmp_path):
     """Schema 7 renames the points table and puts a view of that name over it
     and a new lean table: what was stored reads as before, times included."""
-    import duckdb
-
     from loaders.logs import ingest_log
-    from loaders.store import MIGRATIONS
 
     path = tmp_path / "old.duckdb"
-    con = duckdb.connect(str(path))  # a file as qkvscope with schema 6 left it
-    for version, statements in MIGRATIONS:
-        if version > 6:
-            break
-        for sql in statements:
-            con.execute(sql)
-    con.execute("INSERT INTO meta VALUES ('schema_version', '6')")
+    con = _old_database(path, 6)
     new_run = "INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv') RETURNING id"
     assert con.execute(new_run).fetchone() == (1,)
     stored = [(1, 0, "val/loss", 4.0, 0.5, None), (1, 10, "val/loss", 3.0, 9.5, 640),
