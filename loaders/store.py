@@ -251,8 +251,6 @@ def delete_points(con: duckdb.DuckDBPyConnection, where: str, params=None) -> No
         con.execute(f"DELETE FROM {table} WHERE {where}", params)
 
 
-
-
 def refresh_run_stats(con: duckdb.DuckDBPyConnection, run_ids) -> None:
     """Recompute ``run_stats`` of these runs; call inside the transaction that
     changed their points."""
