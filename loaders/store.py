@@ -245,6 +245,12 @@ def point_table(timed: bool) -> str:
     return POINT_TABLES[0] if timed else POINT_TABLES[1]
 
 
+def time_columns(table: str) -> str:
+    """What an INSERT into ``table`` selects after ``value``: ``", wall_time, tokens"`` for
+    ``points_full``, nothing for ``points_lean``."""
+    return ", wall_time, tokens" if table == POINT_TABLES[0] else ""
+
+
 def delete_points(con: duckdb.DuckDBPyConnection, where: str, params=None) -> None:
     """``DELETE FROM points WHERE {where}``, on the tables behind the view."""
     for table in POINT_TABLES:

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from loaders.logs.base import SOURCE_VIEW, SqlPoints, normalise_metric
-from loaders.store import POINT_TABLES, delete_points, point_table, refresh_run_stats
+from loaders.store import POINT_TABLES, delete_points, point_table, refresh_run_stats, time_columns
 
 # Every result is fetched whole (fetchall): DuckDB refuses ``register`` while
 # a result of the connection is unfinished.
@@ -104,8 +104,7 @@ def insert_new_points(con: duckdb.DuckDBPyConnection, run_id: int, points, *,
     select, params = _source_select(con, points)
     home = point_table(_timed(points))
     if direct:
-        extra = ", wall_time, tokens" if home == POINT_TABLES[0] else ""
-        n = con.execute(f"INSERT INTO {home} SELECT $run_id, step, metric, {_VALUE}{extra} "
+        n = con.execute(f"INSERT INTO {home} SELECT $run_id, step, metric, {_VALUE}{time_columns(home)} "
                         f"FROM ({select})", {**params, "run_id": run_id}).fetchall()[0][0]
         new = NewPoints(home, "run_id = $run_id", {"run_id": run_id}, n, home=home)
     else:
@@ -263,7 +262,6 @@ def replace_stored(con, run_id: int) -> int:
 
 def move_staged(con, run_id: int, new: NewPoints) -> None:
     """Insert the staged points for ``run_id`` into their table and drop the stage."""
-    extra = ", wall_time, tokens" if new.home == POINT_TABLES[0] else ""
-    con.execute(f"INSERT INTO {new.home} SELECT $run_id, step, metric, value{extra} FROM {STAGE}",
+    con.execute(f"INSERT INTO {new.home} SELECT $run_id, step, metric, value{time_columns(new.home)} FROM {STAGE}",
                 {"run_id": run_id})
     con.execute(f"DROP TABLE {STAGE}")
