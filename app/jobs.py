@@ -3,8 +3,8 @@
 ``analyze(store, checkpoint_id, activations=False, device=None, progress=None)``
 opens the checkpoint (``loaders.checkpoints.open_checkpoint``), runs the
 weight-level metrics layer by layer (``weight_frame``: ``analysis.weights`` with
-the chance levels of ``analysis.chance``, and which projections are tied,
-``tied_checkpoint``), optionally the activation metrics of a forward pass
+the chance levels of ``analysis.chance``, and, from the same layer while it is read,
+which projections are tied: ``analysis.tied``, summed up by ``tied_summary``), optionally the activation metrics of a forward pass
 (``experiments.activation_runs.corpus_activations``), and writes
 ``analysis_results`` rows plus one ``analysis_jobs`` row per kind (``weights`` /
 ``activations``) in one transaction (``loaders.results``). The job row is the
@@ -95,8 +95,8 @@ _LIBC = _libc()
 
 
 def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
-                 layers: range | None = None,
-                 nonfinite_notes: bool = True) -> tuple[pd.DataFrame, dict[str, str]]:
+                 layers: range | None = None, nonfinite_notes: bool = True,
+                 ties: list[dict] | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
     """Every weight-level metric of every layer of ``ckpt``; one layer in memory at a time.
 
     ``layers`` (a ``range`` of layer indices) computes only those layers, reading
@@ -104,8 +104,11 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     those layers. ``nonfinite_notes=False`` leaves out the notes that name the
     heads with undefined values: a caller that joins several layer ranges adds
     them once over the joined frame (``app.batch``), so its notes equal the
-    whole checkpoint's.
+    whole checkpoint's. ``ties``: a list that gets each layer's ties (``analysis.tied.tied_layer``)
+    from the tensors already read for its metrics, so the file is read once, not again for them.
     """
+    if ties is not None:
+        from analysis.tied import tied_layer   # here: torch loads where tensors are read
     frames, notes = [], {}
     todo = range(ckpt.meta.n_layers) if layers is None else layers
     n = len(todo)
@@ -117,6 +120,8 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         # each layer with its own tower's geometry (a CLIP's vision and text towers differ)
         lm = ckpt.meta.layer_meta(i)
         df, nt = weight_metrics(layer, lm, device=device)
+        if ties is not None:
+            ties.append(tied_layer(layer, lm, device=device))
         # dropped before the chance levels' random layers (as large as this one; made for the first
         # layer of each shape) and before the next layer is read: one layer in memory at a time. The
         # first layer is read before any chance level, so a file that cannot be read says so first.
@@ -137,16 +142,15 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     return frame, notes
 
 
-def tied_checkpoint(ckpt: Checkpoint, *, device: str | None = None) -> dict:
-    """Which projections are tied, read from the tensors layer by layer (``analysis.tied``):
-    ``{"variant": tied variant, "layout_variant": the layout's, "agree": bool, "layers": [...]}``."""
-    # here: torch loads where tensors are read, not at CLI start
-    from analysis.tied import tied_layer, tied_variant
+def tied_summary(layers: list[dict], layout_variant: str) -> dict:
+    """Which projections are tied, from each layer's ties (``analysis.tied.tied_layer``, collected
+    by ``weight_frame``): ``{"variant": tied variant, "layout_variant": the layout's, "agree": bool,
+    "layers": [...]}``."""
+    from analysis.tied import tied_variant  # here: torch loads where tensors are read, not at CLI start
 
-    layers = [tied_layer(layer, ckpt.meta.layer_meta(layer.layer), device=device) for layer in ckpt.layers()]
     variant = tied_variant(layers)
-    return {"variant": variant, "layout_variant": ckpt.meta.variant,
-            "agree": variant == ckpt.meta.variant, "layers": layers}
+    return {"variant": variant, "layout_variant": layout_variant, "agree": variant == layout_variant,
+            "layers": layers}
 
 
 def activation_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
@@ -283,8 +287,9 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
         t0 = time.perf_counter()
         used = ties = None
         if kind == "weights":
-            frame, notes = weight_frame(ckpt, device=device, progress=progress)
-            ties = tied_checkpoint(ckpt, device=device)
+            layer_ties: list[dict] = []
+            frame, notes = weight_frame(ckpt, device=device, progress=progress, ties=layer_ties)
+            ties = tied_summary(layer_ties, ckpt.meta.variant)
         else:
             try:
                 run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)

@@ -391,6 +391,31 @@ def test_realworld_nanogpt_runs_on_sampled_ids(realworld, tmp_path):
     assert {"erank_kcache", "kv_cka_act"} <= set(a.frame.metric)
 
 
+def test_analyze_reads_each_layer_once_and_stores_the_ties_read_from_it(store):
+    """The ties come from the layers the metrics read (``weight_frame(ties=...)``), not from a second
+    pass over the file: every layer is read once; layer 1 has W_V = W_K, so the summary is mixed."""
+    from analysis.tied import tied_layer
+
+    reads = []
+
+    def layer_fn(i):
+        reads.append(i)
+        layer = make_layer(i)
+        if i == 1:
+            layer.W_V = layer.W_K.clone()
+        return layer
+
+    (res,) = jobs.analyze(store, 1, device="cpu", opener=lambda path: Checkpoint(path, make_meta(), layer_fn))
+    assert sorted(reads) == list(range(L))
+    expected = [tied_layer(make_layer(i) if i != 1 else layer_fn(1), make_meta()) for i in range(L)]
+    assert res.tied["layers"] == expected
+    assert [t["k_eq_v"] for t in res.tied["layers"]] == [False, True, False]
+    assert (res.tied["variant"], res.tied["layout_variant"], res.tied["agree"]) == ("mixed", "qkv", False)
+    with store.connect() as con:
+        stored = con.execute("SELECT tied FROM analysis_jobs WHERE checkpoint_id = 1 AND kind = 'weights'").fetchone()
+    assert json.loads(stored[0]) == res.tied
+
+
 def test_undefined_heads_are_noted_beside_a_metrics_absence_note():
     """erank_o carries a note (no per-layer value); a zero W_O head adds where it is undefined."""
     def layer_fn(i):
