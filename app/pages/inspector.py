@@ -8,7 +8,8 @@ upload limit). Analysis runs once with a progress bar and is stored
 Every value is shown against its chance level (heatmaps diverge from it, tables put it
 beside the value; activation metrics with their tokens and 95% interval), metrics with too
 few sample tokens are faded/greyed with the reason, and a checkpoint whose tensors are tied
-differently from what its layout says (``analysis.tied``) is flagged.
+differently from what its layout says (``analysis.tied``) is flagged: with the ties the stored
+weights analysis read in its one pass over the layers, so the file is not read again for them.
 
 Checkpoints are picked by run and step with a search box (``app.pickers``); attention maps
 show every head of a layer as small multiples on one colour scale with one enlarged,
@@ -23,7 +24,8 @@ browser session ends.
 
 No checkpoint file is parsed in this server process: ingest
 (``loaders.parse_child.ingest_checkpoint``), analysis (``app.jobs.analyze``) and
-the spectra, tie check and attention maps (``app.inspect_child``) run in a child
+the spectra, attention maps and, for an analysis stored without ties, the tie check
+(``app.inspect_child``) run in a child
 process under ``QKVSCOPE_PARSE_MEMORY_MB`` and a time limit; a file that fails
 there (a bomb, a file broken or replaced since it was stored) is one line on the
 page and the server keeps serving.
@@ -254,7 +256,9 @@ def _file_stamp(path: str) -> str:
     return ";".join(f"{q.name}:{q.stat().st_size}:{q.stat().st_mtime_ns}" for q in files)
 
 
-def _geometry(row: pd.Series) -> None:
+def _geometry(row: pd.Series):
+    """The checkpoint's shape and parameter split; returns the place under its first line where
+    ``_tied_check`` says, once the analysis is stored, whether the tensors' ties disagree."""
     c = st.columns(6)
     c[0].metric("Architecture", str(row["architecture"]))
     c[1].metric("Variant", str(row["variant"]))
@@ -262,7 +266,7 @@ def _geometry(row: pd.Series) -> None:
     c[3].metric("Heads (KV)", f"{int(row['n_heads'])} ({int(row['n_kv_heads'])})")
     c[4].metric("d_model / d_head", f"{int(row['d_model'])} / {int(row['d_head'])}")
     c[5].metric("KV bytes/token", f"{int(row['kv_bytes_per_token']):,}")
-    _tied_check(row)
+    slot = st.container()
     left, right = st.columns([1, 1])
     left.plotly_chart(charts.param_split_figure(row.to_dict()), width="stretch", key="insp_params")
     right.dataframe(pd.DataFrame({"field": ["norm", "positions", "dtype", "parameters", "attention parameters",
@@ -271,6 +275,7 @@ def _geometry(row: pd.Series) -> None:
                                             f"{int(row['params_total']):,}", f"{int(row['params_attention']):,}",
                                             str(int(row["nonfinite"])), pickers.display_path(row["path"])]}),
                     hide_index=True, width="stretch")
+    return slot
 
 
 def _layers_text(layers: list[int]) -> str:
@@ -310,18 +315,29 @@ def tie_message(variant: str, ties: list[dict]) -> str | None:
             "fits with the ties in mind.")
 
 
-def _tied_check(row: pd.Series) -> None:
-    path = str(row["path"])
-    if not Path(path).exists():
-        return
-    try:
-        ties = _ties(path, _file_stamp(path))
-    except QkvscopeError as exc:                       # the file broke or changed since it was stored
-        st.error(pickers.user_message(str(exc)), icon=":material/error:")
-        return
+@st.cache_data(show_spinner=False, max_entries=32)
+def _stored_ties(db: str, version: tuple, checkpoint_id: int) -> list[dict] | None:
+    return curves.stored_ties(store_at(db), checkpoint_id, METRIC_VERSION)
+
+
+def _tied_check(slot, row: pd.Series, store, ckpt_id: int) -> None:
+    """In ``slot``, whether the tensors are tied otherwise than the layout says (``tie_message``):
+    from the ties the stored weights analysis read with its metrics (``app.jobs.weight_frame``),
+    so opening a checkpoint reads its file once, not again for this; only an analysis stored
+    without them makes the reading child read the file (``_ties``)."""
+    ties = _stored_ties(str(store.path), data_version(store), ckpt_id)
+    if ties is None:
+        path = str(row["path"])
+        if not Path(path).exists():
+            return
+        try:
+            ties = _ties(path, _file_stamp(path))
+        except QkvscopeError as exc:                   # the file broke or changed since it was stored
+            slot.error(pickers.user_message(str(exc)), icon=":material/error:")
+            return
     message = tie_message(str(row["variant"]), ties)
     if message:
-        st.warning(message, icon=":material/link:")
+        slot.warning(message, icon=":material/link:")
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -542,11 +558,12 @@ def render() -> None:
         st.error(f"No checkpoint with id {ckpt_id} in {store.path}.")
         return
     row = match.iloc[0]
-    _geometry(row)
+    ties_slot = _geometry(row)
     activations = st.toggle("Include activation metrics (forward passes over a text sample)",
                             value=query_param("act") == "1", key="insp_act")
     set_query_params(act="1" if activations else None)
     notes = _analyse(store, ckpt_id, activations)
+    _tied_check(ties_slot, row, store, ckpt_id)
     results = _results(str(store.path), data_version(store), ckpt_id)
     st.subheader("Metrics per layer and head")
     _heatmap(results, notes)

@@ -325,14 +325,41 @@ def test_tied_tensors_in_a_standard_layout_are_flagged(tmp_path, monkeypatch, mo
     for cid in (1, 2):                                # stored here: the page only reads the ties
         _analysed_in_process(store, cid)
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    children = _record_child_calls(monkeypatch)
     at = page_test("inspector", {"ckpt": "2"}).run()
     assert not at.exception, at.exception
     warned = [w.value for w in at.warning if w.value.startswith("The layout names")]
-    assert warned == ["The layout names this checkpoint **qkv**, but its tensors are tied as **k_eq_v**: "
-                      "W_K = W_V in layers 0-1 (of 2 layers; equal to float tolerance). The metrics are computed "
-                      "from the tensors as stored: read the K=V and Q=K fits with the ties in mind."]
+    assert warned == [TIED_KV]
     plain = page_test("inspector", {"ckpt": "1"}).run()
     assert not plain.exception and not [w for w in plain.warning if w.value.startswith("The layout names")]
+    # the ties came with the stored analysis: the file was not read again for them
+    assert "app.inspect_child:ties" not in children
+    # an analysis stored without them (before ties were kept): the reading child reads the file
+    with store.transaction() as con:
+        con.execute("UPDATE analysis_jobs SET tied = NULL")
+    again = page_test("inspector", {"ckpt": "2"}).run()
+    assert not again.exception, again.exception
+    assert [w.value for w in again.warning if w.value.startswith("The layout names")] == [TIED_KV]
+    assert children.count("app.inspect_child:ties") == 1
+
+
+TIED_KV = ("The layout names this checkpoint **qkv**, but its tensors are tied as **k_eq_v**: W_K = W_V in "
+           "layers 0-1 (of 2 layers; equal to float tolerance). The metrics are computed from the tensors as "
+           "stored: read the K=V and Q=K fits with the ties in mind.")
+
+
+def _record_child_calls(monkeypatch) -> list[str]:
+    """The names of the functions the page runs in the reading child (``loaders.parse_child.call``),
+    in order; the calls still run."""
+    import loaders.parse_child as parse_child
+
+    names, call = [], parse_child.call
+
+    def recording(name, *args, **kwargs):
+        names.append(name)
+        return call(name, *args, **kwargs)
+    monkeypatch.setattr(parse_child, "call", recording)
+    return names
 
 
 def test_tie_message_names_layers_that_differ():
