@@ -85,7 +85,7 @@ def test_an_uploaded_bomb_ends_its_reader_and_other_sessions_are_served(tmp_path
             shown = a.inner_text("[data-testid='stMain']")
             a.goto(f"{url}/inspector?ckpt={cid}&layer=0&head=0")               # a link to the stored bomb
             later, peak2 = _serve_other(b, url, server,
-                                        lambda: a.locator("[data-testid='stAlertContentError']").count() < 3)
+                                        lambda: a.locator("[data-testid='stAlertContentError']").count() < 2)
             peak = max(peak, peak2)
             wait_idle(a, timeout=60_000)
             opened = a.inner_text("[data-testid='stMain']")
@@ -99,6 +99,8 @@ def test_an_uploaded_bomb_ends_its_reader_and_other_sessions_are_served(tmp_path
     assert "Traceback" not in shown
     assert loads, "the bomb ended before the other session loaded a page"
     print(f"stored bomb: {len(later)} Overview loads meanwhile; peak server RSS {peak / 2**20:.0f} MiB")
-    assert opened.count("more memory than this process may use") >= 2, opened[:3000]   # ties, spectra
+    # spectra (the tie check shows the ties stored with the analysis: it reads nothing), then the maps
+    assert opened.count("more memory than this process may use") >= 1, opened[:3000]
+    assert "needed more than 2.0 GiB" in opened, opened[:3000]
     assert str(sparse.parent.name) in opened and "Traceback" not in opened
     assert peak - before < 512 << 20                     # the bombs grew in their own processes
