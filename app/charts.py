@@ -1002,7 +1002,8 @@ def norms_figure(norms: pd.DataFrame, *, variants=None, runs: pd.DataFrame | Non
                        _task=[_val(r, "task") or DEFAULT_TASK for r in records],
                        _condition=[_val(r, "condition") or "" for r in records])
     name_task = several_tasks(data["_task"])
-    present = [m for m in NORM_TITLES if m in set(data["metric"])] + sorted(set(data["metric"]) - set(NORM_TITLES))
+    stored = set(data["metric"].unique())
+    present = [m for m in NORM_TITLES if m in stored] + sorted(stored - set(NORM_TITLES))
     fig = make_subplots(rows=1, cols=len(present), shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=[NORM_TITLES.get(m, m) for m in present])
     order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}

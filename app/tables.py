@@ -65,7 +65,8 @@ def layer_table(results: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame(columns=["layer"])
     out = pd.DataFrame({"layer": sorted(rows["layer"].astype(int).unique())})
-    for m in [m for m in metrics if m in set(rows["metric"])]:
+    stored = set(rows["metric"].unique())
+    for m in [m for m in metrics if m in stored]:
         r = rows[rows["metric"] == m].assign(layer=lambda d: d["layer"].astype(int)).drop_duplicates("layer")
         r = r.set_index("layer")
         out[m] = out["layer"].map(r["value"]).astype(float)

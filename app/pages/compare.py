@@ -141,7 +141,8 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
     geo = ckpts.set_index("id")
     shape_a = tuple(int(geo.loc[a, k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
     shape_b = tuple(int(geo.loc[b, k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
-    available = [m for m in head_metrics() if m in set(ra["metric"]) and m in set(rb["metric"])]
+    both = set(ra["metric"].unique()) & set(rb["metric"].unique())
+    available = [m for m in head_metrics() if m in both]
     if not available:
         st.caption("No per-head metric is stored for both checkpoints.")
         return
@@ -218,7 +219,8 @@ def _trajectories(store) -> None:
     version = data_version(store)
     res = results_over_checkpoints(str(store.path), version, tuple(int(c) for c in ck["checkpoint_id"]))
     per_layer = tables.head_means(res[res["run_id"] == run])
-    available = [m for m in head_metrics() if m in set(per_layer["metric"])]
+    stored = set(per_layer["metric"].unique())
+    available = [m for m in head_metrics() if m in stored]
     if not available:
         st.caption("No per-head metrics stored for this run's checkpoints.")
         return

@@ -186,7 +186,8 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
     selected = st.multiselect("Runs to plot", options, default=in_url, format_func=lambda i: labels[i],
                               key="exp_runs", placeholder="Pick runs from the table (search narrows the list)")
     # the search and filters narrow the curves too; the selection is kept for when they are cleared
-    plotted = [i for i in selected if i in set(shown_ids)]
+    shown_set = set(shown_ids)
+    plotted = [i for i in selected if i in shown_set]
     metrics = _metrics_of(runs[runs["id"].isin(plotted)] if plotted else runs)
     c1, c2, c3, c4, c5, c6 = st.columns([2, 1.6, 1.4, 0.8, 0.8, 1.2])
     m_url = query_param("m")

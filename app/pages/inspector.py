@@ -377,7 +377,8 @@ def chance_definition(metric: str) -> str:
 @st.fragment
 def _heatmap(results: pd.DataFrame, notes: dict[str, str]) -> None:
     """The metric picker and its heatmap: a fragment, so a new metric reruns only this part."""
-    available = [m for m in head_metrics() if m in set(results["metric"])]
+    stored = set(results["metric"].unique())          # once: in the comprehension it was built per metric
+    available = [m for m in head_metrics() if m in stored]
     if not available:
         st.caption("No per-head metrics stored for this checkpoint.")
         return
