@@ -3,8 +3,9 @@
 ``analyze(store, checkpoint_id, activations=False, device=None, progress=None)``
 opens the checkpoint (``loaders.checkpoints.open_checkpoint``), runs the
 weight-level metrics layer by layer (``weight_frame``: ``analysis.weights`` with
-the chance levels of ``analysis.chance``, and, from the same layer while it is read,
-which projections are tied: ``analysis.tied``, summed up by ``tied_summary``), optionally the activation metrics of a forward pass
+the chance levels of ``analysis.chance``, and, from the same layer while it is
+read, which projections are tied: ``analysis.tied``, summed up by
+``tied_summary``), optionally the activation metrics of a forward pass
 (``experiments.activation_runs.corpus_activations``), and writes
 ``analysis_results`` rows plus one ``analysis_jobs`` row per kind (``weights`` /
 ``activations``) in one transaction (``loaders.results``). The job row is the

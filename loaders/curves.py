@@ -352,17 +352,6 @@ def stored_job_notes(store: Store, checkpoint_id: int, kinds, metric_version: in
     return notes
 
 
-def stored_ties(store: Store, checkpoint_id: int, metric_version: int) -> list[dict] | None:
-    """Per layer, the ties the stored weights analysis at ``metric_version`` read from the tensors
-    (``analysis.tied.tied_layer``: ``layer, q_identity, q_eq_k, k_eq_v, q_eq_v``), or None when no
-    such analysis is stored or it kept no ties."""
-    with store.connect() as con:
-        row = con.execute("SELECT tied FROM analysis_jobs WHERE checkpoint_id = ? AND kind = 'weights' "
-                          "AND metric_version = ?", [int(checkpoint_id), int(metric_version)]).fetchone()
-    tied = json.loads(row[0]) if row and row[0] else None
-    return tied.get("layers") if isinstance(tied, dict) else None
-
-
 def metric_directions(store: Store) -> dict[str, str]:
     """``{metric: 'min' | 'max'}`` the user set (``analysis.directions.direction``'s overrides)."""
     with store.connect() as con:

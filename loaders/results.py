@@ -115,3 +115,14 @@ def stored_job(store: Store, *, checkpoint_id: int, kind: str, metrics: list[str
             [checkpoint_id, metric_version, list(metrics)]).df()
     return StoredJob(_as_rows(rows), json.loads(job[0]) if job[0] else {}, float(job[1] or 0.0), job[2],
                      json.loads(job[3]) if job[3] else None, json.loads(job[4]) if job[4] else None)
+
+
+def stored_ties(store: Store, checkpoint_id: int, metric_version: int) -> list[dict] | None:
+    """Per layer, the ties the stored weights analysis at ``metric_version`` read from the tensors
+    (``analysis.tied.tied_layer``: ``layer, q_identity, q_eq_k, k_eq_v, q_eq_v``), or None when no
+    such analysis is stored or it kept no ties."""
+    with store.connect() as con:
+        row = con.execute("SELECT tied FROM analysis_jobs WHERE checkpoint_id = ? AND kind = 'weights' "
+                          "AND metric_version = ?", [int(checkpoint_id), int(metric_version)]).fetchone()
+    tied = json.loads(row[0]) if row and row[0] else None
+    return tied.get("layers") if isinstance(tied, dict) else None

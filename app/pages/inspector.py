@@ -47,6 +47,7 @@ from app.state import (data_version, get_store, query_param, store_at, set_query
                        checkpoints_frame as _checkpoints, analysis_results as _results)
 from loaders import curves
 from loaders.errors import FileError, QkvscopeError
+from loaders.results import stored_ties
 
 TITLE = "Checkpoint inspector"
 ICON = ":material/grid_on:"
@@ -317,7 +318,7 @@ def tie_message(variant: str, ties: list[dict]) -> str | None:
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _stored_ties(db: str, version: tuple, checkpoint_id: int) -> list[dict] | None:
-    return curves.stored_ties(store_at(db), checkpoint_id, METRIC_VERSION)
+    return stored_ties(store_at(db), checkpoint_id, METRIC_VERSION)
 
 
 def _tied_check(slot, row: pd.Series, store, ckpt_id: int) -> None:
