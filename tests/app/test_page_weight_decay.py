@@ -74,9 +74,16 @@ def test_loss_against_weight_decay_with_best_and_unstable_runs(wd_db):
     assert sorted(lines) == sorted([V.label("k_eq_v"), V.label("qkv")])
     # the diverged run is drawn as a cross and left out of the mean line
     assert arr(lines[V.label("k_eq_v")]["x"]) == [0.01]
-    markers = [t for t in fig["data"] if t.get("mode") == "markers"]
-    symbols = {tuple(arr(t["x"])): list(t["marker"]["symbol"]) for t in markers}
-    assert symbols[(0.01, 0.1)] == ["circle", "x"]
+    # every run a marker of its group: (x, symbol, ring colour 0 white / 1 black, ring width)
+    runs: dict[str, list] = {}
+    for t in fig["data"]:
+        if t.get("mode") == "markers":
+            m = t["marker"]
+            runs.setdefault(t["legendgroup"], []).extend(
+                zip(arr(t["x"]), [m["symbol"]] * len(arr(t["x"])), arr(m["line"]["color"]), arr(m["line"]["width"])))
+    assert sorted(runs[V.label("k_eq_v")]) == [(0.01, "circle", 0, 1), (0.1, "x", 0, 1)]
+    # the spiky run (wd 0.03) is ringed black and thicker
+    assert sorted(runs[V.label("qkv")]) == [(0.01, "circle", 0, 1), (0.03, "circle", 1, 3), (0.1, "circle", 0, 1)]
     summary = at.dataframe[0].value.set_index("variant")
     assert summary.loc["qkv", "best_weight_decay"] == "0.03"
     assert summary.loc["qkv", "spiky runs"] == 1 and summary.loc["k_eq_v", "diverged runs"] == 1
