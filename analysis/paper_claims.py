@@ -32,6 +32,7 @@ sensitivity of ``analysis.wd_sensitivity``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -178,13 +179,15 @@ class Inputs:
       ci_high`` of those checkpoints (latest metric version);
     * ``runs``: ``run_id, name, variant, n_kv_heads, n_heads, weight_decay, seed, mlp_ratio, config,
       final`` (``final``: the final value of ``loss_metric``);
-    * ``points``: ``run_id, step, value`` of ``loss_metric`` (for the weight-decay statistics).
+    * ``points``: the curves of ``loss_metric`` (for the weight-decay statistics), as
+      ``analysis.wd_sensitivity`` takes them: a ``run_id, step, value`` frame, or an iterable of
+      ``(run_id, values in step order)`` (``loaders.curves.StoredCurves``, read when used).
     """
 
     checkpoints: pd.DataFrame
     results: pd.DataFrame
     runs: pd.DataFrame
-    points: pd.DataFrame
+    points: pd.DataFrame | Iterable[tuple[int, np.ndarray]]
     loss_metric: str = "val/loss"
 
 

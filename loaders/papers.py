@@ -135,7 +135,6 @@ def paper_inputs(store: Store, *, scope: str = "latest", loss_metric: str = "val
     of ``analysis.paper_claims.Inputs`` (``checkpoints, results, runs, points, loss_metric``)."""
     checkpoints = compared_checkpoints(store, scope)
     runs = runs_with_finals(store, loss_metric)
-    points = curves.metric_points(store, loss_metric, runs["run_id"].tolist()) if len(runs) else \
-        pd.DataFrame(columns=["run_id", "step", "value"])
+    points = curves.StoredCurves(store, loss_metric, tuple(int(r) for r in runs["run_id"]))
     return {"checkpoints": checkpoints, "results": stored_results(store, checkpoints["id"].tolist()),
             "runs": runs, "points": points, "loss_metric": loss_metric}

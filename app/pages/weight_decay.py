@@ -63,20 +63,22 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
     return run_table(store_at(db)).rename(columns={"id": "run_id"})[RUN_COLUMNS]
 
 
-def sensitivity_by_task(runs: pd.DataFrame, points: pd.DataFrame, **options) -> pd.DataFrame:
+def sensitivity_by_task(runs: pd.DataFrame, curves_of, **options) -> pd.DataFrame:
     """``analysis.wd_sensitivity`` of each task's runs on their own (a vision and a language run
     never share a group, a fit or a regression), with ``task`` and ``condition`` first: the paper
     condition all of a group's runs share (``analysis.results_table.OWN_CONDITIONS``), else None.
-    ``runs``: ``RUN_COLUMNS``; ``options``: ``wd_sensitivity``'s keywords."""
+    ``runs``: ``RUN_COLUMNS``; ``curves_of``: a list of run ids -> their curves (``wd_sensitivity``'s
+    ``points``: a frame, or ``loaders.curves.StoredCurves`` read one run at a time); ``options``:
+    ``wd_sensitivity``'s keywords."""
     condition = dict(zip(runs["run_id"].astype(int), runs["condition"].map(own_condition)))
     parts = []
     for task, sub in runs.groupby("task", sort=False):
-        table = wd_sensitivity(sub, points[points["run_id"].isin(sub["run_id"])], **options)
+        table = wd_sensitivity(sub, curves_of(sub["run_id"].tolist()), **options)
         if len(table):
             own = [{condition.get(int(i)) for i in ids} for ids in table["run_ids"]]
             parts.append(table.assign(task=str(task), condition=[c.pop() if len(c) == 1 else None for c in own]))
     if not parts:
-        return wd_sensitivity(runs.iloc[:0], points.iloc[:0], **options).assign(task=None, condition=None)
+        return wd_sensitivity(runs.iloc[:0], [], **options).assign(task=None, condition=None)
     out = pd.concat(parts, ignore_index=True)
     order = sorted(out["task"].unique(), key=lambda t: (t != DEFAULT_TASK, t))  # language first, as Results
     out["_t"] = out["task"].map({t: i for i, t in enumerate(order)})
@@ -88,10 +90,10 @@ def sensitivity_by_task(runs: pd.DataFrame, points: pd.DataFrame, **options) -> 
 def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diverge_ratio: float,
                  statistic: str = "final", method: str = "auto"):
     runs = _runs(db, version)
-    points = curves.metric_points(store_at(db), metric, runs["run_id"].tolist())
-    return sensitivity_by_task(runs, points, spike_ratio=spike_ratio, diverge_ratio=diverge_ratio,
-                               statistic=statistic, metric=metric, method=method,
-                               overrides=curves.metric_directions(store_at(db)))
+    store = store_at(db)
+    return sensitivity_by_task(runs, lambda ids: curves.StoredCurves(store, metric, tuple(ids)),
+                               spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, statistic=statistic, metric=metric, method=method,
+                               overrides=curves.metric_directions(store))
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

@@ -56,6 +56,56 @@ def test_spikes_and_divergence():
     assert run_curve_stats(np.array([5.0, 2.0, 3.5]))["diverged"] is True
 
 
+def _spikes_loop(values, ratio, higher):
+    """The definition, value by value: skip non-finite values; a finite value worse than the best
+    so far by ``ratio`` starts a spike unless the previous finite value was worse too."""
+    best, spikes, inside = (-math.inf if higher else math.inf), 0, False
+    for x in values:
+        if not math.isfinite(x):
+            continue
+        worse = math.isfinite(best) and (x < best * (1 - ratio) if higher else x > best * (1 + ratio))
+        spikes += worse and not inside
+        inside = worse
+        best = max(best, x) if higher else min(best, x)
+    return spikes
+
+
+def test_spike_counts_equal_the_value_by_value_definition_on_random_curves():
+    """Random curves with ties, NaN, +-inf and near-overflow values, both directions and three
+    thresholds: the whole-array count equals the loop, and final/best/diverged their definitions."""
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        n = int(rng.integers(0, 30))
+        v = np.round(rng.normal(size=n) * rng.choice([0.1, 1.0, 10.0]) + rng.choice([0.0, 3.0, -3.0]),
+                     int(rng.integers(0, 3)))
+        for _ in range(int(rng.integers(0, 4)) if n else 0):
+            v[rng.integers(0, n)] = rng.choice([np.nan, np.inf, -np.inf, 1e308, -1e308, 0.0])
+        finite = v[np.isfinite(v)]
+        for way in ("min", "max"):
+            for ratio in (0.0, 0.1, 0.5):
+                st = run_curve_stats(v, spike_ratio=ratio, direction=way)
+                assert st["spikes"] == _spikes_loop(v, ratio, way == "max")
+                if not finite.size:
+                    assert st == {"final": None, "best": None, "spikes": 0, "diverged": bool(n)}
+                    continue
+                best = finite.max() if way == "max" else finite.min()
+                assert (st["final"], st["best"]) == (finite[-1], best)
+                far = finite[-1] < best / 1.5 if way == "max" else finite[-1] > 1.5 * best
+                assert st["diverged"] == bool(finite.size < n or far)
+
+
+def test_a_stream_of_curves_gives_the_table_of_the_points_frame():
+    runs, points = grid(slope=0.2)
+    extra = pd.DataFrame({"run_id": [2, 3], "step": [15, 25], "value": [9.0, float("nan")]})  # a spike, a NaN
+    points = pd.concat([points, extra]).sample(frac=1.0, random_state=0)   # any row order: runs sorted by step
+    stream = [(rid, g.sort_values("step")["value"].to_numpy()) for rid, g in points.groupby("run_id")]
+    a, b = wd_sensitivity(runs, points), wd_sensitivity(runs, iter(stream))
+    pd.testing.assert_frame_equal(a, b)
+    assert a["n_runs"].sum() == len(runs) and a["final_val_loss"].map(len).sum() == len(runs)
+    per_run = {i: (s, d) for row in a.itertuples() for i, s, d in zip(row.run_ids, row.spikes, row.diverged)}
+    assert per_run[2] == (1, False) and per_run[3] == (0, True) and per_run[4] == (0, False)
+
+
 def test_too_few_points():
     assert robust_slope(np.array([0.0]), np.array([1.0])) is None
     # two distinct u: a line always fits, so no slope is reported (however many runs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -404,3 +406,37 @@ def test_vision_and_language_runs_are_grouped_by_task_and_legends_name_it(tmp_pa
     qkv = summary[summary["variant"] == "qkv"].set_index("task")
     assert qkv.loc["language", "n_runs"] == 3 and qkv.loc["image", "n_runs"] == 3
     assert at.dataframe[0].proto.placeholder == "\u2014"
+
+
+def test_a_run_whose_loss_went_nan_is_diverged_on_the_page_as_in_the_command(tmp_path, monkeypatch, capsys):
+    """Lightning ``version_N`` folders ingested from disk, one run's last validation loss ``nan`` (stored
+    as NULL), every file finished without a trailing newline: the page and ``wd-sensitivity`` both
+    call that run diverged (the page dropped the NULL and called it finished)."""
+    from app.cli import main
+
+    wds = [0.01, 0.01, 0.1, 0.1, 1.0, 1.0]
+    for i, wd in enumerate(wds):
+        run = tmp_path / "sweep" / "lightning_logs" / f"version_{i}"
+        run.mkdir(parents=True)
+        (run / "hparams.yaml").write_text(f"weight_decay: {wd}\nn_layer: 4\nseed: {i}\n")
+        vals = [f"{3.5 - 0.1 * e + 0.01 * i:.4f}" for e in range(3)] + (["nan"] if i == 3 else [])
+        (run / "metrics.csv").write_text("epoch,step,val_loss\n" + "\n".join(
+            f"{e},{100 * (e + 1) - 1},{v}" for e, v in enumerate(vals)))      # no trailing newline
+        os.utime(run / "metrics.csv", (time.time() - 3600, time.time() - 3600))   # finished an hour ago
+    db = tmp_path / "sweep.duckdb"
+    assert main(["ingest", str(tmp_path / "sweep"), "--db", str(db)]) == 0
+    with Store(db).connect() as con:
+        assert con.execute("SELECT count(*), count(value) FROM points WHERE metric = 'val/loss'").fetchone() == (19, 18)
+    capsys.readouterr()
+    assert main(["wd-sensitivity", "--db", str(db), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert sum(row["diverged"]) == 1 and row["diverged"][row["weight_decays"].index(0.1) + 1] is True
+    monkeypatch.setenv("QKVSCOPE_DB", str(db))
+    at = page_test("weight_decay").run()
+    assert not at.exception, at.exception
+    summary = at.dataframe[0].value
+    assert summary["diverged runs"].tolist() == [1] and summary["n_runs"].tolist() == [6]
+    assert {p["weight_decay"]: p["n_diverged"] for p in row["per_wd"]} == {0.01: 0, 0.1: 1, 1.0: 0}
+    # the chart draws it as a cross and leaves it out of the mean line at wd 0.1
+    crosses = [t for t in figures(at)["wd_curve"]["data"] if t.get("mode") == "markers" and t["marker"]["symbol"] == "x"]
+    assert [arr(t["x"]) for t in crosses] == [[0.1]]

@@ -217,14 +217,46 @@ def test_results_readers_carry_chance_tokens_and_interval(tmp_path):
     assert (act["n_tokens_a"], act["ci_low_a"], act["ci_high_b"]) == (4096, 0.55, 0.65)
 
 
-def test_metric_points_keep_every_point_and_infinities(tmp_path):
+def test_metric_curves_keep_every_point_and_infinities(tmp_path):
     rows = [(1, s, "val/loss", float(v), None, None) for s, v in enumerate([3.0, 2.0, float("inf")])]
-    rows += [(2, 0, "val/loss", 9.0, None, None), (2, 0, "train/loss", 1.0, None, None)]
+    rows += [(2, 0, "val/loss", 9.0, None, None), (2, 0, "train/loss", 1.0, None, None),
+             (2, 1, "val/loss", None, None, None), (3, 0, "train/loss", 1.0, None, None)]
     store = _store_with_points(tmp_path, rows)
-    pts = curves.metric_points(store, "val/loss")
-    assert pts["run_id"].tolist() == [1, 1, 1, 2]
-    assert pts["value"].tolist()[:2] == [3.0, 2.0] and np.isinf(pts["value"].iloc[2])
-    assert curves.metric_points(store, "val/loss", [2])["value"].tolist() == [9.0]
+    got = list(curves.metric_curves(store, "val/loss"))
+    assert [rid for rid, _ in got] == [1, 2]                 # run 3 logs no val/loss
+    assert got[0][1][:2].tolist() == [3.0, 2.0] and np.isinf(got[0][1][2])
+    # a stored NULL (a logged NaN) reads NaN: the run diverged
+    assert got[1][1][0] == 9.0 and np.isnan(got[1][1][1]) and len(got[1][1]) == 2
+    assert [(r, v.tolist()[:1]) for r, v in curves.metric_curves(store, "val/loss", [2])] == [(2, [9.0])]
+    assert list(curves.metric_curves(store, "val/loss", [3])) == []
+    # read again each time they are iterated
+    stored = curves.StoredCurves(store, "val/loss", (1,))
+    assert [v.tolist()[:2] for _, v in stored] == [[3.0, 2.0]] == [v.tolist()[:2] for _, v in stored]
+
+
+def test_metric_curves_join_a_run_that_spans_batches_in_step_order(tmp_path):
+    """Runs logged out of order (steps inserted backwards, runs interleaved) arrive whole and
+    in step order, whatever the batch and chunk sizes: each run once, its values by step."""
+    rng = np.random.default_rng(0)
+    want = {rid: rng.normal(size=n) for rid, n in ((5, 7), (1, 1), (3, 12), (9, 4))}
+    rows = [(rid, step, "val/loss", float(v), None, None)
+            for rid, vals in want.items() for step, v in reversed(list(enumerate(vals)))]
+    rng.shuffle(rows)
+    store = _store_with_points(tmp_path, rows)
+    for batch_rows, chunk_points in ((1, 1), (2, 5), (3, 12), (5, 13), (1000, 1000)):
+        got = list(curves.metric_curves(store, "val/loss", batch_rows=batch_rows, chunk_points=chunk_points))
+        assert [rid for rid, _ in got] == [1, 3, 5, 9]
+        for rid, values in got:
+            assert values.dtype == np.float64 and values.tolist() == want[rid].tolist()
+    sub = curves.metric_curves(store, "val/loss", [9, 3], chunk_points=20)      # 3 and 9 in one query
+    assert [(rid, v.tolist()) for rid, v in sub] == [(3, want[3].tolist()), (9, want[9].tolist())]
+
+
+def test_curve_chunks_hold_whole_runs_up_to_the_limit():
+    counts = [(1, 3), (2, 3), (4, 10), (7, 1), (8, 1)]
+    assert list(curves._chunks(counts, 6)) == [[1, 2], [4], [7, 8]]
+    assert list(curves._chunks(counts, 100)) == [[1, 2, 4, 7, 8]]
+    assert list(curves._chunks([], 5)) == []
 
 
 def test_run_checkpoints_and_latest_with_analysed_flag(tmp_path):
