@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis.directions import direction as metric_direction
 from loaders.errors import QkvscopeError
-from loaders.store import Store
+from loaders.store import POINT_TABLES, Store
 
 #: x axis name -> column of ``points``.
 X_AXES = {"step": "step", "tokens": "tokens", "wall_time": "wall_time"}
@@ -313,29 +313,39 @@ def metric_curves(store: Store, metric: str, run_ids=None, *, batch_rows: int = 
     ``values`` float64 in step order, runs by id (a run without a point of ``metric`` yields nothing).
 
     For whole-curve statistics (spikes, divergence, final value,
-    ``analysis.wd_sensitivity``): non-finite values are kept, a stored NULL as NaN (ingest
-    stores a logged NaN as NULL: ``loaders.logs.newpoints``), since either marks a diverged
-    run. The runs are read in id order, consecutive runs of up to
-    ``chunk_points`` points (``run_stats.n``) per query (``run_id BETWEEN lo AND
-    hi``, which DuckDB prunes by its row groups' zone maps: ingest writes a run's points
-    together), sorted by step in DuckDB and streamed in Arrow batches of ``batch_rows``.
-    So this process and DuckDB hold one chunk, never the metric's every point: on 2,000
-    runs x 50,000 steps (100M points) one query sorting them all held 5.5 GB at its peak
-    and took ~5 s; chunked, ~1 GB and ~3 s. A generator: the connection stays open until
-    it is exhausted or closed.
+    ``analysis.wd_sensitivity``, the Weight decay and Papers pages, ``wd-sensitivity``):
+
+    * non-finite values are kept, a stored NULL as NaN (ingest stores a logged NaN as
+      NULL: ``loaders.logs.newpoints``), since either marks a diverged run;
+    * at a step stored twice (ingest leaves one point per step; a database written by
+      hand may hold more) the value stored last counts: ``points`` is a view (schema 7)
+      without a ``rowid``, so the order of insertion is read from each table behind it,
+      a row of ``points_lean`` counting as the later (ingest never leaves both).
+
+    The runs are read in id order, consecutive runs of up to ``chunk_points`` points
+    (``run_stats.n``) per query (``run_id BETWEEN lo AND hi``, which DuckDB prunes by
+    its row groups' zone maps: ingest writes a run's points together), sorted in DuckDB
+    and streamed in Arrow batches of ``batch_rows``. So this process and DuckDB hold
+    one chunk, never the metric's every point: on 2,000 runs x 50,000 steps (100M
+    points) one query sorting them all into a frame held 9.1 GB at its peak and took
+    ~40 s with the statistics; chunked, ~2 GB and ~4 s. A generator: the connection
+    stays open until it is exhausted or closed.
     """
     ids = None if run_ids is None else _ids(run_ids)
     among = "" if ids is None else " AND run_id IN (SELECT unnest($ids))"
     params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
+    tables = " UNION ALL ".join(
+        f"SELECT run_id, step, coalesce(value, 'NaN'::DOUBLE) AS value, {i} AS part, rowid AS seq FROM {t} "
+        "WHERE metric = $metric AND run_id BETWEEN $lo AND $hi AND run_id IN (SELECT unnest($ids))"
+        for i, t in enumerate(POINT_TABLES))
     with store.connect() as con:
         counts = con.execute(f"SELECT run_id, n FROM run_stats WHERE metric = $metric AND n > 0{among} "
                              "ORDER BY run_id", params).fetchall()
         for chunk in _chunks(counts, chunk_points):
             # a relation's reader streams; one on an executed (DB-API) result copies every row first
-            reader = con.sql(
-                "SELECT run_id, coalesce(value, 'NaN'::DOUBLE) FROM points WHERE metric = $metric "
-                "AND run_id BETWEEN $lo AND $hi AND run_id IN (SELECT unnest($ids)) ORDER BY run_id, step",
-                params={"metric": metric, "lo": chunk[0], "hi": chunk[-1], "ids": chunk}).to_arrow_reader(batch_rows)
+            reader = con.sql(f"SELECT run_id, step, value FROM ({tables}) ORDER BY run_id, step, part, seq",
+                             params={"metric": metric, "lo": chunk[0], "hi": chunk[-1], "ids": chunk}
+                             ).to_arrow_reader(batch_rows)
             yield from _arrow_curves(reader)
 
 
@@ -354,24 +364,32 @@ def _chunks(counts: list[tuple[int, int]], limit: int):
 
 
 def _arrow_curves(reader):
-    """``(run_id, values)`` of each run in a stream of ``run_id, value`` batches sorted by run and
-    step (a run may span batches)."""
-    run, parts = None, []
+    """``(run_id, values)`` of each run in a stream of ``run_id, step, value`` batches sorted by run,
+    step and order of storing (a run may span batches); of a step stored twice, the last value."""
+    run, steps, values = None, [], []
+
+    def whole():
+        s, v = np.concatenate(steps), np.concatenate(values)              # [n], [n]
+        last = np.r_[s[1:] != s[:-1], True]                               # the last row of each step
+        return run, (v if last.all() else v[last])
+
     for batch in reader:
         if not batch.num_rows:
             continue
         rid = batch.column(0).to_numpy()                                  # [rows], no NULLs (NaN for one)
-        val = batch.column(1).to_numpy().astype(np.float64, copy=False)   # [rows]
+        step = batch.column(1).to_numpy()
+        val = batch.column(2).to_numpy().astype(np.float64, copy=False)
         cuts = np.flatnonzero(rid[1:] != rid[:-1]) + 1                    # where a run starts
         for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(rid)]):
             here = int(rid[start])
-            if here != run and parts:
-                yield run, np.concatenate(parts)
-                parts = []
+            if here != run and steps:
+                yield whole()
+                steps, values = [], []
             run = here
-            parts.append(val[start:stop])
-    if parts:
-        yield run, np.concatenate(parts)
+            steps.append(step[start:stop])
+            values.append(val[start:stop])
+    if steps:
+        yield whole()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from loaders.store import POINT_TABLES, Store
+from loaders.curves import StoredCurves
+from loaders.store import Store
 
 #: per-layer Frobenius norms of the projections, as stored by the weights analysis
 NORM_METRICS = ("norm_q", "norm_k", "norm_v", "norm_o")
@@ -19,22 +20,6 @@ def wd_runs(store: Store) -> pd.DataFrame:
     config names no learning rate."""
     with store.connect() as con:
         return con.execute("SELECT id AS run_id, variant, weight_decay, lr, config FROM runs ORDER BY id").df()
-
-
-def loss_points(store: Store, metric: str) -> pd.DataFrame:
-    """``run_id, step, value`` of ``metric``: at a step logged twice, the value stored last.
-
-    Ingest leaves one point per (run, step, metric); a database written by hand
-    may hold more. ``points`` is a view (schema 7), which has no ``rowid``, so
-    the order of insertion is read from each table behind it; across the two a
-    row of ``points_lean`` counts as the later (ingest never leaves both)."""
-    parts = " UNION ALL ".join(f"SELECT run_id, step, value, {i} AS part, rowid AS seq FROM {t} WHERE metric = $m"
-                               for i, t in enumerate(POINT_TABLES))
-    with store.connect() as con:
-        return con.execute(
-            f"""SELECT run_id, step, value FROM ({parts})
-                QUALIFY row_number() OVER (PARTITION BY run_id, step ORDER BY part DESC, seq DESC) = 1
-                ORDER BY run_id, step""", {"m": metric}).df()
 
 
 def projection_norm_rows(store: Store, metrics=NORM_METRICS) -> pd.DataFrame:
@@ -49,6 +34,8 @@ def projection_norm_rows(store: Store, metrics=NORM_METRICS) -> pd.DataFrame:
 
 
 def read_inputs(store: Store, metric: str, norm_metrics=NORM_METRICS
-                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``wd_runs``, ``loss_points`` of ``metric`` and ``projection_norm_rows``, as the command uses them."""
-    return wd_runs(store), loss_points(store, metric), projection_norm_rows(store, norm_metrics)
+                ) -> tuple[pd.DataFrame, StoredCurves, pd.DataFrame]:
+    """``wd_runs``, the curves of ``metric`` (``loaders.curves.StoredCurves``: read run by run when
+    ``analysis.wd_sensitivity`` iterates them; at a step stored twice, the value stored last) and
+    ``projection_norm_rows``, as the command uses them."""
+    return wd_runs(store), StoredCurves(store, metric), projection_norm_rows(store, norm_metrics)

@@ -9,7 +9,8 @@ import pytest
 
 from app.cli import main
 from loaders.store import Store, refresh_run_stats
-from loaders.wd import loss_points, projection_norm_rows, read_inputs
+from loaders.curves import metric_curves
+from loaders.wd import projection_norm_rows, read_inputs
 
 SLOPES = {"qkv": 0.2, "k_eq_v": -0.1}
 WDS = (1e-3, 1e-2, 1e-1, 1.0)
@@ -130,16 +131,16 @@ def test_loaders_read_the_latest_value_per_step_and_the_norms(tmp_path):
         for cid, metric, value in ((1, "norm_k", 2.0), (1, "kv_cka", 0.5), (2, "norm_k", 7.0)):
             con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version) "
                         "VALUES (?, 0, NULL, ?, ?, 1)", [cid, metric, value])
-    pts = loss_points(store, "val/loss")
-    # run 1: qkv at wd 1e-3, final 3 + 0.2 x (-3) = 2.4 after 4.4 and 3.4; its step 200 now reads 9.0
-    assert pts[pts["run_id"] == 1]["value"].tolist() == pytest.approx([4.4, 3.4, 9.0])
-    assert pts[pts["run_id"] == 1]["step"].tolist() == [0, 100, 200]
+    pts = dict(metric_curves(store, "val/loss"))
+    # run 1: qkv at wd 1e-3, final 3 + 0.2 x (-3) = 2.4 after 4.4 and 3.4 (steps 0, 100, 200);
+    # its step 200 now reads 9.0, once
+    assert pts[1].tolist() == pytest.approx([4.4, 3.4, 9.0])
     assert projection_norm_rows(store).to_dict("records") == [
         {"run_id": 1, "step": 200, "metric": "norm_k", "value": 2.0}]
     runs, points, norms = read_inputs(store, "val/loss")
     assert runs["run_id"].tolist() == list(range(1, 9)) + [99]
     assert list(runs.columns) == ["run_id", "variant", "weight_decay", "lr", "config"]
-    assert points.equals(pts) and len(norms) == 1
+    assert [(r, v.tolist()) for r, v in points] == [(r, v.tolist()) for r, v in pts.items()] and len(norms) == 1
 
 
 def _random_sweep_store(path, n: int = 40, *, a: float = 0.08, b: float = -0.3, seed: int = 0) -> Store:

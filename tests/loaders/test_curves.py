@@ -252,6 +252,20 @@ def test_metric_curves_join_a_run_that_spans_batches_in_step_order(tmp_path):
     assert [(rid, v.tolist()) for rid, v in sub] == [(3, want[3].tolist()), (9, want[9].tolist())]
 
 
+def test_metric_curves_read_the_value_stored_last_at_a_step_stored_twice(tmp_path):
+    """A hand-written database: run 1's step 1 stored twice in points_full (the later row counts),
+    run 2's step 0 in points_full and again in points_lean (points_lean's counts), whatever the
+    batch size (a step's rows split across batches)."""
+    store = _store_with_points(tmp_path, [(1, 0, "m", 5.0, None, None), (1, 1, "m", 4.0, None, None),
+                                          (1, 1, "m", 7.0, None, None), (1, 2, "m", 3.0, None, None),
+                                          (2, 0, "m", 1.0, None, None), (2, 1, "m", 0.5, None, None)])
+    with store.transaction() as con:
+        con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (2, 0, 'm', 2.0)")
+    for batch_rows in (1, 2, 1000):
+        got = {r: v.tolist() for r, v in curves.metric_curves(store, "m", batch_rows=batch_rows)}
+        assert got == {1: [5.0, 7.0, 3.0], 2: [2.0, 0.5]}
+
+
 def test_curve_chunks_hold_whole_runs_up_to_the_limit():
     counts = [(1, 3), (2, 3), (4, 10), (7, 1), (8, 1)]
     assert list(curves._chunks(counts, 6)) == [[1, 2], [4], [7, 8]]
