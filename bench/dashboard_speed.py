@@ -213,8 +213,11 @@ def timed_filter(at, needles: tuple[str, ...] = FILTER_NEEDLES, rounds: int = 3)
     return times[0], times[1:], caption
 
 
-def verdict_line(label: str, secs: float, target: float) -> str:
-    """``  LABEL  script  S s  under|OVER the T s target`` (what ``bench/run_all.py`` reads)."""
+def verdict_line(label: str, secs: float, target: float | None) -> str:
+    """``  LABEL  script  S s  under|OVER the T s target``, or ``(measured, no target)`` (what
+    ``bench/run_all.py`` reads)."""
+    if target is None:
+        return f"  {label:18s} script {secs:6.2f} s  (measured, no target)"
     return f"  {label:18s} script {secs:6.2f} s  {'under' if secs < target else 'OVER'} the {target:g} s target"
 
 
@@ -284,10 +287,22 @@ def main() -> None:
     cold_i, cold_i_wall, warm_i, warm_i_wall, _ = timed_page("inspector", query)
     print(f"inspector, analysed checkpoint: script cold {cold_i:.2f} s, warm {warm_i:.2f} s "
           f"(AppTest wall {cold_i_wall:.2f} / {warm_i_wall:.2f} s); warm/cold {warm_i / cold_i:.2f}")
+    # The pages that read every point of a metric (each run's whole val/loss curve: spikes,
+    # divergence): cold reads them all; warm, what a widget change costs
+    whole = {}
+    for name in ("weight_decay", "papers"):
+        c, c_wall, w, w_wall, _ = timed_page(name, {})
+        whole[name] = (c, w)
+        print(f"{name} page (reads every val/loss point): script cold {c:.2f} s, warm {w:.2f} s "
+              f"(AppTest wall {c_wall:.2f} / {w_wall:.2f} s)")
     for label, t, target in (("experiments cold", cold, PAGE_TARGET), ("experiments warm", warm, PAGE_TARGET),
                              ("filter first", first_f, FILTER_TARGET),
                              ("filter warm", statistics.median(later_f), FILTER_TARGET),
-                             ("inspector cold", cold_i, PAGE_TARGET), ("inspector warm", warm_i, PAGE_TARGET)):
+                             ("inspector cold", cold_i, PAGE_TARGET), ("inspector warm", warm_i, PAGE_TARGET),
+                             ("weight decay cold", whole["weight_decay"][0], None),
+                             ("weight decay warm", whole["weight_decay"][1], PAGE_TARGET),
+                             ("papers cold", whole["papers"][0], None),
+                             ("papers warm", whole["papers"][1], PAGE_TARGET)):
         print(verdict_line(label, t, target))
     big_s, big_n = ingest_logs(db, folder / "logs")
     print(f"ingest, the same {n_log} runs' CSV logs into this {args.runs}-run database: {big_n:,} points in "

@@ -92,8 +92,8 @@ def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diver
     runs = _runs(db, version)
     store = store_at(db)
     return sensitivity_by_task(runs, lambda ids: curves.StoredCurves(store, metric, tuple(ids)),
-                               spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, statistic=statistic, metric=metric, method=method,
-                               overrides=curves.metric_directions(store))
+                               spike_ratio=spike_ratio, diverge_ratio=diverge_ratio, statistic=statistic,
+                               metric=metric, method=method, overrides=curves.metric_directions(store))
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

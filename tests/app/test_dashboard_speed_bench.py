@@ -103,3 +103,16 @@ def test_the_bench_says_what_the_final_metric_chart_drew(tmp_path, monkeypatch):
     at.radio(key="exp_fd").set_value("mean").run()
     # build's grid: 5 variants x 5 weight decays, the 26th to 30th runs at weight decay 0 again
     assert bench.final_drawing(at) == "mean and 95% interval, 25 markers for 30 runs"
+
+
+def test_run_all_reads_the_page_rows_with_and_without_a_target():
+    out = "\n".join(bench.verdict_line(*a) for a in (("inspector cold", 2.84, 1.0), ("weight decay cold", 4.98, None),
+                                                      ("weight decay warm", 0.09, 1.0), ("papers cold", 5.02, None)))
+    assert out.splitlines()[1] == "  weight decay cold  script   4.98 s  (measured, no target)"
+    rows = run_all.parse_dashboard_speed(out)
+    assert [(r.measured, r.figure, r.target, r.result) for r in rows] == [
+        ("inspector page script run, cold (the benchmark database)", "2.84 s", "< 1 s", "FAIL"),
+        ("weight decay page script run, cold (reads every val/loss point) (the benchmark database)", "4.98 s",
+         "-", "-"),
+        ("weight decay page script run, warm (the benchmark database)", "0.09 s", "< 1 s", "pass"),
+        ("papers page script run, cold (reads every val/loss point) (the benchmark database)", "5.02 s", "-", "-")]

@@ -438,5 +438,6 @@ def test_a_run_whose_loss_went_nan_is_diverged_on_the_page_as_in_the_command(tmp
     assert summary["diverged runs"].tolist() == [1] and summary["n_runs"].tolist() == [6]
     assert {p["weight_decay"]: p["n_diverged"] for p in row["per_wd"]} == {0.01: 0, 0.1: 1, 1.0: 0}
     # the chart draws it as a cross and leaves it out of the mean line at wd 0.1
-    crosses = [t for t in figures(at)["wd_curve"]["data"] if t.get("mode") == "markers" and t["marker"]["symbol"] == "x"]
+    crosses = [t for t in figures(at)["wd_curve"]["data"]
+               if t.get("mode") == "markers" and t["marker"]["symbol"] == "x"]
     assert [arr(t["x"]) for t in crosses] == [[0.1]]

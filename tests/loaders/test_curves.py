@@ -229,6 +229,7 @@ def test_metric_curves_keep_every_point_and_infinities(tmp_path):
     assert got[1][1][0] == 9.0 and np.isnan(got[1][1][1]) and len(got[1][1]) == 2
     assert [(r, v.tolist()[:1]) for r, v in curves.metric_curves(store, "val/loss", [2])] == [(2, [9.0])]
     assert list(curves.metric_curves(store, "val/loss", [3])) == []
+    assert curves.metric_names(store) == ["train/loss", "val/loss"] and curves.metric_names(store, [3]) == ["train/loss"]
     # read again each time they are iterated
     stored = curves.StoredCurves(store, "val/loss", (1,))
     assert [v.tolist()[:2] for _, v in stored] == [[3.0, 2.0]] == [v.tolist()[:2] for _, v in stored]
