@@ -20,11 +20,15 @@ one layer's canonical tensors (``W_Q [n_heads, d_model, d_head]`` or None,
 float64 and run head by head (no float64 copy of a whole projection); two
 all-zero matrices are equal.
 
-``tied_variant`` names the checkpoint's variant with ``analysis.variants.VARIANTS``.
+``tied_variant`` names the checkpoint's variant with ``analysis.variants.VARIANTS``
+(``layer_variant`` and ``tied_variant`` live in ``analysis.tie_names``, torch-free, so the
+dashboard names stored ties without importing torch; they are re-exported here).
 """
 from __future__ import annotations
 
 import torch
+
+from analysis.tie_names import layer_variant, tied_variant  # noqa: F401  (re-exported)
 
 #: Relative tolerance in units of the stored dtype's machine epsilon.
 EPS_FACTOR = 8.0
@@ -90,28 +94,3 @@ def tied_layer(layer, meta, *, device: torch.device | str | None = None) -> dict
         out["k_eq_v"] = _rel_diff(zip(k, v)) <= tol
         # order the keys as documented
         return {key: out[key] for key in ("layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v")}
-
-
-def layer_variant(ties: dict) -> str | None:
-    """The canonical variant name of one layer's ties, None for a combination without one
-    (``q_eq_v`` alone; the identity query with ``k_eq_v``)."""
-    q_id, qk, kv, qv = ties["q_identity"], ties["q_eq_k"], ties["k_eq_v"], ties["q_eq_v"]
-    if qk and kv:
-        return "q_eq_k_eq_v"
-    if q_id:
-        return None if kv else "wq_identity"
-    if qk:
-        return "q_eq_k"
-    if kv:
-        return "k_eq_v"
-    return None if qv else "qkv"
-
-
-def tied_variant(per_layer: list[dict]) -> str | None:
-    """The variant the tensors show: the one name every layer agrees on, ``"mixed"``
-    when layers disagree, None for no layers or when every layer's ties are a
-    combination without a name."""
-    names = {layer_variant(t) for t in per_layer}
-    if len(names) > 1:
-        return "mixed"
-    return names.pop() if names else None

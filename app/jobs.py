@@ -48,6 +48,7 @@ from analysis.notes import merge_notes as _merge_notes
 from analysis.notes import nonfinite_notes as _nonfinite_notes
 from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, RESULT_COLUMNS, names
 from analysis.result_rows import json_rows, rows_frame
+from analysis.tie_names import tied_variant
 from analysis.weights import default_device, weight_metrics
 from experiments.activation_runs import SampleSpec, corpus_activations
 from experiments.runnable import NoForwardPass
@@ -147,8 +148,6 @@ def tied_summary(layers: list[dict], layout_variant: str) -> dict:
     """Which projections are tied, from each layer's ties (``analysis.tied.tied_layer``, collected
     by ``weight_frame``): ``{"variant": tied variant, "layout_variant": the layout's, "agree": bool,
     "layers": [...]}``."""
-    from analysis.tied import tied_variant  # here: torch loads where tensors are read, not at CLI start
-
     variant = tied_variant(layers)
     return {"variant": variant, "layout_variant": layout_variant, "agree": variant == layout_variant,
             "layers": layers}

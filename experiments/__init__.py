@@ -9,7 +9,7 @@
 * ``runnable``: a stored checkpoint as a model that runs (Hugging Face with
   ``trust_remote_code=False``, own, foreign), its attention modules and the hooked forward;
   ``activation_runs``: the activation metrics on a text or image sample; ``attention_maps``:
-  the Inspector's maps on a sample text.
+  the Inspector's maps on a sample text (``sample_text``: that text and its token cap, torch-free).
 * ``corpus``: byte-level real-text corpora (default: the Python standard library).
 * ``train``: AdamW trainer writing run folders (config.json, metrics.jsonl, TensorBoard
   events, safetensors checkpoints), resumable, both tasks; ``distributed``: torchrun.

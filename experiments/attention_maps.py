@@ -17,16 +17,8 @@ import torch
 from analysis.captures import Capture, capture_layer
 from analysis.weights import default_device
 from experiments.runnable import NoForwardPass, attention_modules, hf_towers, load_runnable, model_context
+from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT  # noqa: F401  (this module's defaults)
 from loaders.canonical import Checkpoint
-
-#: Default sample text of the Inspector's attention maps (English prose, ~80 tokens of BERT's vocabulary).
-SAMPLE_TEXT = (
-    "The quick brown fox jumps over the lazy dog while the researcher asks whether "
-    "attention needs separate queries, keys and values. Each layer reads the residual "
-    "stream, compares every token with every earlier token and mixes their values; "
-    "if keys and values carry the same information, one of them could be dropped."
-)
-MAX_TOKENS = 64
 
 
 def sample_tokens(text: str, tok, vocab: int, max_tokens: int) -> tuple[torch.Tensor, list[str], str]:

@@ -42,9 +42,11 @@ import pandas as pd
 import streamlit as st
 
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
+from analysis.tie_names import layer_variant, tied_variant
 from app import attention_view, charts, pickers, tables
 from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
                        checkpoints_frame as _checkpoints, analysis_results as _results)
+from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
 from loaders import curves
 from loaders.errors import FileError, QkvscopeError
 from loaders.results import stored_ties
@@ -293,7 +295,6 @@ def _layers_text(layers: list[int]) -> str:
 def tie_message(variant: str, ties: list[dict]) -> str | None:
     """What to say when the layout's ``variant`` and the tensors' ties (``analysis.tied``)
     disagree; None when they agree."""
-    from analysis.tied import layer_variant, tied_variant  # here: torch loads only when ties are shown
 
     seen = tied_variant(ties)
     if seen == variant:
@@ -348,12 +349,13 @@ def _stored_notes(db: str, version: tuple, checkpoint_id: int, kinds: tuple) -> 
 
 def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
     """Notes of the stored analysis; runs it first (progress bar) when it is not stored yet."""
-    from app.jobs import analyze  # here: app.jobs imports torch; the page loads without it
-
     kinds = ("weights", "activations") if activations else ("weights",)
     notes = _stored_notes(str(store.path), data_version(store), ckpt_id, kinds)
     if notes is not None:
         return notes
+    # here, once an analysis has to run: app.jobs imports torch (1.2 s), which a stored
+    # checkpoint's page never needs (its spectra and maps are read in the reading child)
+    from app.jobs import analyze
     bar = st.progress(0.0, text="Analysing...")
 
     def progress(done: int, total: int, what: str) -> None:
@@ -478,9 +480,6 @@ def default_text(text: str, limit: int = 160) -> str:
 
 
 def _attention_section(row: pd.Series) -> None:
-    # here: experiments.attention_maps imports torch
-    from experiments.attention_maps import MAX_TOKENS, SAMPLE_TEXT
-
     if not Path(str(row["path"])).exists():
         return
     st.subheader("Attention maps")

@@ -410,3 +410,33 @@ def test_attention_grid_of_all_heads_enlarges_one_and_stays_small_at_2048_tokens
     big = figs["insp_attention"]["data"][0]
     assert len(arr(big["z"])) == LARGE_BINS and "block max at query" in big["hovertemplate"]
     assert big["customdata"][LARGE_BINS - 1][0][0].startswith("20")       # a query near token 2,047
+
+
+def test_the_page_of_an_analysed_checkpoint_runs_without_torch_in_the_server(tmp_path, model_dir):
+    """The server process never imports torch for a stored, analysed checkpoint (1.2 s on the first
+    visit): its ties are named from the stored analysis (``analysis.tie_names``), the sample text
+    comes from ``experiments.sample_text``, and spectra and maps run in the reading child. Run in a
+    fresh interpreter, since this test process has torch already."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.app.apptest import ROOT
+
+    db = tmp_path / "a.duckdb"
+    store = Store(db)
+    store.migrate()
+    assert ingest_checkpoint(store, model_dir).checkpoint_id == 1
+    _analysed_in_process(store, 1)
+    probe = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from tests.app.apptest import page_test\n"
+        "at = page_test('inspector', {'ckpt': '1'}, timeout=120).run()\n"
+        "assert not at.exception, at.exception\n"
+        "print('spectra shown:', any(e.key == 'insp_spectra' for e in at.get('plotly_chart')))\n"
+        "print('torch imported:', 'torch' in sys.modules)\n")
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**os.environ, "QKVSCOPE_DB": str(db)})
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "spectra shown: True" in got.stdout and "torch imported: False" in got.stdout, got.stdout
