@@ -326,8 +326,9 @@ def metric_curves(store: Store, metric: str, run_ids=None, *, batch_rows: int = 
       without a ``rowid``, so the order of insertion is read from each table behind it,
       a row of ``points_lean`` counting as the later (ingest never leaves both).
 
-    The runs are read in id order, consecutive runs of up to ``chunk_points`` points
-    (``run_stats.n``) per query (``run_id BETWEEN lo AND hi``, which DuckDB prunes by
+    The runs are those ``run_stats`` lists with points of ``metric`` (the summary every
+    write to ``points`` keeps, ``loaders.store.refresh_run_stats``), read in id order,
+    consecutive runs of up to ``chunk_points`` points (``run_stats.n``) per query (``run_id BETWEEN lo AND hi``, which DuckDB prunes by
     its row groups' zone maps: ingest writes a run's points together), sorted in DuckDB
     and streamed in Arrow batches of ``batch_rows``. So this process and DuckDB hold
     one chunk, never the metric's every point: on 2,000 runs x 50,000 steps (100M
