@@ -145,46 +145,37 @@ def final_values(store: Store, metric: str, run_ids=None, *, overrides: dict[str
     Returns ``run_id, final_step, final, best, best_step, n, nonfinite``;
     ``nonfinite`` counts infinite values (a diverged run). ``best`` is direction-aware
     (``analysis.directions``): the lowest value of a loss, the highest of an accuracy
-    (``overrides`` as there). Read from the ``run_stats`` summary that ingest keeps; the
-    highest value, which it does not keep, from ``points``.
+    (``overrides`` as there). Read from the ``run_stats`` summary that ingest keeps
+    (``best`` and ``top``, schema 8), never from the points.
     """
     ids = None if run_ids is None else _ids(run_ids)
-    where = "s.metric = $metric" + ("" if ids is None else " AND s.run_id IN (SELECT unnest($ids))")
+    where = "metric = $metric" + ("" if ids is None else " AND run_id IN (SELECT unnest($ids))")
     params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
-    if metric_direction(metric, overrides) == "max":
-        sql = f"""
-        WITH hi AS (
-            SELECT run_id, max(value) AS best, arg_max(step, value) AS best_step FROM points
-            WHERE metric = $metric AND value IS NOT NULL AND isfinite(value) GROUP BY run_id)
-        SELECT s.run_id, s.final_step, s.final, hi.best, hi.best_step, s.n_values AS n, s.nonfinite
-        FROM run_stats s LEFT JOIN hi USING (run_id) WHERE {where} AND s.n_values > 0
-        ORDER BY s.run_id
-        """
-    else:
-        sql = f"""
-        SELECT s.run_id, s.final_step, s.final, s.best, s.best_step, s.n_values AS n, s.nonfinite
-        FROM run_stats s WHERE {where} AND s.n_values > 0
-        ORDER BY s.run_id
-        """
+    best = "top AS best, top_step" if metric_direction(metric, overrides) == "max" else "best, best_step"
+    sql = f"""
+    SELECT run_id, final_step, final, {best} AS best_step, n_values AS n, nonfinite
+    FROM run_stats WHERE {where} AND n_values > 0
+    ORDER BY run_id
+    """
     with store.connect() as con:
         return con.execute(sql, params).df()
 
 
 def run_metric_summary(store: Store, metrics, run_ids=None) -> pd.DataFrame:
     """Per run and metric: ``run_id, metric, n, final_step, final, min, max`` over finite values
-    (``final`` the value at the highest step with a finite value), for the Results table."""
+    (``final`` the value at the highest step with a finite value), for the Results table: read
+    from ``run_stats`` (runs and metrics with at least one finite value)."""
     names = [str(m) for m in metrics]
     cols = ["run_id", "metric", "n", "final_step", "final", "min", "max"]
     if not names:
         return pd.DataFrame(columns=cols)
     ids = None if run_ids is None else _ids(run_ids)
-    where = "metric IN (SELECT unnest($metrics)) AND value IS NOT NULL AND isfinite(value)" + (
+    where = "metric IN (SELECT unnest($metrics)) AND n_values > nonfinite" + (
         "" if ids is None else " AND run_id IN (SELECT unnest($ids))")
     params: dict = {"metrics": names} if ids is None else {"metrics": names, "ids": ids}
     sql = f"""
-    SELECT run_id, metric, count(*) AS n, max(step) AS final_step, arg_max(value, step) AS final,
-           min(value) AS min, max(value) AS max
-    FROM points WHERE {where} GROUP BY run_id, metric ORDER BY run_id, metric
+    SELECT run_id, metric, n_values - nonfinite AS n, final_step, final, best AS min, top AS max
+    FROM run_stats WHERE {where} ORDER BY run_id, metric
     """
     with store.connect() as con:
         return con.execute(sql, params).df()[cols]

@@ -122,7 +122,8 @@ def test_best_of_an_accuracy_is_its_highest_value(tmp_path):
 def test_run_metric_summary_final_min_max(tmp_path):
     rows = [(1, 0, "val/loss", 5.0, None, None), (1, 10, "val/loss", 3.0, None, None),
             (1, 20, "val/loss", 3.5, None, None), (1, 30, "val/loss", float("inf"), None, None),
-            (2, 0, "val/loss", 4.0, None, None), (2, 0, "other", 1.0, None, None)]
+            (2, 0, "val/loss", 4.0, None, None), (2, 0, "other", 1.0, None, None),
+            (3, 0, "val/loss", float("inf"), None, None), (3, 1, "val/loss", None, None, None)]  # nothing finite
     store = _store_with_points(tmp_path, rows)
     s = curves.run_metric_summary(store, ["val/loss"])
     assert s.columns.tolist() == ["run_id", "metric", "n", "final_step", "final", "min", "max"]

@@ -9,7 +9,11 @@ import time
 import pytest
 
 from loaders.errors import DatabaseBusyError, StoreError
-from loaders.store import DB_ENV, SCHEMA_VERSION, Store, default_db_path, refresh_run_stats
+from loaders.store import _RUN_STATS_SELECT_3, DB_ENV, SCHEMA_VERSION, Store, default_db_path, refresh_run_stats
+
+#: run_stats' columns as schema 3 made them
+STATS_3 = ("run_id, metric, n, n_values, nonfinite, first_step, last_step, final_step, final, best, "
+           "best_step")
 
 
 def test_new_database_gets_current_schema(tmp_path):
@@ -167,8 +171,8 @@ def test_upgrade_from_version_6_keeps_points_behind_the_view(tmp_path):
     stored = [(1, 0, "val/loss", 4.0, 0.5, None), (1, 10, "val/loss", 3.0, 9.5, 640),
               (1, 5, "lr", 0.1, None, 320)]
     con.executemany("INSERT INTO points VALUES (?, ?, ?, ?, ?, ?)", stored)
-    refresh_run_stats(con, [1])
-    before = con.execute("SELECT * FROM run_stats ORDER BY metric").fetchall()
+    con.execute("INSERT INTO run_stats " + _RUN_STATS_SELECT_3.format(where=""))     # as schema 6 kept it
+    before = con.execute(f"SELECT {STATS_3} FROM run_stats ORDER BY metric").fetchall()
     con.close()
     store = Store(path)
     assert store.migrate() == SCHEMA_VERSION
@@ -176,7 +180,7 @@ def test_upgrade_from_version_6_keeps_points_behind_the_view(tmp_path):
         assert c.execute("SELECT * FROM points ORDER BY step").fetchall() == sorted(stored, key=lambda r: r[1])
         assert c.execute("SELECT count(*) FROM points_full").fetchone()[0] == 3
         assert c.execute("SELECT count(*) FROM points_lean").fetchone()[0] == 0
-        assert c.execute("SELECT * FROM run_stats ORDER BY metric").fetchall() == before
+        assert c.execute(f"SELECT {STATS_3} FROM run_stats ORDER BY metric").fetchall() == before
     log = tmp_path / "new" / "log.csv"
     log.parent.mkdir()
     log.write_text("step,val_loss\n0,2\n")
@@ -184,6 +188,35 @@ def test_upgrade_from_version_6_keeps_points_behind_the_view(tmp_path):
     with store.connect() as c:
         assert c.execute("SELECT count(*), count(wall_time) FROM points").fetchone() == (4, 2)
         assert c.execute("SELECT count(*) FROM points_lean").fetchone()[0] == 1
+
+
+def test_upgrade_from_version_7_adds_each_runs_highest_value(tmp_path):
+    """Schema 8 rebuilds run_stats from the points with the highest finite value and its step
+    (an accuracy's best), what was there before unchanged; ingest keeps them after."""
+    from loaders.logs import ingest_log
+
+    path = tmp_path / "old.duckdb"
+    con = _old_database(path, 7)
+    assert con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv') RETURNING id").fetchone() == (1,)
+    con.execute("""INSERT INTO points_lean (run_id, step, metric, value) VALUES
+                   (1, 0, 'val/acc', 0.2), (1, 10, 'val/acc', 0.7), (1, 20, 'val/acc', 'inf'),
+                   (1, 30, 'val/acc', 0.6), (1, 40, 'val/acc', NULL), (1, 5, 'lr', 0.1)""")
+    con.execute("INSERT INTO run_stats " + _RUN_STATS_SELECT_3.format(where=""))
+    before = con.execute(f"SELECT {STATS_3} FROM run_stats ORDER BY metric").fetchall()
+    con.close()
+    store = Store(path)
+    assert store.migrate() == SCHEMA_VERSION
+    with store.connect() as c:
+        assert c.execute(f"SELECT {STATS_3} FROM run_stats ORDER BY metric").fetchall() == before
+        assert c.execute("SELECT metric, top, top_step FROM run_stats ORDER BY metric").fetchall() == [
+            ("lr", 0.1, 5), ("val/acc", 0.7, 10)]
+    log = tmp_path / "new" / "log.csv"
+    log.parent.mkdir()
+    log.write_text("step,val_acc\n0,0.5\n10,0.9\n20,0.8\n")
+    ingest_log(store, log)
+    with store.connect() as c:
+        assert c.execute("SELECT top, top_step, best, best_step FROM run_stats WHERE run_id = 2").fetchall() == [
+            (0.9, 10, 0.5, 0)]
 
 
 def test_run_stats_follow_ingest_growth_and_resume(tmp_path):
@@ -216,12 +249,14 @@ def _run_stats_reference(rows):
         fin = [(s, v) for s, v in pts if v is not None and math.isfinite(v)]
         final_step = max((s for s, _ in fin), default=None)
         best = min((v for _, v in fin), default=None)
+        top = max((v for _, v in fin), default=None)
         out[(run_id, metric)] = (
             len(pts), sum(v is not None for _, v in pts),
             sum(v is not None and not math.isfinite(v) for _, v in pts),
             min(s for s, _ in pts), max(s for s, _ in pts), final_step,
             next((v for s, v in fin if s == final_step), None), best,
-            next((s for s, v in fin if v == best), None))
+            next((s for s, v in fin if v == best), None), top,
+            next((s for s, v in fin if v == top), None))
     return out
 
 
@@ -240,15 +275,15 @@ def test_run_stats_equal_a_per_point_reference_with_nan_inf_and_null(tmp_path, i
         con.executemany("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, ?, ?, ?)", rows)
         refresh_run_stats(con, ids)
         got = con.execute("SELECT run_id, metric, n, n_values, nonfinite, first_step, last_step, final_step, "
-                          "final, best, best_step FROM run_stats").fetchall()
+                          "final, best, best_step, top, top_step FROM run_stats").fetchall()
     ref = {k: v for k, v in _run_stats_reference(rows).items() if k[0] in ids}
     got = {(r[0], r[1]): tuple(r[2:]) for r in got}
     assert set(got) == set(ref)
     for key, want in ref.items():
-        if key == (2, "acc"):        # two points hold the best value: either step is right
-            assert got[key][:-1] == want[:-1] and got[key][-1] in (7, 9)
+        if key == (2, "acc"):        # two points hold the lowest value: either step is right
+            assert got[key][:8] == want[:8] and got[key][8] in (7, 9) and got[key][9:] == (-1.5, 3)
         else:
             assert got[key] == want, key
     if ids == [1]:
-        assert got[(1, "loss")] == (5, 4, 2, 0, 40, 10, 3.0, 3.0, 10)
-        assert got[(1, "lr")] == (2, 2, 1, 5, 6, 5, 0.1, 0.1, 5)
+        assert got[(1, "loss")] == (5, 4, 2, 0, 40, 10, 3.0, 3.0, 10, 4.0, 0)
+        assert got[(1, "lr")] == (2, 2, 1, 5, 6, 5, 0.1, 0.1, 5, 0.1, 5)
