@@ -20,15 +20,12 @@ one layer's canonical tensors (``W_Q [n_heads, d_model, d_head]`` or None,
 float64 and run head by head (no float64 copy of a whole projection); two
 all-zero matrices are equal.
 
-``tied_variant`` names the checkpoint's variant with ``analysis.variants.VARIANTS``
-(``layer_variant`` and ``tied_variant`` live in ``analysis.tie_names``, torch-free, so the
-dashboard names stored ties without importing torch; they are re-exported here).
+``analysis.tie_names`` names a layer's ties and a checkpoint's with ``analysis.variants.VARIANTS``
+(torch-free, so the dashboard names stored ties without importing torch).
 """
 from __future__ import annotations
 
 import torch
-
-from analysis.tie_names import layer_variant, tied_variant  # noqa: F401  (re-exported)
 
 #: Relative tolerance in units of the stored dtype's machine epsilon.
 EPS_FACTOR = 8.0

@@ -172,7 +172,7 @@ def frame_curves(points: pd.DataFrame):
     ids, vals = p["run_id"].to_numpy(), p["value"].to_numpy(dtype=float)       # [n], [n]
     cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1                              # where a run starts
     for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(ids)]):
-        yield ids[start].item() if hasattr(ids[start], "item") else ids[start], vals[start:stop]
+        yield ids[start], vals[start:stop]
 
 
 #: fewest distinct weight decays > 0 from which a slope and a curvature are reported

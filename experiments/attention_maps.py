@@ -17,7 +17,7 @@ import torch
 from analysis.captures import Capture, capture_layer
 from analysis.weights import default_device
 from experiments.runnable import NoForwardPass, attention_modules, hf_towers, load_runnable, model_context
-from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT  # noqa: F401  (this module's defaults)
+from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
 from loaders.canonical import Checkpoint
 
 

@@ -44,7 +44,8 @@ def tensor_ties(path: str) -> dict:
     """``{"variant", "layers": [{"layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v"}, ...]}``
     from the tensors, one layer at a time."""
     # here: torch loads where tensors are read, not at CLI start
-    from analysis.tied import tied_layer, tied_variant
+    from analysis.tie_names import tied_variant
+    from analysis.tied import tied_layer
     from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(path) as ckpt:

@@ -295,7 +295,6 @@ def _layers_text(layers: list[int]) -> str:
 def tie_message(variant: str, ties: list[dict]) -> str | None:
     """What to say when the layout's ``variant`` and the tensors' ties (``analysis.tied``)
     disagree; None when they agree."""
-
     seen = tied_variant(ties)
     if seen == variant:
         return None

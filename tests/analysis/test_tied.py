@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from analysis import tied
+from analysis import tie_names, tied
 from analysis._linalg import identity_queries
 from analysis.variants import VARIANTS
 from loaders.canonical import AttentionWeights
@@ -37,7 +37,7 @@ def test_independent_projections_are_qkv(n_heads, n_kv):
     q, k, v = rand(n_heads, D, E, seed=1), rand(n_kv, D, E, seed=2), rand(n_kv, D, E, seed=3)
     t = tied.tied_layer(layer(q, k, v, i=3), meta(n_heads, n_kv))
     assert t == {"layer": 3, "q_identity": False, "q_eq_k": False, "k_eq_v": False, "q_eq_v": False}
-    assert tied.layer_variant(t) == "qkv"
+    assert tie_names.layer_variant(t) == "qkv"
 
 
 @pytest.mark.parametrize("n_heads,n_kv", [(4, 4), (4, 2), (4, 1)])
@@ -46,7 +46,7 @@ def test_query_equal_to_its_kv_head(n_heads, n_kv):
     q = k.repeat_interleave(n_heads // n_kv, dim=0)          # W_Q[h] = W_K[h // group]
     t = tied.tied_layer(layer(q, k, v), meta(n_heads, n_kv))
     assert flags(t) == (False, True, False, False)
-    assert tied.layer_variant(t) == "q_eq_k"
+    assert tie_names.layer_variant(t) == "q_eq_k"
     if 1 < n_kv < n_heads:                                   # the wrong grouping is not a tie
         wrong = k.repeat(n_heads // n_kv, 1, 1)              # W_K[h % n_kv]
         assert not tied.tied_layer(layer(wrong, k, v), meta(n_heads, n_kv))["q_eq_k"]
@@ -57,11 +57,11 @@ def test_k_equal_v_and_all_three(n_heads, n_kv):
     k = rand(n_kv, D, E, seed=2)
     t = tied.tied_layer(layer(rand(n_heads, D, E, seed=1), k, k.clone()), meta(n_heads, n_kv))
     assert flags(t) == (False, False, True, False)
-    assert tied.layer_variant(t) == "k_eq_v"
+    assert tie_names.layer_variant(t) == "k_eq_v"
     q = k.repeat_interleave(n_heads // n_kv, dim=0)
     t = tied.tied_layer(layer(q, k, k.clone()), meta(n_heads, n_kv))
     assert flags(t) == (False, True, True, True)
-    assert tied.layer_variant(t) == "q_eq_k_eq_v"
+    assert tie_names.layer_variant(t) == "q_eq_k_eq_v"
 
 
 def test_identity_query_present_or_absent():
@@ -70,7 +70,7 @@ def test_identity_query_present_or_absent():
     for q in (eye, None):
         t = tied.tied_layer(layer(q, k, v), meta(4, 4))
         assert flags(t) == (True, False, False, False)
-        assert tied.layer_variant(t) == "wq_identity"
+        assert tie_names.layer_variant(t) == "wq_identity"
     # heads in another order are not the identity slice
     assert not tied.tied_layer(layer(eye.flip(0), k, v), meta(4, 4))["q_identity"]
     # nor is the identity when n_heads * d_head != d_model
@@ -103,13 +103,13 @@ def test_variant_over_layers():
     qkv = {"q_identity": False, "q_eq_k": False, "k_eq_v": False, "q_eq_v": False}
     kv = dict(qkv, k_eq_v=True)
     qv = dict(qkv, q_eq_v=True)                              # no canonical name
-    assert tied.tied_variant([qkv, qkv]) == "qkv"
-    assert tied.tied_variant([kv, kv]) == "k_eq_v"
-    assert tied.tied_variant([qkv, kv]) == "mixed"
-    assert tied.tied_variant([qv, qv]) is None
-    assert tied.tied_variant([qv, qkv]) == "mixed"
-    assert tied.tied_variant([]) is None
-    named = {tied.layer_variant(t) for t in (qkv, kv, dict(qkv, q_eq_k=True), dict(qkv, q_identity=True),
+    assert tie_names.tied_variant([qkv, qkv]) == "qkv"
+    assert tie_names.tied_variant([kv, kv]) == "k_eq_v"
+    assert tie_names.tied_variant([qkv, kv]) == "mixed"
+    assert tie_names.tied_variant([qv, qv]) is None
+    assert tie_names.tied_variant([qv, qkv]) == "mixed"
+    assert tie_names.tied_variant([]) is None
+    named = {tie_names.layer_variant(t) for t in (qkv, kv, dict(qkv, q_eq_k=True), dict(qkv, q_identity=True),
                                                dict(qkv, q_eq_k=True, k_eq_v=True, q_eq_v=True))}
     assert named == set(VARIANTS)
 
