@@ -24,12 +24,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics
 from app import charts, pickers, tables
+from app.attempts import attempt, file_stamp, show_failure
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
-                       store_at, stored_notes, checkpoint_choices, analysis_results as _results)
+                       store_at, stored_notes, checkpoint_choices, checkpoints_frame,
+                       analysis_results as _results)
 from analysis.results_table import DEFAULT_TASK
 from loaders import curves
+from loaders.errors import QkvscopeError
 from loaders.run_table import run_table
 
 TITLE = "Compare"
@@ -82,24 +86,29 @@ def _analysed(db: str, version: tuple, ids: tuple) -> set[int]:
     return {cid for cid in ids if curves.stored_job_notes(store, cid, ["weights"], METRIC_VERSION) is not None}
 
 
-def _ensure_analysed(store, ids: list[int], label: str) -> list[str]:
+def _ensure_analysed(store, ids: list[int], label: str, kind: str) -> list[str]:
     """Analyse the checkpoints among ``ids`` that are not yet (weights level); returns problems.
-    Those already analysed are known from one cached read, so a rerun opens nothing."""
+    Those already analysed are known from one cached read, so a rerun opens nothing; one that
+    failed is not analysed again in this session until ``show_failure(kind, ...)``'s *Try again*
+    or a change of its file (``app.attempts``): a bomb or a time-out costs its limit once."""
     from app.jobs import analyze  # here: app.jobs imports torch; the page loads without it
-    from loaders.errors import QkvscopeError
 
     problems = []
     bar = None
-    done = _analysed(str(store.path), data_version(store), tuple(ids))
+    version = data_version(store)
+    done = _analysed(str(store.path), version, tuple(ids))
     ids = [cid for cid in ids if cid not in done]
+    known = checkpoints_frame(str(store.path), version)
+    paths = dict(zip(known["id"].astype(int), known["path"]))
     for n, cid in enumerate(ids):
         if bar is None:
             bar = st.progress(0.0, text=f"{label}: checking stored results...")
         bar.progress(n / len(ids), text=f"{label}: checkpoint {cid} ({n + 1}/{len(ids)})")
-        try:
-            analyze(store, cid)
-        except QkvscopeError as exc:  # a checkpoint whose file is gone: the others still compare
-            problems.append(str(exc))
+        path = str(paths.get(cid, ""))
+        _, failure = attempt(kind, (str(store.path), cid, file_stamp(path)), lambda: analyze(store, cid),
+                             errors=(QkvscopeError, AnalysisError))
+        if failure:                 # a checkpoint whose file is gone or fails: the others still compare
+            problems.append(failure)
     if bar is not None:
         bar.empty()
     return problems
@@ -131,10 +140,9 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
     b = pickers.checkpoint_picker("B", ckpts, key="cmp_b", default=b_def, container=c2)
     labels = {int(r["id"]): side_label(pickers.checkpoint_label(r), r["task"]) for r in ckpts.to_dict("records")}
     set_query_params(a=a, b=b)
-    problems = _ensure_analysed(store, sorted({a, b}), "Analysing")
-    for p in problems:
-        st.error(p)
+    problems = _ensure_analysed(store, sorted({a, b}), "Analysing", "compare_pair")
     if problems:
+        show_failure("compare_pair", problems)
         return
     version = data_version(store)
     ra, rb = _results(str(store.path), version, a), _results(str(store.path), version, b)
@@ -213,9 +221,10 @@ def _trajectories(store) -> None:
     run = st.selectbox("Run", ids, index=ids.index(int(r_url)) if r_url and r_url.isdigit() and int(r_url) in labels
                        else 0, format_func=labels.get, key="cmp_run")
     ck = rc[rc["run_id"] == run]
-    problems = _ensure_analysed(store, [int(c) for c in ck["checkpoint_id"]], "Analysing the run's checkpoints")
-    for p in problems:
-        st.warning(p)
+    problems = _ensure_analysed(store, [int(c) for c in ck["checkpoint_id"]], "Analysing the run's checkpoints",
+                                "compare_run")
+    if problems:                    # the run's other checkpoints are still drawn
+        show_failure("compare_run", problems)
     version = data_version(store)
     res = results_over_checkpoints(str(store.path), version, tuple(int(c) for c in ck["checkpoint_id"]))
     per_layer = tables.head_means(res[res["run_id"] == run])

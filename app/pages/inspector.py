@@ -41,9 +41,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
 from analysis.tie_names import layer_variant, tied_variant
 from app import attention_view, charts, pickers, tables
+from app.attempts import attempt, file_stamp, show_failure
 from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
                        checkpoints_frame as _checkpoints, analysis_results as _results)
 from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
@@ -72,8 +74,10 @@ TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_
 
 # Spectra, ties and attention maps read the stored file again: each runs in a child process
 # (app.inspect_child, through loaders.parse_child's pool) under the address-space and time
-# limits, never in this server. A failure raises FileError("PATH: what"); the sections show
-# that line. Streamlit caches no exception, so the next rerun tries again.
+# limits, never in this server. A failure raises FileError("PATH: what"); Streamlit caches no
+# exception, so the sections call these through app.attempts.attempt, which remembers the
+# failure for the session (until Try again, or the file changes) instead of reading the file
+# again, up to its time limit, at every click.
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _spectra(path: str, stamp: str, layer: int, head: int) -> pd.DataFrame:
@@ -252,13 +256,6 @@ def _url_int(name: str, hi: int) -> int:
     return min(max(int(raw), 0), hi) if raw.isdigit() else 0
 
 
-def _file_stamp(path: str) -> str:
-    """A cache key that changes when the file (or a folder's newest file) changes."""
-    p = Path(path)
-    files = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file())
-    return ";".join(f"{q.name}:{q.stat().st_size}:{q.stat().st_mtime_ns}" for q in files)
-
-
 def _geometry(row: pd.Series):
     """The checkpoint's shape and parameter split; returns the place under its first line where
     ``_tied_check`` says, once the analysis is stored, whether the tensors' ties disagree."""
@@ -331,10 +328,10 @@ def _tied_check(slot, row: pd.Series, store, ckpt_id: int) -> None:
         path = str(row["path"])
         if not Path(path).exists():
             return
-        try:
-            ties = _ties(path, _file_stamp(path))
-        except QkvscopeError as exc:                   # the file broke or changed since it was stored
-            slot.error(pickers.user_message(str(exc)), icon=":material/error:")
+        stamp = file_stamp(path)
+        ties, failure = attempt("ties", (path, stamp), lambda: _ties(path, stamp))
+        if failure:                                    # the file broke or changed since it was stored
+            show_failure("ties", failure, slot)
             return
     message = tie_message(str(row["variant"]), ties)
     if message:
@@ -360,8 +357,10 @@ def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
     def progress(done: int, total: int, what: str) -> None:
         bar.progress(min(1.0, done / total) if total else 1.0, text=what)
 
-    jobs = analyze(store, ckpt_id, activations=activations, progress=progress)
-    bar.empty()
+    try:
+        jobs = analyze(store, ckpt_id, activations=activations, progress=progress)
+    finally:
+        bar.empty()
     notes = {}
     for job in jobs:
         notes.update(job.notes)
@@ -457,10 +456,11 @@ def _spectra_section(row: pd.Series) -> None:
                            key="insp_head_n")
     log_y = c3.toggle("log y", value=query_param("slog", "1") == "1", key="insp_slog")
     set_query_params(layer=int(layer), head=int(head), slog=None if log_y else "0")
-    try:
-        spectra = _spectra(path, _file_stamp(path), int(layer), int(head))
-    except QkvscopeError as exc:
-        st.error(pickers.user_message(str(exc)), icon=":material/error:")
+    stamp = file_stamp(path)
+    spectra, failure = attempt("spectra", (path, stamp, int(layer), int(head)),
+                               lambda: _spectra(path, stamp, int(layer), int(head)))
+    if failure:
+        show_failure("spectra", failure)
         return
     st.plotly_chart(charts.spectra_figure(spectra, log_y=log_y), width="stretch", key="insp_spectra")
 
@@ -490,11 +490,14 @@ def _attention_section(row: pd.Series) -> None:
                             key="insp_tokens", help="Capped by the model's context. Past 48 tokens (grid) "
                             "or 128 (enlarged head) each cell is the maximum of a block of tokens.")
     set_query_params(text=None if text == sample else text, tokens=None if n_max == MAX_TOKENS else int(n_max))
-    try:
-        tokens, maps, reason = _attention(str(row["path"]), _file_stamp(str(row["path"])), text, int(n_max))
-    except (QkvscopeError, ValueError) as exc:
-        st.error(pickers.user_message(str(exc)), icon=":material/error:")
+    path = str(row["path"])
+    stamp = file_stamp(path)
+    got, failure = attempt("attention", (path, stamp, text, int(n_max)),
+                           lambda: _attention(path, stamp, text, int(n_max)), errors=(QkvscopeError, ValueError))
+    if failure:
+        show_failure("attention", failure)
         return
+    tokens, maps, reason = got
     if maps is None:
         st.caption(f"No attention maps: {pickers.user_message(reason)}")
         return
@@ -562,7 +565,11 @@ def render() -> None:
     activations = st.toggle("Include activation metrics (forward passes over a text sample)",
                             value=query_param("act") == "1", key="insp_act")
     set_query_params(act="1" if activations else None)
-    notes = _analyse(store, ckpt_id, activations)
+    notes, failure = attempt("analysis", (str(store.path), ckpt_id, activations, file_stamp(str(row["path"]))),
+                             lambda: _analyse(store, ckpt_id, activations), errors=(QkvscopeError, AnalysisError))
+    if failure:                     # a bomb, a time-out, a file broken since it was stored
+        show_failure("analysis", failure)
+        return
     _tied_check(ties_slot, row, store, ckpt_id)
     results = _results(str(store.path), data_version(store), ckpt_id)
     st.subheader("Metrics per layer and head")

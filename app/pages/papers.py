@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from analysis.paper_claims import PAPER_A, PAPER_B, PAPERS, Inputs, measure
+from app.attempts import analyse_each, show_batch
 from app.state import data_version, get_store, query_param, set_query_params, store_at
 from loaders import papers
 
@@ -38,18 +39,14 @@ def _choice(name: str, options, default: str) -> str:
 def _analyse_button(store, scope: str) -> None:
     ids = papers.compared_checkpoints(store, scope)["id"].tolist()
     todo = papers.unanalysed(store, ids)
+    show_batch("papers_analysed")
     if not todo:
         return
     st.info(f"{len(todo)} of {len(ids)} compared checkpoints have no stored weight analysis yet, so the K/V "
             "similarity and rank rows stay empty until they are analysed.", icon=":material/info:")
     if st.button(f"Analyse {len(todo)} checkpoints (weights)", icon=":material/play_arrow:", key="papers_analyse"):
-        from app.jobs import analyze
-
-        bar = st.progress(0.0)
-        for n, cid in enumerate(todo):
-            bar.progress(n / len(todo), text=f"checkpoint {cid} ({n + 1}/{len(todo)})")
-            analyze(store, int(cid))
-        bar.empty()
+        # one checkpoint that fails does not stop the others (app.attempts.analyse_each)
+        st.session_state["papers_analysed"] = analyse_each(store, [(int(c), f"checkpoint {c}") for c in todo])
         st.rerun()
 
 

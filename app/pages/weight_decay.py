@@ -37,6 +37,7 @@ from analysis.registry import names
 from analysis.results_table import DEFAULT_TASK, metric_order, own_condition
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app import charts, tables
+from app.attempts import analyse_each, show_batch
 from app.pickers import checkpoint_label
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
                        store_at)
@@ -394,9 +395,7 @@ def _norms_section(store, version, runs: pd.DataFrame, variants=None) -> None:
         st.caption("No run has a checkpoint with a training step yet. Checkpoints in a run's folder are linked "
                    "to it when ingested; their norms then show here.")
         return
-    done_now = st.session_state.pop("wd_analysed", None)
-    if done_now:
-        st.success(f"Analysed {done_now}.", icon=":material/check:")
+    show_batch("wd_analysed")
     todo = latest[~latest["analysed"]]
     if len(todo):
         names = dict(zip(runs["run_id"], runs["name"]))
@@ -405,17 +404,11 @@ def _norms_section(store, version, runs: pd.DataFrame, variants=None) -> None:
         st.caption(f"{len(todo)} of {len(latest)} runs' latest checkpoints are not analysed yet: "
                    + ", ".join(labels) + ".")
         if st.button(f"Analyse {len(todo)} checkpoints", icon=":material/play_arrow:", key="wd_analyse"):
-            from app.jobs import analyze
-
-            bar = st.progress(0.0)
-            for n, (cid, label) in enumerate(zip(todo["checkpoint_id"], labels)):
-                bar.progress(n / len(todo), text=f"{label} ({n + 1}/{len(todo)})")
-                analyze(store, int(cid))
-            bar.empty()
+            # one checkpoint that fails does not stop the others (app.attempts.analyse_each)
+            st.session_state["wd_analysed"] = analyse_each(store, list(zip(todo["checkpoint_id"], labels)))
             # what was drawn above (the caption, the button) describes the store before the analysis:
             # draw the page again from the store as it is now
             _latest.clear()
-            st.session_state["wd_analysed"] = ", ".join(labels)
             st.rerun()
     done = latest[latest["analysed"]]
     if done.empty:

@@ -103,6 +103,13 @@ def test_unanalysed_checkpoints_get_a_button(papers_db):
     at = page_test("papers").run()
     assert at.info[0].value.startswith("1 of 4 compared checkpoints have no stored weight analysis yet")
     assert at.button(key="papers_analyse").label == "Analyse 1 checkpoints (weights)"
+    # its file is gone: the button says so in one line and stays; the tables are still drawn
+    at.button(key="papers_analyse").click().run()
+    assert not at.exception, at.exception
+    assert [e.value for e in at.error] == ["checkpoint 4: gone: checkpoint 4 is stored but its file is gone; "
+                                           "re-ingest it from its new place"]
+    assert not at.success and at.button(key="papers_analyse").label == "Analyse 1 checkpoints (weights)"
+    assert len(at.subheader) == 2
 
 
 @pytest.mark.browser

@@ -339,6 +339,44 @@ def test_analysing_checkpoints_names_them_and_redraws_without_the_stale_notice(w
     assert not at.success and "wd_norms" in figures(at)
 
 
+def test_a_checkpoint_that_fails_to_analyse_does_not_stop_the_others(wd_db, monkeypatch):
+    """The button analyses every listed checkpoint: one whose file is gone is one error line,
+    the others are analysed and drawn, and the button stays for the one left."""
+    from app.jobs import analyze as real_analyze
+
+    store = Store(wd_db)
+    with store.transaction() as con:
+        for rid, variant, wd in RUNS[:3]:
+            con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
+                        "n_kv_heads, d_model, d_head, run_id, step) "
+                        "VALUES (?, ?, ?, 'gpt2', 'qkv', 2, 2, 2, 8, 4, ?, 4000)",
+                        [rid, f"/gone/ckpt{rid}", f"s{rid}", rid])
+    done = []
+
+    def analyze_but_2(store, checkpoint_id, **kw):  # 1 and 3 store what the weights analysis would
+        if checkpoint_id == 2:
+            return real_analyze(store, checkpoint_id, **kw)     # its file is gone: StoreError
+        done.append(checkpoint_id)
+        with store.transaction() as con:
+            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 1)",
+                        [checkpoint_id])
+            con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version) "
+                        "VALUES (?, 0, NULL, 'norm_k', 2.0, 1)", [checkpoint_id])
+        return []
+
+    monkeypatch.setattr("app.jobs.analyze", analyze_but_2)
+    at = page_test("weight_decay").run()
+    at.button(key="wd_analyse").click().run()
+    assert not at.exception, at.exception
+    assert done == [1, 3]
+    assert at.success[0].value == "Analysed qkv-wd0.01 · step 4,000 (#1), qkv-wd0.1 · step 4,000 (#3)."
+    assert [e.value for e in at.error] == [
+        "qkv-wd0.03 · step 4,000 (#2): /gone/ckpt2: checkpoint 2 is stored but its file is gone; "
+        "re-ingest it from its new place"]
+    assert at.button(key="wd_analyse").label == "Analyse 1 checkpoints"
+    assert "wd_norms" in figures(at)
+
+
 def test_a_grid_and_a_sweep_side_by_side(wd_db):
     """qkv and k_eq_v from a grid keep the grouped chart; a 12-run random sweep of wq_identity is drawn
     only under Random sweeps."""

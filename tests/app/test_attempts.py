@@ -1,0 +1,119 @@
+"""app.attempts on the pages that read a stored checkpoint: a read that failed in the reading
+child is not repeated at every click (each could cost the child's whole time limit), until
+*Try again* or until the file changes; the failure says which file and what was wrong."""
+from __future__ import annotations
+
+import pytest
+
+import loaders.parse_child as parse_child
+from loaders.ingest import ingest_checkpoint
+from loaders.store import Store
+from tests.app.apptest import page_test
+from tests.app.test_page_experiments import arr, figures
+from tests.app.test_page_inspector import _analysed_in_process, tiny_gpt2
+
+
+@pytest.fixture
+def broken(tmp_path, monkeypatch):
+    """A stored GPT-2 whose weights file was overwritten with junk after it was stored, the
+    database in ``QKVSCOPE_DB``, and the list of what the reading child was asked to do."""
+    folder = tiny_gpt2(tmp_path / "gpt2")
+    store = Store(tmp_path / "db.duckdb")
+    store.migrate()
+    cid = ingest_checkpoint(store, folder).checkpoint_id
+    monkeypatch.setenv("QKVSCOPE_DB", str(store.path))
+    calls: list[str] = []
+    real = parse_child.call
+
+    def counted(target, *args, **kw):        # the real child, counted
+        calls.append(target.split(":")[1])
+        return real(target, *args, **kw)
+
+    monkeypatch.setattr(parse_child, "call", counted)
+    return store, cid, folder, calls
+
+
+def _break(folder) -> None:
+    (folder / "model.safetensors").write_bytes(b"\x00" * 64)
+
+
+def test_a_failed_spectra_or_map_read_is_remembered_until_try_again_or_a_new_file(broken):
+    store, cid, folder, calls = broken
+    _analysed_in_process(store, cid)          # stored: the page shows the metrics without the file
+    _break(folder)
+    at = page_test("inspector", {"ckpt": str(cid)}).run()
+    assert not at.exception, at.exception
+    assert calls == ["spectra", "attention"]
+    errors = [e.value for e in at.error]
+    assert len(errors) == 2 and all("model.safetensors" in e for e in errors), errors
+    assert {"retry_spectra", "retry_attention"} <= {b.key for b in at.button}
+    assert "insp_heatmap" in figures(at)       # the stored metrics are still drawn
+    # another control reruns the page: the broken file is not read again
+    at.selectbox(key="insp_metric").select("qk_symmetry").run()
+    at.number_input(key="insp_tokens").set_value(32).run()      # a new question for the maps: asked once
+    assert calls == ["spectra", "attention", "attention"]
+    at.run()
+    assert calls == ["spectra", "attention", "attention"] and len(at.error) == 2
+    # Try again reads it again (and fails again, with the same message)
+    at.button(key="retry_spectra").click().run()
+    assert calls == ["spectra", "attention", "attention", "spectra"] and len(at.error) == 2
+    # a file written again is read again by itself
+    tiny_gpt2(folder)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert calls[4:] == ["spectra", "attention"]
+    assert "insp_spectra" in figures(at) and "insp_attention" in figures(at)
+
+
+def test_an_analysis_that_failed_is_not_run_again_at_every_rerun(broken):
+    store, cid, folder, calls = broken
+    _break(folder)
+    at = page_test("inspector", {"ckpt": str(cid)}).run()
+    assert not at.exception, at.exception
+    assert calls == ["compute_jobs"]
+    [error] = [e.value for e in at.error]
+    assert "model.safetensors" in error, error
+    assert not at.get("progress"), "the progress bar is removed when the analysis fails"
+    at.run()
+    at.toggle(key="insp_act").set_value(True).run()            # activations too: another analysis
+    assert calls == ["compute_jobs", "compute_jobs"]
+    at.toggle(key="insp_act").set_value(False).run()
+    assert calls == ["compute_jobs", "compute_jobs"] and len(at.error) == 1
+    at.button(key="retry_analysis").click().run()
+    assert calls == ["compute_jobs", "compute_jobs", "compute_jobs"]
+    tiny_gpt2(folder)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert calls[3:] == ["compute_jobs", "spectra", "attention"] and "insp_heatmap" in figures(at)
+
+
+def test_compare_names_the_checkpoint_that_fails_once_and_compares_the_rest(tmp_path, monkeypatch):
+    """A run of two checkpoints, the second broken: the pair view says why and offers Try
+    again; the run's trajectory still draws the first; reruns analyse nothing again."""
+    from loaders.ingest import ingest_paths
+
+    run = tmp_path / "runs" / "gpt2-wd0.1"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("step,train_loss\n100,3.9\n200,3.8")      # no trailing newline
+    for i, step in enumerate((100, 200)):
+        tiny_gpt2(run / f"step_{step}", seed=i)
+    store = Store(tmp_path / "db.duckdb")
+    assert ingest_paths(store, [tmp_path / "runs"]).to_json()["errors"] == 0
+    _break(run / "step_200")
+    monkeypatch.setenv("QKVSCOPE_DB", str(store.path))
+    calls: list[str] = []
+    real = parse_child.call
+    monkeypatch.setattr(parse_child, "call", lambda t, *a, **kw: calls.append(t) or real(t, *a, **kw))
+    at = page_test("compare", {"a": "1", "b": "2", "tmetric": "kv_share_r2"}, timeout=240).run()
+    assert not at.exception, at.exception
+    # the pair analysed both (one failed); the run's view tried the broken one once more
+    assert calls == ["app.jobs:compute_jobs"] * 3
+    errors = [e.value for e in at.error]
+    assert len(errors) == 2 and all("step_200" in e and "model.safetensors" in e for e in errors), errors
+    assert {"retry_compare_pair", "retry_compare_run"} <= {b.key for b in at.button}
+    traj = figures(at)["cmp_traj"]["data"]
+    assert [t["name"] for t in traj][:2] == ["L0", "L1"] and arr(traj[0]["x"]) == [100]
+    at.run()
+    assert len(calls) == 3 and len(at.error) == 2
+    at.button(key="retry_compare_pair").click().run()
+    assert len(calls) == 4
