@@ -27,12 +27,17 @@ FAILED = "qkvscope_failed_reads"
 
 def file_stamp(path: str) -> str:
     """A key that changes when the file (or a folder's newest file) changes: each file's name,
-    size and modification time; ``missing`` for a path that is gone."""
+    size and modification time; ``missing`` for a path that is gone (or goes while it is listed:
+    a released upload)."""
     p = Path(path)
-    if not p.exists():
+    try:
+        files = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file())
+        stats = [(q.name, q.stat()) for q in files]
+    except OSError:
         return "missing"
-    files = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file())
-    return ";".join(f"{q.name}:{q.stat().st_size}:{q.stat().st_mtime_ns}" for q in files)
+    if not stats:
+        return "missing" if not p.exists() else "empty"
+    return ";".join(f"{name}:{st_.st_size}:{st_.st_mtime_ns}" for name, st_ in stats)
 
 
 def _retry_key(kind: str) -> str:

@@ -117,3 +117,18 @@ def test_compare_names_the_checkpoint_that_fails_once_and_compares_the_rest(tmp_
     assert len(calls) == 3 and len(at.error) == 2
     at.button(key="retry_compare_pair").click().run()
     assert len(calls) == 4
+
+
+def test_file_stamp_changes_with_the_file_and_names_a_missing_path(tmp_path):
+    from app.attempts import file_stamp
+
+    folder = tmp_path / "ckpt"
+    assert file_stamp(str(folder)) == "missing"
+    folder.mkdir()
+    assert file_stamp(str(folder)) == "empty"
+    (folder / "config.json").write_text("{}")
+    one = file_stamp(str(folder))
+    assert one.startswith("config.json:2:") and file_stamp(str(folder)) == one
+    (folder / "config.json").write_text("{} ")
+    assert file_stamp(str(folder)) != one
+    assert file_stamp(str(folder / "config.json")).startswith("config.json:3:")
