@@ -300,22 +300,33 @@ def test_the_estimator_is_a_url_choice(wd_db):
                                               "needs >= 8 runs at >= 3 weight decays > 0")
 
 
-def test_analysing_checkpoints_names_them_and_redraws_without_the_stale_notice(wd_db, monkeypatch):
-    store = Store(wd_db)
+def _checkpoints_of_three_runs(store: Store) -> None:
+    """Checkpoints at step 4,000 of the first three runs, each at ``/gone/ckptN`` (no file)."""
     with store.transaction() as con:
         for rid, variant, wd in RUNS[:3]:
             con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
                         "n_kv_heads, d_model, d_head, run_id, step) "
-                        "VALUES (?, 'gone', ?, 'gpt2', 'qkv', 2, 2, 2, 8, 4, ?, 4000)", [rid, f"s{rid}", rid])
+                        "VALUES (?, ?, ?, 'gpt2', 'qkv', 2, 2, 2, 8, 4, ?, 4000)",
+                        [rid, f"/gone/ckpt{rid}", f"s{rid}", rid])
+
+
+def _store_as_analysed(store: Store, checkpoint_id: int) -> None:
+    """What the weights analysis would store for the norms chart: one job and a norm."""
+    with store.transaction() as con:
+        con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 1)",
+                    [checkpoint_id])
+        con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version) "
+                    "VALUES (?, 0, NULL, 'norm_k', 2.0, 1)", [checkpoint_id])
+
+
+def test_analysing_checkpoints_names_them_and_redraws_without_the_stale_notice(wd_db, monkeypatch):
+    store = Store(wd_db)
+    _checkpoints_of_three_runs(store)
     done = []
 
-    def fake_analyze(store, checkpoint_id, **kw):  # stores what the weights analysis would
+    def fake_analyze(store, checkpoint_id, **kw):
         done.append(checkpoint_id)
-        with store.transaction() as con:
-            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 1)",
-                        [checkpoint_id])
-            con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version) "
-                        "VALUES (?, 0, NULL, 'norm_k', 2.0, 1)", [checkpoint_id])
+        _store_as_analysed(store, checkpoint_id)
         return []
 
     monkeypatch.setattr("app.jobs.analyze", fake_analyze)
@@ -345,23 +356,14 @@ def test_a_checkpoint_that_fails_to_analyse_does_not_stop_the_others(wd_db, monk
     from app.jobs import analyze as real_analyze
 
     store = Store(wd_db)
-    with store.transaction() as con:
-        for rid, variant, wd in RUNS[:3]:
-            con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
-                        "n_kv_heads, d_model, d_head, run_id, step) "
-                        "VALUES (?, ?, ?, 'gpt2', 'qkv', 2, 2, 2, 8, 4, ?, 4000)",
-                        [rid, f"/gone/ckpt{rid}", f"s{rid}", rid])
+    _checkpoints_of_three_runs(store)
     done = []
 
-    def analyze_but_2(store, checkpoint_id, **kw):  # 1 and 3 store what the weights analysis would
+    def analyze_but_2(store, checkpoint_id, **kw):
         if checkpoint_id == 2:
             return real_analyze(store, checkpoint_id, **kw)     # its file is gone: StoreError
         done.append(checkpoint_id)
-        with store.transaction() as con:
-            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 1)",
-                        [checkpoint_id])
-            con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version) "
-                        "VALUES (?, 0, NULL, 'norm_k', 2.0, 1)", [checkpoint_id])
+        _store_as_analysed(store, checkpoint_id)
         return []
 
     monkeypatch.setattr("app.jobs.analyze", analyze_but_2)
