@@ -17,7 +17,7 @@ from typing import Callable, TypeVar
 import streamlit as st
 
 from app.pickers import user_message
-from loaders.errors import QkvscopeError
+from loaders.errors import DatabaseBusyError, QkvscopeError
 
 T = TypeVar("T")
 
@@ -49,8 +49,9 @@ def attempt(kind: str, key: tuple, fn: Callable[[], T],
     """``(fn(), None)``, or ``(None, message)`` when ``fn`` raised one of ``errors`` in this
     session for the same ``(kind, *key)``: then ``fn`` is not called again until the *Try
     again* button of ``show_failure(kind, ...)`` is pressed (which retries every failure of
-    ``kind``) or ``key`` changes (put the file's ``file_stamp`` in it). Other exceptions
-    propagate and are not remembered."""
+    ``kind``) or ``key`` changes (put the file's ``file_stamp`` in it). A busy database
+    (``DatabaseBusyError``: another process writing) says nothing about the file, so it is
+    shown but not remembered; other exceptions propagate and are not remembered."""
     failed: dict[tuple, str] = st.session_state.setdefault(FAILED, {})
     if st.session_state.get(_retry_key(kind)):       # its button was pressed: this run tries again
         for k in [k for k in failed if k[0] == kind]:
@@ -61,8 +62,9 @@ def attempt(kind: str, key: tuple, fn: Callable[[], T],
     try:
         return fn(), None
     except errors as exc:
-        failed[full] = str(exc)
-        return None, failed[full]
+        if not isinstance(exc, DatabaseBusyError):
+            failed[full] = str(exc)
+        return None, str(exc)
 
 
 def show_failure(kind: str, messages: str | list[str], slot=None) -> None:

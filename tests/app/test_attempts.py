@@ -132,3 +132,38 @@ def test_file_stamp_changes_with_the_file_and_names_a_missing_path(tmp_path):
     (folder / "config.json").write_text("{} ")
     assert file_stamp(str(folder)) != one
     assert file_stamp(str(folder / "config.json")).startswith("config.json:3:")
+
+
+def _two_reads():
+    """AppTest script: a read that finds the database busy and one whose file is broken, each
+    logged to ``$ATTEMPTS_LOG`` when it is really called."""
+    import os
+    from pathlib import Path
+
+    from app.attempts import attempt, show_failure
+    from loaders.errors import DatabaseBusyError, FileError
+
+    log = Path(os.environ["ATTEMPTS_LOG"])
+
+    def read(kind):
+        log.write_text(log.read_text() + kind + "\n")
+        raise DatabaseBusyError("db.duckdb: busy") if kind == "busy" else FileError("m.pt", "broken")
+
+    for kind in ("busy", "file"):
+        _, failure = attempt(kind, ("m.pt",), lambda: read(kind))
+        show_failure(kind, failure)
+
+
+def test_a_busy_database_is_shown_but_asked_again_a_broken_file_is_remembered(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    log = tmp_path / "log"
+    log.write_text("")
+    monkeypatch.setenv("ATTEMPTS_LOG", str(log))
+    at = AppTest.from_function(_two_reads).run()
+    assert not at.exception, at.exception
+    assert [e.value for e in at.error] == ["db.duckdb: busy", "m.pt: broken"]
+    at.run()
+    assert log.read_text().split() == ["busy", "file", "busy"]
+    at.button(key="retry_file").click().run()
+    assert log.read_text().split() == ["busy", "file", "busy", "busy", "file"]
