@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,3 +120,40 @@ def test_inputs_are_left_unchanged():
     before = [t.clone() for t in (q, k, v)]
     tied.tied_layer(layer(q, k, v), meta(4, 2))
     assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
+
+
+def _reference_equal(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    """The definition on the whole stacked tensors, in float64 numpy."""
+    a64, b64 = a.double().numpy(), b.double().numpy()
+    top = max(np.linalg.norm(a64), np.linalg.norm(b64))
+    return top == 0 or np.linalg.norm(a64 - b64) <= tol * top
+
+
+@pytest.mark.parametrize("where", [0, 3])
+@pytest.mark.parametrize("scale", [0.0, 0.5, 0.99, 1.01, 2.0, 1e3])
+def test_stopping_at_the_first_head_past_the_tolerance_decides_as_the_whole_difference(where, scale):
+    """V = K plus a perturbation in one kv head (the first or the last) of relative size
+    ``scale`` x the tolerance: the decision matches the float64 definition on whole tensors."""
+    tol = tied.tolerance("float32")
+    k = rand(4, D, E, seed=2).double()
+    bump = rand(D, E, seed=5).double()
+    v = k.clone()
+    v[where] += bump * (scale * tol * k.norm() / bump.norm())      # ||V - K|| = scale * tol * ||K||
+    k, v = k.float(), v.float()
+    t = tied.tied_layer(layer(rand(4, D, E, seed=1), k, v), meta(4, 4))
+    assert t["k_eq_v"] == _reference_equal(k, v, tol) == (scale < 1)
+    # the value returned when it stops is past the tolerance, as the whole one is
+    norms = (float(k.double().square().sum()), float(v.double().square().sum()))
+    whole = tied._rel_diff(zip(k, v), norms)
+    early = tied._rel_diff(zip(k, v), norms, stop_above=tol)
+    assert (early > tol) == (whole > tol) and early <= whole + 1e-15
+    if scale < 1:
+        assert early == whole
+
+
+def test_a_query_free_layer_whose_keys_are_the_identity_slices():
+    """W_Q absent (identity queries, made head by head only as far as compared) against W_K set
+    to those slices: q_eq_k; against random W_V: not q_eq_v."""
+    eye = identity_queries(4, D, E, "cpu")
+    t = tied.tied_layer(layer(None, eye.clone(), rand(4, D, E, seed=3)), meta(4, 4))
+    assert flags(t) == (True, True, False, False)
