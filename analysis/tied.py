@@ -18,7 +18,11 @@ one layer's canonical tensors (``W_Q [n_heads, d_model, d_head]`` or None,
 ``tol = 8 * eps(dtype)`` of the stored dtype (float32: 9.5e-7, float16:
 7.8e-3, bfloat16: 6.3e-2; two independent matrices differ by ~1.4). Sums are
 float64 and run head by head (no float64 copy of a whole projection); two
-all-zero matrices are equal.
+all-zero matrices are equal. Each projection's norm is summed once per layer
+for all four comparisons, and a comparison stops at the first head after which
+the difference's partial sum is already past the tolerance (a sum of squares
+only grows, so the decision is the whole difference's): untied projections are
+told apart after one head.
 
 ``analysis.tie_names`` names a layer's ties and a checkpoint's with ``analysis.variants.VARIANTS``
 (torch-free, so the dashboard names stored ties without importing torch).
