@@ -60,7 +60,8 @@ def _norm2(t: torch.Tensor) -> float:
 
 def _rel_diff(pairs, norms: tuple[float, float], stop_above: float | None = None) -> float:
     """``||A - B||_F / max(||A||_F, ||B||_F)`` over matrix pairs ``(A_i, B_i)`` taken
-    together (one stacked A against one stacked B); 0 when both are zero. ``norms``:
+    together (one stacked A against one stacked B); 0 when both are zero, NaN when either holds
+    a NaN. ``norms``:
     ``(sum_i ||A_i||_F^2, sum_i ||B_i||_F^2)``, which ``tied_layer`` computes once per projection
     (``_norm2``) for all its comparisons; ``pairs`` is read once, as far as needed.
 
@@ -70,6 +71,8 @@ def _rel_diff(pairs, norms: tuple[float, float], stop_above: float | None = None
     first head (at a Llama-7B-shaped layer the four comparisons took 0.18-0.26 s, forming every
     head's difference in float64; now a few ms each).
     """
+    if any(math.isnan(n) for n in norms):      # a NaN is equal to nothing (max() would drop it)
+        return math.nan
     top2 = max(norms)
     if top2 == 0:
         return 0.0

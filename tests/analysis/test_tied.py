@@ -157,3 +157,15 @@ def test_a_query_free_layer_whose_keys_are_the_identity_slices():
     eye = identity_queries(4, D, E, "cpu")
     t = tied.tied_layer(layer(None, eye.clone(), rand(4, D, E, seed=3)), meta(4, 4))
     assert flags(t) == (True, True, False, False)
+
+
+def test_a_projection_holding_nan_is_tied_to_nothing():
+    """NaN equals nothing, itself included; an all-zero projection is not equal to one with a NaN
+    (``max(0.0, nan)`` is 0.0, which once made that pair look like two zero matrices)."""
+    z = torch.zeros(2, D, E)
+    bad = z.clone()
+    bad[1, 3, 2] = float("nan")
+    q = rand(2, D, E, seed=1)
+    assert not tied.tied_layer(layer(q, z, bad), meta(2, 2))["k_eq_v"]
+    assert not tied.tied_layer(layer(q, bad, bad.clone()), meta(2, 2))["k_eq_v"]
+    assert not tied.tied_layer(layer(bad.clone(), bad, rand(2, D, E, seed=3)), meta(2, 2))["q_eq_k"]
