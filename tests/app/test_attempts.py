@@ -22,15 +22,20 @@ def broken(tmp_path, monkeypatch):
     store.migrate()
     cid = ingest_checkpoint(store, folder).checkpoint_id
     monkeypatch.setenv("QKVSCOPE_DB", str(store.path))
+    return store, cid, folder, _child_calls(monkeypatch)
+
+
+def _child_calls(monkeypatch) -> list[str]:
+    """The names of the functions the reading child is asked to run from now on (the real child)."""
     calls: list[str] = []
     real = parse_child.call
 
-    def counted(target, *args, **kw):        # the real child, counted
+    def counted(target, *args, **kw):
         calls.append(target.split(":")[1])
         return real(target, *args, **kw)
 
     monkeypatch.setattr(parse_child, "call", counted)
-    return store, cid, folder, calls
+    return calls
 
 
 def _break(folder) -> None:
@@ -101,13 +106,11 @@ def test_compare_names_the_checkpoint_that_fails_once_and_compares_the_rest(tmp_
     assert ingest_paths(store, [tmp_path / "runs"]).to_json()["errors"] == 0
     _break(run / "step_200")
     monkeypatch.setenv("QKVSCOPE_DB", str(store.path))
-    calls: list[str] = []
-    real = parse_child.call
-    monkeypatch.setattr(parse_child, "call", lambda t, *a, **kw: calls.append(t) or real(t, *a, **kw))
+    calls = _child_calls(monkeypatch)
     at = page_test("compare", {"a": "1", "b": "2", "tmetric": "kv_share_r2"}, timeout=240).run()
     assert not at.exception, at.exception
     # the pair analysed both (one failed); the run's view tried the broken one once more
-    assert calls == ["app.jobs:compute_jobs"] * 3
+    assert calls == ["compute_jobs"] * 3
     errors = [e.value for e in at.error]
     assert len(errors) == 2 and all("step_200" in e and "model.safetensors" in e for e in errors), errors
     assert {"retry_compare_pair", "retry_compare_run"} <= {b.key for b in at.button}
