@@ -31,6 +31,10 @@ What fails becomes one line naming the file:
 Callers that make many small requests (the Inspector's spectra, ties and
 attention maps; batch tasks) take a child from ``POOL`` instead of starting
 one each time (a start costs 2-3 s of imports): ``call(..., pooled=True)``.
+``POOL.prestart(modules)`` starts one in the background and has it import
+``modules`` (code of this project and its libraries, named by the caller,
+never by a file) before any file, so that the first request finds it ready:
+the dashboard does this when it starts (``app/dashboard/streamlit_app.py``).
 ``ingest_paths`` and ``ingest_checkpoint`` borrow one from ``POOL`` too unless
 given a ``Reader``: ``analyze PATH`` ingests and then analyses in one child.
 
@@ -54,6 +58,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import select
 import signal
 import stat
@@ -125,6 +130,49 @@ def _death(rc: int, limit: int) -> str:
     return f"the process reading it exited with status {rc}"
 
 
+class _Spawner:
+    """Starts every reading child from one thread that lives as long as this process.
+
+    A child asks the kernel to kill it when its parent dies (``_die_with_parent``,
+    ``PR_SET_PDEATHSIG``), and for Linux the parent is the *thread* that started it.
+    Started by a Streamlit script run (a thread that ends with the run), a pooled child
+    was killed the moment the page was drawn: the pool kept dead children, and every
+    later request paid a fresh start (1 s of imports, 2 s more for ``transformers``).
+    Started here, a child dies with this process and not before.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, args: list[str], **kwargs) -> subprocess.Popen:
+        """``subprocess.Popen(args, **kwargs)``, run by the spawning thread."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():    # the first child, or after a fork
+                self._thread = threading.Thread(target=self._serve, name="qkvscope-reader-spawner", daemon=True)
+                self._thread.start()
+        job = {"done": threading.Event()}
+        self._jobs.put((args, kwargs, job))
+        job["done"].wait()
+        if "error" in job:
+            raise job["error"]
+        return job["proc"]
+
+    def _serve(self) -> None:
+        while True:
+            args, kwargs, job = self._jobs.get()
+            try:
+                job["proc"] = subprocess.Popen(args, **kwargs)
+            except BaseException as exc:      # noqa: BLE001 -- raised again in the caller's thread
+                job["error"] = exc
+            finally:
+                job["done"].set()
+
+
+_SPAWNER = _Spawner()
+
+
 class Reader:
     """One child process reading untrusted files for this process; see the module docstring.
 
@@ -163,8 +211,9 @@ class Reader:
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
         self._buf = b""
         # -P: the caller's working directory (relative paths are its) is not on sys.path.
-        self._proc = subprocess.Popen([sys.executable, "-P", "-m", "loaders.parse_child"], env=env,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
+        # Started by _SPAWNER's thread: the child dies with this process, not with the calling thread.
+        self._proc = _SPAWNER.popen([sys.executable, "-P", "-m", "loaders.parse_child"], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
         # The child imports the readers (torch, duckdb) before it says ready: a busy machine's
         # slow start is not counted against the first file's time limit.
         try:
@@ -233,6 +282,14 @@ class Reader:
         raise FileError(path, message[len(prefix):] if message.startswith(prefix) else message)
 
     # -- what callers use --------------------------------------------------
+
+    def warm(self, modules: Iterable[str]) -> dict[str, float]:
+        """Start the child if it is not running and have it import ``modules`` (this
+        project's and its libraries' module names, given by the caller) before any file:
+        seconds per module. What a module costs to import is then paid before the first
+        request that needs it, and stays out of that request's memory budget, like the
+        readers' own imports."""
+        return self.request(os.devnull, "warm", modules=list(modules))
 
     def ingest_file(self, store, path: Path, kind: str = "unknown") -> list[FileReport]:
         """``loaders.ingest.ingest_file`` in the child: every outcome is a report
@@ -331,6 +388,42 @@ class ReaderPool:
         self.keep = keep
         self._idle: list[tuple[tuple, Reader]] = []
         self._lock = threading.Lock()
+        self._starting: threading.Event | None = None     # set when prestart's child is ready or gone
+
+    def prestart(self, modules: Iterable[str] = ()) -> threading.Thread | None:
+        """Start a child in a background thread, have it import ``modules`` (``Reader.warm``)
+        and keep it idle, so that the first ``reader()`` finds it ready instead of paying
+        the start and those imports (the dashboard's first checkpoint: about 1 s of start
+        and 2 s of ``transformers``). Nothing when a child is already idle or starting.
+        ``reader()`` waits for a child being started rather than start a second one. A
+        child that fails to start is dropped; the next ``reader()`` starts its own, which
+        reports why. Returns the thread (None when nothing was started)."""
+        env = self._env()
+        with self._lock:
+            if self._idle or self._starting is not None:
+                return None
+            started = self._starting = threading.Event()
+        modules = list(modules)
+
+        def work() -> None:
+            r: Reader | None = Reader()
+            try:
+                r.warm(modules)
+            except (QkvscopeError, OSError):  # a module that failed to import (the child is still usable), or no child
+                pass
+            finally:
+                with self._lock:
+                    if r.pid is not None and len(self._idle) < self.keep:
+                        self._idle.append((env, r))
+                        r = None
+                    self._starting = None
+                started.set()
+                if r is not None:
+                    r.close()
+
+        thread = threading.Thread(target=work, name="qkvscope-reader-prestart", daemon=True)
+        thread.start()
+        return thread
 
     @staticmethod
     def _env() -> tuple:
@@ -342,6 +435,10 @@ class ReaderPool:
         env = self._env()
         stale: list[Reader] = []
         lent = None
+        with self._lock:
+            starting = self._starting if not self._idle else None
+        if starting is not None:          # prestart's child: ready sooner than a second one started now
+            starting.wait(max(300, budget("QKVSCOPE_PARSE_TIMEOUT_S")))
         with self._lock:
             while self._idle:
                 key, r = self._idle.pop()
@@ -401,6 +498,15 @@ def _run(req: dict):
         from loaders.ingest import ingest_checkpoint as ingest_one
 
         return ingest_one(Store(req["db"], busy_timeout=req["busy_timeout"]), path).to_json()
+    if req["op"] == "warm":
+        import importlib
+
+        seconds = {}
+        for module in req["modules"]:
+            t = time.perf_counter()
+            importlib.import_module(module)
+            seconds[module] = time.perf_counter() - t
+        return seconds
     if req["op"] == "call":
         import importlib
 

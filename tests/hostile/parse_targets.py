@@ -48,3 +48,10 @@ def glibc_gives_up(path: str) -> None:
     ("cannot allocate memory for thread-local data: ABORT", ``_exit(127)``)."""
     os.write(2, b"cannot allocate memory for thread-local data: ABORT\n")
     os._exit(127)
+
+
+def loaded(path: str, module: str) -> bool:
+    """Whether ``module`` is imported in this child (what ``Reader.warm`` imported stays)."""
+    import sys
+
+    return module in sys.modules

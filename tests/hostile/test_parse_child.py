@@ -268,3 +268,58 @@ def test_ingest_without_a_reader_borrows_the_pools_child_and_the_analysis_finds_
     with Reader() as own:                                                 # a caller's own child stays its own
         assert ingest_checkpoint(store, ckpt, reader=own).status == "unchanged" and own.pid != second
     POOL.close()
+
+
+def test_a_child_outlives_the_thread_that_started_it(tmp_path):
+    """Each Streamlit script run is a thread that ends with the run. The child asks to be killed
+    when its parent dies (PR_SET_PDEATHSIG), which Linux reads as the parent *thread*: started by
+    the run, the pooled child was killed once the page was drawn, and every later request (a
+    head picked in the Inspector) paid a fresh start. Children are started by one long-lived
+    thread now; this failed before (the second pid differed, the first child was gone)."""
+    import threading
+
+    from loaders.parse_child import POOL
+
+    POOL.close()
+    got = {}
+    run = threading.Thread(target=lambda: got.update(pid=call(f"{T}:pid", tmp_path, pooled=True)))
+    run.start()
+    run.join()
+    time.sleep(0.3)                                          # the kernel's signal would have landed by now
+    assert call(f"{T}:pid", tmp_path, pooled=True) == got["pid"]    # the same child, not a fresh one
+    with Reader() as own:                                     # a Reader used from another thread alike
+        starter = threading.Thread(target=lambda: got.update(own=own.request(tmp_path, "call", target=f"{T}:pid")))
+        starter.start()
+        starter.join()
+        time.sleep(0.3)
+        assert own.request(tmp_path, "call", target=f"{T}:pid") == got["own"]
+    POOL.close()
+
+
+def test_prestart_starts_one_child_that_has_imported_the_modules_and_the_first_request_gets_it(tmp_path):
+    """``POOL.prestart(modules)``: a request made while the child is still starting waits for it
+    instead of starting a second one; the modules stay imported in that child; a second prestart
+    while one is idle starts nothing."""
+    from loaders.parse_child import POOL
+
+    POOL.close()
+    thread = POOL.prestart(["tests.hostile.parse_targets", "json.tool"])
+    assert thread is not None and POOL.prestart(["json.tool"]) is None     # one at a time
+    first = call(f"{T}:pid", tmp_path, pooled=True)                       # asked while it starts
+    thread.join()
+    assert [r.pid for _, r in POOL._idle] == [first]
+    assert call(f"{T}:loaded", tmp_path, pooled=True, module="json.tool") is True
+    assert call(f"{T}:loaded", tmp_path, pooled=True, module="tkinter.tix") is False
+    assert POOL.prestart(["json.tool"]) is None                            # a child is idle already
+    POOL.close()
+
+
+def test_prestart_keeps_a_child_whose_module_failed_to_import(tmp_path):
+    """A module that does not import is no reason to throw the started child away."""
+    from loaders.parse_child import POOL
+
+    POOL.close()
+    POOL.prestart(["json.tool", "no_such_module_qkvscope"]).join()
+    [(_, child)] = POOL._idle
+    assert call(f"{T}:pid", tmp_path, pooled=True) == child.pid
+    POOL.close()
