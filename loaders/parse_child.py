@@ -527,7 +527,9 @@ def address_space() -> int:
 
 def _die_with_parent() -> None:
     """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``): a
-    ``kill -9`` of ``ingest`` must not leave a child that goes on writing."""
+    ``kill -9`` of ``ingest`` must not leave a child that goes on writing. The kernel
+    sends it when the parent *thread* ends: the parent starts children from one
+    long-lived thread (``_Spawner``)."""
     import ctypes  # here: Linux only, the child only
 
     try:
