@@ -34,7 +34,7 @@ one each time (a start costs 2-3 s of imports): ``call(..., pooled=True)``.
 ``POOL.prestart(modules)`` starts one in the background and has it import
 ``modules`` (code of this project and its libraries, named by the caller,
 never by a file) before any file, so that the first request finds it ready:
-the dashboard does this when it starts (``app/dashboard/streamlit_app.py``).
+the dashboard does this at its first page (``app/dashboard/prestart.py``).
 ``ingest_paths`` and ``ingest_checkpoint`` borrow one from ``POOL`` too unless
 given a ``Reader``: ``analyze PATH`` ingests and then analyses in one child.
 

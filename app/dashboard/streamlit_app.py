@@ -28,7 +28,6 @@ from app.pages import page_modules  # noqa: E402
 from app.state import show_errors  # noqa: E402
 
 
-
 @st.cache_resource(show_spinner=False)
 def _reader_prestarted() -> bool:
     """Once per server, at its first page: the process that reads checkpoint files started in
