@@ -102,3 +102,31 @@ def screenshot(page, name: str) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def reading_children(url: str) -> set[int]:
+    """Pids of the reading children (``python -m loaders.parse_child``) of the server at ``url``
+    (the process whose command line names its port), read from ``/proc``."""
+    port = url.rsplit(":", 1)[1]
+
+    def cmdline(pid: str) -> list[str]:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return []
+
+    def parent(pid: str) -> str:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            return ""
+
+    def zombie(pid: str) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return True
+
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    servers = {p for p in pids if "--server.port" in (c := cmdline(p)) and c[c.index("--server.port") + 1] == port}
+    return {int(p) for p in pids if "loaders.parse_child" in cmdline(p) and parent(p) in servers and not zombie(p)}

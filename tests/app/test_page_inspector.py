@@ -1,6 +1,8 @@
 """Checkpoint inspector in AppTest: pick, analyse once, heatmap per metric, server path, uploads."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -151,7 +153,7 @@ def test_save_uploads_single_file_folder_and_names(tmp_path):
 def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, model_dir):
     import zipfile
 
-    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+    from tests.app.browser import browser_page, dashboard, reading_children, screenshot, wait_idle
 
     zpath = tmp_path / "gpt2-tiny.zip"
     with zipfile.ZipFile(zpath, "w") as zf:
@@ -173,6 +175,19 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
         assert "metric=qk_symmetry" in page.url
         page.get_by_text("qk_symmetry", exact=False).first.wait_for(timeout=30_000)
         screenshot(page, "inspector")
+        # Picking a head the spectra have not shown reads the file again, in the same reading
+        # child: it must outlive the script run that used it (a child started by that thread was
+        # killed when the run ended, and every pick paid a fresh start).
+        time.sleep(0.5)
+        children = reading_children(url)
+        assert children, "no reading child alive after the page was drawn"
+        head = page.get_by_role("spinbutton", name="Head")
+        head.fill("1")
+        head.press("Enter")
+        wait_idle(page, timeout=60_000)
+        assert "head=1" in page.url
+        page.locator(".js-plotly-plot").filter(has=page.locator(".scatterlayer")).first.wait_for(timeout=30_000)
+        assert reading_children(url) == children
         # the upload was stored: the same checkpoint opens from the database on another page
         page.goto(f"{url}/inspector?ckpt=1&metric=erank_k")
         wait_idle(page, timeout=60_000)
