@@ -199,12 +199,19 @@ def parse_dashboard_speed(out: str) -> list[Row]:
     for where, step, med, mx, _charts, script, target, verdict in BROWSER_LINE.findall(out):
         rows.append(Row("dashboard_speed", f"browser, {step} ({'demo' if where == 'demo' else size})",
                         f"{med} s (max {mx})", f"AppTest script {script} s", f"< {target} s", verdict))
+    for where, what, secs, _charts, after, later in FIRST_VISIT_LINE.findall(out):
+        rows.append(Row("dashboard_speed", f"browser, first visit: {what}, {after} s after the first page, "
+                                           f"the reading child prestarted ({'demo' if where == 'demo' else size})",
+                        f"{secs} s", f"later visits (median {later} s)", "-", "-"))
     return rows
 
 
 #: One line of ``bench/dashboard_speed.py``'s browser table.
 BROWSER_LINE = re.compile(r"^\s+(demo|big)\s+(sidebar -> .+?|control: .+?)\s+([\d.]+)s\s+([\d.]+)s\s+(\d*)\s+"
                           r"([\d.]+|nan)s\s+< ([\d.]+) s\s+(pass|FAIL)$", re.M)
+#: Its line for the first visit to the Inspector after the server started (no target).
+FIRST_VISIT_LINE = re.compile(r"^\s+(demo|big)\s+first visit: (.+?)\s+([\d.]+)s\s+(\d*)\s+"
+                              r"\((\d+) s after the first page; later visits: median ([\d.]+|nan)s\)$", re.M)
 
 
 def parse_activations_speed(out: str) -> list[Row]:

@@ -120,3 +120,17 @@ def test_run_all_reads_the_page_rows_with_and_without_a_target():
         ("papers page script run, cold (reads every val/loss point) (the benchmark database)", "5.02 s", "-", "-"),
         ("inspector page script run, cold, before any reading child has started (the benchmark database)",
          "3.06 s", "-", "-")]
+
+
+def test_the_first_visit_to_the_inspector_is_a_row_without_a_target_beside_the_later_visits(capsys):
+    timings = {"first_load": 2.5, "nav": {"Checkpoint inspector": [0.7, 0.9, 0.8]},
+               "charts": {"Checkpoint inspector": 5}, "control": [0.2, 0.3, 0.3], "first_visit": (1.87, 5)}
+    bench.print_browser_table("demo", timings, {"Checkpoint inspector": 0.2})
+    out = capsys.readouterr().out
+    assert (f"  demo   first visit: Checkpoint inspector   1.87s      5  ({bench.FIRST_VISIT_AFTER_S} s after the "
+            "first page; later visits: median 0.80s)") in out.splitlines()
+    rows = run_all.parse_dashboard_speed(out)
+    assert [(r.measured, r.figure, r.against, r.target, r.result) for r in rows][-1] == (
+        f"browser, first visit: Checkpoint inspector, {bench.FIRST_VISIT_AFTER_S} s after the first page, "
+        "the reading child prestarted (demo)", "1.87 s", "later visits (median 0.80 s)", "-", "-")
+    assert len(LINE.findall(out)) == 2                      # the table's own lines are unchanged
