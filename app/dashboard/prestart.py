@@ -7,7 +7,7 @@ and the first forward pass through a Hugging Face model about 2 s more for
 ``transformers``' model machinery. ``prestart_reader`` has ``POOL`` start
 that child in the background and import ``READER_MODULES`` in it, so that the
 first checkpoint a user opens waits for neither. The idle child holds about
-470 MB resident; ``QKVSCOPE_PRESTART=0`` in the server's environment turns
+450 MB resident; ``QKVSCOPE_PRESTART=0`` in the server's environment turns
 this off (the first request then starts the child, as before).
 """
 from __future__ import annotations

@@ -106,27 +106,20 @@ def screenshot(page, name: str) -> Path:
 
 def reading_children(url: str) -> set[int]:
     """Pids of the reading children (``python -m loaders.parse_child``) of the server at ``url``
-    (the process whose command line names its port), read from ``/proc``."""
+    (the process whose command line names its port), zombies left out; read from ``/proc``."""
     port = url.rsplit(":", 1)[1]
 
-    def cmdline(pid: str) -> list[str]:
+    def read(pid: str) -> tuple[list[str], str, str]:
+        """(command line, state, parent pid); empty for a process that is gone."""
         try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            return []
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            return [], "", ""
+        return cmd, state, ppid
 
-    def parent(pid: str) -> str:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-        except (OSError, IndexError):
-            return ""
-
-    def zombie(pid: str) -> bool:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-        except (OSError, IndexError):
-            return True
-
-    pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    servers = {p for p in pids if "--server.port" in (c := cmdline(p)) and c[c.index("--server.port") + 1] == port}
-    return {int(p) for p in pids if "loaders.parse_child" in cmdline(p) and parent(p) in servers and not zombie(p)}
+    procs = {pid: read(pid) for pid in os.listdir("/proc") if pid.isdigit()}
+    servers = {pid for pid, (cmd, _, _) in procs.items()
+               if "--server.port" in cmd and cmd[cmd.index("--server.port") + 1:][:1] == [port]}
+    return {int(pid) for pid, (cmd, state, ppid) in procs.items()
+            if "loaders.parse_child" in cmd and ppid in servers and state != "Z"}
