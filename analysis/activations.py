@@ -28,9 +28,9 @@ How the sums are formed (the same sums either way, float64 round-off apart):
   + T a b^T`` (``tr(L L) = sum(C * C^T)`` with ``C = K^T Qs``, ``||L||_F^2 =
   sum((K^T K) * (Qs^T Qs))`` over all kv heads), evaluated for batches of windows
   (at ``result()``, or once the held Grams pass ``_PENDING_BYTES``);
-* shorter windows: ``x`` is projected (the real projections and every draw's K
-  and Q in one float32 product) and the sums formed from the projections, the
-  layer's ``[T, T]`` logits as one batched product.
+* shorter windows: ``x`` is projected (the real projections in one float32
+  product, each draw's K and Q in another) and the sums formed from the
+  projections, the layer's ``[T, T]`` logits as one batched product.
 
 ``result()`` computes, from the sums over all windows:
 
@@ -89,7 +89,11 @@ float64. On the projection path the projections are float32 products of float32
 ``x`` and weights (float64 on a GPU that has TF32 matmuls switched on), the
 layer's ``[T, T]`` logits a float32 product of them, every product and sum after
 them float64; float64 projections would double the cost of ``add()`` on a CPU
-for no measurable gain. Against a float64
+for no measurable gain. A chance draw's logit sums there (they only set a chance
+level, of a Gaussian projection) take their products over a window's tokens in
+float32 too and sum them in float64: a relative error ~1e-7 of ``||L||_F^2``, so
+of the symmetry score, where float64 products cost a quarter of ``add()`` (one
+nanoGPT-shaped layer, 16 windows of 256 tokens: 118 -> 95 ms). Against a float64
 reference (the same float32 ``x`` and weights, everything in float64, on the
 concatenated caches) every value agrees to < 1e-3 relative on heads with
 condition numbers up to 1e6 (tests/analysis/test_activations.py); the Gram
@@ -229,32 +233,39 @@ class ActivationAccumulator:
         for i, r in enumerate(self.r if self.logits else []):           # one product per draw
             # its K and Q, [d, ge + he] (its K and V totals come from the input's Gram)
             kq = _project(xf, torch.cat([r[:, :g * e], r[:, 2 * g * e:]], 1), None).view(B, T, -1)
-            st = self._proj_stats(kq, with_v=False, with_q=True)
+            # a draw's logit sums only set a chance level: float32 products, float64 sums (module docstring)
+            st = self._proj_stats(kq, with_v=False, with_q=True, draw=True)
             self._add_chance_logits(i, {k: st[k].sum(0) for k in _LOGIT_KEYS})   # over windows
 
-    def _proj_stats(self, p: torch.Tensor, *, with_v: bool, with_q: bool) -> dict[str, torch.Tensor]:
-        """Per-window float64 sums of projected ``p: [..., T, c]``, heads of d_head in the order
-        K (g), V (g, ``with_v``), Q (h, ``with_q``); leading dims kept."""
+    def _proj_stats(self, p: torch.Tensor, *, with_v: bool, with_q: bool,
+                    draw: bool = False) -> dict[str, torch.Tensor]:
+        """Per-window sums of projected ``p: [..., T, c]``, heads of d_head in the order K (g),
+        V (g, ``with_v``), Q (h, ``with_q``); leading dims kept. The products over tokens in
+        float64; for a chance ``draw`` only the logit sums, its products in float32 (every sum of
+        them float64)."""
         *lead, T, c = p.shape
         g, e, rep = self.g, self.e, self.rep
-        heads = lambda lo, m: _tokens_last(p[..., lo * e:(lo + m) * e].unflatten(-1, (m, e)))   # noqa: E731
-        k64 = heads(0, g)                                                # [..., g, e, T] float64, contiguous
-        kk = k64 @ k64.mT                                                # K^T K: [..., g, e, e]
-        st = {"n": torch.full(lead, float(T), dtype=torch.float64, device=p.device), "sk": k64.sum(-1), "kk": kk}
+        f64, dtype = torch.float64, torch.float32 if draw else torch.float64
+        heads = lambda lo, m: _tokens_last(p[..., lo * e:(lo + m) * e].unflatten(-1, (m, e)), dtype)   # noqa: E731
+        kt = heads(0, g)                                                 # [..., g, e, T] dtype, contiguous
+        kk = kt @ kt.mT                                                  # K^T K: [..., g, e, e]
+        st = {} if draw else {"n": torch.full(lead, float(T), dtype=f64, device=p.device), "sk": kt.sum(-1),
+                              "kk": kk}
         if with_v:
-            v64 = heads(g, g)
-            st.update(sv=v64.sum(-1), vv=v64 @ v64.mT, kv=k64 @ v64.mT)
+            vt = heads(g, g)
+            st.update(sv=vt.sum(-1), vv=vt @ vt.mT, kv=kt @ vt.mT)
         if with_q:
-            q64 = heads(c // e - self.h, self.h)                         # [..., h, e, T]
+            qt = heads(c // e - self.h, self.h)                          # [..., h, e, T]
             # a kv head's query heads side by side: [..., g, rep*e, T] @ [..., g, T, e]
-            ct = (q64.flatten(-3, -2).unflatten(-2, (g, rep * e)) @ k64.mT).unflatten(-2, (rep, e))
-            gq = (q64 @ q64.mT).unflatten(-3, (g, rep))                  # Q_h^T Q_h: [..., g, rep, e, e]
-            st["lsym"] = (ct * ct.mT).sum((-2, -1)).flatten(-2)          # tr(L_h L_h), C_h^T = Q_h^T K_g: [..., h]
-            st["lsq"] = (gq * kk[..., None, :, :]).sum((-2, -1)).flatten(-2)   # ||L_h||_F^2
+            ct = (qt.flatten(-3, -2).unflatten(-2, (g, rep * e)) @ kt.mT).unflatten(-2, (rep, e))
+            gq = (qt @ qt.mT).unflatten(-3, (g, rep))                    # Q_h^T Q_h: [..., g, rep, e, e]
+            st["lsym"] = (ct * ct.mT).sum((-2, -1), dtype=f64).flatten(-2)   # tr(L_h L_h), C_h^T = Q_h^T K_g: [..., h]
+            st["lsq"] = (gq * kk[..., None, :, :]).sum((-2, -1), dtype=f64).flatten(-2)   # ||L_h||_F^2
             # the layer's L = Qs Ks^T (Qs: the query heads summed per kv head), [T, T] per window
-            q = p[..., c - self.h * e:].unflatten(-1, (g, rep, e)).sum(-2).flatten(-2)    # [..., T, ge]
-            k = p[..., :g * e]
-            st["lsym_layer"], st["lsq_layer"] = _layer_logit_sums(q, k)
+            q = p[..., c - self.h * e:]                                  # [..., T, he]
+            if rep > 1:
+                q = q.unflatten(-1, (g, rep, e)).sum(-2).flatten(-2)     # [..., T, ge]
+            st["lsym_layer"], st["lsq_layer"] = _layer_logit_sums(q, p[..., :g * e], dtype)
         return st
 
     def _reduce(self) -> None:
@@ -383,10 +394,10 @@ def _row_metric(m: str):
     return BY_NAME["logit_symmetry" if m == "logit_symmetry_layer" else m]
 
 
-def _tokens_last(t: torch.Tensor) -> torch.Tensor:
-    """``[..., T, a, b] -> [..., a, b, T]`` float64, contiguous, in one copy (``t`` may be a view)."""
+def _tokens_last(t: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``[..., T, a, b] -> [..., a, b, T]`` in ``dtype``, contiguous, in one copy (``t`` may be a view)."""
     *lead, T, a, b = t.shape
-    return torch.empty(*lead, a, b, T, dtype=torch.float64, device=t.device).copy_(t.movedim(-3, -1))
+    return torch.empty(*lead, a, b, T, dtype=dtype, device=t.device).copy_(t.movedim(-3, -1))
 
 
 def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -506,17 +517,19 @@ def _gram_path(d: int, T: int) -> bool:
     return d <= T
 
 
-def _layer_logit_sums(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _layer_logit_sums(q: torch.Tensor, k: torch.Tensor,
+                      dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """``tr(L L)`` and ``||L||_F^2`` of ``L = q k^T`` (``q, k: [..., T, ge]`` float32; ``L`` is
-    ``[T, T]`` per window, formed in float32 in batches of windows, summed in float64): ``[...]``."""
+    ``[T, T]`` per window, formed in float32 in batches of windows; its elementwise products in
+    ``dtype``, summed in float64): ``[...]``."""
     lead, T = q.shape[:-2], q.shape[-2]
     qf, kf = q.reshape(-1, T, q.shape[-1]), k.reshape(-1, T, k.shape[-1])   # [M, T, ge]
     step = max(1, _CHUNK_BYTES // (8 * T * T * 3))
     sym, sq = [], []
     for lo in range(0, qf.shape[0], step):
-        lw = (qf[lo:lo + step] @ kf[lo:lo + step].mT).double()           # [m, T, T]
-        sym.append((lw * lw.mT).sum((-2, -1)))
-        sq.append(lw.square().sum((-2, -1)))
+        lw = (qf[lo:lo + step] @ kf[lo:lo + step].mT).to(dtype)          # [m, T, T]
+        sym.append((lw * lw.mT).sum((-2, -1), dtype=torch.float64))
+        sq.append(lw.square().sum((-2, -1), dtype=torch.float64))
     return torch.cat(sym).view(lead), torch.cat(sq).view(lead)
 
 
