@@ -20,7 +20,8 @@ def merge_notes(into: dict[str, str], new: dict[str, str]) -> None:
 def nonfinite_notes(frame: pd.DataFrame, notes: dict[str, str]) -> None:
     """A note for each metric whose ``value`` is None, NaN or infinite at some heads, naming
     up to 8 of them (``head_label``), appended after the metric's note if it has one."""
-    bad = frame[~frame["value"].map(lambda x: x is not None and math.isfinite(x))]
+    # astype(bool): the map of an empty column is an object Series, which would select columns
+    bad = frame[~frame["value"].map(lambda x: x is not None and math.isfinite(x)).astype(bool)]
     for metric, grp in bad.groupby("metric", sort=True):
         labels = ", ".join(grp["head_label"].tolist()[:8]) + (" ..." if len(grp) > 8 else "")
         msg = f"undefined (zero norm or singular matrix) at {labels}"
