@@ -108,3 +108,76 @@ def test_feed_batches_hooks_and_notes(monkeypatch):
     assert list(frame.layer) == [0, 1, 2] and list(frame.columns) == RESULT_COLUMNS
     assert notes == {"kv_cka_act": "note of layer 0", "kv_cosine_act": "undefined (zero norm or singular matrix) at L1H0"}
     assert all(not b._forward_pre_hooks for b in toy.blocks)            # the hooks are removed
+
+
+class Headed(Toy):
+    """Toy with a final norm and an output head after its attention blocks, counting the calls
+    that reach each block and the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.head_out = nn.LayerNorm(4), nn.Linear(4, 10)
+        self.reached = {"blocks": 0, "head": 0}
+        for b in self.blocks:
+            b.register_forward_hook(lambda *_: self.reached.__setitem__("blocks", self.reached["blocks"] + 1))
+
+    def forward(self, ids):
+        x = super().forward(ids)
+        self.reached["head"] += 1
+        return self.head_out(self.norm(x))
+
+
+class Adder(Recorder):
+    """A Recorder that also keeps what it was handed."""
+
+    def __init__(self, layer):
+        super().__init__(layer)
+        self.xs = []
+
+    def add(self, x):
+        super().add(x)
+        self.xs.append(x.clone())
+
+
+def test_feed_stops_each_batch_at_the_last_attention_input(monkeypatch):
+    """The forward after the last attention module's input (that block, the final norm, the
+    head) feeds nothing and is not run; every layer gets the same inputs as in a whole forward."""
+    monkeypatch.setattr(runnable, "BATCH_TOKENS", 16)                  # 16 // 8 = 2 windows a batch
+    toy = Headed()
+    ids = torch.randint(0, 10, (5, 8), generator=torch.Generator().manual_seed(0))
+    accs = [Adder(i) for i in range(3)]
+    runnable.feed(toy, list(toy.blocks), accs, ids, 8, "cpu", None, "windows")
+    assert toy.reached == {"blocks": 2 * 3, "head": 0}                 # 3 batches; the last block never runs
+    want = {i: [] for i in range(3)}                                   # a whole forward, hooks of our own
+    hooks = [b.register_forward_pre_hook(lambda m, a, kw, i=i: want[i].append(kw["hidden_states"].clone()),
+                                         with_kwargs=True) for i, b in enumerate(toy.blocks)]
+    with torch.inference_mode():
+        for lo in range(0, 5, 2):
+            toy(ids[lo:lo + 2])
+    for h in hooks:
+        h.remove()
+    assert toy.reached["head"] == 3
+    for i, acc in enumerate(accs):
+        assert len(acc.xs) == 3 and all(torch.equal(a, b) for a, b in zip(acc.xs, want[i])), i
+    assert all(not b._forward_pre_hooks for b in toy.blocks)
+
+
+def test_feed_hands_no_input_past_the_stop_and_runs_whole_when_a_layer_is_not_reached():
+    """A model that catches the stop and goes on calls the hooks again: nothing more is added.
+    A batch that never reaches one attention module runs to its end."""
+    class Catching(Headed):
+        def forward(self, ids):
+            try:
+                return super().forward(ids)
+            except Exception:                                           # noqa: BLE001  a model's own handler
+                return super().forward(ids)
+
+    toy = Catching()
+    accs = [Adder(i) for i in range(3)]
+    runnable.feed(toy, list(toy.blocks), accs, torch.zeros(2, 8, dtype=torch.long), 8, "cpu", None, "windows")
+    assert [len(a.xs) for a in accs] == [1, 1, 1]
+    toy = Headed()
+    accs = [Adder(i) for i in range(4)]                                # a fourth module the model never calls
+    extra = BlockAttention()
+    runnable.feed(toy, [*toy.blocks, extra], accs, torch.zeros(2, 8, dtype=torch.long), 8, "cpu", None, "windows")
+    assert toy.reached == {"blocks": 3, "head": 1} and [len(a.xs) for a in accs] == [1, 1, 1, 0]
