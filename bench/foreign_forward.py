@@ -7,8 +7,9 @@ RMSNorm and a SwiGLU MLP of the same width.
 
 Prints, side by side, what ``bench/forward_speed.py`` measures (its ``measure_plain`` and
 ``measure_job``, the same code): seconds to open and build the model, the model's plain
-forward over the activation job's own windows (tokens/s), the job's forward pass (the model
-with its hooks and every layer's ``ActivationAccumulator.add``), and
+forward over the activation job's own windows (tokens/s), the same forward as far as the job
+runs it (to the last attention input, no ``add()``), the job's forward pass (the model to the
+last attention input with its hooks and every layer's ``ActivationAccumulator.add``), and
 ``experiments.activation_runs.corpus_activations`` without its model load (tokenising the
 bundled corpus, the forward pass, per-layer statistics, chance levels, bootstrap intervals).
 Each figure is the median of ``REPEAT`` (3) alternating pairs. Target (issue 20,
@@ -62,10 +63,11 @@ def _time(label: str, path: Path, device: str, tokens: int) -> None:
     pairs = [(F.measure_plain(path, device, tokens), F.measure_job(path, device, tokens)) for _ in range(REPEAT)]
     job = pairs[0][1]                                             # its load time and token count
     fwd = statistics.median(F.rate(p["tokens"], p["seconds"]) for p, _ in pairs)
+    stopped = statistics.median(F.rate(p["tokens"], p["stopped_s"]) for p, _ in pairs)
     hooked = statistics.median(F.rate(j["tokens"], j["forward_s"]) for _, j in pairs)
     t_job = statistics.median(j["seconds"] - j["load_s"] for _, j in pairs)
     print(f"{label:34s} {how:16s} load {job['load_s']:6.2f} s  forward {fwd:10,.0f} tok/s  "
-          f"job's forward pass {hooked:10,.0f} tok/s  "
+          f"to the last attention input {stopped:10,.0f} tok/s  job's forward pass {hooked:10,.0f} tok/s  "
           f"activation job {job['tokens']:,} tokens in {t_job:6.2f} s ({F.rate(job['tokens'], t_job):8,.0f} tok/s)")
 
 

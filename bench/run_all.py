@@ -228,18 +228,27 @@ def parse_activations_speed(out: str) -> list[Row]:
 
 
 def parse_foreign_forward(out: str) -> list[Row]:
-    """Two rows per model against the same model's plain forward over the same windows: the
-    activation job's forward pass (hooks and captures: the target) and the job without its
-    model load (statistics, chance levels and intervals included: no target)."""
+    """Rows per model against the same model's plain forward over the same windows: the
+    activation job's forward pass (hooks and captures: the target), the same against the
+    forward as far as the job runs it (to the last attention input; no target; a line without
+    that figure gives no such row) and the job without its model load (statistics, chance
+    levels and intervals included: no target)."""
     rows = []
-    for label, fwd, hooked, n, secs, job in re.findall(
-            r"^(.+?)\s+\S+\s+load\s+[\d.]+ s\s+forward\s+([\d,]+) tok/s\s+job's forward pass\s+([\d,]+) tok/s"
+    for label, fwd, stop, hooked, n, secs, job in re.findall(
+            r"^(.+?)\s+\S+\s+load\s+[\d.]+ s\s+forward\s+([\d,]+) tok/s"
+            r"(?:\s+to the last attention input\s+([\d,]+) tok/s)?\s+job's forward pass\s+([\d,]+) tok/s"
             r"\s+activation job ([\d,]+) tokens in\s+([\d.]+) s \(\s*([\d,]+) tok/s\)$", out, re.M):
         f, h, j = (float(v.replace(",", "")) for v in (fwd, hooked, job))
         against = f"its plain forward pass, same windows ({fwd} tok/s)"
         rows.append(Row("foreign_forward", f"activation job's forward pass (hooks, add()), {label.strip()}, {n} tokens",
                         f"{math.floor(h / f * 100) / 100:.2f}x ({hooked} tok/s)", against,
                         f">= {FORWARD_RATIO:g}x", _verdict(h / f >= FORWARD_RATIO)))
+        if stop:
+            st = float(stop.replace(",", ""))
+            rows.append(Row("foreign_forward", f"activation job's forward pass against the forward it stops, "
+                                               f"{label.strip()}, {n} tokens",
+                            f"{math.floor(h / st * 100) / 100:.2f}x ({hooked} tok/s)",
+                            f"its forward to the last attention input, no add() ({stop} tok/s)", "-", "-"))
         rows.append(Row("foreign_forward", f"activation job without its load, {label.strip()}, {n} tokens",
                         f"{j / f:.2f}x ({job} tok/s in {secs} s)", against, "-", "-"))
     return rows

@@ -258,7 +258,7 @@ def test_the_real_command_runs_one_benchmark_quickly():
 
 FOREIGN_FORWARD = """device cpu, torch 2.13.0+cpu, 2 threads
 llama2.c v0 .bin (stories15M shape) tokenizer.bin      load   1.55 s  forward        492 tok/s  job's forward pass        400 tok/s  activation job 4,096 tokens in  79.00 s (      52 tok/s)
-nanoGPT RMSNorm+SwiGLU ckpt.pt     bytes            load   1.23 s  forward        607 tok/s  job's forward pass        420 tok/s  activation job 4,096 tokens in  86.00 s (      48 tok/s)
+nanoGPT RMSNorm+SwiGLU ckpt.pt     bytes            load   1.23 s  forward        607 tok/s  to the last attention input      1,680 tok/s  job's forward pass        420 tok/s  activation job 4,096 tokens in  86.00 s (      48 tok/s)
 """
 
 
@@ -266,9 +266,15 @@ def test_foreign_forward_rows():
     got = rows("foreign_forward", FOREIGN_FORWARD)
     # issue 20: the forward pass with the hooks >= 0.7 of the plain one (420 / 607 = 0.6919 reads 0.69);
     # the whole job (statistics, chance levels, intervals) beside it with no target
+    # the forward it stops (to the last attention input) beside it, where the line has it (the
+    # first line is the older output, without it)
     assert [g[1] for g in got] == ["0.81x (400 tok/s)", "0.11x (52 tok/s in 79.00 s)",
-                                   "0.69x (420 tok/s)", "0.08x (48 tok/s in 86.00 s)"]
-    assert [(g[3], g[4]) for g in got] == [(">= 0.7x", "pass"), ("-", "-"), (">= 0.7x", "FAIL"), ("-", "-")]
+                                   "0.69x (420 tok/s)", "0.25x (420 tok/s)", "0.08x (48 tok/s in 86.00 s)"]
+    assert [(g[3], g[4]) for g in got] == [(">= 0.7x", "pass"), ("-", "-"), (">= 0.7x", "FAIL"), ("-", "-"),
+                                           ("-", "-")]
+    assert got[3][0] == ("activation job's forward pass against the forward it stops, nanoGPT RMSNorm+SwiGLU "
+                         "ckpt.pt, 4,096 tokens")
+    assert got[3][2] == "its forward to the last attention input, no add() (1,680 tok/s)"
     assert got[0][0] == "activation job's forward pass (hooks, add()), llama2.c v0 .bin (stories15M shape), 4,096 tokens"
     assert got[1][2] == "its plain forward pass, same windows (492 tok/s)"
 

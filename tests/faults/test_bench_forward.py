@@ -48,14 +48,18 @@ def test_rates_spread_and_medians():
     assert F.spread([7, 8, 9], 1) == [7]
     job = lambda secs, load, fwd: {"tokens": 1000, "seconds": secs, "load_s": load, "forward_s": fwd,  # noqa: E731
                                    "add_s": 0.1, "result_s": 0.2}
-    plain = lambda secs: {"tokens": 1000, "seconds": secs}                    # noqa: E731
-    s = F.summarise([(job(3.0, 1.0, 0.5), plain(0.25)), (job(1.5, 0.5, 0.4), plain(0.5)),
-                     (job(2.0, 1.0, 1.0), plain(1.0))])
+    plain = lambda secs, stop: {"tokens": 1000, "seconds": secs, "stopped_s": stop}   # noqa: E731
+    s = F.summarise([(job(3.0, 1.0, 0.5), plain(0.25, 0.125)), (job(1.5, 0.5, 0.4), plain(0.5, 0.1)),
+                     (job(2.0, 1.0, 1.0), plain(1.0, 0.5))])
     assert s["plain"] == 2000.0                                               # 4000, 2000, 1000 tok/s
+    assert s["stopped"] == 8000.0                                             # 8000, 10000, 2000 tok/s
     assert s["forward"] == 2000.0 and s["job"] == 1000.0 and s["with_load"] == 1000 / 2.0
     # ratios per pair, then the median: forward 0.5, 1.25, 1.0; without the load 0.125, 0.5, 1.0;
-    # with it 1/12, 1/3, 1/2
+    # with it 1/12, 1/3, 1/2; the forward pass against the stopped forward 0.25, 0.25, 0.5
     assert s["ratio"] == {"forward": 1.0, "job": 0.5, "with_load": pytest.approx(1 / 3)}
+    assert s["capture"] == 0.25
+    assert "(to the last attention input 8,000 tok/s)" in F.ratios_text(s) and "(0.25x of the stopped one)" in \
+        F.ratios_text(s)
     assert s["split"]["seconds"] == 2.0 and s["split"]["load_s"] == 1.0
     assert "job 2.000 s = load 1.000 + forward pass 0.500 (of which add() 0.100) + result() 0.200" in F.split_text(s)
 
@@ -74,17 +78,21 @@ def test_demo_checkpoints_are_each_language_runs_final_one(tmp_path):
 
 
 def test_rows_print_as_bench_row_lines_with_the_target(capsys):
-    s = {"plain": 1000.0, "forward": 800.0, "job": 500.0, "with_load": 400.0,
-         "ratio": {"forward": 0.8, "job": 0.5, "with_load": 0.4}}
+    s = {"plain": 1000.0, "stopped": 2000.0, "forward": 800.0, "job": 500.0, "with_load": 400.0,
+         "ratio": {"forward": 0.8, "job": 0.5, "with_load": 0.4}, "capture": 0.4}
     F.ratio_rows("a model, 4,096 tokens", s)
     rows = R.printed_rows(capsys.readouterr().out)
     assert [(r.bench, r.figure, r.target, r.result) for r in rows] == [
         ("forward_speed", "0.80x (800 tok/s)", ">= 0.7x", "pass"),
         ("forward_speed", "0.50x (500 tok/s)", "-", "-"),
-        ("forward_speed", "0.40x (400 tok/s)", "-", "-")]
+        ("forward_speed", "0.40x (400 tok/s)", "-", "-"),
+        ("forward_speed", "0.40x (800 tok/s)", "-", "-")]
     assert rows[0].measured.startswith("tokens/s of the activation job's forward pass") and \
         rows[0].measured.endswith(", a model, 4,096 tokens")
     assert rows[0].against == "the same model's plain forward, same windows (1,000 tok/s)"
+    assert rows[3].measured == ("tokens/s of the activation job's forward pass (hooks and every layer's add()) "
+                                "against the forward it stops, a model, 4,096 tokens")
+    assert rows[3].against == "the same model's forward to its last attention input, no add() (2,000 tok/s)"
     assert F.FORWARD_RATIO == R.FORWARD_RATIO == 0.7
 
 
@@ -108,7 +116,7 @@ def test_the_plain_forward_runs_the_windows_the_job_feeds(monkeypatch):
     assert job["tokens"] == 384 and job["rows"] > 0
     assert 0 < job["forward_s"] < job["seconds"] and job["add_s"] > 0 and job["result_s"] > 0
     plain = F.measure_plain(DEMO_RUN, "cpu", 300)
-    assert (plain["tokens"], plain["windows"]) == (384, [3, 128]) and plain["seconds"] > 0
+    assert (plain["tokens"], plain["windows"]) == (384, [3, 128]) and plain["seconds"] > 0 < plain["stopped_s"]
 
 
 @pytest.mark.slow
@@ -123,9 +131,10 @@ def test_a_small_run_prints_rows_run_all_reads(capsys):
     assert [r.measured.split(", ")[0] for r in rows] == 2 * [
         "tokens/s of the activation job's forward pass (hooks and every layer's add())",
         "tokens/s of the activation job without its model load (add()", "tokens/s of the activation job end to end (its "
-        "model load included)", "peak RSS above the imports"]
+        "model load included)", "tokens/s of the activation job's forward pass (hooks and every layer's add()) "
+        "against the forward it stops", "peak RSS above the imports"]
     assert "median of 2 demo checkpoints, 512 tokens each" in rows[0].measured
-    assert rows[4].measured.endswith("vocab 1,000), 512 tokens")
+    assert rows[5].measured.endswith("vocab 1,000), 512 tokens")
     for r in rows:
         assert r.bench == "forward_speed"
         if r.target == ">= 0.7x":
@@ -133,4 +142,4 @@ def test_a_small_run_prints_rows_run_all_reads(capsys):
         else:
             assert (r.target, r.result) == ("-", "-")
     # the target is on the job's forward pass (issue 20: the hooks and captures), one per model set
-    assert [r.target for r in rows] == 2 * [">= 0.7x", "-", "-", "-"]
+    assert [r.target for r in rows] == 2 * [">= 0.7x", "-", "-", "-", "-"]
