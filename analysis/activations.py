@@ -69,7 +69,11 @@ Every row also carries:
   totals over windows, and its K and V sums are exact functions of the input's
   Gram ``G = sum_t x_t x_t^T`` (float64) and ``s = sum_t x_t``: ``K_r^T K_r = R_K^T
   G R_K``, ``V_r^T V_r = R_V^T G R_V``, ``K_r^T V_r = R_K^T G R_V``, ``sum k_r = R_K^T
-  s``; its logit sums are per window (above).
+  s``; its logit sums are per window (above). So the draws are held through the
+  forward only when the logits are captured; otherwise ``result()`` draws them
+  again from the seed (the same matrices), which spares three matrices the size
+  of the layer's K and V for every layer during the forward (the 134M Llama of
+  ``bench/forward_speed.py``: the job's peak 2,272-2,315 -> 1,871-1,949 MiB).
 * ``n_tokens``: the tokens behind the value (all windows).
 * ``ci_low``, ``ci_high``: 95% bootstrap over windows: windows resampled with
   replacement ``n_boot`` times (seeded), each metric recomputed from the
@@ -174,12 +178,12 @@ class ActivationAccumulator:
                                  if self.identity_q else None)
             self.w = torch.cat(cols, 1)                     # [d, 2ge (+ he)]
             self.b = torch.cat(bias)
-            # random projections of the same shapes, N(0, 1/d_model); drawn on the CPU so that a
-            # seed gives the same matrices on every device
-            gen = torch.Generator().manual_seed(seed)
-            width = 2 * g * e + (h * e if self.logits else 0)
-            self.r = [(torch.randn(d, width, generator=gen) / math.sqrt(d)).to(self.dev)
-                      for _ in range(n_random)]             # n_random x [d, width]
+            self.n_random, self._seed = n_random, seed
+            self._width = 2 * g * e + (h * e if self.logits else 0)
+            # add() projects x through the draws when the logits are captured; otherwise only
+            # result() needs them, and they are drawn again there rather than held through the
+            # forward (three matrices the size of the layer's K and V, for every layer at once)
+            self._r = self._draw() if self.logits else None
             self.has_bias = bool(self.b.any())
         self._windows: list[dict[str, torch.Tensor]] = []  # per-window sums [B, ...]
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (G_w, s_w, n_w)
@@ -188,6 +192,18 @@ class ActivationAccumulator:
         self._sum = torch.zeros(d, dtype=torch.float64, device=self.dev)          # sum_t x_t
         self._chance_logits: list[dict[str, torch.Tensor] | None] = [None] * n_random   # totals per draw
         self._n = 0
+
+    @property
+    def r(self) -> list[torch.Tensor]:
+        """The chance draws: ``n_random x [d_model, 2ge (+ he)]``, K, V (and Q) head-major."""
+        return self._r if self._r is not None else self._draw()
+
+    def _draw(self) -> list[torch.Tensor]:
+        """Random projections of the layer's shapes, N(0, 1/d_model), from the seed; drawn on the
+        CPU so that a seed gives the same matrices on every device."""
+        gen = torch.Generator().manual_seed(self._seed)
+        return [(torch.randn(self.d, self._width, generator=gen) / math.sqrt(self.d)).to(self.dev)
+                for _ in range(self.n_random)]
 
     @property
     def n_tokens(self) -> int:
@@ -278,25 +294,25 @@ class ActivationAccumulator:
         sw = torch.cat([p[1] for p in self._pending])                   # [N, d]
         nw = torch.cat([p[2] for p in self._pending])                   # [N]
         self._pending, self._pending_bytes = [], 0
-        d, width = self.d, self.w.shape[1] * (1 + len(self.r))
+        d, width = self.d, self.w.shape[1] * (1 + self.n_random)
         step = max(1, _CHUNK_BYTES // (8 * d * (d + 2 * width)))        # the Grams and W^T G of a batch
-        real, draws = self._heads64()
+        real, draws = self._heads64(draws=self.logits)
         for lo in range(0, gw.shape[0], step):
             part = gw[lo:lo + step], sw[lo:lo + step], nw[lo:lo + step]
             st = _gram_stats(*part, real, self.rep, with_q=self.logits)
             self._windows.append({k: v if k == "n" else v[0] for k, v in st.items()})
             if self.logits:                                              # the draws: leading [n_random]
                 st = _gram_stats(*part, draws, self.rep, with_q=True, with_v=False)
-                for i in range(len(self.r)):
+                for i in range(self.n_random):
                     self._add_chance_logits(i, {k: st[k][i].sum(0) for k in _LOGIT_KEYS})   # over windows
 
-    def _heads64(self) -> tuple[dict, dict]:
+    def _heads64(self, *, draws: bool = True) -> tuple[dict, dict | None]:
         """The real projections and the draws in float64, per head (``_heads``), formed when used:
         held for every layer they would double the accumulators' memory."""
         g, h, e = self.g, self.h, self.e
         real = _heads(self.w.double()[None], self.b.double(), g, h, e, identity_q=self.identity_q,
                       b_q=self.b_q_identity)
-        return real, _heads(torch.stack(self.r).double(), None, g, h, e, identity_q=False)
+        return real, _heads(torch.stack(self.r).double(), None, g, h, e, identity_q=False) if draws else None
 
     def _add_chance_logits(self, i: int, st: dict[str, torch.Tensor]) -> None:
         """Add draw ``i``'s logit sums over windows."""
@@ -311,7 +327,7 @@ class ActivationAccumulator:
         tot = _gram_stats(self._gram[None], self._sum[None], n[None], self._heads64()[1], self.rep,
                           with_q=False)                                  # [n_random, 1, ...]
         draws = []
-        for i in range(len(self.r)):
+        for i in range(self.n_random):
             st = {k: v[i, 0] for k, v in tot.items() if k != "n"}
             st["n"] = n
             if self.logits:

@@ -160,6 +160,24 @@ def test_chance_totals_equal_float64_projections_of_the_draws(monkeypatch, gram)
         assert float(got["n"]) == x.shape[0] * x.shape[1]
 
 
+@pytest.mark.parametrize("gram", [True, False])
+def test_without_logits_the_draws_are_drawn_again_for_the_chance_not_held(monkeypatch, gram):
+    """Without the logits add() never uses the draws: none is held through the forward, and the
+    ones drawn again from the seed give the chance totals of float64 projections through them."""
+    lay, m = integer_layer()
+    x = rand(6, 24, m.d_model, seed=16) + 0.5
+    acc = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, logits=False)
+    assert acc._r is None
+    g, e = m.n_kv_heads, m.d_head
+    assert [tuple(r.shape) for r in acc.r] == [(m.d_model, 2 * g * e)] * 3
+    assert all(torch.equal(a, b) for a, b in zip(acc.r, acc.r))        # the same matrices at each use
+    for r, got in zip(acc.r, acc._chance_stats()):
+        split = lambda lo, hi: r[:, lo:hi].reshape(m.d_model, g, e).permute(1, 0, 2)   # noqa: E731
+        want = projected(x, split(0, g * e), split(g * e, 2 * g * e), split(0, g * e))
+        for key in ("sk", "sv", "kk", "vv", "kv"):
+            np.testing.assert_allclose(got[key].numpy(), want[key].sum(0).numpy(), rtol=1e-10, err_msg=key)
+
+
 def test_draws_logit_sums_on_long_offset_windows_hold_the_symmetry_score_to_1e5(monkeypatch):
     """Projection path: a chance draw's per-head and layer logit sums take float32 products over
     the window's tokens (float64 sums). On windows of 512 tokens whose mean is 10x their spread
