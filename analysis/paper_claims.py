@@ -40,7 +40,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.kv_cost import (
-    KV_TIED, VARIANT_LABELS, VARIANTS, Attention, Geometry, attention_params, embedding_params,
+    KV_TIED, VARIANT_LABELS, Attention, Geometry, attention_params, embedding_params,
     formula_params, geometry_from_info, kv_bytes_per_token,
 )
 from analysis.presets import PRESETS

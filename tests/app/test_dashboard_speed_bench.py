@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import re
 import sys
 
 from tests.app.apptest import ROOT
