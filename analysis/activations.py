@@ -307,8 +307,9 @@ class ActivationAccumulator:
                     self._add_chance_logits(i, {k: st[k][i].sum(0) for k in _LOGIT_KEYS})   # over windows
 
     def _heads64(self, *, draws: bool = True) -> tuple[dict, dict | None]:
-        """The real projections and the draws in float64, per head (``_heads``), formed when used:
-        held for every layer they would double the accumulators' memory."""
+        """The real projections and the draws (None unless ``draws``) in float64, per head
+        (``_heads``), formed when used: held for every layer they would double the accumulators'
+        memory."""
         g, h, e = self.g, self.h, self.e
         real = _heads(self.w.double()[None], self.b.double(), g, h, e, identity_q=self.identity_q,
                       b_q=self.b_q_identity)
