@@ -368,12 +368,13 @@ FIRST_VISIT_AFTER_S = 5
 #: How long the main area must be still (and the status widget gone) for a step to have ended.
 QUIET_MS = 1500
 #: Installed before any page script: stamps the time of every change inside the main area.
-#: A change inside a ``<canvas>`` is stamped apart (``__qkvCanvas``): a canvas's children are its
-#: fallback content, never painted where canvas is supported. st.dataframe's grid (Glide Data
-#: Grid) draws on a canvas and fills such a child, an accessibility ``<table>`` of the visible
-#: cells, on a debounce some 200-300 ms after the grid was drawn; stamped with the rest, that
-#: invisible table was the last change of every page with a table, and the time measured the
-#: debounce, not what the user sees. A step still waits until both have been still.
+#: A change to a ``<canvas>``'s children is stamped apart (``__qkvCanvas``): they are its
+#: fallback content, never painted where canvas is supported (a change to the canvas element
+#: itself, its size or style, is painted and stamped with the rest). st.dataframe's grid (Glide
+#: Data Grid) draws on a canvas and fills such a child, an accessibility ``<table>`` of the
+#: visible cells, on a debounce some 200-300 ms after the grid was drawn; stamped with the rest,
+#: that invisible table was the last change of every page with a table, and the time measured
+#: the debounce, not what the user sees. A step still waits until both have been still.
 _OBSERVER = """
 window.__qkvLast = 0;
 window.__qkvCanvas = 0;
@@ -382,7 +383,9 @@ new MutationObserver((records) => {
   for (const r of records) {
     const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
     if (!el || !el.closest || !el.closest("[data-testid='stMain']")) continue;
-    if (el.closest("canvas")) window.__qkvCanvas = t; else window.__qkvLast = t;
+    const canvas = el.closest("canvas");
+    const fallback = canvas && (canvas !== el || r.type === "childList");
+    if (fallback) window.__qkvCanvas = t; else window.__qkvLast = t;
   }
 }).observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
 """
