@@ -294,9 +294,11 @@ class ActivationAccumulator:
         sw = torch.cat([p[1] for p in self._pending])                   # [N, d]
         nw = torch.cat([p[2] for p in self._pending])                   # [N]
         self._pending, self._pending_bytes = [], 0
-        d, width = self.d, self.w.shape[1] * (1 + self.n_random)
+        # the draws are projected here only with the logits (else result() takes them from the Gram)
+        d, width = self.d, self.w.shape[1] * (1 + (self.n_random if self.logits else 0))
         step = max(1, _CHUNK_BYTES // (8 * d * (d + 2 * width)))        # the Grams and W^T G of a batch
-        real, draws = self._heads64(draws=self.logits)
+        real = self._real64()
+        draws = self._draws64() if self.logits else None
         for lo in range(0, gw.shape[0], step):
             part = gw[lo:lo + step], sw[lo:lo + step], nw[lo:lo + step]
             st = _gram_stats(*part, real, self.rep, with_q=self.logits)
@@ -306,14 +308,15 @@ class ActivationAccumulator:
                 for i in range(self.n_random):
                     self._add_chance_logits(i, {k: st[k][i].sum(0) for k in _LOGIT_KEYS})   # over windows
 
-    def _heads64(self, *, draws: bool = True) -> tuple[dict, dict | None]:
-        """The real projections and the draws (None unless ``draws``) in float64, per head
-        (``_heads``), formed when used: held for every layer they would double the accumulators'
-        memory."""
-        g, h, e = self.g, self.h, self.e
-        real = _heads(self.w.double()[None], self.b.double(), g, h, e, identity_q=self.identity_q,
-                      b_q=self.b_q_identity)
-        return real, _heads(torch.stack(self.r).double(), None, g, h, e, identity_q=False) if draws else None
+    def _real64(self) -> dict:
+        """The layer's projections in float64, per head (``_heads``), formed when used: held for
+        every layer they would double the accumulators' memory."""
+        return _heads(self.w.double()[None], self.b.double(), self.g, self.h, self.e,
+                      identity_q=self.identity_q, b_q=self.b_q_identity)
+
+    def _draws64(self) -> dict:
+        """The chance draws in float64, per head (``_heads``; leading ``[n_random]``), formed when used."""
+        return _heads(torch.stack(self.r).double(), None, self.g, self.h, self.e, identity_q=False)
 
     def _add_chance_logits(self, i: int, st: dict[str, torch.Tensor]) -> None:
         """Add draw ``i``'s logit sums over windows."""
@@ -325,7 +328,7 @@ class ActivationAccumulator:
         sums accumulated per window (the held windows reduced first)."""
         self._reduce()
         n = torch.tensor(float(self._n), dtype=torch.float64, device=self.dev)
-        tot = _gram_stats(self._gram[None], self._sum[None], n[None], self._heads64()[1], self.rep,
+        tot = _gram_stats(self._gram[None], self._sum[None], n[None], self._draws64(), self.rep,
                           with_q=False)                                  # [n_random, 1, ...]
         draws = []
         for i in range(self.n_random):
