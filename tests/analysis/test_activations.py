@@ -11,6 +11,7 @@ import torch
 from analysis.activations import ActivationAccumulator
 from analysis.errors import AnalysisError
 from analysis.registry import RESULT_COLUMNS, names
+from tests.analysis._devices import DEVICES
 from tests.analysis._threads import one_thread  # noqa: F401  (autouse: one torch thread)
 
 KV_METRICS = ("kv_cka_act", "kv_cosine_act", "kv_share_r2_act", "erank_kcache", "erank_vcache")
@@ -105,18 +106,19 @@ def values(df, metric, whole=False):
     return rows.sort_values("head")["value"].to_numpy()
 
 
-def run(lay, m, x, *, calls=1, logits=True, n_boot=50, **kw):
+def run(lay, m, x, *, calls=1, logits=True, n_boot=50, device="cpu", **kw):
     """Add ``x`` in ``calls`` batches of windows and return ``result()``."""
-    acc = ActivationAccumulator(lay, m, logits=logits, device="cpu", **kw)
+    acc = ActivationAccumulator(lay, m, logits=logits, device=device, **kw)
     for part in torch.tensor_split(x, calls):
         acc.add(part)
     return acc.result(n_boot=n_boot)
 
 
-def test_float64_reference_on_ill_conditioned_gqa_heads():
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64_reference_on_ill_conditioned_gqa_heads(device):
     lay, m = ill_conditioned_layer()
     x = anisotropic_x(4, 64, m.d_model)                               # 256 tokens >= 8 x 16
-    df, notes = run(lay, m, x, calls=2)
+    df, notes = run(lay, m, x, calls=2, device=device)
     ref = reference(lay, m, x)
     assert list(df.columns) == RESULT_COLUMNS and set(df.metric) == set(names("activations"))
     for metric in (*KV_METRICS, "logit_symmetry"):

@@ -11,6 +11,7 @@ import torch
 
 import analysis.activations as act
 from analysis.activations import ActivationAccumulator
+from tests.analysis._devices import DEVICES
 from tests.analysis._threads import one_thread  # noqa: F401  (autouse: one torch thread)
 
 
@@ -102,9 +103,9 @@ def test_gram_stats_of_several_sets_and_identity_queries():
         np.testing.assert_allclose(got[key][0].numpy(), want[key].numpy(), rtol=1e-10, err_msg=key)
 
 
-def accumulate(lay, m, x, *, gram, monkeypatch, logits=True, calls=2, n_boot=40):
+def accumulate(lay, m, x, *, gram, monkeypatch, logits=True, calls=2, n_boot=40, device="cpu"):
     monkeypatch.setattr(act, "_gram_path", lambda d, T: gram)
-    acc = ActivationAccumulator(lay, m, logits=logits, device="cpu", seed=3)
+    acc = ActivationAccumulator(lay, m, logits=logits, device=device, seed=3)
     for part in torch.tensor_split(x, calls):
         acc.add(part)
     return acc
@@ -117,13 +118,14 @@ def integer_layer(h=4, g=2, d=16, e=4):
                  bv=ints(g, e, seed=6)), meta(h, g, d, e)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("logits", [True, False])
-def test_gram_path_and_projection_path_give_the_same_rows(monkeypatch, logits):
+def test_gram_path_and_projection_path_give_the_same_rows(monkeypatch, logits, device):
     lay, m = integer_layer()
     x = ints(6, 24, m.d_model, seed=7)                                  # 144 tokens, windows of 24
     rows = {}
     for gram in (True, False):
-        acc = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, logits=logits)
+        acc = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, logits=logits, device=device)
         rows[gram] = acc.result(n_boot=40)[0]
     one, two = rows[True], rows[False]
     assert one[["metric", "head_label"]].equals(two[["metric", "head_label"]])

@@ -25,6 +25,7 @@ from analysis import kv_similarity, query_absorb
 from analysis._linalg import EPS32, kv_index
 from analysis.kv_similarity import KVProducts
 from analysis.weights import weight_metrics
+from tests.analysis._devices import DEVICES
 
 D = 256
 CONDS = [1e3, 1e4, 1e5, 1e6]
@@ -147,18 +148,20 @@ def assert_matches(df, ref, *, skip=("qk_directionality", "wq_absorb_error")):
 
 
 # -- the tests -------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cond", CONDS)
 @pytest.mark.parametrize("n_heads,n_kv,e,q_mode", LAYOUTS)
-def test_every_weight_metric_matches_float64(n_heads, n_kv, e, q_mode, cond):
+def test_every_weight_metric_matches_float64(n_heads, n_kv, e, q_mode, cond, device):
     layer = build_layer(n_heads, n_kv, e, q_mode, cond, seed=int(math.log10(cond)) * 10 + e + n_kv)
-    df, _ = weight_metrics(layer, meta(n_heads, n_kv, e), device="cpu")
+    df, _ = weight_metrics(layer, meta(n_heads, n_kv, e), device=device)
     assert_matches(df, reference(layer, n_heads, n_kv, e))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cond", [1e3, 1e6])
-def test_no_norm_model_matches_float64_and_absorb_error_is_round_off(cond):
+def test_no_norm_model_matches_float64_and_absorb_error_is_round_off(cond, device):
     layer = build_layer(8, 2, 32, "stacked", cond, seed=7)
-    df, notes = weight_metrics(layer, meta(8, 2, 32, norm="none"), device="cpu")
+    df, notes = weight_metrics(layer, meta(8, 2, 32, norm="none"), device=device)
     ref = reference(layer, 8, 2, 32)
     del ref["wq_basis_orth_defect", None]                                        # not defined without a norm
     assert_matches(df, ref)
@@ -211,11 +214,12 @@ def test_centred_cka_is_centred_in_float64():
     assert got == pytest.approx(expect, rel=1e-9)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cond", CONDS)
-def test_stacked_spectrum_float64_redo(cond):
+def test_stacked_spectrum_float64_redo(cond, device):
     rng = np.random.default_rng(13)
     a = geometric(rng, 512, 512, cond).astype(np.float32)                       # [D, n], square
-    q = torch.from_numpy(a).reshape(512, 8, 64).permute(1, 0, 2).contiguous()   # [8, 512, 64]
+    q = torch.from_numpy(a).reshape(512, 8, 64).permute(1, 0, 2).contiguous().to(device)   # [8, 512, 64]
     a64 = a.astype(np.float64)
     s = np.linalg.svd(a64, compute_uv=False)
     st = query_absorb.stacked_spectrum(q)
