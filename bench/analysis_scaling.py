@@ -34,13 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _shapes  # noqa: E402
+from analysis_speed import child_json  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 PHASES = ("read", "stacked_wq", "layer_m", "per_head", "chance", "store")
@@ -53,7 +53,7 @@ def measure(folder: Path, shape: _shapes.Shape, threads: int, device: str = "cpu
     _shapes.build(folder, shape)
     cmd = [sys.executable, str(BENCH / "analysis_speed.py"), "--phase", "analysis", "--dir", str(folder),
            "--threads", str(threads), "--device", device]
-    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    out = child_json(cmd)
     # CPU seconds per phase (one torch thread by default: on a shared machine wall-clock phases
     # swing by 10x, CPU seconds far less); store is wall-clock (DuckDB's own threads)
     return {**out["cpu"], "store": out["store_seconds"], "total": out["cpu_seconds"], "wall": out["seconds"]}

@@ -288,8 +288,17 @@ def run_phase(args, phase: str) -> dict:
     cmd = [sys.executable, __file__, "--phase", phase, "--dir", args.dir, "--device", args.device,
            "--naive-layers", str(args.naive_layers), "--threads", str(args.threads), "--shape", args.shape,
            "--layers", str(args.layers)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return child_json(cmd)
+
+
+def child_json(cmd: list[str]) -> dict:
+    """The JSON of the last stdout line of ``cmd`` (a phase in a fresh process); when it fails,
+    a SystemExit that names the phase and carries the end of its stderr (the traceback)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd[:6]))} ... "
+                         f"exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def bench_row(measured: str, figure: str, against: str, target: str, ok: bool | None) -> dict:

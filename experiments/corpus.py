@@ -65,8 +65,10 @@ def load_corpus(path: str | Path | None = None, *, val_every: int = 10,
     else a text file or a folder of text files.
 
     ``max_bytes`` caps the total read (files in order until the cap; the last
-    file is cut). A single file is split by position: its last
-    ``1/val_every`` is validation.
+    file is cut). Every ``val_every``-th file read is validation; with fewer files
+    read than that (one file, a few large ones, or the cap reached within them, as
+    with Python 3.12's standard library at a 60 kB cap) the text read is split by
+    position instead: its last ``1/val_every`` is validation.
     """
     if path is None or str(path) == STDLIB:
         root = Path(sysconfig.get_paths()["stdlib"])
@@ -89,8 +91,8 @@ def load_corpus(path: str | Path | None = None, *, val_every: int = 10,
     if total < min_bytes:
         raise CorpusError(root, f"expected at least {min_bytes} bytes of text, found {total} "
                                 f"in {len(chunks)} file(s)")
-    if len(chunks) == 1:
-        blob = chunks[0]
+    if len(chunks) < val_every:                                  # no file would be held out
+        blob = b"".join(chunks)
         cut = len(blob) - len(blob) // val_every
         train_b, val_b = blob[:cut], blob[cut:]
     else:

@@ -224,6 +224,8 @@ def test_stacked_spectrum_float64_redo(cond, device):
     s = np.linalg.svd(a64, compute_uv=False)
     st = query_absorb.stacked_spectrum(q)
     assert st.condition == pytest.approx(s[0] / s[-1], rel=RTOL)
-    assert st.log_abs_det == pytest.approx(np.linalg.slogdet(a64)[1], rel=1e-6)
+    # log|det| sums the float32 LU's pivots up to REFINE_CONDITION (a float64 LU past it): 1.3e-6 relative
+    # at 1e6 on CUDA (an H200, 2026-12-04), under 1e-6 on the CPU; the defect it feeds holds RTOL
+    assert st.log_abs_det == pytest.approx(np.linalg.slogdet(a64)[1], rel=1e-5)
     defect = math.log((s ** 2).mean()) - 2 * np.linalg.slogdet(a64)[1] / 512
     assert st.orth_defect == pytest.approx(defect, rel=RTOL)

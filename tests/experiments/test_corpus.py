@@ -51,6 +51,22 @@ def test_single_file_split_by_position(tmp_path):
     assert len(c.val) == len(blob) // 10
 
 
+@pytest.mark.parametrize("max_bytes", [None, 60_000])
+def test_a_few_files_or_a_cap_within_them_split_by_position(tmp_path, max_bytes):
+    # fewer files read than val_every held no file out: an empty validation set, which torch
+    # refused ("both buffer length (0) and count (-1) must not be 0"); seen with Python 3.12's
+    # standard library, whose first files reach the 60 kB cap of a short training run
+    for i in range(3):
+        (tmp_path / f"f{i}.txt").write_bytes(bytes([65 + i]) * 30_000)
+    c = load_corpus(tmp_path, max_bytes=max_bytes)
+    read = b"".join(p.read_bytes() + b"\n\n" for p in sorted(tmp_path.iterdir()))
+    if max_bytes:
+        assert c.info["n_files"] == 2
+        read = (b"A" * 30_000 + b"\n\n") + (b"B" * (60_000 - 30_002) + b"\n\n")
+    assert bytes(c.train.tolist()) + bytes(c.val.tolist()) == read
+    assert len(c.val) == len(read) // 10 > 0 and c.info["val_bytes"] == len(c.val)
+
+
 def test_missing_corpus_message(tmp_path):
     with pytest.raises(CorpusError) as e:
         load_corpus(tmp_path / "nope")

@@ -36,3 +36,17 @@ def test_a_one_layer_run_prints_the_targets_and_the_exact_arithmetic_beside_them
     assert _x(exact["figure"]) > 1.0
     # analysis / floor = (analysis / exact) * (exact / floor), up to the printed rounding
     assert _x(whole["figure"]) == pytest.approx(_x(against["figure"]) * _x(exact["figure"]), rel=0.02)
+
+
+def test_a_failing_phase_exits_with_its_traceback_not_a_bare_called_process_error(monkeypatch):
+    # a phase runs in a fresh process with its output captured: its traceback is what says why
+    # (found on a GPU machine, where the bench stopped at "returned non-zero exit status 1")
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))                  # as the script itself runs
+    from analysis_speed import child_json
+
+    code = "import sys; sys.stderr.write('Traceback (most recent call last):\\nValueError: boom\\n'); sys.exit(1)"
+    with pytest.raises(SystemExit) as err:
+        child_json([sys.executable, "-c", code])
+    assert str(err.value).startswith("error: ") and "exited 1:\n" in str(err.value)
+    assert str(err.value).endswith("ValueError: boom\n")
+    assert child_json([sys.executable, "-c", "print('noise'); print('{\"seconds\": 1.5}')"]) == {"seconds": 1.5}
