@@ -30,6 +30,40 @@ EPS64 = float(torch.finfo(torch.float64).eps)
 CHUNK = 1 << 19
 
 
+#: Whether stacks of small matrices on CUDA (``n <= HOST_MAX_N``: the ``d_head x d_head``
+#: Grams and products) are eigen-decomposed and SVD'd on the host (``small_eigvalsh``,
+#: ``small_eigh``, ``small_svdvals``): a float64 ``d_head x d_head`` problem is a few
+#: milliseconds of latency-bound solver work on a GPU, and a layer has dozens of batches of
+#: them. The values are the same float64 problems either way. ``bench/analysis_speed.py
+#: --device-eig`` times the other choice side by side.
+HOST_SMALL = True
+#: The largest ``n`` that ``HOST_SMALL`` sends to the host.
+HOST_MAX_N = 512
+
+
+def _host(t: torch.Tensor) -> bool:
+    return HOST_SMALL and t.is_cuda and t.shape[-1] <= HOST_MAX_N
+
+
+def small_eigvalsh(g: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.eigvalsh`` of a stack ``[..., n, n]`` (ascending), on the host for small
+    ``n`` on CUDA (``HOST_SMALL``); the result is on ``g``'s device."""
+    return torch.linalg.eigvalsh(g.cpu()).to(g.device) if _host(g) else torch.linalg.eigvalsh(g)
+
+
+def small_eigh(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.linalg.eigh`` of a stack ``[..., n, n]`` (ascending), as ``small_eigvalsh``."""
+    if not _host(g):
+        return torch.linalg.eigh(g)
+    lam, u = torch.linalg.eigh(g.cpu())
+    return lam.to(g.device), u.to(g.device)
+
+
+def small_svdvals(a: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.svdvals`` of a stack ``[..., m, n]``, as ``small_eigvalsh``."""
+    return torch.linalg.svdvals(a.cpu()).to(a.device) if _host(a) else torch.linalg.svdvals(a)
+
+
 def as_float32(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """A float32 copy-or-view of ``t`` on ``device``; callers never write into it."""
     return t.detach().to(device=device, dtype=torch.float32)
@@ -120,7 +154,7 @@ def gram_eigvals(g: torch.Tensor) -> torch.Tensor:
     those below ``n * eps * lambda_max`` (``_tolerance``) set to 0."""
     g64 = g.to(torch.float64)
     g64 = (g64 + g64.mT) / 2
-    lam = torch.linalg.eigvalsh(g64).flip(-1)  # [..., n], descending
+    lam = small_eigvalsh(g64).flip(-1)  # [..., n], descending
     tol = _tolerance(g, lam[..., :1].clamp_min(0))
     return torch.where(lam > tol, lam, torch.zeros_like(lam))
 
@@ -137,7 +171,7 @@ def clean_eigh(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``n * eps * lambda_max``, as in ``gram_eigvals``) set to 0: ``(lam, U)``."""
     g64 = g.to(torch.float64)
     g64 = (g64 + g64.mT) / 2
-    lam, u = torch.linalg.eigh(g64)                      # [..., n], [..., n, n]
+    lam, u = small_eigh(g64)                             # [..., n], [..., n, n]
     tol = _tolerance(g, lam[..., -1:].clamp_min(0))
     lam = torch.where(lam > tol, lam, torch.zeros_like(lam))
     return lam, u

@@ -113,7 +113,7 @@ import math
 import pandas as pd
 import torch
 
-from analysis._linalg import as_float32, spectrum_stats, stack_heads
+from analysis._linalg import as_float32, small_eigh, small_eigvalsh, spectrum_stats, stack_heads
 from analysis.errors import AnalysisError
 from analysis.plugins import activation_values
 from analysis.registry import BY_NAME, RESULT_COLUMNS
@@ -585,7 +585,7 @@ def _metrics(st: dict[str, torch.Tensor], d_head: int) -> dict[str, torch.Tensor
 def _gram_sv(gram: torch.Tensor) -> torch.Tensor:
     """Singular values (descending) of the matrix behind a float64 Gram ``[..., e, e]``;
     eigenvalues below ``e * eps64 * lambda_max`` (round-off) are 0."""
-    lam = torch.linalg.eigvalsh((gram + gram.mT) / 2).flip(-1)           # [..., e], descending
+    lam = small_eigvalsh((gram + gram.mT) / 2).flip(-1)                # [..., e], descending
     tol = gram.shape[-1] * EPS64 * lam[..., :1].clamp_min(0)
     return torch.where(lam > tol, lam, torch.zeros_like(lam)).sqrt()
 
@@ -603,7 +603,7 @@ def _share_r2(kk: torch.Tensor, vv: torch.Tensor, kv: torch.Tensor, d_head: int)
     explained = y.square().sum((-2, -1))                                 # ||L^-1 D K^T V||_F^2
     if not bool(ok.all()):                                               # singular: pseudo-inverse
         bad = ~ok
-        lam, u = torch.linalg.eigh((kk[bad] + kk[bad].mT) / 2)           # ascending
+        lam, u = small_eigh((kk[bad] + kk[bad].mT) / 2)                  # ascending
         keep = lam > d_head * EPS64 * lam[..., -1:].clamp_min(0)
         inv = torch.where(keep, 1 / torch.where(keep, lam, torch.ones_like(lam)), torch.zeros_like(lam))
         explained[bad] = ((u.mT @ kv[bad]).square().sum(-1) * inv).sum(-1)

@@ -44,7 +44,7 @@ from typing import Callable
 
 import torch
 
-from analysis._linalg import EPS32, kv_index, stack_heads
+from analysis._linalg import EPS32, kv_index, small_eigh, stack_heads
 
 
 def stack_queries(q: torch.Tensor) -> torch.Tensor:
@@ -239,7 +239,7 @@ def _refined_sigma_min(a: torch.Tensor, lu: torch.Tensor, piv: torch.Tensor, v: 
             return None
         w = torch.linalg.qr(w_new)[0]                                 # [n, k]
         aw = _times(a64, w)                                           # [n, k]
-        lam, vec = torch.linalg.eigh(aw.mT @ aw)                      # Rayleigh-Ritz, ascending
+        lam, vec = small_eigh(aw.mT @ aw)                             # Rayleigh-Ritz, ascending
         w, aw = w @ vec, aw @ vec                                     # Ritz vectors, smallest first
         lam0 = float(lam[0].clamp_min(0))
         best = min(best, lam0 ** 0.5)

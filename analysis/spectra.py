@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from analysis._linalg import clean_eigh, gram, gram_eigvals, psd_sqrt, psd_sqrt_from, row_gram, spectrum_stats, stack_heads
+from analysis._linalg import (clean_eigh, gram, gram_eigvals, psd_sqrt, psd_sqrt_from, row_gram, small_svdvals,
+                              spectrum_stats, stack_heads)
 
 
 def gram_stats(g: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -88,4 +89,4 @@ def qk_stats_from(eigh_q: tuple[torch.Tensor, torch.Tensor],
     """
     with torch.inference_mode():
         sq = psd_sqrt_from(eigh_q)                              # [n_heads, d_head, d_head], float64
-        return spectrum_stats(torch.linalg.svdvals(sq @ sk.to(torch.float64)))
+        return spectrum_stats(small_svdvals(sq @ sk.to(torch.float64)))

@@ -271,6 +271,9 @@ def child(args) -> None:
     import torch
     torch.set_num_threads(args.threads) if args.threads else None
     folder = Path(args.dir)
+    if args.device_eig:
+        import analysis._linalg
+        analysis._linalg.HOST_SMALL = False
     if args.phase == "read":
         res = phase_read(folder, args.device)
     elif args.phase == "analysis":
@@ -287,7 +290,7 @@ def child(args) -> None:
 def run_phase(args, phase: str) -> dict:
     cmd = [sys.executable, __file__, "--phase", phase, "--dir", args.dir, "--device", args.device,
            "--naive-layers", str(args.naive_layers), "--threads", str(args.threads), "--shape", args.shape,
-           "--layers", str(args.layers)]
+           "--layers", str(args.layers), *(["--device-eig"] if args.device_eig else [])]
     return child_json(cmd)
 
 
@@ -322,6 +325,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "(default 3: a single read swings by 2-3x)")
     ap.add_argument("--phase", choices=["read", "analysis", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--skip-naive", action="store_true", help="measure read and analysis only")
+    ap.add_argument("--device-eig", action="store_true",
+                    help="on CUDA, keep the d_head x d_head eigen-decompositions and SVDs on the GPU "
+                         "(analysis._linalg.HOST_SMALL off; default: on the host)")
 
 
 def main() -> None:
@@ -363,7 +369,9 @@ def main() -> None:
     n = shape.n_layers
     geo = (f"{shape.name}-shaped attention ({n} layers, d_model {shape.d_model}, {shape.n_heads} heads, "
            f"{shape.n_kv_heads} kv heads, {size_mib:,.0f} MiB)")
-    print(f"\n{geo}; device {args.device}, torch threads {an['threads']}, "
+    small = "" if args.device != "cuda" else (
+        "; the d_head x d_head decompositions on the " + ("GPU" if args.device_eig else "host"))
+    print(f"\n{geo}; device {args.device}{small}, torch threads {an['threads']}, "
           f"1-min load average {load0:.2f} -> {load1:.2f}"
           + (f", median of {args.repeat} runs" if args.repeat > 1 else ""))
     print(f"read {r:.3f} s, bare float32 LU of each stacked W_Q {lu:.3f} s: floor {floor:.3f} s; "

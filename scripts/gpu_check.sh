@@ -11,15 +11,17 @@
 #
 # then run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=600) and
 # read the files it leaves in $OUT (eight: what the tool brings back), in the order the steps run,
-# each step under its own time limit (560 s in all): env.txt, gpu_tests.txt (the `-m gpu`
-# tests: the float64-reference tests on ill-conditioned heads on CUDA, training on CUDA),
-# gpu_compare.txt (every metric of three demo checkpoints, CPU against CUDA),
-# analysis_7b_cuda.txt (the Llama-2-7B-shaped bench, 32 layers MHA, 4.3 GB, against its
-# floor: the same phases as on the CPU), analysis_speed_cuda.txt (the Llama-1B bench on the
-# GPU, the naive version on one layer), forward_speed_cuda.txt (the activation job's tokens/s
-# against the plain forward, 8 demo checkpoints and a ~100M Llama), analysis_scaling_cuda.txt
-# (each phase's exponent in d_model, MHA vs GQA) and analysis_speed_cpu.txt (the Llama-1B
-# bench on that machine's CPU cores, for the CPU target on more than two cores).
+# each step under its own time limit (600 s in all; STEPS below picks some): gpu_tests.txt (the
+# machine, then the `-m gpu` tests: the float64-reference tests on ill-conditioned heads on
+# CUDA, training on CUDA), gpu_compare.txt (every metric of three demo checkpoints, CPU against
+# CUDA), analysis_7b_cuda.txt (the Llama-2-7B-shaped bench, 32 layers MHA, 4.3 GB, against its
+# floor: the same phases as on the CPU), analysis_speed_cuda.txt (the Llama-1B bench on the GPU,
+# the naive version on one layer), small_decompositions_cuda.txt (one 7B-shaped layer profiled
+# op by op, and 8 such layers analysed with the d_head x d_head decompositions on the host and
+# on the GPU: bench/layer_profile.py, --device-eig), forward_speed_cuda.txt (the activation
+# job's tokens/s against the plain forward, 8 demo checkpoints and a ~100M Llama),
+# analysis_scaling_cuda.txt (each phase's exponent in d_model, MHA vs GQA) and
+# analysis_speed_cpu.txt (the Llama-1B bench on that machine's CPU cores).
 # It runs here too (no CUDA: the gpu tests skip, the rest says why it stops).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,37 +38,41 @@ status=0
 # at most 600 s returns every file that finished: the GPU tests and the CPU-against-CUDA check
 # (is CUDA right?) before the timings (how fast?). STEPS picks steps for a rerun, e.g.
 # STEPS="scaling cpu" bash scripts/gpu_check.sh.
-STEPS=${STEPS:-"tests compare 7b 1b forward scaling cpu"}
+STEPS=${STEPS:-"tests compare 7b 1b eig forward scaling cpu"}
 want() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 step() {   # step NAME SECONDS FILE COMMAND...: the command's output to the screen and $OUT/FILE
     local name=$1 limit=$2 file=$3; shift 3
     want "$name" || return 0
-    echo "== $name (at most ${limit} s): $*" | tee "$OUT/$file"
+    echo "== $name (at most ${limit} s): $*" | tee -a "$OUT/$file"
     local t0=$SECONDS
     timeout --signal=KILL "$limit" "$@" 2>&1 | tee -a "$OUT/$file"
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/$file"
     [ "$rc" = 0 ] || status=1
 }
+rm -f "$OUT"/*.txt
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
     nproc
     $PY -c "import torch, duckdb, transformers; print('torch', torch.__version__, 'duckdb', duckdb.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-')"
-} 2>&1 | tee "$OUT/env.txt" || status=1
+} 2>&1 | tee "$OUT/gpu_tests.txt" || status=1
 $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
 cuda=$?
-step tests 120 gpu_tests.txt $PY -m pytest -q -m gpu -p no:cacheprovider tests/analysis tests/experiments
+step tests 90 gpu_tests.txt $PY -m pytest -q -m gpu -p no:cacheprovider tests/analysis tests/experiments
 if [ "$cuda" = 0 ]; then
-    step compare 60 gpu_compare.txt $PY scripts/gpu_compare.py --device cuda
-    step 7b 160 analysis_7b_cuda.txt $PY bench/analysis_speed.py --device cuda --shape 7B --skip-naive --repeat 1 \
+    step compare 40 gpu_compare.txt $PY scripts/gpu_compare.py --device cuda
+    step 7b 130 analysis_7b_cuda.txt $PY bench/analysis_speed.py --device cuda --shape 7B --skip-naive --repeat 1 \
         --dir /tmp/qkvscope-bench-7b
     step 1b 60 analysis_speed_cuda.txt $PY bench/analysis_speed.py --device cuda --naive-layers 1 --repeat 1 \
         --dir /tmp/qkvscope-bench-ckpt
-    step forward 70 forward_speed_cuda.txt $PY bench/forward_speed.py --device cuda --limit 8
+    step eig 80 small_decompositions_cuda.txt bash -c "$PY bench/layer_profile.py --shape 7B --device cuda && \
+        $PY bench/analysis_speed.py --device cuda --shape 7B --layers 8 --skip-naive --repeat 1 --dir /tmp/q7b8 && \
+        $PY bench/analysis_speed.py --device cuda --shape 7B --layers 8 --skip-naive --repeat 1 --dir /tmp/q7b8 --device-eig"
+    step forward 115 forward_speed_cuda.txt $PY bench/forward_speed.py --device cuda ${FORWARD_ARGS:---limit 8}
     step scaling 50 analysis_scaling_cuda.txt $PY bench/analysis_scaling.py --device cuda --dir /tmp/qkvscope-bench-scaling
 else
     echo "no CUDA device: gpu_compare and the CUDA bench are skipped" | tee "$OUT/gpu_compare.txt"
 fi
-step cpu 40 analysis_speed_cpu.txt $PY bench/analysis_speed.py --device cpu --skip-naive --repeat 1 \
+step cpu 35 analysis_speed_cpu.txt $PY bench/analysis_speed.py --device cpu --skip-naive --repeat 1 \
     --dir /tmp/qkvscope-bench-ckpt
 exit $status

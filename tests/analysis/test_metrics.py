@@ -451,6 +451,19 @@ def test_cpu_and_gpu_agree():
     np.testing.assert_allclose(a["value"].to_numpy(), b["value"].to_numpy(), rtol=2e-3, atol=1e-4)
 
 
+@pytest.mark.gpu
+def test_small_decompositions_on_the_host_or_the_gpu_give_the_same_rows(monkeypatch):
+    # analysis._linalg.HOST_SMALL moves the d_head x d_head float64 problems off the GPU: the
+    # same problems, so the same values up to the two solvers' float64 round-off
+    from analysis import _linalg
+    rows = {}
+    for host in (True, False):
+        monkeypatch.setattr(_linalg, "HOST_SMALL", host)
+        rows[host], _ = weight_metrics(_layer(), _meta(norm="none"), device="cuda")
+    assert rows[True][["layer", "head", "metric"]].equals(rows[False][["layer", "head", "metric"]])
+    np.testing.assert_allclose(rows[True]["value"].to_numpy(), rows[False]["value"].to_numpy(), rtol=1e-6, atol=1e-9)
+
+
 def test_chunked_float64_products_match_direct_ones_across_chunk_edges(monkeypatch):
     # 5 heads in chunks of 2 (the last one short), heads stored transposed as the loaders hand them out
     from analysis import _linalg, qk_geometry
