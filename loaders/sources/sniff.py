@@ -63,12 +63,16 @@ def _magic_kind(head: bytes, size: int) -> str:
         return "empty"
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return "zip"
-    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:   # PROTO opcode
-        return "pickle"
+    # safetensors before pickle: its first 8 bytes are the header's length, little-endian, and a
+    # length of 640, 896, 1152 or 1408 bytes starts 0x80 0x02..0x05, as a pickle's PROTO opcode
+    # does. A pickle's next bytes make that length larger than any file (torch's 0x8a magic
+    # number, protocol 4's frame opcode 0x95), and JSON's "{" follows only a safetensors length.
     if len(head) >= 9 and head[8:9] == b"{":
         n = struct.unpack("<Q", head[:8])[0]
         if n <= size - 8:
             return "safetensors"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:   # PROTO opcode
+        return "pickle"
     return "unknown"
 
 

@@ -118,6 +118,26 @@ def test_safetensors_detected_by_content_not_suffix(tmp_path):
         assert_same(src, sd)
 
 
+@pytest.mark.parametrize("suffix", [".safetensors", ".bin"])
+@pytest.mark.parametrize("header", [640, 896, 1152, 1408])
+def test_a_safetensors_header_length_that_starts_like_a_pickle_is_still_safetensors(tmp_path, header, suffix):
+    # a header of 896 bytes starts the file with 80 03 00..: a pickle's PROTO 3 to a sniff that
+    # looked for pickles first, which sent a 2-layer TinyLlama-shaped bench checkpoint to the
+    # unpickler ("refused to unpickle: Unsupported operand 0")
+    sd = {"model.layers.0.self_attn.q_proj.weight": torch.ones(4, 4)}
+    p = tmp_path / f"model{suffix}"
+    for pad in range(header):                                   # metadata that brings the header there
+        save_file(sd, str(p), metadata={"pad": "x" * pad})
+        if struct.unpack("<Q", p.read_bytes()[:8])[0] == header:
+            break
+    head = p.read_bytes()[:9]
+    assert head[0] == 0x80 and 2 <= head[1] <= 5 and head[8:9] == b"{"
+    assert is_checkpoint_candidate(p)
+    with open_source(p) as src:
+        assert src.format == "safetensors"
+        assert_same(src, sd)
+
+
 def test_safetensors_reads_lazily(tmp_path):
     """Shapes come from the header; tensor data is read at ``get``, not at open:
     bytes rewritten on disk after opening show up in ``get``."""
