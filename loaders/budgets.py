@@ -19,10 +19,10 @@ budget (environment variable)  default      what it bounds
 ``QKVSCOPE_ZIP_TOTAL_BYTES``   64 GiB       bytes written when extracting a zip upload
 ``QKVSCOPE_ALLOW_SPARSE``      0            1: read safetensors tensors that lie in a
                                             hole of a sparse file (refused by default)
-``QKVSCOPE_PARSE_MEMORY_MB``   4,096        address space (``RLIMIT_AS``) the process
-                                            reading one file may add to what it holds
-                                            after its imports, plus that file's size
-                                            (memory-mapped files count toward it)
+``QKVSCOPE_PARSE_MEMORY_MB``   4,096        private writable memory (``RLIMIT_DATA``)
+                                            the process reading one file may add to
+                                            what it holds after its imports, plus
+                                            that file's size
 ``QKVSCOPE_PARSE_TIMEOUT_S``   600          seconds that process may spend on one file
 ``QKVSCOPE_ANALYSIS_TIMEOUT_S`` 7,200       seconds the process analysing one checkpoint (its
                                             weight and activation metrics) may take
@@ -51,7 +51,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
     "QKVSCOPE_RECORD_BYTES": (64 << 20, "one TensorBoard (TFRecord) record"),
     "QKVSCOPE_ZIP_TOTAL_BYTES": (64 << 30, "bytes written when extracting one zip upload"),
     "QKVSCOPE_ALLOW_SPARSE": (0, "1 reads safetensors tensors lying in a hole of a sparse file"),
-    "QKVSCOPE_PARSE_MEMORY_MB": (4096, "address space the process reading one file may add after its imports, "
+    "QKVSCOPE_PARSE_MEMORY_MB": (4096, "memory the process reading one file may add after its imports, "
                                        "plus the file's size"),
     "QKVSCOPE_PARSE_TIMEOUT_S": (600, "seconds the process reading one file may take"),
     "QKVSCOPE_ANALYSIS_TIMEOUT_S": (7200, "seconds the process analysing one checkpoint may take"),
@@ -82,15 +82,15 @@ def over(name: str, what: str) -> BudgetExceeded:
 
 
 def memory_limit_bytes(file_bytes: int) -> int:
-    """The address space the process reading a file of ``file_bytes`` may add to what it
-    holds when the file's request starts (``loaders.parse_child`` adds that):
-    ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file itself (``torch.load(mmap=True)``
-    and ``safe_open`` map the whole file into the address space)."""
+    """The private writable memory (``RLIMIT_DATA``) the process reading a file of
+    ``file_bytes`` may add to what it holds when the file's request starts
+    (``loaders.parse_child`` adds that): ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file
+    itself (a reader may copy the whole file, or map it copy-on-write)."""
     return (budget("QKVSCOPE_PARSE_MEMORY_MB") << 20) + max(0, int(file_bytes))
 
 
 def memory_exceeded(limit_bytes: int) -> str:
-    """The one-line problem for a file whose reading hit the address-space limit."""
+    """The one-line problem for a file whose reading hit the memory limit."""
     return (f"reading it needed more than {limit_bytes / (1 << 30):.1f} GiB of memory (limit "
             f"QKVSCOPE_PARSE_MEMORY_MB={budget('QKVSCOPE_PARSE_MEMORY_MB'):,} plus the file's size; "
             f"set it in the environment to raise it)")

@@ -95,21 +95,22 @@ def out_of_memory(exc: BaseException) -> bool:
         words in str(exc) for words in ("can't allocate memory", "std::bad_alloc", "Cannot allocate memory"))
 
 
-def address_limit() -> int | None:
-    """This process's soft ``RLIMIT_AS`` in bytes, or None when it has none."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+def data_limit() -> int | None:
+    """This process's soft ``RLIMIT_DATA`` in bytes (the reading child's memory limit,
+    ``loaders.parse_child``), or None when it has none."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
     return None if soft == resource.RLIM_INFINITY else soft
 
 
 def failure(exc: BaseException) -> str:
     """One line on why parsing a file failed, for an exception no reader turned
     into a typed error (``FileError`` already says ``PATH: problem``). An
-    allocation that failed under an address-space limit (the reading process of
+    allocation that failed under a memory limit (the reading process of
     ``loaders.parse_child``) names the limit and its budget."""
     if isinstance(exc, RecursionError):
         return "content nested deeper than can be followed (RecursionError)"
     if out_of_memory(exc):
-        limit = address_limit()
+        limit = data_limit()
         if limit is not None:
             # the reading child's soft limit is what it held before the file plus the file's budget
             # (loaders.parse_child): the line names the budget, not what the imports hold

@@ -1,14 +1,24 @@
-"""Reading untrusted files in a child process, under an address-space limit and a time limit.
+"""Reading untrusted files in a child process, under a memory limit and a time limit.
 
 Every reader has its own budgets (``loaders.budgets``); this is the net under
 all of them, for a bomb nobody thought of. ``Reader`` keeps one child process
 (``python -m loaders.parse_child``) that reads files one at a time for its
-parent. Before each file the child lowers its own address-space limit
-(``RLIMIT_AS``) to what it already holds (the interpreter, torch and the
-readers, imported before the first file: about 0.9 GB of address space with a
-CPU build of torch) plus ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size
-(memory-mapped files count toward it): the budget is for the file, never
-spent on the child's own start. The parent waits at most
+parent. Before each file the child lowers its own limit on private writable
+memory (``RLIMIT_DATA``: heap, anonymous and private writable mappings, thread
+stacks; ``VmData``) to what it already holds (the interpreter, torch and the
+readers, imported before the first file: about 0.3 GB with a CPU build of
+torch) plus ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size (a file
+mapped copy-on-write counts toward it): the budget is for the file, never
+spent on the child's own start. Address space that is only reserved is not
+memory and does not count: glibc's per-thread malloc arenas (64 MiB each, one
+per thread up to 8 per core), DuckDB's jemalloc arenas and the CUDA driver's
+address reservations grow with the machine's cores and GPUs. An address-space
+limit (``RLIMIT_AS``, used before) failed good files on a 16-core GPU machine
+(ingesting a 0.4 GB checkpoint: DuckDB "Allocation failure"; a 1 GB one:
+"needed more than 5.0 GiB"): ingesting a 0.4 GB checkpoint grows the address
+space by 0.9 GB on 2 cores and by 2.9 GB with 16 torch and DuckDB threads
+(glibc allowed 128 arenas), but its ``VmData`` by 0.07 and 0.24 GB.
+The parent waits at most
 ``QKVSCOPE_PARSE_TIMEOUT_S`` seconds for the answer and then kills the child.
 What fails becomes one line naming the file:
 
@@ -84,7 +94,7 @@ Progress = Callable[[int, int, str], None]  # (done, total, current path)
 
 def _held(st: os.stat_result) -> int:
     """Bytes a file holds: its size, or its allocated blocks when fewer (a
-    sparse file's holes hold nothing, so they buy no address space)."""
+    sparse file's holes hold nothing, so they buy no memory)."""
     return min(st.st_size, st.st_blocks * 512)
 
 
@@ -110,7 +120,8 @@ def reading_size(path: str | Path) -> int:
 
 
 #: glibc's exit status when it cannot allocate a new thread's TLS or map a library
-#: (``_dl_fatal_printf`` / ``_dl_signal_error``): under RLIMIT_AS, out of address space.
+#: (``_dl_fatal_printf`` / ``_dl_signal_error``): out of memory under a limit (a thread's stack
+#: counts toward RLIMIT_DATA; a library's mapping toward a user's own ``ulimit -v``).
 GLIBC_OUT_OF_MEMORY = 127
 
 
@@ -118,7 +129,7 @@ def _death(rc: int, limit: int) -> str:
     """The one-line problem for a child that died while reading a file."""
     if rc == GLIBC_OUT_OF_MEMORY:
         return memory_exceeded(limit) + (" [the reading process could not start a thread or load a library "
-                                         "in its address space: exit status 127]")
+                                         "within its limit: exit status 127]")
     if rc < 0:
         sig = -rc
         if sig == signal.SIGBUS:
@@ -515,14 +526,18 @@ def _run(req: dict):
     raise ValueError(f"unknown op {req['op']!r}")
 
 
-def address_space() -> int:
-    """Bytes of address space this process holds now (``VmSize``, from ``/proc/self/statm``;
-    0 where there is no ``/proc``): what the limit of the next file is added to."""
+def data_held() -> int:
+    """Bytes of private writable memory this process holds now (``VmData`` of
+    ``/proc/self/status``, what ``RLIMIT_DATA`` counts; 0 where there is no ``/proc``):
+    what the limit of the next file is added to."""
     try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) << 10                       # kB
     except (OSError, ValueError, IndexError):
-        return 0
+        pass
+    return 0
 
 
 def _die_with_parent() -> None:
@@ -552,17 +567,17 @@ def main() -> int:
     import loaders.ingest                        # noqa: F401
     import loaders.logs                          # noqa: F401
     answers.write('{"ready": true}\n')
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     for line in sys.stdin:
         req = json.loads(line)
-        held = address_space()
+        held = data_held()
         cap = held + int(req["limit"])                  # the budget is for the file, on top of what is held
         # for readers that word their own out-of-memory line from the soft limit (loaders.filecheck):
         # the part of it that is not the file's budget
         os.environ["QKVSCOPE_PARSE_HELD_BYTES"] = str(held)
         if hard != resource.RLIM_INFINITY:
             cap = min(cap, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
         try:
             reply = {"ok": True, "result": _run(req)}
         except StoreError as exc:
@@ -575,7 +590,7 @@ def main() -> int:
             why = memory_exceeded(int(req["limit"])) if out_of_memory(exc) else failure(exc)
             reply = {"ok": False, "message": f"{req['path']}: {why}"}
         finally:
-            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
         answers.write(json.dumps(reply, default=str) + "\n")
     return 0
 

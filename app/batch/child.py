@@ -3,7 +3,7 @@
 Every batch task (in-process or on a Ray worker) computes its checkpoint's
 metrics the way a single ``analyze`` does: in a child of
 ``loaders.parse_child`` (``call(..., timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")``)
-under the address-space limit ``QKVSCOPE_PARSE_MEMORY_MB`` (plus the file's
+under the memory limit ``QKVSCOPE_PARSE_MEMORY_MB`` (plus the file's
 size, on top of what the child holds after its imports) and the time limit
 ``QKVSCOPE_ANALYSIS_TIMEOUT_S``. A bomb among good checkpoints ends that
 child with one line ``PATH: what`` (a ``FileError``), which fails that

@@ -7,7 +7,7 @@ Examples:
 Reads metadata and one layer at a time (safetensors are memory-mapped), so it
 is cheap for files larger than memory. Nothing is written to the database.
 The file is read in a child process (``loaders.parse_child``) under an
-address-space limit (``QKVSCOPE_PARSE_MEMORY_MB`` plus the file's size) and a
+memory limit (``QKVSCOPE_PARSE_MEMORY_MB`` plus the file's size) and a
 time limit (``QKVSCOPE_PARSE_TIMEOUT_S``).
 
 ``variant`` is what the layout's tensor names say; ``tied`` is what the
@@ -113,7 +113,7 @@ def describe(path: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     from loaders.parse_child import call  # here: only when a checkpoint is read
 
-    # Read in a child process under an address-space and a time limit (loaders/parse_child.py):
+    # Read in a child process under a memory and a time limit (loaders/parse_child.py):
     # a bomb no reader's budget catches ends that process with one line, not this one. Pooled:
     # a caller that runs several commands in one process (``main([...])``) starts one child.
     info = call("app.commands.info:describe", args.path, pooled=True)

@@ -13,7 +13,7 @@ is what is never opened: FIFOs, sockets, devices, symbolic links that loop or
 lead out of the folder, folders more than 64 levels down. A file that cannot
 be read is one ``error`` line (``PATH: what``; names that are not printable
 are quoted); the folder's other files are still ingested.
-Each file is read by a child process under an address-space limit
+Each file is read by a child process under a memory limit
 (``QKVSCOPE_PARSE_MEMORY_MB`` plus the file's size) and a time limit
 (``QKVSCOPE_PARSE_TIMEOUT_S``): a file that needs more is one ``error`` line
 and nothing of it is stored.
@@ -65,7 +65,7 @@ def print_report(report) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Each file is read (and stored) by a child process under an address-space and a time
+    # Each file is read (and stored) by a child process under a memory and a time
     # limit (loaders/parse_child.py); this process only walks the folders.
     from loaders.parse_child import ingest_paths, watch
 

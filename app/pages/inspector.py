@@ -73,7 +73,7 @@ TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_
 
 
 # Spectra, ties and attention maps read the stored file again: each runs in a child process
-# (app.inspect_child, through loaders.parse_child's pool) under the address-space and time
+# (app.inspect_child, through loaders.parse_child's pool) under the memory and time
 # limits, never in this server. A failure raises FileError("PATH: what"); Streamlit caches no
 # exception, so the sections call these through app.attempts.attempt, which remembers the
 # failure for the session (until Try again, or the file changes) instead of reading the file
@@ -184,7 +184,7 @@ def _from_upload(store) -> int | None:
 
 
 def _ingest(store, target: Path) -> int:
-    # Read in a child process under an address-space and a time limit (loaders/parse_child.py):
+    # Read in a child process under a memory and a time limit (loaders/parse_child.py):
     # a bomb ends that process with one line; this server and its other sessions go on.
     from loaders.parse_child import ingest_checkpoint
 

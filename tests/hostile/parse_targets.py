@@ -44,7 +44,7 @@ def allocate(path: str, mib: int = 128) -> int:
 
 
 def glibc_gives_up(path: str) -> None:
-    """Exit as glibc does when it cannot map a new thread's TLS or a library under RLIMIT_AS
+    """Exit as glibc does when it cannot map a new thread's TLS or a library under a memory limit
     ("cannot allocate memory for thread-local data: ABORT", ``_exit(127)``)."""
     os.write(2, b"cannot allocate memory for thread-local data: ABORT\n")
     os._exit(127)

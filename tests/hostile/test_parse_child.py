@@ -1,5 +1,5 @@
 """The net under every budget: untrusted files are read in a child process
-(``loaders/parse_child.py``) with an address-space limit and a time limit.
+(``loaders/parse_child.py``) with a memory limit (RLIMIT_DATA) and a time limit.
 
 First the mechanism, with functions that behave like bombs
 (``tests/hostile/parse_targets.py``): memory, time, a memory-mapped file
@@ -43,7 +43,7 @@ def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path
         f"{f}: reading it needed more than {limit_gib:.1f} GiB of memory (limit "
         f"QKVSCOPE_PARSE_MEMORY_MB=2,048 plus the file's size; set it in the environment to raise it)")
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 2 GiB address-space limit)")
+    print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 2 GiB memory limit)")
 
 
 def test_the_budget_is_for_the_file_not_the_childs_own_imports(tmp_path, monkeypatch):
@@ -64,7 +64,41 @@ def test_the_budget_is_for_the_file_not_the_childs_own_imports(tmp_path, monkeyp
         with pytest.raises(FileError) as err:
             reader.request(f, "call", target=f"{T}:glibc_gives_up")
     assert str(err.value) == (f"{f}: {limit}; set it in the environment to raise it) [the reading process could "
-                              "not start a thread or load a library in its address space: exit status 127]")
+                              "not start a thread or load a library within its limit: exit status 127]")
+
+
+@pytest.mark.slow
+def test_the_budget_does_not_shrink_with_the_machines_cores(tmp_path):
+    """The limit counts memory (RLIMIT_DATA), not address space: each thread of torch and
+    DuckDB reserves a glibc malloc arena of 64 MiB (up to 8 per core), which an address-space
+    limit counted. Emulating 16 cores (16 torch threads, glibc's 128 arenas), ``analyze`` of a
+    small ``transformers`` Llama under a 512 MiB budget failed ("could not start a thread ...:
+    exit status 127") where 2 threads passed; on a 16-core GPU machine a 0.4 GB checkpoint's
+    ingest failed at the default 4 GiB. Allocating past the budget still fails, in one line."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "llama"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
+                                 num_key_value_heads=2, intermediate_size=512, vocab_size=512)
+                     ).save_pretrained(folder, safe_serialization=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QKVSCOPE_PARSE_MEMORY_MB": "512",
+           "OMP_NUM_THREADS": "16", "MALLOC_ARENA_MAX": "128"}
+    run = subprocess.run([sys.executable, "-m", "app", "analyze", str(folder), "--db", str(tmp_path / "q.duckdb"),
+                          "--json"], capture_output=True, text=True, cwd=ROOT, timeout=400, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(json.loads(run.stdout)["metrics"]) > 100
+    f = tmp_path / "bomb.bin"
+    f.write_bytes(b"x")
+    old = {k: os.environ.get(k) for k in ("QKVSCOPE_PARSE_MEMORY_MB", "OMP_NUM_THREADS", "MALLOC_ARENA_MAX")}
+    os.environ.update({k: env[k] for k in old})                  # the child inherits them
+    try:
+        with Reader() as reader, pytest.raises(FileError) as err:
+            reader.request(f, "call", target=f"{T}:allocate", kwargs={"mib": 1024})
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert "reading it needed more than 0.5 GiB of memory (limit QKVSCOPE_PARSE_MEMORY_MB=512" in str(err.value)
 
 
 @pytest.mark.slow

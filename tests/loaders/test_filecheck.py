@@ -10,7 +10,7 @@ GIB = 1 << 30
 
 @pytest.fixture
 def soft_limit(monkeypatch):
-    """A process with a 6 GiB soft address-space limit (as the reading child sets it)."""
+    """A process with a 6 GiB soft memory limit (RLIMIT_DATA, as the reading child sets it)."""
     monkeypatch.setattr(resource, "getrlimit", lambda what: (6 * GIB, resource.RLIM_INFINITY))
 
 
