@@ -34,7 +34,7 @@ CHUNK = 1 << 19
 #: Grams and products) are eigen-decomposed and SVD'd on the host (``small_eigvalsh``,
 #: ``small_eigh``, ``small_svdvals``): cuSOLVER solves such a batch as a few milliseconds of
 #: latency-bound kernels with a sync, and a layer has dozens of batches. One Llama-2-7B-shaped
-#: layer on an H200: 0.540 s on the host against 0.680 s on the GPU (``bench/layer_profile.py``
+#: layer on an H200: 0.540 s on the host against 0.680 s on the GPU (``scripts/layer_profile.py``
 #: times both side by side; ``bench/analysis_speed.py --device-eig`` runs the GPU choice).
 #: The values are the same float64 problems either way.
 HOST_SMALL = True

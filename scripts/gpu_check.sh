@@ -18,7 +18,7 @@
 # floor: the same phases as on the CPU), analysis_speed_cuda.txt (the Llama-1B bench on the GPU,
 # the naive version on one layer), small_decompositions_cuda.txt (one 7B-shaped layer profiled
 # op by op, and 8 such layers analysed with the d_head x d_head decompositions on the host and
-# on the GPU: bench/layer_profile.py, --device-eig), forward_speed_cuda.txt (the activation
+# on the GPU: scripts/layer_profile.py, --device-eig), forward_speed_cuda.txt (the activation
 # job's tokens/s against the plain forward, 8 demo checkpoints and a ~100M Llama),
 # analysis_scaling_cuda.txt (each phase's exponent in d_model, MHA vs GQA) and
 # analysis_speed_cpu.txt (the Llama-1B bench on that machine's CPU cores).
@@ -65,7 +65,7 @@ if [ "$cuda" = 0 ]; then
         --dir /tmp/qkvscope-bench-7b
     step 1b 60 analysis_speed_cuda.txt $PY bench/analysis_speed.py --device cuda --naive-layers 1 --repeat 1 \
         --dir /tmp/qkvscope-bench-ckpt
-    step eig 80 small_decompositions_cuda.txt bash -c "$PY bench/layer_profile.py --shape 7B --device cuda && \
+    step eig 80 small_decompositions_cuda.txt bash -c "$PY scripts/layer_profile.py --shape 7B --device cuda && \
         $PY bench/analysis_speed.py --device cuda --shape 7B --layers 8 --skip-naive --repeat 1 --dir /tmp/q7b8 && \
         $PY bench/analysis_speed.py --device cuda --shape 7B --layers 8 --skip-naive --repeat 1 --dir /tmp/q7b8 --device-eig"
     step forward 115 forward_speed_cuda.txt $PY bench/forward_speed.py --device cuda ${FORWARD_ARGS:---limit 8}

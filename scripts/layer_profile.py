@@ -1,6 +1,6 @@
 """Profile: where one layer's weight metrics spend their time, op by op (torch profiler).
 
-    .venv/bin/python bench/layer_profile.py [--shape 7B|1.1B] [--device cpu|cuda] [--repeat 3] [--rows 15]
+    .venv/bin/python scripts/layer_profile.py [--shape 7B|1.1B] [--device cpu|cuda] [--repeat 3] [--rows 15]
 
 Writes a one-layer folder of the shape (``bench/_shapes.py``: random bfloat16
 attention weights), reads its layer as the analysis does
@@ -10,7 +10,8 @@ profiler's table of one more call: each op's self CPU time and, on CUDA, its
 self CUDA time. On CUDA it does this twice, with the ``d_head x d_head``
 eigen-decompositions and SVDs on the host (``analysis._linalg.HOST_SMALL``, the
 default) and on the GPU, and prints the two medians side by side. Context for
-the README's profile of the 7B case (issue 20); no target.
+the README's profile of the 7B case (issue 20). A tool, not a benchmark: it
+prints tables, no target, and ``python -m app bench`` does not run it.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-import _shapes  # noqa: E402  (bench/ is on sys.path: this script's folder)
+import _shapes  # noqa: E402  (bench/_shapes.py: the benchmarks' checkpoint geometries)
 
 SHAPES = {"1.1B": _shapes.LLAMA_1B, "7B": _shapes.LLAMA_7B}
 
