@@ -9,15 +9,11 @@ stacks; ``VmData``) to what it already holds (the interpreter, torch and the
 readers, imported before the first file: about 0.3 GB with a CPU build of
 torch) plus ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size (a file
 mapped copy-on-write counts toward it): the budget is for the file, never
-spent on the child's own start. Address space that is only reserved is not
-memory and does not count: glibc's per-thread malloc arenas (64 MiB each, one
-per thread up to 8 per core), DuckDB's jemalloc arenas and the CUDA driver's
-address reservations grow with the machine's cores and GPUs. An address-space
-limit (``RLIMIT_AS``, used before) failed good files on a 16-core GPU machine
-(ingesting a 0.4 GB checkpoint: DuckDB "Allocation failure"; a 1 GB one:
-"needed more than 5.0 GiB"): ingesting a 0.4 GB checkpoint grows the address
-space by 0.9 GB on 2 cores and by 2.9 GB with 16 torch and DuckDB threads
-(glibc allowed 128 arenas), but its ``VmData`` by 0.07 and 0.24 GB.
+spent on the child's own start. Address space that is only reserved does not
+count (per-thread malloc arenas, the CUDA driver's reservations): it grows with
+the machine's cores, and the address-space limit used before (``RLIMIT_AS``)
+failed good files on 16 cores (README, Security; the figures are in
+``tests/hostile/test_parse_child.py::test_the_budget_does_not_shrink_with_the_machines_cores``).
 The parent waits at most
 ``QKVSCOPE_PARSE_TIMEOUT_S`` seconds for the answer and then kills the child.
 What fails becomes one line naming the file:
