@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from analysis._lapack_pool import pooled
+
 #: Machine epsilon of float32 (the data, and the fast LU of ``query_absorb``).
 EPS32 = float(torch.finfo(torch.float32).eps)
 #: Machine epsilon of float64 (every Gram and decomposition here).
@@ -42,27 +44,34 @@ HOST_SMALL = True
 HOST_MAX_N = 512
 
 
-def _host(t: torch.Tensor) -> bool:
-    return HOST_SMALL and t.is_cuda and t.shape[-1] <= HOST_MAX_N
+def _on_host(t: torch.Tensor) -> bool:
+    """Whether the small decompositions of ``t`` run on the host: a CPU tensor, or a CUDA
+    stack of small matrices under ``HOST_SMALL``."""
+    return t.device.type == "cpu" or (HOST_SMALL and t.is_cuda and t.shape[-1] <= HOST_MAX_N)
 
 
 def small_eigvalsh(g: torch.Tensor) -> torch.Tensor:
     """``torch.linalg.eigvalsh`` of a stack ``[..., n, n]`` (ascending), on the host for small
-    ``n`` on CUDA (``HOST_SMALL``); the result is on ``g``'s device."""
-    return torch.linalg.eigvalsh(g.cpu()).to(g.device) if _host(g) else torch.linalg.eigvalsh(g)
+    ``n`` on CUDA (``HOST_SMALL``), the stack's problems spread over the host's cores
+    (``_lapack_pool.pooled``); the result is on ``g``'s device."""
+    if not _on_host(g):
+        return torch.linalg.eigvalsh(g)
+    return pooled(torch.linalg.eigvalsh, g.cpu()).to(g.device)
 
 
 def small_eigh(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.linalg.eigh`` of a stack ``[..., n, n]`` (ascending), as ``small_eigvalsh``."""
-    if not _host(g):
+    if not _on_host(g):
         return torch.linalg.eigh(g)
-    lam, u = torch.linalg.eigh(g.cpu())
+    lam, u = pooled(torch.linalg.eigh, g.cpu())
     return lam.to(g.device), u.to(g.device)
 
 
 def small_svdvals(a: torch.Tensor) -> torch.Tensor:
     """``torch.linalg.svdvals`` of a stack ``[..., m, n]``, as ``small_eigvalsh``."""
-    return torch.linalg.svdvals(a.cpu()).to(a.device) if _host(a) else torch.linalg.svdvals(a)
+    if not _on_host(a):
+        return torch.linalg.svdvals(a)
+    return pooled(torch.linalg.svdvals, a.cpu()).to(a.device)
 
 
 def as_float32(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -12,6 +12,13 @@ eigen-decompositions and SVDs on the host (``analysis._linalg.HOST_SMALL``, the
 default) and on the GPU, and prints the two medians side by side. Context for
 the README's profile of the 7B case (issue 20). A tool, not a benchmark: it
 prints tables, no target, and ``python -m app bench`` does not run it.
+
+``--pool`` also times the layer with the stacks of small host decompositions as
+one torch call each (``analysis._lapack_pool.POOL`` off: MKL's threads inside each
+problem) beside the default (one problem per thread), and ``--micro`` times the
+host decompositions alone: one ``[heads, d_head, d_head]`` stack pooled and not,
+and single symmetric matrices of 16-512 rows (the Lanczos runs' projected
+matrices) with all threads and with one.
 """
 from __future__ import annotations
 
@@ -50,13 +57,61 @@ def profile_layer(layer, meta, device: str, repeat: int, rows: int) -> float:
         call()
         times.append(time.perf_counter() - t)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=True) as prof:
         call()
     key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows), flush=True)
     if device == "cuda":
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows), flush=True)
+    # the decompositions by input shape: which stacks and which Lanczos steps cost what
+    linalg = [e for e in prof.key_averages(group_by_input_shape=True) if "linalg_eig" in e.key or "linalg_svd" in e.key]
+    linalg.sort(key=lambda e: -e.self_cpu_time_total)
+    print(f"{'decomposition':<22} {'input shapes':<34} {'calls':>6} {'self CPU ms':>12}")
+    for e in linalg[:rows]:
+        print(f"{e.key:<22} {str(e.input_shapes)[:34]:<34} {e.count:>6} {e.self_cpu_time_total / 1e3:>12.2f}")
     return statistics.median(times)
+
+
+def _median(fn, repeat: int = 15) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def micro(heads: int, d_head: int) -> None:
+    """The host decompositions alone, milliseconds (medians of 15)."""
+    import torch
+
+    from analysis import _lapack_pool
+    from concurrent.futures import ThreadPoolExecutor
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(heads, 4 * d_head, d_head, generator=gen, dtype=torch.float64)
+    g = a.mT @ a                                                      # [heads, d_head, d_head]
+    threads = torch.get_num_threads()
+    print(f"\n-- the host decompositions alone ({threads} threads; ms, medians of 15)")
+    for name, f, x in (("eigh", torch.linalg.eigh, g), ("eigvalsh", torch.linalg.eigvalsh, g),
+                       ("svdvals", torch.linalg.svdvals, a)):
+        res = {}
+        for pool in (True, False):
+            _lapack_pool.POOL = pool
+            res[pool] = _median(lambda: _lapack_pool.pooled(f, x)) * 1e3
+        _lapack_pool.POOL = True
+        print(f"{name:<9} {list(x.shape)}: one problem per thread {res[True]:8.2f}, one torch call "
+              f"{res[False]:8.2f} ({res[False] / res[True]:.1f}x)", flush=True)
+    one = ThreadPoolExecutor(1)
+    one.submit(torch.set_num_threads, 1).result()                     # that thread's count only
+    for n in (16, 32, 64, 128, 256, 512):
+        s = torch.randn(n, n, generator=gen, dtype=torch.float64)
+        s = s + s.mT
+        full = _median(lambda: torch.linalg.eigh(s)) * 1e3
+        single = _median(lambda: one.submit(torch.linalg.eigh, s).result()) * 1e3
+        print(f"eigh [{n}, {n}]: {threads} threads {full:8.3f}, one thread {single:8.3f}", flush=True)
+    torch.set_num_threads(threads)
+    one.shutdown()
 
 
 def main() -> None:
@@ -65,9 +120,13 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rows", type=int, default=15, help="ops per table")
+    ap.add_argument("--pool", action="store_true",
+                    help="also time the layer with the host decompositions as one torch call per stack")
+    ap.add_argument("--micro", action="store_true", help="also time the host decompositions alone")
     args = ap.parse_args()
     import torch
 
+    import analysis._lapack_pool as lapack_pool
     import analysis._linalg as linalg
     from loaders.checkpoints import open_checkpoint
 
@@ -79,17 +138,23 @@ def main() -> None:
             print(f"one {args.shape}-shaped layer (d_model {shape.d_model}, {shape.n_heads} heads, "
                   f"{shape.n_kv_heads} kv heads, d_head {shape.d_head}) on {args.device}, "
                   f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
-            settings = [True, False] if args.device == "cuda" else [linalg.HOST_SMALL]
+            # (label, small decompositions on the host, one problem per thread)
+            settings = [("host", True, True)] + ([("host, one call per stack", True, False)] if args.pool else [])
+            if args.device == "cuda":
+                settings.append(("GPU", False, True))
+            else:
+                settings = [(label.replace("host", "CPU"), h, p) for label, h, p in settings]
             medians = {}
-            for host in settings:
-                linalg.HOST_SMALL = host
-                where = "host" if host else "GPU"
-                print(f"\n-- d_head x d_head decompositions on the {where}" if args.device == "cuda" else "")
-                medians[where] = profile_layer(layer, meta, args.device, args.repeat, args.rows)
-                print(f"weight_metrics of the layer: median {medians[where]:.4f} s of {args.repeat}", flush=True)
-    if len(medians) == 2:
-        print(f"\nsmall decompositions on the host {medians['host']:.4f} s, on the GPU {medians['GPU']:.4f} s "
-              f"per layer ({medians['GPU'] / medians['host']:.2f}x)")
+            for label, host, pool in settings:
+                linalg.HOST_SMALL, lapack_pool.POOL = host, pool
+                print(f"\n-- d_head x d_head decompositions: {label}", flush=True)
+                medians[label] = profile_layer(layer, meta, args.device, args.repeat, args.rows)
+                print(f"weight_metrics of the layer: median {medians[label]:.4f} s of {args.repeat}", flush=True)
+            linalg.HOST_SMALL, lapack_pool.POOL = True, True
+            if args.micro:
+                micro(shape.n_heads, shape.d_head)
+    first = next(iter(medians))
+    print("\nper layer: " + ", ".join(f"{label} {m:.4f} s ({m / medians[first]:.2f}x)" for label, m in medians.items()))
 
 
 if __name__ == "__main__":
