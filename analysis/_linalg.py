@@ -75,8 +75,17 @@ def small_svdvals(a: torch.Tensor) -> torch.Tensor:
 
 
 def as_float32(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A float32 copy-or-view of ``t`` on ``device``; callers never write into it."""
-    return t.detach().to(device=device, dtype=torch.float32)
+    """A float32 copy-or-view of ``t`` on ``device``; callers never write into it.
+
+    A narrower host tensor bound for a GPU crosses in its own dtype and widens there: half
+    the bytes of a bfloat16 checkpoint over the bus and no conversion on the host (one
+    ``to(device, float32)`` widens on the host first). Widening is exact, so the values
+    are the same either way."""
+    t = t.detach()
+    dev = torch.device(device)
+    if dev.type != "cpu" and t.device.type == "cpu" and t.element_size() < 4 and t.is_floating_point():
+        return t.to(dev).to(torch.float32)                            # strides kept (preserve_format)
+    return t.to(device=dev, dtype=torch.float32)
 
 
 def stack_heads(a: torch.Tensor) -> torch.Tensor:

@@ -99,7 +99,7 @@ def phase_read(folder: Path, device: str) -> dict:
         for path in _files(folder):
             with safe_open(str(path), framework="pt") as f:
                 for k in f.keys():                           # one tensor at a time, as the analysis reads
-                    t = f.get_tensor(k).float().to(device)
+                    t = f.get_tensor(k).to(device).float()        # widened where the analysis widens it
                     n += 1
                     del t
         return n
@@ -117,6 +117,7 @@ def phase_analysis(folder: Path, device: str) -> dict:
 
     import app.jobs
     from analysis import chance, qk_geometry, query_absorb, weights
+    from analysis._linalg import as_float32
     from app.jobs import JobResult, _store_results, resolve, weight_frame
     from loaders.checkpoints import open_checkpoint
     from loaders.store import Store
@@ -175,7 +176,7 @@ def phase_analysis(folder: Path, device: str) -> dict:
         for i in range(ck.meta.n_layers):
             t = time.perf_counter()
             layer = ck.layer(i)
-            ts = [x.to(device=device, dtype=torch.float32) for x in (layer.W_Q, layer.W_K, layer.W_V, layer.W_O)]
+            ts = [as_float32(x, device) for x in (layer.W_Q, layer.W_K, layer.W_V, layer.W_O)]
             floor_read += time.perf_counter() - t
             a = query_absorb.stack_queries(ts[0])
             t = time.perf_counter()

@@ -13,21 +13,26 @@
 # read the files it leaves in $OUT (eight: what the tool brings back), in the order the steps run,
 # each step under its own time limit (600 s in all; STEPS below picks some): gpu_tests.txt (the
 # machine, then the `-m gpu` tests: the float64-reference tests on ill-conditioned heads on
-# CUDA, training on CUDA), gpu_compare.txt (every metric of three demo checkpoints, CPU against
-# CUDA), analysis_7b_cuda.txt (the Llama-2-7B-shaped bench, 32 layers MHA, 4.3 GB, against its
-# floor: the same phases as on the CPU), analysis_speed_cuda.txt (the Llama-1B bench on the GPU,
-# the naive version on one layer), small_decompositions_cuda.txt (one 7B-shaped layer profiled
-# op by op, and 8 such layers analysed with the d_head x d_head decompositions on the host and
-# on the GPU: scripts/layer_profile.py, --device-eig), forward_speed_cuda.txt (the activation
-# job's tokens/s against the plain forward, 8 demo checkpoints and a ~100M Llama),
-# analysis_scaling_cuda.txt (each phase's exponent in d_model, MHA vs GQA) and
-# analysis_speed_cpu.txt (the Llama-1B bench on that machine's CPU cores).
+# CUDA, training on CUDA; and analysis._lapack_pool's tests on that machine's cores),
+# gpu_compare.txt (every metric of three demo checkpoints, CPU against CUDA),
+# small_decompositions_cuda.txt (one 7B-shaped layer profiled op by op with the d_head x d_head
+# decompositions on the host, one problem per thread or one torch call per stack, and on the GPU;
+# the host decompositions alone; one 1.1B-shaped layer on the CPU, pooled or not:
+# scripts/layer_profile.py --pool --micro), analysis_7b_cuda.txt (the Llama-2-7B-shaped bench, 32
+# layers MHA, 4.3 GB, against its floor: the same phases as on the CPU), analysis_speed_cpu.txt
+# (the Llama-1B bench on that machine's CPU cores), analysis_speed_cuda.txt (the Llama-1B bench
+# on the GPU, the naive version on one layer), forward_speed_cuda.txt (the activation job's
+# tokens/s against the plain forward, 8 demo checkpoints and a ~100M Llama) and
+# analysis_scaling_cuda.txt (each phase's exponent in d_model, MHA vs GQA).
 # It runs here too (no CUDA: the gpu tests skip, the rest says why it stops).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/qkvscope-gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# a step past its limit gets SIGABRT first: every Python process in it prints where each of its
+# threads stood (faulthandler), then SIGKILL 10 s later
+export PYTHONFAULTHANDLER=1
 PY=${PYTHON:-python3}
 if ls .whl/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -38,14 +43,14 @@ status=0
 # at most 600 s returns every file that finished: the GPU tests and the CPU-against-CUDA check
 # (is CUDA right?) before the timings (how fast?). STEPS picks steps for a rerun, e.g.
 # STEPS="scaling cpu" bash scripts/gpu_check.sh.
-STEPS=${STEPS:-"tests compare 7b 1b eig forward scaling cpu"}
+STEPS=${STEPS:-"tests compare eig 7b cpu 1b forward scaling"}
 want() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 step() {   # step NAME SECONDS FILE COMMAND...: the command's output to the screen and $OUT/FILE
     local name=$1 limit=$2 file=$3; shift 3
     want "$name" || return 0
     echo "== $name (at most ${limit} s): $*" | tee -a "$OUT/$file"
     local t0=$SECONDS
-    timeout --signal=KILL "$limit" "$@" 2>&1 | tee -a "$OUT/$file"
+    timeout --signal=ABRT --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$OUT/$file"
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/$file"
     [ "$rc" = 0 ] || status=1
@@ -58,21 +63,23 @@ rm -f "$OUT"/*.txt
 } 2>&1 | tee "$OUT/gpu_tests.txt" || status=1
 $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
 cuda=$?
-step tests 90 gpu_tests.txt $PY -m pytest -q -m gpu -p no:cacheprovider tests/analysis tests/experiments
+step tests 75 gpu_tests.txt bash -c "$PY -m pytest -q -m gpu -p no:cacheprovider tests/analysis tests/experiments && \
+    $PY -m pytest -q -p no:cacheprovider tests/analysis/test_lapack_pool.py"
 if [ "$cuda" = 0 ]; then
     step compare 40 gpu_compare.txt $PY scripts/gpu_compare.py --device cuda
+    step eig 75 small_decompositions_cuda.txt bash -c "$PY scripts/layer_profile.py --shape 7B --device cuda --pool --micro && \
+        $PY scripts/layer_profile.py --shape 1.1B --device cpu --pool --rows 10"
     step 7b 130 analysis_7b_cuda.txt $PY bench/analysis_speed.py --device cuda --shape 7B --skip-naive --repeat 1 \
         --dir /tmp/qkvscope-bench-7b
-    step 1b 60 analysis_speed_cuda.txt $PY bench/analysis_speed.py --device cuda --naive-layers 1 --repeat 1 \
+    step cpu 60 analysis_speed_cpu.txt $PY bench/analysis_speed.py --device cpu --skip-naive --repeat 1 \
         --dir /tmp/qkvscope-bench-ckpt
-    step eig 80 small_decompositions_cuda.txt bash -c "$PY scripts/layer_profile.py --shape 7B --device cuda && \
-        $PY bench/analysis_speed.py --device cuda --shape 7B --layers 8 --skip-naive --repeat 1 --dir /tmp/q7b8 && \
-        $PY bench/analysis_speed.py --device cuda --shape 7B --layers 8 --skip-naive --repeat 1 --dir /tmp/q7b8 --device-eig"
-    step forward 115 forward_speed_cuda.txt $PY bench/forward_speed.py --device cuda ${FORWARD_ARGS:---limit 8}
+    step 1b 50 analysis_speed_cuda.txt $PY bench/analysis_speed.py --device cuda --naive-layers 1 --repeat 1 \
+        --dir /tmp/qkvscope-bench-ckpt
+    step forward 100 forward_speed_cuda.txt $PY bench/forward_speed.py --device cuda ${FORWARD_ARGS:---limit 8}
     step scaling 50 analysis_scaling_cuda.txt $PY bench/analysis_scaling.py --device cuda --dir /tmp/qkvscope-bench-scaling
 else
     echo "no CUDA device: gpu_compare and the CUDA bench are skipped" | tee "$OUT/gpu_compare.txt"
+    step cpu 60 analysis_speed_cpu.txt $PY bench/analysis_speed.py --device cpu --skip-naive --repeat 1 \
+        --dir /tmp/qkvscope-bench-ckpt
 fi
-step cpu 35 analysis_speed_cpu.txt $PY bench/analysis_speed.py --device cpu --skip-naive --repeat 1 \
-    --dir /tmp/qkvscope-bench-ckpt
 exit $status
