@@ -63,6 +63,13 @@ def stack_queries(q: torch.Tensor) -> torch.Tensor:
 _GAP_DISTRUST = 10.0
 
 
+#: The Lanczos block size of ``stacked_spectrum`` off the CPU (on the CPU: 1). A block needs
+#: fewer steps, each a few GPU kernels and one sync; but the projected matrix ``T`` that each
+#: step decomposes on the host grows ``block`` times larger (``scripts/layer_profile.py
+#: --gpu-blocks`` times the choices side by side).
+GPU_BLOCK = 8
+
+
 def _largest_sv_squared(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callable[[torch.Tensor], torch.Tensor],
              n: int, device, *, block: int = 1, rtol: float | Callable[[float], float] = 1e-6,
              max_iter: int = 300, vectors: int = 0):
@@ -318,7 +325,7 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
         lu, piv, _ = torch.linalg.lu_factor_ex(a)                     # A = P L U, packed
         diag = torch.diagonal(lu).abs().double()                      # |U_ii|
         fwd, bwd = (lambda x: a @ x), (lambda y: a.mT @ y)           # A, A^T
-        block = 1 if a.device.type == "cpu" else 8                    # see _largest_sv_squared
+        block = 1 if a.device.type == "cpu" else GPU_BLOCK            # see _largest_sv_squared
         if not bool(diag.min() > 0):
             top = _largest_sv_squared(fwd, bwd, n, a.device, block=block)
             return StackedSpectrum(n, top ** 0.5, 0.0, fro2, float("-inf"))

@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _shapes  # noqa: E402
+import _child  # noqa: E402
 from analysis_speed import child_json  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
@@ -112,6 +113,7 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the folders (kept)")
     args = ap.parse_args()
+    _child.outlive_abort()
     with tempfile.TemporaryDirectory(prefix="qkvscope-scaling-") as tmp:
         run(args.layers, args.sizes, args.gqa_kv, args.threads, args.dir or Path(tmp), args.device)
 

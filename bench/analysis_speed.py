@@ -47,7 +47,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +55,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import _shapes  # noqa: E402  (bench/ is on sys.path: this script's folder)
+import _child  # noqa: E402  (bench/ is on sys.path: this script's folder)
+import _shapes  # noqa: E402
 
 SHAPES = {"1.1B": _shapes.LLAMA_1B, "7B": _shapes.LLAMA_7B}
 
@@ -297,12 +297,8 @@ def run_phase(args, phase: str) -> dict:
 
 def child_json(cmd: list[str]) -> dict:
     """The JSON of the last stdout line of ``cmd`` (a phase in a fresh process); when it fails,
-    a SystemExit that names the phase and carries the end of its stderr (the traceback)."""
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd[:6]))} ... "
-                         f"exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    a SystemExit that names the phase and carries the end of its stderr (``_child.run``)."""
+    return json.loads(_child.run(cmd).strip().splitlines()[-1])
 
 
 def bench_row(measured: str, figure: str, against: str, target: str, ok: bool | None) -> dict:
@@ -338,6 +334,7 @@ def main() -> None:
     if args.phase:
         child(args)
         return
+    _child.outlive_abort()
     shape = shape_of(args)
     tmp = None
     if args.dir is None:

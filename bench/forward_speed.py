@@ -64,7 +64,6 @@ import math
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,7 +72,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from run_all import FORWARD_RATIO  # noqa: E402  (bench/ is on sys.path: this script's folder)
+import _child  # noqa: E402  (bench/ is on sys.path: this script's folder)
+from run_all import FORWARD_RATIO  # noqa: E402
 
 BENCH = "forward_speed"
 #: The ~100M-parameter Llama of issue 20, and the small one of ``--quick``.
@@ -346,11 +346,7 @@ def run_child(args, phase: str, paths: list[Path]) -> tuple[list[dict], dict]:
     """Run ``--child phase`` on ``paths`` in a fresh process: its measurements and its memory line."""
     cmd = [sys.executable, __file__, "--child", phase, "--device", args.device, "--threads", str(args.threads),
            *(["--tokens", str(args.tokens)] if args.tokens is not None else []), *map(str, paths)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {' '.join(cmd[1:4])} exited {proc.returncode}: "
-                         f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
-    lines = [json.loads(x) for x in proc.stdout.strip().splitlines()]
+    lines = [json.loads(x) for x in _child.run(cmd, cwd=ROOT).strip().splitlines()]
     return lines[:-1], lines[-1]
 
 
@@ -476,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args)
         return 0
+    _child.outlive_abort()
     if args.quick:
         args.limit = QUICK_DEMO if args.limit is None else args.limit
         args.tokens = QUICK_TOKENS if args.tokens is None else args.tokens

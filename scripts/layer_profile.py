@@ -13,7 +13,8 @@ default) and on the GPU, and prints the two medians side by side. Context for
 the README's profile of the 7B case (issue 20). A tool, not a benchmark: it
 prints tables, no target, and ``python -m app bench`` does not run it.
 
-``--pool`` also times the layer with the stacks of small host decompositions as
+``--gpu-blocks 1 4 8`` times the layer with those Lanczos block sizes of the stacked
+W_Q's spectrum on CUDA. ``--pool`` also times the layer with the stacks of small host decompositions as
 one torch call each (``analysis._lapack_pool.POOL`` off: MKL's threads inside each
 problem) beside the default (one problem per thread), and ``--micro`` times the
 host decompositions alone: one ``[heads, d_head, d_head]`` stack pooled and not,
@@ -123,6 +124,9 @@ def main() -> None:
     ap.add_argument("--pool", action="store_true",
                     help="also time the layer with the host decompositions as one torch call per stack")
     ap.add_argument("--micro", action="store_true", help="also time the host decompositions alone")
+    ap.add_argument("--gpu-blocks", type=int, nargs="*", default=[],
+                    help="also time the layer (no profile) with these Lanczos block sizes on CUDA "
+                         "(analysis.query_absorb.GPU_BLOCK)")
     args = ap.parse_args()
     import torch
 
@@ -151,6 +155,20 @@ def main() -> None:
                 medians[label] = profile_layer(layer, meta, args.device, args.repeat, args.rows)
                 print(f"weight_metrics of the layer: median {medians[label]:.4f} s of {args.repeat}", flush=True)
             linalg.HOST_SMALL, lapack_pool.POOL = True, True
+            if args.gpu_blocks and args.device == "cuda":
+                from analysis import query_absorb
+                from analysis.weights import weight_metrics
+                default = query_absorb.GPU_BLOCK
+
+                def call():
+                    weight_metrics(layer, meta, device=args.device)
+                    torch.cuda.synchronize()
+                print(f"\n-- Lanczos block sizes on the GPU (default {default}; medians of {args.repeat})")
+                for b in args.gpu_blocks:
+                    query_absorb.GPU_BLOCK = b
+                    call()
+                    print(f"block {b}: {_median(call, args.repeat):.4f} s per layer", flush=True)
+                query_absorb.GPU_BLOCK = default
             if args.micro:
                 micro(shape.n_heads, shape.d_head)
     first = next(iter(medians))

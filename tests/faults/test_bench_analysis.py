@@ -3,9 +3,12 @@ lines ``bench/run_all.py`` reads, and the arithmetic its context rows report (no
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,27 @@ def test_a_failing_phase_exits_with_its_traceback_not_a_bare_called_process_erro
     assert str(err.value).startswith("error: ") and "exited 1:\n" in str(err.value)
     assert str(err.value).endswith("ValueError: boom\n")
     assert child_json([sys.executable, "-c", "print('noise'); print('{\"seconds\": 1.5}')"]) == {"seconds": 1.5}
+
+
+def test_a_parent_outlives_sigabrt_to_print_its_childs_stacks(tmp_path):
+    # scripts/gpu_check.sh stops a step past its limit with SIGABRT to the process group; a child's
+    # stacks (faulthandler) reach the screen only if the parent holding its stderr lives on
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        "import _child\n"
+        "_child.outlive_abort()\n"
+        "print('started', flush=True)\n"
+        "_child.run([sys.executable, '-c', 'import time\\ndef waiting():\\n    time.sleep(60)\\nwaiting()'])\n")
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    assert proc.stdout.readline() == "started\n"
+    time.sleep(1.0)                                                   # the child is in its sleep
+    os.killpg(proc.pid, signal.SIGABRT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1                                       # SystemExit with a message, not -6
+    assert "SIGABRT: waiting for the child" in err
+    assert "exited -6:" in err and "Fatal Python error: Aborted" in err
+    assert 'line 3 in waiting' in err                                 # the child's own stack
