@@ -22,8 +22,16 @@ def run(cmd: list[str], *, cwd: str | Path | None = None) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd[:6]))} ... "
-                         f"exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+                         f"exited {proc.returncode}:\n{_ends(proc.stderr)}")
     return proc.stdout
+
+
+def _ends(err: str, head: int = 3000, tail: int = 3000) -> str:
+    """The start and the end of a long stderr: a traceback's last lines say what failed, a
+    faulthandler dump's first lines where the thread stood (it prints the innermost frame first)."""
+    if len(err) <= head + tail:
+        return err
+    return f"{err[:head]}\n[... {len(err) - head - tail:,} characters ...]\n{err[-tail:]}"
 
 
 def outlive_abort() -> None:

@@ -77,3 +77,16 @@ def test_a_parent_outlives_sigabrt_to_print_its_childs_stacks(tmp_path):
     assert "SIGABRT: waiting for the child" in err
     assert "exited -6:" in err and "Fatal Python error: Aborted" in err
     assert 'line 3 in waiting' in err                                 # the child's own stack
+
+
+def test_a_long_stderr_keeps_its_start_and_its_end(monkeypatch):
+    # a faulthandler dump prints the innermost frame first, a traceback the error last
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import _child
+
+    code = "import sys; sys.stderr.write('innermost\\n' + 'x' * 20000 + '\\nValueError: boom\\n'); sys.exit(2)"
+    with pytest.raises(SystemExit) as err:
+        _child.run([sys.executable, "-c", code])
+    msg = str(err.value)
+    assert "exited 2:\ninnermost\n" in msg and msg.endswith("ValueError: boom\n")
+    assert "[... 14,028 characters ...]" in msg                     # 10 + 20,000 + 18 - 6,000
