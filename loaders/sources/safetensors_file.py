@@ -202,13 +202,17 @@ class SafetensorsSource(_Closing, TensorSource):
         if end == begin:
             return torch.empty(shape, dtype=dtype)
         try:
-            buf = bytearray(end - begin)
-        except MemoryError:
+            # torch.empty, not bytearray: no zero-fill before preadv writes every byte anyway
+            # (8 of 27 ms for a 32 MiB tensor)
+            buf = torch.empty(end - begin, dtype=torch.uint8)
+        except (MemoryError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "allocate" not in str(exc):
+                raise
             raise CheckpointFormatError(
                 self._file, f"safetensors tensor '{key}' needs {end - begin:,} bytes, more memory "
                             f"than this process may use") from None
-        view, done = memoryview(buf), 0
-        while done < len(buf):                           # preadv may return short reads
+        view, done = memoryview(buf.numpy()), 0
+        while done < len(view):                          # preadv may return short reads
             n = os.preadv(self._fd, [view[done:]], self._data_start + begin + done)
             if n == 0:
                 raise CheckpointFormatError(
@@ -216,7 +220,7 @@ class SafetensorsSource(_Closing, TensorSource):
                                 f"after it was opened)")
             done += n
         # little-endian on disk (safetensors spec), as on every platform torch supports here
-        return torch.frombuffer(buf, dtype=dtype).reshape(shape)   # [numel] -> shape
+        return buf.view(dtype).reshape(shape)            # [bytes] -> [numel] -> shape
 
     def _check_no_hole(self, key: str, start: int, n: int) -> None:
         _check_no_hole(self._file, self._fd, key, start, n)
