@@ -27,6 +27,7 @@ import torch
 
 from loaders.canonical import AttentionWeights, ModelMeta
 from loaders.errors import CheckpointFormatError
+from loaders.private_tensors import claim
 from loaders.tensor_source import TensorSource
 
 #: Non-parameter buffers that some frameworks save next to the weights:
@@ -199,7 +200,12 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
     of reading a bfloat16 checkpoint), while a copy in the view's own layout is
     a linear ``memcpy``. The analysis reads the per-head matrices through
     ``matmul``, which takes either layout without copying.
+
+    ``t`` itself when it covers all of a tensor its source read for this call
+    alone (``loaders.private_tensors``): nothing else holds that memory.
     """
+    if claim(t):
+        return t
     return t.clone(memory_format=torch.preserve_format)
 
 

@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from loaders.errors import CheckpointFormatError
+from loaders.private_tensors import private
 from loaders.sources.files import _check_no_hole, _check_unchanged, _Closing, _identity
 from loaders.tensor_source import TensorSource
 
@@ -220,7 +221,7 @@ class SafetensorsSource(_Closing, TensorSource):
                                 f"after it was opened)")
             done += n
         # little-endian on disk (safetensors spec), as on every platform torch supports here
-        return buf.view(dtype).reshape(shape)            # [bytes] -> [numel] -> shape
+        return private(buf.view(dtype).reshape(shape))   # [bytes] -> [numel] -> shape; read for this call alone
 
     def _check_no_hole(self, key: str, start: int, n: int) -> None:
         _check_no_hole(self._file, self._fd, key, start, n)

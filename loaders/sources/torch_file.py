@@ -22,6 +22,7 @@ import torch
 from loaders.budgets import BudgetExceeded, SideBudget, tensor_problem
 from loaders.checkpoint_names import EXPECTED
 from loaders.errors import CheckpointFormatError
+from loaders.private_tensors import private
 from loaders.sources.files import _check_unchanged, _Closing, _identity
 from loaders.sources.pickles import _torch_load
 from loaders.sources.side_data import _has_tensor, _jsonlike
@@ -171,7 +172,7 @@ class TorchSource(_Closing, TensorSource):
             _check_unchanged(self._file, self._stat, self._file.stat(), key)
         except OSError as exc:
             raise CheckpointFormatError(self._file, f"file cannot be read any more ({exc.strerror})") from None
-        return t.clone()
+        return private(t.clone())                        # a copy for this call alone
 
     def close(self) -> None:
         self._weights = {}

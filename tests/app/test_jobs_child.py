@@ -1,6 +1,7 @@
 """analyze computes a stored file's metrics in a child process under the memory and time budgets."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,7 +33,13 @@ def test_the_child_answers_what_the_process_itself_computes(stored):
     a = child.frame.sort_values(["layer", "metric", "head"], na_position="first").reset_index(drop=True)
     b = own.frame.sort_values(["layer", "metric", "head"], na_position="first").reset_index(drop=True)
     assert a["metric"].tolist() == b["metric"].tolist() and a["head"].equals(b["head"])
-    assert (a["value"] - b["value"]).abs().max() < 1e-9 and a["chance"].equals(b["chance"])
+    assert (a["value"] - b["value"]).abs().max() < 1e-9
+    # the chance levels to round-off, not bit for bit: MKL's eigenvalues of one 128 x 128
+    # problem move by ~1e-14 with the threads it gets, and the child and this process may
+    # differ there (analysis._lapack_pool gives each problem one thread where a stack is split,
+    # a plain call gives it all of them)
+    assert a["chance"].isna().equals(b["chance"].isna())
+    np.testing.assert_allclose(a["chance"].to_numpy(), b["chance"].to_numpy(), rtol=1e-12, atol=1e-14)
     assert child.tied == own.tied and child.notes == own.notes
 
 

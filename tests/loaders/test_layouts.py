@@ -185,6 +185,27 @@ def test_through_saved_files(case, tmp_path):
     torch.testing.assert_close(probs.float(), probs_ref.float(), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_tensors_read_from_a_file_share_no_memory(case, tmp_path):
+    """Through safetensors files (read with preadv into memory of each read's own, which the
+    converters then hand out without a copy: ``loaders.private_tensors``), the layer's
+    tensors still share no memory with each other, and modifying them changes nothing a
+    later read sees."""
+    model = build(case)
+    model.save_pretrained(tmp_path)
+    with open_checkpoint(tmp_path) as ckpt:
+        layer = ckpt.layer(0)
+        ts = {n: t for n, t in layer.tensors().items() if t is not None and t.is_floating_point() and t.numel()}
+        spans = sorted((t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+                       for t in ts.values())
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+        before = {n: t.clone() for n, t in ts.items()}
+        for t in ts.values():
+            t.add_(1.0)
+        again = ckpt.layer(0).tensors()
+        assert all(torch.equal(again[n], v) for n, v in before.items())
+
+
 def test_converted_tensors_are_fresh():
     """Modifying a converted layer leaves the source's tensors untouched."""
     model = build(CASES[0])
