@@ -394,6 +394,57 @@ def test_a_checkpoint_that_changes_while_it_is_hashed_fails_with_one_line(tmp_pa
     assert digest(db) == before
 
 
+def test_the_hash_and_the_geometry_are_read_side_by_side(tmp_path, monkeypatch):
+    # both read the whole file: each waits here for the other, which only a second thread allows
+    import threading
+
+    import loaders.checkpoints
+    import loaders.sources
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    p = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=16, vocab_size=64)).save_pretrained(p)
+    both = threading.Barrier(2, timeout=20)
+    real_hash, real_inspect = loaders.sources.content_hash, loaders.checkpoints.inspect_checkpoint
+
+    def hashing(path):
+        both.wait()
+        return real_hash(path)
+
+    def inspecting(path):
+        both.wait()
+        return real_inspect(path)
+
+    monkeypatch.setattr(loaders.sources, "content_hash", hashing)
+    monkeypatch.setattr(loaders.checkpoints, "inspect_checkpoint", inspecting)
+    [f] = ingest_paths(Store(tmp_path / "q.duckdb"), [p]).files
+    assert f.status == "added", f.reason
+    with Store(tmp_path / "q.duckdb").connect() as con:
+        assert con.execute("SELECT sha256, n_heads FROM checkpoints").fetchall() == [(real_hash(p), 4)]
+
+
+def test_when_both_fail_the_hashs_error_is_the_one_reported(tmp_path, monkeypatch):
+    # the hash (its header checks) ran first before the two went side by side: its error still wins
+    import loaders.checkpoints
+    import loaders.sources
+    from loaders.errors import CheckpointFormatError
+
+    p = _good_checkpoint(tmp_path)
+
+    def hashing(path):
+        raise CheckpointFormatError(path, "the hash's problem")
+
+    def inspecting(path):
+        raise CheckpointFormatError(path, "the reader's problem")
+
+    monkeypatch.setattr(loaders.sources, "content_hash", hashing)
+    monkeypatch.setattr(loaders.checkpoints, "inspect_checkpoint", inspecting)
+    [f] = ingest_paths(Store(tmp_path / "q.duckdb"), [p]).files
+    assert f.status == "error" and f.reason == f"{p}: the hash's problem"
+
+
 def test_a_keyboard_interrupt_is_not_swallowed_by_the_file_boundary(tmp_path, monkeypatch):
     import loaders.sources
 
