@@ -66,10 +66,10 @@ cuda=$?
 step tests 75 gpu_tests.txt bash -c "$PY -m pytest -q -m gpu -p no:cacheprovider tests/analysis tests/experiments && \
     $PY -m pytest -q -p no:cacheprovider tests/analysis/test_lapack_pool.py"
 if [ "$cuda" = 0 ]; then
-    step compare 40 gpu_compare.txt $PY scripts/gpu_compare.py --device cuda
+    step compare 30 gpu_compare.txt $PY scripts/gpu_compare.py --device cuda
     step eig 75 small_decompositions_cuda.txt bash -c "$PY scripts/layer_profile.py --shape 7B --device cuda ${EIG_ARGS:---pool --micro} && \
         $PY scripts/layer_profile.py --shape 1.1B --device cpu --pool --rows 10"
-    step 7b 130 analysis_7b_cuda.txt $PY bench/analysis_speed.py --device cuda --shape 7B --skip-naive --repeat 1 \
+    step 7b 100 analysis_7b_cuda.txt $PY bench/analysis_speed.py --device cuda --shape 7B --skip-naive --repeat 1 \
         --dir /tmp/qkvscope-bench-7b
     for threads in ${CPU_THREADS:-0}; do             # CPU_THREADS="4 16": the CPU bench at those torch threads
         step cpu 60 analysis_speed_cpu.txt $PY bench/analysis_speed.py --device cpu --skip-naive --repeat 1 \
@@ -78,7 +78,7 @@ if [ "$cuda" = 0 ]; then
     step 1b 50 analysis_speed_cuda.txt $PY bench/analysis_speed.py --device cuda --skip-naive --repeat 1 \
         --dir /tmp/qkvscope-bench-ckpt
     step forward 100 forward_speed_cuda.txt $PY bench/forward_speed.py --device cuda ${FORWARD_ARGS:---limit 8}
-    step scaling 50 analysis_scaling_cuda.txt $PY bench/analysis_scaling.py --device cuda --dir /tmp/qkvscope-bench-scaling
+    step scaling 110 analysis_scaling_cuda.txt $PY bench/analysis_scaling.py --device cuda --dir /tmp/qkvscope-bench-scaling
 else
     echo "no CUDA device: gpu_compare and the CUDA bench are skipped" | tee "$OUT/gpu_compare.txt"
     step cpu 60 analysis_speed_cpu.txt $PY bench/analysis_speed.py --device cpu --skip-naive --repeat 1 \
