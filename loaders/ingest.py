@@ -24,6 +24,7 @@ import json
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -214,8 +215,6 @@ def _hash_and_inspect(path: Path, content_hash, inspect_checkpoint) -> tuple[str
     other, 1.06-1.08 s side by side). The hash ran first before; its error (a bad header,
     a tensor in a hole: ``validate``) still wins over the reader's, and an unchanged copy
     of stored content is read once more than before, for nothing."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(1, thread_name_prefix="qkvscope-hash") as pool:
         hashing = pool.submit(content_hash, path)
         try:
