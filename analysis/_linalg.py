@@ -36,8 +36,9 @@ CHUNK = 1 << 19
 #: Grams and products) are eigen-decomposed and SVD'd on the host (``small_eigvalsh``,
 #: ``small_eigh``, ``small_svdvals``): cuSOLVER solves such a batch as a few milliseconds of
 #: latency-bound kernels with a sync, and a layer has dozens of batches. One Llama-2-7B-shaped
-#: layer on an H200: 0.540 s on the host against 0.680 s on the GPU (``scripts/layer_profile.py``
-#: times both side by side; ``bench/analysis_speed.py --device-eig`` runs the GPU choice).
+#: layer on an H200: 0.241 s on the host (one problem per core) against 0.486 s on the GPU
+#: (``scripts/layer_profile.py --pool`` times both side by side; ``bench/analysis_speed.py
+#: --device-eig`` runs the GPU choice).
 #: The values are the same float64 problems either way.
 HOST_SMALL = True
 #: The largest ``n`` that ``HOST_SMALL`` sends to the host.
@@ -50,28 +51,29 @@ def _on_host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" or (HOST_SMALL and t.is_cuda and t.shape[-1] <= HOST_MAX_N)
 
 
+def _small(f, a: torch.Tensor):
+    """``f`` (a ``torch.linalg`` decomposition of stacks) of ``a``: on the host, the stack's
+    problems spread over the host's cores (``_lapack_pool.pooled``), for a CPU tensor or a
+    small CUDA stack under ``HOST_SMALL``; else on ``a``'s device. Results on ``a``'s device."""
+    if not _on_host(a):
+        return f(a)
+    out = pooled(f, a.cpu())
+    return tuple(t.to(a.device) for t in out) if isinstance(out, tuple) else out.to(a.device)
+
+
 def small_eigvalsh(g: torch.Tensor) -> torch.Tensor:
-    """``torch.linalg.eigvalsh`` of a stack ``[..., n, n]`` (ascending), on the host for small
-    ``n`` on CUDA (``HOST_SMALL``), the stack's problems spread over the host's cores
-    (``_lapack_pool.pooled``); the result is on ``g``'s device."""
-    if not _on_host(g):
-        return torch.linalg.eigvalsh(g)
-    return pooled(torch.linalg.eigvalsh, g.cpu()).to(g.device)
+    """``torch.linalg.eigvalsh`` of a stack ``[..., n, n]`` (ascending), as ``_small``."""
+    return _small(torch.linalg.eigvalsh, g)
 
 
 def small_eigh(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.linalg.eigh`` of a stack ``[..., n, n]`` (ascending), as ``small_eigvalsh``."""
-    if not _on_host(g):
-        return torch.linalg.eigh(g)
-    lam, u = pooled(torch.linalg.eigh, g.cpu())
-    return lam.to(g.device), u.to(g.device)
+    """``torch.linalg.eigh`` of a stack ``[..., n, n]`` (ascending), as ``_small``."""
+    return tuple(_small(torch.linalg.eigh, g))
 
 
 def small_svdvals(a: torch.Tensor) -> torch.Tensor:
-    """``torch.linalg.svdvals`` of a stack ``[..., m, n]``, as ``small_eigvalsh``."""
-    if not _on_host(a):
-        return torch.linalg.svdvals(a)
-    return pooled(torch.linalg.svdvals, a.cpu()).to(a.device)
+    """``torch.linalg.svdvals`` of a stack ``[..., m, n]``, as ``_small``."""
+    return _small(torch.linalg.svdvals, a)
 
 
 def as_float32(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
