@@ -41,8 +41,9 @@ How the sums are formed (the same sums either way, float64 round-off apart):
   (linear CKA, Kornblith et al. 2019);
 * ``kv_share_r2_act`` = ``||P_K V||_F^2 / ||V||_F^2 = tr(V^T K (K^T K)^{-1} K^T V)
   / tr(V^T V)``: ``1 - min_T ||V - K T||^2 / ||V||^2``, the K=V sharing fit
-  (not centred). ``(K^T K)^{-1}`` by a Cholesky factorisation of the
-  unit-diagonal ``D K^T K D``; a Gram that is singular to float64 (fewer
+  (not centred). ``(K^T K)^{-1}`` by a Cholesky factorisation ``K^T K = L L^T``
+  (a pivot is judged on the unit-diagonal ``D K^T K D``, whose factor is ``D L``:
+  ``L_ii^2 / (K^T K)_ii``); a Gram that is singular to float64 (fewer
   tokens than ``d_head``, dead columns) falls back to its pseudo-inverse,
   dropping eigenvalues below ``d_head * eps64 * lambda_max``;
 * ``erank_kcache``, ``erank_vcache``: effective rank (Roy & Vetterli 2007) of
@@ -565,13 +566,12 @@ def _metrics(st: dict[str, torch.Tensor], d_head: int) -> dict[str, torch.Tensor
     kk, vv, kv, n = st["kk"], st["vv"], st["kv"], st["n"]
     tr = lambda a: torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)           # noqa: E731
     out = {"kv_cosine_act": tr(kv) / (tr(kk) * tr(vv)).sqrt()}
-    nn = n[..., None, None, None]                                        # [..., 1, 1, 1]
-    sk, sv = st["sk"], st["sv"]
-    kkc = kk - sk[..., :, None] * sk[..., None, :] / nn                  # centred Grams [..., g, e, e]
-    vvc = vv - sv[..., :, None] * sv[..., None, :] / nn
-    kvc = kv - sk[..., :, None] * sv[..., None, :] / nn
-    fro = lambda a: a.square().sum((-2, -1))                             # noqa: E731
-    out["kv_cka_act"] = fro(kvc) / (fro(kkc) * fro(vvc)).sqrt()
+    root = n.sqrt()[..., None, None]                                     # [..., 1, 1]
+    uk, uv = st["sk"] / root, st["sv"] / root                            # sum / sqrt(n): [..., g, e]
+    # centred Grams, e.g. Kc^T Kc = K^T K - (sum k)(sum k)^T / n, and their squared norms:
+    # each formed in one fused pass (rank-one update) and read once (no squared copy)
+    fro = lambda a, u, w: torch.linalg.vector_norm(_minus_outer(a, u, w), dim=(-2, -1)).square()   # noqa: E731
+    out["kv_cka_act"] = fro(kv, uk, uv) / (fro(kk, uk, uk) * fro(vv, uv, uv)).sqrt()
     out["kv_share_r2_act"] = _share_r2(kk, vv, kv, d_head)
     for name, gram in (("erank_kcache", kk), ("erank_vcache", vv)):
         out[name] = spectrum_stats(_gram_sv(gram))["erank"]
@@ -582,25 +582,35 @@ def _metrics(st: dict[str, torch.Tensor], d_head: int) -> dict[str, torch.Tensor
     return out
 
 
+def _minus_outer(a: torch.Tensor, u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``a - u w^T`` for stacks ``a: [..., m, n]``, ``u: [..., m]``, ``w: [..., n]``, in one pass
+    over ``a`` (``baddbmm``: no outer-product temporary)."""
+    m, k = a.shape[-2:]
+    flat = torch.baddbmm(a.reshape(-1, m, k), u.reshape(-1, m, 1), w.reshape(-1, 1, k), alpha=-1)
+    return flat.view(a.shape)
+
+
 def _gram_sv(gram: torch.Tensor) -> torch.Tensor:
     """Singular values (descending) of the matrix behind a float64 Gram ``[..., e, e]``;
-    eigenvalues below ``e * eps64 * lambda_max`` (round-off) are 0."""
-    lam = small_eigvalsh((gram + gram.mT) / 2).flip(-1)                # [..., e], descending
+    eigenvalues below ``e * eps64 * lambda_max`` (round-off) are 0. ``eigvalsh`` reads the lower
+    triangle: a Gram formed by products is symmetric to round-off (``~e * eps64 * ||G||``, below
+    that tolerance), so it is not symmetrised first (a copy of every stack, ~10% of a bootstrap)."""
+    lam = small_eigvalsh(gram).flip(-1)                                # [..., e], descending
     tol = gram.shape[-1] * EPS64 * lam[..., :1].clamp_min(0)
     return torch.where(lam > tol, lam, torch.zeros_like(lam)).sqrt()
 
 
 def _share_r2(kk: torch.Tensor, vv: torch.Tensor, kv: torch.Tensor, d_head: int) -> torch.Tensor:
     """``tr(KV^T KK^{-1} KV) / tr(VV)`` per stack entry, float64 (module docstring)."""
-    dg = torch.diagonal(kk, dim1=-2, dim2=-1)
-    s = torch.where(dg > 0, dg.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), torch.zeros_like(dg))
-    a = kk * s[..., :, None] * s[..., None, :]                           # D KK D, unit diagonal
-    low, info = torch.linalg.cholesky_ex(a)
-    piv = torch.diagonal(low, dim1=-2, dim2=-1)
-    ok = (info == 0) & (piv.square().amin(-1) > d_head * EPS64) & torch.isfinite(piv).all(-1)
-    y = torch.linalg.solve_triangular(torch.where(ok[..., None, None], low, torch.eye(
-        kk.shape[-1], dtype=kk.dtype, device=kk.device)), kv * s[..., :, None], upper=False)
-    explained = y.square().sum((-2, -1))                                 # ||L^-1 D K^T V||_F^2
+    low, info = torch.linalg.cholesky_ex(kk)                             # KK = L L^T
+    # the pivots of the unit-diagonal D KK D (D = diag(KK)^-1/2), whose factor is D L:
+    # (D L)_ii^2 = L_ii^2 / KK_ii
+    piv2 = torch.diagonal(low, dim1=-2, dim2=-1).square() / torch.diagonal(kk, dim1=-2, dim2=-1)
+    ok = (info == 0) & (piv2.amin(-1) > d_head * EPS64) & torch.isfinite(piv2).all(-1)
+    if not bool(ok.all()):                                               # the solve must not see them
+        low = torch.where(ok[..., None, None], low, torch.eye(kk.shape[-1], dtype=kk.dtype, device=kk.device))
+    y = torch.linalg.solve_triangular(low, kv, upper=False)              # L^-1 K^T V
+    explained = torch.linalg.vector_norm(y, dim=(-2, -1)).square()       # ||L^-1 K^T V||_F^2
     if not bool(ok.all()):                                               # singular: pseudo-inverse
         bad = ~ok
         lam, u = small_eigh((kk[bad] + kk[bad].mT) / 2)                  # ascending

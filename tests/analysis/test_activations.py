@@ -278,3 +278,30 @@ def test_bad_input_messages():
     with pytest.raises(AnalysisError) as exc:
         ActivationAccumulator(lay, meta(2, 1, 16, 5), logits=True, device="cpu")
     assert "expected W_K of shape [1, 16, 5]" in str(exc.value)
+
+
+def test_share_r2_against_least_squares_with_scaled_dead_and_deficient_columns():
+    """``_share_r2`` from Grams against float64 least squares on the caches themselves: columns
+    scaled 1e-9..1e9 (full rank: the Cholesky path), a dead column, fewer tokens than columns and
+    a column dependent on two others up to round-off (singular: the pseudo-inverse path; the last
+    one's Cholesky runs through on pivots at round-off level), side by side in one stack."""
+    from analysis.activations import _share_r2
+
+    e, n = 8, 200
+    base = rand(n, e, seed=1).double()
+    ks = [base * torch.logspace(-9, 9, e, dtype=torch.float64),                # badly scaled, full rank
+          torch.cat([base[:, :-1], torch.zeros(n, 1, dtype=torch.float64)], 1),   # a dead column
+          torch.cat([base[:5], torch.zeros(n - 5, e, dtype=torch.float64)]),     # 5 tokens < 8 columns
+          torch.cat([base[:, :-1], base[:, :1] * 3 + base[:, 1:2] / 7], 1)]     # dependent to round-off
+    # V in K's span at unit scale (every direction of it weighs alike) plus noise outside it
+    vs = [base @ rand(e, e, seed=2 + i).double() + 0.5 * rand(n, e, seed=9 + i).double() for i in range(len(ks))]
+    kk = torch.stack([k.T @ k for k in ks])
+    vv = torch.stack([v.T @ v for v in vs])
+    kv = torch.stack([k.T @ v for k, v in zip(ks, vs)])
+    got = _share_r2(kk, vv, kv, e)
+    for i, (k, v) in enumerate(zip(ks, vs)):
+        norms = k.norm(dim=0)
+        kd = k / torch.where(norms > 0, norms, torch.ones_like(norms))      # span(K), columns of norm 1
+        fit = kd @ torch.linalg.lstsq(kd, v, driver="gelsd").solution      # the projection of V on it
+        want = float(fit.square().sum() / v.square().sum())
+        assert float(got[i]) == pytest.approx(want, rel=1e-9), i
