@@ -14,6 +14,11 @@ ATen's ``set_num_threads``: ``mkl_set_num_threads_local``). Each problem is the
 same LAPACK call either way; ``scripts/layer_profile.py`` times both side by
 side (``--pool``).
 
+``side_by_side`` runs independent calls the same way, one per single-threaded
+worker: the activation job's per-layer ``result()`` (a bootstrap of small
+decompositions and elementwise passes over ``d_head x d_head`` stacks, which
+intra-op threads split no better than the stacks above).
+
 ``torch.set_num_threads`` also stores the count as the default of threads that
 start later, so the caller's count is set again before ``pooled`` returns (the
 one global side effect, and only after a worker's first call; calls are
@@ -24,8 +29,11 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 #: Whether ``pooled`` splits stacks across threads (off: one torch call, MKL's own threading).
 POOL = True
@@ -74,6 +82,47 @@ def workers_for(batch: int) -> int:
     if not POOL or threads < 2 or batch < MIN_BATCH:
         return 1
     return min(threads, batch)
+
+
+def side_by_side(calls: list[Callable[[], T]], workers: int) -> list[T]:
+    """Every call of ``calls`` in a single-threaded worker, at most ``workers`` at once
+    (``workers <= 1``, one call, or ``POOL`` off: one after another in this thread, with its
+    own threads); the results in order. The workers take the next call as they finish one; after
+    an error they take no more, and it reaches the caller once the calls started have ended. Inside a call,
+    ``pooled`` makes one plain call (its thread has one intra-op thread)."""
+    workers = min(workers, len(calls))
+    if not POOL or workers <= 1:
+        return [call() for call in calls]
+    global _dirty
+    results: list = [None] * len(calls)
+    queue = iter(range(len(calls)))
+    taking, failed = threading.Lock(), threading.Event()
+
+    def lane() -> None:
+        while not failed.is_set():
+            with taking:
+                i = next(queue, None)
+            if i is None:
+                return
+            try:
+                results[i] = calls[i]()
+            except BaseException:
+                failed.set()                                          # the other workers take no more
+                raise
+
+    with _lock:
+        threads = torch.get_num_threads()
+        futures = [_pool(workers).submit(_single_threaded, lane) for _ in range(workers)]
+        try:
+            for fut in futures:
+                fut.result()
+        finally:
+            for fut in futures:                                       # none left running on an error
+                fut.exception()
+            if _dirty:
+                torch.set_num_threads(threads)                        # the process default, as it was
+                _dirty = False
+    return results
 
 
 def pooled(f, *xs: torch.Tensor):

@@ -114,6 +114,7 @@ import math
 import pandas as pd
 import torch
 
+from analysis._lapack_pool import side_by_side
 from analysis._linalg import as_float32, small_eigh, small_eigvalsh, spectrum_stats, stack_heads
 from analysis.errors import AnalysisError
 from analysis.plugins import activation_values
@@ -315,9 +316,12 @@ class ActivationAccumulator:
         return _heads(self.w.double()[None], self.b.double(), self.g, self.h, self.e,
                       identity_q=self.identity_q, b_q=self.b_q_identity)
 
-    def _draws64(self) -> dict:
-        """The chance draws in float64, per head (``_heads``; leading ``[n_random]``), formed when used."""
-        return _heads(torch.stack(self.r).double(), None, self.g, self.h, self.e, identity_q=False)
+    def _draws64(self, *, with_q: bool = True) -> dict:
+        """The chance draws in float64, per head (``_heads``; leading ``[n_random]``), formed when
+        used; without their query columns unless ``with_q``."""
+        cols = self._width if with_q else 2 * self.g * self.e
+        return _heads(torch.stack([r[:, :cols] for r in self.r]).double(), None, self.g, self.h, self.e,
+                      identity_q=False)
 
     def _add_chance_logits(self, i: int, st: dict[str, torch.Tensor]) -> None:
         """Add draw ``i``'s logit sums over windows."""
@@ -329,7 +333,7 @@ class ActivationAccumulator:
         sums accumulated per window (the held windows reduced first)."""
         self._reduce()
         n = torch.tensor(float(self._n), dtype=torch.float64, device=self.dev)
-        tot = _gram_stats(self._gram[None], self._sum[None], n[None], self._draws64(), self.rep,
+        tot = _gram_stats(self._gram[None], self._sum[None], n[None], self._draws64(with_q=False), self.rep,
                           with_q=False)                                  # [n_random, 1, ...]
         draws = []
         for i in range(self.n_random):
@@ -342,6 +346,19 @@ class ActivationAccumulator:
 
     def result(self, *, n_boot: int = 200, seed: int = 0) -> tuple[pd.DataFrame, dict[str, str]]:
         """Rows (``analysis.registry.RESULT_COLUMNS``) of every activation metric, and notes."""
+        return self._result(n_boot, seed, _BOOT_BYTES)
+
+    def result_bytes(self) -> int:
+        """About the most memory ``result()`` holds at once beyond the sums and the bootstrap's
+        batches (bytes): the chance draws' K and V columns and their products with the input's
+        Gram in float64, and the draws redrawn in float32 where they were not held."""
+        kv_cols = 2 * self.g * self.e
+        draws = 8 * self.n_random * self.d * 2 * kv_cols
+        redrawn = 0 if self._r is not None else 4 * self.n_random * self.d * self._width
+        return draws + redrawn
+
+    def _result(self, n_boot: int, seed: int, boot_bytes: int) -> tuple[pd.DataFrame, dict[str, str]]:
+        """``result()`` with the bootstrap's batches bounded by ``boot_bytes``."""
         if not self._windows and not self._pending:
             raise AnalysisError(f"layer {self.layer}: no tokens were added (call add() first)")
         notes = dict(self.notes)
@@ -355,7 +372,7 @@ class ActivationAccumulator:
                       if _row_metric(m).chance != "none" else math.nan
                       for m in values}                       # median (the mean of the middle two)
             if n_win > 1:
-                lo, hi = self._bootstrap(per_win, values, n_boot, seed)
+                lo, hi = self._bootstrap(per_win, values, n_boot, seed, boot_bytes)
             else:
                 lo = hi = {m: torch.full_like(val, float("nan")) for m, val in values.items()}
         n = self._n
@@ -383,7 +400,7 @@ class ActivationAccumulator:
         return df, notes
 
     def _bootstrap(self, per_win: dict[str, torch.Tensor], values: dict[str, torch.Tensor], n_boot: int,
-                   seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+                   seed: int, boot_bytes: int = _BOOT_BYTES) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """2.5% and 97.5% percentiles of every metric over ``n_boot`` resamples of the windows,
         shifted by the resamples' bias (their mean minus ``values``)."""
         n_win = int(per_win["n"].shape[0])
@@ -392,7 +409,7 @@ class ActivationAccumulator:
         counts = torch.zeros(n_boot, n_win, dtype=torch.float64).scatter_add_(
             1, idx, torch.ones(n_boot, n_win, dtype=torch.float64)).to(self.dev)  # [n_boot, n_win]
         width = sum(val[0].numel() for val in per_win.values())                  # float64s per window
-        chunk = max(1, _BOOT_BYTES // (8 * width * 4))                           # sums + work space
+        chunk = max(1, boot_bytes // (8 * width * 4))                            # sums + work space
         reps: dict[str, list[torch.Tensor]] = {}
         for s in range(0, n_boot, chunk):
             c = counts[s:s + chunk]                                              # [b, n_win]
@@ -410,6 +427,43 @@ class ActivationAccumulator:
             low, high = _RANGE.get(m) or ((1.0, float(self.e)) if m in _ERANKS else (-math.inf, math.inf))
             lo[m], hi[m] = (qs[0] - shift).clamp(low, high), (qs[1] - shift).clamp(low, high)
         return lo, hi
+
+
+#: Memory that the ``result()`` calls of ``results_of`` may hold at once (bytes): their
+#: bootstrap batches (``_BOOT_BYTES`` shared out, about twice that with their work space) and
+#: each call's ``ActivationAccumulator.result_bytes``. It bounds how many run side by side.
+_RESULTS_BYTES = 2**30
+
+
+def result_workers(accs: list[ActivationAccumulator], threads: int | None = None) -> int:
+    """How many ``result()`` calls ``results_of`` runs at once: one per intra-op thread (``threads``,
+    default torch's count), no more than the accumulators, and as many as ``_RESULTS_BYTES``
+    holds beside the bootstrap's share (``2 * _BOOT_BYTES``) of the largest one's
+    ``result_bytes()`` (a layer of the 134M Llama of ``bench/forward_speed.py``: 54-74 MiB, 10-14
+    at once; of a Llama-2-7B: 1.5-2.1 GiB, one); 1 (one after another, with every thread) off
+    the CPU, where the device runs each call's batches already."""
+    if not accs or any(a.dev.type != "cpu" for a in accs):
+        return 1
+    threads = torch.get_num_threads() if threads is None else threads
+    fits = (_RESULTS_BYTES - 2 * _BOOT_BYTES) // max(1, max(a.result_bytes() for a in accs))
+    return max(1, min(threads, len(accs), fits))
+
+
+def results_of(accs: list[ActivationAccumulator], *, n_boot: int = 200,
+               seed: int = 0) -> list[tuple[pd.DataFrame, dict[str, str]]]:
+    """Every accumulator's ``result(n_boot=, seed=)``, in order: on the CPU, ``result_workers``
+    of them side by side, each in a worker thread with one intra-op thread
+    (``analysis._lapack_pool.side_by_side``), the bootstrap's batches shared out so that
+    together they stay within ``_BOOT_BYTES``. A layer's bootstrap is many small
+    decompositions and passes over ``d_head x d_head`` stacks, which intra-op threads split
+    poorly: six 134M-Llama-shaped layers on this project's 2-core VM took 7.3 s on one thread,
+    5.0 s one after another on two, 3.7 s side by side. The same rows as one call after another
+    (each call's own arithmetic; a matrix product's round-off may differ with the threads)."""
+    if not all(isinstance(a, ActivationAccumulator) for a in accs):
+        return [a.result() for a in accs]       # another kind (feed takes any add()/result()): its own, in turn
+    workers = result_workers(accs)
+    boot = max(1, _BOOT_BYTES // workers)
+    return side_by_side([lambda a=a: a._result(n_boot, seed, boot) for a in accs], workers)
 
 
 def _row_metric(m: str):

@@ -34,6 +34,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
+from analysis.activations import results_of
 from analysis.captures import MAX_WINDOW
 from analysis.notes import merge_notes, nonfinite_notes
 from analysis.registry import RESULT_COLUMNS
@@ -315,8 +316,7 @@ def feed(model, mods, accs, inputs: torch.Tensor, t: int, dev, progress: Progres
         for h in handles:
             h.remove()
     frames, notes = [], {}
-    for acc in accs:
-        df, nt = acc.result()
+    for df, nt in results_of(accs):                                      # the layers side by side
         frames.append(df)
         merge_notes(notes, nt)
     if progress:

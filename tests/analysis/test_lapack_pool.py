@@ -137,3 +137,58 @@ def test_weight_rows_are_the_same_pooled_or_not(four_threads, monkeypatch):
     assert rows[True][["layer", "head", "metric"]].equals(rows[False][["layer", "head", "metric"]])
     np.testing.assert_allclose(rows[True]["value"].to_numpy(), rows[False]["value"].to_numpy(),
                                rtol=1e-9, atol=1e-12)
+
+
+def test_side_by_side_runs_each_call_single_threaded_at_most_workers_at_once(four_threads):
+    _lapack_pool._executor = None
+    both = threading.Barrier(2, timeout=30)                           # two calls must run at once
+    lock, running, most, seen = threading.Lock(), [0], [0], []
+
+    def call(i):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        if i < 2:
+            both.wait()
+        inner = _lapack_pool.pooled(lambda x: x + i, torch.zeros(6, 2, 2))   # one plain call inside
+        with lock:
+            running[0] -= 1
+        return int(inner.sum())
+
+    out = _lapack_pool.side_by_side([lambda i=i: call(i) for i in range(7)], 2)
+    assert out == [24 * i for i in range(7)]                          # in order
+    assert most[0] == 2 and len(seen) == 7                            # never more than 2, though 4 exist
+    assert all(name.startswith("qkvscope-lapack") and threads == 1 for name, threads in seen), seen
+    assert torch.get_num_threads() == 4
+    later = []
+    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    assert later == [4] and not _lapack_pool._dirty
+
+
+def test_side_by_side_stops_taking_calls_after_an_error(four_threads):
+    _lapack_pool._executor = None
+    started, raised = [], threading.Event()
+
+    def call(i):
+        started.append(i)
+        if i == 0:
+            raised.set()
+            raise ValueError("layer 0 failed")
+        raised.wait(30)                                               # the others end after the error
+        return i
+
+    with pytest.raises(ValueError, match="layer 0 failed"):
+        _lapack_pool.side_by_side([lambda i=i: call(i) for i in range(50)], 2)
+    assert len(started) < 50 and torch.get_num_threads() == 4 and not _lapack_pool._dirty
+
+
+def test_side_by_side_with_one_worker_or_off_runs_in_the_callers_thread(four_threads, monkeypatch):
+    names = []
+    calls = [lambda: names.append((threading.current_thread().name, torch.get_num_threads()))] * 3
+    _lapack_pool.side_by_side(calls, 1)
+    monkeypatch.setattr(_lapack_pool, "POOL", False)
+    _lapack_pool.side_by_side(calls, 4)
+    assert names == [(threading.current_thread().name, 4)] * 6

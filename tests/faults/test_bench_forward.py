@@ -105,9 +105,9 @@ def test_the_plain_forward_runs_the_windows_the_job_feeds(monkeypatch):
     feed = activation_runs.feed
     monkeypatch.setattr(activation_runs, "feed", lambda model, mods, accs, inputs, *a: (
         fed.append(inputs.clone()), feed(model, mods, accs, inputs, *a))[1])
-    add, result = ActivationAccumulator.add, ActivationAccumulator.result
+    add, results = ActivationAccumulator.add, runnable.results_of
     job = F.measure_job(DEMO_RUN, "cpu", 300)
-    assert (ActivationAccumulator.add, ActivationAccumulator.result) == (add, result)   # unwrapped again
+    assert (ActivationAccumulator.add, runnable.results_of) == (add, results)   # unwrapped again
     assert activation_runs.load_runnable is runnable.load_runnable
     with open_checkpoint(DEMO_RUN) as ckpt:
         model, tok, vocab = activation_runs.load_runnable(ckpt)
