@@ -429,19 +429,23 @@ class ActivationAccumulator:
         return lo, hi
 
 
-#: Memory that the ``result()`` calls of ``results_of`` may hold at once (bytes): their
-#: bootstrap batches (``_BOOT_BYTES`` shared out, about twice that with their work space) and
-#: each call's ``ActivationAccumulator.result_bytes``. It bounds how many run side by side.
-_RESULTS_BYTES = 2**30
+#: Memory that the ``result()`` calls of ``results_of`` may hold at once (bytes, as estimated):
+#: their bootstrap batches (``_BOOT_BYTES`` shared out, about twice that with their work space)
+#: and each call's ``ActivationAccumulator.result_bytes``. It bounds how many run side by side.
+#: What the process holds grows more than the estimate (each worker thread's allocator arena
+#: keeps what it freed): two at once raised the 134M Llama job's peak RSS by 170-210 MiB
+#: (``bench/forward_speed.py``, README, Performance).
+_RESULTS_BYTES = 2**29
 
 
 def result_workers(accs: list[ActivationAccumulator], threads: int | None = None) -> int:
     """How many ``result()`` calls ``results_of`` runs at once: one per intra-op thread (``threads``,
     default torch's count), no more than the accumulators, and as many as ``_RESULTS_BYTES``
     holds beside the bootstrap's share (``2 * _BOOT_BYTES``) of the largest one's
-    ``result_bytes()`` (a layer of the 134M Llama of ``bench/forward_speed.py``: 54-74 MiB, 10-14
-    at once; of a Llama-2-7B: 1.5-2.1 GiB, one); 1 (one after another, with every thread) off
-    the CPU, where the device runs each call's batches already."""
+    ``result_bytes()`` (a layer of the 134M Llama of ``bench/forward_speed.py``: 54-74 MiB, 3-4
+    at once; of a Llama-1B-shaped layer, 8 kv heads: 96-168 MiB, 1-2; of a Llama-2-7B: 1.5-2.1
+    GiB, one); 1 (one after another, with every thread) off the CPU, where the device runs each
+    call's batches already."""
     if not accs or any(a.dev.type != "cpu" for a in accs):
         return 1
     threads = torch.get_num_threads() if threads is None else threads
@@ -456,9 +460,10 @@ def results_of(accs: list[ActivationAccumulator], *, n_boot: int = 200,
     (``analysis._lapack_pool.side_by_side``), the bootstrap's batches shared out so that
     together they stay within ``_BOOT_BYTES``. A layer's bootstrap is many small
     decompositions and passes over ``d_head x d_head`` stacks, which intra-op threads split
-    poorly: six 134M-Llama-shaped layers on this project's 2-core VM took 7.3 s on one thread,
-    5.0 s one after another on two, 3.7 s side by side. The same rows as one call after another
-    (each call's own arithmetic; a matrix product's round-off may differ with the threads)."""
+    poorly: six 134M-Llama-shaped layers (8 windows of 512 tokens) on this project's 2-core VM
+    took 4.0 s one after another on two threads, 3.0 s side by side. The same rows as one call after another
+    with the same batches (each call's own arithmetic; a matrix product's round-off may differ
+    with the threads and the batch)."""
     if not all(isinstance(a, ActivationAccumulator) for a in accs):
         return [a.result() for a in accs]       # another kind (feed takes any add()/result()): its own, in turn
     workers = result_workers(accs)
