@@ -388,23 +388,35 @@ def curves_figure(raw: pd.DataFrame, labels: dict[int, str], *, smoothed: pd.Dat
     shade of its own; without it runs take the colours of a cycle.
     """
     fig = go.Figure()
+    by_step = x == "step"
+
+    def xy(g: pd.DataFrame) -> dict:
+        """A trace's points: against the step, x is the step itself, sent as the integers it is
+        (half the bytes of float64) and not again as the tooltip's step (``customdata``); against
+        tokens or wall time, the step rides along for the tooltip. Numpy arrays, not Series: plotly
+        reads a Series through narwhals, 3x slower per array."""
+        if by_step:
+            return dict(x=g["step"].to_numpy(), y=g["value"].to_numpy())
+        return dict(x=g["x"].to_numpy(), y=g["value"].to_numpy(), customdata=g["step"].to_numpy())
+
+    step = "%{x}" if by_step else "%{customdata}"
+    where = "" if by_step else "<br>x %{x}"
     for i, (rid, g) in enumerate(raw.groupby("run_id", sort=True)):
         style = (styles or {}).get(int(rid), {"color": run_color(i), "dash": "solid"})
         color = style["color"]
         name = labels.get(int(rid), f"run {rid}")
-        # numpy arrays, not Series: plotly reads a Series through narwhals, 3x slower per array
         fig.add_trace(go.Scatter(
-            x=g["x"].to_numpy(), y=g["value"].to_numpy(), mode="lines", name=name, legendgroup=str(rid),
+            **xy(g), mode="lines", name=name, legendgroup=str(rid),
             line=dict(color=_rgba(color, 0.25) if smoothed is not None else color, width=1,
                       dash=style["dash"] if smoothed is None else "solid"),
-            showlegend=smoothed is None, customdata=g["step"].to_numpy(),
-            hovertemplate=f"{name}<br>step %{{customdata}}<br>x %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+            showlegend=smoothed is None,
+            hovertemplate=f"{name}<br>step {step}{where}<br>{metric} %{{y:.4g}}<extra></extra>"))
         if smoothed is not None:
             s = smoothed[smoothed["run_id"] == rid]
             fig.add_trace(go.Scatter(
-                x=s["x"].to_numpy(), y=s["value"].to_numpy(), mode="lines", name=name, legendgroup=str(rid),
-                line=dict(color=color, width=2, dash=style["dash"]), customdata=s["step"].to_numpy(),
-                hovertemplate=f"{name} (smoothed)<br>step %{{customdata}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+                **xy(s), mode="lines", name=name, legendgroup=str(rid),
+                line=dict(color=color, width=2, dash=style["dash"]),
+                hovertemplate=f"{name} (smoothed)<br>step {step}<br>{metric} %{{y:.4g}}<extra></extra>"))
     fig = _layout(fig, x_title=X_TITLES.get(x, x), y_title=metric, log_x=log_x, log_y=log_y)
     if log_y:
         readable_log_axis(fig, raw["value"], "y")

@@ -344,6 +344,26 @@ def test_curves_are_svg_lines_one_per_run_and_smoothed_behind():
     assert [t.type for t in fig.data] == ["scatter"] * 4 and fig.data[0].showlegend is False
 
 
+def test_curves_against_the_step_send_it_once_and_tokens_keep_it_for_the_tooltip():
+    raw = pd.DataFrame({"run_id": [1, 1, 1], "x": [0.0, 4096.0, 8192.0], "value": [3.0, 2.5, 2.0],
+                        "step": [0, 1, 2]})
+    # against the step: x is the step as integers, named in the tooltip as the step; nothing more
+    by_step = charts.curves_figure(raw.assign(x=[0.0, 1.0, 2.0]), metric="loss", labels={1: "a"}, x="step")
+    t = by_step.data[0]
+    assert t.customdata is None and t.x.dtype.kind == "i" and list(t.x) == [0, 1, 2]
+    assert t.hovertemplate == "a<br>step %{x}<br>loss %{y:.4g}<extra></extra>"
+    smooth = charts.curves_figure(raw.assign(x=[0.0, 1.0, 2.0]), metric="loss", labels={1: "a"}, x="step",
+                                  smoothed=raw.assign(x=[0.0, 1.0, 2.0]))
+    assert [tr.customdata for tr in smooth.data] == [None, None]
+    assert smooth.data[1].hovertemplate == "a (smoothed)<br>step %{x}<br>loss %{y:.4g}<extra></extra>"
+    # against tokens: x is the tokens, the step rides along for the tooltip
+    t = charts.curves_figure(raw, metric="loss", labels={1: "a"}, x="tokens").data[0]
+    assert list(t.x) == [0.0, 4096.0, 8192.0] and list(t.customdata) == [0, 1, 2]
+    assert t.hovertemplate == "a<br>step %{customdata}<br>x %{x}<br>loss %{y:.4g}<extra></extra>"
+    assert (by_step.to_json().count('"bdata"'), charts.curves_figure(raw, metric="loss", labels={1: "a"},
+                                                                       x="tokens").to_json().count('"bdata"')) == (2, 3)
+
+
 # -- the Experiments page at 2,000 runs (issue 20): one label and style per group ---------
 
 def _mixed_runs(n: int = 150) -> pd.DataFrame:
