@@ -84,16 +84,34 @@ def workers_for(batch: int) -> int:
     return min(threads, batch)
 
 
+def _in_workers(workers: int, tasks: list[tuple]) -> list:
+    """``f(*args)`` of each task ``(f, *args)`` in a single-threaded worker (``_single_threaded``)
+    of a pool of ``workers`` threads; the results in order. Calls are serialised by the lock;
+    the caller's intra-op count is set again before it returns (module docstring); every task
+    has ended before an error reaches the caller."""
+    global _dirty
+    with _lock:
+        threads = torch.get_num_threads()
+        futures = [_pool(workers).submit(_single_threaded, *task) for task in tasks]
+        try:
+            return [fut.result() for fut in futures]
+        finally:
+            for fut in futures:                                       # none left running on an error
+                fut.exception()
+            if _dirty:
+                torch.set_num_threads(threads)                        # the process default, as it was
+                _dirty = False
+
+
 def side_by_side(calls: list[Callable[[], T]], workers: int) -> list[T]:
     """Every call of ``calls`` in a single-threaded worker, at most ``workers`` at once
     (``workers <= 1``, one call, or ``POOL`` off: one after another in this thread, with its
     own threads); the results in order. The workers take the next call as they finish one; after
-    an error they take no more, and it reaches the caller once the calls started have ended. Inside a call,
-    ``pooled`` makes one plain call (its thread has one intra-op thread)."""
+    an error they take no more, and it reaches the caller once the calls started have ended.
+    Inside a call, ``pooled`` makes one plain call (its thread has one intra-op thread)."""
     workers = min(workers, len(calls))
     if not POOL or workers <= 1:
         return [call() for call in calls]
-    global _dirty
     results: list = [None] * len(calls)
     queue = iter(range(len(calls)))
     taking, failed = threading.Lock(), threading.Event()
@@ -110,18 +128,7 @@ def side_by_side(calls: list[Callable[[], T]], workers: int) -> list[T]:
                 failed.set()                                          # the other workers take no more
                 raise
 
-    with _lock:
-        threads = torch.get_num_threads()
-        futures = [_pool(workers).submit(_single_threaded, lane) for _ in range(workers)]
-        try:
-            for fut in futures:
-                fut.result()
-        finally:
-            for fut in futures:                                       # none left running on an error
-                fut.exception()
-            if _dirty:
-                torch.set_num_threads(threads)                        # the process default, as it was
-                _dirty = False
+    _in_workers(workers, [(lane,)] * workers)
     return results
 
 
@@ -130,7 +137,6 @@ def pooled(f, *xs: torch.Tensor):
     shape), computed as ``f`` of slices of the flattened stack ``[b, m, n]`` in parallel
     threads and joined back to ``[..., ...]``. ``f`` returns a tensor or a tuple of
     tensors whose leading axis is the stack's; each problem is ``f``'s own LAPACK call."""
-    global _dirty
     lead = xs[0].shape[:-2]
     batch = lead.numel()
     workers = workers_for(batch)
@@ -138,18 +144,7 @@ def pooled(f, *xs: torch.Tensor):
         return f(*xs)
     flat = [x.reshape(batch, *x.shape[-2:]) for x in xs]             # [..., m, n] -> [b, m, n]
     bounds = [batch * i // workers for i in range(workers + 1)]
-    with _lock:
-        threads = torch.get_num_threads()
-        futures = [_pool(workers).submit(_single_threaded, f, *(x[lo:hi] for x in flat))
-                   for lo, hi in zip(bounds, bounds[1:])]
-        try:
-            parts = [fut.result() for fut in futures]
-        finally:
-            for fut in futures:                                       # none left running on an error
-                fut.exception()
-            if _dirty:
-                torch.set_num_threads(threads)                        # the process default, as it was
-                _dirty = False
+    parts = _in_workers(workers, [(f, *(x[lo:hi] for x in flat)) for lo, hi in zip(bounds, bounds[1:])])
     if isinstance(parts[0], tuple):
         return tuple(torch.cat(p).reshape(*lead, *p[0].shape[1:]) for p in zip(*parts))
     return torch.cat(parts).reshape(*lead, *parts[0].shape[1:])
