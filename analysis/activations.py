@@ -203,9 +203,13 @@ class ActivationAccumulator:
     def _draw(self) -> list[torch.Tensor]:
         """Random projections of the layer's shapes, N(0, 1/d_model), from the seed; drawn on the
         CPU so that a seed gives the same matrices on every device."""
+        return list(self._seeded())
+
+    def _seeded(self):
+        """The draws from the seed, one at a time, in order (``_draw``)."""
         gen = torch.Generator().manual_seed(self._seed)
-        return [(torch.randn(self.d, self._width, generator=gen) / math.sqrt(self.d)).to(self.dev)
-                for _ in range(self.n_random)]
+        for _ in range(self.n_random):
+            yield (torch.randn(self.d, self._width, generator=gen) / math.sqrt(self.d)).to(self.dev)
 
     @property
     def n_tokens(self) -> int:
@@ -316,12 +320,9 @@ class ActivationAccumulator:
         return _heads(self.w.double()[None], self.b.double(), self.g, self.h, self.e,
                       identity_q=self.identity_q, b_q=self.b_q_identity)
 
-    def _draws64(self, *, with_q: bool = True) -> dict:
-        """The chance draws in float64, per head (``_heads``; leading ``[n_random]``), formed when
-        used; without their query columns unless ``with_q``."""
-        cols = self._width if with_q else 2 * self.g * self.e
-        return _heads(torch.stack([r[:, :cols] for r in self.r]).double(), None, self.g, self.h, self.e,
-                      identity_q=False)
+    def _draws64(self) -> dict:
+        """The chance draws in float64, per head (``_heads``; leading ``[n_random]``), formed when used."""
+        return _heads(torch.stack(self.r).double(), None, self.g, self.h, self.e, identity_q=False)
 
     def _add_chance_logits(self, i: int, st: dict[str, torch.Tensor]) -> None:
         """Add draw ``i``'s logit sums over windows."""
@@ -333,11 +334,15 @@ class ActivationAccumulator:
         sums accumulated per window (the held windows reduced first)."""
         self._reduce()
         n = torch.tensor(float(self._n), dtype=torch.float64, device=self.dev)
-        tot = _gram_stats(self._gram[None], self._sum[None], n[None], self._draws64(with_q=False), self.rep,
-                          with_q=False)                                  # [n_random, 1, ...]
+        kv = 2 * self.g * self.e
         draws = []
-        for i in range(self.n_random):
-            st = {k: v[i, 0] for k, v in tot.items() if k != "n"}
+        # one draw at a time (drawn again from the seed where not held): its K and V columns in
+        # float64 and their products with the Gram are a third of all three draws' at once
+        for i, r in enumerate(self._r if self._r is not None else self._seeded()):
+            heads = _heads(r[:, :kv].double()[None], None, self.g, self.h, self.e, identity_q=False)
+            tot = _gram_stats(self._gram[None], self._sum[None], n[None], heads, self.rep,
+                              with_q=False)                              # [1, 1, ...]
+            st = {k: v[0, 0] for k, v in tot.items() if k != "n"}
             st["n"] = n
             if self.logits:
                 st.update(self._chance_logits[i])
@@ -350,12 +355,13 @@ class ActivationAccumulator:
 
     def result_bytes(self) -> int:
         """About the most memory ``result()`` holds at once beyond the sums and the bootstrap's
-        batches (bytes): the chance draws' K and V columns and their products with the input's
-        Gram in float64, and the draws redrawn in float32 where they were not held."""
+        batches (bytes): one chance draw's K and V columns in float64, their stacked copy and
+        their products with the input's Gram, and the draw itself in float32 where the draws
+        were not held (``_chance_stats``)."""
         kv_cols = 2 * self.g * self.e
-        draws = 8 * self.n_random * self.d * 2 * kv_cols
-        redrawn = 0 if self._r is not None else 4 * self.n_random * self.d * self._width
-        return draws + redrawn
+        draw = 8 * self.d * 3 * kv_cols
+        redrawn = 0 if self._r is not None else 4 * self.d * self._width
+        return draw + redrawn
 
     def _result(self, n_boot: int, seed: int, boot_bytes: int) -> tuple[pd.DataFrame, dict[str, str]]:
         """``result()`` with the bootstrap's batches bounded by ``boot_bytes``."""
@@ -442,9 +448,9 @@ def result_workers(accs: list[ActivationAccumulator], threads: int | None = None
     """How many ``result()`` calls ``results_of`` runs at once: one per intra-op thread (``threads``,
     default torch's count), no more than the accumulators, and as many as ``_RESULTS_BYTES``
     holds beside the bootstrap's share (``2 * _BOOT_BYTES``) of the largest one's
-    ``result_bytes()`` (a layer of the 134M Llama of ``bench/forward_speed.py``: 54-74 MiB, 3-4
-    at once; of a Llama-1B-shaped layer, 8 kv heads: 96-168 MiB, 1-2; of a Llama-2-7B: 1.5-2.1
-    GiB, one); 1 (one after another, with every thread) off the CPU, where the device runs each
+    ``result_bytes()`` (a layer of the 134M Llama of ``bench/forward_speed.py``: 27-32 MiB, 8-9
+    at once; of a Llama-1B-shaped layer, 8 kv heads: 48-56 MiB, 4-5; of a Llama-2-7B: 768-896
+    MiB, one); 1 (one after another, with every thread) off the CPU, where the device runs each
     call's batches already."""
     if not accs or any(a.dev.type != "cpu" for a in accs):
         return 1

@@ -344,7 +344,7 @@ def test_result_workers_are_bounded_by_threads_layers_memory_and_device(monkeypa
     assert activations.result_workers(accs, threads=2) == 2           # the threads
     assert activations.result_workers(accs[:1], threads=16) == 1
     need = accs[0].result_bytes()
-    assert need == 8 * 3 * 48 * 2 * 2 * 2 * 16 + 4 * 3 * 48 * 2 * 2 * 16   # K, V draws in float64, redrawn in float32
+    assert need == 8 * 48 * 3 * 2 * 2 * 16 + 4 * 48 * 2 * 2 * 16     # one draw's K, V in float64 (x3), redrawn in float32
     monkeypatch.setattr(activations, "_RESULTS_BYTES", 2 * activations._BOOT_BYTES + 3 * need)
     assert activations.result_workers(accs, threads=16) == 3          # the memory
     monkeypatch.setattr(activations, "_RESULTS_BYTES", 2 * activations._BOOT_BYTES)
