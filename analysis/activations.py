@@ -337,7 +337,7 @@ class ActivationAccumulator:
         kv = 2 * self.g * self.e
         draws = []
         # one draw at a time (drawn again from the seed where not held): its K and V columns in
-        # float64 and their products with the Gram are a third of all three draws' at once
+        # float64 and their products with the Gram, 1/n_random of all the draws' at once
         for i, r in enumerate(self._r if self._r is not None else self._seeded()):
             heads = _heads(r[:, :kv].double()[None], None, self.g, self.h, self.e, identity_q=False)
             tot = _gram_stats(self._gram[None], self._sum[None], n[None], heads, self.rep,
