@@ -539,8 +539,15 @@ def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> 
     by = parts.groupby(["variant", "sharing", "group", "x"], dropna=False, sort=False)
     stats = by.agg(n=("v", "count"), diverged=("bad", "sum"), mean=("v", "mean"),
                    min=("v", "min"), max=("v", "max")).reset_index()
-    # the same groups in the same order (sort=False: first appearance), each its runs in the mean
-    ends = [mean_interval(v.dropna().to_numpy(), _summary_rng(key[2], key[3])) for key, v in by["v"]]
+    # each group's values, in the order of stats' rows (sort=False: first appearance, ngroup's
+    # numbering), split from one sorted array rather than a Series per group (pandas' per-group
+    # objects were half the summary's time at 2,000 runs)
+    codes = by.ngroup().to_numpy()                                    # [runs], each run's group
+    order = np.argsort(codes, kind="stable")
+    cuts = np.cumsum(np.bincount(codes, minlength=len(stats)))[:-1]
+    values = np.split(parts["v"].to_numpy(dtype=float)[order], cuts)
+    ends = [mean_interval(v[~np.isnan(v)], _summary_rng(group, x))   # each its runs in the mean
+            for v, group, x in zip(values, stats["group"], stats["x"])]
     lo = np.array([np.nan if a is None else a for a, _ in ends], dtype=float)
     hi = np.array([np.nan if b is None else b for _, b in ends], dtype=float)
     mean = stats["mean"].to_numpy(dtype=float)
