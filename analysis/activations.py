@@ -406,9 +406,10 @@ class ActivationAccumulator:
         return df, notes
 
     def _bootstrap(self, per_win: dict[str, torch.Tensor], values: dict[str, torch.Tensor], n_boot: int,
-                   seed: int, boot_bytes: int = _BOOT_BYTES) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+                   seed: int, boot_bytes: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """2.5% and 97.5% percentiles of every metric over ``n_boot`` resamples of the windows,
-        shifted by the resamples' bias (their mean minus ``values``)."""
+        shifted by the resamples' bias (their mean minus ``values``), in batches of resamples
+        bounded by ``boot_bytes``."""
         n_win = int(per_win["n"].shape[0])
         gen = torch.Generator().manual_seed(seed)
         idx = torch.randint(0, n_win, (n_boot, n_win), generator=gen)            # windows drawn

@@ -24,6 +24,15 @@ def four_threads():
     torch.set_num_threads(before)
 
 
+def _count_of_a_new_thread() -> int:
+    """torch's intra-op count in a thread started now (the default ``set_num_threads`` stores)."""
+    later = []
+    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return later[0]
+
+
 def _stack(*lead, rows=24, n=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(*lead, rows, n, generator=g, dtype=torch.float64)
@@ -60,11 +69,7 @@ def test_the_callers_thread_count_and_the_default_of_new_threads_stay(four_threa
     _lapack_pool._executor = None                                     # fresh workers: each sets its count now
     _lapack_pool.pooled(torch.linalg.eigvalsh, _stack(8)[1])
     assert torch.get_num_threads() == 4
-    later = []
-    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-    t.start()
-    t.join()
-    assert later == [4]                                               # not the workers' 1
+    assert _count_of_a_new_thread() == 4                              # not the workers' 1
 
 
 def test_an_error_in_a_worker_reaches_the_caller_and_the_count_is_restored(four_threads):
@@ -78,11 +83,7 @@ def test_an_error_in_a_worker_reaches_the_caller_and_the_count_is_restored(four_
     with pytest.raises(ValueError, match="bad slice"):
         _lapack_pool.pooled(f, _stack(10)[1])                         # slices of 2, 3, 2, 3
     torch.testing.assert_close(_lapack_pool.pooled(f, _stack(8)[1]), _stack(8)[1])   # 2, 2, 2, 2: no error
-    later = []
-    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-    t.start()
-    t.join()
-    assert later == [4] and not _lapack_pool._dirty
+    assert _count_of_a_new_thread() == 4 and not _lapack_pool._dirty
 
 
 def test_off_or_one_thread_or_one_problem_is_one_plain_call(four_threads, monkeypatch):
@@ -161,11 +162,7 @@ def test_side_by_side_runs_each_call_single_threaded_at_most_workers_at_once(fou
     assert most[0] == 2 and len(seen) == 7                            # never more than 2, though 4 exist
     assert all(name.startswith("qkvscope-lapack") and threads == 1 for name, threads in seen), seen
     assert torch.get_num_threads() == 4
-    later = []
-    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-    t.start()
-    t.join()
-    assert later == [4] and not _lapack_pool._dirty
+    assert _count_of_a_new_thread() == 4 and not _lapack_pool._dirty
 
 
 def test_side_by_side_stops_taking_calls_after_an_error(four_threads):
