@@ -40,7 +40,8 @@ one each time (a start costs 2-3 s of imports): ``call(..., pooled=True)``.
 ``POOL.prestart(modules)`` starts one in the background and has it import
 ``modules`` (code of this project and its libraries, named by the caller,
 never by a file) before any file, so that the first request finds it ready:
-the dashboard does this at its first page (``app/dashboard/prestart.py``).
+the dashboard does this at its first page (``app/dashboard/prestart.py``), ``analyze``
+before its own imports (``prestart``; ``QKVSCOPE_PRESTART=0`` turns both off).
 ``ingest_paths`` and ``ingest_checkpoint`` borrow one from ``POOL`` too unless
 given a ``Reader``: ``analyze PATH`` ingests and then analyses in one child.
 
@@ -477,6 +478,16 @@ class ReaderPool:
 #: The process-wide pool (``call(..., pooled=True)``); its children end with this process.
 POOL = ReaderPool()
 atexit.register(POOL.close)
+
+
+def prestart(modules: Iterable[str] = ()) -> threading.Thread | None:
+    """``POOL.prestart(modules)`` unless ``QKVSCOPE_PRESTART=0`` is in the environment: the
+    dashboard at its first page (``app/dashboard/prestart.py``), and ``analyze`` before it
+    imports torch itself, so that the child's start and imports (about 1.5 s) run beside this
+    process's own instead of after them. The thread doing it, or None when nothing was started."""
+    if os.environ.get("QKVSCOPE_PRESTART", "1") == "0":
+        return None
+    return POOL.prestart(modules)
 
 
 def call(target: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", pooled: bool = False,

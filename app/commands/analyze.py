@@ -129,18 +129,37 @@ def _size(text: str) -> int | None:
 
 
 class _Bar:
-    """A one-line progress bar on stderr (only when stderr is a terminal or asked for)."""
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal (a log file
+    gets no carriage returns). ``close()`` ends its line, so what is printed next starts on
+    a line of its own."""
 
     def __init__(self, label: str, stream=None):
         self.label, self.stream = label, stream if stream is not None else sys.stderr   # looked up now, not at import
+        isatty = getattr(self.stream, "isatty", None)
+        self.shown = bool(isatty and isatty())
+        self.open = False                      # a line drawn and not ended yet
 
     def __call__(self, done: int, total: int, what: str) -> None:
+        if not self.shown:
+            return
         width = 24
         filled = width * done // max(total, 1)
         self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {what:<24}")
-        if done >= total and what.endswith("done"):
+        self.open = not (done >= total and what.endswith("done"))
+        if not self.open:
             self.stream.write("\n")
         self.stream.flush()
+
+    def close(self, ok: bool) -> None:
+        """End the bar's line: drawn full with "done" when ``ok``, else as it stands."""
+        if not self.open:
+            return
+        if ok:
+            self(1, 1, "done")
+        else:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = False
 
 
 def _number(x) -> float | None:
@@ -252,6 +271,30 @@ def run_batch_mode(args: argparse.Namespace) -> int:
     return 1 if report["failed"] or report["errors"] else 0
 
 
+#: What the reading child imports before the first request when ``analyze`` starts it ahead
+#: (``_prestart_child``): the analysis (``app.jobs``: torch, the metrics, the chance levels) and,
+#: in batch mode, the tasks' body. ``transformers`` is left to a forward pass that needs it.
+CHILD_MODULES = ("app.jobs",)
+BATCH_CHILD_MODULES = ("app.batch.child", "app.jobs")
+
+
+def _prestart_child(args: argparse.Namespace, batch: bool) -> None:
+    """Start the reading child (``loaders.parse_child.prestart``) before this process imports
+    torch, when the command will surely need it: a target that is a file or folder (ingested
+    in the child), ``--force`` (computed in it), or batch tasks run in this process. Both
+    processes import torch (about 1 s each on a 2-core machine); one after the other, a
+    demo checkpoint's ``analyze`` took 3.7-4.0 s, side by side: README, Performance. Only
+    stored ids without ``--force`` may need no child (their results may be stored): none is
+    started for them."""
+    from pathlib import Path
+
+    paths = any(not t.isdigit() and (batch or Path(t).expanduser().exists()) for t in args.targets)
+    if paths or args.force or (batch and not args.ray):
+        from loaders.parse_child import prestart  # light: duckdb and the loaders' plumbing, no torch
+
+        prestart(BATCH_CHILD_MODULES if batch else CHILD_MODULES)
+
+
 def run(args: argparse.Namespace) -> int:
     check_plugins()                        # a module in QKVSCOPE_PLUGINS that failed to import: one line
     if args.list:
@@ -259,10 +302,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{m.name:22} {m.level:11} {m.axis:10} {m.help}")
         return 0
     if _is_batch(args):
+        _prestart_child(args, batch=True)
         return run_batch_mode(args)
     if not args.targets:
         print("error: give at least one PATH_OR_ID (or --list)", file=sys.stderr)
         return 2
+    _prestart_child(args, batch=False)
     # torch loads here, when an analysis starts, not when the CLI builds its parsers
     from app import jobs
     from experiments.activation_runs import SampleSpec
@@ -275,8 +320,13 @@ def run(args: argparse.Namespace) -> int:
     for target in args.targets:
         cid = jobs.resolve(store, target)
         bar = _Bar(f"checkpoint {cid}")
-        results = jobs.analyze(store, cid, activations=args.activations, device=args.device,
-                               progress=bar, force=args.force, sample=sample)
+        ok = False
+        try:
+            results = jobs.analyze(store, cid, activations=args.activations, device=args.device,
+                                   progress=bar, force=args.force, sample=sample)
+            ok = True
+        finally:
+            bar.close(ok)
         payloads.append(_payload(results))
     if args.json:
         print_json(payloads[0] if len(payloads) == 1 else payloads)

@@ -12,7 +12,6 @@ this off (the first request then starts the child, as before).
 """
 from __future__ import annotations
 
-import os
 import threading
 
 #: What the prestarted child imports: the Inspector's code, and ``transformers.modeling_utils``
@@ -22,10 +21,8 @@ READER_MODULES = ("app.inspect_child", "analysis.weights", "experiments.attentio
 
 
 def prestart_reader() -> threading.Thread | None:
-    """Start the reading child in the background (``POOL.prestart(READER_MODULES)``) unless
-    ``QKVSCOPE_PRESTART=0``; the thread doing it, or None when nothing was started."""
-    if os.environ.get("QKVSCOPE_PRESTART", "1") == "0":
-        return None
-    from loaders.parse_child import POOL  # here: the server's first page, not at import
+    """Start the reading child in the background (``loaders.parse_child.prestart(READER_MODULES)``:
+    nothing when ``QKVSCOPE_PRESTART=0``); the thread doing it, or None when nothing was started."""
+    from loaders.parse_child import prestart  # here: the server's first page, not at import
 
-    return POOL.prestart(READER_MODULES)
+    return prestart(READER_MODULES)
