@@ -330,19 +330,53 @@ def metric_curves(store: Store, metric: str, run_ids=None, *, batch_rows: int = 
     ids = None if run_ids is None else _ids(run_ids)
     among = "" if ids is None else " AND run_id IN (SELECT unnest($ids))"
     params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
+    where = "WHERE metric = $metric AND run_id BETWEEN $lo AND $hi AND run_id IN (SELECT unnest($ids))"
     tables = " UNION ALL ".join(
-        f"SELECT run_id, step, coalesce(value, 'NaN'::DOUBLE) AS value, {i} AS part, rowid AS seq FROM {t} "
-        "WHERE metric = $metric AND run_id BETWEEN $lo AND $hi AND run_id IN (SELECT unnest($ids))"
+        f"SELECT run_id, step, coalesce(value, 'NaN'::DOUBLE) AS value, {i} AS part, rowid AS seq FROM {t} {where}"
         for i, t in enumerate(POINT_TABLES))
+    # a filter, not a semi-join (``IN (SELECT ...)`` is a hash join, which returns rows out of order)
+    as_stored = " UNION ALL ".join(
+        f"SELECT run_id, step, coalesce(value, 'NaN'::DOUBLE) AS value FROM {t} WHERE metric = $metric "
+        "AND run_id BETWEEN $lo AND $hi AND list_contains($ids, run_id)" for t in POINT_TABLES)
     with store.connect() as con:
         counts = con.execute(f"SELECT run_id, n FROM run_stats WHERE metric = $metric AND n > 0{among} "
                              "ORDER BY run_id", params).fetchall()
         for chunk in _chunks(counts, chunk_points):
+            chunk_params = {"metric": metric, "lo": chunk[0], "hi": chunk[-1], "ids": chunk}
             # a relation's reader streams; one on an executed (DB-API) result copies every row first
+            runs = _in_step_order(con.sql(as_stored, params=chunk_params).to_arrow_reader(batch_rows))
+            if runs is not None:
+                yield from runs
+                continue
             reader = con.sql(f"SELECT run_id, step, value FROM ({tables}) ORDER BY run_id, step, part, seq",
-                             params={"metric": metric, "lo": chunk[0], "hi": chunk[-1], "ids": chunk}
-                             ).to_arrow_reader(batch_rows)
+                             params=chunk_params).to_arrow_reader(batch_rows)
             yield from _arrow_curves(reader)
+
+
+def _in_step_order(reader) -> list[tuple[int, np.ndarray]] | None:
+    """``(run_id, values)`` of each run, by id, from a stream of ``run_id, step, value`` batches
+    read without ``ORDER BY``, when every run comes in one stretch with its steps strictly
+    increasing (a log ingested in order, as logs are written; the runs themselves may come in
+    any order: ``points_full``'s before ``points_lean``'s); else None, and the caller sorts. The
+    check is on the rows themselves, so nothing rests on the order DuckDB returns them in:
+    where it holds, each step is stored once and the values are the sorted query's (a
+    2,000-run x 50,000-step database: 4.4 -> 2.4 s for every ``val/loss`` point, README
+    Performance). ``values`` are copies, so a run kept holds no other run's memory."""
+    parts = [(b.column(0).to_numpy(), b.column(1).to_numpy(), b.column(2).to_numpy()) for b in reader if b.num_rows]
+    if not parts:
+        return []
+    rid, step, val = (np.concatenate(c) for c in zip(*parts))                    # [rows] each
+    new_run = np.diff(rid) != 0                                                   # [rows - 1]
+    if ((np.diff(step) <= 0) & ~new_run).any():
+        return None
+    starts = np.r_[0, np.flatnonzero(new_run) + 1]                                # [stretches]
+    stops = np.r_[starts[1:], len(rid)]
+    first = rid[starts]
+    order = np.argsort(first, kind="stable")
+    if (np.diff(first[order]) == 0).any():                                        # a run in two stretches
+        return None
+    val = val.astype(np.float64, copy=False)
+    return [(int(first[k]), val[starts[k]:stops[k]].copy()) for k in order]
 
 
 def _chunks(counts: list[tuple[int, int]], limit: int):

@@ -1,6 +1,8 @@
 """Curve queries: SQL min-max downsampling, bands, final and best values, run summaries, results."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -324,3 +326,63 @@ def test_metric_directions_are_stored_and_change_best(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="direction must be 'min', 'max' or None, got 'up'"):
         C.set_metric_direction(store, "score", "up")
+
+
+def test_metric_curves_read_logs_ingested_in_order_without_sorting_and_others_sorted(tmp_path, monkeypatch):
+    """Logs as people write them (a folder of CSVs, one with wall times so its points go to
+    points_full, the others to points_lean, the last without a trailing newline) come back in
+    step order straight from the tables: the sorted query never runs. A run logged backwards
+    in a hand-written database is read through the sorted query, with the same result shape."""
+    from loaders.ingest import ingest_paths
+
+    rng = np.random.default_rng(1)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    want = {}
+    for i, n in enumerate((40, 3, 25, 60)):
+        vals = rng.normal(size=n)
+        timed = i == 2
+        lines = ["step,val/loss" + (",wall_time" if timed else "")]
+        lines += [f"{10 * s},{float(v)!r}" + (f",{1000.0 + s}" if timed else "") for s, v in enumerate(vals)]
+        log = runs / f"run{i}.csv"
+        log.write_text("\n".join(lines) + ("" if i == 3 else "\n"))
+        os.utime(log, (log.stat().st_mtime - 60,) * 2)      # finished: its last line is read without a newline
+        want[f"run{i}"] = vals.tolist()
+    store = Store(tmp_path / "logs.duckdb")
+    store.migrate()
+    assert all(r.status == "added" for r in ingest_paths(store, [runs]).files)
+    with store.connect() as con:
+        names = dict(con.execute("SELECT id, name FROM runs").fetchall())
+        assert con.execute("SELECT count(*) FROM points_full").fetchone()[0] == 25   # both tables in use
+    sorted_reads = []
+    real = curves._arrow_curves
+    monkeypatch.setattr(curves, "_arrow_curves", lambda reader: sorted_reads.append(1) or real(reader))
+    for chunk_points in (1, 30, 1000):
+        got = {names[r]: v.tolist() for r, v in curves.metric_curves(store, "val/loss", chunk_points=chunk_points)}
+        assert got == want
+    some = [r for r, name in names.items() if name in ("run0", "run3")]
+    assert [names[r] for r, _ in curves.metric_curves(store, "val/loss", some)] == ["run0", "run3"]
+    assert sorted_reads == []
+    backwards = _store_with_points(tmp_path / "b", [(7, s, "m", float(s), None, None) for s in (3, 2, 1, 0)])
+    assert [(r, v.tolist()) for r, v in curves.metric_curves(backwards, "m")] == [(7, [0.0, 1.0, 2.0, 3.0])]
+    assert sorted_reads == [1]
+
+
+@pytest.mark.parametrize("rid, step, expect", [
+    ([1, 1, 2, 2, 2], [0, 5, 0, 1, 9], [(1, [0.0, 1.0]), (2, [2.0, 3.0, 4.0])]),
+    ([2, 2, 1], [0, 1, 0], [(1, [2.0]), (2, [0.0, 1.0])]),   # runs out of id order: each whole, by id
+    ([1, 2, 1], [0, 0, 1], None),                  # a run in two stretches
+    ([1, 1, 1], [0, 2, 2], None),                  # a step stored twice: the sorted query picks the last
+    ([1, 1], [3, 1], None),                        # steps going back
+])
+def test_in_step_order_accepts_only_what_the_sorted_query_would_return(rid, step, expect):
+    import pyarrow as pa
+
+    value = [float(i) for i in range(len(rid))]
+    cut = len(rid) // 2                            # across two batches
+    batches = [pa.record_batch([pa.array(rid[a:b], pa.int64()), pa.array(step[a:b], pa.int64()),
+                                pa.array(value[a:b], pa.float64())], names=["run_id", "step", "value"])
+               for a, b in ((0, cut), (cut, len(rid)))]
+    got = curves._in_step_order(iter(batches))
+    assert (None if got is None else [(r, v.tolist()) for r, v in got]) == expect
+    assert curves._in_step_order(iter([])) == []
