@@ -33,6 +33,56 @@ def test_help_lists_the_contract_commands():
         assert name in out.stdout
 
 
+def _subparser(parser, name):
+    [action] = [a for a in parser._actions if a.dest == "command"]
+    return action.choices[name]
+
+
+def test_a_named_command_gets_the_same_parser_from_its_own_module_alone():
+    """``main`` imports only the command it runs; that command's parser (usage, help, defaults)
+    is the one the full parser has for it."""
+    from app.cli import build_parser, command_module, command_modules
+
+    full = build_parser()
+    names = [m.NAME for m in command_modules()]
+    assert {"analyze", "info", "kv-cost", "wd-sensitivity"} <= set(names)
+    for name in names:
+        mod = command_module(name)
+        assert mod is not None and mod.NAME == name
+        alone = _subparser(build_parser(mod), name)
+        assert alone.format_help() == _subparser(full, name).format_help()
+        assert alone.get_default("_run") is mod.run
+    assert command_module("nope") is None and command_module("_common") is None
+    assert command_module("kv_cost") is None                  # the file's name is not the command's
+
+
+def test_a_light_command_imports_no_other_command():
+    code = ("import sys; from app.cli import main; rc = main(['kv-cost', '--preset', 'gpt2', '--json']); "
+            "print(rc, sorted(m for m in sys.modules if m.startswith('app.commands.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "0 ['app.commands._common', 'app.commands.kv_cost']"
+
+
+def test_no_or_an_unknown_command_gets_the_whole_parser():
+    out = cli()
+    assert out.returncode == 2 and out.stderr.endswith("error: the following arguments are required: COMMAND\n")
+    for argv in (["nope"], ["--help"]):
+        out = cli(*argv)
+        text = out.stdout + out.stderr
+        assert out.returncode == (0 if argv == ["--help"] else 2)
+        assert "analyze" in text and "wd-sensitivity" in text, argv
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
+    """``python -m app kv-cost ... --json | head -3``: no "error: Broken pipe" line."""
+    proc = subprocess.Popen([sys.executable, "-m", "app", "kv-cost", "--preset", "gpt2", "--json"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                       # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 141 and err == ""
+
+
 def test_info_json_on_a_transformers_checkpoint(tmp_path):
     folder = tiny_gpt2(tmp_path / "gpt2")
     out = cli("info", str(folder), "--json")
