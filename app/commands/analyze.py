@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import pandas as pd
 
@@ -286,8 +287,6 @@ def _prestart_child(args: argparse.Namespace, batch: bool) -> None:
     demo checkpoint's ``analyze`` took 3.7-4.0 s, side by side: README, Performance. Only
     stored ids without ``--force`` may need no child (their results may be stored): none is
     started for them."""
-    from pathlib import Path
-
     paths = any(not t.isdigit() and (batch or Path(t).expanduser().exists()) for t in args.targets)
     if paths or args.force or (batch and not args.ray):
         from loaders.parse_child import prestart  # light: duckdb and the loaders' plumbing, no torch
