@@ -194,25 +194,24 @@ def main(argv: list[str] | None = None) -> int:
               f"in {time.perf_counter() - t0:.0f} s")
         # (label, code, argv, the baseline it is measured above): info reads in its reading child,
         # whose own imports (the readers, duckdb) are its baseline
+        base, idle = "baseline (imports only)", "baseline, reading child idle"
         runs = [
-            ("baseline (imports only)", IMPORTS, [], None),
-            ("baseline, reading child idle", IMPORTS + "\n" + CHILD_IDLE, [], None),
-            ("python -m app info --json (its reading child)", IMPORTS + "\n" + INFO, [str(folder)],
-             "baseline, reading child idle"),
-            ("open_checkpoint().layers()", IMPORTS + "\n" + LAYERS_PASS, [str(folder)], "baseline (imports only)"),
-            ("source get(attn), pread", IMPORTS + "\n" + SOURCE_PASS, [str(path), "pread"], "baseline (imports only)"),
-            ("source get(attn), mmap", IMPORTS + "\n" + SOURCE_PASS, [str(path), "mmap"], "baseline (imports only)"),
+            (base, IMPORTS, [], None),
+            (idle, IMPORTS + "\n" + CHILD_IDLE, [], None),
+            ("python -m app info --json (its reading child)", IMPORTS + "\n" + INFO, [str(folder)], idle),
+            ("open_checkpoint().layers()", IMPORTS + "\n" + LAYERS_PASS, [str(folder)], base),
+            ("source get(attn), pread", IMPORTS + "\n" + SOURCE_PASS, [str(path), "pread"], base),
+            ("source get(attn), mmap", IMPORTS + "\n" + SOURCE_PASS, [str(path), "mmap"], base),
         ]
-        peaks = {}
+        peaks, ratios = {}, []
         print(f"\n{'run':<46} {'peak RSS MiB':>13} {'minus base MiB':>15} {'/ file size':>12} {'s':>6}")
-        ratios = []
         for label, code, argv, base_of in runs:
             rss, secs = peak_rss(code, argv)
             peaks[label] = rss
             extra = rss - peaks[base_of] if base_of else 0
-            ratio = "" if base_of is None else f"{extra / size:.3f}"
             if base_of:
                 ratios.append(extra / size)
+            ratio = f"{ratios[-1]:.3f}" if base_of else ""
             print(f"{label:<46} {rss / 2**20:>13.0f} {extra / 2**20:>15.0f} {ratio:>12} {secs:>6.1f}")
         worst = max(ratios)
         print(f"\nfile {size / 2**20:.0f} MiB; worst (peak - baseline) / file size = {worst:.3f} "

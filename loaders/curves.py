@@ -333,14 +333,12 @@ def metric_curves(store: Store, metric: str, run_ids=None, *, batch_rows: int = 
     ids = None if run_ids is None else _ids(run_ids)
     among = "" if ids is None else " AND run_id IN (SELECT unnest($ids))"
     params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
-    where = "WHERE metric = $metric AND run_id BETWEEN $lo AND $hi AND run_id IN (SELECT unnest($ids))"
-    tables = " UNION ALL ".join(
-        f"SELECT run_id, step, coalesce(value, 'NaN'::DOUBLE) AS value, {i} AS part, rowid AS seq FROM {t} {where}"
-        for i, t in enumerate(POINT_TABLES))
-    # a filter, not a semi-join (``IN (SELECT ...)`` is a hash join, which returns rows out of order)
-    as_stored = " UNION ALL ".join(
-        f"SELECT run_id, step, coalesce(value, 'NaN'::DOUBLE) AS value FROM {t} WHERE metric = $metric "
-        "AND run_id BETWEEN $lo AND $hi AND list_contains($ids, run_id)" for t in POINT_TABLES)
+    # a filter, not a semi-join: ``IN (SELECT ...)`` is a hash join, which returns rows out of order
+    where = "WHERE metric = $metric AND run_id BETWEEN $lo AND $hi AND list_contains($ids, run_id)"
+    value = "coalesce(value, 'NaN'::DOUBLE) AS value"
+    as_stored = " UNION ALL ".join(f"SELECT run_id, step, {value} FROM {t} {where}" for t in POINT_TABLES)
+    tables = " UNION ALL ".join(f"SELECT run_id, step, {value}, {i} AS part, rowid AS seq FROM {t} {where}"
+                                for i, t in enumerate(POINT_TABLES))
     with store.connect() as con:
         counts = con.execute(f"SELECT run_id, n FROM run_stats WHERE metric = $metric AND n > 0{among} "
                              "ORDER BY run_id", params).fetchall()

@@ -283,10 +283,9 @@ def _prestart_child(args: argparse.Namespace, batch: bool) -> None:
     """Start the reading child (``loaders.parse_child.prestart``) before this process imports
     torch, when the command will surely need it: a target that is a file or folder (ingested
     in the child), ``--force`` (computed in it), or batch tasks run in this process. Both
-    processes import torch (about 1 s each on a 2-core machine); one after the other, a
-    demo checkpoint's ``analyze`` took 3.7-4.0 s, side by side: README, Performance. Only
-    stored ids without ``--force`` may need no child (their results may be stored): none is
-    started for them."""
+    processes import torch (about 1 s each on a 2-core machine), now side by side: a demo
+    checkpoint's ``analyze`` 3.7 -> 2.8 s (README, Performance). Stored ids without
+    ``--force`` may need no child (their results may be stored): none is started for them."""
     paths = any(not t.isdigit() and (batch or Path(t).expanduser().exists()) for t in args.targets)
     if paths or args.force or (batch and not args.ray):
         from loaders.parse_child import prestart  # light: duckdb and the loaders' plumbing, no torch
