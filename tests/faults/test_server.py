@@ -49,9 +49,9 @@ def test_the_server_listens_on_loopback_only_unless_told(tmp_path):
         assert {a for a, _ in listeners(port_of(url))} == {"0.0.0.0"}
 
 
-def test_readme_and_help_say_what_another_host_exposes():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### `python -m app serve"):]
+def test_docs_and_help_say_what_another_host_exposes():
+    doc = (ROOT / "docs" / "guide" / "commands.md").read_text()
+    section = doc[doc.index("### `python -m app serve"):]
     section = section[:section.index("\n## ")]
     assert "127.0.0.1:8501" in section
     for phrase in ("--host", "read files on this server", "upload files", "run", "trusted network"):
