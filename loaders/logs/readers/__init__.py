@@ -33,6 +33,9 @@ The reader protocol. A module in this package (name not starting with
 
 and optionally:
 
+* ``EXAMPLE: str``: a path the format is typically found at (such as
+  ``lightning_logs/version_0/metrics.csv``), shown in the generated log-format
+  reference (``docs/reference/log-formats.md``).
 * ``ROWS_READ_BY_STORE = True``: ``read`` plans only (``base.SqlPoints``) and
   the store step reads the rows inside its transaction (the CSV readers).
 * ``INSIDE_CHECKPOINT = True``: its files are checkpoints first, which the

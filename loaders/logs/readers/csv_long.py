@@ -17,6 +17,7 @@ NAME = "csv_long"
 PRIORITY = 51
 HELP = "CSV with columns step,metric,value (optionally wall_time, tokens)"
 APPENDABLE = True
+EXAMPLE = "runs/exp1/metrics_long.csv"
 ROWS_READ_BY_STORE = True
 
 

@@ -21,6 +21,7 @@ NAME = "csv_wide"
 PRIORITY = 53
 HELP = "CSV with a step column and one column per metric (step,train_loss,val_loss,...)"
 APPENDABLE = True
+EXAMPLE = "checkpoints_imagenet/vit_s16_imagenet_QKV.csv"
 ROWS_READ_BY_STORE = True
 
 

@@ -22,6 +22,7 @@ NAME = "hf_trainer"
 PRIORITY = 30
 HELP = "Hugging Face Trainer trainer_state.json (log_history: train, eval and eval_<name>_* entries)"
 APPENDABLE = False
+EXAMPLE = "output/checkpoint-500/trainer_state.json"
 
 _HF_NAMES = {"loss": "train/loss", "eval_loss": "val/loss", "learning_rate": "lr"}
 _HF_CHECKPOINT_DIR = re.compile(r"^checkpoint-\d+$")

@@ -27,6 +27,7 @@ NAME = "jsonl"
 PRIORITY = 40
 HELP = "JSON lines: one object per line with a step key (step, iter, ...) and numeric fields"
 APPENDABLE = True
+EXAMPLE = "runs/k_eq_v-mha-wd0.03/metrics.jsonl"
 
 _NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
             "UINTEGER", "UBIGINT", "FLOAT", "DOUBLE"}

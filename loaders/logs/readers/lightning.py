@@ -15,6 +15,7 @@ NAME = "lightning"
 PRIORITY = 52
 HELP = "PyTorch Lightning CSVLogger folder (version_N/metrics.csv + hparams.yaml)"
 APPENDABLE = True
+EXAMPLE = "lightning_logs/version_0/metrics.csv"
 ROWS_READ_BY_STORE = True
 
 

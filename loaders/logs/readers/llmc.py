@@ -16,6 +16,7 @@ NAME = "llmc"
 PRIORITY = 60
 HELP = "llm.c log (-o): 's:N trl:X lr:Y norm:Z' train lines and 's:N tel:X' eval lines"
 APPENDABLE = True
+EXAMPLE = "log124M/main.log"
 
 #: How most of an llm.c log's first lines start.
 _LLMC_LINE = re.compile(r"^s:\d+ \w+:")

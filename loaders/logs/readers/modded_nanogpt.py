@@ -25,6 +25,7 @@ PRIORITY = 61
 HELP = ("modded-nanogpt log: code header, then 'step:N/M val_loss:X train_time:Yms step_avg:Zms'; "
         "each step:0/M starts a new run")
 APPENDABLE = True
+EXAMPLE = "logs/0f8a7c6e-2b1d-4c5e-9a3f-1d2e3f4a5b6c.txt"
 
 MODDED_STEP = re.compile(r"^step:(\d+)/(\d+)\b")
 _MODDED_CODE_HINT = re.compile(r"step:\{[^}]*\}/\{")

@@ -26,6 +26,7 @@ NAME = "nanogpt"
 PRIORITY = 62
 HELP = "nanoGPT stdout: 'iter N: loss X, time Yms, mfu Z%' and 'step N: train loss X, val loss Y'"
 APPENDABLE = True
+EXAMPLE = "out-shakespeare-char/train.log"
 
 NANOGPT_ITER = re.compile(rf"^iter (\d+): loss ({NUM}), time ({NUM})ms(?:, mfu ({NUM})%)?")
 NANOGPT_EVAL = re.compile(rf"^step (\d+): train loss ({NUM}), val loss ({NUM})")

@@ -21,6 +21,7 @@ PRIORITY = 25
 HELP = ("projection-sharing paper checkpoint's val_metrics (final_model.pt: step, tokens_seen, "
         "val_metrics, model_config, train_config)")
 APPENDABLE = False
+EXAMPLE = "checkpoints/final_model.pt"
 INSIDE_CHECKPOINT = True
 
 

@@ -23,6 +23,7 @@ PRIORITY = 20
 HELP = ("query-free paper loss tensors: tensor.pt (per-step train loss, column 0), "
         "eval_train_tensor.pt / eval_val_tensor.pt (rows [eval_iters, mean, std] per eval)")
 APPENDABLE = False
+EXAMPLE = "out/tensor.pt"
 
 QUERY_FREE_FILES = {"tensor.pt": "train", "eval_train_tensor.pt": "eval_train",
                     "eval_val_tensor.pt": "eval_val"}

@@ -21,6 +21,7 @@ NAME = "tensorboard"
 PRIORITY = 10
 HELP = "TensorBoard event file (events.out.tfevents.*), scalars only; read without TensorFlow"
 APPENDABLE = False
+EXAMPLE = "runs/exp1/events.out.tfevents.1700000000.host.1234.0"
 
 
 def sniff(path: Path, head: bytes) -> bool:
