@@ -6,7 +6,7 @@ the ``b`` problems one after another, and MKL spreads each ``n x n`` problem (a
 the threads mostly wait for each other: one Llama-2-7B-shaped layer's
 ``[32, 128, 128]`` ``eigh`` took 36.9 ms with 16 threads on a 16-core host (an
 H200 machine), and 5.65 ms split as below (``eigvalsh`` 28.5 -> 2.93 ms,
-``svdvals`` of ``[32, 512, 128]`` 54.5 -> 7.30 ms; README, Performance). ``pooled`` instead splits the stack into one slice per thread and solves the
+``svdvals`` of ``[32, 512, 128]`` 54.5 -> 7.30 ms). ``pooled`` instead splits the stack into one slice per thread and solves the
 slices side by side in worker threads that each run a single-threaded MKL:
 a worker that finds torch's intra-op count above 1 sets it to 1
 (``torch.set_num_threads`` in a thread sets that thread's OpenMP and MKL counts,

@@ -441,7 +441,7 @@ class ActivationAccumulator:
 #: and each call's ``ActivationAccumulator.result_bytes``. It bounds how many run side by side.
 #: What the process holds grows more than the estimate (each worker thread's allocator arena
 #: keeps what it freed): two at once raised the 134M Llama job's peak RSS by 170-210 MiB
-#: (``bench/forward_speed.py``, README, Performance).
+#: (``bench/forward_speed.py``; docs/performance.md).
 _RESULTS_BYTES = 2**29
 
 

@@ -112,7 +112,7 @@ TW1_MEDIAN = -1.2686
 EDELMAN_MEDIAN = math.sqrt(1 + 2 * math.log(2)) - 1
 
 class _ChanceTexts(Mapping):
-    """metric -> its chance level in one line (README, pages): each weight metric's ``chance_help``,
+    """metric -> its chance level in one line (docs/guide/metrics.md, the pages): each weight metric's ``chance_help``,
     read from the registry when asked, so a plugin registered later is in it too."""
 
     def __getitem__(self, name: str) -> str:

@@ -1,6 +1,6 @@
 """The two papers' quantitative claims, as data, and the same quantities measured on a database.
 
-``CLAIMS`` is the catalogue the Papers page, the README and the tests share:
+``CLAIMS`` is the catalogue the Papers page, docs/guide/dashboard.md and the tests share:
 one :class:`Claim` per number a paper states, with its units, where it is
 stated (only what was read: a slide, the abstract, the repository README; no
 table number that was not seen) and which measurement stands beside it.

@@ -24,7 +24,7 @@ bug (a test checks it).
   same captured input through random projections) or ``none`` (NaN);
   ``chance_help`` says it in one line, with the reason for ``none``.
 
-**Adding a metric** without editing qkvscope (README, "Adding a metric"):
+**Adding a metric** without editing qkvscope (docs/contributing.md, "Adding a metric"):
 ``register(Metric(...), compute)`` (or ``@register(Metric(...))`` on the
 function) appends the row here; ``weight_metrics`` then runs ``compute`` on
 every layer (``analysis.plugins``), ``analysis.chance`` gives its chance level

@@ -351,7 +351,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true",
                     help="small sizes: bench/run_all.py QUICK_RUNS, else each script's --quick, else QUICK_ARGS")
     ap.add_argument("--size", choices=["quick", "full"], default=None,
-                    help="the sizes to run at: 'quick' is --quick, 'full' (default) the sizes the README quotes")
+                    help="the sizes to run at: 'quick' is --quick, 'full' (default) the sizes docs/performance.md quotes")
     ap.add_argument("--only", action="append", metavar="NAME", default=None,
                     help="run only this benchmark (repeatable); NAME is bench/NAME.py")
     ap.add_argument("--json", action="store_true", help="print {rows, runs} as JSON instead of the table")

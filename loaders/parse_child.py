@@ -11,8 +11,8 @@ torch) plus ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size (a file
 mapped copy-on-write counts toward it): the budget is for the file, never
 spent on the child's own start. Address space that is only reserved does not
 count (per-thread malloc arenas, the CUDA driver's reservations): it grows with
-the machine's cores, and the address-space limit used before (``RLIMIT_AS``)
-failed good files on 16 cores (README, Security; the figures are in
+the machine's cores, so an address-space limit (``RLIMIT_AS``) fails good
+files on 16 cores (docs/security.md, "The reading child process"; the figures are in
 ``tests/hostile/test_parse_child.py::test_the_budget_does_not_shrink_with_the_machines_cores``).
 The parent waits at most
 ``QKVSCOPE_PARSE_TIMEOUT_S`` seconds for the answer and then kills the child.

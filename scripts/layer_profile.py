@@ -10,7 +10,7 @@ profiler's table of one more call: each op's self CPU time and, on CUDA, its
 self CUDA time. On CUDA it does this twice, with the ``d_head x d_head``
 eigen-decompositions and SVDs on the host (``analysis._linalg.HOST_SMALL``, the
 default) and on the GPU, and prints the two medians side by side. Context for
-the README's profile of the 7B case (issue 20). A tool, not a benchmark: it
+the weight-analysis rows of docs/performance.md at the 7B shape. A tool, not a benchmark: it
 prints tables, no target, and ``python -m app bench`` does not run it.
 
 ``--gpu-blocks 1 4 8`` times the layer with those Lanczos block sizes of the stacked

@@ -16,7 +16,7 @@ JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 "tokenizer"}} per checkpoint, a list when several are given. Metric names: see
 `python -m app analyze --list` (the registry, `analysis/registry.py`, with the
 metrics of the modules named in QKVSCOPE_PLUGINS, comma-separated module
-names or .py files: README, "Adding a metric").
+names or .py files: docs/contributing.md, "Adding a metric").
 
 --activations feeds a corpus (--text FILE or folder of .txt; default the
 bundled one) cut into windows of the model's context, --tokens N in total
@@ -283,8 +283,8 @@ def _prestart_child(args: argparse.Namespace, batch: bool) -> None:
     """Start the reading child (``loaders.parse_child.prestart``) before this process imports
     torch, when the command will surely need it: a target that is a file or folder (ingested
     in the child), ``--force`` (computed in it), or batch tasks run in this process. Both
-    processes import torch (about 1 s each on a 2-core machine), now side by side: a demo
-    checkpoint's ``analyze`` 3.7 -> 2.8 s (README, Performance). Stored ids without
+    processes import torch (about 1 s each on a 2-core machine), side by side: a demo
+    checkpoint's ``analyze`` takes 2.8 s instead of 3.7 s on a 2-core machine. Stored ids without
     ``--force`` may need no child (their results may be stored): none is started for them."""
     paths = any(not t.isdigit() and (batch or Path(t).expanduser().exists()) for t in args.targets)
     if paths or args.force or (batch and not args.ray):

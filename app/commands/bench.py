@@ -2,7 +2,7 @@
 
 Examples:
   python -m app bench --quick                 # small sizes, a few minutes
-  python -m app bench                         # the full sizes the README quotes
+  python -m app bench                         # the full sizes docs/performance.md quotes
   python -m app bench --only log_ingest --json
   python -m app bench --list
 

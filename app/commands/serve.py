@@ -3,7 +3,7 @@
 Examples:
   python -m app serve                       # data/qkvscope.duckdb, port 8501
   python -m app serve --db my.duckdb --port 8600
-  python -m app serve --host 0.0.0.0 --allow-host myserver.lan   # other machines: see README
+  python -m app serve --host 0.0.0.0 --allow-host myserver.lan   # other machines: see docs/security.md
 
 On the first start with the default database (or when it holds no run and no
 checkpoint), the bundled demo experiments (data/demo) are ingested so that

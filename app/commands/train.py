@@ -43,7 +43,7 @@ HELP = "train one variant model (variant, head sharing, weight decay) into a run
 
 #: Defaults that differ by task (a flag left out takes its task's value): the image
 #: defaults train a small ViT on the digits to > 0.8 validation accuracy in 200 steps
-#: on two CPU cores (README, "Vision runs").
+#: on two CPU cores (docs/guide/training.md, "Vision runs").
 TASK_DEFAULTS = {
     "language": {"n_layer": 4, "d_model": 128, "batch_size": 16, "lr": 1e-3, "warmup_steps": 50,
                  "eval_interval": 100},

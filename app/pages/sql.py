@@ -58,7 +58,7 @@ def render() -> None:
                "The database is DuckDB, so its whole SQL dialect is here. "
                f"Each query runs in its own process with "
                f"{sql_budget('QKVSCOPE_SQL_MEMORY_MB'):,} MB of memory and results up to "
-               f"{result_mb:,} MB (see the README's security section to change them).")
+               f"{result_mb:,} MB (see docs/security.md, section The SQL page, to change them).")
     with st.expander("Tables and columns"):
         st.dataframe(schema(store), hide_index=True, width="stretch")
     max_timeout = sql_budget("QKVSCOPE_SQL_MAX_TIMEOUT_S")

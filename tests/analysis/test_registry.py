@@ -139,7 +139,7 @@ def test_register_refusals():
 
 # -- weight plugins --------------------------------------------------------------------------
 def test_weight_plugin_rows_values_and_monte_carlo_chance(plugged):
-    """mean |W_V[g]| per kv head (the README's example): float64 reference; chance E|N(0, 1/d)|."""
+    """mean |W_V[g]| per kv head (docs/contributing.md's example): float64 reference; chance E|N(0, 1/d)|."""
     before = registry.generation()
     m = meta(h=4, g=4, d=32, e=8)
     warm = weight_chance(m, query_free=False, device="cpu")        # cached before the plugin exists

@@ -1,6 +1,6 @@
 """A real dashboard server and Debian's Chromium, for the browser tier.
 
-``dashboard(db)`` starts ``python -m app serve`` exactly as the README does
+``dashboard(db)`` starts ``python -m app serve`` exactly as the README's quickstart does
 (on a free port) and yields its URL; ``browser_page()`` drives
 ``/usr/bin/chromium`` through Playwright (never a downloaded browser).
 Screenshots go to ``test-output/screenshots/``.

@@ -107,8 +107,8 @@ print("PROBE " + json.dumps(seen))
 @pytest.mark.slow
 def test_analyze_path_starts_its_reading_child_before_it_imports_torch_and_uses_only_that_one(
         tmp_path, tiny_gpt2):
-    """The child's start and imports run beside the parent's (README, Performance: a demo
-    checkpoint's `analyze` 3.7 -> 2.8 s); ingest and analysis both run in that one child."""
+    """The child's start and imports run beside the parent's (app/commands/analyze.py:
+    a demo checkpoint's `analyze` takes 2.8 s instead of 3.7 s); ingest and analysis both run in that one child."""
     import subprocess
     import sys
     from pathlib import Path

@@ -15,7 +15,7 @@ from app.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = {"bytes_per_token", "bytes_per_user", "weights_bytes", "users_per_gpu", "tokens_per_s",
             "usd_per_million_tokens", "bound"}
-#: Added for issue 17 (README "KV cache and serving cost"): the batch cap, GPUs, cost per month, latency.
+#: The serving figures (docs/guide/kv-cost.md): the batch cap, GPUs, cost per month, latency.
 SERVING = {"gpus", "max_batch", "batch_per_replica", "batch_limit", "tokens_per_s_per_gpu", "usd_per_month",
            "prompt_tokens", "prefill_flops", "prefill_time_s", "prefill_bound", "ttft_s", "tpot_s"}
 

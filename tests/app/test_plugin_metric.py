@@ -1,4 +1,4 @@
-"""A metric added as a plugin (README, "Adding a metric") reaches the CLI JSON, the store and the Inspector.
+"""A metric added as a plugin (docs/contributing.md, "Adding a metric") reaches the CLI JSON, the store and the Inspector.
 
 ``QKVSCOPE_PLUGINS=tests.plugins.toy_metric`` registers ``toy_mean_abs_v`` (mean |W_V[g]| per kv
 head) in each process that imports the registry: the `analyze` command, its analysis child process

@@ -1,1 +1,1 @@
-"""Metric plugins the tests load as a user would (``QKVSCOPE_PLUGINS``, README "Adding a metric")."""
+"""Metric plugins the tests load as a user would (``QKVSCOPE_PLUGINS``, docs/contributing.md, "Adding a metric")."""

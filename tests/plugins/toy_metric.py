@@ -1,4 +1,4 @@
-"""A toy metric registered exactly as the README's "Adding a metric" shows: mean |W_V[g]| per kv head.
+"""A toy metric registered exactly as docs/contributing.md's "Adding a metric" shows: mean |W_V[g]| per kv head.
 
 Loaded by ``QKVSCOPE_PLUGINS=tests.plugins.toy_metric`` (``tests/app/test_plugin_metric.py``).
 For the random layers of ``analysis.chance`` (entries ``N(0, 1/d_model)``) its
