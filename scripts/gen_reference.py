@@ -306,13 +306,28 @@ PAGES = {"cli.md": cli_page, "layouts.md": layouts_page, "log-formats.md": log_f
          "metrics.md": metrics_page, "settings.md": settings_page, "schema.md": schema_page}
 
 
+def _wrapped(page: str, width: int = 100) -> str:
+    """Prose and list lines wrapped at ``width``; code blocks, tables and headings kept as they are."""
+    out, fenced = [], False
+    for line in page.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or len(line) <= width or line.startswith(("|", "#", "<!--")):
+            out.append(line)
+            continue
+        indent = "  " if line.startswith("* ") else ""
+        out.append(textwrap.fill(line, width, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False))
+    return "\n".join(out)
+
+
 def render_all() -> dict[str, str]:
     """Every reference page, by file name, as the code describes it now."""
     os.environ["COLUMNS"] = "100"            # argparse's usage lines wrap at the terminal's width
     os.environ.pop("QKVSCOPE_PLUGINS", None)  # the pages describe qkvscope, not the caller's plugins
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    return {name: make() for name, make in PAGES.items()}
+    return {name: _wrapped(make()) for name, make in PAGES.items()}
 
 
 def write(out: Path) -> list[Path]:
