@@ -16,7 +16,7 @@ NAME = "wandb_csv"
 PRIORITY = 50
 HELP = "Weights & Biases CSV export: columns '<run> - <metric>' (+ __MIN/__MAX); many runs"
 APPENDABLE = False
-EXAMPLE = "wandb_export_2024-05-01T12_00_00.000+02_00.csv"
+EXAMPLE = "exports/wandb_export_val_loss.csv"
 ROWS_READ_BY_STORE = True
 
 
