@@ -51,8 +51,10 @@ def _doc(obj) -> str:
 
 
 def _relative(text: str) -> str:
-    """Paths under the checkout written relative to it (the page must not depend on where it lives)."""
-    return text.replace(str(ROOT) + os.sep, "").replace(str(ROOT), ".")
+    """Paths under the checkout written relative to it, the home folder as ``~`` (a page must not
+    depend on where it is generated)."""
+    text = text.replace(str(ROOT) + os.sep, "").replace(str(ROOT), ".")
+    return text.replace(str(Path.home()) + os.sep, "~" + os.sep)
 
 
 def _code(value) -> str:
@@ -104,22 +106,34 @@ def cli_page() -> str:
     helps = {a.dest: a.help for a in sub._choices_actions}
     lines += [f"* [`{name}`](#{name}): {helps.get(name) or ''}\n" for name in sorted(sub.choices)]
     for name in sorted(sub.choices):
-        cmd = sub.choices[name]
-        formatter = cmd._get_formatter()
-        lines.append(f"\n## {name}\n\n{helps.get(name) or ''}\n\n")
-        lines.append("```text\n" + _relative(cmd.format_usage()).strip() + "\n```\n\n")
-        desc = _relative(inspect.cleandoc(cmd.description or ""))
-        if desc and desc != helps.get(name):
-            lines.append("```text\n" + desc + "\n```\n\n")
-        groups = [(g.title, [a for a in g._group_actions if not isinstance(a, argparse._HelpAction)])
-                  for g in cmd._action_groups]
-        for title, actions in groups:
-            if not actions:
-                continue
-            lines.append(f"{title[0].upper() + title[1:]}:\n\n")
+        lines += _command(name, sub.choices[name], helps.get(name) or "", 2)
+    return "".join(lines).rstrip() + "\n"
+
+
+def _command(name: str, cmd: argparse.ArgumentParser, help_text: str, level: int) -> list[str]:
+    """One command's section: help, usage, description, its options by group, then the
+    sections of its own subcommands (a command with sub-actions) one level down."""
+    formatter = cmd._get_formatter()
+    lines = [f"\n{'#' * level} {name}\n\n{help_text}\n\n",
+             "```text\n" + _relative(cmd.format_usage()).strip() + "\n```\n\n"]
+    desc = _relative(inspect.cleandoc(cmd.description or ""))
+    if desc and desc != help_text:
+        lines.append("```text\n" + desc + "\n```\n\n")
+    nested = []
+    for group in cmd._action_groups:
+        actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
+        nested += [a for a in actions if isinstance(a, argparse._SubParsersAction)]
+        actions = [a for a in actions if not isinstance(a, argparse._SubParsersAction)]
+        if actions:
+            lines.append(f"{group.title[0].upper() + group.title[1:]}:\n\n")
             lines += [_option_line(a, formatter) + "\n" for a in actions]
             lines.append("\n")
-    return "".join(lines).rstrip() + "\n"
+    for action in nested:
+        helps = {a.dest: a.help for a in action._choices_actions}
+        for sub_name in sorted(action.choices):
+            lines += _command(f"{name} {sub_name}", action.choices[sub_name], helps.get(sub_name) or "",
+                              min(level + 1, 6))
+    return lines
 
 
 # -- layouts -------------------------------------------------------------------

@@ -87,3 +87,18 @@ def test_every_reader_declares_an_example_path():
     from loaders.logs.readers import READERS
 
     assert [name for name, mod in READERS.items() if not getattr(mod, "EXAMPLE", None)] == []
+
+
+def test_a_command_with_subcommands_gets_a_section_for_each(gen):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m app results")
+    parser.add_argument("--db", help="database file")
+    sub = parser.add_subparsers(dest="action")
+    show = sub.add_parser("show", help="print one project's table")
+    show.add_argument("--format", choices=["md", "csv"], default="md", help="output format")
+    text = "".join(gen._command("results", parser, "projects and their tables", 2))
+    assert "\n## results\n\nprojects and their tables\n" in text
+    assert "* `--db DB`: database file\n" in text
+    assert "\n### results show\n\nprint one project's table\n" in text
+    assert "* `--format {md,csv}`: output format (default `md`)\n" in text
