@@ -48,7 +48,7 @@ from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints
 from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
-from loaders.logs.registry import reader_for, why_not_a_log
+from loaders.logs.registry import READERS, reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
 from loaders.logs.runs import apply_overrides
 from loaders.report import FileReport
@@ -173,9 +173,25 @@ def _freeze(parsed: Parsed) -> None:
             run.points = dataclasses.replace(run.points, source=copies[id(src)])
 
 
+def unit_stat(reader, path: Path):
+    """``path.stat()``; for a reader whose unit is a whole folder
+    (``FOLDER_UNIT``: a tracker's run) the folder's total size and latest
+    mtime, so that a change to any of its files reads the run again."""
+    st = path.stat()
+    if not getattr(reader, "FOLDER_UNIT", False):
+        return st
+    size, mtime = st.st_size, st.st_mtime
+    for p in path.parent.rglob("*"):
+        if p != path and p.is_file() and not p.is_symlink():
+            q = p.stat()
+            size, mtime = size + q.st_size, max(mtime, q.st_mtime)
+    return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, size,
+                           st.st_atime, mtime, st.st_ctime))
+
+
 def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, frozen: bool) -> list[FileReport]:
     fmt = reader.NAME
-    st = path.stat()
+    st = unit_stat(reader, path)
     if st.st_size == 0:
         raise LogFormatError(path, why_not_a_log(path))
     key = str(path.resolve())
@@ -258,7 +274,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     total = 0
     ids: list[int] = []
     fresh: set[int] = set()          # runs whose run_stats the point check already computed
-    digest = None if appendable else file_sha256(path)
+    # A folder unit's change is told by its folder's size and mtime (``unit_stat``), not one file's hash.
+    digest = None if appendable or getattr(READERS[fmt], "FOLDER_UNIT", False) else file_sha256(path)
     with store.transaction() as con:
         rows = con.execute("SELECT size, mtime, read_bytes FROM ingest_journal WHERE path = ? AND kind = 'log'",
                            [key]).fetchall()          # fetchall: no open result before register()
