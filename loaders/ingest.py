@@ -47,6 +47,9 @@ _CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".ckpt"}
 #: Suffixes of text logs: an unreadable one is reported with the reason, and
 #: one that is not UTF-8 is an error (the user meant it to be read).
 _LOG_SUFFIXES = {".csv", ".tsv", ".jsonl", ".log", ".txt", ".out"}
+#: Suffixes of database files: a tracker's store (MLflow, trackio) is read, another is
+#: reported with its tables.
+_DATABASE_SUFFIXES = {".db", ".sqlite", ".sqlite3"}
 _STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint)[-_]?0*(\d+)", re.IGNORECASE)
 
 
@@ -355,6 +358,8 @@ def _classify(path: Path) -> tuple[str, str | None]:
         # A broken file named like a checkpoint is an error the user must see,
         # not a silent skip.
         return "checkpoint", None
+    if path.suffix.lower() in _DATABASE_SUFFIXES:       # a tracker's SQLite store, or why it is none
+        return "unknown", f"not a training log qkvscope reads: {why_not_a_log(path)}"
     if path.suffix.lower() in _LOG_SUFFIXES:
         why = why_not_a_log(path)
         if why.startswith("expected UTF-8"):

@@ -48,7 +48,7 @@ from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints
 from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
-from loaders.logs.registry import READERS, reader_for, why_not_a_log
+from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
 from loaders.logs.runs import apply_overrides
 from loaders.report import FileReport
@@ -244,7 +244,7 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
         _freeze(parsed)
     reports = _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
                      prev, reader.APPENDABLE, seen=seen, last_attempt=last_attempt, tail=tail,
-                     held_tail=unterminated and not tail)
+                     held_tail=unterminated and not tail, folder_unit=getattr(reader, "FOLDER_UNIT", False))
     if tail:
         for r in reports:
             r.reason = "last line has no newline; read, as the file is not being written"
@@ -264,7 +264,8 @@ def _touch_journal(store: Store, key: str, st) -> None:
 
 def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, append_from: dict | None,
            prev: dict | None, appendable: bool, *, seen: tuple | None = None,
-           last_attempt: bool = False, tail: bool = False, held_tail: bool = False) -> list[FileReport]:
+           last_attempt: bool = False, tail: bool = False, held_tail: bool = False,
+           folder_unit: bool = False) -> list[FileReport]:
     source, run_dir, shared = run_source(path, fmt)
     prev_runs = (prev or {}).get("state", {}).get("runs", {})
     runs_state: dict = dict(prev_runs) if append_from is not None else {}
@@ -275,7 +276,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     ids: list[int] = []
     fresh: set[int] = set()          # runs whose run_stats the point check already computed
     # A folder unit's change is told by its folder's size and mtime (``unit_stat``), not one file's hash.
-    digest = None if appendable or getattr(READERS[fmt], "FOLDER_UNIT", False) else file_sha256(path)
+    digest = None if appendable or folder_unit else file_sha256(path)
     with store.transaction() as con:
         rows = con.execute("SELECT size, mtime, read_bytes FROM ingest_journal WHERE path = ? AND kind = 'log'",
                            [key]).fetchall()          # fetchall: no open result before register()

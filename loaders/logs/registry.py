@@ -18,7 +18,7 @@ from pathlib import Path
 
 from loaders.errors import LogFormatError
 from loaders.logs.base import HEAD_BYTES, ZIP_MAGIC, looks_binary, read_head
-from loaders.logs.readers import READERS
+from loaders.logs.readers import READERS, _sqlite
 
 #: Readers ``detect_log`` never picks: their files are checkpoints first (the
 #: checkpoint loader owns them); ``ingest_log(..., format=NAME)`` reads them.
@@ -105,6 +105,8 @@ def why_not_a_log(path: Path) -> str:
         return f"{expected}; found only whitespace ({size} bytes)"
     if head[:4] == ZIP_MAGIC:
         return f"{expected}; found a zip/torch file that is not one of the query-free paper's loss tensors"
+    if head[:16] == _sqlite.MAGIC:
+        return _sqlite.why_not(path, {n: r.SCHEMA for n, r in READERS.items() if hasattr(r, "SCHEMA")})
     if looks_binary(head):
         return f"{expected}; found binary data (first bytes {head[:8].hex(' ')})"
     try:

@@ -245,3 +245,138 @@ def test_mlflow_bad_metric_line_is_an_error(store, tmp_path, line, found):
                               f"'<timestamp ms> <value> <step>', found {found}")
     with store.connect() as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+
+
+# --- MLflow SQLite store -------------------------------------------------------------------------
+
+def mlflow_db(path: Path) -> Path:
+    """An mlflow.db on MLflow's own schema (``trackers/mlflow_latest_schema.sql``) with the rows
+    MLflow writes for two runs of one experiment, one run deleted, one of another experiment."""
+    import sqlite3
+
+    schema = (TRACKERS / "mlflow_latest_schema.sql").read_text()
+    con = sqlite3.connect(path)
+    for stmt in schema.split("\n\n\n"):
+        if stmt.strip():
+            con.execute(stmt)
+    con.executemany("INSERT INTO experiments VALUES (?, ?, ?, 'active', 1721450900000, 1721450900000)",
+                    [(0, "Default", "mlflow-artifacts:/0"), (1, "qkv-sharing", "mlflow-artifacts:/1")])
+    runs = [("aaa1", "bold-owl-1", 1, "active"), ("bbb2", "calm-fox-2", 1, "active"),
+            ("ccc3", "dead-run-3", 1, "deleted"), ("ddd4", "calm-fox-2", 0, "active")]
+    con.executemany("INSERT INTO runs (run_uuid, name, source_type, source_name, entry_point_name, user_id, "
+                    "status, start_time, end_time, source_version, lifecycle_stage, artifact_uri, "
+                    "experiment_id) VALUES (?, ?, 'LOCAL', '', '', 'u', 'FINISHED', ?, ?, '', ?, '', ?)",
+                    [(r, n, 1000 + i, 2000 + i, stage, e) for i, (r, n, e, stage) in enumerate(runs)])
+    con.executemany("INSERT INTO params VALUES (?, ?, ?)",
+                    [("lr", "0.0003", "aaa1"), ("weight_decay", "0.03125", "aaa1"), ("seed", "7", "aaa1"),
+                     ("variant", "q_eq_k", "aaa1"), ("lr", "0.001", "bbb2")])
+    con.executemany("INSERT INTO tags VALUES (?, ?, ?)",
+                    [("mlflow.runName", "bold-owl-1", "aaa1"), ("mlflow.user", "u", "aaa1"),
+                     ("team", "attn", "aaa1"), ("mlflow.runName", "calm-fox-2", "bbb2")])
+    rows = [("train_loss", 4.0, 0, "aaa1"), ("train_loss", 3.0, 10, "aaa1"), ("train_loss", 2.5, 20, "aaa1"),
+            ("val_loss", 3.1, 20, "aaa1"), ("train_loss", 5.0, 0, "bbb2"), ("train_loss", 9.0, 0, "ccc3"),
+            ("train_loss", 1.0, 0, "ddd4")]
+    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, 0)",
+                    [(k, v, 1721450907000 + s, r, s) for k, v, s, r in rows])
+    con.execute("INSERT INTO metrics VALUES ('val_loss', 0.0, 1721450907099, 'bbb2', 5, 1)")
+    con.commit()
+    con.close()
+    return path
+
+
+def test_mlflow_sqlite_store(store, tmp_path):
+    (tmp_path / "server").mkdir()
+    db = mlflow_db(tmp_path / "server" / "mlflow.db")
+    before = db.read_bytes()
+    report = ingest_paths(store, [db.parent])
+    [rep] = report.files
+    assert (rep.status, rep.format, rep.n_points) == ("added", "mlflow_sqlite", 7)
+    with store.connect() as con:
+        got = con.execute("SELECT name, lr, weight_decay, seed, variant, config FROM runs ORDER BY name").fetchall()
+    assert [g[:5] for g in got] == [("bold-owl-1", 0.0003, 0.03125, 7, "q_eq_k"),
+                                    ("calm-fox-2 (bbb2)", 0.001, None, None, "unknown"),
+                                    ("calm-fox-2 (ddd4)", None, None, None, "unknown")]
+    configs = [json.loads(g[5]) for g in got]
+    assert [c["project"] for c in configs] == ["qkv-sharing", "qkv-sharing", "Default"]
+    assert configs[0]["mlflow_tags"] == {"team": "attn"} and configs[0]["mlflow_deleted_runs"] == 1
+    first = rep.run_ids[0]
+    assert points(store, first, "train/loss") == [(0, 4.0), (10, 3.0), (20, 2.5)]
+    assert points(store, first, "val/loss") == [(20, 3.1)]
+    with store.connect() as con:       # MLflow's is_nan row: a NaN, which the store keeps as NULL
+        nan = con.execute("SELECT step, value FROM points WHERE metric = 'val/loss' AND run_id <> ?",
+                          [first]).fetchall()
+    assert nan == [(5, None)]
+    assert db.read_bytes() == before                       # opened read-only
+    assert [f.status for f in ingest_paths(store, [db.parent]).files] == ["unchanged"]
+
+
+def test_an_sqlite_file_of_another_program_is_reported(store, tmp_path):
+    import sqlite3
+
+    other = tmp_path / "data" / "app.db"
+    other.parent.mkdir()
+    with sqlite3.connect(other) as con:
+        con.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+        con.execute("CREATE TABLE metrics (id INTEGER, value REAL)")
+    [rep] = ingest_paths(store, [other.parent]).files
+    assert rep.status == "skipped"
+    assert rep.reason == (
+        "not a training log qkvscope reads: expected a tracker's SQLite store (mlflow_sqlite: "
+        "experiments(experiment_id, name), metrics(key, run_uuid, step, timestamp, value), "
+        "params(key, run_uuid, value), runs(experiment_id, lifecycle_stage, name, run_uuid), "
+        "tags(key, run_uuid, value); trackio: metrics(metrics, run_name, step, timestamp)), found an SQLite "
+        "database with tables metrics, users")
+    with pytest.raises(LogFormatError, match="found an SQLite database with tables metrics, users$"):
+        ingest_log(store, other)
+
+
+# --- trackio ---------------------------------------------------------------------------------------
+
+def trackio_db(path: Path, *, bad_row: bool = False) -> Path:
+    """A trackio project file as trackio's SQLiteStorage writes it (trackio/sqlite_storage.py:
+    metrics(id, timestamp, run_name, step, metrics JSON) and configs(id, run_name, config, created_at))."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, timestamp TEXT NOT NULL, "
+                "run_name TEXT NOT NULL, step INTEGER NOT NULL, metrics TEXT NOT NULL)")
+    con.execute("CREATE TABLE configs (id INTEGER PRIMARY KEY AUTOINCREMENT, run_name TEXT NOT NULL, "
+                "config TEXT NOT NULL, created_at TEXT NOT NULL, UNIQUE(run_name))")
+    con.execute("INSERT INTO configs (run_name, config, created_at) VALUES (?, ?, ?)",
+                ["dainty-meadow-1", json.dumps({"learning_rate": 6e-4, "weight_decay": 0.1, "seed": 3,
+                                                "_Username": "u", "_Created": "2026-02-05T12:46:00"}),
+                 "2026-02-05T12:46:00"])
+    rows = [("dainty-meadow-1", 0, {"train/loss": 10.9, "lr": 0.0}),
+            ("dainty-meadow-1", 1, {"train/loss": 9.7, "lr": 6e-5, "samples": {"_type": "table"}}),
+            ("dainty-meadow-1", 2, {"train/loss": 8.8, "lr": 1.2e-4, "eval/loss": 9.0}),
+            ("quiet-river-2", 0, {"train/loss": 11.0})]
+    for i, (run, step, m) in enumerate(rows):
+        con.execute("INSERT INTO metrics (timestamp, run_name, step, metrics) VALUES (?, ?, ?, ?)",
+                    [f"2026-02-05T12:46:0{i}", run, step, json.dumps(m)])
+    if bad_row:
+        con.execute("INSERT INTO metrics (timestamp, run_name, step, metrics) VALUES "
+                    "('2026-02-05T12:47:00', 'quiet-river-2', 1, '{\"train/loss\": 1')")
+    con.commit()
+    con.close()
+    return path
+
+
+def test_trackio_project_file(store, tmp_path):
+    db = trackio_db(tmp_path / "gpt-small.db")
+    [rep] = ingest_log(store, db)
+    assert (rep.format, rep.n_points) == ("trackio", 8)          # 2 + 2 + 3 numbers, and 1
+    with store.connect() as con:
+        got = con.execute("SELECT id, name, lr, weight_decay, seed, config FROM runs ORDER BY name").fetchall()
+    assert [g[1:5] for g in got] == [("dainty-meadow-1", 6e-4, 0.1, 3), ("quiet-river-2", None, None, None)]
+    cfg = json.loads(got[0][5])
+    assert cfg["project"] == "gpt-small" and cfg["values_not_numbers"] == {"samples": 1}
+    assert _metric_counts(store, got[0][0]) == {"train/loss": 3, "lr": 3, "val/loss": 1}    # eval/loss
+    assert points(store, got[0][0], "train/loss") == [(0, 10.9), (1, 9.7), (2, 8.8)]
+    assert points(store, got[1][0], "train/loss") == [(0, 11.0)]
+
+
+def test_trackio_row_that_is_not_json_is_an_error(store, tmp_path):
+    db = trackio_db(tmp_path / "gpt-small.db", bad_row=True)
+    with pytest.raises(LogFormatError) as exc:
+        ingest_log(store, db)
+    assert str(exc.value) == f"{db}: expected the metrics of row 5 to be JSON, found '{{\"train/loss\": 1'"
