@@ -99,6 +99,9 @@ def scan(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str | None]]:
             if unit is not None:            # a tracker's run folder: one run, read through this file
                 yield unit, None
                 continue
+            if tracker_stores.aim_repo(folder):
+                yield folder, tracker_stores.aim_skip(folder)
+                continue
             try:
                 entries = sorted(os.scandir(folder), key=lambda e: e.name)
             except OSError as exc:
@@ -140,8 +143,6 @@ def _dot_folder(child: Path, entry: os.DirEntry) -> str | None:
     and systems' files are)."""
     if not entry.is_dir(follow_symlinks=False):
         return ""
-    if tracker_stores.aim_repo(child):
-        return tracker_stores.AIM_SKIP
     if tracker_stores.store_folder(child):
         return None
     return ("folder whose name starts with a dot, holding no tracker's store (W&B, MLflow, Aim): "

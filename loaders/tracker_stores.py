@@ -16,7 +16,7 @@ can take a run folder as one unit, and the log readers
   the unit's file is the run's ``meta.yaml``.
 * Aim: a repository folder ``.aim/`` (RocksDB chunks under ``meta/`` and
   ``seqs/``, run names in ``run_metadata.sqlite``), which qkvscope does not
-  read: ``aim_repo`` tells the walk to report it.
+  read: ``aim_repo`` tells the walk to report it (``aim_skip``).
 
 The SQLite stores (MLflow's ``mlflow.db``, trackio's ``<project>.db``) are
 single files, found by their content like any log.
@@ -65,10 +65,14 @@ def aim_repo(folder: Path) -> bool:
         (folder / p).exists() for p in ("meta", "seqs", "run_metadata.sqlite"))
 
 
-#: Why Aim repositories are not read, and what to do (the ingest report's line).
-AIM_SKIP = ("Aim repository: its metrics are in RocksDB, which qkvscope does not open; export them "
-            "to CSV (Aim UI's table export, or aim.Repo(path).query_metrics(...).dataframe()) "
-            "and ingest that file")
+def aim_skip(folder: Path) -> str:
+    """Why an Aim repository is not read, and what to do (the ingest report's
+    line); its runs are counted by their folders under ``meta/chunks/``."""
+    chunks = folder / "meta" / "chunks"
+    n = sum(1 for c in chunks.iterdir() if c.is_dir()) if chunks.is_dir() else 0
+    return (f"Aim repository ({n} run{'s' * (n != 1)}): its metrics are in RocksDB, which qkvscope "
+            f"does not open; export them to CSV (the Aim UI's table export, or "
+            f"aim.Repo(path).query_metrics(...).dataframe()) and ingest that file")
 
 
 def store_folder(folder: Path) -> bool:

@@ -380,3 +380,46 @@ def test_trackio_row_that_is_not_json_is_an_error(store, tmp_path):
     with pytest.raises(LogFormatError) as exc:
         ingest_log(store, db)
     assert str(exc.value) == f"{db}: expected the metrics of row 5 to be JSON, found '{{\"train/loss\": 1'"
+
+
+# --- Aim and dot-folders ---------------------------------------------------------------------------
+
+def aim_repo(root: Path) -> Path:
+    """An Aim repository laid out as github.com/koyeb/example-aim commits its ``.aim/`` (commit
+    135fa02a5ab7dd99f22624165ee3765d1bc23901: one run, RocksDB files; no licence, so the layout is
+    reproduced with empty files)."""
+    aim = root / ".aim"
+    for sub in ("meta/chunks/82d7b9aee7b445b6b3a67959", "meta/index", "seqs/chunks/82d7b9aee7b445b6b3a67959"):
+        (aim / sub).mkdir(parents=True)
+        for f in ("000009.sst", "IDENTITY", "LOG", "MANIFEST-000004"):
+            (aim / sub / f).write_bytes(b"")
+    (aim / "run_metadata.sqlite").write_bytes(b"")
+    return aim
+
+
+def test_dot_folders(store, tmp_path):
+    root = tmp_path / "project"
+    aim = aim_repo(root)
+    shutil.copytree(RESUMED, root / ".cache" / "wandb" / RESUMED.name)     # a dot-folder holding a store
+    swahili_mlruns(root / ".mlflow")
+    (root / ".idea").mkdir()
+    (root / ".idea" / "workspace.xml").write_text("<project/>")
+    (root / ".git").mkdir()
+    (root / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    report = ingest_paths(store, [root])
+    got = sorted((str(Path(f.path).relative_to(root)), f.status, f.format, f.reason) for f in report.files
+                 if f.status != "skipped" or "/" not in str(Path(f.path).relative_to(root)))
+    assert got == [
+        (".aim", "skipped", None,
+         "Aim repository (1 run): its metrics are in RocksDB, which qkvscope does not open; export them to "
+         "CSV (the Aim UI's table export, or aim.Repo(path).query_metrics(...).dataframe()) and ingest that "
+         "file"),
+        (f".cache/wandb/{RESUMED.name}/run-a5sov16l.wandb", "added", "wandb_offline", None),
+        (".idea", "skipped", None,
+         "folder whose name starts with a dot, holding no tracker's store (W&B, MLflow, Aim): not searched; "
+         "ingest it by its path to read it"),
+        (f".mlflow/mlruns/1/{SWAHILI_RUN}/meta.yaml", "added", "mlflow_files", None),
+    ]
+    # The Aim folder given as the path: the same line, its files are not listed one by one.
+    [line] = ingest_paths(store, [aim]).files
+    assert line.status == "skipped" and line.reason.startswith("Aim repository (1 run): ")
