@@ -86,10 +86,12 @@ def test_wandb_config_change_reads_the_run_again(store, tmp_path):
     run = shutil.copytree(RESUMED, tmp_path / "wandb" / RESUMED.name)
     [first] = ingest_log(store, run)
     cfg = run / "files" / "config.yaml"
-    cfg.write_text(cfg.read_text().replace("value: 0.0005", "value: 0.0003"))
+    cfg.write_text(cfg.read_text().replace("value: 0.0005", "value: 0.0003")
+                   + "seed:\n    value: 42\nweight_decay:\n    desc: null\n    value: 0.1\n")
     [second] = ingest_log(store, run)
     assert second.status == "added" and second.run_ids == first.run_ids
-    assert _run(store, first.run_ids[0])["lr"] == 0.0003
+    got = _run(store, first.run_ids[0])
+    assert (got["lr"], got["weight_decay"], got["seed"]) == (0.0003, 0.1, 42)
 
 
 def _copy_wandb(tmp_path, data: bytes) -> Path:
