@@ -143,6 +143,8 @@ def _dot_folder(child: Path, entry: os.DirEntry) -> str | None:
     and systems' files are)."""
     if not entry.is_dir(follow_symlinks=False):
         return ""
+    if child.name == ".trash" and child.parent.name == "mlruns":
+        return tracker_stores.MLFLOW_TRASH
     if tracker_stores.store_folder(child):
         return None
     return ("folder whose name starts with a dot, holding no tracker's store (W&B, MLflow, Aim): "

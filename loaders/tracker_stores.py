@@ -75,6 +75,10 @@ def aim_skip(folder: Path) -> str:
             f"aim.Repo(path).query_metrics(...).dataframe()) and ingest that file")
 
 
+#: MLflow's file store moves deleted runs to ``mlruns/.trash/``: not read.
+MLFLOW_TRASH = "MLflow's .trash folder: runs deleted in MLflow, not read"
+
+
 def store_folder(folder: Path) -> bool:
     """Whether a dot-folder holds a tracker's store: it is an Aim repository,
     or it or a child of it is a ``wandb``/``mlruns`` folder, a W&B run folder,

@@ -14,7 +14,9 @@ the ``mlflow`` package, as its ``FileStore`` lays it out
 The run is named by ``mlflow.runName`` (else ``run_name``, ``name``, the run
 id); its params are its config (lr, weight decay, seed, model size through
 ``loaders.logs.metadata``), the experiment's name goes to ``meta["project"]``.
-A metric line that is not 2 or 3 fields of numbers is a ``LogFormatError``
+A run deleted in MLflow but not yet moved to ``mlruns/.trash/`` (which the
+folder walk reports and skips) is read, its ``config["mlflow_lifecycle_stage"]``
+saying ``deleted``. A metric line that is not 2 or 3 fields of numbers is a ``LogFormatError``
 naming the file and line (the run is not stored half-read). Artifacts are
 not read. A change to any file of the run folder reads it again whole.
 """
@@ -102,7 +104,8 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     name = next((str(x) for x in (tags.get("mlflow.runName"), meta.get("run_name"), meta.get("name"))
                  if x), run_id)
     pts = points_frame(steps, metrics, values, walls) if steps else empty_points()
-    config = {"mlflow_run_id": run_id, "mlflow_params": params,
+    config = {"mlflow_run_id": run_id, "mlflow_lifecycle_stage": meta.get("lifecycle_stage"),
+              "mlflow_params": params,
               "mlflow_tags": {k: v for k, v in tags.items() if not k.startswith("mlflow.")}}
     stated = {}
     if exp and exp.get("name"):

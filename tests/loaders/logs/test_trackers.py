@@ -407,6 +407,7 @@ def test_dot_folders(store, tmp_path):
     (root / ".idea").mkdir()
     (root / ".idea" / "workspace.xml").write_text("<project/>")
     (root / ".git").mkdir()
+    (root / ".mlflow" / "mlruns" / ".trash" / "0f0f").mkdir(parents=True)      # runs deleted in MLflow
     (root / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
     report = ingest_paths(store, [root])
     got = sorted((str(Path(f.path).relative_to(root)), f.status, f.format, f.reason) for f in report.files
@@ -422,6 +423,8 @@ def test_dot_folders(store, tmp_path):
          "ingest it by its path to read it"),
         (f".mlflow/mlruns/1/{SWAHILI_RUN}/meta.yaml", "added", "mlflow_files", None),
     ]
+    [trash] = [f for f in report.files if f.path.endswith(".trash")]
+    assert (trash.status, trash.reason) == ("skipped", "MLflow's .trash folder: runs deleted in MLflow, not read")
     # The Aim folder given as the path: the same line, its files are not listed one by one.
     [line] = ingest_paths(store, [aim]).files
     assert line.status == "skipped" and line.reason.startswith("Aim repository (1 run): ")
