@@ -248,6 +248,9 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
     if tail:
         for r in reports:
             r.reason = "last line has no newline; read, as the file is not being written"
+    if parsed.notes:
+        for r in reports:
+            r.reason = "; ".join(([r.reason] if r.reason else []) + parsed.notes)
     return reports
 
 

@@ -28,9 +28,12 @@ goes to ``meta["project"]``. ``files/wandb-summary.json`` holds the last value
 of each metric: the history already has them, so it is never read as points
 nor as the run's lr (its lr is the schedule's decayed end).
 
-A record whose checksum does not match, or a file cut inside a record, is a
-``LogFormatError`` naming the byte where reading stopped: the run is not
-stored half-read. A change to any file of the folder reads it again whole.
+A file that ends inside a record (a run still being written, or killed:
+W&B's own reader stops there too) keeps every whole record before it; the
+bytes not read are counted on the file's report line. A record whose
+checksum does not match, or whose type is out of order, is a
+``LogFormatError`` naming its byte: the run is not stored half-read. A
+change to any file of the folder reads it again whole.
 """
 from __future__ import annotations
 
@@ -70,8 +73,20 @@ def sniff_dir(folder: Path) -> Path | None:
     return wandb_run_file(folder)
 
 
+class CutOff(Exception):
+    """The log ends inside a record: ``at`` is the byte where that record starts."""
+
+    def __init__(self, at: int):
+        super().__init__(at)
+        self.at = at
+
+
 def messages(path: Path, data: bytes):
-    """The messages of a W&B log ``data`` (the bytes of ``path``), in order."""
+    """The messages of a W&B log ``data`` (the bytes of ``path``), in order.
+
+    A file that ends inside a record (a run still being written, or killed)
+    raises ``CutOff`` after the last whole message; a checksum that fails, or
+    a record type out of order, is a ``LogFormatError``."""
     if data[:_REC_HEAD] != HEADER:
         found = "an empty file (0 bytes)" if not data else f"first bytes {data[:_REC_HEAD].hex(' ')}"
         raise LogFormatError(path, f"expected a W&B log starting with {HEADER.hex(' ')} (':W&B', magic "
@@ -86,16 +101,14 @@ def messages(path: Path, data: bytes):
             pos += left
             continue
         if pos + _REC_HEAD > size:
-            raise LogFormatError(path, f"W&B record header at byte {pos:,} is cut off: the file ends "
-                                       f"{size - pos} bytes into it")
+            raise CutOff(start if parts is not None else pos)
         crc, length, kind = struct.unpack_from("<IHB", data, pos)
         if crc == 0 and length == 0 and kind == 0:
             pos += left                          # the rest of a block written as zeros
             continue
         body = data[pos + _REC_HEAD:pos + _REC_HEAD + length]
         if len(body) < length:
-            raise LogFormatError(path, f"W&B record at byte {pos:,} holds {length:,} bytes, but the file "
-                                       f"ends {len(body):,} bytes into it (a truncated .wandb file)")
+            raise CutOff(start if parts is not None else pos)
         if zlib.crc32(body, zlib.crc32(bytes([kind]))) != crc:
             raise LogFormatError(path, f"W&B record at byte {pos:,} fails its crc32 check "
                                        f"(stored {crc:#010x}): the file is corrupt from there on")
@@ -118,8 +131,7 @@ def messages(path: Path, data: bytes):
                                        f"(1 FULL, 2 FIRST, 3 MIDDLE, 4 LAST)")
         pos += _REC_HEAD + length
     if parts is not None:
-        raise LogFormatError(path, f"W&B record starting at byte {start:,} is cut off: the file ends before "
-                                   f"its LAST piece (a truncated .wandb file)")
+        raise CutOff(start)
 
 
 def fields(path: Path, msg: bytes) -> dict[int, list]:
@@ -208,7 +220,15 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     run_id = display = project = ""
     steps, metrics, values, walls = [], [], [], []
     not_numbers: dict[str, int] = {}
-    for msg in messages(path, data):
+    notes: list[str] = []
+    msgs: list[bytes] = []
+    try:
+        for msg in messages(path, data):
+            msgs.append(msg)
+    except CutOff as cut:
+        notes.append(f"the last {len(data) - cut.at:,} bytes (from byte {cut.at:,}) not read: the file ends "
+                     f"inside a W&B record (a run being written, or killed)")
+    for msg in msgs:
         rec = fields(path, msg)
         if _R_HISTORY in rec:
             hist = rec[_R_HISTORY][-1]
@@ -256,4 +276,4 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     meta = {}
     if project:
         meta["project"] = reader_config["project"] = project
-    return Parsed([RunData(name=name, points=pts, config=reader_config, meta=meta)])
+    return Parsed([RunData(name=name, points=pts, config=reader_config, meta=meta)], notes=notes)

@@ -101,17 +101,25 @@ def _copy_wandb(tmp_path, data: bytes) -> Path:
     return run
 
 
-def test_wandb_truncated_file_is_an_error(store, tmp_path):
+def test_wandb_file_cut_inside_a_record_keeps_the_records_before_it(store, tmp_path):
+    """A run killed (or still being written) ends inside a record, as the offline runs committed in
+    github.com/7vik/nn-modularity do (wandb/offline-run-*/, 7 bytes of a record header at the end):
+    the whole records are read, the rest is counted on the report line."""
+    [whole] = ingest_log(store, RESUMED)
     data = (RESUMED / "run-a5sov16l.wandb").read_bytes()
-    run = _copy_wandb(tmp_path, data[:5000])
-    with pytest.raises(LogFormatError) as exc:
-        ingest_log(store, run)
-    assert str(exc.value).endswith("run-a5sov16l.wandb: W&B record at byte 4,844 holds 298 bytes, but the "
-                                   "file ends 149 bytes into it (a truncated .wandb file)")
-    report = ingest_paths(store, [tmp_path / "wandb"])
-    assert [f.status for f in report.files] == ["error"]
-    with store.connect() as con:
-        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+    run = _copy_wandb(tmp_path, data[:10_000])     # inside the record that starts at byte 9,963
+    [rep] = ingest_log(store, run)
+    assert rep.status == "added"
+    assert rep.reason == ("the last 37 bytes (from byte 9,963) not read: the file ends inside a W&B "
+                          "record (a run being written, or killed)")
+    # The steps logged before the cut (4000-4030 of 4000-4070), with the whole file's values.
+    assert points(store, rep.run_ids[0], "train/loss") == points(store, whole.run_ids[0], "train/loss")[:4]
+    assert _metric_counts(store, rep.run_ids[0]) == {"train/loss": 4, "lr": 4, "grad_norm": 4, "weight_norm": 4,
+                                                     "val/loss": 1, "val/perplexity": 1}
+    (run / "run-a5sov16l.wandb").write_bytes(data[:9963 + 7])         # only that record's header
+    [rep2] = ingest_log(store, run)
+    assert rep2.reason.startswith("the last 7 bytes (from byte 9,963) not read")
+    assert _metric_counts(store, rep2.run_ids[0])["train/loss"] == 4
 
 
 def test_wandb_corrupt_record_is_an_error(store, tmp_path):
