@@ -412,6 +412,8 @@ def test_dot_folders(store, tmp_path):
     aim = aim_repo(root)
     shutil.copytree(RESUMED, root / ".cache" / "wandb" / RESUMED.name)     # a dot-folder holding a store
     swahili_mlruns(root / ".mlflow")
+    (root / ".server").mkdir()
+    mlflow_db(root / ".server" / "mlflow.db")
     (root / ".idea").mkdir()
     (root / ".idea" / "workspace.xml").write_text("<project/>")
     (root / ".git").mkdir()
@@ -430,6 +432,7 @@ def test_dot_folders(store, tmp_path):
          "folder whose name starts with a dot, holding no tracker's store (W&B, MLflow, Aim): not searched; "
          "ingest it by its path to read it"),
         (f".mlflow/mlruns/1/{SWAHILI_RUN}/meta.yaml", "added", "mlflow_files", None),
+        (".server/mlflow.db", "added", "mlflow_sqlite", None),
     ]
     [trash] = [f for f in report.files if f.path.endswith(".trash")]
     assert (trash.status, trash.reason) == ("skipped", "MLflow's .trash folder: runs deleted in MLflow, not read")
