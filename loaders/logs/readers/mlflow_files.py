@@ -34,6 +34,7 @@ PRIORITY = 14
 HELP = ("MLflow file store run (mlruns/<experiment>/<run>/meta.yaml + metrics/, params/, tags/): "
         "one run per folder")
 APPENDABLE = False
+EXAMPLE = "mlruns/1/ed05f9cd599442fe9a0c9222184710b8/meta.yaml"
 FOLDER_UNIT = True
 
 

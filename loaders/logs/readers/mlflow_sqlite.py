@@ -28,6 +28,7 @@ NAME = "mlflow_sqlite"
 PRIORITY = 12
 HELP = "MLflow SQLite tracking store (mlflow.db: experiments, runs, metrics, params, tags): every run"
 APPENDABLE = False
+EXAMPLE = "mlflow.db"
 
 SCHEMA = {"experiments": {"experiment_id", "name"},
           "runs": {"run_uuid", "name", "experiment_id", "lifecycle_stage"},

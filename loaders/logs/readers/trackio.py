@@ -31,6 +31,7 @@ NAME = "trackio"
 PRIORITY = 13
 HELP = "trackio project file (<project>.db: metrics table of JSON rows by run_name, step; configs): every run"
 APPENDABLE = False
+EXAMPLE = "~/.cache/huggingface/trackio/my-project.db"
 
 SCHEMA = {"metrics": {"timestamp", "run_name", "step", "metrics"}}
 

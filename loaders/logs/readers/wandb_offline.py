@@ -54,6 +54,7 @@ PRIORITY = 11
 HELP = ("W&B run folder, offline or synced (wandb/offline-run-*/run-<id>.wandb + files/config.yaml): "
         "one run, history from the .wandb log, config from config.yaml")
 APPENDABLE = False
+EXAMPLE = "wandb/offline-run-20260118_175801-a5sov16l/run-a5sov16l.wandb"
 FOLDER_UNIT = True
 
 #: The file header: ident ``:W&B``, magic 0xBEE1, version 0.
