@@ -15,7 +15,7 @@ budget (environment variable)  default      what it bounds
 ``QKVSCOPE_SIDE_DEPTH``        32           nesting depth of side data / YAML
 ``QKVSCOPE_SIDE_BYTES``        1 MiB        text (strings, keys) in side data
 ``QKVSCOPE_YAML_BYTES``        1 MiB        size of one YAML config file
-``QKVSCOPE_RECORD_BYTES``      64 MiB       one TensorBoard (TFRecord) record
+``QKVSCOPE_RECORD_BYTES``      64 MiB       one TensorBoard (TFRecord) or W&B (.wandb) record
 ``QKVSCOPE_ZIP_TOTAL_BYTES``   64 GiB       bytes written when extracting a zip upload
 ``QKVSCOPE_ALLOW_SPARSE``      0            1: read safetensors tensors that lie in a
                                             hole of a sparse file (refused by default)
@@ -48,7 +48,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
     "QKVSCOPE_SIDE_DEPTH": (32, "nesting depth of side data and YAML configs"),
     "QKVSCOPE_SIDE_BYTES": (1 << 20, "bytes of text in a checkpoint's side data"),
     "QKVSCOPE_YAML_BYTES": (1 << 20, "size of one YAML config file"),
-    "QKVSCOPE_RECORD_BYTES": (64 << 20, "one TensorBoard (TFRecord) record"),
+    "QKVSCOPE_RECORD_BYTES": (64 << 20, "one TensorBoard (TFRecord) or W&B (.wandb) record"),
     "QKVSCOPE_ZIP_TOTAL_BYTES": (64 << 30, "bytes written when extracting one zip upload"),
     "QKVSCOPE_ALLOW_SPARSE": (0, "1 reads safetensors tensors lying in a hole of a sparse file"),
     "QKVSCOPE_PARSE_MEMORY_MB": (4096, "memory the process reading one file may add after its imports, "

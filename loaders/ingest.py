@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from loaders import tracker_stores
 from loaders.checkpoint_names import HF_WEIGHT_FILES
 from loaders.errors import CheckpointFormatError, DatabaseBusyError, FileError, QkvscopeError, StoreError
 from loaders.filecheck import MAX_FOLDER_DEPTH, check_openable, failure, refusal, unencodable_name
@@ -46,6 +47,9 @@ _CHECKPOINT_SUFFIXES = {".safetensors", ".pt", ".pth", ".ckpt"}
 #: Suffixes of text logs: an unreadable one is reported with the reason, and
 #: one that is not UTF-8 is an error (the user meant it to be read).
 _LOG_SUFFIXES = {".csv", ".tsv", ".jsonl", ".log", ".txt", ".out"}
+#: Suffixes of database files: a tracker's store (MLflow, trackio) is read, another is
+#: reported with its tables.
+_DATABASE_SUFFIXES = {".db", ".sqlite", ".sqlite3"}
 _STEP_IN_NAME = re.compile(r"(?:step|iter|ckpt|checkpoint)[-_]?0*(\d+)", re.IGNORECASE)
 
 
@@ -69,8 +73,13 @@ def scan(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str | None]]:
     is skipped without being opened: anything but regular files and folders
     (FIFOs, sockets, devices), symbolic links that loop or lead out of the
     ingested folder (``loaders.filecheck.refusal``), and folders more than
-    ``MAX_FOLDER_DEPTH`` levels down. The walk keeps its own stack: Python's
-    recursion would end near 1,000 levels."""
+    ``MAX_FOLDER_DEPTH`` levels down. A tracker's run folder (a W&B run, an
+    MLflow run: ``loaders.tracker_stores.unit_file``) is one item, the file
+    its reader reads, and is not searched further. A folder whose name starts
+    with a dot is searched only when it holds a tracker's store (``.aim`` is
+    reported: its RocksDB is not read); otherwise it is reported as skipped,
+    with the reason. The walk keeps its own stack: Python's recursion would
+    end near 1,000 levels."""
     for raw in paths:
         path = Path(raw).expanduser()
         if not path.exists() and not path.is_symlink():
@@ -86,6 +95,13 @@ def scan(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str | None]]:
         stack = [(path, 0)]
         while stack:
             folder, depth = stack.pop()
+            unit = tracker_stores.unit_file(folder)
+            if unit is not None:            # a tracker's run folder: one run, read through this file
+                yield unit, None
+                continue
+            if tracker_stores.aim_repo(folder):
+                yield folder, tracker_stores.aim_skip(folder)
+                continue
             try:
                 entries = sorted(os.scandir(folder), key=lambda e: e.name)
             except OSError as exc:
@@ -94,8 +110,14 @@ def scan(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str | None]]:
             hf, files, subfolders = [], [], []
             for entry in entries:
                 child = Path(entry.path)
-                if entry.name.startswith(".") or entry.name in _SKIP_DIRS:
+                if entry.name in _SKIP_DIRS:
                     continue
+                if entry.name.startswith("."):
+                    why = _dot_folder(child, entry)
+                    if why is not None:         # not a tracker's store: reported (a dot-file is not)
+                        if why:
+                            files.append((child, why))
+                        continue
                 why = refusal(child, root=root)
                 if why:
                     files.append((child, why))
@@ -113,6 +135,20 @@ def scan(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str | None]]:
             yield from files
             # Depth first, in name order: a folder's own items before its sub-folders' (as os.walk).
             stack.extend((d, depth + 1) for d in reversed(subfolders))
+
+
+def _dot_folder(child: Path, entry: os.DirEntry) -> str | None:
+    """None to walk a dot-folder (a tracker's store: ``tracker_stores.store_folder``),
+    else why it is skipped; "" for a dot-file (left out without a word, as editors'
+    and systems' files are)."""
+    if not entry.is_dir(follow_symlinks=False):
+        return ""
+    if child.name == ".trash" and child.parent.name == "mlruns":
+        return tracker_stores.MLFLOW_TRASH
+    if tracker_stores.store_folder(child):
+        return None
+    return ("folder whose name starts with a dot, holding no tracker's store (W&B, MLflow, Aim): "
+            "not searched; ingest it by its path to read it")
 
 
 def _step_from_name(path: Path) -> int | None:
@@ -310,6 +346,9 @@ def _classify(path: Path) -> tuple[str, str | None]:
     fmt = detect_log(path)
     if fmt:
         return "log", fmt
+    if path.name in ("wandb-summary.json", "wandb-metadata.json"):
+        return "unknown", ("W&B run file: read with its run folder's run-<id>.wandb, "
+                           "never as a run of its own")
     if path.name in _CONFIG_FILES or path.suffix.lower() in (".yaml", ".yml"):
         return "unknown", "configuration file: read as metadata of the run beside it"
     if path.suffix.lower() == ".bin" and path.name.startswith("tok"):
@@ -322,6 +361,8 @@ def _classify(path: Path) -> tuple[str, str | None]:
         # A broken file named like a checkpoint is an error the user must see,
         # not a silent skip.
         return "checkpoint", None
+    if path.suffix.lower() in _DATABASE_SUFFIXES:       # a tracker's SQLite store, or why it is none
+        return "unknown", f"not a training log qkvscope reads: {why_not_a_log(path)}"
     if path.suffix.lower() in _LOG_SUFFIXES:
         why = why_not_a_log(path)
         if why.startswith("expected UTF-8"):

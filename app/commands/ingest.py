@@ -6,6 +6,17 @@ Examples:
   python -m app ingest ~/experiments/ --watch        # follow live runs; Ctrl-C stops
                                                     # (a busy database is tried again at the next poll)
 
+Experiment trackers' stores are read as their runs, one stored run per
+tracker run, named as the tracker names it, its config and params giving lr,
+weight decay, seed and model size, its project or experiment kept:
+  wandb/offline-run-*/, wandb/run-*/   W&B run folders (run-<id>.wandb + files/config.yaml)
+  mlruns/<experiment>/<run>/           MLflow's file store
+  mlflow.db                            MLflow's SQLite store (every run in it)
+  <project>.db                         trackio's project file (every run in it)
+A folder whose name starts with a dot is searched only when it holds one of
+these (e.g. .cache/wandb/); others are skipped with the reason. An Aim
+repository (.aim/) is reported, not read (RocksDB): export its metrics to CSV.
+
 Each file is one transaction: it is stored completely or not at all. The same
 content ingested twice adds nothing; a log that grew adds only its new points.
 Files that are neither checkpoints nor logs are skipped with the reason, and so

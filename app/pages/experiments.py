@@ -420,8 +420,8 @@ def render() -> None:
     runs = _runs(str(store.path), version)
     if runs.empty:
         st.info("No training runs stored yet. Ingest a folder of logs on the Overview page, or from a shell: "
-                f"`python -m app ingest PATH --db {store.path}` (CSV, JSONL, TensorBoard, W&B and "
-                "nanoGPT logs are read).", icon=":material/inbox:")
+                f"`python -m app ingest PATH --db {store.path}` (CSV, JSONL, TensorBoard, "
+                "nanoGPT logs, W&B run folders, MLflow and trackio stores are read).", icon=":material/inbox:")
         return
     saved = _restore_saved()
     shown = _filters(runs)

@@ -3,7 +3,8 @@
 Public interface (used by ``loaders.ingest`` and the CLI):
 
 * ``detect_log(path) -> str | None``: the reader name for a training log
-  (a Lightning ``version_N/`` folder counts), else None. Reads at most 64 KB.
+  (a run folder counts: a Lightning ``version_N/``, a W&B run folder, an
+  MLflow run folder), else None. Reads at most 64 KB.
 * ``ingest_log(store, path, *, format=None) -> list[FileReport]``: parse and
   store one file in one transaction; re-ingesting an unchanged file adds
   nothing, a grown text log appends only its new points.

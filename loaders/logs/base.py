@@ -139,6 +139,8 @@ class Parsed:
     read_bytes: int | None = None
     #: Reader state for the next append (JSON-able).
     state: dict = field(default_factory=dict)
+    #: What the reader could not read and did not store (the file's report line says it).
+    notes: list[str] = field(default_factory=list)
 
 
 def empty_points() -> pd.DataFrame:

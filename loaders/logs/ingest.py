@@ -173,9 +173,25 @@ def _freeze(parsed: Parsed) -> None:
             run.points = dataclasses.replace(run.points, source=copies[id(src)])
 
 
+def unit_stat(reader, path: Path):
+    """``path.stat()``; for a reader whose unit is a whole folder
+    (``FOLDER_UNIT``: a tracker's run) the folder's total size and latest
+    mtime, so that a change to any of its files reads the run again."""
+    st = path.stat()
+    if not getattr(reader, "FOLDER_UNIT", False):
+        return st
+    size, mtime = st.st_size, st.st_mtime
+    for p in path.parent.rglob("*"):
+        if p != path and p.is_file() and not p.is_symlink():
+            q = p.stat()
+            size, mtime = size + q.st_size, max(mtime, q.st_mtime)
+    return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, size,
+                           st.st_atime, mtime, st.st_ctime))
+
+
 def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, frozen: bool) -> list[FileReport]:
     fmt = reader.NAME
-    st = path.stat()
+    st = unit_stat(reader, path)
     if st.st_size == 0:
         raise LogFormatError(path, why_not_a_log(path))
     key = str(path.resolve())
@@ -228,10 +244,13 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
         _freeze(parsed)
     reports = _store(store, path, key, fmt, st, parsed, prev if mode == "append" else None,
                      prev, reader.APPENDABLE, seen=seen, last_attempt=last_attempt, tail=tail,
-                     held_tail=unterminated and not tail)
+                     held_tail=unterminated and not tail, folder_unit=getattr(reader, "FOLDER_UNIT", False))
     if tail:
         for r in reports:
             r.reason = "last line has no newline; read, as the file is not being written"
+    if parsed.notes:
+        for r in reports:
+            r.reason = "; ".join(([r.reason] if r.reason else []) + parsed.notes)
     return reports
 
 
@@ -248,7 +267,8 @@ def _touch_journal(store: Store, key: str, st) -> None:
 
 def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, append_from: dict | None,
            prev: dict | None, appendable: bool, *, seen: tuple | None = None,
-           last_attempt: bool = False, tail: bool = False, held_tail: bool = False) -> list[FileReport]:
+           last_attempt: bool = False, tail: bool = False, held_tail: bool = False,
+           folder_unit: bool = False) -> list[FileReport]:
     source, run_dir, shared = run_source(path, fmt)
     prev_runs = (prev or {}).get("state", {}).get("runs", {})
     runs_state: dict = dict(prev_runs) if append_from is not None else {}
@@ -258,7 +278,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     total = 0
     ids: list[int] = []
     fresh: set[int] = set()          # runs whose run_stats the point check already computed
-    digest = None if appendable else file_sha256(path)
+    # A folder unit's change is told by its folder's size and mtime (``unit_stat``), not one file's hash.
+    digest = None if appendable or folder_unit else file_sha256(path)
     with store.transaction() as con:
         rows = con.execute("SELECT size, mtime, read_bytes FROM ingest_journal WHERE path = ? AND kind = 'log'",
                            [key]).fetchall()          # fetchall: no open result before register()

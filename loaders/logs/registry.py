@@ -6,6 +6,11 @@ reads at most the first 64 KB of a file (``HEAD_BYTES``) and asks each
 reader's ``sniff`` in ``PRIORITY`` order: binary framings first, then JSON,
 CSV and the stdout formats. A torch zip is opened only to read its small
 pickle index, never unpickled.
+
+A folder is a log when a reader's ``sniff_dir`` names the file that stands
+for it (``folder_unit``: a Lightning version folder's ``metrics.csv``, a W&B
+run folder's ``run-<id>.wandb``, an MLflow run's ``meta.yaml``); that file is
+then read, by that reader, whichever way it was reached.
 """
 from __future__ import annotations
 
@@ -13,20 +18,44 @@ from pathlib import Path
 
 from loaders.errors import LogFormatError
 from loaders.logs.base import HEAD_BYTES, ZIP_MAGIC, looks_binary, read_head
-from loaders.logs.readers import READERS
-from loaders.logs.readers.lightning import metrics_csv as lightning_metrics
+from loaders.logs.readers import READERS, _sqlite
 
 #: Readers ``detect_log`` never picks: their files are checkpoints first (the
 #: checkpoint loader owns them); ``ingest_log(..., format=NAME)`` reads them.
 CHECKPOINT_LOG_FORMATS = tuple(n for n, r in READERS.items() if getattr(r, "INSIDE_CHECKPOINT", False))
 
+#: Readers whose unit may be a folder (they define ``sniff_dir``), in detection order.
+FOLDER_READERS = {n: r for n, r in READERS.items() if hasattr(r, "sniff_dir")}
+
+
+def folder_unit(folder: Path) -> tuple[str, Path] | None:
+    """(reader name, the file standing for the folder) when ``folder`` is one
+    run of a folder-unit format (``sniff_dir``), else None."""
+    for name, reader in FOLDER_READERS.items():
+        unit = reader.sniff_dir(folder)
+        if unit is not None:
+            return name, unit
+    return None
+
+
+def _unit_reader(path: Path) -> str | None:
+    """The reader for which ``path`` is the file standing for its folder."""
+    unit = folder_unit(path.parent)
+    return unit[0] if unit is not None and unit[1] == path else None
+
+
 def detect_log(path: Path) -> str | None:
-    """The reader name if ``path`` is a training log (a Lightning folder counts), else None."""
+    """The reader name if ``path`` is a training log (a run folder counts:
+    ``folder_unit``), else None."""
     path = Path(path)
     if path.is_dir():
-        return "lightning" if lightning_metrics(path) else None
+        unit = folder_unit(path)
+        return unit[0] if unit else None
     if not path.is_file():
         return None
+    fmt = _unit_reader(path)
+    if fmt is not None:
+        return fmt
     try:
         head = read_head(path, HEAD_BYTES)
     except OSError:
@@ -37,7 +66,9 @@ def detect_log(path: Path) -> str | None:
 # Config files sit beside logs and may hold a "steps" key on one JSON line;
 # they are read for run metadata (loaders.logs.metadata), never as logs.
 _CONFIG_NAMES = {"config.json", "args.json", "hparams.json", "hparams.yaml", "training_args.json",
-                 "run_config.json", "generation_config.json", "tokenizer_config.json"}
+                 "run_config.json", "generation_config.json", "tokenizer_config.json",
+                 # a W&B run folder's last values and environment: read with its run-<id>.wandb
+                 "wandb-summary.json", "wandb-metadata.json"}
 
 
 def _is_config_file(path: Path) -> bool:
@@ -64,7 +95,8 @@ def why_not_a_log(path: Path) -> str:
     if not path.exists():
         return "no such file or folder"
     if path.is_dir():
-        return f"{expected}; found a folder without a Lightning metrics.csv"
+        return (f"{expected}; found a folder that is not a run folder of "
+                f"{', '.join(FOLDER_READERS)} (" + "; ".join(r.HELP for r in FOLDER_READERS.values()) + ")")
     size = path.stat().st_size
     if size == 0:
         return f"{expected}; found an empty file (0 bytes)"
@@ -73,6 +105,8 @@ def why_not_a_log(path: Path) -> str:
         return f"{expected}; found only whitespace ({size} bytes)"
     if head[:4] == ZIP_MAGIC:
         return f"{expected}; found a zip/torch file that is not one of the query-free paper's loss tensors"
+    if head[:16] == _sqlite.MAGIC:
+        return _sqlite.why_not(path, {n: r.SCHEMA for n, r in READERS.items() if hasattr(r, "SCHEMA")})
     if looks_binary(head):
         return f"{expected}; found binary data (first bytes {head[:8].hex(' ')})"
     try:
@@ -90,11 +124,10 @@ def reader_for(path: Path, format: str | None):
     """(reader module, path to read) for ``path``; LogFormatError when none fits."""
     path = Path(path)
     if path.is_dir():
-        csv = lightning_metrics(path)
-        if csv is None:
+        unit = folder_unit(path)
+        if unit is None:
             raise LogFormatError(path, why_not_a_log(path))
-        path = csv
-        format = format or "lightning"
+        format, path = format or unit[0], unit[1]
     if format is None:
         if not path.exists():
             raise LogFormatError(path, "no such file or folder")

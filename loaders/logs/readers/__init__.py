@@ -7,7 +7,8 @@ The reader protocol. A module in this package (name not starting with
 * ``NAME: str``: the format's name (``ingest_log(..., format=NAME)``, ``runs.format``),
   also the module's file name.
 * ``PRIORITY: int``: detection order, lower first. 10-19 binary framings
-  (``tensorboard``), 20-29 torch zips told apart by their pickle index
+  and databases (``tensorboard``, ``wandb_offline``, the SQLite stores
+  ``mlflow_sqlite`` and ``trackio``), 20-29 torch zips told apart by their pickle index
   (``query_free``, ``projection_sharing``), 30-39 JSON documents
   (``hf_trainer``, before JSON lines: a one-line trainer state is also a JSON
   line with a ``global_step``), 40-49 JSON lines, 50-59 CSV (``wandb_csv``,
@@ -41,6 +42,19 @@ and optionally:
 * ``INSIDE_CHECKPOINT = True``: its files are checkpoints first, which the
   checkpoint loader owns: ``detect_log`` never picks it, ``ingest`` offers a
   checkpoint file to it (``loaders.ingest``) and ``ingest_log(..., format=NAME)`` reads one.
+* ``sniff_dir(folder) -> Path | None``: for a format whose run is a folder
+  (a tracker's run, a Lightning version folder): the file that stands for
+  the folder when it is one run of this format, else None. That file is
+  what ``read`` is given (it reads the folder around it) and what the ingest
+  journal keys; ``registry.folder_unit`` asks every reader that has one, for
+  a folder given as the path and for a file whose folder it stands for
+  (a config-looking name such as MLflow's ``meta.yaml`` included).
+* ``FOLDER_UNIT = True`` (with ``sniff_dir``): the whole folder is the run's:
+  the folder walk takes that one file from it and nothing else, no sub-folder
+  either (``loaders.tracker_stores`` holds these layouts, light enough for
+  the walk), and a change to any file in it reads the run again whole. A
+  Lightning folder is not one: its ``hparams.yaml`` and ``checkpoints/`` are
+  walked as usual.
 
 ``discover()`` finds the modules by these attributes (as ``loaders.layouts``
 finds its converters); nothing else lists them. A new format is a new module

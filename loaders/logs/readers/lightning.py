@@ -1,7 +1,8 @@
 """PyTorch Lightning ``CSVLogger`` logs: ``version_N/metrics.csv`` beside
 ``hparams.yaml``, a wide CSV with sparse columns (``epoch`` kept as a
 metric). Read as ``csv_wide`` reads its files; a version folder given as the
-path is read through its ``metrics.csv`` (``metrics_csv``).
+path is read through its ``metrics.csv`` (``sniff_dir``). The folder's other
+files (``hparams.yaml``, ``checkpoints/``) are walked as usual.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ EXAMPLE = "lightning_logs/version_0/metrics.csv"
 ROWS_READ_BY_STORE = True
 
 
-def metrics_csv(folder: Path) -> Path | None:
+def sniff_dir(folder: Path) -> Path | None:
     """``version_N/metrics.csv`` for a Lightning version folder, else None."""
     csv = folder / "metrics.csv"
     if csv.is_file() and ((folder / "hparams.yaml").is_file() or VERSION_DIR.match(folder.name)):

@@ -31,6 +31,9 @@ def test_every_reader_module_declares_the_protocol():
         read = inspect.signature(mod.read).parameters
         assert list(read) == ["path", "start", "state", "complete"]
         assert [read[k].default for k in ("start", "state", "complete")] == [0, None, False]
+        if hasattr(mod, "sniff_dir"):          # a run that is a folder: the file standing for it
+            assert list(inspect.signature(mod.sniff_dir).parameters) == ["folder"]
+        assert not getattr(mod, "FOLDER_UNIT", False) or hasattr(mod, "sniff_dir")
     assert [m.PRIORITY for m in READERS.values()] == sorted(m.PRIORITY for m in READERS.values())
     assert CHECKPOINT_LOG_FORMATS == ("projection_sharing",)
 
@@ -122,7 +125,8 @@ def test_a_reader_module_dropped_in_the_package_is_found_in_priority_order(more_
         ("toy_first", ["train/loss"], 0, 2)
     assert points(store, run["id"], "train/loss") == [(0, 3.0), (1, 2.5), (2, 2.0)]
     assert registry.why_not_a_log(write(tmp_path / "notes.txt", "hello\n")).startswith(
-        "expected a training log (toy_first, tensorboard, query_free, hf_trainer,")
+        "expected a training log (toy_first, tensorboard, wandb_offline, mlflow_sqlite, trackio, mlflow_files, "
+        "query_free, hf_trainer,")
 
 
 def test_two_reader_modules_of_one_name_are_refused(more_readers):
