@@ -54,7 +54,7 @@ from experiments.activation_runs import SampleSpec, corpus_activations
 from experiments.runnable import NoForwardPass
 from loaders.canonical import Checkpoint
 from loaders.errors import QkvscopeError, StoreError
-from loaders.results import replace_results, stored_job
+from loaders.results import current_job, replace_results
 from loaders.store import Store
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
@@ -176,15 +176,12 @@ def _label(layer, head, metric: str) -> str:
     return f"L{layer}{tag}{int(head)}"
 
 
-def _cached(store: Store, checkpoint_id: int, kind: str) -> JobResult | None:
-    level = "weights" if kind == "weights" else "activations"
-    job = stored_job(store, checkpoint_id=checkpoint_id, kind=kind, metrics=names(level),
-                     metric_version=METRIC_VERSION)
+def _cached(store: Store, checkpoint_id: int, kind: str, sample: dict | None = None) -> JobResult | None:
+    """The stored job of ``kind`` when it is current (``loaders.results.current_job``, the one
+    staleness rule), as a ``JobResult`` with ``cached=True``; None when it has to run."""
+    job = current_job(store, checkpoint_id=checkpoint_id, kind=kind, metrics=names(_level(kind)),
+                      metric_version=METRIC_VERSION, sample=sample)
     if job is None:
-        return None
-    # A metric registered after these results were stored (a plugin, QKVSCOPE_PLUGINS) has neither
-    # rows nor a note in them: the stored job is stale and is computed again.
-    if set(names(level)) - set(job.rows["metric"]) - set(job.notes):
         return None
     frame = job.rows.copy()
     frame.insert(2, "head_label", [_label(l, h, m) for l, h, m in zip(frame["layer"], frame["head"],
@@ -194,11 +191,15 @@ def _cached(store: Store, checkpoint_id: int, kind: str) -> JobResult | None:
                      seconds=job.seconds, device=job.device, sample=job.sample, tied=job.tied)
 
 
+def _level(kind: str) -> str:
+    """The registry level of a job ``kind`` (``weights`` or ``activations``)."""
+    return "weights" if kind == "weights" else "activations"
+
+
 def _store_results(store: Store, results: list[JobResult]) -> None:
     with store.transaction() as con:
         for res in results:
-            level = "weights" if res.kind == "weights" else "activations"
-            replace_results(con, checkpoint_id=res.checkpoint_id, kind=res.kind, metrics=names(level),
+            replace_results(con, checkpoint_id=res.checkpoint_id, kind=res.kind, metrics=names(_level(res.kind)),
                             metric_version=METRIC_VERSION, notes=res.notes, seconds=res.seconds,
                             device=res.device, frame=res.frame, sample=res.sample, tied=res.tied)
 
@@ -242,9 +243,7 @@ def _analyze(store: Store, checkpoint_id: int, *, activations: bool, device: str
     results: dict[str, JobResult] = {}
     if not force:
         for kind in kinds:
-            hit = _cached(store, checkpoint_id, kind)
-            if hit is not None and kind == "activations" and not _same_sample(hit.sample, sample.key()):
-                hit = None
+            hit = _cached(store, checkpoint_id, kind, sample.key() if kind == "activations" else None)
             if hit is not None:
                 hit.path = info["path"]
                 results[kind] = hit
@@ -315,11 +314,6 @@ def _job_from_json(checkpoint_id: int, path: str, job: dict) -> JobResult:
     """A ``JobResult`` from ``_compute``'s JSON-able job (rows in ``RESULT_COLUMNS`` order)."""
     return JobResult(checkpoint_id, path, job["kind"], rows_frame(job["rows"]), job["notes"], cached=False,
                      seconds=job["seconds"], device=job["device"], sample=job["sample"], tied=job["tied"])
-
-
-def _same_sample(stored: dict | None, wanted: dict) -> bool:
-    """Whether a stored activation job ran on the sample ``wanted`` (``SampleSpec.key``)."""
-    return stored is not None and all(stored.get(k) == v for k, v in wanted.items())
 
 
 def resolve(store: Store, target: str, *, reader=None) -> int:
