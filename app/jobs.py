@@ -153,16 +153,6 @@ def tied_summary(layers: list[dict], layout_variant: str) -> dict:
             "layers": layers}
 
 
-def activation_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
-                     sample: SampleSpec | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
-    """``corpus_activations`` as ``(frame, notes)``, or an empty frame and the reason for each metric."""
-    try:
-        run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)
-    except NoForwardPass as exc:
-        return pd.DataFrame(columns=RESULT_COLUMNS), {m: str(exc) for m in names("activations")}
-    return run.frame, run.notes
-
-
 # -- the store side ----------------------------------------------------------------
 def checkpoint_row(store: Store, checkpoint_id: int) -> dict:
     """``id, path, architecture, variant`` of a stored checkpoint (``Store.checkpoint``)."""
@@ -278,16 +268,23 @@ def _analyze(store: Store, checkpoint_id: int, *, activations: bool, device: str
 
 
 def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
-             progress: Progress | None = None) -> list[dict]:
+             progress: Progress | None = None, layers: tuple[int, int] | None = None) -> list[dict]:
     """The metrics of ``kinds`` of an opened checkpoint, each as a JSON-able job
-    (``kind, rows, notes, seconds, device, sample, tied``): what ``analyze`` stores."""
+    (``kind, rows, notes, seconds, device, sample, tied``): what ``analyze`` stores, and
+    what every batch task computes (``app.batch.child``), so both store the same job rows.
+
+    ``layers`` ``(first, stop)``: the weight metrics of those layers only (a batch's layer
+    group), without the undefined-value notes, its ``tied`` summing up those layers only: the
+    batch driver joins the groups (``app.batch.register.finalise_groups``)."""
     out = []
     for kind in kinds:
         t0 = time.perf_counter()
         used = ties = None
         if kind == "weights":
             layer_ties: list[dict] = []
-            frame, notes = weight_frame(ckpt, device=device, progress=progress, ties=layer_ties)
+            frame, notes = weight_frame(ckpt, device=device, progress=progress, ties=layer_ties,
+                                        layers=None if layers is None else range(*layers),
+                                        nonfinite_notes=layers is None)
             ties = tied_summary(layer_ties, ckpt.meta.variant)
         else:
             try:
