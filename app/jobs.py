@@ -54,7 +54,7 @@ from experiments.activation_runs import SampleSpec, corpus_activations
 from experiments.runnable import NoForwardPass
 from loaders.canonical import Checkpoint
 from loaders.errors import QkvscopeError, StoreError
-from loaders.results import replace_results, stored_job
+from loaders.results import current_job, replace_results
 from loaders.store import Store
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
@@ -153,16 +153,6 @@ def tied_summary(layers: list[dict], layout_variant: str) -> dict:
             "layers": layers}
 
 
-def activation_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
-                     sample: SampleSpec | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
-    """``corpus_activations`` as ``(frame, notes)``, or an empty frame and the reason for each metric."""
-    try:
-        run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)
-    except NoForwardPass as exc:
-        return pd.DataFrame(columns=RESULT_COLUMNS), {m: str(exc) for m in names("activations")}
-    return run.frame, run.notes
-
-
 # -- the store side ----------------------------------------------------------------
 def checkpoint_row(store: Store, checkpoint_id: int) -> dict:
     """``id, path, architecture, variant`` of a stored checkpoint (``Store.checkpoint``)."""
@@ -176,15 +166,12 @@ def _label(layer, head, metric: str) -> str:
     return f"L{layer}{tag}{int(head)}"
 
 
-def _cached(store: Store, checkpoint_id: int, kind: str) -> JobResult | None:
-    level = "weights" if kind == "weights" else "activations"
-    job = stored_job(store, checkpoint_id=checkpoint_id, kind=kind, metrics=names(level),
-                     metric_version=METRIC_VERSION)
+def _cached(store: Store, checkpoint_id: int, kind: str, sample: dict | None = None) -> JobResult | None:
+    """The stored job of ``kind`` when it is current (``loaders.results.current_job``, the one
+    staleness rule), as a ``JobResult`` with ``cached=True``; None when it has to run."""
+    job = current_job(store, checkpoint_id=checkpoint_id, kind=kind, metrics=names(_level(kind)),
+                      metric_version=METRIC_VERSION, sample=sample)
     if job is None:
-        return None
-    # A metric registered after these results were stored (a plugin, QKVSCOPE_PLUGINS) has neither
-    # rows nor a note in them: the stored job is stale and is computed again.
-    if set(names(level)) - set(job.rows["metric"]) - set(job.notes):
         return None
     frame = job.rows.copy()
     frame.insert(2, "head_label", [_label(l, h, m) for l, h, m in zip(frame["layer"], frame["head"],
@@ -194,11 +181,15 @@ def _cached(store: Store, checkpoint_id: int, kind: str) -> JobResult | None:
                      seconds=job.seconds, device=job.device, sample=job.sample, tied=job.tied)
 
 
+def _level(kind: str) -> str:
+    """The registry level of a job ``kind`` (``weights`` or ``activations``)."""
+    return "weights" if kind == "weights" else "activations"
+
+
 def _store_results(store: Store, results: list[JobResult]) -> None:
     with store.transaction() as con:
         for res in results:
-            level = "weights" if res.kind == "weights" else "activations"
-            replace_results(con, checkpoint_id=res.checkpoint_id, kind=res.kind, metrics=names(level),
+            replace_results(con, checkpoint_id=res.checkpoint_id, kind=res.kind, metrics=names(_level(res.kind)),
                             metric_version=METRIC_VERSION, notes=res.notes, seconds=res.seconds,
                             device=res.device, frame=res.frame, sample=res.sample, tied=res.tied)
 
@@ -242,9 +233,7 @@ def _analyze(store: Store, checkpoint_id: int, *, activations: bool, device: str
     results: dict[str, JobResult] = {}
     if not force:
         for kind in kinds:
-            hit = _cached(store, checkpoint_id, kind)
-            if hit is not None and kind == "activations" and not _same_sample(hit.sample, sample.key()):
-                hit = None
+            hit = _cached(store, checkpoint_id, kind, sample.key() if kind == "activations" else None)
             if hit is not None:
                 hit.path = info["path"]
                 results[kind] = hit
@@ -279,16 +268,23 @@ def _analyze(store: Store, checkpoint_id: int, *, activations: bool, device: str
 
 
 def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
-             progress: Progress | None = None) -> list[dict]:
+             progress: Progress | None = None, layers: tuple[int, int] | None = None) -> list[dict]:
     """The metrics of ``kinds`` of an opened checkpoint, each as a JSON-able job
-    (``kind, rows, notes, seconds, device, sample, tied``): what ``analyze`` stores."""
+    (``kind, rows, notes, seconds, device, sample, tied``): what ``analyze`` stores, and
+    what every batch task computes (``app.batch.child``), so both store the same job rows.
+
+    ``layers`` ``(first, stop)``: the weight metrics of those layers only (a batch's layer
+    group), without the undefined-value notes, its ``tied`` summing up those layers only: the
+    batch driver joins the groups (``app.batch.register.finalise_groups``)."""
     out = []
     for kind in kinds:
         t0 = time.perf_counter()
         used = ties = None
         if kind == "weights":
             layer_ties: list[dict] = []
-            frame, notes = weight_frame(ckpt, device=device, progress=progress, ties=layer_ties)
+            frame, notes = weight_frame(ckpt, device=device, progress=progress, ties=layer_ties,
+                                        layers=None if layers is None else range(*layers),
+                                        nonfinite_notes=layers is None)
             ties = tied_summary(layer_ties, ckpt.meta.variant)
         else:
             try:
@@ -315,11 +311,6 @@ def _job_from_json(checkpoint_id: int, path: str, job: dict) -> JobResult:
     """A ``JobResult`` from ``_compute``'s JSON-able job (rows in ``RESULT_COLUMNS`` order)."""
     return JobResult(checkpoint_id, path, job["kind"], rows_frame(job["rows"]), job["notes"], cached=False,
                      seconds=job["seconds"], device=job["device"], sample=job["sample"], tied=job["tied"])
-
-
-def _same_sample(stored: dict | None, wanted: dict) -> bool:
-    """Whether a stored activation job ran on the sample ``wanted`` (``SampleSpec.key``)."""
-    return stored is not None and all(stored.get(k) == v for k, v in wanted.items())
 
 
 def resolve(store: Store, target: str, *, reader=None) -> int:

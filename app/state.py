@@ -17,10 +17,10 @@ import pandas as pd
 import streamlit as st
 
 from analysis.errors import AnalysisError
-from analysis.registry import METRIC_VERSION
+from analysis.registry import METRIC_VERSION, names
 from app.pickers import user_message
 from app.paths import DEMO_DIR, ROOT  # noqa: F401  (pages import them from here)
-from loaders import checkpoint_labels, curves, queries
+from loaders import checkpoint_labels, curves, queries, results
 from loaders.errors import QkvscopeError
 from loaders.store import Store, default_db_path
 
@@ -109,8 +109,8 @@ def metric_directions(db: str, version: tuple) -> dict[str, str]:
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def analysis_results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
-    """One checkpoint's stored metric values (``loaders.curves.analysis_results``)."""
-    return curves.analysis_results(store_at(db), checkpoint_id)
+    """One checkpoint's stored metric values at this metric version (``loaders.curves.analysis_results``)."""
+    return curves.analysis_results(store_at(db), checkpoint_id, METRIC_VERSION)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -118,14 +118,23 @@ def results_over_checkpoints(db: str, version: tuple, ids: tuple,
                              metrics: tuple | None = None) -> pd.DataFrame:
     """Several checkpoints' stored values with step and run, optionally only ``metrics``
     (``loaders.curves.results_over_checkpoints``)."""
-    return curves.results_over_checkpoints(store_at(db), ids, list(metrics) if metrics else None)
+    return curves.results_over_checkpoints(store_at(db), ids, METRIC_VERSION, list(metrics) if metrics else None)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
+@st.cache_data(show_spinner=False, max_entries=64)
+def current_notes(db: str, version: tuple, checkpoint_id: int, kinds: tuple) -> dict[str, str] | None:
+    """The notes ({metric: reason}) of the stored analysis jobs of ``kinds`` when every one is
+    current, else None (it has to run): ``loaders.results.current_notes``, the staleness rule
+    ``analyze`` applies too (stored at this metric version, every metric registered now present
+    or explained, so a plugin switched on makes a stored job stale on every page alike)."""
+    wanted = {kind: names("weights" if kind == "weights" else "activations") for kind in kinds}
+    return results.current_notes(store_at(db), checkpoint_id, wanted, METRIC_VERSION)
+
+
 def stored_notes(db: str, version: tuple, checkpoint_id: int) -> dict[str, str]:
-    """The notes ({metric: reason}) of whichever analysis jobs (weights, activations) are stored
-    for a checkpoint at the current metric version; {} when none is."""
+    """The notes ({metric: reason}) of whichever analysis jobs (weights, activations) are
+    current for a checkpoint (``current_notes``); {} when none is."""
     notes: dict[str, str] = {}
     for kind in ("weights", "activations"):
-        notes.update(curves.stored_job_notes(store_at(db), checkpoint_id, [kind], METRIC_VERSION) or {})
+        notes.update(current_notes(db, version, checkpoint_id, (kind,)) or {})
     return notes

@@ -89,9 +89,10 @@ def copy_to_parquet(con: duckdb.DuckDBPyConnection, frame: pd.DataFrame, target:
 
 def read_group_job(con: duckdb.DuckDBPyConnection, url: str) -> list[tuple]:
     """A layer group's job file: ``(checkpoint_sha256, metric_version, first_layer, last_layer,
-    notes, seconds, device, host)`` per row."""
+    notes, seconds, device, host, tied)`` per row (``tied`` NULL in a file written without it)."""
     return con.execute("SELECT checkpoint_sha256, metric_version, first_layer, last_layer, notes, seconds, "
-                       "device, host FROM read_parquet(?, hive_partitioning = false)", [url]).fetchall()
+                       "device, host, COLUMNS('^tied$') FROM read_parquet(?, hive_partitioning = false, "
+                       "union_by_name = true)", [url]).fetchall()
 
 
 def read_layer_rows(con: duckdb.DuckDBPyConnection, url: str) -> pd.DataFrame:

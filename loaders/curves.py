@@ -13,7 +13,6 @@ without token counts) are left out.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,8 +212,9 @@ def metric_names(store: Store, run_ids=None) -> list[str]:
 
 # -- analysis results ---------------------------------------------------------
 
-def analysis_results(store: Store, checkpoint_id: int) -> pd.DataFrame:
-    """Stored metric values of one checkpoint, latest metric version only.
+def analysis_results(store: Store, checkpoint_id: int, metric_version: int) -> pd.DataFrame:
+    """Stored metric values of one checkpoint at ``metric_version`` (the running code's, which
+    ``analyze`` stores and reads too: rows of another version are not shown as current).
 
     Returns ``layer, head, metric, value, metric_version, chance, n_tokens,
     ci_low, ci_high`` (head NULL: whole layer; layer NULL: whole model), sorted
@@ -226,19 +226,19 @@ def analysis_results(store: Store, checkpoint_id: int) -> pd.DataFrame:
     sql = """
     SELECT layer, head, metric, value, metric_version, chance, n_tokens, ci_low, ci_high FROM analysis_results
     WHERE checkpoint_id = $id
-      AND metric_version = (SELECT max(metric_version) FROM analysis_results WHERE checkpoint_id = $id)
+      AND metric_version = $v
     ORDER BY metric, layer NULLS FIRST, head NULLS FIRST
     """
     with store.connect() as con:
-        return con.execute(sql, {"id": int(checkpoint_id)}).df()
+        return con.execute(sql, {"id": int(checkpoint_id), "v": int(metric_version)}).df()
 
 
-def results_over_checkpoints(store: Store, checkpoint_ids, metrics=None) -> pd.DataFrame:
+def results_over_checkpoints(store: Store, checkpoint_ids, metric_version: int, metrics=None) -> pd.DataFrame:
     """Stored results of several checkpoints with their step and run.
 
     Returns ``checkpoint_id, run_id, step, layer, head, metric, value, chance,
-    n_tokens, ci_low, ci_high`` (as ``analysis_results``) for the latest metric
-    version of each checkpoint; ``metrics`` restricts the names.
+    n_tokens, ci_low, ci_high`` (as ``analysis_results``) at ``metric_version``;
+    ``metrics`` restricts the names.
     """
     ids = _ids(checkpoint_ids)
     if not ids:
@@ -246,16 +246,13 @@ def results_over_checkpoints(store: Store, checkpoint_ids, metrics=None) -> pd.D
                                      *RESULT_EXTRAS])
     metric_filter = "" if metrics is None else " AND a.metric IN (SELECT unnest($metrics))"
     sql = f"""
-    WITH v AS (SELECT checkpoint_id, max(metric_version) AS mv FROM analysis_results
-               WHERE checkpoint_id IN (SELECT unnest($ids)) GROUP BY checkpoint_id)
     SELECT a.checkpoint_id, c.run_id, c.step, a.layer, a.head, a.metric, a.value,
            a.chance, a.n_tokens, a.ci_low, a.ci_high
-    FROM analysis_results a JOIN v ON v.checkpoint_id = a.checkpoint_id AND v.mv = a.metric_version
-    JOIN checkpoints c ON c.id = a.checkpoint_id
-    WHERE true{metric_filter}
+    FROM analysis_results a JOIN checkpoints c ON c.id = a.checkpoint_id
+    WHERE a.checkpoint_id IN (SELECT unnest($ids)) AND a.metric_version = $v{metric_filter}
     ORDER BY c.step NULLS LAST, a.checkpoint_id, a.metric, a.layer, a.head
     """
-    params: dict = {"ids": ids}
+    params: dict = {"ids": ids, "v": int(metric_version)}
     if metrics is not None:
         params["metrics"] = list(metrics)
     with store.connect() as con:
@@ -452,24 +449,6 @@ def latest_run_checkpoints(store: Store) -> pd.DataFrame:
                        EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.checkpoint_id = l.checkpoint_id
                                AND j.kind = 'weights') AS analysed
                 FROM l ORDER BY l.run_id""").df()
-
-
-def stored_job_notes(store: Store, checkpoint_id: int, kinds, metric_version: int) -> dict[str, str] | None:
-    """The merged ``notes`` of stored analysis jobs of these ``kinds`` at ``metric_version``,
-    or None when any of them is not stored (the analysis still has to run)."""
-
-    kinds = list(kinds)
-    with store.connect() as con:
-        rows = con.execute(
-            "SELECT kind, notes FROM analysis_jobs WHERE checkpoint_id = $id AND metric_version = $v "
-            "AND kind IN (SELECT unnest($kinds))",
-            {"id": int(checkpoint_id), "v": int(metric_version), "kinds": kinds}).fetchall()
-    if {k for k, _ in rows} != set(kinds):
-        return None
-    notes: dict[str, str] = {}
-    for _, raw in sorted(rows):
-        notes.update(json.loads(raw) if raw else {})
-    return notes
 
 
 def metric_directions(store: Store) -> dict[str, str]:

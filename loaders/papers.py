@@ -70,34 +70,20 @@ def compared_checkpoints(store: Store, scope: str = "latest") -> pd.DataFrame:
     return frame[~frame["run_id"].isin(image)].reset_index(drop=True) if image else frame
 
 
-def stored_results(store: Store, checkpoint_ids, metrics=METRICS) -> pd.DataFrame:
-    """``_RESULT_COLUMNS`` of these checkpoints' stored ``metrics`` (latest metric version each)."""
+def stored_results(store: Store, checkpoint_ids, metric_version: int, metrics=METRICS) -> pd.DataFrame:
+    """``_RESULT_COLUMNS`` of these checkpoints' stored ``metrics`` at ``metric_version``."""
     ids = [int(i) for i in checkpoint_ids]
     if not ids:
         return pd.DataFrame(columns=_RESULT_COLUMNS)
     sql = """
-    WITH v AS (SELECT checkpoint_id, max(metric_version) AS mv FROM analysis_results
-               WHERE checkpoint_id IN (SELECT unnest($ids)) GROUP BY checkpoint_id)
     SELECT a.checkpoint_id, c.variant, a.layer, a.head, a.metric, a.value, a.chance, a.n_tokens,
            a.ci_low, a.ci_high
-    FROM analysis_results a JOIN v ON v.checkpoint_id = a.checkpoint_id AND v.mv = a.metric_version
-    JOIN checkpoints c ON c.id = a.checkpoint_id
-    WHERE a.metric IN (SELECT unnest($metrics))
+    FROM analysis_results a JOIN checkpoints c ON c.id = a.checkpoint_id
+    WHERE a.checkpoint_id IN (SELECT unnest($ids)) AND a.metric_version = $v
+      AND a.metric IN (SELECT unnest($metrics))
     ORDER BY a.checkpoint_id, a.metric, a.layer, a.head"""
     with store.connect() as con:
-        return con.execute(sql, {"ids": ids, "metrics": list(metrics)}).df()
-
-
-def unanalysed(store: Store, checkpoint_ids) -> list[int]:
-    """Those of ``checkpoint_ids`` without a stored weights analysis."""
-    ids = [int(i) for i in checkpoint_ids]
-    if not ids:
-        return []
-    with store.connect() as con:
-        done = {r[0] for r in con.execute(
-            "SELECT DISTINCT checkpoint_id FROM analysis_jobs WHERE kind = 'weights' "
-            "AND checkpoint_id IN (SELECT unnest($ids))", {"ids": ids}).fetchall()}
-    return [i for i in ids if i not in done]
+        return con.execute(sql, {"ids": ids, "v": int(metric_version), "metrics": list(metrics)}).df()
 
 
 def runs_with_finals(store: Store, loss_metric: str = "val/loss") -> pd.DataFrame:
@@ -130,11 +116,12 @@ def loss_metrics(store: Store) -> list[str]:
                                                                       if m not in ("val/loss", "train/loss")]
 
 
-def paper_inputs(store: Store, *, scope: str = "latest", loss_metric: str = "val/loss") -> dict:
+def paper_inputs(store: Store, *, metric_version: int, scope: str = "latest", loss_metric: str = "val/loss") -> dict:
     """Everything ``analysis.paper_claims.measure`` needs, read from ``store``: the keyword arguments
-    of ``analysis.paper_claims.Inputs`` (``checkpoints, results, runs, points, loss_metric``)."""
+    of ``analysis.paper_claims.Inputs`` (``checkpoints, results, runs, points, loss_metric``), the
+    results those stored at ``metric_version``."""
     checkpoints = compared_checkpoints(store, scope)
     runs = runs_with_finals(store, loss_metric)
     points = curves.StoredCurves(store, loss_metric, tuple(int(r) for r in runs["run_id"]))
-    return {"checkpoints": checkpoints, "results": stored_results(store, checkpoints["id"].tolist()),
+    return {"checkpoints": checkpoints, "results": stored_results(store, checkpoints["id"].tolist(), metric_version),
             "runs": runs, "points": points, "loss_metric": loss_metric}

@@ -100,21 +100,72 @@ def replace_results(con: duckdb.DuckDBPyConnection, *, checkpoint_id: int, kind:
     return int(n)
 
 
-def stored_job(store: Store, *, checkpoint_id: int, kind: str, metrics: list[str],
-               metric_version: int) -> StoredJob | None:
-    """The stored job of ``kind`` at ``metric_version`` with its rows of ``metrics``, or None."""
+def _missing(metrics, with_rows, notes: dict) -> set[str]:
+    """The metrics of ``metrics`` a stored job has neither rows nor a note for."""
+    return set(metrics) - set(with_rows) - set(notes)
+
+
+def _same_sample(stored: dict | None, wanted: dict) -> bool:
+    """Whether a stored activation job ran on the sample ``wanted`` (its ``SampleSpec.key``)."""
+    return stored is not None and all(stored.get(k) == v for k, v in wanted.items())
+
+
+def current_job(store: Store, *, checkpoint_id: int, kind: str, metrics: list[str], metric_version: int,
+                sample: dict | None = None, rows: bool = True) -> StoredJob | None:
+    """The stored job of ``kind`` if it is current, else None (the analysis has to run).
+
+    The one staleness rule every caller (``analyze`` on the command line, the
+    Inspector, Compare, the batch) applies. A stored job is current when
+
+    * it was stored at ``metric_version`` (the running code's), and
+    * every metric of ``metrics`` (the metrics of its level registered now) has
+      rows or a note saying why it is absent: a metric registered after the job
+      was stored (a plugin switched on) makes it stale, and
+    * for ``sample`` given (an activation job's ``SampleSpec.key``), it ran on
+      that sample; ``sample`` None takes whichever sample it ran on.
+
+    ``rows`` False reads only which metrics have rows (the notes and the job row
+    are read either way): the returned job's ``rows`` are then empty.
+    """
     with store.connect() as con:
         job = con.execute(
             "SELECT notes, seconds, device, sample, tied FROM analysis_jobs WHERE checkpoint_id = ? AND kind = ? "
             "AND metric_version = ?", [checkpoint_id, kind, metric_version]).fetchone()
         if job is None:
             return None
-        rows = con.execute(
-            f"SELECT {', '.join(RESULT_FIELDS)} FROM analysis_results WHERE checkpoint_id = ? "
-            "AND metric_version = ? AND list_contains(?, metric) ORDER BY layer, metric, head NULLS FIRST",
-            [checkpoint_id, metric_version, list(metrics)]).df()
-    return StoredJob(_as_rows(rows), json.loads(job[0]) if job[0] else {}, float(job[1] or 0.0), job[2],
-                     json.loads(job[3]) if job[3] else None, json.loads(job[4]) if job[4] else None)
+        notes = json.loads(job[0]) if job[0] else {}
+        job_sample = json.loads(job[3]) if job[3] else None
+        if sample is not None and not _same_sample(job_sample, sample):
+            return None
+        if rows:
+            frame = con.execute(
+                f"SELECT {', '.join(RESULT_FIELDS)} FROM analysis_results WHERE checkpoint_id = ? "
+                "AND metric_version = ? AND list_contains(?, metric) ORDER BY layer, metric, head NULLS FIRST",
+                [checkpoint_id, metric_version, list(metrics)]).df()
+            with_rows = set(frame["metric"])
+        else:
+            frame = pd.DataFrame(columns=list(RESULT_FIELDS))
+            with_rows = {r[0] for r in con.execute(
+                "SELECT DISTINCT metric FROM analysis_results WHERE checkpoint_id = ? AND metric_version = ? "
+                "AND list_contains(?, metric)", [checkpoint_id, metric_version, list(metrics)]).fetchall()}
+    if _missing(metrics, with_rows, notes):
+        return None
+    return StoredJob(_as_rows(frame), notes, float(job[1] or 0.0), job[2], job_sample,
+                     json.loads(job[4]) if job[4] else None)
+
+
+def current_notes(store: Store, checkpoint_id: int, wanted: dict[str, list[str]],
+                  metric_version: int) -> dict[str, str] | None:
+    """The merged notes of the current jobs (``current_job``) of every kind in ``wanted``
+    (``{kind: its metrics}``), or None when any of them is not current."""
+    notes: dict[str, str] = {}
+    for kind in sorted(wanted):
+        job = current_job(store, checkpoint_id=checkpoint_id, kind=kind, metrics=wanted[kind],
+                          metric_version=metric_version, rows=False)
+        if job is None:
+            return None
+        notes.update(job.notes)
+    return notes
 
 
 def stored_ties(store: Store, checkpoint_id: int, metric_version: int) -> list[dict] | None:

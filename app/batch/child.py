@@ -16,26 +16,27 @@ missing value; ``analysis.result_rows``); ``frame_of`` makes the frame the task 
 """
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 
 from analysis.result_rows import json_rows, rows_frame
 
 
 def compute(path: str, *, kinds: list[str], device: str | None, layers: list[int] | None = None) -> dict:
-    """Run in the child: the metrics of ``kinds`` of the checkpoint at ``path``.
+    """Run in the child: the metrics of ``kinds`` of the checkpoint at ``path``, computed by
+    ``app.jobs._compute``, the one function a single ``analyze`` computes with (so a batch
+    stores the same job rows: notes, sample, ties).
 
     ``layers`` ``[first, stop)``: the weight metrics of those layers only (a layer group,
     without the undefined-value notes: the driver adds those once over every group).
-    Returns ``{"n_layers", "device", "jobs": [{"kind", "rows", "notes", "seconds"}]}``;
-    ``jobs`` is empty when ``layers`` is not inside the file's ``n_layers`` (the caller
-    says so). ``device`` None: cuda when available, else cpu (resolved here, where the
-    task runs).
+    Returns ``{"n_layers", "device", "jobs": [{"kind", "rows", "notes", "seconds", "sample",
+    "tied"}]}``; ``jobs`` is empty when ``layers`` is not inside the file's ``n_layers``
+    (the caller says so). ``device`` None: cuda when available, else cpu (resolved here,
+    where the task runs).
     """
     # here: runs in the reading child; torch loads there, not in the task's parent
     from analysis.weights import default_device
-    from app.jobs import activation_frame, weight_frame
+    from app.jobs import _compute
+    from experiments.activation_runs import SampleSpec
     from loaders.checkpoints import open_checkpoint
 
     dev = device or default_device()
@@ -44,15 +45,8 @@ def compute(path: str, *, kinds: list[str], device: str | None, layers: list[int
         out["n_layers"] = n_layers = ckpt.meta.n_layers
         if layers is not None and not 0 <= layers[0] < layers[1] <= n_layers:
             return out
-        for kind in kinds:
-            t0 = time.perf_counter()
-            if layers is not None:
-                frame, notes = weight_frame(ckpt, device=dev, layers=range(*layers), nonfinite_notes=False)
-            else:
-                fn = weight_frame if kind == "weights" else activation_frame
-                frame, notes = fn(ckpt, device=dev)
-            out["jobs"].append({"kind": kind, "rows": json_rows(frame), "notes": notes,
-                                "seconds": time.perf_counter() - t0})
+        out["jobs"] = _compute(ckpt, list(kinds), dev, SampleSpec(),
+                               layers=None if layers is None else (layers[0], layers[1]))
     return out
 
 

@@ -42,11 +42,12 @@ def finalise_groups(con: duckdb.DuckDBPyConnection, loc: ResultsLocation, *, che
     ``job.parquet``, its completion marker, listing the group parts in layer order.
     The driver calls it only once every group succeeded."""
     from analysis.notes import merge_notes, nonfinite_notes
-    from app.jobs import _label   # here: app.jobs imports torch, app.batch stays torch-free
+    from app.jobs import _label, tied_summary   # here: app.jobs imports torch, app.batch stays torch-free
 
     version = loc.metric_version
     notes: dict[str, str] = {}
     seconds, devices, hosts, frames = 0.0, [], [], []
+    layer_ties, layout_variant, all_tied = [], None, True
     for g in groups:
         url = loc.job(sha256, kind, g)
         try:
@@ -58,8 +59,15 @@ def finalise_groups(con: duckdb.DuckDBPyConnection, loc: ResultsLocation, *, che
         if len(rows) != 1 or tuple(rows[0][:4]) != want:
             raise BatchError(f"{url}: expected one row for checkpoint sha256 {sha256}, metric version "
                              f"{version}, layers {g[0]} to {g[1] - 1}, found {[tuple(r[:4]) for r in rows]}")
-        _, _, _, _, group_notes, group_seconds, device, host = rows[0]
+        _, _, _, _, group_notes, group_seconds, device, host, *tied = rows[0]
         merge_notes(notes, json.loads(group_notes) if group_notes else {})
+        # each group's ties sum up its layers; the checkpoint's, over all of them, as one job would
+        group_tied = json.loads(tied[0]) if tied and tied[0] else None
+        if group_tied is None:
+            all_tied = False
+        else:
+            layer_ties += group_tied["layers"]
+            layout_variant = group_tied["layout_variant"]
         seconds += float(group_seconds or 0.0)
         devices += [device] if device not in devices else []
         hosts += [host] if host not in hosts else []
@@ -77,7 +85,8 @@ def finalise_groups(con: duckdb.DuckDBPyConnection, loc: ResultsLocation, *, che
     job = pd.DataFrame([{
         "checkpoint_sha256": sha256, "path": path, "kind": kind, "metric_version": version,
         "notes": json.dumps(notes, sort_keys=True), "seconds": seconds, "device": ",".join(devices),
-        "host": ",".join(hosts), "parts": json.dumps(parts)}])
+        "host": ",".join(hosts), "parts": json.dumps(parts), "sample": None,
+        "tied": json.dumps(tied_summary(layer_ties, layout_variant), sort_keys=True) if all_tied else None}])
     loc.write(con, job, loc.job(sha256, kind))
 
 
@@ -119,13 +128,16 @@ def register(store: Store, checkpoint_id: int, sha256: str, kind: str,
                              f"{version}, found {found}")
         first = got.iloc[0]
         notes, device = first["notes"], first["device"]
+        # what a single analyze stores beside its rows (absent from job files written without them)
+        sample, tied = (json.loads(first[c]) if c in got.columns and isinstance(first[c], str) else None
+                        for c in ("sample", "tied"))
         seconds = None if pd.isna(first["seconds"]) else float(first["seconds"])
         parts = _job_parts(loc, sha256, kind, first["parts"] if "parts" in got.columns else None)
         where = parts[0] if len(parts) == 1 else f"{loc.folder(sha256, kind)} ({len(parts)} parts)"
         try:
             n = replace_results(con, checkpoint_id=checkpoint_id, kind=kind, metrics=names(kind),
                                 metric_version=version, notes=notes, seconds=seconds, device=device,
-                                parquet=parts, sha256=sha256)
+                                parquet=parts, sha256=sha256, sample=sample, tied=tied)
             total = sql.count_rows(con, parts)
         except duckdb.Error as exc:
             raise BatchError(f"{where}: cannot read the results of checkpoint {checkpoint_id} ({exc})") from exc

@@ -9,7 +9,11 @@ metrics (and, when asked, the activation metrics) and writes, per kind::
     part.parquet   checkpoint_sha256, path, layer, head, metric, value, chance, n_tokens,
                    ci_low, ci_high                                        (one row per value)
     job.parquet    checkpoint_sha256, path, kind, metric_version, notes (JSON), seconds,
-                   device, host                                           (written last)
+                   device, host, sample (JSON), tied (JSON)               (written last)
+
+``sample`` and ``tied`` are what a single ``analyze`` stores beside its rows (the
+activation sample; the ties read from the tensors): the task computes with the same
+function (``app.jobs._compute``), so batch and single runs store the same job rows.
 
 ``job.parquet`` is the completion marker. A layer group writes
 ``part-L<first>-<last>.parquet`` and ``job-L<first>-<last>.parquet`` (with
@@ -49,6 +53,11 @@ def _result_frame(frame: pd.DataFrame, spec: TaskSpec) -> pd.DataFrame:
            .astype("Int64" if c == "n_tokens" else "float64").to_numpy()
            for c in ("chance", "n_tokens", "ci_low", "ci_high")},
     })
+
+
+def _json_or_none(value) -> str | None:
+    """``value`` as the JSON text a job file column holds (None stays NULL)."""
+    return None if value is None else json.dumps(value, sort_keys=True)
 
 
 def run_task(spec: TaskSpec, log) -> TaskOutcome:
@@ -95,7 +104,8 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
                 loc.write(con, _result_frame(frame_of(job), spec), loc.part(spec.sha256, kind, spec.layers))
                 marker = {"checkpoint_sha256": spec.sha256, "path": spec.path, "kind": kind,
                           "metric_version": loc.metric_version, "notes": json.dumps(job["notes"], sort_keys=True),
-                          "seconds": job["seconds"], "device": got["device"], "host": host}
+                          "seconds": job["seconds"], "device": got["device"], "host": host,
+                          "sample": _json_or_none(job.get("sample")), "tied": _json_or_none(job.get("tied"))}
                 if spec.layers is not None:
                     marker |= {"first_layer": spec.layers[0], "last_layer": spec.layers[1] - 1}
                 # last: the completion marker (of the checkpoint, or of this group)

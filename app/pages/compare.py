@@ -29,7 +29,7 @@ from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics
 from app import charts, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
-                       store_at, stored_notes, checkpoint_choices, checkpoints_frame,
+                       store_at, stored_notes, current_notes, checkpoint_choices, checkpoints_frame,
                        analysis_results as _results)
 from analysis.results_table import DEFAULT_TASK
 from loaders import curves
@@ -81,9 +81,8 @@ def side_label(label: str, task) -> str:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _analysed(db: str, version: tuple, ids: tuple) -> set[int]:
-    """The checkpoints among ``ids`` whose weight analysis is stored at the current metric version."""
-    store = store_at(db)
-    return {cid for cid in ids if curves.stored_job_notes(store, cid, ["weights"], METRIC_VERSION) is not None}
+    """The checkpoints among ``ids`` whose weight analysis is current (``app.state.current_notes``)."""
+    return {cid for cid in ids if current_notes(db, version, cid, ("weights",)) is not None}
 
 
 def _ensure_analysed(store, ids: list[int], label: str, kind: str) -> list[str]:

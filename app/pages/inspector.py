@@ -47,7 +47,7 @@ from analysis.tie_names import layer_variant, tied_variant
 from app import attention_view, charts, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
 from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
-                       checkpoints_frame as _checkpoints, analysis_results as _results)
+                       checkpoints_frame as _checkpoints, analysis_results as _results, current_notes)
 from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
 from loaders import curves
 from loaders.errors import FileError, QkvscopeError
@@ -338,15 +338,11 @@ def _tied_check(slot, row: pd.Series, store, ckpt_id: int) -> None:
         slot.warning(message, icon=":material/link:")
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def _stored_notes(db: str, version: tuple, checkpoint_id: int, kinds: tuple) -> dict[str, str] | None:
-    return curves.stored_job_notes(store_at(db), checkpoint_id, kinds, METRIC_VERSION)
-
-
 def _analyse(store, ckpt_id: int, activations: bool) -> dict[str, str]:
-    """Notes of the stored analysis; runs it first (progress bar) when it is not stored yet."""
+    """Notes of the stored analysis; runs it first (progress bar) when it is not stored yet or is
+    stale (``app.state.current_notes``: the rule ``analyze`` applies)."""
     kinds = ("weights", "activations") if activations else ("weights",)
-    notes = _stored_notes(str(store.path), data_version(store), ckpt_id, kinds)
+    notes = current_notes(str(store.path), data_version(store), ckpt_id, kinds)
     if notes is not None:
         return notes
     # here, once an analysis has to run: app.jobs imports torch (1.2 s), which a stored

@@ -11,8 +11,9 @@ import pandas as pd
 import streamlit as st
 
 from analysis.paper_claims import PAPER_A, PAPER_B, PAPERS, Inputs, measure
+from analysis.registry import METRIC_VERSION
 from app.attempts import analyse_each, show_batch
-from app.state import data_version, get_store, query_param, set_query_params, store_at
+from app.state import current_notes, data_version, get_store, query_param, set_query_params, store_at
 from loaders import papers
 
 TITLE = "Papers"
@@ -28,7 +29,8 @@ _SCOPE_LABELS = {"latest": "each run's latest checkpoint", "all": "every stored 
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _table(db: str, version: tuple, scope: str, loss: str) -> pd.DataFrame:
-    return measure(Inputs(**papers.paper_inputs(store_at(db), scope=scope, loss_metric=loss)))
+    return measure(Inputs(**papers.paper_inputs(store_at(db), metric_version=METRIC_VERSION, scope=scope,
+                                             loss_metric=loss)))
 
 
 def _choice(name: str, options, default: str) -> str:
@@ -38,7 +40,10 @@ def _choice(name: str, options, default: str) -> str:
 
 def _analyse_button(store, scope: str) -> None:
     ids = papers.compared_checkpoints(store, scope)["id"].tolist()
-    todo = papers.unanalysed(store, ids)
+    version = data_version(store)
+    # the staleness rule analyze applies (app.state.current_notes): a job of another metric
+    # version, or without a metric registered since, counts as not analysed
+    todo = [c for c in ids if current_notes(str(store.path), version, int(c), ("weights",)) is None]
     show_batch("papers_analysed")
     if not todo:
         return

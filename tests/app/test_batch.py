@@ -112,9 +112,15 @@ def test_same_values_as_the_single_checkpoint_job(tmp_path, ckpts):
     q = "SELECT layer, head, metric, value FROM analysis_results ORDER BY metric, layer, head NULLS FIRST"
     with single.connect() as c1, store.connect() as c2:
         assert c1.execute(q).fetchall() == c2.execute(q).fetchall()
-        assert (c1.execute("SELECT notes FROM analysis_jobs").fetchall()
-                == c2.execute("SELECT notes FROM analysis_jobs").fetchall())
+        # the same job rows too: notes, device and the ties read from the tensors (a later
+        # `analyze ID` finds the batch's job current and computes nothing)
+        jq = "SELECT kind, metric_version, device, notes, sample, tied FROM analysis_jobs ORDER BY kind"
+        single_jobs, batch_jobs = c1.execute(jq).fetchall(), c2.execute(jq).fetchall()
+        assert single_jobs == batch_jobs
+        assert json.loads(batch_jobs[0][5])["variant"] == "qkv"
     assert rep.checkpoints[0].rows == len(res.frame)
+    (again,) = jobs.analyze(store, rep.checkpoints[0].id, device="cpu")
+    assert again.cached and again.tied == res.tied
 
 
 def test_rerun_skips_existing_results_and_force_recomputes(tmp_path, ckpts):
@@ -344,7 +350,7 @@ class Flaky:
 
 RESULT_ROWS = ("SELECT c.sha256, r.layer, r.head, r.metric, r.value FROM analysis_results r "
                "JOIN checkpoints c ON c.id = r.checkpoint_id ORDER BY 1, 4, 2, 3 NULLS FIRST")
-JOB_ROWS = ("SELECT c.sha256, j.kind, j.metric_version, j.device, j.notes FROM analysis_jobs j "
+JOB_ROWS = ("SELECT c.sha256, j.kind, j.metric_version, j.device, j.notes, j.sample, j.tied FROM analysis_jobs j "
             "JOIN checkpoints c ON c.id = j.checkpoint_id ORDER BY 1, 2")
 
 

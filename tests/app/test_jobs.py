@@ -441,8 +441,12 @@ def test_a_metric_registered_after_storing_makes_the_stored_job_stale(store):
                     chance_help="none: a test metric"),
              lambda layer, meta, device: layer.W_K.sum())
     try:
+        # the pages apply the same rule: the Inspector and Compare see the stored job as stale too
+        from app.state import current_notes
+        assert current_notes.__wrapped__(str(store.path), (), 1, ("weights",)) is None
         (second,) = jobs.analyze(store, 1, device="cpu", opener=op)
         assert not second.cached and op.calls == 2
+        assert current_notes.__wrapped__(str(store.path), (), 1, ("weights",)) is not None
         rows = second.frame[second.frame["metric"] == "late_plugin"]
         assert len(rows) == L
         expect = [float(make_layer(i).W_K.double().sum()) for i in range(L)]

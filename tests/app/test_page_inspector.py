@@ -74,9 +74,10 @@ def test_analyses_once_and_metric_picker_changes_the_heatmap(ckpt_db):
     assert other["x"] == ["H0", "H1", "H2", "H3"]
     assert arr(other["z"]) != arr(heat["z"])
     # the scale diverges from the stored chance level (analysis.chance), which the colour bar names
+    from analysis.registry import METRIC_VERSION
     from loaders.curves import analysis_results
 
-    stored = analysis_results(Store(ckpt_db), 1)
+    stored = analysis_results(Store(ckpt_db), 1, METRIC_VERSION)
     stored = stored[(stored["metric"] == "qk_symmetry") & stored["head"].notna()]
     chance = float(stored["chance"].median())
     assert 0.4 < chance < 0.6 and other["zmid"] == pytest.approx(chance)
@@ -227,12 +228,15 @@ def chance_db(tmp_path, monkeypatch, model_dir):
         [{"layer": l, "head": h, "metric": m, "value": v, "chance": c, "n_tokens": 40, "ci_low": v - 0.05,
           "ci_high": v + 0.05} for l, h in heads
          for m, v, c in (("kv_share_r2_act", 0.9, 0.3), ("kv_cka_act", 0.5 + 0.01 * h, 0.2))])
+    # every other metric is absent with a note, so the stored jobs are current (app.state.current_notes)
+    absent = {m: "not in this fixture" for m in names("weights") + names("activations")
+              if m not in set(weights["metric"]) | set(acts["metric"])}
     with store.transaction() as con:
         replace_results(con, checkpoint_id=1, kind="weights", metrics=names("weights"),
-                        metric_version=METRIC_VERSION, notes={"wq_absorb_error": "model uses layernorm"},
+                        metric_version=METRIC_VERSION, notes={**absent, "wq_absorb_error": "model uses layernorm"},
                         seconds=0.1, device="cpu", frame=weights)
         replace_results(con, checkpoint_id=1, kind="activations", metrics=names("activations"),
-                        metric_version=METRIC_VERSION, notes={"kv_share_r2_act": FEW}, seconds=0.1,
+                        metric_version=METRIC_VERSION, notes={**absent, "kv_share_r2_act": FEW}, seconds=0.1,
                         device="cpu", frame=acts)
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     return db

@@ -6,8 +6,15 @@ import math
 import pandas as pd
 import pytest
 
+import json
+
+from analysis.registry import METRIC_VERSION, names
 from loaders.store import Store, refresh_run_stats
 from tests.app.apptest import page_test
+
+#: The notes of a stored weights job of this fixture, which holds kv_cosine_flat rows at most:
+#: every weight metric has rows or a note, so the job is current (app.state.current_notes).
+NOTES = json.dumps({m: "not in this fixture" for m in names("weights")})
 
 #: (run id, variant, n_kv_heads, weight decay, final val loss)
 RUNS = [(1, "qkv", 4, 0.1, 1.30), (2, "qkv", 4, 0.1, 1.32), (3, "k_eq_v", 4, 0.1, 1.36), (4, "q_eq_k", 4, 0.1, 1.40)]
@@ -30,13 +37,14 @@ def papers_db(tmp_path, monkeypatch):
                         "n_kv_heads, d_model, d_head, attn_scale, run_id, step) "
                         "VALUES (?, 'gone', ?, 'qkvscope', ?, 1, 4, ?, 64, 16, 0.25, ?, 100)",
                         [rid, f"s{rid}", variant, nkv, rid])
-            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 3)",
-                        [rid])
+            # a current job: every other weight metric is explained by a note (app.state.current_notes)
+            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, notes) VALUES "
+                        "(?, 'weights', ?, ?)", [rid, METRIC_VERSION, NOTES])
         # checkpoint 1 has chance levels, checkpoint 2 predates them (NULL)
         for cid, chance in ((1, 0.0), (2, None)):
             for head, value in ((0, 0.05), (1, -0.01)):
                 con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version, "
-                            "chance) VALUES (?, 0, ?, 'kv_cosine_flat', ?, 3, ?)", [cid, head, value, chance])
+                            "chance) VALUES (?, 0, ?, 'kv_cosine_flat', ?, ?, ?)", [cid, head, value, METRIC_VERSION, chance])
         con.register("p", points)
         con.execute("INSERT INTO points_lean (run_id, step, metric, value) SELECT * FROM p")
         refresh_run_stats(con, [r[0] for r in RUNS])

@@ -161,12 +161,13 @@ def test_analysis_results_latest_version_and_head_difference(tmp_path):
                 (2, 0, 0, "kv_cka", 0.5, 1), (2, 0, 1, "kv_cka", 0.1, 1), (2, 0, None, "qk_symmetry", 0.6, 1)]
         con.executemany("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, "
                         "metric_version) VALUES (?, ?, ?, ?, ?, ?)", rows)
-    a = curves.analysis_results(store, 1)
+    a = curves.analysis_results(store, 1, 1)
     assert a["value"].tolist() == [0.2, 0.4]  # version 0 row ignored
-    b = curves.analysis_results(store, 2)
+    assert curves.analysis_results(store, 1, 0)["value"].tolist() == [0.9]
+    b = curves.analysis_results(store, 2, 1)
     d = curves.head_difference(a, b)
     assert d["diff"].round(6).tolist() == [0.3, -0.3]
-    over = curves.results_over_checkpoints(store, [2, 1], ["kv_cka"])
+    over = curves.results_over_checkpoints(store, [2, 1], 1, ["kv_cka"])
     assert over["step"].tolist() == [100, 100, 200, 200]
     # rows stored before chance levels existed: the columns are there, empty
     assert list(over.columns)[7:] == ["chance", "n_tokens", "ci_low", "ci_high"]
@@ -199,7 +200,7 @@ def _results_db(tmp_path) -> Store:
 
 def test_results_readers_carry_chance_tokens_and_interval(tmp_path):
     store = _results_db(tmp_path)
-    one = curves.analysis_results(store, 1)
+    one = curves.analysis_results(store, 1, 3)
     assert list(one.columns) == ["layer", "head", "metric", "value", "metric_version",
                                  "chance", "n_tokens", "ci_low", "ci_high"]
     act = one[one["metric"] == "kv_cka_act"].iloc[0]
@@ -207,13 +208,13 @@ def test_results_readers_carry_chance_tokens_and_interval(tmp_path):
     w = one[one["metric"] == "kv_share_r2"]
     assert w["chance"].tolist() == [0.25, 0.25]
     assert w["n_tokens"].isna().all() and w["ci_low"].isna().all()  # weight metrics are not sampled
-    over = curves.results_over_checkpoints(store, [1, 2])
+    over = curves.results_over_checkpoints(store, [1, 2], 3)
     assert list(over.columns) == ["checkpoint_id", "run_id", "step", "layer", "head", "metric", "value",
                                   "chance", "n_tokens", "ci_low", "ci_high"]
     assert over[over["metric"] == "kv_cka_act"]["n_tokens"].tolist() == [4096, 4096]
-    empty = curves.results_over_checkpoints(store, [])
+    empty = curves.results_over_checkpoints(store, [], 3)
     assert list(empty.columns) == list(over.columns)
-    d = curves.head_difference(one, curves.analysis_results(store, 2))
+    d = curves.head_difference(one, curves.analysis_results(store, 2, 3))
     r2 = d[d["metric"] == "kv_share_r2"]
     assert r2["diff"].round(6).tolist() == [0.3, 0.0] and r2["chance_b"].tolist() == [0.25, 0.25]
     act = d[d["metric"] == "kv_cka_act"].iloc[0]
@@ -290,17 +291,6 @@ def test_run_checkpoints_and_latest_with_analysed_flag(tmp_path):
     assert rc["checkpoint_id"].tolist() == [1, 3, 2] and rc["run"].tolist() == ["run1"] * 3
     latest = curves.latest_run_checkpoints(store)
     assert latest.to_dict("records") == [{"run_id": 1, "checkpoint_id": 2, "step": 300, "analysed": True}]
-
-
-def test_stored_job_notes_need_every_kind(tmp_path):
-    store = Store(tmp_path / "j.duckdb")
-    store.migrate()
-    with store.transaction() as con:
-        con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, notes) "
-                    "VALUES (1, 'weights', 1, '{\"wq_absorb_error\": \"model uses layernorm\"}')")
-    assert curves.stored_job_notes(store, 1, ["weights"], 1) == {"wq_absorb_error": "model uses layernorm"}
-    assert curves.stored_job_notes(store, 1, ["weights", "activations"], 1) is None
-    assert curves.stored_job_notes(store, 1, ["weights"], 2) is None
 
 
 def test_metric_directions_are_stored_and_change_best(tmp_path):
