@@ -23,13 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import duckdb
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loaders.logs import ingest_log  # noqa: E402
 from loaders.store import Store  # noqa: E402
+from loaders import duck  # noqa: E402
 
 METRICS = ["train_loss", "val_loss", "lr", "grad_norm"]
 
@@ -58,7 +58,7 @@ def write_wide(path: Path, n: int) -> None:
 def time_read_csv(csv: Path, work: Path, k: int) -> float:
     db = work / f"plain{k}.duckdb"
     t0 = time.perf_counter()
-    con = duckdb.connect(str(db))
+    con = duck.connect(str(db))
     con.execute("CREATE TABLE t AS SELECT * FROM read_csv(?)", [str(csv)])
     con.close()
     return time.perf_counter() - t0
@@ -68,7 +68,7 @@ def time_read_csv_unpivot(csv: Path, work: Path, k: int) -> float:
     db = work / f"long{k}.duckdb"
     cols = ", ".join(METRICS)
     t0 = time.perf_counter()
-    con = duckdb.connect(str(db))
+    con = duck.connect(str(db))
     con.execute(f"CREATE TABLE t AS SELECT step, metric, value FROM read_csv(?) "
                 f"UNPIVOT (value FOR metric IN ({cols}))", [str(csv)])
     con.close()

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
+
+from loaders import duck
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Catalogue:
 
 def read_catalogue(path: str | Path) -> Catalogue:
     """The catalogue of the database file at ``path`` (opened read-only)."""
-    con = duckdb.connect(str(path), read_only=True)
+    con = duck.connect(str(path), read_only=True)
     try:
         tables = [r[0] for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE NOT internal ORDER BY table_name").fetchall()]

@@ -52,7 +52,9 @@ def main() -> int:
     import duckdb
     import pyarrow as pa
 
+    # a standalone script (run with -I, no project on the path): loaders.duck.NO_NETWORK spelt out
     config = {"enable_external_access": False, "threads": 1,
+              "autoinstall_known_extensions": False, "autoload_known_extensions": False,
               "memory_limit": f"{int(req['memory_mb'])}MiB", "temp_directory": req.get("temp_dir") or ""}
     if req.get("temp_dir"):
         config["max_temp_directory_size"] = f"{int(req['spill_mb'])}MiB"

@@ -25,6 +25,7 @@ from typing import Iterator
 import duckdb
 
 from loaders.errors import DatabaseBusyError, StoreError
+from loaders import duck
 
 #: Environment variable that overrides the default database file.
 DB_ENV = "QKVSCOPE_DB"
@@ -307,6 +308,25 @@ def _is_lock_error(exc: Exception) -> bool:
     return "lock" in msg or "could not set lock" in msg or "conflicting" in msg
 
 
+#: The first bytes of an SQLite database (its header string).
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_database_file(path: Path) -> None:
+    """A ``StoreError`` for a path that exists and cannot be a DuckDB database: not a regular
+    file (a FIFO would block the open forever, a folder gives a raw error) or an SQLite file
+    (DuckDB would reach for its sqlite extension)."""
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise StoreError(f"{path}: not a regular file; give --db a DuckDB file, or a new path to create one")
+    with open(path, "rb") as f:
+        head = f.read(len(_SQLITE_MAGIC))
+    if head == _SQLITE_MAGIC:
+        raise StoreError(f"{path}: not a DuckDB database (an SQLite file); give --db a DuckDB file, "
+                         "or a new path to create one")
+
+
 class Store:
     """A qkvscope database file. Cheap to create; connections are short-lived.
 
@@ -327,13 +347,14 @@ class Store:
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         if read_only and not self.path.exists():
             raise StoreError(f"{self.path}: no database here yet (run `python -m app ingest PATH --db {self.path}`)")
+        _check_database_file(self.path)
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + self.busy_timeout
         delay = 0.02
         while True:
             try:
-                con = duckdb.connect(str(self.path), read_only=read_only)
+                con = duck.connect(str(self.path), read_only=read_only)
                 # a query over ~2 s would draw DuckDB's progress bar into the server's log
                 con.execute("SET enable_progress_bar = false")
                 return con

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 
 from analysis.registry import METRIC_VERSION
 from app.batch.errors import BatchError
@@ -46,6 +45,7 @@ from app.batch.register import finalise_groups, register
 from app.batch.report import AttemptLog, BatchReport, CheckpointReport, Notify, log_call
 from app.batch.run import BatchRun
 from app.batch.task import TaskFn, run_task
+from loaders import duck
 from loaders.batch_results import STORED_COLUMNS as _STORED          # (the tests read checkpoints with them)
 from loaders.batch_results import sql_string as _sql_string          # (tested here since the move)
 from loaders.batch_results import stored_checkpoints
@@ -82,7 +82,7 @@ def run_batch(store: Store, checkpoint_ids: list[int], *, results: str | Path,
         raise BatchError(f"{loc.root}: expected a folder for the results, found a file")
     kinds = ["weights"] + (["activations"] if activations else [])
     rows = stored_checkpoints(store, checkpoint_ids)
-    con = duckdb.connect()                       # the driver's reads and writes of result files
+    con = duck.connect()                       # the driver's reads and writes of result files
     try:
         if loc.remote:
             loc.prepare(con)

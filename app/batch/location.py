@@ -28,6 +28,7 @@ import pandas as pd
 from analysis.registry import METRIC_VERSION
 from app.batch.errors import BatchError
 from loaders import batch_results as sql
+from loaders import duck
 
 #: URL schemes DuckDB's httpfs extension reads and writes.
 REMOTE_SCHEMES = ("s3://", "s3a://", "gs://", "gcs://", "r2://")
@@ -116,7 +117,7 @@ class ResultsLocation:
         if not self.remote:
             return Path(url).is_file()
         own = con is None
-        con = con or duckdb.connect()
+        con = con or duck.connect()
         try:
             if own:
                 self.prepare(con)

@@ -30,13 +30,13 @@ import socket
 from pathlib import Path
 from typing import Callable
 
-import duckdb
 import pandas as pd
 
 from app.batch.errors import BatchError
 from app.batch.location import ResultsLocation
 from app.batch.plan import TaskOutcome, TaskSpec
 from app.batch.report import log_call
+from loaders import duck
 from loaders.errors import QkvscopeError, StoreError
 
 
@@ -96,7 +96,7 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
             raise BatchError(f"{spec.path}: {spec.label} of checkpoint {spec.checkpoint_id} do not "
                              f"exist: the file has {got['n_layers']} layers (it changed since it was "
                              "ingested; ingest it again)")
-        con = duckdb.connect()
+        con = duck.connect()
         try:
             loc.prepare(con)
             for job in got["jobs"]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 
 from loaders.errors import LogFormatError
+from loaders import duck
 from loaders.logs.base import (SOURCE_VIEW, Parsed, RunData, complete_lines, decode_text, empty_points,
                                is_text_head)
 from loaders.logs.readers._csv import STEP_COLUMNS, TOKEN_COLUMNS, WALL_COLUMNS, unpivot_select
@@ -83,7 +84,7 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     state = dict(state or {})
     if not chunk.strip():
         return Parsed(runs=[], read_bytes=start + used, state=state)
-    con = duckdb.connect()
+    con = duck.connect()
     try:
         try:
             rel = con.read_json(io.BytesIO(chunk), format="newline_delimited", sample_size=-1)
