@@ -17,7 +17,7 @@ from types import ModuleType
 import app.commands
 from analysis.errors import AnalysisError
 from loaders.errors import QkvscopeError
-from loaders.report import one_line
+from loaders.report import TerminalSafe, one_line
 
 
 def command_modules() -> list[ModuleType]:
@@ -59,6 +59,17 @@ def build_parser(only: ModuleType | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv``; its stdout and stderr written through
+    ``loaders.report.TerminalSafe`` (control characters from names in files escaped)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalSafe(out), TerminalSafe(err)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     only = command_module(argv[0]) if argv and not argv[0].startswith("-") else None
     args = build_parser(only).parse_args(argv)

@@ -12,6 +12,29 @@ def one_line(text: str) -> str:
                    for c in text)
 
 
+def terminal_text(text: str) -> str:
+    """``text`` safe to write to a terminal: as ``one_line``, but newlines, tabs and carriage
+    returns (a progress bar's) kept, so an escape sequence in a run or file name (clear the
+    screen, set the window title) is printed as text, never obeyed."""
+    return "".join(c if c in "\n\t\r" or (c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF)
+                   else ascii(c)[1:-1] for c in text)
+
+
+class TerminalSafe:
+    """A text stream that writes through ``terminal_text``: the CLI's stdout and stderr, so every
+    command's output (tables of run names, notes, paths) is safe however it was printed."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(terminal_text(text))
+        return len(text)
+
+    def __getattr__(self, name):            # flush, fileno, isatty, encoding, ...
+        return getattr(self._stream, name)
+
+
 def shown(name: str) -> str:
     """A file name for a text report: as it is when printable, else quoted
     repr-style (``'evil\\nname.csv'``), so a newline cannot split a line."""
