@@ -26,6 +26,28 @@ MUTED = "color: #9a9a9a; font-style: italic"
 _FEW_TOKENS = re.compile(r"\btokens?\s*<|too few tokens|fewer tokens than", re.IGNORECASE)
 
 
+#: A cell starting with one of these is a formula to a spreadsheet (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _guard(value):
+    """A text ``value`` a spreadsheet would run as a formula, prefixed with ``'`` (shown as text);
+    anything else as it is (numbers, negative ones included, stay numbers)."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
+def csv_bytes(frame: pd.DataFrame) -> bytes:
+    """``frame`` as the UTF-8 CSV every download offers: headers and text cells that start like a
+    formula (``FORMULA_START``: a run name ``=HYPERLINK(...)``, a metric ``=cmd|...``) guarded
+    with a leading ``'``, so opening the file in a spreadsheet runs nothing."""
+    safe = frame.copy()
+    safe.columns = [_guard(str(c)) for c in safe.columns]
+    for col in safe.columns:
+        if safe[col].dtype == object or pd.api.types.is_string_dtype(safe[col]):
+            safe[col] = safe[col].map(_guard)
+    return safe.to_csv(index=False).encode()
+
+
 def few_tokens(note: str | None) -> bool:
     """Whether a metric's note says its value rests on too few tokens."""
     return bool(note) and _FEW_TOKENS.search(str(note)) is not None

@@ -526,7 +526,7 @@ def download_frame(results: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame
 def _downloads(results: pd.DataFrame, notes: dict[str, str], ckpt_id: int) -> None:
     results = download_frame(results, notes)
     c1, c2, _ = st.columns([1, 1, 3])
-    c1.download_button("Results CSV", results.to_csv(index=False).encode(), file_name=f"checkpoint-{ckpt_id}.csv",
+    c1.download_button("Results CSV", tables.csv_bytes(results), file_name=f"checkpoint-{ckpt_id}.csv",
                        mime="text/csv", icon=":material/download:", key="insp_csv")
     buf = io.BytesIO()
     results.to_parquet(buf, index=False)

@@ -31,6 +31,7 @@ from analysis.kv_cost import (
 )
 from analysis.presets import PRESETS
 from analysis.variants import sharing
+from app import tables
 from app.charts import CHART_THEME, LIGHT, group_style, readable_log_axis
 from app.state import data_version, get_store, query_param, set_query_params
 from loaders.errors import QkvscopeError
@@ -457,7 +458,7 @@ def render() -> None:
         "cache_saving": st.column_config.NumberColumn("cache saving", format="percent"),
         "cost_saving": st.column_config.NumberColumn("cost saving", format="percent"),
     })
-    st.download_button("Download CSV", table.to_csv(index=False).encode(), file_name=f"kv-cost-{geometry.name}.csv",
+    st.download_button("Download CSV", tables.csv_bytes(table), file_name=f"kv-cost-{geometry.name}.csv",
                        mime="text/csv", icon=":material/download:", key="kv_csv")
 
     st.subheader("Against context and users")

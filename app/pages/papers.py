@@ -12,6 +12,7 @@ import streamlit as st
 
 from analysis.paper_claims import PAPER_A, PAPER_B, PAPERS, Inputs, measure
 from analysis.registry import METRIC_VERSION
+from app import tables
 from app.attempts import analyse_each, show_batch
 from app.state import current_notes, data_version, get_store, query_param, set_query_params, store_at
 from loaders import papers
@@ -99,6 +100,6 @@ def render() -> None:
                "mean K and V read different input directions; linear CKA is invariant to such rotations. "
                "Perplexity changes are exp(loss_variant - loss_qkv) - 1 at matched weight decay. "
                "Units: MB = 10^6 bytes, MiB = 2^20 bytes.")
-    st.download_button("Download CSV", table.drop(columns=["source"]).to_csv(index=False).encode(),
+    st.download_button("Download CSV", tables.csv_bytes(table.drop(columns=["source"])),
                        file_name="paper-claims.csv", mime="text/csv", icon=":material/download:",
                        key="papers_csv")

@@ -142,7 +142,7 @@ def render() -> None:
                "a tied projection counted once. Click a column header to sort as well.")
     caption = (f"{', '.join(metrics)} ({stat} value, mean $\\pm$ std over seeds), weight decay {wd_pick}")
     e1, e2, e3 = st.columns(3)
-    e1.download_button("CSV", table.to_csv(index=False).encode(), file_name="results.csv", mime="text/csv",
+    e1.download_button("CSV", tables.csv_bytes(table), file_name="results.csv", mime="text/csv",
                        icon=":material/download:", key="res_csv")
     md = tables.results_markdown(display)
     e2.download_button("Markdown", md.encode(), file_name="results.md", mime="text/markdown",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app import tables
 from app.state import get_store, query_param, set_query_params
 from loaders.errors import QueryError
 from loaders.sql_console import run_readonly_query, schema, sql_budget
@@ -86,6 +87,6 @@ def render() -> None:
         n = len(result.frame)
         st.caption(f"{n:,} row{'' if n == 1 else 's'} in {result.seconds:.3f} s{note}")
         st.dataframe(result.frame, hide_index=True, width="stretch")
-        st.download_button("Download CSV", result.frame.to_csv(index=False).encode(),
+        st.download_button("Download CSV", tables.csv_bytes(result.frame),
                            file_name="qkvscope-query.csv", mime="text/csv",
                            icon=":material/download:")

@@ -110,3 +110,18 @@ def test_results_markdown_and_latex_booktabs():
     assert lines[9] == r"Q-K=V & MHA & 1 & 2.3100 & +10.0\% & 64 & 384 \\"
     assert lines[10] == r"\midrule"            # MHA block, then MQA
     assert lines[-3:] == [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+
+
+def test_csv_downloads_guard_formula_cells_and_headers():
+    """A spreadsheet opening a download runs no formula from a run name, a metric or a query."""
+    import csv
+    import io
+
+    from app.tables import csv_bytes
+
+    frame = pd.DataFrame({"=cmd|' /C calc'!A0": ["=HYPERLINK(\"http://x\")", "+1", "-x", "@SUM(A1)", "\tz", "ok"],
+                          "value": [-1.5, 2.0, 3.0, 4.0, 5.0, 6.0]})
+    rows = list(csv.reader(io.StringIO(csv_bytes(frame).decode())))
+    assert rows[0] == ["'=cmd|' /C calc'!A0", "value"]
+    assert [r[0] for r in rows[1:]] == ["'=HYPERLINK(\"http://x\")", "'+1", "'-x", "'@SUM(A1)", "'\tz", "ok"]
+    assert [r[1] for r in rows[1:]] == ["-1.5", "2.0", "3.0", "4.0", "5.0", "6.0"]   # numbers stay numbers
