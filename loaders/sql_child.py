@@ -5,7 +5,7 @@ loaders/sql_child.py`` (isolated: nothing of this project is imported, only
 duckdb and pyarrow). It reads one JSON request on stdin::
 
     {"db": PATH, "sql": TEXT, "timeout_s": S, "max_rows": N, "max_bytes": B,
-     "memory_mb": M, "address_mb": A, "temp_dir": DIR | null, "spill_mb": T}
+     "max_values": V, "memory_mb": M, "address_mb": A, "temp_dir": DIR | null, "spill_mb": T}
 
 lowers its own address-space limit to ``A`` MB (``RLIMIT_AS``) before
 importing duckdb, opens ``db`` read-only with external access off,
@@ -13,7 +13,14 @@ importing duckdb, opens ``db`` read-only with external access off,
 with ``max_temp_directory_size = T MB`` when the parent made one), one thread
 and the configuration locked, and streams the result as Arrow record batches,
 counting rows and bytes as they arrive: at ``N + 1`` rows it stops (the
-result is truncated to ``N``), past ``B`` bytes it stops with an error. A
+result is truncated to ``N``), past ``B`` bytes it stops with an error, and
+past ``V`` values it stops with an error too. Values count what the server
+will build from the result, not what Arrow holds: a cell of a flat column is
+one, a list or struct cell is one plus its elements, recursively
+(``SELECT array_agg({'a': NULL}) FROM range(1e7)`` is a few hundred bytes of
+Arrow, since a null child costs nothing, but 2e7 Python objects in pandas).
+The query text is parsed here too, under these budgets, never in the server:
+exactly one SELECT or EXPLAIN statement is accepted. A
 timer calls ``interrupt()`` at ``S`` seconds; a single function call that
 does not check for interrupts (``repeat('x', 3e9)``) is ended by the parent,
 which kills this process shortly after the deadline, or by the address-space
@@ -21,7 +28,7 @@ limit, which makes its allocation fail.
 
 It writes one JSON status line to stdout, then, on success, the result as an
 Arrow IPC stream: ``{"ok": true, "truncated": bool, "seconds": float}`` or
-``{"ok": false, "kind": "timeout"|"memory"|"bytes"|"failed", "message": str}``.
+``{"ok": false, "kind": "timeout"|"memory"|"bytes"|"values"|"refused"|"failed", "message": str}``.
 """
 from __future__ import annotations
 
@@ -32,6 +39,36 @@ import threading
 import time
 
 BATCH_ROWS = 1024  # rows per Arrow record batch read from DuckDB
+
+
+def _values(array) -> int:
+    """How many values ``array`` (an Arrow array) becomes in pandas: one per slot, plus, for a
+    list, map or struct, the values of its children, recursively (nulls count: each is an
+    object the server holds)."""
+    import pyarrow as pa
+
+    n = len(array)
+    t = array.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_map(t):
+        return n + _values(array.flatten())
+    if pa.types.is_struct(t):
+        return n + sum(_values(array.field(i)) for i in range(t.num_fields))
+    return n
+
+
+def _refusal(duckdb, sql: str) -> str | None:
+    """Why ``sql`` is refused (anything but exactly one SELECT or EXPLAIN), or None."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        return f"query does not parse: {(str(exc).splitlines() or [type(exc).__name__])[0]}"
+    if len(statements) != 1:
+        return f"one statement at a time, please (found {len(statements)})"
+    kind = statements[0].type
+    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+        name = str(kind).rsplit(".", 1)[-1]
+        return f"only SELECT queries are allowed here (got {name}); the SQL page never changes the database"
+    return None
 
 
 def _status(out, **fields) -> None:
@@ -61,12 +98,16 @@ def main() -> int:
     con = duckdb.connect(req["db"], read_only=True, config=config)
     con.execute("SET enable_progress_bar = false")
     con.execute("SET lock_configuration = true")
-    max_rows, max_bytes = int(req["max_rows"]), int(req["max_bytes"])
+    max_rows, max_bytes, max_values = int(req["max_rows"]), int(req["max_bytes"]), int(req["max_values"])
     timer = threading.Timer(float(req["timeout_s"]), con.interrupt)
     start = time.monotonic()
     timer.start()
-    batches, rows, nbytes = [], 0, 0
+    batches, rows, nbytes, nvalues = [], 0, 0, 0
     try:
+        refused = _refusal(duckdb, req["sql"])
+        if refused:
+            _status(out, ok=False, kind="refused", message=refused)
+            return 0
         reader = con.sql(req["sql"]).to_arrow_reader(BATCH_ROWS)
         schema = reader.schema
         for batch in reader:
@@ -75,6 +116,10 @@ def main() -> int:
             nbytes += keep.nbytes
             if nbytes > max_bytes:
                 _status(out, ok=False, kind="bytes", message="")
+                return 0
+            nvalues += sum(_values(column) for column in keep.columns)
+            if nvalues > max_values:
+                _status(out, ok=False, kind="values", message=f"{nvalues:,}")
                 return 0
             batches.append(keep)
             if rows > max_rows:

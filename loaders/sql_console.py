@@ -1,7 +1,8 @@
 """Read-only SQL against the store, for users who want their own cut.
 
-Safety, in layers: only single SELECT-like statements are accepted
-(``check_query``); the query runs in its own process
+Safety, in layers: a query text over its budget is refused at once
+(``check_query``); the query runs in its own process, which parses it and
+accepts exactly one SELECT (or EXPLAIN) statement
 (``loaders/sql_child.py``) on a connection opened ``read_only`` with
 ``enable_external_access = false`` (no files read or written, no ATTACH, no
 extension installs), ``temp_directory = ''`` (nothing spilled to disk) and
@@ -17,6 +18,14 @@ budget (environment variable)     default                         what it bounds
                                                                   cut off, the result marked truncated)
 ``QKVSCOPE_SQL_RESULT_MB``        64                              bytes of one result (Arrow size); over it
                                                                   the query fails
+``QKVSCOPE_SQL_MAX_VALUES``       2,000,000                       values of one result as the server will
+                                                                  hold them (a list or struct cell counts
+                                                                  its elements, recursively); over it the
+                                                                  query fails
+``QKVSCOPE_SQL_MAX_QUERY_KB``     64                              the query text; longer is refused before
+                                                                  any parsing
+``QKVSCOPE_SQL_CONCURRENT``       2                               query processes one server runs at once;
+                                                                  another query meanwhile is told to retry
 ``QKVSCOPE_SQL_MEMORY_MB``        1,024                           DuckDB's ``memory_limit`` in the query process
 ``QKVSCOPE_SQL_ADDRESS_MB``       ``QKVSCOPE_SQL_MEMORY_MB`` +    the query process's address space
                                   2,048                           (``RLIMIT_AS``)
@@ -42,19 +51,18 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import pandas as pd
 import pyarrow as pa
 
 from loaders.errors import QueryError
 from loaders.store import Store
 
-_ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 CHILD = Path(__file__).with_name("sql_child.py")
 KILL_GRACE_S = 1.0  # after the deadline, the query process is killed
 
@@ -67,7 +75,14 @@ SQL_BUDGETS: dict[str, int] = {
     "QKVSCOPE_SQL_MEMORY_MB": 1024,
     "QKVSCOPE_SQL_ADDRESS_MB": 0,  # 0: QKVSCOPE_SQL_MEMORY_MB + 2048
     "QKVSCOPE_SQL_SPILL_MB": 0,    # 0: no spill files
+    "QKVSCOPE_SQL_MAX_VALUES": 2_000_000,
+    "QKVSCOPE_SQL_MAX_QUERY_KB": 64,
+    "QKVSCOPE_SQL_CONCURRENT": 2,
 }
+
+#: The query processes running now in this process (a server's sessions share it).
+_RUNNING = threading.Lock()
+_running = 0
 
 
 def sql_budget(name: str) -> int:
@@ -97,18 +112,14 @@ class QueryResult:
 
 
 def check_query(sql: str) -> None:
-    """Refuse anything but exactly one SELECT (or EXPLAIN) statement."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise QueryError(f"query does not parse: {exc}") from exc
-    if len(statements) != 1:
-        raise QueryError(f"one statement at a time, please (found {len(statements)})")
-    kind = statements[0].type
-    if kind not in _ALLOWED:
-        name = str(kind).rsplit(".", 1)[-1]
-        raise QueryError(f"only SELECT queries are allowed here (got {name}); "
-                         "the SQL page never changes the database")
+    """Refuse a query text over ``QKVSCOPE_SQL_MAX_QUERY_KB`` before anything reads it. The
+    statement itself (exactly one SELECT or EXPLAIN) is checked in the query process
+    (``loaders/sql_child.py``), under its budgets: parsing a few MB of SQL takes GBs."""
+    limit_kb = sql_budget("QKVSCOPE_SQL_MAX_QUERY_KB")
+    size = len(sql.encode("utf-8", errors="replace"))
+    if size > limit_kb << 10:
+        raise QueryError(f"query text of {size:,} bytes is over {limit_kb:,} KB "
+                         f"({_raise_hint('QKVSCOPE_SQL_MAX_QUERY_KB')})")
 
 
 def schema(store: Store) -> pd.DataFrame:
@@ -148,14 +159,34 @@ def run_readonly_query(store: Store, sql: str, *, timeout_s: float | None = None
     memory_mb = sql_budget("QKVSCOPE_SQL_MEMORY_MB")
     store.migrate()
     spill_mb = sql_budget("QKVSCOPE_SQL_SPILL_MB")
-    with tempfile.TemporaryDirectory(prefix="qkvscope-sql-") if spill_mb else nullcontext() as tmp:
+    max_values = sql_budget("QKVSCOPE_SQL_MAX_VALUES")
+    with _slot(), tempfile.TemporaryDirectory(prefix="qkvscope-sql-") if spill_mb else nullcontext() as tmp:
         request = {"db": str(store.path), "sql": sql, "timeout_s": timeout_s, "max_rows": max_rows,
-                   "max_bytes": max_mb << 20, "memory_mb": memory_mb,
+                   "max_bytes": max_mb << 20, "max_values": max_values, "memory_mb": memory_mb,
                    "address_mb": sql_budget("QKVSCOPE_SQL_ADDRESS_MB"),
                    "temp_dir": tmp, "spill_mb": spill_mb}
         out, err, returncode, seconds = _run_child(request, timeout_s)
     return _result(out, err, returncode, seconds, timeout_s=timeout_s, max_mb=max_mb,
-                   memory_mb=memory_mb)
+                   memory_mb=memory_mb, max_values=max_values)
+
+
+@contextmanager
+def _slot():
+    """One of the ``QKVSCOPE_SQL_CONCURRENT`` query processes of this process, or a
+    ``QueryError`` when all are taken (N browser sessions would otherwise start N
+    processes of ``QKVSCOPE_SQL_MEMORY_MB`` each)."""
+    global _running
+    limit = sql_budget("QKVSCOPE_SQL_CONCURRENT")
+    with _RUNNING:
+        if _running >= limit:
+            raise QueryError(f"{_running} queries are running already, the most at once "
+                             f"({_raise_hint('QKVSCOPE_SQL_CONCURRENT')}); try again when one ends")
+        _running += 1
+    try:
+        yield
+    finally:
+        with _RUNNING:
+            _running -= 1
 
 
 def _run_child(request: dict, timeout_s: float) -> tuple[bytes, bytes, int, float]:
@@ -177,7 +208,7 @@ def _run_child(request: dict, timeout_s: float) -> tuple[bytes, bytes, int, floa
 
 
 def _result(out: bytes, err: bytes, returncode: int, seconds: float, *, timeout_s: float,
-            max_mb: int, memory_mb: int) -> QueryResult:
+            max_mb: int, memory_mb: int, max_values: int) -> QueryResult:
     """Read the child's status line and Arrow stream; a ``QueryError`` for each failure."""
     head, _, body = out.partition(b"\n")
     try:
@@ -201,6 +232,12 @@ def _result(out: bytes, err: bytes, returncode: int, seconds: float, *, timeout_
         if kind == "bytes":
             raise QueryError(f"result over {max_mb:,} MB: add LIMIT or select fewer columns "
                              f"({_raise_hint('QKVSCOPE_SQL_RESULT_MB')})")
+        if kind == "values":
+            raise QueryError(f"result of over {max_values:,} values (a list or struct cell counts its "
+                             f"elements): add LIMIT, unnest less or select fewer columns "
+                             f"({_raise_hint('QKVSCOPE_SQL_MAX_VALUES')})")
+        if kind == "refused":
+            raise QueryError(status["message"])
         raise QueryError(f"query failed: {status['message']}")
     table = pa.ipc.open_stream(body).read_all()
     return QueryResult(frame=table.to_pandas(), truncated=status["truncated"],

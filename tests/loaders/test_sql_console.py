@@ -73,10 +73,64 @@ def test_a_query_that_runs_forever_is_stopped(store):
     assert digest(store.path) == before
 
 
-def test_unparseable_query():
+def test_unparseable_query(store):
+    """Parsed in the query process, under its budgets, never in the server."""
     with pytest.raises(QueryError) as err:
-        check_query("SELEC nothing")
+        run_readonly_query(store, "SELEC nothing")
     assert str(err.value).startswith("query does not parse: ")
+
+
+def test_a_query_text_over_its_budget_is_refused_before_parsing(monkeypatch):
+    monkeypatch.setenv("QKVSCOPE_SQL_MAX_QUERY_KB", "1")
+    text = "SELECT 1 WHERE 1 IN (" + ",".join(["1"] * 600) + ")"
+    with pytest.raises(QueryError) as err:
+        check_query(text)
+    assert str(err.value) == (f"query text of {len(text):,} bytes is over 1 KB "
+                              "(QKVSCOPE_SQL_MAX_QUERY_KB; set it in the environment to raise it)")
+    check_query("SELECT 1")
+
+
+def test_nested_values_count_against_the_result_budget(store, monkeypatch):
+    """A list of null structs is almost no Arrow bytes but one Python object per element in
+    the server: the values budget counts them (one row: 1 list + 2 x 50,000 elements)."""
+    monkeypatch.setenv("QKVSCOPE_SQL_MAX_VALUES", "100000")
+    with pytest.raises(QueryError) as err:
+        run_readonly_query(store, "SELECT array_agg({'a': NULL}) AS l FROM range(50000)")
+    assert str(err.value) == ("result of over 100,000 values (a list or struct cell counts its elements): "
+                              "add LIMIT, unnest less or select fewer columns "
+                              "(QKVSCOPE_SQL_MAX_VALUES; set it in the environment to raise it)")
+    small = run_readonly_query(store, "SELECT array_agg({'a': NULL}) AS l FROM range(40000)")
+    assert len(small.frame["l"][0]) == 40000
+
+
+def test_query_processes_at_once_are_capped(store, monkeypatch):
+    import threading
+
+    from loaders import sql_console
+
+    monkeypatch.setenv("QKVSCOPE_SQL_CONCURRENT", "1")
+    started, release = threading.Event(), threading.Event()
+    real = sql_console._run_child
+
+    def slow(request, timeout_s):
+        started.set()
+        release.wait(30)
+        return real(request, timeout_s)
+
+    monkeypatch.setattr(sql_console, "_run_child", slow)
+    first = threading.Thread(target=run_readonly_query, args=(store, "SELECT 1"))
+    first.start()
+    try:
+        assert started.wait(30)
+        with pytest.raises(QueryError) as err:
+            run_readonly_query(store, "SELECT 2")
+        assert str(err.value) == ("1 queries are running already, the most at once "
+                                  "(QKVSCOPE_SQL_CONCURRENT; set it in the environment to raise it); "
+                                  "try again when one ends")
+    finally:
+        release.set()
+        first.join()
+    assert run_readonly_query(store, "SELECT 3").frame.iloc[0, 0] == 3
 
 
 def test_result_bytes_are_capped_with_the_exact_message(store):
