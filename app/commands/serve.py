@@ -9,6 +9,13 @@ On the first start with the default database (or when it holds no run and no
 checkpoint), the bundled demo experiments (data/demo) are ingested so that
 the pages have something to show.
 
+The terminal shows qkvscope's own lines: the address once the dashboard
+answers, errors, and the end of the log if the server stops with one. The
+server's other output (Streamlit's, warnings and progress bars of the
+libraries that load models) goes to the log file beside the database
+(data/qkvscope.log for data/qkvscope.duckdb); --verbose keeps it in the
+terminal (app/serverlog.py).
+
 The server answers only requests whose Host header is localhost, 127.0.0.1,
 ::1 or the --host address, plus each --allow-host NAME and the names in
 QKVSCOPE_ALLOWED_HOSTS (comma-separated; "*" turns the check off); a
@@ -24,6 +31,8 @@ from collections import Counter
 from pathlib import Path
 
 from app.commands._common import add_db_argument
+from app import serverlog
+from app.commands.ingest import Progress
 from app.hostguard import ENV, allowed_hosts
 from app import paths  # paths.DEMO_DIR read when called (tests point it elsewhere)
 from loaders.errors import QkvscopeError
@@ -75,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "localhost, 127.0.0.1, ::1 and --host; also QKVSCOPE_ALLOWED_HOSTS)")
     parser.add_argument("--no-demo", action="store_true",
                         help="do not ingest the bundled demo into a new database")
+    parser.add_argument("--verbose", action="store_true",
+                        help="leave the server's own output (Streamlit, transformers' load reports, warnings) "
+                             "in the terminal instead of the log file beside the database (<db>.log)")
 
 
 def is_empty(db_path) -> bool:
@@ -98,7 +110,7 @@ def ensure_demo(db_path, *, quiet: bool = False) -> None:
     if not quiet:
         print(f"First start: building {db_path} from the bundled demo ({demo})...",
               file=sys.stderr)
-    report = ingest_paths(Store(db_path), [demo])
+    report = ingest_paths(Store(db_path), [demo], progress=None if quiet else Progress("demo ingest"))
     if not quiet:
         j = report.to_json()
         print(f"  {j['added']} files added, {j['skipped']} skipped, {j['errors']} errors",
@@ -124,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ, QKVSCOPE_DB=str(db), **{ENV: ",".join(hosts)})
     print(f"qkvscope: http://{args.host}:{args.port}  (database {db}; answers to {', '.join(hosts)})",
           file=sys.stderr)
+    if not args.verbose:
+        log = serverlog.log_path_for(db)
+        print(f"qkvscope: starting the server; its output and third-party messages go to {log}", file=sys.stderr)
+        env.update(serverlog.redirect(log))
     os.execve(sys.executable, streamlit_command(args.host, args.port), env)
     return 0  # not reached: execve replaces this process
 
