@@ -12,8 +12,9 @@ the session state, set in ``app/dashboard/streamlit_app.py``).
 
 On the command line, ``write_figures({name: fig}, DIR)`` writes each figure as
 ``DIR/<name>.svg``, ``.pdf`` and ``.png`` through plotly's own static export
-(``plotly.io.write_image``: kaleido, which drives the machine's Chrome or
-Chromium, e.g. Debian's ``/usr/bin/chromium``; none is downloaded). The
+(``plotly.io.write_images``: kaleido, which drives the machine's Chrome or
+Chromium, found on ``PATH`` as ``chromium``/``google-chrome``, e.g. Debian's
+``/usr/bin/chromium``, or named by ``$BROWSER_PATH``; none is downloaded). The
 sizes are the toolbar's. ``analyze``, ``wd-sensitivity`` and ``kv-cost``
 take ``--figures DIR`` (``add_figures_argument``).
 

@@ -159,7 +159,8 @@ def main(argv: list[str]) -> int:
         serverlog.show_errors()
         options = dict(zip(argv[2::2], argv[3::2]))     # after: run SCRIPT
         host = options.get("--server.address", "127.0.0.1")
-        url_host = f"[{host}]" if ":" in host else ("127.0.0.1" if host in ("0.0.0.0", "") else host)
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)   # any address: loopback
+        url_host = f"[{host}]" if ":" in host else host
         serverlog.announce_when_ready(f"http://{url_host}:{options.get('--server.port', '8501')}")
     try:
         install(allowed)
