@@ -334,7 +334,7 @@ def load_entry_point_plugins() -> list[str]:
     """Load every entry point of the group ``qkvscope.metrics`` (``importlib.metadata``): each names
     a module (or an object in one), which registers its metrics when imported. Returns the entry
     points' names; one that fails raises ``AnalysisError`` naming it."""
-    from importlib.metadata import entry_points
+    from importlib.metadata import entry_points  # here: read once, when the registry loads its plugins
 
     loaded = []
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):

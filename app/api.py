@@ -28,6 +28,16 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from analysis.results_table import metric_order, results_table
+from app.cli import build_parser, command_module
+from app.commands.analyze import analyze_targets
+from app.commands.info import read_info
+from app.commands.kv_cost import costing
+from loaders import curves
+from loaders.logs import list_runs
+from loaders.run_table import run_table
+from loaders.store import Store
+
 __all__ = ["info", "analyze", "kv_cost", "runs", "points", "results"]
 
 PathLike = str | Path
@@ -36,8 +46,6 @@ PathLike = str | Path
 def _args(command: str, argv: Iterable[str] = (), **options: Any) -> argparse.Namespace:
     """The arguments ``command`` gets from ``argv`` (its defaults from its own parser), then each
     keyword set as the option of that name (``dest``: ``--kv-heads`` is ``kv_heads``)."""
-    from app.cli import build_parser, command_module
-
     module = command_module(command)
     args = build_parser(module).parse_args([command, *argv])
     for name, value in options.items():
@@ -55,8 +63,6 @@ def info(path: PathLike) -> dict:
     >>> api.info("data/demo/k_eq_v-mha-wd0/checkpoints/final_step_004000.safetensors")["n_heads"]  # doctest: +SKIP
     4
     """
-    from app.commands.info import read_info
-
     return read_info(str(path))
 
 
@@ -75,8 +81,6 @@ def analyze(path: PathLike | int, activations: bool = False, device: str | None 
     >>> df = api.analyze("data/demo/k_eq_v-mha-wd0/checkpoints/final_step_004000.safetensors")  # doctest: +SKIP
     >>> df[df.metric == "kv_cosine"][["layer", "head", "value", "chance"]]                 # doctest: +SKIP
     """
-    from app.commands.analyze import analyze_targets
-
     args = _args("analyze", [str(path)], activations=activations, device=device, db=_path(db), force=force,
                  text=None if text is None else str(text), tokens=tokens)
     payload = analyze_targets(args)[0]
@@ -99,15 +103,11 @@ def kv_cost(preset: str | None = None, *, checkpoint: PathLike | None = None, **
     >>> c["bytes_per_token"], c["savings"]["saving_bytes_per_token"]          # doctest: +SKIP
     (65536.0, 0.5)
     """
-    from app.commands.kv_cost import costing
-
     args = _args("kv-cost", preset=preset, checkpoint=None if checkpoint is None else str(checkpoint), **options)
     return costing(args).to_json()
 
 
 def _store(db: PathLike | None):
-    from loaders.store import Store
-
     return Store(_path(db))
 
 
@@ -122,8 +122,6 @@ def runs(db: PathLike | None = None) -> pd.DataFrame:
 
     >>> api.runs()[["id", "name", "variant", "weight_decay"]].head()       # doctest: +SKIP
     """
-    from loaders.logs import list_runs
-
     return pd.DataFrame(list_runs(_store(db)))
 
 
@@ -137,12 +135,9 @@ def points(db: PathLike | None, metric: str, *, runs: Iterable[int] | None = Non
 
     >>> api.points(None, "val/loss").groupby("run_id")["value"].min()      # doctest: +SKIP
     """
-    from loaders.curves import curves
-    from loaders.logs import list_runs
-
     store = _store(db)
     ids = [r["id"] for r in list_runs(store)] if runs is None else list(runs)
-    return curves(store, ids, metric, x=x, max_points=sys.maxsize if max_points is None else max_points)
+    return curves.curves(store, ids, metric, x=x, max_points=sys.maxsize if max_points is None else max_points)
 
 
 def results(db: PathLike | None = None, metrics: Iterable[str] | None = None, *, statistic: str = "final",
@@ -159,10 +154,6 @@ def results(db: PathLike | None = None, metrics: Iterable[str] | None = None, *,
 
     >>> api.results(metrics=["val/loss"], weight_decay=0.1)[["label", "sharing", "val/loss mean"]]  # doctest: +SKIP
     """
-    from analysis.results_table import metric_order, results_table
-    from loaders import curves
-    from loaders.run_table import run_table
-
     store = _store(db)
     table = run_table(store, geometry=True)
     if metrics is None:

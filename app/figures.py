@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,8 +102,6 @@ def add_figures_argument(parser: argparse.ArgumentParser) -> None:
 
 def report_written(paths: list[Path]) -> None:
     """One line on stderr naming the files written (stdout stays the command's own output)."""
-    import sys
-
     if paths:
         print(f"figures: {len(paths)} files in {paths[0].parent}: "
               f"{', '.join(sorted({p.stem for p in paths}))} (.svg, .pdf, .png)", file=sys.stderr)

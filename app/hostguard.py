@@ -152,7 +152,7 @@ def install(allowed: Iterable[str]) -> None:
 def main(argv: list[str]) -> int:
     """``python -m app.hostguard run SCRIPT [streamlit options]``: Streamlit's CLI
     with the guard installed; the allow-list comes from ``$QKVSCOPE_ALLOWED_HOSTS``."""
-    from app import serverlog
+    from app import serverlog  # here: the launched server only (the CLI imports allowed_hosts)
 
     allowed = allowed_hosts()
     if serverlog.terminal() is not None:       # serve sent the output to its log: say what matters

@@ -19,6 +19,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 from typing import TextIO
 
@@ -101,10 +104,6 @@ def tail(n: int = 20) -> list[str]:
 
 def announce_when_ready(url: str, timeout: float = 600.0) -> None:
     """In a background thread: poll ``url``'s health endpoint and ``say`` once this process answers."""
-    import threading
-    import time
-    import urllib.request
-
     def poll() -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
