@@ -31,8 +31,11 @@ every layer (``analysis.plugins``), ``analysis.chance`` gives its chance level
 by the row's rule, and the CLI, the store and the pages list it like the
 built-in metrics. ``QKVSCOPE_PLUGINS`` names the modules that register
 metrics (comma-separated module names on the Python path, or ``.py`` files);
-they are imported when this module is (so also in the analysis child process
-and on Ray workers that inherit the environment). A module that fails to
+so do the entry points of the group ``qkvscope.metrics`` (``ENTRY_POINT_GROUP``)
+of every installed distribution: a package whose ``pyproject.toml`` says
+``[project.entry-points."qkvscope.metrics"] mine = "my_package.metrics"`` has
+that module imported. Both are imported when this module is (so also in the
+analysis child process and on Ray workers that inherit the environment). A module that fails to
 import is reported by ``plugin_error()``, which the analysis and the CLI raise
 as one line (``check_plugins``), instead of an import-time traceback.
 
@@ -79,6 +82,8 @@ DIRECTIONS = ("max", "min", "none")
 CHANCE_RULES = {"weights": ("closed", "monte_carlo", "none"), "activations": ("random_projection", "none")}
 #: The environment variable naming the modules that register metrics.
 PLUGINS_ENV = "QKVSCOPE_PLUGINS"
+#: The entry-point group whose entries installed packages register metrics through.
+ENTRY_POINT_GROUP = "qkvscope.metrics"
 
 
 @dataclass(frozen=True)
@@ -325,8 +330,26 @@ def load_plugins(spec: str | None = None) -> list[str]:
     return loaded
 
 
+def load_entry_point_plugins() -> list[str]:
+    """Load every entry point of the group ``qkvscope.metrics`` (``importlib.metadata``): each names
+    a module (or an object in one), which registers its metrics when imported. Returns the entry
+    points' names; one that fails raises ``AnalysisError`` naming it."""
+    from importlib.metadata import entry_points  # here: read once, when the registry loads its plugins
+
+    loaded = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()
+        except Exception as exc:          # the plugin's own error, whatever it is, named with the plugin
+            raise AnalysisError(f"entry point {ENTRY_POINT_GROUP}: {ep.name} = {ep.value}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        loaded.append(ep.name)
+    return loaded
+
+
 def plugin_error() -> str | None:
-    """Why a module named in ``$QKVSCOPE_PLUGINS`` failed to load when this module was imported."""
+    """Why a module named in ``$QKVSCOPE_PLUGINS`` or an entry point failed to load when this
+    module was imported."""
     return _state["error"]
 
 
@@ -338,6 +361,7 @@ def check_plugins() -> None:
 
 # Plugins load last, when every name above exists (a plugin imports this module while it loads).
 try:
+    load_entry_point_plugins()
     load_plugins()
 except AnalysisError as _exc:
     _state["error"] = str(_exc)

@@ -1,4 +1,5 @@
-"""``python -m app``: the command-line interface, built from ``app.commands``.
+"""``qkvscope`` (installed by ``pip install .``; ``python -m app`` in a checkout): the
+command-line interface, built from ``app.commands``.
 
 User errors (``loaders.errors.QkvscopeError``, ``analysis.errors.AnalysisError``)
 and ``OSError`` on a named path print one line on stderr (characters that are
@@ -44,10 +45,15 @@ def command_module(name: str) -> ModuleType | None:
     return mod if getattr(mod, "NAME", None) == name and hasattr(mod, "run") else None
 
 
+def prog_name() -> str:
+    """``qkvscope`` when run as the installed command, else ``python -m app``."""
+    return "qkvscope" if os.path.basename(sys.argv[0]) == "qkvscope" else "python -m app"
+
+
 def build_parser(only: ModuleType | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or of the command ``only`` alone (the same subparser)."""
     parser = argparse.ArgumentParser(
-        prog="python -m app",
+        prog=prog_name(),
         description="qkvscope: does a transformer need all three attention projections?")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for mod in [only] if only is not None else command_modules():

@@ -38,6 +38,19 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 ENV = "QKVSCOPE_ALLOWED_HOSTS"
+#: Streamlit's health endpoint; its answers carry ``SERVER_HEADER``: this process's id, so that a
+#: poll (``app.serverlog.announce_when_ready``) knows it reached this server and not another on the port.
+READY_PATH = "/_stcore/health"
+SERVER_HEADER = b"x-qkvscope-server"
+
+
+def _with_server_id(send):
+    async def wrapped(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []),
+                                              (SERVER_HEADER, str(os.getpid()).encode())]}
+        await send(message)
+    return wrapped
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -101,6 +114,9 @@ class HostGuard:
             await self.app(scope, receive, send)
             return
         why = self.refusal(scope)
+        if why is None and scope["type"] == "http" and scope.get("path") == READY_PATH:
+            await self.app(scope, receive, _with_server_id(send))
+            return
         if why is None:
             await self.app(scope, receive, send)
             return
@@ -136,7 +152,16 @@ def install(allowed: Iterable[str]) -> None:
 def main(argv: list[str]) -> int:
     """``python -m app.hostguard run SCRIPT [streamlit options]``: Streamlit's CLI
     with the guard installed; the allow-list comes from ``$QKVSCOPE_ALLOWED_HOSTS``."""
+    from app import serverlog  # here: the launched server only (the CLI imports allowed_hosts)
+
     allowed = allowed_hosts()
+    if serverlog.terminal() is not None:       # serve sent the output to its log: say what matters
+        serverlog.show_errors()
+        options = dict(zip(argv[2::2], argv[3::2]))     # after: run SCRIPT
+        host = options.get("--server.address", "127.0.0.1")
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)   # any address: loopback
+        url_host = f"[{host}]" if ":" in host else host
+        serverlog.announce_when_ready(f"http://{url_host}:{options.get('--server.port', '8501')}")
     try:
         install(allowed)
     except (ImportError, RuntimeError) as exc:
@@ -146,7 +171,14 @@ def main(argv: list[str]) -> int:
 
     flags = [a for h in allowed for a in ("--server.allowedHosts", h)]
     sys.argv = ["streamlit", *argv, *flags]
-    return cli.main(prog_name="streamlit")
+    try:
+        return cli.main(prog_name="streamlit")
+    except SystemExit as exc:
+        if exc.code not in (0, None) and serverlog.terminal() is not None:
+            serverlog.say(f"qkvscope: the server stopped (exit status {exc.code}); the end of its log:")
+            for line in serverlog.tail():
+                serverlog.say(f"  {line}")
+        raise
 
 
 if __name__ == "__main__":

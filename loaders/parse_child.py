@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from loaders.budgets import budget, memory_exceeded, memory_limit_bytes, time_exceeded
+from loaders.bundled import in_checkout
 from loaders.errors import DatabaseBusyError, FileError, QkvscopeError, StoreError
 from loaders.ingest import link_checkpoints, scan
 from loaders.ingest import watch as poll
@@ -215,8 +216,10 @@ class Reader:
         return self._proc.pid if self._proc is not None else None
 
     def _start(self) -> subprocess.Popen:
+        # A checkout's packages are found through PYTHONPATH (-P below drops the working directory);
+        # installed ones are on the interpreter's own path.
         env = dict(os.environ, QKVSCOPE_PARSE_PARENT=str(os.getpid()), PYTHONPATH=os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+            [*([str(ROOT)] if in_checkout() else []), *filter(None, [os.environ.get("PYTHONPATH")])]))
         self._buf = b""
         # -P: the caller's working directory (relative paths are its) is not on sys.path.
         # Started by _SPAWNER's thread: the child dies with this process, not with the calling thread.

@@ -16,7 +16,6 @@ and a failed upgrade leaves it as it was.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import time
 from pathlib import Path
@@ -24,13 +23,10 @@ from typing import Iterator
 
 import duckdb
 
+from loaders.bundled import DB_ENV, default_db_path  # noqa: F401  (importers of the store find them here)
 from loaders.errors import DatabaseBusyError, StoreError
 from loaders import duck
 
-#: Environment variable that overrides the default database file.
-DB_ENV = "QKVSCOPE_DB"
-#: Default database file, under the project's ``data/`` folder.
-DEFAULT_DB = Path(__file__).resolve().parent.parent / "data" / "qkvscope.duckdb"
 
 #: The summary of points per (run, metric), in ``run_stats``' column order; ``{where}``
 #: narrows the runs. ``fv`` is the value where it is finite, else NULL: ``isfinite`` is
@@ -296,11 +292,6 @@ def refresh_run_stats(con: duckdb.DuckDBPyConnection, run_ids) -> None:
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
-
-def default_db_path() -> Path:
-    """``$QKVSCOPE_DB`` if set, else ``data/qkvscope.duckdb`` in the project."""
-    env = os.environ.get(DB_ENV)
-    return Path(env).expanduser() if env else DEFAULT_DB
 
 
 def _is_lock_error(exc: Exception) -> bool:

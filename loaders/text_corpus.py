@@ -33,6 +33,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from loaders.bundled import corpus_dir
 from loaders.errors import FileError
 
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -55,8 +56,8 @@ class TextSample:
 
 
 def bundled_corpus_path() -> Path:
-    """The folder of the bundled corpus (``data/corpus`` in the repository)."""
-    return Path(__file__).resolve().parent.parent / "data" / "corpus"
+    """The folder of the bundled corpus (``data/corpus`` in the repository; ``loaders.bundled``)."""
+    return corpus_dir()
 
 
 def read_text_sample(path: str | Path | None = None, *,

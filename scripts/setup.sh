@@ -9,9 +9,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
 fi
-req=requirements.txt
-[ "${1:-}" = "--dev" ] && req=requirements-dev.txt
-.venv/bin/python -m pip install -q -r "$req"
+# The same lists as pyproject.toml's dependencies and its `dev` extra (it reads these files).
+reqs=(-r requirements.txt)
+[ "${1:-}" = "--dev" ] && reqs+=(-r requirements-scale.txt -r requirements-dev.txt)
+.venv/bin/python -m pip install -q "${reqs[@]}"
 # Byte-compile the project's own modules: where the environment sets PYTHONDONTWRITEBYTECODE (this
 # machine's does), no process writes them, so every process that starts compiled all it imports
 # again (0.6 s of each CLI, child, server or test process's imports); pip compiles the installed ones.

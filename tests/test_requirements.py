@@ -120,3 +120,23 @@ def test_optional_modules_are_imported_lazily_and_named_in_their_file():
                         assert all(a.name.split(".")[0] != mod for a in node.names), f
                     if isinstance(node, ast.ImportFrom) and node.module:
                         assert node.module.split(".")[0] != mod, f
+
+
+def test_the_package_reads_its_dependencies_from_the_requirements_files():
+    """One list: ``pip install .`` gets its dependencies and extras from the files ``scripts/setup.sh``
+    installs (setuptools reads them; it cannot follow ``-r`` lines, so none is there)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    dynamic = project["tool"]["setuptools"]["dynamic"]
+    assert set(project["project"]["dynamic"]) == {"dependencies", "optional-dependencies"}
+    assert dynamic["dependencies"] == {"file": ["requirements.txt"]}
+    assert dynamic["optional-dependencies"] == {
+        "scale": {"file": ["requirements-scale.txt"]},
+        "dev": {"file": ["requirements-scale.txt", "requirements-dev.txt"]}}
+    for name in ("requirements.txt", "requirements-scale.txt", "requirements-dev.txt"):
+        assert not [line for line in (ROOT / name).read_text().splitlines() if line.startswith("-")], name
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "reqs=(-r requirements.txt)" in setup
+    assert "reqs+=(-r requirements-scale.txt -r requirements-dev.txt)" in setup
+    assert project["project"]["scripts"] == {"qkvscope": "app.cli:main"}

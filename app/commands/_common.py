@@ -12,7 +12,8 @@ from loaders.store import DB_ENV, Store
 
 def add_db_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", type=Path, default=None,
-                        help=f"database file (default: ${DB_ENV} or data/qkvscope.duckdb)")
+                        help=f"database file (default: ${DB_ENV}, else data/qkvscope.duckdb in a checkout, "
+                             "else qkvscope.duckdb in the user data folder)")
 
 
 def store_from(args: argparse.Namespace) -> Store:

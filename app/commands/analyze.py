@@ -18,6 +18,10 @@ JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 metrics of the modules named in QKVSCOPE_PLUGINS, comma-separated module
 names or .py files: docs/contributing.md, "Adding a metric").
 
+--figures DIR writes the Inspector's layer x head heatmaps of the headline
+metrics (FIGURE_METRICS, where computed) as ckpt<ID>-<metric>.svg, .pdf and
+.png (app/figures.py: plotly's export at a two-column paper width).
+
 --activations feeds a corpus (--text FILE or folder of .txt; default the
 bundled one) cut into windows of the model's context, --tokens N in total
 (default 4096, at least 8 x d_head); results are reused only for the same
@@ -63,6 +67,7 @@ import pandas as pd
 
 from analysis.registry import BY_NAME, METRICS, check_plugins
 from app.commands._common import add_db_argument, print_json, store_from
+from app.figures import add_figures_argument, report_written, write_figures
 
 NAME = "analyze"
 HELP = "compute K/V, Q/K and rank metrics of checkpoints (cached in the database)"
@@ -90,6 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="recompute even when results are stored")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a summary table")
     parser.add_argument("--list", action="store_true", help="list the metrics with their help and exit")
+    add_figures_argument(parser)
     batch = parser.add_argument_group("batch mode (glob patterns, --all, --ray, --results)")
     batch.add_argument("--all", action="store_true", dest="all_checkpoints",
                        help="analyse every checkpoint stored in the database")
@@ -293,19 +299,27 @@ def _prestart_child(args: argparse.Namespace, batch: bool) -> None:
         prestart(BATCH_CHILD_MODULES if batch else CHILD_MODULES)
 
 
-def run(args: argparse.Namespace) -> int:
-    check_plugins()                        # a module in QKVSCOPE_PLUGINS that failed to import: one line
-    if args.list:
-        for m in METRICS:
-            print(f"{m.name:22} {m.level:11} {m.axis:10} {m.help}")
-        return 0
-    if _is_batch(args):
-        _prestart_child(args, batch=True)
-        return run_batch_mode(args)
-    if not args.targets:
-        print("error: give at least one PATH_OR_ID (or --list)", file=sys.stderr)
-        return 2
-    _prestart_child(args, batch=False)
+#: The metrics whose layer x head heatmap (the Inspector's) ``--figures`` writes, where computed:
+#: one per question (K = V, Q = K, rank), and their activation counterparts.
+FIGURE_METRICS = ("kv_cka", "kv_share_r2", "qk_symmetry", "erank_qk", "kv_cka_act", "logit_symmetry")
+
+
+def heatmaps(payload: dict) -> dict:
+    """``{"ckpt<id>-<metric>": figure}``: the Inspector's heatmap (``app.charts.heatmap_figure``) of
+    each of ``FIGURE_METRICS`` that ``payload`` (one checkpoint's ``--json``) holds per head."""
+    from app.charts import heatmap_figure  # here: plotly only when asked
+
+    rows = pd.DataFrame(payload["metrics"])
+    if rows.empty:
+        return {}
+    per_head = set(rows.loc[rows["head"].notna(), "metric"])
+    return {f"ckpt{payload['checkpoint']['id']}-{m}": heatmap_figure(rows, m)
+            for m in FIGURE_METRICS if m in per_head}
+
+
+def analyze_targets(args: argparse.Namespace) -> list[dict]:
+    """Each of ``args.targets`` resolved (a path is ingested first), analysed (or read back) and
+    turned into what ``--json`` prints for it (the module docstring), one dict per target."""
     # torch loads here, when an analysis starts, not when the CLI builds its parsers
     from app import jobs
     from experiments.activation_runs import SampleSpec
@@ -326,6 +340,26 @@ def run(args: argparse.Namespace) -> int:
         finally:
             bar.close(ok)
         payloads.append(_payload(results))
+    return payloads
+
+
+def run(args: argparse.Namespace) -> int:
+    check_plugins()                        # a module in QKVSCOPE_PLUGINS that failed to import: one line
+    if args.list:
+        for m in METRICS:
+            print(f"{m.name:22} {m.level:11} {m.axis:10} {m.help}")
+        return 0
+    if _is_batch(args):
+        _prestart_child(args, batch=True)
+        return run_batch_mode(args)
+    if not args.targets:
+        print("error: give at least one PATH_OR_ID (or --list)", file=sys.stderr)
+        return 2
+    _prestart_child(args, batch=False)
+    payloads = analyze_targets(args)
+    if args.figures is not None:
+        report_written(write_figures({name: fig for p in payloads for name, fig in heatmaps(p).items()},
+                                     args.figures))
     if args.json:
         print_json(payloads[0] if len(payloads) == 1 else payloads)
     else:

@@ -36,8 +36,13 @@ def _runner():
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _runner().add_arguments(parser)
+    if _RUNNER.is_file():
+        _runner().add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not _RUNNER.is_file():     # an installed qkvscope: bench/ is part of a checkout only
+        print(f"error: {_RUNNER}: no such file; the benchmarks run in a checkout of qkvscope "
+              "(python -m app bench there), they are not installed", file=sys.stderr)
+        return 2
     return _runner().run(args)

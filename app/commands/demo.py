@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 
 from app.commands._common import print_json
+from app.paths import DEMO_DIR
 
 NAME = "demo"
 HELP = "show the bundled demo runs, or re-train them with --rebuild"
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "data" / "demo"
+DEFAULT_OUT = DEMO_DIR
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -110,13 +110,18 @@ def describe(path: str) -> dict:
     return info
 
 
-def run(args: argparse.Namespace) -> int:
+def read_info(path: str) -> dict:
+    """``describe(path)`` (what ``info --json`` prints), read in a child process under a memory and
+    a time limit (loaders/parse_child.py): a bomb no reader's budget catches ends that process with
+    one line, not this one. Pooled: a caller that reads several (``main([...])``, a notebook) starts
+    one child."""
     from loaders.parse_child import call  # here: only when a checkpoint is read
 
-    # Read in a child process under a memory and a time limit (loaders/parse_child.py):
-    # a bomb no reader's budget catches ends that process with one line, not this one. Pooled:
-    # a caller that runs several commands in one process (``main([...])``) starts one child.
-    info = call("app.commands.info:describe", args.path, pooled=True)
+    return call("app.commands.info:describe", str(path), pooled=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    info = read_info(args.path)
     if args.json:
         print_json(info)
         return 0

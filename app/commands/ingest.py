@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 
 from app.commands._common import add_db_argument, print_json, store_from
 from loaders.report import one_line, shown
@@ -53,14 +54,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between polls with --watch (default 2)")
 
 
-def _progress(done: int, total: int, path: str) -> None:
-    if sys.stderr.isatty() and total:
-        width = 30
-        fill = int(width * done / total)
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {one_line(path)[-40:]:<40}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+class Progress:
+    """Files done / total on stderr while an ingest runs: a bar redrawn in place on a terminal,
+    else (a log, a pipe) one line at most every ``every`` seconds and one at the end
+    (``label: 40/198 files, 12 s``)."""
+
+    def __init__(self, label: str = "ingest", *, every: float = 2.0, stream=None):
+        self.label, self.every = label, every
+        self.stream = stream if stream is not None else sys.stderr     # looked up now, not at import
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty())
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int, path: str) -> None:
+        if not total:
+            return
+        now = time.monotonic()
+        if self.tty:
+            width = 30
+            fill = int(width * done / total)
+            self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {one_line(path)[-40:]:<40}")
+            if done == total:
+                self.stream.write("\n")
+        elif done == total or now - self.last >= self.every:
+            self.last = now
+            self.stream.write(f"{self.label}: {done}/{total} files, {now - self.start:.0f} s\n")
+        self.stream.flush()
 
 
 def print_report(report) -> None:
@@ -101,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             return 0
         return 0
-    report = ingest_paths(store, args.paths, progress=_progress)
+    report = ingest_paths(store, args.paths, progress=Progress())
     if args.json:
         print_json(report.to_json())
     else:

@@ -7,6 +7,8 @@ own KV heads). Units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes.
 Serving: GPUs needed for --users under a batch cap per replica (--max-batch,
 vLLM's max_num_seqs), USD per month, and one request's time to first token
 (prefill of --prompt-len) and time per output token (a roofline).
+--figures DIR writes the page's four sweeps (kv_plot_cache, kv_plot_users,
+kv_plot_cost, kv_plot_gpus) as SVG, PDF and PNG (app/figures.py).
 
 Examples:
   python -m app kv-cost --preset llama-3-8b --variant k_eq_v --gpu h100-sxm
@@ -28,6 +30,7 @@ from analysis.kv_cost import (
 from analysis.presets import PRESETS, get_preset
 from analysis.variants import ALL_VARIANTS
 from app.commands._common import print_json
+from app.figures import add_figures_argument, report_written, write_figures
 
 NAME = "kv-cost"
 HELP = "KV-cache bytes, users per GPU and USD per 1M tokens of a variant, against the baseline"
@@ -88,6 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--list-presets", action="store_true", help="list the preset models")
     out.add_argument("--list-gpus", action="store_true", help="list the GPU catalogue with sources")
     out.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_figures_argument(out)
 
 
 def _geometry(args: argparse.Namespace) -> Geometry:
@@ -157,6 +161,61 @@ def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1e3:,.2f} ms"
 
 
+@dataclasses.dataclass
+class Costing:
+    """One costing: the variant's figures (``result``) and the baseline's, the savings, and with
+    ``--compare`` the table of every variant."""
+
+    geometry: Geometry
+    serving: Serving
+    gpu: object
+    result: object
+    base: object
+    savings: dict
+    attention: Attention
+    comparison: object = None
+
+    def to_json(self) -> dict:
+        """What ``--json`` prints: the result's fields and working, then ``geometry``, ``serving``,
+        ``gpu_figures``, ``baseline``, ``savings`` and (``--compare``) ``comparison``."""
+        out = self.result.to_json(with_steps=True)
+        out["geometry"] = self.geometry.to_json()
+        out["serving"] = dataclasses.asdict(self.serving)
+        out["gpu_figures"] = self.gpu.to_json()
+        out["baseline"] = self.base.to_json()
+        out["savings"] = self.savings
+        if self.comparison is not None:
+            out["comparison"] = self.comparison.to_dict(orient="records")
+        return out
+
+
+def costing(args: argparse.Namespace) -> Costing:
+    """The costing the options ask for, against the baseline."""
+    geometry = _geometry(args)
+    serving = _serving(args)
+    gpu = _gpu(args)
+    if args.mla_latent is None and args.variant is None and args.kv_heads is None and geometry.kv_lora_rank:
+        attention = dataclasses.replace(native_attention(geometry), layers_per_cache=args.layers_per_cache,
+                                        window=args.window)  # an MLA checkpoint: its own attention
+    else:
+        attention = Attention(variant=args.variant or geometry.variant, n_kv_heads=args.kv_heads,
+                              mla_latent=args.mla_latent, mla_rope=args.mla_rope,
+                              layers_per_cache=args.layers_per_cache, window=args.window)
+    result = estimate(geometry, attention, serving, gpu)
+    base = estimate(geometry, baseline_attention(geometry), serving, gpu)
+    table = compare(geometry, standard_configs(geometry, args.kv_heads), serving, gpu) if args.compare else None
+    return Costing(geometry, serving, gpu, result, base, savings(result, base), attention, table)
+
+
+def write_page_figures(c: Costing, out_dir) -> None:
+    """The KV cost page's four sweeps of this costing as SVG, PDF and PNG in ``out_dir``
+    (``app.page_figures.kv_cost_figures``, ``app.figures.write_figures``); the files on stderr."""
+    from app.page_figures import kv_configs, kv_cost_figures  # here: plotly only when asked
+
+    plots = kv_cost_figures(c.geometry, kv_configs(c.geometry, c.attention), c.serving, c.gpu, c.result, c.base)
+    report_written(write_figures(plots, out_dir))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list_presets:
         rows = [{"name": g.name, "n_layers": g.n_layers, "n_heads": g.n_heads, "n_kv_heads": g.n_kv_heads,
@@ -182,32 +241,13 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{'':13}{key}: {text}")
         return 0
 
-    geometry = _geometry(args)
-    serving = _serving(args)
-    gpu = _gpu(args)
-    if args.mla_latent is None and args.variant is None and args.kv_heads is None and geometry.kv_lora_rank:
-        attention = dataclasses.replace(native_attention(geometry), layers_per_cache=args.layers_per_cache,
-                                        window=args.window)  # an MLA checkpoint: its own attention
-    else:
-        attention = Attention(variant=args.variant or geometry.variant, n_kv_heads=args.kv_heads,
-                              mla_latent=args.mla_latent, mla_rope=args.mla_rope,
-                              layers_per_cache=args.layers_per_cache, window=args.window)
-    base_attention = baseline_attention(geometry)
-    result = estimate(geometry, attention, serving, gpu)
-    base = estimate(geometry, base_attention, serving, gpu)
-    saved = savings(result, base)
-    table = compare(geometry, standard_configs(geometry, args.kv_heads), serving, gpu) if args.compare else None
-
+    c = costing(args)
+    geometry, serving, gpu, result, base, saved, table = (c.geometry, c.serving, c.gpu, c.result, c.base,
+                                                          c.savings, c.comparison)
+    if args.figures is not None:
+        write_page_figures(c, args.figures)
     if args.json:
-        out = result.to_json(with_steps=True)
-        out["geometry"] = geometry.to_json()
-        out["serving"] = dataclasses.asdict(serving)
-        out["gpu_figures"] = gpu.to_json()
-        out["baseline"] = base.to_json()
-        out["savings"] = saved
-        if table is not None:
-            out["comparison"] = table.to_dict(orient="records")
-        print_json(out)
+        print_json(c.to_json())
         return 0
 
     print(f"{geometry.name}: {geometry.n_layers} layers, d_model {geometry.d_model}, "

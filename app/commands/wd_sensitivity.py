@@ -12,6 +12,10 @@ analysed checkpoints of the runs exist) the projection norms of each run's
 latest analysed checkpoint. A statistic that cannot be had is null, with the
 reason. See ``analysis.wd_sensitivity`` for the definitions.
 
+--figures DIR writes the Weight decay page's main chart (each run's loss against
+its weight decay, means and intervals) as wd_curve.svg, .pdf and .png
+(app/figures.py).
+
 JSON (--json): a list with one object per (variant, group): variant, group,
 weight_decays, final_val_loss, best_val_loss, slope, curvature,
 best_weight_decay, n_runs, run_ids, spikes, diverged, projection_norms (as
@@ -48,6 +52,7 @@ import pandas as pd
 
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app.commands._common import add_db_argument, print_json, store_from
+from app.figures import add_figures_argument, report_written, write_figures
 from loaders.wd import NORM_METRICS, read_inputs  # noqa: F401  (read_inputs: the command's reads)
 
 NAME = "wd-sensitivity"
@@ -75,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "random sweeps), or auto: regression when under half of a variant's runs are in "
                              "groups with >= 2 weight decays (default auto)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_figures_argument(parser)
 
 
 def _none(value):
@@ -123,6 +129,16 @@ def _print_group(row: dict, metric: str, pct: str) -> None:
               f"{'  DIVERGED' if dv else ''}")
 
 
+def write_page_figures(table: pd.DataFrame, args: argparse.Namespace) -> None:
+    """The Weight decay page's main chart of ``table`` (``app.page_figures.wd_curve_figure``) as
+    ``wd_curve`` SVG, PDF and PNG in ``--figures``; nothing when every variant was fitted by the
+    regression (a group per run: the page draws those apart)."""
+    from app.page_figures import wd_curve_figure  # here: plotly only when asked
+
+    fig = wd_curve_figure(table, statistic=args.loss, metric=args.metric)
+    report_written(write_figures({"wd_curve": fig} if fig is not None else {}, args.figures))
+
+
 def run(args: argparse.Namespace) -> int:
     from loaders.curves import metric_directions    # the directions set on the Experiments page
 
@@ -131,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     table = wd_sensitivity(runs, points, spike_ratio=args.spike_ratio, diverge_ratio=args.diverge_ratio,
                            statistic=args.loss, n_boot=args.boot, confidence=args.confidence, seed=args.seed,
                            metric=args.metric, method=args.method, overrides=metric_directions(store))
+    if args.figures is not None:
+        write_page_figures(table, args)
     pn = projection_norms_vs_wd(runs, norms)
     out = []
     for row in table.to_dict("records"):

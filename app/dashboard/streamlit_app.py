@@ -1,5 +1,7 @@
 """The dashboard's entry point: ``python -m app serve`` runs this with Streamlit.
 
+``app`` is imported as installed, or from the checkout that ``python -m app`` found
+it in (the server keeps its working directory and ``PYTHONPATH``: ``app.commands.serve``).
 It lives in its own folder because Streamlit treats a ``pages/`` folder beside
 the entry script as old-style pages, which made a deep link such as
 ``/kv-cost`` flash a "Page not found" dialog before ``st.navigation`` ran.
@@ -14,18 +16,13 @@ files, in the background (``app/dashboard/prestart.py``; off with
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import streamlit as st
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # streamlit puts the script's folder on the path; we import from the root
-    sys.path.insert(0, str(ROOT))
-
-import streamlit as st  # noqa: E402
-
-from app.dashboard.prestart import prestart_reader  # noqa: E402
-from app.pages import page_modules  # noqa: E402
-from app.state import show_errors  # noqa: E402
+from app.dashboard.prestart import prestart_reader
+from app.figures import format_switch
+from app.pages import page_modules
+from app.paths import LOGO
+from app.state import show_errors
 
 
 @st.cache_resource(show_spinner=False)
@@ -36,13 +33,14 @@ def _reader_prestarted() -> bool:
 
 
 _reader_prestarted()
-st.set_page_config(page_title="qkvscope", page_icon=str(ROOT / "assets" / "logo.png"),
-                   layout="wide")
-st.logo(str(ROOT / "assets" / "logo.png"))
+st.set_page_config(page_title="qkvscope", page_icon=str(LOGO), layout="wide")
+st.logo(str(LOGO))
 
 pages = [
     st.Page(lambda m=mod: show_errors(m.render), title=mod.TITLE, icon=mod.ICON,
             url_path=mod.URL_PATH, default=(i == 0))
     for i, mod in enumerate(page_modules())
 ]
-st.navigation(pages).run()
+page = st.navigation(pages)
+format_switch()          # below the navigation: what each chart's camera button downloads (app.figures)
+page.run()

@@ -26,7 +26,7 @@ import streamlit as st
 
 from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics
-from app import charts, pickers, tables
+from app import charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
                        store_at, stored_notes, current_notes, checkpoint_choices, checkpoints_frame,
@@ -169,13 +169,11 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
                   else "(no chance level stored: run the analysis again to get one)."))
     left, right = st.columns(2)
     left.markdown(f"**A** {labels[a]}")
-    left.plotly_chart(charts.heatmap_figure(ra, metric, zmin=zmin, zmax=zmax,
-                                            muted=muted_a and tables.short_reason(muted_a)),
-                      width="stretch", key="cmp_heat_a")
+    figures.show(charts.heatmap_figure(ra, metric, zmin=zmin, zmax=zmax,
+                                            muted=muted_a and tables.short_reason(muted_a)), key="cmp_heat_a", where=left)
     right.markdown(f"**B** {labels[b]}")
-    right.plotly_chart(charts.heatmap_figure(rb, metric, zmin=zmin, zmax=zmax,
-                                             muted=muted_b and tables.short_reason(muted_b)),
-                       width="stretch", key="cmp_heat_b")
+    figures.show(charts.heatmap_figure(rb, metric, zmin=zmin, zmax=zmax,
+                                             muted=muted_b and tables.short_reason(muted_b)), key="cmp_heat_b", where=right)
     for side, reason in (("A", muted_a), ("B", muted_b)):
         if reason:
             st.warning(f"{side}: {metric} rests on too few tokens: {reason}", icon=":material/warning:")
@@ -184,7 +182,7 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
                 "head-by-head difference; the heatmaps above share one colour scale.", icon=":material/info:")
         return
     diff = curves.head_difference(ra, rb)
-    st.plotly_chart(charts.diff_heatmap(diff, metric, a_label="A", b_label="B"), width="stretch", key="cmp_diff")
+    figures.show(charts.diff_heatmap(diff, metric, a_label="A", b_label="B"), key="cmp_diff")
     d = diff[(diff["metric"] == metric) & diff["head"].notna()]
     if len(d):
         st.caption(f"Largest changes of {metric} (B - A); mean change {d['diff'].mean():+.4g}.")
@@ -241,7 +239,7 @@ def _trajectories(store) -> None:
                "shapes give"
                + ("; bands: the mean of the heads' 95% bounds (bootstrap over token windows)."
                   if rows["ci_low"].notna().any() else "."))
-    st.plotly_chart(charts.trajectory_figure(per_layer, metric), width="stretch", key="cmp_traj")
+    figures.show(charts.trajectory_figure(per_layer, metric), key="cmp_traj")
     steps = dict(zip(ck["checkpoint_id"].astype(int), ck["step"]))
     few = {}
     for cid in ck["checkpoint_id"].astype(int):

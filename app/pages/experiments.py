@@ -27,7 +27,7 @@ from analysis.directions import direction
 from analysis.results_table import best_of_each_group, metric_order, run_groups, table_order
 from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
-from app import charts, tables
+from app import charts, figures, tables
 from app.state import data_version, get_store, metric_directions, query_param, set_query_params, store_at
 from loaders import curves
 from loaders.logs.runs import COLUMN_FIELDS, set_run_metadata
@@ -249,7 +249,7 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
         missing = sorted(set(plotted) - set(int(i) for i in raw["run_id"].unique()))
         if missing:
             st.caption("No points with this metric and x axis for: " + ", ".join(labels[i] for i in missing))
-    st.plotly_chart(fig, width="stretch", key="exp_curves", theme=charts.CHART_THEME)
+    figures.show(fig, key="exp_curves", theme=charts.CHART_THEME)
     logged = int(runs[runs["id"].isin(plotted)]["n_points"].fillna(0).sum())
     st.caption(f"{n_shown:,} points drawn ({logged:,} logged points in these runs, all metrics); "
                "long curves keep each bucket's minimum and maximum so spikes stay visible.")
@@ -347,7 +347,7 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
     else:
         dims = [h for h in HPARAMS if data[h].notna().any()]
         fig = charts.parallel_figure(data, dims, color=value, metric=fmetric, direction=way)
-    st.plotly_chart(fig, width="stretch", key="exp_final", theme=charts.CHART_THEME)
+    figures.show(fig, key="exp_final", theme=charts.CHART_THEME)
     if view == "Scatter":
         st.caption(_drawing_caption(drawing, len(runs)))
     diverged = data[data["nonfinite"] > 0]

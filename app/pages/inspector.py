@@ -44,7 +44,7 @@ import streamlit as st
 from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
 from analysis.tie_names import layer_variant, tied_variant
-from app import attention_view, charts, pickers, tables
+from app import attention_view, charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
 from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
                        checkpoints_frame as _checkpoints, analysis_results as _results, current_notes)
@@ -268,7 +268,7 @@ def _geometry(row: pd.Series):
     c[5].metric("KV bytes/token", f"{int(row['kv_bytes_per_token']):,}")
     slot = st.container()
     left, right = st.columns([1, 1])
-    left.plotly_chart(charts.param_split_figure(row.to_dict()), width="stretch", key="insp_params")
+    figures.show(charts.param_split_figure(row.to_dict()), key="insp_params", where=left)
     right.dataframe(pd.DataFrame({"field": ["norm", "positions", "dtype", "parameters", "attention parameters",
                                             "NaN/Inf in attention", "path"],
                                   "value": [str(row["norm"]), str(row["positions"]), str(row["dtype"]),
@@ -392,10 +392,9 @@ def _heatmap(results: pd.DataFrame, notes: dict[str, str]) -> None:
     muted = tables.muted_metrics(notes).get(metric)
     if muted:
         st.warning(f"{metric} rests on too few tokens: {muted}", icon=":material/warning:")
-    st.plotly_chart(charts.heatmap_figure(results, metric, muted=muted and tables.short_reason(muted)),
-                    width="stretch", key="insp_heatmap")
+    figures.show(charts.heatmap_figure(results, metric, muted=muted and tables.short_reason(muted)), key="insp_heatmap")
     if info.axis == "head+layer":
-        st.plotly_chart(charts.layer_figure(results, metric), width="stretch", key="insp_layer")
+        figures.show(charts.layer_figure(results, metric), key="insp_layer")
 
 
 def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> None:
@@ -458,7 +457,7 @@ def _spectra_section(row: pd.Series) -> None:
     if failure:
         show_failure("spectra", failure)
         return
-    st.plotly_chart(charts.spectra_figure(spectra, log_y=log_y), width="stretch", key="insp_spectra")
+    figures.show(charts.spectra_figure(spectra, log_y=log_y), key="insp_spectra")
 
 
 def default_text(text: str, limit: int = 160) -> str:
@@ -510,11 +509,10 @@ def _attention_section(row: pd.Series) -> None:
     layer_maps = maps[layer]   # [n_heads, T, T]
     st.caption(f"Layer {layer} (the spectra's layer above), {len(tokens)} tokens: all {n_heads} heads on one "
                "colour scale, 0 to the layer's largest weight; the enlarged head is outlined in red.")
-    st.plotly_chart(attention_view.grid_figure(layer_maps, tokens, layer=layer, selected=head), width="stretch",
+    figures.show(attention_view.grid_figure(layer_maps, tokens, layer=layer, selected=head),
                     key="insp_attention_grid")
-    st.plotly_chart(attention_view.head_figure(layer_maps[head], tokens, title=f"L{layer}H{head}",
-                                               zmax=attention_view.shared_max(layer_maps)),
-                    width="stretch", key="insp_attention")
+    figures.show(attention_view.head_figure(layer_maps[head], tokens, title=f"L{layer}H{head}",
+                                               zmax=attention_view.shared_max(layer_maps)), key="insp_attention")
 
 
 def download_frame(results: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:

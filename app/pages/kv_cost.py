@@ -14,25 +14,22 @@ the sign.
 """
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
 from analysis.errors import AnalysisError
 from analysis.gpus import CATALOGUE, GB, GIB, TB_S, TFLOPS, resolve_gpu_name
 from analysis.kv_cost import (
     DEFAULT_MAX_BATCH, DTYPE_BITS, LARGER_BETTER, SMALLER_BETTER, VARIANT_LABELS, VARIANTS, Attention,
-    Estimate, Geometry, Serving, baseline_attention, compare, estimate, geometry_from_info, standard_configs,
-    sweep_context, sweep_users,
+    Estimate, Geometry, Serving, baseline_attention, compare, estimate, geometry_from_info,
 )
 from analysis.presets import PRESETS
-from analysis.variants import sharing
-from app import tables
-from app.charts import CHART_THEME, LIGHT, group_style, readable_log_axis
+from app import figures, tables
+from app.charts import CHART_THEME
+from app.page_figures import kv_configs, kv_cost_figures
 from app.state import data_version, get_store, query_param, set_query_params
 from loaders.errors import QkvscopeError
 from loaders.store import Store
@@ -290,18 +287,6 @@ def _serving_inputs(state: dict) -> tuple[Serving, object]:
     return serving, gpu
 
 
-def _configs(geometry: Geometry, chosen: Attention) -> list[Attention]:
-    """The baseline first, then an MLA model's own attention, every variant and K=V with
-    GQA/MQA at the chosen window, plus the chosen configuration itself when it adds MLA or
-    cross-layer sharing."""
-    configs = [dataclasses.replace(c, window=chosen.window)
-               for c in standard_configs(geometry, chosen.n_kv_heads)]
-    if chosen not in configs:
-        configs.append(chosen)
-    base = baseline_attention(geometry)
-    return [base] + [c for c in configs if c != base]
-
-
 def delta(key: str, result: Estimate, base: Estimate) -> tuple[str | None, str]:
     """(delta text, delta_color) of ``key`` against the baseline for ``st.metric``.
 
@@ -363,39 +348,6 @@ def _metrics(result: Estimate, base: Estimate) -> None:
                   "**The weights (plus reserve) do not fit, or no user's cache fits beside them.**"))
 
 
-#: Axis titles in words for the sweep charts.
-AXES = {
-    "context": "context (tokens per user)", "users": "concurrent users", "label": "configuration",
-    "KV GiB per user": "KV cache per user (GiB)", "users_per_gpu": "users per GPU (memory)",
-    "usd_per_million_tokens": "USD per 1M output tokens", "gpus": "GPUs needed",
-    "tokens_per_s": "decode tokens/s", "bound": "bound", "tokens_per_s_per_gpu": "tokens/s per GPU",
-}
-
-
-def _styles(geometry: Geometry, configs: list[Attention]) -> tuple[dict, dict]:
-    """Colour (the variant's) and dash (the head sharing's) per configuration label."""
-    colors, dashes = {}, {}
-    for i, cfg in enumerate(configs):
-        kv = cfg.n_kv_heads or geometry.n_kv_heads
-        style = group_style("mla" if cfg.mla_latent else cfg.variant, sharing(geometry.n_heads, kv), i)
-        colors[cfg.label(geometry)], dashes[cfg.label(geometry)] = style["color"], style["dash"]
-    return colors, dashes
-
-
-def _line(frame: pd.DataFrame, x: str, y: str, title: str, styles: tuple[dict, dict], *, log_x: bool = True,
-          log_y: bool = False, hover: list[str] | None = None):
-    colors, dashes = styles
-    fig = px.line(frame, x=x, y=y, color="label", line_dash="label", color_discrete_map=colors,
-                  line_dash_map=dashes, markers=True, log_x=log_x, log_y=log_y, hover_data=hover,
-                  labels=AXES, title=title, template=LIGHT)
-    if log_x:
-        readable_log_axis(fig, frame[x], "x")
-    if log_y:
-        readable_log_axis(fig, frame[y], "y")
-    # the legend under the plot: beside it, seven configurations took half of a half-width column
-    fig.update_layout(legend=dict(title_text="configuration", orientation="h", yanchor="top", y=-0.3),
-                      height=520, margin=dict(l=60, r=20, t=50, b=40))
-    return fig
 
 
 def render() -> None:
@@ -425,7 +377,7 @@ def render() -> None:
         return
     _metrics(result, base)
 
-    configs = _configs(geometry, attention)
+    configs = kv_configs(geometry, attention)
     table = compare(geometry, configs, serving, gpu)
     st.subheader("Variants side by side")
     shown = table.assign(
@@ -462,26 +414,11 @@ def render() -> None:
                        mime="text/csv", icon=":material/download:", key="kv_csv")
 
     st.subheader("Against context and users")
-    styles = _styles(geometry, configs)
-    top = max(serving.resolved_context(), 1024)
-    contexts = sorted({int(top * f) for f in (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4)} - {0})
-    sweep = sweep_context(geometry, configs, serving, gpu, contexts)
-    sweep["KV GiB per user"] = sweep["bytes_per_user"] / GIB
-    c = st.columns(2)
-    c[0].plotly_chart(_line(sweep, "context", "KV GiB per user", "KV cache per user against context", styles),
-                      key="kv_plot_cache", theme=CHART_THEME)
-    c[1].plotly_chart(_line(sweep, "context", "users_per_gpu", "Users per GPU against context", styles),
-                      key="kv_plot_users", theme=CHART_THEME)
-    cap = max(result.users_per_gpu, base.users_per_gpu, result.batch_per_replica, 8)
-    users = sorted({max(1, int(cap * f)) for f in (1 / 64, 1 / 16, 1 / 4, 1 / 2, 1, 2, 4, 16)})
-    by_users = sweep_users(geometry, configs, serving, gpu, users).dropna(subset=["usd_per_million_tokens"])
-    c = st.columns(2)
-    c[0].plotly_chart(_line(by_users, "users", "usd_per_million_tokens",
-                            "USD per 1M output tokens against concurrent users", styles, log_y=True,
-                            hover=["gpus", "bound"]), key="kv_plot_cost", theme=CHART_THEME)
-    c[1].plotly_chart(_line(by_users, "users", "gpus", "GPUs needed against concurrent users", styles,
-                            log_y=True, hover=["tokens_per_s", "tokens_per_s_per_gpu"]),
-                      key="kv_plot_gpus", theme=CHART_THEME)
+    plots = kv_cost_figures(geometry, configs, serving, gpu, result, base)
+    for i, (key, fig) in enumerate(plots.items()):
+        if i % 2 == 0:
+            c = st.columns(2)
+        figures.show(fig, key=key, theme=CHART_THEME, where=c[i % 2])
 
     st.subheader("The working, with your numbers")
     st.dataframe(pd.DataFrame([{"step": s.name, "formula": s.formula, "with numbers": s.filled}

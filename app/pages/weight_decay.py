@@ -36,8 +36,9 @@ import streamlit as st
 from analysis.registry import names
 from analysis.results_table import DEFAULT_TASK, metric_order, own_condition
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
-from app import charts, tables
+from app import charts, figures, tables
 from app.attempts import analyse_each, show_batch
+from app.page_figures import _task_column, per_run, per_wd, regressions, wd_curve_figure
 from app.pickers import checkpoint_label
 from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
                        store_at)
@@ -100,71 +101,6 @@ def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diver
 @st.cache_data(show_spinner=False, max_entries=8)
 def _latest(db: str, version: tuple) -> pd.DataFrame:
     return curves.latest_run_checkpoints(store_at(db))
-
-
-def _keys(table: pd.DataFrame) -> list[str]:
-    """The columns naming a group: ``task, condition`` (where present), ``variant, group``."""
-    return [c for c in ("task", "condition") if c in table.columns] + ["variant", "group"]
-
-
-def per_run(table: pd.DataFrame) -> pd.DataFrame:
-    """The sensitivity table's per-run lists as one row per run (``[task, condition,] variant, group,
-    run_id, weight_decay, final_val_loss, best_val_loss, spikes, diverged``)."""
-    cols = ["weight_decays", "final_val_loss", "best_val_loss", "run_ids", "spikes", "diverged"]
-    if table.empty:
-        return pd.DataFrame(columns=_keys(table) + ["run_id", "weight_decay", "final_val_loss",
-                                                    "best_val_loss", "spikes", "diverged"])
-    long = table[_keys(table) + cols].explode(cols, ignore_index=True)
-    long = long.rename(columns={"weight_decays": "weight_decay", "run_ids": "run_id"})
-    long["weight_decay"] = long["weight_decay"].astype(float)
-    long["final_val_loss"] = pd.to_numeric(long["final_val_loss"], errors="coerce")
-    long["best_val_loss"] = pd.to_numeric(long["best_val_loss"], errors="coerce")
-    long["spikes"] = long["spikes"].astype(int)
-    long["diverged"] = long["diverged"].astype(bool)
-    long["run_id"] = long["run_id"].astype(int)
-    return long
-
-
-def per_wd(table: pd.DataFrame) -> pd.DataFrame:
-    """The sensitivity table's per-weight-decay points as rows: ``[task, condition,] variant, group,
-    weight_decay, n_runs, mean, ci_low, ci_high, n_diverged, n_spiky``."""
-    keys = _keys(table)
-    cols = keys + ["weight_decay", "n_runs", "mean", "ci_low", "ci_high", "n_diverged", "n_spiky"]
-    rows = [{**{k: getattr(r, k) for k in keys}, **{k: p.get(k) for k in cols[len(keys):]}}
-            for r in table.itertuples() for p in r.per_wd]
-    out = pd.DataFrame(rows, columns=cols)
-    for c in ("weight_decay", "mean", "ci_low", "ci_high"):
-        out[c] = pd.to_numeric(out[c], errors="coerce")
-    return out
-
-
-def _x_of(fig: go.Figure, wd: pd.Series) -> pd.Series:
-    """Where ``charts.wd_figure`` put each weight decay on its log axis (wd 0 sits on the tick labelled "0")."""
-    ticks = dict(zip(fig.layout.xaxis.ticktext or (), fig.layout.xaxis.tickvals or ()))
-    return wd.where(wd > 0, ticks.get("0"))
-
-
-def add_intervals(fig: go.Figure, points: pd.DataFrame, *, y_title: str) -> go.Figure:
-    """Per weight decay and group: the mean over runs as a dash with its 95% bootstrap interval as an
-    error bar (only where runs repeat) and ``n=`` beside it where more than one run stands behind it."""
-    data = points.assign(x=lambda d: _x_of(fig, d["weight_decay"]))
-    shown = charts.wd_task_shown(data)
-    for i, ((task, variant, group), g) in enumerate(charts.wd_groups(data)):
-        name = charts.wd_group_name(variant, group, shown(task), charts.first_value(g, "condition"))  # as charts.wd_figure
-        has = g["ci_low"].notna()
-        err = dict(type="data", symmetric=False, array=(g["ci_high"] - g["mean"]).where(has, 0).tolist(),
-                   arrayminus=(g["mean"] - g["ci_low"]).where(has, 0).tolist(), thickness=1.5, width=6,
-                   color=charts.variant_color(variant, i))
-        ci = [f"{lo:.4g} to {hi:.4g}" if pd.notna(lo) else "none (one run)" for lo, hi in zip(g["ci_low"], g["ci_high"])]
-        fig.add_trace(go.Scatter(
-            x=g["x"], y=g["mean"], mode="markers+text", name=f"{name}: mean, 95% CI", legendgroup=name,
-            showlegend=False, error_y=err,
-            marker=dict(symbol="line-ew-open", size=16, color=charts.variant_color(variant, i), line=dict(width=2)),
-            text=[f"n={n}" if n > 1 else "" for n in g["n_runs"]], textposition="middle right",
-            customdata=[[w, n, c] for w, n, c in zip(g["weight_decay"], g["n_runs"], ci)],
-            hovertemplate=(f"{name}<br>wd %{{customdata[0]:.4g}}<br>mean {y_title} %{{y:.4g}} over "
-                           "%{customdata[1]} runs<br>95% CI %{customdata[2]}<extra></extra>")))
-    return fig
 
 
 def _ci(lo, hi, fmt: str) -> str:
@@ -231,11 +167,6 @@ def absent_lines(table: pd.DataFrame) -> list[str]:
     return lines + [f"**{what}** n/a for {', '.join(names)}: {why}" for (what, why), names in by.items()]
 
 
-def _task_column(table: pd.DataFrame) -> pd.Series:
-    """``table``'s ``task`` column (a tasks-less table: None for every row), to group by."""
-    return table["task"].rename("task") if "task" in table.columns else pd.Series("", index=table.index, name="task")
-
-
 def points_table(points: pd.DataFrame) -> pd.DataFrame:
     """``per_wd`` for display: the interval as text, an em dash with "(one run)" where no run repeats;
     ``task`` first when the points are of several tasks."""
@@ -249,16 +180,6 @@ def points_table(points: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- random sweeps: the regression estimator ---------------------------------------------------
-
-def regressions(table: pd.DataFrame) -> dict[tuple[str, str], dict]:
-    """``{(task, variant): regression}`` for the variants whose method is ``"regression"`` (one per task
-    and variant; task ``""`` in a table without tasks)."""
-    out = {}
-    for r in table.itertuples():
-        if r.method == "regression" and isinstance(r.regression, dict):
-            out.setdefault((str(getattr(r, "task", "") or ""), str(r.variant)), r.regression)
-    return out
-
 
 def _subject(key: tuple[str, str], tasks: list[str], *, paper_label: bool = True) -> str:
     """A regression's name: its variant (paper label or stored name), with its task where ``tasks``
@@ -354,8 +275,8 @@ def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> No
                    "(choose *regression* above to fit it anyway).")
         return
     left, right = st.columns([3, 2])
-    left.plotly_chart(regression_figure(regs, y_title=y_title), width="stretch", key="wd_regression")
-    right.plotly_chart(coefficient_figure(regs, metric=metric), width="stretch", key="wd_coef")
+    figures.show(regression_figure(regs, y_title=y_title), key="wd_regression", where=left)
+    figures.show(coefficient_figure(regs, metric=metric), key="wd_coef", where=right)
     right.caption(f"Change of the {y_title} per decade of weight decay with the other hyperparameters held "
                   "fixed; bars: its bootstrap interval; n: runs fitted. An interval across the dashed line "
                   "means the sweep cannot tell the sign.")
@@ -421,7 +342,7 @@ def _norms_section(store, version, runs: pd.DataFrame, variants=None) -> None:
         st.caption("The analysed checkpoints' runs have no weight decay recorded.")
         return
     # the Variants filter applies here too; the runs give head counts, so MHA and MQA are apart
-    st.plotly_chart(charts.norms_figure(table, variants=variants, runs=runs), width="stretch", key="wd_norms")
+    figures.show(charts.norms_figure(table, variants=variants, runs=runs), key="wd_norms")
 
 
 def render() -> None:
@@ -475,19 +396,11 @@ def render() -> None:
     names = dict(zip(runs["run_id"], runs["name"]))
     y_title = f"{statistic} {metric}"
     # a variant fitted by the regression has a group per run: its runs are drawn under "Random sweeps"
-    regs = regressions(table)
-    swept = sorted(regs)
+    swept = sorted(regressions(table))
     tasks = [t for t, _ in swept]
-
-    def not_swept(frame: pd.DataFrame) -> pd.Series:
-        return ~pd.Series(list(zip(_task_column(frame).astype(str), frame["variant"].astype(str))),
-                          index=frame.index).isin(swept)
-
-    grouped_long = long[not_swept(long)]
-    if len(grouped_long):
-        fig = charts.wd_figure(grouped_long, y=f"{statistic}_val_loss", y_title=y_title)
-        fig = add_intervals(fig, points[not_swept(points)], y_title=y_title)
-        st.plotly_chart(fig, width="stretch", key="wd_curve")
+    fig = wd_curve_figure(table, statistic=statistic, metric=metric)
+    if fig is not None:
+        figures.show(fig, key="wd_curve")
         st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss "
                    f"of the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay "
                    f"and its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), "

@@ -266,6 +266,43 @@ def test_load_plugins_by_file_and_by_module_name(tmp_path, monkeypatch):
         sys.modules.pop("qkvscope_plugin_toy_by_file", None)
 
 
+def _installed_plugin(root, entry: str) -> None:
+    """A distribution on the path of ``root`` whose entry point of ``qkvscope.metrics`` is ``entry``
+    (the files ``pip install`` writes: a ``.dist-info`` folder with ``METADATA`` and ``entry_points.txt``)."""
+    info = root / "toy_metrics_pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-metrics-pkg\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[qkvscope.metrics]\n{entry}\n")
+
+
+def test_an_installed_package_registers_a_metric_through_its_entry_point(tmp_path, monkeypatch):
+    (tmp_path / "toy_by_entry_point.py").write_text(textwrap.dedent('''
+        from analysis.registry import Metric, register
+
+        @register(Metric("toy_by_entry_point", "weights", "layer", "toy", "a toy", "none", "none", "none: a toy"))
+        def toy(layer, meta, device):
+            return 1.0
+    '''))
+    _installed_plugin(tmp_path, "toy = toy_by_entry_point")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "toy" in registry.load_entry_point_plugins()
+        assert "toy_by_entry_point" in registry.names("weights")
+    finally:
+        if "toy_by_entry_point" in registry.PLUGINS:
+            registry.unregister("toy_by_entry_point")
+        sys.modules.pop("toy_by_entry_point", None)
+
+
+def test_an_entry_point_that_fails_to_load_is_one_line(tmp_path, monkeypatch):
+    _installed_plugin(tmp_path, "broken = no_such_metrics_module")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(AnalysisError) as exc:
+        registry.load_entry_point_plugins()
+    assert str(exc.value) == ("entry point qkvscope.metrics: broken = no_such_metrics_module: "
+                              "ModuleNotFoundError: No module named 'no_such_metrics_module'")
+
+
 def test_a_plugin_that_fails_to_load_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(AnalysisError) as exc:
         registry.load_plugins("no_such_plugin_module")

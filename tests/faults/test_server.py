@@ -165,8 +165,9 @@ def test_ten_browser_sessions_at_once(demo_db):
 
 
 def test_xsrf_protection_and_cors_stay_on():
-    import tomllib
+    from app.commands import serve
 
-    server = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())["server"]
-    assert server["enableXsrfProtection"] is True and server["enableCORS"] is True
-    assert server["address"] == "127.0.0.1"
+    cmd = serve.streamlit_command("127.0.0.1", 8501)
+    options = dict(zip(cmd[5::2], cmd[6::2]))             # after: python -m app.hostguard run SCRIPT
+    assert options["--server.enableXsrfProtection"] == "true" and options["--server.enableCORS"] == "true"
+    assert options["--server.address"] == "127.0.0.1" and options["--server.fileWatcherType"] == "none"

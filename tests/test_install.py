@@ -1,0 +1,79 @@
+"""``pip install .`` into a new virtual environment gives a ``qkvscope`` command that works from any
+directory: ``--help``, ``info`` on a checkpoint, ``demo`` (the bundled demo found inside the installed
+package) and ``serve`` (the default database in the user data folder, built from that demo, and the
+dashboard's health endpoint answering).
+
+The venv is a plain ``python -m venv`` (no system site-packages), so a dependency missing from
+``requirements.txt`` fails the install's ``import``s here; pip installs every dependency, which is
+why this test is slow (minutes: torch unpacks).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.app.browser import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPT = ROOT / "data" / "demo" / "qkv-mha-wd0" / "checkpoints" / "final_step_004000.safetensors"
+
+pytestmark = pytest.mark.slow
+
+
+def _run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_pip_install_gives_a_command_that_works_from_another_directory(tmp_path):
+    venv, elsewhere, home = tmp_path / "venv", tmp_path / "elsewhere", tmp_path / "home"
+    elsewhere.mkdir()
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("QKVSCOPE_DB", "PYTHONPATH", "VIRTUAL_ENV", "QKVSCOPE_PLUGINS")}
+    env |= {"HOME": str(home), "XDG_DATA_HOME": str(home / ".local" / "share"), "PIP_NO_INPUT": "1"}
+    _run([sys.executable, "-m", "venv", str(venv)], elsewhere, env, 120)
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(ROOT)], elsewhere, env, 1500)
+    qkvscope = str(venv / "bin" / "qkvscope")
+
+    help_text = _run([qkvscope, "--help"], elsewhere, env, 120).stdout
+    assert help_text.startswith("usage: qkvscope ") and "serve" in help_text and "analyze" in help_text
+
+    info = json.loads(_run([qkvscope, "info", str(CKPT), "--json"], elsewhere, env, 300).stdout)
+    assert (info["variant"], info["n_layers"], info["n_heads"], info["d_model"]) == ("qkv", 4, 4, 64)
+
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import app, sys; print(app.__file__)"],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60).stdout
+    assert site.startswith(str(venv))                                   # the installed copy, not the checkout
+    demo = json.loads(_run([qkvscope, "demo", "--json"], elsewhere, env, 300).stdout)
+    assert sorted(r["name"] for r in demo) == sorted(p.parent.name for p in (ROOT / "data" / "demo").glob("*/config.json"))
+
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen([qkvscope, "serve", "--port", str(port)], cwd=elsewhere, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                    if r.status == 200 and r.read() == b"ok":
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.5)
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert (home / ".local" / "share" / "qkvscope" / "qkvscope.duckdb").is_file()   # the user data folder
+    assert not (elsewhere / ".streamlit").exists() and not list(elsewhere.iterdir())
