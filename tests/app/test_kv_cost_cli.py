@@ -192,3 +192,54 @@ def test_plus_variant_is_accepted(capsys):
     base = run_json(capsys, "--preset", "gpt2", "--variant", "q_eq_k_eq_v")
     assert plus["bytes_per_token"] == base["bytes_per_token"] == 12 * 1 * 12 * 64 * 2
     assert plus["label"] == "(Q=K=V)+, MHA"
+
+
+# -- hybrid stacks and engine mode ------------------------------------------------------------------
+
+ENGINE = {"max_concurrency", "kv_cache_bytes", "activation_bytes", "layer_types", "engine"}
+
+
+def test_engine_vllm_prints_vllms_line_for_the_published_a100_log(capsys):
+    args = ["kv-cost", "--preset", "llama-3-8b", "--gpu", "a100-40gb", "--context", "8192", "--engine", "vllm",
+            "--gpu-memory-utilization", "0.90", "--activation-gib", "9.37"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "Maximum concurrency for 8,192 tokens per request: 11.12x" in text.splitlines()
+    assert "capacity: as vLLM computes it" in text
+    data = run_json(capsys, *args[1:])
+    assert ENGINE | CONTRACT <= set(data)
+    assert round(data["max_concurrency"], 2) == 11.12 and data["users_per_gpu"] == 11
+    assert data["activation_bytes"] == 9.37 * 2 ** 30
+    assert data["kv_cache_bytes"] == pytest.approx((39.50 * 0.90 - 0.10 - 9.37) * 2 ** 30 - 16_060_522_496)
+
+
+def test_datasheet_mode_is_labelled_and_keeps_its_figures(capsys):
+    assert main(["kv-cost", "--preset", "llama-3-8b", "--gpu", "a100-40gb", "--context", "8192"]) == 0
+    text = capsys.readouterr().out
+    assert "capacity: datasheet (GPU GB * utilisation - weights - reserve" in text
+    assert "Maximum concurrency" not in text
+    data = run_json(capsys, "--preset", "llama-3-8b", "--gpu", "a100-40gb", "--context", "8192")
+    assert data["users_per_gpu"] == 16 and data["max_concurrency"] is None and data["engine"] == "datasheet"
+
+
+def test_layer_types_by_hand_print_both_per_token_and_per_user(capsys):
+    args = ["--layers", "6", "--heads", "4", "--kv-heads", "1", "--d-head", "16", "--d-model", "64",
+            "--kv-dtype", "fp32", "--context", "2048", "--layer-types", "5xlocal:512,1xglobal"]
+    data = run_json(capsys, *args)
+    assert data["bytes_per_token"] == 768 and data["bytes_per_user"] == 128 * (2048 + 5 * 512)
+    assert [(t["name"], t["n_layers"], t["n_kv_heads"], t["d_head_k"], t["d_head_v"], t["window"], t["bytes"])
+            for t in data["layer_types"]] == [("local", 5, 1, 16, 16, 512, 640 * 512),
+                                              ("global", 1, 1, 16, 16, None, 128 * 2048)]
+    data = run_json(capsys, *args, "--engine", "transformers")
+    assert data["bytes_per_user"] == 589_184
+    assert main(["kv-cost", *args]) == 0
+    text = capsys.readouterr().out
+    assert "per layer type at context 2,048:" in text
+    assert "KV bytes per user          1,572,864 B" not in text
+
+
+def test_a_bad_layer_types_spec_is_one_line(capsys):
+    code = main(["kv-cost", "--preset", "llama-3-8b", "--layer-types", "5xlocal:512,40xglobal"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == ("error: layer types '5xlocal:512,40xglobal': 45 layers, "
+                                               "but the model has 32")
