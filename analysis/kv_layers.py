@@ -37,8 +37,11 @@ across families, each from the model's ``configuration_*.py`` in transformers:
   even layers sliding), Qwen2's ``use_sliding_window`` with ``max_window_layers``
   (layers from that index on slide), else ``sliding_window`` on every layer
   (Mistral 7B v0.1).
-* per-type heads: ``num_global_key_value_heads`` and ``global_head_dim``
-  (Gemma 4's full-attention layers), ``head_dim`` for the others.
+* per-type heads: ``global_head_dim`` and ``num_global_key_value_heads``
+  (Gemma 4's full-attention layers; the heads only where ``attention_k_eq_v``
+  holds, as ``Gemma4TextConfig`` applies them), ``head_dim`` for the others; or
+  ``per_layer_config`` (``{layer: {"head_dim", "num_key_value_heads"}}``, what
+  transformers' own ``to_dict`` writes for Gemma 4).
 * ``num_kv_shared_layers``: the last N layers cache nothing of their own.
 * ``attention_k_eq_v`` (Gemma 4) ties the projections of global layers but the
   cached K (rotated) and V (normed) differ, so both are cached: no saving here.
@@ -225,8 +228,10 @@ def layer_types_from_config(config: dict) -> tuple[LayerType, ...]:
         return ()
     n = _int(c, "num_hidden_layers") or len(kinds or [])
     kinds = kinds or ["full_attention"] * n
-    global_kv = _int(c, "num_global_key_value_heads")
+    gemma4 = str(c.get("model_type", "")).startswith("gemma4")
+    global_kv = _int(c, "num_global_key_value_heads") if c.get("attention_k_eq_v", not gemma4) else None
     global_dh = _int(c, "global_head_dim")
+    per_layer = c.get("per_layer_config") if isinstance(c.get("per_layer_config"), dict) else {}
     first_shared = n - shared_n
     layers = []
     for i, kind in enumerate(kinds):
@@ -243,6 +248,11 @@ def layer_types_from_config(config: dict) -> tuple[LayerType, ...]:
                 fields["d_head_k"] = global_dh
         else:
             fields["cached"] = False
+        own = per_layer.get(str(i), per_layer.get(i)) or {}
+        if _int(own, "head_dim"):
+            fields["d_head_k"] = _int(own, "head_dim")
+        if _int(own, "num_key_value_heads"):
+            fields["n_kv_heads"] = _int(own, "num_key_value_heads")
         layers.append((kind, fields))
     return _group(layers)
 

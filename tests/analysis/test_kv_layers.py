@@ -126,3 +126,18 @@ def test_unknown_engine():
     with pytest.raises(AnalysisError) as exc:
         cached_tokens_for(None, 10, "sglang")
     assert str(exc.value) == "engine must be one of datasheet, transformers, vllm, got 'sglang'"
+
+
+def test_gemma4_global_heads_apply_only_with_attention_k_eq_v_as_its_config_class_does():
+    kinds = ["sliding_attention", "full_attention"]
+    cfg = {"model_type": "gemma4_text", "num_hidden_layers": 2, "sliding_window": 512, "layer_types": kinds,
+           "num_global_key_value_heads": 4, "global_head_dim": 512}
+    assert layer_types_from_config(cfg)[1] == LayerType("full_attention", 1, d_head_k=512)
+    assert layer_types_from_config({**cfg, "attention_k_eq_v": True})[1] == LayerType(
+        "full_attention", 1, n_kv_heads=4, d_head_k=512)
+
+
+def test_per_layer_config_as_transformers_writes_it():
+    cfg = {"num_hidden_layers": 2, "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"],
+           "per_layer_config": {"1": {"head_dim": 16, "num_key_value_heads": 1}}}
+    assert layer_types_from_config(cfg)[1] == LayerType("full_attention", 1, n_kv_heads=1, d_head_k=16)
