@@ -44,9 +44,16 @@ from analysis.variants import LABELS as VARIANT_LABELS
 from analysis.variants import kv_bytes_per_token as variant_kv_bytes
 
 #: Bits per element of each cache / weight dtype name; int8 and int4 also carry
-#: one group of scale (+ zero point) bytes per ``group_size`` elements.
-DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+#: one group of scale (+ zero point) bytes per ``group_size`` elements, fp4 and nvfp4
+#: their format's fixed block scale (:data:`BLOCK_SCALED`).
+DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4, "nvfp4": 4}
 QUANTISED = frozenset({"int8", "int4"})
+#: 4-bit floats (E2M1) with one scale per block, as each format fixes it: (elements per block,
+#: scale bytes). fp4 is MXFP4 of the OCP Microscaling Formats (MX) Specification v1.0: blocks of
+#: 32 with one E8M0 scale (1 byte), 0.5 + 1/32 = 0.53125 bytes/element. nvfp4 is NVIDIA's NVFP4:
+#: blocks of 16 with one FP8 E4M3 scale (1 byte), 0.5 + 1/16 = 0.5625 bytes/element, plus one FP32
+#: scale per tensor (not per token: left out).
+BLOCK_SCALED = {"fp4": (32, 1.0), "nvfp4": (16, 1.0)}
 DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
                  "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "uint8": "int8"}
 
@@ -60,7 +67,8 @@ def normalise_dtype(name: str) -> str:
 
 
 def bytes_per_element(dtype: str, *, group_size: int = 64, group_overhead_bytes: float = 4.0) -> float:
-    """bits/8, plus ``group_overhead_bytes / group_size`` for int8 and int4.
+    """bits/8, plus ``group_overhead_bytes / group_size`` for int8 and int4, plus the block
+    scale of fp4 (MXFP4, 1/32) and nvfp4 (1/16) (:data:`BLOCK_SCALED`).
 
     The default overhead, 4 bytes per group of 64, is one fp16 scale and one fp16
     zero point (asymmetric quantisation as in KIVI, arXiv 2402.02750): int4 then
@@ -68,6 +76,9 @@ def bytes_per_element(dtype: str, *, group_size: int = 64, group_overhead_bytes:
     """
     key = normalise_dtype(dtype)
     out = DTYPE_BITS[key] / 8
+    if key in BLOCK_SCALED:
+        block, scale = BLOCK_SCALED[key]
+        return out + scale / block
     if key in QUANTISED:
         if group_size < 1:
             raise AnalysisError(f"quantisation group size must be >= 1, got {group_size}")

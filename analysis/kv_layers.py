@@ -72,7 +72,7 @@ class LayerType:
     """One group of layers that cache alike.
 
     ``n_kv_heads`` / ``d_head_k`` / ``d_head_v`` None: the model's own (``d_head_v``
-    None: as wide as K). ``window`` None: full attention. ``shared`` of the
+    None: as wide as K; 0: the layer caches no V of its own, SVFormer's layers after the first). ``window`` None: full attention. ``shared`` of the
     ``n_layers`` reuse another layer's cache and add none. ``cached`` False: a
     layer with no growing KV cache (linear attention, a state-space layer)."""
 
@@ -90,8 +90,9 @@ class LayerType:
             raise AnalysisError(f"layer type {self.name!r}: layers must be an integer >= 1, got {self.n_layers!r}")
         for key in ("window", "n_kv_heads", "d_head_k", "d_head_v"):
             value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise AnalysisError(f"layer type {self.name!r}: {key} must be None or an integer >= 1, "
+            low = 0 if key == "d_head_v" else 1   # V width 0: the layer reads another layer's V (SVFormer)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                raise AnalysisError(f"layer type {self.name!r}: {key} must be None or an integer >= {low}, "
                                     f"got {value!r}")
         if not 0 <= self.shared <= self.n_layers:
             raise AnalysisError(f"layer type {self.name!r}: shared layers must be 0..{self.n_layers}, "
@@ -108,7 +109,7 @@ def type_cache(t: LayerType, variant: str, n_kv_heads: int, d_head: int, bytes_p
     latent + rotary elements a layer caches instead (MLA)."""
     layers = math.ceil((t.n_layers - t.shared) / layers_per_cache) if t.cached else 0
     nkv, dk = t.n_kv_heads or n_kv_heads, t.d_head_k or d_head
-    dv = dk if variant in KV_TIED else (t.d_head_v or dk)
+    dv = dk if variant in KV_TIED or t.d_head_v is None else t.d_head_v
     if mla_width:
         per_token = layers * mla_width * bytes_per_elem
     else:
@@ -138,7 +139,11 @@ _OPT_KEYS = {"kv": "n_kv_heads", "heads": "n_kv_heads", "dk": "d_head_k", "dh": 
 SPEC_HELP = ("comma-separated [COUNTx]NAME[:WINDOW][:kv=H][:dh=D][:dv=D][:shared=N]; the pattern repeats "
              "in order to fill the model's layers (\"5xlocal:512,1xglobal\" on 62 layers: 52 local, 10 "
              "global); WINDOW makes a sliding layer, kv/dh/dv its KV heads and K/V head widths, shared how "
-             "many of its layers reuse another's cache, NAME 'none' a layer without KV cache")
+             "many of its layers reuse another's cache, NAME 'none' a layer without KV cache. "
+             "YOCO (half sliding self-decoder, one global cache for the cross-decoder) on 24 layers: "
+             "\"12xself:1024,12xcross:shared=11\"; SVFormer (V of the first layer only) on 12: "
+             "\"1xfirst,11xrest:dv=0\"; MLA cached decompressed (K nope+rope 192, V 128 per head): "
+             "\"all:dh=192:dv=128\"")
 
 
 def parse_layer_types(spec: str, n_layers: int) -> tuple[LayerType, ...]:

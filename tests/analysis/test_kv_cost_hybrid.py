@@ -101,3 +101,36 @@ def test_checkpoint_config_gives_the_layer_types():
     g = geometry_from_info(info)
     assert g.layer_types == (LayerType("sliding_attention", 5, window=512), LayerType("full_attention", 1))
     assert kv_bytes_per_user(g, Attention(), 2048, "fp32", engine="transformers") == 589_184
+
+
+# -- more shapes: 4-bit floats, YOCO, SVFormer, K and V widths apart -------------------------------
+
+@pytest.mark.parametrize("dtype, per_elem", [("fp4", 0.5 + 1 / 32), ("nvfp4", 0.5 + 1 / 16)])
+def test_4bit_float_caches_carry_their_block_scale(dtype, per_elem):
+    from analysis.kv_cost import bytes_per_element
+    assert bytes_per_element(dtype) == per_elem
+    # the group-size knob of int4/int8 does not change a format's fixed block
+    assert bytes_per_element(dtype, group_size=128, group_overhead_bytes=8) == per_elem
+    g = PRESETS["llama-3-8b"]
+    assert kv_bytes_per_token(g, Attention(), dtype) == 32 * 2 * 8 * 128 * per_elem
+
+
+def test_yoco_one_global_cache_beside_sliding_self_decoder_layers():
+    g = Geometry(name="yoco", n_layers=24, n_heads=16, n_kv_heads=4, d_model=1024, d_head=64,
+                 layer_types=parse_layer_types("12xself:1024,12xcross:shared=11", 24))
+    per_layer = 2 * 4 * 64 * 2
+    assert kv_bytes_per_token(g, Attention()) == 13 * per_layer
+    assert kv_bytes_per_user(g, Attention(), 65536) == per_layer * (12 * 1024 + 65536)
+
+
+def test_svformer_caches_v_once_and_k_per_layer():
+    g = Geometry(name="svformer", n_layers=12, n_heads=12, n_kv_heads=12, d_model=768, d_head=64,
+                 layer_types=parse_layer_types("1xfirst,11xrest:dv=0", 12))
+    assert kv_bytes_per_token(g, Attention()) == (12 * 12 * 64 + 1 * 12 * 64) * 2
+
+
+def test_mla_cached_decompressed_k_and_v_of_their_own_widths():
+    # DeepSeek-V3's transformers cache: per head K of nope + rope = 192 and V of 128, 128 heads, 61 layers
+    g = Geometry(name="dsv3", n_layers=61, n_heads=128, n_kv_heads=128, d_model=7168, d_head=128,
+                 layer_types=parse_layer_types("all:dh=192:dv=128", 61))
+    assert kv_bytes_per_token(g, Attention()) == 61 * 128 * (192 + 128) * 2
