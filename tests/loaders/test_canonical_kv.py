@@ -38,3 +38,4 @@ def test_sliding_layers_keep_bytes_per_token_the_same():
     m = meta({"num_hidden_layers": 6, "sliding_window": 512, "sliding_window_pattern": 6})
     assert m.kv_bytes_per_token == meta({}).kv_bytes_per_token
     assert [t.n_layers for t in m.kv_layer_types] == [5, 1]
+
