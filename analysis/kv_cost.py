@@ -331,8 +331,8 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
     if hybrid:
         filled = " + ".join(
             f"{r['cache_layers']} * {r['n_kv_heads']} * ({r['d_head_k']}"
-            + (")" if attention.variant in ("k_eq_v", "q_eq_k_eq_v", "q_eq_k_eq_v_plus") or attention.mla_latent
-               else f" + {r['d_head_v']})") + f" * {kb:g}" for r in rows)
+            + (")" if attention.variant in KV_TIED or attention.mla_latent else f" + {r['d_head_v']})")
+            + f" * {kb:g}" for r in rows)
         filled += f" = {per_token:,.1f} B ({per_token / 1024:,.3f} KiB)"
         formula = ("sum over layer types of cache layers * n_kv_heads * (K width + V width) * bytes/elem "
                    "(K = V: K width only; shared layers cache nothing)")

@@ -33,7 +33,10 @@ will use the default value of 0.92", docs.vllm.ai/en/stable/cli/serve/); block
 size 16 (``CacheConfig.block_size``); non-torch memory 0.10 GiB (CUDA context
 and NCCL buffers outside torch's allocator; the single-GPU V0 logs print 0.09
 to 0.12 GiB); ``max_num_batched_tokens`` 8192 (V1 ``vllm serve`` on a large GPU;
-V0 without chunked prefill used max(max_model_len, 2048): pass it).
+V0 without chunked prefill used max(max_model_len, 2048): pass it). With
+tensor parallelism over n GPUs the calculator multiplies memory, non-torch
+memory and activation peak by n against the whole model's weights and cache
+(vLLM logs one worker's share of each).
 """
 from __future__ import annotations
 

@@ -80,7 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--prompt-len", type=int, help="prompt tokens (with --output-len: decode costed at "
                      "prompt + output/2)")
     srv.add_argument("--output-len", type=int, help="generated tokens per request")
-    srv.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BITS), help="cache dtype (default bf16)")
+    srv.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BITS), help="cache dtype (default bf16); int8/int4 add a scale and "
+                     "zero point per --quant-group-size elements, fp4 (OCP MXFP4) one scale byte per 32 "
+                     "elements, nvfp4 (NVIDIA NVFP4) one per 16")
     srv.add_argument("--weight-dtype", default="bf16", choices=list(DTYPE_BITS),
                      help="weight dtype (default bf16)")
     srv.add_argument("--quant-group-size", type=int, default=64,
@@ -96,9 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--gpu-memory-gb", type=float, help="override GPU memory, GB (1e9 bytes)")
     srv.add_argument("--bandwidth-tb-s", type=float, help="override memory bandwidth, TB/s")
     srv.add_argument("--bf16-tflops", type=float, help="override dense bf16 throughput, TFLOPS")
-    srv.add_argument("--utilisation", type=float, default=0.9, help="usable memory fraction (default 0.9)")
+    srv.add_argument("--utilisation", type=float, default=0.9, help="datasheet mode: usable memory fraction (default 0.9; "
+                     "--engine vllm uses --gpu-memory-utilization)")
     srv.add_argument("--reserve-gb", type=float, default=2.0,
-                     help="memory kept for activations and runtime, GB (default 2)")
+                     help="datasheet mode: memory kept for activations and runtime, GB (default 2; --engine vllm "
+                          "subtracts --activation-gib and --non-torch-gib instead)")
     srv.add_argument("--bandwidth-efficiency", type=float, default=0.8,
                      help="achieved / peak bandwidth (default 0.8)")
     srv.add_argument("--compute-efficiency", type=float, default=0.5,

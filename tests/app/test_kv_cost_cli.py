@@ -243,3 +243,27 @@ def test_a_bad_layer_types_spec_is_one_line(capsys):
     assert code == 2
     assert capsys.readouterr().err.strip() == ("error: layer types '5xlocal:512,40xglobal': 45 layers, "
                                                "but the model has 32")
+
+
+def test_a_gemma3_checkpoint_is_priced_as_transformers_caches_it(tmp_path, capsys):
+    """A Gemma-3-layout checkpoint (5 sliding layers of 512 per global) saved by transformers: after a
+    2,048-token forward its cache holds 589,184 bytes; ``--checkpoint`` reads the layer types from
+    the saved config and gives the same (priced as global it was 1,572,864)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        "gemma3_text", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=512, max_position_embeddings=4096)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path / "g3", safe_serialization=True)
+    with torch.no_grad():
+        cache = model(torch.randint(0, 64, (1, 2048)), use_cache=True).past_key_values
+    real = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert real == 589_184
+    data = run_json(capsys, "--checkpoint", str(tmp_path / "g3"), "--engine", "transformers", "--kv-dtype", "fp32",
+                    "--context", "2048")
+    assert data["bytes_per_user"] == real and data["bytes_per_token"] == 768
+    data = run_json(capsys, "--checkpoint", str(tmp_path / "g3"), "--kv-dtype", "fp32", "--context", "2048",
+                    "--window", "0")
+    assert data["bytes_per_user"] == 1_572_864
