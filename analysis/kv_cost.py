@@ -373,10 +373,12 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
                           f" + 3 * {geometry.d_model}) * 2 + {min(256, serving.max_num_batched_tokens)} * "
                           f"{geometry.vocab} * 4")
         engine_weights = serving.weights_gib * GIB if serving.weights_gib is not None else weights
+        page, per_request = vllm_engine.pages([(r["cache_layers"], r["bytes_per_token"] / r["cache_layers"]
+                                                if r["cache_layers"] else 0.0, r["tokens"]) for r in rows])
         cap_engine = vllm_engine.capacity(
             total_bytes=total_mem * n, utilization=serving.gpu_memory_utilization, weights_bytes=engine_weights,
             non_torch_bytes=serving.non_torch_gib * GIB * n, activation_bytes=act * n, activation_source=act_source,
-            bytes_per_token=per_token, bytes_per_request=per_user, context=context)
+            page_bytes=page, blocks_per_request=per_request, context=context)
         usable = cap_engine.usable_bytes
         free = cap_engine.kv_cache_bytes
         users_per_gpu = max(0, math.floor(cap_engine.max_concurrency))
@@ -388,7 +390,8 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
                           f"{cap_engine.activation_bytes / GIB:,.2f} GiB = {free / GIB:,.2f} GiB "
                           f"[activation {act_source}]", free, "bytes"))
         steps.append(Step("vLLM maximum concurrency",
-                          "floor(KV cache bytes / (16 * bytes/token)) / ceil(bytes/request / (16 * bytes/token))",
+                          "floor(KV cache bytes / page bytes) / blocks a request holds (page: 16 tokens of one "
+                          "KV-cache group's layers; every layer when uniform)",
                           f"{cap_engine.num_blocks:,} blocks / {cap_engine.blocks_per_request:,} blocks per request = "
                           f"{cap_engine.max_concurrency:.4f}: \"{cap_engine.line()}\"", cap_engine.max_concurrency, "x"))
         steps.append(Step("users per GPU", "floor(maximum concurrency)",

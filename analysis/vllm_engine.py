@@ -6,16 +6,21 @@ KV cache what is left of its share of the card (``vllm/v1/worker/gpu_worker.py``
 
     usable          = total GPU memory (GiB, as CUDA reports it) * gpu_memory_utilization
     KV cache bytes  = usable - weights - non-torch memory - activation peak
-    page bytes      = block_size (16) * bytes/token                 (all layers, one block)
+    group size      = layers of the type with fewest (the most, when that is under
+                      1.5x the fewest); each type makes ceil(its layers / group size)
+                      groups, the last one padded (one group of every layer when uniform)
+    page bytes      = block_size (16) * bytes/token of one layer * group size
     blocks          = floor(KV cache bytes / page bytes)
-    blocks/request  = ceil(bytes one request holds at max_model_len / page bytes)
+    blocks/request  = sum over groups of the blocks one request holds at max_model_len
                       (full layers: ceil(C / 16) blocks; sliding layers:
                        ceil(min(C, window - 1 + max_num_batched_tokens) / 16) + 1)
     max concurrency = blocks / blocks/request        printed "%.2fx"
 
-which is ``vllm/v1/core/kv_cache_utils.py``'s ``get_max_concurrency_for_kv_cache_config``
-and ``SlidingWindowSpec.max_memory_usage_bytes`` for one KV-cache group (a hybrid
-model's groups are padded to one page size there; that padding is left out).
+which is ``vllm/v1/core/kv_cache_utils.py``'s ``_get_kv_cache_groups_uniform_page_size``,
+``get_max_concurrency_for_kv_cache_config`` and ``SlidingWindowSpec.max_memory_usage_bytes``.
+Types whose layers cost different bytes a token (Gemma 4's wider global layers) are
+not grouped: one page of every layer and blocks/request = ceil(bytes/request / page)
+(vLLM unifies their page sizes otherwise; that is left out).
 
 The activation peak, when not given, is estimated from the model's shape::
 
@@ -97,18 +102,35 @@ class Capacity:
         return f"Maximum concurrency for {self.context:,} tokens per request: {self.max_concurrency:.2f}x"
 
 
+def pages(types: list[tuple[int, float, float]], block_size: int = BLOCK_SIZE) -> tuple[float, int]:
+    """(page bytes, blocks a request holds) of layer types given as (cache layers, bytes/token of
+    one layer, tokens a request holds, block-rounded), grouped as vLLM groups them (module
+    docstring)."""
+    types = [t for t in types if t[0] > 0]
+    if not types:
+        return 0.0, 0
+    rates = {t[1] for t in types}
+    if len(rates) > 1:   # no common page: one page of every layer
+        page = block_size * sum(n * r for n, r, _ in types)
+        return page, math.ceil(sum(n * r * tokens for n, r, tokens in types) / page)
+    rate = rates.pop()
+    counts = [n for n, _, _ in types]
+    group = min(counts) if max(counts) >= 1.5 * min(counts) else max(counts)
+    blocks = sum(math.ceil(n / group) * math.ceil(tokens / block_size) for n, _, tokens in types)
+    return block_size * rate * group, blocks
+
+
 def capacity(*, total_bytes: float, utilization: float, weights_bytes: float, non_torch_bytes: float,
-             activation_bytes: float, activation_source: str, bytes_per_token: float,
-             bytes_per_request: float, context: int, block_size: int = BLOCK_SIZE) -> Capacity:
-    """The KV-cache memory, blocks and maximum concurrency (module docstring). ``bytes_per_request``
-    is one request's cache at ``context`` with vLLM's block rounding per layer type."""
+             activation_bytes: float, activation_source: str, page_bytes: float, blocks_per_request: int,
+             context: int) -> Capacity:
+    """The KV-cache memory, blocks and maximum concurrency (module docstring), with the page and
+    blocks per request of :func:`pages`."""
     if not 0 < utilization <= 1:
         raise AnalysisError(f"vllm: gpu_memory_utilization must be in (0, 1], got {utilization}")
     usable = total_bytes * utilization
     kv = usable - weights_bytes - non_torch_bytes - activation_bytes
-    page = block_size * bytes_per_token
+    page, per_request = page_bytes, blocks_per_request
     blocks = max(0, math.floor(kv / page)) if page > 0 else 0
-    per_request = math.ceil(bytes_per_request / page) if page > 0 else 0
     conc = blocks / per_request if per_request else 0.0
     return Capacity(total_bytes=total_bytes, utilization=utilization, usable_bytes=usable,
                     weights_bytes=weights_bytes, non_torch_bytes=non_torch_bytes,

@@ -18,6 +18,8 @@ concurrency must stay within 15% of the log's. The logs, quoted in ``docs/servin
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from analysis.errors import AnalysisError
@@ -25,7 +27,7 @@ from analysis.gpus import GIB, get_gpu
 from analysis.kv_cost import Attention, Serving, estimate
 from analysis.presets import get_preset
 from analysis.vllm_engine import (
-    DEFAULT_GPU_MEMORY_UTILIZATION, activation_estimate, capacity, total_memory_bytes,
+    DEFAULT_GPU_MEMORY_UTILIZATION, activation_estimate, capacity, pages, total_memory_bytes,
 )
 
 #: (log, context, total GiB, utilisation, weights GiB, non-torch GiB, activation GiB, concurrency printed)
@@ -107,10 +109,24 @@ def test_activation_formula():
 
 
 def test_block_rounding_and_a_context_that_is_not_a_multiple_of_16():
+    # 8 layers of 128 B a token, one group of every layer; 17 tokens hold 2 blocks of 16
+    page, per_request = pages([(8, 128.0, 32)])
+    assert (page, per_request) == (16 * 1024, 2)
     c = capacity(total_bytes=10 * GIB, utilization=1.0, weights_bytes=0, non_torch_bytes=0, activation_bytes=0,
-                 activation_source="given", bytes_per_token=1024, bytes_per_request=1024 * 16 * 2, context=17)
-    assert (c.num_blocks, c.blocks_per_request) == (10 * GIB // (16 * 1024), 2)
+                 activation_source="given", page_bytes=page, blocks_per_request=per_request, context=17)
+    assert c.num_blocks == 10 * GIB // (16 * 1024)
     assert c.line() == f"Maximum concurrency for 17 tokens per request: {c.num_blocks / 2:.2f}x"
+
+
+def test_hybrid_groups_as_vllm_groups_them():
+    # Gemma 3 27B: 52 sliding and 10 full layers of 8,192 B a token -> groups of 10: 1 full, 6 sliding (padded)
+    page, per_request = pages([(52, 8192.0, 16 * 545), (10, 8192.0, 32768)])
+    assert page == 16 * 8192 * 10
+    assert per_request == 6 * 545 + 2048
+    # 12 sliding and 13 full: under 1.5x, groups of 13 (gpt-oss-20b with an EAGLE drafter)
+    assert pages([(12, 100.0, 160), (13, 100.0, 320)]) == (16 * 100 * 13, 10 + 20)
+    # widths differ (Gemma 4): one page of every layer, bytes rounded up to pages
+    assert pages([(5, 100.0, 32), (1, 400.0, 64)]) == (16 * 900, math.ceil((5 * 100 * 32 + 400 * 64) / (16 * 900)))
 
 
 def test_errors():
