@@ -375,7 +375,9 @@ def _metrics(result: Estimate, base: Estimate) -> None:
     metric(c[1], "KV per user", f"{result.bytes_per_user / GIB:,.3f} GiB", "bytes_per_user",
            help=f"{result.bytes_per_user / GB:,.3f} GB (1e9 B)")
     metric(c[2], "Users per GPU (memory)", f"{result.users_per_gpu:,}", "users_per_gpu",
-           help="Users whose cache fits beside the weights in one replica's memory.")
+           help="Users whose cache fits beside the weights in one replica's memory"
+                + (": floor of vLLM's maximum concurrency." if result.engine == "vllm" else
+                   " (datasheet memory * usable fraction - weights - reserve)."))
     metric(c[3], "Decode tokens/s", f"{result.tokens_per_s:,.0f}", "tokens_per_s",
            help=(f"All {result.users:,} users on {result.gpus:,} GPU(s), {result.bound}-bound"
                  if result.bound else "nothing fits"))
