@@ -24,7 +24,7 @@ def gemma3_layout() -> Geometry:
                     layer_types=parse_layer_types("5xlocal:512,1xglobal", 6))
 
 
-def test_the_issue_example_transformers_cache_after_2048_tokens():
+def test_a_gemma3_layout_as_transformers_caches_it_after_2048_tokens():
     g = gemma3_layout()
     # global: 2048 tokens; sliding: transformers keeps window - 1 = 511
     assert kv_bytes_per_user(g, Attention(), 2048, "fp32", engine="transformers") == 128 * (2048 + 5 * 511) == 589_184

@@ -71,7 +71,7 @@ def test_the_a100_log_profiled_ten_times_the_estimated_activation():
     assert e.concurrency_line == "Maximum concurrency for 8,192 tokens per request: 19.52x"
 
 
-def test_the_issue_example_from_the_preset_alone():
+def test_the_a100_log_from_the_preset_alone():
     """``--preset llama-3-8b --gpu a100-40gb --context 8192`` with vllm#12330's utilisation and
     activation: the GPU's CUDA memory (39.50 GiB) comes from the catalogue of published logs,
     the weights (14.958 GiB) from the parameters, non-torch memory from the default 0.10 GiB."""
