@@ -16,8 +16,13 @@ returned, with the numbers filled in, in ``Estimate.steps``)::
                      = cache layers * (kv_lora_rank + qk_rope_head_dim) * bytes/elem   (MLA)
     cached tokens    = min(context, window)
     bytes/user       = bytes/token * cached tokens
-    usable           = GPU memory * gpus per replica * utilisation
+                     = sum over layer types of bytes/token (type) * tokens (type)   (hybrid stacks,
+                       :mod:`analysis.kv_layers`: sliding layers hold their window, shared layers nothing)
+    usable           = GPU memory * gpus per replica * utilisation          (engine "datasheet")
     users per GPU    = floor((usable - weights - reserve) / bytes/user), 0 if negative
+                     = floor(vLLM's maximum concurrency)                    (engine "vllm",
+                       :mod:`analysis.vllm_engine`: CUDA's GiB, its utilisation default, the
+                       profiled activation peak, blocks of 16 tokens)
     batch/replica    = min(batch cap, users per GPU)       (the engine's max_num_seqs)
     GPUs needed      = ceil(users / batch per replica) * gpus per replica
     step time        = max((weight bytes read + batch * KV bytes read) / (bandwidth * eff_bw),
@@ -70,8 +75,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
 
+from analysis import vllm_engine
 from analysis.errors import AnalysisError
 from analysis.gpus import GB, GIB, GPU
+from analysis.kv_layers import ENGINES, cached_tokens_for
 from analysis.variants import ALL_VARIANTS, n_cached
 # The model half, re-exported so ``from analysis.kv_cost import Geometry, ...`` keeps working
 # (presets, paper_claims, the page, the command and the tests import from here).
@@ -79,8 +86,8 @@ from analysis.kv_geometry import (  # noqa: F401
     DTYPE_ALIASES, DTYPE_BITS, KV_TIED, Q_DROPPED, QUANTISED, VARIANT_LABELS, VARIANTS, Attention, Geometry,
     attention_flops_per_pair, attention_params, baseline_attention, bytes_per_element, cache_layers,
     cached_tokens, causal_pairs, check_kv_heads, effective_window, embedding_params, formula_params,
-    geometry_from_info, kv_bytes_per_token, native_attention, normalise_dtype, params,
-    standard_configs,
+    geometry_from_info, kv_bytes_per_token, kv_bytes_per_user, kv_layer_rows, native_attention,
+    normalise_dtype, params, resolved_layer_types, standard_configs,
 )
 
 #: Sequences one replica decodes at once, at most: vLLM's ``max_num_seqs`` default.
@@ -105,6 +112,16 @@ class Serving:
     ``max_num_seqs``, default 256); None for no cap. ``prompt_len`` alone
     sets the prompt whose prefill gives the time to first token (else the
     whole context is the prompt).
+
+    ``engine``: how capacity is counted. ``datasheet`` (the default): the datasheet's
+    bytes * ``mem_utilisation`` - weights - ``reserve_bytes``, sliding layers holding
+    min(context, window) tokens. ``transformers``: the same, with sliding layers holding
+    what transformers' ``DynamicCache`` keeps (window - 1). ``vllm``: as vLLM computes it
+    (:mod:`analysis.vllm_engine`) from ``gpu_memory_gib`` (None: the CUDA figure of a
+    published log, else the datasheet's), ``gpu_memory_utilization``, ``activation_gib``
+    (None: estimated from the model and ``max_num_batched_tokens``) and ``non_torch_gib``;
+    ``mem_utilisation`` and ``reserve_bytes`` are then unused; ``weights_gib`` replaces the
+    weights vLLM subtracts (as its log states them; None: parameters * bytes/elem).
     """
 
     context: int | None = 4096
@@ -122,6 +139,13 @@ class Serving:
     compute_efficiency: float = 0.50
     gpus_per_replica: int = 1
     max_batch: int | None = DEFAULT_MAX_BATCH
+    engine: str = "datasheet"
+    gpu_memory_gib: float | None = None
+    gpu_memory_utilization: float = vllm_engine.DEFAULT_GPU_MEMORY_UTILIZATION
+    activation_gib: float | None = None
+    non_torch_gib: float = vllm_engine.DEFAULT_NON_TORCH_GIB
+    max_num_batched_tokens: int = vllm_engine.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    weights_gib: float | None = None
 
     def resolved_context(self) -> int:
         if self.context is not None:
@@ -163,6 +187,17 @@ class Serving:
             raise AnalysisError(f"serving: max_batch must be >= 1 (or None: no cap), got {self.max_batch}")
         normalise_dtype(self.kv_dtype)
         normalise_dtype(self.weight_dtype)
+        if self.engine not in ENGINES:
+            raise AnalysisError(f"serving: engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise AnalysisError(f"serving: gpu_memory_utilization must be in (0, 1], "
+                                f"got {self.gpu_memory_utilization}")
+        for key in ("activation_gib", "non_torch_gib", "weights_gib"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise AnalysisError(f"serving: {key} must be >= 0, got {value}")
+        if self.max_num_batched_tokens < 1:
+            raise AnalysisError(f"serving: max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
 
 
 # -- the estimate -------------------------------------------------------------------------
@@ -185,7 +220,15 @@ class Estimate:
     ``users_per_gpu`` is what memory holds per replica; ``batch_per_replica``
     what one replica decodes at once (the batch cap may be lower, said by
     ``batch_limit``); ``gpus`` the GPUs needed for ``users``; ``ttft_s`` and
-    ``tpot_s`` one request's time to first token and time per output token."""
+    ``tpot_s`` one request's time to first token and time per output token.
+
+    ``bytes_per_token`` is what one token costs while it is inside every window (all
+    layers cache it); ``bytes_per_user`` the true total at ``context`` (sliding layers
+    hold their window only), and ``cached_tokens`` their ratio. ``layer_types``: per type,
+    its layers, cache layers, KV heads, K and V head widths, window, tokens held, bytes/token
+    and bytes. ``engine`` names how capacity was counted; with ``vllm``, ``max_concurrency``,
+    ``kv_cache_bytes``, ``activation_bytes`` and ``concurrency_line`` are what vLLM logs at
+    start-up (None otherwise), and ``users_per_gpu`` is floor(max_concurrency)."""
 
     label: str
     variant: str
@@ -228,6 +271,12 @@ class Estimate:
     prefill_bound: str | None = None
     ttft_s: float | None = None
     tpot_s: float | None = None
+    engine: str = "datasheet"
+    layer_types: list[dict] = field(default_factory=list)
+    max_concurrency: float | None = None
+    kv_cache_bytes: float | None = None
+    activation_bytes: float | None = None
+    concurrency_line: str | None = None
     steps: list[Step] = field(default_factory=list)
 
     def to_json(self, *, with_steps: bool = False) -> dict:
@@ -274,7 +323,20 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
     layers = cache_layers(geometry, attention)
     per_token = kv_bytes_per_token(geometry, attention, serving.kv_dtype, group_size=serving.kv_group_size,
                                    group_overhead_bytes=serving.group_overhead_bytes)
-    if attention.mla_latent:
+    context = serving.resolved_context()
+    rows = kv_layer_rows(geometry, attention, context, serving.kv_dtype, engine=serving.engine,
+                         max_num_batched_tokens=serving.max_num_batched_tokens, group_size=serving.kv_group_size,
+                         group_overhead_bytes=serving.group_overhead_bytes)
+    hybrid = bool(geometry.layer_types)
+    if hybrid:
+        filled = " + ".join(
+            f"{r['cache_layers']} * {r['n_kv_heads']} * ({r['d_head_k']}"
+            + (")" if attention.variant in KV_TIED or attention.mla_latent else f" + {r['d_head_v']})")
+            + f" * {kb:g}" for r in rows)
+        filled += f" = {per_token:,.1f} B ({per_token / 1024:,.3f} KiB)"
+        formula = ("sum over layer types of cache layers * n_kv_heads * (K width + V width) * bytes/elem "
+                   "(K = V: K width only; shared layers cache nothing)")
+    elif attention.mla_latent:
         filled = (f"{layers} * ({attention.mla_latent} + {attention.mla_rope}) * {kb:g} "
                   f"= {per_token:,.1f} B ({per_token / 1024:,.3f} KiB)")
         formula = "cache layers * (kv_lora_rank + qk_rope_head_dim) * bytes/elem (MLA: shared by all heads)"
@@ -284,21 +346,65 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
         formula = "cache layers * n_cached * n_kv_heads * d_head * bytes/elem"
     steps.append(Step("KV bytes per token", formula, filled, per_token, "bytes"))
 
-    context = serving.resolved_context()
-    tokens = cached_tokens(geometry, attention, context)
-    per_user = per_token * tokens
-    steps.append(Step("KV bytes per user", "bytes/token * min(context, window)",
-                      f"{per_token:,.1f} * {tokens:,.0f} = {_gb(per_user)} ({per_user / GIB:,.3f} GiB)",
-                      per_user, "bytes"))
+    per_user = sum(r["bytes"] for r in rows)
+    tokens = per_user / per_token if per_token > 0 else float(context)
+    rule = {"datasheet": "min(context, window)", "transformers": "min(context, window - 1)",
+            "vllm": "blocks of 16: 16 * ceil(context / 16), sliding 16 * (ceil(min(context, window - 1 + "
+                    "max_num_batched_tokens) / 16) + 1)"}[serving.engine]
+    if hybrid or serving.engine != "datasheet":
+        steps.append(Step("KV bytes per user", f"sum over layer types of bytes/token * tokens held, {rule}",
+                          " + ".join(f"{r['bytes_per_token']:,.1f} * {r['tokens']:,.0f}" for r in rows)
+                          + f" = {_gb(per_user)} ({per_user / GIB:,.3f} GiB)", per_user, "bytes"))
+    else:
+        steps.append(Step("KV bytes per user", "bytes/token * min(context, window)",
+                          f"{per_token:,.1f} * {tokens:,.0f} = {_gb(per_user)} ({per_user / GIB:,.3f} GiB)",
+                          per_user, "bytes"))
 
     n = serving.gpus_per_replica
-    usable = gpu.memory_bytes * n * serving.mem_utilisation
-    free = usable - weights - serving.reserve_bytes
-    users_per_gpu = max(0, math.floor(free / per_user)) if per_user > 0 else 0
-    steps.append(Step("users per GPU", "floor((GPU memory * GPUs * utilisation - weights - reserve) / bytes/user)",
-                      f"floor(({_gb(gpu.memory_bytes)} * {n} * {serving.mem_utilisation:g} - {_gb(weights)} - "
-                      f"{_gb(serving.reserve_bytes)}) / {_gb(per_user)}) = {users_per_gpu:,}",
-                      users_per_gpu, "users"))
+    cap_engine = None
+    if serving.engine == "vllm":
+        total_mem, mem_source = vllm_engine.total_memory_bytes(gpu.name, gpu.memory_bytes, serving.gpu_memory_gib)
+        if serving.activation_gib is not None:
+            act, act_source = serving.activation_gib * GIB, "given"
+        else:
+            act = vllm_engine.activation_estimate(geometry.d_model, geometry.d_mlp or 4 * geometry.d_model,
+                                                  geometry.vocab, serving.max_num_batched_tokens)
+            act_source = (f"estimated: {serving.max_num_batched_tokens:,} * (3 * {geometry.d_mlp or 4 * geometry.d_model}"
+                          f" + 3 * {geometry.d_model}) * 2 + {min(256, serving.max_num_batched_tokens)} * "
+                          f"{geometry.vocab} * 4")
+        engine_weights = serving.weights_gib * GIB if serving.weights_gib is not None else weights
+        page, per_request = vllm_engine.pages([(r["cache_layers"], r["bytes_per_token"] / r["cache_layers"]
+                                                if r["cache_layers"] else 0.0, r["tokens"]) for r in rows])
+        cap_engine = vllm_engine.capacity(
+            total_bytes=total_mem * n, utilization=serving.gpu_memory_utilization, weights_bytes=engine_weights,
+            non_torch_bytes=serving.non_torch_gib * GIB * n, activation_bytes=act * n, activation_source=act_source,
+            page_bytes=page, blocks_per_request=per_request, context=context)
+        usable = cap_engine.usable_bytes
+        free = cap_engine.kv_cache_bytes
+        users_per_gpu = max(0, math.floor(cap_engine.max_concurrency))
+        steps.append(Step("vLLM usable memory", "total GPU memory (CUDA, GiB) * GPUs * gpu_memory_utilization",
+                          f"{total_mem / GIB:,.2f} GiB * {n} * {serving.gpu_memory_utilization:g} = "
+                          f"{usable / GIB:,.2f} GiB [{mem_source}]", usable, "bytes"))
+        steps.append(Step("vLLM KV cache memory", "usable - weights - non-torch memory - activation peak",
+                          f"{usable / GIB:,.2f} - {engine_weights / GIB:,.2f} - {cap_engine.non_torch_bytes / GIB:,.2f} - "
+                          f"{cap_engine.activation_bytes / GIB:,.2f} GiB = {free / GIB:,.2f} GiB "
+                          f"[activation {act_source}]", free, "bytes"))
+        steps.append(Step("vLLM maximum concurrency",
+                          "floor(KV cache bytes / page bytes) / blocks a request holds (page: 16 tokens of one "
+                          "KV-cache group's layers; every layer when uniform)",
+                          f"{cap_engine.num_blocks:,} blocks / {cap_engine.blocks_per_request:,} blocks per request = "
+                          f"{cap_engine.max_concurrency:.4f}: \"{cap_engine.line()}\"", cap_engine.max_concurrency, "x"))
+        steps.append(Step("users per GPU", "floor(maximum concurrency)",
+                          f"floor({cap_engine.max_concurrency:.4f}) = {users_per_gpu:,}", users_per_gpu, "users"))
+    else:
+        usable = gpu.memory_bytes * n * serving.mem_utilisation
+        free = usable - weights - serving.reserve_bytes
+        users_per_gpu = max(0, math.floor(free / per_user)) if per_user > 0 else 0
+        steps.append(Step("users per GPU",
+                          "floor((GPU memory * GPUs * utilisation - weights - reserve) / bytes/user) [datasheet]",
+                          f"floor(({_gb(gpu.memory_bytes)} * {n} * {serving.mem_utilisation:g} - {_gb(weights)} - "
+                          f"{_gb(serving.reserve_bytes)}) / {_gb(per_user)}) = {users_per_gpu:,}",
+                          users_per_gpu, "users"))
 
     fits = users_per_gpu > 0
     price = gpu.price_per_hour
@@ -326,20 +432,27 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
                           f"ceil({users:,} / min({cap if cap else 'no cap'}, {users_per_gpu:,})) * {n} = "
                           f"{replicas:,} * {n} = {gpus:,} GPU(s), batch up to {batch:,} "
                           f"(limited by {batch_limit})", gpus, "GPUs"))
-        attended = cached_tokens(geometry, attention, decode_len)
+        # per layer type: the share of layers and the tokens each attends (its window)
+        # (a layer without KV cache, linear attention, attends nothing here)
+        shares = [(t.n_layers / geometry.n_layers if t.cached else 0.0, t.window)
+                  for t in resolved_layer_types(geometry, attention)]
+        attended = sum(f * cached_tokens_for(w, decode_len) for f, w in shares)
+        attended_bytes = kv_bytes_per_user(geometry, attention, decode_len, serving.kv_dtype,
+                                           group_size=serving.kv_group_size,
+                                           group_overhead_bytes=serving.group_overhead_bytes)
         flops_token = 2 * read_params + attention_flops_per_pair(geometry, attention, "decode") * attended
 
         def times(b: int) -> tuple[float, float]:
             """(memory time, compute time) of one decode step at batch b."""
-            mem_t = (weight_read + b * per_token * attended) / bandwidth
+            mem_t = (weight_read + b * attended_bytes) / bandwidth
             return mem_t, (b * flops_token / compute if compute > 0 else math.inf)
 
         memory_time, compute_time = times(batch)
         step = max(memory_time, compute_time)
         bound = "memory" if memory_time >= compute_time else "compute"
         steps.append(Step("memory time per step",
-                          "(weight bytes read + batch * bytes/token * attended) / (bandwidth * GPUs * efficiency)",
-                          f"({_gb(weight_read)} + {batch} * {per_token:,.1f} * {attended:,.0f}) / "
+                          "(weight bytes read + batch * KV bytes at the decode length) / (bandwidth * GPUs * efficiency)",
+                          f"({_gb(weight_read)} + {batch} * {attended_bytes:,.0f}) / "
                           f"{bw_text} = {_ms(memory_time)}", memory_time, "s"))
         steps.append(Step("compute time per step",
                           "batch * (2 * params read + attention FLOPs/pair * attended) / "
@@ -364,7 +477,7 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
         steps.append(Step("USD per month", "price/hour * GPUs * 730 hours",
                           f"{price:g} * {gpus} * {HOURS_PER_MONTH:g} = {usd_month:,.0f} USD", usd_month, "USD"))
 
-        pairs = causal_pairs(prompt, effective_window(geometry, attention))
+        pairs = round(sum(f * causal_pairs(prompt, w) for f, w in shares))
         per_pair = attention_flops_per_pair(geometry, attention, "prefill")
         prefill_flops = 2 * read_params * prompt + per_pair * pairs
         p_compute = prefill_flops / compute if compute > 0 else math.inf
@@ -406,7 +519,11 @@ def estimate(geometry: Geometry, attention: Attention, serving: Serving, gpu: GP
         usd_per_million_tokens=usd, gpu=gpu.name, max_batch=cap, batch_per_replica=per_replica,
         batch_limit=batch_limit, tokens_per_s_per_gpu=per_gpu_rate, usd_per_month=usd_month,
         prompt_tokens=prompt, prefill_flops=prefill_flops, prefill_time_s=prefill_time,
-        prefill_bound=prefill_bound, ttft_s=ttft, tpot_s=tpot, steps=steps)
+        prefill_bound=prefill_bound, ttft_s=ttft, tpot_s=tpot, engine=serving.engine, layer_types=rows,
+        max_concurrency=cap_engine.max_concurrency if cap_engine else None,
+        kv_cache_bytes=cap_engine.kv_cache_bytes if cap_engine else None,
+        activation_bytes=cap_engine.activation_bytes if cap_engine else None,
+        concurrency_line=cap_engine.line() if cap_engine else None, steps=steps)
 
 
 #: Figures where smaller is better (saving = 1 - value / baseline) and larger is better

@@ -38,14 +38,22 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from analysis.errors import AnalysisError
+from analysis.kv_layers import LayerType, cached_tokens_for, layer_types_from_config, type_cache
 from analysis.variants import ALL_VARIANTS, KV_TIED, Q_DROPPED, VARIANTS, sharing
 from analysis.variants import LABELS as VARIANT_LABELS
 from analysis.variants import kv_bytes_per_token as variant_kv_bytes
 
 #: Bits per element of each cache / weight dtype name; int8 and int4 also carry
-#: one group of scale (+ zero point) bytes per ``group_size`` elements.
-DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+#: one group of scale (+ zero point) bytes per ``group_size`` elements, fp4 and nvfp4
+#: their format's fixed block scale (:data:`BLOCK_SCALED`).
+DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4, "nvfp4": 4}
 QUANTISED = frozenset({"int8", "int4"})
+#: 4-bit floats (E2M1) with one scale per block, as each format fixes it: (elements per block,
+#: scale bytes). fp4 is MXFP4 of the OCP Microscaling Formats (MX) Specification v1.0: blocks of
+#: 32 with one E8M0 scale (1 byte), 0.5 + 1/32 = 0.53125 bytes/element. nvfp4 is NVIDIA's NVFP4:
+#: blocks of 16 with one FP8 E4M3 scale (1 byte), 0.5 + 1/16 = 0.5625 bytes/element, plus one FP32
+#: scale per tensor (not per token: left out).
+BLOCK_SCALED = {"fp4": (32, 1.0), "nvfp4": (16, 1.0)}
 DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
                  "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "uint8": "int8"}
 
@@ -59,7 +67,8 @@ def normalise_dtype(name: str) -> str:
 
 
 def bytes_per_element(dtype: str, *, group_size: int = 64, group_overhead_bytes: float = 4.0) -> float:
-    """bits/8, plus ``group_overhead_bytes / group_size`` for int8 and int4.
+    """bits/8, plus ``group_overhead_bytes / group_size`` for int8 and int4, plus the block
+    scale of fp4 (MXFP4, 1/32) and nvfp4 (1/16) (:data:`BLOCK_SCALED`).
 
     The default overhead, 4 bytes per group of 64, is one fp16 scale and one fp16
     zero point (asymmetric quantisation as in KIVI, arXiv 2402.02750): int4 then
@@ -67,6 +76,9 @@ def bytes_per_element(dtype: str, *, group_size: int = 64, group_overhead_bytes:
     """
     key = normalise_dtype(dtype)
     out = DTYPE_BITS[key] / 8
+    if key in BLOCK_SCALED:
+        block, scale = BLOCK_SCALED[key]
+        return out + scale / block
     if key in QUANTISED:
         if group_size < 1:
             raise AnalysisError(f"quantisation group size must be >= 1, got {group_size}")
@@ -91,6 +103,9 @@ class Geometry:
     ``qk_rope_head_dim`` rotary key elements and, when set, a query compressed to
     ``q_lora_rank``, and per-head key and value widths ``qk_nope_head_dim`` and
     ``v_head_dim`` (None: ``d_head``) (Hugging Face ``DeepseekV3Config`` names).
+    ``layer_types``: the stack's groups of layers that cache alike
+    (:class:`analysis.kv_layers.LayerType`: sliding windows, heads and head widths per type,
+    shared caches); empty for a uniform stack, whose one window is ``sliding_window``.
     """
 
     name: str
@@ -117,6 +132,7 @@ class Geometry:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     source: str = ""
+    layer_types: tuple[LayerType, ...] = ()
 
     def __post_init__(self):
         for key in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head"):
@@ -134,6 +150,9 @@ class Geometry:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise AnalysisError(f"geometry {self.name!r}: {key} must be None or an integer >= 1, "
                                     f"got {value!r}")
+        if self.layer_types and sum(t.n_layers for t in self.layer_types) != self.n_layers:
+            raise AnalysisError(f"geometry {self.name!r}: layer types cover "
+                                f"{sum(t.n_layers for t in self.layer_types)} layers, the model has {self.n_layers}")
         if not isinstance(self.qk_rope_head_dim, int) or self.qk_rope_head_dim < 0:
             raise AnalysisError(f"geometry {self.name!r}: qk_rope_head_dim must be an integer >= 0, "
                                 f"got {self.qk_rope_head_dim!r}")
@@ -279,21 +298,73 @@ def params(geometry: Geometry, attention: Attention) -> tuple[int, int]:
 
 def kv_bytes_per_token(geometry: Geometry, attention: Attention, kv_dtype: str = "bf16", *,
                        group_size: int = 64, group_overhead_bytes: float = 4.0) -> float:
-    """Cache bytes one token adds: cache layers * n_cached * n_kv_heads * d_head * bytes/elem.
+    """Cache bytes one token adds: cache layers * n_cached * n_kv_heads * d_head * bytes/elem,
+    summed over the layer types (:func:`kv_layer_rows`; a token inside every window).
 
     cache layers = ceil(n_layers / layers_per_cache); n_cached = 1 for K=V
     variants, else 2. MLA caches (kv_lora_rank + qk_rope_head_dim) elements per
     cache layer: one latent and the decoupled rotary key, shared by all heads.
     """
     b = bytes_per_element(kv_dtype, group_size=group_size, group_overhead_bytes=group_overhead_bytes)
-    layers = cache_layers(geometry, attention)
-    if attention.mla_latent:
-        return layers * (attention.mla_latent + attention.mla_rope) * b
-    nkv = attention.n_kv_heads or geometry.n_kv_heads
-    check_kv_heads(geometry.name, geometry.n_heads, nkv)
+    return sum(r["bytes_per_token"] for r in _type_rows(geometry, attention, b))
+
+
+def resolved_layer_types(geometry: Geometry, attention: Attention) -> tuple[LayerType, ...]:
+    """The layer types ``attention`` costs: the geometry's (one type of every layer, window
+    ``sliding_window``, for a uniform stack), with ``attention``'s overrides: ``window`` 0 makes
+    every layer global, another window replaces the sliding layers' (every layer's when uniform);
+    ``n_kv_heads`` other than the model's sets every type's KV heads."""
+    types = geometry.layer_types or (LayerType("attention", geometry.n_layers, window=geometry.sliding_window),)
+    heads = attention.n_kv_heads if attention.n_kv_heads not in (None, geometry.n_kv_heads) else None
+    out = []
+    for t in types:
+        changes: dict = {}
+        if attention.window == 0:
+            changes["window"] = None
+        elif attention.window is not None and (t.window or not geometry.layer_types):
+            changes["window"] = attention.window
+        if heads is not None:
+            changes["n_kv_heads"] = heads
+        out.append(replace(t, **changes) if changes else t)
+    return tuple(out)
+
+
+def _type_rows(geometry: Geometry, attention: Attention, bytes_per_elem: float) -> list[dict]:
+    """Per layer type: its geometry, cache layers and bytes/token (module docstring of
+    :mod:`analysis.kv_layers`)."""
     if attention.variant not in ALL_VARIANTS:
         raise AnalysisError(f"variant must be one of {', '.join(ALL_VARIANTS)}, got {attention.variant!r}")
-    return variant_kv_bytes(attention.variant, layers, nkv, geometry.d_head, b)
+    if attention.layers_per_cache < 1:
+        raise AnalysisError(f"layers per shared cache must be >= 1, got {attention.layers_per_cache}")
+    check_kv_heads(geometry.name, geometry.n_heads, attention.n_kv_heads or geometry.n_kv_heads)
+    rows = []
+    for t in resolved_layer_types(geometry, attention):
+        # a type's own head count (Gemma 4's global layers) stands as the config declares it
+        cache = type_cache(t, attention.variant, geometry.n_kv_heads, geometry.d_head, bytes_per_elem,
+                           layers_per_cache=attention.layers_per_cache,
+                           mla_width=(attention.mla_latent + attention.mla_rope) if attention.mla_latent else None)
+        rows.append({"name": t.name, "n_layers": t.n_layers, "shared": t.shared, **cache, "window": t.window})
+    return rows
+
+
+def kv_layer_rows(geometry: Geometry, attention: Attention, context: float, kv_dtype: str = "bf16", *,
+                  engine: str = "datasheet", max_num_batched_tokens: int = 8192, group_size: int = 64,
+                  group_overhead_bytes: float = 4.0) -> list[dict]:
+    """Per layer type at ``context``: name, layers, shared, cache_layers, n_kv_heads, d_head_k,
+    d_head_v, window, bytes_per_token, tokens (what each of its layers holds, by ``engine``'s
+    rule) and bytes (bytes_per_token * tokens). Their ``bytes`` sum to one user's cache."""
+    b = bytes_per_element(kv_dtype, group_size=group_size, group_overhead_bytes=group_overhead_bytes)
+    rows = _type_rows(geometry, attention, b)
+    for r in rows:
+        r["tokens"] = cached_tokens_for(r["window"], context, engine, max_num_batched_tokens=max_num_batched_tokens)
+        r["bytes"] = r["bytes_per_token"] * r["tokens"]
+    return rows
+
+
+def kv_bytes_per_user(geometry: Geometry, attention: Attention, context: float, kv_dtype: str = "bf16",
+                      **kw) -> float:
+    """One user's cache at ``context``: the sum over :func:`kv_layer_rows`."""
+    return sum(r["bytes"] for r in kv_layer_rows(geometry, attention, context, kv_dtype, **kw))
 
 
 def cache_layers(geometry: Geometry, attention: Attention) -> int:
@@ -373,7 +444,9 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
     MLA models: ``latent`` as ``inspect_checkpoint`` gives it (``kv_lora_rank``,
     ``q_lora_rank``, ``rope_dim``, ``nope_dim``, ``v_dim``), or the Hugging Face DeepSeek
     config names (``kv_lora_rank``, ``qk_rope_head_dim``, ``q_lora_rank``,
-    ``qk_nope_head_dim``, ``v_head_dim``) at the top level or under ``mla``."""
+    ``qk_nope_head_dim``, ``v_head_dim``) at the top level or under ``mla``. Layer types
+    (sliding windows, per-type heads, shared caches) from the checkpoint's own ``config``
+    (:func:`analysis.kv_layers.layer_types_from_config`)."""
     missing = [k for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head") if info.get(k) is None]
     label = name or str(info.get("path") or info.get("name") or "checkpoint")
     if missing:
@@ -404,6 +477,7 @@ def geometry_from_info(info: dict, *, name: str | None = None) -> Geometry:
                  kv_lora_rank=dim("kv_lora_rank"), qk_rope_head_dim=dim("qk_rope_head_dim") or 0,
                  q_lora_rank=dim("q_lora_rank"), qk_nope_head_dim=dim("qk_nope_head_dim"),
                  v_head_dim=dim("v_head_dim"),
+                 layer_types=layer_types_from_config(info.get("config") or {}),
                  source=f"checkpoint {label}")
     if attn is not None and not g.kv_lora_rank:
         # Which biases the attention has follows from its parameter count: the count

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from analysis.errors import AnalysisError
 from analysis.kv_cost import Geometry
+from analysis.kv_layers import layer_types_from_config
 
 
 def _gpt2(name: str, layers: int, d: int, heads: int, repo: str) -> Geometry:
@@ -26,6 +27,17 @@ def _llama(name: str, layers: int, d: int, heads: int, kv: int, d_mlp: int, voca
                     bias=False, norm="rmsnorm", source=f"Hugging Face {repo} config.json", **extra)
 
 
+def _gemma(name: str, repo: str, config: dict) -> Geometry:
+    """A Gemma 2/3 text model from its config.json fields (tied embeddings, gated GELU MLP,
+    RMSNorm; the formula counts two norms a layer where Gemma has four, and no QK-norm)."""
+    return Geometry(name=name, n_layers=config["num_hidden_layers"], n_heads=config["num_attention_heads"],
+                    n_kv_heads=config["num_key_value_heads"], d_model=config["hidden_size"],
+                    d_head=config["head_dim"], d_mlp=config["intermediate_size"], mlp="gated",
+                    vocab=config["vocab_size"], n_positions=0, tied_embeddings=True, bias=False, norm="rmsnorm",
+                    sliding_window=config["sliding_window"], layer_types=layer_types_from_config(config),
+                    source=f"Hugging Face {repo} config.json")
+
+
 PRESETS: dict[str, Geometry] = {g.name: g for g in (
     _gpt2("gpt2", 12, 768, 12, "openai-community/gpt2"),
     _gpt2("gpt2-medium", 24, 1024, 16, "openai-community/gpt2-medium"),
@@ -39,6 +51,15 @@ PRESETS: dict[str, Geometry] = {g.name: g for g in (
     _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, "mistralai/Mistral-7B-v0.1",
            sliding_window=4096),
     _llama("qwen2-7b", 28, 3584, 28, 4, 18944, 152064, "Qwen/Qwen2-7B", qkv_bias=True),
+    # hybrid stacks: sliding-window layers priced by their window (analysis.kv_layers)
+    _gemma("gemma-2-9b", "google/gemma-2-9b", {
+        "model_type": "gemma2", "num_hidden_layers": 42, "hidden_size": 3584, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
+        "sliding_window": 4096}),
+    _gemma("gemma-3-27b", "google/gemma-3-27b-it (text_config)", {
+        "model_type": "gemma3_text", "num_hidden_layers": 62, "hidden_size": 5376, "num_attention_heads": 32,
+        "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 21504, "vocab_size": 262208,
+        "sliding_window": 1024, "sliding_window_pattern": 6}),
     Geometry(name="query-free-124m", n_layers=12, n_heads=12, n_kv_heads=12, d_model=768, d_head=64,
              d_mlp=3072, mlp="gelu", vocab=50304, n_positions=1024, tied_embeddings=True, bias=False,
              norm="layernorm", variant="wq_identity",

@@ -72,12 +72,16 @@ def n_cached(variant: str) -> int:
 
 
 def kv_bytes_per_token(variant: str, n_layers: int, n_kv_heads: int, d_head: int,
-                       bytes_per_elem: float) -> float:
+                       bytes_per_elem: float, d_head_v: int | None = None) -> float:
     """The KV-cache bytes one token adds to a stack of attention layers (DESIGN.md, "KV-cache and
-    serving cost"): ``n_layers * n_cached(variant) * n_kv_heads * d_head * bytes_per_elem``.
+    serving cost"): ``n_layers * n_cached(variant) * n_kv_heads * d_head * bytes_per_elem``, or
+    with a value head of its own width ``d_head_v``, ``n_layers * n_kv_heads * (d_head + d_head_v)
+    * bytes_per_elem`` (K = V variants cache the one K-wide tensor).
     The one place the formula is written: the calculator, the store's checkpoints, the Results
     table and the trainer's config all call it (latent attention, MLA, caches a latent instead)."""
-    return n_layers * n_cached(variant) * n_kv_heads * d_head * bytes_per_elem
+    if d_head_v is None or d_head_v == d_head or variant in KV_TIED:
+        return n_layers * n_cached(variant) * n_kv_heads * d_head * bytes_per_elem
+    return n_layers * n_kv_heads * (d_head + d_head_v) * bytes_per_elem
 
 
 def label(variant: str | None) -> str:

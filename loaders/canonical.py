@@ -57,6 +57,7 @@ from typing import Callable, Iterator
 import torch
 
 # variant facts live in the leaf; re-exported here for callers that import them from loaders
+from analysis.kv_layers import layer_types_from_config, type_cache
 from analysis.variants import kv_bytes_per_token as variant_kv_bytes
 
 QK_NORMS = ("none", "head", "layer")
@@ -155,13 +156,26 @@ class ModelMeta:
     notes: dict = field(default_factory=dict)
 
     @property
+    def kv_layer_types(self) -> tuple:
+        """The layer types the source config declares (``analysis.kv_layers``: sliding windows,
+        per-type KV heads and head widths, shared caches); ``()`` for a uniform stack and for
+        multi-tower checkpoints. The one place a layout's per-layer-type config fields are read."""
+        return () if self.towers else layer_types_from_config(self.config)
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """n_layers * n_cached * n_kv_heads * d_head * bytes(dtype), summed over the
-        towers of a multi-tower checkpoint; for latent attention (MLA) what the model
-        really caches: n_layers * (kv_lora_rank + rope_dim) * bytes(dtype)."""
+        towers of a multi-tower checkpoint, and over the config's layer types (each with its
+        own KV heads and head width; shared layers add nothing) for a hybrid stack: the bytes
+        a token adds while it is inside every window. For latent attention (MLA) what the
+        model really caches: n_layers * (kv_lora_rank + rope_dim) * bytes(dtype)."""
         per = dtype_bytes(self.dtype)
         if self.latent is not None:
             return self.n_layers * self.latent.cache_width * per
+        types = self.kv_layer_types
+        if types:
+            return int(sum(type_cache(t, self.variant, self.n_kv_heads, self.d_head, per)["bytes_per_token"]
+                           for t in types))
         stacks = self.towers or (self,)
         return sum(variant_kv_bytes(self.variant, t.n_layers, t.n_kv_heads, t.d_head, per) for t in stacks)
 
@@ -188,6 +202,7 @@ class ModelMeta:
         out["towers"] = [asdict(t) for t in self.towers]
         out["params"] = {"total": self.params_total, "attention": self.params_attention}
         out["kv_bytes_per_token"] = self.kv_bytes_per_token
+        out["kv_layer_types"] = [t.to_json() for t in self.kv_layer_types]
         if self.latent is not None:
             out["latent"]["cache_width"] = self.latent.cache_width
         return out

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 
+from analysis.kv_layers import LayerType
+from analysis.kv_layers import describe as describe_layer_types
 from app.commands._common import print_json
 from loaders.report import shown
 
@@ -74,7 +76,8 @@ def disagreement(layout_variant: str, ties: dict) -> str | None:
 
 
 def _extra_lines(info: dict) -> list[str]:
-    """Towers, latent attention (MLA), QK-norm and soft-capping, where the checkpoint has them."""
+    """Towers, latent attention (MLA), layer types (sliding windows, per-type heads, shared
+    caches), QK-norm and soft-capping, where the checkpoint has them."""
     lines = []
     for t in info.get("towers") or []:
         last = t["first_layer"] + t["n_layers"] - 1
@@ -85,6 +88,10 @@ def _extra_lines(info: dict) -> list[str]:
         lines.append(f"{'latent (MLA)':<20} kv_lora_rank {lat['kv_lora_rank']} + rotary {lat['rope_dim']} = "
                      f"{lat['cache_width']} cached per token and layer; q_lora_rank {lat['q_lora_rank']}; "
                      f"W_K, W_V are composed maps")
+    types = info.get("kv_layer_types") or []
+    if types:
+        lines.append(f"{'layer types':<20} {describe_layer_types(tuple(LayerType(**t) for t in types))}; kv_bytes_per_token "
+                     f"sums over them (a sliding layer caps the tokens, not the bytes a token adds)")
     if info.get("qk_norm", "none") != "none":
         lines.append(f"{'qk_norm':<20} RMSNorm on q and k per {info['qk_norm']} (gains in the canonical layer)")
     if info.get("logit_softcap") is not None:

@@ -10,11 +10,27 @@ vLLM's max_num_seqs), USD per month, and one request's time to first token
 --figures DIR writes the page's four sweeps (kv_plot_cache, kv_plot_users,
 kv_plot_cost, kv_plot_gpus) as SVG, PDF and PNG (app/figures.py).
 
+Hybrid stacks (sliding-window and global layers, other KV heads or head widths
+per type, layers sharing a cache) are read from a checkpoint's config or typed
+with --layer-types; one user's cache at the context sums over the layer types,
+so "KV bytes per user" is no longer bytes/token * context.
+
+Capacity is counted from the datasheet by default (--engine datasheet: the
+card's GB * --utilisation - weights - --reserve-gb). --engine vllm counts it
+as vLLM does at start-up and prints its line "Maximum concurrency for N tokens
+per request: X" (CUDA's GiB, --gpu-memory-utilization default 0.92, the
+profiled activation peak, blocks of 16 tokens); an engine will print that
+figure, not the datasheet's. --engine transformers keeps the datasheet's
+capacity with transformers' cache rule (a sliding layer keeps window - 1).
+
 Examples:
   python -m app kv-cost --preset llama-3-8b --variant k_eq_v --gpu h100-sxm
   python -m app kv-cost --preset projection-sharing-300m --variant k_eq_v --kv-heads 1 --json
   python -m app kv-cost --layers 24 --heads 16 --kv-heads 4 --d-head 64 --d-model 1024 --context 8192
   python -m app kv-cost --preset llama-3-8b --users 100000 --max-batch 128 --prompt-len 2000 --gpu H100
+  python -m app kv-cost --preset gemma-3-27b --context 32768
+  python -m app kv-cost --preset llama-3-8b --gpu a100-40gb --context 8192 --engine vllm \
+      --gpu-memory-utilization 0.90 --activation-gib 9.37
 """
 from __future__ import annotations
 
@@ -23,10 +39,12 @@ import dataclasses
 
 from analysis.errors import AnalysisError
 from analysis.gpus import ALIASES, CATALOGUE, GB, GIB, TB_S, TFLOPS, get_gpu
+from analysis import vllm_engine
 from analysis.kv_cost import (
     DEFAULT_MAX_BATCH, DTYPE_BITS, Attention, Geometry, Serving, baseline_attention, compare,
     estimate, geometry_from_info, native_attention, savings, standard_configs,
 )
+from analysis.kv_layers import ENGINES, SPEC_HELP, parse_layer_types
 from analysis.presets import PRESETS, get_preset
 from analysis.variants import ALL_VARIANTS
 from app.commands._common import print_json
@@ -55,7 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     att.add_argument("--mla-latent", type=int, help="cost multi-head latent attention with this latent dim")
     att.add_argument("--mla-rope", type=int, default=0, help="MLA decoupled rotary key dim (default 0)")
     att.add_argument("--layers-per-cache", type=int, default=1, help="cross-layer KV sharing (default 1: none)")
-    att.add_argument("--window", type=int, help="sliding window in tokens (0: none; default: the model's)")
+    att.add_argument("--window", type=int, help="sliding window in tokens for the sliding layers (every layer "
+                     "of a uniform model); 0: none, every layer global; default: the model's")
+    att.add_argument("--layer-types", help="the model's layer types by hand, replacing the config's: " + SPEC_HELP)
     srv = p.add_argument_group("serving")
     srv.add_argument("--context", type=int, help="tokens cached per user (default 4096, or prompt + output)")
     srv.add_argument("--users", type=int, help="concurrent users (default: one full replica, min(--max-batch, what "
@@ -63,7 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--prompt-len", type=int, help="prompt tokens (with --output-len: decode costed at "
                      "prompt + output/2)")
     srv.add_argument("--output-len", type=int, help="generated tokens per request")
-    srv.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BITS), help="cache dtype (default bf16)")
+    srv.add_argument("--kv-dtype", default="bf16", choices=list(DTYPE_BITS), help="cache dtype (default bf16); int8/int4 add a scale and "
+                     "zero point per --quant-group-size elements, fp4 (OCP MXFP4) one scale byte per 32 "
+                     "elements, nvfp4 (NVIDIA NVFP4) one per 16")
     srv.add_argument("--weight-dtype", default="bf16", choices=list(DTYPE_BITS),
                      help="weight dtype (default bf16)")
     srv.add_argument("--quant-group-size", type=int, default=64,
@@ -79,13 +101,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--gpu-memory-gb", type=float, help="override GPU memory, GB (1e9 bytes)")
     srv.add_argument("--bandwidth-tb-s", type=float, help="override memory bandwidth, TB/s")
     srv.add_argument("--bf16-tflops", type=float, help="override dense bf16 throughput, TFLOPS")
-    srv.add_argument("--utilisation", type=float, default=0.9, help="usable memory fraction (default 0.9)")
+    srv.add_argument("--utilisation", type=float, default=0.9, help="datasheet mode: usable memory fraction (default 0.9; "
+                     "--engine vllm uses --gpu-memory-utilization)")
     srv.add_argument("--reserve-gb", type=float, default=2.0,
-                     help="memory kept for activations and runtime, GB (default 2)")
+                     help="datasheet mode: memory kept for activations and runtime, GB (default 2; --engine vllm "
+                          "subtracts --activation-gib and --non-torch-gib instead)")
     srv.add_argument("--bandwidth-efficiency", type=float, default=0.8,
                      help="achieved / peak bandwidth (default 0.8)")
     srv.add_argument("--compute-efficiency", type=float, default=0.5,
                      help="achieved / peak bf16 throughput, the MFU of prefill and decode (default 0.5)")
+    eng = p.add_argument_group("engine (how capacity is counted)")
+    eng.add_argument("--engine", choices=ENGINES, default="datasheet",
+                     help="datasheet (default): the card's GB * --utilisation - weights - --reserve-gb, sliding "
+                          "layers holding min(context, window); transformers: the same with transformers' "
+                          "DynamicCache rule (a sliding layer keeps window - 1 tokens); vllm: capacity as vLLM "
+                          "computes it, with its 'Maximum concurrency' line")
+    eng.add_argument("--gpu-memory-gib", type=float,
+                     help="vllm: total GPU memory as CUDA reports it, GiB (the 'total_gpu_memory' of vLLM's log; "
+                          "default: a published log's figure for the GPU, else the datasheet's bytes)")
+    eng.add_argument("--gpu-memory-utilization", type=float, default=vllm_engine.DEFAULT_GPU_MEMORY_UTILIZATION,
+                     help=f"vllm: fraction of that memory vLLM may use (default "
+                          f"{vllm_engine.DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's own default)")
+    eng.add_argument("--activation-gib", type=float,
+                     help="vllm: the profiled activation peak, GiB (vLLM's 'PyTorch activation peak memory'); "
+                          "default: estimated, max_num_batched_tokens * (3 d_mlp + 3 d_model) * 2 + "
+                          "256 * vocab * 4 bytes")
+    eng.add_argument("--non-torch-gib", type=float, default=vllm_engine.DEFAULT_NON_TORCH_GIB,
+                     help=f"vllm: memory outside torch (CUDA context, NCCL), GiB (vLLM's 'non_torch_memory'; "
+                          f"default {vllm_engine.DEFAULT_NON_TORCH_GIB})")
+    eng.add_argument("--weights-gib", type=float,
+                     help="vllm: the weights vLLM subtracts, GiB, as its log states them ('model weights take'); "
+                          "default: parameters * bytes per weight")
+    eng.add_argument("--max-num-batched-tokens", type=int, default=vllm_engine.DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                     help=f"vllm: tokens of the profiling pass and the chunked-prefill budget (default "
+                          f"{vllm_engine.DEFAULT_MAX_NUM_BATCHED_TOKENS}; vLLM V0 without chunked prefill used "
+                          "max(max_model_len, 2048))")
     out = p.add_argument_group("output")
     out.add_argument("--compare", action="store_true", help="also a table of every variant and GQA/MQA")
     out.add_argument("--list-presets", action="store_true", help="list the preset models")
@@ -100,6 +150,13 @@ def _geometry(args: argparse.Namespace) -> Geometry:
     if chosen != 1:
         raise AnalysisError("kv-cost: give exactly one of --preset NAME, --checkpoint PATH, or "
                             "--layers/--heads/--d-head/--d-model")
+    geometry = _base_geometry(args, typed)
+    if args.layer_types:
+        geometry = dataclasses.replace(geometry, layer_types=parse_layer_types(args.layer_types, geometry.n_layers))
+    return geometry
+
+
+def _base_geometry(args: argparse.Namespace, typed: list) -> Geometry:
     if args.preset is not None:
         return get_preset(args.preset)
     if args.checkpoint is not None:
@@ -126,7 +183,11 @@ def _serving(args: argparse.Namespace) -> Serving:
                    kv_dtype=args.kv_dtype, weight_dtype=args.weight_dtype, kv_group_size=args.quant_group_size,
                    mem_utilisation=args.utilisation, reserve_bytes=args.reserve_gb * GB,
                    bandwidth_efficiency=args.bandwidth_efficiency, compute_efficiency=args.compute_efficiency,
-                   gpus_per_replica=args.gpus_per_replica, max_batch=args.max_batch or None)
+                   gpus_per_replica=args.gpus_per_replica, max_batch=args.max_batch or None,
+                   engine=args.engine, gpu_memory_gib=args.gpu_memory_gib,
+                   gpu_memory_utilization=args.gpu_memory_utilization, activation_gib=args.activation_gib,
+                   non_torch_gib=args.non_torch_gib, max_num_batched_tokens=args.max_num_batched_tokens,
+                   weights_gib=args.weights_gib)
 
 
 def _gpu(args: argparse.Namespace):
@@ -136,6 +197,15 @@ def _gpu(args: argparse.Namespace):
         bandwidth_bytes_s=args.bandwidth_tb_s * TB_S if args.bandwidth_tb_s is not None else None,
         bf16_flops=args.bf16_tflops * TFLOPS if args.bf16_tflops is not None else None,
         price_per_hour=args.price_per_hour)
+
+
+_ENGINE_WORDS = {
+    "datasheet": "datasheet (GPU GB * utilisation - weights - reserve; an engine prints its own figure: "
+                 "--engine vllm)",
+    "transformers": "datasheet memory, transformers' cache rule (a sliding layer keeps window - 1 tokens)",
+    "vllm": "as vLLM computes it (CUDA GiB * gpu_memory_utilization - weights - non-torch - activation peak, "
+            "blocks of 16 tokens)",
+}
 
 
 def _fmt_bytes(x: float | None) -> str:
@@ -256,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"GPU: {gpu.label} x{serving.gpus_per_replica} per replica, {gpu.memory_bytes / GB:g} GB, "
           f"{gpu.bandwidth_bytes_s / TB_S:g} TB/s, {gpu.bf16_flops / TFLOPS:g} TFLOPS bf16, "
           f"${gpu.price_per_hour:g}/GPU-hour")
+    print(f"capacity: {_ENGINE_WORDS[serving.engine]}")
     print(f"units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes\n")
     print("working:")
     for s in result.steps:
@@ -268,7 +339,8 @@ def run(args: argparse.Namespace) -> int:
         ("weight memory", _fmt_bytes(result.weights_bytes), _pct(saved["saving_weights_bytes"])),
         ("KV bytes per token", f"{result.bytes_per_token:,.1f} B = {result.bytes_per_token / 1024:,.3f} KiB",
          _pct(saved["saving_bytes_per_token"])),
-        ("KV bytes per user", _fmt_bytes(result.bytes_per_user), _pct(saved["saving_bytes_per_user"])),
+        ("KV bytes per user", _fmt_bytes(result.bytes_per_user) + f" at context {result.context:,}",
+         _pct(saved["saving_bytes_per_user"])),
         ("KV bytes, all users", _fmt_bytes(result.bytes_all_users), ""),
         ("users per GPU", f"{result.users_per_gpu:,} at context {result.context:,}",
          _ratio(saved["ratio_users_per_gpu"])),
@@ -292,6 +364,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'figure':<26} {'value':<62} vs baseline (saving / ratio)")
     for name, value, vs in lines:
         print(f"{name:<26} {value:<62} {vs}")
+    if len(result.layer_types) > 1 or result.layer_types[0]["window"]:
+        print(f"\nper layer type at context {result.context:,}:")
+        print(f"  {'type':<20} {'layers':>6} {'cached':>6} {'KV heads':>8} {'K/V width':>10} {'window':>8} "
+              f"{'tokens':>9} {'B/token':>12} {'bytes':>16}")
+        for r in result.layer_types:
+            print(f"  {r['name']:<20} {r['n_layers']:>6} {r['cache_layers']:>6} {r['n_kv_heads']:>8} "
+                  f"{str(r['d_head_k']) + '/' + str(r['d_head_v']):>10} {r['window'] or 'full':>8} "
+                  f"{r['tokens']:>9,.0f} {r['bytes_per_token']:>12,.1f} {r['bytes']:>16,.0f}")
+    if result.concurrency_line:
+        print(f"\nvLLM: KV cache {result.kv_cache_bytes / GIB:,.2f} GiB, activation peak "
+              f"{result.activation_bytes / GIB:,.2f} GiB")
+        print(result.concurrency_line)
     if table is not None:
         print()
         cols = ["label", "bytes_per_token", "users_per_gpu", "gpus", "tokens_per_s", "tokens_per_s_per_gpu",

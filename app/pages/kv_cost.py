@@ -26,7 +26,11 @@ from analysis.kv_cost import (
     DEFAULT_MAX_BATCH, DTYPE_BITS, LARGER_BETTER, SMALLER_BETTER, VARIANT_LABELS, VARIANTS, Attention,
     Estimate, Geometry, Serving, baseline_attention, compare, estimate, geometry_from_info,
 )
+from analysis.kv_layers import ENGINES
 from analysis.presets import PRESETS
+from analysis.vllm_engine import (
+    CUDA_MEMORY_GIB, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_NON_TORCH_GIB,
+)
 from app import figures, tables
 from app.charts import CHART_THEME
 from app.page_figures import kv_configs, kv_cost_figures
@@ -266,6 +270,41 @@ def _serving_inputs(state: dict) -> tuple[Serving, object]:
         eff_c = c[2].slider("Compute efficiency (MFU)", 0.01, 1.0, _q_float("effc", 0.5, 0.01, 1.0), 0.01,
                             key="kv_effc", help="Achieved / peak bf16 FLOPs, for prefill and decode.")
         st.markdown("\n".join(f"* **{k}**: {v}" for k, v in base.sources.items()))
+    engine = st.radio("Capacity counted as", ENGINES, index=ENGINES.index(_q_choice("engine", list(ENGINES),
+                                                                                    "datasheet")),
+                      horizontal=True, key="kv_engine",
+                      format_func={"datasheet": "datasheet (GB * usable fraction - weights - reserve)",
+                                   "transformers": "transformers' cache (sliding layers keep window - 1)",
+                                   "vllm": "vLLM at start-up (its 'Maximum concurrency' line)"}.get,
+                      help="An engine prints its own capacity: vLLM counts CUDA's GiB, its utilisation default "
+                           f"{DEFAULT_GPU_MEMORY_UTILIZATION}, the profiled activation peak and blocks of 16 tokens.")
+    vllm_in: dict = {}
+    if engine == "vllm":
+        c = st.columns(5)
+        cuda = CUDA_MEMORY_GIB.get(gpu_name, (base.memory_bytes / GIB, ""))[0]
+        vllm_in["gpu_memory_gib"] = c[0].number_input("GPU memory, GiB (as CUDA reports it)", 0.01, 10_000.0,
+                                                      _q_float("cudagib", cuda, 0.01, 10_000.0),
+                                                      key=f"kv_cudagib_{gpu_name}", format="%.2f")
+        vllm_in["gpu_memory_utilization"] = c[1].number_input(
+            "gpu_memory_utilization", 0.01, 1.0, _q_float("gmu", DEFAULT_GPU_MEMORY_UTILIZATION, 0.01, 1.0),
+            key="kv_gmu", format="%.2f")
+        act = c[2].number_input("Activation peak, GiB (0: estimate)", 0.0, 10_000.0,
+                                _q_float("actgib", 0.0, 0.0, 10_000.0), key="kv_actgib", format="%.2f")
+        vllm_in["activation_gib"] = act or None
+        vllm_in["non_torch_gib"] = c[3].number_input("Non-torch memory, GiB", 0.0, 1000.0,
+                                                     _q_float("ntgib", DEFAULT_NON_TORCH_GIB, 0.0, 1000.0),
+                                                     key="kv_ntgib", format="%.2f")
+        vllm_in["max_num_batched_tokens"] = int(c[4].number_input(
+            "max_num_batched_tokens", 1, 10_000_000, _q_int("mnbt", DEFAULT_MAX_NUM_BATCHED_TOKENS, 1),
+            key="kv_mnbt"))
+        state.update(cudagib=vllm_in["gpu_memory_gib"] if vllm_in["gpu_memory_gib"] != cuda else None,
+                     gmu=vllm_in["gpu_memory_utilization"]
+                     if vllm_in["gpu_memory_utilization"] != DEFAULT_GPU_MEMORY_UTILIZATION else None,
+                     actgib=act or None,
+                     ntgib=vllm_in["non_torch_gib"] if vllm_in["non_torch_gib"] != DEFAULT_NON_TORCH_GIB else None,
+                     mnbt=vllm_in["max_num_batched_tokens"]
+                     if vllm_in["max_num_batched_tokens"] != DEFAULT_MAX_NUM_BATCHED_TOKENS else None)
+    state["engine"] = engine if engine != "datasheet" else None
     gpu = base.with_overrides(memory_bytes=mem * GB, bandwidth_bytes_s=bw * TB_S, bf16_flops=tflops * TFLOPS,
                               price_per_hour=price)
     split = prompt > 0 and output > 0
@@ -274,7 +313,7 @@ def _serving_inputs(state: dict) -> tuple[Serving, object]:
                       kv_dtype=kv_dtype, weight_dtype=w_dtype, kv_group_size=int(group),
                       mem_utilisation=float(util), reserve_bytes=reserve * GB,
                       bandwidth_efficiency=float(eff_bw), compute_efficiency=float(eff_c),
-                      gpus_per_replica=int(tp), max_batch=int(cap) or None)
+                      gpus_per_replica=int(tp), max_batch=int(cap) or None, engine=engine, **vllm_in)
     state.update(kvdtype=kv_dtype, wdtype=w_dtype, ctx=context, users=users or None,
                  prompt=prompt or None, output=output or None, gpu=gpu_name, tp=tp if tp > 1 else None,
                  maxbatch=cap if cap != DEFAULT_MAX_BATCH else None,
@@ -322,7 +361,9 @@ def _metrics(result: Estimate, base: Estimate) -> None:
     metric(c[1], "KV per user", f"{result.bytes_per_user / GIB:,.3f} GiB", "bytes_per_user",
            help=f"{result.bytes_per_user / GB:,.3f} GB (1e9 B)")
     metric(c[2], "Users per GPU (memory)", f"{result.users_per_gpu:,}", "users_per_gpu",
-           help="Users whose cache fits beside the weights in one replica's memory.")
+           help="Users whose cache fits beside the weights in one replica's memory"
+                + (": floor of vLLM's maximum concurrency." if result.engine == "vllm" else
+                   " (datasheet memory * usable fraction - weights - reserve)."))
     metric(c[3], "Decode tokens/s", f"{result.tokens_per_s:,.0f}", "tokens_per_s",
            help=(f"All {result.users:,} users on {result.gpus:,} GPU(s), {result.bound}-bound"
                  if result.bound else "nothing fits"))
@@ -376,6 +417,9 @@ def render() -> None:
         st.error(str(exc), icon=":material/error:")
         return
     _metrics(result, base)
+    if result.concurrency_line:
+        st.info(f"vLLM would log: **{result.concurrency_line}** (KV cache {result.kv_cache_bytes / GIB:,.2f} GiB, "
+                f"activation peak {result.activation_bytes / GIB:,.2f} GiB)", icon=":material/terminal:")
 
     configs = kv_configs(geometry, attention)
     table = compare(geometry, configs, serving, gpu)
@@ -423,6 +467,14 @@ def render() -> None:
     st.subheader("The working, with your numbers")
     st.dataframe(pd.DataFrame([{"step": s.name, "formula": s.formula, "with numbers": s.filled}
                                for s in result.steps]), hide_index=True, width="stretch")
+    if len(result.layer_types) > 1 or result.layer_types[0]["window"]:
+        st.subheader("Per layer type")
+        st.dataframe(pd.DataFrame(result.layer_types), hide_index=True, width="stretch", column_config={
+            "name": "layer type", "n_layers": "layers", "shared": "sharing a cache", "cache_layers": "cached",
+            "n_kv_heads": "KV heads", "d_head_k": "K width", "d_head_v": "V width", "window": "window",
+            "tokens": st.column_config.NumberColumn(f"tokens held at {result.context:,}", format="localized"),
+            "bytes_per_token": st.column_config.NumberColumn("bytes/token", format="localized"),
+            "bytes": st.column_config.NumberColumn("bytes per user", format="localized")})
     st.caption("Decode reads every weight once per step (input embedding tables excepted) and every cached "
                "token of every user in the batch; the slower of that memory time and the compute time sets "
                "the step (a roofline). A replica decodes at most the batch cap at once. The time to first token "

@@ -218,7 +218,7 @@ def test_errors_name_what_was_expected_and_found():
     assert str(exc.value).startswith("unknown preset 'gpt5': expected one of gpt2, gpt2-medium")
     with pytest.raises(AnalysisError) as exc:
         bytes_per_element("int3")
-    assert str(exc.value) == "unknown dtype 'int3': expected one of fp32, bf16, fp16, fp8, int8, int4"
+    assert str(exc.value) == "unknown dtype 'int3': expected one of fp32, bf16, fp16, fp8, int8, int4, fp4, nvfp4"
     with pytest.raises(AnalysisError) as exc:
         estimate(g, Attention(), Serving(mem_utilisation=1.5), H100)
     assert str(exc.value) == "serving: mem_utilisation must be in (0, 1], got 1.5"

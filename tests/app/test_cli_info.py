@@ -91,3 +91,15 @@ def test_untied_model_agrees_and_prints_no_note(tmp_path, capsys):
         assert info["tied"] == {"variant": "qkv", "layers": layer_ties()}
         text = info_text(folder, capsys)
         assert "  tied                 qkv\n" in text and "note:" not in text
+
+
+def test_info_prints_the_layer_types_of_a_hybrid_stack():
+    from app.commands.info import _extra_lines
+    from loaders.canonical import ModelMeta
+    meta = ModelMeta(architecture="gemma", variant="qkv", n_layers=6, n_heads=4, n_kv_heads=2, d_model=64,
+                     d_head=16, norm="rmsnorm", positions="rotary", attn_scale=0.25, dtype="bfloat16",
+                     params_total=1, params_attention=1,
+                     config={"num_hidden_layers": 6, "sliding_window": 512, "sliding_window_pattern": 6})
+    assert ("layer types          5 x sliding_attention (window 512), 1 x full_attention; kv_bytes_per_token "
+            "sums over them (a sliding layer caps the tokens, not the bytes a token adds)") in _extra_lines(
+        meta.to_json())

@@ -192,3 +192,78 @@ def test_plus_variant_is_accepted(capsys):
     base = run_json(capsys, "--preset", "gpt2", "--variant", "q_eq_k_eq_v")
     assert plus["bytes_per_token"] == base["bytes_per_token"] == 12 * 1 * 12 * 64 * 2
     assert plus["label"] == "(Q=K=V)+, MHA"
+
+
+# -- hybrid stacks and engine mode ------------------------------------------------------------------
+
+ENGINE = {"max_concurrency", "kv_cache_bytes", "activation_bytes", "layer_types", "engine"}
+
+
+def test_engine_vllm_prints_vllms_line_for_the_published_a100_log(capsys):
+    args = ["kv-cost", "--preset", "llama-3-8b", "--gpu", "a100-40gb", "--context", "8192", "--engine", "vllm",
+            "--gpu-memory-utilization", "0.90", "--activation-gib", "9.37"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "Maximum concurrency for 8,192 tokens per request: 11.12x" in text.splitlines()
+    assert "capacity: as vLLM computes it" in text
+    data = run_json(capsys, *args[1:])
+    assert ENGINE | CONTRACT <= set(data)
+    assert round(data["max_concurrency"], 2) == 11.12 and data["users_per_gpu"] == 11
+    assert data["activation_bytes"] == 9.37 * 2 ** 30
+    assert data["kv_cache_bytes"] == pytest.approx((39.50 * 0.90 - 0.10 - 9.37) * 2 ** 30 - 16_060_522_496)
+
+
+def test_datasheet_mode_is_labelled_and_keeps_its_figures(capsys):
+    assert main(["kv-cost", "--preset", "llama-3-8b", "--gpu", "a100-40gb", "--context", "8192"]) == 0
+    text = capsys.readouterr().out
+    assert "capacity: datasheet (GPU GB * utilisation - weights - reserve" in text
+    assert "Maximum concurrency" not in text
+    data = run_json(capsys, "--preset", "llama-3-8b", "--gpu", "a100-40gb", "--context", "8192")
+    assert data["users_per_gpu"] == 16 and data["max_concurrency"] is None and data["engine"] == "datasheet"
+
+
+def test_layer_types_by_hand_print_both_per_token_and_per_user(capsys):
+    args = ["--layers", "6", "--heads", "4", "--kv-heads", "1", "--d-head", "16", "--d-model", "64",
+            "--kv-dtype", "fp32", "--context", "2048", "--layer-types", "5xlocal:512,1xglobal"]
+    data = run_json(capsys, *args)
+    assert data["bytes_per_token"] == 768 and data["bytes_per_user"] == 128 * (2048 + 5 * 512)
+    assert [(t["name"], t["n_layers"], t["n_kv_heads"], t["d_head_k"], t["d_head_v"], t["window"], t["bytes"])
+            for t in data["layer_types"]] == [("local", 5, 1, 16, 16, 512, 640 * 512),
+                                              ("global", 1, 1, 16, 16, None, 128 * 2048)]
+    data = run_json(capsys, *args, "--engine", "transformers")
+    assert data["bytes_per_user"] == 589_184
+    assert main(["kv-cost", *args]) == 0
+    text = capsys.readouterr().out
+    assert "per layer type at context 2,048:" in text
+    assert "KV bytes per user          1,572,864 B" not in text
+
+
+def test_a_bad_layer_types_spec_is_one_line(capsys):
+    code = main(["kv-cost", "--preset", "llama-3-8b", "--layer-types", "5xlocal:512,40xglobal"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == ("error: layer types '5xlocal:512,40xglobal': 45 layers, "
+                                               "but the model has 32")
+
+
+def test_a_gemma3_checkpoint_is_priced_as_transformers_caches_it(tmp_path, capsys):
+    """A Gemma-3-layout checkpoint (5 sliding layers of 512 per global) saved by transformers: after a
+    2,048-token forward its cache holds 589,184 bytes; ``--checkpoint`` reads the layer types from
+    the saved config and gives the same (priced as global it was 1,572,864)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        "gemma3_text", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=512, max_position_embeddings=4096)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path / "g3", safe_serialization=True)
+    with torch.no_grad():
+        cache = model(torch.randint(0, 64, (1, 2048)), use_cache=True).past_key_values
+    real = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert real == 589_184
+    data = run_json(capsys, "--checkpoint", str(tmp_path / "g3"), "--engine", "transformers", "--kv-dtype", "fp32",
+                    "--context", "2048")
+    assert data["bytes_per_user"] == real and data["bytes_per_token"] == 768
+    data = run_json(capsys, "--checkpoint", str(tmp_path / "g3"), "--kv-dtype", "fp32", "--context", "2048",
+                    "--window", "0")
+    assert data["bytes_per_user"] == 1_572_864

@@ -228,3 +228,19 @@ def test_the_four_charts_keep_their_own_look_with_the_legend_under_the_plot():
         layout = json.loads(proto.spec)["layout"]
         assert layout["template"]["layout"]["plot_bgcolor"] == "white"
         assert (layout["legend"]["orientation"], layout["legend"]["title"]["text"]) == ("h", "configuration")
+
+
+def test_engine_switch_shows_vllms_line_and_hybrid_presets_their_layer_types():
+    at = page_test("kv_cost", {"preset": "llama-3-8b", "gpu": "a100-40gb", "ctx": "8192", "engine": "vllm",
+                               "gmu": "0.9", "actgib": "9.37"})
+    at.run()
+    assert not at.exception
+    assert "Maximum concurrency for 8,192 tokens per request: 11.12x" in at.info[0].value
+    assert dict(at.query_params)["engine"] == "vllm"
+    at = page_test("kv_cost", {"preset": "gemma-3-27b", "ctx": "32768"})
+    at.run()
+    assert not at.exception
+    rows = at.dataframe[2].value
+    assert list(rows["name"]) == ["sliding_attention", "full_attention"]
+    assert list(rows["tokens"]) == [1024, 32768]
+    assert not at.info
