@@ -1,6 +1,7 @@
 """`python -m app info`: the tensors' ties beside the layout's variant, on Llamas built in code."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import torch
 
 from app.cli import main
 from tests.app.test_cli import cli, tiny_gpt2
+from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
 
 pytestmark = pytest.mark.slow                                 # each runs the CLI in a subprocess (~7 s)
 
@@ -91,3 +93,19 @@ def test_untied_model_agrees_and_prints_no_note(tmp_path, capsys):
         assert info["tied"] == {"variant": "qkv", "layers": layer_ties()}
         text = info_text(folder, capsys)
         assert "  tied                 qkv\n" in text and "note:" not in text
+
+
+@pytest.mark.parametrize("file,cls,size,heads,variant", PAPER_B_CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in PAPER_B_CASES])
+def test_paper_b_model_classes_info_json(tmp_path, capsys, file, cls, size, heads, variant):
+    """`info --json` on a final_model.pt that each of their model classes wrote."""
+    model, conf = paper_b_model(file, cls, *heads)
+    path = tmp_path / "final_model.pt"
+    torch.save({"step": 1, "epoch": 0, "tokens_seen": 64, "model_state_dict": model.state_dict(),
+                "model_config": dataclasses.asdict(conf), "train_config": {}}, path)
+    capsys.readouterr()
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["architecture"], info["variant"], info["n_heads"], info["n_kv_heads"], info["d_head"]) == (
+        "projection_sharing", variant, heads[0], heads[1], 4)
+    assert info["tied"]["variant"] == variant

@@ -10,6 +10,7 @@ tied output embedding.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from experiments.model import GPT
 from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.layouts._body import Body, memory_source
 from loaders.tensor_source import DictSource
+from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
 
 D, H, DH, L, VOCAB, P = 16, 4, 4, 2, 300, 12
 
@@ -149,6 +151,20 @@ def test_projection_sharing_lm_matches_reference(case):
     assert (meta.architecture, meta.variant, meta.n_kv_heads) == ("projection_sharing", variant, n_kv)
     assert runnable("projection_sharing", sd, conf, variant=meta.variant, n_heads=meta.n_heads,
                     n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale).cfg.variant == variant
+
+
+@pytest.mark.parametrize("file,cls,size,heads,variant", PAPER_B_CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in PAPER_B_CASES])
+def test_paper_b_model_classes_run_as_their_models(file, cls, size, heads, variant):
+    """Their own model classes (vendored, tests/loaders/paper_b): the GPT built from
+    their state_dict gives their model's logits."""
+    model, conf = paper_b_model(file, cls, *heads)
+    sd = model.state_dict()
+    ours = from_projection_sharing(sd, dataclasses.asdict(conf)).eval()
+    assert (ours.cfg.variant, ours.cfg.n_head, ours.cfg.n_kv_heads) == (variant, *heads)
+    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(idx)[0], model(idx)[0], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("use_bias, tied", [(False, True), (True, False)])

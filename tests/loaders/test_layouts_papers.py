@@ -20,6 +20,7 @@ code, not files those repositories produced).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -30,6 +31,7 @@ from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.errors import CheckpointFormatError
 from loaders.tensor_source import DictSource
 from tests.experiments.test_foreign import PS_LM, their_config, their_lm_sd
+from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
 
 D, H, DH, L = 16, 4, 4, 2
 
@@ -319,3 +321,54 @@ def test_projection_sharing_c_attn_rows_fit_no_head_count():
                                           path="ps.pt"))
     assert str(e.value) == ("ps.pt: layer 0 key 'h.0.attn.c_attn.weight' has shape (49, 16); "
                             "expected (48, 16) for d_model 16, 4 heads of d_head 4")
+
+
+# ---- projection sharing: their own model classes -------------------------------------
+# Every language-model file of Brainchip-Inc/Do-Transformers-Need-3-Projections, built
+# by its own model class (tests/loaders/paper_b).
+
+
+def canonical_attention(lw, meta, x):
+    """Causal softmax attention computed from the canonical tensors, (B, T, d)."""
+    T = x.shape[1]
+    group = meta.n_heads // meta.n_kv_heads
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    out = 0
+    for h in range(meta.n_heads):
+        kv = h // group
+        q = x @ lw.W_Q[h] + (0 if lw.b_Q is None else lw.b_Q[h])
+        k = x @ lw.W_K[kv] + (0 if lw.b_K is None else lw.b_K[kv])
+        v = x @ lw.W_V[kv] + (0 if lw.b_V is None else lw.b_V[kv])
+        a = (q @ k.transpose(-1, -2) * meta.attn_scale).masked_fill(~mask, float("-inf")).softmax(-1)
+        out = out + a @ v @ lw.W_O[h]
+    return out + (0 if lw.b_O is None else lw.b_O)
+
+
+@pytest.mark.parametrize("file,cls,size,heads,variant", PAPER_B_CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in PAPER_B_CASES])
+def test_paper_b_model_classes(tmp_path, file, cls, size, heads, variant):
+    """Each of their model classes, saved as their training script saves final_model.pt,
+    reads with its variant and geometry, and the canonical tensors compute what their
+    attention module computes."""
+    n_head, n_kv = heads
+    model, conf = paper_b_model(file, cls, n_head, n_kv)
+    path = tmp_path / "final_model.pt"
+    torch.save({"step": 100, "epoch": 0, "tokens_seen": 6400, "model_state_dict": model.state_dict(),
+                "val_metrics": {"loss": 4.1, "perplexity": 60.3},
+                "model_config": dataclasses.asdict(conf), "train_config": {"weight_decay": 0.1}}, path)
+    with open_checkpoint(path) as ckpt:
+        got = ckpt.meta.to_json()
+        assert {k: got[k] for k in ("architecture", "variant", "n_layers", "n_heads", "n_kv_heads",
+                                    "d_model", "d_head")} == {
+            "architecture": "projection_sharing", "variant": variant, "n_layers": 2, "n_heads": n_head,
+            "n_kv_heads": n_kv, "d_model": 4 * n_head, "d_head": 4}
+        assert got["params"]["total"] == sum(p.numel() for p in model.parameters())
+        assert got["params"]["attention"] == sum(p.numel() for n, p in model.named_parameters()
+                                                 if ".attn." in n)
+        cached = 1 if variant in ("k_eq_v", "q_eq_k_eq_v") else 2
+        assert got["kv_bytes_per_token"] == 2 * cached * n_kv * 4 * 4
+        x = torch.randn(2, 7, 4 * n_head, generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            for i, block in enumerate(model.h):
+                torch.testing.assert_close(canonical_attention(ckpt.layer(i), ckpt.meta, x),
+                                           block.attn(x), atol=1e-5, rtol=1e-4)
