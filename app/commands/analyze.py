@@ -62,7 +62,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.registry import BY_NAME, METRICS, check_plugins
-from app.commands._common import add_db_argument, print_json, store_from
+from app.commands._common import add_db_argument, add_download_argument, checkpoint_path, print_json, store_from
 
 NAME = "analyze"
 HELP = "compute K/V, Q/K and rank metrics of checkpoints (cached in the database)"
@@ -70,7 +70,8 @@ HELP = "compute K/V, Q/K and rank metrics of checkpoints (cached in the database
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="PATH_OR_ID",
-                        help="checkpoint file/folder (ingested first), stored checkpoint id, or a quoted glob "
+                        help="checkpoint file/folder (ingested first), Hugging Face name (org/name) in the local "
+                             "cache, stored checkpoint id, or a quoted glob "
                              "pattern such as 'ckpts/**/*.safetensors' (batch mode)")
     add_db_argument(parser)
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
@@ -88,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "folder of class folders; default: the dataset the run trained on); their "
                              "validation split's images, patches as tokens")
     parser.add_argument("--force", action="store_true", help="recompute even when results are stored")
+    add_download_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a summary table")
     parser.add_argument("--list", action="store_true", help="list the metrics with their help and exit")
     batch = parser.add_argument_group("batch mode (glob patterns, --all, --ray, --results)")
@@ -293,12 +295,22 @@ def _prestart_child(args: argparse.Namespace, batch: bool) -> None:
         prestart(BATCH_CHILD_MODULES if batch else CHILD_MODULES)
 
 
+def _named(target: str, download: bool) -> str:
+    """A target as given, or a Hugging Face name (org/name) as its cached snapshot folder."""
+    from app.batch import is_glob  # here: the batch module is loaded only when needed
+
+    if target.isdigit() or is_glob(target):
+        return target
+    return checkpoint_path(target, download)
+
+
 def run(args: argparse.Namespace) -> int:
     check_plugins()                        # a module in QKVSCOPE_PLUGINS that failed to import: one line
     if args.list:
         for m in METRICS:
             print(f"{m.name:22} {m.level:11} {m.axis:10} {m.help}")
         return 0
+    args.targets = [_named(t, args.download) for t in args.targets]
     if _is_batch(args):
         _prestart_child(args, batch=True)
         return run_batch_mode(args)

@@ -3,6 +3,8 @@
 Examples:
   python -m app info runs/kv-mqa/checkpoints/final.safetensors
   python -m app info path/to/hf-folder --json
+  python -m app info openai-community/gpt2           # a Hugging Face name, from the local cache
+  python -m app info BrainChip-AI/qkv-fineweb-300m --download
 
 Reads metadata and one layer at a time (safetensors are memory-mapped), so it
 is cheap for files larger than memory. Nothing is written to the database.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.commands._common import print_json
+from app.commands._common import add_download_argument, checkpoint_path, print_json
 from loaders.report import shown
 
 NAME = "info"
@@ -31,8 +33,10 @@ _ORDER = ("architecture", "variant", "n_layers", "n_heads", "n_kv_heads", "d_mod
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="checkpoint file, Hugging Face folder or zip")
+    parser.add_argument("path", help="checkpoint file, Hugging Face folder or zip, or a Hugging Face name "
+                                     "(org/name, models--org--name) in the local cache")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_download_argument(parser)
 
 
 #: How each tie reads in the disagreement note.
@@ -116,11 +120,12 @@ def run(args: argparse.Namespace) -> int:
     # Read in a child process under a memory and a time limit (loaders/parse_child.py):
     # a bomb no reader's budget catches ends that process with one line, not this one. Pooled:
     # a caller that runs several commands in one process (``main([...])``) starts one child.
-    info = call("app.commands.info:describe", args.path, pooled=True)
+    path = checkpoint_path(args.path, args.download)
+    info = call("app.commands.info:describe", path, pooled=True)
     if args.json:
         print_json(info)
         return 0
-    print(shown(args.path))
+    print(shown(path) if path == args.path else f"{shown(args.path)}: {shown(path)}")
     for key in _ORDER:
         if key in info:
             print(f"  {key:<20} {info[key]}")

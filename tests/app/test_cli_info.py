@@ -11,6 +11,7 @@ import torch
 from app.cli import main
 from tests.app.test_cli import cli, tiny_gpt2
 from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
+from tests.loaders.test_hub_names import COMMIT, hf_cache, tiny_gpt2_files
 
 pytestmark = pytest.mark.slow                                 # each runs the CLI in a subprocess (~7 s)
 
@@ -109,3 +110,48 @@ def test_paper_b_model_classes_info_json(tmp_path, capsys, file, cls, size, head
     assert (info["architecture"], info["variant"], info["n_heads"], info["n_kv_heads"], info["d_head"]) == (
         "projection_sharing", variant, heads[0], heads[1], 4)
     assert info["tied"]["variant"] == variant
+
+
+# ---- Hugging Face names, resolved in a cache built in tmp (tests/loaders/test_hub_names.py) ----
+
+@pytest.fixture
+def hub_gpt2(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    repo = hf_cache(cache, "openai-community/gpt2", tiny_gpt2_files(tmp_path / "written"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache, repo
+
+
+def test_info_of_a_cached_repo_id_offline(hub_gpt2, capsys):
+    cache, repo = hub_gpt2
+    info = info_json(Path("openai-community/gpt2"))          # a subprocess, HF_HUB_* inherited
+    assert (info["architecture"], info["n_layers"], info["n_heads"], info["d_model"]) == ("gpt2", 2, 4, 32)
+    capsys.readouterr()
+    assert main(["info", str(repo)]) == 0                     # the models--org--name folder
+    assert capsys.readouterr().out.startswith(f"{repo}: {repo / 'snapshots' / COMMIT}\n")
+
+
+def test_a_name_not_cached_is_one_line(hub_gpt2, capsys):
+    cache, _ = hub_gpt2
+    for argv in (["info", "BrainChip-AI/qkv-fineweb-300m"],
+                 ["kv-cost", "--checkpoint", "BrainChip-AI/qkv-fineweb-300m"]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (
+            f"error: BrainChip-AI/qkv-fineweb-300m: no such file or folder, and BrainChip-AI/qkv-fineweb-300m "
+            f"is not in the Hugging Face cache ({cache}); fetch it with --download, or: "
+            f"hf download BrainChip-AI/qkv-fineweb-300m\n")
+
+
+def test_ingest_analyze_and_kv_cost_take_a_cached_name(hub_gpt2, tmp_path, capsys):
+    _, repo = hub_gpt2
+    db = str(tmp_path / "q.duckdb")
+    capsys.readouterr()
+    assert main(["ingest", "openai-community/gpt2", "--db", db, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["added"] == 1 and report["files"][0]["path"] == str(repo / "snapshots" / COMMIT)
+    assert main(["analyze", "openai-community/gpt2", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"]["path"] == str(repo / "snapshots" / COMMIT)
+    assert main(["kv-cost", "--checkpoint", "openai-community/gpt2", "--json"]) == 0
+    assert "openai-community/gpt2" in capsys.readouterr().out
