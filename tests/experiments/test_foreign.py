@@ -26,6 +26,7 @@ from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.layouts._body import Body, memory_source
 from loaders.tensor_source import DictSource
 from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
+from tests.loaders.test_nanogpt_norm import small_gpt_checkpoint
 
 D, H, DH, L, VOCAB, P = 16, 4, 4, 2, 300, 12
 
@@ -462,3 +463,35 @@ def test_body_and_memory_source():
     with pytest.raises(ValueError) as e:
         Body({}, mlp="relu", context=4)
     assert str(e.value) == "mlp 'relu' is not one of gelu, swiglu"
+
+
+def test_small_gpt_rmsnorm_swiglu_runs_as_its_model():
+    """andrew-noble/small-gpt's model (tests/loaders/test_nanogpt_norm.py builds its state dict):
+    the GPT gives the logits of its forward, written here from its model.py in float64:
+    x = wte + wpe; x += c_proj(sdpa(c_attn(rms(x)))); x += w2(silu(w1 rms(x)) * w3 rms(x));
+    lm_head(rms_f(x)); nn.RMSNorm(eps=None): finfo(float32).eps."""
+    ck = small_gpt_checkpoint()
+    sd, args = ck["model"], ck["model_args"]
+    model = runnable("nanogpt", sd, args, variant="qkv", n_heads=2, n_kv_heads=2, attn_scale=32 ** -0.5,
+                     norm="rmsnorm").eval()
+    assert model.cfg.norm == "rmsnorm" and model.cfg.norm_eps == torch.finfo(torch.float32).eps
+    idx = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(3))
+    w = {k: v.double() for k, v in sd.items()}
+    eps = torch.finfo(torch.float32).eps
+
+    def rms(x, k):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[k]
+
+    B, T = idx.shape
+    x = w["transformer.wte.weight"][idx] + w["transformer.wpe.weight"][:T]
+    for i in range(2):
+        p = f"transformer.h.{i}."
+        q, k, v = (rms(x, p + "ln_1.weight") @ w[p + "attn.c_attn.weight"].T).split(64, dim=2)
+        q, k, v = (t.view(B, T, 2, 32).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, 64)
+        x = x + y @ w[p + "attn.c_proj.weight"].T
+        h = rms(x, p + "ln_2.weight")
+        x = x + (F.silu(h @ w[p + "ffd.w1.weight"].T) * (h @ w[p + "ffd.w3.weight"].T)) @ w[p + "ffd.w2.weight"].T
+    ref = rms(x, "transformer.ln_f.weight") @ w["lm_head.weight"].T
+    with torch.inference_mode():
+        torch.testing.assert_close(model(idx)[0].double(), ref, rtol=1e-4, atol=1e-4)
