@@ -78,7 +78,8 @@ def disagreement(layout_variant: str, ties: dict) -> str | None:
 
 
 def _extra_lines(info: dict) -> list[str]:
-    """Towers, latent attention (MLA), QK-norm and soft-capping, where the checkpoint has them."""
+    """Towers, latent attention (MLA), QK-norm, soft-capping, a nonlinear query module and how the
+    norm was read, where the checkpoint has them."""
     lines = []
     for t in info.get("towers") or []:
         last = t["first_layer"] + t["n_layers"] - 1
@@ -93,6 +94,10 @@ def _extra_lines(info: dict) -> list[str]:
         lines.append(f"{'qk_norm':<20} RMSNorm on q and k per {info['qk_norm']} (gains in the canonical layer)")
     if info.get("logit_softcap") is not None:
         lines.append(f"{'logit_softcap':<20} {info['logit_softcap']}")
+    if info.get("query_module"):
+        lines.append(f"{'query_module':<20} {info['query_module']}; no W_Q metrics")
+    if (info.get("notes") or {}).get("norm"):
+        lines.append(f"{'norm read as':<20} {info['notes']['norm']}")
     return lines
 
 

@@ -12,6 +12,7 @@ from app.cli import main
 from tests.app.test_cli import cli, tiny_gpt2
 from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
 from tests.loaders.test_hub_names import COMMIT, hf_cache, tiny_gpt2_files
+from tests.loaders.test_layouts_papers import BQL_MODES, bql_checkpoint
 
 pytestmark = pytest.mark.slow                                 # each runs the CLI in a subprocess (~7 s)
 
@@ -155,3 +156,21 @@ def test_ingest_analyze_and_kv_cost_take_a_cached_name(hub_gpt2, tmp_path, capsy
     assert json.loads(capsys.readouterr().out)["checkpoint"]["path"] == str(repo / "snapshots" / COMMIT)
     assert main(["kv-cost", "--checkpoint", "openai-community/gpt2", "--json"]) == 0
     assert "openai-community/gpt2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", BQL_MODES)
+def test_nonlinear_query_modes_info(tmp_path, capsys, mode):
+    """beyond_query_linearity's ckpt.pt (tests/loaders/test_layouts_papers.py) through `info`."""
+    torch.save(bql_checkpoint(mode, False), tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "ckpt.pt"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    variant = "wq_identity" if mode == "identity" else "qkv"
+    assert (info["architecture"], info["variant"], info["tied"]["variant"], info["n_heads"], info["d_head"]) == (
+        "query_free", variant, variant, 4, 4)
+    assert (info["query_module"] is not None) == (mode == "residual_gelu")
+    assert main(["info", str(tmp_path / "ckpt.pt")]) == 0
+    text = capsys.readouterr().out
+    assert ("  query_module         q = x + LayerNorm(W_out GELU(W_in RMSNorm(x)))" in text) == (
+        mode == "residual_gelu")
+    assert "note:" not in text

@@ -331,8 +331,9 @@ def test_query_free_residual_gelu_is_refused():
     config = {"n_layer": L, "num_heads": H, "n_embd": D, "query_mode": "residual_gelu"}
     with pytest.raises(ForeignCheckpointError) as e:
         runnable("query_free", sd, config, variant="qkv", n_heads=H, n_kv_heads=H, attn_scale=0.125)
-    assert str(e.value) == ("query_mode 'residual_gelu' (q = x + GELU(x Wq + bq)) is not a linear "
-                            "query; runnable modes: identity, original, residual")
+    assert str(e.value) == ("query_mode 'residual_gelu' (q = x + GELU(x Wq + bq), Wq the first d_model rows "
+                            "of c_attn) is not a linear query, and this GPT computes q as x @ W_Q; runnable "
+                            "modes: identity, original, residual")
 
 
 def test_nanogpt_realworld_checkpoint_is_runnable(realworld):
