@@ -131,3 +131,34 @@ def test_download_fetches_only_what_a_checkpoint_needs():
     assert needed_files(["config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json",
                          "configuration_x.py", "training_args.bin"]) == [
         "config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"]
+
+
+def test_download_asks_for_the_needed_files_only(tmp_path, monkeypatch):
+    """--download, with huggingface_hub's network calls replaced by recorders (no network)."""
+    import huggingface_hub
+
+    calls = {}
+    files = ["README.md", "config.json", "model.safetensors", "modeling_custom.py", "pytorch_model.bin",
+             "tokenizer.json"]
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda self, repo: files)
+
+    def snapshot_download(repo, **kw):
+        calls.update(repo=repo, **kw)
+        return str(tmp_path / "snap")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve("org/name", download=True) == tmp_path / "snap"
+    assert calls == {"repo": "org/name", "cache_dir": tmp_path / "hub",
+                     "allow_patterns": ["config.json", "model.safetensors"]}
+
+
+def test_download_of_a_repo_without_weights_is_refused(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda self, repo: ["config.json", "model.py"])
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("nothing to fetch"))
+    with pytest.raises(HubModelError) as e:
+        resolve("org/code-only", download=True)
+    assert str(e.value) == ("org/code-only: org/code-only has no config.json with safetensors or "
+                            "pytorch_model.bin weights at its top level; nothing to read")
