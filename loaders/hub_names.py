@@ -20,8 +20,10 @@ Rules:
   line). Then only the files a checkpoint needs, at the top level of the repo:
   ``config.json``, ``*.safetensors`` and their ``*.safetensors.index.json``;
   only a repo without safetensors gets its ``pytorch_model*.bin`` (and index),
-  which ``loaders.sources`` reads with ``torch.load(weights_only=True)``. Never
-  model code (``*.py``), never ``trust_remote_code``.
+  and one without either its torch checkpoint files (``*.pt``: the papers
+  release theirs so), which ``loaders.sources`` reads with
+  ``torch.load(weights_only=True)``. Never model code (``*.py``), never
+  ``trust_remote_code``.
 * Offline and not cached: ``HubModelError``, one line saying so and how to
   fetch it (``--download``, or ``hf download ORG/NAME``).
 """
@@ -92,12 +94,16 @@ def _cached(repo: str, cache: Path, shown: str) -> Path:
 
 
 def needed_files(repo_files: list[str]) -> list[str]:
-    """The files of a repo a checkpoint needs (module docstring): top-level
-    ``config.json`` and safetensors (+ index); pickle ``.bin`` only without them."""
+    """The files of a repo a checkpoint needs (module docstring): top-level ``config.json``
+    and the first weights found of: safetensors (+ index); ``pytorch_model*.bin`` (+ index);
+    torch checkpoint files (``*.pt``, ``*.pth``, ``*.ckpt``, ``*.bin``: a paper's released
+    ``final_model.pt``). The pickles are read with ``torch.load(weights_only=True)``."""
     top = [f for f in repo_files if "/" not in f]
-    weights = [f for f in top if f.endswith((".safetensors", ".safetensors.index.json"))]
-    if not weights:
-        weights = [f for f in top if re.fullmatch(r"pytorch_model(-\d+-of-\d+)?\.bin(\.index\.json)?", f)]
+    for kind in (r".+\.safetensors(\.index\.json)?", r"pytorch_model(-\d+-of-\d+)?\.bin(\.index\.json)?",
+                 r".+\.(pt|pth|ckpt|bin)"):
+        weights = [f for f in top if re.fullmatch(kind, f) and f != "training_args.bin"]
+        if weights:
+            break
     return sorted(f for f in top if f == "config.json") + sorted(weights)
 
 
@@ -109,8 +115,8 @@ def _download(repo: str, cache: Path, shown: str) -> Path:
     try:
         files = needed_files(HfApi().list_repo_files(repo))
         if not any(f != "config.json" for f in files):
-            raise HubModelError(shown, f"{repo} has no config.json with safetensors or pytorch_model.bin "
-                                       f"weights at its top level; nothing to read")
+            raise HubModelError(shown, f"{repo} has no safetensors, pytorch_model.bin or torch checkpoint "
+                                       f"(.pt/.pth/.ckpt/.bin) at its top level; nothing to read")
         return Path(snapshot_download(repo, cache_dir=cache, allow_patterns=files))
     except RepositoryNotFoundError:
         raise HubModelError(shown, f"no model {repo} on the Hugging Face Hub (or it is private)") from None

@@ -131,6 +131,9 @@ def test_download_fetches_only_what_a_checkpoint_needs():
     assert needed_files(["config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json",
                          "configuration_x.py", "training_args.bin"]) == [
         "config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"]
+    # a paper's released torch checkpoint, where neither exists
+    assert needed_files(["README.md", "qkv_keqv_300m_fineweb_edu.pt", "train.py", "training_args.bin"]) == [
+        "qkv_keqv_300m_fineweb_edu.pt"]
 
 
 def test_download_asks_for_the_needed_files_only(tmp_path, monkeypatch):
@@ -160,5 +163,5 @@ def test_download_of_a_repo_without_weights_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("nothing to fetch"))
     with pytest.raises(HubModelError) as e:
         resolve("org/code-only", download=True)
-    assert str(e.value) == ("org/code-only: org/code-only has no config.json with safetensors or "
-                            "pytorch_model.bin weights at its top level; nothing to read")
+    assert str(e.value) == ("org/code-only: org/code-only has no safetensors, pytorch_model.bin or torch "
+                            "checkpoint (.pt/.pth/.ckpt/.bin) at its top level; nothing to read")
