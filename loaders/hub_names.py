@@ -72,12 +72,26 @@ def resolve(name: str | Path, *, download: bool = False) -> Path:
             return _cached(repo_id_of(path.name), path.parent, text)
         return path
     repo = repo_id_of(text)
-    if repo is None:
+    if repo is None or not _valid(repo):
         return path                         # not a name: the readers say "no such file or folder"
     cache = cache_dir()
     if download:
         return _download(repo, cache, text)
     return _cached(repo, cache, text)
+
+
+def _valid(repo: str) -> bool:
+    """Whether the Hub would accept ``repo`` as a repo id (``huggingface_hub``'s own check:
+    no ``--`` or ``..``, at most 96 characters, ...)."""
+    # imported here: huggingface_hub is needed only when a model name is given
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        return False
+    return True
 
 
 def _cached(repo: str, cache: Path, shown: str) -> Path:

@@ -26,7 +26,8 @@ def checkpoint_path(name: str, download: bool = False) -> str:
     """A checkpoint argument as the path to read: a path that exists is itself; a Hugging
     Face repo id (``org/name``) or cache folder (``models--org--name``) is its snapshot
     in the local cache (``loaders.hub_names``), fetched first only with ``--download``."""
-    return str(resolve(name, download=download))
+    path = resolve(name, download=download)
+    return name if path == Path(name).expanduser() else str(path)   # a path as the user wrote it
 
 
 def store_from(args: argparse.Namespace) -> Store:

@@ -121,6 +121,8 @@ def test_names():
     assert repo_id_of("openai-community/gpt2") == "openai-community/gpt2"
     assert repo_id_of("models--BrainChip-AI--qkv-fineweb-300m") == "BrainChip-AI/qkv-fineweb-300m"
     assert repo_id_of("runs/a/b") is None and repo_id_of("ckpt.pt") is None
+    # a name the Hub would refuse is no name: a missing path, for the readers to report
+    assert resolve("runs/x--y.pt") == Path("runs/x--y.pt")
 
 
 def test_download_fetches_only_what_a_checkpoint_needs():
