@@ -89,7 +89,8 @@ def tied_layer(layer, meta, *, device: torch.device | str | None = None) -> dict
     """Ties of one layer: ``{"layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v"}`` (bools).
 
     ``layer``: canonical ``AttentionWeights`` (``W_Q`` may be None); ``meta``: its
-    ``ModelMeta`` (``n_heads``, ``n_kv_heads``, ``d_model``, ``d_head``, ``dtype``).
+    ``ModelMeta`` (``n_heads``, ``n_kv_heads``, ``d_model``, ``d_head``, ``dtype``; a
+    ``query_module``, a nonlinear query, ties no query: all three query ties false).
     ``device``: where the comparisons run (default: where the tensors are).
     """
     tol = tolerance(meta.dtype)
@@ -102,7 +103,9 @@ def tied_layer(layer, meta, *, device: torch.device | str | None = None) -> dict
         slices = n_heads * d_head == d_model
         eye = lambda h: _identity_slice(h, d_model, d_head, dev)     # noqa: E731  (made when compared)
         k2, v2 = [_norm2(x) for x in k], [_norm2(x) for x in v]       # per kv head
-        if layer.W_Q is None:
+        if getattr(meta, "query_module", None):                      # a nonlinear query: no W_Q to tie
+            q_head, q2, q_identity = None, None, False
+        elif layer.W_Q is None:
             q_head, q2 = (eye, [float(d_head)] * n_heads) if slices else (None, None)   # ||E_h||^2 = d_head
             q_identity = True
         else:

@@ -4,7 +4,8 @@
 tensors (``layer``, ``W_Q`` (or None), ``W_K``, ``W_V``, ``W_O``, ``b_Q``,
 ``b_K``; shapes in ``loaders/canonical.py``) and any object with the geometry
 fields (``n_heads``, ``n_kv_heads``, ``d_model``, ``d_head``, ``norm``,
-``variant``), e.g. ``loaders.canonical.AttentionWeights`` and ``ModelMeta``;
+``variant``; optionally ``query_module``: a query that is not a linear map of x,
+whose W_Q metrics are then absent with a note naming it), e.g. ``loaders.canonical.AttentionWeights`` and ``ModelMeta``;
 ``analysis`` does not import ``loaders``, the two meet structurally.
 
 It returns ``(frame, notes)``: ``frame`` has the columns ``layer, head,
@@ -119,6 +120,13 @@ _QUERY_FREE = "W_Q is the identity slice (query-free model): there is no query p
 _STATS = ("erank", "stable_rank", "energy_rank90", "energy_rank99")
 
 
+def _nonlinear_note(meta: MetaLike) -> str | None:
+    """The note of every W_Q metric of a model whose query is not a linear map of x
+    (``meta.query_module``, the nonlinear queries of arXiv 2603.13381), else None."""
+    module = getattr(meta, "query_module", None)
+    return f"the query is not a linear map of x ({module}): there is no W_Q to measure" if module else None
+
+
 def _layer_spectra_note(what: str, width: int, d_model: int) -> str:
     return (f"{what}: per head only; the per-layer value needs the full spectrum of the layer's stacked "
             f"{d_model} x {width} matrix, an O(d_model^3) eigen-decomposition per layer that the default "
@@ -165,11 +173,14 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
         out.heads("kv_share_r2", kv_similarity.share_r2(k, v, prod=kvp, eig_k=eig_k), kv=True)
 
         # -- Q/K geometry (identity slices for a query-free model)
-        identity = layer.W_Q is None
+        # a nonlinear query (meta.query_module) has no W_Q to measure, whatever W_Q holds
+        nonlinear = _nonlinear_note(meta)
+        identity = layer.W_Q is None and nonlinear is None
+        no_q = identity or nonlinear is not None
         q = gq = form = None
-        if identity and h * e != d:
-            reason = (f"W_Q is absent but n_heads*d_head ({h * e}) != d_model ({d}), "
-                      "so the query is not an identity slice of x")
+        if nonlinear is not None or (identity and h * e != d):
+            reason = nonlinear or (f"W_Q is absent but n_heads*d_head ({h * e}) != d_model ({d}), "
+                                   "so the query is not an identity slice of x")
             for m in ("qk_symmetry", "qk_directionality", *(f"{s}_qk" for s in _STATS)):
                 notes[m] = reason
         else:
@@ -199,7 +210,7 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
                 out.heads(f"{stat}_qk", vals)
 
         # -- spectra per head, from the Grams' eigenvalues
-        per_head = {"q": None if identity else spectrum_stats(eig_q[0].sqrt()),
+        per_head = {"q": None if no_q else spectrum_stats(eig_q[0].sqrt()),
                     "k": spectrum_stats(eig_k[0].sqrt()), "v": spectra.gram_stats(kvp.vv),
                     "o": spectra.gram_stats(go)}
         for p, stats in per_head.items():
@@ -211,24 +222,24 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
             for p, g_stack in (("k", gks), ("v", gram(stack_heads(v)))):
                 for stat, val in spectra.gram_stats(g_stack).items():
                     out.whole(f"{stat}_{p}", float(val))
-        absent = [("o", "W_O", h * e)] + ([] if identity else [("q", "W_Q", h * e)])
+        absent = [("o", "W_O", h * e)] + ([] if no_q else [("q", "W_Q", h * e)])
         absent += [] if g < h else [("k", "W_K", g * e), ("v", "W_V", g * e)]
         for p, what, width in absent:
             for s in _STATS:
                 notes[f"{s}_{p}"] = _layer_spectra_note(what, width, d)
 
         # -- norms: ||A||_F^2 is the sum of the traces of the per-head Grams
-        grams = {"q": None if identity else gq, "k": kvp.kk, "v": kvp.vv, "o": go}
+        grams = {"q": None if no_q else gq, "k": kvp.kk, "v": kvp.vv, "o": go}
         norms = {p: float(torch.diagonal(t, dim1=1, dim2=2).double().sum()) ** 0.5
                  for p, t in grams.items() if t is not None}
         for p, val in norms.items():
             out.whole(f"norm_{p}", val)
 
         # -- query absorbability
-        if identity:
+        if no_q:
             for m in (*(f"{s}_q" for s in _STATS), "norm_q", "wq_condition", "wq_basis_orth_defect",
                       "wq_absorb_error"):
-                notes[m] = _QUERY_FREE
+                notes[m] = nonlinear or _QUERY_FREE
         else:
             _absorbability(out, notes, layer, meta, q, k, fro2=norms["q"] ** 2,
                            skip_lu={"wq_condition", "wq_basis_orth_defect"} <= skip)

@@ -30,6 +30,7 @@ import pandas as pd
 
 from analysis.results_table import metric_order, results_table
 from app.cli import build_parser, command_module
+from app.commands._common import checkpoint_path
 from app.commands.analyze import analyze_targets
 from app.commands.info import read_info
 from app.commands.kv_cost import costing
@@ -63,7 +64,7 @@ def info(path: PathLike) -> dict:
     >>> api.info("data/demo/k_eq_v-mha-wd0/checkpoints/final_step_004000.safetensors")["n_heads"]  # doctest: +SKIP
     4
     """
-    return read_info(str(path))
+    return read_info(checkpoint_path(str(path), False))
 
 
 def analyze(path: PathLike | int, activations: bool = False, device: str | None = None, *,

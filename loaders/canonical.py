@@ -8,7 +8,7 @@ Per layer:
 =========  ==============================  =============================================
 name       shape                           note
 =========  ==============================  =============================================
-``W_Q``    ``[n_heads, d_model, d_head]``  ``None`` when the query is the identity slice
+``W_Q``    ``[n_heads, d_model, d_head]``  ``None``: the identity slice, or see ``query_module``
 ``W_K``    ``[n_kv_heads, d_model, d_head]``  kept at n_kv_heads; expand only on purpose
 ``W_V``    ``[n_kv_heads, d_model, d_head]``
 ``W_O``    ``[n_heads, d_head, d_model]``
@@ -46,8 +46,15 @@ Beyond the projections (each with a default, so a layout without them is unchang
 * ``ModelMeta.latent``: multi-head latent attention (DeepSeek-V2/V3, see
   ``loaders.layouts.deepseek_mla``): the ranks and head widths of the real
   layer; ``W_K``/``W_V`` are then the composed maps and the KV cache is the latent.
+* ``ModelMeta.query_module``: what computes the query when it is not a linear map
+  of x (the nonlinear queries of arXiv 2603.13381, ``q = x + f(x)`` with a small
+  MLP ``f``), None otherwise. ``W_Q`` is then None, or the inner weight of the
+  module, and never the identity slice; metrics of ``W_Q`` are absent with this
+  text as their note; K and V are ordinary projections.
 * ``ModelMeta.notes``: ``{metric name: note}`` for metrics the layout's
-  conventions change (QK-norm, composed maps); ``analyze`` shows them beside the rows.
+  conventions change (QK-norm, composed maps); ``analyze`` shows them beside the
+  rows. The key ``norm`` says how the norm type was read where the weights alone
+  cannot tell (nanoGPT forks).
 """
 from __future__ import annotations
 
@@ -154,6 +161,7 @@ class ModelMeta:
     logit_softcap: float | None = None
     latent: Latent | None = None
     notes: dict = field(default_factory=dict)
+    query_module: str | None = None
 
     @property
     def kv_layer_types(self) -> tuple:

@@ -50,3 +50,8 @@ class DatabaseBusyError(StoreError):
 
 class QueryError(QkvscopeError):
     """A query for the SQL page that was refused, failed or ran out of time."""
+
+
+class HubModelError(FileError):
+    """A Hugging Face model name (``org/name``, ``models--org--name``) that names no
+    file or folder and cannot be found in, or fetched into, the local cache."""

@@ -6,7 +6,9 @@ through a folder leaves every file either completely stored or not at all,
 and the report says what happened to each file and why.
 
 Checkpoints are keyed by content hash: the same weights under a second name
-add nothing. Logs are handled by ``loaders.logs`` (journal, growth, resume).
+add nothing. A llama2.c ``model.bin`` exported from the ``ckpt.pt`` beside it
+holds the same weights in other bytes: it is recognised by its tensors
+(``loaders.llama2c.exported_from``) and reported as that checkpoint. Logs are handled by ``loaders.logs`` (journal, growth, resume).
 A checkpoint is linked to a run when they share a run folder (the checkpoint
 sits in the run's folder or a sub-folder of it); its training step comes from
 the checkpoint itself (``step``/``iter_num``) or from its name (``step_500``,
@@ -200,6 +202,9 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
     if row:
         return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
                           reason="already stored")
+    same = _export_of_stored(store, path, size, mtime)
+    if same is not None:
+        return same
     try:
         digest, info = _hash_and_inspect(path, content_hash, inspect_checkpoint)
     except Exception:
@@ -242,6 +247,29 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
         reason = f"{info['nonfinite']} NaN/Inf values in attention weights"
     return FileReport(str(path), "checkpoint", "added", format=info["architecture"],
                       checkpoint_id=ckpt_id, reason=reason)
+
+
+def _export_of_stored(store: Store, path: Path, size: int, mtime: float) -> FileReport | None:
+    """A llama2.c export (``model.bin``) whose weights are those of the training checkpoint
+    beside it (``loaders.llama2c.exported_from``) is that checkpoint: the checkpoint is
+    ingested (or found stored) and the export reported ``unchanged`` with its id, journalled
+    under its digest so that a rescan does not compare the two again. None otherwise."""
+    if not (path.is_file() and path.suffix.lower() == ".bin"):
+        return None
+    from loaders.llama2c import exported_from   # torch: see the module docstring
+
+    source = exported_from(path)
+    if source is None:
+        return None
+    rep = ingest_checkpoint(store, source)
+    if rep.checkpoint_id is None:
+        return None
+    with store.connect() as con:
+        digest = con.execute("SELECT sha256 FROM checkpoints WHERE id = ?", [rep.checkpoint_id]).fetchone()[0]
+    _journal(store, path, size, mtime, digest)
+    return FileReport(str(path), "checkpoint", "unchanged", format=rep.format, checkpoint_id=rep.checkpoint_id,
+                      reason=f"the llama2.c export of {source.name} beside it: the same weights, stored "
+                             f"once as {source.name}")
 
 
 def _hash_and_inspect(path: Path, content_hash, inspect_checkpoint) -> tuple[str, dict]:

@@ -31,6 +31,10 @@ saying by how much. Tensors are named as llama2.c's ``model.py`` names them
 them, and are read one at a time with ``os.pread`` (v2: dequantised to
 float32 on read; ``dtype`` reports the stored ``int8``).
 
+``exported_from(model.bin)``: the training checkpoint beside an export whose
+weights it holds (``ckpt.pt``, compared tensor by tensor), so that ingesting a
+llama2.c ``out/`` folder stores one checkpoint, not two.
+
 ``tokenizer.bin``: int32 ``max_token_length``, then per token a float32
 score, an int32 byte length and the UTF-8 bytes (SentencePiece's "▁" stored
 as a space). ``read_tokenizer`` parses it within a byte budget;
@@ -57,7 +61,7 @@ from loaders.tensor_source import TensorSource
 from loaders.vocab import Vocabulary
 
 __all__ = ["Header", "sniff", "Llama2cSource", "read_tokenizer", "is_tokenizer", "Llama2cTokenizer",
-           "MAGIC"]
+           "exported_from", "MAGIC"]
 
 MAGIC = 0x616B3432
 _V0_HEADER = 28
@@ -431,3 +435,55 @@ def is_tokenizer(path: str | Path) -> bool:
     except (CheckpointFormatError, OSError):
         return False
     return True
+
+
+# ---- an export beside the checkpoint it was exported from ---------------------------------
+
+#: What a llama2.c export holds beyond the model's parameters: the rotary tables (v0), which
+#: llama2.c's ``model.py`` keeps in non-persistent buffers, absent from ``ckpt.pt``.
+_EXPORT_ONLY = ("freqs_cos", "freqs_sin")
+#: Training-checkpoint suffixes an export's source may have (``.bin`` is the export's own).
+_TRAINING_SUFFIXES = (".pt", ".pth", ".ckpt")
+
+
+def exported_from(export: str | Path) -> Path | None:
+    """The training checkpoint beside llama2.c export ``export`` whose weights it holds, else None.
+
+    llama2.c's ``export.py`` writes ``model.bin`` from the ``ckpt.pt`` its ``train.py`` saved
+    (``load_checkpoint``: ``model_args`` and ``model`` with ``_orig_mod.`` stripped), every
+    parameter under its ``model.py`` name as float32 (``serialize_fp32``), the names this
+    module gives the export's tensors. So the two are the same weights exactly when every
+    tensor of the export but the rotary tables equals the checkpoint's tensor of that name,
+    cast to float32: compared one tensor at a time, bit for bit, after a header check (the
+    seven ``ModelArgs`` fields against ``model_args``). A Q8_0 (v2) export is never the same
+    weights (it is rounded), nor is a file of other content. Candidates: the folder's
+    ``.pt``/``.pth``/``.ckpt`` files, in name order; one that cannot be read is no match
+    (its own ingest says why)."""
+    # here: a real import cycle (loaders.sources opens llama2.c files with this module)
+    from loaders.sources import open_source
+
+    export = Path(export)
+    header = sniff(export)
+    if header is None or header.version == 2:
+        return None
+    for cand in sorted(p for p in export.parent.iterdir() if p.suffix.lower() in _TRAINING_SUFFIXES):
+        try:
+            with open_source(export) as a, open_source(cand) as b:
+                if _same_tensors(header, a, b):
+                    return cand
+        except (CheckpointFormatError, OSError):
+            continue
+    return None
+
+
+def _same_tensors(header: Header, export: TensorSource, source: TensorSource) -> bool:
+    conf = source.config or {}
+    fields = {"dim": header.dim, "n_layers": header.n_layers, "n_heads": header.n_heads,
+              "vocab_size": header.vocab_size, "max_seq_len": header.seq_len}
+    if any(conf.get(k) is not None and conf.get(k) != v for k, v in fields.items()):
+        return False
+    have = set(source.keys())
+    names = [k for k in export.keys() if k not in _EXPORT_ONLY]
+    if any(k not in have or tuple(source.shape(k)) != tuple(export.shape(k)) for k in names):
+        return False
+    return all(torch.equal(export.get(k), source.get(k).to(torch.float32)) for k in names)

@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+from loaders.hub_names import resolve
 from loaders.store import DB_ENV, Store
 
 
@@ -14,6 +15,20 @@ def add_db_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", type=Path, default=None,
                         help=f"database file (default: ${DB_ENV}, else data/qkvscope.duckdb in a checkout, "
                              "else qkvscope.duckdb in the user data folder)")
+
+
+def add_download_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--download", action="store_true",
+                        help="fetch a Hugging Face model name (org/name) that is not in the local cache: "
+                             "config.json and safetensors only, never model code (default: the cache only)")
+
+
+def checkpoint_path(name: str, download: bool = False) -> str:
+    """A checkpoint argument as the path to read: a path that exists is itself; a Hugging
+    Face repo id (``org/name``) or cache folder (``models--org--name``) is its snapshot
+    in the local cache (``loaders.hub_names``), fetched first only with ``--download``."""
+    path = resolve(name, download=download)
+    return name if path == Path(name).expanduser() else str(path)   # a path as the user wrote it
 
 
 def store_from(args: argparse.Namespace) -> Store:

@@ -66,7 +66,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.registry import BY_NAME, METRICS, check_plugins
-from app.commands._common import add_db_argument, print_json, store_from
+from app.commands._common import add_db_argument, add_download_argument, checkpoint_path, print_json, store_from
 from app.figures import add_figures_argument, report_written, write_figures
 
 NAME = "analyze"
@@ -75,7 +75,8 @@ HELP = "compute K/V, Q/K and rank metrics of checkpoints (cached in the database
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="PATH_OR_ID",
-                        help="checkpoint file/folder (ingested first), stored checkpoint id, or a quoted glob "
+                        help="checkpoint file/folder (ingested first), Hugging Face name (org/name) in the local "
+                             "cache, stored checkpoint id, or a quoted glob "
                              "pattern such as 'ckpts/**/*.safetensors' (batch mode)")
     add_db_argument(parser)
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
@@ -93,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "folder of class folders; default: the dataset the run trained on); their "
                              "validation split's images, patches as tokens")
     parser.add_argument("--force", action="store_true", help="recompute even when results are stored")
+    add_download_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a summary table")
     parser.add_argument("--list", action="store_true", help="list the metrics with their help and exit")
     add_figures_argument(parser)
@@ -299,6 +301,15 @@ def _prestart_child(args: argparse.Namespace, batch: bool) -> None:
         prestart(BATCH_CHILD_MODULES if batch else CHILD_MODULES)
 
 
+def _named(target: str, download: bool) -> str:
+    """A target as given, or a Hugging Face name (org/name) as its cached snapshot folder."""
+    from app.batch import is_glob  # here: the batch module is loaded only when needed
+
+    if target.isdigit() or is_glob(target):
+        return target
+    return checkpoint_path(target, download)
+
+
 #: The metrics whose layer x head heatmap (the Inspector's) ``--figures`` writes, where computed:
 #: one per question (K = V, Q = K, rank), and their activation counterparts.
 FIGURE_METRICS = ("kv_cka", "kv_share_r2", "qk_symmetry", "erank_qk", "kv_cka_act", "logit_symmetry")
@@ -329,7 +340,7 @@ def analyze_targets(args: argparse.Namespace) -> list[dict]:
         sample.read()                      # a bad --text fails here, before anything is opened
     store = store_from(args)
     payloads = []
-    for target in args.targets:
+    for target in (_named(t, getattr(args, "download", False)) for t in args.targets):
         cid = jobs.resolve(store, target)
         bar = _Bar(f"checkpoint {cid}")
         ok = False
@@ -349,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
         for m in METRICS:
             print(f"{m.name:22} {m.level:11} {m.axis:10} {m.help}")
         return 0
+    args.targets = [_named(t, args.download) for t in args.targets]
     if _is_batch(args):
         _prestart_child(args, batch=True)
         return run_batch_mode(args)

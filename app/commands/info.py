@@ -3,6 +3,8 @@
 Examples:
   python -m app info runs/kv-mqa/checkpoints/final.safetensors
   python -m app info path/to/hf-folder --json
+  python -m app info openai-community/gpt2           # a Hugging Face name, from the local cache
+  python -m app info BrainChip-AI/qkv-fineweb-300m --download
 
 Reads metadata and one layer at a time (safetensors are memory-mapped), so it
 is cheap for files larger than memory. Nothing is written to the database.
@@ -22,7 +24,7 @@ import argparse
 
 from analysis.kv_layers import LayerType
 from analysis.kv_layers import describe as describe_layer_types
-from app.commands._common import print_json
+from app.commands._common import add_download_argument, checkpoint_path, print_json
 from loaders.report import shown
 
 NAME = "info"
@@ -33,8 +35,10 @@ _ORDER = ("architecture", "variant", "n_layers", "n_heads", "n_kv_heads", "d_mod
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="checkpoint file, Hugging Face folder or zip")
+    parser.add_argument("path", help="checkpoint file, Hugging Face folder or zip, or a Hugging Face name "
+                                     "(org/name, models--org--name) in the local cache")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_download_argument(parser)
 
 
 #: How each tie reads in the disagreement note.
@@ -77,7 +81,8 @@ def disagreement(layout_variant: str, ties: dict) -> str | None:
 
 def _extra_lines(info: dict) -> list[str]:
     """Towers, latent attention (MLA), layer types (sliding windows, per-type heads, shared
-    caches), QK-norm and soft-capping, where the checkpoint has them."""
+    caches), QK-norm, soft-capping, a nonlinear query module and how the norm was read,
+    where the checkpoint has them."""
     lines = []
     for t in info.get("towers") or []:
         last = t["first_layer"] + t["n_layers"] - 1
@@ -96,6 +101,10 @@ def _extra_lines(info: dict) -> list[str]:
         lines.append(f"{'qk_norm':<20} RMSNorm on q and k per {info['qk_norm']} (gains in the canonical layer)")
     if info.get("logit_softcap") is not None:
         lines.append(f"{'logit_softcap':<20} {info['logit_softcap']}")
+    if info.get("query_module"):
+        lines.append(f"{'query_module':<20} {info['query_module']}; no W_Q metrics")
+    if (info.get("notes") or {}).get("norm"):
+        lines.append(f"{'norm read as':<20} {info['notes']['norm']}")
     return lines
 
 
@@ -128,11 +137,12 @@ def read_info(path: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = read_info(args.path)
+    path = checkpoint_path(args.path, args.download)     # a Hugging Face name: its cached snapshot
+    info = read_info(path)
     if args.json:
         print_json(info)
         return 0
-    print(shown(args.path))
+    print(shown(path) if path == args.path else f"{shown(args.path)}: {shown(path)}")
     for key in _ORDER:
         if key in info:
             print(f"  {key:<20} {info[key]}")

@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 
-from app.commands._common import add_db_argument, print_json, store_from
+from app.commands._common import add_db_argument, add_download_argument, checkpoint_path, print_json, store_from
 from loaders.report import one_line, shown
 
 NAME = "ingest"
@@ -45,7 +45,9 @@ HELP = "store the checkpoints and training logs found under PATH..."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="files or folders, or Hugging Face names (org/name) in the local cache")
+    add_download_argument(parser)
     add_db_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--watch", action="store_true",
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     # limit (loaders/parse_child.py); this process only walks the folders.
     from loaders.parse_child import ingest_paths, watch
 
+    args.paths = [checkpoint_path(p, args.download) for p in args.paths]
     store = store_from(args)
     if args.watch:
         def on_report(report) -> None:

@@ -47,7 +47,7 @@ from analysis.kv_cost import (
 from analysis.kv_layers import ENGINES, SPEC_HELP, parse_layer_types
 from analysis.presets import PRESETS, get_preset
 from analysis.variants import ALL_VARIANTS
-from app.commands._common import print_json
+from app.commands._common import checkpoint_path, print_json
 from app.figures import add_figures_argument, report_written, write_figures
 
 NAME = "kv-cost"
@@ -57,7 +57,11 @@ HELP = "KV-cache bytes, users per GPU and USD per 1M tokens of a variant, agains
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("model geometry (one of)")
     src.add_argument("--preset", help="a preset model (see --list-presets)")
-    src.add_argument("--checkpoint", help="read the geometry from a checkpoint file or folder")
+    src.add_argument("--checkpoint", help="read the geometry from a checkpoint file or folder, or a Hugging "
+                                          "Face name (org/name) in the local cache")
+    src.add_argument("--download", action="store_true",
+                     help="with --checkpoint ORG/NAME: fetch it when it is not cached (config.json and "
+                          "safetensors only, never model code)")
     src.add_argument("--layers", type=int, help="typed geometry: number of layers")
     src.add_argument("--heads", type=int, help="typed geometry: query heads")
     src.add_argument("--d-head", type=int, help="typed geometry: head dimension")
@@ -164,7 +168,8 @@ def _base_geometry(args: argparse.Namespace, typed: list) -> Geometry:
         # this command, nor the parser that imports every command, needs
         from loaders.checkpoints import inspect_checkpoint
 
-        return geometry_from_info(inspect_checkpoint(args.checkpoint), name=str(args.checkpoint))
+        path = checkpoint_path(args.checkpoint, args.download)
+        return geometry_from_info(inspect_checkpoint(path), name=str(args.checkpoint))
     missing = [f"--{k.replace('_', '-')}" for k, v in
                zip(("layers", "heads", "d_head", "d_model"), typed) if v is None]
     if missing:

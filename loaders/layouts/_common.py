@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 import re
+from os import path as os_path
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 
 from loaders.canonical import AttentionWeights, ModelMeta
+from loaders.checkpoint_names import HF_WEIGHT_FILES
 from loaders.errors import CheckpointFormatError
 from loaders.private_tensors import claim
 from loaders.tensor_source import TensorSource
@@ -171,8 +173,22 @@ def need_int(source: TensorSource, value, what: str, names: tuple[str, ...]) -> 
     if value is None:
         raise CheckpointFormatError(
             source.path, f"config has no {what} ({'/'.join(names)}); "
-                         "it cannot be inferred from tensor shapes")
+                         f"it cannot be inferred from tensor shapes{missing_config_hint(source)}")
     return as_int(source, value, what)
+
+
+def missing_config_hint(source: TensorSource) -> str:
+    """What to add when a Hugging Face weight file came without any config: the
+    file alone (a path or an upload) holds tensors only; its ``config.json`` sits
+    beside it in the model's folder. Empty where the source brought a config."""
+    if source.config or (source.extras or {}).get("config"):
+        return ""
+    name = os_path.basename(str(source.path).rstrip("/"))
+    fmt = str(getattr(source, "format", ""))
+    if not (fmt.startswith("safetensors") or name in HF_WEIGHT_FILES):
+        return ""
+    return (f"; {name} holds tensors only: add the config.json that sits beside {name} in the "
+            f"model's folder (put it beside the file, upload both files together, or open the folder)")
 
 
 def split_heads_check(source: TensorSource, d_model: int, n_heads: int, d_head: int | None

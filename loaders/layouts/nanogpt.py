@@ -17,26 +17,35 @@ absent; the head count cannot and must be in the config (or ``head_size``).
 The norm (``norm_of``): what the config declares (``norm``/``norm_type``/
 ``normalization``/``norm_layer`` naming RMS or Layer norm, or a true
 ``use_rmsnorm``/``rmsnorm``/``use_rms_norm``), else the tensors: a norm with a
-bias is a LayerNorm; a norm weight without a bias is an RMSNorm when the block
-has a SwiGLU MLP (``mlp.w1/w2/w3``, ``gate_proj/up_proj/down_proj``,
-``w_gate/w_up/w_down``), when its name says ``rms``, or when the Linears have
-biases (nanoGPT's LayerNorm has one whenever they do), and a LayerNorm when
-the config says ``bias``/``use_bias`` false (nanoGPT's ``LayerNorm(bias=False)``);
-with no bias setting at all, a weight without a bias reads as RMSNorm.
+bias is a LayerNorm; a norm weight without a bias is an RMSNorm when its name
+says ``rms``, when the block has a SwiGLU MLP (``w1/w2/w3``,
+``gate_proj/up_proj/down_proj``, ``w_gate/w_up/w_down``, the Llama-style block
+of forks such as andrew-noble/small-gpt, whose ``nn.RMSNorm`` and ``ffd.w1/w2/w3``
+sit beside a config without a norm field), or when the Linears have biases
+(nanoGPT's LayerNorm has one whenever they do), and a LayerNorm when the config
+says ``bias``/``use_bias`` false (nanoGPT's ``LayerNorm(bias=False)``); with no
+bias setting at all, a weight without a bias reads as RMSNorm. A weight without
+a bias is what both ``nn.RMSNorm`` and a bias-free LayerNorm store, so the
+reading and its reason are kept in ``meta.notes["norm"]`` (``info --json``).
 
 The whole model (``convert_model``, for a forward pass; ``_body``'s names):
 ``transformer.wte`` and learned ``transformer.wpe`` (its rows: the context),
 blocks ``transformer.h.{i}`` with ``ln_1``, ``attn``, ``ln_2`` and an MLP,
 ``transformer.ln_f``, and ``lm_head`` (absent or equal to ``wte``: tied). Norm
-parameters named ``gamma``/``beta`` are read as weight/bias. The MLP is
-``mlp.c_fc`` -> GELU -> ``mlp.c_proj``, or a SwiGLU ``down(silu(gate x) * up x)``
-named ``w1``/``w3``/``w2`` (gate/up/down, llama2.c's names), ``gate_proj``/
-``up_proj``/``down_proj`` (Hugging Face's) or ``w_gate``/``w_up``/``w_down``. A
-fused ``c_fc`` of twice ``c_proj``'s width is refused: which half gates is not
+parameters named ``gamma``/``beta`` are read as weight/bias. The MLP module is
+``mlp`` (or a fork's ``ffd``, ``ffn``, ``feed_forward``): ``c_fc`` -> GELU ->
+``c_proj``, or a SwiGLU ``down(silu(gate x) * up x)`` named ``w1``/``w3``/``w2``
+(gate/up/down, llama2.c's and small-gpt's names), ``gate_proj``/``up_proj``/
+``down_proj`` (Hugging Face's) or ``w_gate``/``w_up``/``w_down``. A fused
+``c_fc`` of twice ``c_proj``'s width is refused: which half gates is not
 recorded in the weights. Norm eps: ``norm_eps``/``rms_norm_eps``/
-``layer_norm_epsilon``/``eps``, else 1e-5.
+``layer_norm_epsilon``/``eps``, else the torch module's default: 1e-5
+(``nn.LayerNorm``), or ``finfo(float32).eps`` for an RMSNorm (``nn.RMSNorm``'s
+``eps=None``). ``model_args`` may name the width ``n_embed`` (small-gpt).
 """
 from __future__ import annotations
+
+import torch
 
 from loaders.canonical import AttentionWeights
 from loaders.layouts import _common as C
@@ -48,7 +57,7 @@ PRIORITY = 50
 RX = r"^(?P<p>(?:.*\.)?)h\.(?P<i>\d+)\.attn\.c_attn\.weight$"
 _N_LAYER = ("n_layer", "num_layers", "n_layers")
 _N_HEAD = ("n_head", "num_heads", "n_heads")
-_D_MODEL = ("n_embd", "dim_embedding", "d_model")
+_D_MODEL = ("n_embd", "n_embed", "dim_embedding", "d_model")
 
 
 def _first_c_attn(source):
@@ -108,39 +117,48 @@ _NORM_FIELDS = ("norm", "norm_type", "normalization", "norm_layer", "layer_norm_
 _RMS_FLAGS = ("use_rmsnorm", "rmsnorm", "use_rms_norm")
 #: (gate, up, down) module names of SwiGLU MLPs, as the code that trained them names them.
 SWIGLU = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"), ("w_gate", "w_up", "w_down"))
+#: What forks call a block's MLP module (nanoGPT ``mlp``; andrew-noble/small-gpt ``ffd``).
+MLP_STEMS = ("mlp", "ffd", "ffn", "feed_forward")
+#: Why a weight without a bias is no proof of RMSNorm, said in every reading from the tensors.
+_ALIKE = "the weights alone cannot tell nn.RMSNorm from a bias-free LayerNorm"
 
 
-def norm_of(source, p: str, have: set[str]) -> str:
-    """``rmsnorm`` or ``layernorm`` of a nanoGPT-style source (module docstring); reads
-    only key names and the config."""
+def norm_of(source, p: str, have: set[str]) -> tuple[str, str]:
+    """(``rmsnorm`` or ``layernorm``, how that was decided) of a nanoGPT-style source
+    (module docstring); reads only key names and the config."""
     for name in _NORM_FIELDS:
         v = C.cfg(source, name)
         if isinstance(v, str) and "rms" in v.lower():
-            return "rmsnorm"
+            return "rmsnorm", f"the config's {name} is {v!r}"
         if isinstance(v, str) and "layer" in v.lower():
-            return "layernorm"
+            return "layernorm", f"the config's {name} is {v!r}"
     for name in _RMS_FLAGS:
         v = C.cfg(source, name)
         if isinstance(v, bool):
-            return "rmsnorm" if v else "layernorm"
+            return ("rmsnorm" if v else "layernorm"), f"the config's {name} is {v}"
     block = f"{p}h.0."
     norms = sorted({k[len(block):].rsplit(".", 1)[0] for k in have
-                    if k.startswith(block) and not k[len(block):].startswith(("attn.", "mlp."))
+                    if k.startswith(block)
+                    and not k[len(block):].startswith(tuple(f"{m}." for m in ("attn", *MLP_STEMS)))
                     and k.endswith((".weight", ".gamma", ".scale"))})
     if not norms:
-        return "layernorm"                          # no affine norm parameters: nanoGPT's default
+        return "layernorm", "no norm parameters (nanoGPT's default LayerNorm)"
     if any(f"{block}{m}.{b}" in have for m in norms for b in ("bias", "beta")):
-        return "layernorm"
+        return "layernorm", "the norms have a bias, which RMSNorm has not"
     if any("rms" in m.lower() for m in norms):
-        return "rmsnorm"
-    if swiglu_names(have, f"{block}mlp.") is not None:
-        return "rmsnorm"
+        return "rmsnorm", f"the norm modules' names ({', '.join(norms)}) say rms"
+    mlp = mlp_module(have, block)
+    if mlp is not None and mlp[1] in SWIGLU:
+        stem, names = mlp
+        return "rmsnorm", (f"norm weights without a bias beside a SwiGLU MLP ({stem}.{'/'.join(names)}), "
+                           f"the Llama-style block; {_ALIKE}")
     if f"{block}attn.c_attn.bias" in have:
-        return "rmsnorm"
+        return "rmsnorm", ("norm weights without a bias while the Linears have biases (nanoGPT's "
+                           f"LayerNorm has one whenever they do); {_ALIKE}")
     bias = C.cfg(source, "bias", "use_bias")
     if isinstance(bias, bool) and not bias:
-        return "layernorm"
-    return "rmsnorm"
+        return "layernorm", f"norm weights without a bias and the config's bias=False (nanoGPT's LayerNorm(bias=False)); {_ALIKE}"
+    return "rmsnorm", f"norm weights without a bias and no bias setting in the config; {_ALIKE}"
 
 
 def convert(source):
@@ -149,9 +167,11 @@ def convert(source):
     p, layers, d, n, dh = geometry(source, keys, 3)
     attn_keys = validate(source, p, layers, d, 3, have)
     geom = C.Geometry(len(layers), n, n, d, dh)
-    meta = C.make_meta(source, architecture=NAME, variant="qkv", geom=geom, norm=norm_of(source, p, have),
+    norm, how = norm_of(source, p, have)
+    meta = C.make_meta(source, architecture=NAME, variant="qkv", geom=geom, norm=norm,
                        positions="learned", attn_scale=None,
-                       dtype_key=f"{p}h.0.attn.c_attn.weight", attention_keys=attn_keys)
+                       dtype_key=f"{p}h.0.attn.c_attn.weight", attention_keys=attn_keys,
+                       notes={"norm": f"{norm}: {how}"})
     get = C.getter(source, have)
 
     def build(i: int) -> AttentionWeights:
@@ -181,6 +201,18 @@ def swiglu_names(have: set[str], stem: str) -> tuple[str, str, str] | None:
     return None
 
 
+def mlp_module(have: set[str], block: str) -> tuple[str, tuple[str, ...]] | None:
+    """(stem, module names) of block ``block``'s (``transformer.h.0.``) MLP: a SwiGLU of
+    ``SWIGLU`` names or GELU ``c_fc``/``c_proj``, under one of ``MLP_STEMS``; else None."""
+    for stem in MLP_STEMS:
+        names = swiglu_names(have, f"{block}{stem}.")
+        if names is None and all(f"{block}{stem}.{n}.weight" in have for n in ("c_fc", "c_proj")):
+            names = ("c_fc", "c_proj")
+        if names is not None:
+            return stem, names
+    return None
+
+
 def model_body(source) -> Body:
     """The non-attention tensors of a nanoGPT-style source (module docstring), its
     attention modules ``attn.c_attn``/``attn.c_proj`` left to the canonical layers."""
@@ -190,28 +222,36 @@ def model_body(source) -> Body:
     for need in (f"{p}wte.weight", f"{p}wpe.weight"):
         if need not in have:
             raise NotRunnable(f"expected {need} (learned positions, fused c_attn); found {listed(keys)}")
-    mlp = swiglu_names(have, f"{p}h.0.mlp.")
-    if mlp is None:
-        fc, proj = f"{p}h.0.mlp.c_fc.weight", f"{p}h.0.mlp.c_proj.weight"
-        if fc not in have or proj not in have:
-            found = sorted({k.split(".")[-2] for k in have if k.startswith(f"{p}h.0.mlp.")})
-            raise NotRunnable(f"the MLP ({', '.join(found) or 'none'}) is neither c_fc/c_proj (GELU) nor a "
-                              f"named SwiGLU ({'; '.join('/'.join(n) for n in SWIGLU)})")
+    found_mlp = mlp_module(have, f"{p}h.0.")
+    if found_mlp is None:
+        found = sorted({k[len(f"{p}h.0."):].rsplit(".", 1)[0] for k in have if k.startswith(f"{p}h.0.")
+                        and k[len(f"{p}h.0."):].startswith(tuple(f"{m}." for m in MLP_STEMS))})
+        raise NotRunnable(f"the MLP ({', '.join(found) or 'none'}) is neither c_fc/c_proj (GELU) nor a "
+                          f"named SwiGLU ({'; '.join('/'.join(n) for n in SWIGLU)}) under "
+                          f"{'/'.join(MLP_STEMS)}")
+    stem, names = found_mlp
+    swiglu = names in SWIGLU
+    if not swiglu:
+        fc, proj = f"{p}h.0.{stem}.c_fc.weight", f"{p}h.0.{stem}.c_proj.weight"
         hidden = source.shape(fc)[0]
         if source.shape(proj)[1] * 2 == hidden:
-            raise NotRunnable(f"mlp.c_fc has {hidden} rows, twice mlp.c_proj's {hidden // 2} columns: a "
+            raise NotRunnable(f"{stem}.c_fc has {hidden} rows, twice {stem}.c_proj's {hidden // 2} columns: a "
                               f"fused SwiGLU whose gate half is not recorded in the weights")
-        modules = {"mlp.c_fc": "mlp.in", "mlp.c_proj": "mlp.out"}
+        modules = {f"{stem}.c_fc": "mlp.in", f"{stem}.c_proj": "mlp.out"}
     else:
-        modules = {f"mlp.{mlp[0]}": "mlp.gate", f"mlp.{mlp[1]}": "mlp.in", f"mlp.{mlp[2]}": "mlp.out"}
+        modules = {f"{stem}.{names[0]}": "mlp.gate", f"{stem}.{names[1]}": "mlp.in",
+                   f"{stem}.{names[2]}": "mlp.out"}
     root = p.removesuffix("transformer.")
     top = aliased({f"{p}wte.weight": "embed", f"{p}wpe.weight": "pos_embed",
                    f"{p}ln_f.weight": "ln_final.weight", f"{p}ln_f.bias": "ln_final.bias",
                    f"{root}lm_head.weight": "unembed"}, NORM_ALIASES)
     tensors = gather(source, top=top, block=p + "h.{i}.", modules={"ln_1": "ln1", "ln_2": "ln2", **modules},
                      attention=("attn.c_attn", "attn.c_proj"), aliases=NORM_ALIASES)
-    eps = C.cfg_float(source, "norm_eps", "rms_norm_eps", "layer_norm_epsilon", "eps", default=1e-5)
-    return Body(tensors, mlp="gelu" if mlp is None else "swiglu", context=source.shape(f"{p}wpe.weight")[0],
+    # no eps in the config: the torch module's default, nn.LayerNorm's 1e-5 or nn.RMSNorm's
+    # eps=None, which is finfo(dtype).eps of its float32 input
+    default = float(torch.finfo(torch.float32).eps) if norm_of(source, p, have)[0] == "rmsnorm" else 1e-5
+    eps = C.cfg_float(source, "norm_eps", "rms_norm_eps", "layer_norm_epsilon", "eps", default=default)
+    return Body(tensors, mlp="swiglu" if swiglu else "gelu", context=source.shape(f"{p}wpe.weight")[0],
                 norm_eps=eps)
 
 

@@ -22,56 +22,50 @@ variant), ``n_inner``, ``*_pdrop``, ``layer_norm_epsilon``,
 ``initializer_range``, ``use_bias``, ``tie_word_embeddings``,
 ``use_flash_attention``.
 
+The repository's language-model files (one per variant and size; the 1.2B
+files differ from the 300M ones only in ``ModelConfig`` defaults):
+
+==========================  ===================  ================================  =============
+file(s)                     attention modules    what the forward computes         variant
+==========================  ===================  ================================  =============
+``transformer_KQV_*``       ``c_attn`` (3d)      ``q, k, v = split(n_embd)``       ``qkv``
+``transformer_GQA_*``       ``c_q``, ``c_kv``    ``k, v = split(kv*d_head)``       ``qkv``, GQA
+                            (2*kv*d_head)
+``transformer_MQA_*``       ``c_q``, ``c_kv``    ``k, v = split(d_head)``          ``qkv``, 1 kv
+                            (2*d_head)
+``transformer_KV_1_*``      ``c_q``, ``c_k``     ``v = k``                         ``k_eq_v``
+``transformer_QGQA_*``      ``c_q``, ``c_k``     ``v = k``, kv groups              ``k_eq_v``
+                            (kv*d_head)
+``transformer_QMQA_*``      ``c_q``, ``c_kv``    ``k = v = c_kv(x)``               ``k_eq_v``, 1 kv
+                            (d_head)
+``transformer_QK_300_M``    ``c_kv`` (2d)        ``k, v = split(n_embd); q = k``   ``q_eq_k``
+``transformer_K_300_M``     ``c_k`` (d)          ``q = k = v``                     ``q_eq_k_eq_v``
+==========================  ===================  ================================  =============
+
+Beside them this converter reads ``c_q, c_k, c_v`` (separate, ``qkv``), ``c_k, c_v``
+and ``c_qk, c_v`` (``q_eq_k``), a ``c_kv`` alone of at most ``d_model`` rows and
+``c_qkv`` (``q_eq_k_eq_v``): the module names of the synthetic-task encoders.
+
 The kv-head count is read from the shapes wherever they fix it (``c_attn`` of
-``(n_head + 2*kv)*d_head`` rows, ``c_k``, ``c_qk``, ``c_qkv``); ``n_kv_groups``
-(or ``n_kv_heads``) is read only for a ``c_kv`` beside ``c_q``, where the rows
-alone cannot tell shared K=V from packed ``[k; v]``: the config's default of 1
-sits in MHA checkpoints too. Read from their code: the QKV baseline (``c_attn``
-rows ``[q; k; v]``, ``split(n_embd)``) and ``GPT_QKV_KEqualsV`` (``c_q``,
-``c_k``, ``v = k``). Their other LM model files are not in the repository; the
-module names of Q=K-V (``GPT_KV``: K and V projections), Q=K=V (``GPT_K``: one K
-projection), GQA/MQA and Q-GQA/Q-MQA below follow their profiler's and the
-synthetic code's naming.
+``(n_head + 2*kv)*d_head`` rows, ``c_k``, ``c_qk``, ``c_qkv``). A ``c_kv``'s rows
+alone cannot tell packed ``[k; v]`` (2*kv*d_head rows) from one tensor used as K
+and V (kv*d_head rows), so ``n_kv_groups`` (or ``n_kv_heads``) decides where it
+fits exactly one of the two; otherwise (no count, or their default
+``n_kv_groups=1``, which MHA configs carry too, contradicted by the rows) more
+rows than ``d_model`` are packed and at most ``d_model`` shared (the paper's
+naming: ``c_kv`` is the shared projection). Tied tensors follow
+``loaders.canonical``: present, identical, counted once.
 
-Which modules a layer holds decides the variant:
-
-=====================  ==============================  =================
-modules                meaning                         variant
-=====================  ==============================  =================
-``c_attn``             fused ``[q; k; v]`` rows         ``qkv`` (QKV, GQA, MQA)
-``c_q, c_k, c_v``      separate                         ``qkv``
-``c_q, c_kv``          ``c_kv`` rows = 2*kv*d_head:     ``qkv``
-                       packed ``[k; v]``
-``c_q, c_kv``          ``c_kv`` rows = kv*d_head:       ``k_eq_v`` (Q-K=V, Q-GQA, Q-MQA)
-                       one tensor used as K and V
-``c_q, c_k``           ``v = k = c_k(x)``               ``k_eq_v`` (their
-                       (``QKVAttention_KEqualsV``)      ``GPT_QKV_KEqualsV``)
-``c_k, c_v`` or        ``q = k``                        ``q_eq_k`` (Q=K-V)
-``c_qk, c_v``
-``c_k``, ``c_kv`` or   ``q = k = v``                    ``q_eq_k_eq_v`` (Q=K=V)
-``c_qkv`` alone
-=====================  ==============================  =================
-
-For a ``c_kv`` beside ``c_q`` without a kv-head count in ``model_config``, more
-rows than ``d_model`` are read as packed ``[k; v]`` and at most ``d_model`` rows as
-shared K=V (the paper's naming: ``c_kv`` is the shared projection).
-Tied tensors follow ``loaders.canonical``: present, identical, counted once.
-
-The whole language model (``convert_model``, for a forward pass; ``_body``'s names).
-From their repository (their model files ``transformer_*_300_M.py`` are not in it;
-``gao_keyless_repro.py`` builds a model of "the same structure as
-transformer_KQV_300_M.GPT", and ``distillation_llm.py``,
-``transformer_KQV_300M_fineweb.py``, ``kv_similarity_llm.py``, ``run_eval.py`` use
-theirs): GPT-2 style, pre-norm, ``x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))``,
+The whole language model (``convert_model``, for a forward pass; ``_body``'s names),
+as every file above builds it: GPT-2 style, pre-norm,
+``x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))``,
 ``nn.LayerNorm(n_embd, eps=layer_norm_epsilon)`` with bias for ``ln_1``, ``ln_2``,
 ``ln_f``; token ``wte`` plus learned position ``wpe`` (``n_positions`` rows)
 embeddings at the top level, blocks in ``h``; logits ``ln_f(x) @ wte.weight.T``
-when ``tie_word_embeddings`` (no ``lm_head.weight`` key), else an ``lm_head``
-Linear without bias; causal attention. Not in their repository, so read from the
-tensors or assumed: the MLP is ``mlp.c_fc`` ``[n_inner, n_embd]`` -> GELU ->
-``mlp.c_proj`` (their profiler counts ``c_fc`` and ``c_proj`` outside ``attn`` as
-MLP and lists GELU; the exact GELU, not the tanh approximation, is assumed). Any
-other tensor (e.g. the 2D positional correction of their ``(Q=K)+`` variants) is
+when ``tie_word_embeddings`` (a lambda, no ``lm_head.weight`` key), else an
+``lm_head`` Linear without bias; causal attention; the MLP is ``mlp.c_fc``
+``[n_inner, n_embd]`` -> ``nn.GELU()`` (exact) -> ``mlp.c_proj``. Any other
+tensor (e.g. the 2D positional correction of their ``(Q=K)+`` variants) is
 refused, as are the synthetic-task encoders (``blocks.N``; one-hot inputs, no
 causal mask): they are not causal language models.
 """
@@ -109,6 +103,21 @@ def _get(conf, *names, default=None):
         if conf.get(n) is not None:
             return conf[n]
     return default
+
+
+def _kv_rows(rows: int, n_kv_conf, d: int, dh: int) -> tuple[bool, int]:
+    """(packed, n_kv) of a ``c_kv`` of ``rows`` rows: packed ``[k; v]`` (2 * n_kv * d_head
+    rows) or one tensor used as K and V (n_kv * d_head rows). The config's kv-head count
+    decides where it fits exactly one of the two; otherwise (absent, or their default
+    ``n_kv_groups=1`` in a file whose shapes say more) more rows than ``d_model`` are
+    packed and at most ``d_model`` shared."""
+    if n_kv_conf is not None and int(n_kv_conf) > 0:
+        n_kv = int(n_kv_conf)
+        if rows == 2 * n_kv * dh:
+            return True, n_kv
+        if rows == n_kv * dh:
+            return False, n_kv
+    return (True, rows // (2 * dh)) if rows > d else (False, rows // dh)
 
 
 def _modules(source, keys) -> tuple[str, dict[int, set[str]]]:
@@ -172,22 +181,22 @@ def convert(source):
             n_kv = extra // (2 * dh)
     elif m0 == {"c_q", "c_k", "c_v"}:
         variant, roles = "qkv", {"q": "c_q", "k": "c_k", "v": "c_v"}
-    elif m0 == {"c_q", "c_kv"}:
-        n_kv = _get(conf, *_KV_NAMES)
-        r = source.shape(stem(0, "c_kv") + ".weight")[0]
-        packed = (r == 2 * int(n_kv) * dh) if n_kv is not None else r > d
-        if packed:
+    elif m0 in ({"c_q", "c_kv"}, {"c_kv"}):
+        packed, n_kv = _kv_rows(source.shape(stem(0, "c_kv") + ".weight")[0],
+                                _get(conf, *_KV_NAMES), d, dh)
+        if "c_q" not in m0:     # transformer_QK_300_M.py: k, v = c_kv(x).split(n_embd); q = k
+            variant, roles = ("q_eq_k", {"kv": "c_kv"}) if packed else \
+                ("q_eq_k_eq_v", {"q": "c_kv", "k": "c_kv", "v": "c_kv"})
+        elif packed:
             variant, roles = "qkv", {"q": "c_q", "kv": "c_kv"}
-            n_kv = n_kv if n_kv is not None else r // (2 * dh)
         else:
             variant, roles = "k_eq_v", {"q": "c_q", "k": "c_kv", "v": "c_kv"}
-            n_kv = n_kv if n_kv is not None else r // dh
     elif m0 == {"c_q", "c_k"}:
         variant, roles = "k_eq_v", {"q": "c_q", "k": "c_k", "v": "c_k"}
     elif m0 in ({"c_k", "c_v"}, {"c_qk", "c_v"}):
         kk = "c_k" if "c_k" in m0 else "c_qk"
         variant, roles = "q_eq_k", {"q": kk, "k": kk, "v": "c_v"}
-    elif m0 in ({"c_k"}, {"c_kv"}, {"c_qkv"}):
+    elif m0 in ({"c_k"}, {"c_qkv"}):
         only = first[0]
         variant, roles = "q_eq_k_eq_v", {"q": only, "k": only, "v": only}
     else:
@@ -241,7 +250,7 @@ def convert(source):
             wq, wk, wv = split(w["c_attn"])
             bq, bk, bv = split(b["c_attn"]) if b["c_attn"] is not None else (None,) * 3
         elif "kv" in roles:
-            wq, bq = w["c_q"], b["c_q"]
+            wq, bq = w.get("c_q"), b.get("c_q")      # None for q = k: W_Q is W_K below
             r = n_kv * dh
             wk, wv = w["c_kv"][:r], w["c_kv"][r:]
             bk, bv = (None, None) if b["c_kv"] is None else (b["c_kv"][:r], b["c_kv"][r:])

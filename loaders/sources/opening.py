@@ -5,7 +5,9 @@ Dispatches on ``sniff._file_kind`` (content first, the suffix breaking ties)
 to ``SafetensorsSource``, ``TorchSource``, ``ShardedSource``, ``ZipSource``
 or ``loaders.llama2c.Llama2cSource``; a folder is read from the file its plan
 names (``folder._folder_plan``), with its ``config.json`` or
-``model_config.yaml``. Reads nothing beyond what those readers read; their
+``model_config.yaml``. A file opened by itself whose content brings no config
+(a Hugging Face ``model.safetensors``, a bare state dict) takes the
+``config.json`` beside it, named in ``extras["config_file"]``. Reads nothing beyond what those readers read; their
 budgets hold. Errors: ``CheckpointFormatError`` (or ``UnsafeCheckpointError``)
 naming the file, what was expected and what was found.
 """
@@ -37,7 +39,17 @@ def open_source(path: str | Path) -> TensorSource:
         raise CheckpointFormatError(p, f"no such file or folder; {EXPECTED}")
     if p.is_dir():
         return _open_folder(p)
-    return _open_file(p)
+    src = _open_file(p)
+    beside = p.parent / "config.json"
+    if not src.config and beside.is_file():
+        # a Hugging Face weight file opened by itself: its model's config sits beside it
+        try:
+            src.config = _read_json_config(beside)
+        except BaseException:
+            src.close()
+            raise
+        src.extras["config_file"] = beside.name
+    return src
 
 
 def _open_file(p: Path) -> TensorSource:

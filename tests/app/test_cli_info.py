@@ -1,6 +1,7 @@
 """`python -m app info`: the tensors' ties beside the layout's variant, on Llamas built in code."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,6 +10,9 @@ import torch
 
 from app.cli import main
 from tests.app.test_cli import cli, tiny_gpt2
+from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
+from tests.loaders.test_hub_names import COMMIT, hf_cache, tiny_gpt2_files
+from tests.loaders.test_layouts_papers import BQL_MODES, bql_checkpoint
 
 pytestmark = pytest.mark.slow                                 # each runs the CLI in a subprocess (~7 s)
 
@@ -103,3 +107,82 @@ def test_info_prints_the_layer_types_of_a_hybrid_stack():
     assert ("layer types          5 x sliding_attention (window 512), 1 x full_attention; kv_bytes_per_token "
             "sums over them (a sliding layer caps the tokens, not the bytes a token adds)") in _extra_lines(
         meta.to_json())
+
+
+@pytest.mark.parametrize("file,cls,size,heads,variant", PAPER_B_CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in PAPER_B_CASES])
+def test_paper_b_model_classes_info_json(tmp_path, capsys, file, cls, size, heads, variant):
+    """`info --json` on a final_model.pt that each of their model classes wrote."""
+    model, conf = paper_b_model(file, cls, *heads)
+    path = tmp_path / "final_model.pt"
+    torch.save({"step": 1, "epoch": 0, "tokens_seen": 64, "model_state_dict": model.state_dict(),
+                "model_config": dataclasses.asdict(conf), "train_config": {}}, path)
+    capsys.readouterr()
+    assert main(["info", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["architecture"], info["variant"], info["n_heads"], info["n_kv_heads"], info["d_head"]) == (
+        "projection_sharing", variant, heads[0], heads[1], 4)
+    assert info["tied"]["variant"] == variant
+
+
+# ---- Hugging Face names, resolved in a cache built in tmp (tests/loaders/test_hub_names.py) ----
+
+@pytest.fixture
+def hub_gpt2(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    repo = hf_cache(cache, "openai-community/gpt2", tiny_gpt2_files(tmp_path / "written"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache, repo
+
+
+def test_info_of_a_cached_repo_id_offline(hub_gpt2, capsys):
+    cache, repo = hub_gpt2
+    info = info_json(Path("openai-community/gpt2"))          # a subprocess, HF_HUB_* inherited
+    assert (info["architecture"], info["n_layers"], info["n_heads"], info["d_model"]) == ("gpt2", 2, 4, 32)
+    capsys.readouterr()
+    assert main(["info", str(repo)]) == 0                     # the models--org--name folder
+    assert capsys.readouterr().out.startswith(f"{repo}: {repo / 'snapshots' / COMMIT}\n")
+
+
+def test_a_name_not_cached_is_one_line(hub_gpt2, capsys):
+    cache, _ = hub_gpt2
+    for argv in (["info", "BrainChip-AI/qkv-fineweb-300m"],
+                 ["kv-cost", "--checkpoint", "BrainChip-AI/qkv-fineweb-300m"]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (
+            f"error: BrainChip-AI/qkv-fineweb-300m: no such file or folder, and BrainChip-AI/qkv-fineweb-300m "
+            f"is not in the Hugging Face cache ({cache}); fetch it with --download, or: "
+            f"hf download BrainChip-AI/qkv-fineweb-300m\n")
+
+
+def test_ingest_analyze_and_kv_cost_take_a_cached_name(hub_gpt2, tmp_path, capsys):
+    _, repo = hub_gpt2
+    db = str(tmp_path / "q.duckdb")
+    capsys.readouterr()
+    assert main(["ingest", "openai-community/gpt2", "--db", db, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["added"] == 1 and report["files"][0]["path"] == str(repo / "snapshots" / COMMIT)
+    assert main(["analyze", "openai-community/gpt2", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"]["path"] == str(repo / "snapshots" / COMMIT)
+    assert main(["kv-cost", "--checkpoint", "openai-community/gpt2", "--json"]) == 0
+    assert "openai-community/gpt2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", BQL_MODES)
+def test_nonlinear_query_modes_info(tmp_path, capsys, mode):
+    """beyond_query_linearity's ckpt.pt (tests/loaders/test_layouts_papers.py) through `info`."""
+    torch.save(bql_checkpoint(mode, False), tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "ckpt.pt"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    variant = "wq_identity" if mode == "identity" else "qkv"
+    assert (info["architecture"], info["variant"], info["tied"]["variant"], info["n_heads"], info["d_head"]) == (
+        "query_free", variant, variant, 4, 4)
+    assert (info["query_module"] is not None) == (mode == "residual_gelu")
+    assert main(["info", str(tmp_path / "ckpt.pt")]) == 0
+    text = capsys.readouterr().out
+    assert ("  query_module         q = x + LayerNorm(W_out GELU(W_in RMSNorm(x)))" in text) == (
+        mode == "residual_gelu")
+    assert "note:" not in text

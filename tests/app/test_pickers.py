@@ -148,3 +148,24 @@ def test_compare_defaults_to_two_runs_differing_in_weight_decay(label_db, monkey
     c = checkpoint_choices(Store(label_db)).set_index("id")
     assert {c.loc[a, "weight_decay"], c.loc[b, "weight_decay"]} == {0.03, 0.1}
     assert "cmp_diff" in figures(at)              # one geometry: the head-by-head difference is drawn
+
+
+def test_a_lone_weight_file_upload_says_which_file_to_add(tmp_path):
+    """The Inspector's upload of model.safetensors alone: the message names the upload, not the
+    server's temporary folder, and the config.json to add."""
+    from loaders.errors import QkvscopeError
+    from loaders.parse_child import ingest_checkpoint
+
+    written = tiny_gpt2(tmp_path / "gpt2")
+    holder, dest = pickers.upload_folder(["model.safetensors"])
+    try:
+        (dest / "model.safetensors").write_bytes((written / "model.safetensors").read_bytes())
+        with pytest.raises(QkvscopeError) as e:
+            ingest_checkpoint(Store(tmp_path / "q.duckdb"), dest / "model.safetensors")
+        assert pickers.user_message(str(e.value)) == (
+            "model.safetensors: config has no head count (n_head/num_attention_heads); it cannot be inferred "
+            "from tensor shapes; model.safetensors holds tensors only: add the config.json that sits beside "
+            "model.safetensors in the model's folder (put it beside the file, upload both files together, or "
+            "open the folder)")
+    finally:
+        holder.cleanup()

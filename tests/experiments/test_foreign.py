@@ -10,6 +10,7 @@ tied output embedding.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from experiments.model import GPT
 from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.layouts._body import Body, memory_source
 from loaders.tensor_source import DictSource
+from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
+from tests.loaders.test_nanogpt_norm import small_gpt_checkpoint
 
 D, H, DH, L, VOCAB, P = 16, 4, 4, 2, 300, 12
 
@@ -149,6 +152,20 @@ def test_projection_sharing_lm_matches_reference(case):
     assert (meta.architecture, meta.variant, meta.n_kv_heads) == ("projection_sharing", variant, n_kv)
     assert runnable("projection_sharing", sd, conf, variant=meta.variant, n_heads=meta.n_heads,
                     n_kv_heads=meta.n_kv_heads, attn_scale=meta.attn_scale).cfg.variant == variant
+
+
+@pytest.mark.parametrize("file,cls,size,heads,variant", PAPER_B_CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in PAPER_B_CASES])
+def test_paper_b_model_classes_run_as_their_models(file, cls, size, heads, variant):
+    """Their own model classes (vendored, tests/loaders/paper_b): the GPT built from
+    their state_dict gives their model's logits."""
+    model, conf = paper_b_model(file, cls, *heads)
+    sd = model.state_dict()
+    ours = from_projection_sharing(sd, dataclasses.asdict(conf)).eval()
+    assert (ours.cfg.variant, ours.cfg.n_head, ours.cfg.n_kv_heads) == (variant, *heads)
+    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(idx)[0], model(idx)[0], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("use_bias, tied", [(False, True), (True, False)])
@@ -314,8 +331,9 @@ def test_query_free_residual_gelu_is_refused():
     config = {"n_layer": L, "num_heads": H, "n_embd": D, "query_mode": "residual_gelu"}
     with pytest.raises(ForeignCheckpointError) as e:
         runnable("query_free", sd, config, variant="qkv", n_heads=H, n_kv_heads=H, attn_scale=0.125)
-    assert str(e.value) == ("query_mode 'residual_gelu' (q = x + GELU(x Wq + bq)) is not a linear "
-                            "query; runnable modes: identity, original, residual")
+    assert str(e.value) == ("query_mode 'residual_gelu' (q = x + GELU(x Wq + bq), Wq the first d_model rows "
+                            "of c_attn) is not a linear query, and this GPT computes q as x @ W_Q; runnable "
+                            "modes: identity, original, residual")
 
 
 def test_nanogpt_realworld_checkpoint_is_runnable(realworld):
@@ -446,3 +464,35 @@ def test_body_and_memory_source():
     with pytest.raises(ValueError) as e:
         Body({}, mlp="relu", context=4)
     assert str(e.value) == "mlp 'relu' is not one of gelu, swiglu"
+
+
+def test_small_gpt_rmsnorm_swiglu_runs_as_its_model():
+    """andrew-noble/small-gpt's model (tests/loaders/test_nanogpt_norm.py builds its state dict):
+    the GPT gives the logits of its forward, written here from its model.py in float64:
+    x = wte + wpe; x += c_proj(sdpa(c_attn(rms(x)))); x += w2(silu(w1 rms(x)) * w3 rms(x));
+    lm_head(rms_f(x)); nn.RMSNorm(eps=None): finfo(float32).eps."""
+    ck = small_gpt_checkpoint()
+    sd, args = ck["model"], ck["model_args"]
+    model = runnable("nanogpt", sd, args, variant="qkv", n_heads=2, n_kv_heads=2, attn_scale=32 ** -0.5,
+                     norm="rmsnorm").eval()
+    assert model.cfg.norm == "rmsnorm" and model.cfg.norm_eps == torch.finfo(torch.float32).eps
+    idx = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(3))
+    w = {k: v.double() for k, v in sd.items()}
+    eps = torch.finfo(torch.float32).eps
+
+    def rms(x, k):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[k]
+
+    B, T = idx.shape
+    x = w["transformer.wte.weight"][idx] + w["transformer.wpe.weight"][:T]
+    for i in range(2):
+        p = f"transformer.h.{i}."
+        q, k, v = (rms(x, p + "ln_1.weight") @ w[p + "attn.c_attn.weight"].T).split(64, dim=2)
+        q, k, v = (t.view(B, T, 2, 32).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, 64)
+        x = x + y @ w[p + "attn.c_proj.weight"].T
+        h = rms(x, p + "ln_2.weight")
+        x = x + (F.silu(h @ w[p + "ffd.w1.weight"].T) * (h @ w[p + "ffd.w3.weight"].T)) @ w[p + "ffd.w2.weight"].T
+    ref = rms(x, "transformer.ln_f.weight") @ w["lm_head.weight"].T
+    with torch.inference_mode():
+        torch.testing.assert_close(model(idx)[0].double(), ref, rtol=1e-4, atol=1e-4)

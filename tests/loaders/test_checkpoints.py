@@ -246,3 +246,39 @@ def test_config_geometry_that_is_not_a_whole_number_is_named(tmp_path, value, sh
     with pytest.raises(CheckpointFormatError) as err:
         inspect_checkpoint(folder)
     assert str(err.value) == f"{folder}: config layer count must be a whole number, found {shown}"
+
+
+# ---- a Hugging Face weight file opened by itself ---------------------------------------
+
+def hf_llama(folder: Path) -> Path:
+    """A 2-layer Llama (d_model 32, 4 heads, 2 kv heads) as transformers writes it."""
+    from transformers import LlamaConfig, LlamaForCausalLM   # test-only dependency, loaded where used
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                 max_position_embeddings=64)).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def test_lone_safetensors_file_takes_the_config_json_beside_it(tmp_path):
+    folder = hf_llama(tmp_path / "llama")
+    with open_checkpoint(folder / "model.safetensors") as ckpt:
+        m = ckpt.meta
+        assert (m.architecture, m.n_heads, m.n_kv_heads, m.d_head) == ("llama", 4, 2, 8)
+        assert m.config["num_key_value_heads"] == 2
+    with open_checkpoint(folder) as whole:
+        assert whole.meta.to_json() == m.to_json()
+
+
+def test_lone_safetensors_file_without_config_says_which_file_to_add(tmp_path):
+    folder = hf_llama(tmp_path / "llama")
+    (tmp_path / "upload").mkdir()
+    lone = (folder / "model.safetensors").rename(tmp_path / "upload" / "model.safetensors")
+    with pytest.raises(CheckpointFormatError) as e:
+        open_checkpoint(lone)
+    assert str(e.value) == (
+        f"{lone}: config has no head count (num_attention_heads); it cannot be inferred from tensor "
+        "shapes; model.safetensors holds tensors only: add the config.json that sits beside "
+        "model.safetensors in the model's folder (put it beside the file, upload both files "
+        "together, or open the folder)")

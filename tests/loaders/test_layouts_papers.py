@@ -20,6 +20,7 @@ code, not files those repositories produced).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -30,6 +31,7 @@ from loaders.checkpoints import checkpoint_from_source, open_checkpoint
 from loaders.errors import CheckpointFormatError
 from loaders.tensor_source import DictSource
 from tests.experiments.test_foreign import PS_LM, their_config, their_lm_sd
+from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
 
 D, H, DH, L = 16, 4, 4, 2
 
@@ -319,3 +321,184 @@ def test_projection_sharing_c_attn_rows_fit_no_head_count():
                                           path="ps.pt"))
     assert str(e.value) == ("ps.pt: layer 0 key 'h.0.attn.c_attn.weight' has shape (49, 16); "
                             "expected (48, 16) for d_model 16, 4 heads of d_head 4")
+
+
+# ---- projection sharing: their own model classes -------------------------------------
+# Every language-model file of Brainchip-Inc/Do-Transformers-Need-3-Projections, built
+# by its own model class (tests/loaders/paper_b).
+
+
+def canonical_attention(lw, meta, x):
+    """Causal softmax attention computed from the canonical tensors, (B, T, d)."""
+    T = x.shape[1]
+    group = meta.n_heads // meta.n_kv_heads
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    out = 0
+    for h in range(meta.n_heads):
+        kv = h // group
+        q = x @ lw.W_Q[h] + (0 if lw.b_Q is None else lw.b_Q[h])
+        k = x @ lw.W_K[kv] + (0 if lw.b_K is None else lw.b_K[kv])
+        v = x @ lw.W_V[kv] + (0 if lw.b_V is None else lw.b_V[kv])
+        a = (q @ k.transpose(-1, -2) * meta.attn_scale).masked_fill(~mask, float("-inf")).softmax(-1)
+        out = out + a @ v @ lw.W_O[h]
+    return out + (0 if lw.b_O is None else lw.b_O)
+
+
+@pytest.mark.parametrize("file,cls,size,heads,variant", PAPER_B_CASES,
+                         ids=[f"{c[0]}-{c[2]}" for c in PAPER_B_CASES])
+def test_paper_b_model_classes(tmp_path, file, cls, size, heads, variant):
+    """Each of their model classes, saved as their training script saves final_model.pt,
+    reads with its variant and geometry, and the canonical tensors compute what their
+    attention module computes."""
+    n_head, n_kv = heads
+    model, conf = paper_b_model(file, cls, n_head, n_kv)
+    path = tmp_path / "final_model.pt"
+    torch.save({"step": 100, "epoch": 0, "tokens_seen": 6400, "model_state_dict": model.state_dict(),
+                "val_metrics": {"loss": 4.1, "perplexity": 60.3},
+                "model_config": dataclasses.asdict(conf), "train_config": {"weight_decay": 0.1}}, path)
+    with open_checkpoint(path) as ckpt:
+        got = ckpt.meta.to_json()
+        assert {k: got[k] for k in ("architecture", "variant", "n_layers", "n_heads", "n_kv_heads",
+                                    "d_model", "d_head")} == {
+            "architecture": "projection_sharing", "variant": variant, "n_layers": 2, "n_heads": n_head,
+            "n_kv_heads": n_kv, "d_model": 4 * n_head, "d_head": 4}
+        assert got["params"]["total"] == sum(p.numel() for p in model.parameters())
+        assert got["params"]["attention"] == sum(p.numel() for n, p in model.named_parameters()
+                                                 if ".attn." in n)
+        cached = 1 if variant in ("k_eq_v", "q_eq_k_eq_v") else 2
+        assert got["kv_bytes_per_token"] == 2 * cached * n_kv * 4 * 4
+        x = torch.randn(2, 7, 4 * n_head, generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            for i, block in enumerate(model.h):
+                torch.testing.assert_close(canonical_attention(ckpt.layer(i), ckpt.meta, x),
+                                           block.attn(x), atol=1e-5, rtol=1e-4)
+
+
+# ---- nonlinear queries: MarkoKarbevski/beyond_query_linearity ------------------------------
+# No licence in that repository: the state dicts below have exactly the key names and
+# shapes its model.py (commit 369d84e5) gives for each query_mode, saved as its train.py
+# saves ckpt.pt ({model, optimizer, model_args, iter_num, best_val_loss, config}).
+
+BQL_MODES = ("original", "identity", "residual", "residual_gelu")
+
+
+def bql_checkpoint(mode: str, bias: bool, *, d=16, heads=4, layers=2, block=8, vocab=32, seed=0) -> dict:
+    """Their GPT's state dict for ``query_mode`` ``mode``: ``c_attn`` Linear(d, 2d) for identity and
+    residual_gelu, Linear(d, 3d) otherwise; residual_gelu adds ``residual_rmsnorm_input``
+    (nn.RMSNorm: weight), ``residual_in`` Linear(d, d//2), ``residual_out`` Linear(d//2, d),
+    ``residual_layernorm_output`` (their LayerNorm: weight, bias with ``bias``); their LayerNorm
+    ln_1/ln_2/ln_f; MLP c_fc/c_proj of mlp_hidden_size; lm_head tied to wte; no mask buffer
+    (flash path)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+
+    def lin(prefix, rows, cols):
+        return {f"{prefix}.weight": r(rows, cols), **({f"{prefix}.bias": r(rows)} if bias else {})}
+
+    def ln(prefix):
+        return {f"{prefix}.weight": 1 + r(d), **({f"{prefix}.bias": r(d)} if bias else {})}
+
+    wte = r(vocab, d)
+    sd = {"transformer.wte.weight": wte, "transformer.wpe.weight": r(block, d)}
+    for i in range(layers):
+        p = f"transformer.h.{i}"
+        sd.update(ln(f"{p}.ln_1"))
+        sd.update(lin(f"{p}.attn.c_attn", (2 if mode in ("identity", "residual_gelu") else 3) * d, d))
+        sd.update(lin(f"{p}.attn.c_proj", d, d))
+        if mode == "residual_gelu":
+            sd[f"{p}.attn.residual_rmsnorm_input.weight"] = 1 + r(d)
+            sd.update(ln(f"{p}.attn.residual_layernorm_output"))
+            sd.update(lin(f"{p}.attn.residual_in", d // 2, d))
+            sd.update(lin(f"{p}.attn.residual_out", d, d // 2))
+        sd.update(ln(f"{p}.ln_2"))
+        sd.update(lin(f"{p}.mlp.c_fc", 4 * d, d))
+        sd.update(lin(f"{p}.mlp.c_proj", d, 4 * d))
+    sd.update(ln("transformer.ln_f"))
+    sd["lm_head.weight"] = wte
+    args = {"block_size": block, "vocab_size": vocab, "n_layer": layers, "num_heads": heads, "n_embd": d,
+            "head_size": d // heads, "mlp_hidden_size": 4 * d, "tie_weights": True, "query_mode": mode,
+            "dropout": 0.0, "bias": bias, "batch_size": 12, "accumulation_size": 40,
+            "scale": 1 / (2 * math.sqrt(d // heads)), "learning_rate": 8e-4, "weight_decay": 0.1}
+    return {"model": sd, "optimizer": {"state": {}, "param_groups": [{"lr": 8e-4, "params": [0]}]},
+            "model_args": args, "iter_num": 100, "best_val_loss": 3.2, "config": {"out_dir": "out"}}
+
+
+def their_keys_values(sd, i, x, d=16):
+    """k, v of layer i as their CausalSelfAttention computes them (every mode)."""
+    p = f"transformer.h.{i}.attn.c_attn"
+    y = F.linear(x, sd[f"{p}.weight"], sd.get(f"{p}.bias"))
+    return (y[..., :d], y[..., d:2 * d]) if y.shape[-1] == 2 * d else (y[..., d:2 * d], y[..., 2 * d:])
+
+
+@pytest.mark.parametrize("mode", BQL_MODES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_nonlinear_query_modes(tmp_path, mode, bias):
+    ck = bql_checkpoint(mode, bias)
+    torch.save(ck, tmp_path / "ckpt.pt")
+    with open_checkpoint(tmp_path / "ckpt.pt") as ckpt:
+        m = ckpt.meta.to_json()
+        assert (m["architecture"], m["variant"], m["n_layers"], m["n_heads"], m["n_kv_heads"], m["d_model"],
+                m["d_head"]) == ("query_free", "wq_identity" if mode == "identity" else "qkv", 2, 4, 4, 16, 4)
+        assert m["attn_scale"] == 1 / (2 * math.sqrt(4))
+        assert m["kv_bytes_per_token"] == 2 * 2 * 4 * 4 * 4
+        # the query module takes W_Q's place: its parameters are attention parameters
+        assert m["params"]["attention"] == sum(v.numel() for k, v in ck["model"].items() if ".attn." in k)
+        if mode == "residual_gelu":
+            assert m["query_module"] == (
+                "q = x + LayerNorm(W_out GELU(W_in RMSNorm(x))), a bottleneck MLP d_model -> d_model/2 -> "
+                "d_model (attn.residual_rmsnorm_input, residual_in, residual_out, residual_layernorm_output)")
+        else:
+            assert m["query_module"] is None
+        x = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))
+        for i in range(2):
+            lw = ckpt.layer(i)
+            k_ref, v_ref = their_keys_values(ck["model"], i, x)
+            for h in range(4):
+                cols = slice(4 * h, 4 * h + 4)
+                torch.testing.assert_close(x @ lw.W_K[h] + (lw.b_K[h] if bias else 0), k_ref[:, cols])
+                torch.testing.assert_close(x @ lw.W_V[h] + (lw.b_V[h] if bias else 0), v_ref[:, cols])
+            if mode in ("identity", "residual_gelu"):
+                assert lw.W_Q is None
+
+
+def test_nonlinear_query_metrics_keep_kv_and_say_why_there_is_no_wq():
+    from analysis.tied import tied_layer
+    from analysis.weights import weight_metrics
+
+    ck = bql_checkpoint("residual_gelu", True)
+    ckpt = checkpoint_from_source(DictSource(ck["model"], config=ck["model_args"], path="ckpt.pt"))
+    frame, notes = weight_metrics(ckpt.layer(0), ckpt.meta, device="cpu")
+    got = set(frame["metric"])
+    assert {"kv_cosine_flat", "kv_cka", "kv_share_r2", "erank_k", "erank_v", "norm_k", "norm_v"} <= got
+    q_metrics = {"qk_symmetry", "qk_directionality", "erank_q", "norm_q", "erank_qk", "wq_condition",
+                 "wq_basis_orth_defect", "wq_absorb_error"}
+    assert not got & q_metrics
+    why = ("the query is not a linear map of x (q = x + LayerNorm(W_out GELU(W_in RMSNorm(x))), a bottleneck "
+           "MLP d_model -> d_model/2 -> d_model (attn.residual_rmsnorm_input, residual_in, residual_out, "
+           "residual_layernorm_output)): there is no W_Q to measure")
+    assert {m: notes[m] for m in q_metrics} == {m: why for m in q_metrics}
+    assert tied_layer(ckpt.layer(0), ckpt.meta) == {"layer": 0, "q_identity": False, "q_eq_k": False,
+                                                    "k_eq_v": False, "q_eq_v": False}
+
+
+def test_nonlinear_query_forward_pass_is_refused_with_the_module_named():
+    from experiments.foreign import ForeignCheckpointError, runnable
+
+    ck = bql_checkpoint("residual_gelu", False)
+    with pytest.raises(ForeignCheckpointError) as e:
+        runnable("query_free", ck["model"], ck["model_args"], variant="qkv", n_heads=4, n_kv_heads=4,
+                 attn_scale=0.25)
+    assert str(e.value) == (
+        "query_mode 'residual_gelu' (q = x + LayerNorm(W_out GELU(W_in RMSNorm(x))), a bottleneck MLP "
+        "d_model -> d_model/2 -> d_model (attn.residual_rmsnorm_input, residual_in, residual_out, "
+        "residual_layernorm_output)) is not a linear query, and this GPT computes q as x @ W_Q; runnable "
+        "modes: identity, original, residual")
+
+
+def test_nonlinear_query_module_of_the_wrong_width():
+    ck = bql_checkpoint("residual_gelu", False)
+    ck["model"]["transformer.h.1.attn.residual_in.weight"] = torch.zeros(6, 16)
+    with pytest.raises(CheckpointFormatError) as e:
+        checkpoint_from_source(DictSource(ck["model"], config=ck["model_args"], path="ckpt.pt"))
+    assert str(e.value) == ("ckpt.pt: layer 1 key 'transformer.h.1.attn.residual_in.weight' has shape (6, 16); "
+                            "expected (8, 16) for d_model 16, a query module of width 8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from loaders.checkpoints import open_checkpoint
 from loaders.errors import CheckpointFormatError, UnsafeCheckpointError
-from loaders.llama2c import Llama2cTokenizer, read_tokenizer
+from loaders.llama2c import Llama2cTokenizer, exported_from, read_tokenizer
 from loaders.sources import is_checkpoint_candidate, load_plain_pickle, open_source
 from tests.loaders.llama2c_files import llama_state, toy_pieces, write_bin, write_tokenizer
 
@@ -201,3 +202,84 @@ def test_ingest_of_an_output_folder_stores_the_model_and_names_the_tokenizer(tmp
     assert got["model.bin"][:2] == ("checkpoint", "added")
     assert got["tokenizer.bin"] == ("unknown", "skipped", "llama2.c tokenizer: read as the vocabulary of the "
                                                           "checkpoint beside it, not a checkpoint")
+
+
+# ---- a model.bin exported from the ckpt.pt beside it: one checkpoint ----------------------
+
+def _export_legacy(ckpt_path: Path, out: Path) -> Path:
+    """karpathy/llama2.c ``export.py --version 0`` (``legacy_export``) of a train.py ``ckpt.pt``,
+    reimplemented: its ``load_checkpoint`` (``model_args``, ``model`` without ``_orig_mod.``),
+    then ``write_bin``'s v0 byte order (header, embeddings, per-kind layer tensors, norm, rotary
+    tables; the classifier only when unshared)."""
+    ck = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    sd = {k.removeprefix("_orig_mod."): v for k, v in ck["model"].items()}
+    args = ck["model_args"]
+    return write_bin(out, sd, version=0, n_heads=args["n_heads"], n_kv=args["n_kv_heads"] or args["n_heads"],
+                     seq_len=args["max_seq_len"])
+
+
+def _train_checkpoint(path: Path, seed: int = 0) -> Path:
+    sd = llama_state(seed=seed)
+    torch.save({"model": {"_orig_mod." + k: v for k, v in sd.items()}, "optimizer": {},
+                "model_args": {"dim": 16, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 300,
+                               "multiple_of": 8, "max_seq_len": 32, "dropout": 0.0},
+                "iter_num": 500, "best_val_loss": 2.5, "config": {"weight_decay": 0.1}}, path)
+    return path
+
+
+def _ingest_folder(tmp_path, folder):
+    from loaders.ingest import ingest_paths
+    from loaders.store import Store
+
+    store = Store(tmp_path / "q.duckdb")
+    report = ingest_paths(store, [folder])
+    return store, {Path(f.path).name: f for f in report.files}
+
+
+def test_export_beside_its_checkpoint_is_one_checkpoint(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    _export_legacy(_train_checkpoint(out / "ckpt.pt"), out / "model.bin")
+    assert exported_from(out / "model.bin") == out / "ckpt.pt"
+    store, files = _ingest_folder(tmp_path, out)
+    assert files["ckpt.pt"].status == "added"
+    assert (files["model.bin"].status, files["model.bin"].checkpoint_id, files["model.bin"].reason) == (
+        "unchanged", files["ckpt.pt"].checkpoint_id,
+        "the llama2.c export of ckpt.pt beside it: the same weights, stored once as ckpt.pt")
+    assert len(store.checkpoints()) == 1
+    # a second scan finds it in the journal
+    _, again = _ingest_folder(tmp_path, out)
+    assert (again["model.bin"].status, again["model.bin"].checkpoint_id) == (
+        "unchanged", files["ckpt.pt"].checkpoint_id)
+
+
+def test_export_of_other_weights_is_a_checkpoint_of_its_own(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    _train_checkpoint(out / "ckpt.pt")
+    _export_legacy(_train_checkpoint(tmp_path / "other.pt", seed=1), out / "model.bin")
+    assert exported_from(out / "model.bin") is None
+    store, files = _ingest_folder(tmp_path, out)
+    assert (files["ckpt.pt"].status, files["model.bin"].status) == ("added", "added")
+    assert len(store.checkpoints()) == 2
+
+
+def test_q8_export_is_not_the_same_weights(tmp_path):
+    sd = llama_state()
+    _train_checkpoint(tmp_path / "ckpt.pt")
+    write_bin(tmp_path / "model.bin", sd, version=2, n_heads=4, n_kv=2, seq_len=32)
+    assert exported_from(tmp_path / "model.bin") is None
+
+
+def test_realworld_ckpt_and_its_legacy_export(tmp_path, realworld):
+    """saltyduckegg/llama2xs.c's out/ckpt.pt (MIT, tests/../shared/realworld) and its v0 export."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes((realworld / "checkpoints/llama2c-train-llama2xs/ckpt.pt").read_bytes())
+    _export_legacy(out / "ckpt.pt", out / "model.bin")
+    assert exported_from(out / "model.bin") == out / "ckpt.pt"
+    store, files = _ingest_folder(tmp_path, out)
+    assert (files["model.bin"].status, files["model.bin"].checkpoint_id) == (
+        "unchanged", files["ckpt.pt"].checkpoint_id)
+    [row] = store.checkpoints()
+    assert (row["architecture"], row["n_layers"], row["n_heads"], row["n_kv_heads"]) == ("llama_meta", 5, 8, 4)

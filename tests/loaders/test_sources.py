@@ -253,7 +253,9 @@ def test_hf_folder_sharded_safetensors(hf_sharded):
 def test_index_file_opened_directly(hf_sharded):
     _, out = hf_sharded
     with open_source(out / "model.safetensors.index.json") as src:
-        assert src.config == {}
+        # opened by itself, the index takes the model's config.json beside it
+        assert src.config == json.loads((out / "config.json").read_text())
+        assert src.extras["config_file"] == "config.json"
         assert "transformer.h.0.attn.c_attn.weight" in src
 
 
