@@ -30,7 +30,7 @@ import pandas as pd
 
 from analysis.results_table import metric_order, results_table
 from app.cli import build_parser, command_module
-from app.commands._common import checkpoint_path
+from app.commands._common import checkpoint_path, json_ready
 from app.commands.analyze import analyze_targets
 from app.commands.info import read_info
 from app.commands.kv_cost import costing
@@ -105,7 +105,7 @@ def kv_cost(preset: str | None = None, *, checkpoint: PathLike | None = None, **
     (65536.0, 0.5)
     """
     args = _args("kv-cost", preset=preset, checkpoint=None if checkpoint is None else str(checkpoint), **options)
-    return costing(args).to_json()
+    return json_ready(costing(args).to_json())
 
 
 def _store(db: PathLike | None):

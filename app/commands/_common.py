@@ -35,21 +35,22 @@ def store_from(args: argparse.Namespace) -> Store:
     return Store(args.db)
 
 
-def _clean(obj):
-    """JSON-safe: NaN/Inf become null, timestamps strings, paths strings."""
+def json_ready(obj):
+    """``obj`` as the JSON every command prints: NaN/Inf become null, tuples lists, timestamps and
+    paths strings (the notebook API returns the same)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_ready(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_ready(v) for v in obj]
     if isinstance(obj, (str, int, bool)) or obj is None:
         return obj
     if hasattr(obj, "item"):  # numpy / torch scalars
-        return _clean(obj.item())
+        return json_ready(obj.item())
     return str(obj)
 
 
 def print_json(obj) -> None:
-    json.dump(_clean(obj), sys.stdout, indent=2, allow_nan=False)
+    json.dump(json_ready(obj), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
