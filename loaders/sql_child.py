@@ -45,7 +45,7 @@ def _values(array) -> int:
     """How many values ``array`` (an Arrow array) becomes in pandas: one per slot, plus, for a
     list, map or struct, the values of its children, recursively (nulls count: each is an
     object the server holds)."""
-    import pyarrow as pa
+    import pyarrow as pa  # here: imported by main under the address-space limit, never at module load
 
     n = len(array)
     t = array.type
