@@ -127,6 +127,44 @@ class SqlPoints:
     #: (``points_full``); else their ``wall_time``/``tokens`` are all NULL and
     #: they are stored without those columns (``points_lean``).
     timed: bool = True
+    #: (counts, texts): SELECTs of the cells ``select`` cannot read
+    #: (``readers._csv.unread_select``), run by the store step for the report.
+    unread: tuple[str, str] | None = None
+
+
+@dataclass
+class Unread:
+    """Cells of a file that hold no number where one belongs, and rows without
+    a step number: counted, with their first distinct texts, for the report."""
+
+    cells: int = 0
+    cell_texts: list[str] = field(default_factory=list)
+    rows: int = 0
+    row_texts: list[str] = field(default_factory=list)
+
+    def add(self, other: Unread) -> None:
+        self.cells += other.cells
+        self.rows += other.rows
+        self.cell_texts = list(dict.fromkeys(self.cell_texts + other.cell_texts))
+        self.row_texts = list(dict.fromkeys(self.row_texts + other.row_texts))
+
+    def __bool__(self) -> bool:
+        return bool(self.cells or self.rows)
+
+    def text(self) -> str:
+        """``3 cells not numbers: n/a`` (and ``1 row without a step number: x``): the first
+        three distinct texts, ``''`` for an empty cell, ``...`` when there are more."""
+        def shown(texts: list[str]) -> str:
+            out = ", ".join(t if t.strip() and t == t.strip() and "," not in t else repr(t) for t in texts[:3])
+            return out + (", ..." if len(texts) > 3 else "")
+        parts = []
+        if self.cells:
+            parts.append(f"{self.cells:,} {'cell' if self.cells == 1 else 'cells'} not "
+                         f"{'a number' if self.cells == 1 else 'numbers'}: {shown(self.cell_texts)}")
+        if self.rows:
+            parts.append(f"{self.rows:,} {'row' if self.rows == 1 else 'rows'} without a step number: "
+                         f"{shown(self.row_texts)}")
+        return "; ".join(parts)
 
 
 @dataclass

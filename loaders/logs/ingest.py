@@ -29,7 +29,11 @@ choice (``reader_for``); user corrections are ``loaders.logs.runs``'
 ``apply_overrides``.
 
 Points go in, and are checked, in SQL (``loaders.logs.newpoints``); a CSV is
-read by DuckDB's ``read_csv`` inside the write transaction itself.
+read by DuckDB's ``read_csv`` inside the write transaction itself. Its cells
+that are not numbers are counted there (``SqlPoints.unread``) and named on
+the file's report line (``FileReport.reason``: "3 cells not numbers: n/a");
+a file read whole that gives no point but such cells is a ``LogFormatError``
+saying so, and stores nothing.
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ import duckdb
 
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
-from loaders.logs.base import Parsed, RunData, SqlPoints
+from loaders.logs.base import Parsed, RunData, SqlPoints, Unread
 from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
@@ -231,7 +235,8 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
                      held_tail=unterminated and not tail)
     if tail:
         for r in reports:
-            r.reason = "last line has no newline; read, as the file is not being written"
+            r.reason = "; ".join(filter(None, [r.reason, "last line has no newline; read, as the file is "
+                                                          "not being written"]))
     return reports
 
 
@@ -258,6 +263,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     total = 0
     ids: list[int] = []
     fresh: set[int] = set()          # runs whose run_stats the point check already computed
+    unread = Unread()                # cells that are not numbers, over the file's runs
     digest = None if appendable else file_sha256(path)
     with store.transaction() as con:
         rows = con.execute("SELECT size, mtime, read_bytes FROM ingest_journal WHERE path = ? AND kind = 'log'",
@@ -303,6 +309,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                 raise _cannot_parse(path, fmt, exc, start=append_from["read_bytes"] if append_from else 0) \
                     from None
             resumed = resumed or new.went_back
+            unread.add(new.unread)
             if new.stats_fresh:
                 fresh.add(run_id)
             else:
@@ -327,6 +334,10 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             ids.append(run_id)
             _lr_from_points(con, run_id)
             apply_overrides(con, run_id)
+        if unread and total == 0 and append_from is None:
+            # nothing stored: the transaction is rolled back and the file reported as an error
+            raise LogFormatError(path, f"expected numbers in its metric columns, found none to store: "
+                                       f"{unread.text()}")
         refresh_run_stats(con, {*ids, *(r["id"] for r in prev_runs.values())} - fresh)
         state = {"reader": parsed.state, "runs": runs_state}
         if tail:
@@ -344,7 +355,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     status = "appended" if append_from is not None else "added"
     if append_from is not None and total == 0 and not parsed.runs:
         status = "unchanged"
-    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total)]
+    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total,
+                       reason=unread.text() or None)]
 
 
 def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = False) -> bool:

@@ -1,0 +1,114 @@
+"""Other people's logs read as a person counts them by hand: runs, rows kept,
+names, lr and weight decay (real files in ``samples/``, see its SOURCES.md;
+where a licence does not allow a copy, the file is built here with the
+structure of the public one, named in the test)."""
+from __future__ import annotations
+
+import collections
+import csv
+from pathlib import Path
+
+import pytest
+
+from loaders.errors import LogFormatError
+from loaders.logs import detect_log, ingest_log, list_runs
+from tests.loaders.logs.helpers import points, write
+
+SAMPLES = Path(__file__).parent / "samples"
+
+
+# -- a long CSV whose other columns name runs ------------------------------------------------------
+def test_paper_b_synthetic_loss_curves_are_thirty_runs(store):
+    p = SAMPLES / "paper_b" / "synthetic_loss_curves.csv"      # task,variant,step,loss_mean
+    assert detect_log(p) == "csv_wide"
+    [rep] = ingest_log(store, p)
+    runs = list_runs(store)
+    # 5 tasks x 6 variants, 20 steps each (the trimmed copy: steps 0-19), every row kept
+    assert (len(runs), rep.n_points, rep.reason) == (30, 600, None)
+    assert [r["n_points"] for r in runs] == [20] * 30
+    assert {r["resumed"] for r in runs} == {False}
+    assert [r["name"] for r in runs[:6]] == [
+        "task=REVERSE variant=QKV", "task=REVERSE variant=Q=K!=V", "task=REVERSE variant=(Q=K!=V)+",
+        "task=REVERSE variant=Q!=K=V", "task=REVERSE variant=Q=K=V", "task=REVERSE variant=(Q=K=V)+"]
+    assert [r["variant"] for r in runs[:6]] == ["qkv", "q_eq_k", "q_eq_k_plus", "k_eq_v", "q_eq_k_eq_v",
+                                                  "q_eq_k_eq_v_plus"]
+    assert {r["name"].split()[0] for r in runs} == {f"task={t}" for t in ("REVERSE", "SORT", "COPY", "SWAP", "SUB")}
+    copy_qkv = next(r for r in runs if r["name"] == "task=COPY variant=QKV")
+    assert copy_qkv["metrics"] == ["loss_mean"]
+    assert copy_qkv["config"]["run_columns"] == {"task": "COPY", "variant": "QKV"}
+    assert points(store, copy_qkv["id"], "loss_mean")[-2:] == [(18, 2.20312), (19, 2.1774)]
+    last = next(r for r in runs if r["name"] == "task=SWAP variant=(Q=K=V)+")
+    assert points(store, last["id"], "loss_mean")[-1] == (19, 2.35202)
+    assert ingest_log(store, p)[0].status == "unchanged"
+
+
+def test_long_csv_extra_columns_split_runs_and_appends_find_their_run(store, tmp_path):
+    p = write(tmp_path / "r" / "sweep.csv", "seed,step,metric,value,wall_time\n"
+              "1,0,train_loss,3.0,2026-01-01T00:00:00\n2,0,train_loss,3.5,2026-01-01T00:00:01\n"
+              "1,1,train_loss,2.0,2026-01-01T00:00:02\n")
+    [rep] = ingest_log(store, p)
+    assert [r["name"] for r in list_runs(store)] == ["seed=1", "seed=2"]
+    with open(p, "a") as fh:
+        fh.write("2,1,train_loss,2.5,2026-01-01T00:00:03\n3,0,train_loss,n/a,2026-01-01T00:00:04\n")
+    [rep] = ingest_log(store, p)
+    assert (rep.status, rep.n_points, rep.reason) == ("appended", 1, "1 cell not a number: n/a")
+    runs = list_runs(store)
+    assert [(r["name"], r["seed"], r["n_points"]) for r in runs] == [("seed=1", 1, 2), ("seed=2", 2, 2),
+                                                                       ("seed=3", 3, 0)]
+    assert points(store, runs[1]["id"], "train/loss") == [(0, 3.5), (1, 2.5)]
+
+
+# -- cells that are not numbers ----------------------------------------------------------------------
+def _keras_csv_logger(path: Path, epochs: int, *, windows: bool) -> Path:
+    """A Keras ``CSVLogger`` file as keras/src/callbacks/csv_logger.py writes it
+    (keras-team/keras @ 3ebe943): sorted keys after ``epoch``, ``NA`` for a
+    metric the epoch did not log (validation every second epoch:
+    ``validation_freq=2``), ``csv.DictWriter`` with the excel dialect into a
+    text-mode file, which on Windows turns each row's ``\\r\\n`` into ``\\r\\r\\n``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = ["accuracy", "loss", "val_accuracy", "val_loss"]
+    with open(path, "w", newline="\r\n" if windows else None) as f:
+        w = csv.DictWriter(f, fieldnames=["epoch"] + keys, dialect=csv.excel)
+        w.writeheader()
+        for e in range(epochs):
+            logs = {"accuracy": 0.5 + e / 10, "loss": 1.0 - e / 10}
+            if e % 2 == 1:
+                logs.update(val_accuracy=0.45 + e / 10, val_loss=1.1 - e / 10)
+            w.writerow(collections.OrderedDict({"epoch": e, **{k: logs.get(k, "NA") for k in keys}}))
+    return path
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_keras_csv_logger_na_cells_are_counted_and_windows_line_ends_read(store, tmp_path, windows):
+    p = _keras_csv_logger(tmp_path / "run" / "training.log", 4, windows=windows)
+    assert (b"\r\r\n" in p.read_bytes()) == windows
+    assert detect_log(p) == "csv_wide"
+    [rep] = ingest_log(store, p)
+    # 4 epochs x 2 train metrics + 2 epochs x 2 val metrics; 2 epochs x 2 NA cells
+    assert (rep.status, rep.n_points, rep.reason) == ("added", 12, "4 cells not numbers: NA")
+    [run] = list_runs(store)
+    assert (run["name"], run["config"]["step_axis"]) == ("run", "epoch")
+    assert run["metrics"] == ["accuracy", "train/loss", "val/accuracy", "val/loss"]
+    assert points(store, run["id"], "val/loss") == [(1, 1.0), (3, pytest.approx(0.8))]
+    assert points(store, run["id"], "train/loss")[-1] == (3, pytest.approx(0.7))
+
+
+def test_windows_line_ends_in_a_grown_log(store, tmp_path):
+    p = write(tmp_path / "r" / "log.csv", "")
+    p.write_bytes(b"epoch,loss\r\r\n0,1.0\r\r\n")
+    ingest_log(store, p)
+    with open(p, "ab") as fh:
+        fh.write(b"1,0.5\r\r\n")
+    [rep] = ingest_log(store, p)
+    assert (rep.status, rep.n_points) == ("appended", 1)
+    [run] = list_runs(store)
+    assert points(store, run["id"], "train/loss") == [(0, 1.0), (1, 0.5)]
+
+
+def test_a_csv_with_no_number_to_store_is_an_error_with_the_reason(store, tmp_path):
+    p = write(tmp_path / "r" / "log.csv", "step,val_loss,val_acc\n0,n/a,n/a\n1,-,n/a\n")
+    with pytest.raises(LogFormatError) as err:
+        ingest_log(store, p)
+    assert str(err.value) == (f"{p}: expected numbers in its metric columns, found none to store: "
+                              "4 cells not numbers: n/a, -")
+    assert list_runs(store) == []
