@@ -64,6 +64,15 @@ def normalise_metric(name: str) -> str:
     """``train/loss``, ``val/loss``, ``val/accuracy`` or ``lr`` for their usual spellings, else ``name``.
 
     Lightning's ``LearningRateMonitor`` writes ``lr-<Optimizer>``; that is ``lr`` too.
+    Lightning's ``self.log(name, on_step=True, on_epoch=True)`` writes
+    ``<name>_step`` (the value at each logged step) and ``<name>_epoch`` (its
+    mean over the epoch, at the epoch's last step); of a name above, the
+    per-step value of a training metric is the metric itself
+    (``train_loss_step`` -> ``train/loss``) and its epoch mean keeps the
+    suffix (``train_loss_epoch`` -> ``train/loss_epoch``); of a validation
+    metric, the epoch value (over the whole validation set) is the metric
+    (``val_loss_epoch`` -> ``val/loss``) and the per-batch value keeps the
+    suffix (``val_loss_step`` -> ``val/loss_step``).
     """
     key = name.strip()
     low = key.lower()
@@ -71,6 +80,11 @@ def normalise_metric(name: str) -> str:
         return _METRIC_ALIASES[low]
     if low.startswith("lr-") and "/" not in low:
         return "lr"
+    base, _, when = low.rpartition("_")
+    canon = _METRIC_ALIASES.get(base) if when in ("step", "epoch") else None
+    if canon and canon != "lr":
+        own = "step" if canon.startswith("train/") else "epoch"
+        return canon if when == own else f"{canon}_{when}"
     return key
 
 

@@ -112,3 +112,62 @@ def test_a_csv_with_no_number_to_store_is_an_error_with_the_reason(store, tmp_pa
     assert str(err.value) == (f"{p}: expected numbers in its metric columns, found none to store: "
                               "4 cells not numbers: n/a, -")
     assert list_runs(store) == []
+
+
+# -- Lightning's _step / _epoch names ----------------------------------------------------------------
+# The first two epochs of 0Xero7/slm_training lightning_logs/version_0/metrics.csv and its
+# hparams.yaml (@ d4575f90030ef6839b1717d96ea4dbc355b4b7e6; no licence, so written out here
+# with the file's exact header, row layout and values): a language model logged with
+# self.log(..., on_step=True, on_epoch=True) every 50 steps, validated at each epoch's end.
+SLM_METRICS = """\
+epoch,epoch_time,step,train_epoch_perplexity,train_loss_epoch,train_loss_step,train_perplexity_epoch,train_perplexity_step,val_epoch_perplexity,val_loss,val_perplexity
+0,,49,,,8.620475769042969,,5544.0234375,,,
+0,,99,,,7.601476669311523,,2001.1488037109375,,,
+0,,149,,,7.221154689788818,,1368.06787109375,,,
+0,,199,,,6.983570575714111,,1078.7633056640625,,,
+0,,249,,,6.828794956207275,,924.0765991210938,,,
+0,,286,,,,,,928.60546875,6.833683967590332,935.6399536132812
+0,155.4527130126953,286,2080.531982421875,7.640378952026367,,3753.686279296875,,,,
+1,,299,,,6.816020488739014,,912.3470458984375,,,
+1,,349,,,6.732990741729736,,839.6547241210938,,,
+1,,399,,,6.626404285430908,,754.763427734375,,,
+1,,449,,,6.621363639831543,,750.968505859375,,,
+1,,499,,,6.484894752502441,,655.1699829101562,,,
+1,,549,,,6.578193664550781,,719.239013671875,,,
+1,,573,,,,,,644.2499389648438,6.4680867195129395,649.3938598632812
+1,37.71946334838867,573,745.6710205078125,6.614284515380859,,750.7208862304688,,,,
+"""
+SLM_HPARAMS = """\
+d_model: 492
+dropout: 0.260558688084297
+ff_hidden: 2048
+lr: 5.3438960475985955e-05
+max_seq_len: 128
+num_epochs: 20
+num_layers: 12
+use_experimental: true
+vocab_size: 50258
+weight_decay: 0.00012301490356963837
+"""
+
+
+def test_lightning_step_and_epoch_names_are_normalised_apart(store, tmp_path):
+    d = tmp_path / "lightning_logs" / "version_0"
+    write(d / "hparams.yaml", SLM_HPARAMS)
+    p = write(d / "metrics.csv", SLM_METRICS)
+    assert detect_log(p) == "lightning"
+    [rep] = ingest_log(store, d)
+    [run] = list_runs(store)
+    assert run["metrics"] == ["epoch", "epoch_time", "train/loss", "train/loss_epoch", "train_epoch_perplexity",
+                              "train_perplexity_epoch", "train_perplexity_step", "val/loss",
+                              "val_epoch_perplexity", "val_perplexity"]
+    # the per-step loss every 50 steps, the epoch means at each epoch's last step, apart
+    assert points(store, run["id"], "train/loss") == [
+        (49, 8.620475769042969), (99, 7.601476669311523), (149, 7.221154689788818), (199, 6.983570575714111),
+        (249, 6.828794956207275), (299, 6.816020488739014), (349, 6.732990741729736),
+        (399, 6.626404285430908), (449, 6.621363639831543), (499, 6.484894752502441),
+        (549, 6.578193664550781)]
+    assert points(store, run["id"], "train/loss_epoch") == [(286, 7.640378952026367), (573, 6.614284515380859)]
+    assert points(store, run["id"], "val/loss") == [(286, 6.833683967590332), (573, 6.4680867195129395)]
+    assert (run["lr"], run["weight_decay"]) == (5.3438960475985955e-05, 0.00012301490356963837)
+    assert rep.reason is None
