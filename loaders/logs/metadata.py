@@ -12,7 +12,9 @@ Where it comes from, first found wins:
    ``ckpt.pt`` (``torch.load(weights_only=True)``);
 3. the run's and its folders' names: ``wd0.03``, ``lr6e-4``, ``seed1``,
    ``kv2`` / ``mqa``, ``k_eq_v``, ``query_free``, paper B's file tags
-   (``vit_s16_imagenet_Q__K_V``), ...
+   (``vit_s16_imagenet_Q__K_V``), ...; and the task (``config["task"]``),
+   where no config file states it: ``"image"`` for a name with ``vit``,
+   ``imagenet``, ``cifar10``, ``mnist``, ... (``task_from_name``).
 
 Numbers in names follow the usual encodings: ``3e-4``, ``1em2`` (= 1e-2, ``m``
 for minus), ``0p1`` (= 0.1, ``p`` for the point) and a leading zero that stands
@@ -150,6 +152,19 @@ def paper_b_condition(stem: str) -> tuple[str, str] | None:
     ``("k_eq_v", "Q!=K=V")``."""
     m = _PAPER_B_TAG.search(stem)
     return PAPER_B_TAGS[m.group(1)] if m else None
+
+
+#: Words of a run or folder name that make it an image run (paper B's
+#: ``checkpoints_imagenet/vit_s16_imagenet_QKV.csv``, its MNIST/CIFAR/TinyImageNet ViTs).
+_IMAGE_WORDS = {"vit", "deit", "imagenet", "tinyimagenet", "mnist", "fmnist", "fashionmnist", "cifar",
+                "cifar10", "cifar100"}
+
+
+def task_from_name(text: str) -> str | None:
+    """``"image"`` when a word of ``text`` (split at anything not a letter or digit)
+    names a vision model or data set (``_IMAGE_WORDS``), else None."""
+    words = set(re.split(r"[^a-z0-9]+", text.lower()))
+    return "image" if words & _IMAGE_WORDS else None
 
 
 def from_name(text: str, notes: list[str] | None = None) -> dict:
@@ -380,6 +395,12 @@ def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
                      if isinstance(f, dict) and isinstance(f.get("task"), str) and f["task"].strip()), None)
         if task and "task" not in config:
             config["task"] = task.strip()
+    if "task" not in config:
+        # no config states it: a name that says ViT or ImageNet is an image run (no perplexity)
+        task = next((t for t in map(task_from_name, parts[:2]) if t), None)   # the run and its folder
+        if task:
+            config["task"] = task
+            sources["task"] = "name"
     config["metadata_sources"] = sources
     if notes:
         config["metadata_notes"] = list(dict.fromkeys(notes))

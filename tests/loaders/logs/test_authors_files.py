@@ -371,6 +371,7 @@ def test_paper_b_epoch_csv(store, tmp_path, tag, variant, condition):
     [run] = list_runs(store)
     assert (run["name"], run["variant"], run["first_step"], run["last_step"]) == (p.stem, variant, 0, 7)
     assert (run["config"]["step_axis"], run["config"]["paper_condition"]) == ("epoch", condition)
+    assert (run["config"]["task"], run["config"]["metadata_sources"]["task"]) == ("image", "name")  # a ViT
     assert run["lr"] == pytest.approx(0.000125)
     assert run["metrics"] == ["epoch_time_sec", "lr", "train/loss", "val/loss", "val_top1", "val_top5"]
     assert points(store, run["id"], "val_top1")[-1] == (7, pytest.approx(0.38))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import collections
 import csv
+import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from loaders.errors import LogFormatError
@@ -171,3 +173,24 @@ def test_lightning_step_and_epoch_names_are_normalised_apart(store, tmp_path):
     assert points(store, run["id"], "val/loss") == [(286, 6.833683967590332), (573, 6.4680867195129395)]
     assert (run["lr"], run["weight_decay"]) == (5.3438960475985955e-05, 0.00012301490356963837)
     assert rep.reason is None
+
+
+# -- paper B's ViT ImageNet CSVs are image runs ------------------------------------------------------
+def test_paper_b_vit_csv_is_an_image_run_without_perplexity(store, tmp_path):
+    from analysis.results_table import results_table
+    from loaders.run_table import run_table
+    # checkpoints_imagenet/vit_s16_imagenet_<tag>.csv as paper B's imagenet_experiment.py writes them
+    # (the header of the issue and DESIGN.md; the repository's snapshot here holds none to copy)
+    head = "epoch,train_loss,val_loss,val_top1,val_top5,epoch_time_sec,lr\n"
+    vit = write(tmp_path / "checkpoints_imagenet" / "vit_s16_imagenet_QKV.csv",
+                head + "0,6.78,6.11,0.03,0.10,3335.7,0.000025\n1,6.48,5.61,0.08,0.20,3335.1,0.00005\n")
+    lm = write(tmp_path / "lm" / "log.csv", "step,train_loss,val_loss\n0,10.0,10.1\n100,4.0,4.5\n")
+    ingest_log(store, vit)
+    ingest_log(store, lm)
+    table = run_table(store)
+    assert list(zip(table["name"], table["task"])) == [("vit_s16_imagenet_QKV", "image"), ("lm", "language")]
+    values = pd.DataFrame([{"run_id": int(i), "metric": "val/loss", "final": f, "min": f, "max": f}
+                           for i, f in zip(table["id"], (5.61, 4.5))])
+    res = results_table(table, values, ["val/loss"], perplexity=True).set_index("task")
+    assert res.loc["language", "exp(val/loss) mean"] == pytest.approx(math.exp(4.5))
+    assert math.isnan(res.loc["image", "exp(val/loss) mean"])
