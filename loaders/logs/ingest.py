@@ -19,7 +19,9 @@ the point logged last wins, and ``runs.resumed`` is set. User corrections in
 A run that logs its learning rate (metric ``lr``) and states none elsewhere
 (log, config files) gets the peak of the logged values as ``runs.lr``
 (``config["lr_peak"]``, ``config["lr_initial"]``: the first logged value),
-so an llm.c ``main.log`` or a per-epoch CSV has the lr its schedule reached.
+so an llm.c ``main.log`` or a per-epoch CSV has the lr its schedule reached;
+a line in ``config["metadata_notes"]`` says that it is a logged value, not
+the configured one.
 
 Several files feed one run where their format says they are one training
 (the query-free paper's three tensors of a folder, a Trainer's state files,
@@ -411,6 +413,11 @@ def _lr_from_points(con, run_id: int) -> None:
             if note not in notes:
                 notes.append(note)
         sources["lr"] = "logged lr (peak)"
+        notes = cfg.setdefault("metadata_notes", [])
+        note = (f"lr {peak:g} is the highest lr the log shows (the schedule's value at a logged step, "
+                f"after warmup or decay): no config beside the log states the configured lr")
+        if note not in notes:
+            notes.append(note)
         con.execute("UPDATE runs SET lr = ? WHERE id = ?", [peak, run_id])
     con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
 

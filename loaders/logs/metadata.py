@@ -8,8 +8,11 @@ Where it comes from, first found wins:
    or a Hugging Face model config), ``hparams.yaml`` (Lightning), any other
    ``*.yaml`` / ``*.yml`` (e.g. ``model_config.yaml``, ``train_config.yaml``),
    ``args.json``, ``config*.py`` (only literal ``name = value`` assignments
-   are read, nothing is executed), and the ``config`` dict of a nanoGPT
-   ``ckpt.pt`` (``torch.load(weights_only=True)``);
+   are read, nothing is executed), the ``config`` dict of a nanoGPT
+   ``ckpt.pt`` (``torch.load(weights_only=True)``), and a Hugging Face
+   Trainer's ``training_args.json`` or ``training_args.bin`` (its pickle's
+   opcodes listed, never unpickled: ``loaders.logs.training_args``), whose
+   ``learning_rate`` is the configured peak, not a logged scheduled value;
 3. the run's and its folders' names: ``wd0.03``, ``lr6e-4``, ``seed1``,
    ``kv2`` / ``mqa``, ``k_eq_v``, ``query_free``, paper B's file tags
    (``vit_s16_imagenet_Q__K_V``), ...; and the task (``config["task"]``),
@@ -36,6 +39,7 @@ import yaml
 from analysis import variants as _variants
 from loaders.budgets import BudgetExceeded, SideBudget, load_yaml, walk_plain
 from loaders.errors import LogFormatError
+from loaders.logs.training_args import read_training_args
 
 FIELDS = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
 #: Stored variant names, paper B's "+" variants included (``analysis.variants``).
@@ -338,6 +342,8 @@ def config_files(folder: Path, *, exclude: Path | None = None) -> dict[str, dict
             doc = _read_py_literals(p)
         elif name == "ckpt.pt" and p.stat().st_size > 0:
             doc = _read_nanogpt_ckpt_config(p)
+        elif name == "training_args.bin":
+            doc = read_training_args(p)
         if doc:
             found[name] = doc
     return found
@@ -372,7 +378,11 @@ def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
                              f"the file's value is kept")
 
     take({k: v for k, v in stated.items() if k in FIELDS}, "log")
-    take(from_config(reader_config), "log")
+    # a Trainer's arguments that its reader found beside the state (hf_trainer: ``training_args``)
+    args = reader_config.get("training_args") if isinstance(reader_config.get("training_args"), dict) else {}
+    take(from_config({k: v for k, v in reader_config.items() if k != "training_args"}), "log")
+    take(from_config({k: v for k, v in args.items() if k not in ("file", "output_dir", "run_name")}),
+         "training_args.bin")
     # This project's trainer and HF write config.json; it is the most specific file.
     for name in sorted(files, key=lambda n: (n != "config.json", n != "hparams.yaml", n)):
         take(from_config(files[name]), name)
