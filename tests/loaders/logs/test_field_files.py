@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import csv
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -194,3 +195,41 @@ def test_paper_b_vit_csv_is_an_image_run_without_perplexity(store, tmp_path):
     res = results_table(table, values, ["val/loss"], perplexity=True).set_index("task")
     assert res.loc["language", "exp(val/loss) mean"] == pytest.approx(math.exp(4.5))
     assert math.isnan(res.loc["image", "exp(val/loss) mean"])
+
+
+# -- modded-nanogpt: a weight decay set by a class default in the logged code -------------------------
+@pytest.mark.parametrize("name, lr, steps, last, val0", [
+    # Muon(hidden_matrix_params, lr=0.025, momentum=0.95, rank=rank, world_size=world_size) passes no
+    # weight decay; the logged class Muon has def __init__(self, params, lr=0.02, weight_decay=0.01, ...)
+    ("wd_medium_b01743db.txt", 0.025, 29, (28, 219.71), 10.8258),
+    # the same, in a script with a Python 3.12 f-string (print0(f"...{metadata_fn().get("filename", ...)}"))
+    # 170 lines before its optimizers: that line is read as `pass`, not the end of the code
+    ("record8_medium_640429f2.txt", 0.025, 11, (10, 205.39), 10.825837),
+])
+def test_modded_weight_decay_from_the_class_default_in_the_code(store, tmp_path, name, lr, steps, last, val0):
+    p = tmp_path / "records" / name
+    p.parent.mkdir()
+    shutil.copy(SAMPLES / "modded_nanogpt" / name, p)
+    assert detect_log(p) == "modded_nanogpt"
+    ingest_log(store, p)
+    [run] = list_runs(store)
+    assert (run["weight_decay"], run["lr"]) == (0.01, lr)
+    assert run["config"]["weight_decay_from"] == "default of Muon.__init__ in the logged code"
+    assert run["config"]["weight_decay_applies_to"] == "Muon(hidden_matrix_params)"
+    assert run["config"]["metadata_sources"]["weight_decay"] == "log"
+    assert (run["first_step"], run["last_step"]) == (0, steps - 1)
+    assert points(store, run["id"], "step_avg_ms")[-1] == last
+    assert points(store, run["id"], "val/loss") == [(0, val0)]
+
+
+def test_torch_optim_defaults_and_a_class_without_a_default():
+    from loaders.logs.codeheader import header_hyperparameters
+    code = ("import torch\n"
+            "class Muon(torch.optim.Optimizer):\n"
+            "    def __init__(self, params, lr=0.02, weight_decay=None):\n        pass\n"
+            "optimizer1 = torch.optim.AdamW(embed_params, lr=0.3)\n"
+            "optimizer2 = Muon(hidden_matrix_params, lr=0.05)\n")
+    got = header_hyperparameters(code)
+    assert [(g["optimizer"], g["weight_decay"], g.get("weight_decay_from")) for g in got["optimizer_groups"]] == [
+        ("AdamW", 0.01, "torch.optim.AdamW's default"), ("Muon", None, None)]
+    assert "weight_decay" not in got and got["lr"] == 0.05
