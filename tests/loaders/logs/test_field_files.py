@@ -233,3 +233,109 @@ def test_torch_optim_defaults_and_a_class_without_a_default():
     assert [(g["optimizer"], g["weight_decay"], g.get("weight_decay_from")) for g in got["optimizer_groups"]] == [
         ("AdamW", 0.01, "torch.optim.AdamW's default"), ("Muon", None, None)]
     assert "weight_decay" not in got and got["lr"] == 0.05
+
+
+# -- nanoGPT grid stdout: runs named by their printout ------------------------------------------------
+# The structure of cjackson692/Group1_NanoGPT all_outputs.txt (@ 2c82f8a11b4410b4a4b8bc1b4780579059f9705d;
+# no licence, so written out here with its lines, the runs shortened to steps 0 and 250): Colab's
+# truncation notice and the tail of a run whose printout was cut off, then one printout per grid run
+# (train_shakespeare_char.py echoed, the grid's Overriding: lines, wandb's lines) and its steps.
+_SHAKESPEARE_CHAR = """\
+Overriding config with config/train_shakespeare_char.py:
+# train a miniature character-level shakespeare model
+# good for debugging and playing on macbooks and such
+
+out_dir = 'out-shakespeare-char'
+eval_interval = 250 # keep frequent because we'll overfit
+eval_iters = 200
+log_interval = 10 # don't print too too often
+
+# we expect to overfit on this small dataset, so only save when val improves
+always_save_checkpoint = False
+
+wandb_log = False # override via command line if you like
+wandb_project = 'shakespeare-char'
+wandb_run_name = 'mini-gpt'
+
+dataset = 'shakespeare_char'
+gradient_accumulation_steps = 1
+batch_size = 64
+block_size = 256 # context of up to 256 previous characters
+
+# baby GPT model :)
+n_layer = 6
+n_head = 6
+n_embd = 384
+dropout = 0.2
+
+learning_rate = 1e-3 # with baby networks can afford to go a bit higher
+max_iters = 5000
+lr_decay_iters = 5000 # make equal to max_iters usually
+min_lr = 1e-4 # learning_rate / 10 usually
+beta2 = 0.99 # make a bit bigger because number of tokens per iter is small
+
+warmup_iters = 100 # not super necessary potentially
+
+# on macbook also add
+# device = 'cpu'  # run on cpu only
+# compile = False # do not torch compile the model
+
+"""
+
+
+def _grid_run(batch: int, dropout: float, losses: tuple, wandb_id: str) -> str:
+    tag = f"block_size128_n_layer6_n_head8_n_embd128_batch_size{batch}_max_iters1000_dropout{dropout}"
+    over = ["compile = False", "eval_iters = 20", "log_interval = 5", "device = cuda", "lr_decay_iters = 1000",
+            "block_size = 128", "n_layer = 6", "n_head = 8", "n_embd = 128", f"batch_size = {batch}",
+            "max_iters = 1000", f"dropout = {dropout}", f"out_dir = out/{tag}", "wandb_log = True",
+            "wandb_project = owt", f"wandb_run_name = run_{tag}"]
+    return (_SHAKESPEARE_CHAR + "".join(f"Overriding: {o}\n" for o in over) +
+            f"tokens per iteration will be: {batch * 128:,}\n"
+            "found vocab_size = 65 (inside data/shakespeare_char/meta.pkl)\n"
+            "Initializing a new model from scratch\nnumber of parameters: 1.19M\n"
+            "using fused AdamW: True\n"
+            f"wandb: Syncing run run_{tag}\n"
+            f"step 0: train loss {losses[0]:.4f}, val loss {losses[1]:.4f}\n"
+            f"iter 0: loss {losses[2]:.4f}, time 946.68ms, mfu -100.00%\n"
+            f"iter 5: loss {losses[3]:.4f}, time 24.45ms, mfu 0.22%\n"
+            f"step 250: train loss {losses[4]:.4f}, val loss {losses[5]:.4f}\n"
+            f"saving checkpoint to out/{tag}\n"
+            f"iter 250: loss {losses[6]:.4f}, time 368.95ms, mfu 0.26%\n"
+            f"wandb: 🚀 View run run_{tag} at: \nwandb: Find logs at: wandb/run-20251024_{wandb_id}/logs\n")
+
+
+def test_nanogpt_grid_runs_are_named_by_their_printout(store, tmp_path):
+    text = ("Streaming output truncated to the last 5000 lines.\n"
+            "step 500: train loss 2.4262, val loss 2.4279\n"
+            "saving checkpoint to out/block_size128_n_layer6_n_head8_n_embd128_batch_size8_max_iters2000_dropout0.2\n"
+            "iter 500: loss 2.4267, time 414.19ms, mfu 0.14%\n"
+            "wandb: Find logs at: wandb/run-20251024_005251-ii2rl3da/logs\n"
+            + _grid_run(16, 0.1, (4.1954, 4.1906, 4.1939, 3.9568, 2.4342, 2.4260, 2.4230), "005339-8kxjewdd")
+            + _grid_run(16, 0.2, (4.1950, 4.1912, 4.1935, 3.9601, 2.4402, 2.4311, 2.4290), "005512-3x9k2m1a")
+            + _grid_run(16, 0.2, (4.1951, 4.1913, 4.1936, 3.9602, 2.4403, 2.4312, 2.4291), "005640-7q1w2e3r"))
+    p = write(tmp_path / "Group1_NanoGPT" / "all_outputs.txt", text)
+    assert detect_log(p) == "nanogpt"
+    ingest_log(store, p)
+    runs = list_runs(store)
+    tag = "block_size128_n_layer6_n_head8_n_embd128_batch_size16_max_iters1000_dropout"
+    # the cut-off run has no printout: the file's name; the grid's runs: their wandb_run_name,
+    # a repeated one with its run number
+    assert [r["name"] for r in runs] == ["all_outputs", f"run_{tag}0.1", f"run_{tag}0.2", f"run_{tag}0.2#4"]
+    assert [r["n_points"] for r in runs] == [5, 13, 13, 13]     # 2 per eval line, 3 per iter line
+    assert [(r["config"].get("out_dir"), r["config"].get("dropout")) for r in runs[1:]] == [
+        (f"out/{tag}0.1", 0.1), (f"out/{tag}0.2", 0.2), (f"out/{tag}0.2", 0.2)]
+    assert points(store, runs[1]["id"], "val/loss") == [(0, 4.1906), (250, 2.426)]
+    assert [r["lr"] for r in runs[1:]] == [1e-3, 1e-3, 1e-3]
+
+
+def test_nanogpt_run_named_by_its_out_dir_keeps_its_name_when_the_log_grows(store, tmp_path):
+    head = ("Overriding: out_dir = out/lr3e-4\nstep 0: train loss 4.0000, val loss 4.1000\n"
+            "iter 0: loss 4.0000, time 50.00ms, mfu -100.00%\n")
+    p = write(tmp_path / "sweep" / "stdout.log", head)
+    ingest_log(store, p)
+    with open(p, "a") as fh:
+        fh.write("iter 5: loss 3.5000, time 50.00ms, mfu 1.00%\nOverriding: out_dir = out/lr1e-3\n"
+                 "step 0: train loss 4.2000, val loss 4.3000\n")
+    ingest_log(store, p)
+    runs = list_runs(store)
+    assert [(r["name"], r["lr"], r["n_points"]) for r in runs] == [("lr3e-4", 3e-4, 8), ("lr1e-3", 1e-3, 2)]
