@@ -339,3 +339,12 @@ def test_nanogpt_run_named_by_its_out_dir_keeps_its_name_when_the_log_grows(stor
     ingest_log(store, p)
     runs = list_runs(store)
     assert [(r["name"], r["lr"], r["n_points"]) for r in runs] == [("lr3e-4", 3e-4, 8), ("lr1e-3", 1e-3, 2)]
+
+
+def test_the_ingest_report_line_names_the_cells_that_are_not_numbers(tmp_path, capsys):
+    from app.cli import main
+    p = _keras_csv_logger(tmp_path / "run" / "training.log", 4, windows=True)
+    assert main(["ingest", str(p), "--db", str(tmp_path / "db.duckdb")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"added     csv_wide           {p}, 12 points (4 cells not numbers: NA)",
+                   "1 added, 0 appended, 0 unchanged, 0 skipped, 0 errors"]
