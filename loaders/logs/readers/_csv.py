@@ -340,7 +340,8 @@ def unread_select(step: str, cells: list[str], where: str = "true", *,
         return "SELECT 0, 0", "SELECT [], []"
     q = [quote(c) for c in cells]
     vals = ", ".join(f"coalesce({c}, '')" if empty_counts else c for c in q)
-    bad = f"list_filter([{vals}], lambda x: x IS NOT NULL AND {_not_number('x')})"
+    blank = "" if empty_counts else " AND trim(x) <> ''"           # a blank cell is an empty one
+    bad = f"list_filter([{vals}], lambda x: x IS NOT NULL{blank} AND {_not_number('x')})"
     no_step = f"{cast_step(step)} IS NULL AND coalesce({quote(step)}, {', '.join(q)}) IS NOT NULL"
     src = f"SELECT {cast_step(step)} IS NOT NULL AS __ok, {bad} AS __bad, {quote(step)} AS __rawstep, " \
           f"({no_step}) AS __nostep FROM {SOURCE_VIEW} WHERE {where}"

@@ -348,3 +348,12 @@ def test_the_ingest_report_line_names_the_cells_that_are_not_numbers(tmp_path, c
     out = capsys.readouterr().out.splitlines()
     assert out == [f"added     csv_wide           {p}, 12 points (4 cells not numbers: NA)",
                    "1 added, 0 appended, 0 unchanged, 0 skipped, 0 errors"]
+
+
+def test_a_blank_wide_cell_is_an_empty_one_a_blank_long_value_is_counted(store, tmp_path):
+    wide = write(tmp_path / "a" / "log.csv", "step,loss,lr\n0, ,0.1\n1,2.0,\n")
+    [rep] = ingest_log(store, wide)
+    assert (rep.n_points, rep.reason) == (2, None)       # lr at 0, loss at 1
+    long = write(tmp_path / "b" / "log.csv", "step,metric,value\n0,loss, \n1,loss,2.0\n")
+    [rep] = ingest_log(store, long)
+    assert (rep.n_points, rep.reason) == (1, "1 cell not a number: ' '")
