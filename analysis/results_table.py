@@ -17,7 +17,8 @@ the lowest of a loss and the highest of an accuracy, ``analysis.directions``):
   baseline itself and where the group has no baseline.
 
 ``perplexity`` adds ``exp(loss)`` per run before the mean (the perplexity of a loss in nats,
-per token or per byte as the loss is).
+per token or per byte as the loss is), for language runs only: an image classifier's loss
+has no perplexity (NaN).
 
 Beside them: KV bytes per token ``n_layers * n_cached * n_kv_heads * d_head * bytes``
 (``analysis.variants.n_cached``: 1 for K=V variants, else 2) and the attention parameters
@@ -151,7 +152,7 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
         per_run = _per_run_value(values, m, statistic, overrides)
         columns.append((m, g["run_id"].map(per_run)))
         if perplexity and direction(m, overrides) == "min":
-            columns.append((f"exp({m})", np.exp(g["run_id"].map(per_run))))
+            columns.append((f"exp({m})", np.exp(g["run_id"].map(per_run)).where(g["task"] == DEFAULT_TASK)))
     out_rows = []
     order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     for key, rows in g.groupby("group", sort=False):

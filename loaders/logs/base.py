@@ -64,6 +64,15 @@ def normalise_metric(name: str) -> str:
     """``train/loss``, ``val/loss``, ``val/accuracy`` or ``lr`` for their usual spellings, else ``name``.
 
     Lightning's ``LearningRateMonitor`` writes ``lr-<Optimizer>``; that is ``lr`` too.
+    Lightning's ``self.log(name, on_step=True, on_epoch=True)`` writes
+    ``<name>_step`` (the value at each logged step) and ``<name>_epoch`` (its
+    mean over the epoch, at the epoch's last step); of a name above, the
+    per-step value of a training metric is the metric itself
+    (``train_loss_step`` -> ``train/loss``) and its epoch mean keeps the
+    suffix (``train_loss_epoch`` -> ``train/loss_epoch``); of a validation
+    metric, the epoch value (over the whole validation set) is the metric
+    (``val_loss_epoch`` -> ``val/loss``) and the per-batch value keeps the
+    suffix (``val_loss_step`` -> ``val/loss_step``).
     """
     key = name.strip()
     low = key.lower()
@@ -71,6 +80,11 @@ def normalise_metric(name: str) -> str:
         return _METRIC_ALIASES[low]
     if low.startswith("lr-") and "/" not in low:
         return "lr"
+    base, _, when = low.rpartition("_")
+    canon = _METRIC_ALIASES.get(base) if when in ("step", "epoch") else None
+    if canon and canon != "lr":
+        own = "step" if canon.startswith("train/") else "epoch"
+        return canon if when == own else f"{canon}_{when}"
     return key
 
 
@@ -127,6 +141,44 @@ class SqlPoints:
     #: (``points_full``); else their ``wall_time``/``tokens`` are all NULL and
     #: they are stored without those columns (``points_lean``).
     timed: bool = True
+    #: (counts, texts): SELECTs of the cells ``select`` cannot read
+    #: (``readers._csv.unread_select``), run by the store step for the report.
+    unread: tuple[str, str] | None = None
+
+
+@dataclass
+class Unread:
+    """Cells of a file that hold no number where one belongs, and rows without
+    a step number: counted, with their first distinct texts, for the report."""
+
+    cells: int = 0
+    cell_texts: list[str] = field(default_factory=list)
+    rows: int = 0
+    row_texts: list[str] = field(default_factory=list)
+
+    def add(self, other: Unread) -> None:
+        self.cells += other.cells
+        self.rows += other.rows
+        self.cell_texts = list(dict.fromkeys(self.cell_texts + other.cell_texts))
+        self.row_texts = list(dict.fromkeys(self.row_texts + other.row_texts))
+
+    def __bool__(self) -> bool:
+        return bool(self.cells or self.rows)
+
+    def text(self) -> str:
+        """``3 cells not numbers: n/a`` (and ``1 row without a step number: x``): the first
+        three distinct texts, ``''`` for an empty cell, ``...`` when there are more."""
+        def shown(texts: list[str]) -> str:
+            out = ", ".join(t if t.strip() and t == t.strip() and "," not in t else repr(t) for t in texts[:3])
+            return out + (", ..." if len(texts) > 3 else "")
+        parts = []
+        if self.cells:
+            parts.append(f"{self.cells:,} {'cell' if self.cells == 1 else 'cells'} not "
+                         f"{'a number' if self.cells == 1 else 'numbers'}: {shown(self.cell_texts)}")
+        if self.rows:
+            parts.append(f"{self.rows:,} {'row' if self.rows == 1 else 'rows'} without a step number: "
+                         f"{shown(self.row_texts)}")
+        return "; ".join(parts)
 
 
 @dataclass

@@ -20,9 +20,9 @@ default, or the embedding Adam's value). So the code is parsed with ``ast``
   each binds (``optimizer2 = Muon(...)``): one parameter group per entry of a
   list of ``dict(params=..., lr=...)`` (or a name bound to one), else one
   group; a group's lr and weight decay are its own keys, else the call's
-  keywords. A weight decay the call does not pass is None, except for an
-  optimizer class the script defines whose ``__init__`` takes no weight decay
-  at all (0: it applies none).
+  keywords. A weight decay the call does not pass is the class's default
+  (below); 0 for an optimizer class the script defines whose ``__init__``
+  takes no weight decay at all (it applies none); else None.
 
 ``weight_decay`` and ``lr`` are those of the group that trains the
 attention/MLP matrices: the group whose parameters are named like them
@@ -31,9 +31,17 @@ not ``ndim < 2``, ``bias``, ``norm``, ``embed``, ``head``, ...), else the
 group of a Muon-type optimizer (Muon trains the matrices), else the only
 group. Every group is kept in ``optimizer_groups``.
 
-A header that does not parse is cut at its first syntax error (the code that
-parses is read); one that does not parse at all gives only top-level
-``name = number`` lines (no indentation: never a signature default).
+A weight decay the optimizer call does not pass is its class's default: the
+``weight_decay`` default of the ``__init__`` of a class the script defines
+(``class Muon: def __init__(self, params, lr=0.02, weight_decay=0.01)``), or
+PyTorch's documented default of a ``torch.optim`` class; the group's
+``weight_decay_from`` (and the header's) says so.
+
+A line that is a syntax error to this Python (a 3.12 f-string) is read as
+``pass`` (``parse_code``); a header that still does not parse is cut at its
+first syntax error (the code that parses is read); one that does not parse at
+all gives only top-level ``name = number`` lines (no indentation: never a
+signature default).
 """
 from __future__ import annotations
 
@@ -74,8 +82,28 @@ def code_of(header: str) -> str:
     return header[:m.start()] if m else header
 
 
+#: Lines of a header that may be blanked to parse it (see ``parse_code``).
+_BLANKED_LINES_MAX = 20
+
+
 def parse_code(code: str) -> ast.Module | None:
-    """The module, cut before its first syntax error if it has one (a few tries)."""
+    """The module, with each line that is a syntax error to this Python
+    replaced by ``pass`` at its indentation (an f-string that nests quotes
+    parses only from Python 3.12; a script logged by a newer Python is not
+    cut there), up to ``_BLANKED_LINES_MAX`` lines; past that, or when
+    blanking does not help, cut before the first error (a few tries)."""
+    lines = code.split("\n")
+    for _ in range(_BLANKED_LINES_MAX):
+        try:
+            return ast.parse("\n".join(lines))
+        except SyntaxError as exc:
+            n = exc.lineno
+            if not n or n > len(lines) or lines[n - 1].strip() in ("", "pass"):
+                break
+            line = lines[n - 1]
+            lines[n - 1] = line[:len(line) - len(line.lstrip())] + "pass"
+        except (ValueError, RecursionError, MemoryError):
+            return None
     for _ in range(4):
         try:
             return ast.parse(code)
@@ -208,12 +236,47 @@ def _callee(call: ast.Call) -> str | None:
     return None
 
 
-def _takes_weight_decay(cls: ast.ClassDef) -> bool:
+def _init_weight_decay(scope: _Scope, cls: ast.ClassDef) -> tuple[bool, object]:
+    """(whether the class's ``__init__`` is found, the weight decay a call that
+    passes none gets): its ``weight_decay``/``wd`` parameter's default (None
+    without one, or when it is no literal), 0.0 when it takes no weight decay
+    at all (no such parameter, no ``**kwargs``)."""
     for st in cls.body:
         if isinstance(st, ast.FunctionDef) and st.name == "__init__":
-            names = [a.arg for a in st.args.args + st.args.kwonlyargs]
-            return any(n in _WD_KEYS or "decay" in n for n in names) or st.args.kwarg is not None
-    return True          # inherited __init__: unknown
+            a = st.args
+            positional = a.posonlyargs + a.args
+            defaults = dict(zip((x.arg for x in positional[len(positional) - len(a.defaults):]), a.defaults))
+            defaults.update((x.arg, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)
+            names = [x.arg for x in positional + a.kwonlyargs]
+            for n in names:
+                if n in _WD_KEYS:
+                    return True, scope.value(defaults.get(n))
+            if any("decay" in n for n in names) or a.kwarg is not None:
+                return True, None
+            return True, 0.0
+    return False, None          # inherited __init__: unknown
+
+
+#: PyTorch's documented ``weight_decay`` defaults (torch.optim), for a call
+#: that passes none to an optimizer the script does not define itself.
+TORCH_WEIGHT_DECAY_DEFAULTS = {"Adam": 0.0, "AdamW": 1e-2, "SGD": 0.0, "RMSprop": 0.0, "Adagrad": 0.0,
+                               "Adamax": 0.0, "NAdam": 0.0, "RAdam": 0.0}
+
+
+def _call_default_wd(scope: _Scope, call: ast.Call, name: str) -> tuple[object, str | None]:
+    """(weight decay, where it comes from) of an optimizer call that passes none:
+    the default of the script's own class (``class Muon: def __init__(self,
+    params, lr=0.02, weight_decay=0.01)``), else PyTorch's documented default
+    for a ``torch.optim`` class (``TORCH_WEIGHT_DECAY_DEFAULTS``)."""
+    if name in scope.classes:
+        found, wd = _init_weight_decay(scope, scope.classes[name])
+        if found and _is_number(wd):
+            return wd, f"default of {name}.__init__ in the logged code"
+        return None, None
+    torch_call = isinstance(call.func, ast.Attribute) and "optim" in ast.unparse(call.func.value)
+    if (torch_call or isinstance(call.func, ast.Name)) and name in TORCH_WEIGHT_DECAY_DEFAULTS:
+        return TORCH_WEIGHT_DECAY_DEFAULTS[name], f"torch.optim.{name}'s default"
+    return None, None
 
 
 def _groups(scope: _Scope, call: ast.Call, bound: str | None) -> list[dict]:
@@ -223,9 +286,9 @@ def _groups(scope: _Scope, call: ast.Call, bound: str | None) -> list[dict]:
     if isinstance(params, ast.Name) and isinstance(scope.nodes.get(params.id), (ast.List, ast.Tuple)):
         params = scope.nodes[params.id]
     default_wd = next((scope.value(kw[k]) for k in _WD_KEYS if k in kw), None)
-    if default_wd is None and not any(k in kw for k in _WD_KEYS) and name in scope.classes \
-            and not _takes_weight_decay(scope.classes[name]):
-        default_wd = 0.0
+    wd_from = None
+    if default_wd is None and not any(k in kw for k in _WD_KEYS):
+        default_wd, wd_from = _call_default_wd(scope, call, name)
     default_lr = scope.value(kw.get("lr"))
     entries = []
     if isinstance(params, (ast.List, ast.Tuple)) and params.elts and all(_group_dict(e) is not None
@@ -235,13 +298,17 @@ def _groups(scope: _Scope, call: ast.Call, bound: str | None) -> list[dict]:
         entries = [{"params": params}]
     out = []
     for g in entries:
+        own = any(k in g for k in _WD_KEYS)
         wd = next((scope.value(g[k]) for k in _WD_KEYS if k in g), default_wd)
         lr = scope.value(g["lr"]) if "lr" in g else default_lr
         p = g.get("params")
-        out.append({"optimizer": name, "bound_to": bound,
-                    "params": (ast.unparse(p)[:120] if p is not None else None),
-                    "lr": lr if _is_number(lr) else None,
-                    "weight_decay": wd if _is_number(wd) else None})
+        group = {"optimizer": name, "bound_to": bound,
+                 "params": (ast.unparse(p)[:120] if p is not None else None),
+                 "lr": lr if _is_number(lr) else None,
+                 "weight_decay": wd if _is_number(wd) else None}
+        if wd_from and not own and group["weight_decay"] is not None:
+            group["weight_decay_from"] = wd_from
+        out.append(group)
     return out
 
 
@@ -344,6 +411,8 @@ def _from_tree(tree: ast.Module, out: dict) -> None:
                 out["lr"] = float(g["lr"])
             if g["weight_decay"] is not None:
                 out["weight_decay"] = float(g["weight_decay"])
+                if g.get("weight_decay_from"):
+                    out["weight_decay_from"] = g["weight_decay_from"]
             out["weight_decay_applies_to"] = f"{g['optimizer']}({g['params']})"
     values = dict(scope.values)
     for cls in scope.fields.values():

@@ -19,7 +19,9 @@ the point logged last wins, and ``runs.resumed`` is set. User corrections in
 A run that logs its learning rate (metric ``lr``) and states none elsewhere
 (log, config files) gets the peak of the logged values as ``runs.lr``
 (``config["lr_peak"]``, ``config["lr_initial"]``: the first logged value),
-so an llm.c ``main.log`` or a per-epoch CSV has the lr its schedule reached.
+so an llm.c ``main.log`` or a per-epoch CSV has the lr its schedule reached;
+a line in ``config["metadata_notes"]`` says that it is a logged value, not
+the configured one.
 
 Several files feed one run where their format says they are one training
 (the query-free paper's three tensors of a folder, a Trainer's state files,
@@ -29,7 +31,11 @@ choice (``reader_for``); user corrections are ``loaders.logs.runs``'
 ``apply_overrides``.
 
 Points go in, and are checked, in SQL (``loaders.logs.newpoints``); a CSV is
-read by DuckDB's ``read_csv`` inside the write transaction itself.
+read by DuckDB's ``read_csv`` inside the write transaction itself. Its cells
+that are not numbers are counted there (``SqlPoints.unread``) and named on
+the file's report line (``FileReport.reason``: "3 cells not numbers: n/a");
+a file read whole that gives no point but such cells is a ``LogFormatError``
+saying so, and stores nothing.
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ import duckdb
 
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
-from loaders.logs.base import Parsed, RunData, SqlPoints
+from loaders.logs.base import Parsed, RunData, SqlPoints, Unread
 from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
@@ -247,7 +253,8 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
                      held_tail=unterminated and not tail, folder_unit=getattr(reader, "FOLDER_UNIT", False))
     if tail:
         for r in reports:
-            r.reason = "last line has no newline; read, as the file is not being written"
+            r.reason = "; ".join(filter(None, [r.reason, "last line has no newline; read, as the file is "
+                                                          "not being written"]))
     if parsed.notes:
         for r in reports:
             r.reason = "; ".join(([r.reason] if r.reason else []) + parsed.notes)
@@ -278,6 +285,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     total = 0
     ids: list[int] = []
     fresh: set[int] = set()          # runs whose run_stats the point check already computed
+    unread = Unread()                # cells that are not numbers, over the file's runs
     # A folder unit's change is told by its folder's size and mtime (``unit_stat``), not one file's hash.
     digest = None if appendable or folder_unit else file_sha256(path)
     with store.transaction() as con:
@@ -324,6 +332,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                 raise _cannot_parse(path, fmt, exc, start=append_from["read_bytes"] if append_from else 0) \
                     from None
             resumed = resumed or new.went_back
+            unread.add(new.unread)
             if new.stats_fresh:
                 fresh.add(run_id)
             else:
@@ -348,6 +357,10 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             ids.append(run_id)
             _lr_from_points(con, run_id)
             apply_overrides(con, run_id)
+        if unread and total == 0 and append_from is None:
+            # nothing stored: the transaction is rolled back and the file reported as an error
+            raise LogFormatError(path, f"expected numbers in its metric columns, found none to store: "
+                                       f"{unread.text()}")
         refresh_run_stats(con, {*ids, *(r["id"] for r in prev_runs.values())} - fresh)
         state = {"reader": parsed.state, "runs": runs_state}
         if tail:
@@ -365,7 +378,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     status = "appended" if append_from is not None else "added"
     if append_from is not None and total == 0 and not parsed.runs:
         status = "unchanged"
-    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total)]
+    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total,
+                       reason=unread.text() or None)]
 
 
 def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = False) -> bool:
@@ -420,6 +434,11 @@ def _lr_from_points(con, run_id: int) -> None:
             if note not in notes:
                 notes.append(note)
         sources["lr"] = "logged lr (peak)"
+        notes = cfg.setdefault("metadata_notes", [])
+        note = (f"lr {peak:g} is the highest lr the log shows (the schedule's value at a logged step, "
+                f"after warmup or decay): no config beside the log states the configured lr")
+        if note not in notes:
+            notes.append(note)
         con.execute("UPDATE runs SET lr = ? WHERE id = ?", [peak, run_id])
     con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
 

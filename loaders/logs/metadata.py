@@ -8,11 +8,16 @@ Where it comes from, first found wins:
    or a Hugging Face model config), ``hparams.yaml`` (Lightning), any other
    ``*.yaml`` / ``*.yml`` (e.g. ``model_config.yaml``, ``train_config.yaml``),
    ``args.json``, ``config*.py`` (only literal ``name = value`` assignments
-   are read, nothing is executed), and the ``config`` dict of a nanoGPT
-   ``ckpt.pt`` (``torch.load(weights_only=True)``);
+   are read, nothing is executed), the ``config`` dict of a nanoGPT
+   ``ckpt.pt`` (``torch.load(weights_only=True)``), and a Hugging Face
+   Trainer's ``training_args.json`` or ``training_args.bin`` (its pickle's
+   opcodes listed, never unpickled: ``loaders.logs.training_args``), whose
+   ``learning_rate`` is the configured peak, not a logged scheduled value;
 3. the run's and its folders' names: ``wd0.03``, ``lr6e-4``, ``seed1``,
    ``kv2`` / ``mqa``, ``k_eq_v``, ``query_free``, paper B's file tags
-   (``vit_s16_imagenet_Q__K_V``), ...
+   (``vit_s16_imagenet_Q__K_V``), ...; and the task (``config["task"]``),
+   where no config file states it: ``"image"`` for a name with ``vit``,
+   ``imagenet``, ``cifar10``, ``mnist``, ... (``task_from_name``).
 
 Numbers in names follow the usual encodings: ``3e-4``, ``1em2`` (= 1e-2, ``m``
 for minus), ``0p1`` (= 0.1, ``p`` for the point) and a leading zero that stands
@@ -34,6 +39,7 @@ import yaml
 from analysis import variants as _variants
 from loaders.budgets import BudgetExceeded, SideBudget, load_yaml, walk_plain
 from loaders.errors import LogFormatError
+from loaders.logs.training_args import read_training_args
 
 FIELDS = ("variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size")
 #: Stored variant names, paper B's "+" variants included (``analysis.variants``).
@@ -60,9 +66,9 @@ _VARIANT_ALIASES = [
     ("q_eq_k_plus", ("q_eq_k_plus", "(q=k-v)+", "q=k-v+", "(q=k!=v)+")),
     ("q_eq_k_eq_v", ("q_eq_k_eq_v", "q=k=v", "qkv_shared", "qeqkeqv", "qkequalsv", "qequalskequalsv",
                      "shared_qkv", "single_projection")),
-    ("k_eq_v", ("k_eq_v", "q-k=v", "k=v", "keqv", "kequalsv", "kv_shared", "shared_kv", "qkk",
+    ("k_eq_v", ("k_eq_v", "q-k=v", "q!=k=v", "k=v", "keqv", "kequalsv", "kv_shared", "shared_kv", "qkk",
                 "kv_tied", "tied_kv")),
-    ("q_eq_k", ("q_eq_k", "q=k-v", "q=k", "qeqk", "qequalsk", "qk_shared", "shared_qk", "qk_tied",
+    ("q_eq_k", ("q_eq_k", "q=k-v", "q=k!=v", "q=k", "qeqk", "qequalsk", "qk_shared", "shared_qk", "qk_tied",
                 "tied_qk", "symmetric")),
     ("wq_identity", ("wq_identity", "query_free", "queryfree", "query-free", "no_wq", "noq",
                      "identity_query", "identity")),
@@ -150,6 +156,19 @@ def paper_b_condition(stem: str) -> tuple[str, str] | None:
     ``("k_eq_v", "Q!=K=V")``."""
     m = _PAPER_B_TAG.search(stem)
     return PAPER_B_TAGS[m.group(1)] if m else None
+
+
+#: Words of a run or folder name that make it an image run (paper B's
+#: ``checkpoints_imagenet/vit_s16_imagenet_QKV.csv``, its MNIST/CIFAR/TinyImageNet ViTs).
+_IMAGE_WORDS = {"vit", "deit", "imagenet", "tinyimagenet", "mnist", "fmnist", "fashionmnist", "cifar",
+                "cifar10", "cifar100"}
+
+
+def task_from_name(text: str) -> str | None:
+    """``"image"`` when a word of ``text`` (split at anything not a letter or digit)
+    names a vision model or data set (``_IMAGE_WORDS``), else None."""
+    words = set(re.split(r"[^a-z0-9]+", text.lower()))
+    return "image" if words & _IMAGE_WORDS else None
 
 
 def from_name(text: str, notes: list[str] | None = None) -> dict:
@@ -323,6 +342,8 @@ def config_files(folder: Path, *, exclude: Path | None = None) -> dict[str, dict
             doc = _read_py_literals(p)
         elif name == "ckpt.pt" and p.stat().st_size > 0:
             doc = _read_nanogpt_ckpt_config(p)
+        elif name == "training_args.bin":
+            doc = read_training_args(p)
         if doc:
             found[name] = doc
     return found
@@ -357,7 +378,11 @@ def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
                              f"the file's value is kept")
 
     take({k: v for k, v in stated.items() if k in FIELDS}, "log")
-    take(from_config(reader_config), "log")
+    # a Trainer's arguments that its reader found beside the state (hf_trainer: ``training_args``)
+    args = reader_config.get("training_args") if isinstance(reader_config.get("training_args"), dict) else {}
+    take(from_config({k: v for k, v in reader_config.items() if k != "training_args"}), "log")
+    take(from_config({k: v for k, v in args.items() if k not in ("file", "output_dir", "run_name")}),
+         "training_args.bin")
     # This project's trainer and HF write config.json; it is the most specific file.
     for name in sorted(files, key=lambda n: (n != "config.json", n != "hparams.yaml", n)):
         take(from_config(files[name]), name)
@@ -380,6 +405,12 @@ def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
                      if isinstance(f, dict) and isinstance(f.get("task"), str) and f["task"].strip()), None)
         if task and "task" not in config:
             config["task"] = task.strip()
+    if "task" not in config:
+        # no config states it: a name that says ViT or ImageNet is an image run (no perplexity)
+        task = next((t for t in map(task_from_name, parts[:2]) if t), None)   # the run and its folder
+        if task:
+            config["task"] = task
+            sources["task"] = "name"
     config["metadata_sources"] = sources
     if notes:
         config["metadata_notes"] = list(dict.fromkeys(notes))

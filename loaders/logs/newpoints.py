@@ -36,6 +36,7 @@ rowid, whose order is the insertion order either way).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import duckdb
@@ -43,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from loaders.logs.base import SOURCE_VIEW, SqlPoints, normalise_metric
+from loaders.logs.base import SOURCE_VIEW, SqlPoints, Unread, normalise_metric
 from loaders.store import POINT_TABLES, delete_points, point_table, refresh_run_stats, time_columns
 
 # Every result is fetched whole (fetchall): DuckDB refuses ``register`` while
@@ -82,6 +83,8 @@ class NewPoints:
     stats_fresh: bool = False
     #: The table behind ``points`` they are stored in (``loaders.store.point_table``).
     home: str = POINT_TABLES[0]
+    #: Cells of the source that are not numbers (``SqlPoints.unread``), for the report.
+    unread: Unread = field(default_factory=Unread)
 
     @property
     def staged(self) -> bool:
@@ -113,12 +116,30 @@ def insert_new_points(con: duckdb.DuckDBPyConnection, run_id: int, points, *,
         n = con.execute(f"INSERT INTO {STAGE} SELECT step, metric, {_VALUE}, wall_time, tokens FROM ({select})",
                         params or None).fetchall()[0][0]
         new = NewPoints(STAGE, "true", {}, n, home=home)
+    if isinstance(points, SqlPoints) and points.unread:
+        new.unread = _unread(con, points)
     if isinstance(points, SqlPoints) and points.source.changed():
         raise FileChanged()
     con.unregister(SOURCE_VIEW)
     if new.n:
         _check(con, new, normalise=isinstance(points, SqlPoints))
     return new
+
+
+def _unread(con, points: SqlPoints) -> Unread:
+    """What ``points.select`` could not read of its source: counted in one pass,
+    the texts fetched in a second only when there are some."""
+    counts, texts = points.unread
+    cells, rows = con.execute(counts, _used(counts, points.params)).fetchall()[0]
+    if not cells and not rows:
+        return Unread()
+    cell_texts, row_texts = con.execute(texts, _used(texts, points.params)).fetchall()[0]
+    return Unread(int(cells), list(cell_texts), int(rows), list(row_texts))
+
+
+def _used(sql: str, params: dict) -> dict | None:
+    """The named parameters of ``params`` that ``sql`` uses (DuckDB refuses others)."""
+    return {k: v for k, v in params.items() if re.search(rf"\${re.escape(k)}\b", sql)} or None
 
 
 def _timed(points) -> bool:

@@ -47,7 +47,10 @@ def run_name(path: Path, fmt: str, name: str) -> str:
     base = path.parent.name if (stem.lower() in _GENERIC_STEMS or path.name.startswith("events.out")) \
         else stem
     if fmt in ("modded_nanogpt", "nanogpt"):      # several runs in one file: #2, #3, ...
-        return base if name in ("", "#1") else f"{base}{name}"
+        if name in ("", "#1"):
+            return base
+        # a nanoGPT run named by its printout (its wandb_run_name or out_dir) keeps that name
+        return f"{base}{name}" if name.startswith("#") else name
     return name or base
 
 

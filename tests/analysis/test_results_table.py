@@ -65,6 +65,7 @@ def test_best_is_direction_aware_and_perplexity_is_exp_of_each_run():
     # perplexity: the mean of exp(best loss) over runs, not exp of the mean
     assert q["exp(val/loss) mean"] == pytest.approx(np.mean(np.exp([1.9, 2.1, 2.3])))
     assert "exp(val/accuracy) mean" not in t.columns        # not a loss
+    assert math.isnan(t.iloc[4]["exp(val/loss) mean"]) and t.iloc[4]["task"] == "vision"  # no perplexity
     final = results_table(_runs(), _values(), ["val/accuracy"])
     assert final.iloc[0]["val/accuracy mean"] == pytest.approx(0.55)
     with pytest.raises(AnalysisError) as err:

@@ -7,14 +7,26 @@ A CSV reader parses no rows itself. It reads the header, plans the columns
 SELECT over DuckDB's own ``read_csv`` of the file (every column as text,
 converted with TRY_CAST), the wide layouts reshaped to long points with
 ``UNPIVOT``. The store runs it inside its transaction, so the file is parsed
-once, straight into the points table (issue 3: no Python loop per row, no
-copy through Arrow or numpy). An empty cell is no point; a cell that says
-``nan`` is a point whose value is NaN (stored as NULL).
+once, straight into the points table (no Python loop per row, no copy
+through Arrow or numpy). An empty cell is no point; a cell that says ``nan``
+is a point whose value is NaN (stored as NULL), ``inf`` one whose value is
+infinite.
+
+A cell that holds text where a number belongs (``n/a``, ``1,5``, ``--``) is
+no point, and is counted: ``unread_select`` gives the store step the count
+and the first texts, which the file's report line shows ("3 cells not
+numbers: n/a"); a row whose step is not a number is counted the same way.
+
+Columns that name runs (``label_columns``: text in every sampled cell, such
+as paper B's ``task,variant,step,loss_mean``) split the file into one run
+per combination of their values (``run_groups``), named ``task=COPY
+variant=QKV``; each run's SELECT keeps its own rows (``group_where``).
 
 A line longer than ``QKVSCOPE_CSV_LINE_BYTES`` is refused before DuckDB reads
 the file (``_csv_bytes``): the file fails with one line naming the line and
 its length (DuckDB would otherwise fail with an unrelated message, or skip
-the line).
+the line). A file whose lines end in ``\r\r\n`` (Keras' ``CSVLogger`` on
+Windows: ``WINDOWS_CSV_LINE_END``) is read as if they ended in ``\n``.
 """
 from __future__ import annotations
 
@@ -83,14 +95,58 @@ def pick(fields: list[str], names: tuple[str, ...]) -> str | None:
     return None
 
 
+#: Cell texts that stand for a missing or yes/no value, not for a label: a
+#: column of them is a metric column whose cells are not numbers.
+NOT_LABELS = {"n/a", "na", "none", "null", "nil", "-", "--", "?", "#n/a", "missing", "true", "false",
+              "yes", "no"}
+#: A date or a time of day: a timestamp column, not a label.
+DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}|^\d{1,2}:\d{2}")
+
+
+def sample_rows(text: str, delim: str) -> list[list[str]]:
+    """The first 49 data rows of a CSV's head (``[]`` when they do not parse)."""
+    try:
+        return list(csv.reader(io.StringIO("\n".join(text.split("\n")[1:50])), delimiter=delim))
+    except csv.Error:                     # a bare carriage return inside a field
+        return []
+
+
+def _is_label(cell: str) -> bool:
+    cell = cell.strip()
+    if not cell or cell.lower() in NOT_LABELS or DATETIME.match(cell):
+        return False
+    try:
+        float(cell)
+        return False
+    except ValueError:
+        return True
+
+
+def label_columns(text: str, delim: str, fields: list[str], candidates: list[str]) -> list[str]:
+    """The columns of ``candidates`` that name runs: every non-empty cell of
+    the head's first rows (``sample_rows``) is a label (text that is not a
+    number, a missing-value marker such as ``n/a``, true/false, a date or a
+    time), and there is one."""
+    rows = sample_rows(text, delim)
+    out = []
+    for col in candidates:
+        i = fields.index(col)
+        cells = [r[i] for r in rows if len(r) > i and r[i].strip()]
+        if cells and all(_is_label(c) for c in cells):
+            out.append(col)
+    return out
+
+
+def head_text(path: Path) -> str:
+    """The complete lines of the first ``HEAD_BYTES`` of ``path``, as text."""
+    head = read_head(path)
+    return decode_text(path, head[: head.rfind(b"\n") + 1] or head)
+
+
 def _numeric_sample(text: str, delim: str, fields: list[str], col: str) -> bool:
     """Whether ``col`` holds a number in some of the first data rows."""
     idx = fields.index(col)
-    try:
-        rows = list(csv.reader(io.StringIO("\n".join(text.split("\n")[1:50])), delimiter=delim))
-    except csv.Error:                     # a bare carriage return inside a field
-        return False
-    for row in rows:
+    for row in sample_rows(text, delim):
         if len(row) > idx and row[idx].strip():
             try:
                 float(row[idx])
@@ -138,6 +194,9 @@ def _classify(head: bytes, lightning: bool) -> str | None:
     others = [f for f in fields if f != step]
     if any(_numeric_sample(text, delim, fields, f) for f in others[:50]):
         return "csv_wide"
+    # no number beside the step, but cells where numbers belong (n/a): read, to say so
+    if set(others[:50]) - set(label_columns(text, delim, fields, others[:50])) - {""}:
+        return "csv_wide"
     return None
 
 
@@ -178,9 +237,17 @@ class CsvFile:
     columns: tuple[str, ...]
     delim: str
     size: int = 0               # of the file, when read itself
+    #: Lines end in ``\r\r\n`` (``WINDOWS_CSV_LINE_END``): DuckDB reads a copy ending them in ``\n``.
+    double_cr: bool = False
 
     def __call__(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyRelation:
         src = str(self.path) if self.data is None else io.BytesIO(self.data)
+        if self.double_cr:
+            data = self.data
+            if data is None:
+                with open(self.path, "rb") as fh:
+                    data = fh.read(self.size or -1)
+            src = io.BytesIO(data.replace(WINDOWS_CSV_LINE_END, b"\n"))
         return con.read_csv(src, header=self.header, columns={c: "VARCHAR" for c in self.columns},
                             delimiter=self.delim, quotechar='"', auto_detect=False,
                             max_line_size=csv_line_bytes() + 2)
@@ -200,6 +267,13 @@ class CsvFile:
             return replace(self, data=fh.read(self.size))
 
 
+#: A CSV written on Windows by Python's ``csv`` module into a file opened in
+#: text mode (Keras' ``CSVLogger``): the writer ends rows in ``\r\n`` and the
+#: file turns its ``\n`` into ``\r\n`` again. DuckDB's parser refuses the
+#: lone ``\r``; such a file is read as if its lines ended in ``\n``.
+WINDOWS_CSV_LINE_END = b"\r\r\n"
+
+
 def cast_step(col: str) -> str:
     return f"TRY_CAST(TRY_CAST({quote(col)} AS DOUBLE) AS BIGINT)"
 
@@ -217,7 +291,7 @@ _RESERVED = {"__step", "__wall", "__tokens", "__metric", "__value"}
 
 
 def unpivot_select(step: str, metrics: list[tuple[str, str]], wall: str | None,
-                   tokens: str | None) -> tuple[str, dict]:
+                   tokens: str | None, where: str = "true") -> tuple[str, dict]:
     """(SELECT, params): wide rows of ``SOURCE_VIEW`` to long points.
 
     ``metrics``: (column, metric name as logged) pairs. UNPIVOT drops absent
@@ -225,7 +299,7 @@ def unpivot_select(step: str, metrics: list[tuple[str, str]], wall: str | None,
     then row 1), which is file order. The normalised names are the column
     aliases, so the metric column needs no per-row mapping; when two names
     coincide (``loss`` and ``train_loss``), the aliases are positional and a
-    parameter list maps them.
+    parameter list maps them. ``where``: which rows of the file (``group_where``).
     """
     names = [normalise_metric(m) for _, m in metrics]
     low = [n.lower() for n in names]
@@ -241,9 +315,94 @@ def unpivot_select(step: str, metrics: list[tuple[str, str]], wall: str | None,
                __tokens AS tokens
         FROM (SELECT {cast_step(step)} AS __step, {cast_wall(wall)} AS __wall,
                      {cast_tokens(tokens)} AS __tokens, {casts}
-              FROM {SOURCE_VIEW})
+              FROM {SOURCE_VIEW} WHERE {where})
         UNPIVOT (__value FOR __metric IN ({", ".join(quote(a) for a in aliases)}))
         WHERE __step IS NOT NULL""", params
+
+
+def _not_number(x: str) -> str:
+    return f"TRY_CAST({x} AS DOUBLE) IS NULL"
+
+
+def unread_select(step: str, cells: list[str], where: str = "true", *,
+                  empty_counts: bool = False) -> tuple[str, str]:
+    """(counts, texts): two SELECTs over ``SOURCE_VIEW`` of what the points
+    SELECT cannot read, among the rows ``where`` keeps.
+
+    ``counts`` gives one row: (cells of ``cells`` in rows with a step that
+    are not numbers, rows with a cell but no step number). ``texts`` gives
+    one row: the first 4 distinct texts of each (in file order), run only
+    when a count is not 0. ``empty_counts``: an empty cell is counted too,
+    as ``''`` (the value of a long CSV's row; a wide CSV's empty cells are
+    its sparse layout). Both are one pass over the file.
+    """
+    if not cells:
+        return "SELECT 0, 0", "SELECT [], []"
+    q = [quote(c) for c in cells]
+    vals = ", ".join(f"coalesce({c}, '')" if empty_counts else c for c in q)
+    blank = "" if empty_counts else " AND trim(x) <> ''"           # a blank cell is an empty one
+    bad = f"list_filter([{vals}], lambda x: x IS NOT NULL{blank} AND {_not_number('x')})"
+    no_step = f"{cast_step(step)} IS NULL AND coalesce({quote(step)}, {', '.join(q)}) IS NOT NULL"
+    src = f"SELECT {cast_step(step)} IS NOT NULL AS __ok, {bad} AS __bad, {quote(step)} AS __rawstep, " \
+          f"({no_step}) AS __nostep FROM {SOURCE_VIEW} WHERE {where}"
+    counts = f"""SELECT coalesce(sum(len(__bad)) FILTER (WHERE __ok), 0)::BIGINT,
+                        count(*) FILTER (WHERE __nostep) FROM ({src})"""
+    texts = f"""
+        WITH r AS MATERIALIZED (SELECT row_number() OVER () AS __rn, * FROM ({src}))
+        SELECT (SELECT coalesce(list(t ORDER BY f), []) FROM (
+                   SELECT t, min(__rn) AS f FROM (SELECT __rn, unnest(__bad) AS t FROM r WHERE __ok)
+                   GROUP BY t ORDER BY f LIMIT 4)),
+               (SELECT coalesce(list(t ORDER BY f), []) FROM (
+                   SELECT coalesce(__rawstep, '') AS t, min(__rn) AS f FROM r WHERE __nostep
+                   GROUP BY t ORDER BY f LIMIT 4))"""
+    return counts, texts
+
+
+def group_where(columns: list[str], values: tuple) -> tuple[str, dict]:
+    """(SQL condition, params): the rows whose ``columns`` hold ``values`` (None: empty)."""
+    conds, params = [], {}
+    for i, (c, v) in enumerate(zip(columns, values)):
+        conds.append(f"{quote(c)} IS NOT DISTINCT FROM $__g{i}")
+        params[f"__g{i}"] = v
+    return (" AND ".join(conds) or "true"), params
+
+
+def run_groups(source: CsvFile, columns: list[str]) -> list[tuple]:
+    """The distinct combinations of ``columns``' values in ``source``, in the
+    order they first appear (one DuckDB pass over the file)."""
+    cols = ", ".join(quote(c) for c in columns)
+    con = duckdb.connect()
+    try:
+        con.register(SOURCE_VIEW, source(con))
+        return [tuple(r) for r in con.execute(
+            f"""SELECT {cols} FROM (SELECT {cols}, row_number() OVER () AS __rn FROM {SOURCE_VIEW})
+                GROUP BY {cols} ORDER BY min(__rn)""").fetchall()]
+    finally:
+        con.close()
+
+
+def split_runs(source: CsvFile, state: dict,
+               run: Callable[[str, dict], RunData]) -> list[RunData]:
+    """The runs of a CSV: ``run(where, params)`` for the whole file, or, when
+    it has label columns (``state["labels"]``), one per combination of their
+    values, named ``group_name`` and configured ``{"run_columns": {...}}``."""
+    labels = state.get("labels") or []
+    if not labels:
+        return [run("true", {})]
+    cols = [column(state, f) for f in labels]
+    out = []
+    for values in run_groups(source, cols):
+        where, params = group_where(cols, values)
+        r = run(where, params)
+        r.name = group_name(labels, values)
+        r.config = {**r.config, "run_columns": dict(zip(labels, values))}
+        out.append(r)
+    return out
+
+
+def group_name(fields: list[str], values: tuple) -> str:
+    """``task=COPY variant=QKV``: a run's name from the values of its label columns."""
+    return " ".join(f"{f}={'' if v is None else v}" for f, v in zip(fields, values))
 
 
 def read_csv_log(path: Path, plan: Callable[[Path, list[str], str], dict],
@@ -254,8 +413,7 @@ def read_csv_log(path: Path, plan: Callable[[Path, list[str], str], dict],
     None for a file without rows). Appended bytes (``start`` > 0) are read
     with the header planned before (``state``)."""
     if start == 0 or not state:
-        head = read_head(path)
-        text = decode_text(path, head[: head.rfind(b"\n") + 1] or head)
+        text = head_text(path)
         hdr = header_fields(text)
         if hdr is None:
             raise LogFormatError(path, "expected a CSV header line with a step column, "
@@ -264,6 +422,8 @@ def read_csv_log(path: Path, plan: Callable[[Path, list[str], str], dict],
         fields, delim = hdr
         state = plan(path, fields, delim)
         state["header_bytes"] = first_line_end(path)
+        with open(path, "rb") as fh:
+            state["double_cr"] = WINDOWS_CSV_LINE_END in fh.read(state["header_bytes"])
         # The whole file through read_csv; only complete lines count as read.
         size = path.stat().st_size
         with open(path, "rb") as fh:
@@ -275,21 +435,22 @@ def read_csv_log(path: Path, plan: Callable[[Path, list[str], str], dict],
             body_end = size
             if last != b"\n" and size:   # finished, last line without newline: read it,
                 body_end = complete_end(path, size)     # count only complete lines as read
-            source = CsvFile(path, None, True, columns, delim, size)
+            source = CsvFile(path, None, True, columns, delim, size, state["double_cr"])
             empty = size <= state["header_bytes"]
         else:                               # a log being written: its last line is not complete
             with open(path, "rb") as fh:
                 chunk, body_end = complete_lines(fh.read())
             scan_bytes(path, chunk)
             decode_text(path, chunk)
-            source = CsvFile(path, chunk, True, columns, delim)
+            source = CsvFile(path, chunk, True, columns, delim, double_cr=state["double_cr"])
             empty = body_end <= state["header_bytes"]
     else:
         chunk, used = text_chunk(path, start, complete=complete)
         body_end = start + used
         if not chunk.strip():
             return Parsed(runs=[], read_bytes=body_end, state=state)
-        source = CsvFile(path, chunk, False, tuple(column_names(state["fields"])), state["delim"])
+        source = CsvFile(path, chunk, False, tuple(column_names(state["fields"])), state["delim"],
+                         double_cr=bool(state.get("double_cr")))
         empty = False
     return Parsed(runs=extract(None if empty else source, state), read_bytes=body_end, state=state)
 

@@ -1,5 +1,15 @@
 """Hugging Face Trainer state files (``trainer_state.json``): the
-``log_history`` train, eval and ``eval_<name>_*`` entries.
+``log_history`` train, eval, ``eval_<name>_*``, ``predict_*`` and ``test_*``
+entries. An entry without a step (metrics a script appended after training,
+such as ``trainer.predict``'s) is a point at the state's ``global_step``, the
+model that produced it; ``config["entries_without_step"]`` counts them.
+
+The learning rate a Trainer logs is the schedule's value at the logged step
+(after warmup and decay), not the configured one: the run's lr comes from
+``training_args.json`` / ``training_args.bin`` beside the state
+(``loaders.logs.metadata``) or a hyperparameter search's ``trial_params``;
+where only logged values exist, the run's notes say so
+(``loaders.logs.ingest``).
 
 The file is rewritten at each save, so a changed file is read again whole.
 The copies in an output dir and its ``checkpoint-N/`` folders are one training
@@ -17,6 +27,7 @@ import pandas as pd
 from loaders.errors import LogFormatError
 from loaders.logs.base import (Parsed, RunData, empty_points, is_text_head, normalise_metric, points_frame,
                                steps_went_back)
+from loaders.logs.training_args import read_training_args
 
 NAME = "hf_trainer"
 PRIORITY = 30
@@ -37,6 +48,25 @@ def hf_run_dir(path: Path) -> Path:
     return parent.parent if _HF_CHECKPOINT_DIR.match(parent.name) else parent
 
 
+def training_args_beside(path: Path) -> Path | None:
+    """The ``training_args.bin`` of the training a state file belongs to: in the
+    state's own folder, else in the output dir's last ``checkpoint-N/`` (the
+    Trainer writes one into each; ``save_state`` puts the state in the output
+    dir alone)."""
+    own = path.parent / "training_args.bin"
+    if own.is_file():
+        return own
+    run_dir = hf_run_dir(path)
+    ckpts = sorted((d for d in run_dir.glob("checkpoint-*") if _HF_CHECKPOINT_DIR.match(d.name)
+                    and (d / "training_args.bin").is_file()), key=lambda d: int(d.name.split("-")[1]))
+    return ckpts[-1] / "training_args.bin" if ckpts else None
+
+
+def _has_step(entry: dict) -> bool:
+    s = entry.get("step")
+    return isinstance(s, (int, float)) and not isinstance(s, bool)
+
+
 def sniff(path: Path, head: bytes) -> bool:
     return is_text_head(head) and head.lstrip().startswith(b"{") and b'"log_history"' in head
 
@@ -51,7 +81,12 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
         raise LogFormatError(path, "expected a trainer_state.json with a 'log_history' list, "
                                    f"found keys {sorted(doc)[:10] if isinstance(doc, dict) else type(doc).__name__}")
-    hist = pd.DataFrame([e for e in doc["log_history"] if isinstance(e, dict)])
+    entries = [e for e in doc["log_history"] if isinstance(e, dict)]
+    final = doc.get("global_step")
+    stepless = [e for e in entries if not _has_step(e)]
+    if stepless and isinstance(final, int) and not isinstance(final, bool):
+        entries = [e if _has_step(e) else {**e, "step": final} for e in entries]
+    hist = pd.DataFrame(entries)
     if "step" in hist:
         # An entry without a finite integer step is no point of any curve.
         steps = pd.to_numeric(hist["step"], errors="coerce")
@@ -80,6 +115,14 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
                            tokens=pd.to_numeric(df["tokens"], errors="coerce").round().astype("Int64"))
     config = {k: v for k, v in doc.items() if k not in ("log_history", "stateful_callbacks")
               and not isinstance(v, (list, dict))}
+    if isinstance(doc.get("trial_params"), dict):      # a hyperparameter search's trial: its lr, wd, seed
+        config["trial_params"] = {k: v for k, v in doc["trial_params"].items()
+                                  if isinstance(v, (int, float, str, bool)) or v is None}
+    if stepless:
+        config["entries_without_step"] = len(stepless)
+    args = training_args_beside(path)
+    if args is not None:
+        config["training_args"] = {"file": str(args), **(read_training_args(args) or {})}
     run_dir = hf_run_dir(path)
     # The Trainer's own file is named after its output dir; any other name
     # (two trainings' states side by side) after itself.

@@ -7,8 +7,15 @@
 
 Each configuration printout (``Overriding config with FILE:`` and the file
 echoed, ``name = value``, ``Overriding: name = value``) followed by steps
-from 0 starts a new run (``#2``, ...) with its printed hyperparameters in its
-config; a step back without a printout is a resume.
+from 0 starts a new run with its printed hyperparameters in its config; a
+step back without a printout is a resume.
+
+A run is named by what its printout overrides on the command line (a grid
+script's ``--wandb_run_name=...`` / ``--out_dir=...``, printed as
+``Overriding: wandb_run_name = run_lr3e-4``): its ``wandb_run_name``, else
+the last part of its ``out_dir`` (``run_name_of``); a name a run of the same
+file already has gets ``#N`` (its run number). A run without such an
+override is named after the file (``#2``, ``#3``, ... after the first).
 """
 from __future__ import annotations
 
@@ -105,6 +112,7 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     for i, r in enumerate(run_no):
         first_of.setdefault(int(r), i)
     run_ids = list(first_of)
+    names_used = set(state.get("run_names", []))
     for k, r in enumerate(run_ids):
         i = first_of[r]
         lo = int(prev_line[i]) + 1                    # the printout before the run's first step
@@ -122,6 +130,14 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
                 saved.append({"step": int(prior[-1]) if len(prior) else
                               (state.get("last_eval_step") if continuing else None), "dir": d})
             config["saved_checkpoints"] = saved
+        label = run_name_of(facts, lo, int(met_line[i]))
+        if continuing:
+            name = state.get("run_name", "")
+        elif label:
+            name = label if label not in names_used else f"{label}#{r}"
+        else:
+            name = "" if r == 1 else f"#{r}"
+        names_used.add(name)
         sel = df[df["run"] == r]
         tok = sel["step"].to_numpy() * tpi if tpi else None
         pts = points_frame(sel["step"].to_numpy(), sel["metric"].to_numpy(), sel["value"].to_numpy(),
@@ -129,8 +145,9 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
         resumed_flag = bool(resume[i:][run_no[i:] == r].any()) or bool(meta.get("resumed_from_checkpoint"))
         if resumed_flag:
             meta["resumed_from_checkpoint"] = True
-        runs.append(RunData(name="" if r == 1 else f"#{r}", points=pts, config=config, meta=meta,
+        runs.append(RunData(name=name, points=pts, config=config, meta=meta,
                             resumed=steps_went_back(pts) or resumed_flag))
+        state["run_name"] = name
         state["tokens_per_iter"] = tpi
     last = int(met_line[-1])
     # A printout after the last step belongs to the next run (read on the next append).
@@ -138,6 +155,7 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     state["pending_block"] = bool(cum_cfg[-1] - cum_cfg[last])
     state["pending_resume"] = bool(cum_res[-1] - cum_res[last])
     state["run_index"] = int(run_no[-1])
+    state["run_names"] = sorted(names_used)
     state["prev_step"] = int(met_step[-1])
     if len(ev):
         state["last_eval_step"] = int(ev[0].iloc[-1])
@@ -166,6 +184,7 @@ def _nanogpt_facts(lines: pd.Series) -> dict:
         if kv is not None:
             assign.append((int(ln), *kv))
     assign += [(int(ln), k, _literal(v)) for ln, k, v in zip(over.index, over[0], over[1])]
+    overrides = [(int(ln), k, str(v).strip()) for ln, k, v in zip(over.index, over[0], over[1])]
     assign.sort(key=lambda t: t[0])
     n_params = lines.str.extract(r"^number of parameters: ([\d.]+)M").dropna()
     tpi = lines.str.extract(r"^tokens per iteration will be: ([\d,]+)").dropna()
@@ -178,7 +197,26 @@ def _nanogpt_facts(lines: pd.Series) -> dict:
         "n_params": [(int(ln), int(round(float(v) * 1e6))) for ln, v in zip(n_params.index, n_params[0])],
         "tpi": [(int(ln), int(v.replace(",", ""))) for ln, v in zip(tpi.index, tpi[0])],
         "saves": [(int(ln), v.strip()) for ln, v in zip(saves.index, saves[0])],
+        "overrides": overrides,
     }
+
+
+#: Overrides that name a run, first found wins (``run_name_of``).
+_NAMING_OVERRIDES = ("wandb_run_name", "out_dir")
+
+
+def run_name_of(facts: dict, lo: int, hi: int) -> str:
+    """The run's name from its printout's ``Overriding:`` lines on lines ``lo``
+    to ``hi`` (excluded): ``wandb_run_name``, else the last part of ``out_dir``
+    (the last override of each counts); ``""`` when neither is overridden."""
+    got = {k: v for ln, k, v in facts["overrides"] if lo <= ln < hi and k in _NAMING_OVERRIDES}
+    for key in _NAMING_OVERRIDES:
+        value = str(_literal(got[key])).strip() if key in got else ""
+        if key == "out_dir":
+            value = value.rstrip("/").rsplit("/", 1)[-1]
+        if value:
+            return value
+    return ""
 
 
 def _nanogpt_block(facts: dict, lo: int, hi: int, config: dict) -> tuple[dict, dict]:

@@ -2,6 +2,8 @@
 ``<run name> - <metric>`` with ``__MIN``/``__MAX`` companions (dropped: they
 are the band around the same metric); one file holds many runs, one per
 name. An export is rewritten, not appended: a changed file is read again.
+A cell that is not a number is no point and is counted on the file's report
+line (``_csv``).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 from loaders.errors import LogFormatError
 from loaders.logs.base import Parsed, RunData, SqlPoints, empty_points, is_text_head
 from loaders.logs.readers._csv import (STEP_COLUMNS, WANDB_COL, CsvFile, classify_csv, column, pick,
-                                       read_csv_log, unpivot_select)
+                                       read_csv_log, unpivot_select, unread_select)
 
 NAME = "wandb_csv"
 PRIORITY = 50
@@ -45,7 +47,8 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
             continue
         metrics = [(column(state, c), m) for c, m in cols]
         select, params = unpivot_select(column(state, state["step"]), metrics, None, None)
-        out.append(RunData(name=run, points=SqlPoints(source, select, params, timed=False)))
+        unread = unread_select(column(state, state["step"]), [c for c, _ in metrics])
+        out.append(RunData(name=run, points=SqlPoints(source, select, params, timed=False, unread=unread)))
     return out
 
 

@@ -165,7 +165,7 @@ def test_code_header_reads_the_optimizer_calls_not_signature_defaults():
     assert [(g["optimizer"], g["bound_to"], g["params"], g["lr"], g["weight_decay"])
             for g in got["optimizer_groups"]] == [
         ("Adam", "optimizer1", "embed_params", 0.6, 0.0),
-        ("Adam", "optimizer1", "[model.lm_head.weight]", 1 / 320, None),
+        ("Adam", "optimizer1", "[model.lm_head.weight]", 1 / 320, 0.0),      # torch.optim.Adam's default
         ("Muon", "optimizer2", "hidden_matrix_params", 0.05, 0.0125)]
     assert (got["seed"], got["num_iterations"]) == (7, 3)
     assert got["code_assignments"]["block_adamw_weight_decay"] == 0.10
@@ -189,7 +189,9 @@ def test_code_header_optimizer_without_weight_decay_and_a_broken_tail():
     got = header_hyperparameters(code)
     assert (got["lr"], got["weight_decay"]) == (0.018, 0.0)   # MuonH applies no weight decay
     unparsable = "import torch\ndef f(lr=0.5, weight_decay=0.3):\n  pass(\nweight_decay = 0.2\nlr = 3e-4\n"
-    assert header_hyperparameters(unparsable) == {"lr": 3e-4, "weight_decay": 0.2}
+    # the broken line is read as `pass`: the assignments after it count, never the signature's defaults
+    assert header_hyperparameters(unparsable) == {"lr": 3e-4, "weight_decay": 0.2,
+                                                  "code_assignments": {"lr": 3e-4, "weight_decay": 0.2}}
     deep = "import torch\nx = " + "+".join(["1"] * 20000) + "\nopt = Muon(ps, lr=x, weight_decay=0.1)\n"
     assert header_hyperparameters(deep) == {}       # too deep to parse: nothing read, no crash
 
@@ -371,6 +373,7 @@ def test_paper_b_epoch_csv(store, tmp_path, tag, variant, condition):
     [run] = list_runs(store)
     assert (run["name"], run["variant"], run["first_step"], run["last_step"]) == (p.stem, variant, 0, 7)
     assert (run["config"]["step_axis"], run["config"]["paper_condition"]) == ("epoch", condition)
+    assert (run["config"]["task"], run["config"]["metadata_sources"]["task"]) == ("image", "name")  # a ViT
     assert run["lr"] == pytest.approx(0.000125)
     assert run["metrics"] == ["epoch_time_sec", "lr", "train/loss", "val/loss", "val_top1", "val_top5"]
     assert points(store, run["id"], "val_top1")[-1] == (7, pytest.approx(0.38))

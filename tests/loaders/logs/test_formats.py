@@ -110,6 +110,7 @@ def test_wandb_export_many_runs(store, tmp_path):
     assert runs["wd0.03-run"]["weight_decay"] == 0.03
     assert points(store, runs["wd0.1-run"]["id"], "train/loss") == [(0, 3.0), (100, 2.0)]
     assert points(store, runs["wd0.03-run"]["id"], "train/loss") == [(0, 3.2)]
+    assert rep.reason is None            # empty cells (and the bands) are not counted
 
 
 def test_nanogpt_stdout(store, tmp_path):

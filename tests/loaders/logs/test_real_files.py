@@ -47,6 +47,34 @@ def test_realworld_hf_trainer_state(store, realworld):
     assert run["config"]["global_step"] == 12030
 
 
+def test_realworld_hf_trainer_lr_is_the_configured_one_or_said_to_be_logged(store, realworld, tmp_path):
+    import shutil
+
+    import torch
+    from transformers import TrainingArguments
+
+    real = realworld / "logs" / "hf-trainer" / "trainer_state.json"
+    alone, beside = tmp_path / "alone", tmp_path / "beside"
+    for d in (alone, beside):
+        d.mkdir()
+        shutil.copy(real, d / "trainer_state.json")
+    # its log_history logs learning_rate 1e-05 at every 401st step; no config says what was set
+    ingest_log(store, alone / "trainer_state.json")
+    [run] = list_runs(store)
+    assert (run["lr"], run["config"]["metadata_sources"]["lr"]) == (1e-05, "logged lr (peak)")
+    assert run["config"]["metadata_notes"] == [
+        "lr 1e-05 is the highest lr the log shows (the schedule's value at a logged step, after warmup or "
+        "decay): no config beside the log states the configured lr"]
+    # the Trainer's own training_args.bin beside it (torch.save(args), as Trainer._save writes it)
+    torch.save(TrainingArguments(output_dir=str(beside), learning_rate=2e-5, weight_decay=0.01, seed=42,
+                                 report_to=[]), beside / "training_args.bin")
+    ingest_log(store, beside / "trainer_state.json")
+    run = next(r for r in list_runs(store) if r["name"] == "beside")
+    assert (run["lr"], run["weight_decay"], run["seed"]) == (2e-5, 0.01, 42)
+    assert run["config"]["metadata_sources"]["lr"] == "training_args.bin"
+    assert run["config"]["lr_peak"] == 1e-05 and "metadata_notes" not in run["config"]
+
+
 def test_summary_writer_scalars(store, tmp_path):
     from torch.utils.tensorboard import SummaryWriter
     d = tmp_path / "runs" / "wd0.1-k_eq_v"
@@ -81,6 +109,9 @@ def test_transformers_trainer_state(store, tmp_path):
                              weight_decay=0.05, report_to=[], use_cpu=True, seed=5, disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:4])
     trainer.train()
+    predicted = trainer.predict(data[:4], metric_key_prefix="predict").metrics    # as run_clm.py asks
+    trainer.log(dict(predicted))                       # a script logging them: an entry at step 6
+    trainer.state.log_history.append({"test_loss": predicted["predict_loss"]})   # one without a step
     trainer.save_state()  # out/trainer_state.json, with the closing summary entry
     states = sorted(out.rglob("trainer_state.json"))
     assert [s.parent.name for s in states] == ["checkpoint-3", "checkpoint-6", out.name]
@@ -92,7 +123,14 @@ def test_transformers_trainer_state(store, tmp_path):
     assert run["config"]["run_dir"] == str(out.resolve())
     assert [s for s, _ in points(store, run["id"], "train/loss")] == [2, 4, 6]
     assert [s for s, _ in points(store, run["id"], "val/loss")] == [3, 6]
-    assert run["weight_decay"] == 0.05  # from the folder name; training_args.bin is a pickle and is not read
+    # the configured lr and weight decay, from training_args.bin (its pickle's opcodes, never unpickled);
+    # the logged lr is the linear schedule's, already decayed at step 2
+    assert (run["lr"], run["weight_decay"], run["seed"]) == (1e-3, 0.05, 5)
+    assert run["config"]["metadata_sources"]["lr"] == "training_args.bin"
+    assert points(store, run["id"], "lr")[0][1] < 1e-3 and "metadata_notes" not in run["config"]
+    assert points(store, run["id"], "predict_loss") == [(6, pytest.approx(predicted["predict_loss"]))]
+    assert points(store, run["id"], "test_loss") == [(6, pytest.approx(predicted["predict_loss"]))]
+    assert run["config"]["entries_without_step"] == 1
     assert run["resumed"] is False
     with store.connect() as con:  # the closing summary keeps its own name, the curve is untouched
         assert con.execute("SELECT count(*) FROM points WHERE metric = 'train_loss'").fetchone()[0] == 1

@@ -189,15 +189,19 @@ def test_a_header_that_repeats_a_name(store, tmp_path):
 
 
 def test_cells_that_are_no_number(store, tmp_path):
-    """Every cell is read as text and converted: in the long layout a value
-    that is no number is a point without value; in the wide one, no point."""
+    """Every cell is read as text and converted; a cell that is not a number
+    is no point and is counted on the file's report line (in the long
+    layout an empty value cell too; a wide CSV's empty cells are its layout),
+    as is a row whose step is not a number."""
     long = write(tmp_path / "a" / "long.csv", "step,metric,value\n0,train_loss,abc\n1,train_loss,\n2,train_loss,1e-3\n")
     wide = write(tmp_path / "b" / "wide.csv", "step,train_loss,flag\n0,2.5,true\n1,abc,false\nx,3,\n")
     [a] = ingest_log(store, long)
-    assert points(store, a.run_ids[0], "train/loss") == [(0, None), (2, 0.001)]
+    assert points(store, a.run_ids[0], "train/loss") == [(2, 0.001)]
+    assert (a.n_points, a.reason) == (1, "2 cells not numbers: abc, ''")
     [b] = ingest_log(store, wide)
     assert points(store, b.run_ids[0], "train/loss") == [(0, 2.5)]
     assert points(store, b.run_ids[0], "flag") == []
+    assert (b.n_points, b.reason) == (1, "3 cells not numbers: true, abc, false; 1 row without a step number: x")
 
 
 def test_a_csv_being_written_is_read_to_its_last_complete_line(store, tmp_path):
