@@ -48,6 +48,7 @@ from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints
 from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
+from loaders.logs.readers import READERS
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
 from loaders.logs.runs import apply_overrides
@@ -231,7 +232,8 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
                      held_tail=unterminated and not tail)
     if tail:
         for r in reports:
-            r.reason = "last line has no newline; read, as the file is not being written"
+            r.reason = "; ".join(filter(None, [r.reason, "last line has no newline; read, as the file is "
+                                                          "not being written"]))
     return reports
 
 
@@ -344,7 +346,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     status = "appended" if append_from is not None else "added"
     if append_from is not None and total == 0 and not parsed.runs:
         status = "unchanged"
-    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total)]
+    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total,
+                       reason="; ".join(parsed.notes) or None)]
 
 
 def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = False) -> bool:
@@ -356,10 +359,12 @@ def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = Fal
 
 def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str, run: RunData,
                 resumed: bool) -> int:
+    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ?", [source, name]).fetchone()
+    if row is not None and getattr(READERS.get(fmt), "JOINS_RUN", False):
+        return row[0]             # final metrics joining a run: its format and metadata stay
     fields, config = metadata.gather(run_dir, name, stated=run.meta, reader_config=run.config,
                                      exclude=path)
     config["log_format"] = fmt
-    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ?", [source, name]).fetchone()
     values = [fields["variant"], fields["n_kv_heads"], fields["weight_decay"], fields["lr"],
               fields["seed"], fields["model_size"]]
     if row is None:

@@ -1,0 +1,159 @@
+"""Launchers' stdout and result files: the Hugging Face Trainer's printed
+dicts and its *_results.json, Megatron-LM, DeepSpeed, fairseq, torchtune's
+DiskLogger and lm-eval-harness results (``realworld/SOURCES.md`` names each file's source)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loaders.errors import LogFormatError
+from loaders.logs import detect_log, ingest_log, list_runs
+from tests.loaders.logs.helpers import points, write
+
+REAL = Path(__file__).parent / "realworld"
+
+
+def _run(store, name=None):
+    runs = list_runs(store)
+    return runs[0] if name is None else next(r for r in runs if r["name"] == name)
+
+
+# --- Hugging Face Trainer stdout -------------------------------------------------------------
+
+def test_hf_stdout_of_accelerate_lora_run(store):
+    """accelerate + TRL, two ranks, tqdm bars on one line: the bar tqdm redraws
+    under each dict gives its step (logging every 10 steps)."""
+    p = REAL / "hf_stdout" / "train.log"
+    assert detect_log(p) == "hf_stdout"
+    [rep] = ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(10, 1.5618), (20, 1.2588), (30, 1.233)]
+    assert points(store, run["id"], "lr") == [(10, 9.981458590852905e-05), (20, 9.960857025133911e-05),
+                                              (30, 9.940255459414915e-05)]
+    assert [s for s, _ in points(store, run["id"], "mean_token_accuracy")] == [10, 20, 30]
+    # The dict cut off when the job was killed is counted on the report line, not dropped silently.
+    assert rep.reason == ("1 Trainer-dict line not read (first: line 13 "
+                          "\"{'loss': 1.2277, 'grad_norm': 0.23195728659629822, 'learning_r\")")
+    assert run["config"]["metadata_notes"] == [
+        "steps of 3 train dicts: the training progress bar tqdm redraws under the dict"]
+
+
+def test_hf_stdout_written_by_transformers(store):
+    """The stdout transformers 5.25's Trainer wrote (values printed as strings,
+    TrainingArguments printed): steps, eval steps and hyperparameters as its
+    trainer_state.json has them."""
+    p = REAL / "hf_stdout" / "transformers-5.25-trainer.log"
+    assert detect_log(p) == "hf_stdout"
+    ingest_log(store, p)
+    run = _run(store)
+    state = json.loads((REAL / "hf_results" / "tiny-run" / "trainer_state.json").read_text())
+    hist = state["log_history"]
+    assert [s for s, _ in points(store, run["id"], "train/loss")] == [e["step"] for e in hist if "loss" in e]
+    assert points(store, run["id"], "train/loss") == [(2, 3.249), (4, 3.257), (6, 3.222)]
+    assert points(store, run["id"], "val/loss") == [(3, 3.227), (6, 3.222)]
+    assert points(store, run["id"], "train_loss") == [(6, 3.243)]         # the summary keeps its name
+    assert (run["lr"], run["weight_decay"], run["seed"], run["model_size"]) == (0.001, 0.05, 7, 4080)
+    assert run["config"]["logging_steps"] == 2 and run["config"]["total_optimization_steps"] == 6
+
+
+def test_hf_stdout_steps_without_a_bar(store, tmp_path):
+    """No bar after the dicts: logging_steps from the printed arguments, evals
+    at the train step before them, the summary at max_steps; a cut dict still
+    takes its logging step."""
+    p = write(tmp_path / "run-a" / "stdout.txt", "\n".join([
+        "TrainingArguments(", "learning_rate=5e-05,", "logging_steps=10,", "max_steps=40,", "seed=3,", ")",
+        "[rank0]: {'loss': 2.31, 'learning_rate': 4.9e-05, 'epoch': 0.33}",
+        "[rank0]: {'eval_loss': 2.2, 'eval_runtime': 1.0, 'epoch': 0.33}",
+        "[rank0]: {'loss': 2.1, 'learning_rate': 3e-05, 'epo",
+        "[rank0]: {'loss': 2.0, 'learning_rate': 2e-05, 'epoch': 0.66}",
+        "[rank0]: {'train_runtime': 10.5, 'train_loss': 2.2, 'epoch': 1.0}", ""]))
+    [rep] = ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(10, 2.31), (30, 2.0)]
+    assert points(store, run["id"], "val/loss") == [(10, 2.2)]
+    assert points(store, run["id"], "train_runtime") == [(40, 10.5)]
+    assert run["config"]["metadata_notes"] == [
+        "steps of 2 train dicts: logging_steps=10 x the train dict's ordinal",
+        "steps of 1 eval dicts: the step of the train dict before it",
+        "steps of 1 summary dicts: max_steps / the total optimization steps"]
+    assert rep.reason == "1 Trainer-dict line not read (first: line 9 \"{'loss': 2.1, 'learning_rate': 3e-05, 'epo\")"
+    assert (run["lr"], run["seed"]) == (5e-05, 3)
+
+
+def test_hf_stdout_ordinal_steps_and_errors(store, tmp_path):
+    p = write(tmp_path / "o" / "log.txt", "{'loss': 1.0, 'epoch': 0.1}\n{'loss': 0.9, 'epoch': 0.2}\n")
+    ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(1, 1.0), (2, 0.9)]
+    assert run["config"]["metadata_notes"] == [
+        "steps of 2 train dicts: the train dict's ordinal (1, 2, ...): no step, bar or logging_steps printed"]
+    bad = write(tmp_path / "b" / "log.txt", "{'loss': 1.0, 'epoch': 0.1}\n{'loss': 0.9, 'ep\n")
+    bad.write_text("x {'loss': 1.0, 'ep\n{'eval_loss': nan_value}\n")
+    with pytest.raises(LogFormatError) as e:
+        ingest_log(store, bad, format="hf_stdout")
+    assert str(e.value) == (f"{bad}: expected Trainer log dicts ({{'loss': ..., 'learning_rate': ...}}), "
+                            "found 2 such lines none of which parses (first: line 1 \"{'loss': 1.0, 'ep\")")
+
+
+@pytest.mark.slow
+def test_hf_stdout_of_a_live_trainer(store, tmp_path):
+    """Run the Trainer, keep what it printed: the reader's steps are its trainer_state's."""
+    script = (REAL / "hf_stdout" / "make_trainer_log.py")
+    out = tmp_path / "hf-run"
+    log = tmp_path / "hf-run.log"
+    with open(log, "w") as fh:
+        subprocess.run([sys.executable, str(script), str(out)], stdout=fh, stderr=subprocess.STDOUT, check=True)
+    assert detect_log(log) == "hf_stdout"
+    ingest_log(store, log)
+    run = _run(store)
+    hist = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [s for s, _ in points(store, run["id"], "train/loss")] == [e["step"] for e in hist if "loss" in e]
+    assert [s for s, _ in points(store, run["id"], "val/loss")] == sorted(
+        {e["step"] for e in hist if "eval_loss" in e})
+
+
+# --- Hugging Face *_results.json -------------------------------------------------------------
+
+def test_hf_results_join_the_trainer_state_run(store, tmp_path):
+    d = tmp_path / "tiny-run"
+    shutil.copytree(REAL / "hf_results" / "tiny-run", d)
+    for name in ("all_results.json", "eval_results.json", "train_results.json"):
+        assert detect_log(d / name) == "hf_results"
+        ingest_log(store, d / name)
+    ingest_log(store, d / "trainer_state.json")
+    [run] = list_runs(store)                  # one training, one run, named after its output dir
+    assert (run["name"], run["format"]) == ("tiny-run", "hf_trainer")
+    assert points(store, run["id"], "total_flos") == [(6, 7630848.0)]        # at the state's global_step
+    assert points(store, run["id"], "train_loss") == [(6, 3.2428592840830484)]
+    assert points(store, run["id"], "val/loss")[-1] == (6, 3.2217538356781006)
+    assert [s for s, _ in points(store, run["id"], "train/loss")] == [2, 4, 6]
+
+
+def test_hf_results_of_transformers_repo(store, tmp_path):
+    """The all_results.json committed in huggingface/transformers: no trainer
+    state beside it, so its metrics are at step 0 and a note says why."""
+    p = REAL / "hf_results" / "transformers" / "all_results.json"
+    assert detect_log(p) == "hf_results"
+    ingest_log(store, p)
+    run = _run(store)
+    assert run["name"] == "transformers"
+    assert sorted(run["metrics"]) == ["epoch", "eval_bleu", "eval_gen_len", "test_bleu", "test_gen_len",
+                                      "test_loss", "total_flos", "val/loss"]
+    assert points(store, run["id"], "val/loss") == [(0, 596.380859375)]
+    assert points(store, run["id"], "test_loss") == [(0, 572.8933715820312)]
+    assert run["config"]["metadata_notes"] == [
+        "all_results.json: no trainer_state.json beside it gives the final step; its metrics are stored at step 0"]
+
+
+def test_hf_results_refusals(store, tmp_path):
+    other = write(tmp_path / "eval_results.json", '{"faithfulness": 0.9, "answer": "yes"}')
+    assert detect_log(other) is None         # a RAG tool's eval_results.json is no Trainer file
+    bad = write(tmp_path / "x" / "all_results.json", '{"eval_loss": "n/a"}')
+    with pytest.raises(LogFormatError) as e:
+        ingest_log(store, bad, format="hf_results")
+    assert str(e.value) == f"{bad}: expected numeric final metrics, found none (keys ['eval_loss'])"
