@@ -157,3 +157,57 @@ def test_hf_results_refusals(store, tmp_path):
     with pytest.raises(LogFormatError) as e:
         ingest_log(store, bad, format="hf_results")
     assert str(e.value) == f"{bad}: expected numeric final metrics, found none (keys ['eval_loss'])"
+
+
+# --- Megatron-LM -------------------------------------------------------------------------------
+
+def test_megatron_llama_run(store):
+    p = REAL / "megatron" / "llama2-3.5b-tp1-pp4.log"
+    assert detect_log(p) == "megatron"
+    [rep] = ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(1, 10.43863), (2, 10.44022), (3, 10.44375), (4, 10.44319),
+                                                      (5, 10.43448)]
+    assert points(store, run["id"], "lr")[:2] == [(1, 6.976744e-08), (2, 1.395349e-07)]
+    assert points(store, run["id"], "grad_norm")[0] == (1, 26.203)
+    assert points(store, run["id"], "elapsed_time_per_iteration_ms")[0] == (1, 19138.8)
+    assert points(store, run["id"], "val/loss") == [(4, 10.41297)]
+    assert points(store, run["id"], "val/ppl") == [(4, 33254.12)]
+    # The closing test evaluation is at the last iteration printed (6, whose own line was cut).
+    assert points(store, run["id"], "test/loss") == [(6, 10.3912)]
+    assert rep.reason == ("1 Megatron iteration/validation line not read (first: line 46 '[2025-08-01 07:19:42] "
+                          "iteration        6/    5000 | consumed samples:          768 | elapsed time per "
+                          "iteration (ms): 13')")
+    # From the arguments block; the model size sums the four pipeline ranks' parameter counts.
+    assert (run["lr"], run["weight_decay"], run["seed"]) == (3e-05, 0.1, 1234)
+    assert run["model_size"] == 809619456 * 2 + 940605440 + 940609536
+    assert (run["config"]["num_layers"], run["config"]["hidden_size"], run["config"]["num_attention_heads"]) == \
+        (16, 4096, 32)
+
+
+def test_megatron_deepspeed_tokens_and_growth(store, tmp_path):
+    """Megatron-DeepSpeed prints consumed tokens: the points' token count. A
+    log that grows is read from where the last read stopped."""
+    line = (" iteration {i:>8}/  317892 | consumed samples: {s:>12} | consumed tokens: {t:>12} | elapsed time "
+            "per iteration (ms): 25849.1 | learning rate: 3.000E-04 | global batch size:    96 | lm loss: "
+            "{loss} | loss scale: 1.0 | actual seqlen:  4096 | number of skipped iterations:   0 |\n")
+    p = write(tmp_path / "ds" / "output.log", line.format(i=1, s=96, t=393216, loss="1.117136E+01"))
+    ingest_log(store, p)
+    with open(p, "a") as fh:
+        fh.write(line.format(i=2, s=192, t=786432, loss="1.054311E+01"))
+    [rep] = ingest_log(store, p)
+    assert rep.status == "appended"
+    run = _run(store)
+    with store.connect() as con:
+        got = con.execute("SELECT step, value, tokens FROM points WHERE metric = 'train/loss' ORDER BY step").fetchall()
+    assert got == [(1, 11.17136, 393216), (2, 10.54311, 786432)]
+    assert run["lr"] == 3e-04          # the logged peak: this log prints no arguments block
+
+
+def test_megatron_error_when_no_line_reads(store, tmp_path):
+    p = write(tmp_path / "m" / "log.txt", " iteration        1/     100 | lm loss: 1.0E+01 | learning rate\n")
+    with pytest.raises(LogFormatError) as e:
+        ingest_log(store, p, format="megatron")
+    assert str(e.value) == (f"{p}: expected Megatron iteration lines (' iteration N/M | ... | lm loss: X |'), "
+                            "found 1 such line none of which parses (first: line 1 'iteration        1/     100 "
+                            "| lm loss: 1.0E+01 | learning rate')")
