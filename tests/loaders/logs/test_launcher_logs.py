@@ -211,3 +211,48 @@ def test_megatron_error_when_no_line_reads(store, tmp_path):
     assert str(e.value) == (f"{p}: expected Megatron iteration lines (' iteration N/M | ... | lm loss: X |'), "
                             "found 1 such line none of which parses (first: line 1 'iteration        1/     100 "
                             "| lm loss: 1.0E+01 | learning rate')")
+
+
+# --- DeepSpeed ---------------------------------------------------------------------------------
+
+def test_deepspeed_lines_of_a_trainer_run(store):
+    """FATE's Trainer + DeepSpeed log: the Trainer's dicts make it an hf_stdout
+    file (their loss is the curve); read as DeepSpeed, its log_dist lines give
+    the lr schedule at the engine's steps and the echoed user config the lr."""
+    p = REAL / "deepspeed" / "guest.log"
+    assert detect_log(p) == "hf_stdout"
+    ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss")[:3] == [(1, 2.075), (2, 0.8091), (3, 0.5003)]
+    store2 = type(store)(store.path.parent / "ds.duckdb")
+    ingest_log(store2, p, format="deepspeed")
+    run = _run(store2)
+    assert points(store2, run["id"], "lr") == [(10, 0.0003333333333333334), (20, 0.0004336766652213271),
+                                               (30, 0.0004923737515732208), (40, 0.0005340199971093208)]
+    assert points(store2, run["id"], "momentum") == [(10, 0.9), (20, 0.9), (30, 0.9), (40, 0.9)]
+    # "MemA          llocated=1.87GB": the terminal's wrap is undone.
+    assert points(store2, run["id"], "mem_allocated_gb") == [(10, 1.87), (20, 1.87), (30, 1.87), (40, 1.87)]
+    assert points(store2, run["id"], "curr_samples_per_sec")[0] == (10, 111.33670009091573)
+    assert run["lr"] == 0.0005 and run["config"]["optimizer_name"] == "Adam"
+
+
+def test_deepspeed_ranks_loss_and_unread_lines(store, tmp_path):
+    pre = "[2024-03-01 10:00:0{s},000] [INFO] [logging.py:96:log_dist] [Rank {r}] "
+    p = write(tmp_path / "ds-run" / "train.out", "".join([
+        "[2024-03-01 09:59:59,000] [INFO] [config.py:984:print] DeepSpeedEngine configuration:\n",
+        "[2024-03-01 09:59:59,000] [INFO] [config.py:988:print]   optimizer_name ............... adamw\n",
+        "[2024-03-01 09:59:59,000] [INFO] [config.py:988:print]   optimizer_params ............. "
+        "{'lr': 0.0003, 'betas': [0.9, 0.95], 'weight_decay': 0.1}\n",
+        pre.format(s=1, r=0) + "step=10, skipped=0, lr=[0.0003, 0.00015], mom=[(0.9, 0.95), (0.9, 0.95)], loss=2.5\n",
+        pre.format(s=1, r=1) + "step=10, skipped=0, lr=[0.0003, 0.00015], mom=[(0.9, 0.95), (0.9, 0.95)], loss=2.6\n",
+        pre.format(s=2, r=0) + "step=20, skipped=1, lr=[oops], mom=[(0.9, 0.95)]\n",
+        pre.format(s=3, r=0) + "step=30, skipped=1, lr=[0.0002, 0.0001], mom=[(0.9, 0.95), (0.9, 0.95)], loss=2.1\n"]))
+    assert detect_log(p) == "deepspeed"
+    [rep] = ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(10, 2.5), (30, 2.1)]          # rank 0's only
+    assert points(store, run["id"], "lr/group1") == [(10, 0.00015), (30, 0.0001)]
+    assert points(store, run["id"], "skipped_steps") == [(10, 0.0), (30, 1.0)]
+    assert (run["lr"], run["weight_decay"]) == (0.0003, 0.1)
+    assert rep.reason == ("1 DeepSpeed progress line not read (first: line 6 '[2024-03-01 10:00:02,000] [INFO] "
+                          "[logging.py:96:log_dist] [Rank 0] step=20, skipped=1, lr=[oops], mom=[(0.9, 0.95)]')")
