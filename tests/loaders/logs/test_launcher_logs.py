@@ -256,3 +256,55 @@ def test_deepspeed_ranks_loss_and_unread_lines(store, tmp_path):
     assert (run["lr"], run["weight_decay"]) == (0.0003, 0.1)
     assert rep.reason == ("1 DeepSpeed progress line not read (first: line 6 '[2024-03-01 10:00:02,000] [INFO] "
                           "[logging.py:96:log_dist] [Rank 0] step=20, skipped=1, lr=[oops], mom=[(0.9, 0.95)]')")
+
+
+# --- fairseq / metaseq -------------------------------------------------------------------------
+
+def test_fairseq_simple_format(store):
+    p = REAL / "fairseq" / "nat-train.log"
+    assert detect_log(p) == "fairseq"
+    [rep] = ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(40100, 3.171), (40200, 3.153)]
+    assert points(store, run["id"], "lr") == [(40100, 0.000157917), (40200, 0.00015772)]
+    assert points(store, run["id"], "epoch") == [(40100, 143.0), (40200, 143.0)]
+    assert points(store, run["id"], "val/loss") == [(40297, 12.677)]
+    assert points(store, run["id"], "val/bleu") == [(40297, 29.52)]
+    assert points(store, run["id"], "epoch/loss") == [(40297, 3.162)]       # the epoch's mean, apart
+    assert rep.reason.startswith("1 fairseq train_inner/valid line not read (first: line 19 '2023-06-13 17:33:31 "
+                                 "| INFO | train_inner | epoch 144:      3 / 282 loss=3.164")
+    # From the printed Namespace: lr=[0.0005] unwrapped; "num. model params".
+    assert (run["lr"], run["weight_decay"], run["seed"], run["model_size"]) == (0.0005, 0.01, 0, 64126464)
+    assert run["config"]["arch"] == "syntax_glat" and run["config"]["update_freq"] == 2
+
+
+def test_fairseq_json_format(store):
+    p = REAL / "fairseq" / "mass-json.log"
+    assert detect_log(p) == "fairseq"
+    ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(3600, 4.512)]
+    assert points(store, run["id"], "val/loss") == [(3645, 4.033)]
+    assert points(store, run["id"], "val/best_loss") == [(3645, 4.033)]
+    assert points(store, run["id"], "epoch/wall") == [(3645, 119.0)]
+    assert points(store, run["id"], "epoch/train_wall") == [(3645, 69.0)]
+    assert run["model_size"] == 87404544 and run["lr"] == 9.1e-05     # no args printed: the logged lr's peak
+
+
+def test_fairseq_old_format_and_config_dict(store, tmp_path):
+    """fairseq 0.6-0.9 lines start with '|'; the hydra versions print a config dict."""
+    p = write(tmp_path / "old" / "train.log", "\n".join([
+        "[2021-01-01 00:00:00,000][fairseq_cli.train][INFO] - {'_name': None, 'common': {'seed': 3}, "
+        "'optimization': {'lr': [0.0003], 'max_update': 100}, 'optimizer': {'_name': 'adam', 'weight_decay': 0.05}}",
+        "| epoch 001:     50 / 200 loss=9.512, nll_loss=9.5, ppl=730.1, num_updates=50, lr=1.5e-05, gnorm=2.1",
+        "| epoch 001 | loss 9.1 | ppl 550.2 | num_updates 200 | lr 6e-05",
+        "| epoch 001 | valid on 'valid' subset | loss 8.413 | ppl 340.86 | num_updates 200 | best_loss 8.413",
+        "| epoch 001 | valid on 'test' subset | loss 8.5 | ppl 362.0 | num_updates 200", ""]))
+    assert detect_log(p) == "fairseq"
+    ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(50, 9.512)]
+    assert points(store, run["id"], "epoch/loss") == [(200, 9.1)]
+    assert points(store, run["id"], "val/loss") == [(200, 8.413)]
+    assert points(store, run["id"], "test/loss") == [(200, 8.5)]
+    assert (run["lr"], run["weight_decay"], run["seed"]) == (0.0003, 0.05, 3)
