@@ -308,3 +308,34 @@ def test_fairseq_old_format_and_config_dict(store, tmp_path):
     assert points(store, run["id"], "val/loss") == [(200, 8.413)]
     assert points(store, run["id"], "test/loss") == [(200, 8.5)]
     assert (run["lr"], run["weight_decay"], run["seed"]) == (0.0003, 0.05, 3)
+
+
+# --- torchtune ---------------------------------------------------------------------------------
+
+def test_torchtune_disk_logger(store):
+    """A DiskLogger file in <output_dir>/logs/, with the recipe config torchtune
+    saved in the output dir: lr and weight decay from that config."""
+    p = REAL / "torchtune" / "llama3_2_1b-lora" / "logs" / "log_1727452384.txt"
+    assert detect_log(p) == "torchtune"
+    [rep] = ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(1, 2.0731472969055176), (2, 1.9982560873031616),
+                                                      (3, 1.947), (4, 1.8751), (5, 1.8137316703796387)]
+    assert [s for s, _ in points(store, run["id"], "lr")] == [1, 2, 3, 5]
+    assert points(store, run["id"], "tokens_per_second_per_gpu")[0] == (1, 1843.6573486328125)
+    assert rep.reason == "1 value not numbers, not read (first: line 4 'lr:None')"
+    assert (run["lr"], run["weight_decay"], run["seed"]) == (3e-4, 0.01, None)    # seed: null in the config
+
+
+def test_torchtune_stdout_logger_and_errors(store, tmp_path):
+    p = write(tmp_path / "tt" / "stdout.txt", "INFO:torchtune.utils._logging:Running LoRAFinetuneRecipeSingleDevice\n"
+              "Step 1 | loss:10.37 lr:2e-05 \nStep 2 | loss:10.1 lr:4e-05 \n")
+    assert detect_log(p) == "torchtune"
+    ingest_log(store, p)
+    run = _run(store)
+    assert points(store, run["id"], "train/loss") == [(1, 10.37), (2, 10.1)]
+    bad = write(tmp_path / "b" / "log_1.txt", "Step 1 | loss:None \n")
+    with pytest.raises(LogFormatError) as e:
+        ingest_log(store, bad, format="torchtune")
+    assert str(e.value) == (f"{bad}: expected torchtune 'Step N | name:value ...' lines with numbers, found 1 "
+                            "such line none of which parses (first: line 1 'Step 1 | loss:None')")
