@@ -5,7 +5,7 @@ Several files feed one run where their format says they are one training:
 the query-free paper's three tensors of a folder, a Hugging Face Trainer's
 ``trainer_state.json`` in its output dir and in each ``checkpoint-N/`` (as
 long as their histories agree: ``hf_shares_run``) and its ``*_results.json``
-final metrics, TensorBoard event files
+final metrics, and lm-evaluation-harness results of several checkpoints of one model, TensorBoard event files
 of one folder (TensorBoard itself shows a folder as one run), and the files
 of one run folder of this project's trainer.
 """
@@ -40,7 +40,7 @@ def run_name(path: Path, fmt: str, name: str) -> str:
     """The stored run name: the reader's (W&B run names), else the file's or folder's."""
     if fmt == "lightning":
         return f"{path.parent.parent.name}/{path.parent.name}"
-    if fmt in ("hf_trainer", "hf_results", "query_free", "projection_sharing") and name:
+    if fmt in ("hf_trainer", "hf_results", "lm_eval", "query_free", "projection_sharing") and name:
         return name
     if fmt in _RUN_FOLDER_FORMATS and is_trainer_run_folder(path.parent):
         return path.parent.name
@@ -63,6 +63,11 @@ def run_source(path: Path, fmt: str) -> tuple[str, Path, bool]:
     resolved = path.resolve()
     if fmt in ("query_free", "tensorboard"):
         return str(resolved.parent), resolved.parent, True
+    if fmt == "lm_eval":
+        # lm-eval writes OUTPUT/<model_name_sanitized>/results_<time>.json: the
+        # checkpoints of one model evaluated into one OUTPUT are one run (by name).
+        root = resolved.parent.parent if resolved.name.startswith("results_") else resolved.parent
+        return str(root), root, True
     if fmt == "hf_results":                 # final metrics join their output dir's run
         d = hf_run_dir(resolved)
         return str(d), d, True

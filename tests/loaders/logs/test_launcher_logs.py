@@ -339,3 +339,110 @@ def test_torchtune_stdout_logger_and_errors(store, tmp_path):
         ingest_log(store, bad, format="torchtune")
     assert str(e.value) == (f"{bad}: expected torchtune 'Step N | name:value ...' lines with numbers, found 1 "
                             "such line none of which parses (first: line 1 'Step 1 | loss:None')")
+
+
+# --- lm-evaluation-harness ---------------------------------------------------------------------
+
+def test_lm_eval_results_of_the_harness_repo(store):
+    """The results file committed in EleutherAI/lm-evaluation-harness: a steered
+    model, one task; the model names no checkpoint step, so step 0 with a note."""
+    [p] = (REAL / "lm_eval" / "steered").rglob("results_*.json")
+    assert detect_log(p) == "lm_eval"
+    ingest_log(store, p)
+    run = _run(store)
+    assert run["name"] == "dog_steer.csv"
+    assert points(store, run["id"], "eval/mmlu_abstract_algebra/acc") == [(0, 0.34)]
+    assert points(store, run["id"], "eval/mmlu_abstract_algebra/acc_stderr") == [(0, 0.047609522856952344)]
+    assert run["seed"] is None and run["model_size"] is None     # eval seeds are not the run's; 0 params: unknown
+    assert run["config"]["eval_random_seed"] == 0 and run["config"]["lm_eval_git_hash"] == "e16afa2f"
+    assert run["config"]["metadata_notes"] == [
+        "results_2025-01-21T00-40-03.356274.json: the model '/home/cs29824/matthew/lm-evaluation-harness/"
+        "examples/dog_steer.csv' names no checkpoint step; its scores are stored at step 0"]
+
+
+def test_lm_eval_v0_results(store):
+    p = REAL / "lm_eval" / "v0" / "hellaswag-v0-res.json"
+    assert detect_log(p) == "lm_eval"
+    ingest_log(store, p)
+    run = _run(store)
+    assert sorted(run["metrics"]) == ["eval/hellaswag/acc", "eval/hellaswag/acc_norm",
+                                      "eval/hellaswag/acc_norm_stderr", "eval/hellaswag/acc_stderr"]
+    assert points(store, run["id"], "eval/hellaswag/acc_norm") == [(0, 0.3)]
+    assert run["config"]["metadata_notes"] == ["hellaswag-v0-res.json: it names no model; its scores are "
+                                               "stored at step 0"]
+
+
+def test_lm_eval_checkpoints_of_one_model_are_one_curve(store):
+    """Two Pythia revisions evaluated into one --output_path: one run, a point per checkpoint step."""
+    files = sorted((REAL / "lm_eval" / "pythia").rglob("results_*.json"))
+    reports = [ingest_log(store, p)[0] for p in files]
+    [run] = list_runs(store)
+    assert run["name"] == "EleutherAI/pythia-160m"
+    assert points(store, run["id"], "eval/hellaswag/acc_norm") == [(1000, 0.2621), (143000, 0.3036)]
+    assert points(store, run["id"], "eval/hellaswag/acc_norm_stderr") == [(1000, 0.0044), (143000, 0.0046)]
+    assert points(store, run["id"], "eval/mmlu/acc") == [(1000, 0.2295), (143000, 0.2478)]
+    assert reports[0].reason == "1 value not numbers, not read (first: mmlu acc_stderr,none='N/A')"
+    assert run["model_size"] == 162322944
+
+
+def test_lm_eval_step_and_name_of_a_checkpoint_folder():
+    from loaders.logs.readers.lm_eval import checkpoint_step, model_name
+    doc = {"config": {"model_args": "pretrained=/runs/gpt-wd0.1/checkpoint-500,dtype=bfloat16"}}
+    assert model_name(doc, Path("x/results_1.json")) == ("gpt-wd0.1", "/runs/gpt-wd0.1/checkpoint-500")
+    assert checkpoint_step("/runs/gpt-wd0.1/checkpoint-500") == 500
+    assert checkpoint_step("/ckpts/iter_0001000") == 1000
+    assert checkpoint_step("x/global_step300") == 300
+    assert checkpoint_step("EleutherAI/pythia-160m,revision=step143000") == 143000
+    assert checkpoint_step("meta-llama/Llama-3.2-1B") is None
+
+
+def test_lm_eval_refusals(store, tmp_path):
+    p = write(tmp_path / "r" / "results_1.json", '{"results": {"hellaswag": {"acc_stderr,none": "N/A"}}}')
+    with pytest.raises(LogFormatError) as e:
+        ingest_log(store, p, format="lm_eval")
+    assert str(e.value) == (f"{p}: expected numeric scores in 'results', found none (1 values that are no "
+                            "number: hellaswag acc_stderr,none='N/A')")
+
+
+# --- detection ---------------------------------------------------------------------------------
+
+_NEW = ("hf_stdout", "hf_results", "megatron", "deepspeed", "fairseq", "torchtune", "lm_eval")
+
+
+@pytest.mark.parametrize("rel, claimed", [
+    ("hf_stdout/train.log", {"hf_stdout"}),
+    ("hf_stdout/transformers-5.25-trainer.log", {"hf_stdout"}),
+    ("hf_results/transformers/all_results.json", {"hf_results"}),
+    ("hf_results/tiny-run/trainer_state.json", {"hf_trainer"}),
+    ("megatron/llama2-3.5b-tp1-pp4.log", {"megatron"}),
+    ("deepspeed/guest.log", {"hf_stdout", "deepspeed"}),          # a Trainer + DeepSpeed log: the Trainer's
+    ("fairseq/nat-train.log", {"fairseq"}),
+    ("fairseq/mass-json.log", {"fairseq"}),
+    ("torchtune/llama3_2_1b-lora/logs/log_1727452384.txt", {"torchtune"}),
+    ("lm_eval/v0/hellaswag-v0-res.json", {"lm_eval"}),
+])
+def test_which_readers_claim_each_file(rel, claimed):
+    """The readers whose sniff takes a file, and the one detection picks (the
+    lowest PRIORITY): no new reader takes another's file."""
+    from loaders.logs import READERS
+    from loaders.logs.base import read_head
+    p = REAL / rel
+    head = read_head(p)
+    assert {n for n, r in READERS.items() if r.sniff(p, head)} == claimed
+    assert detect_log(p) == min(claimed, key=lambda n: READERS[n].PRIORITY)
+
+
+@pytest.mark.parametrize("name", _NEW)
+def test_new_readers_refuse_binary_and_zip_heads(name, tmp_path):
+    from loaders.logs import READERS
+    from loaders.logs.base import ZIP_MAGIC
+    text = {"hf_stdout": b"{'loss': 2.0, 'epoch': 0.1}\n", "hf_results": b'{"eval_loss": 2.0}',
+            "megatron": b" iteration        1/     100 | lm loss: 1.0E+01 | learning rate: 1.0E-04 |\n",
+            "deepspeed": b"[Rank 0] step=10, skipped=0, lr=[0.0001], mom=[(0.9, 0.95)]\n",
+            "fairseq": b"| INFO | train_inner | epoch 001:    100 / 1000 loss=9.5, num_updates=100, lr=1e-4\n",
+            "torchtune": b"Step 1 | loss:10.37 lr:2e-05 \n",
+            "lm_eval": b'{"results": {"hellaswag": {"acc,none": 0.3, "acc_stderr,none": 0.01}}}'}[name]
+    p = tmp_path / ("all_results.json" if name == "hf_results" else "log.txt")
+    assert READERS[name].sniff(p, text)
+    assert not READERS[name].sniff(p, ZIP_MAGIC + text)
+    assert not READERS[name].sniff(p, text + b"\x00")
