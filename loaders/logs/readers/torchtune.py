@@ -1,5 +1,6 @@
 """torchtune's ``DiskLogger`` files (``<output_dir>/logs/log_<unix time>.txt``)
-and ``StdoutLogger`` output (``torchtune/training/metric_logging.py``).
+and ``StdoutLogger`` output (``torchtune/training/metric_logging.py``). A
+``log_<time>.txt`` run is named after its output dir.
 
 Each ``log_dict`` call writes one line, ``Step 1 | loss:10.37 lr:2e-05
 tokens_per_second_per_gpu:1234.5 `` (``log`` writes one ``name:value`` per
@@ -77,13 +78,23 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
         notes.append(f"{len(odd)} value{'s' * (len(odd) != 1)} not numbers, not read (first: {where}"
                      f"{odd[0][1][:80]!r})")
     config = _saved_config(path) if start == 0 else {}
+    name = _run_name(path)
     if not rows:
-        runs = [RunData(name="", points=points_frame([], [], []), config=config)] if start == 0 else []
+        runs = [RunData(name=name, points=points_frame([], [], []), config=config)] if start == 0 else []
         return Parsed(runs=runs, read_bytes=start + used, state=dict(state or {}), notes=notes)
     df = pd.DataFrame(rows, columns=["step", "metric", "value"])
     pts = points_frame(df["step"].to_numpy(), df["metric"].to_numpy(), df["value"].to_numpy())
-    return Parsed(runs=[RunData(name="", points=pts, config=config, resumed=steps_went_back(pts))],
+    return Parsed(runs=[RunData(name=name, points=pts, config=config, resumed=steps_went_back(pts))],
                   read_bytes=start + used, state=dict(state or {}), notes=notes)
+
+
+def _run_name(path: Path) -> str:
+    """A DiskLogger file's name says only when it was opened: the run is named
+    after its output dir (the folder above ``logs/``); "" for other names
+    (the file or folder then names the run)."""
+    if not _DISK_NAME.match(path.name):
+        return ""
+    return path.parent.parent.name if path.parent.name == "logs" else path.parent.name
 
 
 def _saved_config(path: Path) -> dict:

@@ -325,6 +325,7 @@ def test_torchtune_disk_logger(store):
     assert points(store, run["id"], "tokens_per_second_per_gpu")[0] == (1, 1843.6573486328125)
     assert rep.reason == "1 value not numbers, not read (first: line 4 'lr:None')"
     assert (run["lr"], run["weight_decay"], run["seed"]) == (3e-4, 0.01, None)    # seed: null in the config
+    assert run["name"] == "llama3_2_1b-lora"            # the output dir, not log_<unix time>
 
 
 def test_torchtune_stdout_logger_and_errors(store, tmp_path):
