@@ -447,3 +447,23 @@ def test_new_readers_refuse_binary_and_zip_heads(name, tmp_path):
     assert READERS[name].sniff(p, text)
     assert not READERS[name].sniff(p, ZIP_MAGIC + text)
     assert not READERS[name].sniff(p, text + b"\x00")
+
+
+@pytest.mark.parametrize("name, first, more, metric, want", [
+    ("deepspeed", "[Rank 0] step=10, skipped=0, lr=[0.0001], mom=[(0.9, 0.95)], loss=2.5\n",
+     "[Rank 0] step=20, skipped=0, lr=[0.0002], mom=[(0.9, 0.95)], loss=2.25\n", "train/loss", [(10, 2.5), (20, 2.25)]),
+    ("fairseq", "| INFO | train_inner | epoch 001:    100 / 1000 loss=9.5, num_updates=100, lr=1e-4\n",
+     "| INFO | train_inner | epoch 001:    200 / 1000 loss=8.5, num_updates=200, lr=2e-4\n", "train/loss",
+     [(100, 9.5), (200, 8.5)]),
+    ("torchtune", "Step 1 | loss:10.5 lr:2e-05 \n", "Step 2 | loss:10.25 lr:4e-05 \n", "train/loss",
+     [(1, 10.5), (2, 10.25)]),
+])
+def test_a_growing_log_is_read_from_where_it_stopped(store, tmp_path, name, first, more, metric, want):
+    p = write(tmp_path / name / "run.log", first)
+    assert detect_log(p) == name
+    ingest_log(store, p)
+    with open(p, "a") as fh:
+        fh.write(more)
+    [rep] = ingest_log(store, p)
+    assert rep.status == "appended"
+    assert points(store, _run(store)["id"], metric) == want
