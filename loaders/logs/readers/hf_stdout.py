@@ -69,9 +69,14 @@ _LOST: dict = {"loss": None}
 
 
 def sniff(path: Path, head: bytes) -> bool:
+    """A printed Trainer dict in the head, or the Trainer's "Running training"
+    banner (its first dict may come after the first 64 KB, behind DeepSpeed's
+    progress lines: the log is still the Trainer's)."""
     if not is_text_head(head):
         return False
     text = head_text(head)
+    if "***** Running training *****" in text and "Total optimization steps = " in text:
+        return True
     return any(isinstance(literal(m.group(0)), dict) for m in _SPAN.finditer(text))
 
 

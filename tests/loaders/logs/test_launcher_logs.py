@@ -467,3 +467,18 @@ def test_a_growing_log_is_read_from_where_it_stopped(store, tmp_path, name, firs
     [rep] = ingest_log(store, p)
     assert rep.status == "appended"
     assert points(store, _run(store)["id"], metric) == want
+
+
+def test_a_trainer_log_whose_first_dict_comes_late_stays_the_trainers(store, tmp_path):
+    """DeepSpeed prints every 10 steps, the Trainer every 500: 64 KB of DeepSpeed
+    lines before the first dict. The Trainer's banner says whose log it is."""
+    ds = "[2024-03-01 10:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 0] step={}, skipped=0, lr=[0.0001], mom=[(0.9, 0.999)]\n"
+    text = ("[INFO|trainer.py:2128] 2024-03-01 09:59:59 >> ***** Running training *****\n"
+            "[INFO|trainer.py:2134] 2024-03-01 09:59:59 >>   Total optimization steps = 1,000\n"
+            + "".join(ds.format(s) for s in range(10, 6010, 10))
+            + "{'loss': 2.5, 'learning_rate': 9e-05, 'epoch': 0.5}\n")
+    p = write(tmp_path / "hf-ds" / "train.out", text)
+    assert p.stat().st_size > 64 * 1024
+    assert detect_log(p) == "hf_stdout"
+    ingest_log(store, p)
+    assert points(store, _run(store)["id"], "train/loss") == [(1, 2.5)]
