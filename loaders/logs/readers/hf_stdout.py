@@ -37,7 +37,8 @@ and ``config["metadata_notes"]`` says how, for how many dicts:
 
 Hyperparameters come from the printed ``TrainingArguments(...)`` block
 (``learning_rate=``, ``weight_decay=``, ``seed=``) and the Trainer's
-"Number of trainable parameters = N" (model size).
+"Number of trainable parameters = N" (the model size; of a LoRA run, the
+adapters' count, which is all the Trainer prints).
 """
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ _VALID = re.compile(r"\bvalidation loss at (?:iteration (\d+)|the end of trainin
 _LOOKS = re.compile(r"\biteration\s+\d+\s*/\s*\d+|\bvalidation loss at ")
 _ARGS_HEADER = re.compile(r"^-+ arguments -+$", re.MULTILINE)
 _ARG = re.compile(r"^\s*([A-Za-z_]\w*) \.{2,} (.*?)\s*$")
-_FIELD = re.compile(rf"^\s*([^:|]+?)\s*:\s*({NUM})\s*$")
+#: A ``key: number |`` field of a line (after the ``|`` that ends the one before).
+_FIELD = re.compile(rf"(?:^|\|)\s*([^:|]+?)\s*:\s*({NUM})\s*(?=\|)")
 _NAMES = {"lm_loss": "train/loss", "learning_rate": "lr"}
 _NPARAMS = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank \((\d+), (\d+)\): (\d+)")
 #: Arguments kept in the run's config (the model's shape and the optimiser's settings).
@@ -88,15 +89,15 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     it, va = it[whole[it.index]], va[whole[va.index]]
     frames, bad = [], list(cut)
     if len(it):
-        fields = it[2].str.split("|").explode().str.extract(_FIELD).dropna()
+        fields = _fields(it[2])
         line_of = fields.index.to_numpy()
-        key = fields[0].map(_snake)
+        key = _renamed(fields[0], _snake)
         frames.append(pd.DataFrame({"line": line_of, "step": it[0].astype("int64").reindex(line_of).to_numpy(),
                                     "key": key.to_numpy(), "value": to_float(fields[1])}))
         bad += sorted(set(it.index) - set(line_of))
     last_iter = state.get("last_iteration", 0)
     if len(va):
-        fields = va[2].str.split("|").explode().str.extract(_FIELD).dropna()
+        fields = _fields(va[2])
         line_of = fields.index.to_numpy()
         where = va[1].reindex(line_of).fillna("").to_numpy()
         split = np.where(pd.Series(where).str.contains("test").to_numpy(), "test", "val")
@@ -108,7 +109,8 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
         own = pd.to_numeric(va[0].reindex(line_of), errors="coerce").to_numpy()
         step = np.where(np.isnan(own), fallback, own).astype("int64")
         names = fields[0].str.replace(r"^lm loss (value|PPL)$", lambda m: "loss" if m.group(1) == "value" else "ppl",
-                                      regex=True).str.replace(r"\s+value$", "", regex=True).map(_snake)
+                                      regex=True).str.replace(r"\s+value$", "", regex=True)
+        names = _renamed(names, _snake)
         frames.append(pd.DataFrame({"line": line_of, "step": step,
                                     "key": [f"{s}/{n}" for s, n in zip(split, names)],
                                     "value": to_float(fields[1])}))
@@ -133,13 +135,25 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     tokens = df[tok_rows].drop_duplicates("line").set_index("line")["value"]
     df = df[~tok_rows]
     tok = tokens.reindex(df["line"]).to_numpy() if len(tokens) else None
-    pts = points_frame(df["step"].to_numpy(), df["key"].map(lambda k: _NAMES.get(k, k)).to_numpy(),
+    pts = points_frame(df["step"].to_numpy(), _renamed(df["key"], lambda k: _NAMES.get(k, k)).to_numpy(),
                        df["value"].to_numpy(),
                        tokens=None if tok is None else pd.array(np.where(np.isnan(tok), None, tok), dtype="Int64"))
     if len(it_all):
         state["last_iteration"] = int(it_all[0].astype("int64").iat[-1])
     return Parsed(runs=[RunData(name="", points=pts, config=config, meta=meta, resumed=steps_went_back(pts))],
                   read_bytes=start + used, state=state, notes=notes)
+
+
+def _renamed(keys: pd.Series, rename) -> pd.Series:
+    """``keys`` renamed, ``rename`` called once per distinct key (a log repeats a few)."""
+    return keys.map({k: rename(k) for k in keys.unique()})
+
+
+def _fields(bodies: pd.Series) -> pd.DataFrame:
+    """(key, number) of every ``key: number |`` field, indexed by line (one vectorised pass)."""
+    got = bodies.str.extractall(_FIELD)
+    got.index = got.index.get_level_values(0)
+    return got
 
 
 def _arguments(lines: pd.Series, text: str) -> tuple[dict, dict]:
