@@ -47,7 +47,7 @@ def run_name(path: Path, fmt: str, name: str) -> str:
     stem = path.name.split(".")[0] if path.name.startswith("events.out") else path.stem
     base = path.parent.name if (stem.lower() in _GENERIC_STEMS or path.name.startswith("events.out")) \
         else stem
-    if fmt in ("modded_nanogpt", "nanogpt"):      # several runs in one file: #2, #3, ...
+    if fmt in ("modded_nanogpt", "nanogpt", "hf_stdout"):      # several runs in one file: #2, #3, ...
         return base if name in ("", "#1") else f"{base}{name}"
     return name or base
 

@@ -35,6 +35,12 @@ and ``config["metadata_notes"]`` says how, for how many dicts:
    ``max_steps`` (when printed and positive), else "Total optimization
    steps = N", else the last train step.
 
+Each "***** Running training *****" banner after a dict starts another
+training (a script that trains several models in turn): its own run, named
+``#2``, ``#3``, ... after the file, with the arguments printed before it;
+a banner followed by "Continuing training from checkpoint" is a resume of
+the same run.
+
 Hyperparameters come from the printed ``TrainingArguments(...)`` block
 (``learning_rate=``, ``weight_decay=``, ``seed=``) and the Trainer's
 "Number of trainable parameters = N" (the model size; of a LoRA run, the
@@ -48,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from loaders.logs.base import Parsed, RunData, is_text_head, normalise_metric, points_frame
+from loaders.logs.base import Parsed, RunData, is_text_head, normalise_metric, points_frame, steps_went_back
 from loaders.logs.readers._text import head_text, lines_of, literal, no_points_error, read_chunk, unread_note
 
 NAME = "hf_stdout"
@@ -65,6 +71,8 @@ _SPAN = re.compile(rf"\{{'{_FIRST_KEY}':[^{{}}]*\}}")
 _START = re.compile(r"\{'(?:loss|eval_[\w/.-]+|train_runtime)':")
 _NAMES = {"loss": "train/loss", "eval_loss": "val/loss", "learning_rate": "lr"}
 _ARG_LINE = re.compile(r"^(\w+)=(.*?),?$")
+_RESUME = "Continuing training from checkpoint"
+_BANNER = re.compile(r"\*\*\*\*\* Running training \*\*\*\*\*")
 #: A train dict that did not parse: it took its logging step all the same.
 _LOST: dict = {"loss": None}
 
@@ -97,12 +105,37 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
             raise no_points_error(path, "Trainer log dicts ({'loss': ..., 'learning_rate': ...})",
                                   len(bad), first, ln)
         return Parsed(runs=[RunData(name="", points=points_frame([], [], []))], read_bytes=used)
-    lines = lines_of(text)
-    args = _training_arguments(lines)
-    facts = _facts(text)
     # A train dict that did not parse still took its logging step.
     entries += [(pos, _LOST, None) for pos in bad if text.startswith("{'loss':", pos)]
     entries.sort(key=lambda e: e[0])
+    # Each "Running training" banner after the first starts another training
+    # (a script that trains several models in turn): its own run, #2, #3, ...
+    # A banner followed by "Continuing training from checkpoint" resumes the same run.
+    banners = [m.start() for m in _BANNER.finditer(text)]
+    cuts = [b for b in banners[1:] if any(pos < b for pos, _, _ in entries)
+            and _RESUME not in text[b:next((pos for pos, _, _ in entries if pos > b), len(text))]]
+    bounds = [0, *cuts, len(text) + 1]
+    lines = lines_of(text)
+    arg_blocks = _training_arguments(lines, text)
+    runs = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        seg = [e for e in entries if lo <= e[0] < hi]
+        if not seg:
+            continue
+        # The arguments printed last before this training's dicts.
+        args = next((a for off, a in reversed(arg_blocks) if off < seg[0][0]), {})
+        run = _run(seg, args, _facts(text[lo:hi]))
+        run.name = f"#{len(runs) + 1}" if runs else ""
+        runs.append(run)
+    report = []
+    if bad:
+        ln, first = _line_at(text, bad[0])
+        report.append(unread_note(len(bad), "Trainer-dict", first, ln))
+    return Parsed(runs=runs, read_bytes=used, notes=report)
+
+
+def _run(entries: list, args: dict, facts: dict) -> RunData:
+    """One training's dicts as a run: their steps (module docstring), points, config."""
     kinds = [_kind(d) for _, d, _ in entries]
     n_train = sum(k == "train" for k in kinds)
     total = facts.get("total_optimization_steps") or _common_total(entries)
@@ -156,12 +189,7 @@ def read(path: Path, *, start: int = 0, state: dict | None = None, complete: boo
     config["n_train_logs"] = n_train
     config["metadata_notes"] = [f"steps of {n} {w}" for w, n in how.items()]
     meta = {"model_size": facts["trainable_parameters"]} if "trainable_parameters" in facts else {}
-    report = []
-    if bad:
-        ln, first = _line_at(text, bad[0])
-        report.append(unread_note(len(bad), "Trainer-dict", first, ln))
-    return Parsed(runs=[RunData(name="", points=pts, config=config, meta=meta)], read_bytes=used,
-                  notes=report)
+    return RunData(name="", points=pts, config=config, meta=meta, resumed=steps_went_back(pts))
 
 
 #: A tqdm bar's count, ``| 10/4854 [``.
@@ -218,21 +246,25 @@ def _final_step(args: dict, facts: dict, last: int) -> int:
     return facts.get("total_optimization_steps", last)
 
 
-def _training_arguments(lines: pd.Series) -> dict:
-    """``name=value`` lines of the last printed ``TrainingArguments(`` block
+def _training_arguments(lines: pd.Series, text: str) -> list[tuple[int, dict]]:
+    """(text offset, its ``name=value`` lines) of every printed ``TrainingArguments(`` block
     (values are literals where they are one, else the printed text)."""
     starts = np.flatnonzero(lines.str.contains(r"TrainingArguments\($", regex=True).to_numpy())
-    out: dict = {}
     if not len(starts):
-        return out
-    for line in lines.iloc[int(starts[-1]) + 1:int(starts[-1]) + 1000]:
-        if line.strip() == ")":
-            break
-        m = _ARG_LINE.match(line.strip())
-        if m:
-            v = literal(m.group(2))
-            out[m.group(1)] = v if v is not None or m.group(2) == "None" else m.group(2)
-    return out
+        return []
+    offsets = np.cumsum([0] + [len(l) + 1 for l in lines.iloc[:int(starts[-1])]])
+    blocks = []
+    for st in starts:
+        out: dict = {}
+        for line in lines.iloc[int(st) + 1:int(st) + 1000]:
+            if line.strip() == ")":
+                break
+            m = _ARG_LINE.match(line.strip())
+            if m:
+                v = literal(m.group(2))
+                out[m.group(1)] = v if v is not None or m.group(2) == "None" else m.group(2)
+        blocks.append((int(offsets[int(st)]), out))
+    return blocks
 
 
 def _facts(text: str) -> dict:

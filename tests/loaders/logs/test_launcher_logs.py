@@ -482,3 +482,21 @@ def test_a_trainer_log_whose_first_dict_comes_late_stays_the_trainers(store, tmp
     assert detect_log(p) == "hf_stdout"
     ingest_log(store, p)
     assert points(store, _run(store)["id"], "train/loss") == [(1, 2.5)]
+
+
+def test_hf_stdout_of_a_script_training_two_models(store, tmp_path):
+    """Two banners with dicts after each: two runs, each with the arguments
+    printed before it; a resume banner continues the run it resumes."""
+    def training(lr, losses, resume=False):
+        return "\n".join(["TrainingArguments(", f"learning_rate={lr},", "logging_steps=5,", ")",
+                           "***** Running training *****", "  Total optimization steps = 20",
+                           *(["  Continuing training from checkpoint, will skip to saved global_step"] if resume else []),
+                           *(f"{{'loss': {x}, 'learning_rate': {lr}, 'epoch': 0.1}}" for x in losses), ""])
+    text = training(1e-4, [3.0, 2.5]) + training(3e-4, [2.9, 2.4]) + training(3e-4, [2.2], resume=True)
+    p = write(tmp_path / "sweep" / "train.log", text)
+    ingest_log(store, p)
+    one, two = sorted(list_runs(store), key=lambda r: r["name"])
+    assert (one["name"], two["name"]) == ("sweep", "sweep#2")
+    assert points(store, one["id"], "train/loss") == [(5, 3.0), (10, 2.5)]
+    assert points(store, two["id"], "train/loss") == [(5, 2.9), (10, 2.4), (15, 2.2)]
+    assert (one["lr"], two["lr"]) == (1e-4, 3e-4)
