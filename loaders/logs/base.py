@@ -139,8 +139,7 @@ class Parsed:
     read_bytes: int | None = None
     #: Reader state for the next append (JSON-able).
     state: dict = field(default_factory=dict)
-    #: What the file's report line says of content the reader saw but could not
-    #: read ("2 lines like Megatron iteration lines not read: line 17 '...'").
+    #: What the reader could not read and did not store (the file's report line says it).
     notes: list[str] = field(default_factory=list)
 
 

@@ -232,8 +232,10 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
                      held_tail=unterminated and not tail)
     if tail:
         for r in reports:
-            r.reason = "; ".join(filter(None, [r.reason, "last line has no newline; read, as the file is "
-                                                          "not being written"]))
+            r.reason = "last line has no newline; read, as the file is not being written"
+    if parsed.notes:
+        for r in reports:
+            r.reason = "; ".join(([r.reason] if r.reason else []) + parsed.notes)
     return reports
 
 
@@ -346,8 +348,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     status = "appended" if append_from is not None else "added"
     if append_from is not None and total == 0 and not parsed.runs:
         status = "unchanged"
-    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total,
-                       reason="; ".join(parsed.notes) or None)]
+    return [FileReport(str(path), "log", status, format=fmt, run_ids=sorted(set(ids)), n_points=total)]
 
 
 def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = False) -> bool:
@@ -359,12 +360,12 @@ def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = Fal
 
 def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str, run: RunData,
                 resumed: bool) -> int:
-    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ?", [source, name]).fetchone()
-    if row is not None and getattr(READERS.get(fmt), "JOINS_RUN", False):
-        return row[0]             # final metrics joining a run: its format and metadata stay
     fields, config = metadata.gather(run_dir, name, stated=run.meta, reader_config=run.config,
                                      exclude=path)
     config["log_format"] = fmt
+    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ?", [source, name]).fetchone()
+    if row is not None and getattr(READERS.get(fmt), "JOINS_RUN", False):
+        return row[0]             # final metrics joining a run: its format and metadata stay
     values = [fields["variant"], fields["n_kv_heads"], fields["weight_decay"], fields["lr"],
               fields["seed"], fields["model_size"]]
     if row is None:

@@ -9,14 +9,11 @@ The reader protocol. A module in this package (name not starting with
 * ``PRIORITY: int``: detection order, lower first. 10-19 binary framings
   (``tensorboard``), 20-29 torch zips told apart by their pickle index
   (``query_free``, ``projection_sharing``), 30-39 JSON documents
-  (``hf_trainer``, ``hf_results``, ``lm_eval``, before JSON lines: a one-line
-  trainer state is also a JSON line with a ``global_step``), 40-49 JSON
-  lines, 50-59 CSV (``wandb_csv``, ``csv_long``, ``lightning``, ``csv_wide``:
-  ``_csv.classify_csv`` gives each file exactly one of them), 60-69 stdout
-  logs matched by their line patterns (``llmc``, ``modded_nanogpt``,
-  ``nanogpt``, ``megatron``, ``hf_stdout``, ``deepspeed``, ``fairseq``,
-  ``torchtune``; Megatron-DeepSpeed logs are Megatron's, a Trainer's log with
-  DeepSpeed lines the Trainer's: the lower number wins).
+  (``hf_trainer``, before JSON lines: a one-line trainer state is also a JSON
+  line with a ``global_step``), 40-49 JSON lines, 50-59 CSV (``wandb_csv``,
+  ``csv_long``, ``lightning``, ``csv_wide``: ``_csv.classify_csv`` gives each
+  file exactly one of them), 60-69 stdout logs matched by their line patterns
+  (``llmc``, ``modded_nanogpt``, ``nanogpt``).
 * ``HELP: str``: what it reads, in one line.
 * ``APPENDABLE: bool``: a log that grew is read from where the last read
   stopped (``read_bytes``, the end of a complete line); otherwise a changed
@@ -38,20 +35,25 @@ and optionally:
 
 * ``ROWS_READ_BY_STORE = True``: ``read`` plans only (``base.SqlPoints``) and
   the store step reads the rows inside its transaction (the CSV readers).
-* ``INSIDE_CHECKPOINT = True``: its files are checkpoints first, which the
-  checkpoint loader owns: ``detect_log`` never picks it, ``ingest`` offers a
-  checkpoint file to it (``loaders.ingest``) and ``ingest_log(..., format=NAME)`` reads one.
 * ``JOINS_RUN = True``: its points join the run already stored for their
   source (``loaders.logs.run_identity``), which keeps its format and
   metadata (``hf_results``: a Trainer's final metrics).
-
-``Parsed.notes`` carries what the file's report line says of content the
-reader saw but could not read (lines cut short, values that are no number);
-a file with nothing readable is a ``LogFormatError`` instead.
+* ``INSIDE_CHECKPOINT = True``: its files are checkpoints first, which the
+  checkpoint loader owns: ``detect_log`` never picks it, ``ingest`` offers a
+  checkpoint file to it (``loaders.ingest``) and ``ingest_log(..., format=NAME)`` reads one.
 
 ``discover()`` finds the modules by these attributes (as ``loaders.layouts``
 finds its converters); nothing else lists them. A new format is a new module
 here (copy ``jsonl.py``).
+
+The launchers' readers sit among them by the same numbers: ``hf_results``
+and ``lm_eval`` with the JSON documents (31, 32), ``megatron``,
+``hf_stdout``, ``deepspeed``, ``fairseq``, ``torchtune`` with the stdout logs
+(63-68): a Megatron-DeepSpeed log is Megatron's, a Trainer's log with
+DeepSpeed lines the Trainer's (the lower number wins). What a reader saw but
+could not read (lines cut short, values that are no number) goes in
+``Parsed.notes``, which the file's report line says; a file with nothing
+readable is a ``LogFormatError`` instead.
 """
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ PRIORITY = 66
 HELP = ("DeepSpeed stdout: log_dist '[Rank 0] step=N, skipped=K, lr=[...], mom=[...]' lines and the "
         "throughput timer's 'global_step=N, RunningAvgSamplesPerSec=...'")
 APPENDABLE = True
+EXAMPLE = "ds_train.log"
 
 _STEP_LINE = re.compile(r"\[Rank (\d+)\] (step=\d+,.*)$")
 _THROUGHPUT = re.compile(r"epoch=\d+/micro_step=\d+/global_step=(\d+), (RunningAvgSamplesPerSec=.*)$")

@@ -40,6 +40,7 @@ PRIORITY = 67
 HELP = ("fairseq / metaseq stdout: train_inner 'epoch 001: 100 / 1000 loss=9.5, ..., num_updates=100' "
         "(simple or json log format) and valid 'valid on 'valid' subset | loss 7.2 | ...' lines")
 APPENDABLE = True
+EXAMPLE = "checkpoints/train.log"
 
 _INNER_SIMPLE = re.compile(r"\bepoch (\d+):\s+(\d+) / (\d+) (.*)$")
 _TAGGED = re.compile(r"(?:\| (train_inner|train|valid) \| |\[(train_inner|train|valid)\]\[\w+\] - )(.*)$")

@@ -31,6 +31,7 @@ PRIORITY = 31
 HELP = ("Hugging Face Trainer metrics files (all_results.json, train_/eval_/test_results.json): "
         "final metrics, joined to the run of the trainer_state.json beside them")
 APPENDABLE = False
+EXAMPLE = "output/all_results.json"
 #: Its points join the run of the folder it sits in, which keeps its format.
 JOINS_RUN = True
 

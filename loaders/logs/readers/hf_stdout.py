@@ -62,6 +62,7 @@ PRIORITY = 65
 HELP = ("Hugging Face Trainer / accelerate / axolotl stdout: printed dicts {'loss': ..., "
         "'learning_rate': ..., 'epoch': ...}, {'eval_loss': ...}, {'train_runtime': ...}")
 APPENDABLE = False
+EXAMPLE = "output/train.log"
 
 #: The first key of a dict the Trainer prints.
 _FIRST_KEY = r"(?:loss|eval_[\w/.-]+|train_runtime|learning_rate|grad_norm|epoch|train_loss|step)"

@@ -41,6 +41,7 @@ PRIORITY = 32
 HELP = ("lm-evaluation-harness results_*.json: per-task scores ('acc_norm,none') and stderr "
         "-> eval/<task>/<metric> at the evaluated checkpoint's step")
 APPENDABLE = False
+EXAMPLE = "eval_out/EleutherAI__pythia-160m/results_2024-06-01T10-00-00.json"
 
 #: Keys of a task's result that label it, not scores.
 _LABELS = {"alias", "name", "sample_len", "sample_count", "samples", " "}

@@ -44,6 +44,7 @@ PRIORITY = 63
 HELP = ("Megatron-LM stdout: ' iteration N/M | ... | learning rate: X | lm loss: Y | ...' and "
         "'validation loss at iteration N | lm loss value: X | lm loss PPL: Y'")
 APPENDABLE = True
+EXAMPLE = "megatron-gpt/logs/train.log"
 
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _VALID = re.compile(r"\bvalidation loss at (?:iteration (\d+)|the end of training)(.*?)\|(.*)$")

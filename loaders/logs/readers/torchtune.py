@@ -32,6 +32,7 @@ NAME = "torchtune"
 PRIORITY = 68
 HELP = "torchtune DiskLogger / StdoutLogger: 'Step N | loss:X lr:Y tokens_per_second_per_gpu:Z'"
 APPENDABLE = True
+EXAMPLE = "lora_finetune_output/logs/log_1727452384.txt"
 
 _LINE = re.compile(r"^Step (\d+) \| (\w+:.*)$")
 _PAIR = re.compile(r"(\w+):(tensor\([^)]*\)|\S+)")
