@@ -54,6 +54,7 @@ from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints, Unread
 from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
+from loaders.logs.readers import READERS
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
 from loaders.logs.runs import apply_overrides
@@ -395,6 +396,8 @@ def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str
                                      exclude=path)
     config["log_format"] = fmt
     row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ?", [source, name]).fetchone()
+    if row is not None and getattr(READERS.get(fmt), "JOINS_RUN", False):
+        return row[0]             # final metrics joining a run: its format and metadata stay
     values = [fields["variant"], fields["n_kv_heads"], fields["weight_decay"], fields["lr"],
               fields["seed"], fields["model_size"]]
     if row is None:

@@ -360,7 +360,7 @@ def gather(run_dir: Path, run_name: str, *, stated: dict, reader_config: dict,
     files = config_files(run_dir, exclude=exclude)
     fields: dict = {}
     sources: dict = {}
-    notes: list[str] = []
+    notes: list[str] = list(reader_config.get("metadata_notes", []))   # the reader's own first
 
     def take(found: dict, source: str) -> None:
         for k, v in found.items():

@@ -4,7 +4,8 @@ source, which several files of one training share.
 Several files feed one run where their format says they are one training:
 the query-free paper's three tensors of a folder, a Hugging Face Trainer's
 ``trainer_state.json`` in its output dir and in each ``checkpoint-N/`` (as
-long as their histories agree: ``hf_shares_run``), TensorBoard event files
+long as their histories agree: ``hf_shares_run``) and its ``*_results.json``
+final metrics, and lm-evaluation-harness results of several checkpoints of one model, TensorBoard event files
 of one folder (TensorBoard itself shows a folder as one run), and the files
 of one run folder of this project's trainer.
 """
@@ -39,14 +40,14 @@ def run_name(path: Path, fmt: str, name: str) -> str:
     """The stored run name: the reader's (W&B run names), else the file's or folder's."""
     if fmt == "lightning":
         return f"{path.parent.parent.name}/{path.parent.name}"
-    if fmt in ("hf_trainer", "query_free", "projection_sharing") and name:
+    if fmt in ("hf_trainer", "hf_results", "lm_eval", "query_free", "projection_sharing") and name:
         return name
     if fmt in _RUN_FOLDER_FORMATS and is_trainer_run_folder(path.parent):
         return path.parent.name
     stem = path.name.split(".")[0] if path.name.startswith("events.out") else path.stem
     base = path.parent.name if (stem.lower() in _GENERIC_STEMS or path.name.startswith("events.out")) \
         else stem
-    if fmt in ("modded_nanogpt", "nanogpt"):      # several runs in one file: #2, #3, ...
+    if fmt in ("modded_nanogpt", "nanogpt", "hf_stdout"):      # several runs in one file: #2, #3, ...
         if name in ("", "#1"):
             return base
         # a nanoGPT run named by its printout (its wandb_run_name or out_dir) keeps that name
@@ -65,6 +66,14 @@ def run_source(path: Path, fmt: str) -> tuple[str, Path, bool]:
     resolved = path.resolve()
     if fmt in ("query_free", "tensorboard"):
         return str(resolved.parent), resolved.parent, True
+    if fmt == "lm_eval":
+        # lm-eval writes OUTPUT/<model_name_sanitized>/results_<time>.json: the
+        # checkpoints of one model evaluated into one OUTPUT are one run (by name).
+        root = resolved.parent.parent if resolved.name.startswith("results_") else resolved.parent
+        return str(root), root, True
+    if fmt == "hf_results":                 # final metrics join their output dir's run
+        d = hf_run_dir(resolved)
+        return str(d), d, True
     if fmt == "hf_trainer":
         d = hf_run_dir(resolved)
         if path.name == HF_STATE_NAME:

@@ -19,14 +19,17 @@ from pathlib import Path
 
 import torch
 
+from loaders.logs import CHECKPOINT_LOG_FORMATS, READERS
+
 MARKER_NAME = "PAYLOAD_RAN"
 EXPECTED = ("expected a safetensors, PyTorch (.bin/.pt/.pth/.ckpt) or zip file, "
             "or a folder with config.json")
 HINT = "  (qkvscope loads only plain tensors and containers; re-save the weights with safetensors)"
 NOT_READ = "not a checkpoint or a training log qkvscope reads"
 NOT_A_LOG = "not a training log qkvscope reads: "
-LOG_EXPECTED = ("expected a training log (tensorboard, query_free, hf_trainer, jsonl, wandb_csv, csv_long, "
-                "lightning, csv_wide, llmc, modded_nanogpt, nanogpt)")
+#: Every reader detection asks, in its order (the registry's list; its order is tested in test_readers).
+LOG_EXPECTED = "expected a training log (" + ", ".join(
+    n for n in READERS if n not in CHECKPOINT_LOG_FORMATS) + ")"
 
 
 class Payload:

@@ -39,6 +39,9 @@ and optionally:
   reference (``docs/reference/log-formats.md``).
 * ``ROWS_READ_BY_STORE = True``: ``read`` plans only (``base.SqlPoints``) and
   the store step reads the rows inside its transaction (the CSV readers).
+* ``JOINS_RUN = True``: its points join the run already stored for their
+  source (``loaders.logs.run_identity``), which keeps its format and
+  metadata (``hf_results``: a Trainer's final metrics).
 * ``INSIDE_CHECKPOINT = True``: its files are checkpoints first, which the
   checkpoint loader owns: ``detect_log`` never picks it, ``ingest`` offers a
   checkpoint file to it (``loaders.ingest``) and ``ingest_log(..., format=NAME)`` reads one.
@@ -59,6 +62,15 @@ and optionally:
 ``discover()`` finds the modules by these attributes (as ``loaders.layouts``
 finds its converters); nothing else lists them. A new format is a new module
 here (copy ``jsonl.py``).
+
+The launchers' readers sit among them by the same numbers: ``hf_results``
+and ``lm_eval`` with the JSON documents (31, 32), ``megatron``,
+``hf_stdout``, ``deepspeed``, ``fairseq``, ``torchtune`` with the stdout logs
+(63-68): a Megatron-DeepSpeed log is Megatron's, a Trainer's log with
+DeepSpeed lines the Trainer's (the lower number wins). What a reader saw but
+could not read (lines cut short, values that are no number) goes in
+``Parsed.notes``, which the file's report line says; a file with nothing
+readable is a ``LogFormatError`` instead.
 """
 from __future__ import annotations
 

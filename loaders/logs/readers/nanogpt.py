@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from loaders.logs.base import Parsed, RunData, empty_points, is_text_head, points_frame, steps_went_back
-from loaders.logs.readers._text import NUM, head_text, lines_of, read_chunk, to_float
+from loaders.logs.readers._text import NUM, head_text, lines_of, literal, read_chunk, to_float
 
 NAME = "nanogpt"
 PRIORITY = 62
@@ -255,8 +255,7 @@ def _assignment(line: str) -> tuple[str, object] | None:
 
 
 def _literal(text: str):
+    """The literal ``text`` spells, else ``text`` itself (an unquoted string)."""
     text = text.strip()
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
+    value = literal(text)
+    return value if value is not None or text == "None" else text
