@@ -45,6 +45,7 @@ from experiments.activation_runs import SampleSpec, token_stream, wanted
 from experiments.model import GPT, MLP, Attention
 from experiments.runnable import NoForwardPass, load_runnable, model_context
 from loaders.canonical import AttentionWeights, Checkpoint, dtype_bytes
+from loaders.errors import QkvscopeError
 
 #: Share of the evaluation windows the greedy order is chosen on.
 PROXY_FRACTION = 0.25
@@ -55,8 +56,9 @@ HEAL_BATCH = 8
 SEED = 0
 
 
-class WhatIfError(ValueError):
-    """A conversion this checkpoint cannot take (message names the checkpoint and the reason)."""
+class WhatIfError(QkvscopeError):
+    """A conversion this checkpoint cannot take, or an option that does not parse (the CLI shows
+    it as one line after the checkpoint's path)."""
 
 
 # -- the project's Attention <-> canonical -----------------------------------------------
@@ -269,7 +271,7 @@ class Surgery:
         self.original = model
         self.target = target
         rotary = getattr(model.cfg, "positions", "learned") == "rotary"
-        self.converted: dict[int, Attention] = {}
+        self.converted: dict[int, Attention] = {}  # layer -> its converted module
         for i, block in enumerate(model.blocks):
             layer = layer_of(block.attn, i)
             try:
@@ -277,7 +279,7 @@ class Surgery:
                                    rank=target.rank, rotary=rotary)
                 self.converted[i] = attention_of(new, block.attn)
             except conv.ConversionError as exc:
-                raise WhatIfError(f"{path}: {exc}") from None
+                raise WhatIfError(str(exc)) from None
 
     def model(self, layers) -> GPT:
         m = _shallow(self.original)
@@ -296,7 +298,7 @@ class Surgery:
         return kv, params
 
 
-def parse_layers(text: str, n_layers: int, path: str) -> list[int] | str:
+def parse_layers(text: str, n_layers: int) -> list[int] | str:
     """``all`` -> every layer, ``greedy``, or ``L,L,...`` (each in 0..n_layers-1, no repeats)."""
     if text in ("all", "greedy"):
         return list(range(n_layers)) if text == "all" else "greedy"
@@ -306,7 +308,7 @@ def parse_layers(text: str, n_layers: int, path: str) -> list[int] | str:
         got = None
     if not got or any(not 0 <= i < n_layers for i in got) or len(set(got)) != len(got):
         raise WhatIfError(f"--layers {text}: expected all, greedy or distinct layer numbers 0..{n_layers - 1} "
-                          f"separated by commas ({path} has {n_layers} layers)")
+                          f"separated by commas (the model has {n_layers} layers)")
     return got
 
 
@@ -348,7 +350,7 @@ def whatif(ckpt: Checkpoint, *, to: str, method: str | None = None, layers: str 
                             "(its own variants, nanoGPT, llama2.c, the papers' models)")
     model = model.to(dev).eval()
     n = len(model.blocks)
-    chosen = parse_layers(layers, n, ckpt.path)
+    chosen = parse_layers(layers, n)
     smp = text_sample(model, tok, vocab, sample, wanted(sample, ckpt.meta))
     per_elem = dtype_bytes(ckpt.meta.dtype)
     stats = captured_stats(model, smp.fit, dev)
@@ -429,11 +431,11 @@ def save(model, out: str, path: str, layers: list[int], target: Target) -> str:
     n = len(model.blocks)
     cfgs = {(b.attn.cfg.variant, b.attn.cfg.n_kv_heads) for b in model.blocks}
     if target.rank is not None:
-        raise WhatIfError(f"{path}: --out: a latent conversion has no variant of this project's model to save as")
+        raise WhatIfError(f"--out: a latent conversion has no variant of this project's model to save as")
     if sorted(layers) != list(range(n)) or len(cfgs) != 1:
-        raise WhatIfError(f"{path}: --out needs every layer converted (converted: {sorted(layers)} of {n})")
+        raise WhatIfError(f"--out needs every layer converted (converted: {sorted(layers)} of {n})")
     if type(model) is not GPT or not all(type(b.mlp) is MLP for b in model.blocks):
-        raise WhatIfError(f"{path}: --out writes this project's GPT; this model has other blocks (SwiGLU)")
+        raise WhatIfError(f"--out writes this project's GPT; this model has other blocks (SwiGLU)")
     variant, nkv = cfgs.pop()
     cfg = copy.copy(model.cfg)
     cfg.variant, cfg.n_kv_heads = variant, nkv

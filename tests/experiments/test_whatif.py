@@ -75,8 +75,8 @@ def test_layer_subset_and_errors():
     assert r["steps"][0]["layers"] == [1, 3]
     assert r["steps"][0]["kv_bytes_per_token"] == 2048 - 2 * 256
     with pytest.raises(WhatIfError, match=r"--layers 4: expected all, greedy or distinct layer numbers 0\.\.3 "
-                                          r"separated by commas \(x has 4 layers\)"):
-        parse_layers("4", 4, "x")
+                                          r"separated by commas \(the model has 4 layers\)"):
+        parse_layers("4", 4)
     with pytest.raises(WhatIfError, match="--to gqa: expected gqa:N with N a positive integer"):
         Target.parse("gqa", None)
     with pytest.raises(WhatIfError, match="--method psd: k_eq_v takes one of lstsq, keep_k, keep_v, avg"):
