@@ -16,10 +16,15 @@ no conversion is scored on the tokens it was fitted to.
 Loss: mean next-token cross-entropy (nats) over the evaluation windows; ``ppl = exp(loss)``;
 ``ci_low``/``ci_high``: the 95% percentile-bootstrap interval of the perplexity, resampling
 windows (``analysis.intervals.mean_interval`` on the per-window mean losses, then exp).
-KV bytes per token: ``analysis.variants.kv_bytes_per_token`` per layer (its variant and kv heads;
-a latent layer caches ``rank`` numbers), at the checkpoint's dtype. Attention parameters: the
-converted modules' parameters, a tied tensor once (a latent layer: its down- and up-projection
-in place of W_K and W_V).
+KV bytes per token: ``analysis.variants.kv_bytes_per_token`` per layer (its tie and kv heads:
+the checkpoint's variant for an original layer, the tensors' ties for a converted one; a latent
+layer caches ``rank`` numbers), at the checkpoint's dtype. Attention parameters: each layer's
+projections and biases, a tied tensor once (a latent layer: its down- and up-projection in place
+of W_K and W_V).
+
+Hugging Face causal LMs (GPT-2, Llama-style) are converted in place (``experiments.hf_surgery``):
+the same function as the converted model, costed from the canonical layers; they are not healed
+or saved.
 
 ``--layers greedy``: layers are converted one at a time; at each step every remaining layer is
 tried and the one whose conversion gives the lowest loss on a proxy (the first
@@ -39,11 +44,12 @@ import torch.nn.functional as F
 from analysis import conversion as conv
 from analysis.captures import MAX_WINDOW, sample_windows
 from analysis.intervals import mean_interval
-from analysis.variants import PLUS, base, kv_bytes_per_token
+from analysis.variants import KV_TIED, PLUS, Q_TIED, base, kv_bytes_per_token
 from analysis.weights import default_device
 from experiments.activation_runs import SampleSpec, token_stream, wanted
+from experiments import hf_surgery
 from experiments.model import GPT, MLP, Attention
-from experiments.runnable import NoForwardPass, load_runnable, model_context
+from experiments.runnable import FOREIGN, NoForwardPass, hf_model, load_runnable, model_context
 from loaders.canonical import AttentionWeights, Checkpoint, dtype_bytes
 from loaders.errors import QkvscopeError
 
@@ -174,6 +180,12 @@ def text_sample(model, tok, vocab: int, sample: SampleSpec, want: int) -> Sample
     return Sample(ev, fit, info)
 
 
+def _logits(out) -> torch.Tensor:
+    """The logits of a forward's output: this project's GPT returns ``(logits, loss)``,
+    a Hugging Face causal LM an output with ``.logits``."""
+    return out[0] if isinstance(out, tuple) else out.logits
+
+
 def window_losses(model, windows: torch.Tensor, dev) -> np.ndarray:
     """Mean next-token cross-entropy of each window ``[B, T+1]`` (nats), float64."""
     out = []
@@ -181,7 +193,7 @@ def window_losses(model, windows: torch.Tensor, dev) -> np.ndarray:
     with torch.inference_mode():
         for lo in range(0, windows.shape[0], per):
             w = windows[lo:lo + per].to(dev)
-            logits, _ = model(w[:, :-1])                                     # [b, T, vocab]
+            logits = _logits(model(w[:, :-1]))                               # [b, T, vocab]
             ce = F.cross_entropy(logits.transpose(1, 2).float(), w[:, 1:], reduction="none")  # [b, T]
             out.append(ce.mean(1).double().cpu())
     return torch.cat(out).numpy()
@@ -195,22 +207,22 @@ def scored(losses: np.ndarray) -> dict:
             "ci_high": None if hi is None else math.exp(hi)}
 
 
-def captured_stats(model, windows: torch.Tensor, dev) -> list[conv.InputStats]:
-    """Each layer's ``InputStats`` (its attention input, after the norm) over ``windows``."""
-    blocks = model.blocks
-    d = model.cfg.d_model
-    gram = [torch.zeros(d, d, dtype=torch.float64) for _ in blocks]
-    total = [torch.zeros(d, dtype=torch.float64) for _ in blocks]
+def captured_stats(model, mods, windows: torch.Tensor, dev) -> list[conv.InputStats]:
+    """Each layer's ``InputStats`` (the input of its attention module ``mods[i]``, after the norm)
+    over ``windows``."""
+    gram: dict[int, torch.Tensor] = {}
+    total: dict[int, torch.Tensor] = {}
     n = [0]
 
     def hook_for(i):
-        def hook(module, args):
-            x = args[0].detach().reshape(-1, d).double().cpu()
-            gram[i].add_(x.T @ x)
-            total[i].add_(x.sum(0))
+        def hook(module, args, kwargs):
+            x = (args[0] if args else kwargs["hidden_states"]).detach()
+            x = x.reshape(-1, x.shape[-1]).double().cpu()
+            gram[i] = gram.get(i, 0) + x.T @ x
+            total[i] = total.get(i, 0) + x.sum(0)
         return hook
 
-    handles = [b.attn.register_forward_pre_hook(hook_for(i)) for i, b in enumerate(blocks)]
+    handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(mods)]
     try:
         with torch.inference_mode():
             for lo in range(0, windows.shape[0], 8):
@@ -220,19 +232,32 @@ def captured_stats(model, windows: torch.Tensor, dev) -> list[conv.InputStats]:
     finally:
         for h in handles:
             h.remove()
-    return [conv.InputStats(g / n[0], t / n[0], n[0]) for g, t in zip(gram, total)]
+    return [conv.InputStats(gram[i] / n[0], total[i] / n[0], n[0]) for i in range(len(mods))]
 
 
 # -- costs ---------------------------------------------------------------------------------
-def layer_cost(attn: Attention, rank: int | None, per_elem: int) -> tuple[float, int]:
-    """``(KV bytes per token, attention parameters)`` of one layer (``rank``: a latent layer's)."""
-    cfg = attn.cfg
-    params = sum(p.numel() for p in attn.parameters())
+def layer_cost(layer: AttentionWeights, rank: int | None, per_elem: int,
+               variant: str | None = None) -> tuple[float, int]:
+    """``(KV bytes per token, attention parameters)`` of one canonical layer: the calculator's
+    bytes for its tie and kv heads (``rank`` elements for a latent layer), and its projections
+    and biases with a tied tensor once (a latent layer: down- and up-projection for W_K, W_V).
+    The ties are ``variant``'s (an original layer: what the checkpoint stores and caches), else
+    what the tensors show (a converted layer)."""
+    g, d, dh = layer.W_K.shape
+    per = layer.W_O.shape[0] // g
+    if variant is not None:
+        kv_tied, q_tied = variant in KV_TIED, variant in Q_TIED
+    else:
+        kv_tied = torch.equal(layer.W_K, layer.W_V)
+        q_tied = layer.W_Q is not None and torch.equal(layer.W_Q, layer.W_K.repeat_interleave(per, 0))
+    size = lambda t: 0 if t is None else t.numel()  # noqa: E731
+    params = size(layer.W_O) + size(layer.b_O) + size(layer.W_K) + size(layer.b_K)
+    params += 0 if kv_tied else size(layer.W_V) + size(layer.b_V)
+    params += 0 if q_tied else size(layer.W_Q) + size(layer.b_Q)
     if rank is not None:
-        g = cfg.n_kv_heads * cfg.d_head
-        kv = attn.k.weight.numel() + attn.v.weight.numel()
-        return float(rank * per_elem), params - kv + cfg.d_model * rank + rank * 2 * g
-    return kv_bytes_per_token(cfg.variant, 1, cfg.n_kv_heads, cfg.d_head, per_elem), params
+        params += d * rank + rank * 2 * g * dh - 2 * g * d * dh
+        return float(rank * per_elem), params
+    return kv_bytes_per_token("k_eq_v" if kv_tied else "qkv", 1, g, dh, per_elem), params
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -265,35 +290,51 @@ class Target:
 
 class Surgery:
     """The original model and its converted layers; ``model(layers)`` is the model with exactly
-    ``layers`` converted (the others original)."""
+    ``layers`` converted (the others original). This project's GPT gets new ``Attention`` modules
+    (in a shallow copy); a Hugging Face model has its tensors rewritten in place
+    (``experiments.hf_surgery``), so only one ``model(...)`` exists at a time."""
 
-    def __init__(self, model, target: Target, stats: list[conv.InputStats], path: str):
+    def __init__(self, model, target: Target, stats: list[conv.InputStats], *, rotary: bool, variant: str):
         self.original = model
+        self.variant = variant                           # the checkpoint's own (its original layers' ties)
         self.target = target
-        rotary = getattr(model.cfg, "positions", "learned") == "rotary"
-        self.converted: dict[int, Attention] = {}  # layer -> its converted module
-        for i, block in enumerate(model.blocks):
-            layer = layer_of(block.attn, i)
-            try:
-                new = conv.convert(layer, target.name, target.method, stats[i], groups=target.groups,
-                                   rank=target.rank, rotary=rotary)
-                self.converted[i] = attention_of(new, block.attn)
-            except conv.ConversionError as exc:
-                raise WhatIfError(str(exc)) from None
+        self.hf = not isinstance(model, GPT)
+        if self.hf:
+            self.mods = hf_surgery.modules(model)
+            self.geom = hf_surgery.geometry(model)
+            self.before = [hf_surgery.read(m, i, self.geom) for i, m in enumerate(self.mods)]
+        else:
+            self.mods = [b.attn for b in model.blocks]
+            self.before = [layer_of(m, i) for i, m in enumerate(self.mods)]
+        self.after: dict[int, AttentionWeights] = {}     # layer -> its converted canonical weights
+        self.modules: dict[int, Attention] = {}          # layer -> its converted module (GPT)
+        try:
+            for i, layer in enumerate(self.before):
+                self.after[i] = conv.convert(layer, target.name, target.method, stats[i], groups=target.groups,
+                                             rank=target.rank, rotary=rotary)
+                if not self.hf:
+                    self.modules[i] = attention_of(self.after[i], self.mods[i])
+        except conv.ConversionError as exc:
+            raise WhatIfError(str(exc)) from None
 
-    def model(self, layers) -> GPT:
+    def model(self, layers):
+        if self.hf:
+            for i, m in enumerate(self.mods):
+                hf_surgery.write(m, self.after[i] if i in layers else self.before[i], self.geom)
+            return self.original
         m = _shallow(self.original)
         m.blocks = torch.nn.ModuleList(_shallow(b) for b in self.original.blocks)
         for i in layers:
-            m.blocks[i].attn = self.converted[i]
+            m.blocks[i].attn = self.modules[i]
         return m
 
-    def cost(self, model, per_elem: int) -> tuple[float, int]:
-        """KV bytes per token and attention parameters of ``model`` (a ``self.model(...)``)."""
+    def cost(self, layers, per_elem: int) -> tuple[float, int]:
+        """KV bytes per token and attention parameters with ``layers`` converted."""
         kv, params = 0.0, 0
-        for i, b in enumerate(model.blocks):
-            latent = self.target.rank if b.attn is self.converted.get(i) else None
-            k, p = layer_cost(b.attn, latent, per_elem)
+        for i, layer in enumerate(self.before):
+            done = i in layers
+            k, p = (layer_cost(self.after[i], self.target.rank, per_elem) if done
+                    else layer_cost(layer, None, per_elem, self.variant))
             kv, params = kv + k, params + p
         return kv, params
 
@@ -322,12 +363,12 @@ def heal(model, teacher, fit: torch.Tensor, steps: int, how: str, dev) -> GPT:
     for _ in range(steps):
         idx = torch.randint(0, fit.shape[0], (min(HEAL_BATCH, fit.shape[0]),), generator=gen)
         w = fit[idx].to(dev)
-        logits, _ = model(w[:, :-1])
+        logits = _logits(model(w[:, :-1]))
         if how == "lm":
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
         else:
             with torch.no_grad():
-                t_logits, _ = teacher(w[:, :-1])
+                t_logits = _logits(teacher(w[:, :-1]))
             loss = F.kl_div(F.log_softmax(logits, -1).reshape(-1, logits.shape[-1]),
                             F.log_softmax(t_logits, -1).reshape(-1, logits.shape[-1]),
                             log_target=True, reduction="batchmean")
@@ -337,6 +378,25 @@ def heal(model, teacher, fit: torch.Tensor, steps: int, how: str, dev) -> GPT:
     return model.eval()
 
 
+def _runnable(ckpt: Checkpoint):
+    """``(model, tokenizer, vocab_size)``: a Hugging Face folder as its causal LM (with the output
+    head), anything else through ``load_runnable``; a model that is neither this project's GPT nor a
+    Hugging Face causal LM, or reads images, raises ``NoForwardPass``."""
+    from pathlib import Path
+
+    path = Path(ckpt.path)
+    if path.is_dir() and (path / "config.json").is_file() and ckpt.meta.architecture not in FOREIGN:
+        model, tok, vocab = hf_model(path, causal_lm=True)
+    else:
+        model, tok, vocab = load_runnable(ckpt)
+    if isinstance(model, GPT) and getattr(model.cfg, "task", "language") == "language":
+        return model, tok, vocab
+    if not isinstance(model, GPT) and hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
+        return model, tok, vocab
+    raise NoForwardPass(f"{ckpt.path}: whatif converts language models: this project's GPT (its own variants, "
+                        "nanoGPT, llama2.c, the papers' models) and Hugging Face causal LMs")
+
+
 def whatif(ckpt: Checkpoint, *, to: str, method: str | None = None, layers: str = "all",
            sample: SampleSpec | None = None, heal_steps: int = 0, heal_how: str = "distill",
            out: str | None = None, device: str | None = None) -> dict:
@@ -344,27 +404,31 @@ def whatif(ckpt: Checkpoint, *, to: str, method: str | None = None, layers: str 
     sample = sample or SampleSpec()
     target = Target.parse(to, method)
     dev = torch.device(device or default_device())
-    model, tok, vocab = load_runnable(ckpt)
-    if not isinstance(model, GPT) or getattr(model.cfg, "task", "language") != "language":
-        raise NoForwardPass(f"{ckpt.path}: whatif converts language models built as this project's GPT "
-                            "(its own variants, nanoGPT, llama2.c, the papers' models)")
+    model, tok, vocab = _runnable(ckpt)
+    hf = not isinstance(model, GPT)
+    if hf and (heal_steps > 0 or out is not None):
+        raise WhatIfError("--heal-steps and --out need a model built as this project's GPT (a Hugging Face "
+                          "model is converted in place, its ties held in copies)")
     model = model.to(dev).eval()
-    n = len(model.blocks)
+    try:
+        mods = hf_surgery.modules(model) if hf else [b.attn for b in model.blocks]
+    except hf_surgery.Unsupported as exc:
+        raise NoForwardPass(f"{ckpt.path}: {exc}") from None
+    n = len(mods)
     chosen = parse_layers(layers, n)
     smp = text_sample(model, tok, vocab, sample, wanted(sample, ckpt.meta))
     per_elem = dtype_bytes(ckpt.meta.dtype)
-    stats = captured_stats(model, smp.fit, dev)
-    surgery = Surgery(model, target, stats, ckpt.path)
+    stats = captured_stats(model, mods, smp.fit, dev)
+    surgery = Surgery(model, target, stats, rotary=ckpt.meta.positions == "rotary", variant=base(ckpt.meta.variant))
 
     base_losses = window_losses(model, smp.eval, dev)
     baseline = scored(base_losses)
-    kv0, p0 = surgery.cost(model, per_elem)
+    kv0, p0 = surgery.cost([], per_elem)
     baseline.update(kv_bytes_per_token=kv0, attention_params=p0)
 
     def step(done: list[int]) -> dict:
-        m = surgery.model(done)
-        s = scored(window_losses(m, smp.eval, dev))
-        kv, p = surgery.cost(m, per_elem)
+        s = scored(window_losses(surgery.model(done), smp.eval, dev))
+        kv, p = surgery.cost(done, per_elem)
         return {"layers": list(done), "loss": s["loss"], "ppl": s["ppl"],
                 "delta_ppl_pct": 100.0 * (s["ppl"] / baseline["ppl"] - 1.0), "ci_low": s["ci_low"],
                 "ci_high": s["ci_high"], "kv_bytes_per_token": kv, "attention_params": p}

@@ -20,8 +20,10 @@ perplexity). The sample text is cut into windows alternating between evaluation 
 and fit (the fitted methods, healing): no conversion is scored on the tokens it was fitted on.
 ci_low/ci_high: the 95% bootstrap interval of the perplexity over evaluation windows.
 
-Runs on checkpoints built as this project's GPT: its own variants, nanoGPT and forks,
-llama2.c / Meta Llama, the query-free and projection-sharing papers' models. The file is
+Runs on checkpoints built as this project's GPT (its own variants, nanoGPT and forks,
+llama2.c / Meta Llama, the query-free and projection-sharing papers' models) and on Hugging Face
+GPT-2 and Llama-style causal LMs (Llama, Mistral, Qwen2: converted in place, not healed or
+saved). The file is
 opened in a child process under the analysis budgets (``loaders.parse_child``), as
 ``analyze`` does; nothing is unpickled and no model code from a file runs.
 

@@ -37,7 +37,7 @@ def test_whatif_text_output_and_errors():
     vit = next((DEMO / "vit-k_eq_v-mha-wd0" / "checkpoints").glob("final_step_*.safetensors"))
     bad = cli("whatif", str(vit), "--to", "mqa")
     assert bad.returncode == 2
-    assert bad.stderr.strip() == (f"error: {vit}: whatif converts language models built as this project's GPT "
-                                  "(its own variants, nanoGPT, llama2.c, the papers' models)")
+    assert bad.stderr.strip() == (f"error: {vit}: whatif converts language models: this project's GPT (its own "
+                                  "variants, nanoGPT, llama2.c, the papers' models) and Hugging Face causal LMs")
     assert cli("whatif", str(QKV), "--to", "mqa", "--tokens", "1").stderr.strip() == \
         "error: --tokens 1: expected at least 2"
