@@ -34,8 +34,11 @@ evaluation after each step. Conversions are fitted on the original model's layer
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -382,8 +385,6 @@ def _runnable(ckpt: Checkpoint):
     """``(model, tokenizer, vocab_size)``: a Hugging Face folder as its causal LM (with the output
     head), anything else through ``load_runnable``; a model that is neither this project's GPT nor a
     Hugging Face causal LM, or reads images, raises ``NoForwardPass``."""
-    from pathlib import Path
-
     path = Path(ckpt.path)
     if path.is_dir() and (path / "config.json").is_file() and ckpt.meta.architecture not in FOREIGN:
         model, tok, vocab = hf_model(path, causal_lm=True)
@@ -484,11 +485,7 @@ ROTARY_NOTES = {
 def save(model, out: str, path: str, layers: list[int], target: Target) -> str:
     """Write the converted model as ``OUT/model.safetensors`` (this project's checkpoint format,
     config in the metadata) and ``OUT/config.json``; what was written."""
-    import json
-    import os
-    from pathlib import Path
-
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file          # here: only --out writes a checkpoint
 
     from experiments.train import CONFIG_KEY, RUN_KEY
 

@@ -35,6 +35,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from app.commands._common import print_json
 from loaders.report import shown
@@ -79,18 +80,16 @@ def compute(path: str, **kwargs) -> dict:
 
 def _path(args) -> str:
     """``PATH_OR_ID``: an existing path as given, else a stored checkpoint's path."""
-    from pathlib import Path
-
     if Path(args.path).expanduser().exists():
         return str(Path(args.path).expanduser())
-    from loaders.errors import StoreError
+    from loaders.errors import StoreError        # here: the store opens only for a checkpoint id
     from loaders.store import Store
 
     try:
         cid = int(args.path)
     except ValueError:
         raise StoreError(f"{args.path}: neither an existing file or folder nor a checkpoint id") from None
-    from app.jobs import checkpoint_row
+    from app.jobs import checkpoint_row         # here: app.jobs loads pandas; only for an id
 
     return checkpoint_row(Store(args.db), cid)["path"]
 
