@@ -104,3 +104,23 @@ def test_real_checkpoints_complete_with_intervals(realworld, name):
     s = r["steps"][0]
     assert s["ci_low"] < s["ppl"] < s["ci_high"]
     assert s["kv_bytes_per_token"] == r["baseline"]["kv_bytes_per_token"] / 2
+
+
+def test_rotary_models_keep_their_function_where_the_conversion_is_exact():
+    """A rotary K=V GQA model to k_eq_v, and a rotary Q-K-V model to a full-rank latent, keep their losses."""
+    from experiments.model import GPT, GPTConfig
+    from experiments.whatif import Surgery, captured_stats, window_losses
+
+    torch.manual_seed(0)
+    windows = torch.randint(0, 256, (4, 17))
+    for variant, to in (("k_eq_v", "k_eq_v"), ("qkv", "latent:32"), ("q_eq_k", "q_eq_k")):
+        m = GPT(GPTConfig(n_layer=2, d_model=32, n_head=4, n_kv_heads=2, variant=variant, positions="rotary",
+                          block_size=16)).eval()
+        mods = [b.attn for b in m.blocks]
+        surgery = Surgery(m, Target.parse(to, "keep_k" if to == "q_eq_k" else None),
+                          captured_stats(m, mods, windows, "cpu"), rotary=True, variant=variant)
+        before = window_losses(m, windows, "cpu")
+        after = window_losses(surgery.model([0, 1]), windows, "cpu")
+        assert abs(after - before).max() <= 1e-5, (variant, to)
+        assert [type(b.attn) for b in m.blocks] == [type(a) for a in mods]           # the original untouched
+        assert all(b.attn is a for b, a in zip(m.blocks, mods))
