@@ -313,6 +313,49 @@ def latent(layer, rank: int, stats: InputStats):
     return _back(layer, W_K=wk, W_V=wv), down, up
 
 
+# -- W_Q = I ----------------------------------------------------------------------------
+def absorb_query(layer):
+    """``(layer', A)``: the layer with ``W_Q = None`` that computes on ``x~ = x A + b_Q`` what
+    ``layer`` computes on ``x`` (the query-free paper's change of basis, arXiv 2510.23912,
+    ``analysis.query_absorb``): ``A = [W_Q[0] | ... | W_Q[H-1]]`` (``d_model x n_heads d_head``,
+    square and invertible), head h's query the slice ``x~[:, h d_head:(h+1) d_head]``,
+    ``W_K' = A^-1 W_K``, ``b_K' = b_K - b_Q A^-1 W_K`` and the same for V; W_O is unchanged.
+    Exact for the layer; a whole model needs ``x~`` as every such layer's input, which a model
+    without norms gets by a change of basis of the residual stream (one ``A`` for all layers),
+    and a model with norms only for the orthogonal part of ``A`` (``polar_remainder``)."""
+    if layer.W_Q is None:
+        raise ConversionError(f"layer {layer.layer}: the query is the identity slice already")
+    h, d, dh = layer.W_Q.shape
+    if h * dh != d:
+        raise ConversionError(f"layer {layer.layer}: n_heads * d_head = {h * dh} is not d_model = {d}: "
+                              "the stacked W_Q is not square")
+    a = _d(layer.W_Q).permute(1, 0, 2).reshape(d, h * dh)                         # [d, H dh]
+    bq = None if layer.b_Q is None else _d(layer.b_Q).reshape(-1)                  # [H dh]
+
+    def through(w, b):                                                            # [g, d, dh]
+        w2 = torch.linalg.solve(a, _d(w))                                         # A^-1 W per head
+        if bq is None:
+            return w2, b
+        shift = bq @ w2                                                           # [g, dh]
+        return w2, (-shift if b is None else _d(b) - shift)
+
+    wk, bk = through(layer.W_K, layer.b_K)
+    wv, bv = through(layer.W_V, layer.b_V)
+    return _back(layer, W_Q=None, b_Q=None, W_K=wk, b_K=bk, W_V=wv, b_V=bv), a.to(layer.W_K.dtype)
+
+
+def polar_remainder(a: torch.Tensor) -> float:
+    """How far a change of basis ``A`` is from one that norms commute with: ``A = U P`` (polar
+    decomposition, U orthogonal, P symmetric positive definite); U moves through RMSNorm and
+    LayerNorm once their gains are folded (SliceGPT, arXiv 2401.15024; QuaRot, arXiv 2404.00456),
+    P does not. Returns ``||P / c - I||_F / sqrt(n)`` with ``c = tr(P) / n``: 0 for a scaled
+    orthogonal ``A``."""
+    u, s, vt = torch.linalg.svd(a.double())
+    p = vt.T @ torch.diag(s) @ vt
+    n = p.shape[0]
+    return float(torch.linalg.matrix_norm(p / (torch.trace(p) / n) - torch.eye(n, dtype=torch.float64)) / n ** 0.5)
+
+
 def convert(layer, target: str, method: str | None = None, stats: InputStats | None = None, *,
             groups: int | None = None, rank: int | None = None, rotary: bool = False):
     """One layer converted to ``target`` (``TARGETS``) by ``method`` (None: the default)."""

@@ -124,3 +124,25 @@ def test_errors_name_the_problem():
         gqa(_layer(), 3)
     with pytest.raises(ConversionError, match="k_eq_v: unknown method 'x': expected one of lstsq, keep_k, keep_v, avg"):
         convert(_layer(), "k_eq_v", "x")
+
+
+def test_absorbing_the_query_is_exact_on_the_changed_basis():
+    """Theorem (query-free attention): without norms, x~ = x A + b_Q gives the same logits and values."""
+    from analysis.conversion import absorb_query, polar_remainder
+
+    layer = _layer(h=4, g=2)                                  # 4 heads x 3 = 12 = d_model
+    gen = torch.Generator().manual_seed(7)
+    layer.b_Q, layer.b_K, layer.b_V = (torch.randn(n, DH, generator=gen, dtype=torch.float64) for n in (4, 2, 2))
+    out, a = absorb_query(layer)
+    x = _x(20)
+    xt = x @ a + layer.b_Q.reshape(-1)
+    for h in range(4):
+        q, q2 = x @ layer.W_Q[h] + layer.b_Q[h], xt[:, h * DH:(h + 1) * DH]
+        k, k2 = x @ layer.W_K[h // 2] + layer.b_K[h // 2], xt @ out.W_K[h // 2] + out.b_K[h // 2]
+        v, v2 = x @ layer.W_V[h // 2] + layer.b_V[h // 2], xt @ out.W_V[h // 2] + out.b_V[h // 2]
+        assert torch.allclose(q @ k.T, q2 @ k2.T, atol=1e-8) and torch.allclose(v, v2, atol=1e-8)
+    assert out.W_Q is None
+    q = torch.linalg.qr(torch.randn(D, D, generator=gen, dtype=torch.float64))[0]
+    assert polar_remainder(3 * q) < 1e-12 < polar_remainder(a)
+    with pytest.raises(ConversionError, match="layer 0: n_heads \\* d_head = 6 is not d_model = 12"):
+        absorb_query(_layer(h=2, g=2))
