@@ -26,7 +26,42 @@ torch.set_num_threads(THREADS)
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 
+#: Test folders whose every test is of the system tier: fault injection (kills, servers, full
+#: disks) and the hostile corpus.
+SYSTEM_FOLDERS = ("tests/faults/", "tests/hostile/")
+#: What in a test file's text makes its tests integration tests at least: they open a database
+#: file, start a process, drive the CLI or a page.
+INTEGRATION_SIGNS = ("Store(", "duckdb", "subprocess", "page_test", "AppTest", "parse_child",
+                     "from app.cli import main", "ingest_paths", "ingest_checkpoint", "jobs.analyze")
+#: ... and what makes them system tests: a browser, a server, Ray.
+SYSTEM_SIGNS = ("import ray", "ray.init", "chromium", "playwright", "serve_demo", "start_server")
+
+
+def tier_of(item, text: str) -> str:
+    """``unit``, ``integration`` or ``system``: the tier of a collected test (its marker, added
+    by ``pytest_collection_modifyitems``, so ``-m unit`` picks seconds of pure tests). A test
+    marked ``browser`` or under ``SYSTEM_FOLDERS``, or in a file whose text has a
+    ``SYSTEM_SIGNS`` entry, is ``system``; else one whose file has an ``INTEGRATION_SIGNS`` entry
+    or is marked ``slow`` is ``integration``; else ``unit``."""
+    path = item.nodeid.split("::", 1)[0]
+    if item.get_closest_marker("browser") or path.startswith(SYSTEM_FOLDERS) or any(s in text for s in SYSTEM_SIGNS):
+        return "system"
+    if item.get_closest_marker("slow") or any(s in text for s in INTEGRATION_SIGNS):
+        return "integration"
+    return "unit"
+
+
+def _mark_tiers(items) -> None:
+    texts: dict[str, str] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in texts:
+            texts[path] = item.path.read_text(errors="replace")
+        item.add_marker(tier_of(item, texts[path]))
+
+
 def pytest_collection_modifyitems(config, items):
+    _mark_tiers(items)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         _slow_files_first(items)
     if torch.cuda.is_available():
