@@ -52,6 +52,11 @@ SETTINGS: dict[str, Setting] = {
                                           "test in one process", "tests"),
     "QKVSCOPE_BENCH_HWM": Setting(None, "file where `bench/checkpoint_memory.py`'s measured child writes its "
                                         "peak memory", "internal"),
+    "QKVSCOPE_TERMINAL_FD": Setting(None, "the terminal `serve` keeps for qkvscope's own lines while the server's "
+                                          "output goes to its log (`app/serverlog.py`)", "internal"),
+    "QKVSCOPE_SERVER_LOG": Setting(None, "the server's log file, `<db>.log` (`app/serverlog.py`)", "internal"),
+    "QKVSCOPE_SERVER_LOG_START": Setting(None, "where in the server's log this start began, so a failed start "
+                                               "prints its own last lines (`app/serverlog.py`)", "internal"),
     "QKVSCOPE_PARSE_PARENT": Setting(None, "the process id a reading child checks its parent against, so that "
                                            "it dies with it (`loaders/parse_child.py`)", "internal"),
     "QKVSCOPE_PARSE_HELD_BYTES": Setting(None, "memory a reading child held after its imports, from which its "

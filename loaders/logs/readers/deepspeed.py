@@ -2,7 +2,7 @@
 (``deepspeed/runtime/engine.py`` ``_report_progress``, every
 ``steps_per_print`` steps) and its throughput timer.
 
-* ``[2024-01-01 10:00:00,123] [INFO] [logging.py:96:log_dist] [Rank 0]
+* ``[YYYY-MM-DD hh:mm:ss,mmm] [INFO] [logging.py:96:log_dist] [Rank 0]
   step=10, skipped=0, lr=[0.00015, 0.00015], mom=[(0.9, 0.95), (0.9, 0.95)]``
   -> ``lr`` (the first parameter group's; other groups' differing values as
   ``lr/group1``, ...), ``momentum`` (the first group's beta1 / momentum),
