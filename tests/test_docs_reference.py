@@ -102,3 +102,13 @@ def test_a_command_with_subcommands_gets_a_section_for_each(gen):
     assert "* `--db DB`: database file\n" in text
     assert "\n### results show\n\nprint one project's table\n" in text
     assert "* `--format {md,csv}`: output format (default `md`)\n" in text
+
+
+def test_the_readme_lists_every_log_format_with_an_example_path(gen):
+    from loaders.logs.readers import READERS
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme == gen.readme_with_formats(readme), "stale README formats table: run python scripts/gen_reference.py"
+    block = readme[readme.index(gen.README_START):readme.index(gen.README_END)]
+    for name, mod in READERS.items():
+        assert f"| [`{name}`](docs/reference/log-formats.md#{name}) | `{mod.EXAMPLE}` |" in block
