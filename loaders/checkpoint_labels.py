@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from loaders.projects import NO_PROJECT
 from loaders.store import Store
 
 #: Columns of ``checkpoint_choices``, in order.
 CHOICE_COLUMNS = ["id", "path", "size", "step", "architecture", "variant", "n_layers", "n_heads",
                   "n_kv_heads", "d_model", "d_head", "run_id", "run", "run_variant", "weight_decay",
-                  "lr", "seed"]
+                  "lr", "seed", "project"]
 
 
 def checkpoint_choices(store: Store) -> pd.DataFrame:
@@ -29,6 +30,6 @@ def checkpoint_choices(store: Store) -> pd.DataFrame:
         return con.execute(
             """SELECT c.id, c.path, c.size, c.step, c.architecture, c.variant, c.n_layers, c.n_heads,
                       c.n_kv_heads, c.d_model, c.d_head, c.run_id, r.name AS run, r.variant AS run_variant,
-                      r.weight_decay, r.lr, r.seed
+                      r.weight_decay, r.lr, r.seed, coalesce(c.project, ?) AS project
                FROM checkpoints c LEFT JOIN runs r ON r.id = c.run_id
-               ORDER BY c.id""").df()
+               ORDER BY c.id""", [NO_PROJECT]).df()

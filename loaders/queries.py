@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from loaders.projects import NO_PROJECT
 from loaders.store import Store
 
 
@@ -26,6 +27,6 @@ def checkpoints_frame(store: Store) -> pd.DataFrame:
             """SELECT c.id, r.name AS run, c.run_id, c.step, c.architecture, c.variant, c.n_layers,
                       c.n_heads, c.n_kv_heads, c.d_model, c.d_head, c.norm, c.positions,
                       c.dtype, c.params_total, c.params_attention, c.kv_bytes_per_token,
-                      c.nonfinite, c.path, c.sha256
+                      c.nonfinite, c.path, c.sha256, coalesce(c.project, ?) AS project
                FROM checkpoints c LEFT JOIN runs r ON r.id = c.run_id
-               ORDER BY c.id""").df()
+               ORDER BY c.id""", [NO_PROJECT]).df()

@@ -28,7 +28,7 @@ from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics
 from app import charts, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
-from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, results_over_checkpoints, set_query_params,
                        store_at, stored_notes, checkpoint_choices, checkpoints_frame,
                        analysis_results as _results)
 from analysis.results_table import DEFAULT_TASK
@@ -258,7 +258,8 @@ def render() -> None:
     store = get_store()
     st.title("Compare")
     version = data_version(store)
-    ckpts = with_tasks(checkpoint_choices(str(store.path), version), _run_tasks(str(store.path), version))
+    ckpts = in_projects(with_tasks(checkpoint_choices(str(store.path), version), _run_tasks(str(store.path), version)),
+                        project_filter(store, version))
     if ckpts.empty:
         st.info("No checkpoints stored yet. Ingest some on the Overview page, upload one on the Checkpoint "
                 f"inspector, or from a shell: `python -m app ingest PATH --db {store.path}`.",

@@ -28,7 +28,8 @@ from analysis.results_table import best_of_each_group, metric_order, run_groups,
 from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts, tables
-from app.state import data_version, get_store, metric_directions, query_param, set_query_params, store_at
+from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
+                       set_query_params, store_at)
 from loaders import curves
 from loaders.logs.runs import COLUMN_FIELDS, set_run_metadata
 from loaders.run_table import run_table
@@ -38,7 +39,7 @@ ICON = ":material/monitoring:"
 ORDER = 20
 URL_PATH = "experiments"
 
-RUN_COLUMNS = ["id", "name", "variant", "condition", "n_heads", "n_kv_heads", "task", "weight_decay", "lr",
+RUN_COLUMNS = ["id", "name", "project", "variant", "condition", "n_heads", "n_kv_heads", "task", "weight_decay", "lr",
                "seed", "model_size", "format", "n_points", "first_step", "last_step", "metrics", "source"]
 HPARAMS = ["weight_decay", "lr", "seed", "model_size", "n_kv_heads", "variant"]
 X_LABELS = {"step": "Step", "tokens": "Tokens", "wall_time": "Wall time"}
@@ -417,7 +418,7 @@ def render() -> None:
     store = get_store()
     st.title("Experiments")
     version = data_version(store)
-    runs = _runs(str(store.path), version)
+    runs = in_projects(_runs(str(store.path), version), project_filter(store, version))
     if runs.empty:
         st.info("No training runs stored yet. Ingest a folder of logs on the Overview page, or from a shell: "
                 f"`python -m app ingest PATH --db {store.path}` (CSV, JSONL, TensorBoard, W&B and "

@@ -46,7 +46,7 @@ from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
 from analysis.tie_names import layer_variant, tied_variant
 from app import attention_view, charts, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
-from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, store_at, set_query_params, checkpoint_choices,
                        checkpoints_frame as _checkpoints, analysis_results as _results)
 from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
 from loaders import curves
@@ -550,7 +550,8 @@ def render() -> None:
     store = get_store()
     st.title("Checkpoint inspector")
     version = data_version(store)
-    ckpt_id = _pick_checkpoint(store, checkpoint_choices(str(store.path), version))
+    ckpt_id = _pick_checkpoint(store, in_projects(checkpoint_choices(str(store.path), version),
+                                                  project_filter(store, version)))
     if ckpt_id is None:
         return
     set_query_params(ckpt=ckpt_id)

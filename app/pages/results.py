@@ -22,7 +22,8 @@ import streamlit as st
 from analysis.directions import direction
 from analysis.results_table import common_setting, metric_order, results_table
 from app import tables
-from app.state import data_version, get_store, metric_directions, query_param, set_query_params, store_at
+from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
+                       set_query_params, store_at)
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -62,7 +63,7 @@ def render() -> None:
     store = get_store()
     st.title("Results")
     version = data_version(store)
-    runs = _runs(str(store.path), version)
+    runs = in_projects(_runs(str(store.path), version), project_filter(store, version))
     if runs.empty:
         st.info("No training runs stored yet. Ingest a folder of logs on the Overview page, or from a shell: "
                 f"`python -m app ingest PATH --db {store.path}`.", icon=":material/inbox:")

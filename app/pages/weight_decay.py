@@ -39,8 +39,8 @@ from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projectio
 from app import charts, tables
 from app.attempts import analyse_each, show_batch
 from app.pickers import checkpoint_label
-from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
-                       store_at)
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, results_over_checkpoints,
+                       set_query_params, store_at)
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -55,7 +55,7 @@ DASH = tables.MISSING
 
 
 #: The runs' columns the page reads (``loaders.run_table``).
-RUN_COLUMNS = ["run_id", "name", "variant", "weight_decay", "lr", "config", "metrics", "task", "condition",
+RUN_COLUMNS = ["run_id", "name", "project", "variant", "weight_decay", "lr", "config", "metrics", "task", "condition",
                "n_heads", "n_kv_heads"]
 
 
@@ -428,7 +428,7 @@ def render() -> None:
     store = get_store()
     st.title("Weight decay")
     version = data_version(store)
-    runs = _runs(str(store.path), version)
+    runs = in_projects(_runs(str(store.path), version), project_filter(store, version))
     with_wd = runs[runs["weight_decay"].notna()]
     if with_wd.empty:
         st.info("No runs with a weight decay yet. Ingest a weight-decay sweep (folders like `qkv-wd0.1`, or logs "
