@@ -15,6 +15,7 @@ import pandas as pd
 from loaders import curves
 from loaders.logs import list_runs
 from loaders.projects import NO_PROJECT
+from loaders.run_table import run_facts
 from loaders.store import Store
 
 #: The stored metrics the claims compare against.
@@ -25,8 +26,8 @@ _CHECKPOINT_COLUMNS = ["id", "run_id", "step", "variant", "n_layers", "n_heads",
                        "d_head", "attn_scale", "params_total", "params_attention", "kv_bytes_per_token", "project"]
 _RESULT_COLUMNS = ["checkpoint_id", "variant", "layer", "head", "metric", "value", "chance", "n_tokens",
                    "ci_low", "ci_high"]
-_RUN_COLUMNS = ["run_id", "name", "project", "variant", "n_kv_heads", "n_heads", "weight_decay", "seed",
-                "mlp_ratio", "config", "final"]
+_RUN_COLUMNS = ["run_id", "name", "project", "variant", "n_kv_heads", "n_heads", "d_model", "n_layers",
+                "weight_decay", "seed", "mlp_ratio", "config", "final"]
 
 
 def _config_value(cfg: dict, keys: tuple[str, ...]):
@@ -127,7 +128,9 @@ def runs_with_finals(store: Store, loss_metric: str = "val/loss", projects=None)
         cfg = r.get("config") or {}
         n_heads = heads.get(r["id"]) or _number(_config_value(cfg, ("n_head", "n_heads", "num_heads",
                                                                     "num_attention_heads")))
+        facts = run_facts(cfg)
         rows.append({"run_id": r["id"], "name": r["name"], "project": r["project"] or NO_PROJECT,
+                     "d_model": facts["d_model"], "n_layers": facts["n_layers"],
                      "variant": r["variant"], "n_kv_heads": r["n_kv_heads"],
                      "n_heads": n_heads, "weight_decay": r["weight_decay"], "seed": r["seed"],
                      "mlp_ratio": _number(_config_value(cfg, ("mlp_ratio",))), "config": cfg,

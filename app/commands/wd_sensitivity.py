@@ -12,7 +12,8 @@ analysed checkpoints of the runs exist) the projection norms of each run's
 latest analysed checkpoint. A statistic that cannot be had is null, with the
 reason. See ``analysis.wd_sensitivity`` for the definitions.
 
-JSON (--json): a list with one object per (variant, group): variant, group,
+JSON (--json): a list with one object per (variant, group): project (groups never span
+projects, tasks or geometries: analysis.comparable), variant, group,
 weight_decays, final_val_loss, best_val_loss, slope, curvature,
 best_weight_decay, n_runs, run_ids, spikes, diverged, projection_norms (as
 before), and statistic ("final" or "best": the loss the statistics use),

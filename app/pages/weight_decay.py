@@ -56,7 +56,7 @@ DASH = tables.MISSING
 
 #: The runs' columns the page reads (``loaders.run_table``).
 RUN_COLUMNS = ["run_id", "name", "project", "variant", "weight_decay", "lr", "config", "metrics", "task", "condition",
-               "n_heads", "n_kv_heads"]
+               "n_heads", "n_kv_heads", "d_model", "n_layers", "last_step"]
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
