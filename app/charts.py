@@ -45,6 +45,14 @@ SHARING_DASH = {"MHA": "solid", "GQA": "dash", "MQA": "dot", "?": "solid"}
 #: (a quiet run), 1 black (a spiky one).
 RING_SCALE = [[0.0, "white"], [1.0, "black"]]
 SHARING_SYMBOL = {"MHA": "circle", "GQA": "diamond", "MQA": "square", "?": "circle"}
+#: Colours of runs whose variant is not known, one per run in id order: a second palette
+#: (ColorBrewer Dark2 and Set1, colour-blind-aware), apart from the variants' Tableau hues, so
+#: that such runs are told apart and never read as a known variant.
+UNKNOWN_COLORS = ["#1B9E77", "#D95F02", "#7570B3", "#E7298A", "#66A61E", "#E6AB02", "#A6761D", "#377EB8",
+                  "#984EA3", "#A65628", "#F781BF", "#4DAF4A"]
+#: Marker variants by task in a figure of several tasks, language first: the sharing's symbol
+#: filled, open, with a dot, open with a dot (plotly symbol suffixes).
+TASK_SYMBOL_SUFFIX = ["", "-open", "-dot", "-open-dot"]
 #: Tasks drawn without a suffix in the legend (a run config without a task is a language run).
 DEFAULT_TASK = "language"
 #: Shade of a variant's hue for a task other than language, in a figure of several tasks.
@@ -151,7 +159,9 @@ def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
     """Per run id (``id`` or ``run_id`` column; ``variant`` and where present ``n_heads``,
     ``n_kv_heads``, ``task``, ``condition``): ``color, dash, symbol, group`` (``legend_label``,
     naming every run's task when ``runs`` holds several). Runs of one group share hue and dash
-    and differ in shade, in run id order. Labels and styles are made once per group
+    and differ in shade, in run id order; runs of an unknown variant each take the next colour of
+    ``UNKNOWN_COLORS``; in a figure of several tasks each task has its marker
+    (``TASK_SYMBOL_SUFFIX``, language filled). Labels and styles are made once per group
     (``legend_keys``), so 2,000 runs cost what their groups cost."""
     id_col = "id" if "id" in runs.columns else "run_id"
     data = runs.sort_values(id_col)
@@ -160,12 +170,21 @@ def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
     shades: dict[tuple[str, float], str] = {}
     seen: dict[str, int] = {}
     out: dict[int, dict] = {}
-    for rid, key in zip(data[id_col].tolist(), legend_keys(data)):
+    keys = legend_keys(data)
+    task_order = sorted({k[2] for k in keys}, key=lambda t: (t != DEFAULT_TASK, t))
+    suffix = {t: TASK_SYMBOL_SUFFIX[i % len(TASK_SYMBOL_SUFFIX)] if name_task else "" for i, t in enumerate(task_order)}
+    n_unknown = 0
+    for rid, key in zip(data[id_col].tolist(), keys):
         if key not in groups:
             variant, sharing, task, condition = key
+            style = group_style(variant, sharing)
             groups[key] = (legend_label(variant, sharing, task, condition, name_task=name_task),
-                           group_style(variant, sharing))
+                           {**style, "symbol": style["symbol"] + suffix[task]})
         group, style = groups[key]
+        if str(key[0]) not in VARIANT_COLORS or str(key[0]) == V.UNKNOWN:
+            out[int(rid)] = {**style, "color": UNKNOWN_COLORS[n_unknown % len(UNKNOWN_COLORS)], "group": group}
+            n_unknown += 1
+            continue
         k = seen.get(group, 0)
         seen[group] = k + 1
         amount = _RUN_SHADES[k % len(_RUN_SHADES)]

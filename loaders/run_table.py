@@ -2,7 +2,8 @@
 
 ``run_table(store)`` is the one reader behind the Experiments, Results and Weight decay
 pages: ``loaders.logs.list_runs`` (overrides applied) as a DataFrame, ``project`` filled with
-``loaders.projects.NO_PROJECT`` where a run has none, plus per run
+``loaders.projects.NO_PROJECT`` where a run has none, ``name`` the run's display name, unique in
+the database (``loaders.run_names``; the stored name is ``stored_name``), plus per run
 
 * ``task``: ``config["task"]``, ``"language"`` when the config names none
   (``DEFAULT_TASK``);
@@ -27,6 +28,7 @@ import pandas as pd
 from loaders.curves import run_geometry
 from loaders.logs.runs import RUN_FIELDS, list_runs
 from loaders.projects import NO_PROJECT
+from loaders.run_names import display_names
 from loaders.store import Store
 
 #: Task of a run whose config names none.
@@ -117,6 +119,11 @@ def run_table(store: Store, *, geometry: bool = False) -> pd.DataFrame:
     frame = pd.DataFrame(runs) if runs else pd.DataFrame(columns=list(RUN_FIELDS))
     frame = with_facts(frame)
     frame["project"] = frame["project"].where(frame["project"].notna(), NO_PROJECT) if len(frame) else frame["project"]
+    # names unique in the database (loaders.run_names); the stored one stays as stored_name
+    frame["stored_name"] = frame["name"]
+    if len(frame):
+        shown = display_names(frame["id"], frame["name"], frame["source"])
+        frame["name"] = [shown[int(i)] for i in frame["id"]]
     if not geometry:
         return frame
     geo = run_geometry(store)

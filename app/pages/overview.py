@@ -26,12 +26,16 @@ URL_PATH = "overview"
 def _runs(db: str, version: tuple) -> pd.DataFrame:
     from loaders.logs import list_runs  # here: the log readers load on first use
 
+    from loaders.run_names import display_names
+
     rows = list_runs(store_at(db))
+    shown = display_names([r["id"] for r in rows], [r["name"] for r in rows], [r["source"] for r in rows])
     cols = ["id", "name", "project", "task", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",
             "first_step", "last_step", "source"]
     for r in rows:                        # the task a run's config states (vision runs: image)
         r["task"] = str((r.get("config") or {}).get("task") or "language")
         r["project"] = r.get("project") or NO_PROJECT
+        r["name"] = shown[r["id"]]                 # unique in the database (loaders.run_names)
     frame = pd.DataFrame(rows)
     return frame[[c for c in cols if c in frame.columns]] if len(frame) else pd.DataFrame(columns=cols)
 

@@ -394,13 +394,19 @@ def test_run_styles_of_many_runs_follow_the_per_run_definition():
     assert name_task                                   # two tasks: every label names its task
     seen: dict[str, int] = {}
     expected = {}
+    unknown = 0
     for row in runs.sort_values("id").to_dict("records"):     # the definition, one run at a time
         sharing = charts.sharing_of(row["n_heads"], row["n_kv_heads"])
-        group = charts.legend_label(row["variant"], sharing, _row(row, "task") or "language",
-                                    _row(row, "condition"), name_task=True)
+        task = _row(row, "task") or "language"
+        group = charts.legend_label(row["variant"], sharing, task, _row(row, "condition"), name_task=True)
+        style = charts.group_style(row["variant"], sharing)
+        style["symbol"] += "" if task == "language" else "-open"        # language first, then vision
+        if row["variant"] == "something_new":                            # unknown: the second palette, per run
+            expected[int(row["id"])] = {**style, "color": charts.UNKNOWN_COLORS[unknown % 12], "group": group}
+            unknown += 1
+            continue
         k = seen.get(group, 0)
         seen[group] = k + 1
-        style = charts.group_style(row["variant"], sharing)
         expected[int(row["id"])] = {**style, "color": charts.shade(style["color"], charts._RUN_SHADES[k % 8]),
                                     "group": group}
     assert charts.run_styles(runs) == expected
@@ -564,3 +570,17 @@ def test_final_summary_of_many_runs_keeps_the_groups_of_the_every_run_scatter():
     for s, e in zip(summary.data, every.data):
         assert list(s.x) == sorted(set(e.x))                      # one marker per x of the group
         assert s.type in charts.TRACE_TYPES and s.marker.symbol == e.marker.symbol
+
+
+def test_unknown_variant_runs_get_distinct_colours_and_tasks_distinct_markers():
+    import pandas as pd
+
+    from app.charts import UNKNOWN_COLORS, VARIANT_COLORS, run_styles
+
+    runs = pd.DataFrame({"id": [1, 2, 3, 4, 5], "variant": ["unknown", "unknown", "unknown", "qkv", "qkv"],
+                         "n_heads": 4, "n_kv_heads": 4, "task": ["language", "language", "language", "language", "image"]})
+    s = run_styles(runs)
+    assert [s[i]["color"] for i in (1, 2, 3)] == UNKNOWN_COLORS[:3]
+    assert not set(UNKNOWN_COLORS) & set(VARIANT_COLORS.values())
+    # language filled, the other task open: told apart without the legend
+    assert (s[4]["symbol"], s[5]["symbol"]) == ("circle", "circle-open")
