@@ -197,8 +197,9 @@ def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
 def log_ticks(values, *, max_ticks: int = 12) -> dict:
     """Tick values and labels for a log axis over ``values`` that read as numbers ("0.3", not a
     bare "3" as plotly labels minor ticks): 1..9, 1-2-3-5 or 1-2-5 x 10^k (or only powers of ten
-    over many decades) inside the data's range, labelled by ``tick_text``. ``{}`` when no value
-    is positive."""
+    over many decades) inside the data's range, labelled by ``tick_text``, with one at the lowest
+    value (2 digits) where the nearest tick is more than 25% above it (the final losses of
+    training curves sit there). ``{}`` when no value is positive."""
     v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce"), dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
     if not v.size:
@@ -216,6 +217,8 @@ def log_ticks(values, *, max_ticks: int = 12) -> dict:
         ticks = ticks[::math.ceil(len(ticks) / max_ticks)]
     if len(ticks) < 2:                          # a range inside one step: its ends, 2 digits
         ticks = sorted({float(f"{v.min():.2g}"), float(f"{v.max():.2g}")} | set(ticks))
+    elif ticks[0] > 1.25 * v.min():             # no tick near the lowest values (final losses): add one
+        ticks = sorted({float(f"{v.min():.2g}")} | set(ticks))
     return dict(tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
 
 

@@ -54,15 +54,22 @@ def query_param(name: str, default: str | None = None) -> str | None:
 
 
 def set_query_params(**values) -> None:
-    """Write selections into the URL so a copied link reopens the same view."""
+    """Write selections into the URL so a copied link reopens the same view.
+
+    Only a change is written, and all of it at once (``st.query_params.from_dict``): every write
+    is a browser-history entry, so a page that wrote each key on every run left several identical
+    entries per click, and Back seemed to do nothing."""
+    current = {k: st.query_params.get_all(k) for k in st.query_params.keys()}
+    wanted = dict(current)
     for key, value in values.items():
         if value is None or value == "" or value == []:
-            if key in st.query_params:
-                del st.query_params[key]
+            wanted.pop(key, None)
         elif isinstance(value, (list, tuple)):
-            st.query_params[key] = [str(v) for v in value]
+            wanted[key] = [str(v) for v in value]
         else:
-            st.query_params[key] = str(value)
+            wanted[key] = [str(value)]
+    if wanted != current:
+        st.query_params.from_dict({k: v[0] if len(v) == 1 else v for k, v in wanted.items()})
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

@@ -428,7 +428,9 @@ def render() -> None:
     shown = _filters(runs)
     st.caption(f"{len(shown):,} of {len(runs):,} runs")
     st.dataframe(shown, hide_index=True, width="stretch", placeholder=tables.MISSING, height=min(38 * (len(shown) + 1), 320),
-                 column_config={"weight_decay": st.column_config.NumberColumn("weight decay", format="%.4g"),
+                 column_config={"name": st.column_config.TextColumn(
+                                    "name", width="large", help="unique in the database: a repeated name gets parent folders"),
+                                "weight_decay": st.column_config.NumberColumn("weight decay", format="%.4g"),
                                 "lr": st.column_config.NumberColumn("learning rate", format="%.3g"),
                                 "condition": st.column_config.TextColumn(
                                     "paper condition", help="the paper's own name for the run's condition, "

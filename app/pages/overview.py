@@ -123,7 +123,9 @@ def render() -> None:
     if len(runs):
         st.caption(task_counts(runs))
         st.dataframe(runs, hide_index=True, width="stretch", placeholder=tables.MISSING,
-                     column_config={"weight_decay": st.column_config.NumberColumn(format="%.4g"),
+                     column_config={"name": st.column_config.TextColumn(
+                                        "name", width="large", help="unique in the database: a repeated name gets parent folders"),
+                                    "weight_decay": st.column_config.NumberColumn(format="%.4g"),
                                     "lr": st.column_config.NumberColumn(format="%.3g")})
     else:
         st.caption("No training logs stored yet.")

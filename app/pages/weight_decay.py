@@ -485,9 +485,17 @@ def render() -> None:
 
     grouped_long = long[not_swept(long)]
     if len(grouped_long):
-        fig = charts.wd_figure(grouped_long, y=f"{statistic}_val_loss", y_title=y_title)
-        fig = add_intervals(fig, points[not_swept(points)], y_title=y_title)
-        st.plotly_chart(fig, width="stretch", key="wd_curve")
+        # one figure, and one y axis, per task: a language loss in nats per token and a ViT's
+        # cross-entropy are different quantities on different scales
+        long_task = _task_column(grouped_long).astype(str)
+        point_task = _task_column(points).astype(str)
+        shown_tasks = sorted(set(long_task), key=lambda t: (t != DEFAULT_TASK, t))
+        for task in shown_tasks:
+            if len(shown_tasks) > 1:
+                st.markdown(f"**{task}**")
+            fig = charts.wd_figure(grouped_long[long_task == task], y=f"{statistic}_val_loss", y_title=y_title)
+            fig = add_intervals(fig, points[not_swept(points) & (point_task == task)], y_title=y_title)
+            st.plotly_chart(fig, width="stretch", key="wd_curve" if len(shown_tasks) == 1 else f"wd_curve_{task}")
         st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss "
                    f"of the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay "
                    f"and its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), "

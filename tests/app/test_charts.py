@@ -584,3 +584,11 @@ def test_unknown_variant_runs_get_distinct_colours_and_tasks_distinct_markers():
     assert not set(UNKNOWN_COLORS) & set(VARIANT_COLORS.values())
     # language filled, the other task open: told apart without the legend
     assert (s[4]["symbol"], s[5]["symbol"]) == ("circle", "circle-open")
+
+
+def test_log_ticks_reach_the_lowest_values():
+    from app.charts import log_ticks
+
+    # training curves from ~11 down to final losses of 1.31-1.68: a tick where the finals lie
+    assert log_ticks([1.31, 1.34, 1.44, 1.68, 4.0, 11.0])["tickvals"] == [1.3, 2.0, 3.0, 5.0, 10.0]
+    assert log_ticks([0.2, 0.6])["tickvals"] == [0.2, 0.3, 0.4, 0.5, 0.6]    # already there: unchanged

@@ -46,3 +46,19 @@ def test_every_page_has_the_project_filter(projects_db, page):
     assert not at.exception, at.exception
     [filt] = at.sidebar.multiselect
     assert filt.label == "Projects" and filt.value == ["demo"]
+
+
+def test_weight_decay_draws_one_figure_and_y_axis_per_task(projects_db):
+    from tests.app.test_page_experiments import figures
+
+    at = page_test("weight_decay", {"project": "demo"}).run()
+    assert not at.exception, at.exception
+    keys = [k for k in figures(at) if k and k.startswith("wd_curve")]
+    assert keys == ["wd_curve_language", "wd_curve_image"]
+
+
+def test_results_notes_every_ignored_url_value(projects_db):
+    at = page_test("results", {"project": "demo", "wd": "0.7", "stat": "median", "metrics": "val/loss,nope"}).run()
+    assert not at.exception, at.exception
+    assert ("Ignored in the URL: metrics='nope' (not logged by these runs); stat='median' (final or best); "
+            "wd='0.7' (no run has it).") in [c.value for c in at.caption]
