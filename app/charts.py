@@ -155,10 +155,30 @@ def legend_keys(frame: pd.DataFrame) -> list[tuple]:
     return list(zip(variants, [sharing[p] for p in pairs], tasks, _values(frame, "condition")))
 
 
+def comparable_suffixes(frame: pd.DataFrame) -> list[str]:
+    """Per row, what its legend group adds so that a group never spans projects or geometries
+    (``analysis.comparable``): ``" · <project>"`` where the rows hold several projects, and
+    ``" · d<d_model> L<n_layers>"`` where they hold several geometries; ``""`` otherwise."""
+    parts = [[] for _ in range(len(frame))]
+    if "project" in frame.columns and len({str(p) for p in frame["project"]}) > 1:
+        for row, p in zip(parts, frame["project"]):
+            row.append(str(p))
+    geo = [c for c in ("d_model", "n_layers") if c in frame.columns]
+    if geo:
+        shapes = [f"d{tick_text(v) if v is not None else '?'} L{tick_text(w) if w is not None else '?'}"
+                  for v, w in zip(_values(frame, "d_model") if "d_model" in geo else [None] * len(frame),
+                                  _values(frame, "n_layers") if "n_layers" in geo else [None] * len(frame))]
+        if len(set(shapes)) > 1:
+            for row, s in zip(parts, shapes):
+                row.append(s)
+    return ["".join(f" · {p}" for p in row) for row in parts]
+
+
 def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
     """Per run id (``id`` or ``run_id`` column; ``variant`` and where present ``n_heads``,
     ``n_kv_heads``, ``task``, ``condition``): ``color, dash, symbol, group`` (``legend_label``,
-    naming every run's task when ``runs`` holds several). Runs of one group share hue and dash
+    naming every run's task when ``runs`` holds several, and its project and geometry when
+    they differ: ``comparable_suffixes``). Runs of one group share hue and dash
     and differ in shade, in run id order; runs of an unknown variant each take the next colour of
     ``UNKNOWN_COLORS``; in a figure of several tasks each task has its marker
     (``TASK_SYMBOL_SUFFIX``, language filled). Labels and styles are made once per group
@@ -170,15 +190,15 @@ def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
     shades: dict[tuple[str, float], str] = {}
     seen: dict[str, int] = {}
     out: dict[int, dict] = {}
-    keys = legend_keys(data)
+    keys = [(*k, s) for k, s in zip(legend_keys(data), comparable_suffixes(data))]
     task_order = sorted({k[2] for k in keys}, key=lambda t: (t != DEFAULT_TASK, t))
     suffix = {t: TASK_SYMBOL_SUFFIX[i % len(TASK_SYMBOL_SUFFIX)] if name_task else "" for i, t in enumerate(task_order)}
     n_unknown = 0
     for rid, key in zip(data[id_col].tolist(), keys):
         if key not in groups:
-            variant, sharing, task, condition = key
+            variant, sharing, task, condition, suffix_ = key
             style = group_style(variant, sharing)
-            groups[key] = (legend_label(variant, sharing, task, condition, name_task=name_task),
+            groups[key] = (legend_label(variant, sharing, task, condition, name_task=name_task) + suffix_,
                            {**style, "symbol": style["symbol"] + suffix[task]})
         group, style = groups[key]
         if str(key[0]) not in VARIANT_COLORS or str(key[0]) == V.UNKNOWN:
@@ -485,9 +505,9 @@ def _final_groups(frame: pd.DataFrame, hparam: str) -> tuple[pd.DataFrame, dict[
     ``(variant, sharing, group)`` the positions of its rows, in legend order: variants in their
     order, then MHA, GQA, MQA."""
     data = frame.dropna(subset=[hparam])
-    keys = legend_keys(data)
+    keys = [(*k, s) for k, s in zip(legend_keys(data), comparable_suffixes(data))]
     name_task = several_tasks([k[2] for k in keys])
-    labels = {k: legend_label(*k, name_task=name_task) for k in set(keys)}   # one per group, not per run
+    labels = {k: legend_label(*k[:4], name_task=name_task) + k[4] for k in set(keys)}   # one per group, not per run
     data = data.assign(_sharing=[k[1] for k in keys], _group=[labels[k] for k in keys])
     order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     groups = data.groupby(["variant", "_sharing", "_group"], dropna=False, sort=False).indices

@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # pandas and the store: loaded when the command runs, not when the parser imports every command
     from analysis.results_table import default_task, default_wd, metric_order, results_json, results_view, wd_choices
     from analysis.directions import direction
     from app import tables

@@ -39,7 +39,8 @@ ICON = ":material/monitoring:"
 ORDER = 20
 URL_PATH = "experiments"
 
-RUN_COLUMNS = ["id", "name", "project", "variant", "condition", "n_heads", "n_kv_heads", "task", "weight_decay", "lr",
+RUN_COLUMNS = ["id", "name", "project", "variant", "condition", "d_model", "n_layers", "n_heads", "n_kv_heads", "task",
+               "weight_decay", "lr",
                "seed", "model_size", "format", "n_points", "first_step", "last_step", "metrics", "source"]
 HPARAMS = ["weight_decay", "lr", "seed", "model_size", "n_kv_heads", "variant"]
 X_LABELS = {"step": "Step", "tokens": "Tokens", "wall_time": "Wall time"}

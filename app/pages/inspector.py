@@ -59,7 +59,9 @@ from app.state import (data_version, get_store, in_projects, project_filter, que
 from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
 from loaders import curves
 from loaders.errors import FileError, QkvscopeError
+from loaders.projects import default_project
 from loaders.results import stored_ties
+from loaders.store import Store
 
 TITLE = "Checkpoint inspector"
 ICON = ":material/grid_on:"
@@ -169,8 +171,6 @@ def _release_upload() -> None:
 def _scratch():
     """The session's scratch store (created on first use, deleted with the session): where an
     inspected upload or server path and its analysis live until added to the database."""
-    from loaders.store import Store
-
     held = st.session_state.get("insp_scratch")
     if held is None:
         held = tempfile.TemporaryDirectory(prefix="qkvscope-scratch-")
@@ -292,8 +292,6 @@ def _add_to_database(store, target: Path, *, upload: bool) -> None:
     """The **Add to database** form of an inspected upload or server path: stores it into the
     user's database, into the project named (``loaders.projects``); an upload is copied first to
     ``uploads/`` beside the database, since its temporary folder goes with the session."""
-    from loaders.projects import default_project
-
     with st.form("insp_add", border=True):
         st.caption("Inspected only: this checkpoint is not in your database, and no other page counts it.")
         c1, c2 = st.columns([3, 1], vertical_alignment="bottom")

@@ -592,3 +592,19 @@ def test_log_ticks_reach_the_lowest_values():
     # training curves from ~11 down to final losses of 1.31-1.68: a tick where the finals lie
     assert log_ticks([1.31, 1.34, 1.44, 1.68, 4.0, 11.0])["tickvals"] == [1.3, 2.0, 3.0, 5.0, 10.0]
     assert log_ticks([0.2, 0.6])["tickvals"] == [0.2, 0.3, 0.4, 0.5, 0.6]    # already there: unchanged
+
+
+def test_groups_never_span_projects_or_geometries():
+    import pandas as pd
+
+    from app.charts import run_styles
+
+    runs = pd.DataFrame({"id": [1, 2, 3, 4], "variant": "qkv", "n_heads": 4, "n_kv_heads": 4,
+                         "project": ["sweep-a", "sweep-a", "sweep-a", "sweep-b"],
+                         "d_model": [128, 128, 256, 128], "n_layers": 4})
+    s = run_styles(runs)
+    assert [s[i]["group"] for i in (1, 2, 3, 4)] == [
+        "Q-K-V · MHA · sweep-a · d128 L4", "Q-K-V · MHA · sweep-a · d128 L4", "Q-K-V · MHA · sweep-a · d256 L4",
+        "Q-K-V · MHA · sweep-b · d128 L4"]
+    one = run_styles(runs[runs["project"] == "sweep-b"])
+    assert one[4]["group"] == "Q-K-V · MHA"               # nothing to tell apart: no suffix
