@@ -40,7 +40,7 @@ def test_overview_lists_projects_and_narrows_to_the_chosen(projects_db):
 
 
 @pytest.mark.parametrize("page", ["results", "experiments", "weight_decay", "compare", "inspector", "papers",
-                                  "kv_cost"])
+                                  "kv_cost", "sql"])
 def test_every_page_has_the_project_filter(projects_db, page):
     at = page_test(page, {"project": "demo"}).run()
     assert not at.exception, at.exception
