@@ -239,16 +239,19 @@ def geometry_savings(checkpoints: pd.DataFrame) -> pd.DataFrame:
 
 
 def relative_losses(runs: pd.DataFrame) -> pd.DataFrame:
-    """Final loss of each (variant, head sharing) against ``qkv`` MHA runs at the same weight decay.
+    """Final loss of each (project, variant, head sharing) against ``qkv`` MHA runs of the same project
+    and geometry (``d_model``, ``n_layers``, ``n_heads`` where the frame has them; unknown values match
+    only each other) at the same weight decay: never across projects or geometries.
 
-    Per weight decay w where both exist: ``rel = mean(final_v) / mean(final_qkv) - 1`` and, reading the
+    Per matched cell (project, geometry, weight decay w) where both exist: ``rel = mean(final_v) / mean(final_qkv) - 1`` and, reading the
     loss as nats per token, the perplexity change ``exp(mean(final_v) - mean(final_qkv)) - 1``. Returns
-    one row per (variant, sharing): ``variant, sharing, rel_loss, rel_ppl`` (means over the matched
-    weight decays), ``weight_decays``, ``n_runs`` (the variant's runs used), ``n_base`` (qkv runs used)
+    one row per (project, variant, sharing): ``project, variant, sharing, rel_loss, rel_ppl`` (means over the
+    matched cells), ``weight_decays``, ``n_runs`` (the variant's runs used), ``n_base`` (qkv runs used)
     and ``seed_spread_ppl`` (largest minus smallest baseline final at one weight decay, as a perplexity
     ratio, NaN without repeated baseline runs): the noise a difference has to beat.
     """
-    cols = ["variant", "sharing", "rel_loss", "rel_ppl", "weight_decays", "n_runs", "n_base", "seed_spread_ppl"]
+    cols = ["project", "variant", "sharing", "rel_loss", "rel_ppl", "weight_decays", "n_runs", "n_base",
+            "seed_spread_ppl"]
     need = {"variant", "n_heads", "n_kv_heads", "weight_decay", "final"}
     missing = sorted(need - set(runs.columns))
     if missing:
@@ -258,26 +261,33 @@ def relative_losses(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     frame["sharing"] = [sharing(h, k) for h, k in zip(frame["n_heads"], frame["n_kv_heads"])]
     frame["wd"] = frame["weight_decay"].astype(float).fillna(-1.0)  # unknown weight decay: its own cell
-    base = frame[(frame["variant"] == "qkv") & (frame["sharing"] == "MHA")]
-    base_mean = base.groupby("wd")["final"].mean()
-    spreads = base.groupby("wd")["final"].agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
-    spread = float(np.exp(spreads.max()) - 1) if spreads.notna().any() else float("nan")
+    frame["project"] = frame["project"].astype(str) if "project" in frame.columns else "?"
+    geo = [c for c in ("d_model", "n_layers", "n_heads") if c in frame.columns]
+    frame["cell"] = [str(t) for t in zip(*(frame[c].map(lambda v: "?" if pd.isna(v) else str(int(v)))
+                                           for c in geo), frame["wd"])] if geo else frame["wd"].astype(str)
     rows = []
-    for (variant, kind), grp in frame.groupby(["variant", "sharing"], sort=True):
-        if variant == "qkv" and kind == "MHA":
-            continue
-        cells = grp[grp["wd"].isin(base_mean.index)]
-        if cells.empty:
-            continue
-        means = cells.groupby("wd")["final"].mean()
-        ref = base_mean.loc[means.index]
-        rows.append({"variant": variant, "sharing": kind,
-                     "rel_loss": float((means / ref - 1).mean()),
-                     "rel_ppl": float((np.exp(means - ref) - 1).mean()),
-                     "weight_decays": [None if w < 0 else float(w) for w in means.index],
-                     "n_runs": int(len(cells)),
-                     "n_base": int(base["wd"].isin(means.index).sum()),
-                     "seed_spread_ppl": spread})
+    for project, pframe in frame.groupby("project", sort=True):
+        base = pframe[(pframe["variant"] == "qkv") & (pframe["sharing"] == "MHA")]
+        base_mean = base.groupby("cell")["final"].mean()
+        spreads = base.groupby("cell")["final"].agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
+        spread = float(np.exp(spreads.max()) - 1) if spreads.notna().any() else float("nan")
+        for (variant, kind), grp in pframe.groupby(["variant", "sharing"], sort=True):
+            if variant == "qkv" and kind == "MHA":
+                continue
+            cells = grp[grp["cell"].isin(base_mean.index)]
+            if cells.empty:
+                continue
+            means = cells.groupby("cell")["final"].mean()
+            ref = base_mean.loc[means.index]
+            wd_of = dict(zip(cells["cell"], cells["wd"]))
+            rows.append({"project": project, "variant": variant, "sharing": kind,
+                         "rel_loss": float((means / ref - 1).mean()),
+                         "rel_ppl": float((np.exp(means - ref) - 1).mean()),
+                         "weight_decays": sorted({None if wd_of[c] < 0 else float(wd_of[c]) for c in means.index},
+                                                 key=lambda w: -1 if w is None else w),
+                         "n_runs": int(len(cells)),
+                         "n_base": int(base["cell"].isin(means.index).sum()),
+                         "seed_spread_ppl": spread})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -459,15 +469,19 @@ def _relative_loss(claim: Claim, data: Inputs) -> dict:
     if hit.empty:
         return {"measured": None, "reading": f"No {claim.match['variant']} {claim.match['sharing']} runs beside "
                                              f"qkv MHA runs at the same weight decay."}
+    # one project's runs (the one with most runs; the others are named): never a mean across projects
+    hit = hit.sort_values("n_runs", ascending=False, kind="stable")
     r = hit.iloc[0]
+    others = "" if len(hit) == 1 else "; other projects: " + ", ".join(
+        f"{o['project']} {_pct(o['rel_ppl'], 2)}" for o in hit.iloc[1:].to_dict("records"))
     wds = ", ".join("?" if w is None else f"{w:g}" for w in r["weight_decays"])
     spread = r["seed_spread_ppl"]
     return {"measured": f"{_pct(r['rel_ppl'], 2)} perplexity ({_pct(r['rel_loss'], 2)} final {data.loss_metric})",
             "chance": "no chance level; seed spread of qkv " + (_pct(spread, 2) if not pd.isna(spread) else "unknown "
                                                                 "(one run per weight decay)"),
             "n": int(r["n_runs"]), "n_label": f"runs (+{int(r['n_base'])} qkv)",
-            "reading": f"Mean over weight decays {wds}; perplexity = exp(loss), so the change is "
-                       "exp(loss_v - loss_qkv) - 1."}
+            "reading": f"Project {r['project']}, against qkv MHA runs of its own geometry; mean over weight "
+                       f"decays {wds}; perplexity = exp(loss), so the change is exp(loss_v - loss_qkv) - 1{others}."}
 
 
 def _kv_saving(claim: Claim, data: Inputs) -> dict:

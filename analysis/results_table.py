@@ -1,10 +1,14 @@
 """Results tables as papers print them: variants as rows, metrics as columns, mean ± std over seeds.
 
-Pure pandas (no I/O). ``run_groups(runs)`` gives each run its group (task, variant, query
-heads, KV heads: MHA, GQA and MQA runs of one variant are different rows; a paper condition
-of its own, ``OWN_CONDITIONS``, apart from its stored variant); ``results_table(runs, values,
-metrics)`` aggregates per group. The runs' task and geometry come from their configs
-(``loaders.run_table``).
+Pure pandas (no I/O). ``run_groups(runs)`` gives each run its comparable group
+(``analysis.comparable``: project, task, d_model, n_layers, query heads, KV heads, variant: MHA,
+GQA and MQA runs of one variant are different rows, and so are two projects or two widths; a
+paper condition of its own, ``OWN_CONDITIONS``, apart from its stored variant);
+``results_table(runs, values, metrics)`` aggregates per group, and names in ``warnings`` what
+a group's runs differ in besides weight decay and seed (``analysis.comparable.differences``).
+The runs' project, task and geometry come from the store (``loaders.run_table``).
+``results_view`` is the table as the Results page and ``python -m app results`` show it (weight
+decay and task chosen, the reason when it is empty); ``results_json`` its rows as JSON.
 
 Per group and metric (``statistic`` ``"final"``: each run's last value; ``"best"``: its best,
 the lowest of a loss and the highest of an accuracy, ``analysis.directions``):
@@ -12,8 +16,8 @@ the lowest of a loss and the highest of an accuracy, ``analysis.directions``):
 * ``mean`` = sum(x) / n and ``std`` the sample standard deviation sqrt(sum (x - mean)^2 / (n - 1))
   (NaN for one run), over the group's runs (seeds, when the other settings are held fixed);
 * ``n`` runs with a value;
-* ``vs qkv %`` = 100 (mean - mean_qkv) / |mean_qkv| against the ``qkv`` row of the same task
-  and head sharing (paper B, arXiv 2606.04032, Table 4: "+3.1% perplexity"); NaN for the
+* ``vs qkv %`` = 100 (mean - mean_qkv) / |mean_qkv| against the ``qkv`` row of the same project,
+  task, geometry and head sharing (paper B, arXiv 2606.04032, Table 4: "+3.1% perplexity"); NaN for the
   baseline itself and where the group has no baseline.
 
 ``perplexity`` adds ``exp(loss)`` per run before the mean (the perplexity of a loss in nats,
@@ -33,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import variants as V
+from analysis.comparable import differences, group_keys
 from analysis.directions import direction
 from analysis.errors import AnalysisError
 
@@ -67,6 +72,11 @@ def variant_label(variant, condition=None) -> str:
     return own_condition(condition) or V.label(variant)
 
 
+def _part(v) -> str:
+    """A key part: the value as text, ``?`` for an unknown one (NaN, None)."""
+    return "?" if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
 def _int_or_none(v):
     return None if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA else int(v)
 
@@ -75,9 +85,8 @@ def run_groups(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` (``id`` or ``run_id``, ``variant``, and ``task``, ``n_heads``, ``n_kv_heads``,
     ``condition`` where known) with ``task`` filled (``"language"``), ``sharing``
     (``analysis.variants.sharing``), ``label`` (``variant_label``) and ``group``:
-    ``"<task>|<variant>|<n_heads>|<n_kv_heads>"``, the key that keeps MHA, GQA and MQA runs of
-    one variant apart, with ``"|<condition>"`` added for an ``OWN_CONDITIONS`` run (QVV(3) is
-    not a Q-K=V run)."""
+    ``analysis.comparable.group_key`` (project, task, geometry, variant, head sharing), with
+    ``"|<condition>"`` added for an ``OWN_CONDITIONS`` run (QVV(3) is not a Q-K=V run)."""
     out = runs.copy()
     if "task" not in out.columns:
         out["task"] = DEFAULT_TASK
@@ -91,8 +100,7 @@ def run_groups(runs: pd.DataFrame) -> pd.DataFrame:
     own = [own_condition(c) for c in (out["condition"] if "condition" in out.columns else [None] * len(out))]
     out["sharing"] = [V.sharing(a, b) for a, b in zip(h, kv)]
     out["label"] = [variant_label(v, c) for v, c in zip(out["variant"], own)]
-    out["group"] = [f"{t}|{v}|{a}|{b}" + (f"|{c}" if c else "")
-                    for t, v, a, b, c in zip(out["task"], out["variant"], h, kv, own)]
+    out["group"] = [k + (f"|{c}" if c else "") for k, c in zip(group_keys(out), own)]
     return out
 
 
@@ -135,10 +143,12 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
     given, which recomputes it from the geometry). ``values``: ``run_id, metric, final, min,
     max`` (``loaders.curves.run_metric_summary``).
 
-    Returns ``task, variant, label, sharing, n_heads, n_kv_heads, n runs, seeds, run ids``, then
+    Returns ``project, task, variant, label, sharing, d_model, n_layers, n_heads, n_kv_heads, n runs,
+    seeds, run ids, warnings`` (a list of sentences, ``analysis.comparable.differences``), then
     per metric ``<m> mean, <m> std, <m> n, <m> vs qkv %`` (and with ``perplexity`` the same for
     ``exp(<m>)`` of each loss metric), then ``KV bytes/token, attention params``; rows in the
-    order task, head sharing (MHA, GQA, MQA), variant (``analysis.variants.ALL_VARIANTS``).
+    order project, task, d_model, n_layers, head sharing (MHA, GQA, MQA), variant
+    (``analysis.variants.ALL_VARIANTS``).
     """
     if statistic not in STATISTICS:
         raise AnalysisError(f"results_table: statistic must be one of {', '.join(STATISTICS)}; got {statistic!r}")
@@ -158,12 +168,15 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
     for key, rows in g.groupby("group", sort=False):
         first = rows.iloc[0]
         variant = str(first["variant"])
-        row = {"task": first["task"], "variant": variant, "label": first["label"], "sharing": first["sharing"],
+        row = {"project": first.get("project"), "task": first["task"], "variant": variant, "label": first["label"],
+               "sharing": first["sharing"], "d_model": _int_or_none(first.get("d_model")),
+               "n_layers": _int_or_none(first.get("n_layers")),
                "n_heads": _int_or_none(first["n_heads"]), "n_kv_heads": _int_or_none(first["n_kv_heads"]),
                "n runs": len(rows),
                "seeds": ", ".join(str(_int_or_none(s)) for s in rows["seed"] if _int_or_none(s) is not None)
                if "seed" in rows.columns else "",
-               "run ids": ", ".join(str(i) for i in sorted(rows["run_id"]))}
+               "run ids": ", ".join(str(i) for i in sorted(rows["run_id"])),
+               "warnings": differences(rows)}
         for name, series in columns:
             x = series.loc[rows.index].dropna().to_numpy(dtype=float)
             row[f"{name} mean"] = float(x.mean()) if x.size else np.nan
@@ -174,19 +187,22 @@ def results_table(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], 
         # checkpoint's stored count is used
         row["attention params"] = _geometry_value(rows, variant, "params", bytes_per_elem,
                                                   computed=own_condition(first["label"]) is None)
-        row["_order"] = _sort_key(str(first["task"]), str(first["sharing"]), _int_or_none(first["n_kv_heads"]),
-                                  order.get(variant, len(order)), variant)
+        task_sharing = _sort_key(str(first["task"]), str(first["sharing"]), _int_or_none(first["n_kv_heads"]),
+                                 order.get(variant, len(order)), variant)
+        row["_order"] = (str(first.get("project")), *task_sharing[:2], _int_or_none(first.get("d_model")) or 0,
+                         _int_or_none(first.get("n_layers")) or 0, *task_sharing[2:])
         out_rows.append(row)
-    base_cols = ["task", "variant", "label", "sharing", "n_heads", "n_kv_heads", "n runs", "seeds", "run ids"]
+    base_cols = ["project", "task", "variant", "label", "sharing", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                 "n runs", "seeds", "run ids", "warnings"]
     metric_cols = [f"{name} {s}" for name, _ in columns for s in ("mean", "std", "n", "vs qkv %")]
     if not out_rows:
         return pd.DataFrame(columns=base_cols + metric_cols + ["KV bytes/token", "attention params"])
     out = pd.DataFrame(out_rows).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
     for name, _ in columns:
-        base = (out[out["variant"] == baseline]
-                .drop_duplicates(["task", "n_heads", "n_kv_heads"])
-                .set_index(["task", "n_heads", "n_kv_heads"])[f"{name} mean"])
-        ref = [base.get((t, h, kv), np.nan) for t, h, kv in zip(out["task"], out["n_heads"], out["n_kv_heads"])]
+        same = ["project", "task", "d_model", "n_layers", "n_heads", "n_kv_heads"]
+        keys = [tuple(_part(v) for v in t) for t in out[same].itertuples(index=False)]
+        base = {k: m for k, m, v in zip(keys, out[f"{name} mean"], out["variant"]) if v == baseline}
+        ref = [base.get(k, np.nan) for k in keys]
         ref = np.asarray(ref, dtype=float)
         with np.errstate(divide="ignore", invalid="ignore"):
             pct = 100.0 * (out[f"{name} mean"].to_numpy(dtype=float) - ref) / np.abs(ref)
@@ -266,13 +282,108 @@ def best_of_each_group(runs: pd.DataFrame, values: pd.DataFrame, metric: str, *,
 
 
 def metric_order(names) -> list[str]:
-    """Metric names in picking order: validation metrics first (their loss first, then accuracies
-    such as ``val/accuracy`` or ``val_top1``), then training metrics (loss first), then the rest
-    (learning rate and the like), alphabetically within each."""
+    """Metric names in picking order: validation metrics first, then training metrics, then the
+    rest (learning rate and the like). Validation: ``val/loss``, ``eval/loss``, other losses of a
+    ``val``/``eval``/``valid`` split, then those of a ``test`` split, then the split's other
+    metrics (accuracies such as ``val/accuracy`` or ``val_top1``). A name containing ``train`` is
+    a training metric wherever it stands (``eval/train_loss`` is a loss on the training split).
+    Alphabetical within each rank."""
     def key(name: str):
         low = name.lower()
         split = low.replace("/", "_").replace("-", "_")
-        stage = 0 if split.startswith(("val", "eval", "valid", "test")) else 1 if split.startswith("train") else 2
         loss = 0 if "loss" in low else 1
-        return stage, loss, low
+        if "train" in low:
+            return 1, 0, loss, low
+        if split.startswith(("val", "eval", "valid")) or "valid" in split:
+            rank = 0 if low == "val/loss" else 1 if low == "eval/loss" else 2
+            return 0, loss, rank, low
+        if split.startswith("test") or "_test" in split:
+            return 0, loss, 3, low
+        return 2, 0, loss, low
     return sorted({str(n) for n in names}, key=key)
+
+
+def _fmt_wd(v) -> str:
+    return f"{v:g}"
+
+
+def wd_choices(runs: pd.DataFrame) -> list[str]:
+    """The weight decays a table can hold fixed, as text (``"0.03"``), lowest first."""
+    if "weight_decay" not in runs.columns:
+        return []
+    return [_fmt_wd(w) for w in sorted({float(w) for w in runs["weight_decay"].dropna()})]
+
+
+def default_task(runs: pd.DataFrame) -> str:
+    """The task a table opens on: ``language`` when the runs hold it and another task (a loss in
+    nats per byte and a classifier's cross-entropy are different quantities), else ``"all"``."""
+    tasks = set(runs["task"].astype(str)) if "task" in runs.columns else set()
+    return DEFAULT_TASK if DEFAULT_TASK in tasks and len(tasks) > 1 else "all"
+
+
+def default_wd(runs: pd.DataFrame, values: pd.DataFrame, metric: str | None) -> str:
+    """The weight decay a table opens on: ``common_setting`` among the runs that logged ``metric``
+    (a weight decay with data), ``"all"`` when no run states one."""
+    if metric is not None and len(values):
+        logged = set(values.loc[values["metric"] == metric, "run_id"].astype(int))
+        id_col = "id" if "id" in runs.columns else "run_id"
+        with_data = runs[runs[id_col].astype(int).isin(logged)]
+        if len(with_data):
+            runs = with_data
+    wd = common_setting(runs)
+    return "all" if wd is None else _fmt_wd(wd)
+
+
+def results_view(runs: pd.DataFrame, values: pd.DataFrame, metrics: list[str], *, wd: str = "all",
+                 task: str = "all", statistic: str = "final", perplexity: bool = False,
+                 bytes_per_elem: int | None = None, overrides: dict[str, str] | None = None
+                 ) -> tuple[pd.DataFrame, str | None]:
+    """The Results table as the page and ``python -m app results`` show it: ``runs`` held at weight
+    decay ``wd`` (text as ``wd_choices`` gives it, or ``"all"``) and ``task`` (or ``"all"``), then
+    ``results_table``. Returns ``(table, why_empty)``: one line saying why no row is left, or
+    None."""
+    chosen = runs
+    if wd != "all":
+        chosen = chosen[chosen["weight_decay"].map(lambda w: w is not None and not (
+            isinstance(w, float) and math.isnan(w)) and _fmt_wd(float(w)) == wd)]
+    if task != "all":
+        chosen = chosen[chosen["task"].astype(str) == task]
+    table = results_table(chosen, values, metrics, statistic=statistic, perplexity=perplexity,
+                          bytes_per_elem=bytes_per_elem, overrides=overrides)
+    why = None
+    if runs.empty:
+        why = "no runs stored (in the chosen projects)"
+    elif chosen.empty:
+        why = (f"no run has weight decay {wd}" if wd != "all" else "no run") + \
+              (f" and task {task}" if task != "all" else "")
+    elif metrics and all((table[f"{m} n"] == 0).all() for m in metrics if f"{m} n" in table.columns):
+        why = f"none of the {len(chosen)} runs chosen logged {', '.join(metrics)}"
+    return table, why
+
+
+def _json_value(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return None if not math.isfinite(float(v)) else float(v)
+    return v
+
+
+def results_json(table: pd.DataFrame) -> list[dict]:
+    """The rows of ``results_table`` as JSON: ``project, task, variant, label, sharing, n_kv_heads,
+    n_heads, d_model, n_layers, n`` (runs), ``run_ids`` (list), ``seeds``, the statistics (``"<metric>
+    mean"``, ``std``, ``n``, ``vs qkv %``, ``KV bytes/token``, ``attention params``; null where
+    undefined) and ``warnings`` (list)."""
+    rows = []
+    for r in table.to_dict("records"):
+        row = {k: _json_value(r[k]) for k in ("project", "task", "variant", "label", "sharing", "n_kv_heads",
+                                             "n_heads", "d_model", "n_layers")}
+        row["n"] = int(r["n runs"])
+        row["run_ids"] = [int(i) for i in str(r["run ids"]).split(", ") if i]
+        row["seeds"] = [int(s) for s in str(r["seeds"]).split(", ") if s]
+        for k, v in r.items():
+            if k.endswith((" mean", " std", " n", " vs qkv %")) or k in ("KV bytes/token", "attention params"):
+                row[k] = _json_value(v)
+        row["warnings"] = list(r["warnings"])
+        rows.append(row)
+    return rows

@@ -61,6 +61,34 @@ COLORS: dict[str, str] = {
 }
 
 
+#: Metrics a K=V tie fixes at 1 whatever the weights (K and V are one tensor).
+KV_TIE_METRICS = frozenset({"kv_cosine_flat", "kv_cka", "kv_share_r2", "kv_cka_act", "kv_cosine_act",
+                            "kv_share_r2_act"})
+#: Metrics a Q=K tie fixes at 1 (Q K^T, and the logits, are symmetric).
+QK_TIE_METRICS = frozenset({"qk_symmetry", "logit_symmetry"})
+#: The metrics a view opens on, first that is stored and informative: the K/V similarity the
+#: projection-sharing paper reads, then the Q/K symmetry, then ranks.
+PREFERRED_METRICS = ("kv_cka", "qk_symmetry", "kv_share_r2", "erank_k", "erank_v")
+
+
+def fixed_by_tie(metric: str, variant) -> bool:
+    """Whether ``variant``'s tie fixes ``metric`` by construction (1 for any weights), so that its
+    value says nothing about the model: a K/V similarity of a K=V variant, the Q/K symmetry of a
+    Q=K variant."""
+    return (variant in KV_TIED and metric in KV_TIE_METRICS) or (variant in Q_TIED and metric in QK_TIE_METRICS)
+
+
+def informative_metric(available, variants) -> str | None:
+    """The metric a view of checkpoints of ``variants`` opens on: the first of ``PREFERRED_METRICS``,
+    then of ``available``, that is in ``available`` and that no variant's tie fixes
+    (``fixed_by_tie``); the first available when every one is fixed; None for none."""
+    available = list(available)
+    for m in [*PREFERRED_METRICS, *available]:
+        if m in available and not any(fixed_by_tie(m, v) for v in variants):
+            return m
+    return available[0] if available else None
+
+
 def base(variant: str) -> str:
     """The projection-sharing variant under a "+" variant (``q_eq_k_plus`` -> ``q_eq_k``)."""
     return PLUS.get(variant, variant)

@@ -9,7 +9,9 @@ Inputs are plain DataFrames (the app reads them from the store):
   (``loaders.curves.metric_curves`` streams them from the store, one run at a
   time, so 100M logged points never sit in one frame).
 
-Grouping: runs are grouped by ``variant`` and by their ``config`` minus the
+Grouping: runs are first split into comparable sets (``analysis.comparable.group_key``:
+project, task, geometry, variant, head sharing; each set's statistics and regression are its
+own, ``project`` names it in every row), then grouped by their ``config`` minus the
 keys in ``IGNORED_KEYS`` (weight decay itself, seeds, output folders, run
 names): everything but weight decay. A group's ``group`` label lists the
 config entries that tell it apart from the other groups of its variant
@@ -76,6 +78,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
+from analysis.comparable import group_keys
 from analysis.directions import direction
 from analysis.errors import AnalysisError
 from analysis.intervals import CONFIDENCE, N_BOOT, mean_interval, percentile_interval
@@ -181,7 +184,7 @@ MIN_FIT_WDS = 3
 MIN_BEST_RUNS = 2
 SEED = 0
 
-OUTPUT_COLUMNS = ["variant", "group", "weight_decays", "final_val_loss", "best_val_loss", "slope",
+OUTPUT_COLUMNS = ["project", "variant", "group", "weight_decays", "final_val_loss", "best_val_loss", "slope",
                   "curvature", "best_weight_decay", "n_runs", "run_ids", "spikes", "diverged",
                   # how sure: counts, intervals, and why a statistic is absent
                   "statistic", "n_wd", "n_wd_fit", "n_wd_repeated", "per_wd", "slope_ci_low", "slope_ci_high",
@@ -405,8 +408,10 @@ def wd_sensitivity(runs: pd.DataFrame, points, *, spike_ratio: float = 0.1,
     per_run = {rid: run_curve_stats(values, **options) for rid, values in curves}
     no_curve = run_curve_stats(np.array([]), **options)
     rows = []
-    for variant, vruns in runs.groupby("variant", sort=True):
+    runs["_set"] = group_keys(runs)
+    for (variant, _), vruns in runs.groupby(["variant", "_set"], sort=True):
         first = len(rows)
+        project = vruns["project"].iloc[0] if "project" in vruns.columns else None
         keys = [json.dumps(k, sort_keys=True, default=str) for k in vruns["_key"]]
         vruns = vruns.assign(_gkey=keys)
         all_keys = set().union(*vruns["_key"])
@@ -434,7 +439,7 @@ def wd_sensitivity(runs: pd.DataFrame, points, *, spike_ratio: float = 0.1,
                 p["n_diverged"] = sum(bool(diverged[i]) for i in at)
                 p["n_spiky"] = sum(spikes[i] > 0 for i in at)
             rows.append({
-                "variant": variant, "group": label, "weight_decays": wds,
+                "project": project, "variant": variant, "group": label, "weight_decays": wds,
                 "final_val_loss": finals, "best_val_loss": bests,
                 "n_runs": len(ids), "run_ids": ids, "spikes": spikes, "diverged": diverged,
                 "statistic": statistic, "n_boot": n_boot, **stats, "direction": way,

@@ -45,6 +45,14 @@ SHARING_DASH = {"MHA": "solid", "GQA": "dash", "MQA": "dot", "?": "solid"}
 #: (a quiet run), 1 black (a spiky one).
 RING_SCALE = [[0.0, "white"], [1.0, "black"]]
 SHARING_SYMBOL = {"MHA": "circle", "GQA": "diamond", "MQA": "square", "?": "circle"}
+#: Colours of runs whose variant is not known, one per run in id order: a second palette
+#: (ColorBrewer Dark2 and Set1, colour-blind-aware), apart from the variants' Tableau hues, so
+#: that such runs are told apart and never read as a known variant.
+UNKNOWN_COLORS = ["#1B9E77", "#D95F02", "#7570B3", "#E7298A", "#66A61E", "#E6AB02", "#A6761D", "#377EB8",
+                  "#984EA3", "#A65628", "#F781BF", "#4DAF4A"]
+#: Marker variants by task in a figure of several tasks, language first: the sharing's symbol
+#: filled, open, with a dot, open with a dot (plotly symbol suffixes).
+TASK_SYMBOL_SUFFIX = ["", "-open", "-dot", "-open-dot"]
 #: Tasks drawn without a suffix in the legend (a run config without a task is a language run).
 DEFAULT_TASK = "language"
 #: Shade of a variant's hue for a task other than language, in a figure of several tasks.
@@ -147,11 +155,33 @@ def legend_keys(frame: pd.DataFrame) -> list[tuple]:
     return list(zip(variants, [sharing[p] for p in pairs], tasks, _values(frame, "condition")))
 
 
+def comparable_suffixes(frame: pd.DataFrame) -> list[str]:
+    """Per row, what its legend group adds so that a group never spans projects or geometries
+    (``analysis.comparable``): ``" · <project>"`` where the rows hold several projects, and
+    ``" · d<d_model> L<n_layers>"`` where they hold several geometries; ``""`` otherwise."""
+    parts = [[] for _ in range(len(frame))]
+    if "project" in frame.columns and len({str(p) for p in frame["project"]}) > 1:
+        for row, p in zip(parts, frame["project"]):
+            row.append(str(p))
+    geo = [c for c in ("d_model", "n_layers") if c in frame.columns]
+    if geo:
+        shapes = [f"d{tick_text(v) if v is not None else '?'} L{tick_text(w) if w is not None else '?'}"
+                  for v, w in zip(_values(frame, "d_model") if "d_model" in geo else [None] * len(frame),
+                                  _values(frame, "n_layers") if "n_layers" in geo else [None] * len(frame))]
+        if len(set(shapes)) > 1:
+            for row, s in zip(parts, shapes):
+                row.append(s)
+    return ["".join(f" · {p}" for p in row) for row in parts]
+
+
 def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
     """Per run id (``id`` or ``run_id`` column; ``variant`` and where present ``n_heads``,
     ``n_kv_heads``, ``task``, ``condition``): ``color, dash, symbol, group`` (``legend_label``,
-    naming every run's task when ``runs`` holds several). Runs of one group share hue and dash
-    and differ in shade, in run id order. Labels and styles are made once per group
+    naming every run's task when ``runs`` holds several, and its project and geometry when
+    they differ: ``comparable_suffixes``). Runs of one group share hue and dash
+    and differ in shade, in run id order; runs of an unknown variant each take the next colour of
+    ``UNKNOWN_COLORS``; in a figure of several tasks each task has its marker
+    (``TASK_SYMBOL_SUFFIX``, language filled). Labels and styles are made once per group
     (``legend_keys``), so 2,000 runs cost what their groups cost."""
     id_col = "id" if "id" in runs.columns else "run_id"
     data = runs.sort_values(id_col)
@@ -160,12 +190,21 @@ def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
     shades: dict[tuple[str, float], str] = {}
     seen: dict[str, int] = {}
     out: dict[int, dict] = {}
-    for rid, key in zip(data[id_col].tolist(), legend_keys(data)):
+    keys = [(*k, s) for k, s in zip(legend_keys(data), comparable_suffixes(data))]
+    task_order = sorted({k[2] for k in keys}, key=lambda t: (t != DEFAULT_TASK, t))
+    suffix = {t: TASK_SYMBOL_SUFFIX[i % len(TASK_SYMBOL_SUFFIX)] if name_task else "" for i, t in enumerate(task_order)}
+    n_unknown = 0
+    for rid, key in zip(data[id_col].tolist(), keys):
         if key not in groups:
-            variant, sharing, task, condition = key
-            groups[key] = (legend_label(variant, sharing, task, condition, name_task=name_task),
-                           group_style(variant, sharing))
+            variant, sharing, task, condition, suffix_ = key
+            style = group_style(variant, sharing)
+            groups[key] = (legend_label(variant, sharing, task, condition, name_task=name_task) + suffix_,
+                           {**style, "symbol": style["symbol"] + suffix[task]})
         group, style = groups[key]
+        if str(key[0]) not in VARIANT_COLORS or str(key[0]) == V.UNKNOWN:
+            out[int(rid)] = {**style, "color": UNKNOWN_COLORS[n_unknown % len(UNKNOWN_COLORS)], "group": group}
+            n_unknown += 1
+            continue
         k = seen.get(group, 0)
         seen[group] = k + 1
         amount = _RUN_SHADES[k % len(_RUN_SHADES)]
@@ -178,8 +217,9 @@ def run_styles(runs: pd.DataFrame) -> dict[int, dict]:
 def log_ticks(values, *, max_ticks: int = 12) -> dict:
     """Tick values and labels for a log axis over ``values`` that read as numbers ("0.3", not a
     bare "3" as plotly labels minor ticks): 1..9, 1-2-3-5 or 1-2-5 x 10^k (or only powers of ten
-    over many decades) inside the data's range, labelled by ``tick_text``. ``{}`` when no value
-    is positive."""
+    over many decades) inside the data's range, labelled by ``tick_text``, with one at the lowest
+    value (2 digits) where the nearest tick is more than 25% above it (the final losses of
+    training curves sit there). ``{}`` when no value is positive."""
     v = np.asarray(pd.to_numeric(pd.Series(values), errors="coerce"), dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
     if not v.size:
@@ -197,6 +237,8 @@ def log_ticks(values, *, max_ticks: int = 12) -> dict:
         ticks = ticks[::math.ceil(len(ticks) / max_ticks)]
     if len(ticks) < 2:                          # a range inside one step: its ends, 2 digits
         ticks = sorted({float(f"{v.min():.2g}"), float(f"{v.max():.2g}")} | set(ticks))
+    elif ticks[0] > 1.25 * v.min():             # no tick near the lowest values (final losses): add one
+        ticks = sorted({float(f"{v.min():.2g}")} | set(ticks))
     return dict(tickmode="array", tickvals=ticks, ticktext=[tick_text(t) for t in ticks])
 
 
@@ -463,9 +505,9 @@ def _final_groups(frame: pd.DataFrame, hparam: str) -> tuple[pd.DataFrame, dict[
     ``(variant, sharing, group)`` the positions of its rows, in legend order: variants in their
     order, then MHA, GQA, MQA."""
     data = frame.dropna(subset=[hparam])
-    keys = legend_keys(data)
+    keys = [(*k, s) for k, s in zip(legend_keys(data), comparable_suffixes(data))]
     name_task = several_tasks([k[2] for k in keys])
-    labels = {k: legend_label(*k, name_task=name_task) for k in set(keys)}   # one per group, not per run
+    labels = {k: legend_label(*k[:4], name_task=name_task) + k[4] for k in set(keys)}   # one per group, not per run
     data = data.assign(_sharing=[k[1] for k in keys], _group=[labels[k] for k in keys])
     order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     groups = data.groupby(["variant", "_sharing", "_group"], dropna=False, sort=False).indices

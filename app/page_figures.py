@@ -4,7 +4,7 @@ The pages draw them (through ``app.figures.show``) and the CLI writes them with
 ``--figures DIR`` (``wd-sensitivity``, ``kv-cost``: ``app.figures.write_figures``),
 so a figure in a paper is the one on the page.
 
-* Weight decay: ``wd_curve_figure(table, statistic, metric)``, the loss of each run
+* Weight decay: ``wd_curve_figures(table, statistic, metric)``, per task the loss of each run
   against its weight decay with the mean and its bootstrap interval per weight
   decay (``analysis.wd_sensitivity``'s table; ``per_run`` and ``per_wd`` unpack it).
 * KV cost: ``kv_cost_figures(...)``, four sweeps of the configurations
@@ -115,10 +115,14 @@ def regressions(table: pd.DataFrame) -> dict[tuple[str, str], dict]:
     return out
 
 
-def wd_curve_figure(table: pd.DataFrame, *, statistic: str, metric: str) -> go.Figure | None:
-    """The Weight decay page's main chart: per group of runs fitted by the grouped estimator, each
-    run's ``statistic`` loss against its weight decay and the mean per weight decay with its
-    interval (``add_intervals``); None when every variant was fitted by the regression."""
+def wd_curve_figures(table: pd.DataFrame, *, statistic: str, metric: str) -> dict[str, go.Figure]:
+    """The Weight decay page's main charts, one per task (``{task: figure}``, language first): per
+    group of runs fitted by the grouped estimator, each run's ``statistic`` loss against its
+    weight decay and the mean per weight decay with its interval (``add_intervals``). One figure
+    and y axis per task: a language loss in nats per token and a ViT's cross-entropy are different
+    quantities on different scales. Empty when every variant was fitted by the regression."""
+    from analysis.results_table import DEFAULT_TASK  # here: the Results table's order, only when drawn
+
     long, points = per_run(table), per_wd(table)
     swept = sorted(regressions(table))
 
@@ -128,10 +132,15 @@ def wd_curve_figure(table: pd.DataFrame, *, statistic: str, metric: str) -> go.F
 
     grouped_long = long[not_swept(long)]
     if grouped_long.empty:
-        return None
+        return {}
     y_title = f"{statistic} {metric}"
-    fig = charts.wd_figure(grouped_long, y=f"{statistic}_val_loss", y_title=y_title)
-    return add_intervals(fig, points[not_swept(points)], y_title=y_title)
+    long_task = _task_column(grouped_long).astype(str)
+    point_task = _task_column(points).astype(str)
+    out = {}
+    for task in sorted(set(long_task), key=lambda t: (t != DEFAULT_TASK, t)):
+        fig = charts.wd_figure(grouped_long[long_task == task], y=f"{statistic}_val_loss", y_title=y_title)
+        out[task] = add_intervals(fig, points[not_swept(points) & (point_task == task)], y_title=y_title)
+    return out
 
 
 # -- KV cost ----------------------------------------------------------------------------------

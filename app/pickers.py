@@ -208,6 +208,24 @@ def checkpoint_picker(label: str, choices: pd.DataFrame, *, key: str, default: i
     return right.selectbox(label, ids, index=ids.index(first), format_func=labels.get, key=key, help=help)
 
 
+def baseline_checkpoint(choices: pd.DataFrame) -> int | None:
+    """The checkpoint a one-checkpoint view opens on: a Q-K-V baseline (``BASELINE``, by its run's or
+    its own variant) of the most common geometry, MHA first, its latest step, else the newest
+    checkpoint; None for none."""
+    if choices.empty:
+        return None
+    variant = choices["run_variant"].where(choices["run_variant"].notna(), choices["variant"]) \
+        if "run_variant" in choices.columns else choices["variant"]
+    base = choices[variant == BASELINE]
+    if base.empty:
+        return int(choices["id"].iloc[-1])
+    common = base.groupby(GEOMETRY, dropna=False).size().sort_values(ascending=False, kind="stable")
+    key = common.index[0] if len(GEOMETRY) > 1 else (common.index[0],)
+    same = base[(base[GEOMETRY].astype(str) == [str(k) for k in key]).all(axis=1)]
+    same = same.assign(_gqa=same["n_kv_heads"] != same["n_heads"], _step=same["step"].fillna(-1))
+    return int(same.sort_values(["_gqa", "_step", "id"], ascending=[True, False, False]).iloc[0]["id"])
+
+
 # -- a pair worth comparing ------------------------------------------------------------
 
 #: Columns two checkpoints must share to be compared head by head.

@@ -20,7 +20,7 @@ from analysis.errors import AnalysisError
 from analysis.registry import METRIC_VERSION, names
 from app.pickers import user_message
 from app.paths import DEMO_DIR, ROOT  # noqa: F401  (pages import them from here)
-from loaders import checkpoint_labels, curves, queries, results
+from loaders import checkpoint_labels, curves, projects, queries, results
 from loaders.errors import QkvscopeError
 from loaders.store import Store, default_db_path
 
@@ -54,15 +54,66 @@ def query_param(name: str, default: str | None = None) -> str | None:
 
 
 def set_query_params(**values) -> None:
-    """Write selections into the URL so a copied link reopens the same view."""
+    """Write selections into the URL so a copied link reopens the same view.
+
+    Only a change is written, and all of it at once (``st.query_params.from_dict``): every write
+    is a browser-history entry, so a page that wrote each key on every run left several identical
+    entries per click, and Back seemed to do nothing."""
+    current = {k: st.query_params.get_all(k) for k in st.query_params.keys()}
+    wanted = dict(current)
     for key, value in values.items():
         if value is None or value == "" or value == []:
-            if key in st.query_params:
-                del st.query_params[key]
+            wanted.pop(key, None)
         elif isinstance(value, (list, tuple)):
-            st.query_params[key] = [str(v) for v in value]
+            wanted[key] = [str(v) for v in value]
         else:
-            st.query_params[key] = str(value)
+            wanted[key] = [str(value)]
+    if wanted != current:
+        st.query_params.from_dict({k: v[0] if len(v) == 1 else v for k, v in wanted.items()})
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def project_counts(db: str, version: tuple) -> list[dict]:
+    """``[{"project", "runs", "checkpoints"}, ...]`` (``loaders.projects.project_counts``)."""
+    return projects.project_counts(store_at(db))
+
+
+def _project_label(counts: dict):
+    def label(name: str) -> str:
+        c = counts.get(name, {})
+        return f"{name} ({c.get('runs', 0)} runs, {c.get('checkpoints', 0)} ckpts)"
+    return label
+
+
+def project_filter(store: Store, version: tuple) -> list[str]:
+    """The page's project filter, in the sidebar (every page draws it, under one widget key, so a
+    choice holds across pages): the projects chosen, [] for all. URL key ``project``, repeated
+    for several (``?project=demo&project=sweep``); a URL value that names no stored project is
+    named in a note and dropped."""
+    counts = {c["project"]: c for c in project_counts(str(store.path), version)}
+    names = list(counts)
+    asked = st.query_params.get_all("project")
+    ignored = [p for p in asked if p not in counts]
+    if ignored:
+        st.sidebar.caption(f"Ignored in the URL: project {', '.join(repr(p) for p in ignored)} "
+                           f"(no such project stored).")
+    if "project_filter" not in st.session_state:
+        st.session_state["project_filter"] = [p for p in asked if p in counts]
+    else:   # a project gone from the database (a fresh file) leaves the choice
+        st.session_state["project_filter"] = [p for p in st.session_state["project_filter"] if p in counts]
+    chosen = st.sidebar.multiselect(
+        "Projects", names, key="project_filter", format_func=_project_label(counts),
+        placeholder="all projects", disabled=len(names) <= 1,
+        help="show only these projects' runs and checkpoints; pages never average or fit across projects")
+    set_query_params(project=list(chosen) or None)
+    return list(chosen)
+
+
+def in_projects(frame: pd.DataFrame, chosen: list[str], column: str = "project") -> pd.DataFrame:
+    """The rows of ``frame`` in the projects ``chosen`` (all rows for [])."""
+    if not chosen or column not in frame.columns:
+        return frame
+    return frame[frame[column].isin(chosen)]
 
 
 def show_errors(fn: Callable[[], None]) -> None:

@@ -205,25 +205,38 @@ def results_metric_names(table: pd.DataFrame) -> list[str]:
 
 
 def results_display(table: pd.DataFrame, *, digits: int = 4) -> pd.DataFrame:
-    """A ``results_table`` frame as a paper prints it, all text: ``Variant, Heads`` (and ``Task``
-    when there is more than one), ``n``, per metric ``"1.3194 ± 0.0047"`` and ``"vs Q-K-V"``
+    """A ``results_table`` frame as a paper prints it, all text: ``Variant, Heads`` (and ``Project``,
+    ``Task``, ``d_model``, ``Layers`` each when the rows hold more than one), ``n``, per metric ``"1.3194 ± 0.0047"`` and ``"vs Q-K-V"``
     (``"+2.0%"``, empty for the baseline), ``KV bytes/token, Attention params``."""
     out = pd.DataFrame({"Variant": table["label"].astype(str), "Heads": table["sharing"].astype(str)})
-    if table["task"].nunique() > 1:
-        out.insert(0, "Task", table["task"].astype(str))
+    for col, title in (("n_layers", "Layers"), ("d_model", "d_model"), ("task", "Task"), ("project", "Project")):
+        if col in table.columns and table[col].astype(str).nunique() > 1:
+            out.insert(0, title, [MISSING if pd.isna(v) else str(v if not isinstance(v, float) else int(v))
+                                  for v in table[col]])
     out["n"] = [str(int(n)) for n in table["n runs"]]
     for m in results_metric_names(table):
         out[m] = [_pm(a, b, digits) for a, b in zip(table[f"{m} mean"], table[f"{m} std"])]
         out[f"{m} vs Q-K-V"] = [_pct(v) for v in table[f"{m} vs qkv %"]]
     out["KV bytes/token"] = [_count(v) for v in table["KV bytes/token"]]
     out["Attention params"] = [_count(v) for v in table["attention params"]]
+    if "warnings" in table.columns and any(len(w) for w in table["warnings"]):
+        out["Runs differ in"] = ["; ".join(w) for w in table["warnings"]]
     return out.reset_index(drop=True)
+
+
+def results_csv(table: pd.DataFrame) -> bytes:
+    """A ``results_table`` frame as CSV (``csv_bytes``: formula-like cells guarded), ``warnings``
+    joined by ``"; "``."""
+    flat = table.copy()
+    if "warnings" in flat.columns:
+        flat["warnings"] = ["; ".join(w) for w in flat["warnings"]]
+    return csv_bytes(flat)
 
 
 def results_markdown(display: pd.DataFrame) -> str:
     """A ``results_display`` frame as a Markdown (GitHub) table; numbers right-aligned."""
     cols = list(display.columns)
-    text = {"Task", "Variant", "Heads"}
+    text = {"Project", "Task", "Variant", "Heads", "Runs differ in"}
     esc = [[str(v).replace("|", "\\|") for v in row] for row in display.itertuples(index=False)]
     lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |",
              "|" + "|".join(":---" if c in text else "---:" for c in cols) + "|"]
@@ -245,7 +258,7 @@ def results_latex(display: pd.DataFrame, *, caption: str | None = None, label: s
     ``\\bottomrule``; needs ``\\usepackage{booktabs}``), special characters escaped, ``±`` as
     ``$\\pm$``; a ``\\midrule`` between head-sharing (and task) blocks as papers group rows."""
     cols = list(display.columns)
-    align = "".join("l" if c in ("Task", "Variant", "Heads") else "r" for c in cols)
+    align = "".join("l" if c in ("Project", "Task", "Variant", "Heads", "Runs differ in") else "r" for c in cols)
     lines = [r"\begin{table}[t]", r"\centering"]
     if caption:
         lines.append(r"\caption{" + _latex(caption) + "}")

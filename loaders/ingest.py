@@ -34,6 +34,7 @@ from loaders import tracker_stores
 from loaders.checkpoint_names import HF_WEIGHT_FILES
 from loaders.errors import CheckpointFormatError, DatabaseBusyError, FileError, QkvscopeError, StoreError
 from loaders.filecheck import MAX_FOLDER_DEPTH, check_openable, failure, refusal, unencodable_name
+from loaders.projects import assign_project, check_name, default_project
 from loaders.report import FileReport, IngestReport
 from loaders.store import Store
 
@@ -464,16 +465,30 @@ def _log_inside_checkpoint(path: Path) -> str | None:
     return None
 
 
+def scan_projects(paths: Iterable[str | Path], project: str | None) -> Iterator[tuple[Path, str | None, str]]:
+    """``scan(paths)`` with the project of each item: ``project`` when given, else
+    ``loaders.projects.default_project`` of the path it was found under."""
+    for raw in paths:
+        name = project if project is not None else default_project(raw)
+        for path, why in scan([raw]):
+            yield path, why, name
+
+
 def ingest_paths(store: Store, paths: Iterable[str | Path], *,
-                 progress: Progress | None = None) -> IngestReport:
+                 progress: Progress | None = None, project: str | None = None) -> IngestReport:
     """Ingest everything found under ``paths``; one transaction per file.
 
     Logs go first so that checkpoints find their runs; a final pass links any
-    checkpoint stored before its run.
+    checkpoint stored before its run. What each file stored is then put into
+    ``project`` (every run and checkpoint read, also those stored before) or,
+    without one, into the default project of the path it was found under where it
+    has none yet (``loaders.projects``).
     """
+    if project is not None:
+        project = check_name(project)
     report = IngestReport()
     classified = []
-    for p, why in scan(paths):
+    for p, why, name in scan_projects(paths, project):
         if why is not None:
             report.files.append(FileReport(str(p), "unknown", "skipped", reason=why))
             continue
@@ -481,12 +496,14 @@ def ingest_paths(store: Store, paths: Iterable[str | Path], *,
             kind, _ = _classify(p)
         except Exception:       # noqa: BLE001 -- ingest_file reports it in its turn
             kind = "unknown"
-        classified.append((0 if kind == "log" else 1, p))
-    ordered = [p for _, p in sorted(classified, key=lambda t: t[0])]
-    for i, path in enumerate(ordered):
+        classified.append((0 if kind == "log" else 1, p, name))
+    ordered = sorted(classified, key=lambda t: t[0])
+    for i, (_, path, name) in enumerate(ordered):
         if progress:
             progress(i, len(ordered), str(path))
-        report.files.extend(ingest_file(store, path))
+        reports = ingest_file(store, path)
+        assign_project(store, reports, name, replace=project is not None)
+        report.files.extend(reports)
     if any(f.status in ("added", "appended") for f in report.files):
         link_checkpoints(store)
     if progress:

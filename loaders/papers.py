@@ -14,6 +14,8 @@ import pandas as pd
 
 from loaders import curves
 from loaders.logs import list_runs
+from loaders.projects import NO_PROJECT
+from loaders.run_table import run_facts
 from loaders.store import Store
 
 #: The stored metrics the claims compare against.
@@ -21,11 +23,11 @@ METRICS = ("kv_cosine_flat", "kv_cka", "kv_cka_act", "erank_k", "erank_v")
 SCOPES = ("latest", "all")
 
 _CHECKPOINT_COLUMNS = ["id", "run_id", "step", "variant", "n_layers", "n_heads", "n_kv_heads", "d_model",
-                       "d_head", "attn_scale", "params_total", "params_attention", "kv_bytes_per_token"]
+                       "d_head", "attn_scale", "params_total", "params_attention", "kv_bytes_per_token", "project"]
 _RESULT_COLUMNS = ["checkpoint_id", "variant", "layer", "head", "metric", "value", "chance", "n_tokens",
                    "ci_low", "ci_high"]
-_RUN_COLUMNS = ["run_id", "name", "variant", "n_kv_heads", "n_heads", "weight_decay", "seed", "mlp_ratio",
-                "config", "final"]
+_RUN_COLUMNS = ["run_id", "name", "project", "variant", "n_kv_heads", "n_heads", "d_model", "n_layers",
+                "weight_decay", "seed", "mlp_ratio", "config", "final"]
 
 
 def _config_value(cfg: dict, keys: tuple[str, ...]):
@@ -54,18 +56,28 @@ def _image_runs(store: Store) -> set[int]:
     return {int(r["id"]) for r in list_runs(store) if (r.get("config") or {}).get("task") == "image"}
 
 
-def compared_checkpoints(store: Store, scope: str = "latest") -> pd.DataFrame:
+def _in_projects(frame: pd.DataFrame, projects) -> pd.DataFrame:
+    """``frame``'s rows whose ``project`` is one of ``projects`` (every row for None or [])."""
+    if not projects:
+        return frame
+    return frame[frame["project"].isin(list(projects))].reset_index(drop=True)
+
+
+def compared_checkpoints(store: Store, scope: str = "latest", projects=None) -> pd.DataFrame:
     """``_CHECKPOINT_COLUMNS`` of the checkpoints compared: ``all``, or ``latest`` (each run's
-    highest-step checkpoint, plus every checkpoint linked to no run); checkpoints of vision runs
-    (``_image_runs``) are left out."""
+    highest-step checkpoint, plus every checkpoint linked to no run), of ``projects`` (all for
+    None); checkpoints of vision runs (``_image_runs``) are left out. ``project`` is
+    ``loaders.projects.NO_PROJECT`` for a checkpoint without one."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     where = "" if scope == "all" else """
         WHERE c.run_id IS NULL OR c.id IN (
             SELECT arg_max(id, coalesce(step, -1)) FROM checkpoints WHERE run_id IS NOT NULL GROUP BY run_id)"""
     with store.connect() as con:
-        frame = con.execute(f"SELECT {', '.join('c.' + c for c in _CHECKPOINT_COLUMNS)} FROM checkpoints c"
-                            f"{where} ORDER BY c.id").df()
+        frame = con.execute(f"SELECT {', '.join('c.' + c for c in _CHECKPOINT_COLUMNS[:-1])}, "
+                            f"coalesce(c.project, ?) AS project FROM checkpoints c"
+                            f"{where} ORDER BY c.id", [NO_PROJECT]).df()
+    frame = _in_projects(frame, projects)
     image = _image_runs(store)
     return frame[~frame["run_id"].isin(image)].reset_index(drop=True) if image else frame
 
@@ -86,10 +98,11 @@ def stored_results(store: Store, checkpoint_ids, metric_version: int, metrics=ME
         return con.execute(sql, {"ids": ids, "v": int(metric_version), "metrics": list(metrics)}).df()
 
 
-def runs_with_finals(store: Store, loss_metric: str = "val/loss") -> pd.DataFrame:
-    """``_RUN_COLUMNS``: every language run (vision runs left out), its final finite ``loss_metric`` (NaN when it logged none), its head
+def runs_with_finals(store: Store, loss_metric: str = "val/loss", projects=None) -> pd.DataFrame:
+    """``_RUN_COLUMNS``: every language run of ``projects`` (all for None; vision runs left out), its final finite ``loss_metric`` (NaN when it logged none), its head
     count (from a linked checkpoint, else its config) and its MLP ratio (config ``mlp_ratio``)."""
-    runs = [r for r in list_runs(store) if (r.get("config") or {}).get("task") != "image"]
+    runs = [r for r in list_runs(store) if (r.get("config") or {}).get("task") != "image"
+            and (not projects or (r["project"] or NO_PROJECT) in projects)]
     if not runs:
         return pd.DataFrame(columns=_RUN_COLUMNS)
     finals = curves.final_values(store, loss_metric).set_index("run_id")["final"]
@@ -101,7 +114,10 @@ def runs_with_finals(store: Store, loss_metric: str = "val/loss") -> pd.DataFram
         cfg = r.get("config") or {}
         n_heads = heads.get(r["id"]) or _number(_config_value(cfg, ("n_head", "n_heads", "num_heads",
                                                                     "num_attention_heads")))
-        rows.append({"run_id": r["id"], "name": r["name"], "variant": r["variant"], "n_kv_heads": r["n_kv_heads"],
+        facts = run_facts(cfg)
+        rows.append({"run_id": r["id"], "name": r["name"], "project": r["project"] or NO_PROJECT,
+                     "d_model": facts["d_model"], "n_layers": facts["n_layers"],
+                     "variant": r["variant"], "n_kv_heads": r["n_kv_heads"],
                      "n_heads": n_heads, "weight_decay": r["weight_decay"], "seed": r["seed"],
                      "mlp_ratio": _number(_config_value(cfg, ("mlp_ratio",))), "config": cfg,
                      "final": finals.get(r["id"], float("nan"))})
@@ -116,12 +132,14 @@ def loss_metrics(store: Store) -> list[str]:
                                                                       if m not in ("val/loss", "train/loss")]
 
 
-def paper_inputs(store: Store, *, metric_version: int, scope: str = "latest", loss_metric: str = "val/loss") -> dict:
-    """Everything ``analysis.paper_claims.measure`` needs, read from ``store``: the keyword arguments
-    of ``analysis.paper_claims.Inputs`` (``checkpoints, results, runs, points, loss_metric``), the
+def paper_inputs(store: Store, *, metric_version: int, scope: str = "latest", loss_metric: str = "val/loss",
+                 projects=None) -> dict:
+    """Everything ``analysis.paper_claims.measure`` needs, read from ``store`` (the runs and
+    checkpoints of ``projects``; all for None): the keyword arguments of
+    ``analysis.paper_claims.Inputs`` (``checkpoints, results, runs, points, loss_metric``), the
     results those stored at ``metric_version``."""
-    checkpoints = compared_checkpoints(store, scope)
-    runs = runs_with_finals(store, loss_metric)
+    checkpoints = compared_checkpoints(store, scope, projects)
+    runs = runs_with_finals(store, loss_metric, projects)
     points = curves.StoredCurves(store, loss_metric, tuple(int(r) for r in runs["run_id"]))
     return {"checkpoints": checkpoints, "results": stored_results(store, checkpoints["id"].tolist(), metric_version),
             "runs": runs, "points": points, "loss_metric": loss_metric}

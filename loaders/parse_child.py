@@ -81,8 +81,9 @@ from typing import Callable, Iterable
 from loaders.budgets import budget, memory_exceeded, memory_limit_bytes, time_exceeded
 from loaders.bundled import in_checkout
 from loaders.errors import DatabaseBusyError, FileError, QkvscopeError, StoreError
-from loaders.ingest import link_checkpoints, scan
+from loaders.ingest import link_checkpoints, scan_projects
 from loaders.ingest import watch as poll
+from loaders.projects import assign_project, check_name
 from loaders.report import FileReport, IngestReport
 from loaders.store import Store
 
@@ -323,27 +324,31 @@ class Reader:
 
 
 def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | None = None,
-                 reader: Reader | None = None) -> IngestReport:
+                 reader: Reader | None = None, project: str | None = None) -> IngestReport:
     """``loaders.ingest.ingest_paths`` with each file read (and stored) by the child.
 
-    Same walk (``scan``), same order (logs first), same final linking; a file
-    that kills or stalls the child is one ``error`` report and the next file
-    gets a fresh child. ``reader`` None: an idle child of ``POOL``.
+    Same walk (``scan_projects``), same order (logs first), same projects, same final
+    linking; a file that kills or stalls the child is one ``error`` report and the next
+    file gets a fresh child. ``reader`` None: an idle child of ``POOL``.
     """
+    if project is not None:
+        project = check_name(project)
     report = IngestReport()
     with _lent(reader) as reader:
         classified = []
-        for p, why in scan(paths):
+        for p, why, name in scan_projects(paths, project):
             if why is not None:
                 report.files.append(FileReport(str(p), "unknown", "skipped", reason=why))
                 continue
             kind = reader.kind_of(p)
-            classified.append((0 if kind == "log" else 1, p, kind))
+            classified.append((0 if kind == "log" else 1, p, kind, name))
         ordered = sorted(classified, key=lambda t: t[0])
-        for i, (_, path, kind) in enumerate(ordered):
+        for i, (_, path, kind, name) in enumerate(ordered):
             if progress:
                 progress(i, len(ordered), str(path))
-            report.files.extend(reader.ingest_file(store, path, kind))
+            reports = reader.ingest_file(store, path, kind)
+            assign_project(store, reports, name, replace=project is not None)
+            report.files.extend(reports)
     if any(f.status in ("added", "appended") for f in report.files):
         link_checkpoints(store)
     if progress:
@@ -375,11 +380,12 @@ def _lent(reader: "Reader | None"):
 def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,
           on_report: Callable[[IngestReport], None] | None = None,
           on_busy: Callable[[DatabaseBusyError], None] | None = None,
-          stop: Callable[[], bool] | None = None) -> None:
-    """``loaders.ingest.watch`` (its polling loop) with one child kept across polls."""
+          stop: Callable[[], bool] | None = None, project: str | None = None) -> None:
+    """``loaders.ingest.watch`` (its polling loop) with one child kept across polls; ``project``
+    as ``ingest_paths`` takes it."""
     with Reader() as reader:
         poll(store, paths, interval=interval, on_report=on_report, on_busy=on_busy, stop=stop,
-             ingest=lambda store, paths: ingest_paths(store, paths, reader=reader))
+             ingest=lambda store, paths: ingest_paths(store, paths, reader=reader, project=project))
 
 
 class ReaderPool:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from loaders.projects import NO_PROJECT
+from loaders.run_names import stored_display_names
 from loaders.store import Store
 
 
@@ -20,12 +22,16 @@ def summary(store: Store) -> dict:
 
 
 def checkpoints_frame(store: Store) -> pd.DataFrame:
-    """Stored checkpoints with geometry and the name of their run, if linked."""
+    """Stored checkpoints with geometry and the display name of their run (``loaders.run_names``),
+    if linked."""
     with store.connect() as con:
-        return con.execute(
+        names = stored_display_names(con)
+        frame = con.execute(
             """SELECT c.id, r.name AS run, c.run_id, c.step, c.architecture, c.variant, c.n_layers,
                       c.n_heads, c.n_kv_heads, c.d_model, c.d_head, c.norm, c.positions,
                       c.dtype, c.params_total, c.params_attention, c.kv_bytes_per_token,
-                      c.nonfinite, c.path, c.sha256
+                      c.nonfinite, c.path, c.sha256, coalesce(c.project, ?) AS project
                FROM checkpoints c LEFT JOIN runs r ON r.id = c.run_id
-               ORDER BY c.id""").df()
+               ORDER BY c.id""", [NO_PROJECT]).df()
+    frame["run"] = [names.get(int(r), n) if pd.notna(r) else n for r, n in zip(frame["run_id"], frame["run"])]
+    return frame

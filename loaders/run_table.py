@@ -1,7 +1,9 @@
 """Stored runs as one table, with what each run's config says about its task and geometry.
 
 ``run_table(store)`` is the one reader behind the Experiments, Results and Weight decay
-pages: ``loaders.logs.list_runs`` (overrides applied) as a DataFrame, plus per run
+pages: ``loaders.logs.list_runs`` (overrides applied) as a DataFrame, ``project`` filled with
+``loaders.projects.NO_PROJECT`` where a run has none, ``name`` the run's display name, unique in
+the database (``loaders.run_names``; the stored name is ``stored_name``), plus per run
 
 * ``task``: ``config["task"]``, ``"language"`` when the config names none
   (``DEFAULT_TASK``);
@@ -25,6 +27,8 @@ import pandas as pd
 
 from loaders.curves import run_geometry
 from loaders.logs.runs import RUN_FIELDS, list_runs
+from loaders.projects import NO_PROJECT
+from loaders.run_names import display_names
 from loaders.store import Store
 
 #: Task of a run whose config names none.
@@ -114,6 +118,12 @@ def run_table(store: Store, *, geometry: bool = False) -> pd.DataFrame:
     runs = list_runs(store)
     frame = pd.DataFrame(runs) if runs else pd.DataFrame(columns=list(RUN_FIELDS))
     frame = with_facts(frame)
+    frame["project"] = frame["project"].where(frame["project"].notna(), NO_PROJECT) if len(frame) else frame["project"]
+    # names unique in the database (loaders.run_names); the stored one stays as stored_name
+    frame["stored_name"] = frame["name"]
+    if len(frame):
+        shown = display_names(frame["id"], frame["name"], frame["source"])
+        frame["name"] = [shown[int(i)] for i in frame["id"]]
     if not geometry:
         return frame
     geo = run_geometry(store)

@@ -253,6 +253,20 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "DELETE FROM run_stats",
         "INSERT INTO run_stats " + RUN_STATS_SELECT.format(where=""),
     ]),
+    (9, [
+        # The project a run or checkpoint belongs to (``loaders.projects``): what ingest was told
+        # (``--project``), the tracker's own project name, or the name of the folder ingested.
+        # Pages compare runs of one project only. Rows stored before are given the folder above
+        # their run's folder (a run's log: .../PROJECT/RUN/log) and a checkpoint its run's project,
+        # else the folder above its own (.../PROJECT/checkpoint).
+        "ALTER TABLE runs ADD COLUMN project VARCHAR",
+        "ALTER TABLE checkpoints ADD COLUMN project VARCHAR",
+        """UPDATE runs SET project = coalesce(nullif(list_extract(string_split(source, '/'), -3), ''),
+                                              nullif(list_extract(string_split(source, '/'), -2), ''))""",
+        """UPDATE checkpoints SET project = coalesce(
+               (SELECT r.project FROM runs r WHERE r.id = checkpoints.run_id),
+               nullif(list_extract(string_split(path, '/'), -2), ''))""",
+    ]),
 ]
 
 #: The tables behind the ``points`` view (schema 7): points with a wall time or a token
@@ -436,7 +450,7 @@ class Store:
         "id", "path", "sha256", "size", "architecture", "variant", "n_layers", "n_heads",
         "n_kv_heads", "d_model", "d_head", "norm", "positions", "attn_scale", "dtype",
         "params_total", "params_attention", "kv_bytes_per_token", "nonfinite", "run_id",
-        "step", "ingested_at",
+        "step", "project", "ingested_at",
     )
 
     def checkpoints(self, con: duckdb.DuckDBPyConnection | None = None) -> list[dict]:

@@ -8,18 +8,24 @@ from __future__ import annotations
 import pandas as pd
 
 from loaders.curves import StoredCurves
+from loaders.run_table import run_table
 from loaders.store import Store
 
 #: per-layer Frobenius norms of the projections, as stored by the weights analysis
 NORM_METRICS = ("norm_q", "norm_k", "norm_v", "norm_o")
 
 
+#: Columns of ``wd_runs``.
+WD_RUN_COLUMNS = ["run_id", "project", "task", "d_model", "n_layers", "n_heads", "n_kv_heads", "variant",
+                  "weight_decay", "lr", "last_step", "config"]
+
+
 def wd_runs(store: Store) -> pd.DataFrame:
-    """Every run: ``run_id, variant, weight_decay, lr, config`` (config as stored, a JSON string), by id.
+    """Every run (``loaders.run_table``, by id): ``WD_RUN_COLUMNS``, ``config`` a dict. ``project``,
+    ``task`` and the geometry keep runs that are not comparable apart (``analysis.comparable``);
     ``lr`` is a covariate of the random-sweep regression (``analysis.wd_regression``) when the
     config names no learning rate."""
-    with store.connect() as con:
-        return con.execute("SELECT id AS run_id, variant, weight_decay, lr, config FROM runs ORDER BY id").df()
+    return run_table(store).rename(columns={"id": "run_id"}).reindex(columns=WD_RUN_COLUMNS)
 
 
 def projection_norm_rows(store: Store, metrics=NORM_METRICS) -> pd.DataFrame:

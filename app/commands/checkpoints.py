@@ -19,11 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def checkpoint_json(row: dict) -> dict:
-    """The stable JSON shape: info's geometry fields plus id, path, sha256."""
+    """The stable JSON shape: info's geometry fields plus id, path, sha256, run_id, step, project."""
     out = {k: row[k] for k in ("id", "path", "sha256", "architecture", "variant", "n_layers",
                                "n_heads", "n_kv_heads", "d_model", "d_head", "norm", "positions",
                                "attn_scale", "dtype", "kv_bytes_per_token", "nonfinite",
-                               "run_id", "step")}
+                               "run_id", "step", "project")}
     out["params"] = {"total": row["params_total"], "attention": row["params_attention"]}
     return out
 

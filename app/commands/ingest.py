@@ -3,6 +3,7 @@
 Examples:
   python -m app ingest path/to/runs/ --db my.duckdb
   python -m app ingest ~/experiments/ --json
+  python -m app ingest ~/sweeps/lr-grid/ --project lr-grid
   python -m app ingest ~/experiments/ --watch        # follow live runs; Ctrl-C stops
                                                     # (a busy database is tried again at the next poll)
 
@@ -28,6 +29,11 @@ Each file is read by a child process under a memory limit
 (``QKVSCOPE_PARSE_MEMORY_MB`` plus the file's size) and a time limit
 (``QKVSCOPE_PARSE_TIMEOUT_S``): a file that needs more is one ``error`` line
 and nothing of it is stored.
+Every run and checkpoint belongs to a project; the pages compare runs of one project
+only. By default it is the tracker's own project name where the log states one, else
+the name of the folder ingested (a file: its folder's name); `--project NAME` puts
+everything read from PATH... into NAME, also what was stored before. A correction with
+`python -m app run-meta ID --set project=NAME` wins over both.
 Exit status: 0, or 2 when some file had an error (the others are stored).
 """
 from __future__ import annotations
@@ -49,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="files or folders, or Hugging Face names (org/name) in the local cache")
     add_download_argument(parser)
     add_db_argument(parser)
+    parser.add_argument("--project", metavar="NAME", default=None,
+                        help="put every run and checkpoint read from PATH... into project NAME (default: the "
+                             "tracker's own project name, else the name of the folder ingested)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--watch", action="store_true",
                         help="keep polling PATH... and ingest new or grown files until stopped")
@@ -119,11 +128,12 @@ def run(args: argparse.Namespace) -> int:
         # that ignores it, as some job runners and test workers do, passes that on to its children)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            watch(store, args.paths, interval=args.interval, on_report=on_report, on_busy=on_busy)
+            watch(store, args.paths, interval=args.interval, on_report=on_report, on_busy=on_busy,
+                  project=args.project)
         except KeyboardInterrupt:
             return 0
         return 0
-    report = ingest_paths(store, args.paths, progress=Progress())
+    report = ingest_paths(store, args.paths, progress=Progress(), project=args.project)
     if args.json:
         print_json(report.to_json())
     else:

@@ -2,7 +2,8 @@
 
 Fields: name, variant (qkv, wq_identity, q_eq_k, k_eq_v, q_eq_k_eq_v, unknown;
 the papers' spellings such as Q-K=V or KEqualsV are accepted), n_kv_heads,
-weight_decay, lr, seed, model_size, resumed; any other FIELD is kept in the
+weight_decay, lr, seed, model_size, resumed, project (the project the pages compare
+the run within); any other FIELD is kept in the
 run's config. VALUE is parsed as JSON when it can be (numbers, true/false,
 null), else taken as text. `--unset FIELD` removes a correction.
 
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(row)
         return 0
-    for key in ("id", "name", "variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size", "resumed"):
+    for key in ("id", "name", "project", "variant", "n_kv_heads", "weight_decay", "lr", "seed", "model_size", "resumed"):
         print(f"{key:>13}: {row[key]}")
     print(f"{'overrides':>13}: {', '.join(row['overrides']) or '-'}")
     return 0

@@ -1,6 +1,6 @@
 """List the training runs stored in the database, with their metadata.
 
-Each run: id, name, source (the log it came from), format (the log reader),
+Each run: id, name, project (``loaders.projects``), source (the log it came from), format (the log reader),
 variant, n_kv_heads, weight_decay, lr, seed, model_size, resumed, n_points,
 metrics (names), first_step, last_step, config, overrides (fields the user
 set with `python -m app run-meta`; already applied to the values shown).

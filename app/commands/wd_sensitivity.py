@@ -13,13 +13,14 @@ latest analysed checkpoint. A statistic that cannot be had is null, with the
 reason. See ``analysis.wd_sensitivity`` for the definitions.
 
 --figures DIR writes the Weight decay page's main chart (each run's loss against
-its weight decay, means and intervals) as wd_curve.svg, .pdf and .png
-(app/figures.py).
+its weight decay, means and intervals) as wd_curve.svg, .pdf and .png, one
+wd_curve_<task> per task where runs of several tasks are shown (app/figures.py).
 
-JSON (--json): a list with one object per (variant, group): variant, group,
+JSON (--json): a list with one object per (variant, group): project (groups never span
+projects, tasks or geometries: analysis.comparable), variant, group,
 weight_decays, final_val_loss, best_val_loss, slope, curvature,
-best_weight_decay, n_runs, run_ids, spikes, diverged, projection_norms (as
-before), and statistic ("final" or "best": the loss the statistics use),
+best_weight_decay, n_runs, run_ids, spikes, diverged, projection_norms,
+and statistic ("final" or "best": the loss the statistics use),
 n_wd, n_wd_fit (distinct weight decays > 0), n_wd_repeated (with > 1 run),
 per_wd (per weight decay: weight_decay, n_runs, mean, ci_low, ci_high,
 n_diverged, n_spiky, run_ids), slope_ci_low, slope_ci_high, curvature_ci_low,
@@ -130,13 +131,15 @@ def _print_group(row: dict, metric: str, pct: str) -> None:
 
 
 def write_page_figures(table: pd.DataFrame, args: argparse.Namespace) -> None:
-    """The Weight decay page's main chart of ``table`` (``app.page_figures.wd_curve_figure``) as
-    ``wd_curve`` SVG, PDF and PNG in ``--figures``; nothing when every variant was fitted by the
-    regression (a group per run: the page draws those apart)."""
-    from app.page_figures import wd_curve_figure  # here: plotly only when asked
+    """The Weight decay page's main charts of ``table`` (``app.page_figures.wd_curve_figures``) as
+    SVG, PDF and PNG in ``--figures``: ``wd_curve``, or ``wd_curve_<task>`` per task where there
+    are several; nothing when every variant was fitted by the regression (a group per run: the
+    page draws those apart)."""
+    from app.page_figures import wd_curve_figures  # here: plotly only when asked
 
-    fig = wd_curve_figure(table, statistic=args.loss, metric=args.metric)
-    report_written(write_figures({"wd_curve": fig} if fig is not None else {}, args.figures))
+    shown = wd_curve_figures(table, statistic=args.loss, metric=args.metric)
+    names = {task: "wd_curve" if len(shown) == 1 else f"wd_curve_{task}" for task in shown}
+    report_written(write_figures({names[task]: fig for task, fig in shown.items()}, args.figures))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,10 +28,11 @@ from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics
 from app import charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
-from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
-                       store_at, stored_notes, current_notes, checkpoint_choices, checkpoints_frame,
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, results_over_checkpoints,
+                       set_query_params, store_at, stored_notes, current_notes, checkpoint_choices, checkpoints_frame,
                        analysis_results as _results)
 from analysis.results_table import DEFAULT_TASK
+from analysis.variants import informative_metric
 from loaders import curves
 from loaders.errors import QkvscopeError
 from loaders.run_table import run_table
@@ -153,8 +154,12 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
     if not available:
         st.caption("No per-head metric is stored for both checkpoints.")
         return
-    m_url = query_param("metric", "kv_cka")
-    metric = st.selectbox("Metric", available, index=available.index(m_url) if m_url in available else 0,
+    # default: a metric neither checkpoint's tie fixes (kv_cka of a K=V model is 1 by construction)
+    m_url = query_param("metric")
+    if m_url is not None and m_url not in available:
+        st.caption(f"Ignored in the URL: metric={m_url!r} (not stored for both checkpoints).")
+    default = informative_metric(available, [geo.loc[a, "variant"], geo.loc[b, "variant"]])
+    metric = st.selectbox("Metric", available, index=available.index(m_url if m_url in available else default),
                           key="cmp_metric")
     set_query_params(metric=metric)
     st.caption(f"**{metric}**: {BY_NAME[metric].help}")
@@ -230,8 +235,9 @@ def _trajectories(store) -> None:
     if not available:
         st.caption("No per-head metrics stored for this run's checkpoints.")
         return
-    t_url = query_param("tmetric", "kv_cka")
-    metric = st.selectbox("Metric", available, index=available.index(t_url) if t_url in available else 0,
+    t_url = query_param("tmetric")
+    default = informative_metric(available, list(ck["variant"].unique()) if "variant" in ck.columns else [])
+    metric = st.selectbox("Metric", available, index=available.index(t_url if t_url in available else default),
                           key="cmp_tmetric")
     set_query_params(run=run, tmetric=metric)
     rows = per_layer[per_layer["metric"] == metric]
@@ -255,7 +261,8 @@ def render() -> None:
     store = get_store()
     st.title("Compare")
     version = data_version(store)
-    ckpts = with_tasks(checkpoint_choices(str(store.path), version), _run_tasks(str(store.path), version))
+    ckpts = in_projects(with_tasks(checkpoint_choices(str(store.path), version), _run_tasks(str(store.path), version)),
+                        project_filter(store, version))
     if ckpts.empty:
         st.info("No checkpoints stored yet. Ingest some on the Overview page, upload one on the Checkpoint "
                 f"inspector, or from a shell: `python -m app ingest PATH --db {store.path}`.",

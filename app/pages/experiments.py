@@ -28,7 +28,8 @@ from analysis.results_table import best_of_each_group, metric_order, run_groups,
 from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts, figures, tables
-from app.state import data_version, get_store, metric_directions, query_param, set_query_params, store_at
+from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
+                       set_query_params, store_at)
 from loaders import curves
 from loaders.logs.runs import COLUMN_FIELDS, set_run_metadata
 from loaders.run_table import run_table
@@ -38,7 +39,8 @@ ICON = ":material/monitoring:"
 ORDER = 20
 URL_PATH = "experiments"
 
-RUN_COLUMNS = ["id", "name", "variant", "condition", "n_heads", "n_kv_heads", "task", "weight_decay", "lr",
+RUN_COLUMNS = ["id", "name", "project", "variant", "condition", "d_model", "n_layers", "n_heads", "n_kv_heads", "task",
+               "weight_decay", "lr",
                "seed", "model_size", "format", "n_points", "first_step", "last_step", "metrics", "source"]
 HPARAMS = ["weight_decay", "lr", "seed", "model_size", "n_kv_heads", "variant"]
 X_LABELS = {"step": "Step", "tokens": "Tokens", "wall_time": "Wall time"}
@@ -417,7 +419,7 @@ def render() -> None:
     store = get_store()
     st.title("Experiments")
     version = data_version(store)
-    runs = _runs(str(store.path), version)
+    runs = in_projects(_runs(str(store.path), version), project_filter(store, version))
     if runs.empty:
         st.info("No training runs stored yet. Ingest a folder of logs on the Overview page, or from a shell: "
                 f"`python -m app ingest PATH --db {store.path}` (CSV, JSONL, TensorBoard, "
@@ -427,7 +429,9 @@ def render() -> None:
     shown = _filters(runs)
     st.caption(f"{len(shown):,} of {len(runs):,} runs")
     st.dataframe(shown, hide_index=True, width="stretch", placeholder=tables.MISSING, height=min(38 * (len(shown) + 1), 320),
-                 column_config={"weight_decay": st.column_config.NumberColumn("weight decay", format="%.4g"),
+                 column_config={"name": st.column_config.TextColumn(
+                                    "name", width="large", help="unique in the database: a repeated name gets parent folders"),
+                                "weight_decay": st.column_config.NumberColumn("weight decay", format="%.4g"),
                                 "lr": st.column_config.NumberColumn("learning rate", format="%.3g"),
                                 "condition": st.column_config.TextColumn(
                                     "paper condition", help="the paper's own name for the run's condition, "

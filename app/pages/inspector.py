@@ -5,6 +5,13 @@ Hugging Face folder, or a zip) or a path on the server (for files over the
 upload limit). Analysis runs once with a progress bar and is stored
 (``app.jobs.analyze``), so a second visit reads the stored results.
 
+Inspecting is not ingesting: an upload or a server path is read into a scratch store of the
+browser session (``_scratch``, a DuckDB file in a temporary folder that no other page reads),
+so nothing changes on the other pages until the user presses **Add to database**, which stores
+it in the user's database, into a project the user names (an upload is first copied beside the
+database, under ``uploads/``, so the stored path outlives the upload). A server path already
+stored opens from the database.
+
 Every value is shown against its chance level (heatmaps diverge from it, tables put it
 beside the value; activation metrics with their tokens and 95% interval), metrics with too
 few sample tokens are faded/greyed with the reason, and a checkpoint whose tensors are tied
@@ -44,14 +51,18 @@ import streamlit as st
 from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
 from analysis.tie_names import layer_variant, tied_variant
+from analysis.variants import informative_metric
 from app import attention_view, charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
-from app.state import (data_version, get_store, query_param, store_at, set_query_params, checkpoint_choices,
-                       checkpoints_frame as _checkpoints, analysis_results as _results, current_notes)
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, store_at, set_query_params,
+                       checkpoint_choices, checkpoints_frame as _checkpoints, analysis_results as _results,
+                       current_notes)
 from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
 from loaders import curves
 from loaders.errors import FileError, QkvscopeError
+from loaders.projects import default_project
 from loaders.results import stored_ties
+from loaders.store import Store
 
 TITLE = "Checkpoint inspector"
 ICON = ":material/grid_on:"
@@ -158,6 +169,16 @@ def _release_upload() -> None:
         held.cleanup()
 
 
+def _scratch():
+    """The session's scratch store (created on first use, deleted with the session): where an
+    inspected upload or server path and its analysis live until added to the database."""
+    held = st.session_state.get("insp_scratch")
+    if held is None:
+        held = tempfile.TemporaryDirectory(prefix="qkvscope-scratch-")
+        st.session_state["insp_scratch"] = held
+    return Store(Path(held.name) / "scratch.duckdb", busy_timeout=10.0)
+
+
 def _from_upload(store) -> int | None:
     files = st.file_uploader("Checkpoint files", type=UPLOAD_TYPES, accept_multiple_files=True, key="insp_files",
                              help="A .safetensors / .pt / .bin file, the files of a Hugging Face folder "
@@ -180,6 +201,7 @@ def _from_upload(store) -> int | None:
         raise QkvscopeError(pickers.user_message(str(exc))) from exc
     st.session_state["insp_upload_sig"] = sig
     st.session_state["insp_upload_id"] = ckpt_id
+    st.session_state["insp_upload_target"] = str(target)
     return ckpt_id
 
 
@@ -195,28 +217,36 @@ def _ingest(store, target: Path) -> int:
     return int(report.checkpoint_id)
 
 
-def _from_path(store) -> int | None:
+def _from_path(store):
     with st.form("insp_path_form", border=False):
         path = st.text_input("Path on the server", value=query_param("path", ""), key="insp_path",
                              placeholder="/data/models/gpt2  or  runs/x/final.safetensors")
         opened = st.form_submit_button("Open", icon=":material/folder_open:")
     path = path.strip()
     if not path or not (opened or query_param("path")):
-        return None
+        return store, None
     target = Path(path).expanduser()
+    stored = _stored_id(store, target)
+    if stored is not None:          # already in the database: it opens from there
+        return store, stored
+    scratch = _scratch()
     if not opened:
-        # A link alone never reads a file on the server (issue 14): one already stored opens from
-        # the database; anything else waits for a click on Open.
-        stored = _stored_id(store, target)
-        if stored is None:
+        # A link alone never reads a file on the server: one already read in this session opens
+        # from the scratch store; anything else waits for a click on Open.
+        inspected = _stored_id(scratch, target)
+        if inspected is None:
             st.info(f"Path from the link: {target}. Press **Open** to read it on the server.")
-        return stored
+            return scratch, None
+        _add_to_database(store, target, upload=False)
+        return scratch, inspected
     if not target.exists():
         st.error(f"{target}: no such file or folder on the server. Give the path of a checkpoint file, "
                  "a Hugging Face folder or a zip.")
-        return None
+        return scratch, None
     set_query_params(path=str(target))
-    return _ingest(store, target)
+    ckpt_id = _ingest(scratch, target)
+    _add_to_database(store, target, upload=False)
+    return scratch, ckpt_id
 
 
 def _stored_id(store, target: Path) -> int | None:
@@ -230,22 +260,64 @@ def _stored_id(store, target: Path) -> int | None:
     return ids[-1] if ids else None
 
 
-def _pick_checkpoint(store, ckpts: pd.DataFrame) -> int | None:
+def _pick_checkpoint(store, ckpts: pd.DataFrame):
+    """``(store, id)`` of the checkpoint to show: from the database, or from the session's scratch
+    store for an upload or a server path not stored yet; ``(store, None)`` for none."""
     src_url = query_param("src", "stored")
+    if src_url not in SOURCES:
+        st.caption(f"Ignored in the URL: src={src_url!r} (one of {', '.join(SOURCES)}).")
     src = st.segmented_control("Checkpoint from", list(SOURCES), format_func=SOURCES.get, key="insp_src",
                                default=src_url if src_url in SOURCES else "stored") or "stored"
     set_query_params(src=None if src == "stored" else src)
     if src == "upload":
-        return _from_upload(store)
+        scratch = _scratch()
+        ckpt_id = _from_upload(scratch)
+        if ckpt_id is not None:
+            _add_to_database(store, Path(st.session_state["insp_upload_target"]), upload=True)
+        return scratch, ckpt_id
     if src == "path":
         return _from_path(store)
     if ckpts.empty:
         st.info("No checkpoints stored yet. Upload one above, give a server path, or ingest from a shell: "
                 f"`python -m app ingest PATH --db {store.path}`.", icon=":material/inbox:")
-        return None
+        return store, None
     url_id = query_param("ckpt")
-    return pickers.checkpoint_picker("Checkpoint", ckpts, key="insp_ckpt",
-                                     default=int(url_id) if url_id and url_id.isdigit() else None)
+    if url_id is not None and not (url_id.isdigit() and int(url_id) in set(ckpts["id"].astype(int))):
+        st.caption(f"Ignored in the URL: ckpt={url_id!r} (no such checkpoint stored in the chosen projects).")
+    return store, pickers.checkpoint_picker("Checkpoint", ckpts, key="insp_ckpt",
+                                            default=int(url_id) if url_id and url_id.isdigit()
+                                            else pickers.baseline_checkpoint(ckpts))
+
+
+def _add_to_database(store, target: Path, *, upload: bool) -> None:
+    """The **Add to database** form of an inspected upload or server path: stores it into the
+    user's database, into the project named (``loaders.projects``); an upload is copied first to
+    ``uploads/`` beside the database, since its temporary folder goes with the session."""
+    with st.form("insp_add", border=True):
+        st.caption("Inspected only: this checkpoint is not in your database, and no other page counts it.")
+        c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
+        project = c1.text_input("Project", value="uploads" if upload else default_project(target),
+                                key="insp_add_project", help="the project it belongs to in the database")
+        added = c2.form_submit_button("Add to database", icon=":material/library_add:")
+    if not added:
+        return
+    from loaders.parse_child import ingest_paths   # each file read in a child process
+
+    if upload:
+        root = store.path.parent / "uploads"
+        root.mkdir(parents=True, exist_ok=True)
+        keep = Path(tempfile.mkdtemp(prefix="upload-", dir=root))
+        dest = keep / target.name
+        (shutil.copytree if target.is_dir() else shutil.copy2)(target, dest)
+        target = dest
+    report = ingest_paths(store, [target], project=project.strip() or None)
+    ids = [f.checkpoint_id for f in report.files if f.checkpoint_id is not None]
+    errors = [f.reason for f in report.files if f.status == "error"]
+    if errors:
+        st.error(pickers.user_message("; ".join(str(e) for e in errors)), icon=":material/error:")
+    elif ids:
+        st.success(f"Stored in the database as checkpoint #{ids[0]}, project {project.strip()!r}.",
+                   icon=":material/check:")
 
 
 # -- sections -------------------------------------------------------------------------------
@@ -372,15 +444,20 @@ def chance_definition(metric: str) -> str:
 
 
 @st.fragment
-def _heatmap(results: pd.DataFrame, notes: dict[str, str]) -> None:
-    """The metric picker and its heatmap: a fragment, so a new metric reruns only this part."""
+def _heatmap(results: pd.DataFrame, notes: dict[str, str], variant: str) -> None:
+    """The metric picker and its heatmap: a fragment, so a new metric reruns only this part.
+    ``variant``: the checkpoint's, so the picker opens on a metric its tie does not fix."""
     stored = set(results["metric"].unique())          # once: in the comprehension it was built per metric
     available = [m for m in head_metrics() if m in stored]
     if not available:
         st.caption("No per-head metrics stored for this checkpoint.")
         return
-    m_url = query_param("metric", "kv_cka")
-    metric = st.selectbox("Metric", available, index=available.index(m_url) if m_url in available else 0,
+    m_url = query_param("metric")
+    if m_url is not None and m_url not in available:
+        st.caption(f"Ignored in the URL: metric={m_url!r} (not stored for this checkpoint).")
+    # default: a metric the checkpoint's tie does not fix (kv_cka of a K=V model is 1 by construction)
+    default = informative_metric(available, [variant])
+    metric = st.selectbox("Metric", available, index=available.index(m_url if m_url in available else default),
                           key="insp_metric", help="; ".join(f"{m}: {BY_NAME[m].help}" for m in available[:3]))
     set_query_params(metric=metric)
     info = BY_NAME[metric]
@@ -544,10 +621,13 @@ def render() -> None:
     store = get_store()
     st.title("Checkpoint inspector")
     version = data_version(store)
-    ckpt_id = _pick_checkpoint(store, checkpoint_choices(str(store.path), version))
+    main = store
+    store, ckpt_id = _pick_checkpoint(store, in_projects(checkpoint_choices(str(store.path), version),
+                                                         project_filter(store, version)))
     if ckpt_id is None:
         return
-    set_query_params(ckpt=ckpt_id)
+    if store is main:               # a scratch id means nothing in the database: not in the link
+        set_query_params(ckpt=ckpt_id)
     version = data_version(store)
     ckpts = _checkpoints(str(store.path), version)
     match = ckpts[ckpts["id"] == ckpt_id]
@@ -567,7 +647,7 @@ def render() -> None:
     _tied_check(ties_slot, row, store, ckpt_id)
     results = _results(str(store.path), data_version(store), ckpt_id)
     st.subheader("Metrics per layer and head")
-    _heatmap(results, notes)
+    _heatmap(results, notes, str(row["variant"]))
     _reports(results, notes, row)
     _weights_views(row)
     st.subheader("Download")

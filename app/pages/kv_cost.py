@@ -34,8 +34,9 @@ from analysis.vllm_engine import (
 from app import figures, tables
 from app.charts import CHART_THEME
 from app.page_figures import kv_configs, kv_cost_figures
-from app.state import data_version, get_store, query_param, set_query_params
+from app.state import data_version, get_store, project_filter, query_param, set_query_params
 from loaders.errors import QkvscopeError
+from loaders.projects import NO_PROJECT
 from loaders.store import Store
 
 TITLE = "KV cache & serving cost"
@@ -116,7 +117,9 @@ def _stored_checkpoints() -> list[dict]:
     if not store.path.exists():
         return []
     try:
-        return _checkpoint_rows(str(store.path), data_version(store))
+        rows = _checkpoint_rows(str(store.path), data_version(store))
+        chosen = st.session_state.get("project_filter") or []      # the sidebar's (render draws it)
+        return [r for r in rows if not chosen or (r.get("project") or NO_PROJECT) in chosen]
     except QkvscopeError as exc:
         st.caption(f"Stored checkpoints unavailable: {exc}")
         return []
@@ -397,6 +400,9 @@ def render() -> None:
     st.caption("For your model: what a projection-sharing variant buys in cache memory, concurrent users, "
                "GPUs, latency and dollars. Units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes.")
     state: dict = {}
+    store = get_store()
+    if store.path.exists():
+        project_filter(store, data_version(store))
     geometry = _geometry_inputs(state)
     mla = (f", MLA latent {geometry.kv_lora_rank} + rope {geometry.qk_rope_head_dim}"
            if geometry.kv_lora_rank else "")

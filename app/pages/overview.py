@@ -11,8 +11,9 @@ import pandas as pd
 import streamlit as st
 
 from app import tables
-from app.state import (DEMO_DIR, data_version, demo_only, get_store, query_param, set_query_params, store_at,
-                       summary, checkpoints_frame as _checkpoints)
+from app.state import (DEMO_DIR, data_version, demo_only, get_store, in_projects, project_counts, project_filter,
+                       query_param, set_query_params, store_at, summary, checkpoints_frame as _checkpoints)
+from loaders.projects import NO_PROJECT
 from loaders.parse_child import ingest_paths   # each file read in a child process under the parse budgets
 
 TITLE = "Overview"
@@ -25,11 +26,16 @@ URL_PATH = "overview"
 def _runs(db: str, version: tuple) -> pd.DataFrame:
     from loaders.logs import list_runs  # here: the log readers load on first use
 
+    from loaders.run_names import display_names
+
     rows = list_runs(store_at(db))
-    cols = ["id", "name", "task", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",
+    shown = display_names([r["id"] for r in rows], [r["name"] for r in rows], [r["source"] for r in rows])
+    cols = ["id", "name", "project", "task", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",
             "first_step", "last_step", "source"]
     for r in rows:                        # the task a run's config states (vision runs: image)
         r["task"] = str((r.get("config") or {}).get("task") or "language")
+        r["project"] = r.get("project") or NO_PROJECT
+        r["name"] = shown[r["id"]]                 # unique in the database (loaders.run_names)
     frame = pd.DataFrame(rows)
     return frame[[c for c in cols if c in frame.columns]] if len(frame) else pd.DataFrame(columns=cols)
 
@@ -46,6 +52,10 @@ def _ingest_form(store) -> None:
         st.markdown("**Ingest a path on this server**: a checkpoint, a run folder or a folder of runs.")
         path = st.text_input("Path", value=query_param("path", ""),
                              placeholder="/home/me/experiments  or  runs/kv-mqa/checkpoints/final.safetensors")
+        project = st.text_input("Project", placeholder="default: the folder's name",
+                                help="the project its runs and checkpoints belong to; pages compare runs of one "
+                                     "project only (default: the tracker's own project name, else the name of "
+                                     "the folder ingested)")
         submitted = st.form_submit_button("Ingest", icon=":material/download:")
     if not submitted:
         return
@@ -63,7 +73,7 @@ def _ingest_form(store) -> None:
         bar.progress(done / total if total else 1.0,
                      text=f"{done}/{total} {Path(current).name}" if current else "done")
 
-    report = ingest_paths(store, [target], progress=progress)
+    report = ingest_paths(store, [target], progress=progress, project=project.strip() or None)
     j = report.to_json()
     st.success(f"{j['added']} added, {j['appended']} appended, {j['unchanged']} unchanged, "
                f"{j['skipped']} skipped, {j['errors']} errors")
@@ -97,18 +107,31 @@ def render() -> None:
                  f"a shell: `python -m app ingest PATH --db {store.path}`. The bundled demo lives "
                  f"in `{DEMO_DIR}`.", icon=":material/inbox:")
 
+    chosen = project_filter(store, version)
+    st.subheader("Projects")
+    counts = pd.DataFrame(project_counts(str(store.path), version), columns=["project", "runs", "checkpoints"])
+    if len(counts):
+        st.dataframe(counts, hide_index=True, width="content", placeholder=tables.MISSING)
+        st.caption("Pages compare runs of one project only; the sidebar narrows every page to some projects. "
+                   "Set a project with `python -m app ingest PATH --project NAME` or "
+                   "`python -m app run-meta ID --set project=NAME`.")
+    else:
+        st.caption("No projects yet: ingest a folder, and its name becomes the project of its runs.")
+
     st.subheader("Runs")
-    runs = _runs(str(store.path), version)
+    runs = in_projects(_runs(str(store.path), version), chosen)
     if len(runs):
         st.caption(task_counts(runs))
         st.dataframe(runs, hide_index=True, width="stretch", placeholder=tables.MISSING,
-                     column_config={"weight_decay": st.column_config.NumberColumn(format="%.4g"),
+                     column_config={"name": st.column_config.TextColumn(
+                                        "name", width="large", help="unique in the database: a repeated name gets parent folders"),
+                                    "weight_decay": st.column_config.NumberColumn(format="%.4g"),
                                     "lr": st.column_config.NumberColumn(format="%.3g")})
     else:
         st.caption("No training logs stored yet.")
 
     st.subheader("Checkpoints")
-    ckpts = _checkpoints(str(store.path), version)
+    ckpts = in_projects(_checkpoints(str(store.path), version), chosen)
     if len(ckpts):
         st.dataframe(ckpts, hide_index=True, width="stretch", placeholder=tables.MISSING,
                      column_config={"params_total": st.column_config.NumberColumn(format="%d"),

@@ -14,7 +14,7 @@ from analysis.paper_claims import PAPER_A, PAPER_B, PAPERS, Inputs, measure
 from analysis.registry import METRIC_VERSION
 from app import tables
 from app.attempts import analyse_each, show_batch
-from app.state import current_notes, data_version, get_store, query_param, set_query_params, store_at
+from app.state import current_notes, data_version, get_store, project_filter, query_param, set_query_params, store_at
 from loaders import papers
 
 TITLE = "Papers"
@@ -29,9 +29,9 @@ _SCOPE_LABELS = {"latest": "each run's latest checkpoint", "all": "every stored 
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _table(db: str, version: tuple, scope: str, loss: str) -> pd.DataFrame:
+def _table(db: str, version: tuple, scope: str, loss: str, projects: tuple) -> pd.DataFrame:
     return measure(Inputs(**papers.paper_inputs(store_at(db), metric_version=METRIC_VERSION, scope=scope,
-                                             loss_metric=loss)))
+                                                loss_metric=loss, projects=list(projects))))
 
 
 def _choice(name: str, options, default: str) -> str:
@@ -39,8 +39,8 @@ def _choice(name: str, options, default: str) -> str:
     return raw if raw in options else default
 
 
-def _analyse_button(store, scope: str) -> None:
-    ids = papers.compared_checkpoints(store, scope)["id"].tolist()
+def _analyse_button(store, scope: str, projects: list[str]) -> None:
+    ids = papers.compared_checkpoints(store, scope, projects)["id"].tolist()
     version = data_version(store)
     # the staleness rule analyze applies (app.state.current_notes): a job of another metric
     # version, or without a metric registered since, counts as not analysed
@@ -69,6 +69,7 @@ def render() -> None:
                 f"`python -m app ingest PATH --db {store.path}`.", icon=":material/inbox:")
         return
     version = data_version(store)
+    chosen = project_filter(store, version)
     losses = papers.loss_metrics(store) or ["val/loss"]
     c1, c2, c3 = st.columns([2, 2, 1])
     keys = list(_PAPER_KEYS)
@@ -81,9 +82,9 @@ def render() -> None:
                         key="papers_loss")
     set_query_params(paper=None if paper == "both" else paper, ckpts=None if scope == "latest" else scope,
                      loss=None if loss == losses[0] else loss)
-    _analyse_button(store, scope)
+    _analyse_button(store, scope, chosen)
 
-    table = _table(str(store.path), version, scope, loss)
+    table = _table(str(store.path), version, scope, loss, tuple(chosen))
     wanted = _PAPER_KEYS[paper]
     if wanted is not None:
         table = table[table["source"] == wanted]

@@ -1,28 +1,31 @@
 """Results: the runs as a paper's results table, variants as rows and metrics as columns.
 
-One row per task x variant x head sharing (MHA, GQA-g, MQA); per chosen metric the mean ±
-sample std over its runs (seeds, with the weight decay held fixed), n, and the difference to
-the Q-K-V row of the same head sharing and task in % (paper B's "+3.1% perplexity"); KV bytes
+One row per comparable group (``analysis.comparable``: project x task x geometry x variant x
+head sharing; never across them), with a warning naming what its runs differ in besides weight
+decay and seed; per chosen metric the mean ± sample std over its runs (seeds, with the weight
+decay held fixed), n, and the difference to the Q-K-V row of the same group in % (paper B's "+3.1% perplexity"); KV bytes
 per token and attention parameters beside them (``analysis.results_table``). Sortable, and
 exported as CSV, Markdown and LaTeX (booktabs). An undefined value (the std of a one-run row, the
 baseline's own %) is NaN in the table and shows as ``tables.MISSING`` on screen (blank in the
 exports); paper B's QVV(3) runs are a row of their own (``analysis.results_table.OWN_CONDITIONS``).
+The table is ``analysis.results_table.results_view``, the same function ``python -m app results``
+prints. The weight decay opens on the one most groups share among runs that logged the first
+metric; an empty table says why in one line.
 
-URL keys: ``metrics`` (comma list), ``stat`` (``final``/``best``), ``wd`` (a weight decay or
+URL keys: ``project`` (the sidebar's, ``app.state.project_filter``), ``metrics`` (comma list), ``stat`` (``final``/``best``), ``wd`` (a weight decay or
 ``all``), ``task`` (a task, or ``all``; default ``language`` when several are stored), ``ppl`` (``0`` hides the perplexity columns), ``kvb`` (bytes per element
 of the KV cache: ``ckpt``, ``1``, ``2``, ``4``), ``sort`` (a column) and ``desc`` (``1``).
 """
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 import streamlit as st
 
 from analysis.directions import direction
-from analysis.results_table import common_setting, metric_order, results_table
+from analysis.results_table import default_task, default_wd, metric_order, results_view, wd_choices
 from app import tables
-from app.state import data_version, get_store, metric_directions, query_param, set_query_params, store_at
+from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
+                       set_query_params, store_at)
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -41,7 +44,7 @@ def _runs(db: str, version: tuple) -> pd.DataFrame:
     """Runs with their config facts (task, heads, paper condition) and their latest checkpoint's
     geometry (``loaders.run_table``)."""
     frame = run_table(store_at(db), geometry=True)
-    return frame.drop(columns=["config", "overrides"], errors="ignore")
+    return frame.drop(columns=["overrides"], errors="ignore")
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -54,15 +57,11 @@ def _metric_options(runs: pd.DataFrame) -> list[str]:
     return [m for m in metric_order(names) if m not in ("lr", "learning_rate")]
 
 
-def _fmt(v) -> str:
-    return "all" if v is None else f"{v:g}"
-
-
 def render() -> None:
     store = get_store()
     st.title("Results")
     version = data_version(store)
-    runs = _runs(str(store.path), version)
+    runs = in_projects(_runs(str(store.path), version), project_filter(store, version))
     if runs.empty:
         st.info("No training runs stored yet. Ingest a folder of logs on the Overview page, or from a shell: "
                 f"`python -m app ingest PATH --db {store.path}`.", icon=":material/inbox:")
@@ -72,48 +71,59 @@ def render() -> None:
         st.info("The stored runs logged no metrics.", icon=":material/info:")
         return
     c1, c2, c3, c4 = st.columns([3, 1.2, 1.4, 1.6])
-    in_url = [m for m in (query_param("metrics", "") or "").split(",") if m in options]
+    ignored: list[str] = []
+    asked_metrics = [m for m in (query_param("metrics", "") or "").split(",") if m]
+    in_url = [m for m in asked_metrics if m in options]
+    ignored += [f"metrics={m!r} (not logged by these runs)" for m in asked_metrics if m not in options]
     metrics = c1.multiselect("Metrics (columns)", options, default=in_url or options[:1], key="res_metrics")
-    stat = c2.radio("Value of each run", ["final", "best"], index=1 if query_param("stat") == "best" else 0,
+    stat_url = query_param("stat")
+    if stat_url not in (None, "final", "best"):
+        ignored.append(f"stat={stat_url!r} (final or best)")
+    stat = c2.radio("Value of each run", ["final", "best"], index=1 if stat_url == "best" else 0,
                     horizontal=True, key="res_stat",
                     help="final: its last logged value; best: its lowest loss or highest accuracy")
-    wds = sorted({float(w) for w in runs["weight_decay"].dropna()})
-    default_wd = common_setting(runs)
-    wd_choices = ["all"] + [_fmt(w) for w in wds]
+    values = _values(str(store.path), version, tuple(metrics))
+    default = default_wd(runs, values, metrics[0] if metrics else None)
+    wd_options = ["all"] + wd_choices(runs)
     wd_url = query_param("wd")
-    wd_pick = c3.selectbox("Weight decay", wd_choices,
-                           index=wd_choices.index(wd_url) if wd_url in wd_choices
-                           else wd_choices.index(_fmt(default_wd)) if default_wd is not None else 0,
+    if wd_url is not None and wd_url not in wd_options:
+        ignored.append(f"wd={wd_url!r} (no run has it)")
+    wd_pick = c3.selectbox("Weight decay", wd_options,
+                           index=wd_options.index(wd_url if wd_url in wd_options else default),
                            key="res_wd", help="rows average over seeds; hold the weight decay fixed so a row's "
-                                              "runs differ in seed only (default: the one most rows share)")
+                                              "runs differ in seed only (default: the one most rows with data "
+                                              "share)")
+    kvb_url = query_param("kvb")
+    if kvb_url is not None and kvb_url not in KV_BYTES:
+        ignored.append(f"kvb={kvb_url!r} (one of {', '.join(KV_BYTES)})")
     kvb = c4.selectbox("KV cache bytes per element", list(KV_BYTES), format_func=KV_BYTES.get,
-                       index=list(KV_BYTES).index(query_param("kvb")) if query_param("kvb") in KV_BYTES else 0,
-                       key="res_kvb")
+                       index=list(KV_BYTES).index(kvb_url) if kvb_url in KV_BYTES else 0, key="res_kvb")
     tasks = sorted(runs["task"].astype(str).unique())
     c5, c6, c7, c8 = st.columns([1.4, 1.2, 2, 0.8])
     # several tasks: language rows first by default (a loss in nats per byte and a classifier's
     # cross-entropy are different quantities); ?task=all shows every task's rows together
-    options = ["all"] + tasks
-    default_task = "language" if "language" in tasks and len(tasks) > 1 else "all"
+    task_options = ["all"] + tasks
+    default_task_ = default_task(runs)
     asked = query_param("task")
-    task = c5.selectbox("Task", options, index=options.index(asked if asked in options else default_task),
+    if asked is not None and asked not in task_options:
+        ignored.append(f"task={asked!r} (one of {', '.join(task_options)})")
+    task = c5.selectbox("Task", task_options, index=task_options.index(asked if asked in task_options
+                                                                       else default_task_),
                         key="res_task") if len(tasks) > 1 else "all"
 
     overrides = metric_directions(str(store.path), version)      # the user's choices (Experiments page)
     losses = [m for m in metrics if direction(m, overrides) == "min"]
     ppl = c6.toggle("Perplexity", value=query_param("ppl") != "0", key="res_ppl", disabled=not losses,
                     help="add exp(loss) per run (the perplexity of a loss in nats; per byte for a byte-level loss)")
-    chosen = runs if wd_pick == "all" else runs[runs["weight_decay"].map(
-        lambda w: w is not None and not (isinstance(w, float) and math.isnan(w)) and _fmt(w) == wd_pick)]
-    if task != "all":
-        chosen = chosen[chosen["task"].astype(str) == task]
+    if ignored:
+        st.caption("Ignored in the URL: " + "; ".join(ignored) + ".")
     if not metrics:
         set_query_params(metrics=None)
         st.info("Pick at least one metric.", icon=":material/touch_app:")
         return
-    values = _values(str(store.path), version, tuple(metrics))
-    table = results_table(chosen, values, metrics, statistic=stat, perplexity=bool(ppl and losses),
-                          bytes_per_elem=None if kvb == "ckpt" else int(kvb), overrides=overrides)
+    table, why_empty = results_view(runs, values, metrics, wd=wd_pick, task=task, statistic=stat,
+                                    perplexity=bool(ppl and losses),
+                                    bytes_per_elem=None if kvb == "ckpt" else int(kvb), overrides=overrides)
     display = tables.results_display(table)
     sortable = [ORDER_BY] + [c for c in table.columns if c.endswith((" mean", " vs qkv %"))] + [
         "KV bytes/token", "attention params", "n runs"]
@@ -122,17 +132,18 @@ def render() -> None:
                         key="res_sort")
     desc = c8.toggle("Descending", value=query_param("desc") == "1", key="res_desc")
     set_query_params(metrics=",".join(metrics), stat=None if stat == "final" else stat,
-                     wd=None if wd_pick == _fmt(default_wd) else wd_pick, kvb=None if kvb == "ckpt" else kvb,
-                     task=None if task == default_task else task, ppl=None if ppl else "0",
+                     wd=None if wd_pick == default else wd_pick, kvb=None if kvb == "ckpt" else kvb,
+                     task=None if task == default_task_ else task, ppl=None if ppl else "0",
                      sort=None if sort == ORDER_BY else sort, desc="1" if desc else None)
     if sort != ORDER_BY:
         order = table[sort].sort_values(ascending=not desc, na_position="last", kind="stable").index
     else:
         order = table.index[::-1] if desc else table.index
     table, display = table.loc[order].reset_index(drop=True), display.loc[order].reset_index(drop=True)
-    if table.empty:
-        st.caption("No run matches these choices.")
-        return
+    if table.empty or why_empty:
+        st.caption(f"Empty: {why_empty}." if why_empty else "No run matches these choices.")
+        if table.empty:
+            return
     st.dataframe(_screen(table), hide_index=True, width="stretch", placeholder=tables.MISSING, key="res_table",
                  column_config=_column_config(table), height=min(35 * (len(table) + 1) + 3, 800))
     st.caption(f"{stat.capitalize()} value of each run; mean ± sample standard deviation over a row's runs "
@@ -142,7 +153,7 @@ def render() -> None:
                "a tied projection counted once. Click a column header to sort as well.")
     caption = (f"{', '.join(metrics)} ({stat} value, mean $\\pm$ std over seeds), weight decay {wd_pick}")
     e1, e2, e3 = st.columns(3)
-    e1.download_button("CSV", tables.csv_bytes(table), file_name="results.csv", mime="text/csv",
+    e1.download_button("CSV", tables.results_csv(table), file_name="results.csv", mime="text/csv",
                        icon=":material/download:", key="res_csv")
     md = tables.results_markdown(display)
     e2.download_button("Markdown", md.encode(), file_name="results.md", mime="text/markdown",
@@ -158,16 +169,22 @@ def render() -> None:
 def _screen(table: pd.DataFrame) -> pd.DataFrame:
     """The columns shown on screen: labels and costs, then each metric's mean, std, % (and its n
     where it differs from the row's runs: a run that did not log it)."""
-    keep = ["task", "label", "sharing", "n runs", "seeds", "KV bytes/token", "attention params"]
-    if table["task"].nunique() <= 1:
-        keep.remove("task")
+    keep = ["project", "task", "label", "sharing", "d_model", "n_layers", "n runs", "seeds", "KV bytes/token",
+            "attention params"]
+    for col in ("project", "task", "d_model", "n_layers"):
+        if table[col].astype(str).nunique() <= 1:
+            keep.remove(col)
     metric_cols = [c for c in table.columns if c.endswith((" mean", " std", " vs qkv %"))
                    or (c.endswith(" n") and not (table[c] == table["n runs"]).all())]
-    return table[keep + metric_cols]
+    shown = table[keep + metric_cols].copy()
+    shown["warnings"] = ["; ".join(w) for w in table["warnings"]]
+    return shown
 
 
 def _column_config(table: pd.DataFrame) -> dict:
-    cfg = {"label": st.column_config.TextColumn("variant"), "sharing": st.column_config.TextColumn("heads"),
+    cfg = {"warnings": st.column_config.TextColumn("runs differ in", help="what a row's runs differ in besides "
+                                                   "weight decay and seed: read its mean with care"),
+           "label": st.column_config.TextColumn("variant"), "sharing": st.column_config.TextColumn("heads"),
            "n runs": st.column_config.NumberColumn("runs"),
            "KV bytes/token": st.column_config.NumberColumn("KV bytes/token", format="%d"),
            "attention params": st.column_config.NumberColumn("attention params", format="%d")}

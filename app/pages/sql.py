@@ -13,7 +13,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import tables
-from app.state import get_store, query_param, set_query_params
+from app.state import data_version, get_store, project_filter, query_param, set_query_params
 from loaders.errors import QueryError
 from loaders.sql_console import run_readonly_query, schema, sql_budget
 
@@ -60,6 +60,12 @@ def render() -> None:
                f"Each query runs in its own process with "
                f"{sql_budget('QKVSCOPE_SQL_MEMORY_MB'):,} MB of memory and results up to "
                f"{result_mb:,} MB (see docs/security.md, section The SQL page, to change them).")
+    if store.path.exists():
+        chosen = project_filter(store, data_version(store))
+        if chosen:          # a query reads every project: say how to narrow it the same way
+            names = ", ".join("'" + p.replace("'", "''") + "'" for p in chosen)
+            st.caption(f"Queries read every project; to narrow one as the sidebar does: "
+                       f"`WHERE project IN ({names})` on `runs` or `checkpoints`.")
     with st.expander("Tables and columns"):
         st.dataframe(schema(store), hide_index=True, width="stretch")
     max_timeout = sql_budget("QKVSCOPE_SQL_MAX_TIMEOUT_S")

@@ -38,10 +38,10 @@ from analysis.results_table import DEFAULT_TASK, metric_order, own_condition
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app import charts, figures, tables
 from app.attempts import analyse_each, show_batch
-from app.page_figures import _task_column, per_run, per_wd, regressions, wd_curve_figure
+from app.page_figures import _task_column, per_run, per_wd, regressions, wd_curve_figures
 from app.pickers import checkpoint_label
-from app.state import (data_version, get_store, query_param, results_over_checkpoints, set_query_params,
-                       store_at)
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, results_over_checkpoints,
+                       set_query_params, store_at)
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -56,8 +56,8 @@ DASH = tables.MISSING
 
 
 #: The runs' columns the page reads (``loaders.run_table``).
-RUN_COLUMNS = ["run_id", "name", "variant", "weight_decay", "lr", "config", "metrics", "task", "condition",
-               "n_heads", "n_kv_heads"]
+RUN_COLUMNS = ["run_id", "name", "project", "variant", "weight_decay", "lr", "config", "metrics", "task", "condition",
+               "n_heads", "n_kv_heads", "d_model", "n_layers", "last_step"]
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -349,7 +349,7 @@ def render() -> None:
     store = get_store()
     st.title("Weight decay")
     version = data_version(store)
-    runs = _runs(str(store.path), version)
+    runs = in_projects(_runs(str(store.path), version), project_filter(store, version))
     with_wd = runs[runs["weight_decay"].notna()]
     if with_wd.empty:
         st.info("No runs with a weight decay yet. Ingest a weight-decay sweep (folders like `qkv-wd0.1`, or logs "
@@ -398,9 +398,12 @@ def render() -> None:
     # a variant fitted by the regression has a group per run: its runs are drawn under "Random sweeps"
     swept = sorted(regressions(table))
     tasks = [t for t, _ in swept]
-    fig = wd_curve_figure(table, statistic=statistic, metric=metric)
-    if fig is not None:
-        figures.show(fig, key="wd_curve")
+    shown = wd_curve_figures(table, statistic=statistic, metric=metric)
+    if shown:
+        for task, fig in shown.items():
+            if len(shown) > 1:
+                st.markdown(f"**{task}**")
+            figures.show(fig, key="wd_curve" if len(shown) == 1 else f"wd_curve_{task}")
         st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss "
                    f"of the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay "
                    f"and its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), "

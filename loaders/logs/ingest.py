@@ -400,18 +400,21 @@ def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str
         return row[0]             # final metrics joining a run: its format and metadata stay
     values = [fields["variant"], fields["n_kv_heads"], fields["weight_decay"], fields["lr"],
               fields["seed"], fields["model_size"]]
+    # the tracker's own project or experiment name, where the log states one (loaders.projects)
+    tracker = run.meta.get("project") if isinstance(run.meta, dict) else None
+    tracker = str(tracker).strip() or None if tracker is not None else None
     if row is None:
         return con.execute(
             """INSERT INTO runs (name, source, format, variant, n_kv_heads, weight_decay, lr, seed,
-                   model_size, config, resumed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
-            [name, source, fmt, *values, json.dumps(config, default=str), bool(resumed)]).fetchone()[0]
+                   model_size, config, resumed, project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
+            [name, source, fmt, *values, json.dumps(config, default=str), bool(resumed), tracker]).fetchone()[0]
     run_id = row[0]
     old = json.loads(row[1]) if row[1] else {}
     merged = {**old, **config}
     con.execute(
         """UPDATE runs SET format = ?, variant = ?, n_kv_heads = ?, weight_decay = ?, lr = ?, seed = ?,
-               model_size = ?, config = ? WHERE id = ?""",
-        [fmt, *values, json.dumps(merged, default=str), run_id])
+               model_size = ?, config = ?, project = coalesce(project, ?) WHERE id = ?""",
+        [fmt, *values, json.dumps(merged, default=str), tracker, run_id])
     return run_id
 
 

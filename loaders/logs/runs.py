@@ -15,9 +15,9 @@ from loaders.store import Store
 
 #: Overridable fields stored as columns of ``runs``, with their Python type.
 COLUMN_FIELDS = {"name": str, "variant": str, "n_kv_heads": int, "weight_decay": float, "lr": float,
-                 "seed": int, "model_size": int, "resumed": bool}
+                 "seed": int, "model_size": int, "resumed": bool, "project": str}
 
-RUN_FIELDS = ("id", "name", "source", "format", "variant", "n_kv_heads", "weight_decay", "lr", "seed",
+RUN_FIELDS = ("id", "name", "project", "source", "format", "variant", "n_kv_heads", "weight_decay", "lr", "seed",
               "model_size", "resumed", "n_points", "metrics", "first_step", "last_step", "config",
               "overrides")
 
@@ -30,7 +30,7 @@ def list_runs(store: Store, con=None) -> list[dict]:
     the user set.
     """
     sql = """
-        SELECT r.id, r.name, r.source, r.format, r.variant, r.n_kv_heads, r.weight_decay, r.lr, r.seed,
+        SELECT r.id, r.name, r.project, r.source, r.format, r.variant, r.n_kv_heads, r.weight_decay, r.lr, r.seed,
                r.model_size, r.resumed, coalesce(p.n, 0), coalesce(p.metrics, []), p.first_step,
                p.last_step, r.config
         FROM runs r LEFT JOIN (
@@ -98,6 +98,10 @@ def _coerce(run_id: int, field: str, value):
         return canon or "unknown"
     if kind is None:
         return value
+    if field == "project":
+        if not str(value).strip():
+            raise QkvscopeError(f"run {run_id}: project must be a name, found {value!r}")
+        return str(value).strip()
     if kind is bool:
         if isinstance(value, bool):
             return value

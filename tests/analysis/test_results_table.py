@@ -32,9 +32,10 @@ def _values():
 
 def test_groups_keep_mha_and_mqa_and_tasks_apart():
     g = run_groups(_runs()).set_index("id")
-    assert g.loc[1, "group"] == g.loc[2, "group"] == "language|qkv|4|4"
-    assert g.loc[6, "group"] == "language|qkv|4|1" and g.loc[6, "sharing"] == "MQA"
-    assert g.loc[8, "group"] == "vision|qkv|4|4"
+    # project (unknown here: ?) | task | d_model | n_layers | n_heads | n_kv_heads | variant
+    assert g.loc[1, "group"] == g.loc[2, "group"] == "?|language|8|2|4|4|qkv"
+    assert g.loc[6, "group"] == "?|language|8|2|4|1|qkv" and g.loc[6, "sharing"] == "MQA"
+    assert g.loc[8, "group"] == "?|vision|8|2|4|4|qkv"
     assert g.loc[2, "task"] == "language"          # missing task: a language run
 
 
@@ -98,8 +99,8 @@ def test_paper_b_qvv3_is_a_row_of_its_own_named_by_its_condition():
     runs.loc[runs["id"] == 5, "condition"] = "QVV(3)"
     runs.loc[runs["id"] == 4, "condition"] = "Q!=K=V"            # paper B's spelling of Q-K=V itself
     g = run_groups(runs).set_index("id")
-    assert g.loc[4, "group"] == "language|k_eq_v|4|4" and g.loc[4, "label"] == "Q-K=V"
-    assert g.loc[5, "group"] == "language|k_eq_v|4|4|QVV(3)" and g.loc[5, "label"] == "QVV(3)"
+    assert g.loc[4, "group"] == "?|language|8|2|4|4|k_eq_v" and g.loc[4, "label"] == "Q-K=V"
+    assert g.loc[5, "group"] == "?|language|8|2|4|4|k_eq_v|QVV(3)" and g.loc[5, "label"] == "QVV(3)"
     t = results_table(runs, _values(), ["val/loss"]).query("sharing == 'MHA' and task == 'language'").set_index("label")
     assert t.loc["Q-K=V", "n runs"] == 1 and t.loc["QVV(3)", "n runs"] == 1
     assert t.loc["QVV(3)", "val/loss mean"] == pytest.approx(2.7)
@@ -135,6 +136,9 @@ def test_metric_order_puts_validation_loss_then_accuracy_first():
     names = ["lr", "train/loss", "val_top1", "val/accuracy", "val/loss", "train/accuracy", "tokens_per_s"]
     assert metric_order(names) == ["val/loss", "val/accuracy", "val_top1", "train/loss", "train/accuracy", "lr",
                                    "tokens_per_s"]
+    # an HF Trainer's eval/train_loss is a training-split loss: after every validation metric
+    assert metric_order(["eval/train_loss", "test/loss", "eval/loss", "val/loss", "valid_ppl"]) == [
+        "val/loss", "eval/loss", "test/loss", "valid_ppl", "eval/train_loss"]
 
 
 def test_table_order_is_task_then_sharing_then_variant():
@@ -158,3 +162,23 @@ def test_default_selection_and_rows_put_language_before_image_runs():
     finals = pd.DataFrame({"run_id": [1, 2, 3, 4], "final": [0.2, 1.3, 0.3, 1.4]})
     # image losses are lower, but the language groups come first, as the tables order them
     assert best_of_each_group(runs, finals, "val/loss", limit=2) == [2, 4]
+
+
+def test_projects_and_widths_are_rows_of_their_own_and_differences_are_named():
+    runs = pd.DataFrame([
+        # (id, project, d_model, seed, lr, last_step)
+        {"id": 1, "project": "sweep-a", "d_model": 128, "seed": 1, "lr": 3e-4, "last_step": 149},
+        {"id": 2, "project": "sweep-a", "d_model": 128, "seed": 2, "lr": 1e-3, "last_step": 99},
+        {"id": 3, "project": "sweep-a", "d_model": 256, "seed": 1, "lr": 3e-4, "last_step": 149},
+        {"id": 4, "project": "sweep-b", "d_model": 128, "seed": 1, "lr": 3e-4, "last_step": 149},
+    ]).assign(variant="unknown", n_heads=4, n_kv_heads=4, n_layers=4, task="language",
+              config=[{"dropout": 0.1, "seed": 1}, {"dropout": 0.1, "seed": 2}, {"dropout": 0.0}, {}])
+    values = pd.DataFrame({"run_id": [1, 2, 3, 4], "metric": "val/loss", "final": [2.0, 2.4, 1.8, 2.6],
+                           "min": [2.0, 2.4, 1.8, 2.6], "max": [2.7, 2.9, 2.5, 3.1]})
+    t = results_table(runs, values, ["val/loss"])
+    assert list(zip(t["project"], t["d_model"], t["n runs"], t["run ids"])) == [
+        ("sweep-a", 128, 2, "1, 2"), ("sweep-a", 256, 1, "3"), ("sweep-b", 128, 1, "4")]
+    assert t.iloc[0]["val/loss mean"] == pytest.approx(2.2)
+    assert t.iloc[0]["warnings"] == ["length: last step 149 (run 1), 99 (run 2)",
+                                     "lr: 0.0003 (run 1), 0.001 (run 2)"]
+    assert t.iloc[1]["warnings"] == [] and t.iloc[2]["warnings"] == []

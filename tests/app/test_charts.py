@@ -394,13 +394,19 @@ def test_run_styles_of_many_runs_follow_the_per_run_definition():
     assert name_task                                   # two tasks: every label names its task
     seen: dict[str, int] = {}
     expected = {}
+    unknown = 0
     for row in runs.sort_values("id").to_dict("records"):     # the definition, one run at a time
         sharing = charts.sharing_of(row["n_heads"], row["n_kv_heads"])
-        group = charts.legend_label(row["variant"], sharing, _row(row, "task") or "language",
-                                    _row(row, "condition"), name_task=True)
+        task = _row(row, "task") or "language"
+        group = charts.legend_label(row["variant"], sharing, task, _row(row, "condition"), name_task=True)
+        style = charts.group_style(row["variant"], sharing)
+        style["symbol"] += "" if task == "language" else "-open"        # language first, then vision
+        if row["variant"] == "something_new":                            # unknown: the second palette, per run
+            expected[int(row["id"])] = {**style, "color": charts.UNKNOWN_COLORS[unknown % 12], "group": group}
+            unknown += 1
+            continue
         k = seen.get(group, 0)
         seen[group] = k + 1
-        style = charts.group_style(row["variant"], sharing)
         expected[int(row["id"])] = {**style, "color": charts.shade(style["color"], charts._RUN_SHADES[k % 8]),
                                     "group": group}
     assert charts.run_styles(runs) == expected
@@ -564,3 +570,41 @@ def test_final_summary_of_many_runs_keeps_the_groups_of_the_every_run_scatter():
     for s, e in zip(summary.data, every.data):
         assert list(s.x) == sorted(set(e.x))                      # one marker per x of the group
         assert s.type in charts.TRACE_TYPES and s.marker.symbol == e.marker.symbol
+
+
+def test_unknown_variant_runs_get_distinct_colours_and_tasks_distinct_markers():
+    import pandas as pd
+
+    from app.charts import UNKNOWN_COLORS, VARIANT_COLORS, run_styles
+
+    runs = pd.DataFrame({"id": [1, 2, 3, 4, 5], "variant": ["unknown", "unknown", "unknown", "qkv", "qkv"],
+                         "n_heads": 4, "n_kv_heads": 4, "task": ["language", "language", "language", "language", "image"]})
+    s = run_styles(runs)
+    assert [s[i]["color"] for i in (1, 2, 3)] == UNKNOWN_COLORS[:3]
+    assert not set(UNKNOWN_COLORS) & set(VARIANT_COLORS.values())
+    # language filled, the other task open: told apart without the legend
+    assert (s[4]["symbol"], s[5]["symbol"]) == ("circle", "circle-open")
+
+
+def test_log_ticks_reach_the_lowest_values():
+    from app.charts import log_ticks
+
+    # training curves from ~11 down to final losses of 1.31-1.68: a tick where the finals lie
+    assert log_ticks([1.31, 1.34, 1.44, 1.68, 4.0, 11.0])["tickvals"] == [1.3, 2.0, 3.0, 5.0, 10.0]
+    assert log_ticks([0.2, 0.6])["tickvals"] == [0.2, 0.3, 0.4, 0.5, 0.6]    # already there: unchanged
+
+
+def test_groups_never_span_projects_or_geometries():
+    import pandas as pd
+
+    from app.charts import run_styles
+
+    runs = pd.DataFrame({"id": [1, 2, 3, 4], "variant": "qkv", "n_heads": 4, "n_kv_heads": 4,
+                         "project": ["sweep-a", "sweep-a", "sweep-a", "sweep-b"],
+                         "d_model": [128, 128, 256, 128], "n_layers": 4})
+    s = run_styles(runs)
+    assert [s[i]["group"] for i in (1, 2, 3, 4)] == [
+        "Q-K-V · MHA · sweep-a · d128 L4", "Q-K-V · MHA · sweep-a · d128 L4", "Q-K-V · MHA · sweep-a · d256 L4",
+        "Q-K-V · MHA · sweep-b · d128 L4"]
+    one = run_styles(runs[runs["project"] == "sweep-b"])
+    assert one[4]["group"] == "Q-K-V · MHA"               # nothing to tell apart: no suffix

@@ -139,7 +139,8 @@ def test_loaders_read_the_latest_value_per_step_and_the_norms(tmp_path):
         {"run_id": 1, "step": 200, "metric": "norm_k", "value": 2.0}]
     runs, points, norms = read_inputs(store, "val/loss")
     assert runs["run_id"].tolist() == list(range(1, 9)) + [99]
-    assert list(runs.columns) == ["run_id", "variant", "weight_decay", "lr", "config"]
+    assert list(runs.columns) == ["run_id", "project", "task", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                                  "variant", "weight_decay", "lr", "last_step", "config"]
     assert [(r, v.tolist()) for r, v in points] == [(r, v.tolist()) for r, v in pts.items()] and len(norms) == 1
 
 

@@ -108,25 +108,35 @@ def test_spectra_attention_reports_and_downloads(ckpt_db):
     assert qp(at, "layer") == "0"
 
 
-def test_server_path_from_a_link_waits_for_open_then_ingests(tmp_path, monkeypatch, model_dir):
+def test_server_path_is_inspected_without_storing_until_added(tmp_path, monkeypatch, model_dir):
     db = tmp_path / "p.duckdb"
     Store(db).migrate()
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     before = db.read_bytes()
     at = page_test("inspector", {"src": "path", "path": str(model_dir)}).run()
     assert not at.exception, at.exception
-    # a link alone reads nothing on the server (issue 14)
+    # a link alone reads nothing on the server
     assert "insp_heatmap" not in figures(at) and Store(db).checkpoints() == []
     assert db.read_bytes() == before
     assert any("Press **Open** to read it" in i.value for i in at.info)
     at.button[0].click().run()                                   # the form's Open button
     assert not at.exception, at.exception
+    # read and analysed in the session's scratch store: the database is as it was, the link has no id
     assert "insp_heatmap" in figures(at)
-    assert qp(at, "ckpt") == "1"
-    # the same link again opens the stored checkpoint without reading the path
+    assert Store(db).checkpoints() == [] and db.read_bytes() == before
+    assert qp(at, "ckpt") is None
+    assert at.text_input(key="insp_add_project").value == model_dir.name
+    at.text_input(key="insp_add_project").set_value("tiny-models")
+    [add] = [b for b in at.button if b.label == "Add to database"]
+    add.click().run()
+    assert not at.exception, at.exception
+    [stored] = Store(db).checkpoints()
+    assert (stored["id"], stored["project"]) == (1, "tiny-models")
+    assert "Stored in the database as checkpoint #1, project 'tiny-models'." in [s.value for s in at.success]
+    # the same link again opens the stored checkpoint from the database
     again = page_test("inspector", {"src": "path", "path": str(model_dir)}).run()
     assert not again.exception and "insp_heatmap" in figures(again)
-    assert len(Store(db).checkpoints()) == 1
+    assert qp(again, "ckpt") == "1" and len(Store(db).checkpoints()) == 1
 
 
 def test_server_path_that_does_not_exist_says_so(ckpt_db, tmp_path):
@@ -168,7 +178,9 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
         page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(zpath))
         page.locator(".js-plotly-plot .heatmaplayer").first.wait_for(timeout=120_000)
         wait_idle(page, timeout=120_000)
-        assert "ckpt=1" in page.url and "metric=kv_cka" in page.url
+        # inspected in the session's scratch store: no database id in the link, nothing stored yet
+        assert "ckpt=" not in page.url and "metric=kv_cka" in page.url
+        assert Store(db).checkpoints() == []
         # change an input: the metric picker redraws the heatmap and writes the URL
         page.locator("[data-testid='stSelectbox']").filter(has_text="Metric").first.click()
         page.get_by_role("option", name="qk_symmetry").click()
@@ -189,7 +201,10 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
         assert "head=1" in page.url
         page.locator(".js-plotly-plot").filter(has=page.locator(".scatterlayer")).first.wait_for(timeout=30_000)
         assert reading_children(url) == children
-        # the upload was stored: the same checkpoint opens from the database on another page
+        # "Add to database" stores it (into project "uploads"): then it opens from the database
+        page.get_by_role("button", name="Add to database").click()
+        page.get_by_text("Stored in the database as checkpoint #1").wait_for(timeout=120_000)
+        assert [c["project"] for c in Store(db).checkpoints()] == ["uploads"]
         page.goto(f"{url}/inspector?ckpt=1&metric=erank_k")
         wait_idle(page, timeout=60_000)
         page.locator(".js-plotly-plot .heatmaplayer").first.wait_for(timeout=60_000)

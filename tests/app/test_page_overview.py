@@ -26,4 +26,5 @@ def test_overview_says_how_many_runs_of_each_task(tmp_path, monkeypatch):
     at = page_test("overview").run()
     assert not at.exception, at.exception
     assert "1 language run, 2 image runs" in [c.value for c in at.caption]
-    assert at.dataframe[0].value["task"].tolist() == ["language", "image", "image"]
+    assert at.dataframe[0].value.to_dict("records") == [{"project": "(no project)", "runs": 3, "checkpoints": 0}]
+    assert at.dataframe[1].value["task"].tolist() == ["language", "image", "image"]

@@ -66,7 +66,8 @@ def test_checkpoint_label_by_run_and_step_upload_name_or_folder():
 
 def _choices(rows: list[dict]) -> pd.DataFrame:
     base = {"path": "/x", "size": 1, "architecture": "qkvscope", "n_layers": 2, "n_heads": 4, "n_kv_heads": 4,
-            "d_model": 32, "d_head": 8, "run_id": None, "run_variant": None, "lr": 6e-4, "seed": 0}
+            "d_model": 32, "d_head": 8, "run_id": None, "run_variant": None, "lr": 6e-4, "seed": 0,
+            "project": "p"}
     frame = pd.DataFrame([{**base, **r} for r in rows])
     return frame[CHOICE_COLUMNS]
 
