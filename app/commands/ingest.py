@@ -67,11 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class Progress:
     """Files done / total on stderr while an ingest runs: a bar redrawn in place on a terminal,
-    else (a log, a pipe) one line at most every ``every`` seconds and one at the end
-    (``label: 40/198 files, 12 s``)."""
+    else (a log, a pipe) once it has run ``quiet`` seconds, one line at most every ``every``
+    seconds and one at the end (``label: 40/198 files, 12 s``): a short ingest in a script
+    leaves stderr to its errors."""
 
-    def __init__(self, label: str = "ingest", *, every: float = 2.0, stream=None):
-        self.label, self.every = label, every
+    def __init__(self, label: str = "ingest", *, every: float = 2.0, quiet: float = 5.0, stream=None):
+        self.label, self.every, self.quiet = label, every, quiet
         self.stream = stream if stream is not None else sys.stderr     # looked up now, not at import
         isatty = getattr(self.stream, "isatty", None)
         self.tty = bool(isatty and isatty())
@@ -87,6 +88,8 @@ class Progress:
             self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {one_line(path)[-40:]:<40}")
             if done == total:
                 self.stream.write("\n")
+        elif now - self.start < self.quiet:
+            return
         elif done == total or now - self.last >= self.every:
             self.last = now
             self.stream.write(f"{self.label}: {done}/{total} files, {now - self.start:.0f} s\n")
