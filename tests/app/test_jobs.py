@@ -374,8 +374,9 @@ def test_query_free_residual_gelu_note(tmp_path):
     _, a = jobs.analyze(store, stored_id(store, path), device="cpu", activations=True)
     assert a.frame.empty
     assert a.notes["kv_cka_act"] == (
-        f"{path}: query_mode 'residual_gelu' (q = x + GELU(x Wq + bq)) is not a linear query; "
-        "runnable modes: identity, original, residual; weight-level metrics only")
+        f"{path}: query_mode 'residual_gelu' (q = x + GELU(x Wq + bq), Wq the first d_model rows of c_attn) "
+        "is not a linear query, and this GPT computes q as x @ W_Q; runnable modes: identity, original, "
+        "residual; weight-level metrics only")
 
 
 def test_realworld_nanogpt_runs_on_sampled_ids(realworld, tmp_path):

@@ -192,7 +192,9 @@ def test_nanogpt_rmsnorm_swiglu_matches_reference(names):
     idx = _idx()
     with torch.inference_mode():
         got = model(idx)[0]
-    torch.testing.assert_close(got.double(), nano_swiglu_forward(nano_swiglu_sd(names), idx, names),
+    # no eps in the config: an RMSNorm runs with nn.RMSNorm's default, finfo(float32).eps
+    eps = float(torch.finfo(torch.float32).eps)
+    torch.testing.assert_close(got.double(), nano_swiglu_forward(nano_swiglu_sd(names), idx, names, eps=eps),
                                rtol=1e-4, atol=1e-4)
 
 

@@ -39,8 +39,11 @@ def test_hf_stdout_of_accelerate_lora_run(store):
     # The dict cut off when the job was killed is counted on the report line, not dropped silently.
     assert rep.reason == ("1 Trainer-dict line not read (first: line 13 "
                           "\"{'loss': 1.2277, 'grad_norm': 0.23195728659629822, 'learning_r\")")
+    # the log prints no TrainingArguments: its lr is the highest logged value, and the run says so
     assert run["config"]["metadata_notes"] == [
-        "steps of 3 train dicts: the training progress bar tqdm redraws under the dict"]
+        "steps of 3 train dicts: the training progress bar tqdm redraws under the dict",
+        "lr 9.98146e-05 is the highest lr the log shows (the schedule's value at a logged step, after warmup "
+        "or decay): no config beside the log states the configured lr"]
 
 
 def test_hf_stdout_written_by_transformers(store):
