@@ -434,21 +434,13 @@ class StoredCurves:
 
 
 def latest_run_checkpoints(store: Store) -> pd.DataFrame:
-    """Each run's checkpoint with the highest step: ``run_id, checkpoint_id, step, analysed``.
-
-    ``analysed`` is true when a weights analysis job is stored for it.
-    """
-    sql = """
-    SELECT c.run_id, arg_max(c.id, c.step) AS checkpoint_id, max(c.step) AS step
-    FROM checkpoints c WHERE c.run_id IS NOT NULL AND c.step IS NOT NULL GROUP BY c.run_id
-    """
+    """Each run's checkpoint with the highest step: ``run_id, checkpoint_id, step`` (whether its
+    analysis is current is the app's rule, ``app.state.current_notes``)."""
     with store.connect() as con:
         return con.execute(
-            f"""WITH l AS ({sql})
-                SELECT l.run_id, l.checkpoint_id, l.step,
-                       EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.checkpoint_id = l.checkpoint_id
-                               AND j.kind = 'weights') AS analysed
-                FROM l ORDER BY l.run_id""").df()
+            """SELECT c.run_id, arg_max(c.id, c.step) AS checkpoint_id, max(c.step) AS step
+               FROM checkpoints c WHERE c.run_id IS NOT NULL AND c.step IS NOT NULL
+               GROUP BY c.run_id ORDER BY c.run_id""").df()
 
 
 def metric_directions(store: Store) -> dict[str, str]:

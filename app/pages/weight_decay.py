@@ -40,8 +40,8 @@ from app import charts, figures, tables
 from app.attempts import analyse_each, show_batch
 from app.page_figures import _task_column, per_run, per_wd, regressions, wd_curve_figures
 from app.pickers import checkpoint_label
-from app.state import (data_version, get_store, in_projects, project_filter, query_param, results_over_checkpoints,
-                       set_query_params, store_at)
+from app.state import (current_notes, data_version, get_store, in_projects, project_filter, query_param,
+                       results_over_checkpoints, set_query_params, store_at)
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -100,7 +100,12 @@ def _sensitivity(db: str, version: tuple, metric: str, spike_ratio: float, diver
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _latest(db: str, version: tuple) -> pd.DataFrame:
-    return curves.latest_run_checkpoints(store_at(db))
+    """Each run's latest checkpoint (``loaders.curves.latest_run_checkpoints``) and ``analysed``:
+    whether its weights analysis is current (``app.state.current_notes``, analyze's rule)."""
+    latest = curves.latest_run_checkpoints(store_at(db))
+    latest["analysed"] = [current_notes(db, version, int(c), ("weights",)) is not None
+                          for c in latest["checkpoint_id"]]
+    return latest
 
 
 def _ci(lo, hi, fmt: str) -> str:

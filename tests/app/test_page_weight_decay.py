@@ -12,9 +12,14 @@ import pandas as pd
 import pytest
 
 from analysis import variants as V
+from analysis.registry import METRIC_VERSION, names
 from loaders.store import Store, refresh_run_stats
 from tests.app.apptest import page_test
 from tests.app.test_page_experiments import arr, figures, qp
+
+#: The notes of a stored weights job that holds norm_k rows alone: every other weight metric is
+#: explained, so the job is current (app.state.current_notes, the rule analyze applies).
+ABSENT = json.dumps({m: "not in this fixture" for m in names("weights") if m != "norm_k"})
 
 #: (id, variant, wd, final val loss shape); run 5 diverges (inf), run 2 has a spike.
 RUNS = [(1, "qkv", 0.01), (2, "qkv", 0.03), (3, "qkv", 0.1), (4, "k_eq_v", 0.01), (5, "k_eq_v", 0.1)]
@@ -109,11 +114,13 @@ def test_projection_norms_against_weight_decay(wd_db):
             con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
                         "n_kv_heads, d_model, d_head, run_id, step) "
                         "VALUES (?, 'gone', ?, 'gpt2', 'qkv', 2, 2, 2, 8, 4, ?, 1000)", [rid, f"s{rid}", rid])
-            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 1)",
-                        [rid])
+            # a current job (app.state.current_notes): every other weight metric explained by a note
+            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, notes) "
+                        "VALUES (?, 'weights', ?, ?)", [rid, METRIC_VERSION, ABSENT])
             for layer in (0, 1):
                 con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, "
-                            "metric_version) VALUES (?, ?, NULL, 'norm_k', ?, 1)", [rid, layer, 3.0 / wd ** 0.5])
+                            "metric_version) VALUES (?, ?, NULL, 'norm_k', ?, ?)",
+                            [rid, layer, 3.0 / wd ** 0.5, METRIC_VERSION])
     at = page_test("weight_decay").run()
     assert not at.exception, at.exception
     trace = figures(at)["wd_norms"]["data"][0]
@@ -311,12 +318,12 @@ def _checkpoints_of_three_runs(store: Store) -> None:
 
 
 def _store_as_analysed(store: Store, checkpoint_id: int) -> None:
-    """What the weights analysis would store for the norms chart: one job and a norm."""
+    """What the weights analysis would store for the norms chart: one current job and a norm."""
     with store.transaction() as con:
-        con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version) VALUES (?, 'weights', 1)",
-                    [checkpoint_id])
+        con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, notes) "
+                    "VALUES (?, 'weights', ?, ?)", [checkpoint_id, METRIC_VERSION, ABSENT])
         con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version) "
-                    "VALUES (?, 0, NULL, 'norm_k', 2.0, 1)", [checkpoint_id])
+                    "VALUES (?, 0, NULL, 'norm_k', 2.0, ?)", [checkpoint_id, METRIC_VERSION])
 
 
 def test_analysing_checkpoints_names_them_and_redraws_without_the_stale_notice(wd_db, monkeypatch):

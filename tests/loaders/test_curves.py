@@ -290,7 +290,7 @@ def test_run_checkpoints_and_latest_with_analysed_flag(tmp_path):
     rc = curves.run_checkpoints(store)
     assert rc["checkpoint_id"].tolist() == [1, 3, 2] and rc["run"].tolist() == ["run1"] * 3
     latest = curves.latest_run_checkpoints(store)
-    assert latest.to_dict("records") == [{"run_id": 1, "checkpoint_id": 2, "step": 300, "analysed": True}]
+    assert latest.to_dict("records") == [{"run_id": 1, "checkpoint_id": 2, "step": 300}]
 
 
 def test_metric_directions_are_stored_and_change_best(tmp_path):
