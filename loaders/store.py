@@ -256,6 +256,15 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "DELETE FROM run_stats",
         "INSERT INTO run_stats " + RUN_STATS_SELECT.format(where=""),
     ]),
+    (9, [
+        # Chance as a distribution and "above chance" as a test: the null band (2.5% and 97.5%
+        # quantiles of the null draws), the Benjamini-Hochberg call (NULL: not tested) and whether
+        # the value is fixed by construction (a tie, rank deficiency, too few tokens).
+        "ALTER TABLE analysis_results ADD COLUMN chance_low DOUBLE",
+        "ALTER TABLE analysis_results ADD COLUMN chance_high DOUBLE",
+        "ALTER TABLE analysis_results ADD COLUMN above_chance BOOLEAN",
+        "ALTER TABLE analysis_results ADD COLUMN degenerate BOOLEAN DEFAULT false",
+    ]),
 ]
 
 #: The tables behind the ``points`` view (schema 7): points with a wall time or a token

@@ -9,7 +9,8 @@ qkvscope's own checkpoints, nanoGPT checkpoints and both papers' language
 models); where none is possible the notes say why.
 
 JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
-"value", "chance"} (activation rows also "n_tokens", "ci_low", "ci_high")...],
+"value", "chance", "chance_low", "chance_high", "above_chance", "degenerate"}
+(activation rows also "n_tokens", "ci_low", "ci_high")...],
 "notes": {metric: why absent or what to mind}, "cached": bool, "tied":
 {"variant", "layout_variant", "agree", "layers": [...]}, "sample" (with
 --activations): {"text", "tokens", "n_tokens", "windows", "window",
@@ -169,7 +170,10 @@ def _number(x) -> float | None:
 
 def _row(row) -> dict:
     out = {"layer": int(row.layer), "head": None if pd.isna(row.head) else int(row.head),
-           "metric": row.metric, "value": _number(row.value), "chance": _number(row.chance)}
+           "metric": row.metric, "value": _number(row.value), "chance": _number(row.chance),
+           "chance_low": _number(row.chance_low), "chance_high": _number(row.chance_high),
+           "above_chance": None if pd.isna(row.above_chance) else bool(row.above_chance),
+           "degenerate": bool(row.degenerate)}
     if BY_NAME[row.metric].level == "activations":
         out |= {"n_tokens": None if pd.isna(row.n_tokens) else int(row.n_tokens),
                 "ci_low": _number(row.ci_low), "ci_high": _number(row.ci_high)}
