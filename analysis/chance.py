@@ -280,7 +280,6 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
     geo = _Geometry(n_heads, n_kv_heads, d_model, d_head, norm)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     samples: dict[tuple[str, bool], list[float]] = {}
-    per_draw: dict[tuple[str, bool], int] = {}
     rules: dict[str, str] = {}
     closed: dict[str, float | None] = {}
 
@@ -305,9 +304,7 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
                                                     device=device_type), geo, device=device_type, skip=skip)
         n += 1
         add(frame, heads_only=False)
-        if not per_draw:
-            per_draw = {key: int(((frame["metric"] == key[0]) & (frame["head"].isna() == key[1])).sum())
-                        for key in samples}
+        if not rules:
             rules = {metric: registry.BY_NAME[metric].chance for metric, _ in samples}
             closed = {m: _closed_form(m, geo, query_free) for m, r in rules.items() if r == "closed"}
         if n < MIN_DRAWS:
@@ -319,10 +316,13 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
     wide = _Geometry(WIDE_HEADS, WIDE_HEADS, d_model, d_head, norm)
     # a query-free model's per-head M reads identity slices: the wide layers' random W_Q do not stand in
     own = {m for m, _ in samples if m == "qk_symmetry" or m.endswith("_qk")} if query_free else set()
-    while unstable(whole=False) - own:                   # per-head rows: wide layers of independent heads
+    while todo := unstable(whole=False) - own:           # per-head rows: wide layers of independent heads
+        before = {m: len(samples[(m, False)]) for m in todo}
         frame, _notes = weight_metrics(random_layer(wide, query_free=False, generator=gen, device=device_type),
                                        wide, device=device_type, skip=SKIPPABLE - {"qk_symmetry"})
         add(frame[~frame["metric"].isin(own)], heads_only=True)
+        if all(len(samples[(m, False)]) == k for m, k in before.items()):
+            break                                        # e.g. a plugin's metric absent from a wide layer
     rows = []
     for (metric, whole), values in samples.items():
         null = torch.tensor(sorted(values), dtype=torch.float64)

@@ -300,8 +300,14 @@ def test_projection_sharing_checkpoint_activations(tmp_path, case):
     store = Store(tmp_path / "ps.duckdb")
     cid = stored_id(store, path)
     w, a = jobs.analyze(store, cid, device="cpu", activations=True)
-    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
+    assert set(a.frame.metric) == set(names("activations"))
     value = a.frame.set_index(["metric", "layer", "head"])["value"]
+    # the values a tie fixes are flagged degenerate, with a note, and never tested against chance
+    kv, qk = {"kv_cka_act", "kv_cosine_act", "kv_share_r2_act"}, {"logit_symmetry"}
+    fixed = {"Q-K=V": kv, "Q=K-V": qk, "Q=K=V": kv | qk}.get(case, set())
+    assert set(a.notes) == fixed and all(a.notes[m].startswith("degenerate at L0") for m in fixed)
+    assert set(a.frame.loc[a.frame["degenerate"], "metric"]) == fixed
+    assert a.frame.loc[a.frame["degenerate"], "above_chance"].isna().all()
     if case == "Q-K=V":                                # one tensor is the K and the V cache
         assert value["kv_cka_act"].to_numpy() == pytest.approx(1.0, abs=1e-6)
     if case == "Q=K-V":                                # q = k: symmetric logits in every head
