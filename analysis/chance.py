@@ -318,8 +318,11 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
     own = {m for m, _ in samples if m == "qk_symmetry" or m.endswith("_qk")} if query_free else set()
     while todo := unstable(whole=False) - own:           # per-head rows: wide layers of independent heads
         before = {m: len(samples[(m, False)]) for m in todo}
-        frame, _notes = weight_metrics(random_layer(wide, query_free=False, generator=gen, device=device_type),
-                                       wide, device=device_type, skip=SKIPPABLE - {"qk_symmetry"})
+        try:
+            frame, _notes = weight_metrics(random_layer(wide, query_free=False, generator=gen, device=device_type),
+                                           wide, device=device_type, skip=SKIPPABLE - {"qk_symmetry"})
+        except AnalysisError:                            # a plugin that cannot take the wide shapes: own draws only
+            break
         add(frame[~frame["metric"].isin(own)], heads_only=True)
         if all(len(samples[(m, False)]) == k for m, k in before.items()):
             break                                        # e.g. a plugin's metric absent from a wide layer

@@ -19,6 +19,13 @@ JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 metrics of the modules named in QKVSCOPE_PLUGINS, comma-separated module
 names or .py files: README, "Adding a metric").
 
+"chance_low"/"chance_high" bound the null band (2.5%/97.5% of random
+projections of the same shapes); "above_chance" is true where the value (or
+its whole 95% interval) lies outside it at a 5% false discovery rate over the
+metric's heads (Benjamini-Hochberg), null where untested; "degenerate" marks a
+value fixed by construction (a tie, a rank-deficient or singular matrix, too
+few tokens or input directions), which is never tested (docs/statistics.md).
+
 --activations feeds a corpus (--text FILE or folder of .txt; default the
 bundled one) cut into windows of the model's context, --tokens N in total
 (default 4096, at least 8 x d_head); results are reused only for the same

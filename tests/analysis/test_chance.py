@@ -405,12 +405,14 @@ def test_draws_past_the_minimum_skip_the_closed_form_work(monkeypatch):
     the LU and the layer's M unless a Monte Carlo metric still needs them."""
     asked = []
     real = chance.weight_metrics
-    monkeypatch.setattr(chance, "weight_metrics", lambda *a, **kw: asked.append(set(kw["skip"])) or real(*a, **kw))
+    monkeypatch.setattr(chance, "weight_metrics",
+                        lambda lay, m, **kw: asked.append((m.n_heads, set(kw["skip"]))) or real(lay, m, **kw))
     chance._chance_rows.cache_clear()
     weight_chance(meta(h=4, g=4, d=32, e=8), query_free=False, device="cpu")     # square: all closed
-    assert asked[:chance.MIN_DRAWS] == [set()] * chance.MIN_DRAWS
-    assert all({"wq_condition", "wq_basis_orth_defect", "qk_directionality"} <= a for a in asked[chance.MIN_DRAWS:])
+    assert asked[:chance.MIN_DRAWS] == [(4, set())] * chance.MIN_DRAWS
+    assert all({"wq_condition", "wq_basis_orth_defect", "qk_directionality"} <= a for _, a in asked[chance.MIN_DRAWS:])
+    assert all(a == set(weights_mod.SKIPPABLE) - {"qk_symmetry"} for h, a in asked if h == chance.WIDE_HEADS)
     asked.clear()
     weight_chance(meta(h=4, g=4, d=48, e=8), query_free=False, device="cpu")     # not square: LU needed
-    assert all("wq_condition" not in a for a in asked)
+    assert all("wq_condition" not in a for h, a in asked if h == 4)
     chance._chance_rows.cache_clear()

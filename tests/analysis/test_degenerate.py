@@ -86,7 +86,7 @@ def test_a_rank_deficient_k_makes_the_share_fit_degenerate(dtype):
 
 
 def test_rank_deficient_uses_the_stored_dtype_tolerance():
-    sv = torch.tensor([[1.0, 0.5, 5e-7], [1.0, 0.5, 2e-6], [1.0, 0.5, 0.05], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    sv = torch.tensor([[1.0, 0.5, 5e-7], [1.0, 0.5, 2e-6], [1.0, 0.5, 0.1], [0.0, 0.0, 0.0]], dtype=torch.float64)
     eps32 = degenerate.stored_eps("float32")
     assert degenerate.rank_deficient(sv, eps32).tolist() == [True, False, False, True]     # 8 x 1.2e-7 = 9.5e-7
     assert degenerate.rank_deficient(sv, degenerate.stored_eps("bfloat16")).tolist() == [True, True, False, True]
