@@ -115,6 +115,7 @@ import pandas as pd
 import torch
 
 from analysis._lapack_pool import side_by_side
+from analysis.above_chance import p_value
 from analysis._linalg import as_float32, small_eigh, small_eigvalsh, spectrum_stats, stack_heads
 from analysis.errors import AnalysisError
 from analysis.plugins import activation_values
@@ -132,6 +133,10 @@ _FEW_TOKENS = {
     "erank_kcache": "the value is biased low (the singular values of a nearly square sample spread out)",
     "erank_vcache": "the value is biased low (the singular values of a nearly square sample spread out)",
 }
+#: Metrics fixed by an input of no more directions than a head has columns (``analysis.degenerate``).
+_FEW_DIRECTIONS = ("kv_cka_act", "kv_cosine_act", "kv_share_r2_act", "erank_kcache", "erank_vcache")
+#: Quantiles of the null band (``chance_low``, ``chance_high``) over the draws x heads.
+NULL_BAND = (0.025, 0.975)
 #: Where each metric lives (the shifted bootstrap interval is clipped to it; eranks: [1, d_head];
 #: a plugin's metric: unbounded).
 _RANGE = {"kv_cosine_act": (-1.0, 1.0), "kv_cka_act": (0.0, 1.0), "kv_share_r2_act": (0.0, 1.0),
@@ -374,18 +379,35 @@ class ActivationAccumulator:
             n_win = int(per_win["n"].shape[0])
             values = _metrics({key: val.sum(0) for key, val in per_win.items()}, self.e)
             draws = [_metrics(c, self.e) for c in self._chance_stats()]
-            chance = {m: float(torch.stack([dr[m] for dr in draws]).flatten().nanquantile(0.5))
-                      if _row_metric(m).chance != "none" else math.nan
-                      for m in values}                       # median (the mean of the middle two)
+            nulls = {m: (torch.stack([dr[m] for dr in draws]).flatten().sort().values
+                         if _row_metric(m).chance != "none" else torch.empty(0, dtype=torch.float64))
+                     for m in values}                        # draws x heads, sorted
+            nulls = {m: t[torch.isfinite(t)].cpu() for m, t in nulls.items()}
+            chance = {m: float(t.quantile(0.5)) if len(t) else math.nan   # median (the mean of the middle two)
+                      for m, t in nulls.items()}
+            band = {m: tuple(float(x) for x in t.quantile(torch.tensor(NULL_BAND, dtype=t.dtype)))
+                    if len(t) else (math.nan, math.nan) for m, t in nulls.items()}
+            # the input's directions: a Gram of rank <= d_head lets every head's K and V caches span the
+            # same subspace (the share fit reads 1 whatever the weights)
+            lam = small_eigvalsh(self._gram) if self._n else torch.zeros(1, dtype=torch.float64)
+            in_rank = int((lam > self.d * EPS64 * lam.max().clamp_min(0)).sum()) + int(self.has_bias)
             if n_win > 1:
                 lo, hi = self._bootstrap(per_win, values, n_boot, seed, boot_bytes)
             else:
                 lo = hi = {m: torch.full_like(val, float("nan")) for m, val in values.items()}
         n = self._n
+        fixed: set[str] = set()                                # metrics degenerate in this layer
         if n < TOKENS_PER_COLUMN * self.e:
+            fixed |= set(_FEW_TOKENS)
             for m, why in _FEW_TOKENS.items():
-                _add_note(notes, m, f"{n} tokens < {TOKENS_PER_COLUMN} x d_head = {TOKENS_PER_COLUMN * self.e}: "
-                                    f"{why}; read it against its chance level")
+                _add_note(notes, m, f"degenerate: {n} tokens < {TOKENS_PER_COLUMN} x d_head = "
+                                    f"{TOKENS_PER_COLUMN * self.e}: {why}")
+        if in_rank <= self.e:
+            fixed |= set(_FEW_DIRECTIONS)
+            for m in _FEW_DIRECTIONS:
+                _add_note(notes, m, f"degenerate: the captured input spans {in_rank} directions, no more than "
+                                    f"the head's {self.e} columns, so the K and V caches span the same subspace "
+                                    "and the value is fixed by the input, not the weights")
         if n_win == 1:
             # one note per registered metric (the per-layer logit row is logit_symmetry's)
             for m in dict.fromkeys("logit_symmetry" if m == "logit_symmetry_layer" else m for m in values):
@@ -399,10 +421,13 @@ class ActivationAccumulator:
             flat, flo, fhi = val.reshape(-1).tolist(), lo[m].reshape(-1).tolist(), hi[m].reshape(-1).tolist()
             for i, hd in enumerate(heads):
                 label = f"L{self.layer}" if hd is None else f"L{self.layer}{lab}{hd}"
-                rows.append((self.layer, hd, label, metric, flat[i], chance[m], n, flo[i], fhi[i]))
-        df = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+                rows.append((self.layer, hd, label, metric, flat[i], chance[m], n, flo[i], fhi[i], *band[m],
+                             pd.NA, metric in fixed, p_value(flat[i], nulls[m].tolist())))
+        df = pd.DataFrame(rows, columns=RESULT_COLUMNS + ["p_null"])
         df["head"] = df["head"].astype("Int64")
         df["n_tokens"] = df["n_tokens"].astype("Int64")
+        df["above_chance"] = df["above_chance"].astype("boolean")
+        df["degenerate"] = df["degenerate"].astype(bool)
         return df, notes
 
     def _bootstrap(self, per_win: dict[str, torch.Tensor], values: dict[str, torch.Tensor], n_boot: int,

@@ -69,24 +69,32 @@ Closed forms (each checked against Monte Carlo in ``tests/analysis/test_chance.p
   factors, from the QR (Bartlett) decomposition; ``E ln chi^2_k = psi(k/2) + ln 2``).
   About ``1 + ln(d) / (2d)`` (1.0045 at ``d = 768``); its median is within ``0.4/d`` of the mean.
 
-Monte Carlo (``median of N Gaussian draws x H heads``; ``N = draws(n_kv_heads)``):
-``kv_cka``, every spectrum (``erank_*``, ``stable_rank_*``, ``energy_rank90_*``,
-``energy_rank99_*``, per head and, for grouped-query models, per layer),
-``wq_absorb_error`` (its float32 round-off on random ``W_Q``, ``W_K``), ``wq_condition``
-of a non-square stack and ``qk_directionality`` of a query-free grouped-query layer.
+Monte Carlo (the median of the draws): ``kv_cka``, every spectrum (``erank_*``,
+``stable_rank_*``, ``energy_rank90_*``, ``energy_rank99_*``, per head and, for
+grouped-query models, per layer), ``wq_absorb_error`` (its float32 round-off on random
+``W_Q``, ``W_K``), ``wq_condition`` of a non-square stack and ``qk_directionality`` of a
+query-free grouped-query layer.
+
+Every chance level is a distribution: the draws (at least ``MIN_DRAWS`` random layers of
+the model's shapes, more while a per-layer median is not stable, then per-head values from
+wide random layers of ``WIDE_HEADS`` independent heads until each per-head median is
+stable, ``stable``) give the null band ``chance_low``/``chance_high`` (2.5% and 97.5%
+quantiles) of every row, closed forms included, and the p-values of
+``analysis.above_chance``. ``how`` names the values behind each level and, where a median
+did not reach the 1% stability within the caps, its standard error.
 
 No chance level (NaN; rule ``none``): ``norm_q``, ``norm_k``, ``norm_v``, ``norm_o``: a norm
 measures the scale itself, which random matrices of any scale match.
 
 Cost: a chance level depends on the shapes, the norm type, whether the model is
 query-free, the device type and the seed, never on the layer, so it is computed
-once per such key and kept for the process (``lru_cache``). ``N`` draws cost
-about ``N`` layers of ``weight_metrics`` (a random draw is dearer than a trained
-layer's analysis: generating it, and Lanczos on its clustered spectrum); measured
-(CPU seconds, one thread): 4.5 layers at ``h = g = 12, d = 768, e = 64``, 5.1
-at ``h = 32, g = 8, d = 2048, e = 64``, so at most double the weight analysis
-of a checkpoint of 5 layers or more. The medians then move by at most 1.5%
-between seeds (``kv_cka``; spectra 0.01-1.2%, integer energy ranks not at all).
+once per such key and kept for the process (``lru_cache``). The ``MIN_DRAWS`` full
+draws cost about as many layers of ``weight_metrics`` (the stacked-W_Q LU and the
+layer's ``M`` of a random layer included, for the closed-form metrics' bands); later
+draws leave those out and cost the head-space Grams only. Measured on the demo's
+multi-query checkpoint (4 layers, d_model 128, 4 heads of 32), the whole ``analyze``
+of its weights took about 2x the CPU time of the 4-16 draws without bands, which
+this replaced.
 """
 from __future__ import annotations
 
@@ -99,13 +107,11 @@ import pandas as pd
 import torch
 
 from analysis import registry
+from analysis.above_chance import p_value
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS, RESULT_COLUMNS
 from analysis.weights import SKIPPABLE, MetaLike, default_device, weight_metrics
 
-#: Samples a Monte Carlo chance level aims at for a kv-head metric (draws x n_kv_heads), and the
-#: bounds on the draws (see ``draws``).
-TARGET_SAMPLES, MIN_DRAWS, MAX_DRAWS = 32, 4, 16
 #: Median of the Tracy-Widom distribution for beta = 1 (real matrices).
 TW1_MEDIAN = -1.2686
 #: Median of ``sqrt(d) sigma_min`` of a ``d x d`` Gaussian matrix as ``d -> inf`` (Edelman 1988).
@@ -157,16 +163,6 @@ class _Geometry:
     d_head: int
     norm: str
     variant: str = "qkv"
-
-
-def draws(n_kv_heads: int) -> int:
-    """Random layers behind a Monte Carlo chance level: ``ceil(TARGET_SAMPLES / n_kv_heads)``
-    within ``[MIN_DRAWS, MAX_DRAWS]``, so every per-head metric has at least
-    ``TARGET_SAMPLES`` samples up to 2 kv heads (16 for multi-query models). Each
-    draw costs about one layer of ``weight_metrics``: 4 for full multi-head models
-    (spread of the medians across seeds ~1% at GPT-2's and Llama-1B's shapes), 8
-    with 4 kv heads, 16 with 1 or 2."""
-    return max(MIN_DRAWS, min(MAX_DRAWS, math.ceil(TARGET_SAMPLES / n_kv_heads)))
 
 
 def random_layer(geo: MetaLike, *, query_free: bool, generator: torch.Generator,
@@ -233,81 +229,173 @@ def _closed_form(metric: str, geo: _Geometry, query_free: bool) -> float | None:
                         "closed form for it")
 
 
+#: Random layers of the model's own shapes behind every weight chance level: at least ``MIN_DRAWS``
+#: (every metric, the closed-form ones too, so each has a null band), then more while a per-layer
+#: Monte Carlo median is not stable (``stable``), at most ``MAX_DRAWS``; past ``MIN_DRAWS`` a draw
+#: leaves out the stacked-W_Q LU and the layer's ``M`` (``weights.SKIPPABLE``) unless a Monte Carlo
+#: metric still needs them.
+MIN_DRAWS, MAX_DRAWS = 24, 96
+#: Per-head rows then get more draws from *wide* random layers: ``WIDE_HEADS`` independent heads of
+#: the same ``d_model`` and ``d_head`` (multi-head, nothing per layer computed), whose per-head
+#: values have the same distribution as the model's own heads (each head's W_Q, W_K, W_V, W_O are
+#: independent Gaussians either way); until every per-head median is stable, at most
+#: ``MAX_HEAD_SAMPLES`` values per metric. A wide draw costs the head-space Grams of its heads only.
+WIDE_HEADS, MAX_HEAD_SAMPLES = 64, 8192
+#: "Stable": the median's standard error at most this fraction of ``max(|median|, band width)``, so
+#: that two independent sets of draws (another seed, another variant of the same shapes) give medians
+#: within 1% of each other 95% of the time (``1.96 * sqrt(2) * 0.0036 = 0.01``).
+STABLE = 0.0036
+#: Quantiles of the null band (``chance_low``, ``chance_high``).
+BAND = (0.025, 0.975)
+
+
+def median_se(values: torch.Tensor) -> float:
+    """Standard error of the median of the sorted float64 ``values`` from its order statistics:
+    half the distance between ranks ``n/2 -+ sqrt(n)/2`` (the median's rank has binomial standard
+    deviation ``sqrt(n)/2``; distribution-free, right for integer-valued metrics too). inf for n < 4."""
+    n = len(values)
+    if n < 4:
+        return math.inf
+    half = math.sqrt(n) / 2
+    lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half))
+    return float(values[hi] - values[lo]) / 2
+
+
+def stable(values: torch.Tensor) -> bool:
+    """Whether the median of the sorted ``values`` is stable to 1% (``STABLE``): ``median_se`` at most
+    ``STABLE * max(|median|, q97.5 - q2.5)`` (the band's width stands in for a median near 0)."""
+    if len(values) < 4:
+        return False
+    med = float(values.quantile(0.5))
+    lo, hi = (float(x) for x in values.quantile(torch.tensor(BAND, dtype=torch.float64)))
+    return median_se(values) <= STABLE * max(abs(med), hi - lo)
+
+
 @lru_cache(maxsize=64)
 def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm: str, query_free: bool,
-                 device_type: str, seed: int, generation: int) -> tuple[tuple[str, bool, float, str], ...]:
-    """``(metric, whole, chance, how)`` for one geometry and registry ``generation`` (a plugin
-    registered since gets a fresh entry); immutable, so the cache can share it."""
+                 device_type: str, seed: int, generation: int) -> tuple[tuple, ...]:
+    """``(metric, whole, chance, how, low, high, null)`` for one geometry and registry ``generation``
+    (a plugin registered since gets a fresh entry), ``null`` the sorted finite draws (a tuple);
+    immutable, so the cache can share it."""
     geo = _Geometry(n_heads, n_kv_heads, d_model, d_head, norm)
-    n = draws(n_kv_heads)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     samples: dict[tuple[str, bool], list[float]] = {}
-    per_draw: dict[tuple[str, bool], int] = {}
-    # a metric whose chance is its closed form here need not be computed on the draws (the stacked-W_Q
-    # LU and the layer's M are most of a random layer's cost); its rows still come, NaN
-    skip = {m for m in SKIPPABLE
-            if registry.BY_NAME[m].chance == "closed" and _closed_form(m, geo, query_free) is not None}
-    for _ in range(n):
-        frame, _notes = weight_metrics(random_layer(geo, query_free=query_free, generator=gen,
-                                                    device=device_type), geo, device=device_type, skip=skip)
+    rules: dict[str, str] = {}
+    closed: dict[str, float | None] = {}
+
+    def add(frame: pd.DataFrame, *, heads_only: bool) -> None:
         whole = frame["head"].isna().tolist()
         for metric, w, value in zip(frame["metric"], whole, frame["value"]):
-            samples.setdefault((metric, w), []).append(float(value))
-        if not per_draw:
-            per_draw = {key: len(vals) for key, vals in samples.items()}
-    rules = {metric: registry.BY_NAME[metric].chance for metric, _ in samples}
-    closed = {metric: _closed_form(metric, geo, query_free) for metric, rule in rules.items() if rule == "closed"}
+            if heads_only and (w or (metric, w) not in samples):
+                continue
+            samples.setdefault((metric, w), [])
+            if math.isfinite(value):
+                samples[(metric, w)].append(float(value))
+
+    def unstable(whole: bool) -> set[str]:
+        """Monte Carlo metrics of per-layer (``whole``) or per-head rows whose median is not yet stable."""
+        return {m for (m, w), vals in samples.items() if w == whole and rules[m] != "none"
+                and closed.get(m) is None and not (not w and len(vals) >= MAX_HEAD_SAMPLES)
+                and not stable(torch.tensor(sorted(vals), dtype=torch.float64))}
+
+    n, skip = 0, frozenset()
+    while True:                                          # the model's own shapes
+        frame, _notes = weight_metrics(random_layer(geo, query_free=query_free, generator=gen,
+                                                    device=device_type), geo, device=device_type, skip=skip)
+        n += 1
+        add(frame, heads_only=False)
+        if not rules:
+            rules = {metric: registry.BY_NAME[metric].chance for metric, _ in samples}
+            closed = {m: _closed_form(m, geo, query_free) for m, r in rules.items() if r == "closed"}
+        if n < MIN_DRAWS:
+            continue
+        todo = unstable(whole=True)
+        if not todo or n >= MAX_DRAWS:
+            break
+        skip = frozenset(SKIPPABLE - todo)
+    wide = _Geometry(WIDE_HEADS, WIDE_HEADS, d_model, d_head, norm)
+    # a query-free model's per-head M reads identity slices: the wide layers' random W_Q do not stand in
+    own = {m for m, _ in samples if m == "qk_symmetry" or m.endswith("_qk")} if query_free else set()
+    while todo := unstable(whole=False) - own:           # per-head rows: wide layers of independent heads
+        before = {m: len(samples[(m, False)]) for m in todo}
+        try:
+            frame, _notes = weight_metrics(random_layer(wide, query_free=False, generator=gen, device=device_type),
+                                           wide, device=device_type, skip=SKIPPABLE - {"qk_symmetry"})
+        except AnalysisError:                            # a plugin that cannot take the wide shapes: own draws only
+            break
+        add(frame[~frame["metric"].isin(own)], heads_only=True)
+        if all(len(samples[(m, False)]) == k for m, k in before.items()):
+            break                                        # e.g. a plugin's metric absent from a wide layer
     rows = []
     for (metric, whole), values in samples.items():
-        if rules[metric] == "none":
-            rows.append((metric, whole, math.nan, "none"))
-        elif closed.get(metric) is not None:
-            rows.append((metric, whole, closed[metric], _CLOSED))
+        null = torch.tensor(sorted(values), dtype=torch.float64)
+        if rules[metric] == "none" or not len(null):
+            rows.append((metric, whole, math.nan, "none" if rules[metric] == "none" else "no finite draw",
+                         math.nan, math.nan, ()))
+            continue
+        lo, hi = (float(x) for x in null.quantile(torch.tensor(BAND, dtype=torch.float64)))
+        drawn = f"{len(null)} Gaussian {'draws' if whole else 'heads'}"
+        if closed.get(metric) is not None:
+            chance, how = closed[metric], f"{_CLOSED}; band of {drawn}"
         else:
-            finite = torch.tensor([v for v in values if math.isfinite(v)], dtype=torch.float64)
-            chance = float(finite.quantile(0.5)) if len(finite) else math.nan   # midpoint median
-            heads = per_draw[(metric, whole)]
-            how = f"median of {n} Gaussian draws" + ("" if whole else f" x {heads} head{'s' * (heads > 1)}")
-            rows.append((metric, whole, chance, how))
+            chance = float(null.quantile(0.5))                   # midpoint median
+            how = f"median of {drawn}" + ("" if stable(null) else
+                                          f" (median's standard error {median_se(null):.2g}: not stable to 1%)")
+        rows.append((metric, whole, chance, how, lo, hi, tuple(null.tolist())))
     return tuple(rows)
 
 
 def weight_chance(meta: MetaLike, *, query_free: bool, device: str | torch.device | None = None,
                   seed: int = 0) -> pd.DataFrame:
-    """Chance level of every weight metric ``weight_metrics`` gives for ``meta``'s geometry.
+    """Chance level and null band of every weight metric ``weight_metrics`` gives for ``meta``'s geometry.
 
     One row per ``(metric, whole)``: columns ``metric``, ``whole`` (True: the
     per-layer row, ``head`` None), ``chance`` (NaN where none), ``how``
-    (``closed form``, ``median of N Gaussian draws x H heads``, ``median of N
-    Gaussian draws`` for a per-layer value, or ``none``: the row's rule, whose reason is
-    the registry's ``chance_help``).
+    (``closed form; band of N Gaussian heads``, ``median of N Gaussian heads``,
+    ``median of N Gaussian draws`` for a per-layer value, N the values behind it,
+    with the median's standard error where it is not stable to 1%, or ``none``: the
+    row's rule, whose reason is the registry's ``chance_help``), ``chance_low`` and
+    ``chance_high`` (the 2.5% and 97.5% quantiles of the draws: the null band) and
+    ``null`` (the sorted finite draws, a tuple: ``analysis.above_chance``'s p-values).
     ``query_free``: the model has no W_Q (identity queries). Deterministic for a
     given ``seed`` and device type; cached per geometry (and registry generation) for the process.
     """
     dev = torch.device(device or default_device())
     rows = _chance_rows(int(meta.n_heads), int(meta.n_kv_heads), int(meta.d_model), int(meta.d_head),
                         str(meta.norm), bool(query_free), dev.type, int(seed), registry.generation())
-    return pd.DataFrame(list(rows), columns=["metric", "whole", "chance", "how"])
+    return pd.DataFrame(list(rows), columns=["metric", "whole", "chance", "how", "chance_low", "chance_high",
+                                             "null"])
 
 
 def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: bool,
                          device: str | torch.device | None = None) -> pd.DataFrame:
     """``frame`` (``analysis.registry.COLUMNS``, e.g. ``weight_metrics``' frame over any
-    layers of one model) as result rows (``RESULT_COLUMNS``): ``chance`` from
+    layers of one model, with its ``degenerate`` column where it has one) as result rows
+    (``RESULT_COLUMNS``) plus ``p_null``: ``chance``, ``chance_low``, ``chance_high`` from
     ``weight_chance`` by ``(metric, head is NA)`` (NaN for a metric without one),
-    ``n_tokens`` (Int64), ``ci_low`` and ``ci_high`` NA: weight metrics are not sampled.
-    ``frame`` itself is not modified."""
+    ``p_null`` the value's two-sided p-value against the draws (``above_chance.p_values``),
+    ``n_tokens`` (Int64), ``ci_low`` and ``ci_high`` NA (weight metrics are not sampled),
+    ``above_chance`` NA until ``above_chance.flag`` tests the whole family, ``degenerate``
+    False unless ``frame`` says so. ``frame`` itself is not modified."""
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise AnalysisError(f"attach_weight_chance: expected a frame with columns {COLUMNS}, "
                             f"missing {missing}")
     table = weight_chance(meta, query_free=query_free, device=device)
-    lookup = {(m, bool(w)): c for m, w, c in zip(table["metric"], table["whole"], table["chance"])}
+    lookup = {(m, bool(w)): (c, lo, hi, null) for m, w, c, lo, hi, null in
+              zip(table["metric"], table["whole"], table["chance"], table["chance_low"], table["chance_high"],
+                  table["null"])}
     out = frame[COLUMNS].copy()
     whole = out["head"].isna().tolist()
-    out["chance"] = pd.Series([lookup.get((m, w), math.nan) for m, w in zip(out["metric"], whole)],
-                              index=out.index, dtype="float64")
+    found = [lookup.get((m, w), (math.nan, math.nan, math.nan, ())) for m, w in zip(out["metric"], whole)]
+    for i, col in enumerate(("chance", "chance_low", "chance_high")):
+        out[col] = pd.Series([f[i] for f in found], index=out.index, dtype="float64")
     out["n_tokens"] = pd.Series(pd.NA, index=out.index, dtype="Int64")
     out["ci_low"] = pd.Series(math.nan, index=out.index, dtype="float64")
     out["ci_high"] = pd.Series(math.nan, index=out.index, dtype="float64")
-    return out[RESULT_COLUMNS]
+    out["above_chance"] = pd.Series(pd.NA, index=out.index, dtype="boolean")
+    out["degenerate"] = (frame["degenerate"].fillna(False).astype(bool) if "degenerate" in frame.columns
+                         else pd.Series(False, index=out.index, dtype=bool))
+    out["p_null"] = pd.Series([p_value(v, f[3]) for v, f in zip(out["value"], found)], index=out.index,
+                              dtype="float64")
+    return out[RESULT_COLUMNS + ["p_null"]]

@@ -44,7 +44,7 @@ from typing import Callable
 
 import torch
 
-from analysis._linalg import EPS32, kv_index, small_eigh, stack_heads
+from analysis._linalg import EPS32, EPS64, kv_index, small_eigh, stack_heads
 
 
 def stack_queries(q: torch.Tensor) -> torch.Tensor:
@@ -112,6 +112,10 @@ def _largest_sv_squared(fwd: Callable[[torch.Tensor], torch.Tensor], bwd: Callab
         z = bwd(fwd(q))                                                   # Z_k = F^T F Q_k, [n, b]
         bz = b_.mT @ z                                                    # B^T Z_k, [hi, b]
         bz_cpu = bz.double().cpu()
+        if not bool(torch.isfinite(bz_cpu).all()):
+            # an operator through a singular matrix's LU (round-off pivots) overflows: its top
+            # eigenvalue is unbounded, which the callers read as sigma_min = 0 (singular)
+            return (math.inf, b_) if vectors else math.inf
         t[:hi, lo:hi] = bz_cpu
         t[lo:hi, :hi] = bz_cpu.mT
         ritz, y = torch.linalg.eigh(t[:hi, :hi])
@@ -175,6 +179,12 @@ REDO_CONDITION = 3e3
 #: (each sweep shrinks the error by about ``eps32 * condition``): ``sigma_min`` and
 #: ``log|det A|`` come from a float64 LU instead, at about twice the float32 LU's cost.
 REFINE_CONDITION = 0.25 / EPS32
+#: Above ``SINGULAR_EPS64 / (n * eps64)`` the stacked W_Q is singular to float64 working precision
+#: (numpy's ``matrix_rank`` tolerance, ``sigma_min < n * eps * sigma_max``): ``sigma_min`` reads 0,
+#: the condition number inf and the defect inf. A stack of repeated heads (Q = K with grouped
+#: kv heads: query heads of one group share ``W_K[g]``, so the stack's column blocks repeat) is
+#: exactly singular, and its LU's round-off pivots would otherwise give a finite ~1e18.
+SINGULAR_EPS64 = 1.0
 #: Refinement sweeps per solve and subspace-iteration steps, at most (both stop when converged),
 #: and the subspace's width: ``sigma_min`` converges like ``(sigma_min / sigma_{_BLOCK+1})^2`` per step.
 _SWEEPS, _STEPS, _BLOCK = 8, 8, 16
@@ -319,7 +329,7 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
             fro2 = float(torch.linalg.vector_norm(a.double())) ** 2
         if d_model != n:
             sv = torch.linalg.svdvals(a.double())
-            return StackedSpectrum(n, float(sv[0]), float(sv[-1]), fro2, float("nan"))
+            return _singular_checked(StackedSpectrum(n, float(sv[0]), float(sv[-1]), fro2, float("nan")))
         if fro2 <= 0:
             return StackedSpectrum(n, 0.0, 0.0, 0.0, float("-inf"))
         lu, piv, _ = torch.linalg.lu_factor_ex(a)                     # A = P L U, packed
@@ -346,7 +356,7 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
             inv_top, v_min = _sigma_min_squared_inv(lu, piv, n, a.device, block, vectors=_BLOCK)
             if not (inv_top > 0 and math.isfinite(inv_top)):
                 top = _largest_sv_squared(fwd, bwd, n, a.device, block=block)
-                return StackedSpectrum(n, top ** 0.5, 0.0, fro2, log_det)
+                return StackedSpectrum(n, top ** 0.5, 0.0, fro2, float("-inf"))
             sigma_min = inv_top ** -0.5
         else:
             sigma_min = inv_rough ** -0.5                              # an upper bound: sets sigma_max's tolerance
@@ -358,14 +368,24 @@ def stacked_spectrum(q: torch.Tensor, *, fro2: float | None = None) -> StackedSp
             refined = (_refined_sigma_min(a, lu, piv, v_min, sigma_max / sigma_min)
                        if sigma_max / sigma_min <= REFINE_CONDITION else None)
             if refined is not None and refined > 0:
-                return StackedSpectrum(n, sigma_max, refined, fro2, log_det)
+                return _singular_checked(StackedSpectrum(n, sigma_max, refined, fro2, log_det))
             lu64, piv64, _ = torch.linalg.lu_factor_ex(a.double())    # keeps A's column-major layout
             diag64 = torch.diagonal(lu64).abs()
             if not bool(diag64.min() > 0):
                 return StackedSpectrum(n, sigma_max, 0.0, fro2, float("-inf"))
             log_det = float(diag64.log().sum())
             sigma_min = _sigma_min_squared_inv(lu64, piv64, n, a.device, block, torch.float64) ** -0.5
-        return StackedSpectrum(n, sigma_max, sigma_min, fro2, log_det)
+        return _singular_checked(StackedSpectrum(n, sigma_max, sigma_min, fro2, log_det))
+
+
+def _singular_checked(s: StackedSpectrum) -> StackedSpectrum:
+    """``s``, or with ``sigma_min`` 0 and ``log|det A|`` -inf where ``A`` is singular to float64
+    working precision (``SINGULAR_EPS64``) or ``sigma_min`` is not a finite positive number."""
+    if s.sigma_min > 0 and math.isfinite(s.sigma_min) and \
+            s.sigma_max / s.sigma_min < SINGULAR_EPS64 / (s.n * EPS64):
+        return s
+    return StackedSpectrum(s.n, s.sigma_max, 0.0, s.fro2,
+                           s.log_abs_det if math.isnan(s.log_abs_det) else float("-inf"))
 
 
 def condition_and_defect(q: torch.Tensor) -> tuple[float, float]:

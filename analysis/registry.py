@@ -43,6 +43,10 @@ as one line (``check_plugins``), instead of an import-time traceback.
 its numerics change, so stored results are recomputed instead of reused (a
 plugin's formula is the plugin's: results stored before it was loaded lack its
 rows until ``analyze --force``).
+Version 5: every row carries ``chance_low``/``chance_high`` (the null band), ``above_chance``
+(a Benjamini-Hochberg test against the null draws) and ``degenerate`` (a value fixed by a tie,
+by rank deficiency or by too few tokens); the chance levels' draws grow until their median is
+stable; a singular stacked W_Q reads ``wq_condition`` inf.
 Version 3: every row carries ``chance`` (and activation rows ``n_tokens``,
 ``ci_low``, ``ci_high``); spectra in float64; activation metrics on a corpus
 sample; ``qk_directionality`` as its authors compute it.
@@ -63,7 +67,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 
-METRIC_VERSION = 4
+METRIC_VERSION = 5
 
 #: The columns of every tidy metric frame.
 COLUMNS = ["layer", "head", "head_label", "metric", "value"]
@@ -71,8 +75,14 @@ COLUMNS = ["layer", "head", "head_label", "metric", "value"]
 #: ``chance``: the value independent projections of the same shapes give
 #: (``analysis.chance``); ``n_tokens``: sample tokens behind an activation value
 #: (NA for weight metrics); ``ci_low``/``ci_high``: 95% bootstrap interval over
-#: token windows (activation metrics; NA for weight metrics).
-RESULT_COLUMNS = COLUMNS + ["chance", "n_tokens", "ci_low", "ci_high"]
+#: token windows (activation metrics; NA for weight metrics); ``chance_low``/``chance_high``: the
+#: 2.5% and 97.5% quantiles of the null draws behind ``chance`` (the null band, ``analysis.chance``);
+#: ``above_chance``: the value (weights) or its interval (activations) outside the null band at a
+#: Benjamini-Hochberg false discovery rate of 5% over the metric's heads (``analysis.above_chance``;
+#: NA where it is not tested); ``degenerate``: the value is fixed by construction, not measured
+#: (``analysis.degenerate``; the notes say why).
+RESULT_COLUMNS = COLUMNS + ["chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high",
+                            "above_chance", "degenerate"]
 
 LEVELS = ("weights", "activations")
 AXES = ("head", "kv_head", "layer", "head+layer")

@@ -1,11 +1,13 @@
 """Result rows as JSON and back: what a child process sends its parent.
 
 ``json_rows(frame)`` is a frame with ``analysis.registry.RESULT_COLUMNS``
-(``layer, head, head_label, metric, value, chance, n_tokens, ci_low, ci_high``)
-as a list of rows in that column order, NaN and NA as None; ``rows_frame(rows)``
-is the frame again with the stored dtypes: ``layer`` int64, ``head`` and
-``n_tokens`` nullable Int64, ``value``, ``chance``, ``ci_low``, ``ci_high``
-float64 (None as NaN).
+(``layer, head, head_label, metric, value, chance, n_tokens, ci_low, ci_high,
+chance_low, chance_high, above_chance, degenerate``) as a list of rows in that
+column order, NaN and NA as None; ``rows_frame(rows)`` is the frame again with
+the stored dtypes: ``layer`` int64, ``head`` and ``n_tokens`` nullable Int64,
+``value``, ``chance``, ``ci_low``, ``ci_high``, ``chance_low``, ``chance_high``
+float64 (None as NaN), ``above_chance`` nullable boolean, ``degenerate`` bool
+(None as False).
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ def rows_frame(rows: list[list]) -> pd.DataFrame:
     frame["layer"] = frame["layer"].astype("int64")
     frame["head"] = pd.array(frame["head"], dtype="Int64")
     frame["n_tokens"] = pd.array(frame["n_tokens"], dtype="Int64")
-    for col in ("value", "chance", "ci_low", "ci_high"):
+    for col in ("value", "chance", "ci_low", "ci_high", "chance_low", "chance_high"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+    frame["above_chance"] = pd.array(frame["above_chance"], dtype="boolean")
+    frame["degenerate"] = frame["degenerate"].fillna(False).astype(bool)
     return frame

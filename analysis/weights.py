@@ -10,7 +10,8 @@ whose W_Q metrics are then absent with a note naming it), e.g. ``loaders.canonic
 
 It returns ``(frame, notes)``: ``frame`` has the columns ``layer, head,
 head_label, metric, value`` (``head`` None for whole-layer values; kv-head
-metrics are labelled ``L{l}KV{g}``), ``notes`` maps each metric that does not
+metrics are labelled ``L{l}KV{g}``) and ``degenerate`` (the value is fixed by a
+rank-deficient ``W_K[g]`` or a singular stacked W_Q, ``analysis.degenerate``), ``notes`` maps each metric that does not
 exist for this model to the reason. Formulas live in the family modules
 (``kv_similarity``, ``qk_geometry``, ``spectra``, ``query_absorb``).
 
@@ -51,6 +52,7 @@ import torch
 from analysis import kv_similarity, qk_geometry, query_absorb, spectra
 from analysis._linalg import (as_float32, clean_eigh, gram, identity_queries, kv_index, psd_sqrt_from, row_gram,
                              spectrum_stats, stack_heads)
+from analysis.degenerate import add_note, rank_deficient, stored_eps
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS
 
@@ -101,6 +103,7 @@ class _Rows:
     def __init__(self, layer: int):
         self.layer = layer
         self.rows: list[tuple] = []
+        self.degenerate: set[tuple[str, int | None]] = set()   # (metric, head) fixed by construction
 
     def heads(self, metric: str, values: torch.Tensor, *, kv: bool = False) -> None:
         tag = "KV" if kv else "H"
@@ -113,6 +116,8 @@ class _Rows:
     def frame(self) -> pd.DataFrame:
         df = pd.DataFrame(self.rows, columns=COLUMNS)
         df["head"] = df["head"].astype("Int64")
+        df["degenerate"] = [(m, None if pd.isna(h) else int(h)) in self.degenerate
+                            for m, h in zip(df["metric"], df["head"])]
         return df
 
 
@@ -146,7 +151,8 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
     those with a closed-form chance level on its random layers): their rows are still there,
     with value NaN, so the frame has the same ``(metric, head)`` keys; the work is left out
     only where every metric sharing it is skipped (the stacked-W_Q LU needs ``wq_condition``
-    and ``wq_basis_orth_defect`` both skipped, the layer's ``M`` both ``qk_*`` scores).
+    and ``wq_basis_orth_defect`` both skipped); ``qk_directionality`` leaves out the layer's ``M``
+    (so the per-layer ``qk_symmetry`` is NaN too), and with ``qk_symmetry`` also the per-head one.
     """
     check_geometry(layer, meta)
     dev = torch.device(device or default_device())
@@ -155,7 +161,8 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
     unknown = sorted(skip - SKIPPABLE)
     if unknown:
         raise AnalysisError(f"weight_metrics: cannot skip {unknown}; skippable: {sorted(SKIPPABLE)}")
-    skip_m = {"qk_symmetry", "qk_directionality"} <= skip
+    skip_m = "qk_directionality" in skip                      # the layer's M left out
+    skip_head_sym = {"qk_symmetry", "qk_directionality"} <= skip
     out = _Rows(layer.layer)
     notes: dict[str, str] = {}
     with torch.inference_mode():
@@ -172,6 +179,15 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
         out.heads("kv_cka", kv_similarity.linear_cka(k, v, prod=kvp), kv=True)
         out.heads("kv_share_r2", kv_similarity.share_r2(k, v, prod=kvp, eig_k=eig_k), kv=True)
 
+        # -- a rank-deficient W_K[g] leaves the share fit underdetermined (analysis.degenerate)
+        low_rank = rank_deficient(eig_k[0].clamp_min(0).sqrt(),
+                                  stored_eps(getattr(meta, "dtype", None), layer.W_K.dtype))
+        if bool(low_rank.any()):
+            bad = [i for i, b in enumerate(low_rank.tolist()) if b]
+            out.degenerate |= {("kv_share_r2", i) for i in bad}
+            add_note(notes, "kv_share_r2", "degenerate where W_K[g] is rank-deficient at its stored precision "
+                                           "(rows flagged): the fit of V on its columns is underdetermined")
+
         # -- Q/K geometry (identity slices for a query-free model)
         # a nonlinear query (meta.query_module) has no W_Q to measure, whatever W_Q holds
         nonlinear = _nonlinear_note(meta)
@@ -185,19 +201,18 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
                 notes[m] = reason
         else:
             q = identity_queries(h, d, e, dev) if identity else as_float32(layer.W_Q, dev)   # [h, d, e]
-            if skip_m:
+            if skip_head_sym:
                 gq, c_qk = gram(q), None                     # [h, e, e], float64
             else:                                            # Q_h^T Q_h and K^T Q_h: one float64 copy of Q
                 gq, c_qk = qk_geometry.query_products(q, k, kv_of)
             eig_q = clean_eigh(gq)
             sk = psd_sqrt_from(eig_k)                        # (K^T K)^{1/2}, [g, e, e]
-            if skip_m:                                       # rows kept, values not wanted
+            if skip_head_sym:                                # rows kept, values not wanted
                 out.heads("qk_symmetry", torch.full((h,), float("nan")))
-                sym = direction = float("nan")
             else:
                 out.heads("qk_symmetry", qk_geometry.symmetry_per_head(q, k, kv_of, gq=gq, gk=kvp.kk, c=c_qk))
             if skip_m:
-                pass
+                sym = direction = float("nan")
             elif d < qk_geometry.DENSE_BELOW * g * e:        # wide kv stack: M itself, once
                 sym, direction = qk_geometry.dense_layer_scores(q, k)
             else:                                            # narrow: the layer's M in thin pieces
@@ -257,6 +272,12 @@ def _absorbability(out: _Rows, notes: dict[str, str], layer: LayerLike, meta: Me
     h, d, e = meta.n_heads, meta.d_model, meta.d_head
     stacked = None if skip_lu else query_absorb.stacked_spectrum(q, fro2=fro2)
     out.whole("wq_condition", float("nan") if stacked is None else stacked.condition)
+    if stacked is not None and stacked.sigma_min == 0:
+        out.degenerate |= {("wq_condition", None), ("wq_basis_orth_defect", None)}
+        for m in ("wq_condition", "wq_basis_orth_defect"):
+            add_note(notes, m, "degenerate where the stacked W_Q is singular (rank < d_model; rows flagged), "
+                               "e.g. query heads that repeat a block (Q = K with grouped kv heads): no finite "
+                               "condition number, no change of basis")
     square = h * e == d
     if meta.norm == "none":
         notes["wq_basis_orth_defect"] = (

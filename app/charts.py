@@ -289,6 +289,8 @@ def _noise_range(values) -> tuple[float, float] | None:
 
 #: Colour scale of metric heatmaps: blue below chance, white at chance, red above.
 DIVERGING = "RdBu_r"
+#: Colour of a degenerate value (fixed by construction, ``analysis.degenerate``): off the scale.
+GREY = "#c8c8c8"
 
 
 def _finite(v) -> bool:
@@ -344,15 +346,40 @@ def chance_label(rows: pd.DataFrame) -> str:
     return f"chance {lo:.{decimals}f}–{hi:.{decimals}f}"
 
 
-def diverging_range(values, chance: float) -> tuple[float, float]:
-    """A colour range centred on ``chance`` that holds every finite value:
-    ``chance +- max |v - chance|`` (``+-0.5 * max(1, |chance|)`` when all equal chance)."""
+def diverging_range(values, chance: float, band: tuple[float, float] | None = None) -> tuple[float, float]:
+    """A colour range centred on ``chance`` that holds every finite value and the null band:
+    ``chance +- max(max |v - chance|, the band's farther side from chance)``, so values inside
+    the band (noise) stay pale however close together they are; ``+-0.5 * max(1, |chance|)``
+    when all equal chance and there is no band."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     half = float(np.abs(v - chance).max()) if v.size else 0.0
+    if band is not None and all(_finite(b) for b in band):
+        half = max(half, chance - band[0], band[1] - chance)
     if half <= 1e-6 * max(1.0, abs(chance)):
         half = 0.5 * max(1.0, abs(chance))
     return chance - half, chance + half
+
+
+def band_of(rows: pd.DataFrame) -> tuple[float, float] | None:
+    """The null band a set of rows is read against: the medians of their ``chance_low`` and
+    ``chance_high`` (as ``chance_of``); None when none is stored."""
+    lo = pd.to_numeric(_col(rows, "chance_low"), errors="coerce").dropna()
+    hi = pd.to_numeric(_col(rows, "chance_high"), errors="coerce").dropna()
+    return (float(lo.median()), float(hi.median())) if len(lo) and len(hi) else None
+
+
+def flags_of(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """``(degenerate, above)`` of result rows as plain bools: a value fixed by construction, and
+    one called above chance (``above_chance`` True; NA and False are not); False where the rows
+    were stored without these columns."""
+    def flag(name: str) -> pd.Series:
+        if name not in rows.columns:
+            return pd.Series(False, index=rows.index)
+        return rows[name].astype("boolean").fillna(False).astype(bool)
+
+    deg = flag("degenerate")
+    return deg, flag("above_chance") & ~deg
 
 
 def heat_range(rows: pd.DataFrame) -> tuple[float | None, float | None]:
@@ -364,7 +391,7 @@ def heat_range(rows: pd.DataFrame) -> tuple[float | None, float | None]:
     chance = chance_of(rows)
     if chance is None:
         return float(values.min()), float(values.max())
-    return diverging_range(values, chance)
+    return diverging_range(values, chance, band_of(rows))
 
 
 #: Trace types this module draws, and what of plotly_white's layout its figures read.
@@ -733,36 +760,54 @@ def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
     ``chance 0.25``; without one it is sequential (Viridis). Each cell's tooltip gives its value,
     its own chance and, for activation metrics, its tokens and 95% interval. ``muted``: why the
     values rest on too few tokens (``"512 tokens < 8 x d_head = 1024"``): the cells are faded and
-    the title says why.
+    the title says why. Degenerate cells (``degenerate``: fixed by construction) are grey and
+    left out of the colour range; a value called above chance (``above_chance``) is starred. The
+    range is centred on chance with a half-width at least the null band's (``diverging_range``),
+    so a random model's values, all inside the band, stay pale.
     """
     data = results[(results["metric"] == metric) & results["head"].notna() & results["layer"].notna()]
     if data.empty:
         return empty_figure(f"{metric}: no per-head values stored")
     data = data.assign(layer=data["layer"].astype(int), head=data["head"].astype(int))
+    degenerate, above = flags_of(data)
+    data = data.assign(degenerate=degenerate.to_numpy(), above=above.to_numpy())
     layers, heads = sorted(data["layer"].unique()), sorted(data["head"].unique())
     z = _grid(data, "value", layers, heads).astype(float)  # (n_layers, n_heads)
-    text = [[("" if math.isnan(v) else f"{v:.3g}") for v in row] for row in z]
+    fixed = _grid(data.assign(fixed=data["degenerate"].astype(float)), "fixed", layers, heads).astype(float) == 1
+    star = _grid(data.assign(star=data["above"].astype(float)), "star", layers, heads).astype(float) == 1
+    text = [[("" if math.isnan(v) else f"{v:.3g}" + ("*" if s else "")) for v, s in zip(row, srow)]
+            for row, srow in zip(z, star)]
     hover = data.assign(hover=[
         f"L{l}H{h}<br>{metric} " + value_text(v, c, n, lo, hi)
-        for l, h, v, c, n, lo, hi in zip(data["layer"], data["head"], data["value"], _col(data, "chance"),
-                                         _col(data, "n_tokens"), _col(data, "ci_low"), _col(data, "ci_high"))])
+        + ("<br>degenerate: fixed by construction (see the notes), not counted" if d else "")
+        + ("<br>above chance (outside the null band, 5% false discovery rate)" if a else "")
+        for l, h, v, c, n, lo, hi, d, a in zip(data["layer"], data["head"], data["value"], _col(data, "chance"),
+                                               _col(data, "n_tokens"), _col(data, "ci_low"), _col(data, "ci_high"),
+                                               data["degenerate"], data["above"])])
     custom = _grid(hover, "hover", layers, heads)
     custom = [[("" if c is None else c) for c in row] for row in custom]
+    coloured = np.where(fixed, np.nan, z)                # degenerate cells: grey, off the colour scale
     chance = chance_of(data)
     if chance is not None:
         if zmin is None and zmax is None:
-            zmin, zmax = diverging_range(z, chance)
+            zmin, zmax = diverging_range(coloured, chance, band_of(data))
         scale, zmid = colorscale or DIVERGING, chance
     else:
         if zmin is None and zmax is None and (steady := _noise_range(z)) is not None:
             zmin, zmax = steady                 # one colour for values equal up to noise
         scale, zmid = colorscale or "Viridis", None
+    x, y = [f"H{h}" for h in heads], [f"L{l}" for l in layers]
     fig = go.Figure(go.Heatmap(
-        z=_nested(z), x=[f"H{h}" for h in heads], y=[f"L{l}" for l in layers],
+        z=_nested(coloured), x=x, y=y,
         colorscale=scale, zmin=zmin, zmax=zmax, zmid=zmid, text=text, customdata=custom,
         texttemplate="%{text}" if z.size <= 400 else None, opacity=0.35 if muted else None,
         hovertemplate="%{customdata}<extra></extra>",
         colorbar=dict(title=dict(text=f"{metric}<br>{chance_label(data)}"))))
+    if fixed.any():                                      # the degenerate cells, grey, with their values
+        fig.add_trace(go.Heatmap(
+            z=_nested(np.where(fixed, 1.0, np.nan)), x=x, y=y, colorscale=[[0, GREY], [1, GREY]],
+            showscale=False, text=text, customdata=custom, texttemplate="%{text}" if z.size <= 400 else None,
+            hovertemplate="%{customdata}<extra></extra>", name="degenerate"))
     fig.update_yaxes(autorange="reversed")
     height = max(260, min(900, 40 * z.shape[0] + 120))
     title = f"Faded: too few tokens ({muted})" if muted else (help_text or None)

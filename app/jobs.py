@@ -42,7 +42,9 @@ from typing import Callable
 
 import pandas as pd
 
+from analysis.above_chance import flag as flag_above_chance
 from analysis.chance import attach_weight_chance
+from analysis.degenerate import tie_fixed
 from analysis.notes import layout_notes as _layout_notes
 from analysis.notes import merge_notes as _merge_notes
 from analysis.notes import nonfinite_notes as _nonfinite_notes
@@ -109,8 +111,9 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     whole checkpoint's. ``ties``: a list that gets each layer's ties (``analysis.tied.tied_layer``)
     from the tensors already read for its metrics, so the file is read once, not again for them.
     """
-    if ties is not None:
-        from analysis.tied import tied_layer   # here: torch loads where tensors are read
+    from analysis.tied import tied_layer   # here: torch loads where tensors are read
+
+    ties = [] if ties is None else ties        # every layer's ties: the values they fix are degenerate
     frames, notes = [], {}
     todo = range(ckpt.meta.n_layers) if layers is None else layers
     n = len(todo)
@@ -122,8 +125,7 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         # each layer with its own tower's geometry (a CLIP's vision and text towers differ)
         lm = ckpt.meta.layer_meta(i)
         df, nt = weight_metrics(layer, lm, device=device)
-        if ties is not None:
-            ties.append(tied_layer(layer, lm, device=device))
+        ties.append(tied_layer(layer, lm, device=device))
         # dropped before the chance levels' random layers (as large as this one; made for the first
         # layer of each shape) and before the next layer is read: one layer in memory at a time. The
         # first layer is read before any chance level, so a file that cannot be read says so first.
@@ -137,6 +139,8 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         progress(n, n, "weights done")
     frame = pd.concat(frames, ignore_index=True) if frames else \
         attach_weight_chance(pd.DataFrame(columns=COLUMNS), ckpt.meta, query_free=False, device=device)
+    # values a tie fixes are degenerate; then "above chance" is tested over each metric's heads
+    frame = flag_above_chance(tie_fixed(frame, ties, notes))
     # layout notes first, undefined-value notes after: a batch's layer groups join to the same text
     _layout_notes(notes, ckpt.meta, frame)
     if nonfinite_notes:
@@ -238,6 +242,9 @@ def _analyze(store: Store, checkpoint_id: int, *, activations: bool, device: str
                 hit.path = info["path"]
                 results[kind] = hit
     todo = [k for k in kinds if k not in results]
+    # a stored weights job's ties flag the activation values they fix (computed weights bring their own)
+    stored = results.get("weights")
+    known_ties = (stored.tied or {}).get("layers") if stored is not None else None
     if todo:
         dev = device or default_device()
         if opener is None:
@@ -255,12 +262,13 @@ def _analyze(store: Store, checkpoint_id: int, *, activations: bool, device: str
             if progress:
                 progress(0, 1, "analysing in a child process")
             got = call("app.jobs:compute_jobs", info["path"], pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
-                       kinds=todo, device=str(dev), text=sample.text, tokens=sample.tokens, images=sample.images)
+                       kinds=todo, device=str(dev), text=sample.text, tokens=sample.tokens, images=sample.images,
+                       ties=known_ties)
             fresh = [_job_from_json(checkpoint_id, info["path"], g) for g in got]
         else:
             with opener(info["path"]) as ckpt:
                 fresh = [_job_from_json(checkpoint_id, info["path"], g) for g in
-                         _compute(ckpt, todo, dev, sample, progress)]
+                         _compute(ckpt, todo, dev, sample, progress, ties=known_ties)]
         for res in fresh:
             results[res.kind] = res
         _store_results(store, fresh)
@@ -268,43 +276,49 @@ def _analyze(store: Store, checkpoint_id: int, *, activations: bool, device: str
 
 
 def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
-             progress: Progress | None = None, layers: tuple[int, int] | None = None) -> list[dict]:
+             progress: Progress | None = None, ties: list[dict] | None = None,
+             layers: tuple[int, int] | None = None) -> list[dict]:
     """The metrics of ``kinds`` of an opened checkpoint, each as a JSON-able job
     (``kind, rows, notes, seconds, device, sample, tied``): what ``analyze`` stores, and
     what every batch task computes (``app.batch.child``), so both store the same job rows.
 
+    ``ties``: each layer's ties (``analysis.tied``) when the weights are not among ``kinds`` (a
+    stored weights job's): the activation values they fix are flagged ``degenerate``.
     ``layers`` ``(first, stop)``: the weight metrics of those layers only (a batch's layer
     group), without the undefined-value notes, its ``tied`` summing up those layers only: the
     batch driver joins the groups (``app.batch.register.finalise_groups``)."""
-    out = []
+    out, known = [], list(ties or [])
     for kind in kinds:
         t0 = time.perf_counter()
-        used = ties = None
+        used = tied = None
         if kind == "weights":
             layer_ties: list[dict] = []
             frame, notes = weight_frame(ckpt, device=device, progress=progress, ties=layer_ties,
                                         layers=None if layers is None else range(*layers),
                                         nonfinite_notes=layers is None)
-            ties = tied_summary(layer_ties, ckpt.meta.variant)
+            tied, known = tied_summary(layer_ties, ckpt.meta.variant), layer_ties
         else:
             try:
                 run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)
-                frame, notes, used = run.frame, run.notes, run.sample
+                frame, notes, used = run.frame, dict(run.notes), run.sample
+                # values a tie fixes are degenerate (and untested)
+                frame = tie_fixed(frame, known, notes)
             except NoForwardPass as exc:
                 frame = pd.DataFrame(columns=RESULT_COLUMNS)
                 notes, used = {m: str(exc) for m in names("activations")}, sample.key()
         out.append({"kind": kind, "rows": json_rows(frame), "notes": notes,
-                    "seconds": time.perf_counter() - t0, "device": str(device), "sample": used, "tied": ties})
+                    "seconds": time.perf_counter() - t0, "device": str(device), "sample": used, "tied": tied})
     return out
 
 
 def compute_jobs(path: str, *, kinds: list[str], device: str, text: str | None = None,
-                 tokens: int | None = None, images: str | None = None) -> list[dict]:
+                 tokens: int | None = None, images: str | None = None,
+                 ties: list[dict] | None = None) -> list[dict]:
     """``_compute`` on the checkpoint at ``path``: the body ``analyze`` runs in the child process."""
     from loaders.checkpoints import open_checkpoint  # here: torch loads when a checkpoint is opened
 
     with open_checkpoint(path) as ckpt:
-        return _compute(ckpt, list(kinds), device, SampleSpec(text, tokens, images))
+        return _compute(ckpt, list(kinds), device, SampleSpec(text, tokens, images), ties=ties)
 
 
 def _job_from_json(checkpoint_id: int, path: str, job: dict) -> JobResult:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-from app.charts import interval_text
+from app.charts import _col, flags_of, interval_text
 
 #: What a table cell shows where a value is undefined (the std of one run, the baseline's own %),
 #: on screen (``st.dataframe(..., placeholder=MISSING)``: Streamlit draws a missing number as a grey
@@ -68,7 +68,9 @@ def _grey_rows(frame: pd.DataFrame, column: str = "note") -> Styler:
     floats = [c for c in frame.columns if pd.api.types.is_float_dtype(frame[c])]
 
     def style(row: pd.Series) -> list[str]:
-        return [MUTED if few_tokens(row.get(column)) else ""] * len(row)
+        grey = few_tokens(row.get(column)) or row.get("heads above chance") == "degenerate" or \
+            row.get("degenerate") is True
+        return [MUTED if grey else ""] * len(row)
 
     others = [c for c in frame.columns if c not in floats]
     return (frame.style.apply(style, axis=1).format("{:.4g}", subset=floats, na_rep="")
@@ -101,25 +103,29 @@ def head_summary(results: pd.DataFrame, metrics: list[str], notes: dict[str, str
     ``heads above chance``, and for activation metrics ``n_tokens`` and the mean of the heads'
     95% bounds; ``note`` from the analysis notes. Rows of under-sampled metrics are greyed.
 
-    "Above chance" is ``value > chance`` for weight metrics and ``ci_low > chance`` (the whole
-    95% interval above it) for sampled ones.
+    "Above chance" is the stored test (``above_chance``, ``analysis.above_chance``: the value, or
+    for sampled metrics its whole 95% interval, outside the null band at a 5% false discovery
+    rate over the metric's heads), counted over the heads it was tested on; degenerate heads
+    (fixed by construction) are counted nowhere, and a layer whose heads are all degenerate
+    reads "degenerate" and is greyed.
     """
     rows = results[results["metric"].isin(metrics) & results["head"].notna()].copy()
     cols = ["layer", "metric", "mean", "min", "max", "chance", "heads above chance", "n_tokens",
             "95% CI (mean of heads' bounds)", "note"]
     if rows.empty:
         return _grey_rows(pd.DataFrame(columns=cols))
-    sampled = rows["n_tokens"].notna()         # activation rows: judged by their interval only
-    rows["above"] = np.where(sampled, rows["ci_low"] > rows["chance"], rows["value"] > rows["chance"])
-    rows["judged"] = rows["chance"].notna() & (rows["ci_low"].notna() | ~sampled)
+    degenerate, above = flags_of(rows)
+    tested = (rows["above_chance"].notna() if "above_chance" in rows.columns
+              else pd.Series(False, index=rows.index)) & ~degenerate
+    rows["above"], rows["judged"], rows["fixed"] = above & tested, tested, degenerate
     g = rows.groupby(["layer", "metric"], sort=False)
     out = g.agg(mean=("value", "mean"), min=("value", "min"), max=("value", "max"), chance=("chance", "mean"),
-                above=("above", "sum"), judged=("judged", "sum"), n=("value", "size"),
+                above=("above", "sum"), judged=("judged", "sum"), n=("value", "size"), fixed=("fixed", "sum"),
                 n_tokens=("n_tokens", "min"), ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean")).reset_index()
     order = {m: i for i, m in enumerate(metrics)}
     out = out.sort_values(["layer", "metric"], key=lambda s: s.map(order) if s.name == "metric" else s)
-    out["heads above chance"] = [f"{int(a)} of {int(n)}" if j else "" for a, j, n in
-                                 zip(out["above"], out["judged"], out["n"])]
+    out["heads above chance"] = ["degenerate" if f == n else f"{int(a)} of {int(j)}" if j else ""
+                                 for a, j, n, f in zip(out["above"], out["judged"], out["n"], out["fixed"])]
     out["95% CI (mean of heads' bounds)"] = [interval_text(lo, hi) for lo, hi in zip(out["ci_low"], out["ci_high"])]
     out["note"] = out["metric"].map(lambda m: notes.get(m, "")).astype(str)
     out["layer"] = out["layer"].astype(int)
@@ -128,12 +134,17 @@ def head_summary(results: pd.DataFrame, metrics: list[str], notes: dict[str, str
 
 
 def head_rows(results: pd.DataFrame, metrics: list[str], notes: dict[str, str]) -> Styler:
-    """Every per-head row of ``metrics``: ``layer, head, metric, value, chance, n_tokens, 95% CI,
-    note``; under-sampled metrics greyed."""
+    """Every per-head row of ``metrics``: ``layer, head, metric, value, chance, null band, above
+    chance, degenerate, n_tokens, 95% CI, note``; under-sampled metrics and degenerate rows greyed."""
     rows = results[results["metric"].isin(metrics) & results["head"].notna()]
+    degenerate, above = flags_of(rows)
     out = pd.DataFrame({
         "layer": rows["layer"].astype(int), "head": rows["head"].astype(int), "metric": rows["metric"],
         "value": rows["value"].astype(float), "chance": rows["chance"].astype(float),
+        "null band": [interval_text(lo, hi) for lo, hi in zip(_col(rows, "chance_low"), _col(rows, "chance_high"))],
+        "above chance": [None if d or pd.isna(t) else bool(a) for d, t, a in
+                         zip(degenerate, _col(rows, "above_chance"), above)],
+        "degenerate": degenerate.tolist(),
         "n_tokens": _count_text(rows["n_tokens"]),
         "95% CI": [interval_text(lo, hi) for lo, hi in zip(rows["ci_low"], rows["ci_high"])],
         "note": rows["metric"].map(lambda m: notes.get(m, "")).astype(str)})

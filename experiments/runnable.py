@@ -34,6 +34,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
+from analysis.above_chance import flag as flag_above_chance
 from analysis.activations import results_of
 from analysis.captures import MAX_WINDOW
 from analysis.notes import merge_notes, nonfinite_notes
@@ -323,6 +324,6 @@ def feed(model, mods, accs, inputs: torch.Tensor, t: int, dev, progress: Progres
         merge_notes(notes, nt)
     if progress:
         progress(n, n, "activations done")
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS + ["p_null"])
     nonfinite_notes(frame, notes)
-    return frame, notes
+    return flag_above_chance(frame), notes          # "above chance" tested over each metric's heads

@@ -27,7 +27,8 @@ X_AXES = {"step": "step", "tokens": "tokens", "wall_time": "wall_time"}
 #: The most points one curve may have after downsampling.
 MAX_POINTS = 2000
 #: What a stored analysis value carries besides itself (``loaders.results.RESULT_FIELDS``).
-RESULT_EXTRAS = ["chance", "n_tokens", "ci_low", "ci_high"]
+RESULT_EXTRAS = ["chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high", "above_chance",
+                 "degenerate"]
 
 
 def _x_column(x: str) -> str:
@@ -217,14 +218,17 @@ def analysis_results(store: Store, checkpoint_id: int, metric_version: int) -> p
     ``analyze`` stores and reads too: rows of another version are not shown as current).
 
     Returns ``layer, head, metric, value, metric_version, chance, n_tokens,
-    ci_low, ci_high`` (head NULL: whole layer; layer NULL: whole model), sorted
-    by metric, layer, head. ``chance`` is the value independent projections of
-    the same shapes give; ``n_tokens`` and the 95% interval ``ci_low, ci_high``
-    are set for activation metrics only (NULL for weight metrics and for rows
-    stored before metric version 3).
+    ci_low, ci_high, chance_low, chance_high, above_chance, degenerate`` (head
+    NULL: whole layer; layer NULL: whole model), sorted by metric, layer, head.
+    ``chance`` is the value independent projections of the same shapes give and
+    ``chance_low, chance_high`` its null band; ``n_tokens`` and the 95% interval
+    ``ci_low, ci_high`` are set for activation metrics only (NULL for weight
+    metrics and for rows stored before metric version 3); ``above_chance`` (NULL:
+    not tested) and ``degenerate`` as ``loaders.results`` stores them.
     """
     sql = """
-    SELECT layer, head, metric, value, metric_version, chance, n_tokens, ci_low, ci_high FROM analysis_results
+    SELECT layer, head, metric, value, metric_version, chance, n_tokens, ci_low, ci_high, chance_low, chance_high,
+           above_chance, coalesce(degenerate, false) AS degenerate FROM analysis_results
     WHERE checkpoint_id = $id
       AND metric_version = $v
     ORDER BY metric, layer NULLS FIRST, head NULLS FIRST
@@ -247,7 +251,8 @@ def results_over_checkpoints(store: Store, checkpoint_ids, metric_version: int, 
     metric_filter = "" if metrics is None else " AND a.metric IN (SELECT unnest($metrics))"
     sql = f"""
     SELECT a.checkpoint_id, c.run_id, c.step, a.layer, a.head, a.metric, a.value,
-           a.chance, a.n_tokens, a.ci_low, a.ci_high
+           a.chance, a.n_tokens, a.ci_low, a.ci_high, a.chance_low, a.chance_high, a.above_chance,
+           coalesce(a.degenerate, false) AS degenerate
     FROM analysis_results a JOIN checkpoints c ON c.id = a.checkpoint_id
     WHERE a.checkpoint_id IN (SELECT unnest($ids)) AND a.metric_version = $v{metric_filter}
     ORDER BY c.step NULLS LAST, a.checkpoint_id, a.metric, a.layer, a.head

@@ -8,10 +8,12 @@ so the delete-and-insert is written once. ``loaders`` imports neither
 ``analysis`` nor ``app``: the metric version and the metric names of a kind
 come in as arguments.
 
-Each row: ``layer, head, metric, value, chance, n_tokens, ci_low, ci_high``
-(``RESULT_FIELDS``). Non-finite values and chance levels are stored as NULL
-(the notes say why); ``n_tokens``, ``ci_low``, ``ci_high`` are NULL for
-weight metrics.
+Each row: ``layer, head, metric, value, chance, n_tokens, ci_low, ci_high,
+chance_low, chance_high, above_chance, degenerate`` (``RESULT_FIELDS``).
+Non-finite values, chance levels and bands are stored as NULL (the notes say
+why); ``n_tokens``, ``ci_low``, ``ci_high`` are NULL for weight metrics;
+``above_chance`` is NULL where nothing was tested; ``degenerate`` is never NULL
+(false unless the value is fixed by construction).
 """
 from __future__ import annotations
 
@@ -24,7 +26,10 @@ import pandas as pd
 from loaders.store import Store
 
 #: The stored columns of one result row, in order.
-RESULT_FIELDS = ("layer", "head", "metric", "value", "chance", "n_tokens", "ci_low", "ci_high")
+RESULT_FIELDS = ("layer", "head", "metric", "value", "chance", "n_tokens", "ci_low", "ci_high", "chance_low",
+                 "chance_high", "above_chance", "degenerate")
+#: The SQL type of each optional column a Parquet file may lack (written by an older qkvscope).
+_MISSING_TYPE = {"n_tokens": "BIGINT", "above_chance": "BOOLEAN", "degenerate": "BOOLEAN"}
 
 
 @dataclass
@@ -46,18 +51,23 @@ def _as_rows(frame: pd.DataFrame) -> pd.DataFrame:
         "head": frame["head"].astype("Int64"),
         "metric": frame["metric"].astype(str),
     })
-    for col in ("value", "chance", "ci_low", "ci_high"):
+    for col in ("value", "chance", "ci_low", "ci_high", "chance_low", "chance_high"):
         out[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64") if col in frame.columns \
             else float("nan")
     out["n_tokens"] = (pd.to_numeric(frame["n_tokens"], errors="coerce").astype("Int64")
                        if "n_tokens" in frame.columns else pd.array([pd.NA] * len(frame), dtype="Int64"))
+    out["above_chance"] = pd.array(frame["above_chance"] if "above_chance" in frame.columns
+                                   else [pd.NA] * len(frame), dtype="boolean")
+    out["degenerate"] = (frame["degenerate"].fillna(False).astype(bool) if "degenerate" in frame.columns
+                         else pd.Series(False, index=frame.index, dtype=bool)).to_numpy()
     return out[list(RESULT_FIELDS)].reset_index(drop=True)
 
 
 _FINITE = "CASE WHEN isfinite({0}) THEN {0} ELSE NULL END"
 _INSERT = (f"INSERT INTO analysis_results (checkpoint_id, {', '.join(RESULT_FIELDS)}, metric_version) "
            f"SELECT ?, layer, head, metric, {_FINITE.format('value')}, {_FINITE.format('chance')}, n_tokens, "
-           f"{_FINITE.format('ci_low')}, {_FINITE.format('ci_high')}, ? FROM {{source}}")
+           f"{_FINITE.format('ci_low')}, {_FINITE.format('ci_high')}, {_FINITE.format('chance_low')}, "
+           f"{_FINITE.format('chance_high')}, above_chance, coalesce(degenerate, false), ? FROM {{source}}")
 
 
 def replace_results(con: duckdb.DuckDBPyConnection, *, checkpoint_id: int, kind: str, metrics: list[str],
@@ -86,7 +96,7 @@ def replace_results(con: duckdb.DuckDBPyConnection, *, checkpoint_id: int, kind:
         have = {r[0] for r in con.execute(
             "DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false, union_by_name = true)",
             [parquet]).fetchall()}
-        cols = ", ".join(c if c in have else f"NULL::{'BIGINT' if c == 'n_tokens' else 'DOUBLE'} AS {c}"
+        cols = ", ".join(c if c in have else f"NULL::{_MISSING_TYPE.get(c, 'DOUBLE')} AS {c}"
                          for c in RESULT_FIELDS)
         source = (f"(SELECT {cols} FROM read_parquet(?, hive_partitioning = false, union_by_name = true) "
                   "WHERE checkpoint_sha256 = ?)")

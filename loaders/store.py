@@ -267,6 +267,15 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
                (SELECT r.project FROM runs r WHERE r.id = checkpoints.run_id),
                nullif(list_extract(string_split(path, '/'), -2), ''))""",
     ]),
+    (10, [
+        # Chance as a distribution and "above chance" as a test: the null band (2.5% and 97.5%
+        # quantiles of the null draws), the Benjamini-Hochberg call (NULL: not tested) and whether
+        # the value is fixed by construction (a tie, rank deficiency, too few tokens).
+        "ALTER TABLE analysis_results ADD COLUMN chance_low DOUBLE",
+        "ALTER TABLE analysis_results ADD COLUMN chance_high DOUBLE",
+        "ALTER TABLE analysis_results ADD COLUMN above_chance BOOLEAN",
+        "ALTER TABLE analysis_results ADD COLUMN degenerate BOOLEAN DEFAULT false",
+    ]),
 ]
 
 #: The tables behind the ``points`` view (schema 7): points with a wall time or a token

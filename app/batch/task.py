@@ -7,7 +7,8 @@ does) under the same limits as a single ``analyze``: ``QKVSCOPE_PARSE_MEMORY_MB`
 metrics (and, when asked, the activation metrics) and writes, per kind::
 
     part.parquet   checkpoint_sha256, path, layer, head, metric, value, chance, n_tokens,
-                   ci_low, ci_high                                        (one row per value)
+                   ci_low, ci_high, chance_low, chance_high, above_chance, degenerate
+                                                                          (one row per value)
     job.parquet    checkpoint_sha256, path, kind, metric_version, notes (JSON), seconds,
                    device, host, sample (JSON), tied (JSON)               (written last)
 
@@ -51,7 +52,11 @@ def _result_frame(frame: pd.DataFrame, spec: TaskSpec) -> pd.DataFrame:
         "value": frame["value"].astype("float64").to_numpy(),
         **{c: pd.to_numeric(frame[c] if c in frame.columns else pd.Series([None] * len(frame)), errors="coerce")
            .astype("Int64" if c == "n_tokens" else "float64").to_numpy()
-           for c in ("chance", "n_tokens", "ci_low", "ci_high")},
+           for c in ("chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high")},
+        "above_chance": pd.array(frame["above_chance"] if "above_chance" in frame.columns
+                                 else [pd.NA] * len(frame), dtype="boolean"),
+        "degenerate": (frame["degenerate"].fillna(False).astype(bool).to_numpy() if "degenerate" in frame.columns
+                       else [False] * len(frame)),
     })
 
 

@@ -9,7 +9,8 @@ qkvscope's own checkpoints, nanoGPT checkpoints and both papers' language
 models); where none is possible the notes say why.
 
 JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
-"value", "chance"} (activation rows also "n_tokens", "ci_low", "ci_high")...],
+"value", "chance", "chance_low", "chance_high", "above_chance", "degenerate"}
+(activation rows also "n_tokens", "ci_low", "ci_high")...],
 "notes": {metric: why absent or what to mind}, "cached": bool, "tied":
 {"variant", "layout_variant", "agree", "layers": [...]}, "sample" (with
 --activations): {"text", "tokens", "n_tokens", "windows", "window",
@@ -21,6 +22,13 @@ names or .py files: docs/contributing.md, "Adding a metric").
 --figures DIR writes the Inspector's layer x head heatmaps of the headline
 metrics (FIGURE_METRICS, where computed) as ckpt<ID>-<metric>.svg, .pdf and
 .png (app/figures.py: plotly's export at a two-column paper width).
+
+"chance_low"/"chance_high" bound the null band (2.5%/97.5% of random
+projections of the same shapes); "above_chance" is true where the value (or
+its whole 95% interval) lies outside it at a 5% false discovery rate over the
+metric's heads (Benjamini-Hochberg), null where untested; "degenerate" marks a
+value fixed by construction (a tie, a rank-deficient or singular matrix, too
+few tokens or input directions), which is never tested (docs/statistics.md).
 
 --activations feeds a corpus (--text FILE or folder of .txt; default the
 bundled one) cut into windows of the model's context, --tokens N in total
@@ -177,7 +185,10 @@ def _number(x) -> float | None:
 
 def _row(row) -> dict:
     out = {"layer": int(row.layer), "head": None if pd.isna(row.head) else int(row.head),
-           "metric": row.metric, "value": _number(row.value), "chance": _number(row.chance)}
+           "metric": row.metric, "value": _number(row.value), "chance": _number(row.chance),
+           "chance_low": _number(row.chance_low), "chance_high": _number(row.chance_high),
+           "above_chance": None if pd.isna(row.above_chance) else bool(row.above_chance),
+           "degenerate": bool(row.degenerate)}
     if BY_NAME[row.metric].level == "activations":
         out |= {"n_tokens": None if pd.isna(row.n_tokens) else int(row.n_tokens),
                 "ci_low": _number(row.ci_low), "ci_high": _number(row.ci_high)}

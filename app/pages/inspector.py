@@ -494,11 +494,14 @@ def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> No
         st.dataframe(tables.head_summary(results, KV_FIT, notes), hide_index=True, width="stretch",
                      key="insp_kvfit", column_config={
                          "heads above chance": st.column_config.TextColumn(
-                             help="weights: value > chance; activations: the whole 95% interval above chance"),
+                             help="heads whose value (weights) or whole 95% interval (activations) lies "
+                                  "outside the null band at a 5% false discovery rate, of the heads tested; "
+                                  "degenerate heads (fixed by construction) are not counted"),
                          "95% CI (mean of heads' bounds)": st.column_config.TextColumn(
                              help="bootstrap over token windows, per head; here the mean of the heads' bounds"),
                          "note": st.column_config.TextColumn(width="large")})
         r2 = kv[kv["metric"] == "kv_share_r2"]
+        r2 = r2[~charts.flags_of(r2)[0]]             # degenerate heads (fixed by construction) count nowhere
         if len(r2):
             st.caption(f"Weights: mean R^2 {r2['value'].mean():.3f} over {len(r2)} KV heads "
                        f"(min {r2['value'].min():.3f}; {charts.chance_label(r2)}).")
@@ -593,8 +596,9 @@ def _attention_section(row: pd.Series) -> None:
 
 
 def download_frame(results: pd.DataFrame, notes: dict[str, str]) -> pd.DataFrame:
-    """The stored results as downloaded: every column (value, chance, n_tokens, ci_low, ci_high)
-    and ``note``, the analysis note of the row's metric ("" when none)."""
+    """The stored results as downloaded: every column (value, chance, chance_low, chance_high, n_tokens,
+    ci_low, ci_high, above_chance, degenerate) and ``note``, the analysis note of the row's metric
+    ("" when none)."""
     return results.assign(note=results["metric"].map(lambda m: notes.get(m, "")).astype(str))
 
 

@@ -120,7 +120,7 @@ def test_float64_reference_on_ill_conditioned_gqa_heads(device):
     x = anisotropic_x(4, 64, m.d_model)                               # 256 tokens >= 8 x 16
     df, notes = run(lay, m, x, calls=2, device=device)
     ref = reference(lay, m, x)
-    assert list(df.columns) == RESULT_COLUMNS and set(df.metric) == set(names("activations"))
+    assert list(df.columns) == RESULT_COLUMNS + ["p_null"] and set(df.metric) == set(names("activations"))
     for metric in (*KV_METRICS, "logit_symmetry"):
         np.testing.assert_allclose(values(df, metric), ref[metric], rtol=1e-3, err_msg=metric)
     np.testing.assert_allclose(values(df, "logit_symmetry", whole=True), [ref["logit_symmetry_layer"]],
@@ -223,11 +223,29 @@ def test_single_window_has_no_interval_and_few_tokens_note():
     assert "logit_symmetry" not in set(df.metric)
     assert notes["logit_symmetry"] == "positions are rotary"
     assert notes["kv_share_r2_act"] == (
-        "40 tokens < 8 x d_head = 128: the value is biased toward 1 (a fit with nearly as many columns "
-        "as samples); read it against its chance level; one window: no bootstrap interval over windows "
-        "(ci_low, ci_high empty)")
-    assert notes["erank_kcache"].startswith("40 tokens < 8 x d_head = 128: the value is biased low")
+        "degenerate: 40 tokens < 8 x d_head = 128: the value is biased toward 1 (a fit with nearly as many "
+        "columns as samples); one window: no bootstrap interval over windows (ci_low, ci_high empty)")
+    assert notes["erank_kcache"].startswith("degenerate: 40 tokens < 8 x d_head = 128: the value is biased low")
     assert "kv_cosine_act" in notes and "40 tokens" not in notes["kv_cosine_act"]
+    # the few-token metrics are flagged degenerate (and so never tested against chance), the others not
+    few = df["metric"].isin(["kv_share_r2_act", "kv_cka_act", "erank_kcache", "erank_vcache"])
+    assert df.loc[few, "degenerate"].all() and not df.loc[~few, "degenerate"].any()
+
+
+def test_an_input_of_few_directions_makes_the_kv_metrics_degenerate():
+    """Known answer: 512 tokens that span 8 directions (< d_head 16) through random K and V: the caches
+    span the same 8-dimensional subspace, so the share fit reads 1 by construction, and says so."""
+    d, e = 32, 16
+    lay = layer(rand(2, d, e, seed=1), rand(1, d, e, seed=2), rand(1, d, e, seed=3))
+    acc = ActivationAccumulator(lay, meta(2, 1, d, e), logits=False, logits_reason="positions are rotary",
+                                device="cpu")
+    basis = rand(1, 8, d, seed=5)[0]                                     # [8, d]
+    acc.add((rand(4, 128, 8, seed=6) @ basis))                          # 4 windows x 128 tokens, rank 8
+    df, notes = acc.result(n_boot=20)
+    share = df[df.metric == "kv_share_r2_act"].iloc[0]
+    assert share.value == pytest.approx(1.0, abs=1e-9) and bool(share.degenerate)
+    assert "the captured input spans 8 directions, no more than the head's 16 columns" in notes["kv_share_r2_act"]
+    assert not df.loc[df.metric == "logit_symmetry", "degenerate"].any()
     from analysis.registry import names
     assert set(notes) <= set(names("activations"))          # notes only under registered names
 

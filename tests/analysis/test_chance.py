@@ -158,7 +158,7 @@ def test_wq_closed_forms_agree_with_weight_metrics_on_random_layers():
     df = pooled(m, 40, seed=11)
     t = table(m)
     cond = df.loc[df["metric"] == "wq_condition", "value"]
-    assert t.loc[("wq_condition", True), "how"] == "closed form"
+    assert t.loc[("wq_condition", True), "how"].startswith("closed form; band of ")
     # heavy-tailed: the median of 40 draws scatters by ~20%; the quartiles bracket it
     assert cond.quantile(0.25) < t.loc[("wq_condition", True), "chance"] < cond.quantile(0.75)
     defect = df.loc[df["metric"] == "wq_basis_orth_defect", "value"]
@@ -172,7 +172,7 @@ def test_random_layers_read_near_their_chance_level(shape):
     m = meta(**shape)
     t = weight_chance(m, query_free=False, device="cpu")
     df = pooled(m, 12, seed=1234)                                   # other draws than the chance's
-    for metric, whole, ch, how in t.itertuples(index=False):
+    for metric, whole, ch, how, *_band in t.itertuples(index=False):
         values = df.loc[(df["metric"] == metric) & (df["whole"] == whole), "value"]
         assert len(values), (metric, whole)
         if metric.startswith("norm_"):
@@ -227,8 +227,13 @@ def test_attach_weight_chance_fills_every_row_that_has_a_chance(shape, query_fre
     before = frame.copy()
     out = attach_weight_chance(frame, m, query_free=query_free, device="cpu")
     pd.testing.assert_frame_equal(frame, before)                     # input untouched
-    assert list(out.columns) == RESULT_COLUMNS
+    assert list(out.columns) == RESULT_COLUMNS + ["p_null"]
     pd.testing.assert_frame_equal(out[COLUMNS], frame[COLUMNS])
+    # the null band holds the chance level, and a random layer's values get moderate p-values
+    has = out["chance"].notna()
+    assert (out.loc[has, "chance_low"] <= out.loc[has, "chance"] + 1e-12).all()
+    assert (out.loc[has, "chance"] <= out.loc[has, "chance_high"] + 1e-12).all()
+    assert out["above_chance"].isna().all() and not out["degenerate"].any()
     norms = out["metric"].str.startswith("norm_")
     assert out.loc[~norms, "chance"].notna().all()
     assert out.loc[norms, "chance"].isna().all()
@@ -263,7 +268,7 @@ def test_attach_weight_chance_names_missing_columns():
 
 def test_attach_weight_chance_of_an_empty_frame():
     out = attach_weight_chance(pd.DataFrame(columns=COLUMNS), meta(), query_free=False, device="cpu")
-    assert list(out.columns) == RESULT_COLUMNS and len(out) == 0
+    assert list(out.columns) == RESULT_COLUMNS + ["p_null"] and len(out) == 0
 
 
 # -- determinism, caching ----------------------------------------------------------------------
@@ -279,7 +284,7 @@ def test_chance_is_deterministic_for_a_seed_and_cached():
     chance._chance_rows.cache_clear()
     pd.testing.assert_frame_equal(a, weight_chance(m, query_free=False, device="cpu", seed=5))
     other = weight_chance(m, query_free=False, device="cpu", seed=6)
-    closed = a["how"] == "closed form"
+    closed = a["how"].str.startswith("closed form")
     pd.testing.assert_series_equal(a.loc[closed, "chance"], other.loc[closed, "chance"])
     mc = a["how"].str.startswith("median")
     assert (a.loc[mc, "chance"] != other.loc[mc, "chance"]).any()
@@ -289,14 +294,51 @@ def test_chance_is_deterministic_for_a_seed_and_cached():
 
 
 def test_draws_and_how():
-    assert [chance.draws(g) for g in (1, 2, 4, 8, 12, 32)] == [16, 16, 8, 4, 4, 4]
     t = table(meta(h=8, g=2, d=64, e=8))
-    assert t.loc[("kv_cka", False), "how"] == "median of 16 Gaussian draws x 2 heads"
-    assert t.loc[("erank_q", False), "how"] == "median of 16 Gaussian draws x 8 heads"
-    assert t.loc[("erank_k", True), "how"] == "median of 16 Gaussian draws"
+    how = t.loc[("kv_cka", False), "how"]
+    drawn = int(how.split()[2])
+    assert 2 * chance.MIN_DRAWS <= drawn <= chance.MAX_HEAD_SAMPLES + chance.WIDE_HEADS
+    assert how == f"median of {drawn} Gaussian heads" == f"median of {len(t.loc[('kv_cka', False), 'null'])} Gaussian heads"
+    assert t.loc[("erank_q", False), "how"].endswith(" Gaussian heads")
+    assert t.loc[("erank_k", True), "how"].startswith("median of ") and "Gaussian draws" in t.loc[("erank_k", True), "how"]
+    assert t.loc[("kv_share_r2", False), "how"].startswith("closed form; band of ")
     assert t.loc[("norm_q", True), "how"] == "none"
-    assert table(meta(h=4, g=1, d=64, e=16)).loc[("kv_cka", False), "how"] == "median of 16 Gaussian draws x 1 head"
     assert math.isnan(t.loc[("norm_q", True), "chance"])
+
+
+def test_median_se_and_stable_on_known_samples():
+    """The median's standard error from its order statistics, and the 1% rule, on known samples."""
+    x = torch.arange(100, dtype=torch.float64)             # ranks 45 and 55: (55 - 45) / 2
+    assert chance.median_se(x) == 5.0
+    assert chance.median_se(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)) == math.inf
+    # a normal sample of 40,000 around 10 with sd 1: SE ~ 1.2533 / 200 = 0.0063 <= 0.0036 x 10
+    z = torch.randn(40_000, generator=gen(3), dtype=torch.float64).sort().values
+    assert chance.median_se(z + 10) == pytest.approx(1.2533 / 200, rel=0.15)
+    assert chance.stable(z + 10)
+    assert not chance.stable(z[::100])                     # 400 draws: SE ~0.063 > 0.0036 x 3.9
+    assert chance.stable(torch.full((50,), 3.0, dtype=torch.float64))   # integer-valued: no spread
+
+
+def test_monte_carlo_medians_are_stable_and_equal_shapes_agree_within_one_percent():
+    """The draws stop once each median is stable to 1% (or at MAX_DRAWS, said in ``how``); two
+    independent sets of draws of the same shapes (another seed; another variant whose metric does
+    not depend on it) then give chance levels within 1% of each other."""
+    m = meta(h=4, g=2, d=64, e=16)
+    a = table(m, seed=0)
+    b = table(m, seed=1)
+    q = table(meta(h=4, g=2, d=64, e=16, variant="wq_identity"), query_free=True, seed=2)
+    for key in [("kv_cka", False), ("erank_k", False), ("erank_v", False), ("stable_rank_o", False),
+                ("erank_k", True), ("erank_v", True)]:
+        assert "not stable" not in a.loc[key, "how"], (key, a.loc[key, "how"])
+        scale = max(abs(a.loc[key, "chance"]), a.loc[key, "chance_high"] - a.loc[key, "chance_low"])
+        for other in (b, q):
+            assert abs(other.loc[key, "chance"] - a.loc[key, "chance"]) <= 0.01 * scale, key
+    # the band: 2.5% and 97.5% of the draws, around the chance level
+    lo, ch, hi = (a.loc[("kv_cka", False), c] for c in ("chance_low", "chance", "chance_high"))
+    assert lo < ch < hi
+    null = a.loc[("kv_cka", False), "null"]
+    assert len(null) >= 2 * chance.MIN_DRAWS and list(null) == sorted(null)
+    assert lo == pytest.approx(float(np.quantile(null, 0.025)), rel=1e-12)
 
 
 # -- query-free and grouped-query shapes --------------------------------------------------------
@@ -328,7 +370,7 @@ def test_grouped_query_chance_rows_are_the_metrics_weight_metrics_gives():
         assert set(zip(t["metric"], t["whole"])) == _keys(weight_metrics(model, m, device="cpu")[0])
     # non-square stacked W_Q: a Monte Carlo condition number, no orthogonality defect
     t = table(meta(h=4, g=4, d=48, e=8))
-    assert t.loc[("wq_condition", True), "how"] == "median of 8 Gaussian draws"
+    assert t.loc[("wq_condition", True), "how"].startswith("median of ")
     assert ("wq_basis_orth_defect", True) not in t.index
 
 
@@ -358,15 +400,19 @@ def test_skip_keeps_the_rows_and_leaves_out_only_the_skipped_values():
         weight_metrics(lay, m, device="cpu", skip={"kv_cka"})
 
 
-def test_draws_skip_exactly_the_metrics_with_a_closed_form_here(monkeypatch):
+def test_draws_past_the_minimum_skip_the_closed_form_work(monkeypatch):
+    """The first MIN_DRAWS draws compute every metric (each gets a null band); later ones leave out
+    the LU and the layer's M unless a Monte Carlo metric still needs them."""
     asked = []
     real = chance.weight_metrics
-    monkeypatch.setattr(chance, "weight_metrics", lambda *a, **kw: asked.append(set(kw["skip"])) or real(*a, **kw))
+    monkeypatch.setattr(chance, "weight_metrics",
+                        lambda lay, m, **kw: asked.append((m.n_heads, set(kw["skip"]))) or real(lay, m, **kw))
     chance._chance_rows.cache_clear()
     weight_chance(meta(h=4, g=4, d=32, e=8), query_free=False, device="cpu")     # square: all closed
-    assert asked[-1] == {"qk_symmetry", "qk_directionality", "wq_condition", "wq_basis_orth_defect"}
+    assert asked[:chance.MIN_DRAWS] == [(4, set())] * chance.MIN_DRAWS
+    assert all({"wq_condition", "wq_basis_orth_defect", "qk_directionality"} <= a for _, a in asked[chance.MIN_DRAWS:])
+    assert all(a == set(weights_mod.SKIPPABLE) - {"qk_symmetry"} for h, a in asked if h == chance.WIDE_HEADS)
+    asked.clear()
     weight_chance(meta(h=4, g=4, d=48, e=8), query_free=False, device="cpu")     # not square: LU needed
-    assert asked[-1] == {"qk_symmetry", "qk_directionality"}
-    weight_chance(meta(h=4, g=2, d=32, e=8, variant="wq_identity"), query_free=True, device="cpu")
-    assert asked[-1] == {"qk_symmetry"}           # query-free GQA directionality has no closed form
+    assert all("wq_condition" not in a for h, a in asked if h == 4)
     chance._chance_rows.cache_clear()

@@ -73,14 +73,14 @@ def test_every_row_declares_direction_and_chance_rule():
 def test_chance_follows_each_rows_rule():
     """A square layer: every 'closed' row reads 'closed form', 'none' rows NaN, the rest Monte Carlo."""
     t = weight_chance(meta(h=4, g=4, d=32, e=8), query_free=False, device="cpu")
-    for metric, whole, value, how in t.itertuples(index=False):
+    for metric, whole, value, how, *_band in t.itertuples(index=False):
         rule = registry.BY_NAME[metric].chance
         expect = {"closed": "closed form", "none": "none"}.get(rule, "median of")
         assert how.startswith(expect), (metric, rule, how)
         assert math.isnan(value) == (rule == "none"), metric
     # non-square stacked W_Q: wq_condition's closed form does not hold, so Monte Carlo
     t = weight_chance(meta(h=4, g=4, d=32, e=4), query_free=False, device="cpu").set_index(["metric", "whole"])
-    assert t.loc[("wq_condition", True), "how"] == "median of 8 Gaussian draws"
+    assert t.loc[("wq_condition", True), "how"].startswith("median of ")
     assert t.loc[("kv_share_r2", False), "chance"] == 4 / 32
 
 
@@ -187,7 +187,7 @@ def test_weight_plugin_closed_form_and_absent_and_wrong_count(plugged):
     frame, notes = weight_metrics(layer(m), m, device="cpu")
     assert notes["toy_absent"] == "no toy here: MHA" and "toy_absent" not in set(frame["metric"])
     t = weight_chance(m, query_free=False, device="cpu").set_index(["metric", "whole"])
-    assert t.loc[("toy_closed", True), "chance"] == 0.25 and t.loc[("toy_closed", True), "how"] == "closed form"
+    assert t.loc[("toy_closed", True), "chance"] == 0.25 and t.loc[("toy_closed", True), "how"].startswith("closed form")
     for whole in (False, True):
         assert math.isnan(t.loc[("toy_none", whole), "chance"]) and t.loc[("toy_none", whole), "how"] == "none"
     plugged(row("toy_bad"), lambda lay, meta_, dev: [1.0, 2.0, 3.0])

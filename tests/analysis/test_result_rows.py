@@ -14,11 +14,16 @@ def test_round_trip_through_json():
     frame = pd.DataFrame({
         "layer": [0, 1], "head": pd.array([2, None], dtype="Int64"), "head_label": ["L0H2", "L1"],
         "metric": ["kv_cka_act", "erank_o"], "value": [0.25, float("nan")], "chance": [0.5, None],
-        "n_tokens": pd.array([4096, None], dtype="Int64"), "ci_low": [0.2, None], "ci_high": [0.3, None]})
+        "n_tokens": pd.array([4096, None], dtype="Int64"), "ci_low": [0.2, None], "ci_high": [0.3, None],
+        "chance_low": [0.4, None], "chance_high": [0.6, None], "above_chance": pd.array([True, None], dtype="boolean"),
+        "degenerate": [False, True]})
     rows = json.loads(json.dumps(json_rows(frame)))                      # what a child sends
-    assert rows[1] == [1, None, "L1", "erank_o", None, None, None, None, None]
+    assert rows[1] == [1, None, "L1", "erank_o", None, None, None, None, None, None, None, None, True]
     back = rows_frame(rows)
     assert list(back.columns) == RESULT_COLUMNS
+    assert back["above_chance"].dtype == "boolean" and back["above_chance"].tolist()[0] is True
+    assert back["above_chance"].isna().tolist() == [False, True] and back["degenerate"].tolist() == [False, True]
+    assert back["chance_low"].dtype == "float64" and back.loc[0, "chance_high"] == 0.6
     numeric = ["layer", "head", "value", "chance", "n_tokens", "ci_low", "ci_high"]
     assert back[numeric].dtypes.astype(str).tolist() == ["int64", "Int64", "float64", "float64", "Int64",
                                                          "float64", "float64"]

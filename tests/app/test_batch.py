@@ -81,7 +81,7 @@ def test_parquet_layout_and_registration(tmp_path, ckpts):
         everything = con.execute("SELECT checkpoint, count(*) FROM read_parquet(?, hive_partitioning = true) "
                                  "GROUP BY checkpoint", [str(results / "**" / "part.parquet")]).fetchall()
     assert cols == ["checkpoint_sha256", "path", "layer", "head", "metric", "value", "chance", "n_tokens",
-                    "ci_low", "ci_high"]
+                    "ci_low", "ci_high", "chance_low", "chance_high", "above_chance", "degenerate"]
     assert job[0][:2] == ("weights", METRIC_VERSION) and job[0][3] == "cpu"
     assert sorted(everything) == sorted((c.sha256, c.rows) for c in rep.checkpoints)
 
@@ -95,7 +95,10 @@ def test_parquet_layout_and_registration(tmp_path, ckpts):
     a = pq.sort_values(["metric", "layer", "head"]).reset_index(drop=True)
     b = direct.frame.sort_values(["metric", "layer", "head"]).reset_index(drop=True)
     assert (a["metric"] == b["metric"]).all() and (a["value"] - b["value"]).abs().max() == 0.0
-    assert json.loads(job[0][2]) == direct.notes
+    with duckdb.connect() as con:                   # the same checkpoint's job: its ties' notes are its own
+        job1 = con.execute("SELECT notes FROM read_parquet(?, hive_partitioning = false)",
+                           [str(Path(rep.checkpoints[1].files[0]).with_name("job.parquet"))]).fetchall()
+    assert json.loads(job1[0][0]) == direct.notes
     with store.connect() as con:
         files = con.execute("SELECT checkpoint_id, kind, metric_version, location, n_rows "
                             "FROM analysis_result_files ORDER BY checkpoint_id").fetchall()

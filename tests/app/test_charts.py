@@ -1,6 +1,7 @@
 """Chart builders: what the figures encode, independent of a page."""
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -608,3 +609,24 @@ def test_groups_never_span_projects_or_geometries():
         "Q-K-V · MHA · sweep-b · d128 L4"]
     one = run_styles(runs[runs["project"] == "sweep-b"])
     assert one[4]["group"] == "Q-K-V · MHA"               # nothing to tell apart: no suffix
+
+
+def test_heatmap_half_width_is_at_least_the_null_band_and_degenerate_cells_are_grey():
+    """A random model's values, all inside the null band, stay pale: the colour range is centred on
+    chance with a half-width of at least the band's; a degenerate cell is drawn grey, off the scale,
+    and a value called above chance is starred."""
+    rows = pd.DataFrame({"layer": [0, 0, 1, 1], "head": pd.array([0, 1, 0, 1], dtype="Int64"),
+                         "metric": ["kv_cka"] * 4, "value": [0.21, 0.19, 0.20, 1.0], "chance": [0.2] * 4,
+                         "chance_low": [0.15] * 4, "chance_high": [0.26] * 4,
+                         "above_chance": pd.array([False, False, False, pd.NA], dtype="boolean"),
+                         "degenerate": [False, False, False, True]})
+    fig = charts.heatmap_figure(rows, "kv_cka")
+    main = fig.data[0]
+    assert main.zmid == 0.2 and main.zmin == pytest.approx(0.14) and main.zmax == pytest.approx(0.26)
+    assert main.z[1][1] is None or math.isnan(main.z[1][1])           # the degenerate 1.0 is not coloured
+    grey = fig.data[1]
+    assert grey.name == "degenerate" and grey.z[1][1] == 1.0 and grey.showscale is False
+    rows.loc[0, "above_chance"] = True
+    assert charts.heatmap_figure(rows, "kv_cka").data[0].text[0][0] == "0.21*"
+    assert charts.diverging_range([0.21, 0.19], 0.2) == pytest.approx((0.19, 0.21))
+    assert charts.diverging_range([0.21, 0.19], 0.2, (0.15, 0.26)) == pytest.approx((0.14, 0.26))

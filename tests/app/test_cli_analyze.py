@@ -31,7 +31,10 @@ def test_analyze_json_by_path_then_by_id(tmp_path, tiny_gpt2, capsys):
     assert out["checkpoint"]["id"] == 1 and out["cached"] is False
     assert out["tied"]["variant"] == out["tied"]["layout_variant"] == "qkv"
     rows = out["metrics"]
-    assert all(set(r) == {"layer", "head", "metric", "value", "chance"} for r in rows)
+    assert all(set(r) == {"layer", "head", "metric", "value", "chance", "chance_low", "chance_high",
+                          "above_chance", "degenerate"} for r in rows)
+    assert all(r["chance_low"] <= r["chance"] <= r["chance_high"] for r in rows if r["chance_low"] is not None
+               and not r["metric"].startswith("wq_"))
     assert {r["metric"] for r in rows} | set(out["notes"]) == set(names("weights"))
     layer_sym = [r for r in rows if r["metric"] == "qk_symmetry" and r["head"] is None]
     assert [r["layer"] for r in layer_sym] == [0, 1]

@@ -300,8 +300,15 @@ def test_projection_sharing_checkpoint_activations(tmp_path, case):
     store = Store(tmp_path / "ps.duckdb")
     cid = stored_id(store, path)
     w, a = jobs.analyze(store, cid, device="cpu", activations=True)
-    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
+    assert set(a.frame.metric) == set(names("activations"))
     value = a.frame.set_index(["metric", "layer", "head"])["value"]
+    # the values a tie fixes are flagged degenerate, with a note, and never tested against chance
+    variant = PS_LM[case][2]
+    fixed = ({"kv_cka_act", "kv_cosine_act", "kv_share_r2_act"} if variant in ("k_eq_v", "q_eq_k_eq_v") else set()) \
+        | ({"logit_symmetry"} if variant in ("q_eq_k", "q_eq_k_eq_v") else set())
+    assert set(a.notes) == fixed and all(a.notes[m].startswith("degenerate at L0") for m in fixed)
+    assert set(a.frame.loc[a.frame["degenerate"], "metric"]) == fixed
+    assert a.frame.loc[a.frame["degenerate"], "above_chance"].isna().all()
     if case == "Q-K=V":                                # one tensor is the K and the V cache
         assert value["kv_cka_act"].to_numpy() == pytest.approx(1.0, abs=1e-6)
     if case == "Q=K-V":                                # q = k: symmetric logits in every head
@@ -336,7 +343,10 @@ def test_analyze_cli_projection_sharing_with_activations(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["checkpoint"]["path"] == str(path)
     assert {r["metric"] for r in out["metrics"]} >= set(names("activations"))
-    assert not set(out["notes"]) & set(names("activations"))
+    # K = V (one c_kv tensor): the K/V similarities of the caches are fixed, flagged and noted
+    fixed = {"kv_cka_act", "kv_cosine_act", "kv_share_r2_act"}
+    assert set(out["notes"]) & set(names("activations")) == fixed
+    assert {r["metric"] for r in out["metrics"] if r["degenerate"]} >= fixed
     kv = [r for r in out["metrics"] if r["metric"] == "erank_kcache" and r["head"] is not None]
     assert sorted({r["head"] for r in kv}) == [0, 1]                  # kept at the 2 kv heads
 

@@ -246,6 +246,10 @@ def chance_db(tmp_path, monkeypatch, model_dir):
     # every other metric is absent with a note, so the stored jobs are current (app.state.current_notes)
     absent = {m: "not in this fixture" for m in names("weights") + names("activations")
               if m not in set(weights["metric"]) | set(acts["metric"])}
+    # the stored test (analysis.above_chance), here: the value (weights) or the whole interval
+    # (activations) above chance
+    weights["above_chance"] = (weights["value"] > weights["chance"]).astype("boolean")
+    acts["above_chance"] = (acts["ci_low"] > acts["chance"]).astype("boolean")
     with store.transaction() as con:
         replace_results(con, checkpoint_id=1, kind="weights", metrics=names("weights"),
                         metric_version=METRIC_VERSION, notes={**absent, "wq_absorb_error": "model uses layernorm"},
@@ -281,7 +285,8 @@ def test_activation_heatmap_and_tables_show_chance_tokens_interval_and_greyed_re
     heat_fig = figures(at)["insp_heatmap"]
     heat = heat_fig["data"][0]
     assert heat["zmid"] == 0.3 and heat["colorbar"]["title"]["text"] == "kv_share_r2_act<br>chance 0.3"
-    assert heat["customdata"][1][2] == "L1H2<br>kv_share_r2_act 0.9 (chance 0.3)<br>n=40 tokens, 95% CI 0.85–0.95"
+    assert heat["customdata"][1][2] == ("L1H2<br>kv_share_r2_act 0.9 (chance 0.3)<br>n=40 tokens, 95% CI 0.85–0.95"
+                                        "<br>above chance (outside the null band, 5% false discovery rate)")
     assert heat["opacity"] == 0.35 and heat_fig["layout"]["title"]["text"] == "Faded: too few tokens (40 tokens < 8 x d_head = 64)"
     assert any(w.value == f"kv_share_r2_act rests on too few tokens: {FEW}" for w in at.warning)
     assert any(c.value.startswith("**chance 0.3**: the same metric of the same captured layer input")
@@ -327,7 +332,8 @@ def test_downloads_carry_chance_tokens_interval_and_note(chance_db, monkeypatch)
     parquet = pd.read_parquet(io.BytesIO(sent["checkpoint-1.parquet"]))
     for frame in (csv, parquet):
         assert list(frame.columns) == ["layer", "head", "metric", "value", "metric_version", "chance",
-                                       "n_tokens", "ci_low", "ci_high", "note"]
+                                       "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high",
+                                       "above_chance", "degenerate", "note"]
     act = parquet[(parquet["metric"] == "kv_share_r2_act") & (parquet["layer"] == 0) & (parquet["head"] == 0)]
     assert act[["chance", "n_tokens", "ci_low", "ci_high"]].iloc[0].tolist() == pytest.approx([0.3, 40, 0.85, 0.95])
     assert act["note"].iloc[0] == FEW

@@ -90,7 +90,9 @@ def test_the_plugin_metric_is_in_the_cli_json(analysed):
     # chance by the row's rule (monte_carlo): mean |N(0, 1/d_model)| = sqrt(2 / (pi d_model))
     assert {r["chance"] for r in rows} == {rows[0]["chance"]}
     assert rows[0]["chance"] == pytest.approx(math.sqrt(2 / (math.pi * N_EMBD)), rel=0.05)
-    assert set(rows[0]) == {"layer", "head", "metric", "value", "chance"} and TOY not in payload["notes"]
+    assert set(rows[0]) == {"layer", "head", "metric", "value", "chance", "chance_low", "chance_high",
+                            "above_chance", "degenerate"} and TOY not in payload["notes"]
+    assert rows[0]["chance_low"] < rows[0]["chance"] < rows[0]["chance_high"]     # its null band, as built-ins
     # the built-in metrics are all still there, as without the plugin
     assert {r["metric"] for r in payload["metrics"]} | set(payload["notes"]) == set(registry.names("weights")) | {TOY}
 

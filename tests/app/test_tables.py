@@ -16,6 +16,10 @@ def _results():
     frame = pd.DataFrame(rows, columns=["layer", "head", "metric", "value", "chance", "n_tokens", "ci_low", "ci_high"])
     frame["n_tokens"] = frame["n_tokens"].astype("Int64")
     frame["head"] = frame["head"].astype("Int64")
+    # the stored test (analysis.above_chance) and the degenerate flag, as analyze stores them
+    frame["above_chance"] = pd.array([False, True, True, True, False, False, pd.NA, pd.NA], dtype="boolean")
+    frame["degenerate"] = [False, False, True, False, False, False, False, False]
+    frame["chance_low"], frame["chance_high"] = frame["chance"] - 0.05, frame["chance"] + 0.05
     return frame
 
 
@@ -30,12 +34,12 @@ def test_few_tokens_reads_the_notes(note, few):
     assert tables.few_tokens(note) is few
 
 
-def test_head_summary_counts_heads_above_chance_by_value_or_interval():
+def test_head_summary_counts_the_stored_test_and_leaves_degenerate_heads_out():
     notes = {"kv_cka_act": "512 tokens < 8 x d_head = 1024: biased up", "kv_share_r2": "ok"}
     styled = tables.head_summary(_results(), ["kv_share_r2", "kv_cka_act"], notes)
     t = styled.data.set_index("metric")
-    assert t.loc["kv_share_r2", "heads above chance"] == "2 of 3"   # 0.3, 0.4 > 0.25
-    assert t.loc["kv_cka_act", "heads above chance"] == "1 of 3"    # only 0.4-0.6 lies wholly above 0.2
+    assert t.loc["kv_share_r2", "heads above chance"] == "1 of 2"   # head 2 (0.4) is degenerate: counted nowhere
+    assert t.loc["kv_cka_act", "heads above chance"] == "1 of 3"    # the stored above_chance
     assert t.loc["kv_cka_act", "n_tokens"] == "512" and t.loc["kv_share_r2", "n_tokens"] == ""
     assert t.loc["kv_cka_act", "95% CI (mean of heads' bounds)"] == "0.2167–0.6833"
     assert t.loc["kv_share_r2", "mean"] == pytest.approx(0.3) and t.loc["kv_share_r2", "chance"] == 0.25
@@ -58,11 +62,22 @@ def test_head_means_average_heads_per_step_with_chance_and_bounds():
     assert "wq_condition" not in m.index  # whole-layer rows are not head means
 
 
-def test_activation_rows_without_an_interval_are_not_judged_against_chance():
+def test_rows_not_tested_are_not_counted_and_all_degenerate_reads_degenerate():
     frame = _results()
-    frame.loc[frame["metric"] == "kv_cka_act", ["ci_low", "ci_high"]] = np.nan  # one window: no bootstrap
+    frame.loc[frame["metric"] == "kv_cka_act", "above_chance"] = pd.NA       # e.g. one window: not tested
     t = tables.head_summary(frame, ["kv_cka_act"], {}).data
     assert t["heads above chance"].tolist() == [""]
+    frame.loc[frame["metric"] == "kv_share_r2", "degenerate"] = True         # a K = V layer
+    styled = tables.head_summary(frame, ["kv_share_r2"], {})
+    assert styled.data["heads above chance"].tolist() == ["degenerate"]
+    assert "color: #9a9a9a" in styled.to_html()
+
+
+def test_head_rows_show_the_band_the_call_and_the_flag():
+    t = tables.head_rows(_results(), ["kv_share_r2"], {}).data
+    assert t["null band"].tolist() == ["0.2–0.3"] * 3
+    assert t["above chance"].tolist() == [False, True, None]                 # the degenerate head: no call
+    assert t["degenerate"].tolist() == [False, False, True]
 
 
 def test_short_reason_is_the_first_clause():
