@@ -553,7 +553,7 @@ TABLE_COLUMNS = [
     "label", "variant", "n_kv_heads", "params_total", "params_attention", "attention_share",
     "weights_bytes", "bytes_per_token", "bytes_per_user", "bytes_all_users", "users_per_gpu", "users",
     "gpus", "tokens_per_s", "bound", "usd_per_million_tokens",
-    # added with the batch cap and latency (issue 17); the columns above keep their meaning
+    # added with the batch cap and latency; the columns above keep their meaning
     "max_batch", "batch_per_replica", "batch_limit", "batch", "tokens_per_s_per_gpu", "usd_per_month",
     "prompt_tokens", "prefill_time_s", "ttft_s", "tpot_s",
 ]

@@ -232,7 +232,7 @@ def baseline_checkpoint(choices: pd.DataFrame) -> int | None:
 GEOMETRY = ["architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head"]
 #: Settings a default pair differs in, tried in this order (the first that gives a pair wins).
 SETTINGS = ["variant", "weight_decay", "step", "seed", "lr"]
-#: The baseline a variant is compared against, and the variant preferred beside it (issue 17).
+#: The baseline a variant is compared against, and the variant preferred beside it.
 BASELINE, PREFERRED = "qkv", "k_eq_v"
 
 

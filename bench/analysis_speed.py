@@ -27,7 +27,7 @@ side in this one run, each phase in a fresh process:
   ``M_h = W_Q[h] W_K[g]^T``, symmetry from ``M_h`` itself, stacked-W_Q SVD) on
   ``--naive-layers`` layers, scaled to all layers (``--skip-naive`` leaves it out).
 
-Targets (issue 20): analysis <= 2x the floor; analysis without the stacked-W_Q
+Targets: analysis <= 2x the floor; analysis without the stacked-W_Q
 metrics <= 3x the read; peak RSS above the imports <= 0.25 of the file (at the
 full 7B shape: the analysis holds one layer, so a smaller file holds a larger share);
 naive / analysis >= 100x. Each is printed as a ``BENCH_ROW {json}`` line that
@@ -397,7 +397,7 @@ def main() -> None:
               f"floor ({floor:.2f} s)", "-", None)
     bench_row(f"weight analysis against that arithmetic, {shape.name}", f"{a / exact:.2f}x ({a:.2f} s)",
               f"read + LU + M + per-head products ({exact:.2f} s)", "-", None)
-    # the target is the attention-only 7B shape's (issue 20): one layer at a time, so smaller files hold more
+    # the target is the attention-only 7B shape's: one layer at a time, so smaller files hold more
     full_7b = args.shape == "7B" and shape.n_layers == SHAPES["7B"].n_layers
     bench_row(f"peak RSS above imports, weight analysis, {geo}", f"{above / size_mib:.3f} of the file ({above:.0f} MiB)",
               f"file size ({size_mib:,.0f} MiB)", "<= 0.25" if full_7b else "- (the 7B shape's)",

@@ -167,7 +167,7 @@ def run_mode(mode: str, cmd: list[str], env: dict, out_file: Path) -> ModeRun:
 
 def bench_row(measured: str, figure: str, against: str) -> dict:
     """One row of the bench table, printed as ``BENCH_ROW {json}`` for ``bench/run_all.py``
-    (issue 20 sets no target for batch analysis: target and result are ``-``)."""
+    (no target is set for batch analysis: target and result are ``-``)."""
     row = {"bench": "batch_speed", "measured": measured, "figure": figure, "against": against,
            "target": "-", "result": "-"}
     print("BENCH_ROW " + json.dumps(row), flush=True)

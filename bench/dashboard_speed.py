@@ -27,7 +27,7 @@ stores analyses and fills the server's caches; median and max of
 page's AppTest script time. A MutationObserver stamps every change inside
 ``stMain``; a step has ended when Streamlit's status widget is gone and the
 main area has been still for 1.5 s, and its time is the last stamp minus the
-click. Targets (issue 17): sidebar navigation < 1 s, a control change < 0.5 s.
+click. Targets: sidebar navigation < 1 s, a control change < 0.5 s.
 Before that untimed round, the first visit to the Inspector since the server
 started, ``FIRST_VISIT_AFTER_S`` after the first page (no target; beside it
 the later visits' median).
@@ -192,9 +192,9 @@ def timed_page(name: str, query: dict) -> tuple[float, float, float, float, obje
     return out[0], out[1], out[2], out[3], at
 
 
-#: Runs selected on the Experiments page (issue 20: 20 runs plotted < 1 s warm).
+#: Runs selected on the Experiments page (20 runs plotted < 1 s warm).
 PLOTTED = 20
-#: Targets in seconds (issue 20): a page script run, a change of the run list's filter.
+#: Targets in seconds: a page script run, a change of the run list's filter.
 PAGE_TARGET, FILTER_TARGET = 1.0, 0.5
 #: What the run list filter is set to, in turn, for the filter timings: the search box
 #: (``exp_q``), narrowing 2,000 runs to 1,111 and the 20 plotted to 11, and cleared again.
@@ -360,7 +360,7 @@ def query_runs(ids: list[int]) -> str:
 
 # -- the browser tier ---------------------------------------------------------------------
 
-#: Targets in seconds (issue 17 item 11).
+#: Targets in seconds.
 NAV_TARGET, CONTROL_TARGET = 1.0, 0.5
 #: Seconds the browser stays on its first page before its first visit to the Inspector (a user
 #: reading that page): the server prestarts its reading child meanwhile (app/dashboard/prestart.py).

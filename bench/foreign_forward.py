@@ -12,8 +12,7 @@ runs it (to the last attention input, no ``add()``), the job's forward pass (the
 last attention input with its hooks and every layer's ``ActivationAccumulator.add``), and
 ``experiments.activation_runs.corpus_activations`` without its model load (tokenising the
 bundled corpus, the forward pass, per-layer statistics, chance levels, bootstrap intervals).
-Each figure is the median of ``REPEAT`` (3) alternating pairs. Target (issue 20,
-``bench/run_all.py``'s ``FORWARD_RATIO``): the job's forward pass >= 0.7x the
+Each figure is the median of ``REPEAT`` (3) alternating pairs. Target (``bench/run_all.py``'s ``FORWARD_RATIO``): the job's forward pass >= 0.7x the
 plain forward's tokens/s; the whole job is printed beside it with none (forward_speed.py says why).
 """
 from __future__ import annotations

@@ -37,7 +37,7 @@ What is timed, on the model ``load_runnable`` gives and the same ``[B, T]`` wind
   ``analysis.activations.results_of``); and end to end, the load included. The load, ``add`` and
   ``results_of`` seconds are timed inside (the functions wrapped in this process).
 
-Target (issue 20: "the forward pass over the default token budget ... target >= 0.7 of it:
+Target ("the forward pass over the default token budget ... target >= 0.7 of it:
 the hooks and captures must cost little"): tokens/s >= ``FORWARD_RATIO`` (0.7,
 ``bench/run_all.py``) of the plain forward's, for the job's forward pass. Beside it, with no
 target, the job's forward pass against the forward it stops (to the last attention input, no
@@ -77,7 +77,7 @@ import _child  # noqa: E402  (bench/ is on sys.path: this script's folder)
 from run_all import FORWARD_RATIO  # noqa: E402
 
 BENCH = "forward_speed"
-#: The ~100M-parameter Llama of issue 20, and the small one of ``--quick``.
+#: The ~100M-parameter Llama, and the small one of ``--quick``.
 LLAMA_FULL = {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 2048, "vocab": 32000}
 LLAMA_QUICK = {"hidden": 256, "layers": 4, "heads": 4, "intermediate": 688, "vocab": 32000}
 QUICK_DEMO, QUICK_TOKENS = 3, 1024

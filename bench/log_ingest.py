@@ -10,7 +10,7 @@ the ratio qkvscope / read_csv. Target for the long layout: at most 2x.
 For the wide layout it also times DuckDB reshaping the same file itself
 (read_csv + UNPIVOT into a long step, metric, value table): what storing four
 times as many rows costs DuckDB alone, whatever qkvscope does. That is the wide
-layout's reference (issue 20: at most 1.5x it); read_csv alone, which stores a
+layout's reference (at most 1.5x it); read_csv alone, which stores a
 quarter of the rows, is printed beside it without a target.
 
   .venv/bin/python bench/log_ingest.py [--points 2000000] [--repeat 3]

@@ -83,13 +83,13 @@ def parse_log_ingest(out: str) -> list[Row]:
     rx = re.compile(r"^\s*(\w+): ([\d,]+) points, ([\d.]+) MB \| duckdb read_csv ([\d.]+) s \| "
                     r"qkvscope ingest_log ([\d.]+) s \| ratio ([\d.]+)x \((?:target <= ([\d.]+)x|no target[^)]*)\)", re.M)
     for layout, n, mb, plain, ours, ratio, target in rx.findall(out):
-        # issue 20 measures the wide layout against read_csv + UNPIVOT (below), not read_csv alone,
+        # the bench measures the wide layout against read_csv + UNPIVOT (below), not read_csv alone,
         # which stores a quarter of the rows; older output gave it the long layout's 2x
         target = target if layout != "wide" else ""
         rows.append(Row("log_ingest", f"ingest_log, {layout} CSV ({n} points, {mb} MB)",
                         f"{float(ratio):.2f}x ({float(ours):.3f} s)", f"DuckDB read_csv of the same file ({float(plain):.3f} s)",
                         f"<= {target}x" if target else "-", _verdict(float(ratio) <= float(target)) if target else "-"))
-    # the wide layout against DuckDB's own reshaping of the same file (issue 20: <= 1.5x)
+    # the wide layout against DuckDB's own reshaping of the same file (<= 1.5x)
     m = re.search(r"context: duckdb read_csv \+ UNPIVOT into a long table ([\d.]+) s .*?; "
                   r"qkvscope ingest_log / that ([\d.]+)x", out)
     wide = [r for r in rows if ", wide CSV" in r.measured]
@@ -101,9 +101,9 @@ def parse_log_ingest(out: str) -> list[Row]:
     return rows
 
 
-#: Target of the wide CSV ingest against DuckDB's read_csv + UNPIVOT of the same file (issue 20).
+#: Target of the wide CSV ingest against DuckDB's read_csv + UNPIVOT of the same file.
 WIDE_VS_UNPIVOT = 1.5
-#: Target of the activation job's tokens/s against the same model's plain forward pass (issue 20).
+#: Target of the activation job's tokens/s against the same model's plain forward pass.
 FORWARD_RATIO = 0.7
 
 

@@ -227,7 +227,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (7, [
         # Points logged without a wall time or a token count (most CSVs) are stored without
         # those two columns: DuckDB analyses every column of every row group it writes, and
-        # two all-NULL columns cost 0.06 s of 0.28 per 2M points (issue 20, wide CSV ingest).
+        # two all-NULL columns cost 0.06 s of 0.28 per 2M points (wide CSV ingest).
         # ``points`` becomes the view every reader already queries; writers pick the table
         # (``POINT_TABLES``). The rename moves no data: what was stored stays in points_full.
         "ALTER TABLE points RENAME TO points_full",

@@ -1,7 +1,7 @@
 """CPU against GPU: every weight and activation metric of real checkpoints, both ways.
 
-The analysis promises the same results on CPU and CUDA to float32 tolerance
-(issue 4). This computes ``app.jobs.weight_frame`` and ``activation_frame`` of
+The analysis promises the same results on CPU and CUDA to float32 tolerance.
+This computes what ``analyze`` computes (``app.jobs._compute``: weights and activations) of
 each checkpoint on ``cpu`` and on ``--device`` (default ``cuda``), prints the
 largest absolute and relative difference per metric family, and exits 1 if
 any value differs by more than ``--rtol`` relative (plus ``--atol``), or is
@@ -24,16 +24,20 @@ DEMO = [ROOT / "data" / "demo" / run / "checkpoints" / "final_step_004000.safete
 
 
 def frames(path: Path, device: str):
+    """Every weight and activation metric of ``path`` on ``device`` (``app.jobs._compute``, what
+    ``analyze`` computes), indexed by layer, head label and metric, and their notes."""
     import pandas as pd
 
-    from app.jobs import activation_frame, weight_frame
+    from analysis.result_rows import rows_frame
+    from app.jobs import _compute
+    from experiments.activation_runs import SampleSpec
     from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(path) as ck:
-        w, wn = weight_frame(ck, device=device)
-        a, an = activation_frame(ck, device=device)
-    df = pd.concat([w, a], ignore_index=True)
-    return df.set_index(["layer", "head_label", "metric"])["value"], {**wn, **an}
+        jobs = _compute(ck, ["weights", "activations"], device, SampleSpec())
+    df = pd.concat([rows_frame(j["rows"]) for j in jobs], ignore_index=True)
+    notes = {k: v for j in jobs for k, v in j["notes"].items()}
+    return df.set_index(["layer", "head_label", "metric"])["value"], notes
 
 
 def main() -> int:

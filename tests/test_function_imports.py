@@ -1,4 +1,4 @@
-"""An import inside a function says why it is there (issue 18 item 8).
+"""An import inside a function says why it is there.
 
 Imports belong at the top of a module; one inside a function is there for a
 reason (torch loaded only when a command runs, a real import cycle, code that

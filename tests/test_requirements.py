@@ -1,7 +1,7 @@
 """The runtime requirements alone run every page and command.
 
 The test venv has more than ``requirements.txt`` (pytest, playwright, a pretrained model...), so a
-page that imports a test-only package works in the tests and crashes for a user (issue 17: the
+page that imports a test-only package works in the tests and crashes for a user (the
 Inspector's ``ModuleNotFoundError: No module named 'transformers'``). This walks every import the
 application's packages make, at module level or inside a function, and checks that each
 third-party module is installed by a distribution that ``requirements.txt`` brings: named there, or
@@ -105,7 +105,7 @@ def test_every_import_of_the_app_comes_with_requirements_txt():
 
 
 def test_transformers_is_a_runtime_requirement():
-    # forward passes of Hugging Face checkpoints are a core feature (issue 17, item 1)
+    # forward passes of Hugging Face checkpoints are a core feature (item 1)
     assert "transformers" in _names(ROOT / "requirements.txt")
 
 

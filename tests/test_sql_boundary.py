@@ -1,6 +1,6 @@
 """All SQL lives in ``loaders/``: no SQL statement in a string literal under app/, analysis/, experiments/.
 
-DESIGN.md ("Store") and issue 18 item 1. The scan reads each file's syntax tree and
+DESIGN.md ("Store"). The scan reads each file's syntax tree and
 looks only at string constants (f-strings with their ``{...}`` parts as ``{}``;
 adjacent literals are one constant already), so comments and docstrings that
 describe SQL in words are allowed; docstrings are left out explicitly. A statement is

@@ -1,4 +1,4 @@
-"""Variant facts live in one module (issue 18 item 4): ``analysis/variants.py``.
+"""Variant facts live in one module: ``analysis/variants.py``.
 
 Any other module that spells out a set of variant names (a tuple, list or set
 literal holding two or more of them, e.g. ``variant in ("k_eq_v", "q_eq_k_eq_v")``)

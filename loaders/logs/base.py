@@ -28,7 +28,7 @@ POINT_COLUMNS = ("step", "metric", "value", "wall_time", "tokens")
 #: How many bytes detection may read from the start of a file.
 HEAD_BYTES = 64 * 1024
 
-# Metric names normalised across formats (issue 3): the training loss, the
+# Metric names normalised across formats: the training loss, the
 # validation loss, the validation top-1 accuracy and the learning rate;
 # everything else keeps its logged name (paper B's CSVs keep val_top1, val_top5).
 _METRIC_ALIASES = {

@@ -1,7 +1,7 @@
 """A run's new points inside the store transaction: inserted in one statement,
 then checked and fixed in SQL.
 
-Every reader's points reach ``points`` the same way (issue 3). A CSV reader
+Every reader's points reach ``points`` the same way. A CSV reader
 hands over a SELECT over DuckDB's ``read_csv`` of the file (``SqlPoints``), so
 a large log is parsed once, straight into the table; the other readers'
 pandas/Arrow frames are registered as a view and read by the same INSERT.

@@ -1,4 +1,4 @@
-"""GPU names as people write them (issue 19 item 10): aliases, any case, with the names in the error."""
+"""GPU names as people write them: aliases, any case, with the names in the error."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Serving figures of the calculator (issue 17): GPUs needed under a batch cap, cost per month,
+"""Serving figures of the calculator: GPUs needed under a batch cap, cost per month,
 prefill / time to first token / time per output token, and the MLA row type.
 
 Every expected value is worked out by hand from the formula in ``analysis.kv_cost``'s docstring.

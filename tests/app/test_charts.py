@@ -163,7 +163,7 @@ def test_chance_label_of_a_range_keeps_the_same_decimals():
     assert charts.chance_label(pd.DataFrame({"chance": [float("nan")]})) == "no chance level stored"
 
 
-# -- one palette and one legend for variant x head sharing (issue 17 item 5) --------------
+# -- one palette and one legend for variant x head sharing --------------
 
 def test_palette_is_the_variants_leaf_and_legend_names_variant_and_sharing():
     from analysis import variants
@@ -365,7 +365,7 @@ def test_curves_against_the_step_send_it_once_and_tokens_keep_it_for_the_tooltip
                                                                        x="tokens").to_json().count('"bdata"')) == (2, 3)
 
 
-# -- the Experiments page at 2,000 runs (issue 20): one label and style per group ---------
+# -- the Experiments page at 2,000 runs: one label and style per group ---------
 
 def _mixed_runs(n: int = 150) -> pd.DataFrame:
     """Runs of every kind the legend tells apart: known and unknown variants, missing and GQA/MQA

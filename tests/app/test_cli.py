@@ -115,7 +115,7 @@ def test_ingest_then_checkpoints_json_and_idempotence(tmp_path):
     (runs / "notes.txt").write_text("lr sweep ideas\n")
 
     first = cli("ingest", str(runs), "--db", str(db), "--json")
-    assert first.returncode == 2, first.stderr               # one file failed: exit 2 (issue 14)
+    assert first.returncode == 2, first.stderr               # one file failed: exit 2
     report = json.loads(first.stdout)
     assert report["added"] == 1
     statuses = {Path(f["path"]).name: f["status"] for f in report["files"]}

@@ -1,4 +1,4 @@
-"""What the Experiments page sends the browser for its two charts (issue 20: 2,000 runs).
+"""What the Experiments page sends the browser for its two charts (2,000 runs).
 
 Curves are sent at ``CURVE_POINTS`` per run (min-max buckets: a spike stays), both charts
 without Streamlit's theme (with it, plotly.js draws each chart a third time once mounted), and

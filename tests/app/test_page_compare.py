@@ -148,7 +148,7 @@ def test_pair_reads_against_chance_with_intervals_and_greys_the_undersampled_sid
     assert f"kv_cka_act at step 200 rests on too few tokens: {FEW}" in [w.value for w in at.warning]
 
 
-# -- issue 16: checkpoints grouped by their run's task ---------------------------------------------
+# -- checkpoints grouped by their run's task ---------------------------------------------
 def test_checkpoints_are_grouped_by_their_runs_task(tmp_path, monkeypatch):
     import json
 

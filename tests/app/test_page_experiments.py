@@ -260,7 +260,7 @@ def test_accuracy_metrics_are_picked_like_the_loss_and_best_is_their_highest(run
     fig = figures(at)["exp_final"]
     assert [arr(t["y"]) for t in fig["data"]] == [[0.8]]          # the highest accuracy, not the lowest
     assert fig["layout"]["yaxis"]["title"]["text"] == "best val/accuracy"
-    # the user says lower is better for it: stored, and the best value follows (issue 16: editable)
+    # the user says lower is better for it: stored, and the best value follows (editable)
     at.selectbox(key="exp_better_val/accuracy").select("min").run()
     assert not at.exception, at.exception
     from loaders.curves import metric_directions

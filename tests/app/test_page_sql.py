@@ -1,5 +1,5 @@
 """The SQL page: a query from a link fills the editor and waits for Run; every
-edited query runs as typed (issue 17: every other one used to run the last)."""
+edited query runs as typed (every other one used to run the last)."""
 from __future__ import annotations
 
 import urllib.parse

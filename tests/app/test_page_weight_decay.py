@@ -428,7 +428,7 @@ def test_the_page_says_which_parameter_group_the_weight_decay_is():
     assert applies_to_line(runs.iloc[2:]) is None
 
 
-# -- issue 16: vision and language runs by task ------------------------------------------------
+# -- vision and language runs by task ------------------------------------------------
 def test_vision_and_language_runs_are_grouped_by_task_and_legends_name_it(tmp_path, monkeypatch):
     # qkv at three weight decays in each task; (Q=K-V)+ only as vision runs; QVV(3) (stored k_eq_v) in vision
     runs = [(1, "qkv", 0.01), (2, "qkv", 0.03), (3, "qkv", 0.1), (4, "qkv", 0.01), (5, "qkv", 0.03), (6, "qkv", 0.1),

@@ -72,7 +72,7 @@ def test_overview_ingest_form_reports_skips(empty_db, tmp_path):
 
 def test_sql_page_runs_query_from_url_after_a_click(empty_db):
     at = page_test("sql", {"q": "SELECT 41 + 1 AS answer"}).run()
-    assert not at.exception                                  # a link alone runs nothing (issue 14)
+    assert not at.exception                                  # a link alone runs nothing
     assert not any("answer" in d.value.columns for d in at.dataframe)
     at.button[0].click().run()
     assert at.dataframe[-1].value["answer"].tolist() == [42]

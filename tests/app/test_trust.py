@@ -1,4 +1,4 @@
-"""Numbers a researcher can trust, end to end (issue 15): real `transformers` models built in
+"""Numbers a researcher can trust, end to end: real `transformers` models built in
 code, analysed through `python -m app analyze --activations --json` as a user would."""
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def test_every_bench_script_is_found_and_parsed():
                             "dashboard_speed", "foreign_forward", "forward_speed", "log_ingest"]
     # every script is parsed or prints its own BENCH_ROW lines, and has quick sizes
     assert set(R.PARSERS) | {"analysis_scaling", "batch_speed", "forward_speed"} == set(R.discover()) == set(R.QUICK_ARGS) | set(R.QUICK_RUNS)
-    # analysis_speed runs at both shapes of issue 20; the dashboard at 2,000 runs x 50,000 steps
+    # analysis_speed runs at both shapes; the dashboard at 2,000 runs x 50,000 steps
     assert [c[2:] for c in R.commands("analysis_speed", False)] == R.FULL_RUNS["analysis_speed"]
     assert ["--shape", "7B"] == R.FULL_RUNS["analysis_speed"][1][:2]
     assert R.commands("dashboard_speed", False)[0][2:] == ["--runs", "2000", "--steps", "50000"]
@@ -116,7 +116,7 @@ def test_activations_speed_rows():
 
 def test_log_ingest_rows():
     """The long layout against read_csv (<= 2x); the wide one against read_csv alone has no target,
-    in output written before this was so too: issue 20 measures it against read_csv + UNPIVOT."""
+    in output written before this was so too: the bench measures it against read_csv + UNPIVOT."""
     expected = [("ingest_log, long CSV (200,000 points, 4.6 MB)", "2.11x (0.241 s)",
                  "DuckDB read_csv of the same file (0.114 s)", "<= 2x", "FAIL"),
                 ("ingest_log, wide CSV (200,000 points, 2.1 MB)", "1.83x (0.204 s)",
@@ -284,7 +284,7 @@ nanoGPT RMSNorm+SwiGLU ckpt.pt     bytes            load   1.23 s  forward      
 
 def test_foreign_forward_rows():
     got = rows("foreign_forward", FOREIGN_FORWARD)
-    # issue 20: the forward pass with the hooks >= 0.7 of the plain one (420 / 607 = 0.6919 reads 0.69);
+    # the forward pass with the hooks >= 0.7 of the plain one (420 / 607 = 0.6919 reads 0.69);
     # the whole job (statistics, chance levels, intervals) beside it with no target
     # the forward it stops (to the last attention input) beside it, where the line has it (the
     # first line is the older output, without it)

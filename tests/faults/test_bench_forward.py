@@ -141,5 +141,5 @@ def test_a_small_run_prints_rows_run_all_reads(capsys):
             assert r.result == ("pass" if float(r.figure.split("x")[0]) >= 0.7 else "FAIL")
         else:
             assert (r.target, r.result) == ("-", "-")
-    # the target is on the job's forward pass (issue 20: the hooks and captures), one per model set
+    # the target is on the job's forward pass (the hooks and captures), one per model set
     assert [r.target for r in rows] == 2 * [">= 0.7x", "-", "-", "-", "-"]

@@ -1,4 +1,4 @@
-"""``serve`` builds the demo into a default database that is missing or empty (issue 19 item 10)."""
+"""``serve`` builds the demo into a default database that is missing or empty."""
 from __future__ import annotations
 
 from loaders.queries import summary

@@ -1,5 +1,4 @@
-"""Files and links built to hang or crash ``ingest`` and ``info`` (issue 14,
-"Hangs and crashes"): FIFOs, devices and sockets named like checkpoints,
+"""Files and links built to hang or crash ``ingest`` and ``info``: FIFOs, devices and sockets named like checkpoints,
 links out of the folder and in loops, nesting deeper than Python follows,
 parser memory bombs, numbers DuckDB cannot hold, names with newlines or bytes
 that are not UTF-8, files that change while they are read.

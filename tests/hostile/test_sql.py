@@ -154,7 +154,7 @@ def attack(store, sql: str, timeout_s: float = 10.0, env: dict | None = None) ->
     return json.loads(proc.stdout)
 
 
-# Found by the attack round of issue 14: each passed the old 1 GB memory_limit
+# Found by the attack round of each passed the old 1 GB memory_limit
 # or its 10 s timer (8 GB in 22 s; 40 s against 10 s; 2.5 GB of spill files).
 @pytest.mark.parametrize("sql", [
     "SELECT repeat('x', 100000000) FROM range(10001)",     # string heaps outside memory_limit

@@ -3,7 +3,7 @@
 ``app.pages.inspector._from_upload`` saves the uploaded files with
 ``upload_names`` / ``pickers.upload_folder`` / ``save_uploads`` and reads them
 with ``loaders.parse_child.ingest_checkpoint`` (the reading child, under the
-memory and time budgets). Each bomb of issue 14 that arrives as an upload (a
+memory and time budgets). Each bomb that arrives as an upload (a
 checkpoint file, several files of a folder, a zip) must end as one line naming
 the upload, leave the database byte-identical and run no payload, while this
 process (the server's stand-in) stays small. The browser test

@@ -1,5 +1,4 @@
-"""Other people's logs read as their authors meant (issue 19 items 1-6 and 10,
-issue 16 section 3, issue 14's long CSV line).
+"""Other people's logs read as their authors meant (long CSV lines included).
 
 Every file is built here with the shape of the public one it stands for:
 nanoGPT grid stdout, modded-nanogpt track-3 records, Trainer states, llm.c
@@ -354,7 +353,7 @@ def test_two_event_files_of_one_folder_are_one_run(store, tmp_path):
     assert points(store, run["id"], "train/loss") == [(0, 5.0), (10, 4.0), (20, 3.0), (30, 2.0)]
 
 
-# -- issue 16: paper B's per-epoch CSVs ----------------------------------------------------
+# -- paper B's per-epoch CSVs ----------------------------------------------------
 PAPER_B = "epoch,train_loss,val_loss,val_top1,val_top5,epoch_time_sec,lr\n" + "".join(
     f"{e},{6.78 - 0.3 * e:.4f},{6.11 - 0.5 * e:.4f},{0.03 + 0.05 * e:.4f},{0.10 + 0.1 * e:.4f},3335.7,"
     f"{min(e + 1, 5) * 0.000025:.6f}\n" for e in range(8))
@@ -388,7 +387,7 @@ def test_a_step_column_wins_over_epoch(store, tmp_path):
     assert points(store, run["id"], "epoch") == [(0, 0.0), (50, 0.0), (100, 1.0)]
 
 
-# -- issue 14: a CSV line too long to read ---------------------------------------------------
+# -- a CSV line too long to read ---------------------------------------------------
 def test_over_long_csv_line_fails_the_file_with_one_line(store, tmp_path):
     n = csv_line_bytes() + 10
     p = write(tmp_path / "r" / "metrics_long.csv", "step,loss,note\n0,1.0,a\n1,2.0," + "x" * n + "\n2,3.0,b\n")

@@ -1,4 +1,4 @@
-"""The store step's SQL path (issue 3): a CSV is read by DuckDB's read_csv
+"""The store step's SQL path: a CSV is read by DuckDB's read_csv
 straight into ``points``, then checked there (names, resumes, repeats)."""
 from __future__ import annotations
 
