@@ -78,6 +78,11 @@ def flag(frame: pd.DataFrame, *, q: float = Q) -> pd.DataFrame:
     """``frame`` (``RESULT_COLUMNS`` plus ``p_null``, one checkpoint) with ``above_chance`` filled
     (module docstring) and ``p_null`` dropped. Returns a copy."""
     out = frame.copy()
+    for col in ("ci_low", "ci_high", "chance_low", "chance_high", "p_null"):   # a frame that computed none
+        if col not in out.columns:
+            out[col] = np.nan
+    if "degenerate" not in out.columns:
+        out["degenerate"] = False
     sampled = out["ci_low"].notna() | out["ci_high"].notna()
     value_lo = out["ci_low"].where(sampled, out["value"]).astype(float)
     value_hi = out["ci_high"].where(sampled, out["value"]).astype(float)

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from analysis import conversion as conv
 from analysis.captures import MAX_WINDOW, sample_windows
 from analysis.intervals import mean_interval
-from analysis.variants import KV_TIED, PLUS, Q_TIED, base, kv_bytes_per_token
+from analysis.variants import KV_TIED, PLUS, Q_DROPPED, Q_TIED, base, kv_bytes_per_token
 from analysis.weights import default_device
 from experiments.activation_runs import SampleSpec, token_stream, wanted
 from experiments import hf_surgery
@@ -96,10 +96,10 @@ def layer_of(attn: Attention, i: int) -> AttentionWeights:
 
     v = base(cfg.variant)
     wk, bk = heads(getattr(attn, _KEY_TENSOR[v]), G)
-    wv, bv = (wk, bk) if v in ("k_eq_v", "q_eq_k_eq_v") else heads(attn.v, G)
+    wv, bv = (wk, bk) if v in KV_TIED else heads(attn.v, G)
     if v == "wq_identity":
         wq, bq = None, None
-    elif v in ("q_eq_k", "q_eq_k_eq_v"):
+    elif v in Q_TIED:
         wq, bq = wk.repeat_interleave(H // G, 0), None if bk is None else bk.repeat_interleave(H // G, 0)
     else:
         wq, bq = heads(attn.q, H)
@@ -142,10 +142,10 @@ def attention_of(layer: AttentionWeights, old: Attention) -> Attention:
 
     with torch.no_grad():
         v = base(cfg.variant)
-        if v in ("qkv", "k_eq_v"):
+        if v not in Q_DROPPED:                       # a W_Q of its own
             put(new.q, layer.W_Q, layer.b_Q)
         put(getattr(new, _KEY_TENSOR[v]), layer.W_K, layer.b_K)
-        if v in ("qkv", "wq_identity", "q_eq_k"):
+        if v not in KV_TIED:                         # a W_V of its own
             put(new.v, layer.W_V, layer.b_V)
         new.o.weight.copy_(layer.W_O.reshape(H * dh, d).T)
         if new.o.bias is not None and layer.b_O is not None:

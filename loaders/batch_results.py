@@ -90,9 +90,11 @@ def copy_to_parquet(con: duckdb.DuckDBPyConnection, frame: pd.DataFrame, target:
 def read_group_job(con: duckdb.DuckDBPyConnection, url: str) -> list[tuple]:
     """A layer group's job file: ``(checkpoint_sha256, metric_version, first_layer, last_layer,
     notes, seconds, device, host, tied)`` per row (``tied`` NULL in a file written without it)."""
+    have = {r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false)",
+                                      [url]).fetchall()}
+    tied = "tied" if "tied" in have else "NULL AS tied"
     return con.execute("SELECT checkpoint_sha256, metric_version, first_layer, last_layer, notes, seconds, "
-                       "device, host, COLUMNS('^tied$') FROM read_parquet(?, hive_partitioning = false, "
-                       "union_by_name = true)", [url]).fetchall()
+                       f"device, host, {tied} FROM read_parquet(?, hive_partitioning = false)", [url]).fetchall()
 
 
 def read_layer_rows(con: duckdb.DuckDBPyConnection, url: str) -> pd.DataFrame:

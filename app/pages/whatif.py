@@ -13,6 +13,7 @@ import streamlit as st
 
 from analysis.conversion import METHODS
 from analysis.sharing_cost import curve, paper_points, trained_points
+from app import figures
 from app.paths import DEMO_DIR
 from app.state import get_store
 from loaders import curves
@@ -35,7 +36,7 @@ def _reference_runs():
     """``name, final, kv_bytes_per_token`` of every stored run (final validation loss)."""
     store = get_store()
     runs = run_table(store, geometry=True)
-    finals = curves.final_values(store, "val_loss")
+    finals = curves.final_values(store, "val/loss")
     return runs.merge(finals.rename(columns={"run_id": "id"}), on="id", how="left")[
         ["name", "final", "kv_bytes_per_token"]]
 
@@ -84,7 +85,7 @@ def render() -> None:
                              name="trained with the tie (paper B, 300M)"))
     fig.update_layout(xaxis_title="KV cache saved (% of bytes per token)",
                       yaxis_title="perplexity change (%)", height=480)
-    st.plotly_chart(fig, width="stretch")
+    figures.show(fig, key="whatif_curve")
     if result is None:
         st.info("Press Run to convert the checkpoint; the reference points are shown meanwhile.")
         return

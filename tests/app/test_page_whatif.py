@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from tests.app.apptest import page_test
+from tests.app.test_page_experiments import arr
 from tests.demo_db import demo_db
 
 
@@ -14,6 +15,12 @@ def test_reference_points_then_the_greedy_curve(tmp_path, tmp_path_factory, monk
     assert any("Press Run" in i.value for i in at.info)
     fig = at.get("plotly_chart")[0].proto.spec
     assert "trained with the tie (stored runs)" in fig and "paper B, 300M" in fig
+    import json
+    import math
+    trained = next(t for t in json.loads(fig)["data"] if t.get("name") == "trained with the tie (stored runs)")
+    ys = arr(trained["y"])
+    # the demo's tie-trained runs stand at their stored final validation loss against the Q-K-V run's
+    assert len(ys) == 3 and all(isinstance(y, (int, float)) and math.isfinite(y) for y in ys), trained["y"]
     at.number_input[0].set_value(256)
     next(b for b in at.button if b.label == "Run").click().run()
     assert not at.exception

@@ -170,7 +170,8 @@ def test_analysis_results_latest_version_and_head_difference(tmp_path):
     over = curves.results_over_checkpoints(store, [2, 1], 1, ["kv_cka"])
     assert over["step"].tolist() == [100, 100, 200, 200]
     # rows stored before chance levels existed: the columns are there, empty
-    assert list(over.columns)[7:] == ["chance", "n_tokens", "ci_low", "ci_high"]
+    assert list(over.columns)[7:] == ["chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high",
+                                      "above_chance", "degenerate"]
     assert over["chance"].isna().all() and d["chance_a"].isna().all()
 
 
@@ -202,7 +203,8 @@ def test_results_readers_carry_chance_tokens_and_interval(tmp_path):
     store = _results_db(tmp_path)
     one = curves.analysis_results(store, 1, 3)
     assert list(one.columns) == ["layer", "head", "metric", "value", "metric_version",
-                                 "chance", "n_tokens", "ci_low", "ci_high"]
+                                 "chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high",
+                                 "above_chance", "degenerate"]
     act = one[one["metric"] == "kv_cka_act"].iloc[0]
     assert (act["chance"], act["n_tokens"], act["ci_low"], act["ci_high"]) == (0.2, 4096, 0.55, 0.65)
     w = one[one["metric"] == "kv_share_r2"]
@@ -210,7 +212,8 @@ def test_results_readers_carry_chance_tokens_and_interval(tmp_path):
     assert w["n_tokens"].isna().all() and w["ci_low"].isna().all()  # weight metrics are not sampled
     over = curves.results_over_checkpoints(store, [1, 2], 3)
     assert list(over.columns) == ["checkpoint_id", "run_id", "step", "layer", "head", "metric", "value",
-                                  "chance", "n_tokens", "ci_low", "ci_high"]
+                                  "chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high",
+                                 "above_chance", "degenerate"]
     assert over[over["metric"] == "kv_cka_act"]["n_tokens"].tolist() == [4096, 4096]
     empty = curves.results_over_checkpoints(store, [], 3)
     assert list(empty.columns) == list(over.columns)

@@ -40,6 +40,7 @@ from typing import Callable
 
 import duckdb
 
+from loaders import duck
 from loaders.errors import LogFormatError
 from loaders.logs.base import (SOURCE_VIEW, Parsed, RunData, complete_lines, decode_text, normalise_metric,
                                read_head)
@@ -371,7 +372,7 @@ def run_groups(source: CsvFile, columns: list[str]) -> list[tuple]:
     """The distinct combinations of ``columns``' values in ``source``, in the
     order they first appear (one DuckDB pass over the file)."""
     cols = ", ".join(quote(c) for c in columns)
-    con = duckdb.connect()
+    con = duck.connect()
     try:
         con.register(SOURCE_VIEW, source(con))
         return [tuple(r) for r in con.execute(
