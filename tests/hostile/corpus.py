@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -189,3 +190,14 @@ def build(root: Path) -> list[Case]:
     err("log_non_utf8", p, "expected UTF-8 text, found byte 0xe9 at offset 37 that is not valid UTF-8",
         info_problem=f"unrecognised content (first bytes {b'step,met'.hex()}); {EXPECTED}")
     return cases
+
+
+#: A progress line of ``ingest`` (``app.commands.ingest.Progress``), written once an ingest has
+#: run 5 s: how many lines there are depends on the machine's speed, not on the files.
+PROGRESS_LINE = re.compile(r"^ingest: \d+/\d+ files, \d+ s$")
+
+
+def errors_only(stderr: str | bytes) -> str:
+    """``stderr`` without ``ingest``'s progress lines: what a command said about the files."""
+    text = stderr.decode() if isinstance(stderr, bytes) else stderr
+    return "".join(line for line in text.splitlines(keepends=True) if not PROGRESS_LINE.match(line.rstrip("\n")))
