@@ -143,6 +143,42 @@ def wd_curve_figures(table: pd.DataFrame, *, statistic: str, metric: str) -> dic
     return out
 
 
+# -- Results ------------------------------------------------------------------------------------
+
+#: Head sharing told apart by the marker (the colour is the variant's).
+_SHARING_SYMBOLS = {"MHA": "circle", "GQA": "square", "MQA": "diamond"}
+
+
+def results_figure(table: pd.DataFrame, metric: str) -> go.Figure | None:
+    """The Results table as a figure: each row's mean ``metric`` with its sample standard deviation
+    as an error bar, against its KV-cache bytes per token (log x): what a variant costs to serve
+    beside what it loses. One marker per row, coloured by variant and shaped by head sharing, named as the table names it
+    (variant, head sharing, and the project, task and geometry where rows differ in them); None
+    without a row holding that mean."""
+    mean, std = f"{metric} mean", f"{metric} std"
+    if table.empty or mean not in table.columns or "KV bytes/token" not in table.columns:
+        return None
+    rows = table[pd.to_numeric(table[mean], errors="coerce").notna()]
+    if rows.empty:
+        return None
+    varying = [c for c in ("project", "task", "d_model", "n_layers") if c in rows and rows[c].nunique() > 1]
+    fig = go.Figure()
+    for _, r in rows.iterrows():
+        name = " · ".join([str(r.get("label") or r["variant"]), str(r.get("sharing", ""))]
+                          + [f"{c} {r[c]}" if c in ("d_model", "n_layers") else str(r[c]) for c in varying])
+        err = r.get(std)
+        fig.add_trace(go.Scatter(
+            x=[r["KV bytes/token"]], y=[r[mean]], mode="markers", name=name,
+            marker=dict(size=10, color=charts.VARIANT_COLORS.get(str(r["variant"]), "#888"),
+                        symbol=_SHARING_SYMBOLS.get(str(r.get("sharing", ""))[:3], "circle")),
+            error_y=dict(type="data", array=[err if pd.notna(err) else 0], visible=bool(pd.notna(err))),
+            hovertemplate=f"{name}<br>KV bytes/token %{{x:,.0f}}<br>{metric} %{{y:.4g}} (n {int(r[f'{metric} n'])})<extra></extra>"))
+    charts._layout(fig, x_title="KV-cache bytes per token", y_title=f"{metric} (mean ± std over a row's runs)",
+                   log_x=True, height=420)
+    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
 # -- KV cost ----------------------------------------------------------------------------------
 
 def kv_configs(geometry: Geometry, chosen: Attention) -> list[Attention]:

@@ -27,6 +27,7 @@ import argparse
 import sys
 
 from app.commands._common import add_db_argument, print_json, store_from
+from app.figures import add_figures_argument, report_written, write_figures
 
 NAME = "results"
 HELP = "print the Results table (one row per comparable group) as JSON, CSV, Markdown or LaTeX"
@@ -46,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out the exp(loss) columns the page adds for each loss metric")
     parser.add_argument("--task", default=None,
                         help="only runs of this task, or all (default: language when the runs hold several tasks)")
+    add_figures_argument(parser)
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON rows")
     out.add_argument("--csv", action="store_true", help="print CSV")
@@ -88,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
                               perplexity=perplexity, overrides=overrides)
     if why:
         print(f"empty: {why} (metric {', '.join(metrics) or 'none'}, weight decay {wd})", file=sys.stderr)
+    if args.figures is not None:
+        # here: plotly only when asked
+        from app.page_figures import results_figure
+
+        fig = results_figure(table, metrics[0]) if metrics else None
+        report_written(write_figures({"results": fig} if fig is not None else {}, args.figures))
     if args.json:
         print_json(results_json(table))
     elif args.csv:

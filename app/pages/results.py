@@ -23,7 +23,8 @@ import streamlit as st
 
 from analysis.directions import direction
 from analysis.results_table import default_task, default_wd, metric_order, results_view, wd_choices
-from app import tables
+from app import figures, tables
+from app.page_figures import results_figure
 from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
                        set_query_params, store_at)
 from loaders import curves
@@ -151,6 +152,11 @@ def render() -> None:
                "head sharing and task, in %. KV bytes per token = layers x cached tensors (1 for K=V, else 2) x "
                "KV heads x d_head x bytes per element; attention parameters: W_Q, W_K, W_V, W_O without biases, "
                "a tied projection counted once. Click a column header to sort as well.")
+    fig = results_figure(table, metrics[0]) if metrics else None
+    if fig is not None:
+        figures.show(fig, key="res_figure")
+        st.caption(f"Each row above as a point: its mean {metrics[0]} (bars: the standard deviation over its "
+                   "runs) against the KV-cache bytes per token it serves with.")
     caption = (f"{', '.join(metrics)} ({stat} value, mean $\\pm$ std over seeds), weight decay {wd_pick}")
     e1, e2, e3 = st.columns(3)
     e1.download_button("CSV", tables.results_csv(table), file_name="results.csv", mime="text/csv",

@@ -82,3 +82,23 @@ def test_kv_cost_writes_the_pages_four_sweeps_as_svg_pdf_and_png(tmp_path, capsy
         assert (out / f"{n}.pdf").read_bytes().startswith(b"%PDF-")
         assert (out / f"{n}.png").read_bytes().startswith(b"\x89PNG") and _png_size(out / f"{n}.png") == (2688, 2080)
     assert capsys.readouterr().err.startswith(f"figures: 12 files in {out}: kv_plot_cache, kv_plot_cost")
+
+
+def test_results_figure_is_the_tables_rows_against_kv_bytes():
+    """``results --figures`` and the Results page draw each row of the table: its mean with its
+    standard deviation as an error bar, at its KV bytes per token."""
+    import pandas as pd
+
+    from app.page_figures import results_figure
+
+    table = pd.DataFrame({"project": "p", "task": "language", "variant": ["qkv", "k_eq_v"], "label": ["Q-K-V", "Q-K=V"],
+                          "sharing": ["MHA", "GQA-2"], "d_model": 64, "n_layers": 4,
+                          "val/loss mean": [1.32, 1.40], "val/loss std": [0.005, float("nan")], "val/loss n": [3, 1],
+                          "KV bytes/token": [2048.0, 512.0]})
+    fig = results_figure(table, "val/loss")
+    assert [t.name for t in fig.data] == ["Q-K-V · MHA", "Q-K=V · GQA-2"]
+    assert [t.y[0] for t in fig.data] == [1.32, 1.40] and [t.x[0] for t in fig.data] == [2048.0, 512.0]
+    assert fig.data[0].error_y.array[0] == 0.005 and fig.data[1].error_y.visible is False
+    assert (fig.data[0].marker.symbol, fig.data[1].marker.symbol) == ("circle", "square")
+    assert fig.layout.xaxis.type == "log"
+    assert results_figure(table, "eval/loss") is None
