@@ -1,6 +1,6 @@
 """fairseq / metaseq stdout (``fairseq_cli/train.py``, ``metaseq/cli/train.py``)
 in its ``simple`` and ``json`` log formats, old (``| epoch 001: ...``) and
-new (``2020-09-19 13:32:40 | INFO | train_inner | ...``, hydra's
+new (``YYYY-MM-DD hh:mm:ss | INFO | train_inner | ...``, hydra's
 ``[2022-..][train_inner][INFO] - ...``) prefixes alike.
 
 * ``train_inner``: ``epoch 001:    100 / 1000 loss=9.5, ppl=724.4, wps=..,

@@ -10,7 +10,7 @@ through the Trainer): the dicts its ``ProgressCallback`` prints.
   logged names (its ``train_loss`` is the mean over the run, no point of the
   curve), as the ``hf_trainer`` reader keeps them.
 
-A line may carry a prefix (``[rank0]:``, ``[2024-05-01 10:00:00,123] [INFO]``)
+A line may carry a prefix (``[rank0]:``, ``[YYYY-MM-DD hh:mm:ss,mmm] [INFO]``)
 and tqdm's progress bars written over each other with ``\\r``: each dict is
 found by its brace span anywhere in the line and read with
 ``ast.literal_eval`` on that span alone (never ``eval``). A span that starts

@@ -15,7 +15,7 @@ Megatron-DeepSpeed and NeMo's Megatron core): its ``training_log`` and
   ``test/ppl``; the closing ``validation loss at the end of training for val
   data`` is at the last iteration logged.
 
-A line may carry a prefix (``[2025-08-01 07:19:37]``, ``[default0]:``, a
+A line may carry a prefix (``[YYYY-MM-DD hh:mm:ss]``, ``[default0]:``, a
 rank). Hyperparameters come from the arguments block Megatron prints first
 (``------------------------ arguments ------------------------``, then
 ``  lr ........................ 0.00015``, read as literals, nothing run):
