@@ -327,18 +327,27 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def _check_database_file(path: Path) -> None:
-    """A ``StoreError`` for a path that exists and cannot be a DuckDB database: not a regular
-    file (a FIFO would block the open forever, a folder gives a raw error) or an SQLite file
-    (DuckDB would reach for its sqlite extension)."""
-    if not path.exists():
-        return
-    if not path.is_file():
+    """A ``StoreError`` for a path that exists and is not a regular file (a FIFO would block the
+    open forever, a folder gives a raw error). Only ``stat``: opening and closing the file here
+    would drop the POSIX locks DuckDB holds on it in this process (closing any descriptor of a
+    file releases them), letting another process write at the same time."""
+    if path.exists() and not path.is_file():
         raise StoreError(f"{path}: not a regular file; give --db a DuckDB file, or a new path to create one")
-    with open(path, "rb") as f:
-        head = f.read(len(_SQLITE_MAGIC))
-    if head == _SQLITE_MAGIC:
-        raise StoreError(f"{path}: not a DuckDB database (an SQLite file); give --db a DuckDB file, "
-                         "or a new path to create one")
+
+
+def _not_duckdb(path: Path, exc: Exception) -> StoreError:
+    """The error for a file DuckDB cannot open: an SQLite file named as such (DuckDB would reach
+    for its sqlite extension), else DuckDB's own message. Read only after the open failed, so
+    this process holds no DuckDB lock on the file to lose."""
+    try:
+        with open(path, "rb") as f:
+            sqlite = f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        sqlite = False
+    if sqlite:
+        return StoreError(f"{path}: not a DuckDB database (an SQLite file); give --db a DuckDB file, "
+                          "or a new path to create one")
+    return StoreError(f"{path}: cannot open database: {exc}")
 
 
 class Store:
@@ -374,7 +383,7 @@ class Store:
                 return con
             except duckdb.IOException as exc:
                 if not _is_lock_error(exc):
-                    raise StoreError(f"{self.path}: cannot open database: {exc}") from exc
+                    raise _not_duckdb(self.path, exc) from exc
                 if time.monotonic() >= deadline:
                     raise DatabaseBusyError(
                         f"{self.path}: database is busy (another qkvscope process is writing); "
