@@ -41,10 +41,11 @@ import pandas as pd
 from analysis.errors import AnalysisError
 from analysis.kv_cost import (
     KV_TIED, VARIANT_LABELS, Attention, Geometry, attention_params, embedding_params,
-    formula_params, geometry_from_info, kv_bytes_per_token,
+    formula_params, geometry_from_info, kv_bytes_per_token, kv_bytes_per_user,
 )
+from analysis.gpus import GB, GIB
 from analysis.presets import PRESETS
-from analysis.variants import ALL_VARIANTS
+from analysis.variants import ALL_VARIANTS, sharing  # head-sharing class: MHA, GQA-g, MQA
 from analysis.wd_sensitivity import relative_stability, wd_sensitivity
 
 PAPER_A = "2510.23912"
@@ -59,6 +60,11 @@ PAPERS = {
 _POSTER = "repository slides/ICML Poster.pptx"
 _DECK = "repository slides/ICML Talk Deck.pptx"
 _NOTEBOOK = "repository configs/configurator_creator.ipynb (training configurations)"
+_QMQA_SCRIPT = "repository transformer_QMQA_1_2B.py (the KV-cache comparison it prints at start)"
+#: The models the claims were stated for.
+_A_SMALL = "~124M GPT (12 layers, d_model 768, 12 heads, MHA)"
+_B_300M = "300M (20 layers, d_model 1024, 16 heads)"
+_B_1_2B = "1.2B (22 layers, d_model 2048, 32 heads)"
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,9 @@ class Claim:
     """One number a paper states.
 
     ``measure`` names the measurement put beside it (see :func:`measure`);
-    ``match`` narrows it (a variant, a head-sharing kind, a preset). ``value`` is
-    the paper's number in ``units``; ``where`` is the place it was read.
+    ``match`` narrows it (a variant, a head-sharing class as ``analysis.variants.sharing``
+    writes it: ``MHA``, ``GQA-4``, ``MQA``; a preset). ``value`` is the paper's number in
+    ``units``; ``where`` is the place it was read; ``model`` the model it was stated for.
     """
 
     key: str
@@ -79,6 +86,7 @@ class Claim:
     measure: str
     match: dict = field(default_factory=dict)
     note: str = ""
+    model: str = ""
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -86,86 +94,92 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("a_attention_params", PAPER_A, "W_Q = identity removes 25% of the attention parameters",
           25.0, "% of attention parameters", "abstract", "query_free_saving",
           note="True for multi-head attention only (W_Q, W_K, W_V, W_O all d x d); with grouped K/V heads "
-               "W_Q is a larger share: n_heads / (2 n_heads + 2 n_kv_heads)"),
+               "W_Q is a larger share: n_heads / (2 n_heads + 2 n_kv_heads)", model="any multi-head attention layer"),
     Claim("a_nonembedding_params", PAPER_A, "W_Q = identity removes over 8% of the non-embedding parameters",
           8.0, "% of non-embedding parameters (lower bound)", "abstract (arXiv v1)", "query_free_nonembedding",
-          match={"preset": "query-free-124m"}),
+          match={"preset": "query-free-124m"}, model=_A_SMALL),
     Claim("a_attn_scale", PAPER_A, "query-free models train with attention scale 1/(2 sqrt(d_head))",
-          0.5, "x 1/sqrt(d_head)", _NOTEBOOK, "attn_scale", match={"variant": "wq_identity"}),
+          0.5, "x 1/sqrt(d_head)", _NOTEBOOK, "attn_scale", match={"variant": "wq_identity"}, model=_A_SMALL),
     Claim("a_weight_decay", PAPER_A, "query-free models train with weight decay 0.03125 (2^-5) instead of 0.1",
-          0.03125, "weight decay", _NOTEBOOK, "weight_decays", match={"variant": "wq_identity"}),
+          0.03125, "weight decay", _NOTEBOOK, "weight_decays", match={"variant": "wq_identity"}, model=_A_SMALL),
     Claim("a_stable_lower_wd", PAPER_A, "training stays stable at over 3x lower weight decay",
           3.2, "x lower weight decay (0.1 / 0.03125)", "abstract", "wd_stability",
-          match={"variant": "wq_identity"}),
+          match={"variant": "wq_identity"}, model=_A_SMALL),
     Claim("a_mlp_wider", PAPER_A, "parameter-matched comparison: the query-free model spends the saved "
           "parameters on a wider MLP", 4.5, "x d_model (MLP width)", _NOTEBOOK, "mlp_ratio",
-          match={"variant": "wq_identity"}),
+          match={"variant": "wq_identity"}, model=_A_SMALL),
     Claim("a_mlp_narrower", PAPER_A, "parameter-matched comparison: the baseline is shrunk to match",
-          3.5, "x d_model (MLP width)", _NOTEBOOK, "mlp_ratio", match={"variant": "qkv"}),
+          3.5, "x d_model (MLP width)", _NOTEBOOK, "mlp_ratio", match={"variant": "qkv"}, model=_A_SMALL),
     # -- Paper B: projection sharing ------------------------------------------------------
     Claim("b_kv_cosine", PAPER_B, "trained QKV models: K-V cosine similarity 0.73",
-          0.73, "cosine", f"{_DECK}, slide 6; {_POSTER}", "kv_similarity",
+          0.73, "cosine", f"{_DECK}, slide 6; {_POSTER}", "kv_similarity", match={"sharing": "MHA"},
           note="A flat cosine compares the two matrices entry by entry, so it depends on each head's output "
                "basis: K -> K R with Q -> Q R, and V -> V R' with W_O -> R'^T W_O, change no attention output but "
                "change cos(vec K, vec V), which can read ~0 for K and V that read the same input directions. "
-               "Linear CKA is invariant to such rotations"),
+               "Linear CKA is invariant to such rotations", model=_B_300M),
     Claim("b_qk_cosine", PAPER_B, "trained QKV models: Q stays distinct, cos(Q,K) 0.42",
           0.42, "cosine", f"{_DECK}, slide 6", "not_measured",
-          note="qkvscope computes no flat Q/K cosine; qk_symmetry (Inspector) measures how symmetric W_Q W_K^T is"),
+          note="qkvscope computes no flat Q/K cosine; qk_symmetry (Inspector) measures how symmetric W_Q W_K^T is", model=_B_300M),
     Claim("b_qv_cosine", PAPER_B, "trained QKV models: cos(Q,V) 0.31", 0.31, "cosine", f"{_DECK}, slide 6",
-          "not_measured", note="qkvscope computes no flat Q/V cosine"),
+          "not_measured", note="qkvscope computes no flat Q/V cosine", model=_B_300M),
     Claim("b_kv_erank", PAPER_B, "trained QKV models: K and V have similar effective rank, 687 vs 702 of 1024",
-          687 / 1024, "effective rank / d_model (K; V 702/1024 = 0.686)", f"{_DECK}, slide 6", "kv_erank"),
+          687 / 1024, "effective rank / d_model (K; V 702/1024 = 0.686)", f"{_DECK}, slide 6", "kv_erank", match={"sharing": "MHA"}, model=_B_300M),
     Claim("b_ppl_kv_300m", PAPER_B, "Q-K=V costs +3.1% validation perplexity at 300M (5.27 vs 5.11)",
           3.1, "% validation perplexity vs QKV", f"{_DECK}, slides 5 and 10; {_POSTER}; README: ~3%, "
           "validation perplexity in Tables 4 and 10", "relative_loss",
-          match={"variant": "k_eq_v", "sharing": "MHA"}),
+          match={"variant": "k_eq_v", "sharing": "MHA"}, model=_B_300M),
     Claim("b_ppl_kv_1_2b", PAPER_B, "Q-K=V costs +2.48% validation perplexity at 1.2B",
           2.48, "% validation perplexity vs QKV", f"{_DECK}, slides 8 and 10; {_POSTER}", "relative_loss",
-          match={"variant": "k_eq_v", "sharing": "MHA"}),
+          match={"variant": "k_eq_v", "sharing": "MHA"}, model=_B_1_2B),
     Claim("b_ppl_qk", PAPER_B, "Q=K-V costs +4.9% validation perplexity (300M), with no cache benefit",
           4.9, "% validation perplexity vs QKV", f"{_DECK}, slide 6; {_POSTER}", "relative_loss",
-          match={"variant": "q_eq_k", "sharing": "MHA"}),
+          match={"variant": "q_eq_k", "sharing": "MHA"}, model=_B_300M),
     Claim("b_ppl_qkv_tied", PAPER_B, "Q=K=V costs +25.4% validation perplexity (300M)",
           25.4, "% validation perplexity vs QKV", f"{_DECK}, slides 5 and 6; {_POSTER}", "relative_loss",
-          match={"variant": "q_eq_k_eq_v", "sharing": "MHA"}),
+          match={"variant": "q_eq_k_eq_v", "sharing": "MHA"}, model=_B_300M),
     Claim("b_ppl_gqa", PAPER_B, "GQA-4 costs +0.7% validation perplexity", 0.7,
           "% validation perplexity vs QKV", f"{_DECK}, slide 9", "relative_loss",
-          match={"variant": "qkv", "sharing": "GQA"}),
+          match={"variant": "qkv", "sharing": "GQA-4"}, model=_B_300M),
     Claim("b_ppl_q_gqa", PAPER_B, "Q-GQA-4 (K=V with GQA-4) costs +3.9% validation perplexity", 3.9,
           "% validation perplexity vs QKV", f"{_DECK}, slide 9", "relative_loss",
-          match={"variant": "k_eq_v", "sharing": "GQA"}),
+          match={"variant": "k_eq_v", "sharing": "GQA-4"}, model=_B_300M),
     Claim("b_ppl_q_mqa", PAPER_B, "Q-MQA (K=V with MQA) costs +4.8% validation perplexity", 4.8,
           "% validation perplexity vs QKV", f"{_DECK}, slide 9", "relative_loss",
-          match={"variant": "k_eq_v", "sharing": "MQA"}),
+          match={"variant": "k_eq_v", "sharing": "MQA"}, model=_B_300M),
     Claim("b_downstream_1_2b", PAPER_B, "at 1.2B Q-K=V trails QKV by only 0.41 points of 5-shot downstream "
           "accuracy (35.99 vs 36.40)", 0.41, "accuracy points", f"{_DECK}, slide 8; {_POSTER}", "not_measured",
-          note="qkvscope runs no downstream evaluation"),
+          note="qkvscope runs no downstream evaluation", model=_B_1_2B),
     Claim("b_proj_cost", PAPER_B, "projection cost drops 33% per tie: 3nd^2 -> 2nd^2 -> nd^2",
           100 / 3, "% of the Q, K, V projection parameters", _POSTER, "kv_projection_saving",
-          note="n d^2 per projection holds for multi-head attention; with grouped K/V heads W_V is a smaller share"),
+          note="n d^2 per projection holds for multi-head attention; with grouped K/V heads W_V is a smaller share", model="any multi-head attention layer"),
     Claim("b_cache_kv", PAPER_B, "Q-K=V halves the KV cache", 50.0, "% KV cache saved",
           f"README; {_DECK}, slide 5", "kv_saving", match={"variant": "k_eq_v", "sharing": "MHA",
-                                                          "preset": "projection-sharing-300m", "kv_frac": 1.0}),
+                                                          "preset": "projection-sharing-300m", "kv_frac": 1.0}, model=_B_300M),
     Claim("b_cache_gqa", PAPER_B, "GQA-4 saves 75% of the KV cache", 75.0, "% KV cache saved",
-          f"{_DECK}, slides 4 and 9", "kv_saving", match={"variant": "qkv", "sharing": "GQA",
-                                                         "preset": "projection-sharing-300m", "kv_frac": 0.25}),
+          f"{_DECK}, slides 4 and 9", "kv_saving", match={"variant": "qkv", "sharing": "GQA-4",
+                                                         "preset": "projection-sharing-300m", "kv_frac": 0.25}, model=_B_300M),
     Claim("b_cache_q_gqa", PAPER_B, "Q-GQA-4 saves 87.5% of the KV cache", 87.5, "% KV cache saved",
-          f"{_DECK}, slides 4 and 9", "kv_saving", match={"variant": "k_eq_v", "sharing": "GQA",
-                                                         "preset": "projection-sharing-300m", "kv_frac": 0.25}),
+          f"{_DECK}, slides 4 and 9", "kv_saving", match={"variant": "k_eq_v", "sharing": "GQA-4",
+                                                         "preset": "projection-sharing-300m", "kv_frac": 0.25}, model=_B_300M),
     Claim("b_cache_q_mqa", PAPER_B, "Q-MQA saves 96.9% of the KV cache at 300M", 96.9, "% KV cache saved",
           f"README; {_DECK}, slides 4 and 7", "kv_saving", match={"variant": "k_eq_v", "sharing": "MQA",
-                                                                 "preset": "projection-sharing-300m"}),
+                                                                 "preset": "projection-sharing-300m"}, model=_B_300M),
     Claim("b_cache_67x", PAPER_B, "up to 67x cache reduction with Q-MQA", 67.0, "x smaller KV cache", _POSTER,
           "kv_ratio", match={"variant": "k_eq_v", "sharing": "MQA", "preset": "projection-sharing-1.2b"},
           note="the consistent ratio is 64x (2 x 32 KV heads against 1): 67x is 64 x 2^20 / 10^6, a size in "
-               "MiB set against one in MB"),
+               "MiB set against one in MB", model=_B_1_2B),
+    Claim("b_cache_per_user", PAPER_B, "Q-MQA cuts one user's KV cache at 32k tokens of context from ~5.9 GB "
+          "(QKV) to 88 MB", 88.0, "MB per user at 32,768 tokens (QKV: 5.9 GB)", _QMQA_SCRIPT, "kv_per_user",
+          match={"variant": "k_eq_v", "sharing": "MQA", "preset": "projection-sharing-1.2b", "context": 32768},
+          note="The script sizes the cache in bf16 (2 bytes per element) and divides its own Q-MQA figure by "
+               "2^20 (MiB, printed as GB), while 5.9 is bytes / 10^9 (GB): the same mix of units as the 67x",
+          model=_B_1_2B),
 )
 
 BY_KEY = {c.key: c for c in CLAIMS}
 
 #: What :func:`measure` returns, one row per claim.
-TABLE_COLUMNS = ["key", "paper", "claim", "paper_value", "units", "where", "measured", "chance", "n",
+TABLE_COLUMNS = ["key", "paper", "claim", "model", "paper_value", "units", "where", "measured", "chance", "n",
                  "reading", "source"]
 
 
@@ -189,16 +203,6 @@ class Inputs:
     runs: pd.DataFrame
     points: pd.DataFrame | Iterable[tuple[int, np.ndarray]]
     loss_metric: str = "val/loss"
-
-
-def sharing(n_heads, n_kv_heads) -> str:
-    """``MHA``, ``GQA`` or ``MQA`` from the head counts (``unknown`` when either is missing)."""
-    if n_heads is None or n_kv_heads is None or pd.isna(n_heads) or pd.isna(n_kv_heads):
-        return "unknown"
-    n_heads, n_kv_heads = int(n_heads), int(n_kv_heads)
-    if n_kv_heads == n_heads:
-        return "MHA"
-    return "MQA" if n_kv_heads == 1 else "GQA"
 
 
 def _geometry(row) -> Geometry | None:
@@ -238,20 +242,59 @@ def geometry_savings(checkpoints: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()), columns=cols)
 
 
-def relative_losses(runs: pd.DataFrame) -> pd.DataFrame:
-    """Final loss of each (project, variant, head sharing) against ``qkv`` MHA runs of the same project
-    and geometry (``d_model``, ``n_layers``, ``n_heads`` where the frame has them; unknown values match
-    only each other) at the same weight decay: never across projects or geometries.
+#: Geometry columns a comparison never crosses (with the project and the loss's unit).
+GEOMETRY = ("d_model", "n_layers", "n_heads")
 
-    Per matched cell (project, geometry, weight decay w) where both exist: ``rel = mean(final_v) / mean(final_qkv) - 1`` and, reading the
-    loss as nats per token, the perplexity change ``exp(mean(final_v) - mean(final_qkv)) - 1``. Returns
-    one row per (project, variant, sharing): ``project, variant, sharing, rel_loss, rel_ppl`` (means over the
-    matched cells), ``weight_decays``, ``n_runs`` (the variant's runs used), ``n_base`` (qkv runs used)
-    and ``seed_spread_ppl`` (largest minus smallest baseline final at one weight decay, as a perplexity
-    ratio, NaN without repeated baseline runs): the noise a difference has to beat.
+
+def loss_unit(vocab_size=None, tokenizer=None) -> str:
+    """What one step of a run's loss is over: ``token`` when its config names a tokenizer or a
+    vocabulary larger than 256, ``byte`` for a vocabulary of at most 256 (a byte-level model, such
+    as the bundled demo's), ``?`` when the config says neither. Only ``token`` losses are compared
+    with the papers' per-token perplexities."""
+    if tokenizer:
+        return "token"
+    try:
+        vocab = int(vocab_size)
+    except (TypeError, ValueError):
+        return "?"
+    return "byte" if vocab <= 256 else "token"
+
+
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _text(value) -> str:
+    return "?" if value is None or pd.isna(value) else str(value)
+
+
+def _label(value) -> str:
+    return "?" if value is None or pd.isna(value) else str(int(value))
+
+
+def geometry_label(row) -> str:
+    """``d_model 64, 4 layers, 4 heads`` (``?`` where unknown)."""
+    return (f"d_model {_label(row.get('d_model'))}, {_label(row.get('n_layers'))} layers, "
+            f"{_label(row.get('n_heads'))} heads")
+
+
+def relative_losses(runs: pd.DataFrame) -> pd.DataFrame:
+    """Final loss of each variant and head-sharing class against ``qkv`` MHA runs of the same
+    group at the same weight decay: a group is one project, one unit of the loss (``loss_unit``:
+    per token, per byte, ``?``) and one geometry (``GEOMETRY``, where the frame has the columns;
+    an unknown value matches only itself), never across them.
+
+    Per matched cell (group, weight decay w) where both exist: ``rel = mean(final_v) / mean(final_qkv) - 1`` and, reading the
+    loss as nats per token (or byte), the perplexity change ``exp(mean(final_v) - mean(final_qkv)) - 1``. Returns
+    one row per (group, variant, sharing): ``project, loss_unit, d_model, n_layers, n_heads, variant, sharing,
+    rel_loss, rel_ppl`` (means over the group's matched weight decays), ``weight_decays``, ``n_runs`` (the
+    variant's runs used), ``n_base`` (qkv runs used) and ``seed_spread_ppl`` (largest minus smallest
+    baseline final at one weight decay of the group, as a perplexity ratio, NaN without repeated
+    baseline runs): the noise a difference has to beat. ``sharing`` is ``analysis.variants.sharing``'s
+    class (``MHA``, ``GQA-g``, ``MQA``).
     """
-    cols = ["project", "variant", "sharing", "rel_loss", "rel_ppl", "weight_decays", "n_runs", "n_base",
-            "seed_spread_ppl"]
+    cols = ["project", "loss_unit", *GEOMETRY, "variant", "sharing", "rel_loss", "rel_ppl", "weight_decays",
+            "n_runs", "n_base", "seed_spread_ppl"]
     need = {"variant", "n_heads", "n_kv_heads", "weight_decay", "final"}
     missing = sorted(need - set(runs.columns))
     if missing:
@@ -261,32 +304,33 @@ def relative_losses(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     frame["sharing"] = [sharing(h, k) for h, k in zip(frame["n_heads"], frame["n_kv_heads"])]
     frame["wd"] = frame["weight_decay"].astype(float).fillna(-1.0)  # unknown weight decay: its own cell
-    frame["project"] = frame["project"].astype(str) if "project" in frame.columns else "?"
-    geo = [c for c in ("d_model", "n_layers", "n_heads") if c in frame.columns]
-    frame["cell"] = [str(t) for t in zip(*(frame[c].map(lambda v: "?" if pd.isna(v) else str(int(v)))
-                                           for c in geo), frame["wd"])] if geo else frame["wd"].astype(str)
+    for c in ("project", "loss_unit"):
+        frame[c] = frame[c].map(_text) if c in frame.columns else "?"
+    for c in GEOMETRY:
+        frame[f"_{c}"] = frame[c].map(_label) if c in frame.columns else "?"
+    group_cols = ["project", "loss_unit", *(f"_{c}" for c in GEOMETRY)]
     rows = []
-    for project, pframe in frame.groupby("project", sort=True):
-        base = pframe[(pframe["variant"] == "qkv") & (pframe["sharing"] == "MHA")]
-        base_mean = base.groupby("cell")["final"].mean()
-        spreads = base.groupby("cell")["final"].agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
+    for key, gframe in frame.groupby(group_cols, sort=True):
+        base = gframe[(gframe["variant"] == "qkv") & (gframe["sharing"] == "MHA")]
+        base_mean = base.groupby("wd")["final"].mean()
+        spreads = base.groupby("wd")["final"].agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
         spread = float(np.exp(spreads.max()) - 1) if spreads.notna().any() else float("nan")
-        for (variant, kind), grp in pframe.groupby(["variant", "sharing"], sort=True):
+        geometry = {c: (None if v == "?" else int(v)) for c, v in zip(GEOMETRY, key[2:])}
+        for (variant, kind), grp in gframe.groupby(["variant", "sharing"], sort=True):
             if variant == "qkv" and kind == "MHA":
                 continue
-            cells = grp[grp["cell"].isin(base_mean.index)]
+            cells = grp[grp["wd"].isin(base_mean.index)]
             if cells.empty:
                 continue
-            means = cells.groupby("cell")["final"].mean()
+            means = cells.groupby("wd")["final"].mean()
             ref = base_mean.loc[means.index]
-            wd_of = dict(zip(cells["cell"], cells["wd"]))
-            rows.append({"project": project, "variant": variant, "sharing": kind,
+            rows.append({"project": key[0], "loss_unit": key[1], **geometry, "variant": variant, "sharing": kind,
                          "rel_loss": float((means / ref - 1).mean()),
                          "rel_ppl": float((np.exp(means - ref) - 1).mean()),
-                         "weight_decays": sorted({None if wd_of[c] < 0 else float(wd_of[c]) for c in means.index},
+                         "weight_decays": sorted((None if w < 0 else float(w) for w in means.index),
                                                  key=lambda w: -1 if w is None else w),
                          "n_runs": int(len(cells)),
-                         "n_base": int(base["cell"].isin(means.index).sum()),
+                         "n_base": int(base["wd"].isin(means.index).sum()),
                          "seed_spread_ppl": spread})
     return pd.DataFrame(rows, columns=cols)
 
@@ -304,6 +348,20 @@ def _pct(x: float, digits: int = 1) -> str:
 
 def _num(x, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _with_groups(results: pd.DataFrame, checkpoints: pd.DataFrame, kind: str | None) -> pd.DataFrame:
+    """``results`` with each row's checkpoint ``project``, geometry and head-sharing class (``sharing``)
+    and a ``group`` label (``project P, d_model 64, 4 layers, 4 heads``); only the checkpoints of
+    the head-sharing class ``kind`` (all for None)."""
+    ck = checkpoints.copy()
+    ck["project"] = ck["project"].map(_text) if "project" in ck.columns else "?"
+    ck["sharing"] = [sharing(h, k) for h, k in zip(ck["n_heads"], ck["n_kv_heads"])]
+    ck["group"] = [_group_text(r) for r in ck.to_dict("records")]
+    ck["d_model"] = ck["d_model"].astype(float)
+    keep = ["id", "project", "sharing", "group", "d_model"]
+    out = results.merge(ck[keep].rename(columns={"id": "checkpoint_id"}), on="checkpoint_id", how="inner")
+    return out if kind is None else out[out["sharing"] == kind]
 
 
 def _similarity_rows(results: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -326,46 +384,76 @@ def _summary(rows: pd.DataFrame, label: str) -> tuple[str, str, int]:
     return measured, chance, int(len(rows))
 
 
+def _by_group(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """``rows`` per group (project and geometry), the group with most rows first."""
+    groups = [(g, part) for g, part in rows.groupby("group", sort=True)]
+    return sorted(groups, key=lambda gp: -len(gp[1]))
+
+
 def _kv_similarity(claim: Claim, data: Inputs) -> dict:
-    parts, chances, n = [], [], 0
-    for metric, label in (("kv_cosine_flat", "flat cosine"), ("kv_cka", "CKA"), ("kv_cka_act", "CKA on activations")):
-        m, c, k = _summary(_similarity_rows(data.results, metric), label)
-        if k:
-            parts.append(m)
-            chances.append(f"{label}: {c}")
-            n = max(n, k)
-    if not parts:
-        return {"measured": None, "reading": "No analysed checkpoint with separate K and V yet: analyse the "
-                                              "checkpoints (button above) to measure it."}
-    act = data.results[data.results["metric"] == "kv_cka_act"] if not data.results.empty else data.results
+    kind = claim.match.get("sharing")
+    res = _with_groups(data.results, data.checkpoints, kind) if not data.results.empty else data.results
+    metrics = (("kv_cosine_flat", "flat cosine"), ("kv_cka", "CKA"), ("kv_cka_act", "CKA on activations"))
+    rows = pd.concat([_similarity_rows(res, m) for m, _ in metrics]) if not res.empty else res
+    if rows.empty:
+        return {"measured": None, "reading": f"No analysed {kind or ''} checkpoint with separate K and V yet: "
+                                             "analyse the checkpoints (button above) to measure it."
+                                             .replace("  ", " ")}
+    groups = _by_group(rows)
+    measured, chances, n = [], [], 0
+    for group, part in groups:
+        parts, group_chances, k_max = [], [], 0
+        for metric, label in metrics:
+            m, c, k = _summary(part[part["metric"] == metric], label)
+            if k:
+                parts.append(m)
+                group_chances.append(f"{label}: {c}")
+                k_max = max(k_max, k)
+        prefix = f"[{group}] " if len(groups) > 1 else ""
+        measured.append(prefix + "; ".join(parts))
+        chances.append(prefix + "; ".join(group_chances))
+        n += k_max
+    act = rows[rows["metric"] == "kv_cka_act"]
     tokens = act["n_tokens"].dropna() if len(act) and "n_tokens" in act else []
-    reading = ("Per kv head of checkpoints with separate K and V (K=V variants read 1 by construction). "
-               + claim.note + ".")
+    where = f"{_upper_first(groups[0][0])}: p" if len(groups) == 1 else "One figure per project and geometry, never pooled. P"
+    reading = (where + f"er kv head of {kind or 'all'} checkpoints with separate K and V (K=V variants read 1 by "
+               f"construction); the paper's model: {claim.model}. " + claim.note + ".")
     if len(tokens):
         reading += f" Activation CKA on {int(pd.Series(tokens).median()):,} tokens."
-    return {"measured": "; ".join(parts), "chance": "; ".join(chances), "n": n, "n_label": "kv heads",
-            "reading": reading}
+    return {"measured": " | ".join(measured), "chance": " | ".join(chances), "n": n,
+            "n_label": "kv heads" if len(groups) == 1 else f"kv heads in {len(groups)} groups", "reading": reading}
 
 
 def _kv_erank(claim: Claim, data: Inputs) -> dict:
     res = data.results
     if res.empty:
         return {"measured": None, "reading": "No analysed checkpoint yet."}
+    kind = claim.match.get("sharing")
+    res = _with_groups(res, data.checkpoints, kind)
     layer = res[res["head"].isna() & res["metric"].isin(["erank_k", "erank_v"]) & res["value"].notna()
                 & ~res["variant"].isin(sorted(KV_TIED))]
     if layer.empty:
-        return {"measured": None, "reading": "No whole-layer K/V effective rank stored for checkpoints with separate "
-                                             "K and V (grouped-query models store it; per-head ranks are not "
-                                             "comparable to the paper's per-layer figure)."}
-    d = data.checkpoints.set_index("id")["d_model"]
-    layer = layer.assign(frac=layer["value"].astype(float) / layer["checkpoint_id"].map(d).astype(float))
-    k = layer[layer["metric"] == "erank_k"]["frac"]
-    v = layer[layer["metric"] == "erank_v"]["frac"]
-    ch = layer["chance"].dropna()
-    return {"measured": f"erank(K)/d_model median {k.median():.3f}, erank(V)/d_model median {v.median():.3f}",
-            "chance": f"{ch.median():.3f} (effective rank, not divided)" if len(ch) else "chance not computed yet",
-            "n": int(len(layer) // 2 or len(layer)), "n_label": "layers",
-            "reading": "Whole-layer W_K and W_V effective ranks, as fractions of d_model."}
+        return {"measured": None, "reading": f"No whole-layer K/V effective rank stored for {kind} checkpoints with "
+                                             "separate K and V (the paper's figure is a whole layer of an MHA model, "
+                                             "where W_K and W_V are d_model x d_model; per-head ranks, or grouped "
+                                             "models' ranks capped at n_kv_heads x d_head, are other quantities)."}
+    # value and chance in one unit: a fraction of d_model
+    layer = layer.assign(frac=layer["value"].astype(float) / layer["d_model"],
+                         chance_frac=layer["chance"].astype(float) / layer["d_model"])
+    groups = _by_group(layer)
+    measured, chances, n = [], [], 0
+    for group, part in groups:
+        prefix = f"[{group}] " if len(groups) > 1 else ""
+        k = part[part["metric"] == "erank_k"]["frac"]
+        v = part[part["metric"] == "erank_v"]["frac"]
+        measured.append(prefix + f"erank(K)/d_model median {k.median():.3f}, erank(V)/d_model median {v.median():.3f}")
+        ch = part["chance_frac"].dropna()
+        chances.append(prefix + (f"{ch.median():.3f} (of d_model)" if len(ch) else "chance not computed yet"))
+        n += int(len(part) // 2 or len(part))
+    where = f"{_upper_first(groups[0][0])}: w" if len(groups) == 1 else "One figure per project and geometry, never pooled. W"
+    return {"measured": " | ".join(measured), "chance": " | ".join(chances), "n": n, "n_label": "layers",
+            "reading": where + f"hole-layer W_K and W_V effective ranks of {kind} checkpoints, as fractions of "
+                       f"d_model; the paper's model: {claim.model}."}
 
 
 def _geometry_share(data: Inputs, column: str, prefix: str, reading: str) -> dict:
@@ -462,26 +550,48 @@ def _wd_stability(claim: Claim, data: Inputs) -> dict:
             "n_label": "runs", "reading": reading}
 
 
+_UNIT_WORDS = {"token": "per token", "byte": "per byte", "?": "unit unknown"}
+
+
+def _group_text(r) -> str:
+    return f"project {r['project']}, {geometry_label(r)}"
+
+
 def _relative_loss(claim: Claim, data: Inputs) -> dict:
     rel = relative_losses(data.runs)
-    hit = rel[(rel["variant"] == claim.match["variant"]) & (rel["sharing"] == claim.match["sharing"])] \
-        if not rel.empty else rel
+    variant, kind = claim.match["variant"], claim.match["sharing"]
+    same_variant = rel[rel["variant"] == variant] if not rel.empty else rel
+    hit = same_variant[same_variant["sharing"] == kind]
     if hit.empty:
-        return {"measured": None, "reading": f"No {claim.match['variant']} {claim.match['sharing']} runs beside "
-                                             f"qkv MHA runs at the same weight decay."}
-    # one project's runs (the one with most runs; the others are named): never a mean across projects
-    hit = hit.sort_values("n_runs", ascending=False, kind="stable")
+        other = sorted(set(same_variant["sharing"]))
+        return {"measured": None, "reading": f"No {variant} {kind} runs beside qkv MHA runs of their own project and "
+                                             f"geometry at the same weight decay."
+                + (f" Runs of {variant} with {', '.join(other)} exist: another head-sharing class than the "
+                   f"claim's {kind}, so not compared." if other else "")}
+    # one group's runs (per token first, then the one with most runs; the others are named): never a
+    # mean across projects, geometries or units
+    hit = hit.assign(_token=hit["loss_unit"] != "token").sort_values(["_token", "n_runs"], ascending=[True, False],
+                                                                      kind="stable")
     r = hit.iloc[0]
-    others = "" if len(hit) == 1 else "; other projects: " + ", ".join(
-        f"{o['project']} {_pct(o['rel_ppl'], 2)}" for o in hit.iloc[1:].to_dict("records"))
+    others = "" if len(hit) == 1 else " Other groups: " + "; ".join(
+        f"{_group_text(o)}: {_pct(o['rel_ppl'], 2)} {_UNIT_WORDS[o['loss_unit']]}" for o in hit.iloc[1:].to_dict("records")) + "."
     wds = ", ".join("?" if w is None else f"{w:g}" for w in r["weight_decays"])
     spread = r["seed_spread_ppl"]
-    return {"measured": f"{_pct(r['rel_ppl'], 2)} perplexity ({_pct(r['rel_loss'], 2)} final {data.loss_metric})",
+    change = f"{_pct(r['rel_ppl'], 2)} perplexity {_UNIT_WORDS[r['loss_unit']]}"
+    if r["loss_unit"] == "token":
+        measured = f"{change} ({_pct(r['rel_loss'], 2)} final {data.loss_metric})"
+        caveat = ""
+    else:
+        measured = f"{change}: not compared ({_pct(r['rel_loss'], 2)} final {data.loss_metric})"
+        caveat = (" The paper's perplexity is per token; a per-byte loss (a byte-level model) or one of unknown "
+                  "unit is a different quantity, so the two are not set against each other.")
+    return {"measured": measured,
             "chance": "no chance level; seed spread of qkv " + (_pct(spread, 2) if not pd.isna(spread) else "unknown "
                                                                 "(one run per weight decay)"),
             "n": int(r["n_runs"]), "n_label": f"runs (+{int(r['n_base'])} qkv)",
-            "reading": f"Project {r['project']}, against qkv MHA runs of its own geometry; mean over weight "
-                       f"decays {wds}; perplexity = exp(loss), so the change is exp(loss_v - loss_qkv) - 1{others}."}
+            "reading": f"{_upper_first(_group_text(r))} ({kind}), against qkv MHA runs of the same project and "
+                       f"geometry; the paper's model: {claim.model}. Mean over weight decays {wds}; perplexity = "
+                       f"exp(loss), so the change is exp(loss_v - loss_qkv) - 1.{caveat}{others}"}
 
 
 def _kv_saving(claim: Claim, data: Inputs) -> dict:
@@ -516,6 +626,21 @@ def _kv_ratio(claim: Claim, data: Inputs) -> dict:
             "n_label": "preset", "reading": claim.note + "."}
 
 
+def _kv_per_user(claim: Claim, data: Inputs) -> dict:
+    """One user's cache at the claim's context on the claim's preset (``analysis.kv_cost``), QKV MHA
+    and the claim's configuration, in GB and in MiB."""
+    g = PRESETS[claim.match["preset"]]
+    context = claim.match["context"]
+    nkv = 1 if claim.match["sharing"] == "MQA" else g.n_heads
+    base = kv_bytes_per_user(g, Attention("qkv", g.n_heads), context, "bf16")
+    tied = kv_bytes_per_user(g, Attention(claim.match["variant"], nkv), context, "bf16")
+    return {"measured": f"tool calculator on {g.name}, bf16, {context:,} tokens: QKV {base / GB:.2f} GB "
+                        f"({base / GIB:.2f} GiB) -> {VARIANT_LABELS[claim.match['variant']]} with {nkv} KV head "
+                        f"{tied / 1e6:.1f} MB ({tied / 2 ** 20:.1f} MiB); {base / tied:g}x",
+            "chance": "no chance level (cache bytes)", "n": 1, "n_label": "preset",
+            "reading": claim.note + f"; in one unit the cut is {base / GB:.2f} GB -> {tied / 1e6:.1f} MB."}
+
+
 def _kv_projection(claim: Claim, data: Inputs) -> dict:
     return _geometry_share(data, "wv_share", "K=V removes ", claim.note + ".")
 
@@ -525,7 +650,7 @@ _MEASURES = {
     "query_free_nonembedding": _query_free_nonembedding, "attn_scale": _attn_scale,
     "weight_decays": _weight_decays, "mlp_ratio": _mlp_ratio, "wd_stability": _wd_stability,
     "relative_loss": _relative_loss, "kv_saving": _kv_saving, "kv_ratio": _kv_ratio,
-    "kv_projection_saving": _kv_projection,
+    "kv_projection_saving": _kv_projection, "kv_per_user": _kv_per_user,
     "not_measured": lambda claim, data: {"measured": None, "reading": claim.note + "."},
 }
 
@@ -546,7 +671,8 @@ def measure(data: Inputs, claims=CLAIMS) -> pd.DataFrame:
         got = fn(claim, data)
         n = got.get("n")
         rows.append({"key": claim.key, "paper": f"{PAPERS[claim.arxiv]['short']} (arXiv {claim.arxiv})",
-                     "claim": claim.claim, "paper_value": f"{claim.value:.4g}", "units": claim.units,
+                     "claim": claim.claim, "model": claim.model, "paper_value": f"{claim.value:.4g}",
+                     "units": claim.units,
                      "where": claim.where, "measured": got.get("measured"), "chance": got.get("chance", ""),
                      "n": f"{n} {got.get('n_label', '')}".strip() if n else "",
                      "reading": got.get("reading", ""), "source": claim.arxiv})

@@ -121,6 +121,10 @@ def sharing(n_heads: int | None, n_kv_heads: int | None) -> str:
     """``MHA``, ``MQA`` (one kv head) or ``GQA-g`` with ``g`` the number of kv heads (groups),
     as Ainslie et al. (2023) and paper B write it (Llama-3-8B, 32 heads over 8: ``GQA-8``);
     ``?`` if unknown."""
+    try:
+        n_heads, n_kv_heads = int(n_heads), int(n_kv_heads)
+    except (TypeError, ValueError):          # None, NaN, pandas' NA
+        return "?"
     if not n_heads or not n_kv_heads:
         return "?"
     if n_kv_heads == n_heads:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.paper_claims import loss_unit
 from loaders import curves
 from loaders.logs import list_runs
 from loaders.projects import NO_PROJECT
@@ -27,7 +28,7 @@ _CHECKPOINT_COLUMNS = ["id", "run_id", "step", "variant", "n_layers", "n_heads",
 _RESULT_COLUMNS = ["checkpoint_id", "variant", "layer", "head", "metric", "value", "chance", "n_tokens",
                    "ci_low", "ci_high"]
 _RUN_COLUMNS = ["run_id", "name", "project", "variant", "n_kv_heads", "n_heads", "d_model", "n_layers",
-                "weight_decay", "seed", "mlp_ratio", "config", "final"]
+                "weight_decay", "seed", "mlp_ratio", "loss_unit", "config", "final"]
 
 
 def _config_value(cfg: dict, keys: tuple[str, ...]):
@@ -100,7 +101,8 @@ def stored_results(store: Store, checkpoint_ids, metric_version: int, metrics=ME
 
 def runs_with_finals(store: Store, loss_metric: str = "val/loss", projects=None) -> pd.DataFrame:
     """``_RUN_COLUMNS``: every language run of ``projects`` (all for None; vision runs left out), its final finite ``loss_metric`` (NaN when it logged none), its head
-    count (from a linked checkpoint, else its config) and its MLP ratio (config ``mlp_ratio``)."""
+    count (from a linked checkpoint, else its config), its MLP ratio (config ``mlp_ratio``) and what its
+    loss is per (``analysis.paper_claims.loss_unit`` of its config's vocabulary size and tokenizer)."""
     runs = [r for r in list_runs(store) if (r.get("config") or {}).get("task") != "image"
             and (not projects or (r["project"] or NO_PROJECT) in projects)]
     if not runs:
@@ -119,7 +121,11 @@ def runs_with_finals(store: Store, loss_metric: str = "val/loss", projects=None)
                      "d_model": facts["d_model"], "n_layers": facts["n_layers"],
                      "variant": r["variant"], "n_kv_heads": r["n_kv_heads"],
                      "n_heads": n_heads, "weight_decay": r["weight_decay"], "seed": r["seed"],
-                     "mlp_ratio": _number(_config_value(cfg, ("mlp_ratio",))), "config": cfg,
+                     "mlp_ratio": _number(_config_value(cfg, ("mlp_ratio",))),
+                     "loss_unit": loss_unit(_config_value(cfg, ("vocab_size", "n_vocab", "padded_vocab_size")),
+                                            _config_value(cfg, ("tokenizer", "tokenizer_name",
+                                                                "tokenizer_name_or_path"))),
+                     "config": cfg,
                      "final": finals.get(r["id"], float("nan"))})
     return pd.DataFrame(rows, columns=_RUN_COLUMNS)
 

@@ -90,7 +90,8 @@ def render() -> None:
         table = table[table["source"] == wanted]
     shown = table.assign(measured=table["measured"].fillna("not measured here"),
                          paper_value=table["paper_value"] + " " + table["units"])
-    columns = {"claim": "claim", "paper_value": "paper", "where": "where stated", "measured": "on this database",
+    columns = {"claim": "claim", "model": "paper's model", "paper_value": "paper", "where": "where stated",
+               "measured": "on this database",
                "chance": "chance level", "n": "n", "reading": "how to read it"}
     for arxiv, part in shown.groupby("source", sort=True):
         st.subheader(f"{PAPERS[arxiv]['short']} (arXiv {arxiv})")
@@ -99,7 +100,10 @@ def render() -> None:
     st.caption("Flat K/V cosine is basis-dependent: rotating a head's Q and K output bases together, or its V "
                "basis with W_O to match, changes no attention output but changes cos(vec K, vec V), so a near-0 flat cosine does not "
                "mean K and V read different input directions; linear CKA is invariant to such rotations. "
-               "Perplexity changes are exp(loss_variant - loss_qkv) - 1 at matched weight decay. "
+               "Perplexity changes are exp(loss_variant - loss_qkv) - 1 at matched weight decay, within one project "
+               "and geometry, and set against the paper's per-token figures only where the runs' loss is per token "
+               "(a tokenizer or a vocabulary over 256); a claim is compared only with runs of its head-sharing "
+               "class (MHA, GQA-g with g KV heads, MQA). "
                "Units: MB = 10^6 bytes, MiB = 2^20 bytes.")
     st.download_button("Download CSV", tables.csv_bytes(table.drop(columns=["source"])),
                        file_name="paper-claims.csv", mime="text/csv", icon=":material/download:",

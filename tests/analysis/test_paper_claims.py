@@ -11,8 +11,8 @@ import pytest
 from analysis.errors import AnalysisError
 from analysis.kv_cost import Geometry
 from analysis.paper_claims import (
-    BY_KEY, CLAIMS, PAPER_A, PAPER_B, PAPERS, TABLE_COLUMNS, Claim, Inputs, geometry_savings, kv_saving, measure,
-    relative_losses, sharing,
+    BY_KEY, CLAIMS, PAPER_A, PAPER_B, PAPERS, TABLE_COLUMNS, Claim, Inputs, geometry_savings, kv_saving, loss_unit,
+    measure, relative_losses, sharing,
 )
 from analysis.presets import PRESETS
 
@@ -21,11 +21,11 @@ PAPERS_DOC = Path(__file__).resolve().parents[2] / "docs" / "guide" / "dashboard
 
 def _inputs(checkpoints=None, results=None, runs=None, points=None) -> Inputs:
     ck_cols = ["id", "run_id", "step", "variant", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head",
-               "attn_scale", "params_total", "params_attention", "kv_bytes_per_token"]
+               "attn_scale", "params_total", "params_attention", "kv_bytes_per_token", "project"]
     res_cols = ["checkpoint_id", "variant", "layer", "head", "metric", "value", "chance", "n_tokens", "ci_low",
                 "ci_high"]
-    run_cols = ["run_id", "name", "variant", "n_kv_heads", "n_heads", "weight_decay", "seed", "mlp_ratio", "config",
-                "final"]
+    run_cols = ["run_id", "name", "project", "variant", "n_kv_heads", "n_heads", "d_model", "n_layers", "weight_decay",
+                "seed", "mlp_ratio", "config", "final", "loss_unit"]
     return Inputs(checkpoints=pd.DataFrame(checkpoints or [], columns=ck_cols),
                   results=pd.DataFrame(results or [], columns=res_cols),
                   runs=pd.DataFrame(runs or [], columns=run_cols),
@@ -46,7 +46,8 @@ def test_catalogue_holds_the_papers_numbers():
 
 
 def test_sharing_kinds():
-    assert [sharing(16, 16), sharing(16, 4), sharing(16, 1), sharing(None, 4)] == ["MHA", "GQA", "MQA", "unknown"]
+    assert [sharing(16, 16), sharing(16, 4), sharing(16, 1), sharing(None, 4), sharing(float("nan"), 2.0),
+            sharing(4, 2.0)] == ["MHA", "GQA-4", "MQA", "?", "?", "GQA-2"]
 
 
 def _ck(cid, variant, nh, nkv, d=64, dh=16, **kw):
@@ -94,7 +95,8 @@ def _runs():
                                     ("k_eq_v", 1, 0.1, 1.40), ("q_eq_k", 4, 0.1, float("inf"))]:
         rid += 1
         rows.append({"run_id": rid, "name": f"r{rid}", "variant": variant, "n_kv_heads": nkv, "n_heads": 4,
-                     "weight_decay": wd, "seed": rid, "mlp_ratio": 4.0, "config": {}, "final": final})
+                     "weight_decay": wd, "seed": rid, "mlp_ratio": 4.0, "config": {}, "final": final,
+                     "loss_unit": "token"})
     return rows
 
 
@@ -125,7 +127,8 @@ def test_measure_on_an_empty_database_keeps_every_claim():
     t = table.set_index("key")
     assert t.loc["b_kv_cosine", "measured"] is None
     assert t.loc["b_ppl_kv_300m", "measured"] is None
-    assert t.loc["b_ppl_kv_300m", "reading"] == "No k_eq_v MHA runs beside qkv MHA runs at the same weight decay."
+    assert t.loc["b_ppl_kv_300m", "reading"] == ("No k_eq_v MHA runs beside qkv MHA runs of their own project and "
+                                                 "geometry at the same weight decay.")
     # calculator figures need no data
     assert t.loc["b_cache_67x", "measured"].startswith("64x on projection-sharing-1.2b")
     assert "67.1" in t.loc["b_cache_67x", "measured"]
@@ -198,3 +201,108 @@ def test_the_papers_page_doc_states_the_catalogue_numbers():
         assert f"+{BY_KEY[key].value:g}%" in text, key
     assert "MiB against MB" in text and "GiB against GB" not in text
     assert "0.73" in text
+
+
+# -- like with like: one figure per project and geometry, the claim's head-sharing class, per token only --
+
+def test_loss_unit_from_the_config():
+    assert [loss_unit(256), loss_unit(50304), loss_unit(None, "gpt2"), loss_unit(None), loss_unit("n/a"),
+            loss_unit(128, None)] == ["byte", "token", "token", "?", "?", "byte"]
+
+
+def _run(rid, project, variant, nkv, wd, final, d=64, unit="token", nh=4):
+    return {"run_id": rid, "name": "lightning_logs/version_0", "project": project, "variant": variant,
+            "n_kv_heads": nkv, "n_heads": nh, "d_model": d, "n_layers": 4, "weight_decay": wd, "seed": 1,
+            "mlp_ratio": None, "config": {}, "final": final, "loss_unit": unit}
+
+
+#: Two projects with runs of the same folder name; sweep-a holds two geometries; sweep-b is byte-level.
+SEVERAL = [_run(1, "sweep-a", "qkv", 4, 0.1, 2.00), _run(2, "sweep-a", "k_eq_v", 4, 0.1, 2.10),
+           _run(3, "sweep-a", "qkv", 4, 0.1, 1.50, d=128), _run(4, "sweep-a", "k_eq_v", 4, 0.1, 1.52, d=128),
+           _run(5, "sweep-a", "k_eq_v", 4, 0.1, 1.53, d=128),
+           _run(6, "sweep-b", "qkv", 4, 0.1, 1.00, unit="byte"), _run(7, "sweep-b", "k_eq_v", 4, 0.1, 1.50, unit="byte"),
+           _run(8, "sweep-a", "k_eq_v", 2, 0.1, 2.20)]
+
+
+def test_relative_losses_never_pool_projects_geometries_or_units():
+    rel = relative_losses(pd.DataFrame(SEVERAL))
+    got = {(r["project"], r["loss_unit"], r["d_model"], r["sharing"]): (round(r["rel_ppl"], 12), r["n_runs"], r["n_base"])
+           for r in rel[rel["variant"] == "k_eq_v"].to_dict("records")}
+    assert got == {("sweep-a", "token", 64, "MHA"): (round(math.exp(0.10) - 1, 12), 1, 1),
+                   ("sweep-a", "token", 64, "GQA-2"): (round(math.exp(0.20) - 1, 12), 1, 1),
+                   ("sweep-a", "token", 128, "MHA"): (round(math.exp(1.525 - 1.50) - 1, 12), 2, 1),
+                   ("sweep-b", "byte", 64, "MHA"): (round(math.exp(0.50) - 1, 12), 1, 1)}
+
+
+def test_perplexity_claim_takes_one_per_token_group_and_names_the_others():
+    row = measure(_inputs(runs=SEVERAL)).set_index("key").loc["b_ppl_kv_300m"]
+    # the per-token group with most runs (sweep-a at d_model 128: 2 runs) stands; no mean across groups
+    assert row["measured"] == f"{100 * (math.exp(0.025) - 1):+.2f}% perplexity per token ({100 * (1.525 / 1.5 - 1):+.2f}% final val/loss)"
+    assert row["n"] == "2 runs (+1 qkv)"
+    assert row["reading"].startswith("Project sweep-a, d_model 128, 4 layers, 4 heads (MHA), against qkv MHA runs")
+    assert "the paper's model: 300M (20 layers, d_model 1024, 16 heads)" in row["reading"]
+    assert row["reading"].endswith(f" Other groups: project sweep-a, d_model 64, 4 layers, 4 heads: "
+                                   f"{100 * (math.exp(0.1) - 1):+.2f}% per token; project sweep-b, d_model 64, 4 layers, "
+                                   f"4 heads: {100 * (math.exp(0.5) - 1):+.2f}% per byte.")
+
+
+def test_a_per_byte_loss_is_shown_but_not_compared():
+    row = measure(_inputs(runs=[r for r in SEVERAL if r["project"] == "sweep-b"])).set_index("key").loc["b_ppl_kv_300m"]
+    assert row["measured"] == f"{100 * (math.exp(0.5) - 1):+.2f}% perplexity per byte: not compared (+50.00% final val/loss)"
+    assert "The paper's perplexity is per token" in row["reading"]
+
+
+def test_gqa_2_runs_never_stand_for_a_gqa_4_claim():
+    t = measure(_inputs(runs=SEVERAL)).set_index("key")
+    assert t.loc["b_ppl_q_gqa", "measured"] is None
+    assert t.loc["b_ppl_q_gqa", "reading"] == (
+        "No k_eq_v GQA-4 runs beside qkv MHA runs of their own project and geometry at the same weight decay. "
+        "Runs of k_eq_v with GQA-2, MHA exist: another head-sharing class than the claim's GQA-4, so not compared.")
+    gqa4 = [*SEVERAL, _run(9, "sweep-a", "k_eq_v", 4, 0.1, 2.30, nh=16), _run(10, "sweep-a", "qkv", 16, 0.1, 2.0, nh=16)]
+    assert t.loc["b_ppl_q_gqa", "model"] == "300M (20 layers, d_model 1024, 16 heads)"
+    row = measure(_inputs(runs=gqa4)).set_index("key").loc["b_ppl_q_gqa"]
+    assert row["measured"].startswith(f"{100 * (math.exp(0.3) - 1):+.2f}% perplexity per token")
+
+
+def test_kv_similarity_is_one_figure_per_project_and_geometry_of_mha_checkpoints():
+    cks = [_ck(1, "qkv", 4, 4, project="demo"), _ck(2, "qkv", 4, 4, project="uploads"),
+           _ck(3, "qkv", 4, 4, d=128, dh=32, project="demo"), _ck(4, "qkv", 4, 2, project="demo")]
+    results = [(1, "qkv", 0, 0, "kv_cka", 0.10, 0.2, None, None, None), (1, "qkv", 0, 1, "kv_cka", 0.20, 0.2, None, None, None),
+               (2, "qkv", 0, 0, "kv_cka", 0.90, 0.3, None, None, None),
+               (3, "qkv", 0, 0, "kv_cka", 0.50, 0.1, None, None, None),
+               (4, "qkv", 0, 0, "kv_cka", 0.99, 0.5, None, None, None)]     # GQA-2: not the claim's MHA
+    row = measure(_inputs(checkpoints=cks, results=results)).set_index("key").loc["b_kv_cosine"]
+    assert row["measured"] == ("[project demo, d_model 64, 2 layers, 4 heads] CKA median 0.150 (range 0.100 to 0.200)"
+                               " | [project demo, d_model 128, 2 layers, 4 heads] CKA median 0.500 (range 0.500 to 0.500)"
+                               " | [project uploads, d_model 64, 2 layers, 4 heads] CKA median 0.900 (range 0.900 to 0.900)")
+    assert row["chance"] == ("[project demo, d_model 64, 2 layers, 4 heads] CKA: 0.200 | [project demo, d_model 128, "
+                             "2 layers, 4 heads] CKA: 0.100 | [project uploads, d_model 64, 2 layers, 4 heads] CKA: 0.300")
+    assert row["n"] == "4 kv heads in 3 groups"
+    assert row["reading"].startswith("One figure per project and geometry, never pooled. Per kv head of MHA")
+
+
+def test_kv_erank_compares_mha_layers_with_chance_in_the_same_unit():
+    cks = [_ck(1, "qkv", 4, 4, project="demo"), _ck(2, "qkv", 4, 2, project="demo")]
+    results = [(1, "qkv", 0, None, "erank_k", 32.0, 48.0, None, None, None),
+               (1, "qkv", 0, None, "erank_v", 40.0, 48.0, None, None, None),
+               (2, "qkv", 0, None, "erank_k", 30.0, 30.0, None, None, None),   # GQA-2: capped at 32, left out
+               (2, "qkv", 0, None, "erank_v", 31.0, 30.0, None, None, None)]
+    row = measure(_inputs(checkpoints=cks, results=results)).set_index("key").loc["b_kv_erank"]
+    assert row["measured"] == "erank(K)/d_model median 0.500, erank(V)/d_model median 0.625"
+    assert row["chance"] == "0.750 (of d_model)"
+    assert row["n"] == "1 layers"
+    only_gqa = measure(_inputs(checkpoints=cks, results=results[2:])).set_index("key").loc["b_kv_erank"]
+    assert only_gqa["measured"] is None and "MHA checkpoints" in only_gqa["reading"]
+
+
+def test_kv_cache_per_user_on_the_papers_1_2b_geometry():
+    row = measure(_inputs()).set_index("key").loc["b_cache_per_user"]
+    # 22 layers x 2 x 2048 x 2 bytes x 32768 tokens = 5.906e9 B; Q-MQA 22 x 64 x 2 x 32768 = 92.27e6 B = 88 MiB
+    assert row["measured"] == ("tool calculator on projection-sharing-1.2b, bf16, 32,768 tokens: QKV 5.91 GB "
+                               "(5.50 GiB) -> Q-K=V with 1 KV head 92.3 MB (88.0 MiB); 64x")
+    assert BY_KEY["b_cache_per_user"].value == 88.0 and "transformer_QMQA_1_2B.py" in BY_KEY["b_cache_per_user"].where
+    assert row["model"] == "1.2B (22 layers, d_model 2048, 32 heads)"
+
+
+def test_every_claim_states_its_model():
+    assert all(c.model for c in CLAIMS)
