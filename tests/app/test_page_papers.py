@@ -145,3 +145,45 @@ def test_papers_page_on_the_demo_in_a_real_browser(tmp_path, tmp_path_factory):
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stTable']").nth(1).wait_for(timeout=60_000)
         screenshot(page, "papers")
+
+
+def test_papers_page_compares_within_each_project_never_across(papers_db):
+    """A second project (an uploads folder holding a qkv run of the same name and a tokenizer-sized
+    vocabulary) beside the first: the K-V figure is one median per project, the perplexity change
+    is the per-token project's (the first project's runs record no vocabulary: unit unknown, named),
+    and the project filter narrows both to the chosen project."""
+    with Store(papers_db).transaction() as con:
+        con.execute("UPDATE runs SET project = 'sweep'")
+        con.execute("UPDATE checkpoints SET project = 'sweep'")
+        for rid, variant, final in ((11, "qkv", 3.00), (12, "k_eq_v", 3.03)):
+            con.execute("INSERT INTO runs (id, name, source, format, variant, n_kv_heads, weight_decay, config, project) "
+                        "VALUES (?, ?, ?, 'csv', ?, 4, 0.1, '{\"n_head\": 4, \"vocab_size\": 50304}', 'uploads')",
+                        [rid, f"{variant}-1", f"/u/{rid}", variant])
+            con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, n_kv_heads, "
+                        "d_model, d_head, attn_scale, run_id, step, project) "
+                        "VALUES (?, 'gone', ?, 'qkvscope', ?, 1, 4, 4, 64, 16, 0.25, ?, 100, 'uploads')",
+                        [rid, f"s{rid}", variant, rid])
+            con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, notes) VALUES "
+                        "(?, 'weights', ?, ?)", [rid, METRIC_VERSION, NOTES])
+            con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, 0, 'val/loss', ?), "
+                        "(?, 100, 'val/loss', ?)", [rid, final + 1.0, rid, final])
+        con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version, chance) "
+                    "VALUES (11, 0, 0, 'kv_cosine_flat', 0.60, ?, 0.0)", [METRIC_VERSION])
+        refresh_run_stats(con, [11, 12])
+    rows = _rows(page_test("papers").run())
+    cos = rows.loc["trained QKV models: K-V cosine similarity 0.73"]
+    assert cos["measured"] == ("[project sweep, d_model 64, 1 layers, 4 heads] flat cosine median 0.020 (range -0.010 "
+                               "to 0.050) | [project uploads, d_model 64, 1 layers, 4 heads] flat cosine median 0.600 "
+                               "(range 0.600 to 0.600)")
+    assert cos["n"] == "5 kv heads in 2 groups"
+    kv = rows.loc["Q-K=V costs +3.1% validation perplexity at 300M (5.27 vs 5.11)"]
+    assert kv["measured"] == f"{100 * (math.exp(0.03) - 1):+.2f}% perplexity per token (+1.00% final val/loss)"
+    assert kv["paper's model"] == "300M (20 layers, d_model 1024, 16 heads)"
+    assert kv["how to read it"].startswith("Project uploads, d_model ?, ? layers, 4 heads (MHA)")
+    assert kv["how to read it"].endswith(f"Other groups: project sweep, d_model ?, ? layers, 4 heads: "
+                                         f"{100 * (math.exp(0.05) - 1):+.2f}% unit unknown.")
+    only = _rows(page_test("papers", {"project": "sweep"}).run())
+    assert only.loc["trained QKV models: K-V cosine similarity 0.73", "measured"] == \
+        "flat cosine median 0.020 (range -0.010 to 0.050)"
+    assert only.loc["Q-K=V costs +3.1% validation perplexity at 300M (5.27 vs 5.11)", "measured"] == \
+        f"{100 * (math.exp(0.05) - 1):+.2f}% perplexity unit unknown: not compared (+3.82% final val/loss)"
