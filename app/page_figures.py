@@ -105,14 +105,34 @@ def _task_column(table: pd.DataFrame) -> pd.Series:
     return table["task"].rename("task") if "task" in table.columns else pd.Series("", index=table.index, name="task")
 
 
-def regressions(table: pd.DataFrame) -> dict[tuple[str, str], dict]:
-    """``{(task, variant): regression}`` for the variants whose method is ``"regression"`` (one per task
-    and variant; task ``""`` in a table without tasks)."""
-    out = {}
+def regressions(table: pd.DataFrame) -> dict[tuple[str, str, str], dict]:
+    """``{(task, variant, project): regression}`` for the variants whose method is ``"regression"``:
+    one per comparable set (``analysis.wd_sensitivity`` fits each set of a variant on its own; task
+    ``""`` in a table without tasks, project ``""`` without projects; a second set of one task,
+    variant and project, another geometry, is ``"project (2)"``)."""
+    out: dict[tuple[str, str, str], dict] = {}
+    seen: set[int] = set()
     for r in table.itertuples():
-        if r.method == "regression" and isinstance(r.regression, dict):
-            out.setdefault((str(getattr(r, "task", "") or ""), str(r.variant)), r.regression)
+        reg = r.regression if r.method == "regression" else None
+        if not isinstance(reg, dict) or id(reg) in seen:    # a set's rows share one regression dict
+            continue
+        seen.add(id(reg))
+        task, variant, project = str(getattr(r, "task", "") or ""), str(r.variant), str(getattr(r, "project", "") or "")
+        key, n = (task, variant, project), 1
+        while key in out:
+            n += 1
+            key = (task, variant, f"{project} ({n})")
+        out[key] = reg
     return out
+
+
+def by_task(regs: dict[tuple[str, str, str], dict]) -> dict[str, dict[tuple[str, str, str], dict]]:
+    """``regs`` split per task, language first: each task's regressions get their own figure and
+    y axis (a language loss and a ViT's cross-entropy are different quantities)."""
+    from analysis.results_table import DEFAULT_TASK  # here: the Results table's order, only when drawn
+
+    tasks = sorted({k[0] for k in regs}, key=lambda t: (t != DEFAULT_TASK, t))
+    return {t: {k: v for k, v in regs.items() if k[0] == t} for t in tasks}
 
 
 def wd_curve_figures(table: pd.DataFrame, *, statistic: str, metric: str) -> dict[str, go.Figure]:
@@ -123,14 +143,9 @@ def wd_curve_figures(table: pd.DataFrame, *, statistic: str, metric: str) -> dic
     quantities on different scales. Empty when every variant was fitted by the regression."""
     from analysis.results_table import DEFAULT_TASK  # here: the Results table's order, only when drawn
 
-    long, points = per_run(table), per_wd(table)
-    swept = sorted(regressions(table))
-
-    def not_swept(frame: pd.DataFrame) -> pd.Series:
-        return ~pd.Series(list(zip(_task_column(frame).astype(str), frame["variant"].astype(str))),
-                          index=frame.index).isin(swept)
-
-    grouped_long = long[not_swept(long)]
+    # a variant fitted by the regression has a group per run: its runs are drawn under "Random sweeps"
+    grouped = table[table["method"] != "regression"] if "method" in table.columns else table
+    grouped_long, points = per_run(grouped), per_wd(grouped)
     if grouped_long.empty:
         return {}
     y_title = f"{statistic} {metric}"
@@ -139,7 +154,7 @@ def wd_curve_figures(table: pd.DataFrame, *, statistic: str, metric: str) -> dic
     out = {}
     for task in sorted(set(long_task), key=lambda t: (t != DEFAULT_TASK, t)):
         fig = charts.wd_figure(grouped_long[long_task == task], y=f"{statistic}_val_loss", y_title=y_title)
-        out[task] = add_intervals(fig, points[not_swept(points) & (point_task == task)], y_title=y_title)
+        out[task] = add_intervals(fig, points[point_task == task], y_title=y_title)
     return out
 
 

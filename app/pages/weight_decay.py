@@ -23,7 +23,9 @@ Each task's runs (vision, language: ``loaders.run_table``'s ``task``) are groupe
 regressed on their own (``sensitivity_by_task``), language first; where several tasks are
 shown, or the one shown is not language, every legend entry and table row names its task
 (``"Q-K-V [image]"``, ``charts.wd_group_name``), and paper B's QVV(3) runs are named by their
-condition. The metric may be any logged one (a loss, ``val/accuracy``, ``val_top1``): best
+condition. Each task has its own figures and y axes (the grouped chart, the regression and its
+coefficient: a language loss in nats per token and a ViT's cross-entropy never share an axis or
+a fit), and each project's regression is its own (named by project where several are shown). The metric may be any logged one (a loss, ``val/accuracy``, ``val_top1``): best
 means its direction (``analysis.directions``).
 URL: ``?wm=val/loss&wl=best&variant=qkv,k_eq_v&we=regression``.
 """
@@ -38,7 +40,7 @@ from analysis.results_table import DEFAULT_TASK, metric_order, own_condition
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
 from app import charts, figures, tables
 from app.attempts import analyse_each, show_batch
-from app.page_figures import _task_column, per_run, per_wd, regressions, wd_curve_figures
+from app.page_figures import _task_column, by_task, per_run, per_wd, regressions, wd_curve_figures
 from app.pickers import checkpoint_label
 from app.state import (current_notes, data_version, get_store, in_projects, project_filter, query_param,
                        results_over_checkpoints, set_query_params, store_at)
@@ -186,21 +188,29 @@ def points_table(points: pd.DataFrame) -> pd.DataFrame:
 
 # -- random sweeps: the regression estimator ---------------------------------------------------
 
-def _subject(key: tuple[str, str], tasks: list[str], *, paper_label: bool = True) -> str:
-    """A regression's name: its variant (paper label or stored name), with its task where ``tasks``
-    holds several or the task is not language (``"Q-K-V [image]"``)."""
-    task, variant = key
-    shown = charts.wd_task_shown(pd.DataFrame({"task": tasks}))
-    return charts.wd_group_name(variant, "all", shown(task) if task else None, paper_label=paper_label)
+RegKey = tuple[str, str, str]        # (task, variant, project): app.page_figures.regressions
 
 
-def regression_figure(regs: dict[tuple[str, str], dict], *, y_title: str) -> go.Figure:
-    """Per task and variant: the runs used (markers), the tree model's partial dependence on log10(wd)
-    (solid) and the linear model's (dotted), log x."""
+def _subject(key: RegKey, keys, *, paper_label: bool = True) -> str:
+    """A regression's name: its variant (paper label or stored name), with its task where ``keys``
+    hold several tasks or the task is not language (``"Q-K-V [image]"``), and its project where
+    they hold several projects (``"Q-K-V [image] · sweep-a"``)."""
+    task, variant, project = key
+    keys = list(keys)
+    shown = charts.wd_task_shown(pd.DataFrame({"task": [k[0] for k in keys]}))
+    name = charts.wd_group_name(variant, "all", shown(task) if task else None, paper_label=paper_label)
+    return f"{name} · {project}" if len({k[2] for k in keys}) > 1 else name
+
+
+def regression_figure(regs: dict[RegKey, dict], *, y_title: str, names=None) -> go.Figure:
+    """Per variant (and project) of one task: the runs used (markers), the tree model's partial
+    dependence on log10(wd) (solid) and the linear model's (dotted), log x. One task per figure
+    (``app.page_figures.by_task``): tasks never share a y axis. ``names``: the keys the names are
+    made unique among (all shown regressions; ``regs``' own by default)."""
     fig = go.Figure()
-    tasks = [t for t, _ in regs]
-    for i, ((task, variant), reg) in enumerate(sorted(regs.items())):
-        color, shown = charts.variant_color(variant, i), _subject((task, variant), tasks)
+    names = list(names or regs)
+    for i, (key, reg) in enumerate(sorted(regs.items())):
+        color, shown = charts.variant_color(key[1], i), _subject(key, names)
         fig.add_trace(go.Scatter(
             x=reg["weight_decays"], y=reg["values"], mode="markers", name=f"{shown}: runs", legendgroup=shown,
             marker=dict(color=color, size=8, opacity=0.6), customdata=reg["run_ids"],
@@ -221,14 +231,14 @@ def regression_figure(regs: dict[tuple[str, str], dict], *, y_title: str) -> go.
     return fig
 
 
-def coefficient_figure(regs: dict[tuple[str, str], dict], *, metric: str) -> go.Figure:
-    """The wd coefficient per task and variant with its bootstrap interval and n, and the zero (no
-    effect) line."""
+def coefficient_figure(regs: dict[RegKey, dict], *, metric: str, names=None) -> go.Figure:
+    """The wd coefficient per variant (and project) of one task with its bootstrap interval and n,
+    and the zero (no effect) line: in the task's own units, so one task per figure."""
     fig = go.Figure()
     rows = [(k, r) for k, r in sorted(regs.items()) if r["wd_coef"] is not None]
-    tasks = [t for t, _ in regs]
+    names = list(names or regs)
     for i, (key, reg) in enumerate(rows):
-        variant, shown = key[1], _subject(key, tasks)
+        variant, shown = key[1], _subject(key, names)
         lo, hi, b = reg["wd_coef_ci_low"], reg["wd_coef_ci_high"], reg["wd_coef"]
         err = (dict(type="data", symmetric=False, array=[hi - b], arrayminus=[b - lo], thickness=2, width=8)
                if lo is not None else None)
@@ -247,14 +257,13 @@ def coefficient_figure(regs: dict[tuple[str, str], dict], *, metric: str) -> go.
     return fig
 
 
-def regression_table(regs: dict[tuple[str, str], dict]) -> pd.DataFrame:
-    """One row per task and variant (``"qkv"``, ``"qkv [image]"``): n, the wd coefficient with its
-    interval, R^2, the covariates, the runs left out, and the tree model's best wd and slope; an em
-    dash where absent, the reason in ``why absent``."""
+def regression_table(regs: dict[RegKey, dict]) -> pd.DataFrame:
+    """One row per task, variant and project (``"qkv"``, ``"qkv [image]"``, ``"qkv · sweep-a"``): n,
+    the wd coefficient with its interval, R^2, the covariates, the runs left out, and the tree
+    model's best wd and slope; an em dash where absent, the reason in ``why absent``."""
     rows = []
-    tasks = [t for t, _ in regs]
     for key, reg in sorted(regs.items()):
-        variant = _subject(key, tasks, paper_label=False)
+        variant = _subject(key, regs, paper_label=False)
         covs = ", ".join(f"log10({c['name']})" if c["transform"] == "log10" else c["name"] for c in reg["covariates"])
         rows.append({
             "variant": variant, "runs": reg["n_runs"], "wd coefficient": _fmt(reg["wd_coef"], "+.4f"),
@@ -268,23 +277,31 @@ def regression_table(regs: dict[tuple[str, str], dict]) -> pd.DataFrame:
 
 
 def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> None:
-    keyed = table.assign(task=_task_column(table))
-    methods = keyed.drop_duplicates(["task", "variant"])[["task", "variant", "method", "method_reason"]]
-    tasks = list(methods["task"])
+    keyed = table.assign(task=_task_column(table), project=table["project"] if "project" in table.columns else "")
+    methods = keyed.drop_duplicates(["task", "variant", "project"])[["task", "variant", "project", "method",
+                                                                     "method_reason"]]
+    method_keys = [(str(m.task or ""), str(m.variant), str(m.project or "")) for m in methods.itertuples()]
     regs = regressions(table)
     st.subheader("Random sweeps: effect of log10(wd) with the other hyperparameters held fixed")
-    st.markdown("\n".join(f"* **{_subject((m.task, m.variant), tasks, paper_label=False)}**: {m.method} "
-                          f"({m.method_reason})" for m in methods.itertuples()))
+    st.markdown("\n".join(f"* **{_subject(k, method_keys, paper_label=False)}**: {m.method} ({m.method_reason})"
+                          for k, m in zip(method_keys, methods.itertuples())))
     if not regs:
         st.caption("No variant uses the regression: each has runs that agree in everything but weight decay "
                    "(choose *regression* above to fit it anyway).")
         return
-    left, right = st.columns([3, 2])
-    figures.show(regression_figure(regs, y_title=y_title), key="wd_regression", where=left)
-    figures.show(coefficient_figure(regs, metric=metric), key="wd_coef", where=right)
-    right.caption(f"Change of the {y_title} per decade of weight decay with the other hyperparameters held "
-                  "fixed; bars: its bootstrap interval; n: runs fitted. An interval across the dashed line "
-                  "means the sweep cannot tell the sign.")
+    # one figure pair per task: a task's losses have their own scale, so no y axis or fit is shared
+    per_task = by_task(regs)
+    for task, task_regs in per_task.items():
+        suffix = "" if len(per_task) == 1 else f"_{task}"
+        if len(per_task) > 1:
+            st.markdown(f"**{task}**")
+        left, right = st.columns([3, 2])
+        figures.show(regression_figure(task_regs, y_title=y_title, names=regs), key=f"wd_regression{suffix}",
+                     where=left)
+        figures.show(coefficient_figure(task_regs, metric=metric, names=regs), key=f"wd_coef{suffix}", where=right)
+    st.caption(f"Right: change of the {y_title} per decade of weight decay with the other hyperparameters held "
+               "fixed; bars: its bootstrap interval; n: runs fitted. An interval across the dashed line "
+               "means the sweep cannot tell the sign. Each task, project and geometry is fitted on its own.")
     st.dataframe(regression_table(regs), hide_index=True, width="stretch", placeholder=tables.MISSING, key="wd_regression_table")
     any_reg = next(iter(regs.values()))
     st.caption(
@@ -402,7 +419,6 @@ def render() -> None:
     y_title = f"{statistic} {metric}"
     # a variant fitted by the regression has a group per run: its runs are drawn under "Random sweeps"
     swept = sorted(regressions(table))
-    tasks = [t for t, _ in swept]
     shown = wd_curve_figures(table, statistic=statistic, metric=metric)
     if shown:
         for task, fig in shown.items():
@@ -414,7 +430,7 @@ def render() -> None:
                    f"and its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), "
                    "drawn only where more than one run (seeds) shares the weight decay, labelled with that n; an "
                    "unlabelled weight decay has one run, so its spread is not measured."
-                   + (f" Not drawn here: {', '.join(_subject(k, tasks, paper_label=False) for k in swept)} "
+                   + (f" Not drawn here: {', '.join(_subject(k, swept, paper_label=False) for k in swept)} "
                       "(a group per run; see *Random sweeps*)." if swept else ""))
     _regression_section(table, metric=metric, y_title=y_title)
     summary = summary_table(table)
