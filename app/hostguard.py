@@ -29,9 +29,23 @@ refuses to start rather than serve unguarded. Streamlit's own
 ``server.allowedHosts`` (its websocket check) is set to the same names as a
 second line. A reverse proxy in front was the alternative: a second server
 and port, every websocket frame copied, for the same two header checks.
+
+Deep links (``/experiments``): Streamlit's page looks for its server at two
+bases, the page's own path first (``/experiments/_stcore/health`` and
+``/_stcore/host-config`` beside it, which Streamlit answers 404 on purpose)
+and its parent second, so every deep link left two 404s in the browser's
+network log. The guard tells the page where its server is instead: into the
+HTML of a page navigation (a GET whose ``Accept`` names ``text/html``, not
+under ``/_stcore/``) it writes, first thing in ``<head>``, a script setting
+``window.__streamlit.BACKEND_BASE_URL`` (the embedding setting Streamlit's
+page reads before it connects, ``BASE_SCRIPT``) to the browser's path minus
+the path this server was asked for, so the page connects once, at the right
+base, behind a path-stripping proxy too. Such a request is sent on without
+``Accept-Encoding`` (the HTML is ~2 kB), so its body arrives uncompressed.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Iterable
@@ -52,6 +66,64 @@ def _with_server_id(send):
         await send(message)
     return wrapped
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+#: Written first into ``<head>`` of a deep link's HTML; ``%s`` is the path this server was asked
+#: for (percent-encoded, as JSON). Where the browser's path ends with it, the server's base is the
+#: browser's path without it (``/`` direct, ``/prefix/`` behind a proxy that strips ``/prefix``).
+BASE_SCRIPT = ('<script>(function(){var p=location.pathname,s=%s;if(p.slice(-s.length)===s){'
+               'window.__streamlit=Object.assign({},window.__streamlit,{BACKEND_BASE_URL:'
+               'location.origin+p.slice(0,p.length-s.length)+"/"});}})();</script>')
+
+
+def is_page_navigation(scope) -> bool:
+    """A browser loading a page below the root (``GET /experiments``, ``Accept: text/html...``):
+    the requests whose HTML gets ``BASE_SCRIPT``."""
+    path = scope.get("path") or "/"
+    if scope.get("type") != "http" or scope.get("method") != "GET" or path == "/" \
+            or "/_stcore/" in path or path.startswith(("/static/", "/media/", "/component/")):
+        return False
+    accept = b",".join(v for k, v in scope.get("headers") or [] if k == b"accept")
+    return b"text/html" in accept
+
+
+def with_backend_base(scope):
+    """``(scope, wrap)`` for a page navigation: the scope without ``Accept-Encoding``, and a wrapper
+    of ``send`` that writes ``BASE_SCRIPT`` after ``<head>`` of an HTML answer (other answers
+    pass unchanged)."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    served = json.dumps(raw.split(b"?", 1)[0].decode("latin-1")).replace("<", "\\u003c")
+    script = (BASE_SCRIPT % served).encode()
+    scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k != b"accept-encoding"]}
+
+    def wrap(send):
+        held: dict = {}
+        chunks: list[bytes] = []
+
+        async def wrapped(message):
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers") or [])
+                html = headers.get(b"content-type", b"").startswith(b"text/html") \
+                    and b"content-encoding" not in headers and message.get("status") == 200
+                if not html:
+                    await send(message)
+                    return
+                held["start"] = message
+                return
+            if message["type"] != "http.response.body" or "start" not in held:
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = b"".join(chunks).replace(b"<head>", b"<head>" + script, 1)
+            start = held.pop("start")
+            headers = [(k, str(len(body)).encode() if k == b"content-length" else v)
+                       for k, v in start.get("headers") or []]
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        return wrapped
+
+    return scope, wrap
 
 
 def host_name(value: str) -> str | None:
@@ -116,6 +188,10 @@ class HostGuard:
         why = self.refusal(scope)
         if why is None and scope["type"] == "http" and scope.get("path") == READY_PATH:
             await self.app(scope, receive, _with_server_id(send))
+            return
+        if why is None and is_page_navigation(scope):
+            scope, wrap = with_backend_base(scope)
+            await self.app(scope, receive, wrap(send))
             return
         if why is None:
             await self.app(scope, receive, send)

@@ -20,7 +20,8 @@ The server answers only requests whose Host header is localhost, 127.0.0.1,
 ::1 or the --host address, plus each --allow-host NAME and the names in
 QKVSCOPE_ALLOWED_HOSTS (comma-separated; "*" turns the check off); a
 websocket must come from the same allowed host (app/hostguard.py: DNS
-rebinding).
+rebinding). A deep link (/experiments) is told where its server is, so the
+page asks for nothing that is not there (app/hostguard.py: deep links).
 """
 from __future__ import annotations
 

@@ -183,3 +183,88 @@ def test_serve_help_names_the_allow_list():
                          capture_output=True, text=True, timeout=60).stdout
     text = " ".join(out.split())
     assert "--allow-host NAME" in text and "QKVSCOPE_ALLOWED_HOSTS" in text
+
+
+def _html_app(body: bytes, content_type: bytes = b"text/html; charset=utf-8"):
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body[:10], "more_body": True})
+        await send({"type": "http.response.body", "body": body[10:]})
+    return app, seen
+
+
+def _page(path: str, accept: str = "text/html,application/xhtml+xml", method: str = "GET") -> dict:
+    return {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
+            "headers": [(b"host", b"127.0.0.1:8501"), (b"accept", accept.encode()),
+                        (b"accept-encoding", b"gzip, deflate")]}
+
+
+PAGE = b"<!DOCTYPE html><html><head><title>x</title></head><body></body></html>"
+
+
+def test_a_deep_link_learns_where_its_server_is():
+    app, seen = _html_app(PAGE)
+    _, sent = _through(HostGuard(app, ["127.0.0.1"]), _page("/experiments"))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    script = b'<script>(function(){var p=location.pathname,s="/experiments";if(p.slice(-s.length)===s){'
+    assert body.startswith(b"<!DOCTYPE html><html><head>" + script)
+    assert body.endswith(b"</script><title>x</title></head><body></body></html>")
+    assert b'BACKEND_BASE_URL:location.origin+p.slice(0,p.length-s.length)+"/"' in body
+    assert dict(sent[0]["headers"])[b"content-length"] == str(len(body)).encode()
+    # sent on uncompressed, so the HTML can be read
+    assert [k for k, _ in seen[0]["headers"]] == [b"host", b"accept"]
+
+
+@pytest.mark.parametrize("scope", [
+    _page("/"),                                                     # the root has one base already
+    _page("/experiments", accept="*/*"),                            # a fetch, not a page
+    _page("/experiments", method="POST"),
+    _page("/experiments/_stcore/health"),
+    _page("/static/js/index.js"),
+])
+def test_other_requests_pass_unchanged(scope):
+    app, seen = _html_app(PAGE)
+    _, sent = _through(HostGuard(app, ["127.0.0.1"]), scope)
+    assert b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body") == PAGE
+    assert seen[0]["headers"] == scope["headers"]
+
+
+def test_a_deep_link_that_is_not_html_passes_unchanged():
+    app, _ = _html_app(b'{"not": "a page, but long enough"}', content_type=b"application/json")
+    _, sent = _through(HostGuard(app, ["127.0.0.1"]), _page("/experiments"))
+    assert b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body") == \
+        b'{"not": "a page, but long enough"}'
+
+
+def test_a_path_that_could_close_the_script_is_escaped():
+    app, _ = _html_app(PAGE)
+    _, sent = _through(HostGuard(app, ["127.0.0.1"]), _page("/a</script><b>"))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert body.count(b"</script>") == 1            # only the script's own end
+    assert b's="/a\\u003c/script>\\u003cb>"' in body
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_deep_links_in_chromium_request_nothing_that_is_not_there(tmp_path):
+    """Chromium opens deep links: no request of the page answers 4xx (Streamlit's page asked for
+    ``/<page>/_stcore/health`` and ``host-config`` first, 404 each), the page connects and draws
+    the page linked to, and the URL stays the deep link."""
+    from tests.app.browser import browser_page, dashboard, wait_idle
+
+    db = tmp_path / "db.duckdb"
+    Store(db).migrate()
+    with dashboard(db, "--no-demo") as url, browser_page() as page:
+        failed = []
+        page.on("response", lambda r: failed.append((r.status, r.url)) if r.status >= 400 else None)
+        page.on("requestfailed", lambda r: failed.append(("failed", r.url)))
+        for path, heading in (("/experiments", "Experiments"), ("/kv-cost", "KV cache & serving cost")):
+            page.goto(f"{url}{path}")
+            wait_idle(page, timeout=90_000)
+            page.get_by_role("heading", name=heading).first.wait_for(timeout=60_000)
+            assert failed == [], path
+            assert page.url.split("?")[0] == f"{url}{path}"
