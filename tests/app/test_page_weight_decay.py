@@ -491,3 +491,32 @@ def test_a_run_whose_loss_went_nan_is_diverged_on_the_page_as_in_the_command(tmp
     crosses = [t for t in figures(at)["wd_curve"]["data"]
                if t.get("mode") == "markers" and t["marker"]["symbol"] == "x"]
     assert [arr(t["x"]) for t in crosses] == [[0.1]]
+
+
+@pytest.mark.slow
+def test_random_sweeps_of_two_tasks_get_a_figure_and_y_axis_each(sweep_db):
+    """The 40-trial language sweep beside a 12-trial ViT sweep (losses near 1, not 3): two regression
+    figure pairs, each with its own task's runs only; the table names both."""
+    rng = np.random.default_rng(1)
+    with Store(sweep_db).transaction() as con:
+        for i in range(12):
+            rid, lr, wd = 200 + i, float(10 ** rng.uniform(-4, -2)), float(10 ** rng.uniform(-3, 0))
+            con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr, config) "
+                        "VALUES (?, ?, ?, 'csv', 'qkv', ?, ?, ?)",
+                        [rid, f"vit_trial_{i}", f"/v/{i}", wd, lr, json.dumps({"lr": lr, "task": "image"})])
+            con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, 100, 'val/loss', ?)",
+                        [rid, 1 + 0.2 * math.log10(wd) - 0.1 * math.log10(lr)])
+        refresh_run_stats(con, list(range(200, 212)))
+    at = page_test("weight_decay").run()
+    assert not at.exception, at.exception
+    figs = figures(at)
+    assert {"wd_regression_language", "wd_coef_language", "wd_regression_image", "wd_coef_image"} <= set(figs)
+    assert "wd_regression" not in figs
+    lang = [t for t in figs["wd_regression_language"]["data"] if t["name"].endswith(": runs")]
+    vit = [t for t in figs["wd_regression_image"]["data"] if t["name"].endswith(": runs")]
+    assert [len(arr(t["y"])) for t in lang] == [39] and [len(arr(t["y"])) for t in vit] == [12]
+    assert min(arr(lang[0]["y"])) > 2 and max(arr(vit[0]["y"])) < 2      # each on its own axis
+    coef = figs["wd_coef_image"]["data"][0]
+    assert arr(coef["x"])[0] == pytest.approx(0.2, abs=1e-9) and list(coef["text"]) == ["n=12"]
+    table = next(d.value for d in at.dataframe if "wd coefficient" in d.value.columns)
+    assert table["runs"].tolist() == [12, 39]
