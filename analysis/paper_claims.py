@@ -18,8 +18,18 @@ Sources read (facts only):
 * Paper B, projection sharing, arXiv 2606.04032, code
   ``Brainchip-Inc/Do-Transformers-Need-3-Projections``: its README (Q-K=V "50% KV
   cache reduction with only ~3% perplexity degradation", Q-MQA 96.9% at 300M;
-  validation perplexity in Tables 4 and 10) and the ICML poster and talk deck in
-  its ``slides/`` folder (every other number below, slide by slide).
+  validation perplexity in Tables 4 and 10), the ICML poster and talk deck in
+  its ``slides/`` folder (every other number below, slide by slide), and the
+  KV-cache comparison its ``transformer_QMQA_1_2B.py`` prints at start (QKV
+  "~5.9 GB" at 32k tokens; its own Q-MQA figure, bytes / 2^20, 88).
+
+Like with like: a claim is set only beside runs or checkpoints of its head-sharing class
+(``Claim.match["sharing"]``: ``MHA``, ``GQA-4``, ``MQA``, as ``analysis.variants.sharing`` names
+them), within one project and geometry at a time (never a median or mean across them: a similarity
+or rank gets one figure per group; a perplexity change is the per-token group with most runs,
+the others named beside it), and a perplexity change only
+where the runs' loss is per token (``loss_unit``); each claim names the model it was stated for
+(``Claim.model``).
 
 :func:`measure` puts beside each claim what the user's database says
 (:class:`Inputs`, read by ``loaders.papers``): stored analysis results (with
