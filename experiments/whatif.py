@@ -133,7 +133,7 @@ def attention_of(layer: AttentionWeights, old: Attention) -> Attention:
     cfg.variant = variant_of(layer, old.cfg.variant)
     cfg.n_kv_heads = int(layer.W_K.shape[0])
     H, G, dh, d = cfg.n_head, cfg.n_kv_heads, cfg.d_head, cfg.d_model
-    new = Attention(cfg).to(old.o.weight.device)
+    new = Attention(cfg).to(device=old.o.weight.device, dtype=old.o.weight.dtype)
 
     def put(lin, w, b):
         lin.weight.copy_(w.transpose(1, 2).reshape(-1, d))
@@ -154,6 +154,124 @@ def attention_of(layer: AttentionWeights, old: Attention) -> Attention:
             if hasattr(old, name):
                 getattr(new, name).copy_(getattr(old, name))
     return new
+
+
+# -- W_Q = I: a change of basis of the whole model -----------------------------------------
+#: The linear maps of an MLP that read the normalised stream and the one that writes it, by block type.
+_MLP_MAPS = {"MLP": (("fc",), "proj"), "SwiGLU": (("gate", "up"), "down")}
+
+
+@dataclass
+class QueryFree:
+    """``query_free``'s result: the model in the new residual basis (every layer its old function),
+    each layer there (``exact``) and query-free (``free``), and what the conversion drops."""
+
+    model: GPT
+    exact: list[AttentionWeights]
+    free: list[AttentionWeights]
+    notes: dict
+
+
+def query_free(model: GPT, *, rotary: bool) -> QueryFree:
+    """``model`` moved to the residual basis of ``analysis.conversion.query_basis`` (module docstring
+    of ``analysis.conversion``, ``wq_identity``). Norm gains are folded into the readers (the new
+    norms have gain 1); with LayerNorm the writers are centred; the output head gets its own copy
+    (no longer tied to the embedding, whose rows now live in the new basis); the final norm's bias
+    ``b_f`` becomes ``b_f diag(1/g_f) M`` (a zero gain leaves that coordinate's bias out)."""
+    cfg = model.cfg
+    v = base(cfg.variant)
+    if v == "wq_identity":
+        raise WhatIfError("--to wq_identity: the checkpoint is query-free already")
+    if v in KV_TIED or cfg.variant in PLUS:
+        raise WhatIfError(f"--to wq_identity: no query-free variant keeps this {cfg.variant} layer's ties "
+                          "(query-free layers have their own K and V and no 2D score correction)")
+    kinds = {type(b.mlp).__name__ for b in model.blocks}
+    if not kinds <= set(_MLP_MAPS):
+        raise WhatIfError(f"--to wq_identity: unknown MLP block {sorted(kinds - set(_MLP_MAPS))[0]}")
+
+    def norm_params(n):
+        w = getattr(n, "weight", None)
+        b = getattr(n, "bias", None)
+        return (None if w is None else w.detach().double().cpu()), (None if b is None else b.detach().double().cpu())
+
+    layers = [layer_of(b.attn, i) for i, b in enumerate(model.blocks)]
+    layers = [AttentionWeights(l.layer, *(None if t is None else t.double().cpu() for t in (
+        l.W_Q, l.W_K, l.W_V, l.W_O, l.b_Q, l.b_K, l.b_V, l.b_O))) for l in layers]
+    gains = [norm_params(b.ln_1) for b in model.blocks]
+    try:
+        stacks = [torch.diag(g if g is not None else torch.ones(cfg.d_model, dtype=torch.float64))
+                  @ conv.stacked_query(l) for l, (g, _) in zip(layers, gains)]
+        m, minv = conv.query_basis(stacks, cfg.norm)
+    except conv.ConversionError as exc:
+        raise WhatIfError(str(exc)) from None
+    d = cfg.d_model
+    writer = m if cfg.norm != "layernorm" else (torch.eye(d, dtype=torch.float64) - 1.0 / d) @ m
+    has_bias = cfg.norm == "layernorm" and getattr(model.blocks[0].ln_1, "bias", None) is not None
+    folds = [conv.fold_query(l, minv, writer, g, b, norm_bias=has_bias, rotary=rotary)
+             for l, (g, b) in zip(layers, gains)]
+
+    new = copy.deepcopy(model).cpu()
+    new.cfg = copy.copy(cfg)
+    new.cfg.tie_embeddings = False
+    dev_dtype = model.lm_head.weight.dtype
+
+    def put(param, value):
+        with torch.no_grad():
+            param.copy_(value.to(param.dtype))
+
+    def reset_norm(n, b=None):
+        if getattr(n, "weight", None) is not None:
+            put(n.weight, torch.ones(d))
+        if getattr(n, "bias", None) is not None:
+            put(n.bias, torch.zeros(d) if b is None else b)
+
+    def reads(lin, g, b):                        # y = n(x) diag(g) W + b W + c  ->  z M^-1 diag(g) W ...
+        w = lin.weight.detach().double().cpu().T                                   # [d, out]
+        if lin.bias is not None and b is not None:
+            put(lin.bias, lin.bias.detach().double().cpu() + b @ w)
+        put(lin.weight, (minv @ torch.diag(g if g is not None else torch.ones(d, dtype=torch.float64)) @ w).T)
+
+    def writes(lin):
+        put(lin.weight, (lin.weight.detach().double().cpu().T @ writer).T)
+        if lin.bias is not None:
+            put(lin.bias, lin.bias.detach().double().cpu() @ writer)
+
+    with torch.no_grad():
+        new.wte.weight = torch.nn.Parameter((model.wte.weight.detach().double().cpu() @ writer).to(dev_dtype))
+        if hasattr(new, "wpe"):
+            put(new.wpe.weight, model.wpe.weight.detach().double().cpu() @ writer)
+        for blk, fold in zip(new.blocks, folds):
+            g2, b2 = norm_params(blk.ln_2)
+            readers, out = _MLP_MAPS[type(blk.mlp).__name__]
+            for name in readers:
+                reads(getattr(blk.mlp, name), g2, b2)
+            writes(getattr(blk.mlp, out))
+            reset_norm(blk.ln_1, fold.norm_bias)
+            reset_norm(blk.ln_2)
+            blk.attn = attention_of(fold.exact, blk.attn)
+        gf, bf = norm_params(model.ln_f)
+        lm = model.lm_head.weight.detach().double().cpu().T                          # [d, vocab]
+        new.lm_head.weight = torch.nn.Parameter(
+            (minv @ torch.diag(gf if gf is not None else torch.ones(d, dtype=torch.float64)) @ lm).T.to(dev_dtype).contiguous())
+        fbias = None
+        if bf is not None:
+            inv = torch.where(gf != 0, 1.0 / gf.where(gf != 0, torch.ones_like(gf)), torch.zeros_like(gf))
+            fbias = (bf * inv) @ m
+        reset_norm(new.ln_f, fbias)
+    new = new.to(model.lm_head.weight.device).eval()
+    how = {"none": "M = mean of the layers' stacked W_Q (no norm: any invertible M passes)",
+           "rmsnorm": "M = orthogonal polar factor of the layers' stacked W_Q (RMSNorm gains folded)",
+           "layernorm": "M = orthogonal polar factor of the layers' stacked W_Q mapping 1 to +-1 "
+                        "(LayerNorm gains folded, writers centred)"}[cfg.norm]
+    notes = {"basis": how,
+             "off_block": [round(f.off_block, 6) for f in folds],
+             "remainder": [round(f.remainder, 6) for f in folds],
+             "meaning": "per layer: off_block = ||R - blockdiag(B)||_F / ||R||_F of the query factor "
+                        "R = M^-1 diag(g) A left after the basis change (0: exact); remainder = "
+                        "||R/c - I||_F / sqrt(d), c = tr(R)/d (R's distance from a scaled identity)"}
+    if any(f.dropped_bias > 0 for f in folds):
+        notes["dropped_query_bias"] = [round(f.dropped_bias, 6) for f in folds]
+    return QueryFree(new, [layer_of(b.attn, i) for i, b in enumerate(new.blocks)], [f.free for f in folds], notes)
 
 
 # -- the sample ----------------------------------------------------------------------------
@@ -266,7 +384,8 @@ def layer_cost(layer: AttentionWeights, rank: int | None, per_elem: int,
 # -- the run -------------------------------------------------------------------------------
 @dataclass
 class Target:
-    """``--to`` parsed: ``k_eq_v``, ``q_eq_k``, ``q_eq_k_eq_v``, ``gqa:G``, ``mqa``, ``latent:R``."""
+    """``--to`` parsed: ``k_eq_v``, ``q_eq_k``, ``q_eq_k_eq_v``, ``wq_identity``, ``gqa:G``, ``mqa``,
+    ``latent:R``."""
 
     name: str
     method: str
@@ -277,7 +396,8 @@ class Target:
     def parse(cls, text: str, method: str | None) -> "Target":
         name, _, arg = text.partition(":")
         if name not in conv.TARGETS:
-            raise WhatIfError(f"--to {text}: expected one of k_eq_v, q_eq_k, q_eq_k_eq_v, gqa:G, mqa, latent:R")
+            raise WhatIfError(f"--to {text}: expected one of k_eq_v, q_eq_k, q_eq_k_eq_v, wq_identity, gqa:G, mqa, "
+                              "latent:R")
         if name in ("gqa", "latent") and not arg.isdigit():
             raise WhatIfError(f"--to {text}: expected {name}:N with N a positive integer")
         if name not in ("gqa", "latent") and arg:
@@ -311,6 +431,18 @@ class Surgery:
             self.before = [layer_of(m, i) for i, m in enumerate(self.mods)]
         self.after: dict[int, AttentionWeights] = {}     # layer -> its converted canonical weights
         self.modules: dict[int, Attention] = {}          # layer -> its converted module (GPT)
+        self.notes: dict = {}
+        if target.name == "wq_identity":
+            if self.hf:
+                raise WhatIfError("--to wq_identity converts this project's GPT (it moves the whole "
+                                  "residual stream), not a Hugging Face model")
+            qf = query_free(model, rotary=rotary)
+            self.original, self.before, self.notes = qf.model, qf.exact, qf.notes
+            self.mods = [b.attn for b in qf.model.blocks]
+            for i, layer in enumerate(qf.free):
+                self.after[i] = layer
+                self.modules[i] = attention_of(layer, self.mods[i])
+            return
         try:
             for i, layer in enumerate(self.before):
                 self.after[i] = conv.convert(layer, target.name, target.method, stats[i], groups=target.groups,
@@ -466,6 +598,9 @@ def whatif(ckpt: Checkpoint, *, to: str, method: str | None = None, layers: str 
         notes["rotary"] = ROTARY_NOTES.get(target.name, "")
     if healed is not None:
         notes["heal"] = f"{heal_how}, AdamW lr {HEAL_LR}, {HEAL_BATCH} fit windows per step, ties kept"
+    if target.name == "wq_identity":
+        rebased = scored(window_losses(surgery.model([]), smp.eval, dev))
+        notes["wq_identity"] = {**surgery.notes, "basis_only_loss_change": rebased["loss"] - baseline["loss"]}
     if out is not None:
         notes["out"] = save(final, out, ckpt.path, steps[-1]["layers"], target)
     return {"checkpoint": ckpt.path, "target": str(target), "method": target.method, "sample": smp.info,
