@@ -6,6 +6,7 @@ import torch
 
 from app.commands.info import tensor_ties
 from experiments.activation_runs import SampleSpec
+from experiments.runnable import NoForwardPass
 from experiments.whatif import Target, WhatIfError, layer_of, parse_layers, whatif
 from loaders.checkpoints import open_checkpoint
 
@@ -208,3 +209,24 @@ def test_wq_identity_through_the_command_reads_back_query_free(tmp_path):
     assert tensor_ties(r["notes"]["out"])["variant"] == "wq_identity"
     with pytest.raises(WhatIfError, match="--to wq_identity: no query-free variant keeps this k_eq_v layer's ties"):
         _run("k_eq_v-mha-wd0.1", "wq_identity")
+
+
+def test_a_k_eq_v_trained_vit_converted_to_k_eq_v_changes_nothing_and_reports_accuracy():
+    """The demo's ViT (this project's trainer, digits): loss = classification cross-entropy per image."""
+    with open_checkpoint(str(DEMO / "vit-k_eq_v-gqa2-wd0.1" / "checkpoints" / "final_step_000300.safetensors")) as ckpt:
+        r = whatif(ckpt, to="k_eq_v", images="digits", sample=SAMPLE, device="cpu")
+        m = whatif(ckpt, to="mqa", images="digits", sample=SAMPLE, device="cpu", heal_steps=2, heal_how="lm")
+    assert abs(r["steps"][0]["loss"] - r["baseline"]["loss"]) <= 1e-5
+    assert r["sample"]["n_images"] == 512 // 17
+    acc = r["notes"]["accuracy"]
+    assert acc["baseline"]["accuracy"] > 0.8 and acc["0,1"] == acc["baseline"]
+    assert m["steps"][0]["kv_bytes_per_token"] == m["baseline"]["kv_bytes_per_token"] / 2
+    assert set(m["notes"]["accuracy"]) == {"baseline", "0,1", "healed"}
+    with pytest.raises(WhatIfError, match="--out writes this project's GPT language models; a ViT is converted"):
+        whatif(open_checkpoint(str(DEMO / "vit-k_eq_v-gqa2-wd0.1" / "checkpoints" / "final_step_000300.safetensors")),
+               to="k_eq_v", images="digits", sample=SAMPLE, device="cpu", out="/nonexistent/x")
+
+
+def test_images_need_an_image_classifier():
+    with pytest.raises(NoForwardPass, match="--images converts image classifiers: this project's ViT and Hugging Face"):
+        _run("qkv-mha-wd0.1", "k_eq_v", images="digits")
