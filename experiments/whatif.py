@@ -704,6 +704,8 @@ ROTARY_NOTES = {
     "gqa": "aligned: keys are not rotated before pooling (an orthogonal map does not commute with RoPE); values are",
     "mqa": "aligned: keys are not rotated before pooling (an orthogonal map does not commute with RoPE); values are",
     "latent": "the latent is cached un-rotated; keys are up-projected and rotated on read",
+    "wq_identity": ("the basis change acts before RoPE; of each head's query block only its scaled rotation per "
+                    "frequency pair (what commutes with RoPE) moves into the key"),
 }
 
 
