@@ -13,6 +13,11 @@ alternate between the *evaluation* set (loss of every model, ``tokens`` tokens) 
 set (the captured layer inputs the activation-aware methods fit on, and the healing batches), so
 no conversion is scored on the tokens it was fitted to.
 
+Images (``images``: this project's ViT, a Hugging Face ViT classifier; ``image_sample``): the
+validation split is evaluated, the training split fitted on; loss is the classification
+cross-entropy per image, ``ppl = exp(loss)``, intervals over images, and ``notes["accuracy"]``
+the top-1 accuracy of every evaluated model with its bootstrap interval.
+
 Loss: mean next-token cross-entropy (nats) over the evaluation windows; ``ppl = exp(loss)``;
 ``ci_low``/``ci_high``: the 95% percentile-bootstrap interval of the perplexity, resampling
 windows (``analysis.intervals.mean_interval`` on the per-window mean losses, then exp).
@@ -22,7 +27,8 @@ layer caches ``rank`` numbers), at the checkpoint's dtype. Attention parameters:
 projections and biases, a tied tensor once (a latent layer: its down- and up-projection in place
 of W_K and W_V).
 
-Hugging Face causal LMs (GPT-2, GPT-NeoX, Llama-style: Llama, Mistral, Qwen2, Gemma) are converted in place (``experiments.hf_surgery``):
+Hugging Face causal LMs (GPT-2, GPT-NeoX, Llama-style: Llama, Mistral, Qwen2, Gemma) and ViT image
+classifiers (``--images``) are converted in place (``experiments.hf_surgery``):
 the same function as the converted model, costed from the canonical layers; they are not healed
 or saved.
 
@@ -252,8 +258,8 @@ def query_free(model: GPT, *, rotary: bool) -> QueryFree:
             blk.attn = attention_of(fold.exact, blk.attn)
         gf, bf = norm_params(model.ln_f)
         lm = model.lm_head.weight.detach().double().cpu().T                          # [d, vocab]
-        new.lm_head.weight = torch.nn.Parameter(
-            (minv @ torch.diag(gf if gf is not None else torch.ones(d, dtype=torch.float64)) @ lm).T.to(dev_dtype).contiguous())
+        gain_f = torch.diag(gf if gf is not None else torch.ones(d, dtype=torch.float64))
+        new.lm_head.weight = torch.nn.Parameter((minv @ gain_f @ lm).T.to(dev_dtype).contiguous())
         fbias = None
         if bf is not None:
             inv = torch.where(gf != 0, 1.0 / gf.where(gf != 0, torch.ones_like(gf)), torch.zeros_like(gf))
@@ -581,8 +587,8 @@ def _runnable(ckpt: Checkpoint, images: bool = False):
     else:
         model, tok, vocab = load_runnable(ckpt)
     if images:
-        if isinstance(model, ViT) or (not isinstance(model, GPT) and type(model).__name__.endswith("ForImageClassification")
-                                      and hasattr(model.config, "patch_size")):
+        hf_vit = type(model).__name__.endswith("ForImageClassification") and hasattr(model.config, "patch_size")
+        if isinstance(model, ViT) or (not isinstance(model, GPT) and hf_vit):
             return model, tok, vocab
         raise NoForwardPass(f"{ckpt.path}: --images converts image classifiers: this project's ViT and Hugging "
                             "Face ViT-style classifiers (config with image_size and patch_size)")

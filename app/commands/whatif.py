@@ -29,7 +29,8 @@ Runs on checkpoints built as this project's GPT (its own variants, nanoGPT and f
 llama2.c / Meta Llama, the query-free and projection-sharing papers' models) and on Hugging Face
 GPT-2, GPT-NeoX and Llama-style causal LMs (Llama, Mistral, Qwen2, Gemma: converted in place, not
 healed or saved). With --images: this project's ViT and Hugging Face ViT classifiers, measured by
-classification loss and accuracy on the images (not saved). The file is opened in a child process under the analysis budgets (``loaders.parse_child``), as
+classification loss and accuracy on the images (not saved). The file is opened in a child process
+under the analysis budgets (``loaders.parse_child``), as
 ``analyze`` does; nothing is unpickled and no model code from a file runs.
 
 Examples:
