@@ -48,6 +48,35 @@ does the first three as post-hoc surgery):
     (q.k unchanged); the same for V with W_O[h] := R_j^T W_O[h] (Jin et al., arXiv 2412.20677).
     With rotary positions an orthogonal map of the key does not commute with the rotation, so
     keys are not rotated (``rotary=True``: R_j = I for K; values are).
+``wq_identity`` (no W_Q: head h's query is the slice ``x[:, h d_head:(h+1) d_head]`` of the layer's
+  normalised input; the query-free paper, Karbevski & Mijoski, arXiv 2510.23912), method ``basis``.
+  It is a change of basis of the whole residual stream, ``x~ = x M`` (``query_basis``), with each
+  layer's query factor folded into its keys (``fold_query``); ``experiments.whatif`` applies it to a
+  model. Norm gains ``g`` are folded into the matrices that read the norm first (``diag(g) W``).
+  With the stacked query ``A = [W_Q[0] | ... | W_Q[H-1]]`` of each layer (gains folded) and
+  ``R = M^-1 A`` the factor left in a layer:
+  * no norm: ``M`` = the mean of the layers' ``A`` (any invertible ``M`` passes through the
+    residual stream: writers ``W M``, readers ``M^-1 W``). Exact (Theorem 4.1 and section 4.4 of
+    the paper: one layer, or a layer-shared W_Q) when every ``A`` equals ``M`` up to a
+    block-diagonal factor.
+  * RMSNorm: only an orthogonal ``M`` commutes with the norm (``rms(x U) = rms(x)``), so ``M`` is
+    the orthogonal polar factor of ``sum_l s_l A_l / ||A_l||_F`` (the orthogonal ``U`` closest to all
+    layers' ``A``: Procrustes; the signs ``s_l = +-1`` align every layer with one reference layer,
+    since a sign moves into the key), as SliceGPT (Ashkboos et al., arXiv 2401.15024) and QuaRot
+    (arXiv 2404.00456) move rotations through the stream after folding the gains.
+  * LayerNorm: the writers are first centred (``W (I - 1 1^T / d)``: the stream is then mean-zero
+    and LayerNorm's centring a no-op, SliceGPT section 3.2), and ``U`` is that polar factor
+    restricted to map ``1`` to ``+-1`` (the sign of ``1^T target 1``; the polar factor on the
+    complement of ``1``), so the rotated stream stays mean-zero and LayerNorm still only rescales it.
+  In every case head h's diagonal block ``B_h = R[h, h]`` (``d_head x d_head``) moves into the key
+  (``W_K' = W_K B^T``, exact: ``(z B) k^T = z (k B^T)^T``), averaged over the query heads of a kv
+  head; with rotary positions only its part that commutes with the rotation (a scaled rotation
+  ``a I + b J`` per frequency pair) moves. What is dropped is ``R`` outside those blocks (and, for
+  GQA, each head's difference from its group's block): ``fold_query`` reports
+  ``off_block = ||R - blockdiag(B)||_F / ||R||_F`` (0: exact) and ``polar_remainder`` of ``R``
+  (its distance from a scaled identity). A query bias ``b_Q`` (plus the norm bias through W_Q)
+  becomes the new norm's bias ``b' = beta B^-1`` where the norm has a bias (LayerNorm with
+  biases), and is dropped (reported) where it has none.
 ``latent`` (R numbers cached per token and layer, MHA2MLA-style, Ji et al. arXiv 2502.14837):
   the joint rank-R activation-aware SVD of C = [W_K | W_V] (``d_model x 2 n_kv_heads d_head``):
   with S = E[x^T x] = Q L Q^T, A = L^1/2 Q^T, [A C]_R = U_R s_R V_R^T, the down-projection
@@ -65,12 +94,13 @@ import torch
 
 #: Relative ridge of the least-squares fits (times the mean eigenvalue of the normal matrix).
 RIDGE = 1e-6
-TARGETS = ("k_eq_v", "q_eq_k", "q_eq_k_eq_v", "gqa", "mqa", "latent")
+TARGETS = ("k_eq_v", "q_eq_k", "q_eq_k_eq_v", "wq_identity", "gqa", "mqa", "latent")
 METHODS = {
     "k_eq_v": ("lstsq", "keep_k", "keep_v", "avg"),
     "q_eq_k": ("psd", "keep_q", "keep_k", "avg"),
     "q_eq_k_eq_v": tuple(f"{a}+{b}" for a in ("psd", "keep_q", "keep_k", "avg")
                          for b in ("lstsq", "keep_k", "keep_v", "avg")),
+    "wq_identity": ("basis",),
     "gqa": ("mean", "aligned"),
     "mqa": ("mean", "aligned"),
     "latent": ("svd",),
@@ -356,6 +386,126 @@ def polar_remainder(a: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(p / (torch.trace(p) / n) - torch.eye(n, dtype=torch.float64)) / n ** 0.5)
 
 
+def polar(a: torch.Tensor) -> torch.Tensor:
+    """The orthogonal factor ``U`` of ``a = U P`` (``U V^T`` of the SVD ``a = U S V^T``)."""
+    u, _, vt = torch.linalg.svd(a)
+    return u @ vt
+
+
+def stacked_query(layer) -> torch.Tensor:
+    """``A = [W_Q[0] | ... | W_Q[H-1]]`` ``[d_model, H d_head]`` float64; square or ConversionError."""
+    if layer.W_Q is None:
+        raise ConversionError(f"layer {layer.layer}: the query is the identity slice already")
+    h, d, dh = layer.W_Q.shape
+    if h * dh != d:
+        raise ConversionError(f"layer {layer.layer}: n_heads * d_head = {h * dh} is not d_model = {d}: "
+                              "the stacked W_Q is not square")
+    return _d(layer.W_Q).permute(1, 0, 2).reshape(d, h * dh)
+
+
+def query_basis(stacks: list[torch.Tensor], norm: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(M, M^-1)`` of the residual stream for ``wq_identity`` (module docstring), from each layer's
+    stacked query with its norm gain folded (``diag(g) A``, float64); ``norm``: ``none``,
+    ``rmsnorm`` or ``layernorm``."""
+    if norm == "none":
+        m = torch.stack(stacks).mean(0)
+        return m, torch.linalg.inv(m)
+    unit = [a / torch.linalg.matrix_norm(a) for a in stacks]
+    # A and -A differ by a sign that the key takes (B = -I): align the signs before the sum
+    ref = max(range(len(unit)), key=lambda i: float(unit[i].diagonal().abs().sum()))
+    target = sum(a if float((a * unit[ref]).sum()) >= 0 else -a for a in unit)
+    if norm == "rmsnorm":
+        u = polar(target)
+        return u, u.T
+    if norm != "layernorm":
+        raise ConversionError(f"wq_identity: unknown norm {norm!r}: expected none, rmsnorm or layernorm")
+    d = target.shape[0]
+    ones = torch.full((d, 1), d ** -0.5, dtype=torch.float64)
+    basis = torch.linalg.qr(torch.cat([ones, torch.eye(d, dtype=torch.float64)[:, : d - 1]], 1))[0]
+    n = basis[:, 1:]                                                              # [d, d-1]: 1^perp
+    sign = -1.0 if float(ones.T @ target @ ones) < 0 else 1.0
+    u = sign * ones @ ones.T + n @ polar(n.T @ target @ n) @ n.T                  # U 1 = +-1
+    return u, u.T
+
+
+def _commuting_part(b: torch.Tensor) -> torch.Tensor:
+    """The part of ``b`` ``[..., dh, dh]`` that commutes with every rotary rotation: per pair
+    ``(2i, 2i+1)`` the 2x2 block ``a I + c J`` closest to b's (zero off the pair blocks)."""
+    out = torch.zeros_like(b)
+    for i in range(0, b.shape[-1], 2):
+        blk = b[..., i:i + 2, i:i + 2]
+        a = (blk[..., 0, 0] + blk[..., 1, 1]) / 2
+        c = (blk[..., 1, 0] - blk[..., 0, 1]) / 2
+        out[..., i, i], out[..., i + 1, i + 1], out[..., i + 1, i], out[..., i, i + 1] = a, a, c, -c
+    return out
+
+
+@dataclass(frozen=True)
+class QueryFold:
+    """One layer of a ``wq_identity`` conversion (``fold_query``): ``exact`` the layer in the new basis
+    with its W_Q (the same function), ``free`` the layer with W_Q = I, ``norm_bias`` the new norm's
+    bias ``b'`` (None: no bias, or no norm bias needed), ``off_block``/``remainder`` how much of
+    ``R`` is dropped / ``polar_remainder(R)``, ``dropped_bias`` ``||beta||`` where it cannot move."""
+
+    exact: object
+    free: object
+    norm_bias: torch.Tensor | None
+    off_block: float
+    remainder: float
+    dropped_bias: float
+
+
+def fold_query(layer, minv: torch.Tensor, writer: torch.Tensor, gain: torch.Tensor | None,
+               bias: torch.Tensor | None, *, norm_bias: bool, rotary: bool = False) -> QueryFold:
+    """``layer`` (read by a norm of ``gain``/``bias``, None: none) moved to the residual basis ``M``
+    (``minv = M^-1``; ``writer``: the map of what the layer writes, ``M`` or ``(I - 1 1^T/d) M``) and
+    converted to ``wq_identity`` (module docstring); ``norm_bias``: whether the new norm can carry a
+    bias."""
+    a = stacked_query(layer)
+    h, d, dh = layer.W_Q.shape
+    per = _group(layer)
+    g = torch.ones(d, dtype=torch.float64) if gain is None else _d(gain)
+    read = minv @ torch.diag(g)                                                   # x diag(g) W = z M^-1 diag(g) W
+    r = read @ a                                                                  # [d, H dh]
+    blocks = torch.stack([r[i * dh:(i + 1) * dh, i * dh:(i + 1) * dh] for i in range(h)])   # [H, dh, dh]
+    if rotary:
+        blocks = _commuting_part(blocks)
+    bg = _group_mean(blocks, per)                                                 # [G, dh, dh]
+    kept = torch.block_diag(*bg.repeat_interleave(per, 0))
+    off = float(torch.linalg.matrix_norm(r - kept) / torch.linalg.matrix_norm(r))
+    beta = torch.zeros(h * dh, dtype=torch.float64)
+    if bias is not None:
+        beta = beta + _d(bias) @ a
+    if layer.b_Q is not None:
+        beta = beta + _d(layer.b_Q).reshape(-1)
+    nb, dropped = None, 0.0
+    if norm_bias:
+        binv = torch.linalg.inv(bg).repeat_interleave(per, 0)                     # [H, dh, dh]
+        nb = torch.cat([beta[i * dh:(i + 1) * dh] @ binv[i] for i in range(h)])    # [d]
+    else:
+        dropped = float(beta.norm())
+
+    def moved(w, b):                                                              # a reader of the norm
+        w2 = read @ _d(w)                                                         # [g, d, dh]
+        b2 = torch.zeros(w.shape[0], dh, dtype=torch.float64) if b is None else _d(b)
+        if bias is not None:
+            b2 = b2 + _d(bias) @ _d(w)
+        if nb is not None:
+            b2 = b2 - nb @ w2
+        return w2, (None if b is None and bias is None and nb is None else b2)
+
+    wq, bq = moved(layer.W_Q, layer.b_Q)
+    wk, bk = moved(layer.W_K, layer.b_K)
+    wv, bv = moved(layer.W_V, layer.b_V)
+    wo = _d(layer.W_O) @ writer
+    bo = None if layer.b_O is None else _d(layer.b_O) @ writer
+    exact = _back(layer, W_Q=wq, b_Q=bq, W_K=wk, b_K=bk, W_V=wv, b_V=bv, W_O=wo, b_O=bo)
+    bt = bg.transpose(1, 2)
+    free = _back(layer, W_Q=None, b_Q=None, W_K=wk @ bt, b_K=None if bk is None else (bk[:, None, :] @ bt)[:, 0],
+                 W_V=wv, b_V=bv, W_O=wo, b_O=bo)
+    return QueryFold(exact, free, nb, off, polar_remainder(r), dropped)
+
+
 def convert(layer, target: str, method: str | None = None, stats: InputStats | None = None, *,
             groups: int | None = None, rank: int | None = None, rotary: bool = False):
     """One layer converted to ``target`` (``TARGETS``) by ``method`` (None: the default)."""
@@ -368,6 +518,9 @@ def convert(layer, target: str, method: str | None = None, stats: InputStats | N
         return q_eq_k(layer, method, stats)
     if target == "q_eq_k_eq_v":
         return q_eq_k_eq_v(layer, method, stats)
+    if target == "wq_identity":
+        raise ConversionError("wq_identity changes the basis of the whole residual stream: "
+                              "experiments.whatif.query_free converts a model, not one layer")
     if target in ("gqa", "mqa"):
         return gqa(layer, 1 if target == "mqa" else int(groups), method, stats, rotary=rotary)
     return latent(layer, int(rank), _need(stats, "latent"))[0]

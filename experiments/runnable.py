@@ -82,9 +82,10 @@ def model_code_reason(path: Path) -> str | None:
     return f"{path}: {REMOTE_CODE_NOTE} ({'; '.join(found)}); weight-level metrics only"
 
 
-def hf_model(path: Path, *, causal_lm: bool = False):
-    """A Hugging Face folder's model (``AutoModel``, or ``AutoModelForCausalLM`` with its output
-    head when ``causal_lm``; eager attention, float32), its tokenizer (None without tokenizer
+def hf_model(path: Path, *, causal_lm: bool = False, image_classifier: bool = False):
+    """A Hugging Face folder's model (``AutoModel``, or with its output head
+    ``AutoModelForCausalLM`` when ``causal_lm``, ``AutoModelForImageClassification`` when
+    ``image_classifier``; eager attention, float32), its tokenizer (None without tokenizer
     files) and ``vocab_size`` (256 when the config has none)."""
     import transformers          # here: transformers loads only for a Hugging Face forward pass
 
@@ -96,7 +97,8 @@ def hf_model(path: Path, *, causal_lm: bool = False):
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True,
                                                          trust_remote_code=False)
-        auto = transformers.AutoModelForCausalLM if causal_lm else transformers.AutoModel
+        auto = (transformers.AutoModelForCausalLM if causal_lm else transformers.AutoModelForImageClassification
+                if image_classifier else transformers.AutoModel)
         model = auto.from_pretrained(
             str(path), config=config, local_files_only=True, trust_remote_code=False,
             attn_implementation="eager", dtype=torch.float32)

@@ -6,6 +6,11 @@ Targets (--to) and methods (--method; the first is the default); formulas and so
 
   k_eq_v        lstsq (W_V := W_K, W_O[h] := T W_O[h], T the ridge fit K -> V on the layer's
                 input), keep_k, keep_v, avg                               (one cached tensor)
+  wq_identity   basis: the residual stream moved to one basis M (no norm: the mean stacked W_Q,
+                exact for one layer or a shared W_Q; RMSNorm/LayerNorm: its orthogonal polar
+                factor after folding the gains), each head's query block folded into its key;
+                notes give per layer the share of the query factor dropped (query-free paper,
+                arXiv 2510.23912; SliceGPT arXiv 2401.15024)
   q_eq_k        psd (best PSD rank-d_head map to the symmetric part of W_Q W_K^T), keep_q,
                 keep_k, avg
   q_eq_k_eq_v   A+B: q_eq_k by A, then k_eq_v by B (default psd+lstsq)
@@ -22,15 +27,17 @@ ci_low/ci_high: the 95% bootstrap interval of the perplexity over evaluation win
 
 Runs on checkpoints built as this project's GPT (its own variants, nanoGPT and forks,
 llama2.c / Meta Llama, the query-free and projection-sharing papers' models) and on Hugging Face
-GPT-2 and Llama-style causal LMs (Llama, Mistral, Qwen2: converted in place, not healed or
-saved). The file is
-opened in a child process under the analysis budgets (``loaders.parse_child``), as
+GPT-2, GPT-NeoX and Llama-style causal LMs (Llama, Mistral, Qwen2, Gemma: converted in place, not
+healed or saved). With --images: this project's ViT and Hugging Face ViT classifiers, measured by
+classification loss and accuracy on the images (not saved). The file is opened in a child process
+under the analysis budgets (``loaders.parse_child``), as
 ``analyze`` does; nothing is unpickled and no model code from a file runs.
 
 Examples:
   python -m app whatif data/demo/qkv-mha-wd0.1/checkpoints/final_step_004000.safetensors --to k_eq_v
   python -m app whatif ckpt.pt --to mqa --method aligned --layers greedy --json
   python -m app whatif ckpt.pt --to gqa:2 --heal-steps 200 --heal distill --out converted/
+  python -m app whatif data/demo/vit-qkv-mha-wd0.1/checkpoints/final_step_000300.safetensors --to mqa --images digits
 """
 from __future__ import annotations
 
@@ -41,17 +48,23 @@ from app.commands._common import print_json
 from loaders.report import shown
 
 NAME = "whatif"
-HELP = "what would sharing cost this model? convert a checkpoint to K=V, Q=K, GQA/MQA or a latent cache"
+HELP = "what would sharing cost this model? convert a checkpoint to K=V, Q=K, W_Q=I, GQA/MQA or a latent cache"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH_OR_ID", help="checkpoint file or folder, or a stored checkpoint id")
     p.add_argument("--to", required=True, metavar="TARGET",
-                   help="k_eq_v, q_eq_k, q_eq_k_eq_v, gqa:G, mqa or latent:R")
+                   help="k_eq_v, q_eq_k, q_eq_k_eq_v, wq_identity, gqa:G, mqa or latent:R")
     p.add_argument("--method", metavar="M", help="conversion method (see above; default: the target's first)")
     p.add_argument("--layers", default="all", help="all (default), greedy, or layer numbers L,L,...")
-    p.add_argument("--text", help="text file or folder to measure on (default: the bundled corpus)")
-    p.add_argument("--tokens", type=int, help="evaluation tokens (default 4096; as many again are fitted on)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text", help="text file or folder to measure on (default: the bundled corpus)")
+    src.add_argument("--images", metavar="DATASET",
+                     help="vision models: 'digits' (scikit-learn's bundled 8x8 digits), an .npz with x and y, or "
+                          "a folder of class folders; loss = classification cross-entropy per image, ppl = "
+                          "exp(loss), accuracy with its interval in notes")
+    p.add_argument("--tokens", type=int, help="evaluation tokens (default 4096; as many again are fitted on; "
+                                              "images: this many tokens' worth of whole images)")
     p.add_argument("--heal-steps", type=int, default=0, metavar="N",
                    help="fine-tune the converted model N steps with the tie kept, then evaluate again")
     p.add_argument("--heal", choices=("distill", "lm"), default="distill",
@@ -71,9 +84,10 @@ def compute(path: str, **kwargs) -> dict:
     from loaders.errors import QkvscopeError
 
     sample = SampleSpec(kwargs.pop("text"), kwargs.pop("tokens"))
+    images = kwargs.pop("images", None)
     with open_checkpoint(path) as ckpt:
         try:
-            return whatif(ckpt, sample=sample, **kwargs)
+            return whatif(ckpt, sample=sample, images=images, **kwargs)
         except NoForwardPass as exc:
             raise QkvscopeError(str(exc).removeprefix(f"{path}: ")) from None
 
@@ -104,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         raise QkvscopeError(f"--heal-steps {args.heal_steps}: expected 0 or more")
     path = _path(args)
     out = call("app.commands.whatif:compute", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
-               to=args.to, method=args.method, layers=args.layers, text=args.text, tokens=args.tokens,
+               to=args.to, method=args.method, layers=args.layers, text=args.text, images=args.images,
+               tokens=args.tokens,
                heal_steps=args.heal_steps, heal_how=args.heal, out=args.out, device=args.device)
     if args.json:
         print_json(out)
@@ -120,7 +135,12 @@ def run(args: argparse.Namespace) -> int:
     if h is not None:
         print(f"  healed {h['steps']} steps: loss {h['loss']:.4f}, ppl {h['ppl']:.3f} ({h['delta_ppl_pct']:+.2f}%)")
     for key, note in out["notes"].items():
-        print(f"  {key}: {note}")
+        if key == "accuracy":   # images: one line per evaluated model
+            for label, a in note.items():
+                ci = "" if a["ci_low"] is None else f" ({a['ci_low']:.1%}-{a['ci_high']:.1%})"
+                print(f"  accuracy {label or 'none'}: {a['accuracy']:.1%}{ci}")
+        else:
+            print(f"  {key}: {note}")
     return 0
 
 

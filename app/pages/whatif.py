@@ -24,7 +24,7 @@ ICON = ":material/call_split:"
 ORDER = 45
 URL_PATH = "what-if"
 
-TARGETS = ("k_eq_v", "mqa", "gqa:2", "q_eq_k", "q_eq_k_eq_v", "latent:16")
+TARGETS = ("k_eq_v", "mqa", "gqa:2", "q_eq_k", "q_eq_k_eq_v", "wq_identity", "latent:16")
 DEFAULT_CHECKPOINT = DEMO_DIR / "qkv-mha-wd0.1" / "checkpoints" / "final_step_004000.safetensors"
 #: The demo's runs drawn by default: the Q-K-V run and the runs trained with the ties.
 DEMO_BASELINE = "qkv-mha-wd0.1"

@@ -146,3 +146,28 @@ def test_absorbing_the_query_is_exact_on_the_changed_basis():
     assert polar_remainder(3 * q) < 1e-12 < polar_remainder(a)
     with pytest.raises(ConversionError, match="layer 0: n_heads \\* d_head = 6 is not d_model = 12"):
         absorb_query(_layer(h=2, g=2))
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_query_basis_is_the_nearest_rotation_and_keeps_the_mean_direction_under_layernorm(norm):
+    from analysis.conversion import query_basis
+
+    gen = torch.Generator().manual_seed(11)
+    u = torch.linalg.qr(torch.randn(D, D, generator=gen, dtype=torch.float64))[0]
+    if norm == "layernorm":   # a rotation fixing 1 (or mapping it to -1): what LayerNorm commutes with
+        ones = torch.full((D, 1), D ** -0.5, dtype=torch.float64)
+        n = torch.linalg.qr(torch.cat([ones, torch.eye(D, dtype=torch.float64)[:, :D - 1]], 1))[0][:, 1:]
+        u = ones @ ones.T + n @ torch.linalg.qr(torch.randn(D - 1, D - 1, generator=gen, dtype=torch.float64))[0] @ n.T
+    m, minv = query_basis([2.0 * u, 5.0 * u], norm)
+    assert torch.allclose(m, u, atol=1e-12) and torch.allclose(m @ minv, torch.eye(D, dtype=torch.float64), atol=1e-12)
+    m, _ = query_basis([-2.0 * u, 5.0 * u], norm)               # a sign moves into the key: +-u
+    assert min((m - u).abs().max(), (m + u).abs().max()) < 1e-12
+    m, _ = query_basis([torch.randn(D, D, generator=gen, dtype=torch.float64) for _ in range(3)], norm)
+    assert torch.allclose(m.T @ m, torch.eye(D, dtype=torch.float64), atol=1e-12)
+    if norm == "layernorm":
+        assert torch.allclose(m @ torch.ones(D, dtype=torch.float64), torch.ones(D, dtype=torch.float64), atol=1e-12)
+
+
+def test_wq_identity_is_a_whole_model_conversion():
+    with pytest.raises(ConversionError, match="wq_identity changes the basis of the whole residual stream"):
+        convert(_layer(), "wq_identity")

@@ -38,6 +38,10 @@ def test_whatif_text_output_and_errors():
     bad = cli("whatif", str(vit), "--to", "mqa")
     assert bad.returncode == 2
     assert bad.stderr.strip() == (f"error: {vit}: whatif converts language models: this project's GPT (its own "
-                                  "variants, nanoGPT, llama2.c, the papers' models) and Hugging Face causal LMs")
+                                  "variants, nanoGPT, llama2.c, the papers' models) and Hugging Face causal LMs; "
+                                  "image classifiers with --images")
+    seen = cli("whatif", str(vit), "--to", "mqa", "--images", "digits", "--tokens", "256")
+    assert seen.returncode == 0, seen.stderr
+    assert "mqa by mean, 272 tokens in 16 windows" in seen.stdout and "  accuracy baseline: " in seen.stdout
     assert cli("whatif", str(QKV), "--to", "mqa", "--tokens", "1").stderr.strip() == \
         "error: --tokens 1: expected at least 2"

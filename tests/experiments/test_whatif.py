@@ -6,6 +6,7 @@ import torch
 
 from app.commands.info import tensor_ties
 from experiments.activation_runs import SampleSpec
+from experiments.runnable import NoForwardPass
 from experiments.whatif import Target, WhatIfError, layer_of, parse_layers, whatif
 from loaders.checkpoints import open_checkpoint
 
@@ -124,3 +125,108 @@ def test_rotary_models_keep_their_function_where_the_conversion_is_exact():
         assert abs(after - before).max() <= 1e-5, (variant, to)
         assert [type(b.attn) for b in m.blocks] == [type(a) for a in mods]           # the original untouched
         assert all(b.attn is a for b, a in zip(m.blocks, mods))
+
+
+def _sharp_gpt(norm, n_layer=2, share_query=False, **kw):
+    """A float64 GPT with weights large enough that attention is far from uniform (a 0.02 init
+    leaves every conversion invisible); ``share_query``: every layer's W_Q is layer 0's."""
+    from experiments.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=n_layer, d_model=32, n_head=4, norm=norm, block_size=16, **kw)).double().eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if ".ln" in n or n.startswith("ln") else
+                    torch.randn_like(p) * (0.3 if ".attn." in n or ".mlp." in n else 1.0))
+        if share_query:
+            for b in m.blocks[1:]:
+                b.attn.q.weight.copy_(m.blocks[0].attn.q.weight)
+    return m
+
+
+@pytest.mark.parametrize("n_layer,share", [(1, False), (3, True)])
+def test_wq_identity_of_a_norm_free_model_is_exact(n_layer, share):
+    """The query-free theorem: one layer, or W_Q shared by the layers, and no norm: W_Q = I loses nothing."""
+    from experiments.whatif import Surgery
+
+    m = _sharp_gpt("none", n_layer, share, n_kv_heads=2)
+    s = Surgery(m, Target.parse("wq_identity", None), [None] * n_layer, rotary=False, variant="qkv")
+    ids = torch.randint(0, 256, (3, 16))
+    ref = m(ids)[0]
+    conv = s.model(list(range(n_layer)))
+    assert {b.attn.cfg.variant for b in conv.blocks} == {"wq_identity"}
+    assert (conv(ids)[0] - ref).abs().max() <= 1e-9 * ref.abs().max()
+    assert s.notes["off_block"] == [0.0] * n_layer
+
+
+@pytest.mark.parametrize("norm,rotary", [("rmsnorm", True), ("layernorm", False)])
+def test_wq_identity_with_norms_moves_the_basis_exactly_and_drops_only_what_is_off_the_blocks(norm, rotary):
+    """The basis change alone keeps every logit; a model whose W_Q is a common rotation times
+    per-head blocks converts exactly (RMSNorm, rotary: per-pair scaled rotations, which commute with
+    RoPE; LayerNorm: a rotation that fixes 1, times one scale per layer)."""
+    from analysis.conversion import query_basis
+    from experiments.whatif import Surgery
+
+    m = _sharp_gpt(norm, 2, positions="rotary" if rotary else "learned", bias=not rotary)
+    ids = torch.randint(0, 256, (3, 16))
+    ref = m(ids)[0]
+    s = Surgery(m, Target.parse("wq_identity", None), [None] * 2, rotary=rotary, variant="qkv")
+    assert (s.model([])(ids)[0] - ref).abs().max() <= 1e-9 * ref.abs().max()
+    assert min(s.notes["off_block"]) > 0.3                         # random W_Q: far from a rotation
+    gen = torch.Generator().manual_seed(3)
+    u = query_basis([torch.randn(32, 32, generator=gen, dtype=torch.float64)], norm)[0]
+    with torch.no_grad():
+        for b in m.blocks:
+            a, c = torch.randn(2, 16, dtype=torch.float64, generator=gen)         # per pair: a I + c J
+            blocks = torch.block_diag(*[torch.tensor([[x, -y], [y, x]], dtype=torch.float64) for x, y in zip(a, c)])
+            if norm == "layernorm":
+                blocks = a[0] * torch.eye(32, dtype=torch.float64)
+            b.attn.q.weight.copy_((torch.diag(1 / b.ln_1.weight) @ u @ blocks).T)
+            if b.attn.q.bias is not None:
+                b.attn.q.bias.zero_()
+    ref = m(ids)[0]
+    s = Surgery(m, Target.parse("wq_identity", None), [None] * 2, rotary=rotary, variant="qkv")
+    assert max(s.notes["off_block"]) < 1e-12
+    assert (s.model([0, 1])(ids)[0] - ref).abs().max() <= 1e-9 * ref.abs().max()
+
+
+def test_wq_identity_through_the_command_reads_back_query_free(tmp_path):
+    """A norm-free one-layer checkpoint (float32): loss unchanged to float tolerance; the saved
+    conversion reads back as wq_identity, by its config and by its tensors."""
+    from experiments.train import TrainConfig, save_checkpoint
+
+    m = _sharp_gpt("none", 1, bias=False).float()
+    path = tmp_path / "final_step_000001.safetensors"
+    save_checkpoint(m, path, step=1, tokens=1, final=True, tc=TrainConfig())
+    with open_checkpoint(str(path)) as ckpt:
+        r = whatif(ckpt, to="wq_identity", sample=SAMPLE, device="cpu", out=str(tmp_path / "conv"))
+    assert abs(r["steps"][0]["loss"] - r["baseline"]["loss"]) <= 1e-5 * r["baseline"]["loss"]
+    assert r["steps"][0]["attention_params"] == r["baseline"]["attention_params"] - 32 * 32
+    assert r["steps"][0]["kv_bytes_per_token"] == r["baseline"]["kv_bytes_per_token"]
+    assert r["notes"]["wq_identity"]["off_block"] == [0.0]
+    with open_checkpoint(r["notes"]["out"]) as ckpt:
+        assert ckpt.meta.variant == "wq_identity"
+    assert tensor_ties(r["notes"]["out"])["variant"] == "wq_identity"
+    with pytest.raises(WhatIfError, match="--to wq_identity: no query-free variant keeps this k_eq_v layer's ties"):
+        _run("k_eq_v-mha-wd0.1", "wq_identity")
+
+
+def test_a_k_eq_v_trained_vit_converted_to_k_eq_v_changes_nothing_and_reports_accuracy():
+    """The demo's ViT (this project's trainer, digits): loss = classification cross-entropy per image."""
+    with open_checkpoint(str(DEMO / "vit-k_eq_v-gqa2-wd0.1" / "checkpoints" / "final_step_000300.safetensors")) as ckpt:
+        r = whatif(ckpt, to="k_eq_v", images="digits", sample=SAMPLE, device="cpu")
+        m = whatif(ckpt, to="mqa", images="digits", sample=SAMPLE, device="cpu", heal_steps=2, heal_how="lm")
+    assert abs(r["steps"][0]["loss"] - r["baseline"]["loss"]) <= 1e-5
+    assert r["sample"]["n_images"] == 512 // 17
+    acc = r["notes"]["accuracy"]
+    assert acc["baseline"]["accuracy"] > 0.8 and acc["0,1"] == acc["baseline"]
+    assert m["steps"][0]["kv_bytes_per_token"] == m["baseline"]["kv_bytes_per_token"] / 2
+    assert set(m["notes"]["accuracy"]) == {"baseline", "0,1", "healed"}
+    with pytest.raises(WhatIfError, match="--out writes this project's GPT language models; a ViT is converted"):
+        whatif(open_checkpoint(str(DEMO / "vit-k_eq_v-gqa2-wd0.1" / "checkpoints" / "final_step_000300.safetensors")),
+               to="k_eq_v", images="digits", sample=SAMPLE, device="cpu", out="/nonexistent/x")
+
+
+def test_images_need_an_image_classifier():
+    with pytest.raises(NoForwardPass, match="--images converts image classifiers: this project's ViT and Hugging Face"):
+        _run("qkv-mha-wd0.1", "k_eq_v", images="digits")
