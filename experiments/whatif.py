@@ -8,10 +8,10 @@ target variant and head count (a K=V layer really caches one tensor, a GQA layer
 fewer kv heads), so the converted model is the model that would be served.
 
 The sample: the text (``SampleSpec``; the bundled corpus by default) cut into windows of the
-model's context (at most ``MAX_WINDOW``), ``2 * tokens`` tokens spread over it; the windows
-alternate between the *evaluation* set (loss of every model, ``tokens`` tokens) and the *fit*
-set (the captured layer inputs the activation-aware methods fit on, and the healing batches), so
-no conversion is scored on the tokens it was fitted to.
+model's context (at most ``MAX_WINDOW``), ``2 * tokens`` tokens (at least two windows) spread
+over it; the windows alternate between the *evaluation* set (loss of every model, ``tokens``
+tokens) and the *fit* set (the captured layer inputs the activation-aware methods fit on, and the
+healing batches), so no conversion is scored on the tokens it was fitted to.
 
 Images (``images``: this project's ViT, a Hugging Face ViT classifier; ``image_sample``): the
 validation split is evaluated, the training split fitted on; loss is the classification
@@ -341,8 +341,8 @@ def text_sample(model, tok, vocab: int, sample: SampleSpec, want: int) -> Sample
         ids, how = token_stream(text, tok, vocab, 2 * want + 2 * context)
     if ids.numel() < 4:
         raise NoForwardPass(f"the sample text gave {ids.numel()} tokens")
-    # one extra position per window: inputs [:-1], targets [1:]
-    windows = sample_windows(ids, context=context + 1, n_tokens=2 * want)
+    # one extra position per window: inputs [:-1], targets [1:]; at least one window to evaluate, one to fit
+    windows = sample_windows(ids, context=context + 1, n_tokens=max(2 * want, 2 * (context + 1)))
     if windows.shape[0] < 2:
         raise NoForwardPass(f"the sample text gave {ids.numel()} tokens: fewer than two windows of {windows.shape[1]}")
     ev, fit = windows[0::2], windows[1::2]

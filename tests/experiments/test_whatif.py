@@ -14,9 +14,9 @@ DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 SAMPLE = SampleSpec(None, 512)
 
 
-def _run(name, to, method=None, **kw):
+def _run(name, to, method=None, sample=SAMPLE, **kw):
     with open_checkpoint(str(DEMO / name / "checkpoints" / "final_step_004000.safetensors")) as ckpt:
-        return whatif(ckpt, to=to, method=method, sample=SAMPLE, device="cpu", **kw)
+        return whatif(ckpt, to=to, method=method, sample=sample, device="cpu", **kw)
 
 
 def test_a_k_eq_v_trained_model_converted_to_k_eq_v_changes_nothing():
@@ -31,12 +31,29 @@ def test_mqa_of_an_mqa_model_changes_nothing(method):
     assert abs(r["steps"][0]["loss"] - r["baseline"]["loss"]) <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["qkv-mha-wd0.1", "qkv-gqa2-wd0.1"])
+#: Every Q-K-V model of the demo (``data/demo/qkv-*``).
+DEMO_QKV = ["qkv-gqa2-wd0.1", "qkv-mha-wd0", "qkv-mha-wd0.03", "qkv-mha-wd0.1", "qkv-mha-wd0.1-seed1",
+            "qkv-mha-wd0.1-seed2", "qkv-mqa-wd0.1"]
+
+
+def test_demo_qkv_lists_every_qkv_model_of_the_demo():
+    assert sorted(p.name for p in DEMO.glob("qkv-*")) == DEMO_QKV
+
+
+@pytest.mark.parametrize("name", DEMO_QKV)
 def test_lstsq_loses_no_more_than_keep_k_on_the_demo_qkv_models(name):
-    lstsq, keep = _run(name, "k_eq_v", "lstsq"), _run(name, "k_eq_v", "keep_k")
+    """On the same 128 evaluation tokens (one window; fit on another), every layer converted."""
+    few = SampleSpec(None, 128)
+    lstsq, keep = _run(name, "k_eq_v", "lstsq", sample=few), _run(name, "k_eq_v", "keep_k", sample=few)
+    assert lstsq["sample"] == keep["sample"] and lstsq["sample"]["n_tokens"] == 128
     assert lstsq["baseline"] == keep["baseline"]
-    assert lstsq["steps"][0]["loss"] < keep["steps"][0]["loss"]
+    assert lstsq["steps"][0]["loss"] <= keep["steps"][0]["loss"]
     assert lstsq["steps"][0]["kv_bytes_per_token"] == lstsq["baseline"]["kv_bytes_per_token"] / 2
+
+
+def test_a_sample_of_fewer_tokens_than_a_window_takes_one_window_to_evaluate_and_one_to_fit():
+    r = _run("qkv-mha-wd0.1", "k_eq_v", "keep_k", sample=SampleSpec(None, 64))
+    assert (r["sample"]["windows"], r["sample"]["n_tokens"], r["sample"]["fit_tokens"]) == (1, 128, 128)
 
 
 def test_json_contract_and_greedy_curve():
