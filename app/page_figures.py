@@ -9,6 +9,9 @@ so a figure in a paper is the one on the page.
   decay (``analysis.wd_sensitivity``'s table; ``per_run`` and ``per_wd`` unpack it).
 * KV cost: ``kv_cost_figures(...)``, four sweeps of the configurations
   (``kv_configs``) against context and concurrent users.
+* What if: ``whatif_figure(curves, trained, paper)``, the Pareto chart of KV bytes saved against
+  perplexity change: one greedy conversion curve per target beside the trained runs' and the
+  paper's points (``analysis.sharing_cost``).
 """
 from __future__ import annotations
 
@@ -191,6 +194,38 @@ def results_figure(table: pd.DataFrame, metric: str) -> go.Figure | None:
     charts._layout(fig, x_title="KV-cache bytes per token", y_title=f"{metric} (mean ± std over a row's runs)",
                    log_x=True, height=420)
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+# -- What if ----------------------------------------------------------------------------------
+
+#: Legend names of the What if chart's reference points.
+WHATIF_TRAINED = "trained with the tie (stored runs)"
+WHATIF_PAPER = "trained with the tie (paper B, 300M)"
+
+
+def whatif_label(result: dict) -> str:
+    """The legend name of a ``whatif`` result's curve: target, method, how it was converted."""
+    return f"{result['target']} by {result['method']}, converted (greedy)"
+
+
+def whatif_figure(curves: dict[str, pd.DataFrame], trained: pd.DataFrame, paper: pd.DataFrame) -> go.Figure:
+    """The What if page's Pareto chart: x the KV cache saved (% of bytes per token), y the
+    perplexity change (%), both from (0, 0), the unconverted model. ``curves``: legend name ->
+    ``analysis.sharing_cost.curve`` of a greedy conversion (lines, each step's marker labelled with
+    the layers converted so far); ``trained`` and ``paper``: ``sharing_cost.POINT_COLUMNS`` frames
+    (diamonds: the stored runs trained with the tie against their Q-K-V run; stars: the paper's
+    trained variants). Lower right is better: more cache saved for less perplexity."""
+    fig = go.Figure()
+    for name, c in curves.items():
+        fig.add_trace(go.Scatter(x=c["kv_saved_pct"], y=c["delta_ppl_pct"], mode="lines+markers+text",
+                                 text=c["layers"], textposition="top center", name=name))
+    fig.add_trace(go.Scatter(x=trained["kv_saved_pct"], y=trained["delta_ppl_pct"], mode="markers",
+                             marker={"symbol": "diamond", "size": 11}, text=trained["label"], name=WHATIF_TRAINED))
+    fig.add_trace(go.Scatter(x=paper["kv_saved_pct"], y=paper["delta_ppl_pct"], mode="markers",
+                             marker={"symbol": "star", "size": 12}, text=paper["label"], name=WHATIF_PAPER))
+    fig.update_layout(xaxis_title="KV cache saved (% of bytes per token)", yaxis_title="perplexity change (%)",
+                      height=480)
     return fig
 
 
