@@ -54,25 +54,34 @@ HELP = "what would sharing cost this model? convert a checkpoint to K=V, Q=K, W_
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH_OR_ID", help="checkpoint file or folder, or a stored checkpoint id")
     p.add_argument("--to", required=True, metavar="TARGET",
-                   help="k_eq_v, q_eq_k, q_eq_k_eq_v, wq_identity, gqa:G, mqa or latent:R")
+                   help="k_eq_v, q_eq_k, q_eq_k_eq_v, wq_identity, gqa:G (G kv heads), mqa or latent:R "
+                        "(R cached numbers per token and layer)")
     p.add_argument("--method", metavar="M", help="conversion method (see above; default: the target's first)")
-    p.add_argument("--layers", default="all", help="all (default), greedy, or layer numbers L,L,...")
+    p.add_argument("--layers", default="all", metavar="all|greedy|L,L,...",
+                   help="all layers converted at once (default); greedy: one at a time, cheapest first, "
+                        "a step each (the curve); or the layer numbers L,L,... (from 0) converted at once")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--text", help="text file or folder to measure on (default: the bundled corpus)")
+    src.add_argument("--text", metavar="FILE", help="text file or folder to measure on (default: the bundled corpus)")
     src.add_argument("--images", metavar="DATASET",
                      help="vision models: 'digits' (scikit-learn's bundled 8x8 digits), an .npz with x and y, or "
                           "a folder of class folders; loss = classification cross-entropy per image, ppl = "
                           "exp(loss), accuracy with its interval in notes")
-    p.add_argument("--tokens", type=int, help="evaluation tokens (default 4096; as many again are fitted on; "
-                                              "images: this many tokens' worth of whole images)")
+    p.add_argument("--tokens", type=int, metavar="N",
+                   help="evaluation tokens (default max(4096, 8 d_head); as many again are fitted on; at least "
+                        "one context window each; images: this many tokens' worth of whole images)")
     p.add_argument("--heal-steps", type=int, default=0, metavar="N",
-                   help="fine-tune the converted model N steps with the tie kept, then evaluate again")
-    p.add_argument("--heal", choices=("distill", "lm"), default="distill",
-                   help="healing loss: distill (KL to the original model, default) or lm (next-token loss)")
-    p.add_argument("--out", metavar="DIR", help="write the converted checkpoint (model.safetensors + config.json)")
+                   help="fine-tune the converted model N steps with the tie kept, then evaluate again "
+                        "(healed: loss before surgery, after surgery, after healing)")
+    p.add_argument("--heal", choices=("distill", "lm"),
+                   help="healing loss, with --heal-steps: distill (KL to the original model, default) or lm "
+                        "(next-token loss)")
+    p.add_argument("--out", metavar="DIR", help="write the converted checkpoint (model.safetensors + config.json), "
+                                                "which info reads back as the new variant")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when there is one")
     p.add_argument("--db", help="database file, to read a stored checkpoint id (default: the usual one)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: checkpoint, target, method, sample, baseline, steps, healed, "
+                        "notes (docs/whatif.md)")
 
 
 def compute(path: str, **kwargs) -> dict:
@@ -116,11 +125,13 @@ def run(args: argparse.Namespace) -> int:
         raise QkvscopeError(f"--tokens {args.tokens}: expected at least 2")
     if args.heal_steps < 0:
         raise QkvscopeError(f"--heal-steps {args.heal_steps}: expected 0 or more")
+    if args.heal is not None and args.heal_steps == 0:
+        raise QkvscopeError(f"--heal {args.heal}: expected with --heal-steps N (N > 0)")
     path = _path(args)
     out = call("app.commands.whatif:compute", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                to=args.to, method=args.method, layers=args.layers, text=args.text, images=args.images,
                tokens=args.tokens,
-               heal_steps=args.heal_steps, heal_how=args.heal, out=args.out, device=args.device)
+               heal_steps=args.heal_steps, heal_how=args.heal or "distill", out=args.out, device=args.device)
     if args.json:
         print_json(out)
         return 0
