@@ -53,6 +53,94 @@ def query_param(name: str, default: str | None = None) -> str | None:
     return st.query_params.get(name, default)
 
 
+# -- URL values, checked: a value a page cannot use is named in a note, never a traceback --
+
+#: Session key of the URL values ignored in this run of the page (``show_errors`` empties it).
+URL_NOTES = "url_ignored"
+
+
+def url_ignored(name: str, raw, why: str) -> None:
+    """Name a URL value the page does not use (``url_notes`` shows it): ``name='raw' (why)``."""
+    st.session_state.setdefault(URL_NOTES, []).append(f"{name}={raw!r} ({why})")
+
+
+def _url_number(name: str, default, lo, hi, parse, expected: str):
+    raw = query_param(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = parse(raw)
+    except ValueError:
+        url_ignored(name, raw, f"expected {expected}")
+        return default
+    if not lo <= value <= hi:
+        shown = (lambda v: f"{v:g}") if parse is float else str
+        url_ignored(name, value, f"expected {shown(lo)}..{shown(hi)}")
+        return default
+    return value
+
+
+def url_int(name: str, default: int | None, lo: int = 0, hi: int = 10_000_000) -> int | None:
+    """The URL value ``name`` as an integer in [lo, hi]; ``default`` when absent, else noted."""
+    return _url_number(name, default, lo, hi, int, "an integer")
+
+
+def url_float(name: str, default: float, lo: float = 0.0, hi: float = 100_000.0) -> float:
+    """The URL value ``name`` as a finite number in [lo, hi]; ``default`` when absent, else noted."""
+    return _url_number(name, default, lo, hi, float, "a number")
+
+
+def url_choice(name: str, options, default, why: str | None = None):
+    """The URL value ``name`` when it is one of ``options``; ``default`` when absent, else noted
+    (``why``: the note's reason, by default the options)."""
+    raw = query_param(name)
+    if raw is None:
+        return default
+    if raw not in options:
+        url_ignored(name, raw, why or f"one of {', '.join(map(str, options))}")
+        return default
+    return raw
+
+
+def url_list(name: str) -> list[str]:
+    """The URL value ``name`` split at commas, empty items dropped."""
+    return [v for v in (query_param(name, "") or "").split(",") if v]
+
+
+def url_subset(name: str, options, why: str) -> list[str]:
+    """The items of the comma-separated URL value ``name`` that are ``options``; the others noted."""
+    items = url_list(name)
+    for item in items:
+        if item not in options:
+            url_ignored(name, item, why)
+    return [item for item in items if item in options]
+
+
+def url_ints(name: str) -> list[int]:
+    """The URL value ``name`` as a comma-separated list of integers; an item that is none is noted."""
+    out = []
+    for item in url_list(name):
+        try:
+            out.append(int(item))
+        except ValueError:
+            url_ignored(name, item, "expected an integer")
+    return out
+
+
+def url_notes(where=None, warning: bool = False) -> None:
+    """One line naming the URL values ignored so far in this run (a caption, or a warning), then
+    forgets them; nothing when there are none."""
+    notes = st.session_state.get(URL_NOTES) or []
+    if notes:
+        text = "Ignored in the URL: " + "; ".join(notes) + "."
+        where = where or st
+        if warning:
+            where.warning(text, icon=":material/link_off:")
+        else:
+            where.caption(text)
+    st.session_state[URL_NOTES] = []
+
+
 def set_query_params(**values) -> None:
     """Write selections into the URL so a copied link reopens the same view.
 
@@ -118,6 +206,7 @@ def in_projects(frame: pd.DataFrame, chosen: list[str], column: str = "project")
 
 def show_errors(fn: Callable[[], None]) -> None:
     """Run a page; user-input errors become a message that says what to do."""
+    st.session_state[URL_NOTES] = []
     try:
         fn()
     except (QkvscopeError, AnalysisError) as exc:

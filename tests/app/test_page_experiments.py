@@ -166,6 +166,16 @@ def test_url_reopens_the_same_view(runs_db):
     assert arr(fig["data"][0]["x"])[:3] == [0, 512, 1024]
 
 
+def test_url_values_it_cannot_use_are_named_in_one_line(runs_db):
+    at = page_test("experiments", {"runs": "2,x,99", "s": "abc", "x": "epochs", "variant": "qkv,mqa"}).run()
+    assert not at.exception
+    notes = [c.value for c in at.caption if c.value.startswith("Ignored in the URL")]
+    assert notes == ["Ignored in the URL: variant='mqa' (no run shown has it).",
+                     "Ignored in the URL: runs='x' (expected an integer); runs=99 (no such run); "
+                     "x='epochs' (one of step, tokens, wall_time); s='abc' (expected a number)."]
+    assert len(figures(at)["exp_curves"]["data"]) == 1 and at.slider(key="exp_s").value == 0.0
+
+
 def test_metric_picker_and_smoothing_change_the_curves(runs_db):
     at = page_test("experiments", {"runs": "1"}).run()
     ys_val = arr(figures(at)["exp_curves"]["data"][0]["y"])
