@@ -49,6 +49,27 @@ def data_version(store: Store) -> tuple[int, ...]:
     return tuple(stamp)
 
 
+# -- cached reads (keyed by the file they read and its data_version) --
+
+def cached_read(read: Callable | None = None, *, max_entries: int = 8):
+    """``read(store, *args)`` as a cached ``reader(db, version, *args)``: Streamlit's
+    ``st.cache_data`` keyed by the database file ``db``, its ``data_version`` and the other
+    arguments (hashable: tuples, not lists), so new data shows without a restart. Use it on a
+    loader function (``_runs = cached_read(curves.run_checkpoints)``) or as a decorator of a
+    page's own ``def _x(store, ...)`` that shapes what it reads."""
+    if read is None:
+        return lambda fn: cached_read(fn, max_entries=max_entries)
+
+    def reader(db: str, version: tuple, *args, **kwargs):
+        return read(store_at(db), *args, **kwargs)
+
+    # the cache is Streamlit's, keyed by module and qualified name: one per function read
+    reader.__module__, reader.__qualname__ = read.__module__, f"cached_read.{read.__qualname__}"
+    reader.__name__, reader.__doc__ = read.__name__, read.__doc__
+    return st.cache_data(show_spinner=False, max_entries=max_entries)(reader)
+
+
+
 def query_param(name: str, default: str | None = None) -> str | None:
     return st.query_params.get(name, default)
 
@@ -160,10 +181,8 @@ def set_query_params(**values) -> None:
         st.query_params.from_dict({k: v[0] if len(v) == 1 else v for k, v in wanted.items()})
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def project_counts(db: str, version: tuple) -> list[dict]:
-    """``[{"project", "runs", "checkpoints"}, ...]`` (``loaders.projects.project_counts``)."""
-    return projects.project_counts(store_at(db))
+#: ``[{"project", "runs", "checkpoints"}, ...]`` (``loaders.projects.project_counts``).
+project_counts = cached_read(projects.project_counts)
 
 
 def _project_label(counts: dict):
@@ -219,56 +238,39 @@ def demo_only(run_sources: list[str]) -> bool:
     return bool(run_sources) and all(str(s).startswith(demo) for s in run_sources)
 
 
-# -- cached reads shared by several pages (keyed by the file they read and its data_version) --
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def checkpoints_frame(db: str, version: tuple) -> pd.DataFrame:
-    """Stored checkpoints with geometry (``loaders.queries.checkpoints_frame``)."""
-    return queries.checkpoints_frame(store_at(db))
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def checkpoint_choices(db: str, version: tuple) -> pd.DataFrame:
-    """What checkpoint pickers list: checkpoints with run, step and run settings
-    (``loaders.checkpoint_labels.checkpoint_choices``; named by ``app.pickers.checkpoint_label``)."""
-    return checkpoint_labels.checkpoint_choices(store_at(db))
+#: Stored checkpoints with geometry (``loaders.queries.checkpoints_frame``).
+checkpoints_frame = cached_read(queries.checkpoints_frame)
+#: What checkpoint pickers list: checkpoints with run, step and run settings
+#: (``loaders.checkpoint_labels.checkpoint_choices``; named by ``app.pickers.checkpoint_label``).
+checkpoint_choices = cached_read(checkpoint_labels.checkpoint_choices)
+#: Counts of runs, points, checkpoints and analyses (``loaders.queries.summary``).
+summary = cached_read(queries.summary)
+#: ``{metric: 'min' | 'max'}`` set by the user (``loaders.curves.metric_directions``): the
+#: overrides every page passes to ``analysis.directions.direction``.
+metric_directions = cached_read(curves.metric_directions)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def summary(db: str, version: tuple) -> dict:
-    """Counts of runs, points, checkpoints and analyses (``loaders.queries.summary``)."""
-    return queries.summary(store_at(db))
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def metric_directions(db: str, version: tuple) -> dict[str, str]:
-    """``{metric: 'min' | 'max'}`` set by the user (``loaders.curves.metric_directions``): the
-    overrides every page passes to ``analysis.directions.direction``."""
-    return curves.metric_directions(store_at(db))
-
-
-@st.cache_data(show_spinner=False, max_entries=32)
-def analysis_results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
+@cached_read(max_entries=32)
+def analysis_results(store: Store, checkpoint_id: int) -> pd.DataFrame:
     """One checkpoint's stored metric values at this metric version (``loaders.curves.analysis_results``)."""
-    return curves.analysis_results(store_at(db), checkpoint_id, METRIC_VERSION)
+    return curves.analysis_results(store, checkpoint_id, METRIC_VERSION)
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def results_over_checkpoints(db: str, version: tuple, ids: tuple,
-                             metrics: tuple | None = None) -> pd.DataFrame:
+@cached_read(max_entries=16)
+def results_over_checkpoints(store: Store, ids: tuple, metrics: tuple | None = None) -> pd.DataFrame:
     """Several checkpoints' stored values with step and run, optionally only ``metrics``
     (``loaders.curves.results_over_checkpoints``)."""
-    return curves.results_over_checkpoints(store_at(db), ids, METRIC_VERSION, list(metrics) if metrics else None)
+    return curves.results_over_checkpoints(store, ids, METRIC_VERSION, list(metrics) if metrics else None)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def current_notes(db: str, version: tuple, checkpoint_id: int, kinds: tuple) -> dict[str, str] | None:
+@cached_read(max_entries=64)
+def current_notes(store: Store, checkpoint_id: int, kinds: tuple) -> dict[str, str] | None:
     """The notes ({metric: reason}) of the stored analysis jobs of ``kinds`` when every one is
     current, else None (it has to run): ``loaders.results.current_notes``, the staleness rule
     ``analyze`` applies too (stored at this metric version, every metric registered now present
     or explained, so a plugin switched on makes a stored job stale on every page alike)."""
     wanted = {kind: names("weights" if kind == "weights" else "activations") for kind in kinds}
-    return results.current_notes(store_at(db), checkpoint_id, wanted, METRIC_VERSION)
+    return results.current_notes(store, checkpoint_id, wanted, METRIC_VERSION)
 
 
 def stored_notes(db: str, version: tuple, checkpoint_id: int) -> dict[str, str]:

@@ -29,8 +29,8 @@ from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics
 from app import charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
 from app.state import (data_version, get_store, in_projects, project_filter, results_over_checkpoints,
-                       set_query_params, store_at, stored_notes, current_notes, checkpoint_choices, checkpoints_frame,
-                       analysis_results as _results, url_choice, url_ignored, url_int, url_notes)
+                       set_query_params, stored_notes, current_notes, checkpoint_choices, checkpoints_frame,
+                       analysis_results as _results, url_choice, url_ignored, url_int, url_notes, cached_read)
 from analysis.results_table import DEFAULT_TASK
 from analysis.variants import informative_metric
 from loaders import curves
@@ -45,15 +45,15 @@ URL_PATH = "compare"
 
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _run_checkpoints(db: str, version: tuple) -> pd.DataFrame:
-    return curves.run_checkpoints(store_at(db))
+@cached_read
+def _run_checkpoints(store) -> pd.DataFrame:
+    return curves.run_checkpoints(store)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _run_tasks(db: str, version: tuple) -> dict[int, str]:
+@cached_read
+def _run_tasks(store) -> dict[int, str]:
     """``{run id: task}`` (``loaders.run_table``: the run config's task, language where it names none)."""
-    runs = run_table(store_at(db))
+    runs = run_table(store)
     return dict(zip(runs["id"].astype(int), runs["task"].astype(str)))
 
 

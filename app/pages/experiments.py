@@ -29,7 +29,8 @@ from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts, figures, tables
 from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
-                       set_query_params, store_at, url_choice, url_float, url_ignored, url_ints, url_notes, url_subset)
+                       set_query_params, url_choice, url_float, url_ignored, url_ints, url_notes, url_subset,
+                       cached_read)
 from loaders import curves
 from loaders.logs.runs import COLUMN_FIELDS, set_run_metadata
 from loaders.run_table import run_table
@@ -70,25 +71,25 @@ EVERY_RUN_MAX = 200
 
 # -- cached reads (keyed by the database file's version) ----------------------
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _runs(db: str, version: tuple) -> pd.DataFrame:
+@cached_read
+def _runs(store) -> pd.DataFrame:
     """The runs table's rows: ``RUN_COLUMNS`` of ``loaders.run_table`` (task, heads, paper condition)."""
-    return run_table(store_at(db))[RUN_COLUMNS]
+    return run_table(store)[RUN_COLUMNS]
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def _curves(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
-    return curves.curves(store_at(db), ids, metric, x=x, max_points=CURVE_POINTS)
+@cached_read(max_entries=32)
+def _curves(store, ids: tuple, metric: str, x: str) -> pd.DataFrame:
+    return curves.curves(store, ids, metric, x=x, max_points=CURVE_POINTS)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def _band(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
-    return curves.band_points(store_at(db), ids, metric, x=x)
+@cached_read(max_entries=32)
+def _band(store, ids: tuple, metric: str, x: str) -> pd.DataFrame:
+    return curves.band_points(store, ids, metric, x=x)
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _finals(db: str, version: tuple, metric: str) -> pd.DataFrame:
-    return curves.final_values(store_at(db), metric, overrides=curves.metric_directions(store_at(db)))
+@cached_read(max_entries=16)
+def _finals(store, metric: str) -> pd.DataFrame:
+    return curves.final_values(store, metric, overrides=curves.metric_directions(store))
 
 
 # -- URL helpers ----------------------------------------------------------------

@@ -54,9 +54,9 @@ from analysis.tie_names import layer_variant, tied_variant
 from analysis.variants import informative_metric
 from app import attention_view, charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
-from app.state import (data_version, get_store, in_projects, project_filter, query_param, store_at, set_query_params,
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, set_query_params,
                        checkpoint_choices, checkpoints_frame as _checkpoints, analysis_results as _results,
-                       current_notes, url_choice, url_ignored, url_int, url_notes)
+                       current_notes, url_choice, url_ignored, url_int, url_notes, cached_read)
 from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
 from loaders import curves
 from loaders.errors import FileError, QkvscopeError
@@ -380,9 +380,9 @@ def tie_message(variant: str, ties: list[dict]) -> str | None:
             "fits with the ties in mind.")
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def _stored_ties(db: str, version: tuple, checkpoint_id: int) -> list[dict] | None:
-    return stored_ties(store_at(db), checkpoint_id, METRIC_VERSION)
+@cached_read(max_entries=32)
+def _stored_ties(store, checkpoint_id: int) -> list[dict] | None:
+    return stored_ties(store, checkpoint_id, METRIC_VERSION)
 
 
 def _tied_check(slot, row: pd.Series, store, ckpt_id: int) -> None:

@@ -34,7 +34,7 @@ from app import figures, tables
 from app.charts import CHART_THEME
 from app.page_figures import kv_configs, kv_cost_figures
 from app.state import (data_version, get_store, project_filter, query_param, set_query_params, url_choice, url_float,
-                       url_ignored, url_int, url_notes)
+                       url_ignored, url_int, url_notes, cached_read)
 from loaders.errors import QkvscopeError
 from loaders.projects import NO_PROJECT
 from loaders.store import Store
@@ -57,10 +57,8 @@ def _q_gpu(default: str) -> str:
         return default
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _checkpoint_rows(db: str, version: tuple) -> list[dict]:
-    """Stored checkpoints' geometry rows of database ``db``, cached until the file changes."""
-    return Store(db, busy_timeout=10.0).checkpoints()
+#: Stored checkpoints' geometry rows of database ``db``, cached until the file changes.
+_checkpoint_rows = cached_read(Store.checkpoints)
 
 
 def _stored_checkpoints() -> list[dict]:

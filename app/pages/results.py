@@ -26,7 +26,7 @@ from analysis.results_table import default_task, default_wd, metric_order, resul
 from app import figures, tables
 from app.page_figures import results_figure
 from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
-                       set_query_params, store_at)
+                       set_query_params, cached_read)
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -40,17 +40,17 @@ KV_BYTES = {"ckpt": "checkpoint dtype", "2": "2 (fp16 / bf16)", "4": "4 (fp32)",
 ORDER_BY = "paper order"
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _runs(db: str, version: tuple) -> pd.DataFrame:
+@cached_read
+def _runs(store) -> pd.DataFrame:
     """Runs with their config facts (task, heads, paper condition) and their latest checkpoint's
     geometry (``loaders.run_table``)."""
-    frame = run_table(store_at(db), geometry=True)
+    frame = run_table(store, geometry=True)
     return frame.drop(columns=["overrides"], errors="ignore")
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _values(db: str, version: tuple, metrics: tuple) -> pd.DataFrame:
-    return curves.run_metric_summary(store_at(db), list(metrics))
+@cached_read(max_entries=16)
+def _values(store, metrics: tuple) -> pd.DataFrame:
+    return curves.run_metric_summary(store, list(metrics))
 
 
 def _metric_options(runs: pd.DataFrame) -> list[str]:
