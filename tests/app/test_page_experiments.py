@@ -56,7 +56,7 @@ def fill_runs(db, runs=RUNS, steps: int = 300) -> Store:
             con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
                         "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)", [rid, name, f"/exp/{name}", variant, wd])
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, frame["run_id"].unique())
     return store
 
@@ -244,7 +244,7 @@ def test_smoothed_validation_curve_ends_within_its_data(tmp_path, monkeypatch):
     with store.transaction() as con:
         con.execute("INSERT INTO runs (id, name, source, format, variant) VALUES (1, 'r', '/r', 'csv', 'qkv')")
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, [1])
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     at = page_test("experiments", {"runs": "1", "s": "0.9"}).run()
@@ -260,7 +260,7 @@ def test_accuracy_metrics_are_picked_like_the_loss_and_best_is_their_highest(run
                           "wall_time": 0.0, "tokens": 0})
     with Store(runs_db).transaction() as con:
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, [1, 2])
     at = page_test("experiments", {"runs": "1,2"}).run()
     options = at.selectbox(key="exp_metric").options

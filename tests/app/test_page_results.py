@@ -39,7 +39,7 @@ def _fill(db) -> None:
                     "d_model, d_head, dtype, params_attention, kv_bytes_per_token, run_id, step) VALUES "
                     "(1, 'p', 's1', 'gpt2', 'qkv', 2, 4, 4, 8, 2, 'float32', 512, 128, 1, 200)")
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, frame["run_id"].unique())
 
 
@@ -176,7 +176,7 @@ def test_paper_b_qvv3_runs_are_a_row_of_their_own(results_db):
                     [json.dumps({"n_head": 4, "n_layer": 2, "d_model": 8, "paper_condition": "QVV(3)",
                                  "step_axis": "epoch"})])
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, [8])
     at = page_test("results").run()
     assert not at.exception, at.exception
