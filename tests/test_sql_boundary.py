@@ -105,6 +105,7 @@ WRITER = {
     "analysis_results": "loaders/results.py",
     "analysis_jobs": "loaders/results.py",
     "run_overrides": "loaders/logs/runs.py",
+    "points": "loaders/logs/newpoints.py",
 }
 _READ_OR_WRITE = r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+{}\b"
 _WRITE = r"\b(?:INSERT(?: OR REPLACE)? INTO|UPDATE|DELETE FROM)\s+{}\b"

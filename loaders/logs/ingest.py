@@ -54,7 +54,7 @@ from loaders import journal
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints, Unread
-from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
+from loaders.logs.newpoints import FileChanged, drop_points, insert_new_points, move_staged, replace_stored
 from loaders.logs.readers import READERS
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
@@ -301,7 +301,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
         if append_from is None and prev_runs and not shared:
             # The file was rewritten: what it stored before goes.
             old = [r["id"] for r in prev_runs.values()]
-            con.execute("DELETE FROM points WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [old])
+            drop_points(con, old)
         for run in parsed.runs:
             name = run_name(path, fmt, run.name)
             known = runs_state.get(name)

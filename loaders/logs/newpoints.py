@@ -263,6 +263,11 @@ def replace_stored(con, run_id: int) -> int:
     return n_old
 
 
+def drop_points(con, run_ids) -> None:
+    """Delete every stored point of ``run_ids`` (a rewritten file's runs, before it is read again)."""
+    con.execute("DELETE FROM points WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [list(run_ids)])
+
+
 def move_staged(con, run_id: int, new: NewPoints) -> None:
     """Insert the staged points for ``run_id`` into ``points`` and drop the stage."""
     con.execute(f"INSERT INTO points SELECT $run_id, step, metric, value, wall_time, tokens FROM {STAGE}",
