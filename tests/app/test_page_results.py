@@ -109,6 +109,15 @@ def test_url_keys_choose_metrics_statistic_weight_decay_and_costs(results_db):
         "best", "all", "2", "0", None)                            # language: the default, not written
 
 
+def test_url_sort_and_switch_values_it_cannot_use_are_named(results_db):
+    at = page_test("results", {"metrics": "val/loss", "sort": "nope", "desc": "yes", "ppl": "2"}).run()
+    assert not at.exception, at.exception
+    notes = [c.value for c in at.caption if c.value.startswith("Ignored in the URL")]
+    assert notes == ["Ignored in the URL: ppl='2' (one of 0, 1).",
+                     "Ignored in the URL: sort='nope' (not a column of this table); desc='yes' (one of 0, 1)."]
+    assert at.toggle(key="res_ppl").value and not at.toggle(key="res_desc").value
+
+
 def test_exports_are_markdown_and_latex_booktabs(results_db):
     at = page_test("results", {"ppl": "0", "task": "all"}).run()
     md, tex = (c.value for c in at.code)
