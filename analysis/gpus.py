@@ -87,62 +87,34 @@ _MI300X = ("AMD Instinct MI300X data sheet, "
            "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/"
            "amd-instinct-mi300x-data-sheet.pdf")
 
+
+def _datasheet(name: str, label: str, memory_gb: float, bandwidth_tb_s: float, bf16_tflops: float, price: float,
+               source: str, memory: str, bandwidth: str, bf16: str, price_note: str = _PRICE_NOTE) -> GPU:
+    """A GPU whose memory, bandwidth and bf16 figures all come from one ``source``; ``memory``,
+    ``bandwidth`` and ``bf16`` say what the source prints for each."""
+    return GPU(name, label, memory_gb * GB, bandwidth_tb_s * TB_S, bf16_tflops * TFLOPS, price, {
+        "memory": f"{memory}: {source}", "bandwidth": f"{bandwidth}: {source}", "bf16": f"{bf16}: {source}",
+        "price": price_note})
+
+
+#: One row a datasheet GPU: name, label, memory GB, bandwidth TB/s, dense bf16 TFLOPS, USD per
+#: hour, source, then what the source prints for memory, bandwidth and bf16 (and a price note).
+_DATASHEETS = (
+    ("h100-sxm", "NVIDIA H100 SXM 80GB", 80, 3.35, 989.4, 3.00, _H100, "80GB HBM3", "3.35 TB/s", "1,979 TFLOPS with sparsity, dense = half = 989.4"),
+    ("h100-pcie", "NVIDIA H100 PCIe 80GB", 80, 2.0, 756.5, 2.50, _H100, "80GB HBM2e", "2 TB/s", "1,513 TFLOPS with sparsity, dense = half = 756.5"),
+    ("h200", "NVIDIA H200 SXM 141GB", 141, 4.8, 989.4, 3.70, _H200, "141GB HBM3e", "4.8 TB/s", "1,979 TFLOPS with sparsity, dense = half = 989.4"),
+    ("b200", "NVIDIA B200 (HGX) 180GB", 180, 7.7, 2250, 6.00, _HGX, "180GB HBM3e per GPU (HGX B200 total 'up to 1.4TB' for 8)", "7.7 TB/s per GPU", "FP16/BF16 tensor 4.5 PFLOPS with sparsity, dense = half = 2,250 TFLOPS"),
+    ("a100-40gb", "NVIDIA A100 SXM 40GB", 40, 1.555, 312, 1.30, _A100, "40GB HBM2", "1,555 GB/s", "312 TFLOPS dense (624 with sparsity)"),
+    ("a100-80gb", "NVIDIA A100 SXM 80GB", 80, 2.039, 312, 1.80, _A100, "80GB HBM2e", "2,039 GB/s", "312 TFLOPS dense (624 with sparsity)"),
+    ("l40s", "NVIDIA L40S 48GB", 48, 0.864, 362.05, 1.00, _L40S, "48GB GDDR6 with ECC", "864 GB/s", "733 TFLOPS with sparsity, dense = half = 362.05 (366 dense in some revisions)"),
+    ("l4", "NVIDIA L4 24GB", 24, 0.300, 121, 0.70, _L4, "24GB GDDR6", "300 GB/s", "242 TFLOPS with sparsity, dense = half = 121"),
+    ("a10g", "NVIDIA A10G 24GB (AWS G5)", 24, 0.600, 70, 1.006, _A10G, "24GB GDDR6", "600 GB/s", "70 TFLOPS tensor (vs 125 for the A10)", "AWS g5.xlarge on-demand, us-east-1 (includes host); " + _PRICE_NOTE),
+    ("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", 24, 1.008, 165.2, 0.40, _ADA, "24GB GDDR6X", "1,008 GB/s", "165.2 TFLOPS dense (330.4 with sparsity)"),
+    ("mi300x", "AMD Instinct MI300X 192GB", 192, 5.3, 1307.4, 2.50, _MI300X, "192GB HBM3", "5.3 TB/s peak", "1,307.4 TFLOPS dense (2,614.9 with sparsity)"),
+)
+
 CATALOGUE: dict[str, GPU] = {g.name: g for g in (
-    GPU("h100-sxm", "NVIDIA H100 SXM 80GB", 80 * GB, 3.35 * TB_S, 989.4 * TFLOPS, 3.00, {
-        "memory": f"80GB HBM3: {_H100}",
-        "bandwidth": f"3.35 TB/s: {_H100}",
-        "bf16": f"1,979 TFLOPS with sparsity, dense = half = 989.4: {_H100}",
-        "price": _PRICE_NOTE}),
-    GPU("h100-pcie", "NVIDIA H100 PCIe 80GB", 80 * GB, 2.0 * TB_S, 756.5 * TFLOPS, 2.50, {
-        "memory": f"80GB HBM2e: {_H100}",
-        "bandwidth": f"2 TB/s: {_H100}",
-        "bf16": f"1,513 TFLOPS with sparsity, dense = half = 756.5: {_H100}",
-        "price": _PRICE_NOTE}),
-    GPU("h200", "NVIDIA H200 SXM 141GB", 141 * GB, 4.8 * TB_S, 989.4 * TFLOPS, 3.70, {
-        "memory": f"141GB HBM3e: {_H200}",
-        "bandwidth": f"4.8 TB/s: {_H200}",
-        "bf16": f"1,979 TFLOPS with sparsity, dense = half = 989.4: {_H200}",
-        "price": _PRICE_NOTE}),
-    GPU("b200", "NVIDIA B200 (HGX) 180GB", 180 * GB, 7.7 * TB_S, 2250 * TFLOPS, 6.00, {
-        "memory": f"180GB HBM3e per GPU (HGX B200 total 'up to 1.4TB' for 8): {_HGX}",
-        "bandwidth": f"7.7 TB/s per GPU: {_HGX}",
-        "bf16": f"FP16/BF16 tensor 4.5 PFLOPS with sparsity, dense = half = 2,250 TFLOPS: {_HGX}",
-        "price": _PRICE_NOTE}),
-    GPU("a100-40gb", "NVIDIA A100 SXM 40GB", 40 * GB, 1.555 * TB_S, 312 * TFLOPS, 1.30, {
-        "memory": f"40GB HBM2: {_A100}",
-        "bandwidth": f"1,555 GB/s: {_A100}",
-        "bf16": f"312 TFLOPS dense (624 with sparsity): {_A100}",
-        "price": _PRICE_NOTE}),
-    GPU("a100-80gb", "NVIDIA A100 SXM 80GB", 80 * GB, 2.039 * TB_S, 312 * TFLOPS, 1.80, {
-        "memory": f"80GB HBM2e: {_A100}",
-        "bandwidth": f"2,039 GB/s: {_A100}",
-        "bf16": f"312 TFLOPS dense (624 with sparsity): {_A100}",
-        "price": _PRICE_NOTE}),
-    GPU("l40s", "NVIDIA L40S 48GB", 48 * GB, 0.864 * TB_S, 362.05 * TFLOPS, 1.00, {
-        "memory": f"48GB GDDR6 with ECC: {_L40S}",
-        "bandwidth": f"864 GB/s: {_L40S}",
-        "bf16": f"733 TFLOPS with sparsity, dense = half = 362.05 (366 dense in some revisions): {_L40S}",
-        "price": _PRICE_NOTE}),
-    GPU("l4", "NVIDIA L4 24GB", 24 * GB, 0.300 * TB_S, 121 * TFLOPS, 0.70, {
-        "memory": f"24GB GDDR6: {_L4}",
-        "bandwidth": f"300 GB/s: {_L4}",
-        "bf16": f"242 TFLOPS with sparsity, dense = half = 121: {_L4}",
-        "price": _PRICE_NOTE}),
-    GPU("a10g", "NVIDIA A10G 24GB (AWS G5)", 24 * GB, 0.600 * TB_S, 70 * TFLOPS, 1.006, {
-        "memory": f"24GB GDDR6: {_A10G}",
-        "bandwidth": f"600 GB/s: {_A10G}",
-        "bf16": f"70 TFLOPS tensor (vs 125 for the A10): {_A10G}",
-        "price": "AWS g5.xlarge on-demand, us-east-1 (includes host); " + _PRICE_NOTE}),
-    GPU("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", 24 * GB, 1.008 * TB_S, 165.2 * TFLOPS, 0.40, {
-        "memory": f"24GB GDDR6X: {_ADA}",
-        "bandwidth": f"1,008 GB/s: {_ADA}",
-        "bf16": f"165.2 TFLOPS dense (330.4 with sparsity): {_ADA}",
-        "price": _PRICE_NOTE}),
-    GPU("mi300x", "AMD Instinct MI300X 192GB", 192 * GB, 5.3 * TB_S, 1307.4 * TFLOPS, 2.50, {
-        "memory": f"192GB HBM3: {_MI300X}",
-        "bandwidth": f"5.3 TB/s peak: {_MI300X}",
-        "bf16": f"1,307.4 TFLOPS dense (2,614.9 with sparsity): {_MI300X}",
-        "price": _PRICE_NOTE}),
+    *(_datasheet(*row) for row in _DATASHEETS),
     GPU("edge-phone", "Edge profile: phone-class SoC, 12GB LPDDR5X", 12 * GB, 68.3 * GB, 4 * TFLOPS, 0.0, {
         "memory": "profile, not a product: 12GB, the RAM of a 2024 flagship phone (shared with "
                   "the OS: lower the usable fraction)",

@@ -11,26 +11,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import pkgutil
 import sys
 from types import ModuleType
 
 import app.commands
 from analysis.errors import AnalysisError
+from loaders.discovery import module_names, modules
 from loaders.errors import QkvscopeError
 from loaders.report import TerminalSafe, one_line
 
 
 def command_modules() -> list[ModuleType]:
     """Every command module in ``app.commands``, sorted by name."""
-    mods = []
-    for info in sorted(pkgutil.iter_modules(app.commands.__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"app.commands.{info.name}")
-        if hasattr(mod, "NAME") and hasattr(mod, "run"):
-            mods.append(mod)
-    return mods
+    return modules(app.commands, ("NAME", "run"))
 
 
 def command_module(name: str) -> ModuleType | None:
@@ -39,7 +32,7 @@ def command_module(name: str) -> ModuleType | None:
     command: the others' imports (``analyze``'s pandas and metric registry) cost a light
     command such as ``info`` or ``checkpoints`` 0.47 instead of 0.10 s on a 2-core machine."""
     stem = name.replace("-", "_")
-    if stem.startswith("_") or stem not in {i.name for i in pkgutil.iter_modules(app.commands.__path__)}:
+    if stem not in module_names(app.commands):
         return None
     mod = importlib.import_module(f"app.commands.{stem}")
     return mod if getattr(mod, "NAME", None) == name and hasattr(mod, "run") else None

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,29 +207,7 @@ def analyze(store: Store, checkpoint_id: int, *, activations: bool = False, devi
     transaction. Activation results are reused only for the same ``sample``
     (text and token count, ``SampleSpec.key``). ``force`` recomputes. ``opener``
     replaces ``loaders.checkpoints.open_checkpoint`` (tests build checkpoints in code).
-    Callers in one process (a dashboard's sessions) analyse one checkpoint one at a time: ten
-    sessions opening the same checkpoint compute it once, the other nine wait and read the
-    stored rows (a cache hit), instead of ten children computing the same thing at once.
     """
-    with _checkpoint_lock(store, checkpoint_id):
-        return _analyze(store, checkpoint_id, activations=activations, device=device, progress=progress,
-                        force=force, opener=opener, sample=sample)
-
-
-#: One lock per (database, checkpoint) analysed in this process (``analyze``); a few bytes each.
-_LOCKS: dict[tuple[str, int], threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
-
-
-def _checkpoint_lock(store: Store, checkpoint_id: int) -> threading.Lock:
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault((str(Path(store.path).resolve()), int(checkpoint_id)), threading.Lock())
-
-
-def _analyze(store: Store, checkpoint_id: int, *, activations: bool, device: str | None,
-             progress: Progress | None, force: bool, opener: Opener | None,
-             sample: SampleSpec | None) -> list[JobResult]:
-    """``analyze`` under its checkpoint's lock."""
     info = checkpoint_row(store, checkpoint_id)
     sample = sample or SampleSpec()
     kinds = ["weights"] + (["activations"] if activations else [])

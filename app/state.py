@@ -49,8 +49,117 @@ def data_version(store: Store) -> tuple[int, ...]:
     return tuple(stamp)
 
 
+# -- cached reads (keyed by the file they read and its data_version) --
+
+def cached_read(read: Callable | None = None, *, max_entries: int = 8):
+    """``read(store, *args)`` as a cached ``reader(db, version, *args)``: Streamlit's
+    ``st.cache_data`` keyed by the database file ``db``, its ``data_version`` and the other
+    arguments (hashable: tuples, not lists), so new data shows without a restart. Use it on a
+    loader function (``_runs = cached_read(curves.run_checkpoints)``) or as a decorator of a
+    page's own ``def _x(store, ...)`` that shapes what it reads."""
+    if read is None:
+        return lambda fn: cached_read(fn, max_entries=max_entries)
+
+    def reader(db: str, version: tuple, *args, **kwargs):
+        return read(store_at(db), *args, **kwargs)
+
+    # the cache is Streamlit's, keyed by module and qualified name: one per function read
+    reader.__module__, reader.__qualname__ = read.__module__, f"cached_read.{read.__qualname__}"
+    reader.__name__, reader.__doc__ = read.__name__, read.__doc__
+    return st.cache_data(show_spinner=False, max_entries=max_entries)(reader)
+
+
+
 def query_param(name: str, default: str | None = None) -> str | None:
     return st.query_params.get(name, default)
+
+
+# -- URL values, checked: a value a page cannot use is named in a note, never a traceback --
+
+#: Session key of the URL values ignored in this run of the page (``show_errors`` empties it).
+URL_NOTES = "url_ignored"
+
+
+def url_ignored(name: str, raw, why: str) -> None:
+    """Name a URL value the page does not use (``url_notes`` shows it): ``name='raw' (why)``."""
+    st.session_state.setdefault(URL_NOTES, []).append(f"{name}={raw!r} ({why})")
+
+
+def _url_number(name: str, default, lo, hi, parse, expected: str):
+    raw = query_param(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = parse(raw)
+    except ValueError:
+        url_ignored(name, raw, f"expected {expected}")
+        return default
+    if not lo <= value <= hi:
+        shown = (lambda v: f"{v:g}") if parse is float else str
+        url_ignored(name, value, f"expected {shown(lo)}..{shown(hi)}")
+        return default
+    return value
+
+
+def url_int(name: str, default: int | None, lo: int = 0, hi: int = 10_000_000) -> int | None:
+    """The URL value ``name`` as an integer in [lo, hi]; ``default`` when absent, else noted."""
+    return _url_number(name, default, lo, hi, int, "an integer")
+
+
+def url_float(name: str, default: float, lo: float = 0.0, hi: float = 100_000.0) -> float:
+    """The URL value ``name`` as a finite number in [lo, hi]; ``default`` when absent, else noted."""
+    return _url_number(name, default, lo, hi, float, "a number")
+
+
+def url_choice(name: str, options, default, why: str | None = None):
+    """The URL value ``name`` when it is one of ``options``; ``default`` when absent, else noted
+    (``why``: the note's reason, by default the options)."""
+    raw = query_param(name)
+    if raw is None:
+        return default
+    if raw not in options:
+        url_ignored(name, raw, why or f"one of {', '.join(map(str, options))}")
+        return default
+    return raw
+
+
+def url_list(name: str) -> list[str]:
+    """The URL value ``name`` split at commas, empty items dropped."""
+    return [v for v in (query_param(name, "") or "").split(",") if v]
+
+
+def url_subset(name: str, options, why: str) -> list[str]:
+    """The items of the comma-separated URL value ``name`` that are ``options``; the others noted."""
+    items = url_list(name)
+    for item in items:
+        if item not in options:
+            url_ignored(name, item, why)
+    return [item for item in items if item in options]
+
+
+def url_ints(name: str) -> list[int]:
+    """The URL value ``name`` as a comma-separated list of integers; an item that is none is noted."""
+    out = []
+    for item in url_list(name):
+        try:
+            out.append(int(item))
+        except ValueError:
+            url_ignored(name, item, "expected an integer")
+    return out
+
+
+def url_notes(where=None, warning: bool = False) -> None:
+    """One line naming the URL values ignored so far in this run (a caption, or a warning), then
+    forgets them; nothing when there are none."""
+    notes = st.session_state.get(URL_NOTES) or []
+    if notes:
+        text = "Ignored in the URL: " + "; ".join(notes) + "."
+        where = where or st
+        if warning:
+            where.warning(text, icon=":material/link_off:")
+        else:
+            where.caption(text)
+    st.session_state[URL_NOTES] = []
 
 
 def set_query_params(**values) -> None:
@@ -72,10 +181,8 @@ def set_query_params(**values) -> None:
         st.query_params.from_dict({k: v[0] if len(v) == 1 else v for k, v in wanted.items()})
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def project_counts(db: str, version: tuple) -> list[dict]:
-    """``[{"project", "runs", "checkpoints"}, ...]`` (``loaders.projects.project_counts``)."""
-    return projects.project_counts(store_at(db))
+#: ``[{"project", "runs", "checkpoints"}, ...]`` (``loaders.projects.project_counts``).
+project_counts = cached_read(projects.project_counts)
 
 
 def _project_label(counts: dict):
@@ -118,6 +225,7 @@ def in_projects(frame: pd.DataFrame, chosen: list[str], column: str = "project")
 
 def show_errors(fn: Callable[[], None]) -> None:
     """Run a page; user-input errors become a message that says what to do."""
+    st.session_state[URL_NOTES] = []
     try:
         fn()
     except (QkvscopeError, AnalysisError) as exc:
@@ -130,56 +238,39 @@ def demo_only(run_sources: list[str]) -> bool:
     return bool(run_sources) and all(str(s).startswith(demo) for s in run_sources)
 
 
-# -- cached reads shared by several pages (keyed by the file they read and its data_version) --
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def checkpoints_frame(db: str, version: tuple) -> pd.DataFrame:
-    """Stored checkpoints with geometry (``loaders.queries.checkpoints_frame``)."""
-    return queries.checkpoints_frame(store_at(db))
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def checkpoint_choices(db: str, version: tuple) -> pd.DataFrame:
-    """What checkpoint pickers list: checkpoints with run, step and run settings
-    (``loaders.checkpoint_labels.checkpoint_choices``; named by ``app.pickers.checkpoint_label``)."""
-    return checkpoint_labels.checkpoint_choices(store_at(db))
+#: Stored checkpoints with geometry (``loaders.queries.checkpoints_frame``).
+checkpoints_frame = cached_read(queries.checkpoints_frame)
+#: What checkpoint pickers list: checkpoints with run, step and run settings
+#: (``loaders.checkpoint_labels.checkpoint_choices``; named by ``app.pickers.checkpoint_label``).
+checkpoint_choices = cached_read(checkpoint_labels.checkpoint_choices)
+#: Counts of runs, points, checkpoints and analyses (``loaders.queries.summary``).
+summary = cached_read(queries.summary)
+#: ``{metric: 'min' | 'max'}`` set by the user (``loaders.curves.metric_directions``): the
+#: overrides every page passes to ``analysis.directions.direction``.
+metric_directions = cached_read(curves.metric_directions)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def summary(db: str, version: tuple) -> dict:
-    """Counts of runs, points, checkpoints and analyses (``loaders.queries.summary``)."""
-    return queries.summary(store_at(db))
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def metric_directions(db: str, version: tuple) -> dict[str, str]:
-    """``{metric: 'min' | 'max'}`` set by the user (``loaders.curves.metric_directions``): the
-    overrides every page passes to ``analysis.directions.direction``."""
-    return curves.metric_directions(store_at(db))
-
-
-@st.cache_data(show_spinner=False, max_entries=32)
-def analysis_results(db: str, version: tuple, checkpoint_id: int) -> pd.DataFrame:
+@cached_read(max_entries=32)
+def analysis_results(store: Store, checkpoint_id: int) -> pd.DataFrame:
     """One checkpoint's stored metric values at this metric version (``loaders.curves.analysis_results``)."""
-    return curves.analysis_results(store_at(db), checkpoint_id, METRIC_VERSION)
+    return curves.analysis_results(store, checkpoint_id, METRIC_VERSION)
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def results_over_checkpoints(db: str, version: tuple, ids: tuple,
-                             metrics: tuple | None = None) -> pd.DataFrame:
+@cached_read(max_entries=16)
+def results_over_checkpoints(store: Store, ids: tuple, metrics: tuple | None = None) -> pd.DataFrame:
     """Several checkpoints' stored values with step and run, optionally only ``metrics``
     (``loaders.curves.results_over_checkpoints``)."""
-    return curves.results_over_checkpoints(store_at(db), ids, METRIC_VERSION, list(metrics) if metrics else None)
+    return curves.results_over_checkpoints(store, ids, METRIC_VERSION, list(metrics) if metrics else None)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def current_notes(db: str, version: tuple, checkpoint_id: int, kinds: tuple) -> dict[str, str] | None:
+@cached_read(max_entries=64)
+def current_notes(store: Store, checkpoint_id: int, kinds: tuple) -> dict[str, str] | None:
     """The notes ({metric: reason}) of the stored analysis jobs of ``kinds`` when every one is
     current, else None (it has to run): ``loaders.results.current_notes``, the staleness rule
     ``analyze`` applies too (stored at this metric version, every metric registered now present
     or explained, so a plugin switched on makes a stored job stale on every page alike)."""
     wanted = {kind: names("weights" if kind == "weights" else "activations") for kind in kinds}
-    return results.current_notes(store_at(db), checkpoint_id, wanted, METRIC_VERSION)
+    return results.current_notes(store, checkpoint_id, wanted, METRIC_VERSION)
 
 
 def stored_notes(db: str, version: tuple, checkpoint_id: int) -> dict[str, str]:

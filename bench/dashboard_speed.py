@@ -85,7 +85,7 @@ def build(db: Path, runs: int, steps: int) -> float:
         # loss ~ 4 - log(step) noise; a spike every 5,000 steps; lr a cosine schedule
         for first in range(0, runs, BUILD_BATCH):
             con.execute(
-                """INSERT INTO points_full
+                """INSERT INTO points
                    SELECT r + 1, s, m,
                           CASE m WHEN 'lr' THEN 6e-4 * (1 + cos(pi() * s / ?)) / 2
                                  ELSE 4.0 - 0.25 * ln(1 + s) + 0.05 * sin(s * 0.37 + r)

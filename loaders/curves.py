@@ -20,7 +20,7 @@ import pandas as pd
 
 from analysis.directions import direction as metric_direction
 from loaders.errors import QkvscopeError
-from loaders.store import POINT_TABLES, Store
+from loaders.store import Store
 
 #: x axis name -> column of ``points``.
 X_AXES = {"step": "step", "tokens": "tokens", "wall_time": "wall_time"}
@@ -315,70 +315,33 @@ def metric_curves(store: Store, metric: str, run_ids=None, *, batch_rows: int = 
     * non-finite values are kept, a stored NULL as NaN (ingest stores a logged NaN as
       NULL: ``loaders.logs.newpoints``), since either marks a diverged run;
     * at a step stored twice (ingest leaves one point per step; a database written by
-      hand may hold more) the value stored last counts: ``points`` is a view (schema 7)
-      without a ``rowid``, so the order of insertion is read from each table behind it,
-      a row of ``points_lean`` counting as the later (ingest never leaves both).
+      hand may hold more) the value stored last counts (the highest ``rowid``).
 
     The runs are those ``run_stats`` lists with points of ``metric`` (the summary every
     write to ``points`` keeps, ``loaders.store.refresh_run_stats``), read in id order,
     consecutive runs of up to ``chunk_points`` points (``run_stats.n``) per query (``run_id BETWEEN lo AND hi``, which DuckDB prunes by
-    its row groups' zone maps: ingest writes a run's points together). A chunk is first
-    read as stored, in Arrow batches of ``batch_rows``, and used as it comes when each of
-    its runs is one stretch of increasing steps (``_in_step_order``: what ingest stores
-    for a log written in order); otherwise it is read again sorted in DuckDB and streamed
-    (a database with runs out of order pays both reads). So this process and DuckDB hold
-    one chunk, never the metric's every point: on 2,000 runs x 50,000 steps (100M
-    points) one query sorting them all into a frame held 9.1 GB at its peak and took
-    ~40 s with the statistics; chunked, ~2 GB and ~4 s; read as stored, ~2 s. A
-    generator: the connection stays open until it is exhausted or closed.
+    its row groups' zone maps: ingest writes a run's points together), each sorted by
+    DuckDB and streamed in Arrow batches of ``batch_rows``. So this process and DuckDB hold
+    one chunk, never the metric's every point: on 2,000 runs x 50,000 steps (100M points)
+    one query sorting them all into a frame held 9.1 GB at its peak and took ~40 s with the
+    statistics; chunked, ~2 GB and ~4 s. A generator: the connection stays open until it
+    is exhausted or closed.
     """
     ids = None if run_ids is None else _ids(run_ids)
     among = "" if ids is None else " AND run_id IN (SELECT unnest($ids))"
     params = {"metric": metric} if ids is None else {"metric": metric, "ids": ids}
-    # a filter, not a semi-join: ``IN (SELECT ...)`` is a hash join, which returns rows out of order
+    # the chunk's runs: BETWEEN lets DuckDB skip row groups, list_contains keeps exactly these ids
     where = "WHERE metric = $metric AND run_id BETWEEN $lo AND $hi AND list_contains($ids, run_id)"
     value = "coalesce(value, 'NaN'::DOUBLE) AS value"
-    as_stored = " UNION ALL ".join(f"SELECT run_id, step, {value} FROM {t} {where}" for t in POINT_TABLES)
-    tables = " UNION ALL ".join(f"SELECT run_id, step, {value}, {i} AS part, rowid AS seq FROM {t} {where}"
-                                for i, t in enumerate(POINT_TABLES))
+    in_order = f"SELECT run_id, step, {value} FROM points {where} ORDER BY run_id, step, rowid"
     with store.connect() as con:
         counts = con.execute(f"SELECT run_id, n FROM run_stats WHERE metric = $metric AND n > 0{among} "
                              "ORDER BY run_id", params).fetchall()
         for chunk in _chunks(counts, chunk_points):
             chunk_params = {"metric": metric, "lo": chunk[0], "hi": chunk[-1], "ids": chunk}
             # a relation's reader streams; one on an executed (DB-API) result copies every row first
-            runs = _in_step_order(con.sql(as_stored, params=chunk_params).to_arrow_reader(batch_rows))
-            if runs is not None:
-                yield from runs
-                continue
-            reader = con.sql(f"SELECT run_id, step, value FROM ({tables}) ORDER BY run_id, step, part, seq",
-                             params=chunk_params).to_arrow_reader(batch_rows)
+            reader = con.sql(in_order, params=chunk_params).to_arrow_reader(batch_rows)
             yield from _arrow_curves(reader)
-
-
-def _in_step_order(reader) -> list[tuple[int, np.ndarray]] | None:
-    """``(run_id, values)`` of each run, by id, from a stream of ``run_id, step, value`` batches
-    read without ``ORDER BY``, when every run comes in one stretch with its steps strictly
-    increasing (a log ingested in order, as logs are written; the runs themselves may come in
-    any order: ``points_full``'s before ``points_lean``'s); else None, and the caller sorts. The
-    check is on the rows themselves, so nothing rests on the order DuckDB returns them in:
-    where it holds, each step is stored once and the values are the sorted query's (a
-    2,000-run x 50,000-step database: 2.4 s instead of 4.4 s for every ``val/loss`` point). ``values`` are copies, so a run kept holds no other run's memory."""
-    parts = [(b.column(0).to_numpy(), b.column(1).to_numpy(), b.column(2).to_numpy()) for b in reader if b.num_rows]
-    if not parts:
-        return []
-    rid, step, val = (np.concatenate(c) for c in zip(*parts))                    # [rows] each
-    new_run = np.diff(rid) != 0                                                   # [rows - 1]
-    if ((np.diff(step) <= 0) & ~new_run).any():
-        return None
-    starts = np.r_[0, np.flatnonzero(new_run) + 1]                                # [stretches]
-    stops = np.r_[starts[1:], len(rid)]
-    first = rid[starts]
-    order = np.argsort(first, kind="stable")
-    if (np.diff(first[order]) == 0).any():                                        # a run in two stretches
-        return None
-    val = val.astype(np.float64, copy=False)
-    return [(int(first[k]), val[starts[k]:stops[k]].copy()) for k in order]
 
 
 def _chunks(counts: list[tuple[int, int]], limit: int):

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from loaders import tracker_stores
+from loaders import journal, tracker_stores
 from loaders.checkpoint_names import HF_WEIGHT_FILES
 from loaders.errors import CheckpointFormatError, DatabaseBusyError, FileError, QkvscopeError, StoreError
 from loaders.filecheck import MAX_FOLDER_DEPTH, check_openable, failure, refusal, unencodable_name
@@ -196,12 +196,9 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
     size, mtime = _size_of(path), _mtime_of(path)
     with store.connect() as con:
         # The journal spares re-hashing an unchanged multi-GB file on every scan.
-        row = con.execute(
-            """SELECT c.id FROM ingest_journal j JOIN checkpoints c ON c.sha256 = j.sha256
-               WHERE j.path = ? AND j.kind = 'checkpoint' AND j.size = ? AND j.mtime = ?""",
-            [str(path.resolve()), size, mtime]).fetchone()
-    if row:
-        return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
+        stored = journal.stored_checkpoint(con, str(path.resolve()), size, mtime)
+    if stored is not None:
+        return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=stored,
                           reason="already stored")
     same = _export_of_stored(store, path, size, mtime)
     if same is not None:
@@ -242,7 +239,7 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
              # which layers belong to which tower (CLIP/SigLIP): [] for one attention stack
              json.dumps(info.get("towers") or [], default=str)],
         ).fetchone()[0]
-        _journal_row(con, path, size, mtime, digest)
+        journal.record_checkpoint(con, str(path.resolve()), size, mtime, digest)
     reason = None
     if info.get("nonfinite"):
         reason = f"{info['nonfinite']} NaN/Inf values in attention weights"
@@ -308,15 +305,9 @@ def _check_unchanged(path: Path, size: int, mtime: float) -> None:
                   f"{now[1]}); ingest it again once it is written")
 
 
-def _journal_row(con, path: Path, size: int, mtime: float, digest: str) -> None:
-    con.execute(
-        """INSERT OR REPLACE INTO ingest_journal (path, kind, format, size, mtime, sha256)
-           VALUES (?, 'checkpoint', NULL, ?, ?, ?)""", [str(path.resolve()), size, mtime, digest])
-
-
 def _journal(store: Store, path: Path, size: int, mtime: float, digest: str) -> None:
     with store.transaction() as con:
-        _journal_row(con, path, size, mtime, digest)
+        journal.record_checkpoint(con, str(path.resolve()), size, mtime, digest)
 
 
 def _mtime_of(path: Path) -> float:
@@ -474,16 +465,31 @@ def scan_projects(paths: Iterable[str | Path], project: str | None) -> Iterator[
             yield path, why, name
 
 
+def _kind_here(path: Path) -> str:
+    """What ``path`` is (``_classify``), read in this process; ``unknown`` when that fails
+    (``ingest_file`` reports why in its turn)."""
+    try:
+        return _classify(path)[0]
+    except Exception:       # noqa: BLE001 -- ingest_file reports it in its turn
+        return "unknown"
+
+
 def ingest_paths(store: Store, paths: Iterable[str | Path], *,
-                 progress: Progress | None = None, project: str | None = None) -> IngestReport:
+                 progress: Progress | None = None, project: str | None = None,
+                 kind_of: Callable[[Path], str] = _kind_here,
+                 ingest_one: Callable[[Store, Path, str], list[FileReport]] | None = None) -> IngestReport:
     """Ingest everything found under ``paths``; one transaction per file.
 
     Logs go first so that checkpoints find their runs; a final pass links any
     checkpoint stored before its run. What each file stored is then put into
     ``project`` (every run and checkpoint read, also those stored before) or,
     without one, into the default project of the path it was found under where it
-    has none yet (``loaders.projects``).
+    has none yet (``loaders.projects``). ``kind_of(path)`` and ``ingest_one(store, path,
+    kind)`` read a file: in this process by default (``_classify``, ``ingest_file``), in
+    the reading child for ``loaders.parse_child.ingest_paths``.
     """
+    if ingest_one is None:
+        ingest_one = lambda store, path, kind: ingest_file(store, path)  # noqa: E731
     if project is not None:
         project = check_name(project)
     report = IngestReport()
@@ -492,16 +498,13 @@ def ingest_paths(store: Store, paths: Iterable[str | Path], *,
         if why is not None:
             report.files.append(FileReport(str(p), "unknown", "skipped", reason=why))
             continue
-        try:
-            kind, _ = _classify(p)
-        except Exception:       # noqa: BLE001 -- ingest_file reports it in its turn
-            kind = "unknown"
-        classified.append((0 if kind == "log" else 1, p, name))
+        kind = kind_of(p)
+        classified.append((0 if kind == "log" else 1, p, kind, name))
     ordered = sorted(classified, key=lambda t: t[0])
-    for i, (_, path, name) in enumerate(ordered):
+    for i, (_, path, kind, name) in enumerate(ordered):
         if progress:
             progress(i, len(ordered), str(path))
-        reports = ingest_file(store, path)
+        reports = ingest_one(store, path, kind)
         assign_project(store, reports, name, replace=project is not None)
         report.files.extend(reports)
     if any(f.status in ("added", "appended") for f in report.files):

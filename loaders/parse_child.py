@@ -81,9 +81,8 @@ from typing import Callable, Iterable
 from loaders.budgets import budget, memory_exceeded, memory_limit_bytes, time_exceeded
 from loaders.bundled import in_checkout
 from loaders.errors import DatabaseBusyError, FileError, QkvscopeError, StoreError
-from loaders.ingest import link_checkpoints, scan_projects
+from loaders import ingest as _ingest
 from loaders.ingest import watch as poll
-from loaders.projects import assign_project, check_name
 from loaders.report import FileReport, IngestReport
 from loaders.store import Store
 
@@ -325,35 +324,14 @@ class Reader:
 
 def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | None = None,
                  reader: Reader | None = None, project: str | None = None) -> IngestReport:
-    """``loaders.ingest.ingest_paths`` with each file read (and stored) by the child.
-
-    Same walk (``scan_projects``), same order (logs first), same projects, same final
-    linking; a file that kills or stalls the child is one ``error`` report and the next
-    file gets a fresh child. ``reader`` None: an idle child of ``POOL``.
+    """``loaders.ingest.ingest_paths`` (the same walk, order, projects and final linking) with
+    each file classified, read and stored by the child: a file that kills or stalls the child
+    is one ``error`` report and the next file gets a fresh child. ``reader`` None: an idle
+    child of ``POOL``.
     """
-    if project is not None:
-        project = check_name(project)
-    report = IngestReport()
     with _lent(reader) as reader:
-        classified = []
-        for p, why, name in scan_projects(paths, project):
-            if why is not None:
-                report.files.append(FileReport(str(p), "unknown", "skipped", reason=why))
-                continue
-            kind = reader.kind_of(p)
-            classified.append((0 if kind == "log" else 1, p, kind, name))
-        ordered = sorted(classified, key=lambda t: t[0])
-        for i, (_, path, kind, name) in enumerate(ordered):
-            if progress:
-                progress(i, len(ordered), str(path))
-            reports = reader.ingest_file(store, path, kind)
-            assign_project(store, reports, name, replace=project is not None)
-            report.files.extend(reports)
-    if any(f.status in ("added", "appended") for f in report.files):
-        link_checkpoints(store)
-    if progress:
-        progress(len(ordered), len(ordered), "")
-    return report
+        return _ingest.ingest_paths(store, paths, progress=progress, project=project, kind_of=reader.kind_of,
+                                   ingest_one=reader.ingest_file)
 
 
 def ingest_checkpoint(store, path: str | Path, *, reader: "Reader | None" = None) -> FileReport:

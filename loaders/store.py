@@ -228,8 +228,8 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # Points logged without a wall time or a token count (most CSVs) are stored without
         # those two columns: DuckDB analyses every column of every row group it writes, and
         # two all-NULL columns cost 0.06 s of 0.28 per 2M points (wide CSV ingest).
-        # ``points`` becomes the view every reader already queries; writers pick the table
-        # (``POINT_TABLES``). The rename moves no data: what was stored stays in points_full.
+        # ``points`` becomes the view every reader already queries; writers pick the table.
+        # The rename moves no data: what was stored stays in points_full.
         "ALTER TABLE points RENAME TO points_full",
         """CREATE TABLE points_lean (
             run_id INTEGER NOT NULL,
@@ -276,31 +276,17 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "ALTER TABLE analysis_results ADD COLUMN above_chance BOOLEAN",
         "ALTER TABLE analysis_results ADD COLUMN degenerate BOOLEAN DEFAULT false",
     ]),
+    (11, [
+        # One points table again: storing points without time columns in a table of their own
+        # (schema 7) saved no wait a user sees (docs/performance.md, "Speed mechanisms"). Those
+        # rows join the others, after them (so of a step stored in both, theirs stays the later
+        # one), with NULL wall_time and tokens; the view goes and the table takes its name.
+        "DROP VIEW points",
+        "INSERT INTO points_full SELECT run_id, step, metric, value, NULL, NULL FROM points_lean",
+        "DROP TABLE points_lean",
+        "ALTER TABLE points_full RENAME TO points",
+    ]),
 ]
-
-#: The tables behind the ``points`` view (schema 7): points with a wall time or a token
-#: count column in their source go to the first, the others to the second. A run's points
-#: may be in both (a second file of a shared run); deletes go to both.
-POINT_TABLES = ("points_full", "points_lean")
-
-
-def point_table(timed: bool) -> str:
-    """The table new points go to: ``points_full`` if their source has a wall time or
-    token count column, else ``points_lean``."""
-    return POINT_TABLES[0] if timed else POINT_TABLES[1]
-
-
-def time_columns(table: str) -> str:
-    """What an INSERT into ``table`` selects after ``value``: ``", wall_time, tokens"`` for
-    ``points_full``, nothing for ``points_lean``."""
-    return ", wall_time, tokens" if table == POINT_TABLES[0] else ""
-
-
-def delete_points(con: duckdb.DuckDBPyConnection, where: str, params=None) -> None:
-    """``DELETE FROM points WHERE {where}``, on the tables behind the view."""
-    for table in POINT_TABLES:
-        con.execute(f"DELETE FROM {table} WHERE {where}", params)
-
 
 def refresh_run_stats(con: duckdb.DuckDBPyConnection, run_ids) -> None:
     """Recompute ``run_stats`` of these runs; call inside the transaction that

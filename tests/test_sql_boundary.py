@@ -91,3 +91,49 @@ EXAMPLE = "SELECT 1 AS one FROM runs"
     assert [line for line, _ in sql_literals(source)] == [3, 4, 5, 7, 8, 14, 15]
     assert [line for line, _ in sql_literals(source, "app/pages/sql.py")] == [3, 4, 5, 7, 8, 14]
     assert sql_literals(source)[1] == (4, "SELECT {} FROM checkpoints")
+
+
+#: Tables whose every statement lives in one module of ``loaders/`` (besides the schema and its
+#: migrations in ``loaders/store.py``): reads and writes.
+OWNER = {
+    "ingest_journal": "loaders/journal.py",
+    "metric_directions": "loaders/curves.py",
+    "analysis_result_files": "loaders/batch_results.py",
+}
+#: Tables whose every write lives in one module (their reads join other tables' pages' queries).
+WRITER = {
+    "analysis_results": "loaders/results.py",
+    "analysis_jobs": "loaders/results.py",
+    "run_overrides": "loaders/logs/runs.py",
+    "points": "loaders/logs/newpoints.py",
+}
+_READ_OR_WRITE = r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+{}\b"
+_WRITE = r"\b(?:INSERT(?: OR REPLACE)? INTO|UPDATE|DELETE FROM)\s+{}\b"
+
+
+def _statements_on(table: str, pattern: str) -> set[str]:
+    """The files of ``loaders/`` (store.py aside) holding a SQL literal that ``pattern`` finds on ``table``."""
+    found = set()
+    for f in sorted((ROOT / "loaders").rglob("*.py")):
+        rel = f.relative_to(ROOT).as_posix()
+        if rel == "loaders/store.py":
+            continue
+        if any(re.search(pattern.format(table), text) for _, text in _all_sql(f.read_text(encoding="utf-8"))):
+            found.add(rel)
+    return found
+
+
+def _all_sql(source: str) -> list[tuple[int, str]]:
+    """Every string literal of ``source`` (whole, not cut to 80 characters) that holds SQL."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) or isinstance(node, ast.JoinedStr):
+            text = " ".join(_text(node).split())
+            if _STATEMENT.search(text):
+                hits.append((node.lineno, text))
+    return hits
+
+
+def test_each_table_is_read_and_written_by_its_own_module():
+    assert {t: _statements_on(t, _READ_OR_WRITE) for t in OWNER} == {t: {m} for t, m in OWNER.items()}
+    assert {t: _statements_on(t, _WRITE) for t in WRITER} == {t: {m} for t, m in WRITER.items()}

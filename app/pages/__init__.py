@@ -7,18 +7,13 @@ hold no SQL strings and no tensor math.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 from types import ModuleType
+
+from loaders.discovery import modules
 
 
 def page_modules() -> list[ModuleType]:
     """Every page module, in navigation order."""
-    mods = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        if all(hasattr(mod, a) for a in ("TITLE", "ICON", "ORDER", "URL_PATH", "render")):
-            mods.append(mod)
+    mods = modules(sys.modules[__name__], ("TITLE", "ICON", "ORDER", "URL_PATH", "render"))
     return sorted(mods, key=lambda m: (m.ORDER, m.URL_PATH))

@@ -28,9 +28,9 @@ from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics
 from app import charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
-from app.state import (data_version, get_store, in_projects, project_filter, query_param, results_over_checkpoints,
-                       set_query_params, store_at, stored_notes, current_notes, checkpoint_choices, checkpoints_frame,
-                       analysis_results as _results)
+from app.state import (data_version, get_store, in_projects, project_filter, results_over_checkpoints,
+                       set_query_params, stored_notes, current_notes, checkpoint_choices, checkpoints_frame,
+                       analysis_results as _results, url_choice, url_ignored, url_int, url_notes, cached_read)
 from analysis.results_table import DEFAULT_TASK
 from analysis.variants import informative_metric
 from loaders import curves
@@ -45,15 +45,15 @@ URL_PATH = "compare"
 
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _run_checkpoints(db: str, version: tuple) -> pd.DataFrame:
-    return curves.run_checkpoints(store_at(db))
+@cached_read
+def _run_checkpoints(store) -> pd.DataFrame:
+    return curves.run_checkpoints(store)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _run_tasks(db: str, version: tuple) -> dict[int, str]:
+@cached_read
+def _run_tasks(store) -> dict[int, str]:
     """``{run id: task}`` (``loaders.run_table``: the run config's task, language where it names none)."""
-    runs = run_table(store_at(db))
+    runs = run_table(store)
     return dict(zip(runs["id"].astype(int), runs["task"].astype(str)))
 
 
@@ -114,9 +114,13 @@ def _ensure_analysed(store, ids: list[int], label: str, kind: str) -> list[str]:
     return problems
 
 
-def _url_id(name: str, ids: set[int]) -> int | None:
-    raw = query_param(name)
-    return int(raw) if raw and raw.isdigit() and int(raw) in ids else None
+def _url_id(name: str, ids, what: str) -> int | None:
+    """The URL value ``name`` when it is one of ``ids``; None when absent, else noted."""
+    wanted = url_int(name, None)
+    if wanted is not None and wanted not in ids:
+        url_ignored(name, wanted, f"no such {what}")
+        return None
+    return wanted
 
 
 @st.fragment
@@ -134,7 +138,8 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
             ckpts = ckpts[ckpts["task"] == task]
     known = {int(i) for i in ckpts["id"]}
     a_def, b_def = pickers.default_pair(ckpts)
-    a_def, b_def = _url_id("a", known) or a_def, _url_id("b", known) or b_def
+    a_def, b_def = _url_id("a", known, "checkpoint") or a_def, _url_id("b", known, "checkpoint") or b_def
+    url_notes()
     c1, c2 = st.columns(2)
     a = pickers.checkpoint_picker("A", ckpts, key="cmp_a", default=a_def, container=c1)
     b = pickers.checkpoint_picker("B", ckpts, key="cmp_b", default=b_def, container=c2)
@@ -155,12 +160,10 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
         st.caption("No per-head metric is stored for both checkpoints.")
         return
     # default: a metric neither checkpoint's tie fixes (kv_cka of a K=V model is 1 by construction)
-    m_url = query_param("metric")
-    if m_url is not None and m_url not in available:
-        st.caption(f"Ignored in the URL: metric={m_url!r} (not stored for both checkpoints).")
     default = informative_metric(available, [geo.loc[a, "variant"], geo.loc[b, "variant"]])
-    metric = st.selectbox("Metric", available, index=available.index(m_url if m_url in available else default),
-                          key="cmp_metric")
+    m_url = url_choice("metric", available, default, why="not stored for both checkpoints")
+    url_notes()
+    metric = st.selectbox("Metric", available, index=available.index(m_url), key="cmp_metric")
     set_query_params(metric=metric)
     st.caption(f"**{metric}**: {BY_NAME[metric].help}")
     both = pd.concat([ra[ra["metric"] == metric], rb[rb["metric"] == metric]])
@@ -219,9 +222,10 @@ def _trajectories(store) -> None:
     labels = {int(r.run_id): f"{r.run} ({r.n} checkpoints)" + (f" · {r.task}" if several else "")
               for r in counts.itertuples()}
     ids = list(labels)
-    r_url = query_param("run")
-    run = st.selectbox("Run", ids, index=ids.index(int(r_url)) if r_url and r_url.isdigit() and int(r_url) in labels
-                       else 0, format_func=labels.get, key="cmp_run")
+    r_url = _url_id("run", ids, "run with checkpoints")
+    url_notes()
+    run = st.selectbox("Run", ids, index=ids.index(r_url) if r_url is not None else 0, format_func=labels.get,
+                       key="cmp_run")
     ck = rc[rc["run_id"] == run]
     problems = _ensure_analysed(store, [int(c) for c in ck["checkpoint_id"]], "Analysing the run's checkpoints",
                                 "compare_run")
@@ -235,10 +239,10 @@ def _trajectories(store) -> None:
     if not available:
         st.caption("No per-head metrics stored for this run's checkpoints.")
         return
-    t_url = query_param("tmetric")
     default = informative_metric(available, list(ck["variant"].unique()) if "variant" in ck.columns else [])
-    metric = st.selectbox("Metric", available, index=available.index(t_url if t_url in available else default),
-                          key="cmp_tmetric")
+    t_url = url_choice("tmetric", available, default, why="not stored for this run's checkpoints")
+    url_notes()
+    metric = st.selectbox("Metric", available, index=available.index(t_url), key="cmp_tmetric")
     set_query_params(run=run, tmetric=metric)
     rows = per_layer[per_layer["metric"] == metric]
     st.caption(f"Dashed: **{charts.chance_label(rows)}**, the value independent random projections of these "

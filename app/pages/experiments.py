@@ -29,7 +29,8 @@ from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts, figures, tables
 from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
-                       set_query_params, store_at)
+                       set_query_params, url_choice, url_float, url_ignored, url_ints, url_notes, url_subset,
+                       cached_read)
 from loaders import curves
 from loaders.logs.runs import COLUMN_FIELDS, set_run_metadata
 from loaders.run_table import run_table
@@ -70,37 +71,28 @@ EVERY_RUN_MAX = 200
 
 # -- cached reads (keyed by the database file's version) ----------------------
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _runs(db: str, version: tuple) -> pd.DataFrame:
+@cached_read
+def _runs(store) -> pd.DataFrame:
     """The runs table's rows: ``RUN_COLUMNS`` of ``loaders.run_table`` (task, heads, paper condition)."""
-    return run_table(store_at(db))[RUN_COLUMNS]
+    return run_table(store)[RUN_COLUMNS]
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def _curves(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
-    return curves.curves(store_at(db), ids, metric, x=x, max_points=CURVE_POINTS)
+@cached_read(max_entries=32)
+def _curves(store, ids: tuple, metric: str, x: str) -> pd.DataFrame:
+    return curves.curves(store, ids, metric, x=x, max_points=CURVE_POINTS)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def _band(db: str, version: tuple, ids: tuple, metric: str, x: str) -> pd.DataFrame:
-    return curves.band_points(store_at(db), ids, metric, x=x)
+@cached_read(max_entries=32)
+def _band(store, ids: tuple, metric: str, x: str) -> pd.DataFrame:
+    return curves.band_points(store, ids, metric, x=x)
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _finals(db: str, version: tuple, metric: str) -> pd.DataFrame:
-    return curves.final_values(store_at(db), metric, overrides=curves.metric_directions(store_at(db)))
+@cached_read(max_entries=16)
+def _finals(store, metric: str) -> pd.DataFrame:
+    return curves.final_values(store, metric, overrides=curves.metric_directions(store))
 
 
 # -- URL helpers ----------------------------------------------------------------
-
-def _url_list(name: str) -> list[str]:
-    raw = query_param(name, "") or ""
-    return [v for v in raw.split(",") if v]
-
-
-def _url_ints(name: str) -> list[int]:
-    return [int(v) for v in _url_list(name) if v.lstrip("-").isdigit()]
-
 
 def _fmt_wd(v) -> str:
     return "none" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}"
@@ -141,13 +133,14 @@ def _filters(runs: pd.DataFrame) -> pd.DataFrame:
     wds = sorted({_fmt_wd(v) for v in runs["weight_decay"]}, key=lambda s: (s == "none", float(s) if s != "none" else 0))
     formats = sorted(str(v) for v in runs["format"].dropna().unique())
     sources = sorted(str(v) for v in runs["source"].dropna().unique())
-    pick_v = c2.multiselect("Variant", variants, default=[v for v in _url_list("variant") if v in variants],
+    pick_v = c2.multiselect("Variant", variants, default=url_subset("variant", variants, "no run shown has it"),
                             key="exp_variant")
-    pick_wd = c3.multiselect("Weight decay", wds, default=[v for v in _url_list("wd") if v in wds], key="exp_wd")
-    pick_f = c4.multiselect("Format", formats, default=[v for v in _url_list("fmt") if v in formats],
+    pick_wd = c3.multiselect("Weight decay", wds, default=url_subset("wd", wds, "no run shown has it"), key="exp_wd")
+    pick_f = c4.multiselect("Format", formats, default=url_subset("fmt", formats, "no run shown has it"),
                             key="exp_fmt")
-    pick_s = c5.multiselect("Source", sources, default=[v for v in _url_list("src") if v in sources],
+    pick_s = c5.multiselect("Source", sources, default=url_subset("src", sources, "no run shown has it"),
                             key="exp_src")
+    url_notes()
     set_query_params(q=search.strip(), variant=",".join(pick_v), wd=",".join(pick_wd),
                      fmt=",".join(pick_f), src=",".join(pick_s))
     out = runs
@@ -180,7 +173,12 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
     styles = charts.run_styles(runs)
     labels = {i: f"{name} ({styles[i]['group']})" for i, name in zip(runs["id"].astype(int).tolist(), runs["name"].tolist())}
     if "runs" in st.query_params or saved is not None:
-        in_url = [i for i in _url_ints("runs") if i in labels]
+        in_url = []
+        for i in url_ints("runs"):
+            if i in labels:
+                in_url.append(i)
+            else:
+                url_ignored("runs", i, "no such run")
     else:                                       # first visit in this session, no runs in the link
         in_url = _default_runs(store, version, runs, shown)
     shown_ids = [int(i) for i in shown["id"]]
@@ -192,15 +190,15 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
     plotted = [i for i in selected if i in shown_set]
     metrics = _metrics_of(runs[runs["id"].isin(plotted)] if plotted else runs)
     c1, c2, c3, c4, c5, c6 = st.columns([2, 1.6, 1.4, 0.8, 0.8, 1.2])
-    m_url = query_param("m")
-    metric = c1.selectbox("Metric", metrics, index=metrics.index(m_url) if m_url in metrics else 0,
+    m_url = url_choice("m", metrics, metrics[0], why="not logged by the runs") if metrics else None
+    metric = c1.selectbox("Metric", metrics, index=metrics.index(m_url) if metrics else 0,
                           key="exp_metric", help="validation metrics first (loss, then accuracy or top-1)"
                           ) if metrics else None
-    x_url = query_param("x", "step")
-    x = c2.radio("x axis", list(X_LABELS), index=list(X_LABELS).index(x_url) if x_url in X_LABELS else 0,
+    x_url = url_choice("x", list(X_LABELS), list(X_LABELS)[0])
+    x = c2.radio("x axis", list(X_LABELS), index=list(X_LABELS).index(x_url),
                  format_func=X_LABELS.get, horizontal=True, key="exp_x")
     smoothing = c3.slider("Smoothing (EMA)", 0.0, 0.999,
-                          value=min(0.999, max(0.0, float(query_param("s", "0") or 0))), step=0.001, format="%.3f",
+                          value=url_float("s", 0.0, 0.0, 0.999), step=0.001, format="%.3f",
                           key="exp_s",
                           help="time-weighted, debiased EMA (as W&B and TensorBoard): the weight applies per "
                                "1/1000 of the chart's x range, so sparse validation points are smoothed as much "
@@ -211,6 +209,7 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
     group = c6.toggle("By variant", value=query_param("group") == "1", key="exp_group",
                       help="mean line and min-max band over the plotted runs of each variant x head sharing "
                            "(MHA, GQA, MQA) x task")
+    url_notes()
     set_query_params(runs=",".join(str(i) for i in selected), m=metric, x=x,
                      s=f"{smoothing:g}" if smoothing else None, logx="1" if log_x else None,
                      logy="1" if log_y else None, group="1" if group else None)

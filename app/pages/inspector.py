@@ -54,9 +54,9 @@ from analysis.tie_names import layer_variant, tied_variant
 from analysis.variants import informative_metric
 from app import attention_view, charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
-from app.state import (data_version, get_store, in_projects, project_filter, query_param, store_at, set_query_params,
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, set_query_params,
                        checkpoint_choices, checkpoints_frame as _checkpoints, analysis_results as _results,
-                       current_notes)
+                       current_notes, url_choice, url_ignored, url_int, url_notes, cached_read)
 from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
 from loaders import curves
 from loaders.errors import FileError, QkvscopeError
@@ -263,11 +263,10 @@ def _stored_id(store, target: Path) -> int | None:
 def _pick_checkpoint(store, ckpts: pd.DataFrame):
     """``(store, id)`` of the checkpoint to show: from the database, or from the session's scratch
     store for an upload or a server path not stored yet; ``(store, None)`` for none."""
-    src_url = query_param("src", "stored")
-    if src_url not in SOURCES:
-        st.caption(f"Ignored in the URL: src={src_url!r} (one of {', '.join(SOURCES)}).")
+    src_url = url_choice("src", list(SOURCES), "stored")
+    url_notes()
     src = st.segmented_control("Checkpoint from", list(SOURCES), format_func=SOURCES.get, key="insp_src",
-                               default=src_url if src_url in SOURCES else "stored") or "stored"
+                               default=src_url) or "stored"
     set_query_params(src=None if src == "stored" else src)
     if src == "upload":
         scratch = _scratch()
@@ -281,11 +280,13 @@ def _pick_checkpoint(store, ckpts: pd.DataFrame):
         st.info("No checkpoints stored yet. Upload one above, give a server path, or ingest from a shell: "
                 f"`python -m app ingest PATH --db {store.path}`.", icon=":material/inbox:")
         return store, None
-    url_id = query_param("ckpt")
-    if url_id is not None and not (url_id.isdigit() and int(url_id) in set(ckpts["id"].astype(int))):
-        st.caption(f"Ignored in the URL: ckpt={url_id!r} (no such checkpoint stored in the chosen projects).")
+    url_id = url_int("ckpt", None)
+    if url_id is not None and url_id not in set(ckpts["id"].astype(int)):
+        url_ignored("ckpt", url_id, "no such checkpoint stored in the chosen projects")
+        url_id = None
+    url_notes()
     return store, pickers.checkpoint_picker("Checkpoint", ckpts, key="insp_ckpt",
-                                            default=int(url_id) if url_id and url_id.isdigit()
+                                            default=url_id if url_id is not None
                                             else pickers.baseline_checkpoint(ckpts))
 
 
@@ -321,12 +322,6 @@ def _add_to_database(store, target: Path, *, upload: bool) -> None:
 
 
 # -- sections -------------------------------------------------------------------------------
-
-def _url_int(name: str, hi: int) -> int:
-    """An integer URL parameter clamped to [0, hi]; 0 when absent or not a number."""
-    raw = query_param(name, "0") or "0"
-    return min(max(int(raw), 0), hi) if raw.isdigit() else 0
-
 
 def _geometry(row: pd.Series):
     """The checkpoint's shape and parameter split; returns the place under its first line where
@@ -385,9 +380,9 @@ def tie_message(variant: str, ties: list[dict]) -> str | None:
             "fits with the ties in mind.")
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def _stored_ties(db: str, version: tuple, checkpoint_id: int) -> list[dict] | None:
-    return stored_ties(store_at(db), checkpoint_id, METRIC_VERSION)
+@cached_read(max_entries=32)
+def _stored_ties(store, checkpoint_id: int) -> list[dict] | None:
+    return stored_ties(store, checkpoint_id, METRIC_VERSION)
 
 
 def _tied_check(slot, row: pd.Series, store, ckpt_id: int) -> None:
@@ -452,12 +447,11 @@ def _heatmap(results: pd.DataFrame, notes: dict[str, str], variant: str) -> None
     if not available:
         st.caption("No per-head metrics stored for this checkpoint.")
         return
-    m_url = query_param("metric")
-    if m_url is not None and m_url not in available:
-        st.caption(f"Ignored in the URL: metric={m_url!r} (not stored for this checkpoint).")
     # default: a metric the checkpoint's tie does not fix (kv_cka of a K=V model is 1 by construction)
     default = informative_metric(available, [variant])
-    metric = st.selectbox("Metric", available, index=available.index(m_url if m_url in available else default),
+    m_url = url_choice("metric", available, default, why="not stored for this checkpoint")
+    url_notes()
+    metric = st.selectbox("Metric", available, index=available.index(m_url),
                           key="insp_metric", help="; ".join(f"{m}: {BY_NAME[m].help}" for m in available[:3]))
     set_query_params(metric=metric)
     info = BY_NAME[metric]
@@ -525,10 +519,11 @@ def _spectra_section(row: pd.Series) -> None:
                    "open it again from a server path or an upload to see spectra and attention maps.")
         return
     c1, c2, c3 = st.columns([1, 1, 1])
-    layer = c1.number_input("Layer", 0, int(row["n_layers"]) - 1, _url_int("layer", int(row["n_layers"]) - 1),
+    layer = c1.number_input("Layer", 0, int(row["n_layers"]) - 1, url_int("layer", 0, 0, int(row["n_layers"]) - 1),
                             key="insp_layer_n")
-    head = c2.number_input("Head", 0, int(row["n_heads"]) - 1, _url_int("head", int(row["n_heads"]) - 1),
+    head = c2.number_input("Head", 0, int(row["n_heads"]) - 1, url_int("head", 0, 0, int(row["n_heads"]) - 1),
                            key="insp_head_n")
+    url_notes()
     log_y = c3.toggle("log y", value=query_param("slog", "1") == "1", key="insp_slog")
     set_query_params(layer=int(layer), head=int(head), slog=None if log_y else "0")
     stamp = file_stamp(path)
@@ -561,9 +556,10 @@ def _attention_section(row: pd.Series) -> None:
     text = st.text_area("Sample text", value=query_param("text", sample), key="insp_text", height=80,
                         help="The model's tokenizer splits it; at most the number of tokens below is used.")
     c1, c2 = st.columns([1, 3])
-    n_max = c1.number_input("Tokens (at most)", 8, 4096, max(8, _url_int("tokens", 4096) or MAX_TOKENS), step=64,
+    n_max = c1.number_input("Tokens (at most)", 8, 4096, url_int("tokens", MAX_TOKENS, 8, 4096), step=64,
                             key="insp_tokens", help="Capped by the model's context. Past 48 tokens (grid) "
                             "or 128 (enlarged head) each cell is the maximum of a block of tokens.")
+    url_notes()
     set_query_params(text=None if text == sample else text, tokens=None if n_max == MAX_TOKENS else int(n_max))
     path = str(row["path"])
     stamp = file_stamp(path)
@@ -578,8 +574,8 @@ def _attention_section(row: pd.Series) -> None:
         return
     n_layers, n_heads = maps.shape[0], maps.shape[1]
     layer = min(int(st.session_state.get("insp_layer_n", 0)), n_layers - 1)
-    head_default = min(_url_int("ahead", n_heads - 1) if query_param("ahead") else
-                       int(st.session_state.get("insp_head_n", 0)), n_heads - 1)
+    head_default = url_int("ahead", min(int(st.session_state.get("insp_head_n", 0)), n_heads - 1), 0, n_heads - 1)
+    url_notes()
     heads = list(range(n_heads))
     head = c2.segmented_control("Enlarge head", heads, default=head_default, format_func=lambda h: f"H{h}",
                                 key="insp_attn_head") if n_heads <= 16 else \

@@ -2,9 +2,8 @@
 
 Reads widgets (defaults from the URL), calls ``analysis.kv_cost``, renders.
 Every selection is written back to the URL, so a copied link reopens the
-same comparison. State: the link values this run could not use are kept per
-browser session in ``st.session_state`` (never in the module, which every
-session shares); the stored-checkpoint list is cached by database file and
+same comparison; the link values it cannot use are named in one warning
+(``app.state.url_notes``). The stored-checkpoint list is cached by database file and
 its ``data_version``, an upload's geometry by the upload's id.
 
 Deltas against the baseline are coloured by whether the change is better for
@@ -34,7 +33,8 @@ from analysis.vllm_engine import (
 from app import figures, tables
 from app.charts import CHART_THEME
 from app.page_figures import kv_configs, kv_cost_figures
-from app.state import data_version, get_store, project_filter, query_param, set_query_params
+from app.state import (data_version, get_store, project_filter, query_param, set_query_params, url_choice, url_float,
+                       url_ignored, url_int, url_notes, cached_read)
 from loaders.errors import QkvscopeError
 from loaders.projects import NO_PROJECT
 from loaders.store import Store
@@ -45,54 +45,6 @@ ORDER = 60
 URL_PATH = "kv-cost"
 
 SOURCES = ("preset", "checkpoint", "typed")
-#: st.session_state key of this run's unusable link values (per browser session).
-BAD_PARAMS = "kv_cost_bad_params"
-
-
-def _bad(note: str) -> None:
-    st.session_state.setdefault(BAD_PARAMS, []).append(note)
-
-
-def _q_int(name: str, default: int | None, lo: int = 0, hi: int = 10_000_000) -> int | None:
-    raw = query_param(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        _bad(f"{name}={raw!r} (expected an integer)")
-        return default
-    if not lo <= value <= hi:
-        _bad(f"{name}={value} (expected {lo}..{hi})")
-        return default
-    return value
-
-
-def _q_float(name: str, default: float, lo: float = 0.0, hi: float = 100_000.0) -> float:
-    raw = query_param(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        _bad(f"{name}={raw!r} (expected a number)")
-        return default
-    if not lo <= value <= hi:
-        _bad(f"{name}={value:g} (expected {lo:g}..{hi:g})")
-        return default
-    return value
-
-
-def _q_choice(name: str, options: list[str], default: str) -> str:
-    raw = query_param(name)
-    if raw is None:
-        return default
-    if raw not in options:
-        _bad(f"{name}={raw!r} (expected one of {', '.join(options)})")
-        return default
-    return raw
-
-
 def _q_gpu(default: str) -> str:
     """The ``gpu`` link value as a catalogue name; common spellings (``H100``) are accepted."""
     raw = query_param("gpu")
@@ -101,14 +53,12 @@ def _q_gpu(default: str) -> str:
     try:
         return resolve_gpu_name(raw)
     except AnalysisError:
-        _bad(f"gpu={raw!r} (expected one of {', '.join(CATALOGUE)})")
+        url_ignored("gpu", raw, f"expected one of {', '.join(CATALOGUE)}")
         return default
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _checkpoint_rows(db: str, version: tuple) -> list[dict]:
-    """Stored checkpoints' geometry rows of database ``db``, cached until the file changes."""
-    return Store(db, busy_timeout=10.0).checkpoints()
+#: Stored checkpoints' geometry rows of database ``db``, cached until the file changes.
+_checkpoint_rows = cached_read(Store.checkpoints)
 
 
 def _stored_checkpoints() -> list[dict]:
@@ -139,12 +89,12 @@ def _inspect_upload(file_id: str, name: str, _data: bytes) -> dict:
 
 def _geometry_inputs(state: dict) -> Geometry:
     labels = {"preset": "Preset", "checkpoint": "Checkpoint", "typed": "Typed in"}
-    source = st.radio("Model geometry from", SOURCES, index=SOURCES.index(_q_choice("src", list(SOURCES), "preset")),
+    source = st.radio("Model geometry from", SOURCES, index=SOURCES.index(url_choice("src", list(SOURCES), "preset")),
                       format_func=labels.get, horizontal=True, key="kv_src")
     state["src"] = source
     if source == "preset":
         names = list(PRESETS)
-        name = st.selectbox("Preset", names, index=names.index(_q_choice("preset", names, "llama-3-8b")),
+        name = st.selectbox("Preset", names, index=names.index(url_choice("preset", names, "llama-3-8b")),
                             key="kv_preset")
         state["preset"] = name
         geometry = PRESETS[name]
@@ -167,9 +117,9 @@ def _geometry_inputs(state: dict) -> Geometry:
             state["src"] = "preset"
             return PRESETS["llama-3-8b"]
         ids = [int(r["id"]) for r in rows]
-        wanted = _q_int("ckpt", ids[0])
+        wanted = url_int("ckpt", ids[0])
         if wanted not in ids:
-            _bad(f"ckpt={wanted} (no stored checkpoint has this id)")
+            url_ignored("ckpt", wanted, "no stored checkpoint has this id")
             wanted = ids[0]
         by_id = {int(r["id"]): r for r in rows}
         chosen = st.selectbox("Stored checkpoint", ids, index=ids.index(wanted), key="kv_ckpt",
@@ -177,12 +127,12 @@ def _geometry_inputs(state: dict) -> Geometry:
         state["ckpt"] = chosen
         return geometry_from_info(by_id[chosen], name=f"#{chosen} {by_id[chosen]['path']}")
     c = st.columns(6)
-    layers = c[0].number_input("Layers", 1, 1000, _q_int("layers", 32, 1, 1000), key="kv_layers")
-    heads = c[1].number_input("Heads", 1, 1024, _q_int("heads", 32, 1, 1024), key="kv_heads")
-    native_kv = c[2].number_input("KV heads", 1, 1024, _q_int("nkv", 8, 1, 1024), key="kv_nkv")
-    d_head = c[3].number_input("d_head", 1, 4096, _q_int("dhead", 128, 1, 4096), key="kv_dhead")
-    d_model = c[4].number_input("d_model", 1, 65536, _q_int("dmodel", 4096, 1, 65536), key="kv_dmodel")
-    vocab = c[5].number_input("Vocabulary", 0, 10_000_000, _q_int("vocab", 0), key="kv_vocab")
+    layers = c[0].number_input("Layers", 1, 1000, url_int("layers", 32, 1, 1000), key="kv_layers")
+    heads = c[1].number_input("Heads", 1, 1024, url_int("heads", 32, 1, 1024), key="kv_heads")
+    native_kv = c[2].number_input("KV heads", 1, 1024, url_int("nkv", 8, 1, 1024), key="kv_nkv")
+    d_head = c[3].number_input("d_head", 1, 4096, url_int("dhead", 128, 1, 4096), key="kv_dhead")
+    d_model = c[4].number_input("d_model", 1, 65536, url_int("dmodel", 4096, 1, 65536), key="kv_dmodel")
+    vocab = c[5].number_input("Vocabulary", 0, 10_000_000, url_int("vocab", 0), key="kv_vocab")
     state.update(layers=layers, heads=heads, nkv=native_kv, dhead=d_head, dmodel=d_model, vocab=vocab)
     return Geometry(name="typed", n_layers=int(layers), n_heads=int(heads), n_kv_heads=int(native_kv),
                     d_model=int(d_model), d_head=int(d_head), vocab=int(vocab),
@@ -194,11 +144,11 @@ def _attention_inputs(state: dict, geometry: Geometry) -> Attention:
     # the five variants, and a checkpoint's own "+" variant when it has one
     options = list(VARIANTS) + ([geometry.variant] if geometry.variant not in VARIANTS else [])
     variant = c[0].selectbox("Variant", options, format_func=VARIANT_LABELS.get, key="kv_variant",
-                             index=options.index(_q_choice("variant", options, geometry.variant)))
+                             index=options.index(url_choice("variant", options, geometry.variant)))
     divisors = [k for k in range(1, geometry.n_heads + 1) if geometry.n_heads % k == 0]
-    kv_default = _q_int("kvh", geometry.n_kv_heads)
+    kv_default = url_int("kvh", geometry.n_kv_heads)
     if kv_default not in divisors:
-        _bad(f"kvh={kv_default} (must divide n_heads={geometry.n_heads})")
+        url_ignored("kvh", kv_default, f"must divide n_heads={geometry.n_heads}")
         kv_default = geometry.n_kv_heads
     kv = c[1].selectbox("KV heads", divisors, index=divisors.index(kv_default), key="kv_kvh",
                         format_func=lambda k: "MHA" if k == geometry.n_heads else "MQA (1)" if k == 1
@@ -207,14 +157,14 @@ def _attention_inputs(state: dict, geometry: Geometry) -> Attention:
     with c[2].expander("Compare: MLA (latent attention), cross-layer sharing, window",
                        expanded=bool(own_mla)):
         mla = st.number_input("MLA latent dim, kv_lora_rank (0: off)", 0, 65536,
-                              _q_int("mla", own_mla, 0, 65536), key="kv_mla")
+                              url_int("mla", own_mla, 0, 65536), key="kv_mla")
         rope = st.number_input("MLA rotary key dim, qk_rope_head_dim", 0, 4096,
-                               _q_int("rope", own_rope, 0, 4096), key="kv_rope")
+                               url_int("rope", own_rope, 0, 4096), key="kv_rope")
         st.caption("MLA caches one latent and one rotary key per layer and token, shared by all heads: "
                    "(kv_lora_rank + qk_rope_head_dim) x bytes/elem (DeepSeek-V2/V3: 512 + 64).")
-        lpc = st.number_input("Layers per shared cache (1: off)", 1, 64, _q_int("lpc", 1, 1, 64), key="kv_lpc")
+        lpc = st.number_input("Layers per shared cache (1: off)", 1, 64, url_int("lpc", 1, 1, 64), key="kv_lpc")
         window = st.number_input("Sliding window, tokens (0: none)", 0, 10_000_000,
-                                 _q_int("window", geometry.sliding_window or 0), key="kv_window")
+                                 url_int("window", geometry.sliding_window or 0), key="kv_window")
     state.update(variant=variant, kvh=kv, mla=mla if mla != own_mla else None,
                  rope=rope if mla and rope != own_rope else None, lpc=lpc if lpc > 1 else None,
                  window=window if window != (geometry.sliding_window or 0) else None)
@@ -228,52 +178,52 @@ def _attention_inputs(state: dict, geometry: Geometry) -> Attention:
 def _serving_inputs(state: dict) -> tuple[Serving, object]:
     c = st.columns(6)
     dtypes = list(DTYPE_BITS)
-    kv_dtype = c[0].selectbox("KV dtype", dtypes, index=dtypes.index(_q_choice("kvdtype", dtypes, "bf16")),
+    kv_dtype = c[0].selectbox("KV dtype", dtypes, index=dtypes.index(url_choice("kvdtype", dtypes, "bf16")),
                               key="kv_kvdtype")
-    w_dtype = c[1].selectbox("Weight dtype", dtypes, index=dtypes.index(_q_choice("wdtype", dtypes, "bf16")),
+    w_dtype = c[1].selectbox("Weight dtype", dtypes, index=dtypes.index(url_choice("wdtype", dtypes, "bf16")),
                              key="kv_wdtype")
-    context = c[2].number_input("Context (tokens per user)", 1, 10_000_000, _q_int("ctx", 4096, 1), key="kv_ctx")
-    users = c[3].number_input("Concurrent users (0: one full replica)", 0, 10_000_000, _q_int("users", 0),
+    context = c[2].number_input("Context (tokens per user)", 1, 10_000_000, url_int("ctx", 4096, 1), key="kv_ctx")
+    users = c[3].number_input("Concurrent users (0: one full replica)", 0, 10_000_000, url_int("users", 0),
                               key="kv_users")
     prompt = c[4].number_input("Prompt tokens (0: the whole context)", 0, 10_000_000,
-                               _q_int("prompt", 0), key="kv_prompt",
+                               url_int("prompt", 0), key="kv_prompt",
                                help="Its prefill gives the time to first token; with output tokens as well, "
                                     "decoding is costed at prompt + output/2 tokens instead of the full context.")
-    output = c[5].number_input("Output tokens", 0, 10_000_000, _q_int("output", 0), key="kv_output")
+    output = c[5].number_input("Output tokens", 0, 10_000_000, url_int("output", 0), key="kv_output")
 
     c = st.columns(5)
     names = list(CATALOGUE)
     gpu_name = c[0].selectbox("GPU", names, index=names.index(_q_gpu("h100-sxm")),
                               format_func=lambda n: CATALOGUE[n].label, key="kv_gpu")
     base = CATALOGUE[gpu_name]
-    tp = c[1].number_input("GPUs per model copy (tensor parallel)", 1, 64, _q_int("tp", 1, 1, 64), key="kv_tp")
+    tp = c[1].number_input("GPUs per model copy (tensor parallel)", 1, 64, url_int("tp", 1, 1, 64), key="kv_tp")
     cap = c[2].number_input("Batch cap per replica (0: none)", 0, 1_000_000,
-                            _q_int("maxbatch", DEFAULT_MAX_BATCH, 0, 1_000_000), key="kv_maxbatch",
+                            url_int("maxbatch", DEFAULT_MAX_BATCH, 0, 1_000_000), key="kv_maxbatch",
                             help=f"Most sequences one replica decodes at once: vLLM's max_num_seqs, default "
                                  f"{DEFAULT_MAX_BATCH} (vLLM V1 raises it to 1024 on GPUs of 70 GiB or more "
                                  "other than the A100). More users need more replicas even when memory would "
                                  "hold them.")
     price = c[3].number_input("Price, USD per GPU-hour", 0.0, 1000.0,
-                              _q_float("price", base.price_per_hour, 0.0, 1000.0),
+                              url_float("price", base.price_per_hour, 0.0, 1000.0),
                               key=f"kv_price_{gpu_name}", format="%.3f",
                               help=f"Default: {base.sources.get('price', 'assumed')}.")
-    group = c[4].number_input("int8/int4 group size", 1, 4096, _q_int("group", 64, 1, 4096), key="kv_group")
+    group = c[4].number_input("int8/int4 group size", 1, 4096, url_int("group", 64, 1, 4096), key="kv_group")
     with st.expander("GPU figures and efficiency factors (every one editable)"):
         c = st.columns(4)
-        mem = c[0].number_input("Memory, GB (1e9 B)", 0.0, 10_000.0, _q_float("mem", base.memory_bytes / GB, 0.0, 10_000.0),
+        mem = c[0].number_input("Memory, GB (1e9 B)", 0.0, 10_000.0, url_float("mem", base.memory_bytes / GB, 0.0, 10_000.0),
                                 key=f"kv_mem_{gpu_name}")
-        bw = c[1].number_input("Bandwidth, TB/s", 0.001, 1000.0, _q_float("bw", base.bandwidth_bytes_s / TB_S, 0.001, 1000.0),
+        bw = c[1].number_input("Bandwidth, TB/s", 0.001, 1000.0, url_float("bw", base.bandwidth_bytes_s / TB_S, 0.001, 1000.0),
                                key=f"kv_bw_{gpu_name}", format="%.3f")
         tflops = c[2].number_input("Dense bf16, TFLOPS", 0.001, 100_000.0,
-                                   _q_float("tflops", base.bf16_flops / TFLOPS, 0.001), key=f"kv_tflops_{gpu_name}")
-        reserve = c[3].number_input("Reserve, GB", 0.0, 1000.0, _q_float("reserve", 2.0, 0.0, 1000.0), key="kv_reserve")
+                                   url_float("tflops", base.bf16_flops / TFLOPS, 0.001), key=f"kv_tflops_{gpu_name}")
+        reserve = c[3].number_input("Reserve, GB", 0.0, 1000.0, url_float("reserve", 2.0, 0.0, 1000.0), key="kv_reserve")
         c = st.columns(3)
-        util = c[0].slider("Usable memory fraction", 0.05, 1.0, _q_float("util", 0.9, 0.05, 1.0), 0.01, key="kv_util")
-        eff_bw = c[1].slider("Bandwidth efficiency", 0.05, 1.0, _q_float("effbw", 0.8, 0.05, 1.0), 0.01, key="kv_effbw")
-        eff_c = c[2].slider("Compute efficiency (MFU)", 0.01, 1.0, _q_float("effc", 0.5, 0.01, 1.0), 0.01,
+        util = c[0].slider("Usable memory fraction", 0.05, 1.0, url_float("util", 0.9, 0.05, 1.0), 0.01, key="kv_util")
+        eff_bw = c[1].slider("Bandwidth efficiency", 0.05, 1.0, url_float("effbw", 0.8, 0.05, 1.0), 0.01, key="kv_effbw")
+        eff_c = c[2].slider("Compute efficiency (MFU)", 0.01, 1.0, url_float("effc", 0.5, 0.01, 1.0), 0.01,
                             key="kv_effc", help="Achieved / peak bf16 FLOPs, for prefill and decode.")
         st.markdown("\n".join(f"* **{k}**: {v}" for k, v in base.sources.items()))
-    engine = st.radio("Capacity counted as", ENGINES, index=ENGINES.index(_q_choice("engine", list(ENGINES),
+    engine = st.radio("Capacity counted as", ENGINES, index=ENGINES.index(url_choice("engine", list(ENGINES),
                                                                                     "datasheet")),
                       horizontal=True, key="kv_engine",
                       format_func={"datasheet": "datasheet (GB * usable fraction - weights - reserve)",
@@ -286,19 +236,19 @@ def _serving_inputs(state: dict) -> tuple[Serving, object]:
         c = st.columns(5)
         cuda = CUDA_MEMORY_GIB.get(gpu_name, (base.memory_bytes / GIB, ""))[0]
         vllm_in["gpu_memory_gib"] = c[0].number_input("GPU memory, GiB (as CUDA reports it)", 0.01, 10_000.0,
-                                                      _q_float("cudagib", cuda, 0.01, 10_000.0),
+                                                      url_float("cudagib", cuda, 0.01, 10_000.0),
                                                       key=f"kv_cudagib_{gpu_name}", format="%.2f")
         vllm_in["gpu_memory_utilization"] = c[1].number_input(
-            "gpu_memory_utilization", 0.01, 1.0, _q_float("gmu", DEFAULT_GPU_MEMORY_UTILIZATION, 0.01, 1.0),
+            "gpu_memory_utilization", 0.01, 1.0, url_float("gmu", DEFAULT_GPU_MEMORY_UTILIZATION, 0.01, 1.0),
             key="kv_gmu", format="%.2f")
         act = c[2].number_input("Activation peak, GiB (0: estimate)", 0.0, 10_000.0,
-                                _q_float("actgib", 0.0, 0.0, 10_000.0), key="kv_actgib", format="%.2f")
+                                url_float("actgib", 0.0, 0.0, 10_000.0), key="kv_actgib", format="%.2f")
         vllm_in["activation_gib"] = act or None
         vllm_in["non_torch_gib"] = c[3].number_input("Non-torch memory, GiB", 0.0, 1000.0,
-                                                     _q_float("ntgib", DEFAULT_NON_TORCH_GIB, 0.0, 1000.0),
+                                                     url_float("ntgib", DEFAULT_NON_TORCH_GIB, 0.0, 1000.0),
                                                      key="kv_ntgib", format="%.2f")
         vllm_in["max_num_batched_tokens"] = int(c[4].number_input(
-            "max_num_batched_tokens", 1, 10_000_000, _q_int("mnbt", DEFAULT_MAX_NUM_BATCHED_TOKENS, 1),
+            "max_num_batched_tokens", 1, 10_000_000, url_int("mnbt", DEFAULT_MAX_NUM_BATCHED_TOKENS, 1),
             key="kv_mnbt"))
         state.update(cudagib=vllm_in["gpu_memory_gib"] if vllm_in["gpu_memory_gib"] != cuda else None,
                      gmu=vllm_in["gpu_memory_utilization"]
@@ -395,7 +345,6 @@ def _metrics(result: Estimate, base: Estimate) -> None:
 
 
 def render() -> None:
-    st.session_state[BAD_PARAMS] = []
     st.title(TITLE)
     st.caption("For your model: what a projection-sharing variant buys in cache memory, concurrent users, "
                "GPUs, latency and dollars. Units: GB = 1e9 bytes, GiB = 2^30 bytes, KiB = 1024 bytes.")
@@ -412,9 +361,7 @@ def render() -> None:
     attention = _attention_inputs(state, geometry)
     serving, gpu = _serving_inputs(state)
     set_query_params(**state)
-    bad = st.session_state[BAD_PARAMS]
-    if bad:
-        st.warning("Ignored in the link: " + "; ".join(bad), icon=":material/link_off:")
+    url_notes(warning=True)
 
     try:
         result = estimate(geometry, attention, serving, gpu)

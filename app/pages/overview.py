@@ -12,7 +12,7 @@ import streamlit as st
 
 from app import tables
 from app.state import (DEMO_DIR, data_version, demo_only, get_store, in_projects, project_counts, project_filter,
-                       query_param, set_query_params, store_at, summary, checkpoints_frame as _checkpoints)
+                       query_param, set_query_params, summary, checkpoints_frame as _checkpoints, cached_read)
 from loaders.projects import NO_PROJECT
 from loaders.parse_child import ingest_paths   # each file read in a child process under the parse budgets
 
@@ -22,13 +22,13 @@ ORDER = 10
 URL_PATH = "overview"
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _runs(db: str, version: tuple) -> pd.DataFrame:
+@cached_read
+def _runs(store) -> pd.DataFrame:
     from loaders.logs import list_runs  # here: the log readers load on first use
 
     from loaders.run_names import display_names
 
-    rows = list_runs(store_at(db))
+    rows = list_runs(store)
     shown = display_names([r["id"] for r in rows], [r["name"] for r in rows], [r["source"] for r in rows])
     cols = ["id", "name", "project", "task", "format", "variant", "n_kv_heads", "weight_decay", "lr", "n_points",
             "first_step", "last_step", "source"]

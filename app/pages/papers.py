@@ -14,7 +14,8 @@ from analysis.paper_claims import PAPER_A, PAPER_B, PAPERS, Inputs, measure
 from analysis.registry import METRIC_VERSION
 from app import tables
 from app.attempts import analyse_each, show_batch
-from app.state import current_notes, data_version, get_store, project_filter, query_param, set_query_params, store_at
+from app.state import (current_notes, data_version, get_store, project_filter, query_param, set_query_params,
+                       cached_read)
 from loaders import papers
 
 TITLE = "Papers"
@@ -28,9 +29,9 @@ _PAPER_LABELS = {"both": "Both papers", "a": f"Query-free attention ({PAPER_A})"
 _SCOPE_LABELS = {"latest": "each run's latest checkpoint", "all": "every stored checkpoint"}
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _table(db: str, version: tuple, scope: str, loss: str, projects: tuple) -> pd.DataFrame:
-    return measure(Inputs(**papers.paper_inputs(store_at(db), metric_version=METRIC_VERSION, scope=scope,
+@cached_read
+def _table(store, scope: str, loss: str, projects: tuple) -> pd.DataFrame:
+    return measure(Inputs(**papers.paper_inputs(store, metric_version=METRIC_VERSION, scope=scope,
                                                 loss_metric=loss, projects=list(projects))))
 
 

@@ -26,7 +26,7 @@ from analysis.results_table import default_task, default_wd, metric_order, resul
 from app import figures, tables
 from app.page_figures import results_figure
 from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
-                       set_query_params, store_at)
+                       set_query_params, cached_read, url_choice, url_ignored, url_notes)
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -40,17 +40,17 @@ KV_BYTES = {"ckpt": "checkpoint dtype", "2": "2 (fp16 / bf16)", "4": "4 (fp32)",
 ORDER_BY = "paper order"
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _runs(db: str, version: tuple) -> pd.DataFrame:
+@cached_read
+def _runs(store) -> pd.DataFrame:
     """Runs with their config facts (task, heads, paper condition) and their latest checkpoint's
     geometry (``loaders.run_table``)."""
-    frame = run_table(store_at(db), geometry=True)
+    frame = run_table(store, geometry=True)
     return frame.drop(columns=["overrides"], errors="ignore")
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _values(db: str, version: tuple, metrics: tuple) -> pd.DataFrame:
-    return curves.run_metric_summary(store_at(db), list(metrics))
+@cached_read(max_entries=16)
+def _values(store, metrics: tuple) -> pd.DataFrame:
+    return curves.run_metric_summary(store, list(metrics))
 
 
 def _metric_options(runs: pd.DataFrame) -> list[str]:
@@ -72,14 +72,15 @@ def render() -> None:
         st.info("The stored runs logged no metrics.", icon=":material/info:")
         return
     c1, c2, c3, c4 = st.columns([3, 1.2, 1.4, 1.6])
-    ignored: list[str] = []
     asked_metrics = [m for m in (query_param("metrics", "") or "").split(",") if m]
     in_url = [m for m in asked_metrics if m in options]
-    ignored += [f"metrics={m!r} (not logged by these runs)" for m in asked_metrics if m not in options]
+    for m in asked_metrics:
+        if m not in options:
+            url_ignored("metrics", m, "not logged by these runs")
     metrics = c1.multiselect("Metrics (columns)", options, default=in_url or options[:1], key="res_metrics")
     stat_url = query_param("stat")
     if stat_url not in (None, "final", "best"):
-        ignored.append(f"stat={stat_url!r} (final or best)")
+        url_ignored("stat", stat_url, "final or best")
     stat = c2.radio("Value of each run", ["final", "best"], index=1 if stat_url == "best" else 0,
                     horizontal=True, key="res_stat",
                     help="final: its last logged value; best: its lowest loss or highest accuracy")
@@ -88,7 +89,7 @@ def render() -> None:
     wd_options = ["all"] + wd_choices(runs)
     wd_url = query_param("wd")
     if wd_url is not None and wd_url not in wd_options:
-        ignored.append(f"wd={wd_url!r} (no run has it)")
+        url_ignored("wd", wd_url, "no run has it")
     wd_pick = c3.selectbox("Weight decay", wd_options,
                            index=wd_options.index(wd_url if wd_url in wd_options else default),
                            key="res_wd", help="rows average over seeds; hold the weight decay fixed so a row's "
@@ -96,7 +97,7 @@ def render() -> None:
                                               "share)")
     kvb_url = query_param("kvb")
     if kvb_url is not None and kvb_url not in KV_BYTES:
-        ignored.append(f"kvb={kvb_url!r} (one of {', '.join(KV_BYTES)})")
+        url_ignored("kvb", kvb_url, f"one of {', '.join(KV_BYTES)}")
     kvb = c4.selectbox("KV cache bytes per element", list(KV_BYTES), format_func=KV_BYTES.get,
                        index=list(KV_BYTES).index(kvb_url) if kvb_url in KV_BYTES else 0, key="res_kvb")
     tasks = sorted(runs["task"].astype(str).unique())
@@ -107,17 +108,16 @@ def render() -> None:
     default_task_ = default_task(runs)
     asked = query_param("task")
     if asked is not None and asked not in task_options:
-        ignored.append(f"task={asked!r} (one of {', '.join(task_options)})")
+        url_ignored("task", asked, f"one of {', '.join(task_options)}")
     task = c5.selectbox("Task", task_options, index=task_options.index(asked if asked in task_options
                                                                        else default_task_),
                         key="res_task") if len(tasks) > 1 else "all"
 
     overrides = metric_directions(str(store.path), version)      # the user's choices (Experiments page)
     losses = [m for m in metrics if direction(m, overrides) == "min"]
-    ppl = c6.toggle("Perplexity", value=query_param("ppl") != "0", key="res_ppl", disabled=not losses,
+    ppl = c6.toggle("Perplexity", value=url_choice("ppl", ["0", "1"], "1") == "1", key="res_ppl", disabled=not losses,
                     help="add exp(loss) per run (the perplexity of a loss in nats; per byte for a byte-level loss)")
-    if ignored:
-        st.caption("Ignored in the URL: " + "; ".join(ignored) + ".")
+    url_notes()
     if not metrics:
         set_query_params(metrics=None)
         st.info("Pick at least one metric.", icon=":material/touch_app:")
@@ -128,10 +128,11 @@ def render() -> None:
     display = tables.results_display(table)
     sortable = [ORDER_BY] + [c for c in table.columns if c.endswith((" mean", " vs qkv %"))] + [
         "KV bytes/token", "attention params", "n runs"]
-    sort_url = query_param("sort", ORDER_BY)
-    sort = c7.selectbox("Sort by", sortable, index=sortable.index(sort_url) if sort_url in sortable else 0,
+    sort_url = url_choice("sort", sortable, ORDER_BY, why="not a column of this table")
+    sort = c7.selectbox("Sort by", sortable, index=sortable.index(sort_url),
                         key="res_sort")
-    desc = c8.toggle("Descending", value=query_param("desc") == "1", key="res_desc")
+    desc = c8.toggle("Descending", value=url_choice("desc", ["0", "1"], "0") == "1", key="res_desc")
+    url_notes()
     set_query_params(metrics=",".join(metrics), stat=None if stat == "final" else stat,
                      wd=None if wd_pick == default else wd_pick, kvb=None if kvb == "ckpt" else kvb,
                      task=None if task == default_task_ else task, ppl=None if ppl else "0",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import tables
-from app.state import data_version, get_store, project_filter, query_param, set_query_params
+from app.state import data_version, get_store, project_filter, query_param, set_query_params, url_int, url_notes
 from loaders.errors import QueryError
 from loaders.sql_console import run_readonly_query, schema, sql_budget
 
@@ -32,23 +32,15 @@ ORDER BY final_val_loss"""
 _QUERY, _TIMEOUT, _ROWS, _RESULT = "sql_query", "sql_timeout", "sql_rows", "sql_result"
 
 
-def _int_param(name: str, default: int, lo: int, hi: int) -> int:
-    try:
-        value = int(query_param(name, str(default)))
-    except ValueError:
-        return default
-    return min(max(value, lo), hi)
-
-
 def _seed_from_url(max_timeout: int) -> None:
     """Widget state from the URL, once: later reruns keep what the user typed."""
     if _QUERY not in st.session_state:
         st.session_state[_QUERY] = query_param("q", EXAMPLE)
     if _TIMEOUT not in st.session_state:
-        st.session_state[_TIMEOUT] = _int_param(
+        st.session_state[_TIMEOUT] = url_int(
             "timeout", min(sql_budget("QKVSCOPE_SQL_TIMEOUT_S"), max_timeout), 1, max_timeout)
     if _ROWS not in st.session_state:
-        st.session_state[_ROWS] = _int_param("rows", sql_budget("QKVSCOPE_SQL_MAX_ROWS"), 10, 1_000_000)
+        st.session_state[_ROWS] = url_int("rows", sql_budget("QKVSCOPE_SQL_MAX_ROWS"), 10, 1_000_000)
 
 
 def render() -> None:
@@ -71,6 +63,7 @@ def render() -> None:
     max_timeout = sql_budget("QKVSCOPE_SQL_MAX_TIMEOUT_S")
     from_link = "q" in st.query_params and _QUERY not in st.session_state
     _seed_from_url(max_timeout)
+    url_notes()
     sql = st.text_area("Query", key=_QUERY, height=180)
     c1, c2, _ = st.columns([1, 1, 3])
     timeout = c1.number_input("Time limit (s)", min_value=1, max_value=max_timeout, key=_TIMEOUT)

@@ -43,7 +43,7 @@ from app.attempts import analyse_each, show_batch
 from app.page_figures import _task_column, by_task, per_run, per_wd, regressions, wd_curve_figures
 from app.pickers import checkpoint_label
 from app.state import (current_notes, data_version, get_store, in_projects, project_filter, query_param,
-                       results_over_checkpoints, set_query_params, store_at)
+                       results_over_checkpoints, set_query_params, store_at, cached_read)
 from loaders import curves
 from loaders.run_table import run_table
 
@@ -62,9 +62,9 @@ RUN_COLUMNS = ["run_id", "name", "project", "variant", "weight_decay", "lr", "co
                "n_heads", "n_kv_heads", "d_model", "n_layers", "last_step"]
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _runs(db: str, version: tuple) -> pd.DataFrame:
-    return run_table(store_at(db)).rename(columns={"id": "run_id"})[RUN_COLUMNS]
+@cached_read
+def _runs(store) -> pd.DataFrame:
+    return run_table(store).rename(columns={"id": "run_id"})[RUN_COLUMNS]
 
 
 def sensitivity_by_task(runs: pd.DataFrame, curves_of, **options) -> pd.DataFrame:

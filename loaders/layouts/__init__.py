@@ -41,21 +41,15 @@ invariant to a rotation of the head basis agree; per-column ones do not.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 from types import ModuleType
 
+from loaders.discovery import modules
 from loaders.tensor_source import TensorSource
 
 
 def _discover() -> list[ModuleType]:
-    mods = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        if all(hasattr(mod, a) for a in ("NAME", "detect", "convert")):
-            mods.append(mod)
+    mods = modules(sys.modules[__name__], ("NAME", "detect", "convert"))
     return sorted(mods, key=lambda m: (getattr(m, "PRIORITY", 50), m.NAME))
 
 

@@ -137,10 +137,6 @@ class SqlPoints:
     source: PointSource
     select: str
     params: dict = field(default_factory=dict)
-    #: The file has a wall time or a token count column: the points keep them
-    #: (``points_full``); else their ``wall_time``/``tokens`` are all NULL and
-    #: they are stored without those columns (``points_lean``).
-    timed: bool = True
     #: (counts, texts): SELECTs of the cells ``select`` cannot read
     #: (``readers._csv.unread_select``), run by the store step for the report.
     unread: tuple[str, str] | None = None

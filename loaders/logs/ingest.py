@@ -50,16 +50,17 @@ from pathlib import Path
 
 import duckdb
 
+from loaders import journal
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints, Unread
-from loaders.logs.newpoints import FileChanged, insert_new_points, move_staged, replace_stored
+from loaders.logs.newpoints import FileChanged, drop_points, insert_new_points, move_staged, replace_stored
 from loaders.logs.readers import READERS
 from loaders.logs.registry import reader_for, why_not_a_log
 from loaders.logs.run_identity import hf_shares_run, run_name, run_source
 from loaders.logs.runs import apply_overrides
 from loaders.report import FileReport
-from loaders.store import Store, delete_points, refresh_run_stats
+from loaders.store import Store, refresh_run_stats
 
 _FP_WINDOW = 64 * 1024
 #: A file last modified at least this long ago is not being written.
@@ -203,13 +204,9 @@ def _read_and_store(store: Store, reader, path: Path, *, last_attempt: bool, fro
         raise LogFormatError(path, why_not_a_log(path))
     key = str(path.resolve())
     with store.connect() as con:
-        row = con.execute("SELECT size, mtime, sha256, read_bytes, state, format FROM ingest_journal "
-                          "WHERE path = ? AND kind = 'log'", [key]).fetchone()
-    seen = None if row is None else (row[0], row[1], row[3])   # size, mtime, read_bytes
-    prev = None
-    if row is not None:
-        prev = {"size": row[0], "mtime": row[1], "sha256": row[2], "read_bytes": row[3],
-                "state": json.loads(row[4]) if row[4] else {}, "format": row[5]}
+        prev = journal.log_entry(con, key)
+    seen = None if prev is None else (prev["size"], prev["mtime"], prev["read_bytes"])
+    if prev is not None:
         if prev["format"] != fmt:
             prev = None  # read with another reader before (e.g. format=): start over
     mode = "full"
@@ -269,8 +266,7 @@ def _unchanged(path: Path, fmt: str, prev: dict) -> FileReport:
 
 def _touch_journal(store: Store, key: str, st) -> None:
     with store.transaction() as con:
-        con.execute("UPDATE ingest_journal SET mtime = ?, size = ? WHERE path = ?",
-                    [st.st_mtime, st.st_size, key])
+        journal.touch(con, key, st.st_size, st.st_mtime)
 
 
 def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, append_from: dict | None,
@@ -290,9 +286,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
     # A folder unit's change is told by its folder's size and mtime (``unit_stat``), not one file's hash.
     digest = None if appendable or folder_unit else file_sha256(path)
     with store.transaction() as con:
-        rows = con.execute("SELECT size, mtime, read_bytes FROM ingest_journal WHERE path = ? AND kind = 'log'",
-                           [key]).fetchall()          # fetchall: no open result before register()
-        if (tuple(rows[0]) if rows else None) != seen:
+        if journal.log_seen(con, key) != seen:
             if last_attempt:
                 raise DatabaseBusyError(
                     f"{store.path}: {path} is being stored by another process at the same time; "
@@ -307,7 +301,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
         if append_from is None and prev_runs and not shared:
             # The file was rewritten: what it stored before goes.
             old = [r["id"] for r in prev_runs.values()]
-            delete_points(con, "run_id IN (SELECT unnest(?::INTEGER[]))", [old])
+            drop_points(con, old)
         for run in parsed.runs:
             name = run_name(path, fmt, run.name)
             known = runs_state.get(name)
@@ -371,11 +365,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
         read_bytes = parsed.read_bytes if parsed.read_bytes is not None else st.st_size
         if appendable:
             state["fingerprint"] = fingerprint(path, read_bytes)
-        con.execute(
-            """INSERT OR REPLACE INTO ingest_journal
-                   (path, kind, format, size, mtime, sha256, read_bytes, state, ingested_at)
-               VALUES (?, 'log', ?, ?, ?, ?, ?, ?, current_timestamp)""",
-            [key, fmt, st.st_size, st.st_mtime, digest, read_bytes, json.dumps(state)])
+        journal.record_log(con, key, fmt, st.st_size, st.st_mtime, digest, read_bytes, state)
     status = "appended" if append_from is not None else "added"
     if append_from is not None and total == 0 and not parsed.runs:
         status = "unchanged"

@@ -23,10 +23,8 @@ inserted rows:
   numpy (``went_back_and_repeats``). Then the point logged last wins: one
   DELETE of the earlier ones by rowid.
 
-A run with no stored points gets its new points straight into their table
-behind the ``points`` view (``points_lean`` when the source has no wall time
-or token count column, ``points_full`` otherwise: schema 7): in this
-transaction its rows there are exactly the new ones. Otherwise (a grown log, a
+A run with no stored points gets its new points straight into ``points``: in
+this transaction its rows there are exactly the new ones. Otherwise (a grown log, a
 second file of a shared run) they are staged in a temporary table, so what is
 new can be told from what was stored, and moved by ``move_staged``.
 
@@ -45,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from loaders.logs.base import SOURCE_VIEW, SqlPoints, Unread, normalise_metric
-from loaders.store import POINT_TABLES, delete_points, point_table, refresh_run_stats, time_columns
+from loaders.store import refresh_run_stats
 
 # Every result is fetched whole (fetchall): DuckDB refuses ``register`` while
 # a result of the connection is unfinished.
@@ -71,7 +69,7 @@ class FileChanged(Exception):
 class NewPoints:
     """Where a run's new points are in this transaction, and what they hold."""
 
-    table: str                 # where they are now: their home table, or STAGE
+    table: str                 # where they are now: points, or STAGE
     where: str                 # SQL condition for the new rows of ``table``
     params: dict               # its named parameters
     n: int = 0                 # points, after repeated ones were dropped
@@ -81,8 +79,6 @@ class NewPoints:
     #: ``run_stats`` of the run already summarise its points (a run without
     #: stored points, left unchanged after its summary).
     stats_fresh: bool = False
-    #: The table behind ``points`` they are stored in (``loaders.store.point_table``).
-    home: str = POINT_TABLES[0]
     #: Cells of the source that are not numbers (``SqlPoints.unread``), for the report.
     unread: Unread = field(default_factory=Unread)
 
@@ -95,27 +91,24 @@ def insert_new_points(con: duckdb.DuckDBPyConnection, run_id: int, points, *,
                       direct: bool) -> NewPoints:
     """Insert ``points`` (``SqlPoints`` or a frame) for ``run_id`` and check them.
 
-    ``direct``: the run has no stored points, so they go straight into their
-    table behind ``points`` (``points_lean`` when the source has no wall time
-    or token column, else ``points_full``); else into the ``STAGE`` table
-    (see ``move_staged``).
+    ``direct``: the run has no stored points, so they go straight into
+    ``points``; else into the ``STAGE`` table (see ``move_staged``).
     Errors of a ``SqlPoints`` file's content propagate as DuckDB raises them;
     ``FileChanged`` when its file changed while DuckDB read it.
     """
     # On an error the transaction is aborted and rolled back with its connection,
     # view included; nothing to undo here.
     select, params = _source_select(con, points)
-    home = point_table(_timed(points))
     if direct:
-        n = con.execute(f"INSERT INTO {home} SELECT $run_id, step, metric, {_VALUE}{time_columns(home)} "
+        n = con.execute(f"INSERT INTO points SELECT $run_id, step, metric, {_VALUE}, wall_time, tokens "
                         f"FROM ({select})", {**params, "run_id": run_id}).fetchall()[0][0]
-        new = NewPoints(home, "run_id = $run_id", {"run_id": run_id}, n, home=home)
+        new = NewPoints("points", "run_id = $run_id", {"run_id": run_id}, n)
     else:
         con.execute(f"""CREATE OR REPLACE TEMP TABLE {STAGE} (
                             step BIGINT, metric VARCHAR, value DOUBLE, wall_time DOUBLE, tokens BIGINT)""")
         n = con.execute(f"INSERT INTO {STAGE} SELECT step, metric, {_VALUE}, wall_time, tokens FROM ({select})",
                         params or None).fetchall()[0][0]
-        new = NewPoints(STAGE, "true", {}, n, home=home)
+        new = NewPoints(STAGE, "true", {}, n)
     if isinstance(points, SqlPoints) and points.unread:
         new.unread = _unread(con, points)
     if isinstance(points, SqlPoints) and points.source.changed():
@@ -140,17 +133,6 @@ def _unread(con, points: SqlPoints) -> Unread:
 def _used(sql: str, params: dict) -> dict | None:
     """The named parameters of ``params`` that ``sql`` uses (DuckDB refuses others)."""
     return {k: v for k, v in params.items() if re.search(rf"\${re.escape(k)}\b", sql)} or None
-
-
-def _timed(points) -> bool:
-    """Whether ``points`` (``SqlPoints`` or a frame) carry a wall time or a token count."""
-    if isinstance(points, SqlPoints):
-        return points.timed
-    axes = [c for c in ("wall_time", "tokens") if c in (points.column_names if isinstance(points, pa.Table)
-                                                          else points.columns)]
-    if isinstance(points, pa.Table):       # NaN counts as absent, as pandas' notna has it
-        return any(pc.any(pc.invert(pc.is_null(points.column(c), nan_is_null=True))).as_py() for c in axes)
-    return any(bool(points[c].notna().any()) for c in axes)
 
 
 def _source_select(con, points) -> tuple[str, dict]:
@@ -276,13 +258,18 @@ def replace_stored(con, run_id: int) -> int:
             WHERE p.run_id = $run_id AND p.step = n.step AND p.metric = n.metric""",
         {"run_id": run_id}).fetchall()[0][0]
     if n_old:
-        delete_points(con, f"run_id = $run_id AND (step, metric) IN (SELECT (step, metric) FROM {STAGE})",
-                      {"run_id": run_id})
+        con.execute(f"DELETE FROM points WHERE run_id = $run_id AND (step, metric) IN (SELECT (step, metric) FROM {STAGE})",
+                    {"run_id": run_id})
     return n_old
 
 
+def drop_points(con, run_ids) -> None:
+    """Delete every stored point of ``run_ids`` (a rewritten file's runs, before it is read again)."""
+    con.execute("DELETE FROM points WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [list(run_ids)])
+
+
 def move_staged(con, run_id: int, new: NewPoints) -> None:
-    """Insert the staged points for ``run_id`` into their table and drop the stage."""
-    con.execute(f"INSERT INTO {new.home} SELECT $run_id, step, metric, value{time_columns(new.home)} FROM {STAGE}",
+    """Insert the staged points for ``run_id`` into ``points`` and drop the stage."""
+    con.execute(f"INSERT INTO points SELECT $run_id, step, metric, value, wall_time, tokens FROM {STAGE}",
                 {"run_id": run_id})
     con.execute(f"DROP TABLE {STAGE}")

@@ -35,12 +35,12 @@ def _store(path, *, seeds_at=None) -> Store:
                                 [rid, f"r{rid}", variant, wd,
                                  json.dumps({"lr": 1e-3, "seed": seed, "weight_decay": wd})])
                     for step, val in ((0, final + 2), (100, final + 1), (200, final)):
-                        con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
+                        con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
                                     [rid, step, val])
         # one lone run: no slope, no best weight decay
         con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, config) "
                     "VALUES (99, 'lone', 'mem', 'test', 'wq_identity', 0.1, '{\"save_steps\": [5]}')")
-        con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (99, 10, 'val/loss', 4.0)")
+        con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (99, 10, 'val/loss', 4.0)")
         refresh_run_stats(con, [r[0] for r in con.execute("SELECT id FROM runs").fetchall()])
     return store
 
@@ -109,7 +109,7 @@ def test_table_prints_n_intervals_and_reasons(tmp_path, capsys):
 def test_best_loss_option(tmp_path, capsys):
     store = _store(tmp_path / "wd.duckdb")
     with store.transaction() as con:  # qkv's run at wd 1 dips to 1.0 before it ends at 3.2
-        con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (4, 150, 'val/loss', 1.0)")
+        con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (4, 150, 'val/loss', 1.0)")
     final = _json(capsys, "--db", str(store.path))["qkv"]
     best = _json(capsys, "--db", str(store.path), "--loss", "best")["qkv"]
     assert final["best_weight_decay"] == 1e-3 and best["best_weight_decay"] == 1.0
@@ -121,7 +121,7 @@ def test_loaders_read_the_latest_value_per_step_and_the_norms(tmp_path):
     store = _store(tmp_path / "wd.duckdb")
     with store.transaction() as con:
         # the same step logged again (a resumed run): the value stored last counts
-        con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (1, 200, 'val/loss', 9.0)")
+        con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (1, 200, 'val/loss', 9.0)")
         con.execute("INSERT INTO checkpoints (id, path, sha256, architecture, variant, n_layers, n_heads, "
                     "n_kv_heads, d_model, d_head, run_id, step) "
                     "VALUES (1, 'gone', 's1', 'gpt2', 'qkv', 2, 2, 2, 8, 4, 1, 200)")
@@ -159,7 +159,7 @@ def _random_sweep_store(path, n: int = 40, *, a: float = 0.08, b: float = -0.3, 
                         [i + 1, f"trial_{i}", float(wd[i]), float(lr[i]),
                          json.dumps({"lr": float(lr[i]), "weight_decay": float(wd[i]), "dropout": float(dropout[i])})])
             for step, val in ((0, final[i] + 2), (100, final[i] + 1), (200, final[i])):
-                con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
+                con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
                             [i + 1, step, float(val)])
         refresh_run_stats(con, list(range(1, n + 1)))
     return store

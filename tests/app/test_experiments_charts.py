@@ -40,7 +40,7 @@ def _stored(store: Store, rows: list[list], points: pd.DataFrame) -> Store:
         con.executemany("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
                         "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)", rows)
         con.register("f", points)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, points["run_id"].unique())
     return store
 

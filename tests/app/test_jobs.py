@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -87,36 +85,6 @@ def test_results_stored_and_cache_hit(store):
     assert not forced.cached and op.calls == 2
     with store.connect() as con:
         assert con.execute("SELECT count(*) FROM analysis_results").fetchone()[0] == n_rows
-
-
-def test_two_sessions_analysing_one_checkpoint_at_once_compute_it_once(store):
-    """A second caller that arrives while the first computes waits for it and reads the stored rows."""
-    second_started = threading.Event()
-
-    class SlowOpener(Opener):
-        def __call__(self, path):
-            if self.calls == 0:
-                second_started.wait(10)
-                time.sleep(0.3)            # the second caller is at the cache check by now
-            return super().__call__(path)
-
-    op, got = SlowOpener(), {}
-
-    def first():
-        (got["first"],) = jobs.analyze(store, 1, device="cpu", opener=op)
-
-    def second():
-        second_started.set()
-        (got["second"],) = jobs.analyze(store, 1, device="cpu", opener=op)
-
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    threads[0].start()
-    threads[1].start()
-    for t in threads:
-        t.join(60)
-    assert op.calls == 1
-    assert not got["first"].cached and got["second"].cached
-    assert len(got["second"].frame) == len(got["first"].frame) > 0
 
 
 def test_failure_stores_nothing(store):

@@ -56,7 +56,7 @@ def fill_runs(db, runs=RUNS, steps: int = 300) -> Store:
             con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
                         "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)", [rid, name, f"/exp/{name}", variant, wd])
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, frame["run_id"].unique())
     return store
 
@@ -166,6 +166,16 @@ def test_url_reopens_the_same_view(runs_db):
     assert arr(fig["data"][0]["x"])[:3] == [0, 512, 1024]
 
 
+def test_url_values_it_cannot_use_are_named_in_one_line(runs_db):
+    at = page_test("experiments", {"runs": "2,x,99", "s": "abc", "x": "epochs", "variant": "qkv,mqa"}).run()
+    assert not at.exception
+    notes = [c.value for c in at.caption if c.value.startswith("Ignored in the URL")]
+    assert notes == ["Ignored in the URL: variant='mqa' (no run shown has it).",
+                     "Ignored in the URL: runs='x' (expected an integer); runs=99 (no such run); "
+                     "x='epochs' (one of step, tokens, wall_time); s='abc' (expected a number)."]
+    assert len(figures(at)["exp_curves"]["data"]) == 1 and at.slider(key="exp_s").value == 0.0
+
+
 def test_metric_picker_and_smoothing_change_the_curves(runs_db):
     at = page_test("experiments", {"runs": "1"}).run()
     ys_val = arr(figures(at)["exp_curves"]["data"][0]["y"])
@@ -234,7 +244,7 @@ def test_smoothed_validation_curve_ends_within_its_data(tmp_path, monkeypatch):
     with store.transaction() as con:
         con.execute("INSERT INTO runs (id, name, source, format, variant) VALUES (1, 'r', '/r', 'csv', 'qkv')")
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, [1])
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     at = page_test("experiments", {"runs": "1", "s": "0.9"}).run()
@@ -250,7 +260,7 @@ def test_accuracy_metrics_are_picked_like_the_loss_and_best_is_their_highest(run
                           "wall_time": 0.0, "tokens": 0})
     with Store(runs_db).transaction() as con:
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, [1, 2])
     at = page_test("experiments", {"runs": "1,2"}).run()
     options = at.selectbox(key="exp_metric").options

@@ -46,7 +46,7 @@ def papers_db(tmp_path, monkeypatch):
                 con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version, "
                             "chance) VALUES (?, 0, ?, 'kv_cosine_flat', ?, ?, ?)", [cid, head, value, METRIC_VERSION, chance])
         con.register("p", points)
-        con.execute("INSERT INTO points_lean (run_id, step, metric, value) SELECT * FROM p")
+        con.execute("INSERT INTO points (run_id, step, metric, value) SELECT * FROM p")
         refresh_run_stats(con, [r[0] for r in RUNS])
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     return db

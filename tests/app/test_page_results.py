@@ -39,7 +39,7 @@ def _fill(db) -> None:
                     "d_model, d_head, dtype, params_attention, kv_bytes_per_token, run_id, step) VALUES "
                     "(1, 'p', 's1', 'gpt2', 'qkv', 2, 4, 4, 8, 2, 'float32', 512, 128, 1, 200)")
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, frame["run_id"].unique())
 
 
@@ -109,6 +109,15 @@ def test_url_keys_choose_metrics_statistic_weight_decay_and_costs(results_db):
         "best", "all", "2", "0", None)                            # language: the default, not written
 
 
+def test_url_sort_and_switch_values_it_cannot_use_are_named(results_db):
+    at = page_test("results", {"metrics": "val/loss", "sort": "nope", "desc": "yes", "ppl": "2"}).run()
+    assert not at.exception, at.exception
+    notes = [c.value for c in at.caption if c.value.startswith("Ignored in the URL")]
+    assert notes == ["Ignored in the URL: ppl='2' (one of 0, 1).",
+                     "Ignored in the URL: sort='nope' (not a column of this table); desc='yes' (one of 0, 1)."]
+    assert at.toggle(key="res_ppl").value and not at.toggle(key="res_desc").value
+
+
 def test_exports_are_markdown_and_latex_booktabs(results_db):
     at = page_test("results", {"ppl": "0", "task": "all"}).run()
     md, tex = (c.value for c in at.code)
@@ -176,7 +185,7 @@ def test_paper_b_qvv3_runs_are_a_row_of_their_own(results_db):
                     [json.dumps({"n_head": 4, "n_layer": 2, "d_model": 8, "paper_condition": "QVV(3)",
                                  "step_axis": "epoch"})])
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, [8])
     at = page_test("results").run()
     assert not at.exception, at.exception

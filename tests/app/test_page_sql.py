@@ -48,6 +48,14 @@ def test_limits_survive_the_url_round_trip(empty_db):
     assert any("first 30 shown" in c.value for c in at.caption)
 
 
+def test_link_values_it_cannot_use_are_named(empty_db):
+    at = page_test("sql", {"timeout": "abc", "rows": "5"}).run()
+    assert not at.exception
+    assert "Ignored in the URL: timeout='abc' (expected an integer); rows=5 (expected 10..1000000)." in [
+        c.value for c in at.caption]
+    assert at.number_input[1].value == 10_000          # the default, not the link's 5
+
+
 def test_a_refused_query_is_one_message(empty_db):
     at = page_test("sql", {"q": "DELETE FROM runs"}).run()
     assert not at.error

@@ -50,7 +50,7 @@ def _fill(db, runs, curve=_val_curve, names=None):
                         [rid, (names or {}).get(rid, f"{variant}-wd{wd}"), f"/s/{rid}", variant, wd,
                          json.dumps({"n_layer": 2, "seed": rid})])
         con.register("f", frame)
-        con.execute("INSERT INTO points_lean (run_id, step, metric, value) SELECT * FROM f")
+        con.execute("INSERT INTO points (run_id, step, metric, value) SELECT * FROM f")
         refresh_run_stats(con, frame["run_id"].unique())
     return store
 
@@ -247,7 +247,7 @@ def sweep_db(tmp_path, monkeypatch):
                         [i + 1, f"trial_{i}", f"/s/{i}", float(wd[i]), float(lr[i]),
                          json.dumps({"lr": float(lr[i]), "dropout": float(dropout[i]), "weight_decay": float(wd[i])})])
             for step, val in ((0, final[i] + 1), (100, final[i] + 0.5), (200, final[i])):
-                con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
+                con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, 'val/loss', ?)",
                             [i + 1, step, float(val)])
         refresh_run_stats(con, list(range(1, n + 1)))
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
@@ -397,7 +397,7 @@ def test_a_grid_and_a_sweep_side_by_side(wd_db):
             con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, config) "
                         "VALUES (?, ?, ?, 'csv', 'wq_identity', ?, ?)",
                         [rid, f"trial_{i}", f"/t/{i}", wd, json.dumps({"lr": lr})])
-            con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, 100, 'val/loss', ?)",
+            con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, 100, 'val/loss', ?)",
                         [rid, 3 + 0.1 * math.log10(wd) - 0.2 * math.log10(lr)])
         refresh_run_stats(con, list(range(100, 112)))
     at = page_test("weight_decay").run()

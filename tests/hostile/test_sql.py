@@ -29,7 +29,7 @@ def store(tmp_path):
     s = Store(tmp_path / "q.duckdb")
     with s.transaction() as con:
         con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv')")
-        con.execute("INSERT INTO points_full VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
+        con.execute("INSERT INTO points VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
     return s
 
 

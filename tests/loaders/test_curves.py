@@ -22,7 +22,7 @@ def _store_with_points(tmp_path, rows) -> Store:
             con.execute("INSERT INTO runs (id, name, source, format) VALUES (?, ?, 'mem', 'csv')",
                         [int(rid), f"run{rid}"])
         con.register("f", frame)
-        con.execute("INSERT INTO points_full SELECT run_id, step, metric, value, wall_time, tokens FROM f")
+        con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, frame["run_id"].unique())
     return store
 
@@ -261,14 +261,14 @@ def test_metric_curves_join_a_run_that_spans_batches_in_step_order(tmp_path):
 
 
 def test_metric_curves_read_the_value_stored_last_at_a_step_stored_twice(tmp_path):
-    """A hand-written database: run 1's step 1 stored twice in points_full (the later row counts),
-    run 2's step 0 in points_full and again in points_lean (points_lean's counts), whatever the
-    batch size (a step's rows split across batches)."""
+    """A hand-written database: run 1's step 1 stored twice (the later row counts), run 2's
+    step 0 again in a later transaction (that one counts), whatever the batch size (a step's
+    rows split across batches)."""
     store = _store_with_points(tmp_path, [(1, 0, "m", 5.0, None, None), (1, 1, "m", 4.0, None, None),
                                           (1, 1, "m", 7.0, None, None), (1, 2, "m", 3.0, None, None),
                                           (2, 0, "m", 1.0, None, None), (2, 1, "m", 0.5, None, None)])
     with store.transaction() as con:
-        con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (2, 0, 'm', 2.0)")
+        con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (2, 0, 'm', 2.0)")
     for batch_rows in (1, 2, 1000):
         got = {r: v.tolist() for r, v in curves.metric_curves(store, "m", batch_rows=batch_rows)}
         assert got == {1: [5.0, 7.0, 3.0], 2: [2.0, 0.5]}
@@ -307,7 +307,7 @@ def test_metric_directions_are_stored_and_change_best(tmp_path):
     with store.transaction() as con:
         con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'r', '/r', 'csv')")
         con.register("p", pd.DataFrame({"run_id": 1, "step": [0, 1, 2], "metric": "score", "value": [0.5, 0.9, 0.7]}))
-        con.execute("INSERT INTO points_lean (run_id, step, metric, value) SELECT * FROM p")
+        con.execute("INSERT INTO points (run_id, step, metric, value) SELECT * FROM p")
         refresh_run_stats(con, [1])
     assert C.metric_directions(store) == {}
     assert float(C.final_values(store, "score")["best"].iloc[0]) == 0.9          # 'score' reads as higher
@@ -321,11 +321,10 @@ def test_metric_directions_are_stored_and_change_best(tmp_path):
         C.set_metric_direction(store, "score", "up")
 
 
-def test_metric_curves_read_logs_ingested_in_order_without_sorting_and_others_sorted(tmp_path, monkeypatch):
-    """Logs as people write them (a folder of CSVs, one with wall times so its points go to
-    points_full, the others to points_lean, the last without a trailing newline) come back in
-    step order straight from the tables: the sorted query never runs. A run logged backwards
-    in a hand-written database is read through the sorted query, with the same result shape."""
+def test_metric_curves_read_ingested_logs_and_runs_stored_backwards_in_step_order(tmp_path):
+    """Logs as people write them (a folder of CSVs, one with wall times, the last without a
+    trailing newline) come back in step order, in chunks of whole runs; so does a run logged
+    backwards in a hand-written database."""
     from loaders.ingest import ingest_paths
 
     rng = np.random.default_rng(1)
@@ -346,36 +345,11 @@ def test_metric_curves_read_logs_ingested_in_order_without_sorting_and_others_so
     assert all(r.status == "added" for r in ingest_paths(store, [runs]).files)
     with store.connect() as con:
         names = dict(con.execute("SELECT id, name FROM runs").fetchall())
-        assert con.execute("SELECT count(*) FROM points_full").fetchone()[0] == 25   # both tables in use
-    sorted_reads = []
-    real = curves._arrow_curves
-    monkeypatch.setattr(curves, "_arrow_curves", lambda reader: sorted_reads.append(1) or real(reader))
+        assert con.execute("SELECT count(wall_time) FROM points").fetchone()[0] == 25
     for chunk_points in (1, 30, 1000):
         got = {names[r]: v.tolist() for r, v in curves.metric_curves(store, "val/loss", chunk_points=chunk_points)}
         assert got == want
     some = [r for r, name in names.items() if name in ("run0", "run3")]
     assert [names[r] for r, _ in curves.metric_curves(store, "val/loss", some)] == ["run0", "run3"]
-    assert sorted_reads == []
     backwards = _store_with_points(tmp_path / "b", [(7, s, "m", float(s), None, None) for s in (3, 2, 1, 0)])
     assert [(r, v.tolist()) for r, v in curves.metric_curves(backwards, "m")] == [(7, [0.0, 1.0, 2.0, 3.0])]
-    assert sorted_reads == [1]
-
-
-@pytest.mark.parametrize("rid, step, expect", [
-    ([1, 1, 2, 2, 2], [0, 5, 0, 1, 9], [(1, [0.0, 1.0]), (2, [2.0, 3.0, 4.0])]),
-    ([2, 2, 1], [0, 1, 0], [(1, [2.0]), (2, [0.0, 1.0])]),   # runs out of id order: each whole, by id
-    ([1, 2, 1], [0, 0, 1], None),                  # a run in two stretches
-    ([1, 1, 1], [0, 2, 2], None),                  # a step stored twice: the sorted query picks the last
-    ([1, 1], [3, 1], None),                        # steps going back
-])
-def test_in_step_order_accepts_only_what_the_sorted_query_would_return(rid, step, expect):
-    import pyarrow as pa
-
-    value = [float(i) for i in range(len(rid))]
-    cut = len(rid) // 2                            # across two batches
-    batches = [pa.record_batch([pa.array(rid[a:b], pa.int64()), pa.array(step[a:b], pa.int64()),
-                                pa.array(value[a:b], pa.float64())], names=["run_id", "step", "value"])
-               for a, b in ((0, cut), (cut, len(rid)))]
-    got = curves._in_step_order(iter(batches))
-    assert (None if got is None else [(r, v.tolist()) for r, v in got]) == expect
-    assert curves._in_step_order(iter([])) == []

@@ -22,7 +22,7 @@ def _store(tmp_path) -> Store:
                         [rid, f"s{rid}", variant, rid])
         con.register("p", pd.DataFrame([(rid, 100, "val/loss", 1.0 + rid / 10) for rid, _, _ in runs],
                                        columns=["run_id", "step", "metric", "value"]))
-        con.execute("INSERT INTO points_lean (run_id, step, metric, value) SELECT * FROM p")
+        con.execute("INSERT INTO points (run_id, step, metric, value) SELECT * FROM p")
         refresh_run_stats(con, [1, 2, 3])
     return store
 

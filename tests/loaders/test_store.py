@@ -1,6 +1,8 @@
 """The DuckDB store: schema versions, transactions, locking, bad files."""
 from __future__ import annotations
 
+import math
+
 import subprocess
 import sys
 import textwrap
@@ -9,7 +11,7 @@ import time
 import pytest
 
 from loaders.errors import DatabaseBusyError, StoreError
-from loaders.store import _RUN_STATS_SELECT_3, DB_ENV, SCHEMA_VERSION, Store, default_db_path, refresh_run_stats
+from loaders.store import _RUN_STATS_SELECT_3, DB_ENV, RUN_STATS_SELECT, SCHEMA_VERSION, Store, default_db_path, refresh_run_stats
 
 #: run_stats' columns as schema 3 made them
 STATS_3 = ("run_id, metric, n, n_values, nonfinite, first_step, last_step, final_step, final, best, "
@@ -41,7 +43,7 @@ def test_transaction_rolls_back_everything_on_error(tmp_path):
     with pytest.raises(RuntimeError):
         with store.transaction() as con:
             con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv')")
-            con.execute("INSERT INTO points_full VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
+            con.execute("INSERT INTO points VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
             raise RuntimeError("boom")
     with store.connect() as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
@@ -178,8 +180,6 @@ def test_upgrade_from_version_6_keeps_points_behind_the_view(tmp_path):
     assert store.migrate() == SCHEMA_VERSION
     with store.connect() as c:
         assert c.execute("SELECT * FROM points ORDER BY step").fetchall() == sorted(stored, key=lambda r: r[1])
-        assert c.execute("SELECT count(*) FROM points_full").fetchone()[0] == 3
-        assert c.execute("SELECT count(*) FROM points_lean").fetchone()[0] == 0
         assert c.execute(f"SELECT {STATS_3} FROM run_stats ORDER BY metric").fetchall() == before
     log = tmp_path / "new" / "log.csv"
     log.parent.mkdir()
@@ -187,7 +187,35 @@ def test_upgrade_from_version_6_keeps_points_behind_the_view(tmp_path):
     ingest_log(store, log)
     with store.connect() as c:
         assert c.execute("SELECT count(*), count(wall_time) FROM points").fetchone() == (4, 2)
-        assert c.execute("SELECT count(*) FROM points_lean").fetchone()[0] == 1
+
+
+def test_upgrade_from_version_10_keeps_every_point_in_one_table(tmp_path):
+    """Schema 11 moves the points of points_lean into points_full, after its own rows (of a step
+    stored in both, the lean row stays the later one), and names the table points again."""
+    from loaders.curves import metric_curves
+
+    path = tmp_path / "old.duckdb"
+    con = _old_database(path, 10)
+    con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'a', 's', 'csv'), (2, 'b', 't', 'csv')")
+    con.execute("""INSERT INTO points_full VALUES (1, 0, 'val/loss', 4.0, 0.5, 64), (1, 10, 'val/loss', 3.0, 9.5, 640),
+                                                 (2, 0, 'val/loss', 9.0, 1.0, NULL)""")
+    con.execute("""INSERT INTO points_lean VALUES (2, 0, 'val/loss', 8.0), (2, 5, 'val/loss', NULL),
+                                                 (2, 7, 'lr', 0.1)""")
+    con.execute("INSERT INTO run_stats " + RUN_STATS_SELECT.format(where=""))
+    before = con.execute("SELECT * FROM run_stats ORDER BY ALL").fetchall()
+    con.close()
+    store = Store(path)
+    assert store.migrate() == SCHEMA_VERSION
+    with store.connect() as c:
+        assert c.execute("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE 'points%'").fetchall() == [
+            ("points",)]
+        assert c.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone()[0] == 0
+        assert c.execute("SELECT * FROM points ORDER BY rowid").fetchall() == [
+            (1, 0, "val/loss", 4.0, 0.5, 64), (1, 10, "val/loss", 3.0, 9.5, 640), (2, 0, "val/loss", 9.0, 1.0, None),
+            (2, 0, "val/loss", 8.0, None, None), (2, 5, "val/loss", None, None, None), (2, 7, "lr", 0.1, None, None)]
+        assert c.execute("SELECT * FROM run_stats ORDER BY ALL").fetchall() == before
+    got = {r: v.tolist() for r, v in metric_curves(store, "val/loss")}       # step 0 of run 2: the later row
+    assert got[1] == [4.0, 3.0] and got[2][0] == 8.0 and math.isnan(got[2][1]) and len(got[2]) == 2
 
 
 def test_upgrade_from_version_7_adds_each_runs_highest_value(tmp_path):
@@ -272,7 +300,7 @@ def test_run_stats_equal_a_per_point_reference_with_nan_inf_and_null(tmp_path, i
     store = Store(tmp_path / "q.duckdb")
     store.migrate()
     with store.transaction() as con:
-        con.executemany("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO points (run_id, step, metric, value) VALUES (?, ?, ?, ?)", rows)
         refresh_run_stats(con, ids)
         got = con.execute("SELECT run_id, metric, n, n_values, nonfinite, first_step, last_step, final_step, "
                           "final, best, best_step, top, top_step FROM run_stats").fetchall()

@@ -74,21 +74,16 @@ readable is a ``LogFormatError`` instead.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 from types import ModuleType
+
+from loaders.discovery import modules
 
 
 def discover() -> dict[str, ModuleType]:
     """Every reader module of this package, by ``NAME``, in detection order
     (``PRIORITY``, then ``NAME``). Two modules of one ``NAME`` are an error."""
-    mods = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        if all(hasattr(mod, a) for a in ("NAME", "PRIORITY", "sniff", "read")):
-            mods.append(mod)
+    mods = modules(sys.modules[__name__], ("NAME", "PRIORITY", "sniff", "read"))
     out: dict[str, ModuleType] = {}
     for mod in sorted(mods, key=lambda m: (m.PRIORITY, m.NAME)):
         if mod.NAME in out:

@@ -48,7 +48,6 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
     if source is None:
         return [RunData(name="", points=empty_points())]
     col = {k: column(state, state[k]) for k in ("step", "metric", "value", "wall", "tokens")}
-    timed = bool(col["wall"] or col["tokens"])
 
     def run(where: str, params: dict) -> RunData:
         select = f"""
@@ -60,7 +59,7 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
             WHERE step IS NOT NULL AND metric IS NOT NULL AND value IS NOT NULL"""
         unread = unread_select(col["step"], [col["value"]], f"({where}) AND {quote(col['metric'])} IS NOT NULL",
                                empty_counts=True)
-        return RunData(name="", points=SqlPoints(source, select, params, timed=timed, unread=unread))
+        return RunData(name="", points=SqlPoints(source, select, params, unread=unread))
     return split_runs(source, state, run)
 
 

@@ -59,12 +59,11 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
         state["step"], state["wall"], state["tokens"]) and f]
     cols = [(column(state, f), f) for f in metrics if f not in labels]
     step, wall, tokens = (column(state, state[k]) for k in ("step", "wall", "tokens"))
-    timed = bool(state["wall"] or state["tokens"])
 
     def run(where: str, params: dict) -> RunData:
         select, sel_params = unpivot_select(step, cols, wall, tokens, where)
         unread = unread_select(step, [c for c, _ in cols], where)
-        return RunData(name="", points=SqlPoints(source, select, {**sel_params, **params}, timed=timed,
+        return RunData(name="", points=SqlPoints(source, select, {**sel_params, **params},
                                                  unread=unread), config=dict(config))
     return split_runs(source, state, run)
 

@@ -44,8 +44,10 @@ EXAMPLE = "checkpoints/train.log"
 
 _INNER_SIMPLE = re.compile(r"\bepoch (\d+):\s+(\d+) / (\d+) (.*)$")
 _TAGGED = re.compile(r"(?:\| (train_inner|train|valid) \| |\[(train_inner|train|valid)\]\[\w+\] - )(.*)$")
-_OLD_VALID = re.compile(r"^\| epoch (\d+) \| (valid on '[^']*' subset \| .*)$")
-_OLD_TRAIN = re.compile(r"^\| epoch (\d+) \| (loss .*)$")
+#: The line prefix of older fairseq logs, ``| epoch 001 | ``, then a valid or a train summary.
+_OLD_EPOCH = r"^\| epoch (\d+) \| "
+_OLD_VALID = re.compile(_OLD_EPOCH + r"(valid on '[^']*' subset \| .*)$")
+_OLD_TRAIN = re.compile(_OLD_EPOCH + r"(loss .*)$")
 _SUBSET = re.compile(r"valid on '([^']*)' subset")
 _PAIR_EQ = re.compile(r"(\w+)=([^,\s]+)")
 _PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")

@@ -48,7 +48,7 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
         metrics = [(column(state, c), m) for c, m in cols]
         select, params = unpivot_select(column(state, state["step"]), metrics, None, None)
         unread = unread_select(column(state, state["step"]), [c for c, _ in metrics])
-        out.append(RunData(name=run, points=SqlPoints(source, select, params, timed=False, unread=unread)))
+        out.append(RunData(name=run, points=SqlPoints(source, select, params, unread=unread)))
     return out
 
 

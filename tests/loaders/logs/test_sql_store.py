@@ -268,8 +268,8 @@ def test_ingest_leaves_no_view_or_table_behind(store, tmp_path):
     with store.connect() as con:
         views = [r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()]
         tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
-    assert views == ["points"]            # the schema's own view over its two tables (schema 7)
-    assert tables == {"meta", "runs", "run_overrides", "points_full", "points_lean", "ingest_journal", "checkpoints",
+    assert views == []
+    assert tables == {"meta", "runs", "run_overrides", "points", "ingest_journal", "checkpoints",
                       "analysis_results", "analysis_jobs", "analysis_result_files", "run_stats",
                       "metric_directions"}
     assert detect_log(p) == "csv_wide"
@@ -344,29 +344,20 @@ def test_run_stats_follow_a_rewritten_and_a_grown_log(store, tmp_path):
     assert [row[1:] for row in _stats(store)] == [("val/loss", 1, 1, 0, 5, 5, 5, 4.0, 4.0, 5)]
 
 
-# -- the two tables behind the points view (schema 7) ---------------------------------------------
-def _per_table(store: Store) -> dict[str, int]:
-    with store.connect() as con:
-        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("points_full", "points_lean")}
-
-
-@pytest.mark.parametrize("name, text, table", [
-    ("wide.csv", "step,train_loss,val_loss\n0,4,\n1,3,4\n", "points_lean"),
-    ("long.csv", "step,metric,value\n0,train_loss,4\n1,train_loss,3\n1,val_loss,4\n", "points_lean"),
-    ("timed.csv", "step,metric,value,wall_time\n0,train_loss,4,0.5\n1,train_loss,3,1.5\n1,val_loss,4,1.5\n",
-     "points_full"),
-    ("tokens.csv", "step,train_loss,val_loss,tokens\n0,4,,0\n1,3,4,4096\n", "points_full"),
-    ("log.jsonl", '{"step": 0, "train_loss": 4}\n{"step": 1, "train_loss": 3, "val_loss": 4}\n', "points_lean"),
+# -- the time columns -------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, text, timed", [
+    ("wide.csv", "step,train_loss,val_loss\n0,4,\n1,3,4\n", False),
+    ("long.csv", "step,metric,value\n0,train_loss,4\n1,train_loss,3\n1,val_loss,4\n", False),
+    ("timed.csv", "step,metric,value,wall_time\n0,train_loss,4,0.5\n1,train_loss,3,1.5\n1,val_loss,4,1.5\n", True),
+    ("tokens.csv", "step,train_loss,val_loss,tokens\n0,4,,0\n1,3,4,4096\n", True),
+    ("log.jsonl", '{"step": 0, "train_loss": 4}\n{"step": 1, "train_loss": 3, "val_loss": 4}\n', False),
     ("log.jsonl", '{"step": 0, "train_loss": 4, "_timestamp": 1.0}\n{"step": 1, "train_loss": 3, "val_loss": 4}\n',
-     "points_full"),
+     True),
 ])
-def test_points_without_time_or_tokens_go_to_the_lean_table(store, tmp_path, name, text, table):
-    """Where a file's points are stored, and that the view reads them with their time."""
+def test_points_keep_their_time_and_tokens_where_logged(store, tmp_path, name, text, timed):
     p = write(tmp_path / "r" / name, text)
     [rep] = ingest_log(store, p)
     assert rep.n_points == 3
-    assert _per_table(store) == {"points_full": 3 if table == "points_full" else 0,
-                                 "points_lean": 3 if table == "points_lean" else 0}
     with store.connect() as con:
         rows = con.execute("SELECT step, metric, value, wall_time, tokens FROM points ORDER BY step, metric").fetchall()
     assert [r[:3] for r in rows] == [(0, "train/loss", 4.0), (1, "train/loss", 3.0), (1, "val/loss", 4.0)]
@@ -374,32 +365,13 @@ def test_points_without_time_or_tokens_go_to_the_lean_table(store, tmp_path, nam
         assert [r[3] for r in rows] == [0.5, 1.5, 1.5]
     if name == "tokens.csv":
         assert [r[4] for r in rows] == [0, 4096, 4096]
-    if table == "points_lean":
+    if not timed:
         assert all(r[3] is None and r[4] is None for r in rows)
 
 
-def test_a_frame_whose_wall_time_is_all_nan_is_not_timed():
-    import pandas as pd
-    import pyarrow as pa
-
-    from loaders.logs.newpoints import _timed
-
-    nan = float("nan")
-    frame = pd.DataFrame({"step": [0, 1], "metric": ["a", "a"], "value": [1.0, 2.0],
-                          "wall_time": [nan, nan], "tokens": [None, None]})
-    assert not _timed(frame)
-    assert not _timed(pa.Table.from_pandas(frame))
-    assert not _timed(pa.table({"step": [0], "metric": ["a"], "value": [1.0]}))   # no such columns
-    frame.loc[1, "wall_time"] = 3.0
-    assert _timed(frame) and _timed(pa.Table.from_pandas(frame))
-    frame["wall_time"], frame["tokens"] = nan, [None, 7]
-    assert _timed(frame) and _timed(pa.Table.from_pandas(frame))
-
-
-def test_a_run_split_across_both_tables_reads_whole_and_the_latest_file_wins(store, tmp_path):
-    """A trainer run folder feeds one run from an untimed CSV (lean) and a timed
-    JSONL (full): the view reads both, and a file that logs a (step, metric)
-    again replaces it in whichever table holds it."""
+def test_a_run_fed_by_two_files_reads_whole_and_the_latest_file_wins(store, tmp_path):
+    """A trainer run folder feeds one run from an untimed CSV and a timed JSONL: both are
+    read, and a file that logs a (step, metric) again replaces the stored point."""
     run = tmp_path / "run1"
     write(run / "config.json", '{"variant": "qkv"}')
     csv = write(run / "metrics.csv", "step,train_loss\n0,4\n1,3\n2,2\n")
@@ -410,9 +382,7 @@ def test_a_run_split_across_both_tables_reads_whole_and_the_latest_file_wins(sto
     assert a.run_ids == b.run_ids
     run_id = a.run_ids[0]
     assert points(store, run_id, "train/loss") == [(0, 4.0), (1, 3.0), (2, 1.5), (3, 1.0)]
-    assert _per_table(store) == {"points_full": 2, "points_lean": 2}    # step 2 of the CSV went
     write(csv, "step,train_loss\n0,4\n1,3\n2,2.5\n3,0.9\n")            # rewritten: steps 2, 3 again
     ingest_log(store, csv)
     assert points(store, run_id, "train/loss") == [(0, 4.0), (1, 3.0), (2, 2.5), (3, 0.9)]
-    assert _per_table(store) == {"points_full": 0, "points_lean": 4}
     assert _stats(store) == [("run1", "train/loss", 4, 4, 0, 0, 3, 3, 0.9, 0.9, 3)]
