@@ -43,6 +43,7 @@ import io
 import shutil
 import tempfile
 from pathlib import Path, PurePath
+from typing import BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -133,23 +134,34 @@ def _ties(path: str, stamp: str) -> list[dict]:
 
 # -- getting a checkpoint --------------------------------------------------------------
 
-def upload_names(files: list[tuple[str, bytes]]) -> list[str]:
+def upload_names(files: list[tuple[str, object]]) -> list[str]:
     """The uploaded files' names reduced to their last component (so an upload cannot write
-    outside its folder); a name that is empty, ``.`` or ``..``, or two files of one name, are errors."""
+    outside its folder); a name that is empty, ``.`` or ``..``, longer than the server's file
+    system takes (``pickers.NAME_MAX`` bytes), or two files of one name, are errors."""
     if not files:
         raise QkvscopeError("no files uploaded")
     names = [PurePath(name.replace("\\", "/")).name for name, _ in files]
     bad = [n for n in names if n in ("", ".", "..")]
     if bad:
         raise FileError(files[0][0], "uploaded file has no usable name")
+    long = next((n for n in names if len(n.encode()) > pickers.NAME_MAX), None)
+    if long is not None:
+        raise QkvscopeError(f"uploaded file name {long[:40]!r}... is {len(long.encode())} bytes long; the "
+                            f"server's file system takes at most {pickers.NAME_MAX}: rename the file")
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise QkvscopeError(f"uploaded files share names: {', '.join(dup)}; upload each file once")
     return names
 
 
-def save_uploads(files: list[tuple[str, bytes]], dest: Path) -> Path:
-    """Write uploaded files into ``dest``; return what to ingest.
+#: Bytes copied at a time from an upload to its file.
+_CHUNK = 1 << 20
+
+
+def save_uploads(files: list[tuple[str, BinaryIO]], dest: Path) -> Path:
+    """Write uploaded files (name, readable binary file: Streamlit's ``UploadedFile``) into
+    ``dest`` in chunks of ``_CHUNK`` bytes, never a second copy of a file in memory; return
+    what to ingest.
 
     One file: that file (a zip is read as a zip). Several files: ``dest`` as a
     folder (the files of a Hugging Face checkpoint: config.json beside the
@@ -158,8 +170,25 @@ def save_uploads(files: list[tuple[str, bytes]], dest: Path) -> Path:
     """
     names = upload_names(files)
     for name, (_, data) in zip(names, files):
-        (dest / name).write_bytes(data)
+        data.seek(0)
+        with open(dest / name, "wb") as out:
+            shutil.copyfileobj(data, out, _CHUNK)
     return dest / names[0] if len(names) == 1 else dest
+
+
+def held_upload(files: list[tuple[str, BinaryIO]]) -> tuple[tempfile.TemporaryDirectory, Path]:
+    """(holder, what to ingest): ``files`` written into a new upload folder
+    (``pickers.upload_folder``); on any error the folder is removed and a disk that
+    is full or refuses the write is one line."""
+    holder, dest = pickers.upload_folder(upload_names(files))
+    try:
+        return holder, save_uploads(files, dest)
+    except OSError as exc:
+        holder.cleanup()
+        raise QkvscopeError(f"the upload could not be written on the server: {exc.strerror or exc}") from None
+    except BaseException:
+        holder.cleanup()
+        raise
 
 
 def _release_upload() -> None:
@@ -191,10 +220,8 @@ def _from_upload(store) -> int | None:
     if st.session_state.get("insp_upload_sig") == sig:
         return st.session_state.get("insp_upload_id")
     _release_upload()
-    uploaded = [(f.name, f.getvalue()) for f in files]
-    holder, dest = pickers.upload_folder(upload_names(uploaded))
+    holder, target = held_upload([(f.name, f) for f in files])     # streamed: no getvalue() copy
     st.session_state["insp_upload_dir"] = holder
-    target = save_uploads(uploaded, dest)
     try:
         ckpt_id = _ingest(store, target)
     except QkvscopeError as exc:  # the message names the upload, not the server's temporary folder
