@@ -34,6 +34,7 @@ from analysis.vllm_engine import (
 from app import figures, tables
 from app.charts import CHART_THEME
 from app.page_figures import kv_configs, kv_cost_figures
+from app.plain import md
 from app.state import data_version, get_store, project_filter, query_param, set_query_params
 from loaders.errors import QkvscopeError
 from loaders.projects import NO_PROJECT
@@ -414,7 +415,7 @@ def render() -> None:
     set_query_params(**state)
     bad = st.session_state[BAD_PARAMS]
     if bad:
-        st.warning("Ignored in the link: " + "; ".join(bad), icon=":material/link_off:")
+        st.warning("Ignored in the link: " + "; ".join(md(b) for b in bad), icon=":material/link_off:")
 
     try:
         result = estimate(geometry, attention, serving, gpu)
