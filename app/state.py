@@ -20,6 +20,7 @@ from analysis.errors import AnalysisError
 from analysis.registry import METRIC_VERSION, names
 from app.pickers import user_message
 from app.paths import DEMO_DIR, ROOT  # noqa: F401  (pages import them from here)
+from app.plain import md
 from loaders import checkpoint_labels, curves, projects, queries, results
 from loaders.errors import QkvscopeError
 from loaders.store import Store, default_db_path
@@ -121,7 +122,7 @@ def show_errors(fn: Callable[[], None]) -> None:
     try:
         fn()
     except (QkvscopeError, AnalysisError) as exc:
-        st.error(user_message(str(exc)), icon=":material/error:")
+        st.error(md(user_message(str(exc))), icon=":material/error:")
 
 
 def demo_only(run_sources: list[str]) -> bool:

@@ -55,6 +55,7 @@ from analysis.tie_names import layer_variant, tied_variant
 from analysis.variants import informative_metric
 from app import attention_view, charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
+from app.plain import md
 from app.state import (data_version, get_store, in_projects, project_filter, query_param, store_at, set_query_params,
                        checkpoint_choices, checkpoints_frame as _checkpoints, analysis_results as _results,
                        current_notes)
@@ -341,7 +342,7 @@ def _add_to_database(store, target: Path, *, upload: bool) -> None:
     ids = [f.checkpoint_id for f in report.files if f.checkpoint_id is not None]
     errors = [f.reason for f in report.files if f.status == "error"]
     if errors:
-        st.error(pickers.user_message("; ".join(str(e) for e in errors)), icon=":material/error:")
+        st.error(md(pickers.user_message("; ".join(str(e) for e in errors))), icon=":material/error:")
     elif ids:
         st.success(f"Stored in the database as checkpoint #{ids[0]}, project {project.strip()!r}.",
                    icon=":material/check:")
@@ -513,7 +514,7 @@ def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> No
                          for c in table.columns if c != "layer"})
     for m in ABSORB:
         if m in notes:
-            st.caption(f"{m}: {notes[m]}")
+            st.caption(f"{m}: {md(notes[m])}")
     st.subheader("K=V sharing fit")
     st.caption("How much tying K and V loses (projection sharing, Q-K=V); R^2 = 1 - min_T ||V - K T||^2 / ||V||^2.")
     kv = results[results["metric"].isin(KV_FIT) & results["head"].notna()]
@@ -538,7 +539,7 @@ def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> No
     muted = tables.muted_metrics(notes)
     for m in KV_FIT:
         if m in notes and m not in muted:
-            st.caption(f"{m}: {notes[m]}")
+            st.caption(f"{m}: {md(notes[m])}")
     if any(m in muted for m in KV_FIT):
         st.caption("Greyed rows rest on too few tokens: "
                    + "; ".join(f"{m}: {muted[m]}" for m in KV_FIT if m in muted))

@@ -159,7 +159,7 @@ def _geometry_inputs(state: dict) -> Geometry:
             try:
                 info = _inspect_upload(upload.file_id, upload.name, upload.getvalue())
             except QkvscopeError as exc:  # the file's problem, named; the page goes on
-                st.error(str(exc), icon=":material/error:")
+                st.error(md(exc), icon=":material/error:")
                 info = {}
             if info:
                 return geometry_from_info(info, name=upload.name)
@@ -421,7 +421,7 @@ def render() -> None:
         result = estimate(geometry, attention, serving, gpu)
         base = estimate(geometry, baseline_attention(geometry), serving, gpu)
     except AnalysisError as exc:
-        st.error(str(exc), icon=":material/error:")
+        st.error(md(exc), icon=":material/error:")
         return
     _metrics(result, base)
     if result.concurrency_line:

@@ -15,6 +15,7 @@ from analysis.conversion import METHODS
 from analysis.sharing_cost import curve, paper_points, trained_points
 from app import figures
 from app.paths import DEMO_DIR
+from app.plain import md
 from app.state import get_store
 from loaders import curves
 from loaders.run_table import run_table
@@ -94,4 +95,4 @@ def render() -> None:
                "perplexity on this text, the trained runs against their Q-K-V run's final validation loss.")
     st.dataframe(curve(result), hide_index=True)
     for k, note in result["notes"].items():
-        st.caption(f"{k}: {note}")
+        st.caption(f"{md(k)}: {md(note)}")
