@@ -412,10 +412,16 @@ class Store:
             con.execute("BEGIN TRANSACTION")
             try:
                 yield con
+                con.execute("COMMIT")
+            except (duckdb.Error, OSError) as exc:
+                _rollback(con)
+                full = disk_full(self.path, exc)
+                if full is None:
+                    raise
+                raise full from None
             except BaseException:
-                con.execute("ROLLBACK")
+                _rollback(con)
                 raise
-            con.execute("COMMIT")
 
     # -- schema ------------------------------------------------------------
     def schema_version(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
@@ -496,3 +502,23 @@ class Store:
 def _rows(cursor: duckdb.DuckDBPyConnection) -> list[dict]:
     cols = [d[0] for d in cursor.description]
     return [dict(zip(cols, row)) for row in cursor.fetchall()]
+
+
+#: What DuckDB or the OS says when a write finds no room (ENOSPC, EDQUOT, EFBIG).
+_FULL = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def disk_full(path: Path, exc: BaseException) -> StoreError | None:
+    """The one-line error for a write that found the disk full, else None."""
+    said = next((f for f in _FULL if f in str(exc)), None)
+    if said is None:
+        return None
+    return StoreError(f"{path}: the disk is full ({said}); nothing of this step was stored: "
+                      "free space and run it again")
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:        # a failed COMMIT has ended the transaction already
+        pass

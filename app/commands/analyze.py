@@ -83,7 +83,7 @@ from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRICS, check_plugins
 from app.commands._common import add_db_argument, add_download_argument, checkpoint_path, print_json, store_from
 from app.figures import add_figures_argument, report_written, write_figures
-from loaders.errors import QkvscopeError
+from loaders.errors import QkvscopeError, StoreError
 from loaders.report import one_line
 
 NAME = "analyze"
@@ -375,7 +375,7 @@ def analyze_targets(args: argparse.Namespace, failed: list[str] | None = None) -
             finally:
                 bar.close(ok)
         except (QkvscopeError, AnalysisError) as exc:
-            if failed is None:
+            if failed is None or isinstance(exc, StoreError):    # the database, not this file: stop
                 raise
             failed.append(one_line(f"error: {exc}".replace("\n", " ")))
             print(failed[-1], file=sys.stderr)
