@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 from analysis import variants as V
 from analysis.intervals import mean_interval
 from analysis.results_table import own_condition, variant_label
+from app import plain
 from loaders.run_table import with_facts
 
 #: One colour per attention variant, the same on every page (``analysis.variants.COLORS``).
@@ -930,7 +931,7 @@ def trajectory_figure(traj: pd.DataFrame, metric: str, *, by: str = "layer") -> 
             fig.add_trace(go.Scatter(x=g["step"], y=lo, mode="lines", line=dict(width=0), fill="tonexty",
                                      fillcolor=_rgba(color, 0.15), legendgroup=name, showlegend=False,
                                      name=f"{name} 95% CI", hoverinfo="skip"))
-        hover = [f"{name}<br>step {int(s)}<br>{metric} " + value_text(v, c, n, a, b)
+        hover = [f"{plain.html(name)}<br>step {int(s)}<br>{plain.html(metric)} " + value_text(v, c, n, a, b)
                  for s, v, c, n, a, b in zip(g["step"], g["value"], _col(g, "chance"), _col(g, "n_tokens"), lo, hi)]
         fig.add_trace(go.Scatter(x=g["step"], y=g["value"], mode="lines+markers", name=name, legendgroup=name,
                                  line=dict(color=color), customdata=hover,

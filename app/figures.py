@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app import plain
 from loaders.errors import FileError
 
 if TYPE_CHECKING:                      # plotly loads with the figures, not with every command's parser
@@ -76,12 +77,29 @@ def toolbar_config(fig: go.Figure, name: str, fmt: str = "svg") -> dict:
                                      "height": height, "scale": PNG_SCALE if fmt == "png" else 1}}
 
 
+def as_text(fig: go.Figure) -> go.Figure:
+    """A copy of ``fig`` whose trace names and legend group titles (names from logs and files)
+    are text, not plotly's HTML (``app.plain.html``): a run named ``<a href="...">`` is shown as
+    written, not as a link. Tooltips are built with ``<br>``: they escape names where built."""
+    import plotly.graph_objects as go  # here: plotly loads with the figures
+
+    fig = go.Figure(fig)
+    for trace in fig.data:
+        if isinstance(trace.name, str):
+            trace.name = plain.html(trace.name)
+        title = getattr(trace, "legendgrouptitle", None)
+        if title is not None and isinstance(title.text, str):
+            title.text = plain.html(title.text)
+    return fig
+
+
 def show(fig: go.Figure, *, key: str, where=None, width: str = "stretch", **kwargs) -> None:
     """``st.plotly_chart`` (or ``where.plotly_chart``: a column) with ``toolbar_config``, in the
     format the sidebar's switch chose; every chart of the dashboard is drawn through this."""
     import streamlit as st  # here: the dashboard only
 
     fmt = st.session_state.get(FORMAT_KEY, "svg")
+    fig = as_text(fig)
     (where or st).plotly_chart(fig, width=width, key=key, config=toolbar_config(fig, key, fmt), **kwargs)
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import ctypes
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -44,6 +44,7 @@ import pandas as pd
 from analysis.above_chance import flag as flag_above_chance
 from analysis.chance import attach_weight_chance
 from analysis.degenerate import tie_fixed
+from analysis.finite import nonfinite, unfit_dtype, widened, zeroed
 from analysis.notes import layout_notes as _layout_notes
 from analysis.notes import merge_notes as _merge_notes
 from analysis.notes import nonfinite_notes as _nonfinite_notes
@@ -54,7 +55,7 @@ from analysis.weights import default_device, weight_metrics
 from experiments.activation_runs import SampleSpec, corpus_activations
 from experiments.runnable import NoForwardPass
 from loaders.canonical import Checkpoint
-from loaders.errors import QkvscopeError, StoreError
+from loaders.errors import CheckpointFormatError, QkvscopeError, StoreError
 from loaders.results import current_job, replace_results
 from loaders.store import Store
 
@@ -114,6 +115,7 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
 
     ties = [] if ties is None else ties        # every layer's ties: the values they fix are degenerate
     frames, notes = [], {}
+    unfinite: dict[int, str] = {}           # layer -> its non-finite values
     todo = range(ckpt.meta.n_layers) if layers is None else layers
     n = len(todo)
     query_free = ckpt.meta.variant == "wq_identity"
@@ -123,7 +125,19 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
             progress(done, n, f"weights layer {i}")
         # each layer with its own tower's geometry (a CLIP's vision and text towers differ)
         lm = ckpt.meta.layer_meta(i)
-        df, nt = weight_metrics(layer, lm, device=device)
+        tensors = layer.tensors()
+        unfit = unfit_dtype(tensors)
+        if unfit is not None:
+            raise CheckpointFormatError(ckpt.path, f"expected floating-point attention weights, found layer {i}'s "
+                                                   f"{unfit}: no metric is computed from such weights")
+        layer = replace(layer, **widened(tensors))
+        bad = nonfinite(tensors)
+        if bad is None:
+            df, nt = weight_metrics(layer, lm, device=device)
+        else:       # the rows of a finite layer of this shape, every value null
+            df, nt = weight_metrics(replace(layer, **zeroed(tensors)), lm, device=device)
+            df["value"] = float("nan")
+            unfinite[i] = bad
         ties.append(tied_layer(layer, lm, device=device))
         # dropped before the chance levels' random layers (as large as this one; made for the first
         # layer of each shape) and before the next layer is read: one layer in memory at a time. The
@@ -142,8 +156,13 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     frame = flag_above_chance(tie_fixed(frame, ties, notes))
     # layout notes first, undefined-value notes after: a batch's layer groups join to the same text
     _layout_notes(notes, ckpt.meta, frame)
-    if nonfinite_notes:
-        _nonfinite_notes(frame, notes)
+    if nonfinite_notes:   # the heads of non-finite layers are said once, below
+        _nonfinite_notes(frame[~frame["layer"].isin(list(unfinite))], notes)
+    if unfinite:
+        said = "null at layers with non-finite weights: " + "; ".join(
+            f"layer {i} ({bad})" for i, bad in unfinite.items())
+        for metric in sorted(set(frame["metric"])):
+            notes[metric] = f"{notes[metric]}; {said}" if metric in notes else said
     return frame, notes
 
 

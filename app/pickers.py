@@ -32,6 +32,8 @@ UPLOAD_PREFIX = "qkvscope-upload-"
 _SIDE_FILES = {".json", ".txt", ".model", ".py", ".md", ".yaml", ".yml"}
 #: How many uploaded names a folder name lists before "+ N more".
 _NAMED = 2
+#: The longest file or folder name (bytes) the server's file systems take (Linux ``NAME_MAX``).
+NAME_MAX = 255
 #: A path (absolute or not) that runs through an upload's temporary folder, up to its end.
 _UPLOAD_RX = re.compile(r"(?:[^\s'\"`(]*/)?" + re.escape(UPLOAD_PREFIX) + r"[A-Za-z0-9_]+(?P<rest>/[^\s'\"`:,)]*)?")
 #: "12,345 bytes" / "12345 bytes" in a message.
@@ -57,11 +59,15 @@ def human_bytes(n: int | float) -> str:
 def upload_folder_name(names: list[str]) -> str:
     """The folder name that keeps what several uploaded files were called:
     ``model.safetensors + config.json`` (weights before configuration and tokenizer files, then by
-    name; ``+ N more`` past two)."""
+    name; ``+ N more`` past two), cut to ``NAME_MAX`` bytes ending in ``...``."""
     names = sorted(names, key=lambda n: (PurePath(n).suffix.lower() in _SIDE_FILES, n))
     shown = " + ".join(names[:_NAMED])
     more = len(names) - _NAMED
-    return shown + (f" + {more} more" if more > 0 else "")
+    name = shown + (f" + {more} more" if more > 0 else "")
+    if len(name.encode()) <= NAME_MAX:
+        return name
+    # two 205-character names make 413: cut to what the file system takes, at a whole character
+    return name.encode()[:NAME_MAX - 3].decode("utf-8", "ignore") + "..."
 
 
 def upload_folder(names: list[str]) -> tuple[tempfile.TemporaryDirectory, Path]:

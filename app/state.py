@@ -20,6 +20,7 @@ from analysis.errors import AnalysisError
 from analysis.registry import METRIC_VERSION, names
 from app.pickers import user_message
 from app.paths import DEMO_DIR, ROOT  # noqa: F401  (pages import them from here)
+from app.plain import md
 from loaders import checkpoint_labels, curves, projects, queries, results
 from loaders.errors import QkvscopeError
 from loaders.store import Store, default_db_path
@@ -153,7 +154,7 @@ def url_notes(where=None, warning: bool = False) -> None:
     forgets them; nothing when there are none."""
     notes = st.session_state.get(URL_NOTES) or []
     if notes:
-        text = "Ignored in the URL: " + "; ".join(notes) + "."
+        text = "Ignored in the URL: " + "; ".join(md(n) for n in notes) + "."
         where = where or st
         if warning:
             where.warning(text, icon=":material/link_off:")
@@ -229,7 +230,7 @@ def show_errors(fn: Callable[[], None]) -> None:
     try:
         fn()
     except (QkvscopeError, AnalysisError) as exc:
-        st.error(user_message(str(exc)), icon=":material/error:")
+        st.error(md(user_message(str(exc))), icon=":material/error:")
 
 
 def demo_only(run_sources: list[str]) -> bool:

@@ -82,6 +82,23 @@ def model_code_reason(path: Path) -> str | None:
     return f"{path}: {REMOTE_CODE_NOTE} ({'; '.join(found)}); weight-level metrics only"
 
 
+def _check_embedding(path: Path, config) -> None:
+    """``NoForwardPass`` when the config's ``vocab_size`` x ``hidden_size`` float32 embedding
+    would not fit the reading process's ``QKVSCOPE_PARSE_MEMORY_MB`` (a config that says
+    ``vocab_size`` 1e12): the activation metrics are skipped with that note, the weight
+    metrics, which never build the model, are stored."""
+    from loaders.budgets import budget   # here: only a forward pass builds an embedding
+
+    vocab, width = getattr(config, "vocab_size", None), getattr(config, "hidden_size", None)
+    if not isinstance(vocab, int) or not isinstance(width, int):
+        return
+    limit = budget("QKVSCOPE_PARSE_MEMORY_MB") << 20
+    if vocab * width * 4 > limit:
+        raise NoForwardPass(f"{path}: config.json's vocab_size {vocab:,} x hidden_size {width:,} makes a "
+                            f"{vocab * width * 4 / 2**30:,.1f} GiB embedding, over QKVSCOPE_PARSE_MEMORY_MB "
+                            f"({limit >> 20:,} MB); weight-level metrics only")
+
+
 def hf_model(path: Path, *, causal_lm: bool = False, image_classifier: bool = False):
     """A Hugging Face folder's model (``AutoModel``, or with its output head
     ``AutoModelForCausalLM`` when ``causal_lm``, ``AutoModelForImageClassification`` when
@@ -97,6 +114,7 @@ def hf_model(path: Path, *, causal_lm: bool = False, image_classifier: bool = Fa
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True,
                                                          trust_remote_code=False)
+        _check_embedding(path, config)
         auto = (transformers.AutoModelForCausalLM if causal_lm else transformers.AutoModelForImageClassification
                 if image_classifier else transformers.AutoModel)
         model = auto.from_pretrained(

@@ -350,7 +350,8 @@ def link_checkpoints(store: Store) -> int:
 
 def _classify(path: Path) -> tuple[str, str | None]:
     """('log', format) / ('checkpoint', None) / ('unknown', reason) /
-    ('broken_log', reason): a text log that is not UTF-8."""
+    ('broken_log', reason): a text log that is not UTF-8, or whose first line is
+    longer than ``QKVSCOPE_CSV_LINE_BYTES``."""
     from loaders.logs import detect_log                  # pandas, torch: see the module docstring
     from loaders.logs.registry import why_not_a_log
     from loaders.sources import is_checkpoint_candidate
@@ -385,7 +386,7 @@ def _classify(path: Path) -> tuple[str, str | None]:
         return "unknown", f"not a training log qkvscope reads: {why_not_a_log(path)}"
     if path.suffix.lower() in _LOG_SUFFIXES:
         why = why_not_a_log(path)
-        if why.startswith("expected UTF-8"):
+        if why.startswith(("expected UTF-8", "expected a first line of at most")):
             return "broken_log", why
         return "unknown", f"not a training log qkvscope reads: {why}"
     return "unknown", "not a checkpoint or a training log qkvscope reads"

@@ -16,6 +16,7 @@ and a failed upgrade leaves it as it was.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import time
 from pathlib import Path
@@ -353,10 +354,20 @@ class Store:
         return f"Store({str(self.path)!r})"
 
     # -- connections -------------------------------------------------------
+    def writable(self) -> bool:
+        """Whether this process may write the database: the file (where it exists) and its folder,
+        which gets DuckDB's write-ahead log (False on a read-only mount or without permission)."""
+        folder = self.path.parent if self.path.parent.exists() else Path(".")
+        return os.access(folder, os.W_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))
+
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         if read_only and not self.path.exists():
             raise StoreError(f"{self.path}: no database here yet (run `python -m app ingest PATH --db {self.path}`)")
         _check_database_file(self.path)
+        if not read_only and self.path.exists() and not self.writable():
+            raise StoreError(f"{self.path}: the database is read-only here (a read-only mount or no write "
+                             "permission on it or its folder): it can be browsed, not written; copy it to a "
+                             "writable place to store into it")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + self.busy_timeout
@@ -382,10 +393,12 @@ class Store:
 
     @contextlib.contextmanager
     def connect(self, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A short-lived connection, migrated to the current schema."""
+        """A short-lived connection, migrated to the current schema. A database this process
+        cannot write (``writable``) is opened read-only, when its schema is current: it can be
+        browsed; ``transaction`` refuses to write it with one line."""
         if not self._migrated:
             self.migrate()
-        con = self._open(read_only)
+        con = self._open(read_only or not self.writable())
         try:
             yield con
         finally:
@@ -394,14 +407,22 @@ class Store:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """One all-or-nothing transaction on a fresh connection."""
+        if self.path.exists() and not self.writable():
+            self._open(read_only=False)           # the one-line error of a read-only database
         with self.connect() as con:
             con.execute("BEGIN TRANSACTION")
             try:
                 yield con
+                con.execute("COMMIT")
+            except (duckdb.Error, OSError) as exc:
+                _rollback(con)
+                full = disk_full(self.path, exc)
+                if full is None:
+                    raise
+                raise full from None
             except BaseException:
-                con.execute("ROLLBACK")
+                _rollback(con)
                 raise
-            con.execute("COMMIT")
 
     # -- schema ------------------------------------------------------------
     def schema_version(self, con: duckdb.DuckDBPyConnection | None = None) -> int:
@@ -421,8 +442,23 @@ class Store:
         finally:
             con.close()
 
+    def _check_schema_read_only(self) -> None:
+        """A read-only database is browsed only at the schema this qkvscope reads (it cannot migrate it)."""
+        con = self._open(read_only=True)
+        try:
+            current = self.schema_version(con)
+        finally:
+            con.close()
+        if current != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: the database is read-only here and at schema version {current}; "
+                             f"this qkvscope reads version {SCHEMA_VERSION}: open it once where it can be written")
+
     def migrate(self) -> int:
-        """Apply missing migrations in one transaction; returns the version."""
+        """Apply missing migrations in one transaction; returns the version. A database that
+        cannot be written is only checked to be at the current version."""
+        if self.path.exists() and not self.writable():
+            self._check_schema_read_only()
+            return SCHEMA_VERSION
         con = self._open(read_only=False)
         try:
             current = self.schema_version(con)
@@ -482,3 +518,23 @@ class Store:
 def _rows(cursor: duckdb.DuckDBPyConnection) -> list[dict]:
     cols = [d[0] for d in cursor.description]
     return [dict(zip(cols, row)) for row in cursor.fetchall()]
+
+
+#: What DuckDB or the OS says when a write finds no room (ENOSPC, EDQUOT, EFBIG).
+_FULL = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def disk_full(path: Path, exc: BaseException) -> StoreError | None:
+    """The one-line error for a write that found the disk full, else None."""
+    said = next((f for f in _FULL if f in str(exc)), None)
+    if said is None:
+        return None
+    return StoreError(f"{path}: the disk is full ({said}); nothing of this step was stored: "
+                      "free space and run it again")
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:        # a failed COMMIT has ended the transaction already
+        pass

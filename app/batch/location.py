@@ -57,6 +57,9 @@ class ResultsLocation:
             self.root = text.rstrip("/")
         else:
             self.root = str(Path(text).expanduser().resolve())
+        if not duck.GLOB_CHARS.isdisjoint(self.root):   # DuckDB would read it as a pattern
+            raise BatchError(f"{self.root}: expected a results location without any of "
+                             f"{''.join(sorted(duck.GLOB_CHARS))} (DuckDB reads them as a file pattern)")
         self.metric_version = METRIC_VERSION if metric_version is None else metric_version
 
     def __repr__(self) -> str:

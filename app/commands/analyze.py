@@ -19,6 +19,12 @@ JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 metrics of the modules named in QKVSCOPE_PLUGINS, comma-separated module
 names or .py files: docs/contributing.md, "Adding a metric").
 
+Several PATH_OR_IDs: one that cannot be read or analysed (a file that is no
+checkpoint, weights of an integer, bool, complex or float8_e8m0 dtype) prints
+one error line and the others are analysed; the exit status is then 2. A layer
+holding NaN or Inf weights gets null values, the notes naming its non-finite
+values; every finite layer gets its metrics.
+
 --figures DIR writes the Inspector's layer x head heatmaps of the headline
 metrics (FIGURE_METRICS, where computed) as ckpt<ID>-<metric>.svg, .pdf and
 .png (app/figures.py: plotly's export at a two-column paper width).
@@ -73,9 +79,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRICS, check_plugins
 from app.commands._common import add_db_argument, add_download_argument, checkpoint_path, print_json, store_from
 from app.figures import add_figures_argument, report_written, write_figures
+from loaders.errors import QkvscopeError, StoreError
+from loaders.report import one_line
 
 NAME = "analyze"
 HELP = "compute K/V, Q/K and rank metrics of checkpoints (cached in the database)"
@@ -339,9 +348,12 @@ def heatmaps(payload: dict) -> dict:
             for m in FIGURE_METRICS if m in per_head}
 
 
-def analyze_targets(args: argparse.Namespace) -> list[dict]:
+def analyze_targets(args: argparse.Namespace, failed: list[str] | None = None) -> list[dict]:
     """Each of ``args.targets`` resolved (a path is ingested first), analysed (or read back) and
-    turned into what ``--json`` prints for it (the module docstring), one dict per target."""
+    turned into what ``--json`` prints for it (the module docstring), one dict per target.
+
+    ``failed``: a list that gets the one-line error of each target that failed (a file that
+    cannot be read or analysed), the others analysed still; without it the first error raises."""
     # torch loads here, when an analysis starts, not when the CLI builds its parsers
     from app import jobs
     from experiments.activation_runs import SampleSpec
@@ -352,15 +364,22 @@ def analyze_targets(args: argparse.Namespace) -> list[dict]:
     store = store_from(args)
     payloads = []
     for target in (_named(t, getattr(args, "download", False)) for t in args.targets):
-        cid = jobs.resolve(store, target)
-        bar = _Bar(f"checkpoint {cid}")
-        ok = False
         try:
-            results = jobs.analyze(store, cid, activations=args.activations, device=args.device,
-                                   progress=bar, force=args.force, sample=sample)
-            ok = True
-        finally:
-            bar.close(ok)
+            cid = jobs.resolve(store, target)
+            bar = _Bar(f"checkpoint {cid}")
+            ok = False
+            try:
+                results = jobs.analyze(store, cid, activations=args.activations, device=args.device,
+                                       progress=bar, force=args.force, sample=sample)
+                ok = True
+            finally:
+                bar.close(ok)
+        except (QkvscopeError, AnalysisError) as exc:
+            if failed is None or isinstance(exc, StoreError):    # the database, not this file: stop
+                raise
+            failed.append(one_line(f"error: {exc}".replace("\n", " ")))
+            print(failed[-1], file=sys.stderr)
+            continue
         payloads.append(_payload(results))
     return payloads
 
@@ -379,7 +398,9 @@ def run(args: argparse.Namespace) -> int:
         print("error: give at least one PATH_OR_ID (or --list)", file=sys.stderr)
         return 2
     _prestart_child(args, batch=False)
-    payloads = analyze_targets(args)
+    # several checkpoints: one that fails is one line, the others are analysed
+    failed: list[str] | None = [] if len(args.targets) > 1 else None
+    payloads = analyze_targets(args, failed)
     if args.figures is not None:
         report_written(write_figures({name: fig for p in payloads for name, fig in heatmaps(p).items()},
                                      args.figures))
@@ -388,4 +409,4 @@ def run(args: argparse.Namespace) -> int:
     else:
         for p in payloads:
             _print_table(p)
-    return 0
+    return 2 if failed else 0

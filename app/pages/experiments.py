@@ -28,6 +28,7 @@ from analysis.results_table import best_of_each_group, metric_order, run_groups,
 from analysis.trajectories import smooth
 from analysis.variants import ALL_VARIANTS as _KNOWN_VARIANTS, UNKNOWN
 from app import charts, figures, tables
+from app.plain import md
 from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
                        set_query_params, url_choice, url_float, url_ignored, url_ints, url_notes, url_subset,
                        cached_read)
@@ -216,7 +217,7 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
     hidden = [i for i in selected if i not in set(plotted)]
     if hidden:
         st.caption(f"{len(hidden)} selected run(s) hidden by the search and filters: "
-                   + ", ".join(labels[i] for i in hidden))
+                   + ", ".join(md(labels[i]) for i in hidden))
     if not plotted:
         st.info("Pick runs above to overlay their curves." if not selected else
                 "The search and filters hide every selected run; clear them or pick runs shown in the table.",
@@ -249,7 +250,7 @@ def _curve_section(store, version, runs: pd.DataFrame, shown: pd.DataFrame, save
         n_shown = len(raw)
         missing = sorted(set(plotted) - set(int(i) for i in raw["run_id"].unique()))
         if missing:
-            st.caption("No points with this metric and x axis for: " + ", ".join(labels[i] for i in missing))
+            st.caption("No points with this metric and x axis for: " + ", ".join(md(labels[i]) for i in missing))
     figures.show(fig, key="exp_curves", theme=charts.CHART_THEME)
     logged = int(runs[runs["id"].isin(plotted)]["n_points"].fillna(0).sum())
     st.caption(f"{n_shown:,} points drawn ({logged:,} logged points in these runs, all metrics); "
@@ -337,7 +338,7 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
     finals = _finals(str(store.path), version, fmetric)
     data = runs.merge(finals, left_on="id", right_on="run_id", how="inner")
     if data.empty:
-        st.caption(f"No run in the table logged {fmetric}.")
+        st.caption(f"No run in the table logged {md(fmetric)}.")
         return
     if view == "Scatter":
         numeric = hparam != "variant"
@@ -353,7 +354,7 @@ def _final_section(store, version, runs: pd.DataFrame, metric_options: list[str]
         st.caption(_drawing_caption(drawing, len(runs)))
     diverged = data[data["nonfinite"] > 0]
     if len(diverged):
-        st.warning("Diverged (non-finite values): " + ", ".join(diverged["name"].astype(str)),
+        st.warning("Diverged (non-finite values): " + ", ".join(md(n) for n in diverged["name"].astype(str)),
                    icon=":material/warning:")
 
 
@@ -402,7 +403,7 @@ def _edit_section(store, runs: pd.DataFrame) -> None:
             except ValueError:
                 errors.append(f"{name}: expected a number, got {text!r}")
         if errors:
-            st.error("Nothing saved. " + "; ".join(errors))
+            st.error("Nothing saved. " + "; ".join(md(e) for e in errors))
             return
         fields["variant"] = variant
         changed = {k: v for k, v in fields.items()

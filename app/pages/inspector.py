@@ -43,6 +43,7 @@ import io
 import shutil
 import tempfile
 from pathlib import Path, PurePath
+from typing import BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -54,7 +55,8 @@ from analysis.tie_names import layer_variant, tied_variant
 from analysis.variants import informative_metric
 from app import attention_view, charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
-from app.state import (data_version, get_store, in_projects, project_filter, query_param, set_query_params,
+from app.plain import md
+from app.state import (data_version, get_store, in_projects, project_filter, query_param, store_at, set_query_params,
                        checkpoint_choices, checkpoints_frame as _checkpoints, analysis_results as _results,
                        current_notes, url_choice, url_ignored, url_int, url_notes, cached_read)
 from experiments.sample_text import MAX_TOKENS, SAMPLE_TEXT
@@ -133,23 +135,34 @@ def _ties(path: str, stamp: str) -> list[dict]:
 
 # -- getting a checkpoint --------------------------------------------------------------
 
-def upload_names(files: list[tuple[str, bytes]]) -> list[str]:
+def upload_names(files: list[tuple[str, object]]) -> list[str]:
     """The uploaded files' names reduced to their last component (so an upload cannot write
-    outside its folder); a name that is empty, ``.`` or ``..``, or two files of one name, are errors."""
+    outside its folder); a name that is empty, ``.`` or ``..``, longer than the server's file
+    system takes (``pickers.NAME_MAX`` bytes), or two files of one name, are errors."""
     if not files:
         raise QkvscopeError("no files uploaded")
     names = [PurePath(name.replace("\\", "/")).name for name, _ in files]
     bad = [n for n in names if n in ("", ".", "..")]
     if bad:
         raise FileError(files[0][0], "uploaded file has no usable name")
+    long = next((n for n in names if len(n.encode()) > pickers.NAME_MAX), None)
+    if long is not None:
+        raise QkvscopeError(f"uploaded file name {long[:40]!r}... is {len(long.encode())} bytes long; the "
+                            f"server's file system takes at most {pickers.NAME_MAX}: rename the file")
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise QkvscopeError(f"uploaded files share names: {', '.join(dup)}; upload each file once")
     return names
 
 
-def save_uploads(files: list[tuple[str, bytes]], dest: Path) -> Path:
-    """Write uploaded files into ``dest``; return what to ingest.
+#: Bytes copied at a time from an upload to its file.
+_CHUNK = 1 << 20
+
+
+def save_uploads(files: list[tuple[str, BinaryIO]], dest: Path) -> Path:
+    """Write uploaded files (name, readable binary file: Streamlit's ``UploadedFile``) into
+    ``dest`` in chunks of ``_CHUNK`` bytes, never a second copy of a file in memory; return
+    what to ingest.
 
     One file: that file (a zip is read as a zip). Several files: ``dest`` as a
     folder (the files of a Hugging Face checkpoint: config.json beside the
@@ -158,8 +171,25 @@ def save_uploads(files: list[tuple[str, bytes]], dest: Path) -> Path:
     """
     names = upload_names(files)
     for name, (_, data) in zip(names, files):
-        (dest / name).write_bytes(data)
+        data.seek(0)
+        with open(dest / name, "wb") as out:
+            shutil.copyfileobj(data, out, _CHUNK)
     return dest / names[0] if len(names) == 1 else dest
+
+
+def held_upload(files: list[tuple[str, BinaryIO]]) -> tuple[tempfile.TemporaryDirectory, Path]:
+    """(holder, what to ingest): ``files`` written into a new upload folder
+    (``pickers.upload_folder``); on any error the folder is removed and a disk that
+    is full or refuses the write is one line."""
+    holder, dest = pickers.upload_folder(upload_names(files))
+    try:
+        return holder, save_uploads(files, dest)
+    except OSError as exc:
+        holder.cleanup()
+        raise QkvscopeError(f"the upload could not be written on the server: {exc.strerror or exc}") from None
+    except BaseException:
+        holder.cleanup()
+        raise
 
 
 def _release_upload() -> None:
@@ -191,10 +221,8 @@ def _from_upload(store) -> int | None:
     if st.session_state.get("insp_upload_sig") == sig:
         return st.session_state.get("insp_upload_id")
     _release_upload()
-    uploaded = [(f.name, f.getvalue()) for f in files]
-    holder, dest = pickers.upload_folder(upload_names(uploaded))
+    holder, target = held_upload([(f.name, f) for f in files])     # streamed: no getvalue() copy
     st.session_state["insp_upload_dir"] = holder
-    target = save_uploads(uploaded, dest)
     try:
         ckpt_id = _ingest(store, target)
     except QkvscopeError as exc:  # the message names the upload, not the server's temporary folder
@@ -315,7 +343,7 @@ def _add_to_database(store, target: Path, *, upload: bool) -> None:
     ids = [f.checkpoint_id for f in report.files if f.checkpoint_id is not None]
     errors = [f.reason for f in report.files if f.status == "error"]
     if errors:
-        st.error(pickers.user_message("; ".join(str(e) for e in errors)), icon=":material/error:")
+        st.error(md(pickers.user_message("; ".join(str(e) for e in errors))), icon=":material/error:")
     elif ids:
         st.success(f"Stored in the database as checkpoint #{ids[0]}, project {project.strip()!r}.",
                    icon=":material/check:")
@@ -480,7 +508,7 @@ def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> No
                          for c in table.columns if c != "layer"})
     for m in ABSORB:
         if m in notes:
-            st.caption(f"{m}: {notes[m]}")
+            st.caption(f"{m}: {md(notes[m])}")
     st.subheader("K=V sharing fit")
     st.caption("How much tying K and V loses (projection sharing, Q-K=V); R^2 = 1 - min_T ||V - K T||^2 / ||V||^2.")
     kv = results[results["metric"].isin(KV_FIT) & results["head"].notna()]
@@ -505,7 +533,7 @@ def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> No
     muted = tables.muted_metrics(notes)
     for m in KV_FIT:
         if m in notes and m not in muted:
-            st.caption(f"{m}: {notes[m]}")
+            st.caption(f"{m}: {md(notes[m])}")
     if any(m in muted for m in KV_FIT):
         st.caption("Greyed rows rest on too few tokens: "
                    + "; ".join(f"{m}: {muted[m]}" for m in KV_FIT if m in muted))

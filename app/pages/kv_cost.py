@@ -33,6 +33,7 @@ from analysis.vllm_engine import (
 from app import figures, tables
 from app.charts import CHART_THEME
 from app.page_figures import kv_configs, kv_cost_figures
+from app.plain import md
 from app.state import (data_version, get_store, project_filter, query_param, set_query_params, url_choice, url_float,
                        url_ignored, url_int, url_notes, cached_read)
 from loaders.errors import QkvscopeError
@@ -108,7 +109,7 @@ def _geometry_inputs(state: dict) -> Geometry:
             try:
                 info = _inspect_upload(upload.file_id, upload.name, upload.getvalue())
             except QkvscopeError as exc:  # the file's problem, named; the page goes on
-                st.error(str(exc), icon=":material/error:")
+                st.error(md(exc), icon=":material/error:")
                 info = {}
             if info:
                 return geometry_from_info(info, name=upload.name)
@@ -367,7 +368,7 @@ def render() -> None:
         result = estimate(geometry, attention, serving, gpu)
         base = estimate(geometry, baseline_attention(geometry), serving, gpu)
     except AnalysisError as exc:
-        st.error(str(exc), icon=":material/error:")
+        st.error(md(exc), icon=":material/error:")
         return
     _metrics(result, base)
     if result.concurrency_line:

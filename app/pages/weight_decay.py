@@ -42,6 +42,7 @@ from app import charts, figures, tables
 from app.attempts import analyse_each, show_batch
 from app.page_figures import _task_column, by_task, per_run, per_wd, regressions, wd_curve_figures
 from app.pickers import checkpoint_label
+from app.plain import md
 from app.state import (current_notes, data_version, get_store, in_projects, project_filter, query_param,
                        results_over_checkpoints, set_query_params, store_at, cached_read)
 from loaders import curves
@@ -411,7 +412,7 @@ def render() -> None:
     if picked:
         table = table[table["variant"].isin(picked)]
     if table.empty:
-        st.caption(f"No run with a weight decay logged {metric}.")
+        st.caption(f"No run with a weight decay logged {md(metric)}.")
         return
     long = per_run(table)
     points = per_wd(table)
@@ -458,7 +459,7 @@ def render() -> None:
     flagged = long[long["diverged"] | (long["spikes"] > 0)]
     if len(flagged):
         st.warning("Unstable runs: " + ", ".join(
-            f"{names.get(r.run_id, r.run_id)} (wd {r.weight_decay:g}: "
+            f"{md(names.get(r.run_id, r.run_id))} (wd {r.weight_decay:g}: "
             + ("diverged" if r.diverged else f"{r.spikes} spikes") + ")" for r in flagged.itertuples()),
             icon=":material/warning:")
     _norms_section(store, version, with_wd, variants=picked)

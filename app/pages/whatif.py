@@ -19,6 +19,7 @@ from analysis.sharing_cost import curve, paper_points, trained_points
 from app import figures
 from app.page_figures import whatif_figure, whatif_label
 from app.paths import DEMO_DIR
+from app.plain import md
 from app.state import get_store
 from loaders import curves
 from loaders.run_table import run_table
@@ -94,4 +95,4 @@ def render() -> None:
                            ignore_index=True), hide_index=True)
     for r in shown:
         for k, note in r["notes"].items():
-            st.caption(f"{r['target']}, {k}: {note}")
+            st.caption(f"{md(r['target'])}, {md(k)}: {md(note)}")

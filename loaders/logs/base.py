@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from loaders.budgets import budget
 from loaders.errors import LogFormatError
 
 #: Columns of a points frame, in order. ``metric`` may be str or categorical.
@@ -255,8 +256,28 @@ def steps_went_back(points) -> bool:
 
 
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
+    """The first ``n`` bytes of ``path``; for a text file whose first line is
+    longer (a W&B export of a sweep: 3,001 columns, a 148 KB header), that line
+    and ``n`` bytes after it, so the header and some rows are seen whole. A first
+    line longer than ``QKVSCOPE_CSV_LINE_BYTES`` is read up to that budget only
+    (``first_line_over_budget`` says so)."""
     with open(path, "rb") as fh:
-        return fh.read(n)
+        head = fh.read(n)
+        if len(head) < n or b"\n" in head or not is_text_head(head):
+            return head
+        limit = budget("QKVSCOPE_CSV_LINE_BYTES")
+        more = fh.read(limit + 1 - len(head))         # the rest of the longest line read
+        end = more.find(b"\n")
+        if end < 0:
+            return head + more
+        return head + more[:end + 1] + fh.read(n)
+
+
+def first_line_over_budget(head: bytes) -> bool:
+    """Whether ``head`` (from ``read_head``) is text whose first line is longer than
+    ``QKVSCOPE_CSV_LINE_BYTES``: a log no reader reads, refused naming the budget."""
+    return (is_text_head(head) and b"\n" not in head
+            and len(head) > budget("QKVSCOPE_CSV_LINE_BYTES"))
 
 
 #: The first bytes of a zip file (a torch ``.pt`` is one).

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loaders.budgets import budget
 from loaders.errors import LogFormatError
-from loaders.logs.base import HEAD_BYTES, ZIP_MAGIC, looks_binary, read_head
+from loaders.logs.base import HEAD_BYTES, ZIP_MAGIC, first_line_over_budget, looks_binary, read_head
 from loaders.logs.readers import READERS, _sqlite
 
 #: Readers ``detect_log`` never picks: their files are checkpoints first (the
@@ -109,6 +110,9 @@ def why_not_a_log(path: Path) -> str:
         return _sqlite.why_not(path, {n: r.SCHEMA for n, r in READERS.items() if hasattr(r, "SCHEMA")})
     if looks_binary(head):
         return f"{expected}; found binary data (first bytes {head[:8].hex(' ')})"
+    if first_line_over_budget(head):
+        return (f"expected a first line of at most QKVSCOPE_CSV_LINE_BYTES ({budget('QKVSCOPE_CSV_LINE_BYTES')} "
+                "bytes; raise it in the environment to read this file), found a longer one")
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as exc:

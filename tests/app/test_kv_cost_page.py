@@ -8,6 +8,7 @@ import pytest
 from streamlit.proto.Metric_pb2 import Metric as MetricProto
 
 from app.pages import kv_cost
+from app.plain import md
 from loaders.store import Store
 from tests.app.apptest import page_test
 
@@ -59,9 +60,9 @@ def test_bad_link_values_are_named_not_guessed():
     at.run()
     assert not at.exception
     warning = at.warning[0].value
-    assert "ctx='lots' (expected an integer)" in warning
-    assert "kvh=5 (must divide n_heads=32)" in warning
-    assert "gpu='tpu' (expected one of" in warning
+    assert md("ctx='lots' (expected an integer)") in warning      # link values shown as text
+    assert md("kvh=5 (must divide n_heads=32)") in warning
+    assert md("gpu='tpu' (expected one of") in warning
 
 
 def test_weights_that_do_not_fit_say_so():

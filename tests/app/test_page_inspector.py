@@ -1,6 +1,7 @@
 """Checkpoint inspector in AppTest: pick, analyse once, heatmap per metric, server path, uploads."""
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
@@ -149,14 +150,14 @@ def test_server_path_that_does_not_exist_says_so(ckpt_db, tmp_path):
 
 
 def test_save_uploads_single_file_folder_and_names(tmp_path):
-    one = save_uploads([("model.safetensors", b"abc")], tmp_path)
+    one = save_uploads([("model.safetensors", io.BytesIO(b"abc"))], tmp_path)
     assert one == tmp_path / "model.safetensors" and one.read_bytes() == b"abc"
     sub = tmp_path / "many"
     sub.mkdir()
-    folder = save_uploads([("config.json", b"{}"), ("../../model.safetensors", b"x")], sub)
+    folder = save_uploads([("config.json", io.BytesIO(b"{}")), ("../../model.safetensors", io.BytesIO(b"x"))], sub)
     assert folder == sub and sorted(p.name for p in sub.iterdir()) == ["config.json", "model.safetensors"]
     with pytest.raises(QkvscopeError) as err:
-        save_uploads([("a/config.json", b"1"), ("b/config.json", b"2")], tmp_path)
+        save_uploads([("a/config.json", io.BytesIO(b"1")), ("b/config.json", io.BytesIO(b"2"))], tmp_path)
     assert str(err.value) == "uploaded files share names: config.json; upload each file once"
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from analysis import variants as V
 from analysis.registry import METRIC_VERSION, names
+from app.plain import md
 from loaders.store import Store, refresh_run_stats
 from tests.app.apptest import page_test
 from tests.app.test_page_experiments import arr, figures, qp
@@ -94,8 +95,8 @@ def test_loss_against_weight_decay_with_best_and_unstable_runs(wd_db):
     summary = at.dataframe[0].value.set_index("variant")
     assert summary.loc["qkv", "best_weight_decay"] == "0.03"
     assert summary.loc["qkv", "spiky runs"] == 1 and summary.loc["k_eq_v", "diverged runs"] == 1
-    assert "qkv-wd0.03 (wd 0.03: 1 spikes)" in at.warning[0].value
-    assert "k_eq_v-wd0.1 (wd 0.1: diverged)" in at.warning[0].value
+    assert md("qkv-wd0.03") + " (wd 0.03: 1 spikes)" in at.warning[0].value      # run names shown as text
+    assert md("k_eq_v-wd0.1") + " (wd 0.1: diverged)" in at.warning[0].value
 
 
 def test_variant_filter_and_thresholds_live_in_the_url(wd_db):

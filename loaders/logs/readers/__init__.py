@@ -20,7 +20,8 @@ The reader protocol. A module in this package (name not starting with
   stopped (``read_bytes``, the end of a complete line); otherwise a changed
   file is read again whole and its points replace what it stored before.
 * ``sniff(path, head) -> bool``: whether the file is of this format, from
-  ``head``, its first ``base.HEAD_BYTES`` (64 KB); cheap: a text reader looks
+  ``head``, its first ``base.HEAD_BYTES`` (64 KB), or a longer first line
+  whole and 64 KB after it (``base.read_head``); cheap: a text reader looks
   at the first lines only, a torch-zip reader reads the zip's small pickle
   index (never unpickled). Text readers refuse binary heads
   (``base.is_text_head``).

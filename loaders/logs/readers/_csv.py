@@ -242,13 +242,14 @@ class CsvFile:
     double_cr: bool = False
 
     def __call__(self, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyRelation:
-        src = str(self.path) if self.data is None else io.BytesIO(self.data)
         if self.double_cr:
             data = self.data
             if data is None:
                 with open(self.path, "rb") as fh:
                     data = fh.read(self.size or -1)
             src = io.BytesIO(data.replace(WINDOWS_CSV_LINE_END, b"\n"))
+        else:   # the file itself, never a pattern its name may spell (log?.csv)
+            src = duck.literal_file(self.path) if self.data is None else io.BytesIO(self.data)
         return con.read_csv(src, header=self.header, columns={c: "VARCHAR" for c in self.columns},
                             delimiter=self.delim, quotechar='"', auto_detect=False,
                             max_line_size=csv_line_bytes() + 2)

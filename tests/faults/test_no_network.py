@@ -1,0 +1,109 @@
+"""Nothing leaves the machine: ``strace -f -e trace=connect`` of ``ingest``,
+``analyze`` and ``serve`` (with every process they start) shows no connection but
+to loopback, a Unix socket or the kernel (netlink)."""
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.app.browser import free_port
+from tests.faults.data import gpt2_folder
+
+STRACE = shutil.which("strace")
+#: ``connect(fd, {sa_family=AF_INET, sin_port=htons(80), sin_addr=inet_addr("1.2.3.4")}, 16)``
+_CONNECT = re.compile(r"connect\(\d+, \{sa_family=(?P<family>AF_\w+)(?P<rest>.*?)\}")
+_LOCAL_FAMILIES = {"AF_UNIX", "AF_NETLINK", "AF_UNSPEC"}
+
+
+def outside(trace: Path) -> list[str]:
+    """The connect calls in ``trace`` to an address that is not loopback."""
+    bad = []
+    for line in trace.read_text().splitlines():
+        m = _CONNECT.search(line)
+        if m is None or m["family"] in _LOCAL_FAMILIES:
+            continue
+        addr = re.search(r'inet_(?:addr|pton)\((?:AF_INET6, )?"([^"]+)"', m["rest"])
+        if addr and (addr[1].startswith("127.") or addr[1] in ("::1", "::") or
+                     addr[1].startswith("::ffff:127.") or addr[1] == "0.0.0.0"):
+            continue
+        bad.append(line)
+    return bad
+
+
+@pytest.fixture(scope="module")
+def strace_works(tmp_path_factory):
+    if STRACE is None:
+        pytest.skip("strace is not installed")
+    out = tmp_path_factory.mktemp("probe") / "probe.txt"
+    done = subprocess.run([STRACE, "-f", "-e", "trace=connect", "-o", str(out), "true"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"strace cannot attach here (ptrace restricted?): {done.stderr.strip()[:200]}")
+
+
+def traced(trace: Path, *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([STRACE, "-f", "-qq", "-e", "trace=connect", "-o", str(trace),
+                             sys.executable, "-m", "app", *args], **kw)
+
+
+@pytest.mark.slow
+def test_ingest_analyze_and_serve_connect_to_nothing_outside(tmp_path, strace_works):
+    folder = gpt2_folder(tmp_path / "runs" / "m", seed=1)
+    (tmp_path / "runs" / "log.csv").write_text("step,loss\n0,3\n1,2\n")
+    db = tmp_path / "db.duckdb"
+    for name, args in (("ingest", ["ingest", str(tmp_path / "runs")]),
+                       ("analyze", ["analyze", str(folder), "--activations", "--tokens", "128"])):
+        trace = tmp_path / f"{name}.trace"
+        proc = traced(trace, *args, "--db", str(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert "connect(" in trace.read_text() or name == "ingest"     # the trace saw the children
+        assert outside(trace) == [], name
+
+    port = free_port()
+    trace = tmp_path / "serve.trace"
+    proc = traced(trace, "serve", "--db", str(db), "--port", str(port), "--no-demo",
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "the dashboard did not answer"
+            time.sleep(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.status == 200
+        time.sleep(3)                                    # whatever a started server sends, it has begun
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert outside(trace) == []
+
+
+def test_the_trace_reader_tells_loopback_from_outside(tmp_path):
+    trace = tmp_path / "t.trace"
+    trace.write_text(
+        '1 connect(4, {sa_family=AF_INET, sin_port=htons(8501), sin_addr=inet_addr("127.0.0.1")}, 16) = 0\n'
+        '1 connect(5, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT\n'
+        '2 connect(6, {sa_family=AF_INET6, sin6_port=htons(443), sin6_flowinfo=htonl(0), '
+        'inet_pton(AF_INET6, "::1", &sin6_addr), sin6_scope_id=0}, 28) = 0\n'
+        '2 connect(7, {sa_family=AF_INET, sin_port=htons(443), sin_addr=inet_addr("185.199.108.133")}, 16) = 0\n'
+        '3 connect(8, {sa_family=AF_INET6, sin6_port=htons(443), sin6_flowinfo=htonl(0), '
+        'inet_pton(AF_INET6, "2606:4700::6810:84e5", &sin6_addr), sin6_scope_id=0}, 28) = 0\n')
+    assert [l.split()[1] for l in outside(trace)] == ["connect(7,", "connect(8,"]
