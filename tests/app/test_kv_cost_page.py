@@ -171,12 +171,12 @@ def test_gpu_link_accepts_common_spellings():
 def test_link_problems_live_in_the_session_not_the_module():
     at = page_test("kv_cost", {"preset": "llama-3-8b", "ctx": "lots"})
     at.run()
-    assert [w.value for w in at.warning] == ["Ignored in the URL: ctx='lots' (expected an integer)."]
+    assert [w.value for w in at.warning] == ["Ignored in the URL: " + md("ctx='lots' (expected an integer)") + "."]
     assert not [name for name, value in vars(kv_cost).items()
                 if isinstance(value, list) and not name.startswith("__")]
     clean = page_test("kv_cost", {"preset": "llama-3-8b", "ctx": "99999999999"})
     clean.run()
-    assert [w.value for w in clean.warning] == ["Ignored in the URL: ctx=99999999999 (expected 1..10000000)."]
+    assert [w.value for w in clean.warning] == ["Ignored in the URL: " + md("ctx=99999999999 (expected 1..10000000)") + "."]
 
 
 def _figure(at, key):

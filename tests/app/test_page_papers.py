@@ -165,7 +165,7 @@ def test_papers_page_compares_within_each_project_never_across(papers_db):
                         [rid, f"s{rid}", variant, rid])
             con.execute("INSERT INTO analysis_jobs (checkpoint_id, kind, metric_version, notes) VALUES "
                         "(?, 'weights', ?, ?)", [rid, METRIC_VERSION, NOTES])
-            con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, 0, 'val/loss', ?), "
+            con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, 0, 'val/loss', ?), "
                         "(?, 100, 'val/loss', ?)", [rid, final + 1.0, rid, final])
         con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version, chance) "
                     "VALUES (11, 0, 0, 'kv_cosine_flat', 0.60, ?, 0.0)", [METRIC_VERSION])

@@ -505,7 +505,7 @@ def test_random_sweeps_of_two_tasks_get_a_figure_and_y_axis_each(sweep_db):
             con.execute("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr, config) "
                         "VALUES (?, ?, ?, 'csv', 'qkv', ?, ?, ?)",
                         [rid, f"vit_trial_{i}", f"/v/{i}", wd, lr, json.dumps({"lr": lr, "task": "image"})])
-            con.execute("INSERT INTO points_lean (run_id, step, metric, value) VALUES (?, 100, 'val/loss', ?)",
+            con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (?, 100, 'val/loss', ?)",
                         [rid, 1 + 0.2 * math.log10(wd) - 0.1 * math.log10(lr)])
         refresh_run_stats(con, list(range(200, 212)))
     at = page_test("weight_decay").run()

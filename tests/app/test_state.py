@@ -1,6 +1,8 @@
 """app.state: the URL is written once per change (one browser-history entry per user action)."""
 from __future__ import annotations
 
+from app.plain import md
+
 from streamlit.testing.v1 import AppTest
 
 from tests.app.apptest import ROOT
@@ -82,6 +84,6 @@ show_errors(page)
     at.run()
     assert not at.exception, at.exception
     assert at.session_state["got"] == [1, 2, 0.5, "x", [1, 3], ["p"], 7]
-    assert [c.value for c in at.caption] == [
-        "Ignored in the URL: a='abc' (expected an integer); b=12 (expected 0..9); c=nan (expected 0..1); "
-        "d='z' (one of x, y); e='two' (expected an integer); f='r' (no such thing)."]
+    notes = ["a='abc' (expected an integer)", "b=12 (expected 0..9)", "c=nan (expected 0..1)",
+             "d='z' (one of x, y)", "e='two' (expected an integer)", "f='r' (no such thing)"]
+    assert [c.value for c in at.caption] == ["Ignored in the URL: " + "; ".join(map(md, notes)) + "."]

@@ -45,7 +45,7 @@ def test_kv_cost_echoes_link_values_as_text(tmp_path, monkeypatch):
     assert not at.exception
     [warning] = at.warning
     assert warning.value.startswith("Ignored in the URL: ")
-    assert md(f"variant={LINK!r} (expected one of {', '.join(VARIANT_NAMES)})") in warning.value
+    assert md(f"variant={LINK!r} (one of {', '.join(VARIANT_NAMES)})") in warning.value
     assert md(f"ctx={IMAGE!r} (expected an integer)") in warning.value
     assert "](" not in warning.value and "![" not in warning.value
 
