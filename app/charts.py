@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 
 import numpy as np
 import pandas as pd
@@ -568,15 +567,6 @@ def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", met
 
 # -- the final metric summarised: a mean and its 95% interval per group and x -----------
 
-#: Seed of the summary's bootstrap; each group and x draws from its own stream
-#: (``_summary_rng``), so filtering other runs out leaves its interval as it was.
-SUMMARY_SEED = 0
-
-
-def _summary_rng(group: str, x) -> np.random.Generator:
-    return np.random.default_rng([SUMMARY_SEED, zlib.crc32(f"{group}\x00{_x_text(x)}".encode())])
-
-
 #: Columns of ``final_summary``.
 SUMMARY_COLUMNS = ["variant", "sharing", "group", "x", "n", "diverged", "mean", "lo", "hi", "minus", "plus",
                    "min", "max"]
@@ -584,15 +574,14 @@ SUMMARY_COLUMNS = ["variant", "sharing", "group", "x", "n", "diverged", "mean", 
 
 def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> pd.DataFrame:
     """Per variant x head sharing group (``_final_groups``) and value of ``hparam``: the mean of
-    the runs' ``value`` in float64 and its 95% percentile-bootstrap interval
-    (``analysis.intervals.mean_interval``: 1,000 resamples of the runs, the interval the Weight
-    decay page gives each weight decay's mean), drawn from a stream seeded by the group and x.
+    the runs' ``value`` in float64 and its 95% t interval (``analysis.intervals.mean_interval``,
+    ``n - 1`` degrees of freedom: the interval the Weight decay page gives each weight decay's mean).
 
     Returns ``SUMMARY_COLUMNS``, one row per group and x, groups in legend order and x ascending:
     ``n`` the runs in the mean, ``diverged`` the runs left out of it (a non-finite ``value``, or
     non-finite values logged: ``nonfinite`` > 0 where the frame has it), ``lo, hi`` the
     interval's ends (NaN for one run), ``minus, plus`` their distances below and above the mean
-    (the error bar; a bootstrap interval need not be symmetric), ``min, max`` of the runs in the
+    (the error bar), ``min, max`` of the runs in the
     mean. A group and x whose runs all diverged has ``n`` 0 and NaN statistics.
     """
     data, groups = _final_groups(frame, hparam)
@@ -615,8 +604,7 @@ def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> 
     order = np.argsort(codes, kind="stable")
     cuts = np.cumsum(np.bincount(codes, minlength=len(stats)))[:-1]
     values = np.split(parts["v"].to_numpy(dtype=float)[order], cuts)
-    ends = [mean_interval(v[~np.isnan(v)], _summary_rng(group, x))   # each its runs in the mean
-            for v, group, x in zip(values, stats["group"], stats["x"])]
+    ends = [mean_interval(v[~np.isnan(v)]) for v in values]         # each its runs in the mean
     lo = np.array([np.nan if a is None else a for a, _ in ends], dtype=float)
     hi = np.array([np.nan if b is None else b for _, b in ends], dtype=float)
     mean = stats["mean"].to_numpy(dtype=float)

@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.activations import ActivationAccumulator  # noqa: E402
 from analysis._linalg import spectrum_stats  # noqa: E402
+from analysis.wd_sensitivity import group_statistics  # noqa: E402
 
 #: d_head values of the study.
 D_HEADS = (16, 64, 128, 256)
@@ -136,6 +137,45 @@ def activation_coverage(e: int, *, reps: int, tokens: int, seed: int = 0) -> dic
             for m in hits}
 
 
+#: The simulated sweep: weight decays, the true mean loss per log10 wd, seed noise.
+WDS = (0.0, 1e-3, 1e-2, 3e-2, 1e-1)
+NOISE = 0.02
+
+
+def true_loss(wd: float, *, curved: bool) -> float:
+    """Mean loss at ``wd``: a line in ``u = log10 wd`` (wd 0 at u = -4), or a bowl with its
+    minimum at ``u = -1.3`` whose wds 1e-2 ... 1e-1 lie within about one seed's noise."""
+    u = math.log10(wd) if wd > 0 else -4.0
+    return 2.0 + (0.05 * (u + 1.3) ** 2 if curved else 0.01 * u)
+
+
+def wd_coverage(seeds: int, *, reps: int, seed: int = 0) -> dict[str, float]:
+    """Coverage of the per-wd mean and slope intervals (linear truth: the slope is 0.01) and the
+    calibration of ``best_wd_share`` (curved truth) over ``reps`` simulated sweeps of ``seeds`` runs
+    per weight decay."""
+    rng = np.random.default_rng(seed)
+    wds = [w for w in WDS for _ in range(seeds)]
+    mean_hits, slope_hits, shares, right = [], [], [], []
+    pos = [w for w in WDS if w > 0]
+    u = np.log10(pos)
+    for r in range(reps):
+        for curved in (False, True):
+            truth = {w: true_loss(w, curved=curved) for w in WDS}
+            losses = [truth[w] + NOISE * rng.standard_normal() for w in wds]
+            st = group_statistics(wds, losses, rng=np.random.default_rng([seed, r, curved]))
+            for row in st["per_wd"]:
+                mean_hits.append(row["ci_low"] <= truth[row["weight_decay"]] <= row["ci_high"])
+            if curved:
+                best = min(WDS, key=truth.get)
+                shares.append(st["best_wd_share"])
+                right.append(st["best_weight_decay"] == best)
+            else:
+                slope = float(np.polyfit(u, [truth[w] for w in pos], 1)[0])
+                slope_hits.append(st["slope_ci_low"] <= slope <= st["slope_ci_high"])
+    return {"mean_coverage": float(np.mean(mean_hits)), "slope_coverage": float(np.mean(slope_hits)),
+            "best_wd_share_claimed": float(np.mean(shares)), "best_wd_right": float(np.mean(right))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -143,6 +183,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200, help="replicates per d_head (default 200)")
     ap.add_argument("--d-heads", default=",".join(map(str, D_HEADS)))
     ap.add_argument("--tokens", type=int, default=4096, help="tokens per replicate (default 4096)")
+    ap.add_argument("--wd-reps", type=int, default=1000, help="simulated sweeps per seed count (default 1000)")
+    ap.add_argument("--wd-only", action="store_true", help="the weight-decay study alone")
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     if args.threads:
@@ -150,9 +192,12 @@ def main() -> None:
     d_heads = [16] if args.quick else [int(v) for v in args.d_heads.split(",")]
     reps = 5 if args.quick else args.reps
     t0 = time.perf_counter()
-    act = {str(e): activation_coverage(e, reps=reps, tokens=args.tokens) for e in d_heads}
+    act = {} if args.wd_only else {str(e): activation_coverage(e, reps=reps, tokens=args.tokens)
+                                   for e in d_heads}
+    wd_reps = 20 if args.quick else args.wd_reps
+    wd = {str(k): wd_coverage(k, reps=wd_reps) for k in (2, 3)}
     out = {"replicates": reps, "tokens": args.tokens, "window": WINDOW, "activations": act,
-           "seconds": round(time.perf_counter() - t0, 1)}
+           "wd_replicates": wd_reps, "weight_decay": wd, "seconds": round(time.perf_counter() - t0, 1)}
     if args.json:
         print(json.dumps(out, indent=1))
         return
@@ -160,6 +205,8 @@ def main() -> None:
         for m, v in rows.items():
             print(f"d_head {e:>4} {m:<22} coverage {v['coverage']:.3f}  bias {v['bias']:+.4f}  "
                   f"width {v['width']:.4f}  population {v['population']:.4f}")
+    for k, v in wd.items():
+        print(f"{k} seeds: " + "  ".join(f"{name} {val:.3f}" for name, val in v.items()))
 
 
 if __name__ == "__main__":
