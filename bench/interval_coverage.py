@@ -183,7 +183,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200, help="replicates per d_head (default 200)")
     ap.add_argument("--d-heads", default=",".join(map(str, D_HEADS)))
     ap.add_argument("--tokens", type=int, default=4096, help="tokens per replicate (default 4096)")
-    ap.add_argument("--wd-reps", type=int, default=1000, help="simulated sweeps per seed count (default 1000)")
+    ap.add_argument("--wd-reps", type=int, default=400, help="simulated sweeps per seed count (default 400)")
     ap.add_argument("--wd-only", action="store_true", help="the weight-decay study alone")
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
