@@ -57,16 +57,29 @@ only), fitted to every run's loss (repeated runs at one wd all count):
   > 0, ``n_wd_repeated`` with more than one run.
 
 Uncertainty (only where more than one run shares a weight decay, e.g. seeds;
-else None and ``interval_reason``): a percentile bootstrap (Efron &
-Tibshirani 1993, ch. 13), ``n_boot`` resamples, ``confidence`` 0.95, seeded
-per group from ``seed`` and the group's name, so the numbers do not change
-when other groups are filtered out. ``ci_low, ci_high`` of a weight decay's
-mean resample that weight decay's runs; the group's ``slope_ci_*``,
-``curvature_ci_*``, ``best_wd_ci_*`` resample runs within each weight decay
-(a stratified bootstrap: every weight decay keeps its count), and
-``best_wd_share`` is the fraction of resamples whose best weight decay is
-``best_weight_decay``. A weight decay with one run contributes no spread, so
-these intervals hold the seed-to-seed spread only where it was measured.
+else None and ``interval_reason``), ``confidence`` 0.95, seeded per group from
+``seed`` and the group's name, so the numbers do not change when other groups
+are filtered out:
+
+* ``ci_low, ci_high`` of a weight decay's mean: the t interval of its runs
+  (``analysis.intervals.mean_interval``, ``n - 1`` degrees of freedom). With 2-3
+  seeds a percentile bootstrap cannot reach past the runs' min and max and
+  covered 0.5-0.8 of simulated sweeps; the t interval is exact for normal seed noise.
+* ``slope_ci_*``, ``curvature_ci_*``: the robust fit -+ ``t_{n-p}`` times the
+  standard error of ``n_boot`` wild-bootstrap refits (``_wild_se``: Rademacher
+  signs on the fit's leverage-rescaled residuals; ``n`` runs at wd > 0, ``p`` the
+  fit's coefficients).
+* ``best_wd_share``, ``best_wd_ci_*``: ``n_boot`` draws of the means from their
+  posterior under a flat prior and normal seed noise with the pooled
+  within-weight-decay variance ``s^2`` (``sigma^2 ~ s^2 df / chi2_df``, ``mu_j ~
+  N(mean_j, sigma^2 / n_j)``, ``df = sum_j (n_j - 1)``): the share of draws whose
+  best weight decay is ``best_weight_decay``, and the 2.5/97.5% quantiles of the
+  draws' best weight decay. Where several weight decays lie within a seed's
+  noise of each other the share still claims more than the rate at which the
+  best weight decay is right (the winner's curse; docs/statistics.md).
+
+A weight decay with one run contributes no spread (and no degrees of freedom),
+so these intervals hold the seed-to-seed spread only where it was measured.
 """
 from __future__ import annotations
 

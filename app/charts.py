@@ -626,7 +626,7 @@ def summary_hover(row: dict, *, hparam: str, what: str) -> str:
     n = int(row["n"])
     if n >= 2:
         lines += [f"mean {what} {num(row['mean'])}",
-                  f"95% bootstrap interval {interval_text(row['lo'], row['hi'])}",
+                  f"95% t interval {interval_text(row['lo'], row['hi'])}",
                   f"n = {n} runs, min {num(row['min'])}, max {num(row['max'])}"]
     else:
         lines += [f"{what} {num(row['mean'])}", "n = 1 (no interval)"]
@@ -639,7 +639,7 @@ def final_summary_figure(frame: pd.DataFrame, *, hparam: str, value: str = "fina
                          log_x: bool = False) -> go.Figure:
     """``final_summary`` drawn: per variant x head sharing group one trace (styled and named as
     ``final_scatter``'s, with its runs in the legend: ``"Q-K=V · MQA (n=40)"``), a marker at each
-    value of ``hparam`` at the mean of its runs' ``value`` with its 95% bootstrap interval as an error bar
+    value of ``hparam`` at the mean of its runs' ``value`` with its 95% t interval as an error bar
     (none for one run); n, min, max and the diverged runs in the tooltip. One marker per group
     and x, whatever the number of runs."""
     summary = final_summary(frame, hparam=hparam, value=value)

@@ -558,7 +558,7 @@ def test_final_summary_figure_is_one_marker_per_group_and_x_with_its_interval():
                           + "<br>n = 1 (no interval)<br>3 diverged (not in the mean)")
     assert dict(zip(qkv.x, qkv.text))[0.1].split("<br>")[2:] == [
         f"mean final val/loss {charts.num(summary['mean'][1])}",
-        f"95% bootstrap interval {charts.interval_text(summary['lo'][1], summary['hi'][1])}",
+        f"95% t interval {charts.interval_text(summary['lo'][1], summary['hi'][1])}",
         f"n = 45 runs, min {charts.num(summary['min'][1])}, max {charts.num(summary['max'][1])}"]
 
 
