@@ -18,11 +18,11 @@ multiplier with ``N - 1`` degrees of freedom (few units: a normal quantile would
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import torch
-from scipy.stats import t as student_t
 
 #: Resamples of the bootstraps that remain (percentile intervals of other statistics) and the
 #: confidence of every interval.
@@ -30,9 +30,36 @@ N_BOOT = 1000
 CONFIDENCE = 0.95
 
 
+def _t_central(t: float, df: int) -> float:
+    """``P(|T| < t)`` for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3-4): with
+    ``a = atan(t / sqrt(df))``, ``c = cos^2 a``, odd ``df``: ``(2/pi)(a + sin a cos a (1 + 2/3 c +
+    2*4/(3*5) c^2 + ...))`` over ``(df - 3)/2`` terms; even: ``sin a (1 + 1/2 c + 1*3/(2*4) c^2 +
+    ...)`` over ``(df - 2)/2`` terms."""
+    a = math.atan(t / math.sqrt(df))
+    c = math.cos(a) ** 2
+    odd = df % 2
+    term, total = 1.0, 1.0
+    for k in range(1, (df - 1) // 2 if odd else df // 2):
+        term *= c * (2 * k if odd else 2 * k - 1) / (2 * k + 1 if odd else 2 * k)
+        total += term
+    if odd:
+        return 2 / math.pi * (a + (math.sin(a) * math.cos(a) * total if df > 1 else 0.0))
+    return math.sin(a) * total
+
+
+@functools.lru_cache(maxsize=256)
 def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
-    """The ``(1 + confidence) / 2`` quantile of Student's t with ``df`` degrees of freedom."""
-    return float(student_t.ppf((1 + confidence) / 2, df))
+    """The ``(1 + confidence) / 2`` quantile of Student's t with ``df`` (a positive integer)
+    degrees of freedom: ``P(|T| < t) = confidence`` solved by bisection to float64 precision."""
+    lo, hi = 0.0, 1.0
+    while _t_central(hi, df) < confidence:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if _t_central(mid, df) < confidence else (lo, mid)
+    return (lo + hi) / 2
 
 
 def percentile_interval(values: np.ndarray, confidence: float = CONFIDENCE, *,
