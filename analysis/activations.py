@@ -91,7 +91,7 @@ Every row also carries:
   t_{N-1, 0.975} se`` with ``se`` the delete-one-window jackknife's standard error
   (each metric recomputed from the sums less one window), clipped to the
   metric's range. Few windows are few clusters: a percentile bootstrap over 8
-  windows covered 0.75-0.9, and with the estimators' bias 0.000 at d_head 128;
+  windows covers 0.75-0.9, and with the uncorrected estimators 0.000 at d_head 128;
   the t quantile with ``N - 1`` degrees of freedom and the bias corrections
   above cover >= 0.9 at d_head 16-256 on synthetic inputs with known values
   (``bench/interval_coverage.py``, docs/statistics.md). NaN, with a note, when

@@ -64,7 +64,7 @@ are filtered out:
 * ``ci_low, ci_high`` of a weight decay's mean: the t interval of its runs
   (``analysis.intervals.mean_interval``, ``n - 1`` degrees of freedom). With 2-3
   seeds a percentile bootstrap cannot reach past the runs' min and max and
-  covered 0.5-0.8 of simulated sweeps; the t interval is exact for normal seed noise.
+  covers 0.5-0.8 of simulated sweeps; the t interval is exact for normal seed noise.
 * ``slope_ci_*``, ``curvature_ci_*``: the robust fit -+ ``t_{n-p}`` times the
   standard error of ``n_boot`` wild-bootstrap refits (``_wild_se``: Rademacher
   signs on the fit's leverage-rescaled residuals; ``n`` runs at wd > 0, ``p`` the
@@ -77,8 +77,8 @@ are filtered out:
   ``mu_j ~ N(b_j m + (1 - b_j) mean_j, (1 - b_j) sigma^2 / n_j)``, ``b_j =
   (sigma^2 / n_j) / (sigma^2 / n_j + tau^2)``: the share of draws whose best
   weight decay is ``best_weight_decay``, and the 2.5/97.5% quantiles of the
-  draws' best weight decay. A flat prior (no shrinkage) claimed 0.68 where the
-  best weight decay was right 0.57 of the time; shrinking the means as far as
+  draws' best weight decay. A flat prior (no shrinkage) claims 0.68 where the
+  best weight decay is right 0.57 of the time; shrinking the means as far as
   their spread allows removes the winner's curse where the true means scatter
   like the prior (calibrated there), but not where a few far-off weight decays
   make the spread wide while the best ones are tied (docs/statistics.md).

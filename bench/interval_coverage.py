@@ -30,7 +30,9 @@ and the mean error of the value.
 seeds each, through ``analysis.wd_sensitivity.group_statistics``: coverage of each wd's mean
 interval, of the slope interval (population slope: the least-squares line through the true means
 over ``u``) and the calibration of ``best_wd_share`` (mean claimed share against the fraction of
-sweeps whose best weight decay is the true one).
+sweeps whose best weight decay is the true one) on two families of truths: the bowl, and
+*scattered* true means ``N(2, tau^2)`` with ``tau`` log-uniform from 0.1 to 10 standard errors of
+a wd's mean (ties and clear winners alike).
 
     .venv/bin/python bench/interval_coverage.py --json [--quick] [--reps N] [--d-heads 16,64]
 """
@@ -155,25 +157,33 @@ def wd_coverage(seeds: int, *, reps: int, seed: int = 0) -> dict[str, float]:
     per weight decay."""
     rng = np.random.default_rng(seed)
     wds = [w for w in WDS for _ in range(seeds)]
-    mean_hits, slope_hits, shares, right = [], [], [], []
+    mean_hits, slope_hits = [], []
+    shares: dict[str, list[float]] = {"bowl": [], "scattered": []}
+    right: dict[str, list[bool]] = {"bowl": [], "scattered": []}
     pos = [w for w in WDS if w > 0]
     u = np.log10(pos)
     for r in range(reps):
-        for curved in (False, True):
-            truth = {w: true_loss(w, curved=curved) for w in WDS}
+        for kind in ("line", "bowl", "scattered"):
+            if kind == "scattered":      # true means N(2, tau^2), tau 0.1-10 standard errors of a mean
+                tau = NOISE / math.sqrt(seeds) * 10 ** rng.uniform(-1, 1)
+                truth = {w: 2.0 + tau * rng.standard_normal() for w in WDS}
+            else:
+                truth = {w: true_loss(w, curved=kind == "bowl") for w in WDS}
             losses = [truth[w] + NOISE * rng.standard_normal() for w in wds]
-            st = group_statistics(wds, losses, rng=np.random.default_rng([seed, r, curved]))
+            st = group_statistics(wds, losses, rng=np.random.default_rng([seed, r, len(kind)]))
             for row in st["per_wd"]:
                 mean_hits.append(row["ci_low"] <= truth[row["weight_decay"]] <= row["ci_high"])
-            if curved:
-                best = min(WDS, key=truth.get)
-                shares.append(st["best_wd_share"])
-                right.append(st["best_weight_decay"] == best)
-            else:
+            if kind == "line":
                 slope = float(np.polyfit(u, [truth[w] for w in pos], 1)[0])
                 slope_hits.append(st["slope_ci_low"] <= slope <= st["slope_ci_high"])
-    return {"mean_coverage": float(np.mean(mean_hits)), "slope_coverage": float(np.mean(slope_hits)),
-            "best_wd_share_claimed": float(np.mean(shares)), "best_wd_right": float(np.mean(right))}
+            else:
+                shares[kind].append(st["best_wd_share"])
+                right[kind].append(st["best_weight_decay"] == min(WDS, key=truth.get))
+    out = {"mean_coverage": float(np.mean(mean_hits)), "slope_coverage": float(np.mean(slope_hits))}
+    for kind in shares:
+        out[f"best_wd_share_claimed_{kind}"] = float(np.mean(shares[kind]))
+        out[f"best_wd_right_{kind}"] = float(np.mean(right[kind]))
+    return out
 
 
 def main() -> None:
