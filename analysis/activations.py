@@ -213,9 +213,11 @@ class ActivationAccumulator:
         self._windows: list[dict[str, torch.Tensor]] = []  # per-window sums [B, ...]
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (G_w, s_w, n_w)
         self._pending_bytes = 0
-        # sum_t x_t x_t^T, sum_t x_t and the token count over the even and the odd windows
-        # (two halves of the sample: the chance draws' eranks are bias-corrected from them)
-        self._grams = torch.zeros(2, d, d, dtype=torch.float64, device=self.dev)
+        self._gram = torch.zeros(d, d, dtype=torch.float64, device=self.dev)      # sum_t x_t x_t^T
+        # the same over the even windows, and sum_t x_t and the token count over the even and the
+        # odd windows (two halves of the sample: the chance draws' eranks are bias-corrected from
+        # them; float32 for the half Gram, which only sets a chance level: half the memory)
+        self._gram_even = torch.zeros(d, d, dtype=torch.float32, device=self.dev)
         self._sums = torch.zeros(2, d, dtype=torch.float64, device=self.dev)
         self._counts = [0, 0]
         self._n_win = 0
@@ -258,7 +260,8 @@ class ActivationAccumulator:
                 gw = x64.mT @ x64                                        # [B, d, d]
                 sw = x64.sum(1)                                          # [B, d]
                 half = (torch.arange(B, device=self.dev) + self._n_win) % 2   # each window's half
-                self._grams.index_add_(0, half, gw)
+                self._gram += gw.sum(0)
+                self._gram_even += gw[half == 0].sum(0).float()
                 self._sums.index_add_(0, half, sw)
                 self._pending.append((gw, sw, torch.full((B,), float(T), dtype=torch.float64, device=self.dev)))
                 self._pending_bytes += gw.numel() * 8
@@ -268,7 +271,10 @@ class ActivationAccumulator:
                 self._reduce()                                           # keep the windows in order
                 for p in (0, 1):                                         # even, odd windows
                     xf = x64[(p + self._n_win) % 2::2].reshape(-1, d)
-                    self._grams[p] += xf.mT @ xf
+                    gp = xf.mT @ xf
+                    self._gram += gp
+                    if p == 0:
+                        self._gram_even += gp.float()
                     self._sums[p] += xf.sum(0)
                 self._add_projected(x)
         for p in (0, 1):
@@ -361,18 +367,14 @@ class ActivationAccumulator:
         prev = self._chance_logits[i]
         self._chance_logits[i] = st if prev is None else {k: prev[k] + st[k] for k in st}
 
-    @property
-    def _gram(self) -> torch.Tensor:
-        """``sum_t x_t x_t^T`` over all windows, float64 ``[d, d]``."""
-        return self._grams.sum(0)
-
     def _chance_stats(self) -> list[tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]]:
         """The totals of every draw: K and V sums from the input's Gram (``R^T G R``), the logit
         sums accumulated per window (the held windows reduced first); beside them the draw's K and
         V Grams (``kk``, ``vv``) over each half of the windows (none with one window)."""
         self._reduce()
         n = torch.tensor([float(self._n), *map(float, self._counts)], dtype=torch.float64, device=self.dev)
-        grams = torch.cat([self._gram[None], self._grams])              # all, even, odd: [3, d, d]
+        even = self._gram_even.double()
+        grams = torch.stack([self._gram, even, self._gram - even])      # all, even, odd: [3, d, d]
         sums = torch.cat([self._sums.sum(0, keepdim=True), self._sums])
         kv = 2 * self.g * self.e
         draws = []

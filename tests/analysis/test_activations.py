@@ -152,7 +152,9 @@ def test_windows_in_several_calls_equal_one_call():
     one, _ = run(lay, m, x, calls=1)
     three, _ = run(lay, m, x, calls=3)
     for col in ("value", "chance", "ci_low", "ci_high"):
-        np.testing.assert_allclose(three[col].to_numpy(), one[col].to_numpy(), rtol=1e-9, err_msg=col)
+        # the chance eranks' half-sample Gram is summed in float32: its round-off follows the calls
+        tol = 1e-6 if col == "chance" else 1e-9
+        np.testing.assert_allclose(three[col].to_numpy(), one[col].to_numpy(), rtol=tol, err_msg=col)
 
 
 def test_known_answers_k_equal_v_and_identity_queries():
