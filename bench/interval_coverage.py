@@ -189,7 +189,7 @@ def wd_coverage(seeds: int, *, reps: int, seed: int = 0) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
-    ap.add_argument("--quick", action="store_true", help="a smoke-test size: d_head 16 only, 5 replicates")
+    ap.add_argument("--quick", action="store_true", help="a smoke-test size: d_head 16 only, 5 replicates, 3 sweeps")
     ap.add_argument("--reps", type=int, default=200, help="replicates per d_head (default 200)")
     ap.add_argument("--d-heads", default=",".join(map(str, D_HEADS)))
     ap.add_argument("--tokens", type=int, default=4096, help="tokens per replicate (default 4096)")
@@ -204,7 +204,7 @@ def main() -> None:
     t0 = time.perf_counter()
     act = {} if args.wd_only else {str(e): activation_coverage(e, reps=reps, tokens=args.tokens)
                                    for e in d_heads}
-    wd_reps = 20 if args.quick else args.wd_reps
+    wd_reps = 3 if args.quick else args.wd_reps
     wd = {str(k): wd_coverage(k, reps=wd_reps) for k in (2, 3)}
     out = {"replicates": reps, "tokens": args.tokens, "window": WINDOW, "activations": act,
            "wd_replicates": wd_reps, "weight_decay": wd, "seconds": round(time.perf_counter() - t0, 1)}
