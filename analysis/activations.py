@@ -372,22 +372,22 @@ class ActivationAccumulator:
         sums accumulated per window (the held windows reduced first); beside them the draw's K and
         V Grams (``kk``, ``vv``) over each half of the windows (none with one window)."""
         self._reduce()
-        n = torch.tensor([float(self._n), *map(float, self._counts)], dtype=torch.float64, device=self.dev)
-        even = self._gram_even.double()
-        grams = torch.stack([self._gram, even, self._gram - even])      # all, even, odd: [3, d, d]
-        sums = torch.cat([self._sums.sum(0, keepdim=True), self._sums])
+        n = torch.tensor([float(self._n), float(self._counts[0])], dtype=torch.float64, device=self.dev)
+        grams = torch.stack([self._gram, self._gram_even.double()])     # all, even: [2, d, d]
+        sums = torch.stack([self._sums.sum(0), self._sums[0]])
         kv = 2 * self.g * self.e
         draws = []
         # one draw at a time (drawn again from the seed where not held): its K and V columns in
         # float64 and their products with the Grams, 1/n_random of all the draws' at once
         for i, r in enumerate(self._r if self._r is not None else self._seeded()):
             heads = _heads(r[:, :kv].double()[None], None, self.g, self.h, self.e, identity_q=False)
-            tot = _gram_stats(grams, sums, n, heads, self.rep, with_q=False)   # [1, 3, ...]
+            tot = _gram_stats(grams, sums, n, heads, self.rep, with_q=False)   # [1, 2, ...]
             st = {k: v[0, 0] for k, v in tot.items() if k != "n"}
             st["n"] = n[0]
             if self.logits:
                 st.update(self._chance_logits[i])
-            halves = [{k: tot[k][0, j] for k in ("kk", "vv")} for j in (1, 2)] if min(self._counts) else []
+            even = {k: tot[k][0, 1] for k in ("kk", "vv")}
+            halves = [even, {k: st[k] - even[k] for k in even}] if min(self._counts) else []   # odd = all - even
             draws.append((st, halves))
         return draws
 
