@@ -36,18 +36,28 @@ How the sums are formed (the same sums either way, float64 round-off apart):
 
 * ``kv_cosine_act`` = ``tr(K^T V) / sqrt(tr(K^T K) tr(V^T V))`` (flat cosine of
   the caches, not centred);
-* ``kv_cka_act`` = ``||Kc^T Vc||_F^2 / (||Kc^T Kc||_F ||Vc^T Vc||_F)`` with the
-  tokens of all windows centred, ``Kc^T Vc = K^T V - (sum k)(sum v)^T / n``
-  (linear CKA, Kornblith et al. 2019);
-* ``kv_share_r2_act`` = ``||P_K V||_F^2 / ||V||_F^2 = tr(V^T K (K^T K)^{-1} K^T V)
-  / tr(V^T V)``: ``1 - min_T ||V - K T||^2 / ||V||^2``, the K=V sharing fit
-  (not centred). ``(K^T K)^{-1}`` by a Cholesky factorisation ``K^T K = L L^T``
+* ``kv_cka_act`` = linear CKA (Kornblith et al. 2019) of the caches with the
+  tokens of all windows centred, ``Kc^T Vc = K^T V - (sum k)(sum v)^T / n``,
+  each squared norm debiased (``_debiased_cka``): ``(||Kc^T Vc||_F^2 - tr(Kc^T Kc)
+  tr(Vc^T Vc) / (n-1)) / sqrt((||Kc^T Kc||_F^2 - tr(Kc^T Kc)^2 / (n-1)) (...V...))``;
+  the plain ratio is biased up by about ``tr tr / (n ||.||^2)`` (0.005 at d_head
+  128 and 4,096 tokens, against an interval half as wide);
+* ``kv_share_r2_act`` = the adjusted R^2 ``1 - (1 - R^2) n / (n - d_head)`` of
+  ``R^2 = ||P_K V||_F^2 / ||V||_F^2 = tr(V^T K (K^T K)^{-1} K^T V) / tr(V^T V)``
+  (``1 - min_T ||V - K T||^2 / ||V||^2``, the K=V sharing fit, not centred): the
+  fit spends a degree of freedom per column of K, so the plain ``R^2`` of a V
+  unrelated to K reads ``d_head / n``. ``(K^T K)^{-1}`` by a Cholesky factorisation ``K^T K = L L^T``
   (a pivot is judged on the unit-diagonal ``D K^T K D``, whose factor is ``D L``:
   ``L_ii^2 / (K^T K)_ii``); a Gram that is singular to float64 (fewer
   tokens than ``d_head``, dead columns) falls back to its pseudo-inverse,
   dropping eigenvalues below ``d_head * eps64 * lambda_max``;
 * ``erank_kcache``, ``erank_vcache``: effective rank (Roy & Vetterli 2007) of
-  the ``[n, d_head]`` caches, ``sigma_i^2 = eig(K^T K)`` (not centred);
+  the ``[n, d_head]`` caches, ``sigma_i^2 = eig(K^T K)`` (not centred), bias-
+  corrected by the delete-one-window jackknife ``N theta - (N-1) mean_i theta_(i)``
+  (``analysis.intervals.jackknife``): a sample's singular values spread out, so the
+  plain erank reads low by about ``c / n`` (0.5 of 115 at d_head 128 and 4,096
+  tokens), a bias with no closed form that the jackknife removes (with one
+  window, or fewer than ``8 x d_head`` tokens, the plain value);
 * ``logit_symmetry`` = ``(1 + sum_w tr(L_w L_w) / sum_w ||L_w||_F^2) / 2``
   (Saponati et al. 2025's symmetry score over the windows' logit matrices),
   per head and of the logits summed over heads (head None);
@@ -76,14 +86,21 @@ Every row also carries:
   of the layer's K and V for every layer during the forward (the 134M Llama of
   ``bench/forward_speed.py``: the job's peak 2,272-2,315 -> 1,871-1,949 MiB).
 * ``n_tokens``: the tokens behind the value (all windows).
-* ``ci_low``, ``ci_high``: 95% bootstrap over windows: windows resampled with
-  replacement ``n_boot`` times (seeded), each metric recomputed from the
-  resampled sums, the 2.5% and 97.5% percentiles shifted by the resamples'
-  bias (their mean minus the value). A resample repeats windows, so it holds
-  fewer distinct tokens, and the Gram-based metrics' small-sample bias
-  (``kv_share_r2_act`` and ``kv_cka_act`` up, the eranks down) would otherwise
-  put the plain percentile interval beside the value rather than around it.
-  NaN, with a note, when there is a single window.
+* ``ci_low``, ``ci_high``: 95% interval over the ``N`` windows (the independent
+  units: tokens of one window are not independent of each other): ``value -+
+  t_{N-1, 0.975} se`` with ``se`` the delete-one-window jackknife's standard error
+  (each metric recomputed from the sums less one window), clipped to the
+  metric's range. Few windows are few clusters: a percentile bootstrap over 8
+  windows covers 0.75-0.9, and with the uncorrected estimators 0.000 at d_head 128;
+  the t quantile with ``N - 1`` degrees of freedom and the bias corrections
+  above cover >= 0.9 at d_head 16-256 on synthetic inputs with known values
+  (``bench/interval_coverage.py``, docs/statistics.md). NaN, with a note, when
+  there is a single window.
+
+The chance draws get the same corrections: the adjusted R^2 and debiased CKA are
+functions of the totals, and their eranks are extrapolated in ``1/n`` from the
+even and the odd windows (``_chance_metrics``), so a random layer's corrected
+value meets a band of corrected values.
 
 ``kv_share_r2_act``, ``kv_cka_act``, ``erank_kcache`` and ``erank_vcache``
 need more tokens than columns (at least ``8 x d_head``); with fewer the value
@@ -118,6 +135,7 @@ from analysis._lapack_pool import side_by_side
 from analysis.above_chance import p_value
 from analysis._linalg import as_float32, small_eigh, small_eigvalsh, spectrum_stats, stack_heads
 from analysis.errors import AnalysisError
+from analysis.intervals import jackknife, t_quantile
 from analysis.plugins import activation_values
 from analysis.registry import BY_NAME, RESULT_COLUMNS
 from analysis.weights import LayerLike, MetaLike, check_geometry, default_device
@@ -196,7 +214,13 @@ class ActivationAccumulator:
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []   # (G_w, s_w, n_w)
         self._pending_bytes = 0
         self._gram = torch.zeros(d, d, dtype=torch.float64, device=self.dev)      # sum_t x_t x_t^T
-        self._sum = torch.zeros(d, dtype=torch.float64, device=self.dev)          # sum_t x_t
+        # the same over the even windows, and sum_t x_t and the token count over the even and the
+        # odd windows (two halves of the sample: the chance draws' eranks are bias-corrected from
+        # them; float32 for the half Gram, which only sets a chance level: half the memory)
+        self._gram_even = torch.zeros(d, d, dtype=torch.float32, device=self.dev)
+        self._sums = torch.zeros(2, d, dtype=torch.float64, device=self.dev)
+        self._counts = [0, 0]
+        self._n_win = 0
         self._chance_logits: list[dict[str, torch.Tensor] | None] = [None] * n_random   # totals per draw
         self._n = 0
 
@@ -235,19 +259,28 @@ class ActivationAccumulator:
                 # statistic is a quadratic form of it, reduced later in batches of windows
                 gw = x64.mT @ x64                                        # [B, d, d]
                 sw = x64.sum(1)                                          # [B, d]
+                half = (torch.arange(B, device=self.dev) + self._n_win) % 2   # each window's half
                 self._gram += gw.sum(0)
-                self._sum += sw.sum(0)
+                self._gram_even += gw[half == 0].sum(0).float()
+                self._sums.index_add_(0, half, sw)
                 self._pending.append((gw, sw, torch.full((B,), float(T), dtype=torch.float64, device=self.dev)))
                 self._pending_bytes += gw.numel() * 8
                 if self._pending_bytes > _PENDING_BYTES:
                     self._reduce()
             else:
                 self._reduce()                                           # keep the windows in order
-                xf = x64.view(B * T, d)
-                self._gram += xf.mT @ xf
-                self._sum += xf.sum(0)
+                for p in (0, 1):                                         # even, odd windows
+                    xf = x64[(p + self._n_win) % 2::2].reshape(-1, d)
+                    gp = xf.mT @ xf
+                    self._gram += gp
+                    if p == 0:
+                        self._gram_even += gp.float()
+                    self._sums[p] += xf.sum(0)
                 self._add_projected(x)
+        for p in (0, 1):
+            self._counts[p] += len(range((p + self._n_win) % 2, B, 2)) * T
         self._n += B * T
+        self._n_win += B
 
     def _add_projected(self, x: torch.Tensor) -> None:
         """Projection path (windows shorter than d_model): float64 statistics of the float32
@@ -334,29 +367,49 @@ class ActivationAccumulator:
         prev = self._chance_logits[i]
         self._chance_logits[i] = st if prev is None else {k: prev[k] + st[k] for k in st}
 
-    def _chance_stats(self) -> list[dict[str, torch.Tensor]]:
+    def _chance_stats(self) -> list[tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]]:
         """The totals of every draw: K and V sums from the input's Gram (``R^T G R``), the logit
-        sums accumulated per window (the held windows reduced first)."""
+        sums accumulated per window (the held windows reduced first); beside them the draw's K and
+        V Grams (``kk``, ``vv``) over each half of the windows (none with one window)."""
         self._reduce()
-        n = torch.tensor(float(self._n), dtype=torch.float64, device=self.dev)
+        n = torch.tensor([float(self._n), float(self._counts[0])], dtype=torch.float64, device=self.dev)
+        grams = torch.stack([self._gram, self._gram_even.double()])     # all, even: [2, d, d]
+        sums = torch.stack([self._sums.sum(0), self._sums[0]])
         kv = 2 * self.g * self.e
         draws = []
         # one draw at a time (drawn again from the seed where not held): its K and V columns in
-        # float64 and their products with the Gram, 1/n_random of all the draws' at once
+        # float64 and their products with the Grams, 1/n_random of all the draws' at once
         for i, r in enumerate(self._r if self._r is not None else self._seeded()):
             heads = _heads(r[:, :kv].double()[None], None, self.g, self.h, self.e, identity_q=False)
-            tot = _gram_stats(self._gram[None], self._sum[None], n[None], heads, self.rep,
-                              with_q=False)                              # [1, 1, ...]
+            tot = _gram_stats(grams, sums, n, heads, self.rep, with_q=False)   # [1, 2, ...]
             st = {k: v[0, 0] for k, v in tot.items() if k != "n"}
-            st["n"] = n
+            st["n"] = n[0]
             if self.logits:
                 st.update(self._chance_logits[i])
-            draws.append(st)
+            even = {k: tot[k][0, 1] for k in ("kk", "vv")}
+            halves = [even, {k: st[k] - even[k] for k in even}] if min(self._counts) else []   # odd = all - even
+            draws.append((st, halves))
         return draws
 
-    def result(self, *, n_boot: int = 200, seed: int = 0) -> tuple[pd.DataFrame, dict[str, str]]:
+    def _chance_metrics(self, st: dict[str, torch.Tensor], halves: list[dict[str, torch.Tensor]],
+                        correct: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """A draw's metrics from its totals, the eranks in ``correct`` bias-corrected as the value's
+        are: from the two halves of the windows (``n_a``, ``n_b`` tokens) by Richardson
+        extrapolation in 1/n, ``theta - (theta_h - theta) / (h n - 1)`` with ``theta_h`` the halves'
+        mean and ``h = (1/n_a + 1/n_b) / 2`` (equal halves: ``2 theta - theta_h``), which removes a
+        bias ``c / n`` as the delete-one-window jackknife does."""
+        out = _metrics(st, self.e)
+        if correct:
+            n, (na, nb) = float(self._n), self._counts
+            h = (1 / na + 1 / nb) / 2
+            for m, key in (("erank_kcache", "kk"), ("erank_vcache", "vv")):
+                half = sum(spectrum_stats(_gram_sv(part[key]))["erank"] for part in halves) / 2
+                out[m] = out[m] - (half - out[m]) / (h * n - 1)
+        return out
+
+    def result(self) -> tuple[pd.DataFrame, dict[str, str]]:
         """Rows (``analysis.registry.RESULT_COLUMNS``) of every activation metric, and notes."""
-        return self._result(n_boot, seed, _BOOT_BYTES)
+        return self._result(_BOOT_BYTES)
 
     def result_bytes(self) -> int:
         """About the most memory ``result()`` holds at once beyond the sums and the bootstrap's
@@ -368,8 +421,8 @@ class ActivationAccumulator:
         redrawn = 0 if self._r is not None else 4 * self.d * self._width
         return draw + redrawn
 
-    def _result(self, n_boot: int, seed: int, boot_bytes: int) -> tuple[pd.DataFrame, dict[str, str]]:
-        """``result()`` with the bootstrap's batches bounded by ``boot_bytes``."""
+    def _result(self, boot_bytes: int) -> tuple[pd.DataFrame, dict[str, str]]:
+        """``result()`` with the jackknife's batches bounded by ``boot_bytes``."""
         if not self._windows and not self._pending:
             raise AnalysisError(f"layer {self.layer}: no tokens were added (call add() first)")
         notes = dict(self.notes)
@@ -377,8 +430,10 @@ class ActivationAccumulator:
             self._reduce()
             per_win = {key: torch.cat([w[key] for w in self._windows]) for key in self._windows[0]}
             n_win = int(per_win["n"].shape[0])
-            values = _metrics({key: val.sum(0) for key, val in per_win.items()}, self.e)
-            draws = [_metrics(c, self.e) for c in self._chance_stats()]
+            total = {key: val.sum(0) for key, val in per_win.items()}
+            values = _metrics(total, self.e)
+            correct = _ERANKS if n_win > 1 and self._n >= TOKENS_PER_COLUMN * self.e else ()
+            draws = [self._chance_metrics(st, halves, correct) for st, halves in self._chance_stats()]
             nulls = {m: (torch.stack([dr[m] for dr in draws]).flatten().sort().values
                          if _row_metric(m).chance != "none" else torch.empty(0, dtype=torch.float64))
                      for m in values}                        # draws x heads, sorted
@@ -392,7 +447,9 @@ class ActivationAccumulator:
             lam = small_eigvalsh(self._gram) if self._n else torch.zeros(1, dtype=torch.float64)
             in_rank = int((lam > self.d * EPS64 * lam.max().clamp_min(0)).sum()) + int(self.has_bias)
             if n_win > 1:
-                lo, hi = self._bootstrap(per_win, values, n_boot, seed, boot_bytes)
+                # the eranks' small-sample bias has no closed form: the jackknife removes its 1/n
+                # term, where there are enough tokens for the value to be measured at all
+                values, lo, hi = self._jackknife(per_win, total, values, boot_bytes, correct)
             else:
                 lo = hi = {m: torch.full_like(val, float("nan")) for m, val in values.items()}
         n = self._n
@@ -411,7 +468,7 @@ class ActivationAccumulator:
         if n_win == 1:
             # one note per registered metric (the per-layer logit row is logit_symmetry's)
             for m in dict.fromkeys("logit_symmetry" if m == "logit_symmetry_layer" else m for m in values):
-                _add_note(notes, m, "one window: no bootstrap interval over windows (ci_low, ci_high empty)")
+                _add_note(notes, m, "one window: no interval over windows (ci_low, ci_high empty)")
         rows = []
         for m, val in values.items():
             row = _row_metric(m)
@@ -430,35 +487,30 @@ class ActivationAccumulator:
         df["degenerate"] = df["degenerate"].astype(bool)
         return df, notes
 
-    def _bootstrap(self, per_win: dict[str, torch.Tensor], values: dict[str, torch.Tensor], n_boot: int,
-                   seed: int, boot_bytes: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """2.5% and 97.5% percentiles of every metric over ``n_boot`` resamples of the windows,
-        shifted by the resamples' bias (their mean minus ``values``), in batches of resamples
+    def _jackknife(self, per_win: dict[str, torch.Tensor], total: dict[str, torch.Tensor],
+                   values: dict[str, torch.Tensor], boot_bytes: int, correct: tuple[str, ...]
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The delete-one-window jackknife of every metric (``analysis.intervals.jackknife``): the
+        value (bias-corrected for the metrics in ``correct``) and its ``t_{N-1}`` interval, clipped
+        to the metric's range; the leave-one-out sums ``total - window`` in batches of windows
         bounded by ``boot_bytes``."""
         n_win = int(per_win["n"].shape[0])
-        gen = torch.Generator().manual_seed(seed)
-        idx = torch.randint(0, n_win, (n_boot, n_win), generator=gen)            # windows drawn
-        counts = torch.zeros(n_boot, n_win, dtype=torch.float64).scatter_add_(
-            1, idx, torch.ones(n_boot, n_win, dtype=torch.float64)).to(self.dev)  # [n_boot, n_win]
         width = sum(val[0].numel() for val in per_win.values())                  # float64s per window
         chunk = max(1, boot_bytes // (8 * width * 4))                            # sums + work space
         reps: dict[str, list[torch.Tensor]] = {}
-        for s in range(0, n_boot, chunk):
-            c = counts[s:s + chunk]                                              # [b, n_win]
-            sums = {key: (c @ val.reshape(n_win, -1)).view(c.shape[0], *val.shape[1:])
-                    for key, val in per_win.items()}                             # resampled sums [b, ...]
+        for s in range(0, n_win, chunk):
+            sums = {key: total[key] - val[s:s + chunk] for key, val in per_win.items()}   # [b, ...]
             for m, val in _metrics(sums, self.e).items():
                 reps.setdefault(m, []).append(val)
-        lo, hi = {}, {}
+        t = t_quantile(n_win - 1)
+        mid, lo, hi = {}, {}, {}
         for m, parts in reps.items():
-            r = torch.cat(parts)                                                 # [n_boot, ...]
-            qs = torch.nanquantile(r, torch.tensor([0.025, 0.975], dtype=r.dtype, device=r.device), dim=0)
-            # a resample repeats windows, so it has fewer distinct tokens and the Gram-based metrics'
-            # small-sample bias grows: recentre the percentile interval by that bias (mean - value)
-            shift = r.nanmean(0) - values[m]
+            value, se = jackknife(torch.cat(parts), values[m])                   # [n_win, ...] -> [...]
+            value = value if m in correct else values[m]
             low, high = _RANGE.get(m) or ((1.0, float(self.e)) if m in _ERANKS else (-math.inf, math.inf))
-            lo[m], hi[m] = (qs[0] - shift).clamp(low, high), (qs[1] - shift).clamp(low, high)
-        return lo, hi
+            mid[m] = value.clamp(low, high)
+            lo[m], hi[m] = (value - t * se).clamp(low, high), (value + t * se).clamp(low, high)
+        return mid, lo, hi
 
 
 #: Memory that the ``result()`` calls of ``results_of`` may hold at once (bytes, as estimated):
@@ -485,9 +537,8 @@ def result_workers(accs: list[ActivationAccumulator], threads: int | None = None
     return max(1, min(threads, len(accs), fits))
 
 
-def results_of(accs: list[ActivationAccumulator], *, n_boot: int = 200,
-               seed: int = 0) -> list[tuple[pd.DataFrame, dict[str, str]]]:
-    """Every accumulator's ``result(n_boot=, seed=)``, in order: on the CPU, ``result_workers``
+def results_of(accs: list[ActivationAccumulator]) -> list[tuple[pd.DataFrame, dict[str, str]]]:
+    """Every accumulator's ``result()``, in order: on the CPU, ``result_workers``
     of them side by side, each in a worker thread with one intra-op thread
     (``analysis._lapack_pool.side_by_side``), the bootstrap's batches shared out so that
     together they stay within ``_BOOT_BYTES``. A layer's bootstrap is many small
@@ -500,7 +551,7 @@ def results_of(accs: list[ActivationAccumulator], *, n_boot: int = 200,
         return [a.result() for a in accs]       # another kind (feed takes any add()/result()): its own, in turn
     workers = result_workers(accs)
     boot = max(1, _BOOT_BYTES // workers)
-    return side_by_side([lambda a=a: a._result(n_boot, seed, boot) for a in accs], workers)
+    return side_by_side([lambda a=a: a._result(boot) for a in accs], workers)
 
 
 def _row_metric(m: str):
@@ -662,8 +713,9 @@ def _metrics(st: dict[str, torch.Tensor], d_head: int) -> dict[str, torch.Tensor
     # centred Grams, e.g. Kc^T Kc = K^T K - (sum k)(sum k)^T / n, and their squared norms:
     # each formed in one fused pass (rank-one update) and read once (no squared copy)
     fro = lambda a, u, w: torch.linalg.vector_norm(_minus_outer(a, u, w), dim=(-2, -1)).square()   # noqa: E731
-    out["kv_cka_act"] = fro(kv, uk, uv) / (fro(kk, uk, uk) * fro(vv, uv, uv)).sqrt()
-    out["kv_share_r2_act"] = _share_r2(kk, vv, kv, d_head)
+    out["kv_cka_act"] = _debiased_cka(fro(kv, uk, uv), fro(kk, uk, uk), fro(vv, uv, uv),
+                                      tr(kk) - uk.square().sum(-1), tr(vv) - uv.square().sum(-1), n[..., None])
+    out["kv_share_r2_act"] = _adjusted_r2(_share_r2(kk, vv, kv, d_head), n[..., None], d_head)
     for name, gram in (("erank_kcache", kk), ("erank_vcache", vv)):
         out[name] = spectrum_stats(_gram_sv(gram))["erank"]
     if "lsym" in st:
@@ -689,6 +741,29 @@ def _gram_sv(gram: torch.Tensor) -> torch.Tensor:
     lam = small_eigvalsh(gram).flip(-1)                                # [..., e], descending
     tol = gram.shape[-1] * EPS64 * lam[..., :1].clamp_min(0)
     return torch.where(lam > tol, lam, torch.zeros_like(lam)).sqrt()
+
+
+def _debiased_cka(kv2: torch.Tensor, kk2: torch.Tensor, vv2: torch.Tensor, trk: torch.Tensor, trv: torch.Tensor,
+                  n: torch.Tensor) -> torch.Tensor:
+    """Linear CKA with each squared norm debiased: ``(||C_kv||^2 - tr C_kk tr C_vv / (n-1)) /
+    sqrt((||C_kk||^2 - tr(C_kk)^2 / (n-1)) (||C_vv||^2 - tr(C_vv)^2 / (n-1)))`` from the centred
+    Grams' squared norms and traces. For Gaussian tokens ``C ~ Wishart(n - 1, Sigma)`` and each
+    term's expectation is the same multiple of the population's ``||Sigma_kv||^2`` (Wishart
+    moments; the unbiased HSIC of Song et al. 2012 and the debiased CKA of Kornblith et al. 2019
+    in the linear-kernel, Gaussian case, formed from the sums the accumulator keeps). The plain
+    ratio where a debiased norm is not positive (no more tokens than columns)."""
+    m = n - 1
+    num, den_k, den_v = kv2 - trk * trv / m, kk2 - trk.square() / m, vv2 - trv.square() / m
+    ok = (den_k > 0) & (den_v > 0)
+    return torch.where(ok, num / (den_k * den_v).clamp_min(1e-300).sqrt(), kv2 / (kk2 * vv2).sqrt())
+
+
+def _adjusted_r2(r2: torch.Tensor, n: torch.Tensor, d_head: int) -> torch.Tensor:
+    """``1 - (1 - R^2) n / (n - d_head)``: the share fit's residual per degree of freedom (``n -
+    d_head``: the fit spends one per column of K) against ``||V||^2`` per token, so a V unrelated
+    to K reads about 0 instead of ``d_head / n`` (the adjusted R^2 of an uncentred fit); the plain
+    value where ``n <= d_head``."""
+    return torch.where(n > d_head, 1 - (1 - r2) * n / (n - d_head).clamp_min(1), r2)
 
 
 def _share_r2(kk: torch.Tensor, vv: torch.Tensor, kv: torch.Tensor, d_head: int) -> torch.Tensor:

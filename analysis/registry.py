@@ -67,7 +67,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 
-METRIC_VERSION = 5
+METRIC_VERSION = 6
 
 #: The columns of every tidy metric frame.
 COLUMNS = ["layer", "head", "head_label", "metric", "value"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 
 import numpy as np
 import pandas as pd
@@ -569,15 +568,6 @@ def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", met
 
 # -- the final metric summarised: a mean and its 95% interval per group and x -----------
 
-#: Seed of the summary's bootstrap; each group and x draws from its own stream
-#: (``_summary_rng``), so filtering other runs out leaves its interval as it was.
-SUMMARY_SEED = 0
-
-
-def _summary_rng(group: str, x) -> np.random.Generator:
-    return np.random.default_rng([SUMMARY_SEED, zlib.crc32(f"{group}\x00{_x_text(x)}".encode())])
-
-
 #: Columns of ``final_summary``.
 SUMMARY_COLUMNS = ["variant", "sharing", "group", "x", "n", "diverged", "mean", "lo", "hi", "minus", "plus",
                    "min", "max"]
@@ -585,15 +575,14 @@ SUMMARY_COLUMNS = ["variant", "sharing", "group", "x", "n", "diverged", "mean", 
 
 def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> pd.DataFrame:
     """Per variant x head sharing group (``_final_groups``) and value of ``hparam``: the mean of
-    the runs' ``value`` in float64 and its 95% percentile-bootstrap interval
-    (``analysis.intervals.mean_interval``: 1,000 resamples of the runs, the interval the Weight
-    decay page gives each weight decay's mean), drawn from a stream seeded by the group and x.
+    the runs' ``value`` in float64 and its 95% t interval (``analysis.intervals.mean_interval``,
+    ``n - 1`` degrees of freedom: the interval the Weight decay page gives each weight decay's mean).
 
     Returns ``SUMMARY_COLUMNS``, one row per group and x, groups in legend order and x ascending:
     ``n`` the runs in the mean, ``diverged`` the runs left out of it (a non-finite ``value``, or
     non-finite values logged: ``nonfinite`` > 0 where the frame has it), ``lo, hi`` the
     interval's ends (NaN for one run), ``minus, plus`` their distances below and above the mean
-    (the error bar; a bootstrap interval need not be symmetric), ``min, max`` of the runs in the
+    (the error bar), ``min, max`` of the runs in the
     mean. A group and x whose runs all diverged has ``n`` 0 and NaN statistics.
     """
     data, groups = _final_groups(frame, hparam)
@@ -616,8 +605,7 @@ def final_summary(frame: pd.DataFrame, *, hparam: str, value: str = "final") -> 
     order = np.argsort(codes, kind="stable")
     cuts = np.cumsum(np.bincount(codes, minlength=len(stats)))[:-1]
     values = np.split(parts["v"].to_numpy(dtype=float)[order], cuts)
-    ends = [mean_interval(v[~np.isnan(v)], _summary_rng(group, x))   # each its runs in the mean
-            for v, group, x in zip(values, stats["group"], stats["x"])]
+    ends = [mean_interval(v[~np.isnan(v)]) for v in values]         # each its runs in the mean
     lo = np.array([np.nan if a is None else a for a, _ in ends], dtype=float)
     hi = np.array([np.nan if b is None else b for _, b in ends], dtype=float)
     mean = stats["mean"].to_numpy(dtype=float)
@@ -639,7 +627,7 @@ def summary_hover(row: dict, *, hparam: str, what: str) -> str:
     n = int(row["n"])
     if n >= 2:
         lines += [f"mean {what} {num(row['mean'])}",
-                  f"95% bootstrap interval {interval_text(row['lo'], row['hi'])}",
+                  f"95% t interval {interval_text(row['lo'], row['hi'])}",
                   f"n = {n} runs, min {num(row['min'])}, max {num(row['max'])}"]
     else:
         lines += [f"{what} {num(row['mean'])}", "n = 1 (no interval)"]
@@ -652,7 +640,7 @@ def final_summary_figure(frame: pd.DataFrame, *, hparam: str, value: str = "fina
                          log_x: bool = False) -> go.Figure:
     """``final_summary`` drawn: per variant x head sharing group one trace (styled and named as
     ``final_scatter``'s, with its runs in the legend: ``"Q-K=V · MQA (n=40)"``), a marker at each
-    value of ``hparam`` at the mean of its runs' ``value`` with its 95% bootstrap interval as an error bar
+    value of ``hparam`` at the mean of its runs' ``value`` with its 95% t interval as an error bar
     (none for one run); n, min, max and the diverged runs in the tooltip. One marker per group
     and x, whatever the number of runs."""
     summary = final_summary(frame, hparam=hparam, value=value)

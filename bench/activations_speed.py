@@ -2,11 +2,10 @@
 
 d_model 2048, 32 heads, 8 kv heads, d_head 64 (random weights), 4,096 tokens
 fed as ``--batches`` calls of ``add()`` (8 windows of 512 tokens in all), then
-``result(n_boot=200)``; with and without logits. Prints the seconds of the
+``result()``; with and without logits. Prints the seconds of the
 ``add()`` calls (the layer's projections, ``n_random`` random ones for the
 chance levels, float64 statistics) and of ``result()`` (metrics, chance, the
-bootstrap), and ``result(n_boot=2)`` beside it: the difference is the bootstrap;
-and, side by side, the floor: the layer's own K and V projections and their
+jackknife over windows); and, side by side, the floor: the layer's own K and V projections and their
 Grams alone (what any activation metric must compute), with the ratio of the
 whole to it (the price of chance levels, float64 statistics and intervals).
 
@@ -53,7 +52,7 @@ def main() -> None:
     meta = SimpleNamespace(n_heads=h, n_kv_heads=g, d_model=d, d_head=e, norm="rmsnorm", variant="qkv")
     x = torch.randn(windows, t, d, generator=gen).to(args.device)        # [8, 512, 2048]
     print(f"device {args.device}, threads {torch.get_num_threads()}, {windows} windows x {t} tokens, "
-          f"d_model {d}, {h} heads, {g} kv heads, d_head {e}, n_random 3, n_boot 200")
+          f"d_model {d}, {h} heads, {g} kv heads, d_head {e}, n_random 3")
     # the floor, side by side: the layer's own K and V projections and their float32 Grams alone
     wk, wv = lay.W_K.permute(1, 0, 2).reshape(d, g * e).to(args.device), lay.W_V.permute(1, 0, 2).reshape(
         d, g * e).to(args.device)                                        # [d_model, g*d_head]
@@ -69,7 +68,7 @@ def main() -> None:
     floor = statistics.median(floors)
     print(f"floor: the layer's K, V projections and Grams alone {floor:.3f} s")
     for logits in (False, True):
-        adds, results, smalls = [], [], []
+        adds, results = [], []
         for _ in range(args.repeat):
             acc = ActivationAccumulator(lay, meta, logits=logits, device=args.device)
             _sync(args.device)
@@ -78,18 +77,14 @@ def main() -> None:
                 acc.add(part)
             _sync(args.device)
             t1 = time.perf_counter()
-            acc.result(n_boot=200)
+            acc.result()
             _sync(args.device)
             t2 = time.perf_counter()
-            acc.result(n_boot=2)
-            _sync(args.device)
-            t3 = time.perf_counter()
             adds.append(t1 - t0)
             results.append(t2 - t1)
-            smalls.append(t3 - t2)
-        a, r, s = (statistics.median(v) for v in (adds, results, smalls))
-        print(f"logits={logits!s:5}: add() {a:.2f} s, result(n_boot=200) {r:.2f} s "
-              f"(n_boot=2: {s:.2f} s), total {a + r:.2f} s  (median of {args.repeat}); "
+        a, r = (statistics.median(v) for v in (adds, results))
+        print(f"logits={logits!s:5}: add() {a:.2f} s, result() {r:.2f} s, "
+              f"total {a + r:.2f} s  (median of {args.repeat}); "
               f"total / floor = {(a + r) / floor:.1f}x")
 
 

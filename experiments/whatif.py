@@ -19,8 +19,8 @@ cross-entropy per image, ``ppl = exp(loss)``, intervals over images, and ``notes
 the top-1 accuracy of every evaluated model with its bootstrap interval.
 
 Loss: mean next-token cross-entropy (nats) over the evaluation windows; ``ppl = exp(loss)``;
-``ci_low``/``ci_high``: the 95% percentile-bootstrap interval of the perplexity, resampling
-windows (``analysis.intervals.mean_interval`` on the per-window mean losses, then exp).
+``ci_low``/``ci_high``: the 95% interval of the perplexity: the t interval over windows
+(``analysis.intervals.mean_interval`` on the per-window mean losses), then exp.
 KV bytes per token: ``analysis.variants.kv_bytes_per_token`` per layer (its tie and kv heads:
 the checkpoint's variant for an original layer, the tensors' ties for a converted one; a latent
 layer caches ``rank`` numbers), at the checkpoint's dtype. Attention parameters: each layer's
@@ -385,7 +385,7 @@ def image_losses(model, images: torch.Tensor, labels: torch.Tensor, dev) -> tupl
 def scored(losses: np.ndarray) -> dict:
     """``loss, ppl, ci_low, ci_high`` of per-window losses (module docstring)."""
     loss = float(losses.mean())
-    lo, hi = mean_interval(losses, np.random.default_rng(SEED))
+    lo, hi = mean_interval(losses)
     return {"loss": loss, "ppl": math.exp(loss), "ci_low": None if lo is None else math.exp(lo),
             "ci_high": None if hi is None else math.exp(hi)}
 

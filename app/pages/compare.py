@@ -247,7 +247,7 @@ def _trajectories(store) -> None:
     rows = per_layer[per_layer["metric"] == metric]
     st.caption(f"Dashed: **{charts.chance_label(rows)}**, the value independent random projections of these "
                "shapes give"
-               + ("; bands: the mean of the heads' 95% bounds (bootstrap over token windows)."
+               + ("; bands: the mean of the heads' 95% bounds (jackknife t intervals over token windows)."
                   if rows["ci_low"].notna().any() else "."))
     figures.show(charts.trajectory_figure(per_layer, metric), key="cmp_traj")
     steps = dict(zip(ck["checkpoint_id"].astype(int), ck["step"]))

@@ -11,7 +11,7 @@ The curves of every selected run are fetched (and cached) together and the
 filters pick from them, so changing a filter runs no new curve query.
 Smoothing is ``analysis.trajectories.smooth`` (time-weighted, debiased EMA).
 The final-metric scatter draws every run, or per group and hyperparameter value the mean
-of its runs with a 95% bootstrap interval (``charts.final_summary``, the Weight decay page's
+of its runs with a 95% t interval (``charts.final_summary``, the Weight decay page's
 interval: ``analysis.intervals``): every run up to
 ``EVERY_RUN_MAX`` (200) runs in the table, the means above that, unless the Runs control
 (``fd``) says otherwise. The metadata form is drawn only while its expander is open.
@@ -62,7 +62,7 @@ DEFAULT_RUNS = 8
 #: kept, at half the points (and half the browser's drawing) of the loader's 2,000 cap.
 CURVE_POINTS = 1000
 #: The final-metric scatter's two drawings (URL key ``fd``): every run a marker, or per group and
-#: hyperparameter value the mean of its runs with a 95% bootstrap interval (``charts.final_summary``).
+#: hyperparameter value the mean of its runs with a 95% t interval (``charts.final_summary``).
 FINAL_DRAWINGS = {"runs": "every run", "mean": "mean and 95% interval"}
 #: Up to this many runs in the table the scatter opens with every run, above it with the means:
 #: one marker per group and x whatever the runs (2,000 SVG markers, drawn twice, cost 0.4-0.9 s
@@ -297,7 +297,7 @@ def _drawing_control(column, n_runs: int, *, disabled: bool) -> str:
     return column.radio("Runs", list(FINAL_DRAWINGS), format_func=FINAL_DRAWINGS.get, key="exp_fd",
                         horizontal=True, on_change=_pick_drawing, disabled=disabled,
                         help=f"every run as a marker, or per group and value the mean of its runs with a "
-                             f"95% bootstrap interval (n, min and max in the tooltip); opens with every run for "
+                             f"95% t interval (n, min and max in the tooltip); opens with every run for "
                              f"{EVERY_RUN_MAX} runs in the table or fewer")
 
 
@@ -308,8 +308,8 @@ def _drawing_caption(drawing: str, n_runs: int) -> str:
         why = "as picked" if chosen else f"{n_runs:,} runs in the table, at most {EVERY_RUN_MAX:,}"
         return f"Every run is a marker ({why}); *mean and 95% interval* summarises each group's runs."
     why = "as picked" if chosen else f"{n_runs:,} runs in the table, over {EVERY_RUN_MAX:,}"
-    return (f"Mean of each group's runs at each value, with its 95% bootstrap interval (1,000 resamples "
-            f"of the runs, as on the Weight decay page; no bar for one run; n, min, max and diverged runs "
+    return (f"Mean of each group's runs at each value, with its 95% t interval (n - 1 degrees of freedom "
+            f"over the runs, as on the Weight decay page; no bar for one run; n, min, max and diverged runs "
             f"in the tooltip) ({why}); *every run* draws each run.")
 
 

@@ -520,7 +520,7 @@ def _reports(results: pd.DataFrame, notes: dict[str, str], row: pd.Series) -> No
                                   "outside the null band at a 5% false discovery rate, of the heads tested; "
                                   "degenerate heads (fixed by construction) are not counted"),
                          "95% CI (mean of heads' bounds)": st.column_config.TextColumn(
-                             help="bootstrap over token windows, per head; here the mean of the heads' bounds"),
+                             help="jackknife t interval over token windows, per head; here the mean of the heads' bounds"),
                          "note": st.column_config.TextColumn(width="large")})
         r2 = kv[kv["metric"] == "kv_share_r2"]
         r2 = r2[~charts.flags_of(r2)[0]]             # degenerate heads (fixed by construction) count nowhere

@@ -103,7 +103,7 @@ def test_gram_stats_of_several_sets_and_identity_queries():
         np.testing.assert_allclose(got[key][0].numpy(), want[key].numpy(), rtol=1e-10, err_msg=key)
 
 
-def accumulate(lay, m, x, *, gram, monkeypatch, logits=True, calls=2, n_boot=40, device="cpu"):
+def accumulate(lay, m, x, *, gram, monkeypatch, logits=True, calls=2, device="cpu"):
     monkeypatch.setattr(act, "_gram_path", lambda d, T: gram)
     acc = ActivationAccumulator(lay, m, logits=logits, device=device, seed=3)
     for part in torch.tensor_split(x, calls):
@@ -126,7 +126,7 @@ def test_gram_path_and_projection_path_give_the_same_rows(monkeypatch, logits, d
     rows = {}
     for gram in (True, False):
         acc = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, logits=logits, device=device)
-        rows[gram] = acc.result(n_boot=40)[0]
+        rows[gram] = acc.result()[0]
     one, two = rows[True], rows[False]
     assert one[["metric", "head_label"]].equals(two[["metric", "head_label"]])
     for col in ("value", "ci_low", "ci_high"):                          # exact projections: round-off only
@@ -140,7 +140,7 @@ def test_identity_queries_on_both_paths(monkeypatch):
     lay = layer(None, ints(g, d, e, lo=-1, hi=2, seed=1), ints(g, d, e, lo=-1, hi=2, seed=2),
                 bq=ints(h, e, seed=3), heads=h)
     x = ints(4, 20, d, seed=4)
-    vals = [accumulate(lay, meta(h, g, d, e), x, gram=gram, monkeypatch=monkeypatch).result(n_boot=20)[0]
+    vals = [accumulate(lay, meta(h, g, d, e), x, gram=gram, monkeypatch=monkeypatch).result()[0]
             for gram in (True, False)]
     np.testing.assert_allclose(vals[0]["value"].to_numpy(), vals[1]["value"].to_numpy(), rtol=1e-10)
     assert "logit_symmetry" in set(vals[0].metric)
@@ -152,7 +152,7 @@ def test_chance_totals_equal_float64_projections_of_the_draws(monkeypatch, gram)
     x = rand(6, 24, m.d_model, seed=8) * torch.logspace(0, -2, m.d_model) + 0.5   # anisotropic, offset
     acc = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch)
     g, h, e = m.n_kv_heads, m.n_heads, m.d_head
-    for r, got in zip(acc.r, acc._chance_stats()):                      # the seeded draws [d, K | V | Q]
+    for r, (got, _) in zip(acc.r, acc._chance_stats()):                      # the seeded draws [d, K | V | Q]
         split = lambda lo, hi, k: r[:, lo:hi].reshape(m.d_model, k, e).permute(1, 0, 2)   # noqa: E731
         want = projected(x, split(0, g * e, g), split(g * e, 2 * g * e, g), split(2 * g * e, None, h))
         for key, val in want.items():
@@ -173,7 +173,7 @@ def test_without_logits_the_draws_are_drawn_again_for_the_chance_not_held(monkey
     g, e = m.n_kv_heads, m.d_head
     assert [tuple(r.shape) for r in acc.r] == [(m.d_model, 2 * g * e)] * 3
     assert all(torch.equal(a, b) for a, b in zip(acc.r, acc.r))        # the same matrices at each use
-    for r, got in zip(acc.r, acc._chance_stats()):
+    for r, (got, _) in zip(acc.r, acc._chance_stats()):
         split = lambda lo, hi: r[:, lo:hi].reshape(m.d_model, g, e).permute(1, 0, 2)   # noqa: E731
         want = projected(x, split(0, g * e), split(g * e, 2 * g * e), split(0, g * e))
         for key in ("sk", "sv", "kk", "vv", "kv"):
@@ -191,7 +191,7 @@ def test_draws_logit_sums_on_long_offset_windows_hold_the_symmetry_score_to_1e5(
     m = meta(h, g, d, e)
     x = rand(2, 512, d, seed=14) + 10.0 * rand(d, seed=15)              # [N, T, d], offset
     acc = accumulate(lay, m, x, gram=False, monkeypatch=monkeypatch)
-    for r, got in zip(acc.r, acc._chance_stats()):
+    for r, (got, _) in zip(acc.r, acc._chance_stats()):
         split = lambda lo, hi, k: r[:, lo:hi].reshape(d, k, e).permute(1, 0, 2)   # noqa: E731
         want = projected(x, split(0, g * e, g), split(g * e, 2 * g * e, g), split(2 * g * e, None, h))
         for sym, sq in (("lsym", "lsq"), ("lsym_layer", "lsq_layer")):
@@ -207,10 +207,10 @@ def test_small_batches_of_windows_equal_one_batch(monkeypatch, gram):
     path: the layer's [T, T] logits one window at a time."""
     lay, m = integer_layer()
     x = rand(8, 24, m.d_model, seed=9)
-    whole = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, calls=4).result(n_boot=30)[0]
+    whole = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, calls=4).result()[0]
     monkeypatch.setattr(act, "_PENDING_BYTES", 1)                       # reduce after every add()
     monkeypatch.setattr(act, "_CHUNK_BYTES", 1)                         # one window per batch
-    parts = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, calls=4).result(n_boot=30)[0]
+    parts = accumulate(lay, m, x, gram=gram, monkeypatch=monkeypatch, calls=4).result()[0]
     for col in ("value", "chance", "ci_low", "ci_high"):
         np.testing.assert_allclose(parts[col].to_numpy(), whole[col].to_numpy(), rtol=1e-12, err_msg=col)
 
@@ -219,11 +219,11 @@ def test_paths_mixed_across_calls_keep_the_windows_in_order(monkeypatch):
     """Windows reduced through their Grams, then projected ones: the same rows as one path."""
     lay, m = integer_layer()
     x = ints(6, 24, m.d_model, seed=10)
-    ref = accumulate(lay, m, x, gram=True, monkeypatch=monkeypatch, calls=3).result(n_boot=30, seed=2)[0]
+    ref = accumulate(lay, m, x, gram=True, monkeypatch=monkeypatch, calls=3).result()[0]
     acc = accumulate(lay, m, x[:2], gram=True, monkeypatch=monkeypatch, calls=1)
     monkeypatch.setattr(act, "_gram_path", lambda d, T: False)
     for part in torch.tensor_split(x[2:], 2):
         acc.add(part)
-    mixed = acc.result(n_boot=30, seed=2)[0]
+    mixed = acc.result()[0]
     for col in ("value", "ci_low", "ci_high"):
         np.testing.assert_allclose(mixed[col].to_numpy(), ref[col].to_numpy(), rtol=1e-10, err_msg=col)

@@ -225,7 +225,7 @@ def test_activation_plugin_from_the_sums_with_chance_and_interval(plugged):
     acc = ActivationAccumulator(lay, m, logits=True, device="cpu")
     x = rand(3, 10, 16, seed=9)
     acc.add(x)
-    df, _ = acc.result(n_boot=20)
+    df, _ = acc.result()
     toy = df[df["metric"] == "toy_k2_act"]
     k = torch.einsum("btd,gde->gbte", x.double(), lay.W_K.double()).reshape(2, 30, 4)     # [g, n, e]
     assert toy["head_label"].tolist() == ["L0KV0", "L0KV1"]

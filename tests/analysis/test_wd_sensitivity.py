@@ -231,17 +231,34 @@ def test_one_run_or_one_weight_decay_gives_no_best_wd():
     assert pd.isna(seeds.best_weight_decay)
     assert seeds.best_reason == "all 2 runs at wd 0.1; a best weight decay needs >= 2 weight decays"
     # the per-wd interval is there: two runs share the weight decay
-    assert seeds.per_wd[0]["ci_low"] == 3.0 and seeds.per_wd[0]["ci_high"] == 3.1
+    # t interval of (3.0, 3.1): 3.05 -+ t_{1, 0.975} 0.05
+    assert (seeds.per_wd[0]["ci_low"], seeds.per_wd[0]["ci_high"]) == pytest.approx(
+        (3.05 - 12.7062047362 * 0.05, 3.05 + 12.7062047362 * 0.05), rel=1e-9)
 
 
-def test_bootstrap_of_two_runs_spans_them():
-    # resampled means of (a, b) are a, (a+b)/2, b with probability 1/4, 1/2, 1/4: the 95% interval is [a, b]
+def test_t_interval_of_two_runs_and_the_share_of_the_means_posterior():
+    """Known answers: the t interval, and the share against the posterior by quadrature."""
+    # t interval of (2.0, 2.4): 2.2 -+ t_{1, 0.975} 0.2
     out = group_statistics([0.1, 0.1, 0.3], [2.0, 2.4, 3.0])
     assert [(p["weight_decay"], p["n_runs"], p["mean"], p["ci_low"], p["ci_high"]) for p in out["per_wd"]] == [
-        (0.1, 2, pytest.approx(2.2), 2.0, 2.4), (0.3, 1, 3.0, None, None)]
-    # 0.1 is best in every resample (its worst mean 2.4 < 3.0)
-    assert (out["best_weight_decay"], out["best_wd_ci_low"], out["best_wd_ci_high"], out["best_wd_share"]) == (
-        0.1, 0.1, 0.1, 1.0)
+        (0.1, 2, pytest.approx(2.2), pytest.approx(2.2 - 12.7062047362 * 0.2, rel=1e-9),
+         pytest.approx(2.2 + 12.7062047362 * 0.2, rel=1e-9)), (0.3, 1, 3.0, None, None)]
+    assert (out["best_weight_decay"], out["best_wd_ci_low"], out["best_wd_ci_high"]) == (0.1, 0.1, 0.3)
+    assert out["best_wd_share"] == pytest.approx(_share_reference(), abs=0.035)   # 1,000 draws: +-0.013
+
+
+def _share_reference() -> float:
+    """P(mu_0.1 < mu_0.3) under the empirical-Bayes posterior of means (2.2, 3.0) from (2, 1) runs,
+    by quadrature in float64: s^2 = 0.08 (1 df), tau^2 = var(means) - mean(s^2 / n) = 0.32 - 0.06;
+    given sigma^2 = 0.08 / X (X ~ chi2_1) each mean shrinks toward 2.6 by b = (sigma^2/n) / (sigma^2/n + tau^2)."""
+    from scipy import integrate, stats
+
+    def given(x):
+        sig2 = 0.08 / x
+        (b1, b2) = (sig2 / 2 / (sig2 / 2 + 0.26), sig2 / (sig2 + 0.26))
+        c1, c2 = b1 * 2.6 + (1 - b1) * 2.2, b2 * 2.6 + (1 - b2) * 3.0
+        return stats.norm.cdf((c2 - c1) / math.sqrt((1 - b1) * sig2 / 2 + (1 - b2) * sig2)) * stats.chi2.pdf(x, 1)
+    return integrate.quad(given, 0, np.inf, limit=200)[0]
 
 
 def _seeded(noise=0.02, seeds=4, wds=(1e-3, 1e-2, 1e-1, 1.0)):
@@ -321,8 +338,9 @@ def test_relative_stability_finds_each_variants_best_wd():
     assert out["best_wd_ratio"] == pytest.approx(3.2) and out["ratio_reason"] is None
     assert out["best_wd_ratio_low"] <= 3.2 <= out["best_wd_ratio_high"]
     assert (a["n_runs"], a["n_wd"], a["n_runs_at_best"], a["group"]) == (8, 4, 2, "all")
-    assert a["best_loss"] == pytest.approx(2.0) and a["best_loss_ci_low"] == pytest.approx(1.99)
-    assert a["best_loss_ci_high"] == pytest.approx(2.01) and a["best_wd_share"] == 1.0
+    # two runs at the best wd, 1.99 and 2.01: 2.0 -+ t_{1, 0.975} 0.01
+    assert a["best_loss"] == pytest.approx(2.0) and a["best_loss_ci_low"] == pytest.approx(2.0 - 0.127062047362)
+    assert a["best_loss_ci_high"] == pytest.approx(2.0 + 0.127062047362) and a["best_wd_share"] > 0.9
     assert a["stable_weight_decays"] == [0.01, 0.03125, 0.1, 0.3] and a["lowest_stable_weight_decay"] == 0.01
     assert b["stable_weight_decays"] == [0.01, 0.03125, 0.1]
     assert [p["n_runs"] for p in b["per_wd"]] == [2, 2, 2, 2] and b["per_wd"][3]["n_diverged"] == 1

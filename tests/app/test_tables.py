@@ -28,7 +28,7 @@ def _results():
     ("1 token < 8 x d_head = 64", True),
     ("Too few tokens for a full count", True),
     ("model uses layernorm", False),
-    ("one window: no bootstrap interval over windows (ci_low, ci_high empty)", False),
+    ("one window: no interval over windows (ci_low, ci_high empty)", False),
     ("", False), (None, False)])
 def test_few_tokens_reads_the_notes(note, few):
     assert tables.few_tokens(note) is few
