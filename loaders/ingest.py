@@ -17,7 +17,7 @@ the checkpoint itself (``step``/``iter_num``) or from its name (``step_500``,
 The readers are imported where they are first used, not at the top: the
 checkpoint readers (``loaders.sources``, ``loaders.checkpoints``,
 ``loaders.llama2c``) import torch and the log readers (``loaders.logs``)
-pandas, and the parent of ``loaders/parse_child.py`` runs ``scan`` and
+pandas, and the parent of ``loaders/sandbox.py`` runs ``scan`` and
 ``link_checkpoints`` from here without either (its child reads the files).
 """
 from __future__ import annotations
@@ -525,7 +525,7 @@ def watch(store: Store, paths: Iterable[str | Path], *, interval: float = 2.0,
     at the next poll: each file is one transaction, so nothing is half-stored
     and the next poll picks up where this one stopped. Without ``on_busy``
     the error propagates. ``ingest(store, paths)`` makes one poll:
-    ``ingest_paths`` here, the reading child's in ``loaders.parse_child.watch``.
+    ``ingest_paths`` here, the reading child's in ``loaders.sandbox.watch``.
     """
     paths = list(paths)
     while True:

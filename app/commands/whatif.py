@@ -24,7 +24,7 @@ Runs on checkpoints built as this project's GPT (its own variants, nanoGPT and f
 llama2.c / Meta Llama, the query-free and projection-sharing papers' models) and on Hugging Face
 GPT-2 and Llama-style causal LMs (Llama, Mistral, Qwen2: converted in place, not healed or
 saved). The file is
-opened in a child process under the analysis budgets (``loaders.parse_child``), as
+opened in a child process under the analysis budgets (``loaders.sandbox``, job ``whatif``), as
 ``analyze`` does; nothing is unpickled and no model code from a file runs.
 
 Examples:
@@ -96,14 +96,14 @@ def _path(args) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from loaders.errors import QkvscopeError
-    from loaders.parse_child import call  # here: only when a checkpoint is read
+    from app.sandbox_jobs import call  # here: only when a checkpoint is read
 
     if args.tokens is not None and args.tokens < 2:
         raise QkvscopeError(f"--tokens {args.tokens}: expected at least 2")
     if args.heal_steps < 0:
         raise QkvscopeError(f"--heal-steps {args.heal_steps}: expected 0 or more")
     path = _path(args)
-    out = call("app.commands.whatif:compute", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+    out = call("whatif", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                to=args.to, method=args.method, layers=args.layers, text=args.text, tokens=args.tokens,
                heal_steps=args.heal_steps, heal_how=args.heal, out=args.out, device=args.device)
     if args.json:

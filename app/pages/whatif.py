@@ -4,7 +4,7 @@ bytes saved against perplexity change, beside what training with the tie from sc
 stored runs chosen as reference points against their Q-K-V run (by default the demo's K=V- and
 MQA-trained runs against its Q-K-V run), and the projection-sharing paper's trained variants
 (``analysis.sharing_cost``). The conversion runs in a child process under the analysis budgets
-(``loaders.parse_child``), on "Run"; its result is kept for this browser session only.
+(``loaders.sandbox``, job ``whatif``), on "Run"; its result is kept for this browser session only.
 """
 from __future__ import annotations
 
@@ -55,10 +55,10 @@ def render() -> None:
     key = (path, target, method, int(tokens))
     results = st.session_state.setdefault(_RESULTS, {})
     if st.button("Run", type="primary"):
-        from loaders.parse_child import call   # here: only when a conversion runs
+        from app.sandbox_jobs import call   # here: only when a conversion runs
 
         with st.spinner("converting layer by layer..."):
-            results[key] = call("app.commands.whatif:compute", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+            results[key] = call("whatif", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                                 to=target, method=method, layers="greedy", text=None, tokens=int(tokens),
                                 heal_steps=0, heal_how="distill", out=None, device=None)
     runs = _reference_runs()
