@@ -32,7 +32,6 @@ Where the rest lives (callers import it from there):
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import threading
 import time
@@ -78,26 +77,6 @@ class JobResult:
 
 
 # -- computation over an opened checkpoint ------------------------------------------
-def _release_free_memory() -> None:
-    """Hand the heap's free memory back to the system (glibc ``malloc_trim(0)``; nothing elsewhere).
-    A layer's float64 chunks and LAPACK workspaces are freed into the heap, where later
-    allocations fragment it; trimmed once per layer, the peak RSS of a Llama-2-7B-shaped
-    analysis stays that of one layer (measured in bench/analysis_speed.py)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _libc():
-    try:
-        libc = ctypes.CDLL(None)
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-
-
 def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
                  layers: range | None = None, nonfinite_notes: bool = True,
                  ties: list[dict] | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -134,7 +113,6 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         # (computed once per shape and process, see analysis.chance)
         frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device))
         _merge_notes(notes, nt)
-        _release_free_memory()
     if progress:
         progress(n, n, "weights done")
     frame = pd.concat(frames, ignore_index=True) if frames else \
