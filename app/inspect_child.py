@@ -3,7 +3,7 @@
 The Inspector's spectra, tie check and attention maps open the stored file
 again (the weights are not in the database). An untrusted file is never
 opened in the Streamlit server: each function here runs in a child of
-``loaders.parse_child`` (``call("app.inspect_child:NAME", path, pooled=True,
+the sandbox (``app.sandbox_jobs.call("spectra" | "ties" | "attention", path, pooled=True,
 ...)``) under the memory limit (``QKVSCOPE_PARSE_MEMORY_MB`` plus the
 file's size, on top of what the child holds after its imports) and a time
 limit (``QKVSCOPE_PARSE_TIMEOUT_S`` for one layer's spectra,

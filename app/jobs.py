@@ -14,8 +14,8 @@ again (for activations also the same ``SampleSpec.key``) is a cache hit that
 reads the stored rows and computes nothing. Its ``notes`` JSON says why each
 absent metric is absent.
 
-A stored file is someone's file: ``analyze`` computes in the child process of
-``loaders.parse_child`` (``compute_jobs``, under the memory budget and
+A stored file is someone's file: ``analyze`` computes in the sandbox
+(``loaders.sandbox``, job ``analyze`` of ``app.sandbox_jobs``: ``compute_jobs``, under the memory budget and
 ``QKVSCOPE_ANALYSIS_TIMEOUT_S``), the rows coming back as JSON; ``resolve``
 ingests a path that is not stored yet in such a child too.
 
@@ -32,7 +32,6 @@ Where the rest lives (callers import it from there):
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -78,26 +77,6 @@ class JobResult:
 
 
 # -- computation over an opened checkpoint ------------------------------------------
-def _release_free_memory() -> None:
-    """Hand the heap's free memory back to the system (glibc ``malloc_trim(0)``; nothing elsewhere).
-    A layer's float64 chunks and LAPACK workspaces are freed into the heap, where later
-    allocations fragment it; trimmed once per layer, the peak RSS of a Llama-2-7B-shaped
-    analysis stays that of one layer (measured in bench/analysis_speed.py)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _libc():
-    try:
-        libc = ctypes.CDLL(None)
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-
-
 def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progress | None = None,
                  layers: range | None = None, nonfinite_notes: bool = True,
                  ties: list[dict] | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -147,7 +126,6 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         # (computed once per shape and process, see analysis.chance)
         frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device))
         _merge_notes(notes, nt)
-        _release_free_memory()
     if progress:
         progress(n, n, "weights done")
     frame = pd.concat(frames, ignore_index=True) if frames else \
@@ -250,14 +228,14 @@ def analyze(store: Store, checkpoint_id: int, *, activations: bool = False, devi
                              "re-ingest it from its new place")
         if opener.__module__ == "loaders.checkpoints":
             # a stored file is someone's file: analysed in a child process under the memory budget
-            # and QKVSCOPE_ANALYSIS_TIMEOUT_S (loaders/parse_child.py), so a bomb ends that process;
+            # and QKVSCOPE_ANALYSIS_TIMEOUT_S (loaders/sandbox.py), so a bomb ends that process;
             # the child is pooled (as batch tasks' are): a page analysing 23 checkpoints one after
             # another pays the child's 2-3 s of imports once, and a child that died is replaced
-            from loaders.parse_child import call
+            from app.sandbox_jobs import call
 
             if progress:
                 progress(0, 1, "analysing in a child process")
-            got = call("app.jobs:compute_jobs", info["path"], pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+            got = call("analyze", info["path"], pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                        kinds=todo, device=str(dev), text=sample.text, tokens=sample.tokens, images=sample.images,
                        ties=known_ties)
             fresh = [_job_from_json(checkpoint_id, info["path"], g) for g in got]
@@ -327,16 +305,22 @@ def resolve(store: Store, target: str, *, reader=None) -> int:
     """A checkpoint id from ``target``: an existing path is ingested first, else an integer id.
 
     The path is someone's file: it is read and stored by the child process of
-    ``loaders.parse_child`` (under the memory and time budgets), never in this
+    the sandbox (``loaders.sandbox``, under the memory and time budgets), never in this
     process, so a bomb ends that child with one line ``PATH: what`` (``FileError``).
-    ``reader`` (a ``loaders.parse_child.Reader``) reuses one child over several
-    targets (a glob's matches); None starts one for this target.
+    ``reader`` (a ``loaders.sandbox.Sandbox`` of ``app.sandbox_jobs``) reuses one child over
+    several targets; None borrows the pooled child of ``app.sandbox_jobs``, the one the analysis
+    that follows runs in (one child for both).
     """
     path = Path(target).expanduser()
     if path.exists():
-        from loaders import parse_child
+        from app.sandbox_jobs import pooled
+        from loaders.sandbox import ingest_checkpoint
 
-        rep = parse_child.ingest_checkpoint(store, path, reader=reader)
+        if reader is None:
+            with pooled() as box:
+                rep = ingest_checkpoint(store, path, reader=box)
+        else:
+            rep = ingest_checkpoint(store, path, reader=reader)
         if rep.checkpoint_id is None:
             raise QkvscopeError(f"{path}: not analysable: {rep.reason or rep.status}")
         return int(rep.checkpoint_id)

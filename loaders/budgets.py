@@ -84,7 +84,7 @@ def over(name: str, what: str) -> BudgetExceeded:
 def memory_limit_bytes(file_bytes: int) -> int:
     """The private writable memory (``RLIMIT_DATA``) the process reading a file of
     ``file_bytes`` may add to what it holds when the file's request starts
-    (``loaders.parse_child`` adds that): ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file
+    (``loaders.sandbox`` adds that): ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file
     itself (a reader may copy the whole file, or map it copy-on-write)."""
     return (budget("QKVSCOPE_PARSE_MEMORY_MB") << 20) + max(0, int(file_bytes))
 

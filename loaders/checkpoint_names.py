@@ -1,7 +1,7 @@
 """The file names and suffixes that mark a checkpoint, in one place.
 
 Standard library only, so the ingest walk (``loaders/ingest.py``, which the
-parent of ``loaders/parse_child.py`` runs without importing torch) and the
+parent of ``loaders/sandbox.py`` runs without importing torch) and the
 readers of ``loaders/sources/`` share them.
 """
 from __future__ import annotations

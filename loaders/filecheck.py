@@ -97,7 +97,7 @@ def out_of_memory(exc: BaseException) -> bool:
 
 def data_limit() -> int | None:
     """This process's soft ``RLIMIT_DATA`` in bytes (the reading child's memory limit,
-    ``loaders.parse_child``), or None when it has none."""
+    ``loaders.sandbox``), or None when it has none."""
     soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
     return None if soft == resource.RLIM_INFINITY else soft
 
@@ -106,14 +106,14 @@ def failure(exc: BaseException) -> str:
     """One line on why parsing a file failed, for an exception no reader turned
     into a typed error (``FileError`` already says ``PATH: problem``). An
     allocation that failed under a memory limit (the reading process of
-    ``loaders.parse_child``) names the limit and its budget."""
+    ``loaders.sandbox``) names the limit and its budget."""
     if isinstance(exc, RecursionError):
         return "content nested deeper than can be followed (RecursionError)"
     if out_of_memory(exc):
         limit = data_limit()
         if limit is not None:
             # the reading child's soft limit is what it held before the file plus the file's budget
-            # (loaders.parse_child): the line names the budget, not what the imports hold
+            # (loaders.sandbox): the line names the budget, not what the imports hold
             held = int(os.environ.get("QKVSCOPE_PARSE_HELD_BYTES") or 0)
             return memory_exceeded(limit - held if 0 < held < limit else limit)
         return "ran out of memory while parsing it (MemoryError)"

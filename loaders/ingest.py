@@ -17,7 +17,7 @@ the checkpoint itself (``step``/``iter_num``) or from its name (``step_500``,
 The readers are imported where they are first used, not at the top: the
 checkpoint readers (``loaders.sources``, ``loaders.checkpoints``,
 ``loaders.llama2c``) import torch and the log readers (``loaders.logs``)
-pandas, and the parent of ``loaders/parse_child.py`` runs ``scan`` and
+pandas, and the parent of ``loaders/sandbox.py`` runs ``scan`` and
 ``link_checkpoints`` from here without either (its child reads the files).
 """
 from __future__ import annotations
@@ -487,7 +487,7 @@ def ingest_paths(store: Store, paths: Iterable[str | Path], *,
     without one, into the default project of the path it was found under where it
     has none yet (``loaders.projects``). ``kind_of(path)`` and ``ingest_one(store, path,
     kind)`` read a file: in this process by default (``_classify``, ``ingest_file``), in
-    the reading child for ``loaders.parse_child.ingest_paths``.
+    the reading child for ``loaders.sandbox.ingest_paths``.
     """
     if ingest_one is None:
         ingest_one = lambda store, path, kind: ingest_file(store, path)  # noqa: E731
@@ -529,7 +529,7 @@ def watch(store: Store, paths: Iterable[str | Path], *, interval: float = 2.0,
     at the next poll: each file is one transaction, so nothing is half-stored
     and the next poll picks up where this one stopped. Without ``on_busy``
     the error propagates. ``ingest(store, paths)`` makes one poll:
-    ``ingest_paths`` here, the reading child's in ``loaders.parse_child.watch``.
+    ``ingest_paths`` here, the reading child's in ``loaders.sandbox.watch``.
     """
     paths = list(paths)
     while True:

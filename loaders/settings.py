@@ -30,9 +30,6 @@ SETTINGS: dict[str, Setting] = {
     "QKVSCOPE_PLUGINS": Setting("", "comma-separated module names on the Python path, or `.py` files, that "
                                     "register metrics (`analysis/registry.py`); imported by every qkvscope "
                                     "process with the registry, Ray workers included when they inherit it"),
-    "QKVSCOPE_PRESTART": Setting("1", "`0` stops the dashboard and `analyze` from starting the reading child "
-                                      "process ahead of the first request (`app/dashboard/prestart.py`); the "
-                                      "idle child holds about 450 MB"),
     "QKVSCOPE_ALLOWED_HOSTS": Setting("", "comma-separated host names the dashboard answers to besides localhost, "
                                           "127.0.0.1, ::1 and the `--host` address (as `serve --allow-host`); "
                                           "`*` turns the Host check off (`app/hostguard.py`)"),
@@ -58,7 +55,7 @@ SETTINGS: dict[str, Setting] = {
     "QKVSCOPE_SERVER_LOG_START": Setting(None, "where in the server's log this start began, so a failed start "
                                                "prints its own last lines (`app/serverlog.py`)", "internal"),
     "QKVSCOPE_PARSE_PARENT": Setting(None, "the process id a reading child checks its parent against, so that "
-                                           "it dies with it (`loaders/parse_child.py`)", "internal"),
+                                           "it dies with it (`loaders/sandbox.py`)", "internal"),
     "QKVSCOPE_PARSE_HELD_BYTES": Setting(None, "memory a reading child held after its imports, from which its "
-                                               "memory limit is counted (`loaders/parse_child.py`)", "internal"),
+                                               "memory limit is counted (`loaders/sandbox.py`)", "internal"),
 }

@@ -1,13 +1,15 @@
-"""The SQL console's query process: one query, its own budgets, then exit.
+"""The SQL console's query job: one query in a sandbox child, its own budgets, then exit.
 
-Started by ``loaders.sql_console.run_readonly_query`` as ``python -I
-loaders/sql_child.py`` (isolated: nothing of this project is imported, only
-duckdb and pyarrow). It reads one JSON request on stdin::
+A sandbox entry (``loaders.sandbox``) whose table holds one job, ``sql``
+(``query``), and preloads nothing: ``loaders.sql_console.run_readonly_query``
+starts a child of it for each query (``python -P -m loaders.sql_child``: of
+this project only the sandbox's plumbing is imported, then duckdb and pyarrow
+under the limit) and sends the job the database path and::
 
-    {"db": PATH, "sql": TEXT, "timeout_s": S, "max_rows": N, "max_bytes": B,
+    {"sql": TEXT, "timeout_s": S, "max_rows": N, "max_bytes": B,
      "max_values": V, "memory_mb": M, "address_mb": A, "temp_dir": DIR | null, "spill_mb": T}
 
-lowers its own address-space limit to ``A`` MB (``RLIMIT_AS``) before
+It lowers its own address-space limit to ``A`` MB (``RLIMIT_AS``) before
 importing duckdb, opens ``db`` read-only with external access off,
 ``memory_limit = M MB``, ``temp_directory = ''`` (no spill files; or ``DIR``
 with ``max_temp_directory_size = T MB`` when the parent made one), one thread
@@ -26,17 +28,21 @@ does not check for interrupts (``repeat('x', 3e9)``) is ended by the parent,
 which kills this process shortly after the deadline, or by the address-space
 limit, which makes its allocation fail.
 
-It writes one JSON status line to stdout, then, on success, the result as an
-Arrow IPC stream: ``{"ok": true, "truncated": bool, "seconds": float}`` or
-``{"ok": false, "kind": "timeout"|"memory"|"bytes"|"values"|"refused"|"failed", "message": str}``.
+Its result is a status, ``{"ok": true, "truncated": bool, "seconds": float}`` or
+``{"ok": false, "kind": "timeout"|"memory"|"bytes"|"values"|"refused"|"failed", "message": str}``,
+and, on success, the rows as an Arrow IPC stream sent after it (the sandbox's payload).
 """
 from __future__ import annotations
 
-import json
 import resource
 import sys
 import threading
 import time
+
+from loaders.sandbox import WithPayload, serve
+
+JOBS = {"sql": ("loaders.sql_child", "query")}
+PRELOAD: tuple[str, ...] = ()   # duckdb is imported by the job, under its address-space limit
 
 BATCH_ROWS = 1024  # rows per Arrow record batch read from DuckDB
 
@@ -45,7 +51,7 @@ def _values(array) -> int:
     """How many values ``array`` (an Arrow array) becomes in pandas: one per slot, plus, for a
     list, map or struct, the values of its children, recursively (nulls count: each is an
     object the server holds)."""
-    import pyarrow as pa  # here: imported by main under the address-space limit, never at module load
+    import pyarrow as pa  # here: imported by query under the address-space limit, never at module load
 
     n = len(array)
     t = array.type
@@ -71,14 +77,12 @@ def _refusal(duckdb, sql: str) -> str | None:
     return None
 
 
-def _status(out, **fields) -> None:
-    out.write(json.dumps(fields).encode() + b"\n")
-    out.flush()
+def _status(**fields) -> WithPayload:
+    return WithPayload(fields, b"")
 
 
-def main() -> int:
-    req = json.loads(sys.stdin.read())
-    out = sys.stdout.buffer
+def query(db: str, **req) -> WithPayload:
+    """Run ``req["sql"]`` on the database ``db`` within the budgets of ``req`` (module docstring)."""
     cap = int(req["address_mb"]) << 20
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
@@ -89,13 +93,13 @@ def main() -> int:
     import duckdb
     import pyarrow as pa
 
-    # a standalone script (run with -I, no project on the path): loaders.duck.NO_NETWORK spelt out
+    # loaders.duck.NO_NETWORK spelt out: that module would import duckdb at its own load
     config = {"enable_external_access": False, "threads": 1,
               "autoinstall_known_extensions": False, "autoload_known_extensions": False,
               "memory_limit": f"{int(req['memory_mb'])}MiB", "temp_directory": req.get("temp_dir") or ""}
     if req.get("temp_dir"):
         config["max_temp_directory_size"] = f"{int(req['spill_mb'])}MiB"
-    con = duckdb.connect(req["db"], read_only=True, config=config)
+    con = duckdb.connect(db, read_only=True, config=config)
     con.execute("SET enable_progress_bar = false")
     con.execute("SET lock_configuration = true")
     max_rows, max_bytes, max_values = int(req["max_rows"]), int(req["max_bytes"]), int(req["max_values"])
@@ -106,8 +110,7 @@ def main() -> int:
     try:
         refused = _refusal(duckdb, req["sql"])
         if refused:
-            _status(out, ok=False, kind="refused", message=refused)
-            return 0
+            return _status(ok=False, kind="refused", message=refused)
         reader = con.sql(req["sql"]).to_arrow_reader(BATCH_ROWS)
         schema = reader.schema
         for batch in reader:
@@ -115,12 +118,10 @@ def main() -> int:
             rows += keep.num_rows
             nbytes += keep.nbytes
             if nbytes > max_bytes:
-                _status(out, ok=False, kind="bytes", message="")
-                return 0
+                return _status(ok=False, kind="bytes", message="")
             nvalues += sum(_values(column) for column in keep.columns)
             if nvalues > max_values:
-                _status(out, ok=False, kind="values", message=f"{nvalues:,}")
-                return 0
+                return _status(ok=False, kind="values", message=f"{nvalues:,}")
             batches.append(keep)
             if rows > max_rows:
                 break
@@ -130,23 +131,21 @@ def main() -> int:
         # OSError/ArrowException carrying DuckDB's message
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         if isinstance(exc, duckdb.InterruptException) or first.startswith("INTERRUPT"):
-            _status(out, ok=False, kind="timeout", message=first)
-        elif (isinstance(exc, (duckdb.OutOfMemoryException, MemoryError, pa.ArrowMemoryError))
-              or first.startswith("Out of Memory Error")):
-            _status(out, ok=False, kind="memory", message=first)
-        else:
-            _status(out, ok=False, kind="failed", message=first)
-        return 0
+            return _status(ok=False, kind="timeout", message=first)
+        if (isinstance(exc, (duckdb.OutOfMemoryException, MemoryError, pa.ArrowMemoryError))
+                or first.startswith("Out of Memory Error")):
+            return _status(ok=False, kind="memory", message=first)
+        return _status(ok=False, kind="failed", message=first)
     finally:
         timer.cancel()
     seconds = time.monotonic() - start
     table = pa.Table.from_batches(batches, schema=schema).slice(0, max_rows)
-    _status(out, ok=True, truncated=rows > max_rows, seconds=seconds)
-    with pa.ipc.new_stream(out, table.schema) as writer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    out.flush()
-    return 0
+    return WithPayload({"ok": True, "truncated": rows > max_rows, "seconds": seconds},
+                       sink.getvalue().to_pybytes())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(JOBS, PRELOAD))

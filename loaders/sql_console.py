@@ -3,7 +3,7 @@
 Safety, in layers: a query text over its budget is refused at once
 (``check_query``); the query runs in its own process, which parses it and
 accepts exactly one SELECT (or EXPLAIN) statement
-(``loaders/sql_child.py``) on a connection opened ``read_only`` with
+(``loaders/sql_child.py``, a child of the sandbox, ``loaders.sandbox``) on a connection opened ``read_only`` with
 ``enable_external_access = false`` (no files read or written, no ATTACH, no
 extension installs), ``temp_directory = ''`` (nothing spilled to disk) and
 its configuration locked; and that process has budgets it cannot exceed:
@@ -42,20 +42,18 @@ not look at interrupts. Memory that DuckDB does not count against
 ``memory_limit`` (string heaps: ``SELECT repeat('x', 100000000) FROM
 range(10001)`` reached 6 GB with ``memory_limit = 1GB``) is stopped by the
 address-space limit. Results travel back as an Arrow IPC stream, never a
-pickle. The database file is never opened for writing here.
+pickle (the sandbox's payload after its JSON status line). The database file is never
+opened for writing here.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
@@ -63,7 +61,6 @@ import pyarrow as pa
 from loaders.errors import QueryError
 from loaders.store import Store
 
-CHILD = Path(__file__).with_name("sql_child.py")
 KILL_GRACE_S = 1.0  # after the deadline, the query process is killed
 
 #: name -> default; read from the environment at each query (``sql_budget``).
@@ -165,8 +162,8 @@ def run_readonly_query(store: Store, sql: str, *, timeout_s: float | None = None
                    "max_bytes": max_mb << 20, "max_values": max_values, "memory_mb": memory_mb,
                    "address_mb": sql_budget("QKVSCOPE_SQL_ADDRESS_MB"),
                    "temp_dir": tmp, "spill_mb": spill_mb}
-        out, err, returncode, seconds = _run_child(request, timeout_s)
-    return _result(out, err, returncode, seconds, timeout_s=timeout_s, max_mb=max_mb,
+        status, body, err, returncode, seconds = _run_child(request, timeout_s)
+    return _result(status, body, err, returncode, seconds, timeout_s=timeout_s, max_mb=max_mb,
                    memory_mb=memory_mb, max_values=max_values)
 
 
@@ -189,36 +186,48 @@ def _slot():
             _running -= 1
 
 
-def _run_child(request: dict, timeout_s: float) -> tuple[bytes, bytes, int, float]:
-    """The child's stdout, stderr, exit status and wall time; killed at the deadline."""
+def _entry():
+    """The sandbox entry whose ``sql`` job runs a query (``loaders.sql_child``)."""
+    from loaders import sql_child
+
+    return sql_child
+
+
+def _run_child(request: dict, timeout_s: float) -> tuple[dict | None, bytes, str, int | None, float]:
+    """The query job's status and Arrow stream (``None``, ``b""`` when its process died), the last
+    of what the process printed, its exit status (None when it answered) and the wall time;
+    killed at the deadline. A fresh sandbox child per query (``loaders.sql_child``)."""
+    from loaders import sandbox
+
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-I", str(CHILD)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    box = sandbox.Sandbox(_entry(), stderr=subprocess.PIPE)
+    status, body, err, returncode = None, b"", "", None
     try:
-        out, err = proc.communicate(json.dumps(request).encode(), timeout=timeout_s + KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+        # the address-space limit is the query's memory bound; RLIMIT_DATA no tighter than it
+        job = {k: v for k, v in request.items() if k != "db"}
+        reply, payload = box.exchange("sql", request["db"], limit=int(request["address_mb"]) << 20,
+                                      seconds=timeout_s + KILL_GRACE_S, **job)
+        if reply["ok"]:
+            status, body = reply["result"], payload or b""
+        else:                           # the job raised: the sandbox's one line
+            returncode, err = 1, reply["message"]
+    except TimeoutError:
         raise QueryError(_timeout_message(timeout_s)) from None
+    except sandbox.Died as exc:
+        returncode, err = exc.rc, box.stderr_tail
     finally:
-        if proc.poll() is None:  # interrupted (e.g. KeyboardInterrupt): leave no query behind
-            proc.kill()
-            proc.wait()
-    return out, err, proc.returncode, time.monotonic() - start
+        box.close()                     # one query per process: leave none behind
+    return status, body, err, returncode, time.monotonic() - start
 
 
-def _result(out: bytes, err: bytes, returncode: int, seconds: float, *, timeout_s: float,
-            max_mb: int, memory_mb: int, max_values: int) -> QueryResult:
-    """Read the child's status line and Arrow stream; a ``QueryError`` for each failure."""
-    head, _, body = out.partition(b"\n")
-    try:
-        status = json.loads(head)
-    except ValueError:
-        status = None
+def _result(status: dict | None, body: bytes, err: str, returncode: int | None, seconds: float, *,
+            timeout_s: float, max_mb: int, memory_mb: int, max_values: int) -> QueryResult:
+    """The query job's status and Arrow stream as a result; a ``QueryError`` for each failure."""
     if not isinstance(status, dict):
-        # no status line: the process died (the kernel's OOM killer, a crash)
-        last = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {returncode}"]
-        if returncode in (-9, 137) or "MemoryError" in last[0] or "bad_alloc" in last[0]:
+        # no status: the process died (the kernel's OOM killer, a crash) or the job raised
+        last = err.strip().splitlines()[-1:] or [f"exit status {returncode}"]
+        if returncode in (-9, 137) or "MemoryError" in last[0] or "bad_alloc" in last[0] \
+                or "memory" in last[0].lower():
             raise QueryError(_memory_message(memory_mb))
         if seconds >= timeout_s:
             raise QueryError(_timeout_message(timeout_s))

@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 SYSTEM_FOLDERS = ("tests/faults/", "tests/hostile/")
 #: What in a test file's text makes its tests integration tests at least: they open a database
 #: file, start a process, drive the CLI or a page.
-INTEGRATION_SIGNS = ("Store(", "duckdb", "subprocess", "page_test", "AppTest", "parse_child",
+INTEGRATION_SIGNS = ("Store(", "duckdb", "subprocess", "page_test", "AppTest", "sandbox",
                      "from app.cli import main", "ingest_paths", "ingest_checkpoint", "jobs.analyze")
 #: ... and what makes them system tests: a browser, a server, Ray.
 SYSTEM_SIGNS = ("import ray", "ray.init", "chromium", "playwright", "serve_demo", "start_server")

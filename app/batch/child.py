@@ -2,13 +2,13 @@
 
 Every batch task (in-process or on a Ray worker) computes its checkpoint's
 metrics the way a single ``analyze`` does: in a child of
-``loaders.parse_child`` (``call(..., timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")``)
+``loaders.sandbox`` (``call(..., timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")``)
 under the memory limit ``QKVSCOPE_PARSE_MEMORY_MB`` (plus the file's
 size, on top of what the child holds after its imports) and the time limit
 ``QKVSCOPE_ANALYSIS_TIMEOUT_S``. A bomb among good checkpoints ends that
 child with one line ``PATH: what`` (a ``FileError``), which fails that
 task without retries; the worker and the other tasks go on. The task
-borrows a child from ``parse_child.POOL`` (one per worker process, reused by
+borrows a child from ``loaders.sandbox.POOL`` (one per worker process, reused by
 its next task: a child's start costs 2-3 s of imports).
 
 Rows come back as JSON lists in ``RESULT_COLUMNS`` order (``None`` for a

@@ -3,7 +3,7 @@
 A task has its checkpoint at the stored path read and analysed in a child process
 (``app.batch.child.compute``, streaming one layer at a time as ``app.jobs.weight_frame``
 does) under the same limits as a single ``analyze``: ``QKVSCOPE_PARSE_MEMORY_MB`` and
-``QKVSCOPE_ANALYSIS_TIMEOUT_S`` (``loaders.parse_child``). It computes the weight
+``QKVSCOPE_ANALYSIS_TIMEOUT_S`` (``loaders.sandbox``, job ``batch``). It computes the weight
 metrics (and, when asked, the activation metrics) and writes, per kind::
 
     part.parquet   checkpoint_sha256, path, layer, head, metric, value, chance, n_tokens,
@@ -82,7 +82,7 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
     """
     # here: only where tasks run (the driver imports app.batch without them)
     from app.batch.child import frame_of
-    from loaders.parse_child import call
+    from app.sandbox_jobs import call
 
     host, pid = socket.gethostname(), os.getpid()
     attempt = log_call(log, "start", spec.key, host, pid)
@@ -94,7 +94,7 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
                              "(workers must reach the checkpoints at their stored paths)")
         # The file is someone's: read and analysed in a child process under the memory budget and
         # QKVSCOPE_ANALYSIS_TIMEOUT_S, as `analyze` does (app/batch/child.py); a bomb is a FileError.
-        got = call("app.batch.child:compute", spec.path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+        got = call("batch", spec.path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                    kinds=list(spec.kinds), device=spec.device,
                    layers=None if spec.layers is None else list(spec.layers))
         if spec.layers is not None and not got["jobs"]:

@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import pandas as pd
 
@@ -300,27 +299,6 @@ def run_batch_mode(args: argparse.Namespace) -> int:
     return 1 if report["failed"] or report["errors"] else 0
 
 
-#: What the reading child imports before the first request when ``analyze`` starts it ahead
-#: (``_prestart_child``): the analysis (``app.jobs``: torch, the metrics, the chance levels) and,
-#: in batch mode, the tasks' body. ``transformers`` is left to a forward pass that needs it.
-CHILD_MODULES = ("app.jobs",)
-BATCH_CHILD_MODULES = ("app.batch.child", "app.jobs")
-
-
-def _prestart_child(args: argparse.Namespace, batch: bool) -> None:
-    """Start the reading child (``loaders.parse_child.prestart``) before this process imports
-    torch, when the command will surely need it: a target that is a file or folder (ingested
-    in the child), ``--force`` (computed in it), or batch tasks run in this process. Both
-    processes import torch (about 1 s each on a 2-core machine), side by side: a demo
-    checkpoint's ``analyze`` takes 2.8 s instead of 3.7 s on a 2-core machine. Stored ids without
-    ``--force`` may need no child (their results may be stored): none is started for them."""
-    paths = any(not t.isdigit() and (batch or Path(t).expanduser().exists()) for t in args.targets)
-    if paths or args.force or (batch and not args.ray):
-        from loaders.parse_child import prestart  # light: duckdb and the loaders' plumbing, no torch
-
-        prestart(BATCH_CHILD_MODULES if batch else CHILD_MODULES)
-
-
 def _named(target: str, download: bool) -> str:
     """A target as given, or a Hugging Face name (org/name) as its cached snapshot folder."""
     from app.batch import is_glob  # here: the batch module is loaded only when needed
@@ -392,12 +370,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     args.targets = [_named(t, args.download) for t in args.targets]
     if _is_batch(args):
-        _prestart_child(args, batch=True)
         return run_batch_mode(args)
     if not args.targets:
         print("error: give at least one PATH_OR_ID (or --list)", file=sys.stderr)
         return 2
-    _prestart_child(args, batch=False)
     # several checkpoints: one that fails is one line, the others are analysed
     failed: list[str] | None = [] if len(args.targets) > 1 else None
     payloads = analyze_targets(args, failed)

@@ -8,7 +8,7 @@ Examples:
 
 Reads metadata and one layer at a time (safetensors are memory-mapped), so it
 is cheap for files larger than memory. Nothing is written to the database.
-The file is read in a child process (``loaders.parse_child``) under an
+The file is read in a child process (``loaders.sandbox``, job ``info``) under an
 memory limit (``QKVSCOPE_PARSE_MEMORY_MB`` plus the file's size) and a
 time limit (``QKVSCOPE_PARSE_TIMEOUT_S``).
 
@@ -128,12 +128,12 @@ def describe(path: str) -> dict:
 
 def read_info(path: str) -> dict:
     """``describe(path)`` (what ``info --json`` prints), read in a child process under a memory and
-    a time limit (loaders/parse_child.py): a bomb no reader's budget catches ends that process with
+    a time limit (loaders/sandbox.py): a bomb no reader's budget catches ends that process with
     one line, not this one. Pooled: a caller that reads several (``main([...])``, a notebook) starts
     one child."""
-    from loaders.parse_child import call  # here: only when a checkpoint is read
+    from app.sandbox_jobs import call  # here: only when a checkpoint is read
 
-    return call("app.commands.info:describe", str(path), pooled=True)
+    return call("info", str(path), pooled=True)
 
 
 def run(args: argparse.Namespace) -> int:

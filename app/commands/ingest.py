@@ -110,8 +110,8 @@ def print_report(report) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Each file is read (and stored) by a child process under a memory and a time
-    # limit (loaders/parse_child.py); this process only walks the folders.
-    from loaders.parse_child import ingest_paths, watch
+    # limit (loaders/sandbox.py); this process only walks the folders.
+    from loaders.sandbox import ingest_paths, watch
 
     args.paths = [checkpoint_path(p, args.download) for p in args.paths]
     store = store_from(args)

@@ -30,7 +30,7 @@ llama2.c / Meta Llama, the query-free and projection-sharing papers' models) and
 GPT-2, GPT-NeoX and Llama-style causal LMs (Llama, Mistral, Qwen2, Gemma: converted in place, not
 healed or saved). With --images: this project's ViT and Hugging Face ViT classifiers, measured by
 classification loss and accuracy on the images (not saved). The file is opened in a child process
-under the analysis budgets (``loaders.parse_child``), as
+under the analysis budgets (``loaders.sandbox``, job ``whatif``), as
 ``analyze`` does; nothing is unpickled and no model code from a file runs.
 
 Examples:
@@ -119,7 +119,7 @@ def _path(args) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from loaders.errors import QkvscopeError
-    from loaders.parse_child import call  # here: only when a checkpoint is read
+    from app.sandbox_jobs import call  # here: only when a checkpoint is read
 
     if args.tokens is not None and args.tokens < 2:
         raise QkvscopeError(f"--tokens {args.tokens}: expected at least 2")
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if args.heal is not None and args.heal_steps == 0:
         raise QkvscopeError(f"--heal {args.heal}: expected with --heal-steps N (N > 0)")
     path = _path(args)
-    out = call("app.commands.whatif:compute", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+    out = call("whatif", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                to=args.to, method=args.method, layers=args.layers, text=args.text, images=args.images,
                tokens=args.tokens,
                heal_steps=args.heal_steps, heal_how=args.heal or "distill", out=args.out, device=args.device)

@@ -9,30 +9,17 @@ the entry script as old-style pages, which made a deep link such as
 Pages are the modules of ``app.pages``; each declares ``TITLE``, ``ICON``,
 ``ORDER``, ``URL_PATH`` and ``render()``, and the navigation is built from
 them, so a page exists exactly when its module does.
-
-At its first page the server also starts the process that reads checkpoint
-files, in the background (``app/dashboard/prestart.py``; off with
-``QKVSCOPE_PRESTART=0``).
 """
 from __future__ import annotations
 
 import streamlit as st
 
-from app.dashboard.prestart import prestart_reader
 from app.figures import format_switch
 from app.pages import page_modules
 from app.paths import LOGO
 from app.state import show_errors
 
 
-@st.cache_resource(show_spinner=False)
-def _reader_prestarted() -> bool:
-    """Once per server, at its first page: the process that reads checkpoint files started in
-    the background, so that the first checkpoint opened does not wait for it (``prestart``)."""
-    return prestart_reader() is not None
-
-
-_reader_prestarted()
 st.set_page_config(page_title="qkvscope", page_icon=str(LOGO), layout="wide")
 st.logo(str(LOGO))
 

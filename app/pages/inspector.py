@@ -30,7 +30,7 @@ from it) and is deleted when the upload is removed or replaced, or when the
 browser session ends.
 
 No checkpoint file is parsed in this server process: ingest
-(``loaders.parse_child.ingest_checkpoint``), analysis (``app.jobs.analyze``) and
+(``loaders.sandbox.ingest_checkpoint``), analysis (``app.jobs.analyze``) and
 the spectra, attention maps and, for an analysis stored without ties, the tie check
 (``app.inspect_child``) run in a child
 process under ``QKVSCOPE_PARSE_MEMORY_MB`` and a time limit; a file that fails
@@ -86,7 +86,7 @@ TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_
 
 
 # Spectra, ties and attention maps read the stored file again: each runs in a child process
-# (app.inspect_child, through loaders.parse_child's pool) under the memory and time
+# (app.inspect_child, through the sandbox's pool: app.sandbox_jobs) under the memory and time
 # limits, never in this server. A failure raises FileError("PATH: what"); Streamlit caches no
 # exception, so the sections call these through app.attempts.attempt, which remembers the
 # failure for the session (until Try again, or the file changes) instead of reading the file
@@ -96,9 +96,9 @@ TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_
 def _spectra(path: str, stamp: str, layer: int, head: int) -> pd.DataFrame:
     """Singular values of W_Q[h], W_K[g], W_V[g], W_O[h] of one layer (g: h's kv head),
     from ``app.inspect_child.spectra`` in the reading child."""
-    from loaders.parse_child import call  # here: only when a checkpoint is read
+    from app.sandbox_jobs import call  # here: only when a checkpoint is read
 
-    rows = call("app.inspect_child:spectra", path, pooled=True, layer=int(layer), head=int(head))
+    rows = call("spectra", path, pooled=True, layer=int(layer), head=int(head))
     return pd.DataFrame(rows, columns=["projection", "index", "sigma"])
 
 
@@ -111,11 +111,11 @@ def _attention(path: str, stamp: str, text: str, max_tokens: int) -> tuple[list[
     ``allow_pickle=False`` and removed. A resource cache: the maps (64 MB per 16 heads at
     2,048 tokens) are read where they are, never copied per rerun; callers do not write into them."""
     from app.inspect_child import read_maps
-    from loaders.parse_child import call  # here: only when a checkpoint is read
+    from app.sandbox_jobs import call  # here: only when a checkpoint is read
 
     folder = tempfile.mkdtemp(prefix="qkvscope-attention-")       # mode 0700: this user's only
     try:
-        got = call("app.inspect_child:attention", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+        got = call("attention", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                    text=text, max_tokens=int(max_tokens), out=folder)
         if got["file"] is None:
             return got["tokens"], None, got["reason"]
@@ -128,9 +128,9 @@ def _attention(path: str, stamp: str, text: str, max_tokens: int) -> tuple[list[
 def _ties(path: str, stamp: str) -> list[dict]:
     """Per layer, which projections are equal to float tolerance (``analysis.tied.tied_layer``),
     reading one layer at a time in the reading child (``app.inspect_child.ties``)."""
-    from loaders.parse_child import call  # here: only when a checkpoint is read
+    from app.sandbox_jobs import call  # here: only when a checkpoint is read
 
-    return call("app.inspect_child:ties", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")
+    return call("ties", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")
 
 
 # -- getting a checkpoint --------------------------------------------------------------
@@ -234,12 +234,13 @@ def _from_upload(store) -> int | None:
 
 
 def _ingest(store, target: Path) -> int:
-    # Read in a child process under a memory and a time limit (loaders/parse_child.py):
+    # Read in a child process under a memory and a time limit (loaders/sandbox.py):
     # a bomb ends that process with one line; this server and its other sessions go on.
-    from loaders.parse_child import ingest_checkpoint
+    from app.sandbox_jobs import pooled
+    from loaders.sandbox import ingest_checkpoint
 
-    with st.spinner(f"Reading {target.name}..."):
-        report = ingest_checkpoint(store, target)
+    with st.spinner(f"Reading {target.name}..."), pooled() as box:
+        report = ingest_checkpoint(store, target, reader=box)
     if report.checkpoint_id is None:
         raise QkvscopeError(f"{target}: not a checkpoint qkvscope can read ({report.reason or report.status})")
     return int(report.checkpoint_id)
@@ -330,7 +331,7 @@ def _add_to_database(store, target: Path, *, upload: bool) -> None:
         added = c2.form_submit_button("Add to database", icon=":material/library_add:")
     if not added:
         return
-    from loaders.parse_child import ingest_paths   # each file read in a child process
+    from loaders.sandbox import ingest_paths   # each file read in a child process
 
     if upload:
         root = store.path.parent / "uploads"

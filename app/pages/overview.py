@@ -14,7 +14,7 @@ from app import tables
 from app.state import (DEMO_DIR, data_version, demo_only, get_store, in_projects, project_counts, project_filter,
                        query_param, set_query_params, summary, checkpoints_frame as _checkpoints, cached_read)
 from loaders.projects import NO_PROJECT
-from loaders.parse_child import ingest_paths   # each file read in a child process under the parse budgets
+from loaders.sandbox import ingest_paths   # each file read in a child process under the parse budgets
 
 TITLE = "Overview"
 ICON = ":material/home:"

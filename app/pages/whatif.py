@@ -5,7 +5,7 @@ one chart (``app.page_figures.whatif_figure``), beside what training with the ti
 gave: the stored runs chosen as reference points against their Q-K-V run (by default the demo's
 K=V- and MQA-trained runs against its Q-K-V run), and the projection-sharing paper's trained
 variants (``analysis.sharing_cost``). On "Run" each target is converted in a child process under
-the analysis budgets (``loaders.parse_child``), all on the same tokens; the results are kept for
+the analysis budgets (``loaders.sandbox``, job ``whatif``), all on the same tokens; the results are kept for
 this browser session only, and a target already run with the same checkpoint, method and tokens
 is not run again.
 """
@@ -63,13 +63,13 @@ def render() -> None:
     keys = {t: (path, t, m, int(tokens)) for t, m in methods.items()}
     results = st.session_state.setdefault(_RESULTS, {})
     if st.button("Run", type="primary", disabled=not targets):
-        from loaders.parse_child import call   # here: only when a conversion runs
+        from app.sandbox_jobs import call   # here: only when a conversion runs
 
         for t, key in keys.items():
             if key in results:                  # kept from an earlier Run in this session
                 continue
             with st.spinner(f"converting to {t} layer by layer..."):
-                results[key] = call("app.commands.whatif:compute", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+                results[key] = call("whatif", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                                     to=t, method=methods[t], layers="greedy", text=None, tokens=int(tokens),
                                     heal_steps=0, heal_how="distill", out=None, device=None)
     runs = _reference_runs()

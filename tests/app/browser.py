@@ -105,7 +105,7 @@ def screenshot(page, name: str) -> Path:
 
 
 def reading_children(url: str) -> set[int]:
-    """Pids of the reading children (``python -m loaders.parse_child``) of the server at ``url``
+    """Pids of the reading children (``python -m app.sandbox_jobs``, ``python -m loaders.sandbox``) of the server at ``url``
     (the process whose command line names its port), zombies left out; read from ``/proc``."""
     port = url.rsplit(":", 1)[1]
 
@@ -122,4 +122,4 @@ def reading_children(url: str) -> set[int]:
     servers = {pid for pid, (cmd, _, _) in procs.items()
                if "--server.port" in cmd and cmd[cmd.index("--server.port") + 1:][:1] == [port]}
     return {int(pid) for pid, (cmd, state, ppid) in procs.items()
-            if "loaders.parse_child" in cmd and ppid in servers and state != "Z"}
+            if ("app.sandbox_jobs" in cmd or "loaders.sandbox" in cmd) and ppid in servers and state != "Z"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import loaders.parse_child as parse_child
+import app.sandbox_jobs as sandbox_jobs
 from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
 from tests.app.apptest import page_test
@@ -26,15 +26,15 @@ def broken(tmp_path, monkeypatch):
 
 
 def _child_calls(monkeypatch) -> list[str]:
-    """The names of the functions the reading child is asked to run from now on (the real child)."""
+    """The names of the jobs the sandbox is asked to run from now on (the real child)."""
     calls: list[str] = []
-    real = parse_child.call
+    real = sandbox_jobs.call
 
-    def counted(target, *args, **kw):
-        calls.append(target.split(":")[1])
-        return real(target, *args, **kw)
+    def counted(job, *args, **kw):
+        calls.append(job)
+        return real(job, *args, **kw)
 
-    monkeypatch.setattr(parse_child, "call", counted)
+    monkeypatch.setattr(sandbox_jobs, "call", counted)
     return calls
 
 

@@ -595,7 +595,7 @@ def test_a_bomb_among_good_checkpoints_fails_alone_under_the_analysis_limits(tmp
     import shutil
 
     from tests.app.test_page_inspector import tiny_gpt2
-    from tests.hostile.test_parse_child import _sparse_gpt2
+    from tests.hostile.test_sandbox import _sparse_gpt2
 
     db = tmp_path / "b.duckdb"
     store = Store(db)

@@ -82,17 +82,12 @@ def test_table_output_says_what_the_activations_ran_on(capsys, sample, line):
     assert out == ["checkpoint 3: /x/ckpt.pt", line, "  kv_cka_act: no forward pass for a gpt2 checkpoint"]
 
 
-_ORDER_PROBE = """
+_CHILD_PROBE = """
 import json, sys
-import loaders.parse_child as pc
+import loaders.sandbox as sandbox
 
-seen = {"prestart": [], "starts": 0}
-prestart, start = pc.prestart, pc.Reader._start
-
-
-def probe(modules=()):
-    seen["prestart"].append({"modules": list(modules), "torch_imported": "torch" in sys.modules})
-    return prestart(modules)
+seen = {"starts": 0}
+start = sandbox.Sandbox._start
 
 
 def counted(self):
@@ -100,61 +95,29 @@ def counted(self):
     return start(self)
 
 
-pc.prestart, pc.Reader._start = probe, counted
+sandbox.Sandbox._start = counted
 from app.cli import main
 seen["exit"] = main(sys.argv[1:])
+seen["children"] = len(sandbox.POOL._idle)
 print("PROBE " + json.dumps(seen))
 """
 
 
 @pytest.mark.slow
-def test_analyze_path_starts_its_reading_child_before_it_imports_torch_and_uses_only_that_one(
-        tmp_path, tiny_gpt2):
-    """The child's start and imports run beside the parent's (app/commands/analyze.py:
-    a demo checkpoint's `analyze` takes 2.8 s instead of 3.7 s); ingest and analysis both run in that one child."""
+def test_analyze_path_ingests_and_analyses_in_one_child(tmp_path, tiny_gpt2):
+    """Two processes in all: this one and one sandbox child that ingests and then analyses."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     db = tmp_path / "p.duckdb"
-    out = subprocess.run([sys.executable, "-c", _ORDER_PROBE, "analyze", str(tiny_gpt2), "--db", str(db),
+    out = subprocess.run([sys.executable, "-c", _CHILD_PROBE, "analyze", str(tiny_gpt2), "--db", str(db),
                           "--device", "cpu", "--json"], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     payload, probe = out.stdout.rsplit("PROBE ", 1)
-    seen = json.loads(probe)
-    assert seen["exit"] == 0
-    assert seen["prestart"] == [{"modules": ["app.jobs"], "torch_imported": False}]
-    assert seen["starts"] == 1
+    assert json.loads(probe) == {"starts": 1, "exit": 0, "children": 1}
     assert json.loads(payload)["checkpoint"]["id"] == 1
-
-
-@pytest.mark.parametrize("argv, batch, started", [
-    (["{ckpt}"], False, ["app.jobs"]),                       # a path: ingested in the child
-    (["1"], False, None),                                     # an id: its results may be stored
-    (["1", "--force"], False, ["app.jobs"]),                  # recomputed: in the child
-    (["{missing}"], False, None),                             # not a file: an error before any child
-    (["--all"], True, ["app.batch.child", "app.jobs"]),        # tasks run in this process
-    (["--all", "--ray", "local"], True, None),                # tasks run in Ray's workers
-    (["{glob}", "--ray", "local"], True, ["app.batch.child", "app.jobs"]),   # matches ingested here
-])
-def test_analyze_prestarts_the_child_only_when_it_will_need_it(tmp_path, monkeypatch, argv, batch, started):
-    import argparse
-
-    from app.commands import analyze
-    from loaders import parse_child
-
-    calls = []
-    monkeypatch.setattr(parse_child, "prestart", lambda modules=(): calls.append(list(modules)))
-    ckpt = tmp_path / "model.safetensors"
-    ckpt.write_bytes(b"")
-    fill = {"ckpt": str(ckpt), "missing": str(tmp_path / "gone.safetensors"), "glob": str(tmp_path / "*.safetensors")}
-    parser = argparse.ArgumentParser()
-    analyze.add_arguments(parser)
-    args = parser.parse_args([a.format(**fill) for a in argv])
-    assert analyze._is_batch(args) is batch
-    analyze._prestart_child(args, batch=batch)
-    assert calls == ([] if started is None else [started])
 
 
 class _Stream:

@@ -1,5 +1,5 @@
 """The Inspector's spectra, tie check and attention maps read the stored file in a child
-process (``app.inspect_child`` through ``loaders.parse_child``), never in the server: a file
+process (``app.inspect_child`` through the sandbox, ``loaders.sandbox``), never in the server: a file
 that turned into a bomb after it was stored is one line per section and the page goes on."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from loaders.store import Store
 from tests.app.apptest import page_test
 from tests.app.test_page_experiments import figures
 from tests.app.test_page_inspector import tiny_gpt2
-from tests.hostile.test_parse_child import _sparse_gpt2
+from tests.hostile.test_sandbox import _sparse_gpt2
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +93,14 @@ def test_a_stored_checkpoint_turned_bomb_is_one_line_per_section(tmp_path, monke
 def test_the_readers_children_are_pooled_across_reruns(model_dir, tmp_path, monkeypatch):
     """A layer or head picked in the spectra controls reuses the pool's child (a fresh one costs
     2-3 s of imports); other budgets in the environment get another child."""
-    from loaders.parse_child import POOL, call
+    from loaders.sandbox import POOL
+    from tests.hostile.parse_targets import call
 
     POOL.close()
-    first = call("tests.hostile.parse_targets:pid", model_dir, pooled=True)
-    assert call("tests.hostile.parse_targets:pid", model_dir, pooled=True) == first
+    first = call("pid", model_dir, pooled=True)
+    assert call("pid", model_dir, pooled=True) == first
     monkeypatch.setenv("QKVSCOPE_SIDE_ITEMS", "123")
-    assert call("tests.hostile.parse_targets:pid", model_dir, pooled=True) != first
+    assert call("pid", model_dir, pooled=True) != first
     POOL.close()
 
 

@@ -374,14 +374,14 @@ def test_tied_tensors_in_a_standard_layout_are_flagged(tmp_path, monkeypatch, mo
     plain = page_test("inspector", {"ckpt": "1"}).run()
     assert not plain.exception and not [w for w in plain.warning if w.value.startswith("The layout names")]
     # the ties came with the stored analysis: the file was not read again for them
-    assert "app.inspect_child:ties" not in children
+    assert "ties" not in children
     # an analysis stored without them (before ties were kept): the reading child reads the file
     with store.transaction() as con:
         con.execute("UPDATE analysis_jobs SET tied = NULL")
     again = page_test("inspector", {"ckpt": "2"}).run()
     assert not again.exception, again.exception
     assert [w.value for w in again.warning if w.value.startswith("The layout names")] == [TIED_KV]
-    assert children.count("app.inspect_child:ties") == 1
+    assert children.count("ties") == 1
 
 
 TIED_KV = ("The layout names this checkpoint **qkv**, but its tensors are tied as **k_eq_v**: W_K = W_V in "
@@ -390,16 +390,16 @@ TIED_KV = ("The layout names this checkpoint **qkv**, but its tensors are tied a
 
 
 def _record_child_calls(monkeypatch) -> list[str]:
-    """The names of the functions the page runs in the reading child (``loaders.parse_child.call``),
+    """The names of the jobs the page runs in the sandbox (``app.sandbox_jobs.call``),
     in order; the calls still run."""
-    import loaders.parse_child as parse_child
+    import app.sandbox_jobs as sandbox_jobs
 
-    names, call = [], parse_child.call
+    names, call = [], sandbox_jobs.call
 
     def recording(name, *args, **kwargs):
         names.append(name)
         return call(name, *args, **kwargs)
-    monkeypatch.setattr(parse_child, "call", recording)
+    monkeypatch.setattr(sandbox_jobs, "call", recording)
     return names
 
 

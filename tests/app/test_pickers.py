@@ -155,7 +155,7 @@ def test_a_lone_weight_file_upload_says_which_file_to_add(tmp_path):
     """The Inspector's upload of model.safetensors alone: the message names the upload, not the
     server's temporary folder, and the config.json to add."""
     from loaders.errors import QkvscopeError
-    from loaders.parse_child import ingest_checkpoint
+    from loaders.sandbox import ingest_checkpoint
 
     written = tiny_gpt2(tmp_path / "gpt2")
     holder, dest = pickers.upload_folder(["model.safetensors"])

@@ -1,10 +1,13 @@
-"""Functions that ``tests/hostile/test_parse_child.py`` runs in the reading process
-(``loaders.parse_child.call("tests.hostile.parse_targets:NAME", path)``): each
-does what a bomb nobody thought of, or a file changing under a reader, does."""
+"""Jobs that ``tests/hostile/test_sandbox.py`` runs in the sandbox (``loaders.sandbox``): each
+does what a bomb nobody thought of, or a file changing under a reader, does. This module is a
+sandbox entry like ``app.sandbox_jobs``: ``JOBS`` is its table, ``call(NAME, path)`` runs one."""
 from __future__ import annotations
 
 import os
+import sys
 import time
+
+from loaders import sandbox
 
 
 def grow(path: str) -> int:
@@ -51,7 +54,20 @@ def glibc_gives_up(path: str) -> None:
 
 
 def loaded(path: str, module: str) -> bool:
-    """Whether ``module`` is imported in this child (what ``Reader.warm`` imported stays)."""
-    import sys
-
+    """Whether ``module`` is imported in this child."""
     return module in sys.modules
+
+
+JOBS = {**sandbox.JOBS, **{name: (__spec__.name if __name__ == "__main__" else __name__, name)
+                           for name in ("grow", "stall", "read_while_truncated", "pid", "allocate",
+                                        "glibc_gives_up", "loaded")}}
+PRELOAD = sandbox.PRELOAD
+
+
+def call(job: str, path, **kwargs):
+    """``loaders.sandbox.call`` of a job of this table."""
+    return sandbox.call(job, path, entry=sys.modules[__name__], **kwargs)
+
+
+if __name__ == "__main__":
+    sys.exit(sandbox.serve(JOBS, PRELOAD))

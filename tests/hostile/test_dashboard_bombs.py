@@ -4,7 +4,7 @@ loading pages, and the server's own memory stays where it was.
 
 The bomb: the pickle-memo billion laughs (9 KB, before: 9 GB after 277 s in
 one process) with its item budget switched off in the server's environment,
-so that only the net of ``loaders/parse_child.py`` is left (address space
+so that only the net of ``loaders/sandbox.py`` is left (address space
 2 GiB, 20 s). Then a stored checkpoint whose folder was replaced by an 11 GB
 sparse GPT-2 (its sparse check off) is opened by a link: the Inspector's tie
 check, spectra and attention maps read it in the child (``app.inspect_child``;
@@ -24,7 +24,7 @@ from loaders.checkpoints import open_checkpoint
 from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
 from tests.app.test_page_inspector import tiny_gpt2
-from tests.hostile.test_parse_child import _sparse_gpt2
+from tests.hostile.test_sandbox import _sparse_gpt2
 from tests.app.browser import dashboard, wait_idle
 from tests.faults.server import listeners, pid_of_socket, rss_bytes
 from tests.hostile.test_bombs import _laughs, gpt2_state

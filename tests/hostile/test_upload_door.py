@@ -2,7 +2,7 @@
 
 ``app.pages.inspector._from_upload`` saves the uploaded files with
 ``upload_names`` / ``pickers.upload_folder`` / ``save_uploads`` and reads them
-with ``loaders.parse_child.ingest_checkpoint`` (the reading child, under the
+with ``loaders.sandbox.ingest_checkpoint`` (the reading child, under the
 memory and time budgets). Each bomb that arrives as an upload (a
 checkpoint file, several files of a folder, a zip) must end as one line naming
 the upload, leave the database byte-identical and run no payload, while this
@@ -22,7 +22,7 @@ import torch
 from app import pickers
 from app.pages.inspector import save_uploads, upload_names
 from loaders.errors import QkvscopeError
-from loaders.parse_child import Reader, ingest_checkpoint
+from loaders.sandbox import Sandbox, ingest_checkpoint
 from loaders.store import Store
 from tests.hostile.corpus import MARKER_NAME, build
 from tests.hostile.test_bombs import (NANOGPT_ARGS, YAML_BOMB, _laughs, digest, gpt2_state, overlapping_zip,
@@ -68,7 +68,7 @@ BOMBS = {"zero_stride": _zero_stride, "billion_laughs_side_data": _laughs_side,
          "overlapping_zip": _overlapping_zip}
 
 
-def _upload(store: Store, files: list[Path], reader: Reader) -> int:
+def _upload(store: Store, files: list[Path], reader: Sandbox) -> int:
     """What ``_from_upload`` does with the browser's files (name, bytes)."""
     uploaded = [(p.name, p.read_bytes()) for p in files]
     holder, dest = pickers.upload_folder(upload_names(uploaded))
@@ -98,7 +98,7 @@ def test_every_uploaded_bomb_is_one_line_and_changes_nothing(tmp_path):
     good = tmp_path / "good"
     good.mkdir()
     torch.save({"model": gpt2_state(), "model_args": NANOGPT_ARGS}, good / "ok.pt")
-    with Reader() as reader:
+    with Sandbox() as reader:
         first = _upload(store, [good / "ok.pt"], reader)       # one stored checkpoint: "unchanged" means something
         cases = _cases(tmp_path)
         assert len(cases) >= 12, sorted(cases)

@@ -1,6 +1,8 @@
 """The SQL page's sandbox: reads work, anything else is refused, the file is unchanged."""
 from __future__ import annotations
 
+import os
+
 import hashlib
 from pathlib import Path
 
@@ -192,9 +194,18 @@ def test_types_survive_the_arrow_stream(store):
      "query failed: the query process ended: broken pipe somewhere"),
 ])
 def test_a_query_process_that_dies_is_one_line(store, tmp_path, monkeypatch, body, message):
-    child = tmp_path / "child.py"
-    child.write_text(body + "\n")
-    monkeypatch.setattr("loaders.sql_console.CHILD", child)
+    """A sandbox entry whose ``sql`` job ends its process the way ``body`` does."""
+    import importlib
+    import sys
+
+    (tmp_path / "dying_sql.py").write_text(
+        "import sys\nfrom loaders.sandbox import serve\nJOBS = {'sql': ('dying_sql', 'query')}\n"
+        f"def query(db, **req):\n    {body}\n"
+        "if __name__ == '__main__':\n    sys.exit(serve(JOBS))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setattr("loaders.sql_console._entry", lambda: importlib.import_module("dying_sql"))
+    monkeypatch.delitem(sys.modules, "dying_sql", raising=False)
     with pytest.raises(QueryError) as err:
         run_readonly_query(store, "SELECT 1")
     assert str(err.value) == message

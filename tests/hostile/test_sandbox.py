@@ -1,5 +1,6 @@
-"""The net under every budget: untrusted files are read in a child process
-(``loaders/parse_child.py``) with a memory limit (RLIMIT_DATA) and a time limit.
+"""The net under every budget: untrusted files are read in the sandbox's child process
+(``loaders/sandbox.py``) with a memory limit (RLIMIT_DATA) and a time limit, running only
+the jobs of its table.
 
 First the mechanism, with functions that behave like bombs
 (``tests/hostile/parse_targets.py``): memory, time, a memory-mapped file
@@ -22,22 +23,23 @@ import pytest
 import torch
 
 from loaders.errors import FileError
-from loaders.parse_child import Reader, call, reading_size
+from loaders.sandbox import Sandbox, reading_size
+from tests.hostile import parse_targets
 from tests.hostile.test_bombs import digest, gpt2_state, one_error_line, st_header
 
 ROOT = Path(__file__).resolve().parents[2]
-T = "tests.hostile.parse_targets"
+call = parse_targets.call
 
 
 def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "2048")
     f = tmp_path / "bomb.bin"
     f.write_bytes(b"x" * 1000)
-    with Reader() as reader:
+    with Sandbox(parse_targets) as reader:
         with pytest.raises(FileError) as err:
-            reader.request(f, "call", target=f"{T}:grow")
+            reader.request(f, "grow")
         first = reader.pid
-        assert reader.request(f, "call", target=f"{T}:pid") == first     # same process, still usable
+        assert reader.request(f, "pid") == first     # same process, still usable
     limit_gib = ((2048 << 20) + reading_size(f)) / (1 << 30)     # the budget plus what the file holds
     assert str(err.value) == (
         f"{f}: reading it needed more than {limit_gib:.1f} GiB of memory (limit "
@@ -56,13 +58,13 @@ def test_the_budget_is_for_the_file_not_the_childs_own_imports(tmp_path, monkeyp
     f = tmp_path / "f.bin"
     f.write_bytes(b"x")
     limit = "reading it needed more than 0.3 GiB of memory (limit QKVSCOPE_PARSE_MEMORY_MB=256 plus the file's size"
-    with Reader() as reader:
-        assert reader.request(f, "call", target=f"{T}:allocate", kwargs={"mib": 128}) == 128 << 20
+    with Sandbox(parse_targets) as reader:
+        assert reader.request(f, "allocate", mib=128) == 128 << 20
         with pytest.raises(FileError) as err:
-            reader.request(f, "call", target=f"{T}:allocate", kwargs={"mib": 512})
+            reader.request(f, "allocate", mib=512)
         assert str(err.value).startswith(f"{f}: {limit}")
         with pytest.raises(FileError) as err:
-            reader.request(f, "call", target=f"{T}:glibc_gives_up")
+            reader.request(f, "glibc_gives_up")
     assert str(err.value) == (f"{f}: {limit}; set it in the environment to raise it) [the reading process could "
                               "not start a thread or load a library within its limit: exit status 127]")
 
@@ -92,8 +94,8 @@ def test_the_budget_does_not_shrink_with_the_machines_cores(tmp_path, monkeypatc
     assert len(json.loads(run.stdout)["metrics"]) > 100
     f = tmp_path / "bomb.bin"
     f.write_bytes(b"x")
-    with Reader() as reader, pytest.raises(FileError) as err:
-        reader.request(f, "call", target=f"{T}:allocate", kwargs={"mib": 1024})
+    with Sandbox(parse_targets) as reader, pytest.raises(FileError) as err:
+        reader.request(f, "allocate", mib=1024)
     assert "reading it needed more than 0.5 GiB of memory (limit QKVSCOPE_PARSE_MEMORY_MB=512" in str(err.value)
 
 
@@ -102,14 +104,14 @@ def test_past_the_time_limit_the_child_is_killed_and_replaced(tmp_path, monkeypa
     monkeypatch.setenv("QKVSCOPE_PARSE_TIMEOUT_S", "3")
     f = tmp_path / "stall.bin"
     f.write_bytes(b"x")
-    with Reader() as reader:
-        reader.request(f, "call", target=f"{T}:pid")        # the child's imports are not timed below
+    with Sandbox(parse_targets) as reader:
+        reader.request(f, "pid")        # the child's imports are not timed below
         first = reader.pid
         t0 = time.monotonic()
         with pytest.raises(FileError) as err:
-            reader.request(f, "call", target=f"{T}:stall")
+            reader.request(f, "stall")
         took = time.monotonic() - t0
-        assert reader.request(f, "call", target=f"{T}:pid") != first
+        assert reader.request(f, "pid") != first
     assert str(err.value) == (f"{f}: reading it took more than 3 s (limit QKVSCOPE_PARSE_TIMEOUT_S; "
                               f"set it in the environment to raise it)")
     assert took >= 3                                  # stall() never returns: it was killed
@@ -120,7 +122,7 @@ def test_a_memory_mapped_checkpoint_truncated_mid_read_is_one_line_not_a_bus_err
     f = tmp_path / "ckpt.pt"
     torch.save({"w": torch.ones(1 << 20)}, f)
     with pytest.raises(FileError) as err:
-        call(f"{T}:read_while_truncated", f)
+        call("read_while_truncated", f)
     assert str(err.value) == (f"{f}: changed while it was read (bus error: a memory-mapped file was "
                               f"truncated or rewritten); read it again once it is written")
 
@@ -235,7 +237,7 @@ def test_the_child_dies_with_its_parent(tmp_path):
     """``kill -9`` of ``ingest`` must not leave its reading process writing on."""
     script = tmp_path / "parent.py"
     script.write_text(f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
-                      "from loaders.parse_child import Reader\nr = Reader()\nr._start()\n"
+                      "from loaders.sandbox import Sandbox\nr = Sandbox()\nr._start()\n"
                       "print(r.pid, flush=True)\ntime.sleep(300)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
@@ -267,37 +269,56 @@ def test_sizing_a_fifo_named_zip_does_not_open_it(tmp_path):
     assert reading_size(z) == 1 << 20              # what it declares, more than its few KB
 
 
-def test_ingest_without_a_reader_borrows_the_pools_child_and_the_analysis_finds_it(tmp_path, capsys):
-    """``analyze PATH``: the checkpoint is ingested and then analysed in one child (a second
-    start cost 2-3 s of imports); a child killed between requests is replaced, and the store
-    still gets the file."""
-    from loaders.parse_child import POOL, ingest_checkpoint, ingest_paths
+def test_analyze_path_ingests_and_analyses_in_one_pooled_child(tmp_path):
+    """``analyze PATH``: the checkpoint is ingested (``resolve``) and then analysed in one child
+    of ``app.sandbox_jobs`` (a second start cost 2-3 s of imports); ``info`` borrows it too; a
+    child killed between requests is replaced, and the store still gets the file."""
+    from app import jobs
+    from app.cli import main
+    from loaders.sandbox import POOL, ingest_checkpoint
     from loaders.store import Store
     from tests.app.test_batch import make_checkpoints
 
     POOL.close()
     ckpt = make_checkpoints(tmp_path / "ckpts")[0]
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4")   # no trailing newline
     store = Store(tmp_path / "p.duckdb")
-    assert ingest_checkpoint(store, ckpt).status == "added"
-    idle = [r.pid for _, r in POOL._idle]                                 # the ingest's child, handed back
-    first = call(f"{T}:pid", ckpt, pooled=True)
-    assert idle == [first]
-    assert ingest_checkpoint(store, ckpt).status == "unchanged"
-    assert call(f"{T}:pid", ckpt, pooled=True) == first                  # the same child all along
-    from app.cli import main
-
+    cid = jobs.resolve(store, str(ckpt))
+    [(key, child)] = POOL._idle                                           # the ingest's child, handed back
+    assert key[0] == "app.sandbox_jobs"
+    first = child.pid
+    assert jobs.analyze(store, cid)[0].kind == "weights"
+    assert [r.pid for _, r in POOL._idle] == [first]                      # the analysis ran in it
     assert main(["info", str(ckpt), "--json"]) == 0                      # `info` borrows it too
     assert [r.pid for _, r in POOL._idle] == [first]
     os.kill(first, 9)
     time.sleep(0.2)
-    assert [f.status for f in ingest_paths(store, [tmp_path / "logs"]).files] == ["added"]
-    second = call(f"{T}:pid", ckpt, pooled=True)
-    assert second != first
-    with Reader() as own:                                                 # a caller's own child stays its own
-        assert ingest_checkpoint(store, ckpt, reader=own).status == "unchanged" and own.pid != second
+    assert jobs.analyze(store, cid, force=True)[0].kind == "weights"      # a fresh child took over
+    [(_, second)] = POOL._idle
+    assert second.pid != first
+    with Sandbox() as own:                                                # a caller's own child stays its own
+        assert ingest_checkpoint(store, ckpt, reader=own).status == "unchanged" and own.pid != second.pid
     POOL.close()
+
+
+def test_a_job_outside_the_table_is_refused_by_the_parent_and_by_the_child(tmp_path):
+    """No string names a function across the boundary: a name not in the entry's table is
+    refused before anything is sent, and a child sent one anyway refuses it and goes on."""
+    from loaders.sandbox import SandboxRefused
+
+    names = ", ".join(sorted(parse_targets.JOBS))
+    with Sandbox(parse_targets) as box:
+        with pytest.raises(SandboxRefused) as err:
+            box.request(tmp_path, "os:system", command="true")
+        assert str(err.value) == (f"the sandbox runs only the jobs of its table ({names}); "
+                                  "'os:system' is not one")
+        assert box.pid is None                                            # nothing was started for it
+        first = box.request(tmp_path, "pid")
+        box.jobs["os:system"] = ("os", "system")                          # a parent that lets it through
+        with pytest.raises(SandboxRefused) as err:
+            box.request(tmp_path, "os:system", command="true")
+        assert str(err.value) == (f"the sandbox runs only the jobs of its table ({names}); "
+                                  "'os:system' is not one")
+        assert box.request(tmp_path, "pid") == first                      # the same child goes on
 
 
 def test_a_child_outlives_the_thread_that_started_it(tmp_path):
@@ -308,48 +329,19 @@ def test_a_child_outlives_the_thread_that_started_it(tmp_path):
     thread now; this failed before (the second pid differed, the first child was gone)."""
     import threading
 
-    from loaders.parse_child import POOL
+    from loaders.sandbox import POOL
 
     POOL.close()
     got = {}
-    run = threading.Thread(target=lambda: got.update(pid=call(f"{T}:pid", tmp_path, pooled=True)))
+    run = threading.Thread(target=lambda: got.update(pid=call("pid", tmp_path, pooled=True)))
     run.start()
     run.join()
     time.sleep(0.3)                                          # the kernel's signal would have landed by now
-    assert call(f"{T}:pid", tmp_path, pooled=True) == got["pid"]    # the same child, not a fresh one
-    with Reader() as own:                                     # a Reader used from another thread alike
-        starter = threading.Thread(target=lambda: got.update(own=own.request(tmp_path, "call", target=f"{T}:pid")))
+    assert call("pid", tmp_path, pooled=True) == got["pid"]    # the same child, not a fresh one
+    with Sandbox(parse_targets) as own:                                     # a Sandbox used from another thread alike
+        starter = threading.Thread(target=lambda: got.update(own=own.request(tmp_path, "pid")))
         starter.start()
         starter.join()
         time.sleep(0.3)
-        assert own.request(tmp_path, "call", target=f"{T}:pid") == got["own"]
-    POOL.close()
-
-
-def test_prestart_starts_one_child_that_has_imported_the_modules_and_the_first_request_gets_it(tmp_path):
-    """``POOL.prestart(modules)``: a request made while the child is still starting waits for it
-    instead of starting a second one; the modules stay imported in that child; a second prestart
-    while one is idle starts nothing."""
-    from loaders.parse_child import POOL
-
-    POOL.close()
-    thread = POOL.prestart(["tests.hostile.parse_targets", "json.tool"])
-    assert thread is not None and POOL.prestart(["json.tool"]) is None     # one at a time
-    first = call(f"{T}:pid", tmp_path, pooled=True)                       # asked while it starts
-    thread.join()
-    assert [r.pid for _, r in POOL._idle] == [first]
-    assert call(f"{T}:loaded", tmp_path, pooled=True, module="json.tool") is True
-    assert call(f"{T}:loaded", tmp_path, pooled=True, module="tkinter.tix") is False
-    assert POOL.prestart(["json.tool"]) is None                            # a child is idle already
-    POOL.close()
-
-
-def test_prestart_keeps_a_child_whose_module_failed_to_import(tmp_path):
-    """A module that does not import is no reason to throw the started child away."""
-    from loaders.parse_child import POOL
-
-    POOL.close()
-    POOL.prestart(["json.tool", "no_such_module_qkvscope"]).join()
-    [(_, child)] = POOL._idle
-    assert call(f"{T}:pid", tmp_path, pooled=True) == child.pid
+        assert own.request(tmp_path, "pid") == got["own"]
     POOL.close()

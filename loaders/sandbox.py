@@ -1,27 +1,55 @@
-"""Reading untrusted files in a child process, under a memory limit and a time limit.
+"""The one sandbox: untrusted parsing and computation in a child process, under budgets,
+running only the jobs of a fixed table.
 
 Every reader has its own budgets (``loaders.budgets``); this is the net under
-all of them, for a bomb nobody thought of. ``Reader`` keeps one child process
-(``python -m loaders.parse_child``) that reads files one at a time for its
-parent. Before each file the child lowers its own limit on private writable
-memory (``RLIMIT_DATA``: heap, anonymous and private writable mappings, thread
-stacks; ``VmData``) to what it already holds (the interpreter, torch and the
-readers, imported before the first file: about 0.3 GB with a CPU build of
-torch) plus ``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size (a file
-mapped copy-on-write counts toward it): the budget is for the file, never
-spent on the child's own start. Address space that is only reserved does not
-count (per-thread malloc arenas, the CUDA driver's reservations): it grows with
-the machine's cores, so an address-space limit (``RLIMIT_AS``) fails good
-files on 16 cores (docs/security.md, "The reading child process"; the figures are in
-``tests/hostile/test_parse_child.py::test_the_budget_does_not_shrink_with_the_machines_cores``).
-The parent waits at most
-``QKVSCOPE_PARSE_TIMEOUT_S`` seconds for the answer and then kills the child.
-What fails becomes one line naming the file:
+all of them, for a bomb nobody thought of. A ``Sandbox`` keeps one child
+process (``python -P -m ENTRY``) that runs jobs one at a time for its parent.
+
+**What may run in it.** ``ENTRY`` is a module holding a table ``JOBS`` (job
+name -> ``(module, function)``, written as literals in that module's source)
+and ``PRELOAD`` (modules the child imports before its first request). The
+parent sends a job *name*; the child looks it up in its own table and calls
+``function(path, **kwargs)``; a name not in the table is refused with
+``the sandbox runs only the jobs of its table (NAMES); 'NAME' is not one``
+(``SandboxRefused``), by the parent before anything is sent and by the child
+again. No string received over the pipe is ever imported: the child imports
+only what its entry's table names. Entries:
+
+* ``loaders.sandbox`` (this module): ``classify``, ``ingest``,
+  ``ingest_checkpoint``;
+* ``loaders.sql_child``: ``sql``, one read-only query (nothing preloaded: it
+  sets its address-space limit before it imports duckdb; one child per query);
+* ``app.sandbox_jobs``: those plus the jobs of ``app`` (the analysis, the
+  Inspector's spectra, ties and attention maps, ``info``, the what-if
+  conversion, a batch task's body).
+
+Layering: ``loaders`` never names ``app``. The runner here takes the entry as
+a module object (``Sandbox(app.sandbox_jobs)``): ``app`` hands its own table
+down, and the child started for it runs ``python -m app.sandbox_jobs``, whose
+``__main__`` calls ``serve`` of this module. ``analysis`` stays pure: its
+functions are called by the jobs, never started as processes.
+
+**Budgets.** Before each job the child lowers its own limit on private
+writable memory (``RLIMIT_DATA``: heap, anonymous and private writable
+mappings, thread stacks; ``VmData``) to what it already holds (the
+interpreter and ``PRELOAD``: about 0.3 GB with a CPU build of torch) plus
+``QKVSCOPE_PARSE_MEMORY_MB`` MiB plus the file's size (a file mapped
+copy-on-write counts toward it): the budget is for the file, never spent on
+the child's own start. Address space that is only reserved does not count
+(per-thread malloc arenas, the CUDA driver's reservations): it grows with the
+machine's cores, so an address-space limit (``RLIMIT_AS``) fails good files
+on 16 cores (docs/security.md, "The reading child process"; the figures are in
+``tests/hostile/test_sandbox.py::test_the_budget_does_not_shrink_with_the_machines_cores``).
+The SQL job adds an address-space limit of its own before it imports duckdb
+(``loaders.sql_child``): DuckDB's string heaps are not private writable
+mappings it counts. The parent waits at most ``QKVSCOPE_PARSE_TIMEOUT_S``
+seconds (or the budget a caller names, or a number of seconds) for the
+answer and then kills the child. What fails becomes one line naming the file:
 
 * an allocation over the limit (``MemoryError``, torch's ``can't allocate
   memory``): ``PATH: reading it needed more than 4.0 GiB of memory (limit
   QKVSCOPE_PARSE_MEMORY_MB=4,096 plus the file's size; ...)``, and the same
-  child goes on with the next file;
+  child goes on with the next job;
 * past the time limit: ``PATH: reading it took more than 600 s (limit
   QKVSCOPE_PARSE_TIMEOUT_S; ...)``;
 * the child killed by a signal: ``SIGBUS`` (a memory-mapped file truncated
@@ -32,18 +60,13 @@ What fails becomes one line naming the file:
   thread-local data: ABORT" and calls ``_exit(127)``: torch starting its
   OpenMP threads, ``transformers`` imported for a forward pass): that says
   memory too, naming the budget. Any other death names the signal or exit
-  status. The next file gets a fresh child.
+  status. The next job gets a fresh child.
 
 Callers that make many small requests (the Inspector's spectra, ties and
 attention maps; batch tasks) take a child from ``POOL`` instead of starting
 one each time (a start costs 2-3 s of imports): ``call(..., pooled=True)``.
-``POOL.prestart(modules)`` starts one in the background and has it import
-``modules`` (code of this project and its libraries, named by the caller,
-never by a file) before any file, so that the first request finds it ready:
-the dashboard does this at its first page (``app/dashboard/prestart.py``), ``analyze``
-before its own imports (``prestart``; ``QKVSCOPE_PRESTART=0`` turns both off).
 ``ingest_paths`` and ``ingest_checkpoint`` borrow one from ``POOL`` too unless
-given a ``Reader``: ``analyze PATH`` ingests and then analyses in one child.
+given a ``Sandbox``: ``analyze PATH`` ingests and then analyses in one child.
 
 Ingest: the child runs ``loaders.ingest.ingest_file`` for one path, which
 stores that file in one DuckDB transaction; a child that dies part-way
@@ -51,14 +74,16 @@ leaves no row of it (a transaction that never committed is discarded, the
 guarantee ``tests/faults/test_kill.py`` checks with ``kill -9``), and the
 parent links checkpoints to runs at the end. The parent never parses the
 file: it only walks folders (``lstat``), sends paths and reads JSON answers
-(never a pickle). ``info``: ``call("app.commands.info:describe", path)``
-runs the function in the child and returns its JSON-able result.
+(never a pickle).
 
-The protocol is one JSON line each way: ``{"op": ..., "limit": BYTES, ...}``
-on the child's stdin; ``{"ok": true, "result": ...}`` or ``{"ok": false,
-"message": "PATH: what", "file": PATH, "problem": TEXT, "store": CLASS}``
-on its stdout (whatever a
-library prints goes to stderr, so it cannot break a line).
+**The protocol** is one JSON line each way: ``{"job": NAME, "path": PATH,
+"limit": BYTES, "kwargs": {...}}`` on the child's stdin; ``{"ok": true,
+"result": ..., "payload": N}`` followed by ``N`` raw bytes (only a job that
+returns ``WithPayload``: the SQL result as an Arrow IPC stream), or ``{"ok":
+false, "message": "PATH: what", "file": PATH, "problem": TEXT, "store":
+CLASS, "refused": bool}`` on its stdout (whatever a library prints goes to
+stderr, so it cannot break a line). The child's first line is ``{"ready":
+true}``, written once ``PRELOAD`` is imported.
 """
 from __future__ import annotations
 
@@ -76,18 +101,47 @@ import time
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable
+from types import ModuleType
+from typing import Callable, Iterable, NamedTuple
 
 from loaders.budgets import budget, memory_exceeded, memory_limit_bytes, time_exceeded
 from loaders.bundled import in_checkout
 from loaders.errors import DatabaseBusyError, FileError, QkvscopeError, StoreError
-from loaders import ingest as _ingest
-from loaders.ingest import watch as poll
-from loaders.report import FileReport, IngestReport
-from loaders.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 Progress = Callable[[int, int, str], None]  # (done, total, current path)
+
+#: The jobs a child started for this module runs: name -> (module, function), literals only.
+JOBS: dict[str, tuple[str, str]] = {
+    "classify": ("loaders.sandbox", "classify"),
+    "ingest": ("loaders.sandbox", "ingest"),
+    "ingest_checkpoint": ("loaders.sandbox", "ingest_one_checkpoint"),
+}
+#: What a child of this module imports before its first request: the readers (torch, duckdb).
+PRELOAD: tuple[str, ...] = ("loaders.checkpoints", "loaders.ingest", "loaders.logs")
+
+
+class WithPayload(NamedTuple):
+    """A job's result with raw bytes sent after its JSON line (an Arrow IPC stream)."""
+    result: object
+    payload: bytes
+
+
+class SandboxRefused(QkvscopeError):
+    """A job name outside the sandbox's table."""
+
+
+def refusal(name: str, jobs: Iterable[str]) -> str:
+    """The one line for a job name outside the table ``jobs``."""
+    return f"the sandbox runs only the jobs of its table ({', '.join(sorted(jobs))}); {name!r} is not one"
+
+
+class Died(Exception):
+    """The child ended while running a job (``rc``: its exit status, negative for a signal)."""
+
+    def __init__(self, rc: int):
+        super().__init__(f"exit status {rc}")
+        self.rc = rc
 
 
 def _held(st: os.stat_result) -> int:
@@ -140,7 +194,7 @@ def _death(rc: int, limit: int) -> str:
 
 
 class _Spawner:
-    """Starts every reading child from one thread that lives as long as this process.
+    """Starts every child from one thread that lives as long as this process.
 
     A child asks the kernel to kill it when its parent dies (``_die_with_parent``,
     ``PR_SET_PDEATHSIG``), and for Linux the parent is the *thread* that started it.
@@ -159,7 +213,7 @@ class _Spawner:
         """``subprocess.Popen(args, **kwargs)``, run by the spawning thread."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():    # the first child, or after a fork
-                self._thread = threading.Thread(target=self._serve, name="qkvscope-reader-spawner", daemon=True)
+                self._thread = threading.Thread(target=self._serve, name="qkvscope-sandbox-spawner", daemon=True)
                 self._thread.start()
         job = {"done": threading.Event()}
         self._jobs.put((args, kwargs, job))
@@ -182,19 +236,27 @@ class _Spawner:
 _SPAWNER = _Spawner()
 
 
-class Reader:
-    """One child process reading untrusted files for this process; see the module docstring.
+class Sandbox:
+    """One child process running the jobs of ``entry`` (a module with ``JOBS`` and ``PRELOAD``;
+    default this one) for this process; see the module docstring.
 
     Use as a context manager (the child ends with it); a child that dies or
     runs out of time is replaced at the next request. Not shared between
     threads: each caller (a page run, a CLI command) makes its own.
+    ``stderr``: ``subprocess.PIPE`` keeps what the child prints (``stderr_tail``) instead
+    of passing it to this process's stderr.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, entry: ModuleType | None = None, *, stderr=None) -> None:
+        self.entry = entry if entry is not None else sys.modules[__name__]
+        self.jobs: dict[str, tuple[str, str]] = dict(self.entry.JOBS)
+        self._stderr = stderr
+        self._tail = b""
+        self._drainer: threading.Thread | None = None
         self._proc: subprocess.Popen | None = None
         self._buf = b""
 
-    def __enter__(self) -> "Reader":
+    def __enter__(self) -> "Sandbox":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -215,18 +277,32 @@ class Reader:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def stderr_tail(self) -> str:
+        """The last few KB the child printed on stderr (with ``stderr=subprocess.PIPE``)."""
+        if self._drainer is not None:
+            self._drainer.join(2)                # what a child that ended printed last
+        return self._tail.decode(errors="replace")
+
+    def _drain(self, pipe) -> None:
+        for chunk in iter(lambda: pipe.read1(1 << 14), b""):
+            self._tail = (self._tail + chunk)[-4096:]
+
     def _start(self) -> subprocess.Popen:
         # A checkout's packages are found through PYTHONPATH (-P below drops the working directory);
         # installed ones are on the interpreter's own path.
         env = dict(os.environ, QKVSCOPE_PARSE_PARENT=str(os.getpid()), PYTHONPATH=os.pathsep.join(
             [*([str(ROOT)] if in_checkout() else []), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        self._buf = b""
+        self._buf, self._tail = b"", b""
         # -P: the caller's working directory (relative paths are its) is not on sys.path.
         # Started by _SPAWNER's thread: the child dies with this process, not with the calling thread.
-        self._proc = _SPAWNER.popen([sys.executable, "-P", "-m", "loaders.parse_child"], env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
-        # The child imports the readers (torch, duckdb) before it says ready: a busy machine's
-        # slow start is not counted against the first file's time limit.
+        self._proc = _SPAWNER.popen([sys.executable, "-P", "-m", self.entry.__name__], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
+        if self._stderr == subprocess.PIPE:
+            self._drainer = threading.Thread(target=self._drain, args=(self._proc.stderr,), daemon=True)
+            self._drainer.start()
+        # The child imports PRELOAD (torch, duckdb) before it says ready: a busy machine's
+        # slow start is not counted against the first job's time limit.
         try:
             ready = self._readline(time.monotonic() + max(300, budget("QKVSCOPE_PARSE_TIMEOUT_S")))
         except TimeoutError:
@@ -244,10 +320,20 @@ class Reader:
         proc.kill()
         return proc.wait()
 
-    def _readline(self, deadline: float) -> bytes | None:
-        """The child's next answer line, or None at EOF; ``TimeoutError`` past ``deadline``."""
+    def _reap(self) -> int:
+        """The exit status of a child whose stdout closed: its own, when it ends within a moment
+        (a SIGKILL sent here would read as the out-of-memory killer's), else killed."""
+        try:
+            rc = self._proc.wait(2)
+        except subprocess.TimeoutExpired:
+            return self._kill()
+        self._proc = None
+        return rc
+
+    def _fill(self, deadline: float, enough: Callable[[], bool]) -> bool:
+        """Read until ``enough()``; False at EOF, ``TimeoutError`` past ``deadline``."""
         fd = self._proc.stdout.fileno()
-        while b"\n" not in self._buf:
+        while not enough():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
@@ -256,31 +342,66 @@ class Reader:
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                return None
+                return False
             self._buf += chunk
+        return True
+
+    def _readline(self, deadline: float) -> bytes | None:
+        """The child's next answer line, or None at EOF; ``TimeoutError`` past ``deadline``."""
+        if not self._fill(deadline, lambda: b"\n" in self._buf):
+            return None
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
-    def request(self, path: str | Path, op: str, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", **fields):
-        """Run ``op`` on ``path`` in the child and return its result; a failure
-        raises ``FileError(path, problem)`` (``StoreError``s keep their class).
-        ``timeout`` names the time budget (analyses have their own, longer one)."""
-        limit = memory_limit_bytes(reading_size(path))
+    def _read(self, n: int, deadline: float) -> bytes | None:
+        if not self._fill(deadline, lambda: len(self._buf) >= n):
+            return None
+        data, self._buf = self._buf[:n], self._buf[n:]
+        return data
+
+    def exchange(self, job: str, path: str | Path, *, limit: int, seconds: float,
+                 **kwargs) -> tuple[dict, bytes | None]:
+        """Send one job and return the child's reply and its payload (None when it sent none).
+        ``SandboxRefused`` for a name outside the table; ``TimeoutError`` past ``seconds`` (the
+        child killed); ``Died`` when the child ended."""
+        if job not in self.jobs:
+            raise SandboxRefused(refusal(job, self.jobs))
         if self._proc is None or self._proc.poll() is not None:
             self._proc = self._start()
-        line = json.dumps({"op": op, "path": str(path), "limit": limit, **fields}) + "\n"
+        line = json.dumps({"job": job, "path": str(path), "limit": int(limit), "kwargs": kwargs}) + "\n"
+        deadline = time.monotonic() + seconds
         try:
             self._proc.stdin.write(line.encode())
             self._proc.stdin.flush()
-            answer = self._readline(time.monotonic() + budget(timeout))
+            answer = self._readline(deadline)
+            reply = None if answer is None else json.loads(answer)
+            payload = None
+            if reply is not None and reply.get("payload") is not None:
+                payload = self._read(int(reply["payload"]), deadline)
+                if payload is None:
+                    reply = None
         except TimeoutError:
             self._kill()
-            raise FileError(path, time_exceeded(timeout, "analysing" if "ANALYSIS" in timeout else "reading")) from None
+            raise
         except BrokenPipeError:
-            answer = None
-        if answer is None:                       # the child died while reading
-            raise FileError(path, _death(self._kill(), limit))
-        reply = json.loads(answer)
+            reply = None
+        if reply is None:                       # the child died while running the job
+            raise Died(self._reap())
+        if reply.get("refused"):
+            raise SandboxRefused(reply["message"])
+        return reply, payload
+
+    def request(self, path: str | Path, job: str, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", **kwargs):
+        """Run ``job`` on ``path`` in the child and return its result; a failure
+        raises ``FileError(path, problem)`` (``StoreError``s keep their class).
+        ``timeout`` names the time budget (analyses have their own, longer one)."""
+        limit = memory_limit_bytes(reading_size(path))
+        try:
+            reply, _ = self.exchange(job, path, limit=limit, seconds=budget(timeout), **kwargs)
+        except TimeoutError:
+            raise FileError(path, time_exceeded(timeout, "analysing" if "ANALYSIS" in timeout else "reading")) from None
+        except Died as exc:
+            raise FileError(path, _death(exc.rc, limit)) from None
         if reply["ok"]:
             return reply["result"]
         message = reply["message"]
@@ -294,17 +415,11 @@ class Reader:
 
     # -- what callers use --------------------------------------------------
 
-    def warm(self, modules: Iterable[str]) -> dict[str, float]:
-        """Start the child if it is not running and have it import ``modules`` (this
-        project's and its libraries' module names, given by the caller) before any file:
-        seconds per module. What a module costs to import is then paid before the first
-        request that needs it, and stays out of that request's memory budget, like the
-        readers' own imports."""
-        return self.request(os.devnull, "warm", modules=list(modules))
-
-    def ingest_file(self, store, path: Path, kind: str = "unknown") -> list[FileReport]:
+    def ingest_file(self, store, path: Path, kind: str = "unknown") -> list:
         """``loaders.ingest.ingest_file`` in the child: every outcome is a report
         (``kind``, from ``kind_of``, labels the report of a child that died)."""
+        from loaders.report import FileReport
+
         try:
             return [FileReport(**r) for r in self.request(path, "ingest", db=str(store.path),
                                                            busy_timeout=store.busy_timeout)]
@@ -323,29 +438,32 @@ class Reader:
 
 
 def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | None = None,
-                 reader: Reader | None = None, project: str | None = None) -> IngestReport:
+                 reader: Sandbox | None = None, project: str | None = None):
     """``loaders.ingest.ingest_paths`` (the same walk, order, projects and final linking) with
     each file classified, read and stored by the child: a file that kills or stalls the child
     is one ``error`` report and the next file gets a fresh child. ``reader`` None: an idle
     child of ``POOL``.
     """
+    from loaders import ingest as _ingest
+
     with _lent(reader) as reader:
         return _ingest.ingest_paths(store, paths, progress=progress, project=project, kind_of=reader.kind_of,
                                    ingest_one=reader.ingest_file)
 
 
-def ingest_checkpoint(store, path: str | Path, *, reader: "Reader | None" = None) -> FileReport:
+def ingest_checkpoint(store, path: str | Path, *, reader: Sandbox | None = None):
     """``loaders.ingest.ingest_checkpoint`` in a child (the Inspector's upload and
     path field, ``analyze PATH``): its report, or ``FileError`` with the one-line
-    problem. ``reader`` None: an idle child of ``POOL``, so the ``analyze`` that
-    follows (``call(..., pooled=True)``) finds the same child already started."""
+    problem. ``reader`` None: an idle child of ``POOL``."""
+    from loaders.report import FileReport
+
     with _lent(reader) as reader:
         return FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
                                            busy_timeout=store.busy_timeout))
 
 
 @contextmanager
-def _lent(reader: "Reader | None"):
+def _lent(reader: Sandbox | None):
     """``reader`` itself, or one lent by ``POOL`` for the block (a child's start costs 2-3 s
     of imports; a child that died or stalled is replaced at its next request either way)."""
     if reader is not None:
@@ -356,102 +474,67 @@ def _lent(reader: "Reader | None"):
 
 
 def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,
-          on_report: Callable[[IngestReport], None] | None = None,
-          on_busy: Callable[[DatabaseBusyError], None] | None = None,
-          stop: Callable[[], bool] | None = None, project: str | None = None) -> None:
+          on_report=None, on_busy=None, stop: Callable[[], bool] | None = None,
+          project: str | None = None) -> None:
     """``loaders.ingest.watch`` (its polling loop) with one child kept across polls; ``project``
     as ``ingest_paths`` takes it."""
-    with Reader() as reader:
+    from loaders.ingest import watch as poll
+
+    with Sandbox() as reader:
         poll(store, paths, interval=interval, on_report=on_report, on_busy=on_busy, stop=stop,
              ingest=lambda store, paths: ingest_paths(store, paths, reader=reader, project=project))
 
 
-class ReaderPool:
+class SandboxPool:
     """Idle children kept for callers that make many small requests (the Inspector's
     spectra for each layer and head a user picks, one batch task after another).
 
-    ``with POOL.reader() as r:`` lends an idle child (or a new ``Reader``) to one
-    caller at a time and takes it back afterwards, keeping at most ``keep`` idle.
+    ``with POOL.reader(entry) as r:`` lends an idle child of ``entry`` (or a new ``Sandbox``)
+    to one caller at a time and takes it back afterwards, keeping at most ``keep`` idle.
     A child started under other budgets (the ``QKVSCOPE_*`` environment it
     inherited, ``QKVSCOPE_DB`` aside) is closed instead of lent: budgets are read
     from the environment by the child's readers. A child that died or timed out
-    is replaced by its ``Reader`` at the next request. Thread-safe; each child is
+    is replaced by its ``Sandbox`` at the next request. Thread-safe; each child is
     still used by one thread at a time.
     """
 
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
-        self._idle: list[tuple[tuple, Reader]] = []
+        self._idle: list[tuple[tuple, Sandbox]] = []
         self._lock = threading.Lock()
-        self._starting: threading.Event | None = None     # set when prestart's child is ready or gone
-
-    def prestart(self, modules: Iterable[str] = ()) -> threading.Thread | None:
-        """Start a child in a background thread, have it import ``modules`` (``Reader.warm``)
-        and keep it idle, so that the first ``reader()`` finds it ready instead of paying
-        the start and those imports (the dashboard's first checkpoint: about 1 s of start
-        and 2 s of ``transformers``). Nothing when a child is already idle or starting.
-        ``reader()`` waits for a child being started rather than start a second one. A
-        child that fails to start is dropped; the next ``reader()`` starts its own, which
-        reports why. Returns the thread (None when nothing was started)."""
-        env = self._env()
-        with self._lock:
-            if self._idle or self._starting is not None:
-                return None
-            started = self._starting = threading.Event()
-        modules = list(modules)
-
-        def work() -> None:
-            r: Reader | None = Reader()
-            try:
-                r.warm(modules)
-            except (QkvscopeError, OSError):  # a module that failed to import (the child is still usable), or no child
-                pass
-            finally:
-                with self._lock:
-                    if r.pid is not None and len(self._idle) < self.keep:
-                        self._idle.append((env, r))
-                        r = None
-                    self._starting = None
-                started.set()
-                if r is not None:
-                    r.close()
-
-        thread = threading.Thread(target=work, name="qkvscope-reader-prestart", daemon=True)
-        thread.start()
-        return thread
 
     @staticmethod
-    def _env() -> tuple:
-        return tuple(sorted((k, v) for k, v in os.environ.items()
-                            if k.startswith("QKVSCOPE_") and k not in ("QKVSCOPE_DB", "QKVSCOPE_PARSE_PARENT")))
+    def _key(entry: ModuleType | None) -> tuple:
+        name = (entry or sys.modules[__name__]).__name__
+        return (name, *sorted((k, v) for k, v in os.environ.items()
+                              if k.startswith("QKVSCOPE_") and k not in ("QKVSCOPE_DB", "QKVSCOPE_PARSE_PARENT")))
 
     @contextmanager
-    def reader(self):
-        env = self._env()
-        stale: list[Reader] = []
+    def reader(self, entry: ModuleType | None = None):
+        key = self._key(entry)
+        stale: list[Sandbox] = []
         lent = None
         with self._lock:
-            starting = self._starting if not self._idle else None
-        if starting is not None:          # prestart's child: ready sooner than a second one started now
-            starting.wait(max(300, budget("QKVSCOPE_PARSE_TIMEOUT_S")))
-        with self._lock:
-            while self._idle:
-                key, r = self._idle.pop()
-                if key == env and lent is None:
+            keep = []
+            for k, r in self._idle:
+                if k == key and lent is None:
                     lent = r
+                elif k[0] == key[0]:
+                    stale.append(r)           # the same entry under other budgets
                 else:
-                    stale.append(r)
+                    keep.append((k, r))
+            self._idle = keep
         for r in stale:
             r.close()
-        lent = lent or Reader()
+        lent = lent or Sandbox(entry)
         try:
             yield lent
         finally:
             with self._lock:
-                keep = len(self._idle) < self.keep and lent.pid is not None
-                if keep:
-                    self._idle.append((env, lent))
-            if not keep:
+                kept = len(self._idle) < self.keep and lent.pid is not None
+                if kept:
+                    self._idle.append((key, lent))
+            if not kept:
                 lent.close()
 
     def close(self) -> None:
@@ -463,61 +546,50 @@ class ReaderPool:
 
 
 #: The process-wide pool (``call(..., pooled=True)``); its children end with this process.
-POOL = ReaderPool()
+POOL = SandboxPool()
 atexit.register(POOL.close)
 
 
-def prestart(modules: Iterable[str] = ()) -> threading.Thread | None:
-    """``POOL.prestart(modules)`` unless ``QKVSCOPE_PRESTART=0`` is in the environment: the
-    dashboard at its first page (``app/dashboard/prestart.py``), and ``analyze`` before it
-    imports torch itself, so that the child's start and imports (about 1.5 s) run beside this
-    process's own instead of after them. The thread doing it, or None when nothing was started."""
-    if os.environ.get("QKVSCOPE_PRESTART", "1") == "0":
-        return None
-    return POOL.prestart(modules)
+def call(job: str, path: str | Path, *, entry: ModuleType | None = None,
+         timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", pooled: bool = False, **kwargs):
+    """The job named ``job`` of ``entry``'s table (default this module's) run on ``path`` (and the
+    JSON-able ``kwargs``) in a child, under the memory budget and the time budget ``timeout``;
+    its result must be JSON-able. ``pooled``: in an idle child of ``POOL`` (started once,
+    reused) instead of a new one."""
+    with (POOL.reader(entry) if pooled else Sandbox(entry)) as box:
+        return box.request(path, job, timeout=timeout, **kwargs)
 
 
-def call(target: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", pooled: bool = False,
-         **kwargs):
-    """``module:function`` called on ``path`` (and the JSON-able ``kwargs``) in a child, under
-    the memory budget and the time budget ``timeout``; its result must be JSON-able.
-    ``pooled``: in an idle child of ``POOL`` (started once, reused) instead of a new one."""
-    with (POOL.reader() if pooled else Reader()) as reader:
-        return reader.request(path, "call", target=target, kwargs=kwargs, timeout=timeout)
+# -- the jobs of this module ------------------------------------------------
+
+def classify(path: str) -> str:
+    from loaders.ingest import _classify
+
+    return _classify(Path(path))[0]
+
+
+def ingest(path: str, *, db: str, busy_timeout: float) -> list[dict]:
+    from loaders.ingest import ingest_file
+    from loaders.store import Store
+
+    return [r.to_json() for r in ingest_file(Store(db, busy_timeout=busy_timeout), Path(path))]
+
+
+def ingest_one_checkpoint(path: str, *, db: str, busy_timeout: float) -> dict:
+    from loaders.ingest import ingest_checkpoint as ingest_one
+    from loaders.store import Store
+
+    return ingest_one(Store(db, busy_timeout=busy_timeout), Path(path)).to_json()
 
 
 # -- the child -------------------------------------------------------------
 
-def _run(req: dict):
-    path = Path(req["path"])
-    if req["op"] == "classify":
-        from loaders.ingest import _classify
+def _resolve(jobs: dict[str, tuple[str, str]], name: str):
+    """The function of job ``name`` from the table (the only import a request can cause)."""
+    import importlib
 
-        return _classify(path)[0]
-    if req["op"] == "ingest":
-        from loaders.ingest import ingest_file
-
-        store = Store(req["db"], busy_timeout=req["busy_timeout"])
-        return [r.to_json() for r in ingest_file(store, path)]
-    if req["op"] == "ingest_checkpoint":
-        from loaders.ingest import ingest_checkpoint as ingest_one
-
-        return ingest_one(Store(req["db"], busy_timeout=req["busy_timeout"]), path).to_json()
-    if req["op"] == "warm":
-        import importlib
-
-        seconds = {}
-        for module in req["modules"]:
-            t = time.perf_counter()
-            importlib.import_module(module)
-            seconds[module] = time.perf_counter() - t
-        return seconds
-    if req["op"] == "call":
-        import importlib
-
-        module, name = req["target"].split(":")
-        return getattr(importlib.import_module(module), name)(str(path), **(req.get("kwargs") or {}))
-    raise ValueError(f"unknown op {req['op']!r}")
+    module, function = jobs[name]
+    return getattr(importlib.import_module(module), function)
 
 
 def data_held() -> int:
@@ -549,21 +621,28 @@ def _die_with_parent() -> None:
         os._exit(1)                              # the parent died before prctl took effect
 
 
-def main() -> int:
+def serve(jobs: dict[str, tuple[str, str]], preload: Iterable[str] = ()) -> int:
+    """The child's loop (an entry's ``__main__``): import ``preload``, say ready, then run
+    each request's job from ``jobs`` under the memory limit until stdin closes."""
+    import importlib
     import resource  # here: the child only
 
     from loaders.filecheck import failure, out_of_memory
 
     _die_with_parent()
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    answers = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)                                # a library's print() cannot break a line
-    import loaders.checkpoints                   # noqa: F401 -- the readers, before any limit
-    import loaders.ingest                        # noqa: F401
-    import loaders.logs                          # noqa: F401
-    answers.write('{"ready": true}\n')
+    for module in preload:                       # the readers, before any limit
+        importlib.import_module(module)
+    answers.write(b'{"ready": true}\n')
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     for line in sys.stdin:
         req = json.loads(line)
+        payload = b""
+        if req.get("job") not in jobs:
+            reply = {"ok": False, "refused": True, "message": refusal(str(req.get("job")), jobs)}
+            answers.write(json.dumps(reply).encode() + b"\n")
+            continue
         held = data_held()
         cap = held + int(req["limit"])                  # the budget is for the file, on top of what is held
         # for readers that word their own out-of-memory line from the soft limit (loaders.filecheck):
@@ -573,7 +652,11 @@ def main() -> int:
             cap = min(cap, hard)
         resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
         try:
-            reply = {"ok": True, "result": _run(req)}
+            result = _resolve(jobs, req["job"])(req["path"], **(req.get("kwargs") or {}))
+            reply = {"ok": True, "result": result}
+            # a WithPayload (compared by its fields: this module may run as __main__ beside its import)
+            if isinstance(result, tuple) and getattr(result, "_fields", None) == WithPayload._fields:
+                reply, payload = {"ok": True, "result": result.result, "payload": len(result.payload)}, result.payload
         except StoreError as exc:
             reply = {"ok": False, "message": str(exc), "store": type(exc).__name__}
         except FileError as exc:
@@ -585,9 +668,9 @@ def main() -> int:
             reply = {"ok": False, "message": f"{req['path']}: {why}"}
         finally:
             resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
-        answers.write(json.dumps(reply, default=str) + "\n")
+        answers.write(json.dumps(reply, default=str).encode() + b"\n" + payload)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(JOBS, PRELOAD))

@@ -1,0 +1,57 @@
+"""The jobs ``app`` runs in the sandbox (``loaders.sandbox``), as a fixed table.
+
+Each entry names a job and the function it calls, as literals: the child
+started for ``app`` (``python -m app.sandbox_jobs``) looks a requested name up
+here and imports nothing else; a name not in the table is refused. This
+module imports nothing heavy: the server imports it to name its jobs, the
+functions load in the child only.
+
+========================  ===========================================  =======================================
+job                       function                                     what it does
+========================  ===========================================  =======================================
+``classify``, ``ingest``, ``loaders.sandbox``                          the loaders' own jobs
+``ingest_checkpoint``
+``analyze``               ``app.jobs.compute_jobs``                    weight and activation metrics of a file
+``batch``                 ``app.batch.child.compute``                  a batch task's metrics (a layer group)
+``info``                  ``app.commands.info.describe``               what ``info`` prints
+``whatif``                ``app.commands.whatif.compute``              the what-if conversion and its loss
+``spectra``               ``app.inspect_child.spectra``                one layer's singular values (Inspector)
+``ties``                  ``app.inspect_child.ties``                   which projections are tied, per layer
+``attention``             ``app.inspect_child.attention``              attention maps, written as ``.npy``
+========================  ===========================================  =======================================
+
+``call(job, path, **kwargs)`` runs one of them (``loaders.sandbox.call`` with this table).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from loaders import sandbox
+
+JOBS: dict[str, tuple[str, str]] = {
+    **sandbox.JOBS,
+    "analyze": ("app.jobs", "compute_jobs"),
+    "batch": ("app.batch.child", "compute"),
+    "info": ("app.commands.info", "describe"),
+    "whatif": ("app.commands.whatif", "compute"),
+    "spectra": ("app.inspect_child", "spectra"),
+    "ties": ("app.inspect_child", "ties"),
+    "attention": ("app.inspect_child", "attention"),
+}
+PRELOAD: tuple[str, ...] = sandbox.PRELOAD
+
+
+def call(job: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", pooled: bool = False, **kwargs):
+    """``loaders.sandbox.call`` of a job of this table."""
+    return sandbox.call(job, path, entry=sys.modules[__name__], timeout=timeout, pooled=pooled, **kwargs)
+
+
+def pooled():
+    """``with pooled() as box:`` an idle child of this table lent by ``loaders.sandbox.POOL``: a
+    caller that ingests and then analyses (``analyze PATH``) does both in one child."""
+    return sandbox.POOL.reader(sys.modules[__name__])
+
+
+if __name__ == "__main__":
+    sys.exit(sandbox.serve(JOBS, PRELOAD))
