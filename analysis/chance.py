@@ -110,12 +110,10 @@ from analysis import registry
 from analysis.above_chance import p_value
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS, RESULT_COLUMNS
-from analysis.weights import SKIPPABLE, MetaLike, default_device, weight_metrics
-
-#: Median of the Tracy-Widom distribution for beta = 1 (real matrices).
-TW1_MEDIAN = -1.2686
-#: Median of ``sqrt(d) sigma_min`` of a ``d x d`` Gaussian matrix as ``d -> inf`` (Edelman 1988).
-EDELMAN_MEDIAN = math.sqrt(1 + 2 * math.log(2)) - 1
+from analysis.layer import AttentionWeights
+# the closed forms live beside their formulas (analysis.metrics); these two are named here too
+from analysis.metrics.query_absorb import square_condition_median, square_orth_defect_mean  # noqa: F401
+from analysis.weights import MetaLike, default_device, weight_metrics
 
 class _ChanceTexts(Mapping):
     """metric -> its chance level in one line (docs/guide/metrics.md, the pages): each weight metric's ``chance_help``,
@@ -140,20 +138,6 @@ _CLOSED = "closed form"
 
 
 @dataclass(frozen=True)
-class RandomLayer:
-    """A random attention layer with the ``LayerLike`` fields of ``analysis.weights``."""
-
-    layer: int
-    W_Q: torch.Tensor | None
-    W_K: torch.Tensor
-    W_V: torch.Tensor
-    W_O: torch.Tensor
-    b_Q: torch.Tensor | None = None
-    b_K: torch.Tensor | None = None
-    b_V: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
 class _Geometry:
     """The ``MetaLike`` fields of a random layer (the variant: independent projections)."""
 
@@ -166,7 +150,7 @@ class _Geometry:
 
 
 def random_layer(geo: MetaLike, *, query_free: bool, generator: torch.Generator,
-                 device: str | torch.device = "cpu") -> RandomLayer:
+                 device: str | torch.device = "cpu") -> AttentionWeights:
     """i.i.d. ``N(0, 1/d_model)`` projections of ``geo``'s shapes, drawn on the CPU from
     ``generator`` (deterministic) and moved to ``device``. Each projection is stored
     as a loader stores it (per head transposed, the rows of an ``nn.Linear``
@@ -181,60 +165,15 @@ def random_layer(geo: MetaLike, *, query_free: bool, generator: torch.Generator,
     w_q = None if query_free else rows(h)
     w_k, w_v = rows(g), rows(g)
     w_o = (torch.randn(d, h * e, generator=generator) * scale).mT.reshape(h, e, d).to(device)  # [h, e, d]
-    return RandomLayer(0, w_q, w_k, w_v, w_o)
-
-
-def square_condition_median(d: int) -> float:
-    """Median condition number of a ``d x d`` standard Gaussian matrix (module docstring):
-    ``sigma_max`` at the Tracy-Widom median over ``sigma_min`` at Edelman's limit median."""
-    if d < 2:
-        return 1.0
-    a, b = math.sqrt(d - 1), math.sqrt(d)
-    mu, s = (a + b) ** 2, (a + b) * (1 / a + 1 / b) ** (1 / 3)
-    sigma_max = math.sqrt(mu + s * TW1_MEDIAN)
-    return sigma_max * math.sqrt(d) / EDELMAN_MEDIAN
-
-
-def square_orth_defect_mean(d: int) -> float:
-    """``E[log(||A||_F^2/d) - (2/d) log|det A|]`` for a ``d x d`` standard Gaussian ``A``:
-    ``psi(d^2/2) - ln d - (1/d) sum_{k=1..d} psi(k/2)`` (module docstring)."""
-    k = torch.arange(1, d + 1, dtype=torch.float64)
-    psi = torch.special.digamma
-    return float(psi(torch.tensor(d * d / 2, dtype=torch.float64)) - math.log(d) - psi(k / 2).mean())
-
-
-def _closed_form(metric: str, geo: _Geometry, query_free: bool) -> float | None:
-    """The closed-form chance level of a metric whose registry rule is ``closed``, or None where
-    the closed form does not hold for this geometry (then the metric's chance is Monte Carlo).
-    A plugin's comes from its ``closed_form``; the built-in ones are the module docstring's."""
-    plugin = registry.PLUGINS.get(metric)
-    if plugin is not None:
-        got = plugin.closed_form(geo, query_free)
-        return None if got is None else float(got)
-    h, g, d, e = geo.n_heads, geo.n_kv_heads, geo.d_model, geo.d_head
-    square = not query_free and h * e == d
-    if metric == "kv_cosine_flat":
-        return 0.0
-    if metric == "kv_share_r2":
-        return min(1.0, e / d)
-    if metric == "qk_symmetry":
-        return (1 + 1 / d) / 2
-    if metric == "qk_directionality":
-        return 0.0 if not query_free or g == h else None
-    if metric == "wq_condition":
-        return square_condition_median(d) if square else None
-    if metric == "wq_basis_orth_defect":
-        return square_orth_defect_mean(d) if square else None
-    raise AnalysisError(f"metric {metric!r}: its registry rule is 'closed' but analysis.chance has no "
-                        "closed form for it")
+    return AttentionWeights(0, w_q, w_k, w_v, w_o)
 
 
 #: Random layers of the model's own shapes behind every weight chance level: at least ``MIN_DRAWS``
 #: (every metric, the closed-form ones too, so each has a null band), then more while a per-layer
 #: Monte Carlo median is not stable (``stable``), at most ``MAX_DRAWS``; past ``MIN_DRAWS`` a draw
-#: leaves out the stacked-W_Q LU and the layer's ``M`` (``weights.SKIPPABLE``) unless a Monte Carlo
-#: metric still needs them.
-MIN_DRAWS, MAX_DRAWS = 24, 96
+#: computes only the per-layer values whose median is not yet stable (``weight_metrics(skip=, heads=False)``),
+#: so it costs the products those read.
+MIN_DRAWS, MAX_DRAWS = 24, 512
 #: Per-head rows then get more draws from *wide* random layers: ``WIDE_HEADS`` independent heads of
 #: the same ``d_model`` and ``d_head`` (multi-head, nothing per layer computed), whose per-head
 #: values have the same distribution as the model's own heads (each head's W_Q, W_K, W_V, W_O are
@@ -298,32 +237,43 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
                 and closed.get(m) is None and not (not w and len(vals) >= MAX_HEAD_SAMPLES)
                 and not stable(torch.tensor(sorted(vals), dtype=torch.float64))}
 
+    every = frozenset(p.metric.name for p in registry.computed("weights"))
     n, skip = 0, frozenset()
     while True:                                          # the model's own shapes
         frame, _notes = weight_metrics(random_layer(geo, query_free=query_free, generator=gen,
-                                                    device=device_type), geo, device=device_type, skip=skip)
+                                                    device=device_type), geo, device=device_type, skip=skip,
+                                       heads=n < MIN_DRAWS)
         n += 1
         add(frame, heads_only=False)
         if not rules:
             rules = {metric: registry.BY_NAME[metric].chance for metric, _ in samples}
-            closed = {m: _closed_form(m, geo, query_free) for m, r in rules.items() if r == "closed"}
+            closed = {m: registry.closed_form(m, geo, query_free) for m, r in rules.items() if r == "closed"}
         if n < MIN_DRAWS:
             continue
         todo = unstable(whole=True)
         if not todo or n >= MAX_DRAWS:
             break
-        skip = frozenset(SKIPPABLE - todo)
-    wide = _Geometry(WIDE_HEADS, WIDE_HEADS, d_model, d_head, norm)
-    # a query-free model's per-head M reads identity slices: the wide layers' random W_Q do not stand in
-    own = {m for m, _ in samples if m == "qk_symmetry" or m.endswith("_qk")} if query_free else set()
-    while todo := unstable(whole=False) - own:           # per-head rows: wide layers of independent heads
+        skip = every - todo                              # later draws: the unstable per-layer metrics only
+    # per-head rows: wide layers of independent heads; a query-free model's metrics of W_Q read identity
+    # slices, which random W_Q do not stand in for: those get query-free layers of d_model / d_head heads
+    own = {m for m, _ in samples if "Q" in registry.BY_NAME[m].reads} if query_free else set()
+    shapes = [(_Geometry(WIDE_HEADS, WIDE_HEADS, d_model, d_head, norm), False, lambda m: m not in own)]
+    if own and d_model % d_head == 0:
+        shapes.append((_Geometry(d_model // d_head, d_model // d_head, d_model, d_head, norm), True,
+                       lambda m: m in own))
+    while todo := unstable(whole=False):
         before = {m: len(samples[(m, False)]) for m in todo}
-        try:
-            frame, _notes = weight_metrics(random_layer(wide, query_free=False, generator=gen, device=device_type),
-                                           wide, device=device_type, skip=SKIPPABLE - {"qk_symmetry"})
-        except AnalysisError:                            # a plugin that cannot take the wide shapes: own draws only
-            break
-        add(frame[~frame["metric"].isin(own)], heads_only=True)
+        for shape, free, mine in shapes:
+            want = {m for m in todo if mine(m)}
+            if not want:
+                continue
+            try:
+                frame, _notes = weight_metrics(random_layer(shape, query_free=free, generator=gen,
+                                                            device=device_type),
+                                               shape, device=device_type, skip=every - want, whole=False)
+            except AnalysisError:                        # a plugin that cannot take these shapes: own draws only
+                continue
+            add(frame, heads_only=True)
         if all(len(samples[(m, False)]) == k for m, k in before.items()):
             break                                        # e.g. a plugin's metric absent from a wide layer
     rows = []

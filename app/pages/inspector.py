@@ -73,7 +73,8 @@ SOURCES = {"stored": "Stored", "upload": "Upload", "path": "Server path"}
 UPLOAD_TYPES = ["safetensors", "json", "bin", "pt", "pth", "ckpt", "zip", "model", "txt"]
 #: Per-head metrics for the heatmap, in registry order.
 ABSORB = names(family="query_absorb")   # wq_condition, wq_basis_orth_defect, wq_absorb_error
-KV_FIT = ["kv_share_r2", "kv_cka", "kv_cosine_flat", "kv_share_r2_act", "kv_cka_act"]
+#: The K/V fit table: the registry's per-head K/V similarity metrics (weights, then activations).
+KV_FIT = names(family="kv_similarity")
 #: What each tie of ``analysis.tied.tied_layer`` means, for the message.
 TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_v": "W_K = W_V",
         "q_eq_v": "W_Q = W_V"}
