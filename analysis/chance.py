@@ -14,71 +14,26 @@ seeded draws (and over heads, for per-head metrics) of ``weight_metrics`` on
 random layers. ``d = d_model``, ``e = d_head``, ``h = n_heads``, ``g = n_kv_heads``.
 
 Which of these a metric gets is its registry row's ``chance`` rule
-(``analysis.registry.Metric``): ``closed`` (the closed form below where it
-holds for the geometry, else Monte Carlo), ``monte_carlo`` or ``none``; its
-one-line description is the row's ``chance_help`` (``WEIGHT_CHANCE`` reads it).
-This module holds the formulas only; a plugin metric with the rule ``closed``
-brings its own (``registry.register(..., closed_form=)``), and one with
-``monte_carlo`` gets the median of its own ``compute`` over the random layers,
-since ``weight_metrics`` runs plugins on them as on any layer.
-
-Closed forms (each checked against Monte Carlo in ``tests/analysis/test_chance.py``):
-
-* ``kv_cosine_flat``: **0**. ``V -> -V`` leaves the distribution unchanged and
-  flips the sign, so the distribution is symmetric about 0 (mean = median = 0).
-* ``kv_share_r2``: **e / d**. ``P_K`` (the projector onto K's columns, rank
-  ``e``) is independent of ``V``, and ``vec V`` is isotropic in ``R^{d e}``;
-  ``||P_K V||^2 / ||V||^2`` is then the squared length of an isotropic vector's
-  projection onto a fixed ``e^2``-dimensional subspace (``P_K (x) I_e``): exactly
-  ``Beta(e^2/2, e(d-e)/2)``, mean ``e/d``, median within ``1/(d e)`` of it
-  (``min(1, e/d)``: for ``e >= d`` the fit is exact).
-* ``qk_symmetry`` (per head and per layer): **(1 + 1/d) / 2**, the ratio of the
-  expectations in ``s = (1 + tr(M^2) / ||M||_F^2) / 2``. ``tr(M^2) = tr((K^T Q)^2)``
-  is *even* in ``Q`` (quadratic), so the score is not symmetric about 1/2:
-  ``E tr(C^2) = sum_ab E[C_ab C_ba] = e d`` (only ``a = b`` survives) and
-  ``E ||M||^2 = E tr(Q^T Q K^T K) = d^2 e``, ratio ``1/d``; per layer, with
-  ``Qs`` (entries of variance ``h/g``) and ``Ks`` of width ``g e``, the same
-  ``1/d``. Monte Carlo (float64, ``d = 16..128``) puts the mean within ``1e-4``
-  of it and the median within ``1.5e-3`` at ``d = 16, e = 4``, ``3e-4`` at
-  ``d = 32`` (a few % of the score's own spread, ``~0.7 / d``). **Query-free**
-  (``Q_h`` the identity slice ``E_h``) it is the exact mean: ``||M_h||^2 = ||K_g||^2`` and ``tr(M_h^2)`` is a
-  quadratic form in the isotropic ``vec K_g`` of trace ``||E_h||_F^2 = e``, so
-  ``E[tr(M^2) / ||M||^2] = e / (d e)``; per layer likewise
-  (``Qs^T Qs = (h/g) I``, ``||Qs||_F^2 = d``): ``d / ((h/g) d g e) = 1/d``.
-* ``qk_directionality``: **0**. ``M^T = Ks Qs^T`` has the distribution of ``M``
-  up to a scale (the score is scale-free), and transposing swaps the row and
-  column outliers, ``d(M^T) = -d(M)``: symmetric about 0. Query-free with
-  ``h = g``: ``M = Ks^T``, a square Gaussian matrix, likewise 0. Query-free
-  grouped-query layers have no such symmetry: Monte Carlo. Random layers spread
-  widely about 0: over ``[-1, 1]`` at ``d = 32..64``, quartiles about +-0.15 at
-  GPT-2's shapes (``h = 12, d = 768, e = 64``).
-* ``wq_condition`` of a square stacked W_Q (``h e = d``), a ``d x d`` Gaussian
-  matrix: the median of ``sigma_max / sigma_min``, **sigma_max / sigma_min(median)**
-  with ``sigma_max^2 = mu + s * (-1.2686)`` (Johnstone 2001, Ann. Statist. 29:
-  ``mu = (sqrt(d-1) + sqrt(d))^2``, ``s = (sqrt(d-1) + sqrt(d)) (1/sqrt(d-1) +
-  1/sqrt(d))^{1/3}``, -1.2686 the Tracy-Widom (beta=1) median) and
-  ``sqrt(d) sigma_min`` at the median of its limit law ``P(sqrt(d) sigma_min <= t)
-  = 1 - exp(-t^2/2 - t)`` (Edelman 1988, SIAM J. Matrix Anal. Appl. 9), i.e.
-  ``t = sqrt(1 + 2 ln 2) - 1``: about ``3.67 d``. Asymptotic: within 2% of the
-  exact median for ``d >= 32``. The condition number has no mean (its tail is
-  ``P(kappa / d > x) ~ 2/x``); a median of a few draws would scatter by
-  ``~120% / sqrt(draws)``. A non-square stack: Monte Carlo.
-* ``wq_basis_orth_defect`` (normalised models, square stack): the exact mean
-  ``E[log(||A||_F^2/d) - (2/d) log|det A|] = psi(d^2/2) - ln d - (1/d) sum_{k=1..d} psi(k/2)``
-  (``||A||_F^2 ~ chi^2_{d^2}``; ``|det A|^2 = prod_k chi^2_k``, independent
-  factors, from the QR (Bartlett) decomposition; ``E ln chi^2_k = psi(k/2) + ln 2``).
-  About ``1 + ln(d) / (2d)`` (1.0045 at ``d = 768``); its median is within ``0.4/d`` of the mean.
-
-Monte Carlo (the median of the draws): ``kv_cka``, every spectrum (``erank_*``,
-``stable_rank_*``, ``energy_rank90_*``, ``energy_rank99_*``, per head and, for
-grouped-query models, per layer), ``wq_absorb_error`` (its float32 round-off on random
-``W_Q``, ``W_K``), ``wq_condition`` of a non-square stack and ``qk_directionality`` of a
-query-free grouped-query layer.
+(``analysis.registry.Metric``): ``closed`` (its closed form where it holds for
+the geometry, else Monte Carlo), ``monte_carlo`` or ``none``; its one-line
+description is the row's ``chance_help`` (``WEIGHT_CHANCE`` reads it). The closed
+forms are declared beside their formulas, built-in and plugin alike
+(``registry.register(..., closed_form=)``; the built-in ones with their derivations
+in ``analysis/metrics/``: ``kv_similarity`` (``kv_cosine_flat`` 0, ``kv_share_r2``
+e/d), ``qk_geometry`` (``qk_symmetry`` (1 + 1/d)/2, ``qk_directionality`` 0 except
+query-free grouped-query layers), ``paper_scale`` (the same on the paper's scale),
+``query_absorb`` (``wq_condition`` and ``wq_basis_orth_defect`` of a square stack));
+each is checked against Monte Carlo in ``tests/analysis/test_chance.py``. A
+``monte_carlo`` metric gets the median of its own ``compute`` over the random
+layers, since ``weight_metrics`` runs every registered metric on them as on any
+layer. Random layers spread widely about some closed forms: the directionality
+over ``[-1, 1]`` at ``d = 32..64``, quartiles about +-0.15 at GPT-2's shapes.
 
 Every chance level is a distribution: the draws (at least ``MIN_DRAWS`` random layers of
-the model's shapes, more while a per-layer median is not stable, then per-head values from
-wide random layers of ``WIDE_HEADS`` independent heads until each per-head median is
-stable, ``stable``) give the null band ``chance_low``/``chance_high`` (2.5% and 97.5%
+the model's shapes, more, of the per-layer values not yet stable only, while a per-layer
+median is not stable, then per-head values from wide random layers of ``WIDE_HEADS``
+independent heads (query-free models' W_Q metrics: query-free layers of ``d_model / d_head``
+heads) until each per-head median is stable, ``stable``) give the null band ``chance_low``/``chance_high`` (2.5% and 97.5%
 quantiles) of every row, closed forms included, and the p-values of
 ``analysis.above_chance``. ``how`` names the values behind each level and, where a median
 did not reach the 1% stability within the caps, its standard error.

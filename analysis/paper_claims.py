@@ -111,7 +111,10 @@ CLAIMS: tuple[Claim, ...] = (
                "Linear CKA is invariant to such rotations"),
     Claim("b_qk_cosine", PAPER_B, "trained QKV models: Q stays distinct, cos(Q,K) 0.42",
           0.42, "cosine", f"{_DECK}, slide 6", "not_measured",
-          note="qkvscope computes no flat Q/K cosine; qk_symmetry (Inspector) measures how symmetric W_Q W_K^T is"),
+          note="qkvscope computes no flat Q/K cosine; qk_symmetry_paper (Inspector) measures how symmetric "
+               "W_Q W_K^T is on the scale Saponati et al. 2025 plot (2 s - 1: 1 symmetric, 0 random; "
+               "qk_symmetry is s, as their utils/scores.py computes it). For grouped-query models their code "
+               "reshapes W_K as if it had n_heads heads; qkvscope pairs each query head with its own kv head"),
     Claim("b_qv_cosine", PAPER_B, "trained QKV models: cos(Q,V) 0.31", 0.31, "cosine", f"{_DECK}, slide 6",
           "not_measured", note="qkvscope computes no flat Q/V cosine"),
     Claim("b_kv_erank", PAPER_B, "trained QKV models: K and V have similar effective rank, 687 vs 702 of 1024",

@@ -23,13 +23,19 @@ bug (a test checks it).
   Gaussian layers of the same shapes), ``random_projection`` (activations: the
   same captured input through random projections) or ``none`` (NaN);
   ``chance_help`` says it in one line, with the reason for ``none``.
+* ``reads``: the projections (``Q``, ``K``, ``V``, ``O``) the value depends on (the
+  loaders' notes on what a QK-norm or a composed map changes are keyed by them);
+  ``fixed_by``: the ties (``q_identity``, ``q_eq_k``, ``k_eq_v``) that fix the value by
+  construction (``analysis.degenerate`` flags those rows).
 
-**Adding a metric** without editing qkvscope (docs/contributing.md, "Adding a metric"):
+**Adding a metric** (docs/contributing.md, "Adding a metric"):
 ``register(Metric(...), compute)`` (or ``@register(Metric(...))`` on the
-function) appends the row here; ``weight_metrics`` then runs ``compute`` on
-every layer (``analysis.plugins``), ``analysis.chance`` gives its chance level
-by the row's rule, and the CLI, the store and the pages list it like the
-built-in metrics. ``QKVSCOPE_PLUGINS`` names the modules that register
+function) appends the row here; the built-in families of ``analysis/metrics/``
+make the same call. ``weight_metrics`` then runs ``compute`` on every layer with
+the layer's shared products (``analysis.products``), ``analysis.chance`` gives its
+chance level by the row's rule, and the CLI, the store, the loaders' notes (by
+``reads``), the degenerate flags (by ``fixed_by``) and the pages list it like every
+other metric. ``QKVSCOPE_PLUGINS`` names the modules that register
 metrics (comma-separated module names on the Python path, or ``.py`` files);
 so do the entry points of the group ``qkvscope.metrics`` (``ENTRY_POINT_GROUP``)
 of every installed distribution: a package whose ``pyproject.toml`` says
@@ -43,6 +49,10 @@ as one line (``check_plugins``), instead of an import-time traceback.
 its numerics change, so stored results are recomputed instead of reused (a
 plugin's formula is the plugin's: results stored before it was loaded lack its
 rows until ``analyze --force``).
+Version 6: ``qk_symmetry_paper`` and ``qk_directionality_paper`` (the Q/K geometry on the
+scale of Saponati et al.'s figures); a per-layer chance level draws until its median is stable
+(up to ``analysis.chance.MAX_DRAWS``), and a query-free model's per-head chance of its W_Q metrics
+from query-free layers.
 Version 5: every row carries ``chance_low``/``chance_high`` (the null band), ``above_chance``
 (a Benjamini-Hochberg test against the null draws) and ``degenerate`` (a value fixed by a tie,
 by rank deficiency or by too few tokens); the chance levels' draws grow until their median is
@@ -67,7 +77,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 
-METRIC_VERSION = 5
+METRIC_VERSION = 6
 
 #: The columns of every tidy metric frame.
 COLUMNS = ["layer", "head", "head_label", "metric", "value"]

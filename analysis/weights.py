@@ -12,8 +12,10 @@ It returns ``(frame, notes)``: ``frame`` has the columns ``layer, head,
 head_label, metric, value`` (``head`` None for whole-layer values; kv-head
 metrics are labelled ``L{l}KV{g}``) and ``degenerate`` (the value is fixed by a
 rank-deficient ``W_K[g]`` or a singular stacked W_Q, ``analysis.degenerate``), ``notes`` maps each metric that does not
-exist for this model to the reason. Formulas live in the family modules
-(``kv_similarity``, ``qk_geometry``, ``spectra``, ``query_absorb``).
+exist for this model to the reason. Each metric is a registered ``compute``
+(``analysis.registry``): the built-in families declare theirs in ``analysis/metrics/``
+(formulas in ``kv_similarity``, ``qk_geometry``, ``spectra``, ``query_absorb``), a plugin
+its own; all read the layer's one ``analysis.products.LayerProducts``.
 
 Per layer this costs a handful of batched ``[heads, d_head, d_head]`` Gram
 products (float64, from the float32 weights), each formed once and shared by
