@@ -63,6 +63,7 @@ import torch
 
 from analysis import registry
 from analysis.above_chance import p_value
+from analysis.degenerate import add_note
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS, RESULT_COLUMNS
 from analysis.layer import AttentionWeights
@@ -273,7 +274,8 @@ def weight_chance(meta: MetaLike, *, query_free: bool, device: str | torch.devic
 
 
 def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: bool,
-                         device: str | torch.device | None = None) -> pd.DataFrame:
+                         device: str | torch.device | None = None,
+                         notes: dict[str, str] | None = None) -> pd.DataFrame:
     """``frame`` (``analysis.registry.COLUMNS``, e.g. ``weight_metrics``' frame over any
     layers of one model, with its ``degenerate`` column where it has one) as result rows
     (``RESULT_COLUMNS``) plus ``p_null``: ``chance``, ``chance_low``, ``chance_high`` from
@@ -281,7 +283,9 @@ def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: boo
     ``p_null`` the value's two-sided p-value against the draws (``above_chance.p_values``),
     ``n_tokens`` (Int64), ``ci_low`` and ``ci_high`` NA (weight metrics are not sampled),
     ``above_chance`` NA until ``above_chance.flag`` tests the whole family, ``degenerate``
-    False unless ``frame`` says so. ``frame`` itself is not modified."""
+    False unless ``frame`` says so. ``frame`` itself is not modified. ``notes``: gets, for each of
+    ``frame``'s metrics whose chance median is not stable to 1% within the draws' cap, the draws
+    behind it and the median's standard error (``weight_chance``'s ``how``)."""
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise AnalysisError(f"attach_weight_chance: expected a frame with columns {COLUMNS}, "
@@ -290,6 +294,11 @@ def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: boo
     lookup = {(m, bool(w)): (c, lo, hi, null) for m, w, c, lo, hi, null in
               zip(table["metric"], table["whole"], table["chance"], table["chance_low"], table["chance_high"],
                   table["null"])}
+    if notes is not None:
+        shown = set(frame["metric"])
+        for m, w, how in zip(table["metric"], table["whole"], table["how"]):
+            if m in shown and "not stable" in how:
+                add_note(notes, m, f"chance level{' per layer' if w else ' per head'}: {how}")
     out = frame[COLUMNS].copy()
     whole = out["head"].isna().tolist()
     found = [lookup.get((m, w), (math.nan, math.nan, math.nan, ())) for m, w in zip(out["metric"], whole)]

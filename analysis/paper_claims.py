@@ -309,6 +309,12 @@ def _num(x, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+#: The stored metrics the measurements read, with their labels (``loaders.papers`` reads ``METRICS``).
+SIMILARITY_METRICS = (("kv_cosine_flat", "flat cosine"), ("kv_cka", "CKA"), ("kv_cka_act", "CKA on activations"))
+ERANK_METRICS = ("erank_k", "erank_v")
+METRICS = (*(m for m, _ in SIMILARITY_METRICS), *ERANK_METRICS)
+
+
 def _similarity_rows(results: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Per-head rows of ``metric`` on checkpoints whose K and V are separate (tied ones are 1 by construction)."""
     if results.empty:
@@ -331,7 +337,7 @@ def _summary(rows: pd.DataFrame, label: str) -> tuple[str, str, int]:
 
 def _kv_similarity(claim: Claim, data: Inputs) -> dict:
     parts, chances, n = [], [], 0
-    for metric, label in (("kv_cosine_flat", "flat cosine"), ("kv_cka", "CKA"), ("kv_cka_act", "CKA on activations")):
+    for metric, label in SIMILARITY_METRICS:
         m, c, k = _summary(_similarity_rows(data.results, metric), label)
         if k:
             parts.append(m)
@@ -354,7 +360,7 @@ def _kv_erank(claim: Claim, data: Inputs) -> dict:
     res = data.results
     if res.empty:
         return {"measured": None, "reading": "No analysed checkpoint yet."}
-    layer = res[res["head"].isna() & res["metric"].isin(["erank_k", "erank_v"]) & res["value"].notna()
+    layer = res[res["head"].isna() & res["metric"].isin(ERANK_METRICS) & res["value"].notna()
                 & ~res["variant"].isin(sorted(KV_TIED))]
     if layer.empty:
         return {"measured": None, "reading": "No whole-layer K/V effective rank stored for checkpoints with separate "
