@@ -422,7 +422,9 @@ def test_draws_past_the_minimum_compute_only_the_unstable_metrics(monkeypatch):
 # -- every chance level stable to 1%, with its draws said ------------------------------------------
 def test_equal_shapes_with_other_seeds_agree_within_one_percent():
     """Two sets of draws (seeds 0 and 1) of one grouped-query shape: every Monte Carlo median within 1%
-    of the larger of its magnitude and its null band's width (``chance.stable``), and each says its draws."""
+    of the larger of its magnitude and its null band's width (``chance.stable``), and each says its draws.
+    An integer-valued metric (``energy_rank*``) has an integer median, which two seeds may put on either
+    side of a value its distribution straddles: those agree within one unit."""
     m = meta(h=4, g=2, d=32, e=8)
     a, b = (weight_chance(m, query_free=False, device="cpu", seed=s) for s in (0, 1))
     assert list(zip(a["metric"], a["whole"])) == list(zip(b["metric"], b["whole"]))
@@ -430,5 +432,6 @@ def test_equal_shapes_with_other_seeds_agree_within_one_percent():
     assert mc.sum() >= 20 and a.loc[mc & a["whole"], "metric"].str.startswith("stable_rank").any()
     for (_, x), (_, y) in zip(a[mc].iterrows(), b[mc].iterrows()):
         scale = max(abs(x["chance"]), x["chance_high"] - x["chance_low"])
-        assert abs(x["chance"] - y["chance"]) <= 0.01 * scale, (x["metric"], x["whole"], x["chance"], y["chance"])
+        near = 1.0 if x["metric"].startswith("energy_rank") else 0.01 * scale
+        assert abs(x["chance"] - y["chance"]) <= near, (x["metric"], x["whole"], x["chance"], y["chance"])
         assert re.fullmatch(r"median of \d+ Gaussian (draws|heads)", x["how"]), x["how"]   # stable, draws said
