@@ -217,10 +217,13 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
     if own and d_model % d_head == 0:
         shapes.append((_Geometry(d_model // d_head, d_model // d_head, d_model, d_head, norm), True,
                        lambda m: m in own))
+    # the closed-form per-head metrics ride along: their null bands (the p-values of analysis.above_chance)
+    # get the same wide draws
+    banded = {m for (m, w) in samples if not w and closed.get(m) is not None}
     while todo := unstable(whole=False):
         before = {m: len(samples[(m, False)]) for m in todo}
         for shape, free, mine in shapes:
-            want = {m for m in todo if mine(m)}
+            want = {m for m in todo | banded if mine(m)}
             if not want:
                 continue
             try:
