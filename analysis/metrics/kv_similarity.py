@@ -13,8 +13,6 @@ Closed-form chance levels (``analysis.chance`` checks them against Monte Carlo):
 """
 from __future__ import annotations
 
-from analysis import kv_similarity
-from analysis.degenerate import add_note, rank_deficient, stored_eps
 from analysis.registry import Metric, register
 
 _MC = "median of random Gaussian layers of the same shapes (over draws and heads)"
@@ -27,6 +25,8 @@ _MC = "median of random Gaussian layers of the same shapes (over draws and heads
                  reads=("K", "V"), fixed_by=("k_eq_v",)),
           closed_form=lambda geo, query_free: 0.0)
 def kv_cosine_flat(layer, meta, device):
+    from analysis import kv_similarity   # here: torch loads where a layer is measured (the registry stays torch-free)
+
     return kv_similarity.cosine_flat(layer.W_K, layer.W_V, prod=layer.kvp)
 
 
@@ -35,6 +35,8 @@ def kv_cosine_flat(layer, meta, device):
                  "max", "monte_carlo", f"{_MC}; about d_head / (d_model + d_head + 1)",
                  reads=("K", "V"), fixed_by=("k_eq_v",)))
 def kv_cka(layer, meta, device):
+    from analysis import kv_similarity   # here: torch loads where a layer is measured (the registry stays torch-free)
+
     return kv_similarity.linear_cka(layer.W_K, layer.W_V, prod=layer.kvp)
 
 
@@ -45,6 +47,10 @@ def kv_cka(layer, meta, device):
                  reads=("K", "V"), fixed_by=("k_eq_v",)),
           closed_form=lambda geo, query_free: min(1.0, geo.d_head / geo.d_model))
 def kv_share_r2(layer, meta, device):
+    # here: torch loads where a layer is measured (the registry stays torch-free)
+    from analysis import kv_similarity
+    from analysis.degenerate import add_note, rank_deficient, stored_eps
+
     # a rank-deficient W_K[g] leaves the share fit underdetermined (analysis.degenerate)
     low_rank = rank_deficient(layer.eig_k[0].clamp_min(0).sqrt(),
                               stored_eps(getattr(meta, "dtype", None), layer.source.W_K.dtype))

@@ -23,10 +23,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from analysis import query_absorb
-from analysis.degenerate import add_note
 from analysis.registry import Absent, Metric, register
 
 _MC = "median of random Gaussian layers of the same shapes (over draws and heads)"
@@ -52,6 +48,8 @@ def square_condition_median(d: int) -> float:
 def square_orth_defect_mean(d: int) -> float:
     """``E[log(||A||_F^2/d) - (2/d) log|det A|]`` for a ``d x d`` standard Gaussian ``A``:
     ``psi(d^2/2) - ln d - (1/d) sum_{k=1..d} psi(k/2)`` (module docstring)."""
+    import torch   # here: the registry, which imports this module, stays torch-free
+
     k = torch.arange(1, d + 1, dtype=torch.float64)
     psi = torch.special.digamma
     return float(psi(torch.tensor(d * d / 2, dtype=torch.float64)) - math.log(d) - psi(k / 2).mean())
@@ -67,6 +65,8 @@ def _not_square(meta) -> str:
 
 def _stacked(layer, name: str):
     """The stacked W_Q's spectrum; a singular one flags ``name``'s row degenerate with the note."""
+    from analysis.degenerate import add_note   # here: torch loads where a layer is measured
+
     st = layer.stacked
     if st.sigma_min == 0:
         layer.degenerate.add((name, None))
@@ -116,4 +116,6 @@ def wq_absorb_error(layer, meta, device):
                      "see wq_basis_orth_defect")
     if meta.n_heads * meta.d_head != meta.d_model:
         raise Absent(_not_square(meta))
+    from analysis import query_absorb   # here: torch loads where a layer is measured
+
     return query_absorb.absorb_error(layer.q, layer.W_K, layer.b_Q, layer.b_K)
