@@ -183,7 +183,7 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
         assert Store(db).checkpoints() == []
         # change an input: the metric picker redraws the heatmap and writes the URL
         page.locator("[data-testid='stSelectbox']").filter(has_text="Metric").first.click()
-        page.get_by_role("option", name="qk_symmetry").click()
+        page.get_by_role("option", name="qk_symmetry", exact=True).click()
         wait_idle(page, timeout=60_000)
         assert "metric=qk_symmetry" in page.url
         page.get_by_text("qk_symmetry", exact=False).first.wait_for(timeout=30_000)
