@@ -14,71 +14,26 @@ seeded draws (and over heads, for per-head metrics) of ``weight_metrics`` on
 random layers. ``d = d_model``, ``e = d_head``, ``h = n_heads``, ``g = n_kv_heads``.
 
 Which of these a metric gets is its registry row's ``chance`` rule
-(``analysis.registry.Metric``): ``closed`` (the closed form below where it
-holds for the geometry, else Monte Carlo), ``monte_carlo`` or ``none``; its
-one-line description is the row's ``chance_help`` (``WEIGHT_CHANCE`` reads it).
-This module holds the formulas only; a plugin metric with the rule ``closed``
-brings its own (``registry.register(..., closed_form=)``), and one with
-``monte_carlo`` gets the median of its own ``compute`` over the random layers,
-since ``weight_metrics`` runs plugins on them as on any layer.
-
-Closed forms (each checked against Monte Carlo in ``tests/analysis/test_chance.py``):
-
-* ``kv_cosine_flat``: **0**. ``V -> -V`` leaves the distribution unchanged and
-  flips the sign, so the distribution is symmetric about 0 (mean = median = 0).
-* ``kv_share_r2``: **e / d**. ``P_K`` (the projector onto K's columns, rank
-  ``e``) is independent of ``V``, and ``vec V`` is isotropic in ``R^{d e}``;
-  ``||P_K V||^2 / ||V||^2`` is then the squared length of an isotropic vector's
-  projection onto a fixed ``e^2``-dimensional subspace (``P_K (x) I_e``): exactly
-  ``Beta(e^2/2, e(d-e)/2)``, mean ``e/d``, median within ``1/(d e)`` of it
-  (``min(1, e/d)``: for ``e >= d`` the fit is exact).
-* ``qk_symmetry`` (per head and per layer): **(1 + 1/d) / 2**, the ratio of the
-  expectations in ``s = (1 + tr(M^2) / ||M||_F^2) / 2``. ``tr(M^2) = tr((K^T Q)^2)``
-  is *even* in ``Q`` (quadratic), so the score is not symmetric about 1/2:
-  ``E tr(C^2) = sum_ab E[C_ab C_ba] = e d`` (only ``a = b`` survives) and
-  ``E ||M||^2 = E tr(Q^T Q K^T K) = d^2 e``, ratio ``1/d``; per layer, with
-  ``Qs`` (entries of variance ``h/g``) and ``Ks`` of width ``g e``, the same
-  ``1/d``. Monte Carlo (float64, ``d = 16..128``) puts the mean within ``1e-4``
-  of it and the median within ``1.5e-3`` at ``d = 16, e = 4``, ``3e-4`` at
-  ``d = 32`` (a few % of the score's own spread, ``~0.7 / d``). **Query-free**
-  (``Q_h`` the identity slice ``E_h``) it is the exact mean: ``||M_h||^2 = ||K_g||^2`` and ``tr(M_h^2)`` is a
-  quadratic form in the isotropic ``vec K_g`` of trace ``||E_h||_F^2 = e``, so
-  ``E[tr(M^2) / ||M||^2] = e / (d e)``; per layer likewise
-  (``Qs^T Qs = (h/g) I``, ``||Qs||_F^2 = d``): ``d / ((h/g) d g e) = 1/d``.
-* ``qk_directionality``: **0**. ``M^T = Ks Qs^T`` has the distribution of ``M``
-  up to a scale (the score is scale-free), and transposing swaps the row and
-  column outliers, ``d(M^T) = -d(M)``: symmetric about 0. Query-free with
-  ``h = g``: ``M = Ks^T``, a square Gaussian matrix, likewise 0. Query-free
-  grouped-query layers have no such symmetry: Monte Carlo. Random layers spread
-  widely about 0: over ``[-1, 1]`` at ``d = 32..64``, quartiles about +-0.15 at
-  GPT-2's shapes (``h = 12, d = 768, e = 64``).
-* ``wq_condition`` of a square stacked W_Q (``h e = d``), a ``d x d`` Gaussian
-  matrix: the median of ``sigma_max / sigma_min``, **sigma_max / sigma_min(median)**
-  with ``sigma_max^2 = mu + s * (-1.2686)`` (Johnstone 2001, Ann. Statist. 29:
-  ``mu = (sqrt(d-1) + sqrt(d))^2``, ``s = (sqrt(d-1) + sqrt(d)) (1/sqrt(d-1) +
-  1/sqrt(d))^{1/3}``, -1.2686 the Tracy-Widom (beta=1) median) and
-  ``sqrt(d) sigma_min`` at the median of its limit law ``P(sqrt(d) sigma_min <= t)
-  = 1 - exp(-t^2/2 - t)`` (Edelman 1988, SIAM J. Matrix Anal. Appl. 9), i.e.
-  ``t = sqrt(1 + 2 ln 2) - 1``: about ``3.67 d``. Asymptotic: within 2% of the
-  exact median for ``d >= 32``. The condition number has no mean (its tail is
-  ``P(kappa / d > x) ~ 2/x``); a median of a few draws would scatter by
-  ``~120% / sqrt(draws)``. A non-square stack: Monte Carlo.
-* ``wq_basis_orth_defect`` (normalised models, square stack): the exact mean
-  ``E[log(||A||_F^2/d) - (2/d) log|det A|] = psi(d^2/2) - ln d - (1/d) sum_{k=1..d} psi(k/2)``
-  (``||A||_F^2 ~ chi^2_{d^2}``; ``|det A|^2 = prod_k chi^2_k``, independent
-  factors, from the QR (Bartlett) decomposition; ``E ln chi^2_k = psi(k/2) + ln 2``).
-  About ``1 + ln(d) / (2d)`` (1.0045 at ``d = 768``); its median is within ``0.4/d`` of the mean.
-
-Monte Carlo (the median of the draws): ``kv_cka``, every spectrum (``erank_*``,
-``stable_rank_*``, ``energy_rank90_*``, ``energy_rank99_*``, per head and, for
-grouped-query models, per layer), ``wq_absorb_error`` (its float32 round-off on random
-``W_Q``, ``W_K``), ``wq_condition`` of a non-square stack and ``qk_directionality`` of a
-query-free grouped-query layer.
+(``analysis.registry.Metric``): ``closed`` (its closed form where it holds for
+the geometry, else Monte Carlo), ``monte_carlo`` or ``none``; its one-line
+description is the row's ``chance_help`` (``WEIGHT_CHANCE`` reads it). The closed
+forms are declared beside their formulas, built-in and plugin alike
+(``registry.register(..., closed_form=)``; the built-in ones with their derivations
+in ``analysis/metrics/``: ``kv_similarity`` (``kv_cosine_flat`` 0, ``kv_share_r2``
+e/d), ``qk_geometry`` (``qk_symmetry`` (1 + 1/d)/2, ``qk_directionality`` 0 except
+query-free grouped-query layers), ``paper_scale`` (the same on the paper's scale),
+``query_absorb`` (``wq_condition`` and ``wq_basis_orth_defect`` of a square stack));
+each is checked against Monte Carlo in ``tests/analysis/test_chance.py``. A
+``monte_carlo`` metric gets the median of its own ``compute`` over the random
+layers, since ``weight_metrics`` runs every registered metric on them as on any
+layer. Random layers spread widely about some closed forms: the directionality
+over ``[-1, 1]`` at ``d = 32..64``, quartiles about +-0.15 at GPT-2's shapes.
 
 Every chance level is a distribution: the draws (at least ``MIN_DRAWS`` random layers of
-the model's shapes, more while a per-layer median is not stable, then per-head values from
-wide random layers of ``WIDE_HEADS`` independent heads until each per-head median is
-stable, ``stable``) give the null band ``chance_low``/``chance_high`` (2.5% and 97.5%
+the model's shapes, more, of the per-layer values not yet stable only, while a per-layer
+median is not stable, then per-head values from wide random layers of ``WIDE_HEADS``
+independent heads (query-free models' W_Q metrics: query-free layers of ``d_model / d_head``
+heads) until each per-head median is stable, ``stable``) give the null band ``chance_low``/``chance_high`` (2.5% and 97.5%
 quantiles) of every row, closed forms included, and the p-values of
 ``analysis.above_chance``. ``how`` names the values behind each level and, where a median
 did not reach the 1% stability within the caps, its standard error.
@@ -108,14 +63,13 @@ import torch
 
 from analysis import registry
 from analysis.above_chance import p_value
+from analysis.degenerate import add_note
 from analysis.errors import AnalysisError
 from analysis.registry import COLUMNS, RESULT_COLUMNS
-from analysis.weights import SKIPPABLE, MetaLike, default_device, weight_metrics
-
-#: Median of the Tracy-Widom distribution for beta = 1 (real matrices).
-TW1_MEDIAN = -1.2686
-#: Median of ``sqrt(d) sigma_min`` of a ``d x d`` Gaussian matrix as ``d -> inf`` (Edelman 1988).
-EDELMAN_MEDIAN = math.sqrt(1 + 2 * math.log(2)) - 1
+from analysis.layer import AttentionWeights
+# the closed forms live beside their formulas (analysis.metrics); these two are named here too
+from analysis.metrics.query_absorb import square_condition_median, square_orth_defect_mean  # noqa: F401
+from analysis.weights import MetaLike, default_device, weight_metrics
 
 class _ChanceTexts(Mapping):
     """metric -> its chance level in one line (docs/guide/metrics.md, the pages): each weight metric's ``chance_help``,
@@ -140,20 +94,6 @@ _CLOSED = "closed form"
 
 
 @dataclass(frozen=True)
-class RandomLayer:
-    """A random attention layer with the ``LayerLike`` fields of ``analysis.weights``."""
-
-    layer: int
-    W_Q: torch.Tensor | None
-    W_K: torch.Tensor
-    W_V: torch.Tensor
-    W_O: torch.Tensor
-    b_Q: torch.Tensor | None = None
-    b_K: torch.Tensor | None = None
-    b_V: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
 class _Geometry:
     """The ``MetaLike`` fields of a random layer (the variant: independent projections)."""
 
@@ -166,7 +106,7 @@ class _Geometry:
 
 
 def random_layer(geo: MetaLike, *, query_free: bool, generator: torch.Generator,
-                 device: str | torch.device = "cpu") -> RandomLayer:
+                 device: str | torch.device = "cpu") -> AttentionWeights:
     """i.i.d. ``N(0, 1/d_model)`` projections of ``geo``'s shapes, drawn on the CPU from
     ``generator`` (deterministic) and moved to ``device``. Each projection is stored
     as a loader stores it (per head transposed, the rows of an ``nn.Linear``
@@ -181,60 +121,15 @@ def random_layer(geo: MetaLike, *, query_free: bool, generator: torch.Generator,
     w_q = None if query_free else rows(h)
     w_k, w_v = rows(g), rows(g)
     w_o = (torch.randn(d, h * e, generator=generator) * scale).mT.reshape(h, e, d).to(device)  # [h, e, d]
-    return RandomLayer(0, w_q, w_k, w_v, w_o)
-
-
-def square_condition_median(d: int) -> float:
-    """Median condition number of a ``d x d`` standard Gaussian matrix (module docstring):
-    ``sigma_max`` at the Tracy-Widom median over ``sigma_min`` at Edelman's limit median."""
-    if d < 2:
-        return 1.0
-    a, b = math.sqrt(d - 1), math.sqrt(d)
-    mu, s = (a + b) ** 2, (a + b) * (1 / a + 1 / b) ** (1 / 3)
-    sigma_max = math.sqrt(mu + s * TW1_MEDIAN)
-    return sigma_max * math.sqrt(d) / EDELMAN_MEDIAN
-
-
-def square_orth_defect_mean(d: int) -> float:
-    """``E[log(||A||_F^2/d) - (2/d) log|det A|]`` for a ``d x d`` standard Gaussian ``A``:
-    ``psi(d^2/2) - ln d - (1/d) sum_{k=1..d} psi(k/2)`` (module docstring)."""
-    k = torch.arange(1, d + 1, dtype=torch.float64)
-    psi = torch.special.digamma
-    return float(psi(torch.tensor(d * d / 2, dtype=torch.float64)) - math.log(d) - psi(k / 2).mean())
-
-
-def _closed_form(metric: str, geo: _Geometry, query_free: bool) -> float | None:
-    """The closed-form chance level of a metric whose registry rule is ``closed``, or None where
-    the closed form does not hold for this geometry (then the metric's chance is Monte Carlo).
-    A plugin's comes from its ``closed_form``; the built-in ones are the module docstring's."""
-    plugin = registry.PLUGINS.get(metric)
-    if plugin is not None:
-        got = plugin.closed_form(geo, query_free)
-        return None if got is None else float(got)
-    h, g, d, e = geo.n_heads, geo.n_kv_heads, geo.d_model, geo.d_head
-    square = not query_free and h * e == d
-    if metric == "kv_cosine_flat":
-        return 0.0
-    if metric == "kv_share_r2":
-        return min(1.0, e / d)
-    if metric == "qk_symmetry":
-        return (1 + 1 / d) / 2
-    if metric == "qk_directionality":
-        return 0.0 if not query_free or g == h else None
-    if metric == "wq_condition":
-        return square_condition_median(d) if square else None
-    if metric == "wq_basis_orth_defect":
-        return square_orth_defect_mean(d) if square else None
-    raise AnalysisError(f"metric {metric!r}: its registry rule is 'closed' but analysis.chance has no "
-                        "closed form for it")
+    return AttentionWeights(0, w_q, w_k, w_v, w_o)
 
 
 #: Random layers of the model's own shapes behind every weight chance level: at least ``MIN_DRAWS``
 #: (every metric, the closed-form ones too, so each has a null band), then more while a per-layer
 #: Monte Carlo median is not stable (``stable``), at most ``MAX_DRAWS``; past ``MIN_DRAWS`` a draw
-#: leaves out the stacked-W_Q LU and the layer's ``M`` (``weights.SKIPPABLE``) unless a Monte Carlo
-#: metric still needs them.
-MIN_DRAWS, MAX_DRAWS = 24, 96
+#: computes only the per-layer values whose median is not yet stable (``weight_metrics(skip=, heads=False)``),
+#: so it costs the products those read.
+MIN_DRAWS, MAX_DRAWS = 24, 512
 #: Per-head rows then get more draws from *wide* random layers: ``WIDE_HEADS`` independent heads of
 #: the same ``d_model`` and ``d_head`` (multi-head, nothing per layer computed), whose per-head
 #: values have the same distribution as the model's own heads (each head's W_Q, W_K, W_V, W_O are
@@ -298,32 +193,46 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
                 and closed.get(m) is None and not (not w and len(vals) >= MAX_HEAD_SAMPLES)
                 and not stable(torch.tensor(sorted(vals), dtype=torch.float64))}
 
+    every = frozenset(p.metric.name for p in registry.computed("weights"))
     n, skip = 0, frozenset()
     while True:                                          # the model's own shapes
         frame, _notes = weight_metrics(random_layer(geo, query_free=query_free, generator=gen,
-                                                    device=device_type), geo, device=device_type, skip=skip)
+                                                    device=device_type), geo, device=device_type, skip=skip,
+                                       heads=n < MIN_DRAWS)
         n += 1
         add(frame, heads_only=False)
         if not rules:
             rules = {metric: registry.BY_NAME[metric].chance for metric, _ in samples}
-            closed = {m: _closed_form(m, geo, query_free) for m, r in rules.items() if r == "closed"}
+            closed = {m: registry.closed_form(m, geo, query_free) for m, r in rules.items() if r == "closed"}
         if n < MIN_DRAWS:
             continue
         todo = unstable(whole=True)
         if not todo or n >= MAX_DRAWS:
             break
-        skip = frozenset(SKIPPABLE - todo)
-    wide = _Geometry(WIDE_HEADS, WIDE_HEADS, d_model, d_head, norm)
-    # a query-free model's per-head M reads identity slices: the wide layers' random W_Q do not stand in
-    own = {m for m, _ in samples if m == "qk_symmetry" or m.endswith("_qk")} if query_free else set()
-    while todo := unstable(whole=False) - own:           # per-head rows: wide layers of independent heads
+        skip = every - todo                              # later draws: the unstable per-layer metrics only
+    # per-head rows: wide layers of independent heads; a query-free model's metrics of W_Q read identity
+    # slices, which random W_Q do not stand in for: those get query-free layers of d_model / d_head heads
+    own = {m for m, _ in samples if "Q" in registry.BY_NAME[m].reads} if query_free else set()
+    shapes = [(_Geometry(WIDE_HEADS, WIDE_HEADS, d_model, d_head, norm), False, lambda m: m not in own)]
+    if own and d_model % d_head == 0:
+        shapes.append((_Geometry(d_model // d_head, d_model // d_head, d_model, d_head, norm), True,
+                       lambda m: m in own))
+    # the closed-form per-head metrics ride along: their null bands (the p-values of analysis.above_chance)
+    # get the same wide draws
+    banded = {m for (m, w) in samples if not w and closed.get(m) is not None}
+    while todo := unstable(whole=False):
         before = {m: len(samples[(m, False)]) for m in todo}
-        try:
-            frame, _notes = weight_metrics(random_layer(wide, query_free=False, generator=gen, device=device_type),
-                                           wide, device=device_type, skip=SKIPPABLE - {"qk_symmetry"})
-        except AnalysisError:                            # a plugin that cannot take the wide shapes: own draws only
-            break
-        add(frame[~frame["metric"].isin(own)], heads_only=True)
+        for shape, free, mine in shapes:
+            want = {m for m in todo | banded if mine(m)}
+            if not want:
+                continue
+            try:
+                frame, _notes = weight_metrics(random_layer(shape, query_free=free, generator=gen,
+                                                            device=device_type),
+                                               shape, device=device_type, skip=every - want, whole=False)
+            except AnalysisError:                        # a plugin that cannot take these shapes: own draws only
+                continue
+            add(frame, heads_only=True)
         if all(len(samples[(m, False)]) == k for m, k in before.items()):
             break                                        # e.g. a plugin's metric absent from a wide layer
     rows = []
@@ -368,7 +277,8 @@ def weight_chance(meta: MetaLike, *, query_free: bool, device: str | torch.devic
 
 
 def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: bool,
-                         device: str | torch.device | None = None) -> pd.DataFrame:
+                         device: str | torch.device | None = None,
+                         notes: dict[str, str] | None = None) -> pd.DataFrame:
     """``frame`` (``analysis.registry.COLUMNS``, e.g. ``weight_metrics``' frame over any
     layers of one model, with its ``degenerate`` column where it has one) as result rows
     (``RESULT_COLUMNS``) plus ``p_null``: ``chance``, ``chance_low``, ``chance_high`` from
@@ -376,7 +286,9 @@ def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: boo
     ``p_null`` the value's two-sided p-value against the draws (``above_chance.p_values``),
     ``n_tokens`` (Int64), ``ci_low`` and ``ci_high`` NA (weight metrics are not sampled),
     ``above_chance`` NA until ``above_chance.flag`` tests the whole family, ``degenerate``
-    False unless ``frame`` says so. ``frame`` itself is not modified."""
+    False unless ``frame`` says so. ``frame`` itself is not modified. ``notes``: gets, for each of
+    ``frame``'s metrics whose chance median is not stable to 1% within the draws' cap, the draws
+    behind it and the median's standard error (``weight_chance``'s ``how``)."""
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise AnalysisError(f"attach_weight_chance: expected a frame with columns {COLUMNS}, "
@@ -385,6 +297,11 @@ def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: boo
     lookup = {(m, bool(w)): (c, lo, hi, null) for m, w, c, lo, hi, null in
               zip(table["metric"], table["whole"], table["chance"], table["chance_low"], table["chance_high"],
                   table["null"])}
+    if notes is not None:
+        shown = set(frame["metric"])
+        for m, w, how in zip(table["metric"], table["whole"], table["how"]):
+            if m in shown and "not stable" in how:
+                add_note(notes, m, f"chance level{' per layer' if w else ' per head'}: {how}")
     out = frame[COLUMNS].copy()
     whole = out["head"].isna().tolist()
     found = [lookup.get((m, w), (math.nan, math.nan, math.nan, ())) for m, w in zip(out["metric"], whole)]

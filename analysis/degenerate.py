@@ -40,17 +40,21 @@ from analysis.tied import EPS_FACTOR
 #: rounding: ``analysis.tied``'s tolerance.
 RANK_EPS_FACTOR = EPS_FACTOR
 
-#: Metrics whose value a tie fixes, by the tie (``analysis.tied.tied_layer``'s keys) and why.
-TIE_FIXED: dict[str, tuple[tuple[str, ...], str]] = {
-    "k_eq_v": (("kv_cosine_flat", "kv_cka", "kv_share_r2", "kv_cka_act", "kv_cosine_act", "kv_share_r2_act"),
-               "K = V in this layer: the K/V similarity is 1 by construction"),
-    "q_eq_k": (("qk_symmetry", "qk_directionality", "logit_symmetry"),
-               "Q = K in this layer: M = W_K W_K^T is symmetric by construction (symmetry 1, directionality 0)"),
-    "q_identity": (("qk_directionality", "erank_q", "stable_rank_q", "energy_rank90_q", "energy_rank99_q",
-                    "wq_condition", "wq_basis_orth_defect"),
-                   "W_Q is a stored identity slice in this layer: its spectrum, condition number (1) and "
+#: Why a tie (``analysis.tied.tied_layer``'s keys) fixes a value; which metrics it fixes is each
+#: metric's declaration (``analysis.registry.Metric.fixed_by``, ``fixed_by_tie``).
+TIE_REASONS: dict[str, str] = {
+    "k_eq_v": "K = V in this layer: the K/V similarity is 1 by construction",
+    "q_eq_k": "Q = K in this layer: M = W_K W_K^T is symmetric by construction (symmetry 1, directionality 0)",
+    "q_identity": ("W_Q is a stored identity slice in this layer: its spectrum, condition number (1) and "
                    "orthogonality defect (0) are fixed, and the directionality is W_K's alone"),
 }
+
+
+def fixed_by_tie(tie: str) -> tuple[str, ...]:
+    """The registered metrics whose value ``tie`` fixes (their ``fixed_by``), in registry order."""
+    from analysis import registry  # here: the registry's metric modules import this one
+
+    return tuple(m.name for m in registry.METRICS if tie in m.fixed_by)
 
 
 def stored_eps(*dtypes) -> float:
@@ -93,17 +97,17 @@ def mark(frame: pd.DataFrame, rows: pd.Series, metric: str, reason: str, notes: 
 
 def tie_fixed(frame: pd.DataFrame, ties: list[dict], notes: dict[str, str]) -> pd.DataFrame:
     """``frame`` (``analysis.registry.RESULT_COLUMNS``, any layers) with ``degenerate`` set on the
-    rows a layer's ties fix (``TIE_FIXED``; ``ties``: one ``tied_layer`` dict per layer) and the
+    rows a layer's ties fix (``fixed_by_tie``; ``ties``: one ``tied_layer`` dict per layer) and the
     reasons in ``notes`` (``above_chance`` NA there). Returns a copy."""
     out = frame.copy()
     if "degenerate" not in out.columns:
         out["degenerate"] = False
     out["degenerate"] = out["degenerate"].fillna(False).astype(bool)
-    for tie, (metrics, reason) in TIE_FIXED.items():
+    for tie, reason in TIE_REASONS.items():
         layers = {int(t["layer"]) for t in ties if t.get(tie)}
         if not layers:
             continue
         in_layer = out["layer"].isin(layers)
-        for m in metrics:
+        for m in fixed_by_tie(tie):
             mark(out, in_layer & (out["metric"] == m), m, reason, notes)
     return out

@@ -129,7 +129,11 @@ CLAIMS: tuple[Claim, ...] = (
                "Linear CKA is invariant to such rotations", model=_B_300M),
     Claim("b_qk_cosine", PAPER_B, "trained QKV models: Q stays distinct, cos(Q,K) 0.42",
           0.42, "cosine", f"{_DECK}, slide 6", "not_measured",
-          note="qkvscope computes no flat Q/K cosine; qk_symmetry (Inspector) measures how symmetric W_Q W_K^T is", model=_B_300M),
+          note="qkvscope computes no flat Q/K cosine; qk_symmetry_paper (Inspector) measures how symmetric "
+               "W_Q W_K^T is on the scale Saponati et al. 2025 plot (2 s - 1: 1 symmetric, 0 random; "
+               "qk_symmetry is s, as their utils/scores.py computes it). For grouped-query models their code "
+               "reshapes W_K as if it had n_heads heads; qkvscope pairs each query head with its own kv head",
+          model=_B_300M),
     Claim("b_qv_cosine", PAPER_B, "trained QKV models: cos(Q,V) 0.31", 0.31, "cosine", f"{_DECK}, slide 6",
           "not_measured", note="qkvscope computes no flat Q/V cosine", model=_B_300M),
     Claim("b_kv_erank", PAPER_B, "trained QKV models: K and V have similar effective rank, 687 vs 702 of 1024",
@@ -360,6 +364,11 @@ def _num(x, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+#: The stored metrics the measurements read, with their labels (``loaders.papers`` reads ``METRICS``).
+SIMILARITY_METRICS = (("kv_cosine_flat", "flat cosine"), ("kv_cka", "CKA"), ("kv_cka_act", "CKA on activations"))
+ERANK_METRICS = ("erank_k", "erank_v")
+METRICS = (*(m for m, _ in SIMILARITY_METRICS), *ERANK_METRICS)
+
 def _with_groups(results: pd.DataFrame, checkpoints: pd.DataFrame, kind: str | None) -> pd.DataFrame:
     """``results`` with each row's checkpoint ``project``, geometry and head-sharing class (``sharing``)
     and a ``group`` label (``project P, d_model 64, 4 layers, 4 heads``); only the checkpoints of
@@ -403,8 +412,7 @@ def _by_group(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 def _kv_similarity(claim: Claim, data: Inputs) -> dict:
     kind = claim.match.get("sharing")
     res = _with_groups(data.results, data.checkpoints, kind) if not data.results.empty else data.results
-    metrics = (("kv_cosine_flat", "flat cosine"), ("kv_cka", "CKA"), ("kv_cka_act", "CKA on activations"))
-    rows = pd.concat([_similarity_rows(res, m) for m, _ in metrics]) if not res.empty else res
+    rows = pd.concat([_similarity_rows(res, m) for m, _ in SIMILARITY_METRICS]) if not res.empty else res
     if rows.empty:
         return {"measured": None, "reading": f"No analysed {kind or ''} checkpoint with separate K and V yet: "
                                              "analyse the checkpoints (button above) to measure it."
@@ -413,7 +421,7 @@ def _kv_similarity(claim: Claim, data: Inputs) -> dict:
     measured, chances, n = [], [], 0
     for group, part in groups:
         parts, group_chances, k_max = [], [], 0
-        for metric, label in metrics:
+        for metric, label in SIMILARITY_METRICS:
             m, c, k = _summary(part[part["metric"] == metric], label)
             if k:
                 parts.append(m)
@@ -440,7 +448,7 @@ def _kv_erank(claim: Claim, data: Inputs) -> dict:
         return {"measured": None, "reading": "No analysed checkpoint yet."}
     kind = claim.match.get("sharing")
     res = _with_groups(res, data.checkpoints, kind)
-    layer = res[res["head"].isna() & res["metric"].isin(["erank_k", "erank_v"]) & res["value"].notna()
+    layer = res[res["head"].isna() & res["metric"].isin(ERANK_METRICS) & res["value"].notna()
                 & ~res["variant"].isin(sorted(KV_TIED))]
     if layer.empty:
         return {"measured": None, "reading": f"No whole-layer K/V effective rank stored for {kind} checkpoints with "

@@ -23,13 +23,19 @@ bug (a test checks it).
   Gaussian layers of the same shapes), ``random_projection`` (activations: the
   same captured input through random projections) or ``none`` (NaN);
   ``chance_help`` says it in one line, with the reason for ``none``.
+* ``reads``: the projections (``Q``, ``K``, ``V``, ``O``) the value depends on (the
+  loaders' notes on what a QK-norm or a composed map changes are keyed by them);
+  ``fixed_by``: the ties (``q_identity``, ``q_eq_k``, ``k_eq_v``) that fix the value by
+  construction (``analysis.degenerate`` flags those rows).
 
-**Adding a metric** without editing qkvscope (docs/contributing.md, "Adding a metric"):
+**Adding a metric** (docs/contributing.md, "Adding a metric"):
 ``register(Metric(...), compute)`` (or ``@register(Metric(...))`` on the
-function) appends the row here; ``weight_metrics`` then runs ``compute`` on
-every layer (``analysis.plugins``), ``analysis.chance`` gives its chance level
-by the row's rule, and the CLI, the store and the pages list it like the
-built-in metrics. ``QKVSCOPE_PLUGINS`` names the modules that register
+function) appends the row here; the built-in families of ``analysis/metrics/``
+make the same call. ``weight_metrics`` then runs ``compute`` on every layer with
+the layer's shared products (``analysis.products``), ``analysis.chance`` gives its
+chance level by the row's rule, and the CLI, the store, the loaders' notes (by
+``reads``), the degenerate flags (by ``fixed_by``) and the pages list it like every
+other metric. ``QKVSCOPE_PLUGINS`` names the modules that register
 metrics (comma-separated module names on the Python path, or ``.py`` files);
 so do the entry points of the group ``qkvscope.metrics`` (``ENTRY_POINT_GROUP``)
 of every installed distribution: a package whose ``pyproject.toml`` says
@@ -43,6 +49,10 @@ as one line (``check_plugins``), instead of an import-time traceback.
 its numerics change, so stored results are recomputed instead of reused (a
 plugin's formula is the plugin's: results stored before it was loaded lack its
 rows until ``analyze --force``).
+Version 6: ``qk_symmetry_paper`` and ``qk_directionality_paper`` (the Q/K geometry on the
+scale of Saponati et al.'s figures); a per-layer chance level draws until its median is stable
+(up to ``analysis.chance.MAX_DRAWS``), and a query-free model's per-head chance of its W_Q metrics
+from query-free layers.
 Version 5: every row carries ``chance_low``/``chance_high`` (the null band), ``above_chance``
 (a Benjamini-Hochberg test against the null draws) and ``degenerate`` (a value fixed by a tie,
 by rank deficiency or by too few tokens); the chance levels' draws grow until their median is
@@ -61,7 +71,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import pandas as pd
 
@@ -96,9 +106,20 @@ PLUGINS_ENV = "QKVSCOPE_PLUGINS"
 ENTRY_POINT_GROUP = "qkvscope.metrics"
 
 
+#: The projections a metric can read (``Metric.reads``): the loaders' per-projection notes
+#: (a QK-norm changes what the W_Q and W_K metrics describe) are keyed by them.
+PROJECTIONS = ("Q", "K", "V", "O")
+#: The ties of ``analysis.tied.tied_layer`` that can fix a metric's value (``Metric.fixed_by``).
+TIES = ("q_identity", "q_eq_k", "k_eq_v")
+
+
 @dataclass(frozen=True)
 class Metric:
-    """One registered metric (module docstring); the fields are checked when the row is built."""
+    """One registered metric (module docstring); the fields are checked when the row is built.
+
+    ``reads``: the projections (``PROJECTIONS``) its value depends on; ``fixed_by``: the ties
+    (``TIES``) that fix its value by construction (``analysis.degenerate.tie_fixed`` flags those rows).
+    """
 
     name: str
     level: str
@@ -108,6 +129,8 @@ class Metric:
     direction: str
     chance: str
     chance_help: str
+    reads: tuple[str, ...] = ()
+    fixed_by: tuple[str, ...] = ()
 
     def __post_init__(self):
         for field, allowed in (("level", LEVELS), ("axis", AXES), ("direction", DIRECTIONS),
@@ -115,126 +138,66 @@ class Metric:
             if getattr(self, field) not in allowed:
                 raise AnalysisError(f"metric {self.name!r}: {field} must be one of {', '.join(allowed)}, "
                                     f"found {getattr(self, field)!r}")
+        for field, allowed in (("reads", PROJECTIONS), ("fixed_by", TIES)):
+            bad = [x for x in getattr(self, field) if x not in allowed]
+            if bad or isinstance(getattr(self, field), str):
+                raise AnalysisError(f"metric {self.name!r}: {field} must be a tuple of {', '.join(allowed)}, "
+                                    f"found {getattr(self, field)!r}")
         if not self.name.isidentifier() or not self.help or not self.chance_help:
             raise AnalysisError(f"metric {self.name!r}: needs a name that is an identifier, a help text and "
                                 "a chance_help text")
 
 
+class Values(NamedTuple):
+    """What a weight metric's ``compute`` may return to give both a per-head and a per-layer value
+    whatever its axis (e.g. the K and V spectra: per kv head, and per layer for grouped-query models);
+    either may be None (no such row)."""
+
+    per_head: object = None
+    whole: object = None
+
+
+class Absent(Exception):
+    """Raised by a metric's ``compute`` where the metric does not exist for the layer; the message is the note."""
+
+
 @dataclass(frozen=True)
 class Plugin:
-    """A metric registered from outside the built-in families, and the functions behind it.
+    """A registered metric and the functions behind it (built-in or not: ``register``).
 
     ``compute``: weights, ``compute(layer, meta, device)`` with the layer's
-    canonical float32 tensors on ``device`` (``analysis.plugins.PluginLayer``)
-    and its geometry, returning ``n_heads`` values (axis ``head``),
-    ``n_kv_heads`` values (``kv_head``), one number (``layer``) or the pair
-    ``(per_head, whole)`` (``head+layer``); raise ``analysis.plugins.Absent(reason)``
-    where the metric does not exist for the layer. Activations,
-    ``compute(stats, d_head)`` on the accumulated float64 sums of
+    ``analysis.products.LayerProducts`` (its canonical tensors as float32 on
+    ``device``, ``W_Q`` ... ``b_V``, and the shared float64 Grams, cross
+    products and decompositions, each formed once per layer for every metric
+    that reads it) and its geometry, returning ``n_heads`` values (axis
+    ``head``), ``n_kv_heads`` values (``kv_head``), one number (``layer``), the
+    pair ``(per_head, whole)`` (``head+layer``) or ``Values(per_head, whole)``;
+    raise ``Absent(reason)`` where the metric does not exist for the layer.
+    Activations, ``compute(stats, d_head)`` on the accumulated float64 sums of
     ``analysis.activations`` with any leading batch dimensions, returning
-    ``[..., n_kv_heads]``, ``[..., n_heads]`` or ``[...]`` (axis ``layer``).
+    ``[..., n_kv_heads]``, ``[..., n_heads]`` or ``[...]`` (axis ``layer``); the
+    built-in activation metrics are declared without one (``declare``): the
+    estimator of ``analysis.activations`` computes them with their intervals.
     ``closed_form(geometry, query_free) -> float | None`` (rule ``closed``
     only): the chance level from the shapes, None where it has none (then
     Monte Carlo).
     """
 
     metric: Metric
-    compute: Callable
+    compute: Callable | None
     closed_form: Callable | None = None
 
 
-_MC = "median of random Gaussian layers of the same shapes (over draws and heads)"
-_RANDOM_PROJECTION = ("the same metric of the same captured layer input projected through random Gaussian "
-                      "matrices of the head's shapes (median over draws and heads): it keeps the input's "
-                      "anisotropy and the token count")
-_SPECTRAL = {
-    "q": ("head", "W_Q[h] (d_model x d_head)"),
-    "k": ("kv_head", "W_K[g] (d_model x d_head; head empty: the layer's stacked W_K, "
-                     "d_model x n_kv_heads*d_head, grouped-query models only)"),
-    "v": ("kv_head", "W_V[g] (d_model x d_head; head empty: the layer's stacked W_V, "
-                     "d_model x n_kv_heads*d_head, grouped-query models only)"),
-    "o": ("head", "W_O[h] (d_head x d_model)"),
-    "qk": ("head", "M_h = W_Q[h] W_K[g(h)]^T"),
-}
-
-
-def _spectral() -> list[Metric]:
-    """The spectra family: four statistics of five matrices, fewer directions = more redundant."""
-    out = []
-    for p, (axis, what) in _SPECTRAL.items():
-        out += [Metric(name, "weights", axis, "spectra", text, "min", "monte_carlo", _MC) for name, text in (
-            (f"erank_{p}", f"effective rank (Roy & Vetterli 2007) of {what}: exp of the entropy of "
-                           "sigma_i / sum sigma"),
-            (f"stable_rank_{p}", f"stable rank ||A||_F^2 / ||A||_2^2 of {what}"),
-            (f"energy_rank90_{p}", f"fewest singular values of {what} holding 90% of sum sigma_i^2"),
-            (f"energy_rank99_{p}", f"fewest singular values of {what} holding 99% of sum sigma_i^2"))]
-    return out
-
-
-METRICS: list[Metric] = [
-    Metric("kv_cosine_flat", "weights", "kv_head", "kv_similarity",
-           "cosine of the flattened W_K and W_V (what papers quote; NOT invariant to a rotation of the head basis)",
-           "max", "closed", "0: independent K and V have a flat cosine symmetric about 0 (closed form)"),
-    Metric("kv_cka", "weights", "kv_head", "kv_similarity",
-           "linear CKA of W_K and W_V: ||K^T V||_F^2 / (||K^T K||_F ||V^T V||_F); rotation-invariant",
-           "max", "monte_carlo", f"{_MC}; about d_head / (d_model + d_head + 1)"),
-    Metric("kv_share_r2", "weights", "kv_head", "kv_similarity",
-           "K=V sharing fit: 1 - min_T ||V - K T||^2 / ||V||^2 (V regressed on K)",
-           "max", "closed", "d_head / d_model: the exact mean of R^2 for V independent of K, "
-                            "Beta(e^2/2, e(d-e)/2) (closed form)"),
-    Metric("qk_symmetry", "weights", "head+layer", "qk_geometry",
-           "symmetry score of M = W_Q W_K^T: ||sym(M)||^2/||M||^2; 1 symmetric, (1 + 1/d_model)/2 random, 0 antisymmetric "
-           "(per head; head empty: M summed over heads; Saponati et al. 2025)",
-           "max", "closed", "(1 + 1/d_model)/2, not 1/2 (tr(M^2) is even in Q): E tr(M^2) / E ||M||_F^2 = "
-                            "1/d_model for random Q, K; query-free (identity Q) the exact mean (closed form)"),
-    Metric("qk_directionality", "weights", "layer", "qk_geometry",
-           "directionality of the layer's M as Saponati et al. 2025 compute it: (e_c - e_r)/(e_c + e_r), e the "
-           "summed excess of the outlier column/row norms over mean + 2 std; >0 key-side dominance",
-           "none", "closed", "0: transposing M swaps row and column outliers, and random Q, K are exchangeable "
-                             f"(closed form); query-free grouped-query layers: {_MC}"),
-    *_spectral(),
-    *[Metric(f"norm_{p}", "weights", "layer", "norms",
-             f"Frobenius norm of the layer's {w} (all heads); plotted against weight decay",
-             "none", "none", "none: a norm measures the scale itself, which random matrices of any scale match")
-      for p, w in (("q", "W_Q"), ("k", "W_K"), ("v", "W_V"), ("o", "W_O"))],
-    Metric("wq_condition", "weights", "layer", "query_absorb",
-           "condition number sigma_max/sigma_min of the stacked W_Q (d_model x n_heads*d_head)",
-           "min", "closed", "square stacked W_Q: the median condition number of a d_model x d_model Gaussian "
-                            "matrix, about 3.67 d_model (Edelman 1988, Tracy-Widom edge; closed form); "
-                            f"non-square: {_MC}"),
-    Metric("wq_basis_orth_defect", "weights", "layer", "query_absorb",
-           "normalised models: how far the stacked W_Q (the change of basis a query-free model needs) is from "
-           "a scaled orthogonal matrix, log(arithmetic / geometric mean of sigma_i^2) = "
-           "log(||A||_F^2/n) - (2/n) log|det A|; 0 = absorbable through the norm, inf = singular",
-           "min", "closed", "psi(d^2/2) - ln d - (1/d) sum_k psi(k/2), d = d_model: the exact mean "
-                            "defect of a square Gaussian W_Q, about 1 (closed form)"),
-    Metric("wq_absorb_error", "weights", "layer", "query_absorb",
-           "models without normalisation: max |logit error| / max |logit| after converting to identity queries",
-           "min", "monte_carlo", f"{_MC}: the conversion's float32 round-off on random W_Q and W_K"),
-    Metric("kv_cka_act", "activations", "kv_head", "kv_similarity",
-           "linear CKA of the K and V caches over sample tokens (tokens centred; Kornblith et al. 2019)",
-           "max", "random_projection", _RANDOM_PROJECTION),
-    Metric("kv_cosine_act", "activations", "kv_head", "kv_similarity",
-           "cosine of the flattened K and V caches on sample tokens",
-           "max", "random_projection", _RANDOM_PROJECTION),
-    Metric("kv_share_r2_act", "activations", "kv_head", "kv_similarity",
-           "K=V sharing fit on the caches: 1 - min_T ||V - K T||^2 / ||V||^2 over sample tokens",
-           "max", "random_projection", _RANDOM_PROJECTION),
-    Metric("logit_symmetry", "activations", "head+layer", "qk_geometry",
-           "symmetry score of the pre-softmax logit matrix on sample tokens, before the causal mask "
-           "(head empty: logits summed over heads)",
-           "max", "random_projection", _RANDOM_PROJECTION),
-    Metric("erank_kcache", "activations", "kv_head", "spectra",
-           "effective rank of the K cache (tokens x d_head) on sample tokens",
-           "min", "random_projection", _RANDOM_PROJECTION),
-    Metric("erank_vcache", "activations", "kv_head", "spectra",
-           "effective rank of the V cache (tokens x d_head) on sample tokens",
-           "min", "random_projection", _RANDOM_PROJECTION),
-]
-
-BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
-#: Registered plugins by metric name, in registration order (``register``).
+#: Every registered metric in registration order: the built-in families of ``analysis.metrics`` first
+#: (each module registers its own when the package is imported, at the end of this module), then plugins.
+METRICS: list[Metric] = []
+BY_NAME: dict[str, Metric] = {}
+#: Every metric's functions by name, built-in and plugin alike, in registration order.
+COMPUTE: dict[str, Plugin] = {}
+#: The metrics registered from outside the built-in families (``analysis.metrics``), by name.
 PLUGINS: dict[str, Plugin] = {}
+#: The package whose modules declare the built-in metrics.
+BUILTIN_PACKAGE = "analysis.metrics"
 _state = {"generation": 0, "error": None}
 
 
@@ -264,35 +227,54 @@ def register(metric: Metric, compute: Callable | None = None, *, closed_form: Ca
 
     Returns ``compute``; without it, a decorator that registers the function it
     decorates: ``@register(Metric(...))``. ``closed_form`` goes with the rule
-    ``closed`` and only with it. A name already registered is refused.
+    ``closed`` and only with it. A name already registered is refused. The built-in
+    families (modules of ``analysis.metrics``) register theirs with this same call;
+    every other caller's metric is a plugin (``PLUGINS``).
     """
     if compute is None:
         return lambda fn: register(metric, fn, closed_form=closed_form)
+    if not callable(compute):
+        raise AnalysisError(f"metric {getattr(metric, 'name', metric)!r}: compute must be a function, "
+                            f"found {type(compute).__name__}")
+    _add(metric, compute, closed_form)
+    return compute
+
+
+def declare(metric: Metric, *, closed_form: Callable | None = None) -> None:
+    """Add a built-in activation metric's row: ``analysis.activations``' estimator computes its
+    values (with their intervals and chance levels), so it has no ``compute`` of its own."""
+    if metric.level != "activations":
+        raise AnalysisError(f"metric {metric.name!r}: only activation metrics are declared without compute")
+    _add(metric, None, closed_form)
+
+
+def _add(metric: Metric, compute: Callable | None, closed_form: Callable | None) -> None:
     if not isinstance(metric, Metric):
         raise AnalysisError(f"register: expected an analysis.registry.Metric, found {type(metric).__name__}")
     if metric.name in BY_NAME:
         raise AnalysisError(f"metric {metric.name!r}: already registered (family {BY_NAME[metric.name].family})")
-    if not callable(compute):
-        raise AnalysisError(f"metric {metric.name!r}: compute must be a function, found {type(compute).__name__}")
     if (metric.chance == "closed") != (closed_form is not None):
         raise AnalysisError(f"metric {metric.name!r}: the chance rule 'closed' needs closed_form= "
                             f"(and only it takes one); found rule {metric.chance!r}"
                             + (" with" if closed_form is not None else " without") + " closed_form")
-    if metric.level == "activations" and metric.axis == "head+layer":
+    if metric.level == "activations" and metric.axis == "head+layer" and compute is not None:
         raise AnalysisError(f"metric {metric.name!r}: an activation plugin has axis head, kv_head or layer "
                             "(register the per-layer value as a metric of its own)")
+    entry = Plugin(metric, compute, closed_form)
     METRICS.append(metric)
     BY_NAME[metric.name] = metric
-    PLUGINS[metric.name] = Plugin(metric, compute, closed_form)
+    COMPUTE[metric.name] = entry
+    builtin = compute is None or (getattr(compute, "__module__", "") or "").startswith(BUILTIN_PACKAGE + ".")
+    if not builtin:
+        PLUGINS[metric.name] = entry
     _state["generation"] += 1
-    return compute
 
 
 def unregister(name: str) -> None:
     """Remove a plugin's row (tests; a built-in metric cannot be removed)."""
     if name not in PLUGINS:
         raise AnalysisError(f"metric {name!r}: not a registered plugin")
-    del PLUGINS[name]
+    del PLUGINS[name], COMPUTE[name]
     METRICS.remove(BY_NAME.pop(name))
     _state["generation"] += 1
 
@@ -300,6 +282,26 @@ def unregister(name: str) -> None:
 def plugins(level: str) -> list[Plugin]:
     """The plugins of ``level``, in registration order."""
     return [p for p in PLUGINS.values() if p.metric.level == level]
+
+
+def computed(level: str = "weights") -> list[Plugin]:
+    """Every metric of ``level`` with a ``compute``, built-in and plugin alike, in registration order."""
+    return [p for p in COMPUTE.values() if p.metric.level == level and p.compute is not None]
+
+
+def reading(projection: str) -> tuple[str, ...]:
+    """The names of the metrics that read ``projection`` (``PROJECTIONS``), in registration order."""
+    return tuple(m.name for m in METRICS if projection in m.reads)
+
+
+def closed_form(name: str, geometry, query_free: bool) -> float | None:
+    """The closed-form chance level of ``name`` (rule ``closed``) for ``geometry``, or None where
+    its family's formula does not hold there (then Monte Carlo)."""
+    entry = COMPUTE[name]
+    if entry.closed_form is None:
+        raise AnalysisError(f"metric {name!r}: its registry rule is {entry.metric.chance!r}, not 'closed'")
+    got = entry.closed_form(geometry, query_free)
+    return None if got is None else float(got)
 
 
 def generation() -> int:
@@ -369,7 +371,10 @@ def check_plugins() -> None:
         raise AnalysisError(_state["error"])
 
 
-# Plugins load last, when every name above exists (a plugin imports this module while it loads).
+# The built-in families register theirs first, then the plugins, when every name above exists
+# (a family or plugin module imports this module while it loads).
+import analysis.metrics  # noqa: E402,F401
+
 try:
     load_entry_point_plugins()
     load_plugins()

@@ -31,3 +31,47 @@ def tied_variant(per_layer: list[dict]) -> str | None:
     if len(names) > 1:
         return "mixed"
     return names.pop() if names else None
+
+
+#: How each tie reads in a message.
+TIE_WORDS = {"q_identity": "W_Q = identity slice", "q_eq_k": "W_Q = W_K", "k_eq_v": "W_V = W_K",
+             "q_eq_v": "W_Q = W_V"}
+
+
+def layers_text(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for i in sorted(layers):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _in_layers(ids: list[int], n_layers: int) -> str:
+    if len(ids) == n_layers:
+        return "every layer"
+    return ("layer " if len(ids) == 1 else "layers ") + layers_text(ids)
+
+
+def disagreement(layout_variant: str, per_layer: list[dict]) -> str | None:
+    """The one wording (``info``, ``analyze`` and the Inspector) of the layout's variant and the
+    tensors' ties disagreeing, e.g. ``the layout reads variant qkv, but the tensors read k_eq_v
+    (W_V = W_K in every layer, to float tolerance)``; None when they agree. ``per_layer``: one
+    ``tied_layer`` dict per layer; a ``mixed`` checkpoint's note names each layer's variant too."""
+    seen = tied_variant(per_layer)
+    if seen == layout_variant:
+        return None
+    n = len(per_layer)
+    held = [f"{words} in {_in_layers(ids, n)}" for key, words in TIE_WORDS.items()
+            if (ids := [t["layer"] for t in per_layer if t.get(key)])]
+    by_layer = ""
+    if seen == "mixed":
+        groups: dict[str, list[int]] = {}
+        for t in per_layer:
+            groups.setdefault(str(layer_variant(t)), []).append(t["layer"])
+        by_layer = "; by layer: " + ", ".join(f"{v} in {_in_layers(ls, n)}" for v, ls in groups.items())
+    return (f"the layout reads variant {layout_variant}, but the tensors read "
+            f"{seen or 'a combination without a variant name'} "
+            f"({'; '.join(held) if held else 'no ties'}, to float tolerance{by_layer})")

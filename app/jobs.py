@@ -124,7 +124,7 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         del layer
         # chance levels: the same metrics of independent Gaussian projections of these shapes
         # (computed once per shape and process, see analysis.chance)
-        frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device))
+        frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device, notes=nt))
         _merge_notes(notes, nt)
     if progress:
         progress(n, n, "weights done")

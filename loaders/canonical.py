@@ -63,7 +63,8 @@ from typing import Callable, Iterator
 
 import torch
 
-# variant facts live in the leaf; re-exported here for callers that import them from loaders
+# the layer type and variant facts live in analysis' leaves; re-exported here for callers that import them from loaders
+from analysis.layer import AttentionWeights  # noqa: F401  (the canonical layer type)
 from analysis.kv_layers import layer_types_from_config, type_cache
 from analysis.variants import kv_bytes_per_token as variant_kv_bytes
 
@@ -214,29 +215,6 @@ class ModelMeta:
         if self.latent is not None:
             out["latent"]["cache_width"] = self.latent.cache_width
         return out
-
-
-@dataclass
-class AttentionWeights:
-    """One layer's attention in canonical form (shapes in the module docstring)."""
-
-    layer: int
-    W_Q: torch.Tensor | None
-    W_K: torch.Tensor
-    W_V: torch.Tensor
-    W_O: torch.Tensor
-    b_Q: torch.Tensor | None = None
-    b_K: torch.Tensor | None = None
-    b_V: torch.Tensor | None = None
-    b_O: torch.Tensor | None = None
-    q_norm: torch.Tensor | None = None     # [n_heads, d_head] QK-norm gain, see the module docstring
-    k_norm: torch.Tensor | None = None     # [n_kv_heads, d_head]
-    tower: str | None = None               # the layer's tower in a multi-tower checkpoint
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The present tensors by canonical name."""
-        names = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "q_norm", "k_norm")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
 class Checkpoint:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis import paper_claims
 from analysis.paper_claims import loss_unit
 from loaders import curves
 from loaders.logs import list_runs
@@ -19,8 +20,8 @@ from loaders.projects import NO_PROJECT
 from loaders.run_table import run_facts
 from loaders.store import Store
 
-#: The stored metrics the claims compare against.
-METRICS = ("kv_cosine_flat", "kv_cka", "kv_cka_act", "erank_k", "erank_v")
+#: The stored metrics the claims compare against: what ``analysis.paper_claims``' measurements read.
+METRICS = paper_claims.METRICS
 SCOPES = ("latest", "all")
 
 _CHECKPOINT_COLUMNS = ["id", "run_id", "step", "variant", "n_layers", "n_heads", "n_kv_heads", "d_model",

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis import registry
 from loaders.curves import StoredCurves
 from loaders.run_table import run_table
 from loaders.store import Store
 
-#: per-layer Frobenius norms of the projections, as stored by the weights analysis
-NORM_METRICS = ("norm_q", "norm_k", "norm_v", "norm_o")
+#: per-layer Frobenius norms of the projections, as stored by the weights analysis (the registry's ``norms`` family)
+NORM_METRICS = tuple(registry.names(family="norms"))
 
 
 #: Columns of ``wd_runs``.

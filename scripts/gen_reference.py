@@ -3,6 +3,7 @@
     python scripts/gen_reference.py            # rewrite docs/reference/*.md
     python scripts/gen_reference.py --check    # exit status 1, naming the stale pages
     python scripts/gen_reference.py --out DIR  # write the pages into DIR instead
+    python scripts/gen_reference.py --out DIR --plugins  # ... with QKVSCOPE_PLUGINS' metrics
 
 Every page is derived from what the code declares, never from a hand list, so
 a command, layout, log reader, metric or setting added anywhere appears after
@@ -16,7 +17,8 @@ one rerun:
 * ``log-formats.md``: ``loaders.logs.readers.READERS`` in detection order:
   ``NAME``, ``PRIORITY``, ``HELP``, ``EXAMPLE``, ``APPENDABLE`` and the docstring.
 * ``metrics.md``: ``analysis.registry.METRICS`` (plugins named in
-  ``QKVSCOPE_PLUGINS`` are left out: the page describes qkvscope itself).
+  ``QKVSCOPE_PLUGINS`` are left out: the page describes qkvscope itself;
+  ``--plugins`` keeps them, for a plugin's own copy of the pages).
 * ``settings.md``: ``loaders.budgets.BUDGETS``, ``loaders.sql_console.SQL_BUDGETS``
   and ``loaders.settings.SETTINGS``.
 * ``schema.md``: a fresh database made by ``loaders.store.Store`` in a
@@ -189,10 +191,11 @@ def log_formats_page() -> str:
 
 # -- metrics ---------------------------------------------------------------------
 
-def metrics_page() -> str:
+def metrics_page(*, plugins: bool = False) -> str:
+    """The metrics page; ``plugins``: with the registered plugins' metrics too (``--plugins``)."""
     from analysis import registry                  # here: each page imports only the code it describes
 
-    builtin = [m for m in registry.METRICS if m.name not in getattr(registry, "PLUGINS", {})]
+    builtin = [m for m in registry.METRICS if plugins or m.name not in registry.PLUGINS]
     lines = [HEADER, "# Metrics\n\n",
              f"Every metric `analyze` computes (`analysis/registry.py`, metric version "
              f"{registry.METRIC_VERSION}); `analyze --list` prints the same rows. `direction` says "
@@ -361,19 +364,22 @@ def readme_with_formats(text: str) -> str:
     return text[:start] + readme_formats() + text[end:]
 
 
-def render_all() -> dict[str, str]:
-    """Every reference page, by file name, as the code describes it now."""
+def render_all(*, plugins: bool = False) -> dict[str, str]:
+    """Every reference page, by file name, as the code describes it now; ``plugins``: the metrics page
+    with the metrics of ``QKVSCOPE_PLUGINS`` (and entry points) too."""
     os.environ["COLUMNS"] = "100"            # argparse's usage lines wrap at the terminal's width
-    os.environ.pop("QKVSCOPE_PLUGINS", None)  # the pages describe qkvscope, not the caller's plugins
+    if not plugins:
+        os.environ.pop("QKVSCOPE_PLUGINS", None)  # the pages describe qkvscope, not the caller's plugins
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    return {name: _wrapped(make()) for name, make in PAGES.items()}
+    pages = {**PAGES, "metrics.md": lambda: metrics_page(plugins=plugins)}
+    return {name: _wrapped(make()) for name, make in pages.items()}
 
 
-def write(out: Path) -> list[Path]:
+def write(out: Path, *, plugins: bool = False) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in render_all().items():
+    for name, text in render_all(plugins=plugins).items():
         (out / name).write_text(text)
         written.append(out / name)
     return written
@@ -393,13 +399,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=textwrap.dedent(__doc__).split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only say which pages are stale (exit status 1)")
     parser.add_argument("--out", type=Path, default=OUT, help="folder to write (default docs/reference)")
+    parser.add_argument("--plugins", action="store_true",
+                        help="list the metrics of QKVSCOPE_PLUGINS too (with --out: a plugin's own copy)")
     args = parser.parse_args(argv)
+    if args.plugins and args.out == OUT:
+        parser.error("--plugins writes pages that describe more than qkvscope: give --out DIR")
     if args.check:
         names = stale(args.out)
         for name in names:
             print(f"stale: {args.out / name} (run python scripts/gen_reference.py)")
         return 1 if names else 0
-    for path in write(args.out):
+    for path in write(args.out, plugins=args.plugins):
         print(f"wrote {_relative(str(path))}")
     if args.out == OUT:
         README.write_text(readme_with_formats(README.read_text()))

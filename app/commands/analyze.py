@@ -80,6 +80,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRICS, check_plugins
+from analysis.tie_names import disagreement
 from app.commands._common import add_db_argument, add_download_argument, checkpoint_path, print_json, store_from
 from app.figures import add_figures_argument, report_written, write_figures
 from loaders.errors import QkvscopeError, StoreError
@@ -224,9 +225,9 @@ def _print_table(payload: dict) -> None:
     ck = payload["checkpoint"]
     print(f"checkpoint {ck['id']}: {ck['path']}" + ("  (cached)" if payload["cached"] else ""))
     tied = payload.get("tied")
-    if tied and not tied["agree"]:
-        print(f"  the layout says variant {tied['layout_variant']}, the tensors say {tied['variant']} "
-              "(projections equal to float tolerance; see `info --json` for each layer)")
+    note = disagreement(tied["layout_variant"], tied["layers"]) if tied and not tied["agree"] else None
+    if note:
+        print(f"  note: {note}")
     if "sample" in payload:
         s = payload["sample"]
         if s.get("n_tokens") is None:          # no forward pass ran: the notes below say why

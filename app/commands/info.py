@@ -41,11 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_download_argument(parser)
 
 
-#: How each tie reads in the disagreement note.
-_TIE_WORDS = (("q_identity", "W_Q = identity slice"), ("q_eq_k", "W_Q = W_K"),
-              ("k_eq_v", "W_V = W_K"), ("q_eq_v", "W_Q = W_V"))
-
-
 def tensor_ties(path: str) -> dict:
     """``{"variant", "layers": [{"layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v"}, ...]}``
     from the tensors, one layer at a time."""
@@ -59,24 +54,12 @@ def tensor_ties(path: str) -> dict:
     return {"variant": tied_variant(layers), "layers": layers}
 
 
-def _layer_list(ids: list[int], n_layers: int) -> str:
-    if len(ids) == n_layers:
-        return "every layer"
-    return ("layer " if len(ids) == 1 else "layers ") + ", ".join(map(str, ids))
-
-
 def disagreement(layout_variant: str, ties: dict) -> str | None:
-    """The note printed when the layout's variant and the tensors' ties differ, else None."""
-    if ties["variant"] == layout_variant:
-        return None
-    layers = ties["layers"]
-    held = [f"{words} in {_layer_list(ids, len(layers))}"
-            for key, words in _TIE_WORDS
-            if (ids := [t["layer"] for t in layers if t[key]])]
-    found = "; ".join(held) if held else "no ties"
-    name = ties["variant"] or "a combination without a variant name"
-    return (f"the layout reads variant {layout_variant}, but the tensors read {name} "
-            f"({found}, to float tolerance)")
+    """The note printed when the layout's variant and the tensors' ties differ, else None
+    (``analysis.tie_names.disagreement``, the one wording)."""
+    from analysis.tie_names import disagreement as worded   # here: as the CLI's other analysis imports
+
+    return worded(layout_variant, ties["layers"])
 
 
 def _extra_lines(info: dict) -> list[str]:

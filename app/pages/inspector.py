@@ -51,7 +51,7 @@ import streamlit as st
 
 from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
-from analysis.tie_names import layer_variant, tied_variant
+from analysis.tie_names import disagreement
 from analysis.variants import informative_metric
 from app import attention_view, charts, figures, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
@@ -75,10 +75,8 @@ SOURCES = {"stored": "Stored", "upload": "Upload", "path": "Server path"}
 UPLOAD_TYPES = ["safetensors", "json", "bin", "pt", "pth", "ckpt", "zip", "model", "txt"]
 #: Per-head metrics for the heatmap, in registry order.
 ABSORB = names(family="query_absorb")   # wq_condition, wq_basis_orth_defect, wq_absorb_error
-KV_FIT = ["kv_share_r2", "kv_cka", "kv_cosine_flat", "kv_share_r2_act", "kv_cka_act"]
-#: What each tie of ``analysis.tied.tied_layer`` means, for the message.
-TIES = {"q_identity": "W_Q is the identity slice", "q_eq_k": "W_Q = W_K", "k_eq_v": "W_K = W_V",
-        "q_eq_v": "W_Q = W_V"}
+#: The K/V fit table: the registry's per-head K/V similarity metrics (weights, then activations).
+KV_FIT = names(family="kv_similarity")
 
 
 # -- cached reads -----------------------------------------------------------------
@@ -374,39 +372,15 @@ def _geometry(row: pd.Series):
     return slot
 
 
-def _layers_text(layers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
-    runs: list[list[int]] = []
-    for i in sorted(layers):
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
-
-
 def tie_message(variant: str, ties: list[dict]) -> str | None:
     """What to say when the layout's ``variant`` and the tensors' ties (``analysis.tied``)
-    disagree; None when they agree."""
-    seen = tied_variant(ties)
-    if seen == variant:
+    disagree (``analysis.tie_names.disagreement``, the wording ``info`` and ``analyze`` print);
+    None when they agree."""
+    said = disagreement(variant, ties)
+    if said is None:
         return None
-    found = [f"{TIES[k]} in layer{'s' if len(ls) > 1 else ''} {_layers_text(ls)}"
-             for k in TIES if (ls := [t["layer"] for t in ties if t[k]])]
-    if seen == "mixed":
-        per: dict[str, list[int]] = {}
-        for t in ties:
-            per.setdefault(str(layer_variant(t)), []).append(t["layer"])
-        named = "; ".join(f"{v} in layer{'s' if len(ls) > 1 else ''} {_layers_text(ls)}" for v, ls in per.items())
-        what = f"its layers are tied differently ({named})"
-    elif seen is None:
-        what = "its ties match no variant"
-    else:
-        what = f"its tensors are tied as **{seen}**"
-    return (f"The layout names this checkpoint **{variant}**, but {what}: "
-            + ("; ".join(found) if found else "no projections are equal") + f" (of {len(ties)} layers; equal "
-            "to float tolerance). The metrics are computed from the tensors as stored: read the K=V and Q=K "
-            "fits with the ties in mind.")
+    return (said[0].upper() + said[1:] + ". The metrics are computed from the tensors as stored: read the K=V "
+            "and Q=K fits with the ties in mind.")
 
 
 @cached_read(max_entries=32)

@@ -26,6 +26,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from analysis import registry
 from loaders.canonical import AttentionWeights, ModelMeta
 from loaders.checkpoint_names import HF_WEIGHT_FILES
 from loaders.errors import CheckpointFormatError
@@ -358,14 +359,8 @@ def layer_fn(build: Callable[[int], AttentionWeights]) -> Callable[[int], Attent
 
 # ---- metric names a layout's notes name ------------------------------------
 
-#: Metric names (``analysis.registry``) by the projection they read: a QK-norm changes
-#: what the W_Q and W_K ones describe; composed maps (``deepseek_mla``) the W_K and W_V ones.
-Q_METRICS = ("qk_symmetry", "qk_directionality", "erank_q", "stable_rank_q", "energy_rank90_q",
-             "energy_rank99_q", "erank_qk", "stable_rank_qk", "energy_rank90_qk",
-             "energy_rank99_qk", "norm_q", "wq_condition", "wq_basis_orth_defect",
-             "wq_absorb_error", "logit_symmetry")
-K_METRICS = ("kv_cosine_flat", "kv_cka", "kv_share_r2", "erank_k", "stable_rank_k",
-             "energy_rank90_k", "energy_rank99_k", "norm_k", "kv_cka_act", "kv_cosine_act",
-             "kv_share_r2_act", "erank_kcache")
-V_METRICS = ("erank_v", "stable_rank_v", "energy_rank90_v", "energy_rank99_v", "norm_v",
-             "erank_vcache")
+def metrics_reading(*projections: str) -> tuple[str, ...]:
+    """The registered metric names (``analysis.registry``, plugins included) that read any of
+    ``projections`` (``"Q"``, ``"K"``, ``"V"``, ``"O"``: each metric declares what it reads): a QK-norm
+    changes what the W_Q and W_K ones describe; composed maps (``deepseek_mla``) the W_K and W_V ones."""
+    return tuple(m.name for m in registry.METRICS if set(projections) & set(m.reads))

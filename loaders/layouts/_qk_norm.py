@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from loaders.canonical import AttentionWeights, ModelMeta
-from loaders.layouts._common import (K_METRICS, Q_METRICS, any_match, basis, cfg_int, expect_shape,
+from loaders.layouts._common import (any_match, basis, cfg_int, expect_shape, metrics_reading,
                                      fresh, layer_fn, model_type, require)
 from loaders.layouts._converters import convert_separate, hf_geometry
 from loaders.tensor_source import TensorSource
@@ -34,7 +34,7 @@ def qk_norm_notes(scope: str) -> dict[str, str]:
     why = (f"computed on W_Q/W_K before the model's QK-norm: attention uses g * q / rms(q) and "
            f"g * k / rms(k) (RMSNorm over {over}; gains q_norm/k_norm in the canonical layer), "
            "so the logits' bilinear form is W_Q diag(g_q g_k) W_K^T up to per-token scales")
-    return {m: why for m in Q_METRICS + K_METRICS}
+    return {m: why for m in metrics_reading("Q", "K")}
 
 
 def norm_gains(source: TensorSource, key: str, n: int, d_head: int, scope: str, layer: int,

@@ -80,10 +80,10 @@ def _notes(lat: Latent, dh: int) -> dict[str, str]:
                                       r=lat.kv_lora_rank)
     pad = (f"; zero-padded to d_head {dh} (value width {lat.v_dim}, key width "
            f"{lat.nope_dim + lat.rope_dim}): the chance level is drawn at the padded width")
-    notes = {m: comp + pad for m in C.K_METRICS + C.V_METRICS}
+    notes = {m: comp + pad for m in C.metrics_reading("K", "V")}
     q = (f"computed on the composed W_Q[h] = W_dq^T diag(g_q) W_uq[h]^T (q_lora_rank "
          f"{lat.q_lora_rank})" if lat.q_lora_rank else "computed on W_Q = q_proj per head")
-    for m in C.Q_METRICS:
+    for m in C.metrics_reading("Q"):
         notes[m] = q + " and the composed W_K (see kv_cka)"
     notes["kv_cosine_flat"] += "; the flat cosine also compares K's rotary columns with V's padding"
     return notes

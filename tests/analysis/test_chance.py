@@ -3,6 +3,7 @@ determinism, query-free and grouped-query shapes, and random layers reading near
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,8 +14,8 @@ import torch
 from analysis import chance, registry
 from analysis.chance import attach_weight_chance, weight_chance
 from analysis.errors import AnalysisError
+from analysis.layer import AttentionWeights
 from analysis.registry import COLUMNS, RESULT_COLUMNS
-from analysis import weights as weights_mod
 from analysis.weights import weight_metrics
 from tests.analysis._threads import one_thread  # noqa: F401  (autouse: one torch thread)
 
@@ -119,7 +120,7 @@ def test_qk_directionality_is_odd_under_swapping_q_and_k_and_its_chance_is_zero(
     signs, values = [], []
     for lay in random_layers(m, 12, seed=9):
         d_qk = weight_metrics(lay, m, device="cpu")[0].set_index("metric").loc["qk_directionality", "value"]
-        swapped = chance.RandomLayer(0, lay.W_K, lay.W_Q, lay.W_V, lay.W_O)   # M -> M^T
+        swapped = AttentionWeights(0, lay.W_K, lay.W_Q, lay.W_V, lay.W_O)   # M -> M^T
         d_kq = weight_metrics(swapped, m, device="cpu")[0].set_index("metric").loc["qk_directionality", "value"]
         assert d_kq == pytest.approx(-d_qk, abs=1e-6)
         values.append(d_qk)
@@ -195,7 +196,7 @@ def test_kv_cka_of_independent_random_k_and_v_reads_chance_and_a_tied_pair_does_
     layers = random_layers(m, 8, seed=21)
     cka = []
     for lay in layers:
-        structured = chance.RandomLayer(0, q, lay.W_K, lay.W_V, lay.W_O)
+        structured = AttentionWeights(0, q, lay.W_K, lay.W_V, lay.W_O)
         df = weight_metrics(structured, m, device="cpu")[0]
         cka += df.loc[df["metric"] == "kv_cka", "value"].tolist()
     cka = np.array(cka)                                             # 64 heads; the chance: 32
@@ -203,7 +204,7 @@ def test_kv_cka_of_independent_random_k_and_v_reads_chance_and_a_tied_pair_does_
     assert abs(np.median(cka) - t.loc[("kv_cka", False), "chance"]) < 4 * se
     # and the ratio of the expectations, d_head / (d_model + d_head + 1), is close to it
     assert t.loc[("kv_cka", False), "chance"] == pytest.approx(16 / (64 + 16 + 1), rel=0.05)
-    tied = chance.RandomLayer(0, q, layers[0].W_K, layers[0].W_K, layers[0].W_O)
+    tied = AttentionWeights(0, q, layers[0].W_K, layers[0].W_K, layers[0].W_O)
     df = weight_metrics(tied, m, device="cpu")[0]
     assert df.loc[df["metric"] == "kv_cka", "value"].min() == pytest.approx(1.0, abs=1e-5)
 
@@ -212,7 +213,7 @@ def test_kv_cka_of_independent_random_k_and_v_reads_chance_and_a_tied_pair_does_
 def _checkpoint_frame(m, n_layers=3, *, seed=30, query_free=False):
     frames = []
     for i, lay in enumerate(random_layers(m, n_layers, seed=seed, query_free=query_free)):
-        frames.append(weight_metrics(chance.RandomLayer(i, lay.W_Q, lay.W_K, lay.W_V, lay.W_O), m,
+        frames.append(weight_metrics(AttentionWeights(i, lay.W_Q, lay.W_K, lay.W_V, lay.W_O), m,
                                      device="cpu")[0])
     return pd.concat(frames, ignore_index=True)
 
@@ -387,32 +388,50 @@ def test_random_layer_shapes_and_independence():
 
 
 # -- the random draws leave out what their closed forms make unneeded ------------------------------
-def test_skip_keeps_the_rows_and_leaves_out_only_the_skipped_values():
+def test_skip_leaves_out_only_the_skipped_metrics():
     m = meta(h=4, g=4, d=32, e=8)
     lay = chance.random_layer(m, query_free=False, generator=gen(50))
     full = weight_metrics(lay, m, device="cpu")[0]
-    part = weight_metrics(lay, m, device="cpu", skip=weights_mod.SKIPPABLE)[0]
-    assert list(zip(full["metric"], full["head"])) == list(zip(part["metric"], part["head"]))
-    skipped = part["metric"].isin(weights_mod.SKIPPABLE)
-    assert part.loc[skipped, "value"].isna().all() and full.loc[skipped, "value"].notna().all()
-    pd.testing.assert_series_equal(full.loc[~skipped, "value"], part.loc[~skipped, "value"])
-    with pytest.raises(AnalysisError, match=r"weight_metrics: cannot skip \['kv_cka'\]; skippable: "):
-        weight_metrics(lay, m, device="cpu", skip={"kv_cka"})
+    skip = {"qk_symmetry", "qk_directionality", "wq_condition", "wq_basis_orth_defect"}
+    part = weight_metrics(lay, m, device="cpu", skip=skip)[0]
+    assert not part["metric"].isin(skip).any() and full["metric"].isin(skip).any()
+    kept = full[~full["metric"].isin(skip)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept, part.reset_index(drop=True))
+    with pytest.raises(AnalysisError, match=r"weight_metrics: cannot skip \['nope'\]: not registered weight metrics"):
+        weight_metrics(lay, m, device="cpu", skip={"nope"})
 
 
-def test_draws_past_the_minimum_skip_the_closed_form_work(monkeypatch):
-    """The first MIN_DRAWS draws compute every metric (each gets a null band); later ones leave out
-    the LU and the layer's M unless a Monte Carlo metric still needs them."""
+def test_draws_past_the_minimum_compute_only_the_unstable_metrics(monkeypatch):
+    """The first MIN_DRAWS draws compute every metric (each gets a null band); later ones only the
+    Monte Carlo metrics whose median is not yet stable (never a closed-form one), wide ones per head only."""
     asked = []
     real = chance.weight_metrics
-    monkeypatch.setattr(chance, "weight_metrics",
-                        lambda lay, m, **kw: asked.append((m.n_heads, set(kw["skip"]))) or real(lay, m, **kw))
+    every = {p.metric.name for p in registry.computed("weights")}
+    monkeypatch.setattr(chance, "weight_metrics", lambda lay, m, **kw: asked.append(
+        (m.n_heads, every - set(kw["skip"]), kw.get("whole", True), kw.get("heads", True))) or real(lay, m, **kw))
     chance._chance_rows.cache_clear()
     weight_chance(meta(h=4, g=4, d=32, e=8), query_free=False, device="cpu")     # square: all closed
-    assert asked[:chance.MIN_DRAWS] == [(4, set())] * chance.MIN_DRAWS
-    assert all({"wq_condition", "wq_basis_orth_defect", "qk_directionality"} <= a for _, a in asked[chance.MIN_DRAWS:])
-    assert all(a == set(weights_mod.SKIPPABLE) - {"qk_symmetry"} for h, a in asked if h == chance.WIDE_HEADS)
-    asked.clear()
-    weight_chance(meta(h=4, g=4, d=48, e=8), query_free=False, device="cpu")     # not square: LU needed
-    assert all("wq_condition" not in a for h, a in asked if h == 4)
+    assert asked[:chance.MIN_DRAWS] == [(4, every, True, True)] * chance.MIN_DRAWS
+    closed = {m.name for m in registry.METRICS if m.chance == "closed"}
+    assert all(not (done & closed) for h, done, _, _ in asked[chance.MIN_DRAWS:] if h == 4)
+    assert all(not whole for h, _, whole, _ in asked if h == chance.WIDE_HEADS)
+    assert all(not heads for h, _, _, heads in asked[chance.MIN_DRAWS:] if h == 4)
     chance._chance_rows.cache_clear()
+
+
+# -- every chance level stable to 1%, with its draws said ------------------------------------------
+def test_equal_shapes_with_other_seeds_agree_within_one_percent():
+    """Two sets of draws (seeds 0 and 1) of one grouped-query shape: every Monte Carlo median within 1%
+    of the larger of its magnitude and its null band's width (``chance.stable``), and each says its draws.
+    An integer-valued metric (``energy_rank*``) has an integer median, which two seeds may put on either
+    side of a value its distribution straddles: those agree within one unit."""
+    m = meta(h=4, g=2, d=32, e=8)
+    a, b = (weight_chance(m, query_free=False, device="cpu", seed=s) for s in (0, 1))
+    assert list(zip(a["metric"], a["whole"])) == list(zip(b["metric"], b["whole"]))
+    mc = a["how"].str.startswith("median")
+    assert mc.sum() >= 20 and a.loc[mc & a["whole"], "metric"].str.startswith("stable_rank").any()
+    for (_, x), (_, y) in zip(a[mc].iterrows(), b[mc].iterrows()):
+        scale = max(abs(x["chance"]), x["chance_high"] - x["chance_low"])
+        near = 1.0 if x["metric"].startswith("energy_rank") else 0.01 * scale
+        assert abs(x["chance"] - y["chance"]) <= near, (x["metric"], x["whole"], x["chance"], y["chance"])
+        assert re.match(r"median of \d+ Gaussian (draws|heads)", x["how"]), x["how"]      # the draws said

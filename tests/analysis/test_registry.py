@@ -320,8 +320,7 @@ def test_a_plugin_that_fails_to_load_is_one_line(tmp_path, monkeypatch):
 
 
 def test_the_stores_norm_list_is_the_registry_norms_family():
-    """``loaders.wd.NORM_METRICS`` copies the registry's norms (loaders may not import analysis.registry):
-    the two must not drift apart."""
+    """``loaders.wd.NORM_METRICS`` is the registry's norms family, read from the declarations."""
     from loaders.wd import NORM_METRICS
 
     assert list(NORM_METRICS) == registry.names(family="norms")

@@ -84,7 +84,8 @@ def test_a_tie_in_one_layer_only_is_mixed(tmp_path, capsys):
     info = info_json(folder)
     assert info["tied"]["variant"] == "mixed"
     assert [t["k_eq_v"] for t in info["tied"]["layers"]] == [True, False]
-    assert ("but the tensors read mixed (W_V = W_K in layer 0, to float tolerance)"
+    assert ("but the tensors read mixed (W_V = W_K in layer 0, to float tolerance; by layer: k_eq_v in layer 0, "
+            "qkv in layer 1)"
             in info_text(folder, capsys))
 
 

@@ -81,7 +81,7 @@ def test_a_stored_checkpoint_turned_bomb_is_one_line_per_section(tmp_path, monke
     spectra, attention = errors
     need = "safetensors tensor 'h.0.attn.c_attn.weight' needs 2.83 GB, more memory than this process may use"
     assert spectra == f"{bomb}: {need}", errors
-    assert not [w for w in at.warning if w.value.startswith("The layout names")]   # stored ties: qkv
+    assert not [w for w in at.warning if w.value.startswith("The layout reads")]   # stored ties: qkv
     assert attention == (f"{folder}: reading it needed more than 1.0 GiB of memory (limit QKVSCOPE_PARSE_MEMORY_MB"
                          "=1,024 plus the file's size; set it in the environment to raise it)"), attention
     assert "insp_heatmap" in figures(at)                                    # the stored metrics still show

@@ -184,7 +184,7 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
         assert Store(db).checkpoints() == []
         # change an input: the metric picker redraws the heatmap and writes the URL
         page.locator("[data-testid='stSelectbox']").filter(has_text="Metric").first.click()
-        page.get_by_role("option", name="qk_symmetry").click()
+        page.get_by_role("option", name="qk_symmetry", exact=True).click()
         wait_idle(page, timeout=60_000)
         assert "metric=qk_symmetry" in page.url
         page.get_by_text("qk_symmetry", exact=False).first.wait_for(timeout=30_000)
@@ -369,10 +369,10 @@ def test_tied_tensors_in_a_standard_layout_are_flagged(tmp_path, monkeypatch, mo
     children = _record_child_calls(monkeypatch)
     at = page_test("inspector", {"ckpt": "2"}).run()
     assert not at.exception, at.exception
-    warned = [w.value for w in at.warning if w.value.startswith("The layout names")]
+    warned = [w.value for w in at.warning if w.value.startswith("The layout reads")]
     assert warned == [TIED_KV]
     plain = page_test("inspector", {"ckpt": "1"}).run()
-    assert not plain.exception and not [w for w in plain.warning if w.value.startswith("The layout names")]
+    assert not plain.exception and not [w for w in plain.warning if w.value.startswith("The layout reads")]
     # the ties came with the stored analysis: the file was not read again for them
     assert "ties" not in children
     # an analysis stored without them (before ties were kept): the reading child reads the file
@@ -380,13 +380,13 @@ def test_tied_tensors_in_a_standard_layout_are_flagged(tmp_path, monkeypatch, mo
         con.execute("UPDATE analysis_jobs SET tied = NULL")
     again = page_test("inspector", {"ckpt": "2"}).run()
     assert not again.exception, again.exception
-    assert [w.value for w in again.warning if w.value.startswith("The layout names")] == [TIED_KV]
+    assert [w.value for w in again.warning if w.value.startswith("The layout reads")] == [TIED_KV]
     assert children.count("ties") == 1
 
 
-TIED_KV = ("The layout names this checkpoint **qkv**, but its tensors are tied as **k_eq_v**: W_K = W_V in "
-           "layers 0-1 (of 2 layers; equal to float tolerance). The metrics are computed from the tensors as "
-           "stored: read the K=V and Q=K fits with the ties in mind.")
+TIED_KV = ("The layout reads variant qkv, but the tensors read k_eq_v (W_V = W_K in every layer, to float "
+           "tolerance). The metrics are computed from the tensors as stored: read the K=V and Q=K fits with the "
+           "ties in mind.")
 
 
 def _record_child_calls(monkeypatch) -> list[str]:
@@ -412,8 +412,8 @@ def test_tie_message_names_layers_that_differ():
     assert tie_message("qkv", [ties(0), ties(1)]) is None
     assert tie_message("k_eq_v", [ties(0, k_eq_v=True)]) is None
     msg = tie_message("qkv", [ties(0), ties(1, k_eq_v=True), ties(2, k_eq_v=True), ties(3)])
-    assert msg.startswith("The layout names this checkpoint **qkv**, but its layers are tied differently "
-                          "(qkv in layers 0, 3; k_eq_v in layers 1-2): W_K = W_V in layers 1-2 (of 4 layers;")
+    assert msg.startswith("The layout reads variant qkv, but the tensors read mixed (W_V = W_K in layers 1-2, to "
+                          "float tolerance; by layer: qkv in layers 0, 3, k_eq_v in layers 1-2). The metrics")
 
 
 def test_attention_grid_of_all_heads_enlarges_one_and_stays_small_at_2048_tokens(tmp_path, monkeypatch):

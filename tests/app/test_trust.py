@@ -95,7 +95,7 @@ def test_tied_tensors_in_a_standard_layout(tmp_path, capsys, tie, variant):
     assert len(out["tied"]["layers"]) == 2
     assert main(["analyze", str(folder), "--db", str(tmp_path / "t.duckdb"), "--device", "cpu"]) == 0
     text = capsys.readouterr().out
-    assert f"the layout says variant qkv, the tensors say {variant}" in text
+    assert f"  note: the layout reads variant qkv, but the tensors read {variant} (" in text
 
 
 @pytest.mark.slow
