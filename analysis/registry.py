@@ -49,19 +49,6 @@ as one line (``check_plugins``), instead of an import-time traceback.
 its numerics change, so stored results are recomputed instead of reused (a
 plugin's formula is the plugin's: results stored before it was loaded lack its
 rows until ``analyze --force``).
-Version 6: ``qk_symmetry_paper`` and ``qk_directionality_paper`` (the Q/K geometry on the
-scale of Saponati et al.'s figures); a per-layer chance level draws until its median is stable
-(up to ``analysis.chance.MAX_DRAWS``), and a query-free model's per-head chance of its W_Q metrics
-from query-free layers.
-Version 5: every row carries ``chance_low``/``chance_high`` (the null band), ``above_chance``
-(a Benjamini-Hochberg test against the null draws) and ``degenerate`` (a value fixed by a tie,
-by rank deficiency or by too few tokens); the chance levels' draws grow until their median is
-stable; a singular stacked W_Q reads ``wq_condition`` inf.
-Version 3: every row carries ``chance`` (and activation rows ``n_tokens``,
-``ci_low``, ``ci_high``); spectra in float64; activation metrics on a corpus
-sample; ``qk_directionality`` as its authors compute it.
-Version 2: ``wq_basis_orth_defect`` is ``log(mean sigma^2 / geometric mean sigma^2)``
-(was ``sqrt(mean (sigma_i^2 / mean sigma^2 - 1)^2)``); per-layer K and V spectra.
 """
 from __future__ import annotations
 
