@@ -20,6 +20,7 @@ R = _runner()
 
 
 @pytest.mark.slow
+@pytest.mark.system                      # its scripts start Ray, servers' pages, reading children
 def test_quick_run_of_every_benchmark_gives_parsed_rows():
     proc = subprocess.run([sys.executable, "-m", "app", "bench", "--quick", "--json"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
