@@ -85,7 +85,9 @@ class ForkedCli:
         self.pid = int(self.proc.stdout.readline())
         return self.pid
 
-    def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess:
+    def wait(self, timeout: float | None = None, text: bool = True) -> subprocess.CompletedProcess:
+        """The run's exit status and output (``text`` False: bytes, for names that are not UTF-8);
+        past ``timeout`` seconds it is killed and ``TimeoutExpired`` raised."""
         self._send("wait")
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:                                    # not reaped yet: the pid is still its own
@@ -93,11 +95,13 @@ class ForkedCli:
         rc = int(self.proc.stdout.readline())
         if not ready:
             raise subprocess.TimeoutExpired(self.argv, timeout)
-        return subprocess.CompletedProcess(self.argv, rc, self.out.read_text(), self.err.read_text())
+        read = (lambda p: p.read_text()) if text else (lambda p: p.read_bytes())
+        return subprocess.CompletedProcess(self.argv, rc, read(self.out), read(self.err))
 
-    def run(self, *argv: str, env: dict | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    def run(self, *argv: str, env: dict | None = None, timeout: float | None = None,
+            text: bool = True) -> subprocess.CompletedProcess:
         self.start(*argv, env=env)
-        return self.wait(timeout)
+        return self.wait(timeout, text)
 
     def timed(self, *argv: str, env: dict | None = None,
               timeout: float | None = None) -> tuple[subprocess.CompletedProcess, float]:
