@@ -44,11 +44,12 @@ FULL_RUNS: dict[str, list[list[str]]] = {
 }
 #: ``--quick``: the smallest sizes that still run every script's code path end to end (a smoke
 #: run, ``tests/app/test_bench.py``; its figures are dominated by fixed costs and are not the ones
-#: docs/performance.md quotes). Scripts not named here get their own ``--quick`` if their
+#: docs/performance.md quotes; one torch thread where a script takes --threads, so a busy machine
+#: does not turn them into minutes). Scripts not named here get their own ``--quick`` if their
 #: ``--help`` offers one, else their defaults.
 QUICK_RUNS: dict[str, list[list[str]]] = {
-    "analysis_speed": [["--shape", "1.1B", "--layers", "1", "--skip-naive", "--repeat", "1"]],
-    "analysis_scaling": [["--layers", "1", "--sizes", "128", "256", "512"]],
+    "analysis_speed": [["--shape", "1.1B", "--layers", "1", "--skip-naive", "--repeat", "1", "--threads", "1"]],
+    "analysis_scaling": [["--layers", "1", "--sizes", "128", "256", "512", "--gqa-kv", "1"]],   # GQA-2 at 256
 }
 
 #: One argument list per script at ``--quick`` (``QUICK_RUNS`` holds the scripts run otherwise).
@@ -56,7 +57,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "checkpoint_memory": ["--layers", "1"],            # 1 of 22 layers
     "log_ingest": ["--points", "20000", "--repeat", "1"],
     "dashboard_speed": ["--runs", "20", "--steps", "200", "--no-browser"],
-    "activations_speed": ["--repeat", "1"],
+    "activations_speed": ["--repeat", "1", "--threads", "1"],
     "foreign_forward": ["--tokens", "256"],
     "batch_speed": ["--limit", "2", "--workers", "1"],  # 2 demo checkpoints, in-process and on Ray
     "forward_speed": ["--quick", "--limit", "1", "--tokens", "256", "--repeat", "1", "--hidden", "64",
