@@ -225,23 +225,27 @@ def folder_runs(tmp_path_factory):
     the cases that fail (exit 2). ``ingest`` exits 2 exactly when a file failed, so each group's
     status is each of its cases' status alone; two runs instead of one per case."""
     out, roots = {}, []
-    for group, statuses in (("ok", ("skipped", "added")), ("error", ("error",))):
-        root = tmp_path_factory.mktemp(f"faults-{group}") / "runs"
-        bads = {}
-        for case in sorted(c for c in CASES if CASES[c][1] in statuses):
-            b = root / f"b_{case}"
-            b.mkdir(parents=True)
-            bads[case] = CASES[case][0](b)
-        for good in ("a_good", "z_good"):
-            (root / good).mkdir()
-            (root / good / "metrics.csv").write_text(GOOD_LOG)
-        db = root.parent / "q.duckdb"
-        proc = cli("ingest", str(root), "--db", str(db), timeout=40 + 10 * len(bads))
-        out[group] = (proc, bads, _runs(db))
-        roots.append(root)
-    yield out
-    for root in roots:
-        _remove_deep(root / "b_deep_folder" / "d")
+    # the 1,500-level folder goes even when a run fails: left behind, pytest's clean-up of old
+    # runs (shutil.rmtree) recurses past Python's limit and ends later sessions with an error
+    try:
+        for group, statuses in (("ok", ("skipped", "added")), ("error", ("error",))):
+            root = tmp_path_factory.mktemp(f"faults-{group}") / "runs"
+            roots.append(root)
+            bads = {}
+            for case in sorted(c for c in CASES if CASES[c][1] in statuses):
+                b = root / f"b_{case}"
+                b.mkdir(parents=True)
+                bads[case] = CASES[case][0](b)
+            for good in ("a_good", "z_good"):
+                (root / good).mkdir()
+                (root / good / "metrics.csv").write_text(GOOD_LOG)
+            db = root.parent / "q.duckdb"
+            proc = cli("ingest", str(root), "--db", str(db), timeout=40 + 10 * len(bads))
+            out[group] = (proc, bads, _runs(db))
+        yield out
+    finally:
+        for root in roots:
+            _remove_deep(root / "b_deep_folder" / "d")
 
 
 @pytest.mark.parametrize("group", ["ok", "error"])
