@@ -9,7 +9,7 @@ Then, each in a fresh subprocess, measures peak RSS (its ``VmHWM``, or that of a
 started and waited for, whichever is larger: ``info`` reads the file in its reading child):
 
 * ``baseline``: imports the modules the other runs import, nothing else; and the
-  reading child of ``loaders.parse_child`` started and closed idle (its imports: the
+  reading child of ``loaders.sandbox`` started and closed idle (its imports: the
   baseline of ``info``, which reads in that child);
 * ``info``: ``python -m app info FOLDER --json`` (metadata + a NaN/Inf pass
   over every layer's attention, in the command's reading child);
@@ -130,7 +130,7 @@ def write_folder(folder: Path, g: dict, n_layers: int, dtype: torch.dtype) -> Pa
 
 #: Prepended to every child: at exit, write this process's VmHWM (peak RSS,
 #: reset by exec, so the benchmark parent's own memory does not leak in).
-#: Registered first, so it runs last at exit: after ``loaders.parse_child``'s pool has closed
+#: Registered first, so it runs last at exit: after ``loaders.sandbox``'s pool has closed
 #: (and waited for) the reading child, whose peak ``RUSAGE_CHILDREN`` then holds. ``info``
 #: reads the file in that child, so its row is the larger of the two peaks: this process's
 #: alone measured only the command line's own imports.
@@ -163,7 +163,7 @@ def peak_rss(code: str, argv: list[str]) -> tuple[int, float]:
 #: The reading child started and closed with no request: its peak is its own imports, the
 #: baseline of ``info``'s row.
 CHILD_IDLE = """
-from loaders.parse_child import Reader
+from loaders.sandbox import Sandbox as Reader
 with Reader() as r:
     r.warm([])
 """

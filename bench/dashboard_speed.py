@@ -9,9 +9,7 @@ measured inside the script, and AppTest's wall time beside it):
   (cold caches) and a second one (warm: what every widget change costs), and
   what its final-metric chart drew (every run, or the means and intervals of
   its groups: the page's default over 200 runs);
-* the inspector on the analysed checkpoint, cold and warm, with the reading
-  child the dashboard prestarts ready (``app/dashboard/prestart.py``), and cold
-  once more before any reading child has started (no target).
+* the inspector on the analysed checkpoint, cold (no idle reading child) and warm.
 
 Side by side in the same run it also times the curve query the page uses
 (SQL min-max downsampling to <= ``app.pages.experiments.CURVE_POINTS`` points per run) against fetching the
@@ -289,24 +287,17 @@ def main() -> None:
           f"{len(later_f) + 1} changes; '{FILTER_NEEDLES[0]}' shows {shown}): first change {first_f:.2f} s, "
           f"later ones median {statistics.median(later_f):.2f} s, max {max(later_f):.2f} s")
     query = {"ckpt": str(cid), "metric": "kv_cka"}
-    # The Inspector's first visit twice, caches emptied in between: before any reading child
-    # exists (what QKVSCOPE_PRESTART=0 gives), and as the dashboard runs it, with the child the
-    # server prestarted at its first page ready (app/dashboard/prestart.py).
+    # The Inspector's first visit, caches emptied and no idle reading child left (what a user's
+    # first Inspector visit after a start meets), then again warm.
     import streamlit as st
 
-    from app.dashboard.prestart import READER_MODULES
-    from loaders.parse_child import POOL
+    from loaders.sandbox import POOL
 
-    POOL.close()
-    unstarted, unstarted_wall, *_ = timed_page("inspector", query)
-    print(f"inspector, analysed checkpoint, no reading child started yet: script cold {unstarted:.2f} s "
-          f"(AppTest wall {unstarted_wall:.2f} s)")
     st.cache_data.clear()
     st.cache_resource.clear()
     POOL.close()
-    POOL.prestart(READER_MODULES).join()
     cold_i, cold_i_wall, warm_i, warm_i_wall, _ = timed_page("inspector", query)
-    print(f"inspector, analysed checkpoint, the reading child prestarted: script cold {cold_i:.2f} s, "
+    print(f"inspector, analysed checkpoint, no idle reading child: script cold {cold_i:.2f} s, "
           f"warm {warm_i:.2f} s (AppTest wall {cold_i_wall:.2f} / {warm_i_wall:.2f} s); warm/cold {warm_i / cold_i:.2f}")
     # The pages that read every point of a metric (each run's whole val/loss curve: spikes,
     # divergence): cold reads them all; warm, what a widget change costs
@@ -319,7 +310,6 @@ def main() -> None:
     for label, t, target in (("experiments cold", cold, PAGE_TARGET), ("experiments warm", warm, PAGE_TARGET),
                              ("filter first", first_f, FILTER_TARGET),
                              ("filter warm", statistics.median(later_f), FILTER_TARGET),
-                             ("inspector unstarted", unstarted, None),
                              ("inspector cold", cold_i, PAGE_TARGET), ("inspector warm", warm_i, PAGE_TARGET),
                              ("weight decay cold", whole["weight_decay"][0], None),
                              ("weight decay warm", whole["weight_decay"][1], PAGE_TARGET),
@@ -363,7 +353,7 @@ def query_runs(ids: list[int]) -> str:
 #: Targets in seconds.
 NAV_TARGET, CONTROL_TARGET = 1.0, 0.5
 #: Seconds the browser stays on its first page before its first visit to the Inspector (a user
-#: reading that page): the server prestarts its reading child meanwhile (app/dashboard/prestart.py).
+#: reading that page).
 FIRST_VISIT_AFTER_S = 5
 #: How long the main area must be still (and the status widget gone) for a step to have ended.
 QUIET_MS = 1500

@@ -4,10 +4,10 @@
     .venv/bin/python -m app bench     (the same code)
 
 Each ``bench/*.py`` script (this one excepted) runs in its own process, one
-after the other, exactly as a user would run it. ``--quick`` passes the
-script's own ``--quick`` when its ``--help`` lists one, else the small sizes
-in ``QUICK_ARGS`` below (each chosen from that script's argparse). The
-scripts print their measurements as text; ``PARSERS`` turns each script's
+after the other, exactly as a user would run it. ``--quick`` is a smoke run:
+each script at the smallest sizes in ``QUICK_RUNS``/``QUICK_ARGS`` below (each
+chosen from that script's argparse), else its own ``--quick`` when its
+``--help`` lists one. The scripts print their measurements as text; ``PARSERS`` turns each script's
 output into rows of (a script may print its rows itself, one ``BENCH_ROW {json}``
 line each with these keys; ``FULL_RUNS``/``QUICK_RUNS`` run a script more than once,
 e.g. ``analysis_speed`` at the 1.1B and the 7B shape):
@@ -42,23 +42,26 @@ FULL_RUNS: dict[str, list[list[str]]] = {
     "analysis_speed": [["--shape", "1.1B"], ["--shape", "7B", "--skip-naive", "--repeat", "1"]],
     "dashboard_speed": [["--runs", "2000", "--steps", "50000"]],
 }
-#: The same at ``--quick`` sizes (scripts not named here get their ``--quick`` or ``QUICK_ARGS``).
+#: ``--quick``: the smallest sizes that still run every script's code path end to end (a smoke
+#: run, ``tests/app/test_bench.py``; its figures are dominated by fixed costs and are not the ones
+#: docs/performance.md quotes; one torch thread where a script takes --threads, so a busy machine
+#: does not turn them into minutes). Scripts not named here get their own ``--quick`` if their
+#: ``--help`` offers one, else their defaults.
 QUICK_RUNS: dict[str, list[list[str]]] = {
-    "analysis_speed": [["--naive-layers", "1", "--repeat", "1"],
-                       ["--shape", "7B", "--layers", "4", "--skip-naive", "--repeat", "1"]],
-    "analysis_scaling": [["--layers", "1", "--sizes", "512", "1024", "2048"]],
+    "analysis_speed": [["--shape", "1.1B", "--layers", "1", "--skip-naive", "--repeat", "1", "--threads", "1"]],
+    "analysis_scaling": [["--layers", "1", "--sizes", "128", "256", "512", "--gqa-kv", "1"]],   # GQA-2 at 256
 }
 
-#: Small sizes for ``--quick``, per script, from each script's own options.
+#: One argument list per script at ``--quick`` (``QUICK_RUNS`` holds the scripts run otherwise).
 QUICK_ARGS: dict[str, list[str]] = {
-    "checkpoint_memory": ["--layers", "2"],            # 2 of 22 layers: ~0.3 GB instead of 2.2 GB
-    "log_ingest": ["--points", "1000000", "--repeat", "2"],   # below ~1M points fixed costs dominate
-    "dashboard_speed": ["--runs", "50", "--steps", "2000"],
-    "analysis_speed": ["--naive-layers", "1"],        # the 22-layer file is the measurement itself
-    "activations_speed": ["--repeat", "1"],
-    "foreign_forward": ["--tokens", "1024"],
-    "batch_speed": ["--quick"],                       # its own --quick: 6 of the demo checkpoints
-    "forward_speed": ["--quick"],                     # its own --quick: 3 demo checkpoints, a 19.5M Llama
+    "checkpoint_memory": ["--layers", "1"],            # 1 of 22 layers
+    "log_ingest": ["--points", "20000", "--repeat", "1"],
+    "dashboard_speed": ["--runs", "20", "--steps", "200", "--no-browser"],
+    "activations_speed": ["--repeat", "1", "--threads", "1"],
+    "foreign_forward": ["--tokens", "256"],
+    "batch_speed": ["--limit", "2", "--workers", "1"],  # 2 demo checkpoints, in-process and on Ray
+    "forward_speed": ["--quick", "--limit", "1", "--tokens", "256", "--repeat", "1", "--hidden", "64",
+                      "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000"],
 }
 
 
@@ -149,8 +152,7 @@ DASHBOARD_LABELS = {
     "experiments warm": "experiments page script run, warm",
     "filter first": "experiments run list filter change, first time",
     "filter warm": "experiments run list filter change, warm (median)",
-    "inspector unstarted": "inspector page script run, cold, before any reading child has started",
-    "inspector cold": "inspector page script run, cold (the reading child prestarted, as the dashboard does)",
+    "inspector cold": "inspector page script run, cold (no idle reading child)",
     "inspector warm": "inspector page script run, warm",
     "weight decay cold": "weight decay page script run, cold (reads every val/loss point)",
     "weight decay warm": "weight decay page script run, warm",
@@ -207,7 +209,7 @@ def parse_dashboard_speed(out: str) -> list[Row]:
                         f"< {target} s", verdict))
     for where, what, secs, _charts, after, later in FIRST_VISIT_LINE.findall(out):
         rows.append(Row("dashboard_speed", f"browser, first visit: {what}, {after} s after the first page, "
-                                           f"the reading child prestarted ({'demo' if where == 'demo' else size})",
+                                           f"({'demo' if where == 'demo' else size})",
                         f"{secs} s", f"later visits (median {later} s)", "-", "-"))
     return rows
 
@@ -291,7 +293,10 @@ def commands(name: str, quick: bool) -> list[list[str]]:
     script = BENCH_DIR / f"{name}.py"
     runs = (QUICK_RUNS if quick else FULL_RUNS).get(name)
     if runs is None:
-        runs = [(["--quick"] if supports_quick(script) else QUICK_ARGS.get(name, [])) if quick else []]
+        if not quick:
+            runs = [[]]
+        else:
+            runs = [QUICK_ARGS[name] if name in QUICK_ARGS else ["--quick"] if supports_quick(script) else []]
     return [[sys.executable, str(script), *args] for args in runs]
 
 
@@ -349,7 +354,8 @@ def table(rows: list[Row]) -> str:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true",
-                    help="small sizes: bench/run_all.py QUICK_RUNS, else each script's --quick, else QUICK_ARGS")
+                    help="the smallest sizes that run every script (a smoke run; bench/run_all.py QUICK_RUNS, "
+                         "QUICK_ARGS, else a script's own --quick)")
     ap.add_argument("--size", choices=["quick", "full"], default=None,
                     help="the sizes to run at: 'quick' is --quick, 'full' (default) the sizes docs/performance.md quotes")
     ap.add_argument("--only", action="append", metavar="NAME", default=None,

@@ -40,11 +40,13 @@ SYSTEM_SIGNS = ("import ray", "ray.init", "chromium", "playwright", "serve_demo"
 def tier_of(item, text: str) -> str:
     """``unit``, ``integration`` or ``system``: the tier of a collected test (its marker, added
     by ``pytest_collection_modifyitems``, so ``-m unit`` picks seconds of pure tests). A test
-    marked ``browser`` or under ``SYSTEM_FOLDERS``, or in a file whose text has a
-    ``SYSTEM_SIGNS`` entry, is ``system``; else one whose file has an ``INTEGRATION_SIGNS`` entry
-    or is marked ``slow`` is ``integration``; else ``unit``."""
+    marked ``browser`` or ``system`` (one that starts Ray or a server through a command it runs),
+    under ``SYSTEM_FOLDERS``, or in a file whose text has a ``SYSTEM_SIGNS`` entry, is ``system``;
+    else one whose file has an ``INTEGRATION_SIGNS`` entry or is marked ``slow`` is
+    ``integration``; else ``unit``."""
     path = item.nodeid.split("::", 1)[0]
-    if item.get_closest_marker("browser") or path.startswith(SYSTEM_FOLDERS) or any(s in text for s in SYSTEM_SIGNS):
+    if (item.get_closest_marker("browser") or item.get_closest_marker("system") or path.startswith(SYSTEM_FOLDERS)
+            or any(s in text for s in SYSTEM_SIGNS)):
         return "system"
     if item.get_closest_marker("slow") or any(s in text for s in INTEGRATION_SIGNS):
         return "integration"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.demo_db import demo_db
+from tests.demo_db import built_once, copy_to, demo_db
 
 REAL_LOGS = Path("/work/shared/realworld/logs")
 TB_RUN = REAL_LOGS / "tensorboard" / "add-carryTrue" / "GPT8L8H"
@@ -55,7 +55,15 @@ def write_lightning(folder: Path, hparams: dict, val: list[float]) -> None:
 
 
 def build_projects(tmp_path_factory, dest: Path) -> Path:
-    """The database described in the module docstring at ``dest``; returns ``dest``."""
+    """A fresh copy of the database described in the module docstring at ``dest`` (built once per
+    test run: ``tests/demo_db.py``); returns ``dest``."""
+    def build(path: Path) -> None:
+        _build(tmp_path_factory, path)
+
+    return copy_to(built_once(tmp_path_factory, "projects-db", build), dest)
+
+
+def _build(tmp_path_factory, dest: Path) -> None:
     from loaders.ingest import ingest_paths
     from loaders.store import Store
 
@@ -69,4 +77,3 @@ def build_projects(tmp_path_factory, dest: Path) -> Path:
                  files / "carry-sweep", files / "sweep-a", files / "sweep-b"):
         report = ingest_paths(store, [path])
         assert report.count("error") == 0, report.to_json()
-    return dest

@@ -29,7 +29,23 @@ def test_a_log_without_durations_is_refused(tmp_path, capsys):
     log = tmp_path / "log.txt"
     log.write_text("..... [100%]\n5 passed")
     assert D.main([str(log)]) == 2
-    assert capsys.readouterr().err == f"{log}: no --durations lines (run pytest with --durations=60)\n"
+    assert capsys.readouterr().err == f"{log}: no test times (run pytest with --junitxml=FILE or --durations=60)\n"
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4">
+<testcase classname="tests.test_tiers" name="test_tier_rule[a]" time="0.400" />
+<testcase classname="tests.test_tiers" name="test_tier_rule[b]" time="0.700" />
+<testcase classname="tests.app.test_bench" name="test_one_table_and_exit_status" time="12.600">
+<skipped message="x" /></testcase>
+<testcase classname="tests.conftest.Nested" name="test_x" time="3.0" />
+<testcase classname="tests.gone" name="test_y" time="9.0" />
+</testsuite></testsuites>"""
+
+
+def test_junit_xml_every_test_summed_per_existing_file(tmp_path, monkeypatch):
+    # a class in the file adds its name to classname; a file that is no longer there is left out
+    assert D.per_file_junit(JUNIT) == {"tests/app/test_bench.py": 13, "tests/conftest.py": 3,
+                                       "tests/test_tiers.py": 1}
 
 
 def test_the_checked_in_durations_name_existing_files():
@@ -59,3 +75,9 @@ def test_measured_files_go_first_then_by_slow_count(monkeypatch, tmp_path):
     C._slow_files_first(items)
     assert [i.nodeid for i in items] == ["tests/b.py::t", "tests/a.py::t1", "tests/a.py::t2", "tests/c.py::t",
                                          "tests/d.py::t"]
+
+
+def test_the_test_command_keeps_that_order():
+    # pytest-xdist reorders files by their count of tests unless told not to: a long file with a
+    # few tests then starts last and runs alone at the end
+    assert "--dist loadfile --no-loadscope-reorder" in (ROOT / "scripts" / "test.sh").read_text()

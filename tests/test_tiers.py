@@ -19,6 +19,7 @@ class _Item(SimpleNamespace):
     ("tests/loaders/test_x.py::t", (), "store = Store(tmp_path / 'x.duckdb')", "integration"),
     ("tests/app/test_x.py::t", (), "at = page_test('results')", "integration"),
     ("tests/app/test_x.py::t", ("browser",), "", "system"),
+    ("tests/app/test_x.py::t", ("slow", "system"), "subprocess.run([...])", "system"),
     ("tests/app/test_x.py::t", (), "import ray\n", "system"),
     ("tests/hostile/test_x.py::t", (), "", "system"),
     ("tests/faults/test_x.py::t", (), "", "system"),

@@ -1,7 +1,7 @@
 """Run the benchmarks under bench/ and print one table of results.
 
 Examples:
-  python -m app bench --quick                 # small sizes, a few minutes
+  python -m app bench --quick                 # smallest sizes: a smoke run of every script
   python -m app bench                         # the full sizes docs/performance.md quotes
   python -m app bench --only log_ingest --json
   python -m app bench --list

@@ -3,11 +3,10 @@ always opens afterwards and holds every file completely or not at all, and a
 clean re-run brings it to exactly what one uninterrupted ingest gives."""
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,37 +15,29 @@ import pytest
 from loaders.ingest import ingest_paths
 from loaders.store import Store
 from tests.faults.data import build_runs, snapshot
-
-ROOT = Path(__file__).resolve().parents[2]
-
-# The CLI with its imports done before "ready": the kill delay counts from the
-# moment real work starts, not from interpreter start-up.
-DRIVER = """
-import sys
-sys.path.insert(0, {root!r})
-import loaders.ingest, loaders.checkpoints, loaders.logs, loaders.sources, app.jobs
-from app.cli import main
-print("ready", flush=True)
-sys.exit(main(sys.argv[1:]))
-"""
+from tests.forked_cli import ForkedCli
 
 
-def start(tmp_path: Path, *argv: str) -> subprocess.Popen:
-    script = tmp_path / "driver.py"
-    if not script.exists():
-        script.write_text(DRIVER.format(root=str(ROOT)))
-    proc = subprocess.Popen([sys.executable, str(script), *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+@pytest.fixture
+def cli(tmp_path):
+    """The CLI forked from one process that did its imports: the kill delay counts from the
+    moment real work starts, not from interpreter start-up (tests/forked_cli.py)."""
+    driver = ForkedCli(tmp_path / "cli")
+    yield driver
+    driver.close()
 
 
-def timed(tmp_path: Path, *argv: str) -> float:
-    proc = start(tmp_path, *argv)
-    t0 = time.monotonic()
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    return time.monotonic() - t0
+def timed(cli: ForkedCli, *argv: str) -> float:
+    proc, secs = cli.timed(*argv, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return secs
+
+
+def kill_after(cli: ForkedCli, delay: float, *argv: str) -> None:
+    pid = cli.start(*argv)
+    time.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+    assert cli.wait().returncode in (0, -signal.SIGKILL)       # (0: it had finished before the kill)
 
 
 def assert_all_or_nothing(snap: dict, ref: dict) -> None:
@@ -62,10 +53,10 @@ def assert_all_or_nothing(snap: dict, ref: dict) -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_during_ingest_at_random_moments(tmp_path):
+def test_kill_9_during_ingest_at_random_moments(tmp_path, cli):
     runs = build_runs(tmp_path / "runs")
     ref_db = tmp_path / "ref.duckdb"
-    clean = timed(tmp_path, "ingest", str(runs), "--db", str(ref_db))
+    clean = timed(cli, "ingest", str(runs), "--db", str(ref_db))
     ref = snapshot(ref_db)
     assert len(ref["runs"]) == 4 and len(ref["checkpoints"]) == 4
 
@@ -76,11 +67,8 @@ def test_kill_9_during_ingest_at_random_moments(tmp_path):
         if i % 2 == 0 and db.exists():              # half the kills start from an empty database
             db.unlink()
             Path(f"{db}.wal").unlink(missing_ok=True)
-        proc = start(tmp_path, "ingest", str(runs), "--db", str(db))
         delay = rng.uniform(0.0, clean)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+        kill_after(cli, delay, "ingest", str(runs), "--db", str(db))
         snap = snapshot(db)                          # the database opens (WAL replayed)
         assert_all_or_nothing(snap, ref)
         outcomes.append((round(delay, 2), sum(snap["runs"].values()), len(snap["checkpoints"])))
@@ -94,13 +82,13 @@ def test_kill_9_during_ingest_at_random_moments(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_during_analysis_at_random_moments(tmp_path):
+def test_kill_9_during_analysis_at_random_moments(tmp_path, cli):
     runs = build_runs(tmp_path / "runs", rows=100)
     base = tmp_path / "base.duckdb"
     ingest_paths(Store(base), [runs])
     ref_db = tmp_path / "ref.duckdb"
     shutil.copy(base, ref_db)
-    clean = timed(tmp_path, "analyze", "1", "--db", str(ref_db))
+    clean = timed(cli, "analyze", "1", "--db", str(ref_db))
     ref = snapshot(ref_db)
     assert ref["analysis"][1] > 0 and ref["jobs"] == {1}
     rng = random.Random(9)
@@ -108,10 +96,7 @@ def test_kill_9_during_analysis_at_random_moments(tmp_path):
     for i in range(4):
         db = tmp_path / f"db{i}.duckdb"
         shutil.copy(base, db)
-        proc = start(tmp_path, "analyze", "1", "--db", str(db))
-        time.sleep(rng.uniform(0.0, clean))
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+        kill_after(cli, rng.uniform(0.0, clean), "analyze", "1", "--db", str(db))
         snap = snapshot(db)
         n = snap["analysis"].get(1, 0)
         assert n in (0, ref["analysis"][1])

@@ -4,7 +4,7 @@ parser memory bombs, numbers DuckDB cannot hold, names with newlines or bytes
 that are not UTF-8, files that change while they are read.
 
 Each case is built in code beside two good logs (``a_good/``, ``z_good/``)
-and run through the real CLI in a subprocess under a 4 GiB address-space
+and run through the real CLI in a process of its own under a 4 GiB address-space
 limit and a timeout: exit 2, one report line for the bad file, both good runs
 stored, no traceback. Alone, the bad file leaves the database byte-identical.
 """
@@ -17,7 +17,6 @@ import resource
 import socket
 import struct
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -26,9 +25,9 @@ import torch
 
 from loaders.ingest import ingest_paths
 from loaders.store import Store
+from tests.forked_cli import ForkedCli
 from tests.hostile.corpus import _weights, errors_only
 
-ROOT = Path(__file__).resolve().parents[2]
 GOOD_LOG = "step,metric,value\n0,train_loss,4.0\n10,train_loss,3.5\n"
 DEEP = 100_000
 LIMIT_AS = 4 << 30
@@ -38,11 +37,22 @@ def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT_AS, LIMIT_AS))
 
 
+_CLI: list[ForkedCli] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forked_cli(tmp_path_factory):
+    """One process under the address-space limit that imported the CLI; each command is forked
+    from it (tests/forked_cli.py)."""
+    _CLI.append(ForkedCli(tmp_path_factory.mktemp("cli"), preexec_fn=_limit))
+    yield _CLI[-1]
+    _CLI.pop().close()
+
+
 def cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """``python -m app ARGV`` under a 4 GiB address-space limit; stdout/stderr as bytes
     (a name that is not UTF-8 must survive)."""
-    return subprocess.run([sys.executable, "-m", "app", *argv], cwd=ROOT, capture_output=True,
-                          timeout=timeout, preexec_fn=_limit)
+    return _CLI[-1].run(*argv, timeout=timeout, text=False)
 
 
 def digest(db: Path) -> str:
@@ -215,23 +225,27 @@ def folder_runs(tmp_path_factory):
     the cases that fail (exit 2). ``ingest`` exits 2 exactly when a file failed, so each group's
     status is each of its cases' status alone; two runs instead of one per case."""
     out, roots = {}, []
-    for group, statuses in (("ok", ("skipped", "added")), ("error", ("error",))):
-        root = tmp_path_factory.mktemp(f"faults-{group}") / "runs"
-        bads = {}
-        for case in sorted(c for c in CASES if CASES[c][1] in statuses):
-            b = root / f"b_{case}"
-            b.mkdir(parents=True)
-            bads[case] = CASES[case][0](b)
-        for good in ("a_good", "z_good"):
-            (root / good).mkdir()
-            (root / good / "metrics.csv").write_text(GOOD_LOG)
-        db = root.parent / "q.duckdb"
-        proc = cli("ingest", str(root), "--db", str(db), timeout=40 + 10 * len(bads))
-        out[group] = (proc, bads, _runs(db))
-        roots.append(root)
-    yield out
-    for root in roots:
-        _remove_deep(root / "b_deep_folder" / "d")
+    # the 1,500-level folder goes even when a run fails: left behind, pytest's clean-up of old
+    # runs (shutil.rmtree) recurses past Python's limit and ends later sessions with an error
+    try:
+        for group, statuses in (("ok", ("skipped", "added")), ("error", ("error",))):
+            root = tmp_path_factory.mktemp(f"faults-{group}") / "runs"
+            roots.append(root)
+            bads = {}
+            for case in sorted(c for c in CASES if CASES[c][1] in statuses):
+                b = root / f"b_{case}"
+                b.mkdir(parents=True)
+                bads[case] = CASES[case][0](b)
+            for good in ("a_good", "z_good"):
+                (root / good).mkdir()
+                (root / good / "metrics.csv").write_text(GOOD_LOG)
+            db = root.parent / "q.duckdb"
+            proc = cli("ingest", str(root), "--db", str(db), timeout=40 + 10 * len(bads))
+            out[group] = (proc, bads, _runs(db))
+        yield out
+    finally:
+        for root in roots:
+            _remove_deep(root / "b_deep_folder" / "d")
 
 
 @pytest.mark.parametrize("group", ["ok", "error"])
