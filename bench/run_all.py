@@ -208,7 +208,7 @@ def parse_dashboard_speed(out: str) -> list[Row]:
                         + (f"; to any change, unpainted ones included, {anything} s" if anything else ""),
                         f"< {target} s", verdict))
     for where, what, secs, _charts, after, later in FIRST_VISIT_LINE.findall(out):
-        rows.append(Row("dashboard_speed", f"browser, first visit: {what}, {after} s after the first page, "
+        rows.append(Row("dashboard_speed", f"browser, first visit: {what}, {after} s after the first page "
                                            f"({'demo' if where == 'demo' else size})",
                         f"{secs} s", f"later visits (median {later} s)", "-", "-"))
     return rows
