@@ -15,7 +15,7 @@ same LAPACK call either way; ``scripts/layer_profile.py`` times both side by
 side (``--pool``).
 
 ``side_by_side`` runs independent calls the same way, one per single-threaded
-worker: the activation job's per-layer ``result()`` (a bootstrap of small
+worker: the activation job's per-layer ``result()`` (a delete-one-window jackknife of small
 decompositions and elementwise passes over ``d_head x d_head`` stacks, which
 intra-op threads split no better than the stacks above).
 

@@ -155,12 +155,12 @@ _FEW_TOKENS = {
 _FEW_DIRECTIONS = ("kv_cka_act", "kv_cosine_act", "kv_share_r2_act", "erank_kcache", "erank_vcache")
 #: Quantiles of the null band (``chance_low``, ``chance_high``) over the draws x heads.
 NULL_BAND = (0.025, 0.975)
-#: Where each metric lives (the shifted bootstrap interval is clipped to it; eranks: [1, d_head];
+#: Where each metric lives (the jackknife-t interval is clipped to it; eranks: [1, d_head];
 #: a plugin's metric: unbounded).
 _RANGE = {"kv_cosine_act": (-1.0, 1.0), "kv_cka_act": (0.0, 1.0), "kv_share_r2_act": (0.0, 1.0),
           "logit_symmetry": (0.0, 1.0), "logit_symmetry_layer": (0.0, 1.0)}
 _ERANKS = ("erank_kcache", "erank_vcache")
-#: Bootstrap resamples per batch: bounds the resampled d_head x d_head stacks in memory.
+#: Jackknife batches: bounds the leave-one-window d_head x d_head stacks in memory.
 _BOOT_BYTES = 2**27
 #: Per-window Grams held before they are reduced to the metrics' statistics (bytes).
 _PENDING_BYTES = 2**26
@@ -412,7 +412,7 @@ class ActivationAccumulator:
         return self._result(_BOOT_BYTES)
 
     def result_bytes(self) -> int:
-        """About the most memory ``result()`` holds at once beyond the sums and the bootstrap's
+        """About the most memory ``result()`` holds at once beyond the sums and the jackknife's
         batches (bytes): one chance draw's K and V columns in float64, their stacked copy and
         their products with the input's Gram, and the draw itself in float32 where the draws
         were not held (``_chance_stats``)."""
@@ -514,7 +514,7 @@ class ActivationAccumulator:
 
 
 #: Memory that the ``result()`` calls of ``results_of`` may hold at once (bytes, as estimated):
-#: their bootstrap batches (``_BOOT_BYTES`` shared out, about twice that with their work space)
+#: their jackknife batches (``_BOOT_BYTES`` shared out, about twice that with their work space)
 #: and each call's ``ActivationAccumulator.result_bytes``. It bounds how many run side by side.
 #: What the process holds grows more than the estimate (each worker thread's allocator arena
 #: keeps what it freed): two at once raised the 134M Llama job's peak RSS by 170-210 MiB
@@ -525,7 +525,7 @@ _RESULTS_BYTES = 2**29
 def result_workers(accs: list[ActivationAccumulator], threads: int | None = None) -> int:
     """How many ``result()`` calls ``results_of`` runs at once: one per intra-op thread (``threads``,
     default torch's count), no more than the accumulators, and as many as ``_RESULTS_BYTES``
-    holds beside the bootstrap's share (``2 * _BOOT_BYTES``) of the largest one's
+    holds beside the jackknife's share (``2 * _BOOT_BYTES``) of the largest one's
     ``result_bytes()`` (a layer of the 134M Llama of ``bench/forward_speed.py``: 27-32 MiB, 8-9
     at once; of a Llama-1B-shaped layer, 8 kv heads: 48-56 MiB, 4-5; of a Llama-2-7B: 768-896
     MiB, one); 1 (one after another, with every thread) off the CPU, where the device runs each
@@ -540,8 +540,8 @@ def result_workers(accs: list[ActivationAccumulator], threads: int | None = None
 def results_of(accs: list[ActivationAccumulator]) -> list[tuple[pd.DataFrame, dict[str, str]]]:
     """Every accumulator's ``result()``, in order: on the CPU, ``result_workers``
     of them side by side, each in a worker thread with one intra-op thread
-    (``analysis._lapack_pool.side_by_side``), the bootstrap's batches shared out so that
-    together they stay within ``_BOOT_BYTES``. A layer's bootstrap is many small
+    (``analysis._lapack_pool.side_by_side``), the jackknife's batches shared out so that
+    together they stay within ``_BOOT_BYTES``. A layer's jackknife is many small
     decompositions and passes over ``d_head x d_head`` stacks, which intra-op threads split
     poorly: six 134M-Llama-shaped layers (8 windows of 512 tokens) on this project's 2-core VM
     took 4.0 s one after another on two threads, 3.0 s side by side. The same rows as one call after another
@@ -737,7 +737,7 @@ def _gram_sv(gram: torch.Tensor) -> torch.Tensor:
     """Singular values (descending) of the matrix behind a float64 Gram ``[..., e, e]``;
     eigenvalues below ``e * eps64 * lambda_max`` (round-off) are 0. ``eigvalsh`` reads the lower
     triangle: a Gram formed by products is symmetric to round-off (``~e * eps64 * ||G||``, below
-    that tolerance), so it is not symmetrised first (a copy of every stack, ~10% of a bootstrap)."""
+    that tolerance), so it is not symmetrised first (a copy of every stack, ~10% of a jackknife)."""
     lam = small_eigvalsh(gram).flip(-1)                                # [..., e], descending
     tol = gram.shape[-1] * EPS64 * lam[..., :1].clamp_min(0)
     return torch.where(lam > tol, lam, torch.zeros_like(lam)).sqrt()

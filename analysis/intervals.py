@@ -24,8 +24,8 @@ import math
 import numpy as np
 import torch
 
-#: Resamples of the bootstraps that remain (percentile intervals of other statistics) and the
-#: confidence of every interval.
+#: Draws of the weight-decay statistics (wild-bootstrap refits, posterior draws of the best wd,
+#: the regression's case bootstrap) and the confidence of every interval.
 N_BOOT = 1000
 CONFIDENCE = 0.95
 
@@ -64,7 +64,7 @@ def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
 
 def percentile_interval(values: np.ndarray, confidence: float = CONFIDENCE, *,
                         method: str = "linear") -> tuple[float, float]:
-    """The central ``confidence`` range of ``values`` (bootstrap replicates): their quantiles."""
+    """The central ``confidence`` range of ``values`` (bootstrap replicates or posterior draws): their quantiles."""
     lo, hi = np.quantile(values, [(1 - confidence) / 2, 1 - (1 - confidence) / 2], method=method)
     return float(lo), float(hi)
 

@@ -16,7 +16,7 @@ A metric that raises ``Absent(reason)`` gives no rows and the note ``reason``;
 a value of the wrong count is an ``AnalysisError`` naming the metric.
 Activation-level plugins are functions of the accumulated sums
 (``activation_values``, called by ``analysis.activations``), so their chance
-level and bootstrap interval come from the same sums as the built-in metrics'.
+level and jackknife-t interval come from the same sums as the built-in metrics'.
 """
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ COLUMNS = ["layer", "head", "head_label", "metric", "value"]
 #: What a stored or reported result row holds: the tidy columns plus its meaning.
 #: ``chance``: the value independent projections of the same shapes give
 #: (``analysis.chance``); ``n_tokens``: sample tokens behind an activation value
-#: (NA for weight metrics); ``ci_low``/``ci_high``: 95% bootstrap interval over
+#: (NA for weight metrics); ``ci_low``/``ci_high``: 95% jackknife-t interval over
 #: token windows (activation metrics; NA for weight metrics); ``chance_low``/``chance_high``: the
 #: 2.5% and 97.5% quantiles of the null draws behind ``chance`` (the null band, ``analysis.chance``);
 #: ``above_chance``: the value (weights) or its interval (activations) outside the null band at a

@@ -222,7 +222,7 @@ def huber_fit(X: np.ndarray, y: np.ndarray, *, epsilon: float = 1.35, max_iter: 
     so points within ``epsilon s`` count fully and an outlier's pull is bounded.
     Exact data are fitted exactly (every weight 1); with no more points than
     columns the least-squares solution is returned. ``X``: ``[n, p]``; ``y``: ``[n]``,
-    or ``[B, n]`` for B fits on the same ``X`` at once (bootstrap resamples),
+    or ``[B, n]`` for B fits on the same ``X`` at once (wild-bootstrap refits),
     returning ``[B, p]``.
     """
     X, Y = np.asarray(X, float), np.asarray(y, float)
@@ -255,7 +255,7 @@ def _design(u: np.ndarray, degree: int) -> np.ndarray:
 
 def robust_slope(u: np.ndarray, y: np.ndarray) -> float | np.ndarray | None:
     """d y / d u of a robust line (``huber_fit``); None with fewer than ``MIN_FIT_WDS`` distinct u.
-    ``y``: ``[n]``, or ``[B, n]`` for B resamples (returns ``[B]``)."""
+    ``y``: ``[n]``, or ``[B, n]`` for B refits (returns ``[B]``)."""
     u, y = np.asarray(u, float), np.asarray(y, float)
     if len(np.unique(u)) < MIN_FIT_WDS:
         return None
@@ -297,7 +297,7 @@ def _best_reason(n_runs: int, wds: list[float]) -> str | None:
 
 def group_statistics(wds, losses, *, n_boot: int = N_BOOT, confidence: float = CONFIDENCE,
                      rng: np.random.Generator | None = None, direction: str = "min") -> dict:
-    """Slope, curvature, best wd, per-wd means and their bootstrap intervals of one group.
+    """Slope, curvature, best wd, per-wd means and their intervals of one group.
 
     ``wds``, ``losses``: one entry per run (a loss of None or NaN: the run is left
     out). Returns the keys of ``OUTPUT_COLUMNS`` from ``slope`` on that these

@@ -5,7 +5,7 @@ The pages draw them (through ``app.figures.show``) and the CLI writes them with
 so a figure in a paper is the one on the page.
 
 * Weight decay: ``wd_curve_figures(table, statistic, metric)``, per task the loss of each run
-  against its weight decay with the mean and its bootstrap interval per weight
+  against its weight decay with the mean and its t interval per weight
   decay (``analysis.wd_sensitivity``'s table; ``per_run`` and ``per_wd`` unpack it).
 * KV cost: ``kv_cost_figures(...)``, four sweeps of the configurations
   (``kv_configs``) against context and concurrent users.
@@ -81,7 +81,7 @@ def _x_of(fig: go.Figure, wd: pd.Series) -> pd.Series:
 
 
 def add_intervals(fig: go.Figure, points: pd.DataFrame, *, y_title: str) -> go.Figure:
-    """Per weight decay and group: the mean over runs as a dash with its 95% bootstrap interval as an
+    """Per weight decay and group: the mean over runs as a dash with its 95% t interval as an
     error bar (only where runs repeat) and ``n=`` beside it where more than one run stands behind it."""
     data = points.assign(x=lambda d: _x_of(fig, d["weight_decay"]))
     shown = charts.wd_task_shown(data)

@@ -17,7 +17,7 @@ size; Hugging Face ViT, DeiT, DINOv2 and CLIP / SigLIP vision models on ``Sample
 ``SiglipModel`` runs its vision tower on those images and its text tower on the text, each with
 its own token count and notes prefixed by the tower. As many images as ``want`` tokens need.
 
-Every row carries its chance level, ``n_tokens`` and a bootstrap interval over windows; the
+Every row carries its chance level, ``n_tokens`` and a jackknife-t interval over windows; the
 notes say what the inputs were. The keys are the un-rotated ones: for rotary or ALiBi positions
 (and paper B's "+" variants) the logits are not the model's, so ``logit_symmetry`` is left out
 with that reason.

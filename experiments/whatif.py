@@ -16,7 +16,7 @@ healing batches), so no conversion is scored on the tokens it was fitted to.
 Images (``images``: this project's ViT, a Hugging Face ViT classifier; ``image_sample``): the
 validation split is evaluated, the training split fitted on; loss is the classification
 cross-entropy per image, ``ppl = exp(loss)``, intervals over images, and ``notes["accuracy"]``
-the top-1 accuracy of every evaluated model with its bootstrap interval.
+the top-1 accuracy of every evaluated model with its t interval over images.
 
 Loss: mean next-token cross-entropy (nats) over the evaluation windows; ``ppl = exp(loss)``;
 ``ci_low``/``ci_high``: the 95% interval of the perplexity: the t interval over windows
@@ -68,7 +68,7 @@ PROXY_FRACTION = 0.25
 #: Healing: AdamW learning rate and windows per step.
 HEAL_LR = 3e-4
 HEAL_BATCH = 8
-#: Seed of the bootstrap (the same windows resampled alike for every model).
+#: Seed of the healing batches' draw.
 SEED = 0
 
 
@@ -640,7 +640,7 @@ def whatif(ckpt: Checkpoint, *, to: str, method: str | None = None, layers: str 
             return window_losses(m, smp.eval[:n_items], dev)
         ce, right = image_losses(m, smp.eval[:n_items], smp.eval_y[:n_items], dev)
         if key is not None:
-            lo, hi = mean_interval(right, np.random.default_rng(SEED))
+            lo, hi = mean_interval(right)
             accuracy[key] = {"accuracy": float(right.mean()), "ci_low": lo, "ci_high": hi}
         return ce
 
@@ -677,14 +677,14 @@ def whatif(ckpt: Checkpoint, *, to: str, method: str | None = None, layers: str 
     notes = {
         "variant_before": ckpt.meta.variant, "n_kv_heads_before": ckpt.meta.n_kv_heads,
         "fit": "conversions fitted on the fit windows' layer inputs (alternate windows, not scored)",
-        "interval": "ci_low/ci_high: 95% percentile bootstrap of the perplexity over evaluation windows",
+        "interval": "ci_low/ci_high: exp of the 95% t interval (n - 1 df) of the mean loss over evaluation windows",
         "positions": ckpt.meta.positions,
     }
     if vision:
         notes["fit"] = "conversions fitted on training-split images' layer inputs (not scored)"
-        notes["interval"] = "ci_low/ci_high: 95% percentile bootstrap of exp(loss) over evaluation images"
+        notes["interval"] = "ci_low/ci_high: exp of the 95% t interval (n - 1 df) of the mean loss over evaluation images"
         notes["vision"] = ("loss: mean classification cross-entropy (nats) per validation image, ppl = exp(loss); "
-                           "accuracy: share of images whose top class is the label, with its 95% bootstrap "
+                           "accuracy: share of images whose top class is the label, with its 95% t "
                            "interval over images; KV bytes per token: per patch token")
         notes["accuracy"] = accuracy
     if chosen == "greedy":

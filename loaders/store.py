@@ -199,7 +199,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (4, [
         # What each result means (issue "Numbers a researcher can trust"): the
         # value independent projections of the same shapes give, how many sample
-        # tokens stand behind an activation value, and its 95% bootstrap interval.
+        # tokens stand behind an activation value, and its 95% interval.
         "ALTER TABLE analysis_results ADD COLUMN chance DOUBLE",      # NULL: no chance level defined
         "ALTER TABLE analysis_results ADD COLUMN n_tokens BIGINT",    # NULL: a weight metric
         "ALTER TABLE analysis_results ADD COLUMN ci_low DOUBLE",      # NULL: not sampled

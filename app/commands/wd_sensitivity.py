@@ -4,10 +4,11 @@ Runs are grouped by variant and by everything in their config except weight
 decay (and seeds, output folders, names). Per group: the final and best
 validation loss of each run against its weight decay; per weight decay the
 number of runs, their mean loss and (where several runs share it, e.g. seeds)
-a 95% bootstrap interval; a robust slope and curvature of the loss against
+a 95% t interval (n - 1 degrees of freedom); a robust slope and curvature of the loss against
 log10(weight decay) (Huber M-estimates) from >= 3 distinct weight decays > 0;
-the best weight decay (from >= 2 runs at >= 2 weight decays), with bootstrap
-intervals where runs repeat; loss spikes and divergence per run; and (where
+the best weight decay (from >= 2 runs at >= 2 weight decays), with intervals
+where runs repeat (slope, curvature: t times a wild-bootstrap standard error;
+best weight decay: draws of the means from their empirical-Bayes posterior); loss spikes and divergence per run; and (where
 analysed checkpoints of the runs exist) the projection norms of each run's
 latest analysed checkpoint. A statistic that cannot be had is null, with the
 reason. See ``analysis.wd_sensitivity`` for the definitions.
@@ -25,7 +26,7 @@ n_wd, n_wd_fit (distinct weight decays > 0), n_wd_repeated (with > 1 run),
 per_wd (per weight decay: weight_decay, n_runs, mean, ci_low, ci_high,
 n_diverged, n_spiky, run_ids), slope_ci_low, slope_ci_high, curvature_ci_low,
 curvature_ci_high, best_wd_ci_low, best_wd_ci_high, best_wd_share (fraction
-of resamples with the same best weight decay), n_boot, confidence, seed,
+of posterior draws whose best weight decay is best_weight_decay), n_boot, confidence, seed,
 fit_reason, best_reason, interval_reason (why slope and curvature, the best
 weight decay, or the intervals are null; null when they are not).
 
@@ -71,10 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--diverge-ratio", type=float, default=1.5,
                         help="final loss above ratio x the best loss means diverged (default 1.5)")
     parser.add_argument("--boot", type=int, default=N_BOOT,
-                        help=f"bootstrap resamples for the intervals (default {N_BOOT})")
+                        help=f"draws for the wild bootstrap, the best wd's posterior and the regression's case bootstrap (default {N_BOOT})")
     parser.add_argument("--confidence", type=float, default=CONFIDENCE,
                         help=f"interval coverage, between 0 and 1 (default {CONFIDENCE})")
-    parser.add_argument("--seed", type=int, default=SEED, help=f"bootstrap seed (default {SEED})")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of those draws (default {SEED})")
     parser.add_argument("--method", choices=METHODS, default="auto",
                         help="estimator per variant: grouped (runs that agree in everything but wd), "
                              "regression (log10 wd with the other swept hyperparameters as covariates, for "
@@ -112,7 +113,7 @@ def _print_group(row: dict, metric: str, pct: str) -> None:
         print(f"   best wd=n/a ({row['best_reason']})")
     else:
         share = ("" if row["best_wd_share"] is None
-                 else f", best in {row['best_wd_share']:.0%} of {row['n_boot']} resamples")
+                 else f", best in {row['best_wd_share']:.0%} of {row['n_boot']} posterior draws")
         print(f"   best wd={best:g}{_ci(row['best_wd_ci_low'], row['best_wd_ci_high'], 'g')}{share}")
     if row["interval_reason"]:
         print(f"   intervals: n/a ({row['interval_reason']})")

@@ -23,7 +23,7 @@ Targets (--to) and methods (--method; the first is the default); formulas and so
 on a quarter of the evaluation windows, and reports the curve (KV bytes per token against
 perplexity). The sample text is cut into windows alternating between evaluation (every loss)
 and fit (the fitted methods, healing): no conversion is scored on the tokens it was fitted on.
-ci_low/ci_high: the 95% bootstrap interval of the perplexity over evaluation windows.
+ci_low/ci_high: exp of the 95% t interval (n - 1 df) of the mean loss over evaluation windows.
 
 Runs on checkpoints built as this project's GPT (its own variants, nanoGPT and forks,
 llama2.c / Meta Llama, the query-free and projection-sharing papers' models) and on Hugging Face

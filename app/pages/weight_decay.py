@@ -3,7 +3,7 @@
 
 Final (or best) validation loss against weight decay per variant on a log
 axis, each run a marker (diverged: a cross; loss spikes: ringed), and per
-weight decay the mean over its runs with a 95% bootstrap interval where more
+weight decay the mean over its runs with a 95% t interval where more
 than one run (seeds) shares it, labelled with its n. Per group of runs that
 agree in everything but weight decay: the best weight decay, a robust slope
 and curvature against log10(wd), with intervals where runs repeat, how many
@@ -14,7 +14,7 @@ in everything but weight decay; ``analysis.wd_regression``): per variant the
 estimator chosen (grouped or regression, or the one asked for), and for a
 regression the tree model's partial dependence of the metric on log10(wd)
 with the runs' points and the linear model's line, the wd coefficient with
-its bootstrap interval and n against the zero (no effect) line, the
+its case-bootstrap interval and n against the zero (no effect) line, the
 covariates used and the runs left out. Where runs have checkpoints, their
 projection norms against weight decay; "Analyse" names each checkpoint by its
 run and step and redraws the page when done.
@@ -139,7 +139,7 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     out["slope"] = [_fmt(v, "+.4f") for v in table["slope"]]
     out["curvature"] = [_fmt(v, "+.4f") for v in table["curvature"]]
     out["best wd 95% CI"] = [_ci(lo, hi, "g") for lo, hi in zip(table["best_wd_ci_low"], table["best_wd_ci_high"])]
-    out["best in"] = [f"{s:.0%} of resamples" if _has(s) else DASH for s in table["best_wd_share"]]
+    out["best in"] = [f"{s:.0%} of draws" if _has(s) else DASH for s in table["best_wd_share"]]
     out["slope 95% CI"] = [_ci(lo, hi, "+.4f") for lo, hi in zip(table["slope_ci_low"], table["slope_ci_high"])]
     out["curvature 95% CI"] = [_ci(lo, hi, "+.4f")
                                for lo, hi in zip(table["curvature_ci_low"], table["curvature_ci_high"])]
@@ -233,7 +233,7 @@ def regression_figure(regs: dict[RegKey, dict], *, y_title: str, names=None) -> 
 
 
 def coefficient_figure(regs: dict[RegKey, dict], *, metric: str, names=None) -> go.Figure:
-    """The wd coefficient per variant (and project) of one task with its bootstrap interval and n,
+    """The wd coefficient per variant (and project) of one task with its case-bootstrap interval and n,
     and the zero (no effect) line: in the task's own units, so one task per figure."""
     fig = go.Figure()
     rows = [(k, r) for k, r in sorted(regs.items()) if r["wd_coef"] is not None]
@@ -301,7 +301,7 @@ def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> No
                      where=left)
         figures.show(coefficient_figure(task_regs, metric=metric, names=regs), key=f"wd_coef{suffix}", where=right)
     st.caption(f"Right: change of the {y_title} per decade of weight decay with the other hyperparameters held "
-               "fixed; bars: its bootstrap interval; n: runs fitted. An interval across the dashed line "
+               "fixed; bars: its case-bootstrap interval; n: runs fitted. An interval across the dashed line "
                "means the sweep cannot tell the sign. Each task, project and geometry is fitted on its own.")
     st.dataframe(regression_table(regs), hide_index=True, width="stretch", placeholder=tables.MISSING, key="wd_regression_table")
     any_reg = next(iter(regs.values()))
@@ -428,7 +428,7 @@ def render() -> None:
             figures.show(fig, key="wd_curve" if len(shown) == 1 else f"wd_curve_{task}")
         st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss "
                    f"of the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay "
-                   f"and its {CONFIDENCE:.0%} bootstrap interval ({N_BOOT:,} resamples of its runs, seed {SEED}), "
+                   f"and its {CONFIDENCE:.0%} t interval (n - 1 degrees of freedom), "
                    "drawn only where more than one run (seeds) shares the weight decay, labelled with that n; an "
                    "unlabelled weight decay has one run, so its spread is not measured."
                    + (f" Not drawn here: {', '.join(_subject(k, swept, paper_label=False) for k in swept)} "
@@ -445,7 +445,9 @@ def render() -> None:
                                 "curvature": st.column_config.TextColumn("curvature d² loss / d(log10 wd)²")})
     st.caption("Slope and curvature: robust (Huber) fits of every run's loss against log10(wd), reported from "
                "3 or more distinct weight decays > 0; best wd: the lowest mean loss, from 2 or more runs at 2 or "
-               "more weight decays. Their intervals resample the runs within each weight decay, so they hold "
+               "more weight decays. Slope and curvature intervals: the fit \u00b1 a t quantile times a wild-bootstrap "
+               f"standard error ({N_BOOT:,} refits, seeded per group from {SEED}); best in: the share of {N_BOOT:,} draws "
+               "of the means from their empirical-Bayes posterior whose best wd is the one reported. They hold "
                "the seed-to-seed spread only at the weight decays that have repeated runs.")
     absent = absent_lines(table)
     if absent:

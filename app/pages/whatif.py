@@ -89,7 +89,8 @@ def render() -> None:
     sample = shown[0]["sample"]
     windows = f"{sample['windows']} window" + ("s" if sample["windows"] != 1 else "")
     st.caption(f"{sample['n_tokens']} evaluation tokens in {windows}, the same for every target; "
-               "interval: 95% bootstrap over windows. Each converted curve is against the checkpoint's own "
+               "interval: exp of the 95% t interval (N - 1 degrees of freedom) of the mean window loss. "
+               "Each converted curve is against the checkpoint's own "
                "perplexity on this text, the trained runs against their Q-K-V run's final validation loss.")
     st.dataframe(pd.concat([curve(r).assign(target=r["target"], method=r["method"]) for r in shown],
                            ignore_index=True), hide_index=True)

@@ -157,7 +157,7 @@ def test_over_200_runs_the_final_chart_sends_one_point_per_group_and_x(tmp_path,
     assert [len(arr(t["x"])) for t in traces] == [4, 4, 4]            # 12 markers for 240 runs
     for t in traces:
         plus, minus = arr(t["error_y"]["array"]), arr(t["error_y"]["arrayminus"])
-        # 20 seeds, noise 0.02: the bootstrap interval of the mean is about +-1.96 * 0.02 / sqrt(20)
+        # 20 seeds, noise 0.02: the t interval of the mean is about +-2.09 * 0.02 / sqrt(20)
         assert len(plus) == len(minus) == 4 and all(0 < h < 0.05 for h in plus + minus)
     at.radio(key="exp_fd").set_value("runs").run()
     traces = json.loads(next(e for e in at.get("plotly_chart") if e.key == "exp_final").proto.spec)["data"]

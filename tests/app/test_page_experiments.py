@@ -458,7 +458,7 @@ def test_final_scatter_opens_with_every_run_up_to_200_runs_and_with_the_means_ab
         assert sum(len(arr(t["x"])) for t in fig["data"]) == markers
         caption = next(c.value for c in at.caption if c.value.startswith(("Every run", "Mean of")))
         assert f"{n:,} runs in the table" in caption
-    # 201 runs: per group and weight decay the mean of its runs, its bootstrap interval as the error bar
+    # 201 runs: per group and weight decay the mean of its runs, its t interval as the error bar
     by = {t["name"]: t for t in fig["data"]}
     assert list(by) == ["Q-K-V (n=100)", "Q-K=V (n=101)"]
     trace = by["Q-K-V (n=100)"]

@@ -1,5 +1,5 @@
 """Weight-decay page in AppTest: loss against wd per variant, best wd, unstable runs, norms; the n behind
-each point, bootstrap intervals where seeds repeat a weight decay, and why a statistic is absent."""
+each point, t intervals where seeds repeat a weight decay, and why a statistic is absent."""
 from __future__ import annotations
 
 import json
@@ -203,7 +203,7 @@ def test_intervals_and_n_where_seeds_share_a_weight_decay(seeds_db):
     # 0.001 beats 0.01 by 0.1, five seed sds; with the seeds' 2 degrees of freedom (t tails) about
     # one posterior draw in twenty picks 0.01
     assert (q["best_weight_decay"], q["best wd 95% CI"]) == ("0.001", "0.001 to 0.01")
-    assert q["best in"].endswith("%" + " of resamples") and 90 <= int(q["best in"].split("%")[0]) <= 99
+    assert q["best in"].endswith("%" + " of draws") and 90 <= int(q["best in"].split("%")[0]) <= 99
     lone = summary.loc["wq_identity"]
     assert lone["best_weight_decay"] == "\u2014" and lone["n_runs"] == 1
     assert "best wd: 1 run with a loss; a best weight decay needs >= 2 runs at >= 2 weight decays" in lone["why absent"]
