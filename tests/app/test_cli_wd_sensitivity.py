@@ -83,7 +83,9 @@ def test_json_intervals_where_seeds_share_a_weight_decay(tmp_path, capsys):
     at = {p["weight_decay"]: p for p in qkv["per_wd"]}
     mean = 3 + 0.2 * math.log10(0.1)
     assert at[0.1]["n_runs"] == 3 and at[0.1]["mean"] == pytest.approx(mean)
-    assert mean - 0.01 <= at[0.1]["ci_low"] < at[0.1]["mean"] < at[0.1]["ci_high"] <= mean + 0.01
+    # the t interval of three runs at mean, mean + 0.01, mean - 0.01: sd 0.01, t(2, 0.975) = 4.302653
+    half = 4.302653 * 0.01 / math.sqrt(3)
+    assert (at[0.1]["ci_low"], at[0.1]["ci_high"]) == pytest.approx((mean - half, mean + half), abs=1e-6)
     assert qkv["slope_ci_low"] <= qkv["slope"] <= qkv["slope_ci_high"]
     assert qkv["curvature_ci_low"] <= qkv["curvature"] <= qkv["curvature_ci_high"]
     assert (qkv["best_weight_decay"], qkv["best_wd_ci_low"], qkv["best_wd_ci_high"], qkv["best_wd_share"]) == (
