@@ -77,7 +77,7 @@ def test_the_pages_hold_what_the_code_declares(fresh):
     assert all(f"\n### {m.name}\n" in metrics for m in METRICS)
     assert "Chance (closed): " in metrics
     schema = (fresh / "schema.md").read_text()
-    assert "\n## runs\n" in schema and "\n## points (view)\n" in schema
+    assert "\n## runs\n" in schema and "\n## points\n" in schema
     assert "| `read_bytes` | BIGINT | yes |  | how far a text log was consumed |" in schema
     for text in (cli, layouts, formats, metrics, schema):
         assert str(ROOT) not in text
