@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 #: Draws of the weight-decay statistics (wild-bootstrap refits, posterior draws of the best wd,
 #: the regression's case bootstrap) and the confidence of every interval.
@@ -83,8 +86,9 @@ def jackknife(estimates: torch.Tensor, full: torch.Tensor) -> tuple[torch.Tensor
     """Bias-corrected value and standard error from leave-one-out ``estimates`` ``[N, ...]`` and
     the all-unit estimate ``full`` ``[...]`` (module docstring); a NaN estimate is left out of the
     mean and the spread (``N`` then counts the finite ones)."""
-    ok = torch.isfinite(estimates)
+    # tensor methods only: this module stays importable without torch (the pages' intervals)
+    ok = estimates.isfinite()
     n = ok.sum(0).to(estimates.dtype)
-    mean = torch.where(ok, estimates, 0).sum(0) / n
-    dev2 = torch.where(ok, (estimates - mean).square(), 0).sum(0)
+    mean = estimates.where(ok, 0).sum(0) / n
+    dev2 = (estimates - mean).square().where(ok, 0).sum(0)
     return n * full - (n - 1) * mean, ((n - 1) / n * dev2).sqrt()

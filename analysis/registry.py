@@ -63,6 +63,7 @@ from typing import Callable, NamedTuple
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from analysis.tie_names import TIE_WORDS
 
 METRIC_VERSION = 6
 
@@ -96,8 +97,9 @@ ENTRY_POINT_GROUP = "qkvscope.metrics"
 #: The projections a metric can read (``Metric.reads``): the loaders' per-projection notes
 #: (a QK-norm changes what the W_Q and W_K metrics describe) are keyed by them.
 PROJECTIONS = ("Q", "K", "V", "O")
-#: The ties of ``analysis.tied.tied_layer`` that can fix a metric's value (``Metric.fixed_by``).
-TIES = ("q_identity", "q_eq_k", "k_eq_v")
+#: The ties of ``analysis.tied.tied_layer`` that can fix a metric's value (``Metric.fixed_by``):
+#: all it detects but W_Q = W_V, which fixes no metric.
+TIES = tuple(tie for tie in TIE_WORDS if tie != "q_eq_v")
 
 
 @dataclass(frozen=True)

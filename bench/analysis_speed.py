@@ -116,7 +116,7 @@ def phase_analysis(folder: Path, device: str) -> dict:
     import torch
 
     import app.jobs
-    from analysis import chance, qk_geometry, query_absorb, weights
+    from analysis import chance, products, qk_geometry, query_absorb, weights
     from analysis._linalg import as_float32
     from app.jobs import JobResult, _store_results, resolve, weight_frame
     from loaders.checkpoints import open_checkpoint
@@ -142,9 +142,10 @@ def phase_analysis(folder: Path, device: str) -> dict:
         return wrapper
     # the stacked-W_Q metrics, the layer-level M scores, all metrics of a layer (reading and reshaping
     # excluded), and the chance levels (random layers of the same shapes, once per shape: analysis.chance)
-    weights.query_absorb.stacked_spectrum = timed("stacked_wq", query_absorb.stacked_spectrum)
+    # (analysis.products calls them through its module references, per layer)
+    products.query_absorb.stacked_spectrum = timed("stacked_wq", query_absorb.stacked_spectrum)
     for name in ("dense_layer_scores", "layer_form", "symmetry_layer", "directionality_layer"):
-        setattr(weights.qk_geometry, name, timed("layer_m", getattr(qk_geometry, name)))
+        setattr(products.qk_geometry, name, timed("layer_m", getattr(qk_geometry, name)))
     app.jobs.weight_metrics = timed("metrics", weights.weight_metrics)
     app.jobs.attach_weight_chance = timed("chance", chance.attach_weight_chance)
 

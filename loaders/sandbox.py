@@ -418,7 +418,7 @@ class Sandbox:
     def ingest_file(self, store, path: Path, kind: str = "unknown") -> list:
         """``loaders.ingest.ingest_file`` in the child: every outcome is a report
         (``kind``, from ``kind_of``, labels the report of a child that died)."""
-        from loaders.report import FileReport
+        from loaders.report import FileReport  # here: the runner module stays light (the SQL child imports it)
 
         try:
             return [FileReport(**r) for r in self.request(path, "ingest", db=str(store.path),
@@ -444,7 +444,7 @@ def ingest_paths(store, paths: Iterable[str | Path], *, progress: Progress | Non
     is one ``error`` report and the next file gets a fresh child. ``reader`` None: an idle
     child of ``POOL``.
     """
-    from loaders import ingest as _ingest
+    from loaders import ingest as _ingest  # here: the walk is ingest's; this module stays light for the SQL child
 
     with _lent(reader) as reader:
         return _ingest.ingest_paths(store, paths, progress=progress, project=project, kind_of=reader.kind_of,
@@ -455,7 +455,7 @@ def ingest_checkpoint(store, path: str | Path, *, reader: Sandbox | None = None)
     """``loaders.ingest.ingest_checkpoint`` in a child (the Inspector's upload and
     path field, ``analyze PATH``): its report, or ``FileError`` with the one-line
     problem. ``reader`` None: an idle child of ``POOL``."""
-    from loaders.report import FileReport
+    from loaders.report import FileReport  # here: the runner module stays light (the SQL child imports it)
 
     with _lent(reader) as reader:
         return FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
@@ -478,7 +478,7 @@ def watch(store, paths: Iterable[str | Path], *, interval: float = 2.0,
           project: str | None = None) -> None:
     """``loaders.ingest.watch`` (its polling loop) with one child kept across polls; ``project``
     as ``ingest_paths`` takes it."""
-    from loaders.ingest import watch as poll
+    from loaders.ingest import watch as poll  # here: ingest's polling loop, only when watching
 
     with Sandbox() as reader:
         poll(store, paths, interval=interval, on_report=on_report, on_busy=on_busy, stop=stop,
@@ -563,20 +563,20 @@ def call(job: str, path: str | Path, *, entry: ModuleType | None = None,
 # -- the jobs of this module ------------------------------------------------
 
 def classify(path: str) -> str:
-    from loaders.ingest import _classify
+    from loaders.ingest import _classify  # here: runs in the reading child only
 
     return _classify(Path(path))[0]
 
 
 def ingest(path: str, *, db: str, busy_timeout: float) -> list[dict]:
-    from loaders.ingest import ingest_file
+    from loaders.ingest import ingest_file  # here: runs in the reading child only
     from loaders.store import Store
 
     return [r.to_json() for r in ingest_file(Store(db, busy_timeout=busy_timeout), Path(path))]
 
 
 def ingest_one_checkpoint(path: str, *, db: str, busy_timeout: float) -> dict:
-    from loaders.ingest import ingest_checkpoint as ingest_one
+    from loaders.ingest import ingest_checkpoint as ingest_one  # here: runs in the reading child only
     from loaders.store import Store
 
     return ingest_one(Store(db, busy_timeout=busy_timeout), Path(path)).to_json()
@@ -586,7 +586,7 @@ def ingest_one_checkpoint(path: str, *, db: str, busy_timeout: float) -> dict:
 
 def _resolve(jobs: dict[str, tuple[str, str]], name: str):
     """The function of job ``name`` from the table (the only import a request can cause)."""
-    import importlib
+    import importlib  # here: the child imports only the module its own table names
 
     module, function = jobs[name]
     return getattr(importlib.import_module(module), function)

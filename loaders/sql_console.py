@@ -188,7 +188,7 @@ def _slot():
 
 def _entry():
     """The sandbox entry whose ``sql`` job runs a query (``loaders.sql_child``)."""
-    from loaders import sql_child
+    from loaders import sql_child  # here: only when a query runs
 
     return sql_child
 
@@ -197,7 +197,7 @@ def _run_child(request: dict, timeout_s: float) -> tuple[dict | None, bytes, str
     """The query job's status and Arrow stream (``None``, ``b""`` when its process died), the last
     of what the process printed, its exit status (None when it answered) and the wall time;
     killed at the deadline. A fresh sandbox child per query (``loaders.sql_child``)."""
-    from loaders import sandbox
+    from loaders import sandbox  # here: only when a query runs
 
     start = time.monotonic()
     box = sandbox.Sandbox(_entry(), stderr=subprocess.PIPE)

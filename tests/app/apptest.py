@@ -1,6 +1,7 @@
 """Run one dashboard page in Streamlit's AppTest, exactly as the navigation runs it."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
@@ -22,3 +23,9 @@ def page_test(name: str, query: dict | None = None, timeout: float = 60) -> AppT
     for key, value in (query or {}).items():
         at.query_params[key] = value
     return at
+
+
+def shown(markdown: str) -> str:
+    """What a reader sees of a Markdown text the pages escaped (``app.plain.md``): the text
+    without its backslash escapes."""
+    return re.sub(r"\\(.)", r"\1", markdown)

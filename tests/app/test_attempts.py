@@ -75,21 +75,21 @@ def test_an_analysis_that_failed_is_not_run_again_at_every_rerun(broken):
     _break(folder)
     at = page_test("inspector", {"ckpt": str(cid)}).run()
     assert not at.exception, at.exception
-    assert calls == ["compute_jobs"]
+    assert calls == ["analyze"]
     [error] = [e.value for e in at.error]
     assert "model.safetensors" in error, error
     assert not at.get("progress"), "the progress bar is removed when the analysis fails"
     at.run()
     at.toggle(key="insp_act").set_value(True).run()            # activations too: another analysis
-    assert calls == ["compute_jobs", "compute_jobs"]
+    assert calls == ["analyze", "analyze"]
     at.toggle(key="insp_act").set_value(False).run()
-    assert calls == ["compute_jobs", "compute_jobs"] and len(at.error) == 1
+    assert calls == ["analyze", "analyze"] and len(at.error) == 1
     at.button(key="retry_analysis").click().run()
-    assert calls == ["compute_jobs", "compute_jobs", "compute_jobs"]
+    assert calls == ["analyze", "analyze", "analyze"]
     tiny_gpt2(folder)
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    assert calls[3:] == ["compute_jobs", "spectra", "attention"] and "insp_heatmap" in figures(at)
+    assert calls[3:] == ["analyze", "spectra", "attention"] and "insp_heatmap" in figures(at)
 
 
 def test_compare_names_the_checkpoint_that_fails_once_and_compares_the_rest(tmp_path, monkeypatch):
@@ -110,7 +110,7 @@ def test_compare_names_the_checkpoint_that_fails_once_and_compares_the_rest(tmp_
     at = page_test("compare", {"a": "1", "b": "2", "tmetric": "kv_share_r2"}, timeout=240).run()
     assert not at.exception, at.exception
     # the pair analysed both (one failed); the run's view tried the broken one once more
-    assert calls == ["compute_jobs"] * 3
+    assert calls == ["analyze"] * 3
     errors = [e.value for e in at.error]
     assert len(errors) == 2 and all("step_200" in e and "model.safetensors" in e for e in errors), errors
     assert {"retry_compare_pair", "retry_compare_run"} <= {b.key for b in at.button}

@@ -15,7 +15,7 @@ from app.jobs import analyze
 from loaders.checkpoints import open_checkpoint
 from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
-from tests.app.apptest import page_test
+from tests.app.apptest import page_test, shown
 from tests.app.test_page_experiments import figures
 from tests.app.test_page_inspector import tiny_gpt2
 from tests.hostile.test_sandbox import _sparse_gpt2
@@ -119,6 +119,6 @@ def test_a_server_path_to_a_fifo_or_dev_zero_is_one_line_not_a_hang(tmp_path, mo
     at = page_test("inspector", {"src": "path", "path": str(target)}, timeout=120).run()
     at.button[0].click().run()                                            # Open
     assert not at.exception, at.exception
-    errors = [e.value for e in at.error]
+    errors = [shown(e.value) for e in at.error]
     assert len(errors) == 1 and errors[0].startswith(str(target)) and problem in errors[0], errors
     assert "\n" not in errors[0] and Store(db).checkpoints() == []

@@ -34,7 +34,8 @@ def test_own_trainer_q_eq_k_with_grouped_kv_heads_analyses(tmp_path, capsys, var
     assert out["notes"]["wq_condition"].startswith("degenerate where the stacked W_Q is singular")
     assert {r["metric"] for r in rows} | set(out["notes"]) == set(names("weights"))
     fixed = {r["metric"] for r in rows if r["degenerate"]}
-    expect = {"qk_symmetry", "qk_directionality", "wq_condition", "wq_basis_orth_defect"}
+    expect = {"qk_symmetry", "qk_directionality", "qk_symmetry_paper", "qk_directionality_paper", "wq_condition",
+              "wq_basis_orth_defect"}
     if variant == "q_eq_k_eq_v":
         expect |= {"kv_cka", "kv_share_r2", "kv_cosine_flat"}
     assert fixed == expect

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from loaders.store import Store, refresh_run_stats
-from tests.app.apptest import page_test
+from tests.app.apptest import page_test, shown
 
 #: (id, name, variant, weight decay); four runs, two variants.
 RUNS = [(1, "qkv-wd0.01", "qkv", 0.01), (2, "qkv-wd0.1", "qkv", 0.1),
@@ -147,7 +147,7 @@ def test_filters_narrow_the_curves_already_plotted(runs_db):
     at.multiselect(key="exp_variant").select("k_eq_v").run()
     names = [t["name"] for t in figures(at)["exp_curves"]["data"]]
     assert names == ["kv-wd0.01 (Q-K=V)", "kv-wd0.1 (Q-K=V)"]
-    assert at.caption[1].value.startswith("2 selected run(s) hidden by the search and filters: qkv-wd0.01")
+    assert shown(at.caption[1].value).startswith("2 selected run(s) hidden by the search and filters: qkv-wd0.01")
     at.text_input(key="exp_q").input("wd0.1").run()
     assert [t["name"] for t in figures(at)["exp_curves"]["data"]] == ["kv-wd0.1 (Q-K=V)"]
     assert at.multiselect(key="exp_runs").value == [1, 2, 3, 4]  # kept for when the filters are cleared
@@ -169,7 +169,7 @@ def test_url_reopens_the_same_view(runs_db):
 def test_url_values_it_cannot_use_are_named_in_one_line(runs_db):
     at = page_test("experiments", {"runs": "2,x,99", "s": "abc", "x": "epochs", "variant": "qkv,mqa"}).run()
     assert not at.exception
-    notes = [c.value for c in at.caption if c.value.startswith("Ignored in the URL")]
+    notes = [shown(c.value) for c in at.caption if c.value.startswith("Ignored in the URL")]
     assert notes == ["Ignored in the URL: variant='mqa' (no run shown has it).",
                      "Ignored in the URL: runs='x' (expected an integer); runs=99 (no such run); "
                      "x='epochs' (one of step, tokens, wall_time); s='abc' (expected a number)."]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.apptest import page_test
+from tests.app.apptest import page_test, shown
 from tests.projects_db import build_projects
 
 
@@ -21,7 +21,7 @@ def projects_db(projects_path, monkeypatch):
 
 
 def _sidebar_captions(at) -> list[str]:
-    return [c.value for c in at.sidebar.caption]
+    return [shown(c.value) for c in at.sidebar.caption]
 
 
 def test_overview_lists_projects_and_narrows_to_the_chosen(projects_db):
@@ -61,4 +61,4 @@ def test_results_notes_every_ignored_url_value(projects_db):
     at = page_test("results", {"project": "demo", "wd": "0.7", "stat": "median", "metrics": "val/loss,nope"}).run()
     assert not at.exception, at.exception
     assert ("Ignored in the URL: metrics='nope' (not logged by these runs); stat='median' (final or best); "
-            "wd='0.7' (no run has it).") in [c.value for c in at.caption]
+            "wd='0.7' (no run has it).") in [shown(c.value) for c in at.caption]

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from loaders.store import Store, refresh_run_stats
-from tests.app.apptest import page_test
+from tests.app.apptest import page_test, shown
 
 #: (id, name, variant, n_kv_heads, weight decay, seed, task, final val/loss, val/accuracy)
 RUNS = [(1, "qkv-s1", "qkv", 4, 0.1, 1, None, 2.0, 0.5), (2, "qkv-s2", "qkv", 4, 0.1, 2, None, 2.2, 0.6),
@@ -112,7 +112,7 @@ def test_url_keys_choose_metrics_statistic_weight_decay_and_costs(results_db):
 def test_url_sort_and_switch_values_it_cannot_use_are_named(results_db):
     at = page_test("results", {"metrics": "val/loss", "sort": "nope", "desc": "yes", "ppl": "2"}).run()
     assert not at.exception, at.exception
-    notes = [c.value for c in at.caption if c.value.startswith("Ignored in the URL")]
+    notes = [shown(c.value) for c in at.caption if c.value.startswith("Ignored in the URL")]
     assert notes == ["Ignored in the URL: ppl='2' (one of 0, 1).",
                      "Ignored in the URL: sort='nope' (not a column of this table); desc='yes' (one of 0, 1)."]
     assert at.toggle(key="res_ppl").value and not at.toggle(key="res_desc").value

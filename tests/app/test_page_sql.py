@@ -7,7 +7,7 @@ import urllib.parse
 import pytest
 
 from loaders.store import Store
-from tests.app.apptest import page_test
+from tests.app.apptest import page_test, shown
 
 
 def run_button(at):
@@ -52,7 +52,7 @@ def test_link_values_it_cannot_use_are_named(empty_db):
     at = page_test("sql", {"timeout": "abc", "rows": "5"}).run()
     assert not at.exception
     assert "Ignored in the URL: timeout='abc' (expected an integer); rows=5 (expected 10..1000000)." in [
-        c.value for c in at.caption]
+        shown(c.value) for c in at.caption]
     assert at.number_input[1].value == 10_000          # the default, not the link's 5
 
 

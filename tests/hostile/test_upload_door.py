@@ -12,6 +12,7 @@ every bomb through the same functions.
 """
 from __future__ import annotations
 
+import io
 import json
 import resource
 from pathlib import Path
@@ -69,8 +70,9 @@ BOMBS = {"zero_stride": _zero_stride, "billion_laughs_side_data": _laughs_side,
 
 
 def _upload(store: Store, files: list[Path], reader: Sandbox) -> int:
-    """What ``_from_upload`` does with the browser's files (name, bytes)."""
-    uploaded = [(p.name, p.read_bytes()) for p in files]
+    """What ``_from_upload`` does with the browser's files (name, a readable file as Streamlit's
+    ``UploadedFile`` is)."""
+    uploaded = [(p.name, io.BytesIO(p.read_bytes())) for p in files]
     holder, dest = pickers.upload_folder(upload_names(uploaded))
     try:
         target = save_uploads(uploaded, dest)
