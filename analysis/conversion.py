@@ -353,13 +353,7 @@ def absorb_query(layer):
     Exact for the layer; a whole model needs ``x~`` as every such layer's input, which a model
     without norms gets by a change of basis of the residual stream (one ``A`` for all layers),
     and a model with norms only for the orthogonal part of ``A`` (``polar_remainder``)."""
-    if layer.W_Q is None:
-        raise ConversionError(f"layer {layer.layer}: the query is the identity slice already")
-    h, d, dh = layer.W_Q.shape
-    if h * dh != d:
-        raise ConversionError(f"layer {layer.layer}: n_heads * d_head = {h * dh} is not d_model = {d}: "
-                              "the stacked W_Q is not square")
-    a = _d(layer.W_Q).permute(1, 0, 2).reshape(d, h * dh)                         # [d, H dh]
+    a = stacked_query(layer)                                                       # [d, H dh]
     bq = None if layer.b_Q is None else _d(layer.b_Q).reshape(-1)                  # [H dh]
 
     def through(w, b):                                                            # [g, d, dh]

@@ -3,20 +3,8 @@
 Every checkpoint layout is converted into this one form. Naming and shapes follow
 TransformerLens; ``x`` is a row vector and head ``h``'s query is ``x @ W_Q[h]``.
 
-Per layer:
-
-=========  ==============================  =============================================
-name       shape                           note
-=========  ==============================  =============================================
-``W_Q``    ``[n_heads, d_model, d_head]``  ``None``: the identity slice, or see ``query_module``
-``W_K``    ``[n_kv_heads, d_model, d_head]``  kept at n_kv_heads; expand only on purpose
-``W_V``    ``[n_kv_heads, d_model, d_head]``
-``W_O``    ``[n_heads, d_head, d_model]``
-``b_Q``    ``[n_heads, d_head]`` or None
-``b_K``    ``[n_kv_heads, d_head]`` or None
-``b_V``    ``[n_kv_heads, d_head]`` or None
-``b_O``    ``[d_model]`` or None
-=========  ==============================  =============================================
+Per layer, the tensors of ``analysis.layer.AttentionWeights`` (its docstring gives their
+names and shapes).
 
 Tied variants keep every tensor present so that formulas apply uniformly:
 ``q_eq_k`` has ``W_Q`` equal to ``W_K`` (expanded to n_heads when n_kv_heads <
