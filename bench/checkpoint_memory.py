@@ -160,12 +160,15 @@ def peak_rss(code: str, argv: list[str]) -> tuple[int, float]:
         return int(hwm.read_text()), secs
 
 
-#: The reading child started and closed with no request: its peak is its own imports, the
+#: The reading child started by one request that reads nothing, then closed: its peak is its own imports, the
 #: baseline of ``info``'s row.
 CHILD_IDLE = """
+import sys
+from pathlib import Path
+
 from loaders.sandbox import Sandbox as Reader
 with Reader() as r:
-    r.warm([])
+    r.kind_of(Path(sys.executable).parent / "no-such-file")   # starts the child, classifies nothing
 """
 
 #: ``python -m app info FOLDER --json``, run as the module so the prelude applies.
