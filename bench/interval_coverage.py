@@ -186,6 +186,10 @@ def wd_coverage(seeds: int, *, reps: int, seed: int = 0) -> dict[str, float]:
     return out
 
 
+#: Replicates from which a coverage row is judged against 0.9 (binomial sd at 0.95: 0.015 at 200).
+MIN_JUDGED = 100
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -217,6 +221,16 @@ def main() -> None:
                   f"width {v['width']:.4f}  population {v['population']:.4f}")
     for k, v in wd.items():
         print(f"{k} seeds: " + "  ".join(f"{name} {val:.3f}" for name, val in v.items()))
+    # one row per activation metric and d_head for bench/run_all.py: coverage is judged only
+    # where the replicates are enough to tell 0.9 from 0.95
+    judged = reps >= MIN_JUDGED
+    for e, rows in act.items():
+        for m, v in rows.items():
+            row = {"bench": "interval_coverage", "measured": f"coverage of the 95% interval of {m}, d_head {e}",
+                   "figure": f"{v['coverage']:.3f} ({reps} replicates)", "against": "the population value",
+                   "target": ">= 0.9" if judged else f"- ({reps} replicates: too few to judge)",
+                   "result": ("pass" if v["coverage"] >= 0.9 else "fail") if judged else "-"}
+            print("BENCH_ROW " + json.dumps(row))
 
 
 if __name__ == "__main__":
