@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -113,3 +114,21 @@ class ForkedCli:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def address_space(limit: int):
+    """A ``preexec_fn`` that caps the driver's address space (``RLIMIT_AS``) at ``limit`` bytes;
+    the commands forked from it inherit the cap."""
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return apply
+
+
+def module_driver(drivers: list[ForkedCli], tmp_path_factory, preexec_fn=None):
+    """The body of a module-scoped fixture: one driver for the module's tests, kept on
+    ``drivers`` (the module's own list, so its helpers reach it) and closed afterwards."""
+    drivers.append(ForkedCli(tmp_path_factory.mktemp("cli"), preexec_fn=preexec_fn))
+    try:
+        yield drivers[-1]
+    finally:
+        drivers.pop().close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import shutil
 import struct
 import subprocess
@@ -26,16 +25,13 @@ from loaders.errors import CheckpointFormatError
 from loaders.ingest import ingest_paths
 from loaders.sources import SafetensorsSource, TorchSource, content_hash
 from loaders.store import Store
-from tests.forked_cli import ForkedCli
+from tests.forked_cli import ForkedCli, address_space, module_driver
 
 AS_LIMIT = 4 << 30
 TIMEOUT_S = 60
 
 
-def _limit() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-
-
+_limit = address_space(AS_LIMIT)
 _CLI: list[ForkedCli] = []
 
 
@@ -43,9 +39,7 @@ _CLI: list[ForkedCli] = []
 def forked_cli(tmp_path_factory):
     """One process under the address-space limit that imported the CLI; each command is forked
     from it (tests/forked_cli.py)."""
-    _CLI.append(ForkedCli(tmp_path_factory.mktemp("cli"), preexec_fn=_limit))
-    yield _CLI[-1]
-    _CLI.pop().close()
+    yield from module_driver(_CLI, tmp_path_factory, _limit)
 
 
 def cli(*args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import socket
 import struct
 import subprocess
@@ -25,7 +24,7 @@ import torch
 
 from loaders.ingest import ingest_paths
 from loaders.store import Store
-from tests.forked_cli import ForkedCli
+from tests.forked_cli import ForkedCli, address_space, module_driver
 from tests.hostile.corpus import _weights, errors_only
 
 GOOD_LOG = "step,metric,value\n0,train_loss,4.0\n10,train_loss,3.5\n"
@@ -33,10 +32,7 @@ DEEP = 100_000
 LIMIT_AS = 4 << 30
 
 
-def _limit() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_AS, LIMIT_AS))
-
-
+_limit = address_space(LIMIT_AS)
 _CLI: list[ForkedCli] = []
 
 
@@ -44,9 +40,7 @@ _CLI: list[ForkedCli] = []
 def forked_cli(tmp_path_factory):
     """One process under the address-space limit that imported the CLI; each command is forked
     from it (tests/forked_cli.py)."""
-    _CLI.append(ForkedCli(tmp_path_factory.mktemp("cli"), preexec_fn=_limit))
-    yield _CLI[-1]
-    _CLI.pop().close()
+    yield from module_driver(_CLI, tmp_path_factory, _limit)
 
 
 def cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
