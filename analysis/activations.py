@@ -137,7 +137,7 @@ from analysis._linalg import as_float32, small_eigh, small_eigvalsh, spectrum_st
 from analysis.errors import AnalysisError
 from analysis.intervals import jackknife, t_quantile
 from analysis.plugins import activation_values
-from analysis.registry import BY_NAME, RESULT_COLUMNS
+from analysis.registry import BY_NAME, PAIR_COLUMNS, RESULT_COLUMNS
 from analysis.weights import LayerLike, MetaLike, check_geometry, default_device
 
 #: Tokens per column a metric needs before its sampling bias is small.
@@ -479,10 +479,10 @@ class ActivationAccumulator:
             for i, hd in enumerate(heads):
                 label = f"L{self.layer}" if hd is None else f"L{self.layer}{lab}{hd}"
                 rows.append((self.layer, hd, label, metric, flat[i], chance[m], n, flo[i], fhi[i], *band[m],
-                             pd.NA, metric in fixed, p_value(flat[i], nulls[m].tolist())))
+                             pd.NA, metric in fixed, pd.NA, pd.NA, p_value(flat[i], nulls[m].tolist())))
         df = pd.DataFrame(rows, columns=RESULT_COLUMNS + ["p_null"])
-        df["head"] = df["head"].astype("Int64")
-        df["n_tokens"] = df["n_tokens"].astype("Int64")
+        for col in ("head", "n_tokens", *PAIR_COLUMNS):
+            df[col] = df[col].astype("Int64")
         df["above_chance"] = df["above_chance"].astype("boolean")
         df["degenerate"] = df["degenerate"].astype(bool)
         return df, notes

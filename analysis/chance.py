@@ -65,7 +65,7 @@ from analysis import registry
 from analysis.above_chance import p_value
 from analysis.degenerate import add_note
 from analysis.errors import AnalysisError
-from analysis.registry import COLUMNS, RESULT_COLUMNS
+from analysis.registry import COLUMNS, PAIR_COLUMNS, RESULT_COLUMNS, with_pair_columns
 from analysis.layer import AttentionWeights
 # the closed forms live beside their formulas (analysis.metrics); these two are named here too
 from analysis.metrics.query_absorb import square_condition_median, square_orth_defect_mean  # noqa: F401
@@ -302,7 +302,7 @@ def attach_weight_chance(frame: pd.DataFrame, meta: MetaLike, *, query_free: boo
         for m, w, how in zip(table["metric"], table["whole"], table["how"]):
             if m in shown and "not stable" in how:
                 add_note(notes, m, f"chance level{' per layer' if w else ' per head'}: {how}")
-    out = frame[COLUMNS].copy()
+    out = with_pair_columns(frame[COLUMNS + [c for c in PAIR_COLUMNS if c in frame.columns]])
     whole = out["head"].isna().tolist()
     found = [lookup.get((m, w), (math.nan, math.nan, math.nan, ())) for m, w in zip(out["metric"], whole)]
     for i, col in enumerate(("chance", "chance_low", "chance_high")):

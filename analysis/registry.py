@@ -11,7 +11,12 @@ bug (a test checks it).
 * ``axis``: ``head`` (one value per query head), ``kv_head`` (per kv head),
   ``layer`` (``head`` is None: the whole layer) or ``head+layer`` (both). The
   K and V spectra (``erank_k``, ... ``energy_rank99_v``) are ``kv_head`` and
-  also have a whole-layer row (``head`` None) for grouped-query models.
+  also have a whole-layer row (``head`` None) for grouped-query models. Pairs:
+  ``head_pair`` / ``kv_head_pair`` (a weight ``compute`` returns the layer's
+  ``[n, n]`` matrix over its query / kv heads; rows ``(layer, head, head2)`` for
+  ``head2 != head``: the diagonal is no pair) and ``layer_pair`` (one value per
+  pair of layers, rows ``(layer, layer2)`` with ``head`` NA; computed over the
+  whole model, not by the per-layer ``compute``).
 * ``direction``: which way a value reads as *more redundant*, in the words of
   ``analysis.directions``: ``max`` (higher: K and V alike, M symmetric), ``min``
   (lower: fewer directions used, W_Q closer to absorbable), ``none`` (neither:
@@ -79,11 +84,18 @@ COLUMNS = ["layer", "head", "head_label", "metric", "value"]
 #: Benjamini-Hochberg false discovery rate of 5% over the metric's heads (``analysis.above_chance``;
 #: NA where it is not tested); ``degenerate``: the value is fixed by construction, not measured
 #: (``analysis.degenerate``; the notes say why).
+#: ``layer2``/``head2``: the second member of a pair (axes ``layer_pair``, ``head_pair``,
+#: ``kv_head_pair``; NA on every other row): a cross-layer value is the row ``(layer, layer2)``
+#: with ``head`` NA, a cross-head value the row ``(layer, head, head2)``.
+PAIR_COLUMNS = ["layer2", "head2"]
 RESULT_COLUMNS = COLUMNS + ["chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high",
-                            "above_chance", "degenerate"]
+                            "above_chance", "degenerate"] + PAIR_COLUMNS
 
 LEVELS = ("weights", "activations")
-AXES = ("head", "kv_head", "layer", "head+layer")
+AXES = ("head", "kv_head", "layer", "head+layer", "head_pair", "kv_head_pair", "layer_pair")
+#: The axes whose rows are pairs (``PAIR_COLUMNS``): ``head_pair`` (query heads ``h``, ``h2`` of one
+#: layer), ``kv_head_pair`` (kv heads of one layer), ``layer_pair`` (layers ``l``, ``l2``).
+PAIR_AXES = ("head_pair", "kv_head_pair", "layer_pair")
 #: ``direction``: a higher (``max``) or lower (``min``) value is more redundant, or ``none``.
 DIRECTIONS = ("max", "min", "none")
 #: ``chance`` rules each level knows (module docstring).
@@ -204,6 +216,14 @@ def head_metrics() -> list[str]:
     """Metrics with a value per head (``PER_HEAD_AXES``), in registry order, plugins included
     (called when a page renders, so a metric registered after import is listed)."""
     return [m.name for m in METRICS if m.axis in PER_HEAD_AXES]
+
+
+def with_pair_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with ``PAIR_COLUMNS`` as nullable Int64 (NA where it had none); a copy."""
+    out = frame.copy()
+    for col in PAIR_COLUMNS:
+        out[col] = pd.array(out[col] if col in out.columns else [pd.NA] * len(out), dtype="Int64")
+    return out
 
 
 def describe() -> pd.DataFrame:

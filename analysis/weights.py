@@ -9,8 +9,9 @@ whose W_Q metrics are then absent with a note naming it), e.g. ``loaders.canonic
 ``analysis`` does not import ``loaders``, the two meet structurally.
 
 It returns ``(frame, notes)``: ``frame`` has the columns ``layer, head,
-head_label, metric, value`` (``head`` None for whole-layer values; kv-head
-metrics are labelled ``L{l}KV{g}``) and ``degenerate`` (the value is fixed by a
+head_label, metric, value, layer2, head2`` (``head`` None for whole-layer values; kv-head
+metrics are labelled ``L{l}KV{g}``; ``head2`` set on the rows of a head pair, labelled
+``L{l}H{h}-H{h2}``) and ``degenerate`` (the value is fixed by a
 rank-deficient ``W_K[g]`` or a singular stacked W_Q, ``analysis.degenerate``), ``notes`` maps each metric that does not
 exist for this model to the reason. Each metric is a registered ``compute``
 (``analysis.registry``): the built-in families declare theirs in ``analysis/metrics/``
@@ -53,7 +54,7 @@ from analysis import registry
 from analysis.degenerate import add_note
 from analysis.errors import AnalysisError
 from analysis.layer import AttentionWeights, Geometry
-from analysis.registry import COLUMNS, Absent, Values, check_plugins
+from analysis.registry import COLUMNS, PAIR_COLUMNS, Absent, Values, check_plugins
 
 #: The canonical layer (``analysis.layer``) and the geometry a layer's metrics read.
 LayerLike = AttentionWeights
@@ -97,9 +98,21 @@ class _Rows:
     def whole(self, metric: str, value: float) -> None:
         self.rows.append((self.layer, None, f"L{self.layer}", metric, float(value)))
 
+    def pairs(self, metric: str, values: torch.Tensor, *, kv: bool = False) -> None:
+        """``values`` ``[n, n]`` over the layer's (kv) heads as rows ``(layer, head, head2)``, ``head2 !=
+        head``: a head with itself is no pair (its value is fixed, and would widen the null band)."""
+        tag = "KV" if kv else "H"
+        for h, row in enumerate(values.tolist()):
+            for h2, v in enumerate(row):
+                if h2 == h:
+                    continue
+                self.rows.append((self.layer, h, f"L{self.layer}{tag}{h}-{tag}{h2}", metric, float(v), None, h2))
+
     def frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(self.rows, columns=COLUMNS)
-        df["head"] = df["head"].astype("Int64")
+        df = pd.DataFrame([r if len(r) == 7 else (*r, None, None) for r in self.rows],
+                          columns=COLUMNS + PAIR_COLUMNS)
+        for col in ("head", *PAIR_COLUMNS):
+            df[col] = df[col].astype("Int64")
         df["degenerate"] = [(m, None if pd.isna(h) else int(h)) in self.degenerate
                             for m, h in zip(df["metric"], df["head"])]
         return df
@@ -122,8 +135,9 @@ def weight_metrics(layer: LayerLike, meta: MetaLike, *, device: str | torch.devi
     check_geometry(layer, meta)
     dev = torch.device(device or default_device())
     skip = frozenset(skip)
-    todo = registry.computed("weights")
-    unknown = sorted(skip - {p.metric.name for p in todo})
+    # a layer_pair metric reads every layer at once: the model-level pass computes it, not this one
+    todo = [p for p in registry.computed("weights") if p.metric.axis != "layer_pair"]
+    unknown = sorted(skip - {p.metric.name for p in registry.computed("weights")})
     if unknown:
         raise AnalysisError(f"weight_metrics: cannot skip {unknown}: not registered weight metrics")
     check_plugins()
@@ -158,6 +172,12 @@ def _values(metric: str, got, count: int, what: str) -> torch.Tensor:
 
 def _add_values(out: _Rows, m, got, meta: MetaLike) -> None:
     """A ``compute``'s return as rows by the metric's axis (``registry.Plugin``)."""
+    if m.axis in ("head_pair", "kv_head_pair"):
+        kv = m.axis == "kv_head_pair"
+        n = meta.n_kv_heads if kv else meta.n_heads
+        vals = _values(m.name, got, n * n, f"an [{n}, {n}] matrix over the layer's {'kv ' if kv else ''}heads")
+        out.pairs(m.name, vals.reshape(n, n), kv=kv)
+        return
     if isinstance(got, Values):
         per_head, whole = got
     else:

@@ -218,8 +218,9 @@ def analysis_results(store: Store, checkpoint_id: int, metric_version: int) -> p
     ``analyze`` stores and reads too: rows of another version are not shown as current).
 
     Returns ``layer, head, metric, value, metric_version, chance, n_tokens,
-    ci_low, ci_high, chance_low, chance_high, above_chance, degenerate`` (head
-    NULL: whole layer; layer NULL: whole model), sorted by metric, layer, head.
+    ci_low, ci_high, chance_low, chance_high, above_chance, degenerate, layer2, head2`` (head
+    NULL: whole layer; layer NULL: whole model; ``layer2``/``head2``: the pair's second layer
+    or head, NULL but on a pair metric's rows), sorted by metric, layer, head, layer2, head2.
     ``chance`` is the value independent projections of the same shapes give and
     ``chance_low, chance_high`` its null band; ``n_tokens`` and the 95% interval
     ``ci_low, ci_high`` are set for activation metrics only (NULL for weight
@@ -228,10 +229,10 @@ def analysis_results(store: Store, checkpoint_id: int, metric_version: int) -> p
     """
     sql = """
     SELECT layer, head, metric, value, metric_version, chance, n_tokens, ci_low, ci_high, chance_low, chance_high,
-           above_chance, coalesce(degenerate, false) AS degenerate FROM analysis_results
+           above_chance, coalesce(degenerate, false) AS degenerate, layer2, head2 FROM analysis_results
     WHERE checkpoint_id = $id
       AND metric_version = $v
-    ORDER BY metric, layer NULLS FIRST, head NULLS FIRST
+    ORDER BY metric, layer NULLS FIRST, head NULLS FIRST, layer2 NULLS FIRST, head2 NULLS FIRST
     """
     with store.connect() as con:
         return con.execute(sql, {"id": int(checkpoint_id), "v": int(metric_version)}).df()
@@ -241,8 +242,10 @@ def results_over_checkpoints(store: Store, checkpoint_ids, metric_version: int, 
     """Stored results of several checkpoints with their step and run.
 
     Returns ``checkpoint_id, run_id, step, layer, head, metric, value, chance,
-    n_tokens, ci_low, ci_high`` (as ``analysis_results``) at ``metric_version``;
-    ``metrics`` restricts the names.
+    n_tokens, ci_low, ci_high, chance_low, chance_high, above_chance, degenerate``
+    (as ``analysis_results``) at ``metric_version``; ``metrics`` restricts the names.
+    Rows of pairs (``layer2``/``head2`` set) are not among them: a value over steps is
+    one layer's or head's.
     """
     ids = _ids(checkpoint_ids)
     if not ids:
@@ -255,6 +258,7 @@ def results_over_checkpoints(store: Store, checkpoint_ids, metric_version: int, 
            coalesce(a.degenerate, false) AS degenerate
     FROM analysis_results a JOIN checkpoints c ON c.id = a.checkpoint_id
     WHERE a.checkpoint_id IN (SELECT unnest($ids)) AND a.metric_version = $v{metric_filter}
+      AND a.layer2 IS NULL AND a.head2 IS NULL
     ORDER BY c.step NULLS LAST, a.checkpoint_id, a.metric, a.layer, a.head
     """
     params: dict = {"ids": ids, "v": int(metric_version)}
@@ -265,18 +269,21 @@ def results_over_checkpoints(store: Store, checkpoint_ids, metric_version: int, 
 
 
 def head_difference(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Per (metric, layer, head): the values of two checkpoints and ``b - a``.
+    """Per (metric, layer, head, layer2, head2): the values of two checkpoints and ``b - a``.
 
-    Inputs are ``analysis_results`` frames; only cells present in both are kept.
-    Returns ``metric, layer, head, a, b, diff`` and each side's ``chance_a, chance_b,
+    Inputs are ``analysis_results`` frames; only cells present in both are kept (a pair's
+    second layer or head is part of the cell).
+    Returns ``metric, layer, head, layer2, head2, a, b, diff`` and each side's ``chance_a, chance_b,
     n_tokens_a, n_tokens_b, ci_low_a, ci_high_a, ci_low_b, ci_high_b`` (NaN where an
     input has none).
     """
-    keys = ["metric", "layer", "head"]
+    keys = ["metric", "layer", "head", "layer2", "head2"]
 
     def side(frame: pd.DataFrame, name: str) -> pd.DataFrame:
         extras = {c: frame[c] if c in frame.columns else np.nan for c in RESULT_EXTRAS}
-        return frame[keys + ["value"]].assign(**extras).rename(
+        pairs = {c: pd.array(frame[c] if c in frame.columns else [pd.NA] * len(frame), dtype="Int64")
+                 for c in ("layer2", "head2")}
+        return frame[keys[:3] + ["value"]].assign(**pairs, **extras).rename(
             columns={"value": name, **{c: f"{c}_{name}" for c in RESULT_EXTRAS}})
 
     merged = side(a, "a").merge(side(b, "b"), on=keys, how="inner")

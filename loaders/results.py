@@ -9,7 +9,8 @@ so the delete-and-insert is written once. ``loaders`` imports neither
 come in as arguments.
 
 Each row: ``layer, head, metric, value, chance, n_tokens, ci_low, ci_high,
-chance_low, chance_high, above_chance, degenerate`` (``RESULT_FIELDS``).
+chance_low, chance_high, above_chance, degenerate, layer2, head2`` (``RESULT_FIELDS``;
+``layer2``/``head2``: the second layer or head of a pair metric's row, NULL on every other row).
 Non-finite values, chance levels and bands are stored as NULL (the notes say
 why); ``n_tokens``, ``ci_low``, ``ci_high`` are NULL for weight metrics;
 ``above_chance`` is NULL where nothing was tested; ``degenerate`` is never NULL
@@ -27,9 +28,10 @@ from loaders.store import Store
 
 #: The stored columns of one result row, in order.
 RESULT_FIELDS = ("layer", "head", "metric", "value", "chance", "n_tokens", "ci_low", "ci_high", "chance_low",
-                 "chance_high", "above_chance", "degenerate")
+                 "chance_high", "above_chance", "degenerate", "layer2", "head2")
 #: The SQL type of each optional column a Parquet file may lack (written by an older qkvscope).
-_MISSING_TYPE = {"n_tokens": "BIGINT", "above_chance": "BOOLEAN", "degenerate": "BOOLEAN"}
+_MISSING_TYPE = {"n_tokens": "BIGINT", "above_chance": "BOOLEAN", "degenerate": "BOOLEAN", "layer2": "INTEGER",
+                 "head2": "INTEGER"}
 
 
 @dataclass
@@ -54,8 +56,9 @@ def _as_rows(frame: pd.DataFrame) -> pd.DataFrame:
     for col in ("value", "chance", "ci_low", "ci_high", "chance_low", "chance_high"):
         out[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64") if col in frame.columns \
             else float("nan")
-    out["n_tokens"] = (pd.to_numeric(frame["n_tokens"], errors="coerce").astype("Int64")
-                       if "n_tokens" in frame.columns else pd.array([pd.NA] * len(frame), dtype="Int64"))
+    for col in ("n_tokens", "layer2", "head2"):
+        out[col] = (pd.to_numeric(frame[col], errors="coerce").astype("Int64")
+                    if col in frame.columns else pd.array([pd.NA] * len(frame), dtype="Int64"))
     out["above_chance"] = pd.array(frame["above_chance"] if "above_chance" in frame.columns
                                    else [pd.NA] * len(frame), dtype="boolean")
     out["degenerate"] = (frame["degenerate"].fillna(False).astype(bool) if "degenerate" in frame.columns
@@ -67,7 +70,8 @@ _FINITE = "CASE WHEN isfinite({0}) THEN {0} ELSE NULL END"
 _INSERT = (f"INSERT INTO analysis_results (checkpoint_id, {', '.join(RESULT_FIELDS)}, metric_version) "
            f"SELECT ?, layer, head, metric, {_FINITE.format('value')}, {_FINITE.format('chance')}, n_tokens, "
            f"{_FINITE.format('ci_low')}, {_FINITE.format('ci_high')}, {_FINITE.format('chance_low')}, "
-           f"{_FINITE.format('chance_high')}, above_chance, coalesce(degenerate, false), ? FROM {{source}}")
+           f"{_FINITE.format('chance_high')}, above_chance, coalesce(degenerate, false), layer2, head2, ? "
+           f"FROM {{source}}")
 
 
 def replace_results(con: duckdb.DuckDBPyConnection, *, checkpoint_id: int, kind: str, metrics: list[str],
@@ -150,7 +154,8 @@ def current_job(store: Store, *, checkpoint_id: int, kind: str, metrics: list[st
         if rows:
             frame = con.execute(
                 f"SELECT {', '.join(RESULT_FIELDS)} FROM analysis_results WHERE checkpoint_id = ? "
-                "AND metric_version = ? AND list_contains(?, metric) ORDER BY layer, metric, head NULLS FIRST",
+                "AND metric_version = ? AND list_contains(?, metric) "
+                "ORDER BY layer, metric, head NULLS FIRST, layer2 NULLS FIRST, head2 NULLS FIRST",
                 [checkpoint_id, metric_version, list(metrics)]).df()
             with_rows = set(frame["metric"])
         else:

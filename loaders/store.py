@@ -287,6 +287,12 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "DROP TABLE points_lean",
         "ALTER TABLE points_full RENAME TO points",
     ]),
+    (12, [
+        # Metrics of pairs: a cross-layer value is the row (layer, layer2) with head NULL, a
+        # cross-head value the row (layer, head, head2); NULL on every other row.
+        "ALTER TABLE analysis_results ADD COLUMN layer2 INTEGER",
+        "ALTER TABLE analysis_results ADD COLUMN head2 INTEGER",
+    ]),
 ]
 
 def refresh_run_stats(con: duckdb.DuckDBPyConnection, run_ids) -> None:

@@ -57,6 +57,8 @@ def _result_frame(frame: pd.DataFrame, spec: TaskSpec) -> pd.DataFrame:
                                  else [pd.NA] * len(frame), dtype="boolean"),
         "degenerate": (frame["degenerate"].fillna(False).astype(bool).to_numpy() if "degenerate" in frame.columns
                        else [False] * len(frame)),
+        **{c: pd.array(frame[c] if c in frame.columns else [pd.NA] * len(frame), dtype="Int32")
+           for c in ("layer2", "head2")},
     })
 
 

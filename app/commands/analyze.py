@@ -10,7 +10,8 @@ models); where none is possible the notes say why.
 
 JSON (--json): {"checkpoint": {...}, "metrics": [{"layer", "head", "metric",
 "value", "chance", "chance_low", "chance_high", "above_chance", "degenerate"}
-(activation rows also "n_tokens", "ci_low", "ci_high")...],
+(activation rows also "n_tokens", "ci_low", "ci_high"; rows of a pair metric also
+"layer2" (a pair of layers) or "head2" (a pair of heads of "layer"))...],
 "notes": {metric: why absent or what to mind}, "cached": bool, "tied":
 {"variant", "layout_variant", "agree", "layers": [...]}, "sample" (with
 --activations): {"text", "tokens", "n_tokens", "windows", "window",
@@ -198,6 +199,9 @@ def _row(row) -> dict:
            "chance_low": _number(row.chance_low), "chance_high": _number(row.chance_high),
            "above_chance": None if pd.isna(row.above_chance) else bool(row.above_chance),
            "degenerate": bool(row.degenerate)}
+    for col in ("layer2", "head2"):             # a pair's second layer or head (registry.PAIR_COLUMNS)
+        if not pd.isna(getattr(row, col, pd.NA)):
+            out[col] = int(getattr(row, col))
     if BY_NAME[row.metric].level == "activations":
         out |= {"n_tokens": None if pd.isna(row.n_tokens) else int(row.n_tokens),
                 "ci_low": _number(row.ci_low), "ci_high": _number(row.ci_high)}

@@ -100,7 +100,7 @@ def test_direction_picks_the_most_redundant_value():
 # -- the rows are checked ----------------------------------------------------------------------
 @pytest.mark.parametrize("kw, message", [
     (dict(level="weight"), "metric 'toy': level must be one of weights, activations, found 'weight'"),
-    (dict(axis="heads"), "metric 'toy': axis must be one of head, kv_head, layer, head+layer, found 'heads'"),
+    (dict(axis="heads"), "metric 'toy': axis must be one of head, kv_head, layer, head+layer, head_pair, kv_head_pair, layer_pair, found 'heads'"),
     (dict(direction="higher"), "metric 'toy': direction must be one of max, min, none, found 'higher'"),
     (dict(rule="random_projection"),
      "metric 'toy': chance must be one of closed, monte_carlo, none, found 'random_projection'"),
@@ -175,6 +175,29 @@ def test_weight_plugin_axes(plugged, axis, got, rows):
         hit = toy[toy["head_label"] == label]
         assert len(hit) == 1 and hit["value"].iloc[0] == value
         assert (pd.isna(hit["head"].iloc[0]) if head is None else hit["head"].iloc[0] == head)
+
+
+def test_weight_plugin_head_pairs_are_rows_with_head2_and_layer_pairs_are_not_per_layer(plugged):
+    """A head_pair compute returns the layer's [n, n] matrix: rows (layer, head, head2); a kv_head_pair
+    one [g, g]; a layer_pair metric is not computed layer by layer (the model-level pass does)."""
+    m = meta(h=4, g=2)
+    plugged(row("toy_pairs", axis="head_pair", rule="none", chance_help="none: a toy"),
+            lambda lay, meta_, dev: torch.arange(16.0).reshape(4, 4))
+    plugged(row("toy_kv_pairs", axis="kv_head_pair", rule="none", chance_help="none: a toy"),
+            lambda lay, meta_, dev: torch.eye(2))
+    plugged(row("toy_layers", axis="layer_pair", rule="none", chance_help="none: a toy"),
+            lambda lay, meta_, dev: pytest.fail("a layer_pair metric ran per layer"))
+    frame, _ = weight_metrics(layer(m, index=2), m, device="cpu")
+    toy = frame[frame["metric"] == "toy_pairs"]
+    assert len(toy) == 12 and toy["layer2"].isna().all() and (toy["head"] != toy["head2"]).all()  # no diagonal
+    hit = toy[toy["head_label"] == "L2H1-H3"]
+    assert (hit["head"].iloc[0], hit["head2"].iloc[0], hit["value"].iloc[0]) == (1, 3, 7.0)
+    kv = frame[frame["metric"] == "toy_kv_pairs"]
+    assert kv["head_label"].tolist() == ["L2KV0-KV1", "L2KV1-KV0"] and kv["value"].tolist() == [0.0, 0.0]
+    assert "toy_layers" not in set(frame["metric"])
+    assert frame.loc[frame["metric"] != "toy_pairs", "head2"].notna().sum() == 2   # only the kv pairs
+    rows = attach_weight_chance(frame, m, query_free=False, device="cpu")
+    assert rows.loc[rows["metric"] == "toy_pairs", "head2"].tolist() == [1, 2, 3, 0, 2, 3, 0, 1, 3, 0, 1, 2]
 
 
 def test_weight_plugin_closed_form_and_absent_and_wrong_count(plugged):

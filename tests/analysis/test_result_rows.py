@@ -18,7 +18,7 @@ def test_round_trip_through_json():
         "chance_low": [0.4, None], "chance_high": [0.6, None], "above_chance": pd.array([True, None], dtype="boolean"),
         "degenerate": [False, True]})
     rows = json.loads(json.dumps(json_rows(frame)))                      # what a child sends
-    assert rows[1] == [1, None, "L1", "erank_o", None, None, None, None, None, None, None, None, True]
+    assert rows[1] == [1, None, "L1", "erank_o", None, None, None, None, None, None, None, None, True, None, None]
     back = rows_frame(rows)
     assert list(back.columns) == RESULT_COLUMNS
     assert back["above_chance"].dtype == "boolean" and back["above_chance"].tolist()[0] is True
@@ -29,3 +29,17 @@ def test_round_trip_through_json():
                                                          "float64", "float64"]
     assert back.loc[0, "value"] == 0.25 and back.loc[0, "head"] == 2 and back.loc[0, "n_tokens"] == 4096
     assert math.isnan(back.loc[1, "value"]) and back["head"].isna().tolist() == [False, True]
+
+
+def test_a_pair_row_keeps_its_second_layer_or_head():
+    frame = pd.DataFrame({"layer": [3, 2], "head": pd.array([1, None], dtype="Int64"),
+                          "head_label": ["L3H1-H0", "L2-L0"], "metric": ["xhead_sim_k", "xlayer_cka_wk"],
+                          "value": [0.5, 0.75], "degenerate": [False, False],
+                          "layer2": pd.array([None, 0], dtype="Int64"), "head2": pd.array([0, None], dtype="Int64")})
+    for col in RESULT_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = None
+    rows = json.loads(json.dumps(json_rows(frame)))
+    assert [r[-2:] for r in rows] == [[None, 0], [0, None]]
+    back = rows_frame(rows)
+    assert back["head2"].dtype == "Int64" and back["head2"].tolist()[0] == 0 and back["layer2"].tolist()[1] == 0

@@ -204,7 +204,7 @@ def test_results_readers_carry_chance_tokens_and_interval(tmp_path):
     one = curves.analysis_results(store, 1, 3)
     assert list(one.columns) == ["layer", "head", "metric", "value", "metric_version",
                                  "chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high",
-                                 "above_chance", "degenerate"]
+                                 "above_chance", "degenerate", "layer2", "head2"]
     act = one[one["metric"] == "kv_cka_act"].iloc[0]
     assert (act["chance"], act["n_tokens"], act["ci_low"], act["ci_high"]) == (0.2, 4096, 0.55, 0.65)
     w = one[one["metric"] == "kv_share_r2"]
@@ -353,3 +353,26 @@ def test_metric_curves_read_ingested_logs_and_runs_stored_backwards_in_step_orde
     assert [names[r] for r, _ in curves.metric_curves(store, "val/loss", some)] == ["run0", "run3"]
     backwards = _store_with_points(tmp_path / "b", [(7, s, "m", float(s), None, None) for s in (3, 2, 1, 0)])
     assert [(r, v.tolist()) for r, v in curves.metric_curves(backwards, "m")] == [(7, [0.0, 1.0, 2.0, 3.0])]
+
+
+def test_pair_rows_are_cells_of_their_own_and_stay_out_of_step_curves(tmp_path):
+    from loaders.results import replace_results
+
+    store = _results_db(tmp_path)
+    pairs = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 0, None], "metric": ["xhead_toy", "xhead_toy", "xlayer_toy"],
+                          "value": [1.0, 0.25, 0.5], "head2": [0, 1, None], "layer2": [None, None, 0]})
+    with store.transaction() as con:
+        for cid, shift in ((1, 0.0), (2, 0.5)):
+            replace_results(con, checkpoint_id=cid, kind="pairs", metrics=["xhead_toy", "xlayer_toy"],
+                            metric_version=3, notes={}, seconds=0.1, device="cpu",
+                            frame=pairs.assign(value=pairs["value"] + shift))
+    one = curves.analysis_results(store, 1, 3)
+    got = one[one["metric"].isin(["xhead_toy", "xlayer_toy"])]
+    assert got[["layer", "head", "layer2", "head2"]].astype(object).where(got[["layer", "head", "layer2", "head2"]]
+                                                                        .notna(), None).values.tolist() == [
+        [0, 0, None, 0], [0, 0, None, 1], [1, None, 0, None]]
+    d = curves.head_difference(one, curves.analysis_results(store, 2, 3))
+    toy = d[d["metric"] == "xhead_toy"]
+    assert toy["head2"].tolist() == [0, 1] and toy["diff"].tolist() == [0.5, 0.5]   # two cells, not one
+    over = curves.results_over_checkpoints(store, [1, 2], 3)
+    assert not over["metric"].isin(["xhead_toy", "xlayer_toy"]).any()
