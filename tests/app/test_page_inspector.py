@@ -334,7 +334,7 @@ def test_downloads_carry_chance_tokens_interval_and_note(chance_db, monkeypatch)
     for frame in (csv, parquet):
         assert list(frame.columns) == ["layer", "head", "metric", "value", "metric_version", "chance",
                                        "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high",
-                                       "above_chance", "degenerate", "note"]
+                                       "above_chance", "degenerate", "layer2", "head2", "note"]
     act = parquet[(parquet["metric"] == "kv_share_r2_act") & (parquet["layer"] == 0) & (parquet["head"] == 0)]
     assert act[["chance", "n_tokens", "ci_low", "ci_high"]].iloc[0].tolist() == pytest.approx([0.3, 40, 0.85, 0.95])
     assert act["note"].iloc[0] == FEW
