@@ -24,7 +24,8 @@ Where the rest lives (callers import it from there):
 * ``experiments.runnable``: loading a checkpoint as a model that runs
   (``NoForwardPass``, ``model_code_reason``, ``load_runnable``, ``feed``);
 * ``experiments.activation_runs``: the activation metrics on a corpus or image
-  sample (``SampleSpec``, ``ActivationRun``, ``corpus_activations``);
+  sample (``ActivationRun``, ``corpus_activations``; the sample, ``SampleSpec``, is
+  ``experiments.sample_text``'s);
 * ``experiments.attention_maps``: the Inspector's maps (``capture_activations``,
   ``SAMPLE_TEXT``, ``MAX_TOKENS``);
 * ``analysis.captures``: the pure math on captured tensors;
@@ -51,8 +52,7 @@ from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, RESULT_COLUMNS, 
 from analysis.result_rows import json_rows, rows_frame
 from analysis.tie_names import tied_variant
 from analysis.weights import default_device, weight_metrics
-from experiments.activation_runs import SampleSpec, corpus_activations
-from experiments.runnable import NoForwardPass
+from experiments.sample_text import SampleSpec
 from loaders.canonical import Checkpoint
 from loaders.errors import CheckpointFormatError, QkvscopeError, StoreError
 from loaders.results import current_job, replace_results
@@ -291,6 +291,10 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
                                         nonfinite_notes=layers is None)
             tied, known = tied_summary(per_layer, ckpt.meta.variant), per_layer
         else:
+            # here: a weights job never loads the forward pass (the model classes, tokenizers, images)
+            from experiments.activation_runs import corpus_activations
+            from experiments.runnable import NoForwardPass
+
             try:
                 run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)
                 frame, notes, used = run.frame, dict(run.notes), run.sample

@@ -39,7 +39,9 @@ JOBS: dict[str, tuple[str, str]] = {
     "ties": ("app.jobs", "read_ties"),
     "attention": ("app.inspect_child", "attention"),
 }
-PRELOAD: tuple[str, ...] = sandbox.PRELOAD
+#: What the child imports before its first request: its jobs read checkpoints, never logs (a log's
+#: ingest runs in the child of ``loaders.sandbox``'s own table, which preloads ``loaders.logs``).
+PRELOAD: tuple[str, ...] = ("loaders.checkpoints", "loaders.ingest")
 
 
 def call(job: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", pooled: bool = False, **kwargs):
