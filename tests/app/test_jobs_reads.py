@@ -7,8 +7,7 @@ What one job reads, and why:
 * the whole file once, in order, for its content hash (``loaders.sources.hashing``: the store's
   key, ``sha256sum FILE``; streamed in 1 MiB chunks, never held);
 * each attention tensor once at ingest, for the NaN/Inf count stored with the checkpoint
-  (``loaders.checkpoints.count_nonfinite``; it runs beside the hash, in another thread, so the
-  disk is read once and the bytes are served twice from the page cache);
+  (``loaders.checkpoints.count_nonfinite``; it runs beside the hash, in another thread);
 * each attention tensor once more for the metrics, and the ties (``app.jobs.layer_ties``) and
   the non-finite notes ride along that read: no third pass.
 
