@@ -1,14 +1,13 @@
 """What the Inspector reads from a checkpoint file, run in the reading child process.
 
-The Inspector's spectra, tie check and attention maps open the stored file
+The Inspector's spectra and attention maps open the stored file
 again (the weights are not in the database). An untrusted file is never
 opened in the Streamlit server: each function here runs in a child of
-the sandbox (``app.sandbox_jobs.call("spectra" | "ties" | "attention", path, pooled=True,
+the sandbox (``app.sandbox_jobs.call("spectra" | "attention", path, pooled=True,
 ...)``) under the memory limit (``QKVSCOPE_PARSE_MEMORY_MB`` plus the
 file's size, on top of what the child holds after its imports) and a time
 limit (``QKVSCOPE_PARSE_TIMEOUT_S`` for one layer's spectra,
-``QKVSCOPE_ANALYSIS_TIMEOUT_S`` for the ties of every layer and a forward
-pass). A bomb ends that child with one line ``PATH: what`` and the server
+``QKVSCOPE_ANALYSIS_TIMEOUT_S`` for a forward pass). A bomb ends that child with one line ``PATH: what`` and the server
 goes on. Results come back as JSON, except attention maps (below).
 
 Attention maps are ``[n_layers, n_heads, T, T]`` float32: 64 MB per 16 heads
@@ -22,8 +21,8 @@ checks dtype and shape against the answer, and deletes the folder. That
 costs one write and one read of the maps (about 1 s per GB on a local disk),
 keeps every value exact, and never holds the maps in a pipe.
 
-Only public analysis functions are used: ``analysis.tied.tied_layer``,
-``analysis.weights.default_device``. The spectra's singular values are
+The tie check of an analysis stored without ties is the sandbox's job ``ties``
+(``app.jobs.read_ties``, the reader ``info`` and ``analyze`` share). The spectra's singular values are
 ``torch.linalg.svdvals`` in float64 (``singular_values`` below): the matrices
 are ``[d_model, d_head]``, so an exact float64 SVD costs ``O(d_model d_head^2)``,
 as little as the Gram route of ``analysis._linalg`` (private) and without its
@@ -66,17 +65,6 @@ def spectra(path: str, *, layer: int, head: int) -> list[list]:
             if a is not None:
                 rows += [[name, i, float(s)] for i, s in enumerate(singular_values(a).tolist())]
     return rows
-
-
-def ties(path: str) -> list[dict]:
-    """Per layer, which projections are equal to float tolerance (``analysis.tied.tied_layer``),
-    reading one layer at a time."""
-    from analysis.tied import tied_layer  # here: runs in the reading child (torch)
-    from analysis.weights import default_device
-    from loaders.checkpoints import open_checkpoint
-
-    with open_checkpoint(path) as ckpt:
-        return [tied_layer(ckpt.layer(i), ckpt.meta, device=default_device()) for i in range(ckpt.meta.n_layers)]
 
 
 def attention(path: str, *, text: str, max_tokens: int, out: str) -> dict:

@@ -4,7 +4,7 @@
 opens the checkpoint (``loaders.checkpoints.open_checkpoint``), runs the
 weight-level metrics layer by layer (``weight_frame``: ``analysis.weights`` with
 the chance levels of ``analysis.chance``, and, from the same layer while it is
-read, which projections are tied: ``analysis.tied``, summed up by
+read, which projections are tied: ``layer_ties``, summed up by
 ``tied_summary``), optionally the activation metrics of a forward pass
 (``experiments.activation_runs.corpus_activations``), and writes
 ``analysis_results`` rows plus one ``analysis_jobs`` row per kind (``weights`` /
@@ -24,7 +24,8 @@ Where the rest lives (callers import it from there):
 * ``experiments.runnable``: loading a checkpoint as a model that runs
   (``NoForwardPass``, ``model_code_reason``, ``load_runnable``, ``feed``);
 * ``experiments.activation_runs``: the activation metrics on a corpus or image
-  sample (``SampleSpec``, ``ActivationRun``, ``corpus_activations``);
+  sample (``ActivationRun``, ``corpus_activations``; the sample, ``SampleSpec``, is
+  ``experiments.sample_text``'s);
 * ``experiments.attention_maps``: the Inspector's maps (``capture_activations``,
   ``SAMPLE_TEXT``, ``MAX_TOKENS``);
 * ``analysis.captures``: the pure math on captured tensors;
@@ -51,8 +52,7 @@ from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, RESULT_COLUMNS, 
 from analysis.result_rows import json_rows, rows_frame
 from analysis.tie_names import tied_variant
 from analysis.weights import default_device, weight_metrics
-from experiments.activation_runs import SampleSpec, corpus_activations
-from experiments.runnable import NoForwardPass
+from experiments.sample_text import SampleSpec
 from loaders.canonical import Checkpoint
 from loaders.errors import CheckpointFormatError, QkvscopeError, StoreError
 from loaders.results import current_job, replace_results
@@ -87,11 +87,9 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     those layers. ``nonfinite_notes=False`` leaves out the notes that name the
     heads with undefined values: a caller that joins several layer ranges adds
     them once over the joined frame (``app.batch``), so its notes equal the
-    whole checkpoint's. ``ties``: a list that gets each layer's ties (``analysis.tied.tied_layer``)
+    whole checkpoint's. ``ties``: a list that gets each layer's ties (``layer_ties``)
     from the tensors already read for its metrics, so the file is read once, not again for them.
     """
-    from analysis.tied import tied_layer   # here: torch loads where tensors are read
-
     ties = [] if ties is None else ties        # every layer's ties: the values they fix are degenerate
     frames, notes = [], {}
     unfinite: dict[int, str] = {}           # layer -> its non-finite values
@@ -117,7 +115,7 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
             df, nt = weight_metrics(replace(layer, **zeroed(tensors)), lm, device=device)
             df["value"] = float("nan")
             unfinite[i] = bad
-        ties.append(tied_layer(layer, lm, device=device))
+        ties.append(layer_ties(layer, lm, device=device))
         # dropped before the chance levels' random layers (as large as this one; made for the first
         # layer of each shape) and before the next layer is read: one layer in memory at a time. The
         # first layer is read before any chance level, so a file that cannot be read says so first.
@@ -144,8 +142,29 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     return frame, notes
 
 
+def layer_ties(layer, meta, *, device=None) -> dict:
+    """One layer's ties (``analysis.tied.tied_layer``) as every surface reads them: ``meta`` is the
+    layer's own geometry (``ModelMeta.layer_meta``: a CLIP's towers differ), float8 tensors are
+    compared as float32 (torch has no norm in float8). ``weight_frame`` calls it on the layers its
+    metrics read, ``read_ties`` on every layer of a file."""
+    from analysis.tied import tied_layer   # here: torch loads where tensors are read
+
+    return tied_layer(replace(layer, **widened(layer.tensors())), meta, device=device)
+
+
+def read_ties(path: str, *, device=None) -> list[dict]:
+    """Every layer's ties (``layer_ties``) of the checkpoint at ``path``, one layer in memory at a
+    time: what ``info`` prints under ``tied`` and what the Inspector checks for an analysis stored
+    without ties (the sandbox's job ``ties``); ``analyze`` reads the same from the layers its
+    metrics read (``weight_frame``), and ``tests/app/test_ties_agree.py`` holds the three to it."""
+    from loaders.checkpoints import open_checkpoint   # here: torch loads when a checkpoint is opened
+
+    with open_checkpoint(path) as ckpt:
+        return [layer_ties(layer, ckpt.meta.layer_meta(i), device=device) for i, layer in enumerate(ckpt.layers())]
+
+
 def tied_summary(layers: list[dict], layout_variant: str) -> dict:
-    """Which projections are tied, from each layer's ties (``analysis.tied.tied_layer``, collected
+    """Which projections are tied, from each layer's ties (``layer_ties``, collected
     by ``weight_frame``): ``{"variant": tied variant, "layout_variant": the layout's, "agree": bool,
     "layers": [...]}``."""
     variant = tied_variant(layers)
@@ -266,12 +285,16 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
         t0 = time.perf_counter()
         used = tied = None
         if kind == "weights":
-            layer_ties: list[dict] = []
-            frame, notes = weight_frame(ckpt, device=device, progress=progress, ties=layer_ties,
+            per_layer: list[dict] = []
+            frame, notes = weight_frame(ckpt, device=device, progress=progress, ties=per_layer,
                                         layers=None if layers is None else range(*layers),
                                         nonfinite_notes=layers is None)
-            tied, known = tied_summary(layer_ties, ckpt.meta.variant), layer_ties
+            tied, known = tied_summary(per_layer, ckpt.meta.variant), per_layer
         else:
+            # here: a weights job never loads the forward pass (the model classes, tokenizers, images)
+            from experiments.activation_runs import corpus_activations
+            from experiments.runnable import NoForwardPass
+
             try:
                 run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)
                 frame, notes, used = run.frame, dict(run.notes), run.sample

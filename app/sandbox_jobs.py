@@ -16,7 +16,7 @@ job                       function                                     what it d
 ``info``                  ``app.commands.info.describe``               what ``info`` prints
 ``whatif``                ``app.commands.whatif.compute``              the what-if conversion and its loss
 ``spectra``               ``app.inspect_child.spectra``                one layer's singular values (Inspector)
-``ties``                  ``app.inspect_child.ties``                   which projections are tied, per layer
+``ties``                  ``app.jobs.read_ties``                       which projections are tied, per layer
 ``attention``             ``app.inspect_child.attention``              attention maps, written as ``.npy``
 ========================  ===========================================  =======================================
 
@@ -36,10 +36,12 @@ JOBS: dict[str, tuple[str, str]] = {
     "info": ("app.commands.info", "describe"),
     "whatif": ("app.commands.whatif", "compute"),
     "spectra": ("app.inspect_child", "spectra"),
-    "ties": ("app.inspect_child", "ties"),
+    "ties": ("app.jobs", "read_ties"),
     "attention": ("app.inspect_child", "attention"),
 }
-PRELOAD: tuple[str, ...] = sandbox.PRELOAD
+#: What the child imports before its first request: its jobs read checkpoints, never logs (a log's
+#: ingest runs in the child of ``loaders.sandbox``'s own table, which preloads ``loaders.logs``).
+PRELOAD: tuple[str, ...] = ("loaders.checkpoints", "loaders.ingest")
 
 
 def call(job: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", pooled: bool = False, **kwargs):

@@ -24,7 +24,6 @@ with that reason.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,10 +38,10 @@ from analysis.variants import PLUS
 from analysis.weights import default_device
 from experiments.runnable import (NoForwardPass, attention_modules, feed, hf_towers, load_runnable, model_context,
                                   stack_modules, tower_layers)
+from experiments.sample_text import SampleSpec
 from experiments.vision import load_images
 from loaders.canonical import Checkpoint
 from loaders.errors import QkvscopeError
-from loaders.text_corpus import read_text_sample
 from loaders.vocab import CharVocabulary, SampledIds, Vocabulary
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
@@ -51,32 +50,6 @@ Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
 DEFAULT_TOKENS = 4096
 #: A fit or a rank of d_head columns needs this many samples per column to mean anything.
 TOKENS_PER_COLUMN = 8
-
-
-@dataclass(frozen=True)
-class SampleSpec:
-    """What the activation metrics run on: a text (None: the bundled corpus) and a token count
-    (None: ``max(DEFAULT_TOKENS, TOKENS_PER_COLUMN * d_head)``); for a vision model the images
-    (``images``: ``digits``, an .npz or a class-folder dataset; None: the dataset the run trained
-    on, else ``digits``; for a Hugging Face vision model ``digits``), whose patches are the tokens."""
-
-    text: str | None = None
-    tokens: int | None = None
-    images: str | None = None
-
-    def key(self) -> dict:
-        """The cache key of an activation job: the same key again reads the stored rows."""
-        if self.text is None:
-            source = "bundled"
-        else:
-            source = "sha256:" + hashlib.sha256(self.read().text.encode("utf-8")).hexdigest()
-        key = {"text": source, "tokens": self.tokens if self.tokens is not None else "default"}
-        if self.images is not None:
-            key["images"] = self.images
-        return key
-
-    def read(self):
-        return read_text_sample(self.text)
 
 
 @dataclass

@@ -22,7 +22,6 @@ pandas, and the parent of ``loaders/sandbox.py`` runs ``scan`` and
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -30,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from loaders import journal, tracker_stores
+from loaders import checkpoint_rows, journal, run_rows, tracker_stores
 from loaders.checkpoint_names import HF_WEIGHT_FILES
 from loaders.errors import CheckpointFormatError, DatabaseBusyError, FileError, QkvscopeError, StoreError
 from loaders.filecheck import MAX_FOLDER_DEPTH, check_openable, failure, refusal, unencodable_name
@@ -161,16 +160,10 @@ def _step_from_name(path: Path) -> int | None:
 
 def _find_run_for(con, path: Path) -> int | None:
     """The run whose folder holds ``path`` (nearest enclosing folder wins)."""
-    rows = con.execute("SELECT id, source, config FROM runs").fetchall()
     best: tuple[int, int] | None = None
     resolved = path.resolve()
-    for run_id, source, config in rows:
-        run_dir = None
-        if config:
-            try:
-                run_dir = json.loads(config).get("run_dir")
-            except (TypeError, ValueError, AttributeError):
-                run_dir = None
+    for run_id, source, config in run_rows.folders(con):
+        run_dir = config.get("run_dir") if isinstance(config, dict) else None
         folder = Path(run_dir) if run_dir else Path(source).parent
         try:
             resolved.relative_to(folder.resolve())
@@ -210,35 +203,23 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
         raise
     _check_unchanged(path, size, mtime)       # what was read is what was hashed
     with store.connect() as con:
-        row = con.execute("SELECT id FROM checkpoints WHERE sha256 = ?", [digest]).fetchone()
-    if row:
+        same = checkpoint_rows.id_of(con, digest)
+    if same is not None:
         _journal(store, path, size, mtime, digest)
-        return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
+        return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=same,
                           reason="same content already stored")
     step = info.get("step")
     if step is None:
         step = _step_from_name(path)
     with store.transaction() as con:
         # A concurrent ingest may have stored it since we looked.
-        row = con.execute("SELECT id FROM checkpoints WHERE sha256 = ?", [digest]).fetchone()
-        if row:
-            return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=row[0],
+        same = checkpoint_rows.id_of(con, digest)
+        if same is not None:
+            return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=same,
                               reason="same content already stored")
         run_id = _find_run_for(con, path)
-        ckpt_id = con.execute(
-            """INSERT INTO checkpoints (path, sha256, size, architecture, variant, n_layers, n_heads,
-                   n_kv_heads, d_model, d_head, norm, positions, attn_scale, dtype, params_total,
-                   params_attention, kv_bytes_per_token, nonfinite, run_id, step, config, towers)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
-            [str(path.resolve()), digest, size, info["architecture"], info["variant"],
-             info["n_layers"], info["n_heads"], info["n_kv_heads"], info["d_model"], info["d_head"],
-             info.get("norm"), info.get("positions"), info.get("attn_scale"), info.get("dtype"),
-             info["params"]["total"], info["params"]["attention"], info["kv_bytes_per_token"],
-             int(info.get("nonfinite", 0)), run_id, step,
-             json.dumps(info.get("config", {}), default=str),
-             # which layers belong to which tower (CLIP/SigLIP): [] for one attention stack
-             json.dumps(info.get("towers") or [], default=str)],
-        ).fetchone()[0]
+        ckpt_id = checkpoint_rows.insert(con, path=str(path.resolve()), digest=digest, size=size, info=info,
+                                         run_id=run_id, step=step)
         journal.record_checkpoint(con, str(path.resolve()), size, mtime, digest)
     reason = None
     if info.get("nonfinite"):
@@ -263,7 +244,7 @@ def _export_of_stored(store: Store, path: Path, size: int, mtime: float) -> File
     if rep.checkpoint_id is None:
         return None
     with store.connect() as con:
-        digest = con.execute("SELECT sha256 FROM checkpoints WHERE id = ?", [rep.checkpoint_id]).fetchone()[0]
+        digest = checkpoint_rows.digest_of(con, rep.checkpoint_id)
     _journal(store, path, size, mtime, digest)
     return FileReport(str(path), "checkpoint", "unchanged", format=rep.format, checkpoint_id=rep.checkpoint_id,
                       reason=f"the llama2.c export of {source.name} beside it: the same weights, stored "
@@ -331,20 +312,12 @@ def link_checkpoints(store: Store) -> int:
     """
     linked = 0
     with store.transaction() as con:
-        rows = con.execute("SELECT id, path FROM checkpoints WHERE run_id IS NULL").fetchall()
-        for ckpt_id, path in rows:
+        for ckpt_id, path in checkpoint_rows.unlinked(con):
             run_id = _find_run_for(con, Path(path))
             if run_id is not None:
-                con.execute("UPDATE checkpoints SET run_id = ? WHERE id = ?", [run_id, ckpt_id])
+                checkpoint_rows.link(con, ckpt_id, run_id)
                 linked += 1
-        # A run whose logs and configs never state its size takes it from its
-        # checkpoints (a user's correction in run_overrides still wins).
-        con.execute(
-            """UPDATE runs SET model_size = c.params
-               FROM (SELECT run_id, max(params_total) AS params FROM checkpoints
-                     WHERE run_id IS NOT NULL GROUP BY run_id) c
-               WHERE runs.id = c.run_id AND runs.model_size IS NULL
-                 AND runs.id NOT IN (SELECT run_id FROM run_overrides WHERE field = 'model_size')""")
+        run_rows.sizes_from_checkpoints(con)
     return linked
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from loaders import checkpoint_rows, run_rows
 from loaders.errors import QkvscopeError
 from loaders.report import FileReport
 from loaders.store import Store
@@ -62,12 +63,9 @@ def assign_project(store: Store, reports: Iterable[FileReport], name: str, *, re
     ckpt_ids = sorted({int(r.checkpoint_id) for r in reports if r.checkpoint_id is not None})
     if not run_ids and not ckpt_ids:
         return
-    only_new = "" if replace else " AND project IS NULL"
     with store.transaction() as con:
-        con.execute(f"UPDATE runs SET project = ? WHERE id IN (SELECT unnest(?::INTEGER[])){only_new}",
-                    [name, run_ids])
-        con.execute(f"UPDATE checkpoints SET project = ? WHERE id IN (SELECT unnest(?::INTEGER[])){only_new}",
-                    [name, ckpt_ids])
+        run_rows.set_project(con, run_ids, name, only_new=not replace)
+        checkpoint_rows.set_project(con, ckpt_ids, name, only_new=not replace)
         for run_id in run_ids:
             apply_overrides(con, run_id)
 

@@ -106,6 +106,8 @@ WRITER = {
     "analysis_jobs": "loaders/results.py",
     "run_overrides": "loaders/logs/runs.py",
     "points": "loaders/logs/newpoints.py",
+    "runs": "loaders/run_rows.py",
+    "checkpoints": "loaders/checkpoint_rows.py",
 }
 _READ_OR_WRITE = r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+{}\b"
 _WRITE = r"\b(?:INSERT(?: OR REPLACE)? INTO|UPDATE|DELETE FROM)\s+{}\b"

@@ -36,7 +36,7 @@ def compute(path: str, *, kinds: list[str], device: str | None, layers: list[int
     # here: runs in the reading child; torch loads there, not in the task's parent
     from analysis.weights import default_device
     from app.jobs import _compute
-    from experiments.activation_runs import SampleSpec
+    from experiments.sample_text import SampleSpec
     from loaders.checkpoints import open_checkpoint
 
     dev = device or default_device()

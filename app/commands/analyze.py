@@ -130,7 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="GPUs each Ray task requests (default: 1 if the cluster has GPUs, else 0)")
     batch.add_argument("--retries", type=int, default=2, metavar="N",
                        help="retries of a task whose worker died or that raised outside the reading child (default 2)")
-    batch.add_argument("--max-task-bytes", type=_size, default="4GB", metavar="SIZE",
+    # the default as parsed (4GB): argparse parses a string default on every run, loading app.batch
+    batch.add_argument("--max-task-bytes", type=_size, default=4 * 10**9, metavar="SIZE",
                        help="split a checkpoint whose attention weights exceed SIZE into tasks of contiguous "
                             "layer ranges, each within SIZE: 4GB (default; GB = 1e9), 512MiB (MiB = 2^20), "
                             "bytes, or 'none' (never split)")
@@ -252,10 +253,17 @@ def _print_table(payload: dict) -> None:
         print(f"  {metric}: {why}")
 
 
-def _is_batch(args: argparse.Namespace) -> bool:
+def _is_glob(target: str) -> bool:
+    """``app.batch.is_glob``, the batch package loaded only for a target holding ``*``, ``?`` or ``[``."""
+    if not any(c in target for c in "*?["):
+        return False
     from app.batch import is_glob  # here: batch mode only
 
-    return bool(args.all_checkpoints or args.ray or args.results or any(is_glob(t) for t in args.targets))
+    return is_glob(target)
+
+
+def _is_batch(args: argparse.Namespace) -> bool:
+    return bool(args.all_checkpoints or args.ray or args.results or any(_is_glob(t) for t in args.targets))
 
 
 def _after_retries(attempts: list[dict]) -> str:
@@ -306,9 +314,7 @@ def run_batch_mode(args: argparse.Namespace) -> int:
 
 def _named(target: str, download: bool) -> str:
     """A target as given, or a Hugging Face name (org/name) as its cached snapshot folder."""
-    from app.batch import is_glob  # here: the batch module is loaded only when needed
-
-    if target.isdigit() or is_glob(target):
+    if target.isdigit() or _is_glob(target):
         return target
     return checkpoint_path(target, download)
 
@@ -339,7 +345,7 @@ def analyze_targets(args: argparse.Namespace, failed: list[str] | None = None) -
     cannot be read or analysed), the others analysed still; without it the first error raises."""
     # torch loads here, when an analysis starts, not when the CLI builds its parsers
     from app import jobs
-    from experiments.activation_runs import SampleSpec
+    from experiments.sample_text import SampleSpec
 
     sample = SampleSpec(args.text, args.tokens, args.images)
     if args.activations:

@@ -13,7 +13,7 @@ memory limit (``QKVSCOPE_PARSE_MEMORY_MB`` plus the file's size) and a
 time limit (``QKVSCOPE_PARSE_TIMEOUT_S``).
 
 ``variant`` is what the layout's tensor names say; ``tied`` is what the
-tensors themselves show (``analysis.tied``: W_Q equal to the identity slice,
+tensors themselves show (``app.jobs.read_ties``, ``analysis.tied``: W_Q equal to the identity slice,
 equal projections to float tolerance, per layer). The text output says when
 the two disagree (a Hugging Face Llama trained with ``q_proj = I`` reads as
 ``qkv`` from its names).
@@ -43,14 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def tensor_ties(path: str) -> dict:
     """``{"variant", "layers": [{"layer", "q_identity", "q_eq_k", "k_eq_v", "q_eq_v"}, ...]}``
-    from the tensors, one layer at a time."""
+    from the tensors (``app.jobs.read_ties``, the one reader of a checkpoint's ties)."""
     # here: torch loads where tensors are read, not at CLI start
     from analysis.tie_names import tied_variant
-    from analysis.tied import tied_layer
-    from loaders.checkpoints import open_checkpoint
+    from app.jobs import read_ties
 
-    with open_checkpoint(path) as ckpt:
-        layers = [tied_layer(layer, ckpt.meta.layer_meta(layer.layer)) for layer in ckpt.layers()]
+    layers = read_ties(path)
     return {"variant": tied_variant(layers), "layers": layers}
 
 

@@ -86,8 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def compute(path: str, **kwargs) -> dict:
     """``experiments.whatif.whatif`` on the checkpoint at ``path``: the body run in the child."""
-    from experiments.activation_runs import SampleSpec   # here: torch loads in the child only
-    from experiments.runnable import NoForwardPass
+    from experiments.runnable import NoForwardPass   # here: torch loads in the child only
+    from experiments.sample_text import SampleSpec
     from experiments.whatif import whatif
     from loaders.checkpoints import open_checkpoint
     from loaders.errors import QkvscopeError

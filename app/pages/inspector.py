@@ -124,8 +124,8 @@ def _attention(path: str, stamp: str, text: str, max_tokens: int) -> tuple[list[
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _ties(path: str, stamp: str) -> list[dict]:
-    """Per layer, which projections are equal to float tolerance (``analysis.tied.tied_layer``),
-    reading one layer at a time in the reading child (``app.inspect_child.ties``)."""
+    """Per layer, which projections are equal to float tolerance, reading one layer at a time in
+    the reading child (``app.jobs.read_ties``, the reader ``info`` and ``analyze`` share)."""
     from app.sandbox_jobs import call  # here: only when a checkpoint is read
 
     return call("ties", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S")

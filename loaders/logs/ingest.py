@@ -43,14 +43,13 @@ import contextlib
 import csv
 import dataclasses
 import hashlib
-import json
 import os
 import time
 from pathlib import Path
 
 import duckdb
 
-from loaders import journal
+from loaders import journal, run_rows
 from loaders.errors import DatabaseBusyError, LogFormatError
 from loaders.logs import metadata
 from loaders.logs.base import Parsed, RunData, SqlPoints, Unread
@@ -346,7 +345,7 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
                     last[m] = max(s, last.get(m, s))
                 known = {"id": run_id, "last": last}
             if resumed:
-                con.execute("UPDATE runs SET resumed = true WHERE id = ?", [run_id])
+                run_rows.update(con, run_id, resumed=True)
             runs_state[name] = known
             total += new.n
             ids.append(run_id)
@@ -385,27 +384,12 @@ def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str
     fields, config = metadata.gather(run_dir, name, stated=run.meta, reader_config=run.config,
                                      exclude=path)
     config["log_format"] = fmt
-    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ?", [source, name]).fetchone()
-    if row is not None and getattr(READERS.get(fmt), "JOINS_RUN", False):
-        return row[0]             # final metrics joining a run: its format and metadata stay
-    values = [fields["variant"], fields["n_kv_heads"], fields["weight_decay"], fields["lr"],
-              fields["seed"], fields["model_size"]]
     # the tracker's own project or experiment name, where the log states one (loaders.projects)
     tracker = run.meta.get("project") if isinstance(run.meta, dict) else None
     tracker = str(tracker).strip() or None if tracker is not None else None
-    if row is None:
-        return con.execute(
-            """INSERT INTO runs (name, source, format, variant, n_kv_heads, weight_decay, lr, seed,
-                   model_size, config, resumed, project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
-            [name, source, fmt, *values, json.dumps(config, default=str), bool(resumed), tracker]).fetchone()[0]
-    run_id = row[0]
-    old = json.loads(row[1]) if row[1] else {}
-    merged = {**old, **config}
-    con.execute(
-        """UPDATE runs SET format = ?, variant = ?, n_kv_heads = ?, weight_decay = ?, lr = ?, seed = ?,
-               model_size = ?, config = ?, project = coalesce(project, ?) WHERE id = ?""",
-        [fmt, *values, json.dumps(merged, default=str), tracker, run_id])
-    return run_id
+    # final metrics joining a run: its format and metadata stay
+    return run_rows.upsert(con, source=source, name=name, fmt=fmt, fields=fields, config=config, project=tracker,
+                           resumed=resumed, joins=getattr(READERS.get(fmt), "JOINS_RUN", False))
 
 
 def _lr_from_points(con, run_id: int) -> None:
@@ -419,8 +403,8 @@ def _lr_from_points(con, run_id: int) -> None:
     peak, first, n = got
     if not n:
         return
-    lr, cfg_json = con.execute("SELECT lr, config FROM runs WHERE id = ?", [run_id]).fetchone()
-    cfg = json.loads(cfg_json) if cfg_json else {}
+    stored = run_rows.row(con, run_id)
+    lr, cfg = stored["lr"], stored["config"]
     cfg["lr_peak"], cfg["lr_initial"] = peak, first
     sources = cfg.setdefault("metadata_sources", {})
     if (lr is None or sources.get("lr") in ("name", "logged lr (peak)")) and metadata.plausible("lr", peak):
@@ -435,16 +419,16 @@ def _lr_from_points(con, run_id: int) -> None:
                 f"after warmup or decay): no config beside the log states the configured lr")
         if note not in notes:
             notes.append(note)
-        con.execute("UPDATE runs SET lr = ? WHERE id = ?", [peak, run_id])
-    con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
+        run_rows.update(con, run_id, lr=peak)
+    run_rows.update(con, run_id, config=cfg)
 
 
 def _merge_config(con, run_id: int, extra: dict) -> None:
-    row = con.execute("SELECT config FROM runs WHERE id = ?", [run_id]).fetchone()
-    cfg = json.loads(row[0]) if row and row[0] else {}
+    stored = run_rows.row(con, run_id)
+    cfg = stored["config"] if stored is not None else {}
     for k, v in extra.items():
         if k == "saved_checkpoints" and isinstance(cfg.get(k), list):
             cfg[k] = cfg[k] + [c for c in v if c not in cfg[k]]
         else:
             cfg[k] = v
-    con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
+    run_rows.update(con, run_id, config=cfg)

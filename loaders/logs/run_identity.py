@@ -11,12 +11,12 @@ of one run folder of this project's trainer.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from loaders import run_rows
 from loaders.logs.base import RunData
 from loaders.logs.readers.hf_trainer import HF_STATE_NAME, hf_run_dir
 
@@ -96,11 +96,10 @@ def hf_shares_run(con, source: str, run: RunData, own_ids: set[int]) -> bool:
     (``_HF_SAME_TRAINING``) agree with it and its ``train/loss``, ``val/loss``
     and ``lr`` agree at every step both log (to 1e-6, relative), with some
     common step where their step ranges overlap."""
-    row = con.execute("SELECT id, config FROM runs WHERE source = ? AND name = ? AND format = 'hf_trainer'",
-                      [source, run.name]).fetchall()
-    if not row or row[0][0] in own_ids:
+    found = run_rows.find(con, source, run.name, "hf_trainer")
+    if found is None or found[0] in own_ids:
         return True
-    run_id, cfg = row[0][0], json.loads(row[0][1]) if row[0][1] else {}
+    run_id, cfg = found
     if any(k in cfg and k in run.config and cfg[k] != run.config[k] for k in _HF_SAME_TRAINING):
         return False
     stored = con.execute("SELECT step, metric, value FROM points WHERE run_id = ? AND metric IN "

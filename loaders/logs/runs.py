@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from loaders import run_rows
 from loaders.errors import QkvscopeError
 from loaders.logs.metadata import VARIANTS, normalise_variant
 from loaders.store import Store
@@ -74,16 +75,16 @@ def apply_overrides(con, run_id: int) -> None:
                        [run_id]).fetchall()
     if not rows:
         return
-    cfg_row = con.execute("SELECT config FROM runs WHERE id = ?", [run_id]).fetchone()
-    cfg = json.loads(cfg_row[0]) if cfg_row and cfg_row[0] else {}
+    stored = run_rows.row(con, run_id)
+    cfg = stored["config"] if stored is not None else {}
     for field, value in rows:
         v = json.loads(value) if value is not None else None
         if field in COLUMN_FIELDS:
-            con.execute(f"UPDATE runs SET {field} = ? WHERE id = ?", [v, run_id])
+            run_rows.update(con, run_id, **{field: v})
         else:
             cfg[field] = v
     cfg["overrides"] = sorted(f for f, _ in rows)
-    con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps(cfg, default=str), run_id])
+    run_rows.update(con, run_id, config=cfg)
 
 
 def _coerce(run_id: int, field: str, value):
@@ -134,7 +135,7 @@ def set_run_metadata(store: Store, run_id: int, **fields) -> dict:
         raise QkvscopeError(f"run {run_id}: no fields to set (use FIELD=VALUE)")
     clean = {f: _coerce(run_id, f, v) for f, v in fields.items()}
     with store.transaction() as con:
-        if con.execute("SELECT count(*) FROM runs WHERE id = ?", [run_id]).fetchone()[0] == 0:
+        if run_rows.row(con, run_id) is None:
             raise QkvscopeError(f"run {run_id}: no such run in {store.path} (see `python -m app runs`)")
         for field, value in clean.items():
             if value is None and field in fields and fields[field] is None:
