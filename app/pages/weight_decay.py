@@ -296,18 +296,18 @@ def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> No
     for task, task_regs in per_task.items():
         suffix = "" if len(per_task) == 1 else f"_{task}"
         if len(per_task) > 1:
-            st.markdown(f"**{task}**")
+            st.markdown(f"**{md(task)}**")
         left, right = st.columns([3, 2])
         figures.show(regression_figure(task_regs, y_title=y_title, names=regs), key=f"wd_regression{suffix}",
                      where=left)
         figures.show(coefficient_figure(task_regs, metric=metric, names=regs), key=f"wd_coef{suffix}", where=right)
-    st.caption(f"Right: change of the {y_title} per decade of weight decay with the other hyperparameters held "
+    st.caption(f"Right: change of the {md(y_title)} per decade of weight decay with the other hyperparameters held "
                "fixed; bars: its case-bootstrap interval; n: runs fitted. An interval across the dashed line "
                "means the sweep cannot tell the sign. Each task, project and geometry is fitted on its own.")
     st.dataframe(regression_table(regs), hide_index=True, width="stretch", placeholder=tables.MISSING, key="wd_regression_table")
     any_reg = next(iter(regs.values()))
     st.caption(
-        f"Linear model: least squares of each run's {y_title} on log10(wd) and the other swept hyperparameters "
+        f"Linear model: least squares of each run's {md(y_title)} on log10(wd) and the other swept hyperparameters "
         "(log10 for learning rates and other positive values drawn over orders of magnitude; standardised); the "
         f"coefficient is the change per decade of weight decay with the others held fixed, its interval a "
         f"{any_reg['confidence']:.0%} case bootstrap ({any_reg['n_boot']:,} resamples of the runs). Partial "
@@ -425,7 +425,7 @@ def render() -> None:
     if shown:
         for task, fig in shown.items():
             if len(shown) > 1:
-                st.markdown(f"**{task}**")
+                st.markdown(f"**{md(task)}**")
             figures.show(fig, key="wd_curve" if len(shown) == 1 else f"wd_curve_{task}")
         st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss "
                    f"of the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay "

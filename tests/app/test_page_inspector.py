@@ -11,7 +11,7 @@ from app.pages.inspector import save_uploads
 from loaders.errors import QkvscopeError
 from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
-from tests.app.apptest import page_test
+from tests.app.apptest import page_test, shown
 from tests.app.test_page_experiments import arr, figures, qp
 
 
@@ -133,7 +133,7 @@ def test_server_path_is_inspected_without_storing_until_added(tmp_path, monkeypa
     assert not at.exception, at.exception
     [stored] = Store(db).checkpoints()
     assert (stored["id"], stored["project"]) == (1, "tiny-models")
-    assert "Stored in the database as checkpoint #1, project 'tiny-models'." in [s.value for s in at.success]
+    assert "Stored in the database as checkpoint #1, project 'tiny-models'." in [shown(s.value) for s in at.success]
     # the same link again opens the stored checkpoint from the database
     again = page_test("inspector", {"src": "path", "path": str(model_dir)}).run()
     assert not again.exception and "insp_heatmap" in figures(again)
@@ -146,7 +146,7 @@ def test_server_path_that_does_not_exist_says_so(ckpt_db, tmp_path):
     assert not at.error                                          # nothing is looked at before Open
     at.button[0].click().run()
     assert not at.exception
-    assert at.error[0].value.startswith(f"{tmp_path / 'nope'}: no such file or folder on the server.")
+    assert shown(at.error[0].value).startswith(f"{tmp_path / 'nope'}: no such file or folder on the server.")
 
 
 def test_save_uploads_single_file_folder_and_names(tmp_path):
