@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,6 +131,21 @@ def test_wandb_export_counts_what_it_cannot_read(store, tmp_path):
     assert points(store, runs["r2"]["id"], "train/loss") == [(1, 2.0), (2, float("-inf"))]
     assert points(store, runs['r"q']["id"], "lr") == [(0, None), (1, 7.0), (2, 0.001)]
     assert all(r["resumed"] for r in runs.values())
+
+def test_wandb_export_of_a_nanogpt_fork(store):
+    """The structure of a real export (``realworld/SOURCES.md``): every cell quoted, run names with
+    a timestamp, runs of different lengths (``""`` where a run has stopped)."""
+    p = Path(__file__).parent / "realworld" / "wandb_export" / "wandb_export.csv"
+    assert detect_log(p) == "wandb_csv"
+    [rep] = ingest_log(store, p)
+    assert (rep.status, rep.n_points, rep.reason) == ("added", 26, None)
+    runs = {r["name"]: r for r in list_runs(store)}
+    assert len(runs) == 8 and "gpt2_char_to_token1729534595.422701" in runs
+    assert points(store, runs["gpt2"]["id"], "train/loss") == [
+        (0, 10.95404052734375), (1, 6.684843063354492), (2, 5.882663726806641), (354, 3.297886848449707),
+        (355, 3.2762792110443115)]
+    assert points(store, runs["gpt2_char_to_token1729491541.2756786"]["id"], "train/loss") == [
+        (0, 10.945090293884277), (1, 7.024113655090332), (2, 6.403542518615723)]
 
 def test_nanogpt_stdout(store, tmp_path):
     text = """Overriding config with config/train_shakespeare_char.py:
