@@ -288,7 +288,7 @@ def test_activation_heatmap_and_tables_show_chance_tokens_interval_and_greyed_re
     assert heat["zmid"] == 0.3 and heat["colorbar"]["title"]["text"] == "kv_share_r2_act<br>chance 0.3"
     assert heat["customdata"][1][2] == ("L1H2<br>kv_share_r2_act 0.9 (chance 0.3)<br>n=40 tokens, 95% CI 0.85–0.95"
                                         "<br>above chance (outside the null band, 5% false discovery rate)")
-    assert heat["opacity"] == 0.35 and heat_fig["layout"]["title"]["text"] == "Faded: too few tokens (40 tokens < 8 x d_head = 64)"
+    assert heat["opacity"] == 0.35 and heat_fig["layout"]["title"]["text"] == "Faded: too few tokens (40 tokens &lt; 8 x d_head = 64)"
     assert any(w.value == f"kv_share_r2_act rests on too few tokens: {FEW}" for w in at.warning)
     assert any(c.value.startswith("**chance 0.3**: the same metric of the same captured layer input")
                for c in at.caption)
