@@ -17,6 +17,7 @@ from typing import Callable, TypeVar
 import streamlit as st
 
 from app.pickers import user_message
+from app.plain import md
 from loaders.errors import DatabaseBusyError, QkvscopeError
 
 T = TypeVar("T")
@@ -110,6 +111,6 @@ def show_batch(key: str) -> None:
         return
     done, failures = got
     if done:
-        st.success(f"Analysed {', '.join(done)}.", icon=":material/check:")
+        st.success(f"Analysed {', '.join(md(d) for d in done)}.", icon=":material/check:")
     for message in failures:
-        st.error(message, icon=":material/error:")
+        st.error(md(message), icon=":material/error:")

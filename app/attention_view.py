@@ -16,6 +16,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app import plain
+
 #: Cells per axis of each small multiple, and of the enlarged head.
 GRID_BINS, LARGE_BINS = 48, 128
 #: Small multiples per row of the grid.
@@ -47,7 +49,7 @@ def pool_max(weights: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray, np
 def _hover(q: np.ndarray, k: np.ndarray, tokens: list[str]) -> np.ndarray:
     """Per cell: ``[query, key]``, the tokens of the cell's maximum, as ``"12 'fox'"``: a ``[n, n, 2]``
     string array (numpy arrays go to the browser without plotly validating each cell)."""
-    names = np.array([f"{i} {t!r}" for i, t in enumerate(tokens)] or [""])
+    names = np.array([plain.html(f"{i} {t!r}") for i, t in enumerate(tokens)] or [""])
     clip = len(names) - 1
     return np.stack([names[np.minimum(q, clip)], names[np.minimum(k, clip)]], axis=-1)
 
@@ -60,7 +62,7 @@ def _template(pooled: bool, lead: str = "") -> str:
 def _axis_ticks(n: int, s: int, tokens: list[str], max_ticks: int = 12) -> tuple[list[int], list[str]]:
     step = max(1, math.ceil(n / max_ticks))
     where = list(range(0, n, step))
-    return where, [f"{i * s}:{tokens[i * s]}" if i * s < len(tokens) else str(i * s) for i in where]
+    return where, [plain.html(f"{i * s}:{tokens[i * s]}") if i * s < len(tokens) else str(i * s) for i in where]
 
 
 def shared_max(maps: np.ndarray) -> float:
@@ -112,5 +114,5 @@ def head_figure(weights: np.ndarray, tokens: list[str], *, title: str, zmax: flo
     fig.update_xaxes(tickvals=where, ticktext=labels, title="key" + (f" (blocks of {s} tokens)" if s > 1 else ""))
     fig.update_yaxes(tickvals=where, ticktext=labels, autorange="reversed",
                      title="query" + (f" (blocks of {s} tokens)" if s > 1 else ""))
-    fig.update_layout(title=dict(text=title), height=560, margin=dict(l=10, r=10, t=50, b=10))
+    fig.update_layout(title=dict(text=plain.html(title)), height=560, margin=dict(l=10, r=10, t=50, b=10))
     return fig

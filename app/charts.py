@@ -429,19 +429,20 @@ CHART_THEME = None
 
 def _layout(fig: go.Figure, *, title: str | None = None, x_title: str = "", y_title: str = "",
             log_x: bool = False, log_y: bool = False, height: int = 460) -> go.Figure:
-    fig.update_layout(title=title, height=height, margin=dict(l=60, r=20, t=50 if title else 20, b=50),
+    fig.update_layout(title=None if title is None else plain.html(title), height=height,
+                      margin=dict(l=60, r=20, t=50 if title else 20, b=50),
                       hovermode="closest", legend=dict(orientation="h", y=-0.18),
                       template=LIGHT)
     # set the type only for log: forcing "linear" would break categorical axes (heatmap labels)
-    fig.update_xaxes(title=x_title, **({"type": "log"} if log_x else {}))
-    fig.update_yaxes(title=y_title, **({"type": "log"} if log_y else {}))
+    fig.update_xaxes(title=plain.html(x_title), **({"type": "log"} if log_x else {}))
+    fig.update_yaxes(title=plain.html(y_title), **({"type": "log"} if log_y else {}))
     return fig
 
 
 def empty_figure(message: str, height: int = 300) -> go.Figure:
     """A blank figure that says why it is blank."""
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+    fig.add_annotation(text=plain.html(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font=dict(size=14, color="#666"))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
@@ -479,13 +480,14 @@ def curves_figure(raw: pd.DataFrame, labels: dict[int, str], *, smoothed: pd.Dat
             line=dict(color=_rgba(color, 0.25) if smoothed is not None else color, width=1,
                       dash=style["dash"] if smoothed is None else "solid"),
             showlegend=smoothed is None,
-            hovertemplate=f"{name}<br>step {step}{where}<br>{metric} %{{y:.4g}}<extra></extra>"))
+            hovertemplate=f"{plain.hover(name)}<br>step {step}{where}<br>{plain.hover(metric)} %{{y:.4g}}<extra></extra>"))
         if smoothed is not None:
             s = smoothed[smoothed["run_id"] == rid]
             fig.add_trace(go.Scatter(
                 **xy(s), mode="lines", name=name, legendgroup=str(rid),
                 line=dict(color=color, width=2, dash=style["dash"]),
-                hovertemplate=f"{name} (smoothed)<br>step {step}<br>{metric} %{{y:.4g}}<extra></extra>"))
+                hovertemplate=f"{plain.hover(name)} (smoothed)<br>step {step}<br>{plain.hover(metric)} %{{y:.4g}}"
+                              "<extra></extra>"))
     fig = _layout(fig, x_title=X_TITLES.get(x, x), y_title=metric, log_x=log_x, log_y=log_y)
     if log_y:
         readable_log_axis(fig, raw["value"], "y")
@@ -517,7 +519,7 @@ def band_figure(band: pd.DataFrame, *, x: str = "step", metric: str = "", log_x:
             x=g["x"], y=g["mean"], mode="lines", name=f"{group} (n={n})", legendgroup=str(group),
             line=dict(color=color, width=2, dash=style["dash"]),
             customdata=np.stack([g["lo"], g["hi"], g["n_runs"]], axis=-1),
-            hovertemplate=(f"{group}<br>x %{{x}}<br>mean %{{y:.4g}}<br>min %{{customdata[0]:.4g}} "
+            hovertemplate=(f"{plain.hover(group)}<br>x %{{x}}<br>mean %{{y:.4g}}<br>min %{{customdata[0]:.4g}} "
                            "max %{customdata[1]:.4g}<br>runs %{customdata[2]}<extra></extra>")))
     fig = _layout(fig, x_title=X_TITLES.get(x, x), y_title=f"{metric} (mean, min-max band)",
                   log_x=log_x, log_y=log_y)
@@ -559,7 +561,8 @@ def final_scatter(frame: pd.DataFrame, *, hparam: str, value: str = "final", met
         fig.add_trace(go.Scatter(
             x=g[hparam].to_numpy(), y=g[value].to_numpy(), mode="markers", name=group,
             marker=dict(color=style["color"], symbol=style["symbol"], size=10, line=dict(width=1, color="white")),
-            text=g["name"].to_numpy(), hovertemplate=f"%{{text}}<br>{title} %{{x:.4g}}<br>{metric} %{{y:.4g}}<extra></extra>"))
+            text=[plain.html(n) for n in g["name"]],
+            hovertemplate=f"%{{text}}<br>{plain.hover(title)} %{{x:.4g}}<br>{plain.hover(metric)} %{{y:.4g}}<extra></extra>"))
     fig = _layout(fig, x_title=title, y_title=f"{value} {metric}", log_x=log_x)
     if log_x and hparam in data.columns:
         readable_log_axis(fig, data[hparam], "x")
@@ -623,14 +626,14 @@ def _x_text(x) -> str:
 def summary_hover(row: dict, *, hparam: str, what: str) -> str:
     """One summary point's tooltip: group, x, the mean with its 95% interval (or the one run's
     value), n, the runs' min and max, and the diverged runs left out."""
-    lines = [str(row["group"]), f"{axis_title(hparam)} {_x_text(row['x'])}"]
+    lines = [plain.html(row["group"]), plain.html(f"{axis_title(hparam)} {_x_text(row['x'])}")]
     n = int(row["n"])
     if n >= 2:
-        lines += [f"mean {what} {num(row['mean'])}",
+        lines += [f"mean {plain.html(what)} {num(row['mean'])}",
                   f"95% t interval {interval_text(row['lo'], row['hi'])}",
                   f"n = {n} runs, min {num(row['min'])}, max {num(row['max'])}"]
     else:
-        lines += [f"{what} {num(row['mean'])}", "n = 1 (no interval)"]
+        lines += [f"{plain.html(what)} {num(row['mean'])}", "n = 1 (no interval)"]
     if row["diverged"]:
         lines.append(f"{int(row['diverged'])} diverged (not in the mean)")
     return "<br>".join(lines)
@@ -685,13 +688,15 @@ def parallel_figure(frame: pd.DataFrame, dims: list[str], *, color: str = "final
             cats = sorted(col.astype(str).unique())
             codes = col.astype(str).map({c: i for i, c in enumerate(cats)})
             text = [V.label(c) if d == "variant" else c for c in cats]
-            dimensions.append(dict(label=axis_title(d), values=codes, tickvals=list(range(len(cats))), ticktext=text))
+            # tick texts are set as plain text (d3's axis), labels drawn as plotly's HTML subset
+            dimensions.append(dict(label=plain.html(axis_title(d)), values=codes, tickvals=list(range(len(cats))),
+                                   ticktext=text))
         else:
-            dimensions.append(dict(label=axis_title(d), values=col.astype(float)))
-    dimensions.append(dict(label=f"{color} {metric}", values=data[color]))
+            dimensions.append(dict(label=plain.html(axis_title(d)), values=col.astype(float)))
+    dimensions.append(dict(label=plain.html(f"{color} {metric}"), values=data[color]))
     fig = go.Figure(go.Parcoords(line=dict(color=data[color], colorscale="Viridis" if direction == "max" else "Viridis_r",
                                            showscale=True,
-                                           colorbar=dict(title=dict(text=f"{color}<br>{metric}"))),
+                                           colorbar=dict(title=dict(text=f"{plain.html(color)}<br>{plain.html(metric)}"))),
                                  dimensions=dimensions, labelangle=0, labelside="top",
                                  labelfont=dict(size=13), tickfont=dict(size=11)))
     fig = _layout(fig, height=460)
@@ -767,7 +772,7 @@ def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
     text = [[("" if math.isnan(v) else f"{v:.3g}" + ("*" if s else "")) for v, s in zip(row, srow)]
             for row, srow in zip(z, star)]
     hover = data.assign(hover=[
-        f"L{l}H{h}<br>{metric} " + value_text(v, c, n, lo, hi)
+        f"L{l}H{h}<br>{plain.html(metric)} " + value_text(v, c, n, lo, hi)
         + ("<br>degenerate: fixed by construction (see the notes), not counted" if d else "")
         + ("<br>above chance (outside the null band, 5% false discovery rate)" if a else "")
         for l, h, v, c, n, lo, hi, d, a in zip(data["layer"], data["head"], data["value"], _col(data, "chance"),
@@ -791,7 +796,7 @@ def heatmap_figure(results: pd.DataFrame, metric: str, *, help_text: str = "",
         colorscale=scale, zmin=zmin, zmax=zmax, zmid=zmid, text=text, customdata=custom,
         texttemplate="%{text}" if z.size <= 400 else None, opacity=0.35 if muted else None,
         hovertemplate="%{customdata}<extra></extra>",
-        colorbar=dict(title=dict(text=f"{metric}<br>{chance_label(data)}"))))
+        colorbar=dict(title=dict(text=f"{plain.html(metric)}<br>{chance_label(data)}"))))
     if fixed.any():                                      # the degenerate cells, grey, with their values
         fig.add_trace(go.Heatmap(
             z=_nested(np.where(fixed, 1.0, np.nan)), x=x, y=y, colorscale=[[0, GREY], [1, GREY]],
@@ -810,7 +815,7 @@ def _chance_trace(x, chance, *, name: str, color: str = "#555", legendgroup: str
     """A dashed line at the chance level (one value per x), labelled in the legend."""
     return go.Scatter(x=list(x), y=list(chance), mode="lines", name=name, legendgroup=legendgroup,
                       line=dict(color=color, dash="dash", width=1.5),
-                      hovertemplate=f"{name}<br>%{{y:.4g}}<extra></extra>")
+                      hovertemplate=f"{plain.hover(name)}<br>%{{y:.4g}}<extra></extra>")
 
 
 def _constant(values) -> float | None:
@@ -831,7 +836,7 @@ def layer_figure(results: pd.DataFrame, metric: str) -> go.Figure:
     if (lo.notna() & hi.notna()).any():
         error = dict(type="data", symmetric=False, array=(hi - data["value"]).clip(lower=0).tolist(),
                      arrayminus=(data["value"] - lo).clip(lower=0).tolist(), thickness=1)
-    hover = [f"layer {int(l)}<br>{metric} " + value_text(v, c, n, a, b)
+    hover = [f"layer {int(l)}<br>{plain.html(metric)} " + value_text(v, c, n, a, b)
              for l, v, c, n, a, b in zip(data["layer"], data["value"], _col(data, "chance"),
                                          _col(data, "n_tokens"), lo, hi)]
     fig = go.Figure(go.Scatter(x=data["layer"], y=data["value"], mode="lines+markers", name=metric,
@@ -851,7 +856,7 @@ def spectra_figure(spectra: pd.DataFrame, *, log_y: bool = True) -> go.Figure:
     for i, (proj, g) in enumerate(spectra.groupby("projection", sort=False)):
         fig.add_trace(go.Scatter(x=g["index"], y=g["sigma"], mode="lines+markers", name=str(proj),
                                  line=dict(color=run_color(i)),
-                                 hovertemplate=f"{proj}<br>i=%{{x}}<br>sigma %{{y:.4g}}<extra></extra>"))
+                                 hovertemplate=f"{plain.hover(proj)}<br>i=%{{x}}<br>sigma %{{y:.4g}}<extra></extra>"))
     fig = _layout(fig, x_title="singular value index", y_title="singular value σ", log_y=log_y, height=360)
     if log_y and len(spectra):
         readable_log_axis(fig, spectra["sigma"], "y")
@@ -860,7 +865,7 @@ def spectra_figure(spectra: pd.DataFrame, *, log_y: bool = True) -> go.Figure:
 
 def attention_figure(weights: np.ndarray, tokens: list[str], *, title: str = "") -> go.Figure:
     """One head's attention pattern (query rows x key columns, ``[T, T]``)."""
-    labels = [f"{i}:{t}" for i, t in enumerate(tokens)]
+    labels = [plain.html(f"{i}:{t}") for i, t in enumerate(tokens)]
     fig = go.Figure(go.Heatmap(z=_nested(weights), x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
                                hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
@@ -879,18 +884,18 @@ def diff_heatmap(diff: pd.DataFrame, metric: str, *, a_label: str = "A", b_label
     z = _grid(data, "diff", layers, heads).astype(float)  # (n_layers, n_heads)
 
     def side(row, s: str, label: str) -> str:
-        return f"{label} " + value_text(row[s], row.get(f"chance_{s}"), row.get(f"n_tokens_{s}"),
+        return f"{plain.html(label)} " + value_text(row[s], row.get(f"chance_{s}"), row.get(f"n_tokens_{s}"),
                                         row.get(f"ci_low_{s}"), row.get(f"ci_high_{s}"))
 
     hover = data.assign(hover=[
-        f"L{r['layer']}H{r['head']}<br>{b_label} - {a_label} = "
+        f"L{r['layer']}H{r['head']}<br>{plain.html(b_label)} - {plain.html(a_label)} = "
         f"{format(r['diff'], '+.4g') if _finite(r['diff']) else 'undefined'}<br>"
         f"{side(r, 'a', a_label)}<br>{side(r, 'b', b_label)}" for r in data.to_dict("records")])
     custom = [[("" if c is None else c) for c in row] for row in _grid(hover, "hover", layers, heads)]
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     fig = go.Figure(go.Heatmap(
         z=_nested(z), x=[f"H{h}" for h in heads], y=[f"L{l}" for l in layers],
-        colorscale=DIVERGING, zmin=-lim, zmax=lim, zmid=0.0, colorbar=dict(title=dict(text=f"{b_label} - {a_label}")),
+        colorscale=DIVERGING, zmin=-lim, zmax=lim, zmid=0.0, colorbar=dict(title=dict(text=plain.html(f"{b_label} - {a_label}"))),
         customdata=custom, hovertemplate="%{customdata}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     return _layout(fig, x_title="head", y_title="layer", height=max(260, min(900, 40 * z.shape[0] + 120)))
@@ -1049,7 +1054,8 @@ def wd_figure(points: pd.DataFrame, *, y: str = "final_val_loss", y_title: str =
                                       colorscale=RING_SCALE, cmin=0, cmax=1)),
                 customdata=np.stack([part["run_id"], part["spikes"], part["diverged"].astype(int),
                                      part["weight_decay"]], axis=-1),
-                hovertemplate=(f"{name}<br>wd %{{customdata[3]:.4g}}<br>{y_title} %{{y:.4g}}<br>run %{{customdata[0]}}"
+                hovertemplate=(f"{plain.hover(name)}<br>wd %{{customdata[3]:.4g}}<br>{plain.hover(y_title)} %{{y:.4g}}"
+                               "<br>run %{customdata[0]}"
                                "<br>spikes %{customdata[1]}<br>diverged %{customdata[2]}<extra></extra>")))
     _layout(fig, x_title="weight decay (log)", y_title=y_title, log_x=True)
     fig.update_xaxes(**ticks)
@@ -1113,7 +1119,7 @@ def norms_figure(norms: pd.DataFrame, *, variants=None, runs: pd.DataFrame | Non
     stored = set(data["metric"].unique())
     present = [m for m in NORM_TITLES if m in stored] + sorted(stored - set(NORM_TITLES))
     fig = make_subplots(rows=1, cols=len(present), shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=[NORM_TITLES.get(m, m) for m in present])
+                        subplot_titles=[plain.html(NORM_TITLES.get(m, m)) for m in present])
     order = {v: i for i, v in enumerate(V.ALL_VARIANTS)}
     groups = sorted(data.groupby(["_task", "variant", "_condition", "_sharing"]).groups,
                     key=lambda k: (k[0] != DEFAULT_TASK, k[0], order.get(k[1], 99), str(k[1]), k[2],
@@ -1136,7 +1142,7 @@ def norms_figure(norms: pd.DataFrame, *, variants=None, runs: pd.DataFrame | Non
             fig.add_trace(go.Scatter(
                 x=g["x"], y=g["value"], mode="markers", legendgroup=name, showlegend=False, name=name,
                 marker=dict(color=style["color"], symbol=style["symbol"], size=8), customdata=g["weight_decay"],
-                hovertemplate=(f"{name}<br>{NORM_TITLES.get(metric, metric)}<br>wd %{{customdata:.4g}}"
+                hovertemplate=(f"{plain.hover(name)}<br>{plain.hover(NORM_TITLES.get(metric, metric))}<br>wd %{{customdata:.4g}}"
                                "<br>norm %{y:.4g}<extra></extra>")), row=1, col=col)
     _layout(fig, x_title="", y_title="", log_x=True, height=400)
     fig.update_xaxes(type="log", **ticks)

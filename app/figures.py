@@ -80,7 +80,8 @@ def toolbar_config(fig: go.Figure, name: str, fmt: str = "svg") -> dict:
 def as_text(fig: go.Figure) -> go.Figure:
     """A copy of ``fig`` whose trace names and legend group titles (names from logs and files)
     are text, not plotly's HTML (``app.plain.html``): a run named ``<a href="...">`` is shown as
-    written, not as a link. Tooltips are built with ``<br>``: they escape names where built."""
+    written, not as a link. Titles and tooltips are built with markup (``<br>``): they escape
+    names where built. ``show`` draws and ``write_figures`` writes every figure through this."""
     import plotly.graph_objects as go  # here: plotly loads with the figures
 
     fig = go.Figure(fig)
@@ -138,7 +139,7 @@ def write_figures(figures: dict[str, go.Figure], out_dir: str | Path,
 
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(fig, out / f"{file_stem(name)}.{fmt}", fmt, *size_of(fig), PNG_SCALE if fmt == "png" else 1)
+    jobs = [(as_text(fig), out / f"{file_stem(name)}.{fmt}", fmt, *size_of(fig), PNG_SCALE if fmt == "png" else 1)
             for name, fig in figures.items() for fmt in formats]
     if not jobs:
         return []

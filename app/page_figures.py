@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from analysis.gpus import GIB
 from analysis.kv_cost import Attention, Geometry, baseline_attention, standard_configs, sweep_context, sweep_users
 from analysis.variants import sharing
-from app import charts
+from app import charts, plain
 from app.charts import LIGHT, group_style, readable_log_axis
 
 #: Axis titles in words for the KV cost sweep charts.
@@ -98,7 +98,7 @@ def add_intervals(fig: go.Figure, points: pd.DataFrame, *, y_title: str) -> go.F
             marker=dict(symbol="line-ew-open", size=16, color=charts.variant_color(variant, i), line=dict(width=2)),
             text=[f"n={n}" if n > 1 else "" for n in g["n_runs"]], textposition="middle right",
             customdata=[[w, n, c] for w, n, c in zip(g["weight_decay"], g["n_runs"], ci)],
-            hovertemplate=(f"{name}<br>wd %{{customdata[0]:.4g}}<br>mean {y_title} %{{y:.4g}} over "
+            hovertemplate=(f"{plain.hover(name)}<br>wd %{{customdata[0]:.4g}}<br>mean {plain.hover(y_title)} %{{y:.4g}} over "
                            "%{customdata[1]} runs<br>95% CI %{customdata[2]}<extra></extra>")))
     return fig
 
@@ -190,7 +190,8 @@ def results_figure(table: pd.DataFrame, metric: str) -> go.Figure | None:
             marker=dict(size=10, color=charts.VARIANT_COLORS.get(str(r["variant"]), "#888"),
                         symbol=_SHARING_SYMBOLS.get(str(r.get("sharing", ""))[:3], "circle")),
             error_y=dict(type="data", array=[err if pd.notna(err) else 0], visible=bool(pd.notna(err))),
-            hovertemplate=f"{name}<br>KV bytes/token %{{x:,.0f}}<br>{metric} %{{y:.4g}} (n {int(r[f'{metric} n'])})<extra></extra>"))
+            hovertemplate=(f"{plain.hover(name)}<br>KV bytes/token %{{x:,.0f}}<br>{plain.hover(metric)} %{{y:.4g}} "
+                           f"(n {int(r[f'{metric} n'])})<extra></extra>")))
     charts._layout(fig, x_title="KV-cache bytes per token", y_title=f"{metric} (mean ± std over a row's runs)",
                    log_x=True, height=420)
     fig.update_layout(legend=dict(orientation="h", y=-0.25))
@@ -219,11 +220,13 @@ def whatif_figure(curves: dict[str, pd.DataFrame], trained: pd.DataFrame, paper:
     fig = go.Figure()
     for name, c in curves.items():
         fig.add_trace(go.Scatter(x=c["kv_saved_pct"], y=c["delta_ppl_pct"], mode="lines+markers+text",
-                                 text=c["layers"], textposition="top center", name=name))
+                                 text=[plain.html(t) for t in c["layers"]], textposition="top center", name=name))
     fig.add_trace(go.Scatter(x=trained["kv_saved_pct"], y=trained["delta_ppl_pct"], mode="markers",
-                             marker={"symbol": "diamond", "size": 11}, text=trained["label"], name=WHATIF_TRAINED))
+                             marker={"symbol": "diamond", "size": 11}, text=[plain.html(t) for t in trained["label"]],
+                             name=WHATIF_TRAINED))
     fig.add_trace(go.Scatter(x=paper["kv_saved_pct"], y=paper["delta_ppl_pct"], mode="markers",
-                             marker={"symbol": "star", "size": 12}, text=paper["label"], name=WHATIF_PAPER))
+                             marker={"symbol": "star", "size": 12}, text=[plain.html(t) for t in paper["label"]],
+                             name=WHATIF_PAPER))
     fig.update_layout(xaxis_title="KV cache saved (% of bytes per token)", yaxis_title="perplexity change (%)",
                       height=480)
     return fig

@@ -11,12 +11,18 @@ link; plotly renders a subset of HTML in legends, tooltips and titles, so
   backslash-escaped (CommonMark renders an escaped character as itself, so
   ``\\[`` starts no link, ``\\<`` no HTML, ``\\:`` no ``:material/...:`` icon,
   ``\\$`` no formula), line breaks as spaces;
-* ``html(s)``: for plotly text: ``&``, ``<``, ``>`` as entities, which plotly
-  shows as the characters themselves.
+* ``html(s)``: for plotly text (titles, axis titles, annotations, hover lines
+  sent as data): ``&``, ``<``, ``>`` as entities, which plotly shows as the
+  characters themselves;
+* ``hover(s)``: for a name written into a plotly ``hovertemplate``: ``html(s)``,
+  and ``%{`` as ``&#37;{``, so that the name is shown as written, not read as
+  one of the template's ``%{...}`` fields.
 
-``app.figures.show`` passes every figure's trace names and legend group titles
-through ``html``; tooltips, built with ``<br>``, escape the names where they are
-built.
+``app.figures.as_text`` (every figure the dashboard draws and the CLI writes)
+passes trace names and legend group titles through ``html``; titles, axis
+titles and tooltips, built with ``<br>``, escape the names where they are
+built (``app.charts``, ``app.page_figures``, the pages' own figures).
+Not escaped: what plotly sets as plain text (parallel coordinates' tick texts).
 """
 from __future__ import annotations
 
@@ -35,3 +41,8 @@ def md(text: object) -> str:
 def html(text: object) -> str:
     """``text`` for plotly's HTML-subset text: ``&``, ``<``, ``>`` as entities."""
     return _html.escape(str(text), quote=False)
+
+
+def hover(text: object) -> str:
+    """``text`` inside a plotly ``hovertemplate``: ``html(text)`` with ``%{`` as ``&#37;{`` (no field)."""
+    return html(text).replace("%{", "&#37;{")

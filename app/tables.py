@@ -39,13 +39,15 @@ def _guard(value):
 def csv_bytes(frame: pd.DataFrame) -> bytes:
     """``frame`` as the UTF-8 CSV every download offers: headers and text cells that start like a
     formula (``FORMULA_START``: a run name ``=HYPERLINK(...)``, a metric ``=cmd|...``) guarded
-    with a leading ``'``, so opening the file in a spreadsheet runs nothing."""
+    with a leading ``'``, so opening the file in a spreadsheet runs nothing. Lines end in CRLF
+    (RFC 4180), so a cell holding a carriage return is quoted: a bare one would end the row
+    there for a spreadsheet, and what follows (``=...``) would start a cell of its own."""
     safe = frame.copy()
     safe.columns = [_guard(str(c)) for c in safe.columns]
     for col in safe.columns:
         if safe[col].dtype == object or pd.api.types.is_string_dtype(safe[col]):
             safe[col] = safe[col].map(_guard)
-    return safe.to_csv(index=False).encode()
+    return safe.to_csv(index=False, lineterminator="\r\n").encode()
 
 
 def few_tokens(note: str | None) -> bool:

@@ -268,7 +268,7 @@ def _direction_control(store, version, metric: str) -> str:
     overrides = metric_directions(str(store.path), version)
     stored = overrides.get(metric, "auto")
     by_name = direction(metric)
-    pick = st.selectbox(f"Better for {metric}", list(BETTER), index=list(BETTER).index(stored),
+    pick = st.selectbox(f"Better for {md(metric)}", list(BETTER), index=list(BETTER).index(stored),
                         format_func=lambda k: BETTER[k] if k != "auto" else
                         f"{'higher' if by_name == 'max' else 'lower'} ({BETTER['auto']})",
                         key=f"exp_better_{metric}",
@@ -412,7 +412,7 @@ def _edit_section(store, runs: pd.DataFrame) -> None:
             st.info("Nothing changed.")
             return
         set_run_metadata(store, int(rid), **changed)
-        st.success(f"Saved {', '.join(sorted(changed))} for {labels[rid]}.")
+        st.success(f"Saved {', '.join(sorted(changed))} for {md(labels[rid])}.")
 
 
 def render() -> None:

@@ -262,12 +262,12 @@ def _from_path(store):
         # from the scratch store; anything else waits for a click on Open.
         inspected = _stored_id(scratch, target)
         if inspected is None:
-            st.info(f"Path from the link: {target}. Press **Open** to read it on the server.")
+            st.info(f"Path from the link: {md(target)}. Press **Open** to read it on the server.")
             return scratch, None
         _add_to_database(store, target, upload=False)
         return scratch, inspected
     if not target.exists():
-        st.error(f"{target}: no such file or folder on the server. Give the path of a checkpoint file, "
+        st.error(f"{md(target)}: no such file or folder on the server. Give the path of a checkpoint file, "
                  "a Hugging Face folder or a zip.")
         return scratch, None
     set_query_params(path=str(target))
@@ -344,7 +344,7 @@ def _add_to_database(store, target: Path, *, upload: bool) -> None:
     if errors:
         st.error(md(pickers.user_message("; ".join(str(e) for e in errors))), icon=":material/error:")
     elif ids:
-        st.success(f"Stored in the database as checkpoint #{ids[0]}, project {project.strip()!r}.",
+        st.success(f"Stored in the database as checkpoint #{ids[0]}, project {md(repr(project.strip()))}.",
                    icon=":material/check:")
 
 
@@ -518,7 +518,7 @@ def _spectra_section(row: pd.Series) -> None:
     st.subheader("Singular-value spectra")
     path = str(row["path"])
     if not Path(path).exists():
-        st.caption(f"The weights are no longer at `{pickers.display_path(path)}` (an upload that was released, or a moved file): "
+        st.caption(f"The weights are no longer at {md(pickers.display_path(path))} (an upload that was released, or a moved file): "
                    "open it again from a server path or an upload to see spectra and attention maps.")
         return
     c1, c2, c3 = st.columns([1, 1, 1])

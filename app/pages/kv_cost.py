@@ -72,7 +72,7 @@ def _stored_checkpoints() -> list[dict]:
         chosen = st.session_state.get("project_filter") or []      # the sidebar's (render draws it)
         return [r for r in rows if not chosen or (r.get("project") or NO_PROJECT) in chosen]
     except QkvscopeError as exc:
-        st.caption(f"Stored checkpoints unavailable: {exc}")
+        st.caption(f"Stored checkpoints unavailable: {md(exc)}")
         return []
 
 
@@ -356,7 +356,7 @@ def render() -> None:
     geometry = _geometry_inputs(state)
     mla = (f", MLA latent {geometry.kv_lora_rank} + rope {geometry.qk_rope_head_dim}"
            if geometry.kv_lora_rank else "")
-    st.caption(f"**{geometry.name}**: {geometry.n_layers} layers, d_model {geometry.d_model}, "
+    st.caption(f"**{md(geometry.name)}**: {geometry.n_layers} layers, d_model {geometry.d_model}, "
                f"{geometry.n_heads} heads ({geometry.n_kv_heads} KV), d_head {geometry.d_head}, "
                f"own variant {geometry.variant}{mla}")
     attention = _attention_inputs(state, geometry)

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app import tables
+from app.plain import md
 from app.state import (DEMO_DIR, data_version, demo_only, get_store, in_projects, project_counts, project_filter,
                        query_param, set_query_params, summary, checkpoints_frame as _checkpoints, cached_read)
 from loaders.projects import NO_PROJECT
@@ -64,7 +65,7 @@ def _ingest_form(store) -> None:
         return
     target = Path(path.strip()).expanduser()
     if not target.exists():
-        st.error(f"{target}: no such file or folder on the server.")
+        st.error(f"{md(target)}: no such file or folder on the server.")
         return
     set_query_params(path=str(target))
     bar = st.progress(0.0, text="Scanning...")

@@ -23,7 +23,7 @@ import streamlit as st
 
 from analysis.directions import direction
 from analysis.results_table import default_task, default_wd, metric_order, results_view, wd_choices
-from app import figures, tables
+from app import figures, plain, tables
 from app.page_figures import results_figure
 from app.state import (data_version, get_store, in_projects, metric_directions, project_filter, query_param,
                        set_query_params, cached_read, url_choice, url_ignored, url_notes)
@@ -156,7 +156,7 @@ def render() -> None:
     fig = results_figure(table, metrics[0]) if metrics else None
     if fig is not None:
         figures.show(fig, key="res_figure")
-        st.caption(f"Each row above as a point: its mean {metrics[0]} (bars: the standard deviation over its "
+        st.caption(f"Each row above as a point: its mean {plain.md(metrics[0])} (bars: the standard deviation over its "
                    "runs) against the KV-cache bytes per token it serves with.")
     caption = (f"{', '.join(metrics)} ({stat} value, mean $\\pm$ std over seeds), weight decay {wd_pick}")
     e1, e2, e3 = st.columns(3)

@@ -42,7 +42,7 @@ from app import charts, figures, tables
 from app.attempts import analyse_each, show_batch
 from app.page_figures import _task_column, by_task, per_run, per_wd, regressions, wd_curve_figures
 from app.pickers import checkpoint_label
-from app.plain import md
+from app.plain import hover, html, md
 from app.state import (current_notes, data_version, get_store, in_projects, project_filter, query_param,
                        results_over_checkpoints, set_query_params, store_at, cached_read)
 from loaders import curves
@@ -215,20 +215,21 @@ def regression_figure(regs: dict[RegKey, dict], *, y_title: str, names=None) -> 
         fig.add_trace(go.Scatter(
             x=reg["weight_decays"], y=reg["values"], mode="markers", name=f"{shown}: runs", legendgroup=shown,
             marker=dict(color=color, size=8, opacity=0.6), customdata=reg["run_ids"],
-            hovertemplate=f"{shown}<br>run %{{customdata}}<br>wd %{{x:.4g}}<br>{y_title} %{{y:.4g}}<extra></extra>"))
+            hovertemplate=f"{hover(shown)}<br>run %{{customdata}}<br>wd %{{x:.4g}}<br>{hover(y_title)} %{{y:.4g}}"
+                          "<extra></extra>"))
         if reg["pd_values"] is None:
             continue
         fig.add_trace(go.Scatter(
             x=reg["pd_weight_decays"], y=reg["pd_values"], mode="lines", name=f"{shown}: partial dependence (trees)",
             legendgroup=shown, line=dict(color=color, width=3),
-            hovertemplate=f"{shown}<br>wd %{{x:.4g}}<br>partial dependence %{{y:.4g}}<extra></extra>"))
+            hovertemplate=f"{hover(shown)}<br>wd %{{x:.4g}}<br>partial dependence %{{y:.4g}}<extra></extra>"))
         fig.add_trace(go.Scatter(
             x=reg["pd_weight_decays"], y=reg["linear_pd_values"], mode="lines", name=f"{shown}: linear model",
             legendgroup=shown, line=dict(color=color, width=1.5, dash="dot"), hoverinfo="skip"))
     fig.update_layout(height=420, template="plotly_white", margin=dict(l=60, r=20, t=20, b=50),
                       legend=dict(orientation="h", y=-0.2), hovermode="closest")
     fig.update_xaxes(type="log", title="weight decay (log; wd 0 left out)")
-    fig.update_yaxes(title=y_title)
+    fig.update_yaxes(title=html(y_title))
     return fig
 
 
@@ -244,17 +245,17 @@ def coefficient_figure(regs: dict[RegKey, dict], *, metric: str, names=None) -> 
         err = (dict(type="data", symmetric=False, array=[hi - b], arrayminus=[b - lo], thickness=2, width=8)
                if lo is not None else None)
         fig.add_trace(go.Scatter(
-            x=[b], y=[shown], mode="markers+text", name=shown, showlegend=False, error_x=err,
+            x=[b], y=[html(shown)], mode="markers+text", name=shown, showlegend=False, error_x=err,
             marker=dict(color=charts.variant_color(variant, i), size=12), text=[f"n={reg['n_runs']}"],
             textposition="top center",
-            hovertemplate=(f"{shown}<br>d {metric} / d log10(wd) %{{x:+.4f}}<br>"
+            hovertemplate=(f"{hover(shown)}<br>d {hover(metric)} / d log10(wd) %{{x:+.4f}}<br>"
                            f"{reg['confidence']:.0%} CI {_ci(lo, hi, '+.4f')}<br>n {reg['n_runs']} runs"
                            "<extra></extra>")))
     fig.add_vline(x=0, line=dict(color="#555", dash="dash", width=1), annotation_text="0: no effect",
                   annotation_position="top")
     fig.update_layout(height=120 + 60 * max(len(rows), 1), template="plotly_white",
                       margin=dict(l=60, r=20, t=30, b=50))
-    fig.update_xaxes(title=f"d {metric} / d log10(wd)", zeroline=False)
+    fig.update_xaxes(title=html(f"d {metric} / d log10(wd)"), zeroline=False)
     return fig
 
 
@@ -295,18 +296,18 @@ def _regression_section(table: pd.DataFrame, *, metric: str, y_title: str) -> No
     for task, task_regs in per_task.items():
         suffix = "" if len(per_task) == 1 else f"_{task}"
         if len(per_task) > 1:
-            st.markdown(f"**{task}**")
+            st.markdown(f"**{md(task)}**")
         left, right = st.columns([3, 2])
         figures.show(regression_figure(task_regs, y_title=y_title, names=regs), key=f"wd_regression{suffix}",
                      where=left)
         figures.show(coefficient_figure(task_regs, metric=metric, names=regs), key=f"wd_coef{suffix}", where=right)
-    st.caption(f"Right: change of the {y_title} per decade of weight decay with the other hyperparameters held "
+    st.caption(f"Right: change of the {md(y_title)} per decade of weight decay with the other hyperparameters held "
                "fixed; bars: its case-bootstrap interval; n: runs fitted. An interval across the dashed line "
                "means the sweep cannot tell the sign. Each task, project and geometry is fitted on its own.")
     st.dataframe(regression_table(regs), hide_index=True, width="stretch", placeholder=tables.MISSING, key="wd_regression_table")
     any_reg = next(iter(regs.values()))
     st.caption(
-        f"Linear model: least squares of each run's {y_title} on log10(wd) and the other swept hyperparameters "
+        f"Linear model: least squares of each run's {md(y_title)} on log10(wd) and the other swept hyperparameters "
         "(log10 for learning rates and other positive values drawn over orders of magnitude; standardised); the "
         f"coefficient is the change per decade of weight decay with the others held fixed, its interval a "
         f"{any_reg['confidence']:.0%} case bootstrap ({any_reg['n_boot']:,} resamples of the runs). Partial "
@@ -424,7 +425,7 @@ def render() -> None:
     if shown:
         for task, fig in shown.items():
             if len(shown) > 1:
-                st.markdown(f"**{task}**")
+                st.markdown(f"**{md(task)}**")
             figures.show(fig, key="wd_curve" if len(shown) == 1 else f"wd_curve_{task}")
         st.caption(f"Markers: one per run (crosses: diverged; black ring: loss spikes). Lines: mean {statistic} loss "
                    f"of the runs that did not diverge. Dashes with bars: the mean over every run at that weight decay "

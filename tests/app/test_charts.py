@@ -96,7 +96,7 @@ def test_heatmap_muted_fades_cells_and_says_why():
     fig = charts.heatmap_figure(_chance_results([[0.9]], 0.25), "kv_share_r2",
                                 muted="512 tokens < 8 x d_head = 1024")
     assert fig.data[0].opacity == 0.35
-    assert fig.layout.title.text == "Faded: too few tokens (512 tokens < 8 x d_head = 1024)"
+    assert fig.layout.title.text == "Faded: too few tokens (512 tokens &lt; 8 x d_head = 1024)"   # shown as '<'
 
 
 def test_heat_range_for_shared_scales():

@@ -326,7 +326,7 @@ def test_edit_metadata_is_stored(runs_db):
     at.text_input[1].input("0.3")  # weight decay field of the form (search box is text_input[0])
     at.button[0].click().run()
     assert not at.exception
-    assert at.success[0].value == "Saved weight_decay for qkv-wd0.1 (id 2)."
+    assert shown(at.success[0].value) == "Saved weight_decay for qkv-wd0.1 (id 2)."
     from loaders.logs import list_runs
 
     run = next(r for r in list_runs(Store(runs_db)) if r["id"] == 2)

@@ -11,7 +11,7 @@ from app.pages.inspector import save_uploads
 from loaders.errors import QkvscopeError
 from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
-from tests.app.apptest import page_test
+from tests.app.apptest import page_test, shown
 from tests.app.test_page_experiments import arr, figures, qp
 
 
@@ -133,7 +133,7 @@ def test_server_path_is_inspected_without_storing_until_added(tmp_path, monkeypa
     assert not at.exception, at.exception
     [stored] = Store(db).checkpoints()
     assert (stored["id"], stored["project"]) == (1, "tiny-models")
-    assert "Stored in the database as checkpoint #1, project 'tiny-models'." in [s.value for s in at.success]
+    assert "Stored in the database as checkpoint #1, project 'tiny-models'." in [shown(s.value) for s in at.success]
     # the same link again opens the stored checkpoint from the database
     again = page_test("inspector", {"src": "path", "path": str(model_dir)}).run()
     assert not again.exception and "insp_heatmap" in figures(again)
@@ -146,7 +146,7 @@ def test_server_path_that_does_not_exist_says_so(ckpt_db, tmp_path):
     assert not at.error                                          # nothing is looked at before Open
     at.button[0].click().run()
     assert not at.exception
-    assert at.error[0].value.startswith(f"{tmp_path / 'nope'}: no such file or folder on the server.")
+    assert shown(at.error[0].value).startswith(f"{tmp_path / 'nope'}: no such file or folder on the server.")
 
 
 def test_save_uploads_single_file_folder_and_names(tmp_path):
@@ -288,7 +288,7 @@ def test_activation_heatmap_and_tables_show_chance_tokens_interval_and_greyed_re
     assert heat["zmid"] == 0.3 and heat["colorbar"]["title"]["text"] == "kv_share_r2_act<br>chance 0.3"
     assert heat["customdata"][1][2] == ("L1H2<br>kv_share_r2_act 0.9 (chance 0.3)<br>n=40 tokens, 95% CI 0.85–0.95"
                                         "<br>above chance (outside the null band, 5% false discovery rate)")
-    assert heat["opacity"] == 0.35 and heat_fig["layout"]["title"]["text"] == "Faded: too few tokens (40 tokens < 8 x d_head = 64)"
+    assert heat["opacity"] == 0.35 and heat_fig["layout"]["title"]["text"] == "Faded: too few tokens (40 tokens &lt; 8 x d_head = 64)"
     assert any(w.value == f"kv_share_r2_act rests on too few tokens: {FEW}" for w in at.warning)
     assert any(c.value.startswith("**chance 0.3**: the same metric of the same captured layer input")
                for c in at.caption)

@@ -15,7 +15,7 @@ from analysis import variants as V
 from analysis.registry import METRIC_VERSION, names
 from app.plain import md
 from loaders.store import Store, refresh_run_stats
-from tests.app.apptest import page_test
+from tests.app.apptest import page_test, shown
 from tests.app.test_page_experiments import arr, figures, qp
 
 #: The notes of a stored weights job that holds norm_k rows alone: every other weight metric is
@@ -354,8 +354,8 @@ def test_analysing_checkpoints_names_them_and_redraws_without_the_stale_notice(w
     assert done == [1, 2, 3]
     assert not any("not analysed yet" in c.value for c in at.caption)
     assert not [b for b in at.button if b.key == "wd_analyse"]
-    assert at.success[0].value == ("Analysed qkv-wd0.01 · step 4,000 (#1), qkv-wd0.03 · step 4,000 (#2), "
-                                   "qkv-wd0.1 · step 4,000 (#3).")
+    assert shown(at.success[0].value) == ("Analysed qkv-wd0.01 · step 4,000 (#1), qkv-wd0.03 · step 4,000 (#2), "
+                                          "qkv-wd0.1 · step 4,000 (#3).")
     assert "wd_norms" in figures(at)
     # the next run of the page (any widget change) drops the one-off notice
     at.run()
@@ -383,8 +383,8 @@ def test_a_checkpoint_that_fails_to_analyse_does_not_stop_the_others(wd_db, monk
     at.button(key="wd_analyse").click().run()
     assert not at.exception, at.exception
     assert done == [1, 3]
-    assert at.success[0].value == "Analysed qkv-wd0.01 · step 4,000 (#1), qkv-wd0.1 · step 4,000 (#3)."
-    assert [e.value for e in at.error] == [
+    assert shown(at.success[0].value) == "Analysed qkv-wd0.01 · step 4,000 (#1), qkv-wd0.1 · step 4,000 (#3)."
+    assert [shown(e.value) for e in at.error] == [
         "qkv-wd0.03 · step 4,000 (#2): /gone/ckpt2: checkpoint 2 is stored but its file is gone; "
         "re-ingest it from its new place"]
     assert at.button(key="wd_analyse").label == "Analyse 1 checkpoints"

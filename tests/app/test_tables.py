@@ -134,9 +134,9 @@ def test_csv_downloads_guard_formula_cells_and_headers():
 
     from app.tables import csv_bytes
 
-    frame = pd.DataFrame({"=cmd|' /C calc'!A0": ["=HYPERLINK(\"http://x\")", "+1", "-x", "@SUM(A1)", "\tz", "ok"],
-                          "value": [-1.5, 2.0, 3.0, 4.0, 5.0, 6.0]})
-    rows = list(csv.reader(io.StringIO(csv_bytes(frame).decode())))
+    frame = pd.DataFrame({"=cmd|' /C calc'!A0": ["=HYPERLINK(\"http://x\")", "+1", "-x", "@SUM(A1)", "\tz", "\rz", "ok\r=1+1"],
+                          "value": [-1.5, 2.0, 3.0, 4.0, 5.0, 5.5, 6.0]})
+    rows = list(csv.reader(io.StringIO(csv_bytes(frame).decode(), newline="")))
     assert rows[0] == ["'=cmd|' /C calc'!A0", "value"]
-    assert [r[0] for r in rows[1:]] == ["'=HYPERLINK(\"http://x\")", "'+1", "'-x", "'@SUM(A1)", "'\tz", "ok"]
-    assert [r[1] for r in rows[1:]] == ["-1.5", "2.0", "3.0", "4.0", "5.0", "6.0"]   # numbers stay numbers
+    assert [r[0] for r in rows[1:]] == ["'=HYPERLINK(\"http://x\")", "'+1", "'-x", "'@SUM(A1)", "'\tz", "'\rz", "ok\r=1+1"]
+    assert [r[1] for r in rows[1:]] == ["-1.5", "2.0", "3.0", "4.0", "5.0", "5.5", "6.0"]   # numbers stay numbers

@@ -201,3 +201,102 @@ def test_spill_files_are_bounded_when_allowed(store, tmp_path):
     env["QKVSCOPE_SQL_SPILL_MB"] = "4000"
     assert attack(store, sql, timeout_s=60, env=env)["message"] == "ok 1 rows"
     assert list(tmp.iterdir()) == []
+
+
+# -- what the server holds: each payload as the SQL page serves it, in a server under 3 GiB ------
+
+SERVER_LIMIT = 3 << 30      # the server's address space (RLIMIT_AS) in these tests
+HELD_MAX = 500 << 20        # what a served payload may leave the server holding above idle
+
+_SERVE = """
+import gc, json, resource, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from streamlit.dataframe_util import convert_pandas_df_to_arrow_bytes
+from app import tables
+from loaders.errors import QueryError
+from loaders.sql_console import run_readonly_query
+from loaders.store import Store
+
+def rss():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize()
+
+store, args = Store(sys.argv[2]), json.load(open(sys.argv[3]))
+held = []                        # each session keeps its last result (st.session_state)
+
+def serve(sql, out):
+    try:                         # app/pages/sql.py: the query, its grid, its CSV download
+        r = run_readonly_query(store, sql, timeout_s=args["timeout_s"], max_rows=10_000)
+        convert_pandas_df_to_arrow_bytes(r.frame)
+        tables.csv_bytes(r.frame)
+        held.append(r)
+        out.append(f"ok {len(r.frame)} rows")
+    except QueryError as exc:
+        out.append(str(exc))
+
+serve("SELECT 1 AS warm", [])
+held.clear(); gc.collect()
+idle, peak, done = rss(), [0], threading.Event()
+
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], rss()); time.sleep(0.005)
+
+sampler = threading.Thread(target=sample); sampler.start()
+messages = []
+sessions = [threading.Thread(target=serve, args=(args["sql"], messages)) for _ in range(args["sessions"])]
+for s in sessions: s.start()
+for s in sessions: s.join()
+done.set(); sampler.join(); gc.collect()
+print(json.dumps({"messages": sorted(messages), "idle": idle, "peak_above": max(peak[0], rss()) - idle,
+                  "held_above": rss() - idle}))
+"""
+
+VALUES = ("result of over 2,000,000 values (a list or struct cell counts its elements): add LIMIT, unnest "
+          "less or select fewer columns (QKVSCOPE_SQL_MAX_VALUES; set it in the environment to raise it)")
+BUSY = ("2 queries are running already, the most at once (QKVSCOPE_SQL_CONCURRENT; set it in the environment "
+        "to raise it); try again when one ends")
+NULLS = "SELECT array_agg({'a': NULL}) AS l FROM range(10000000)"
+
+
+def serve(store, tmp_path, sql: str, *, sessions: int = 1) -> dict:
+    """``sql`` served by ``sessions`` sessions at once as the SQL page serves it (query, grid,
+    CSV; the result kept) in a process under RLIMIT_AS 3 GiB: its messages and its resident
+    memory above idle (after a warm-up query), at its peak and held after."""
+    root = Path(__file__).resolve().parents[2]
+    args = tmp_path / "payload.json"
+    args.write_text(json.dumps({"sql": sql, "sessions": sessions, "timeout_s": 60}))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SERVE, str(root), str(store.path), str(args)], capture_output=True, text=True,
+        timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (SERVER_LIMIT, SERVER_LIMIT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    print(f"{sql[:70]!r} x{sessions}: peak +{got['peak_above'] >> 20} MiB, held +{got['held_above'] >> 20} MiB "
+          f"above idle ({got['idle'] >> 20} MiB): {got['messages']}")
+    return got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sql, sessions, messages", [
+    (NULLS, 1, [VALUES]),                                                          # 418 MB -> 4.27 GB
+    (f"SELECT l FROM ({NULLS}), range(20)", 1, [MEMORY]),                          # ~40 GB
+    ("SELECT array_agg(NULL) AS l FROM range(10000000)", 1, [VALUES]),
+    ("SELECT array_agg([NULL, NULL]) AS l FROM range(5000000)", 1, [VALUES]),
+    ("SELECT array_agg({'a': [], 'b': {'c': NULL}}) AS l FROM range(10000000)", 1, [VALUES]),
+    ("SELECT [NULL] AS l FROM range(1000000)", 1, ["ok 10000 rows"]),
+    ("SELECT repeat('x', 100000) AS s FROM range(10000)", 1,
+     ["result over 64 MB: add LIMIT or select fewer columns (QKVSCOPE_SQL_RESULT_MB; set it in the environment "
+      "to raise it)"]),
+    ("SELECT 1 WHERE 1 IN (" + "1," * 4_000_000 + "1)", 1,                         # 8 MB: 5.1 GB to parse
+     ["query text of 8,000,023 bytes is over 64 KB (QKVSCOPE_SQL_MAX_QUERY_KB; set it in the environment "
+      "to raise it)"]),
+    ("SELECT 1 AS x WHERE 1 IN (" + "1," * 32_000 + "1)", 1, ["ok 1 rows"]),       # 64 KB, parsed in the child
+    (NULLS, 4, [BUSY, BUSY, VALUES, VALUES]),                                       # sessions at once
+])
+def test_the_server_holds_no_payload(store, tmp_path, sql, sessions, messages):
+    """Each payload as the dashboard serves it, in a server under a 3 GiB address space: the
+    server lives, answers with the budget's message, and holds under 500 MB above idle after."""
+    got = serve(store, tmp_path, sql, sessions=sessions)
+    assert got["messages"] == messages
+    assert got["held_above"] < HELD_MAX
+    assert got["peak_above"] < SERVER_LIMIT - got["idle"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,6 +113,39 @@ def test_wandb_export_many_runs(store, tmp_path):
     assert points(store, runs["wd0.03-run"]["id"], "train/loss") == [(0, 3.2)]
     assert rep.reason is None            # empty cells (and the bands) are not counted
 
+
+def test_wandb_export_counts_what_it_cannot_read(store, tmp_path):
+    """Cells that are not numbers are no points and are counted per run; a row without a step
+    number is counted once for the file, whatever runs it holds cells of. NaN is stored as NULL,
+    +-inf as it is; a step logged again replaces the earlier point (the run is resumed)."""
+    p = write(tmp_path / "wandb_export.csv",
+              'Step,r1 - loss,r1 - loss__MIN,r2 - train_loss,r1 - val_loss,"r""q - lr",r2 - train_loss__MAX\n'
+              '0,1.0,0.9,n/a,2.0,nan,x\n1,inf,,--,, ,\nx,3.0,,4.0,,,\n,5.0,,,,,\n,,7,,,,\n1e30,6.0,,,,,\n'
+              '2,1.5,,-inf,n/a,1e-3,\n1,1.25,,2.0,bad,7,\n2.6,9,,foo,bar,baz,\ny,,,,,,\n')
+    [rep] = ingest_log(store, p)
+    assert (rep.n_points, rep.reason) == (10, "7 cells not numbers: n/a, bad, bar, ...; "
+                                              "4 rows without a step number: x, '', 1e30, ...")
+    runs = {r["name"]: r for r in list_runs(store)}
+    assert points(store, runs["r1"]["id"], "train/loss") == [(0, 1.0), (1, 1.25), (2, 1.5), (3, 9.0)]
+    assert points(store, runs["r1"]["id"], "val/loss") == [(0, 2.0)]
+    assert points(store, runs["r2"]["id"], "train/loss") == [(1, 2.0), (2, float("-inf"))]
+    assert points(store, runs['r"q']["id"], "lr") == [(0, None), (1, 7.0), (2, 0.001)]
+    assert all(r["resumed"] for r in runs.values())
+
+def test_wandb_export_of_a_nanogpt_fork(store):
+    """The structure of a real export (``realworld/SOURCES.md``): every cell quoted, run names with
+    a timestamp, runs of different lengths (``""`` where a run has stopped)."""
+    p = Path(__file__).parent / "realworld" / "wandb_export" / "wandb_export.csv"
+    assert detect_log(p) == "wandb_csv"
+    [rep] = ingest_log(store, p)
+    assert (rep.status, rep.n_points, rep.reason) == ("added", 26, None)
+    runs = {r["name"]: r for r in list_runs(store)}
+    assert len(runs) == 8 and "gpt2_char_to_token1729534595.422701" in runs
+    assert points(store, runs["gpt2"]["id"], "train/loss") == [
+        (0, 10.95404052734375), (1, 6.684843063354492), (2, 5.882663726806641), (354, 3.297886848449707),
+        (355, 3.2762792110443115)]
+    assert points(store, runs["gpt2_char_to_token1729491541.2756786"]["id"], "train/loss") == [
+        (0, 10.945090293884277), (1, 7.024113655090332), (2, 6.403542518615723)]
 
 def test_nanogpt_stdout(store, tmp_path):
     text = """Overriding config with config/train_shakespeare_char.py:
