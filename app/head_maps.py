@@ -50,6 +50,10 @@ def pair_layers(results: pd.DataFrame, metric: str) -> list[int]:
     return sorted(int(x) for x in rows["layer"].unique())
 
 
+def _chance_col(rows: pd.DataFrame) -> pd.Series:
+    return rows["chance"] if "chance" in rows.columns else pd.Series(np.nan, index=rows.index)
+
+
 def head_map_figure(results: pd.DataFrame, metric: str, layer: int) -> go.Figure:
     """Head x head heatmap of ``metric`` in ``layer`` (module docstring)."""
     rows = pair_rows(results, metric, layer)
@@ -62,7 +66,7 @@ def head_map_figure(results: pd.DataFrame, metric: str, layer: int) -> go.Figure
     star = np.zeros((n, n), dtype=bool)
     _, above = charts.flags_of(rows)
     hover = [["" for _ in range(n)] for _ in range(n)]
-    for (h, h2, v, c), a in zip(zip(rows["head"], rows["head2"], rows["value"], charts._col(rows, "chance")), above):
+    for (h, h2, v, c), a in zip(zip(rows["head"], rows["head2"], rows["value"], _chance_col(rows)), above):
         h, h2 = int(h), int(h2)
         z[h, h2] = v
         star[h, h2] = bool(a)
