@@ -49,11 +49,13 @@ _MC = "median of random Gaussian layers of the same shapes"
 def similarity(layer, p: str, *, aligned: bool):
     """``[n, n]`` float64 over the layer's kv heads: the flat or aligned cosine (module docstring)
     of the pairs ``layer.head_pairs(p)`` holds, both orders; NaN for the pairs not computed
-    (``analysis.chance``'s wide layers) and on the diagonal (no pair)."""
+    (``analysis.chance``'s wide layers) and on the diagonal (no pair); ``Absent`` for one kv head."""
     import torch   # here: torch loads where a layer is measured (the registry stays torch-free)
 
     from analysis._linalg import small_svdvals
 
+    if layer.meta.n_kv_heads < 2:
+        raise Absent("one kv head: no pair of kv heads")
     i, j, c = layer.head_pairs(p)
     grams = layer.kvp.kk if p == "k" else layer.kvp.vv
     norms = torch.diagonal(grams, dim1=1, dim2=2).double().sum(1).sqrt()       # ||W_p[h]||_F

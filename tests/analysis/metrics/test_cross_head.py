@@ -161,3 +161,4 @@ def test_one_kv_head_has_no_pairs_and_nothing_to_pool():
     frame, notes = weight_metrics(layer_of(wk, wv), meta(g=1), device="cpu")
     assert not set(frame["metric"]) & {*SIMS, "gqa_pool_residual"}
     assert notes["gqa_pool_residual"] == "one kv head: nothing to pool"
+    assert all(notes[x] == "one kv head: no pair of kv heads" for x in SIMS)
