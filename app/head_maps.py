@@ -9,7 +9,8 @@ pair) is blank; with a chance level the colours diverge from it as on the layer 
 ``grouping_frame(rows)``: ``analysis.head_grouping.table`` rows (from the reading child,
 ``app.inspect_child.head_groupings``) as the table shown beside it: for ``G = n/2, n/4, 1``
 the contiguous and the best free grouping with their mean and largest mean-pool residual.
-``section(results, row)``: the whole section (one call from ``app.pages.inspector``).
+``section(results, row)``: the whole section (one call from ``app.pages.inspector``), opening on the
+layer of the page's ``layer`` URL value (the spectra's) where it has pairs.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import streamlit as st
 from analysis.registry import BY_NAME, METRICS, PAIR_AXES
 from app import charts, figures
 from app.attempts import attempt, file_stamp, show_failure
+from app.state import query_param
 
 #: The axes whose pairs are heads of one layer.
 HEAD_PAIR_AXES = tuple(a for a in PAIR_AXES if a != "layer_pair")
@@ -127,7 +129,10 @@ def section(results: pd.DataFrame, row: pd.Series) -> None:
     c1, c2 = st.columns(2)
     metric = c1.selectbox("Pair metric", metrics, key="insp_pair_metric",
                           help="; ".join(f"{m}: {BY_NAME[m].help}" for m in metrics))
-    layer = int(c2.selectbox("Layer", pair_layers(results, metric), key="insp_pair_layer"))
+    layers = pair_layers(results, metric)
+    chosen = query_param("layer")                 # the layer the spectra and attention maps show, if any
+    start = layers.index(int(chosen)) if chosen is not None and chosen.isdigit() and int(chosen) in layers else 0
+    layer = int(c2.selectbox("Layer", layers, index=start, key="insp_pair_layer"))
     left, right = st.columns([3, 2])
     figures.show(head_map_figure(results, metric, layer), key="insp_head_map", where=left)
     pool = results[(results["metric"] == "gqa_pool_residual") & (results["layer"] == layer)]
