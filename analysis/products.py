@@ -209,8 +209,10 @@ class LayerProducts:
 
     def head_pairs(self, p: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(i, j, C)``: pairs of the layer's kv heads ``i < j`` and ``C = W_p[i]^T W_p[j]``
-        ``[pairs, d_head, d_head]`` (float64; ``p`` in ``k v``). Every pair, as blocks of
-        ``stacked_gram(p)``, where per-layer values are wanted; where they are not
+        ``[pairs, d_head, d_head]`` (float64; ``p`` in ``k v``). Every pair where per-layer values
+        are wanted: the blocks of ``stacked_gram(p)`` where a metric formed it already (the
+        layer's K/V spectra of a grouped-query layer), else only its upper blocks (half the cost:
+        ``n^2 d_model d_head^2 / 2`` multiply-adds); where they are not
         (``analysis.chance``'s wide random layers) the disjoint pairs ``(2m, 2m+1)`` only, each
         product formed on its own: independent draws of a pair, at ``n/2`` products instead of
         ``n^2/2``."""
@@ -220,8 +222,13 @@ class LayerProducts:
             n, e = w.shape[0], w.shape[2]
             if self.whole:
                 i, j = torch.triu_indices(n, n, 1, device=self.device)
-                blocks = self.stacked_gram(p).reshape(n, e, n, e).permute(0, 2, 1, 3)
-                c = blocks[i, j]
+                if f"_stacked_gram_{p}" in self.__dict__ or (p == "k" and "form" in self.__dict__):
+                    c = self.stacked_gram(p).reshape(n, e, n, e).permute(0, 2, 1, 3)[i, j]
+                else:                                    # the Gram's upper blocks only: half its cost
+                    s = stack_heads(w).double()          # [d_model, n e]
+                    c = torch.cat([(s[:, a * e:(a + 1) * e].mT @ s[:, (a + 1) * e:]).reshape(e, n - a - 1, e)
+                                   .permute(1, 0, 2) for a in range(n - 1)]) if n > 1 else \
+                        torch.zeros(0, e, e, dtype=torch.float64, device=self.device)
             else:
                 i = torch.arange(0, n - 1, 2, device=self.device)
                 j = i + 1
