@@ -41,7 +41,9 @@ does the first three as post-hoc surgery):
 ``q_eq_k_eq_v``: ``A+B``: ``q_eq_k`` by A, then ``k_eq_v`` by B on the result (default ``psd+lstsq``).
 ``gqa`` (``n_kv_heads -> G``) and ``mqa`` (G = 1):
   * ``mean``: K and V mean-pooled within each group of n_kv_heads / G heads (Ainslie et al.,
-    arXiv 2305.13245, section 2.1).
+    arXiv 2305.13245, section 2.1). The groups are contiguous runs of heads unless a ``grouping``
+    is given (``analysis.head_grouping``: e.g. the free grouping of least mean-pool residual),
+    which ``regroup`` makes contiguous first by permuting the heads (an exact change).
   * ``aligned``: before pooling, each head j of a group is rotated onto the group's first head
     by orthogonal Procrustes on the captured input (R_j = U V^T from the SVD of
     W_K[j]^T S W_K[ref]), W_K[j] := W_K[j] R_j and the query heads that read j get W_Q[h] R_j
@@ -282,12 +284,47 @@ def procrustes(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor | None) -> torc
     return u @ vt
 
 
-def gqa(layer, groups: int, method: str = "mean", stats: InputStats | None = None, *, rotary: bool = False):
-    """The layer with ``groups`` kv heads (module docstring: ``mean``, ``aligned``)."""
+def regroup(layer, grouping):
+    """``layer`` with its kv heads in the order of ``grouping`` (groups of kv head indices, each
+    head once), each kv head's query heads, their ``W_O`` rows and per-head biases and norm gains
+    moved with it: the same function (the output sums over heads), with ``grouping``'s groups
+    contiguous, so ``gqa`` pools exactly them."""
+    nkv, per = layer.W_K.shape[0], _group(layer)
+    order = [int(h) for g in grouping for h in g]
+    if sorted(order) != list(range(nkv)) or len({len(g) for g in grouping}) != 1:
+        raise ConversionError(f"layer {layer.layer}: grouping {[list(g) for g in grouping]} is not a partition of "
+                              f"its {nkv} kv heads into groups of one size")
+    q_order = [j * per + t for j in order for t in range(per)]
+
+    def take(t, idx):
+        return None if t is None else t[idx]
+
+    return replace(layer, W_Q=take(layer.W_Q, q_order), b_Q=take(layer.b_Q, q_order), W_O=layer.W_O[q_order],
+                   W_K=layer.W_K[order], W_V=layer.W_V[order], b_K=take(layer.b_K, order),
+                   b_V=take(layer.b_V, order),
+                   q_norm=_heads_of(layer.q_norm, q_order), k_norm=_heads_of(layer.k_norm, order))
+
+
+def _heads_of(gain, idx):
+    """A per-head norm gain ``[heads, d_head]`` in the order ``idx``; a shared one (or None) as it is."""
+    return gain if gain is None or gain.dim() < 2 else gain[idx]
+
+
+def gqa(layer, groups: int, method: str = "mean", stats: InputStats | None = None, *, rotary: bool = False,
+        grouping=None):
+    """The layer with ``groups`` kv heads (module docstring: ``mean``, ``aligned``). ``grouping``:
+    which kv heads pool together (``groups`` groups of kv head indices, e.g.
+    ``analysis.head_grouping.best_grouping(...).groups``); None: contiguous runs of
+    ``n_kv_heads / groups`` heads. With a grouping the layer is first ``regroup``ed, so its query
+    heads come out in the order of the groups (the same function)."""
     nkv = layer.W_K.shape[0]
     if groups < 1 or nkv % groups:
         raise ConversionError(f"layer {layer.layer}: {nkv} kv heads cannot be pooled into {groups} groups "
                               f"(expected a divisor of {nkv})")
+    if grouping is not None:
+        if len(grouping) != groups:
+            raise ConversionError(f"layer {layer.layer}: grouping has {len(grouping)} groups, expected {groups}")
+        layer = regroup(layer, grouping)
     if method not in METHODS["gqa"]:
         raise ConversionError(f"gqa: unknown method {method!r}: expected one of {', '.join(METHODS['gqa'])}")
     per, qper = nkv // groups, _group(layer)
@@ -501,8 +538,9 @@ def fold_query(layer, minv: torch.Tensor, writer: torch.Tensor, gain: torch.Tens
 
 
 def convert(layer, target: str, method: str | None = None, stats: InputStats | None = None, *,
-            groups: int | None = None, rank: int | None = None, rotary: bool = False):
-    """One layer converted to ``target`` (``TARGETS``) by ``method`` (None: the default)."""
+            groups: int | None = None, rank: int | None = None, rotary: bool = False, grouping=None):
+    """One layer converted to ``target`` (``TARGETS``) by ``method`` (None: the default); ``grouping``:
+    ``gqa``'s groups of kv heads (None: contiguous)."""
     method = method or DEFAULT_METHOD[target]
     if method not in METHODS[target]:
         raise ConversionError(f"{target}: unknown method {method!r}: expected one of {', '.join(METHODS[target])}")
@@ -516,5 +554,6 @@ def convert(layer, target: str, method: str | None = None, stats: InputStats | N
         raise ConversionError("wq_identity changes the basis of the whole residual stream: "
                               "experiments.whatif.query_free converts a model, not one layer")
     if target in ("gqa", "mqa"):
-        return gqa(layer, 1 if target == "mqa" else int(groups), method, stats, rotary=rotary)
+        return gqa(layer, 1 if target == "mqa" else int(groups), method, stats, rotary=rotary,
+                   grouping=None if target == "mqa" else grouping)
     return latent(layer, int(rank), _need(stats, "latent"))[0]

@@ -16,6 +16,9 @@ costs what its metrics read, once (``analysis/weights.py`` gives the costs):
 * ``gq``: ``Q_h^T Q_h`` (float64), with ``c_qk`` = ``K_{g(h)}^T Q_h`` from the same
   float64 copy of Q when a metric reads both (``query_products``); ``eig_q``.
 * ``go``: ``W_O[h] W_O[h]^T`` (float64).
+* ``stacked_gram(p)``: the Gram of the layer's stacked W_K or W_V (float64; the layer's
+  spectra and the cross-head blocks read it); ``head_pairs(p)``: ``W_p[i]^T W_p[j]`` for pairs of
+  kv heads; ``frobenius(p)``: ``<W_p[i], W_p[j]>_F`` (``analysis.metrics.cross_head``).
 * ``head_symmetry``, ``layer_scores`` (the layer's ``M`` symmetry and
   directionality), ``head_spectra(p)``, ``layer_spectra(p)``, ``qk_spectra``,
   ``norm(p)``, ``stacked`` (the stacked W_Q's spectrum): the family results that
@@ -34,8 +37,8 @@ from functools import cached_property
 import torch
 
 from analysis import kv_similarity, qk_geometry, query_absorb, spectra
-from analysis._linalg import (as_float32, clean_eigh, gram, identity_queries, kv_index, psd_sqrt_from, row_gram,
-                             spectrum_stats, stack_heads)
+from analysis._linalg import (as_float32, clean_eigh, f64_chunks, gram, identity_queries, kv_index, psd_sqrt_from,
+                             row_gram, spectrum_stats, stack_heads)
 from analysis.layer import AttentionWeights, Geometry
 from analysis.registry import Absent
 
@@ -186,15 +189,62 @@ class LayerProducts:
                                   "o": lambda: spectra.gram_stats(self.go)}[p]()
         return self.__dict__[key]
 
+    def stacked_gram(self, p: str) -> torch.Tensor:
+        """The Gram of the layer's stacked ``W_{p}`` (``p`` in ``k v``), float64
+        ``[n_kv d_head, n_kv d_head]``: block ``(i, j)`` is ``W_p[i]^T W_p[j]``."""
+        key = f"_stacked_gram_{p}"
+        if key not in self.__dict__:
+            if p == "k":
+                self.__dict__[key] = self.form.gks.double() if "form" in self.__dict__ else gram(stack_heads(self.W_K))
+            else:
+                self.__dict__[key] = gram(stack_heads(self.W_V))
+        return self.__dict__[key]
+
     def layer_spectra(self, p: str) -> dict[str, float]:
         """The four rank summaries of the layer's stacked ``W_{p}`` (``p`` in ``k v``), from its Gram."""
         key = f"_layer_spectra_{p}"
         if key not in self.__dict__:
-            if p == "k":
-                g = self.form.gks if "form" in self.__dict__ else gram(stack_heads(self.W_K))
+            self.__dict__[key] = {s: float(v) for s, v in spectra.gram_stats(self.stacked_gram(p)).items()}
+        return self.__dict__[key]
+
+    def head_pairs(self, p: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(i, j, C)``: pairs of the layer's kv heads ``i < j`` and ``C = W_p[i]^T W_p[j]``
+        ``[pairs, d_head, d_head]`` (float64; ``p`` in ``k v``). Every pair where per-layer values
+        are wanted: the blocks of ``stacked_gram(p)`` where a metric formed it already (the
+        layer's K/V spectra of a grouped-query layer), else only its upper blocks (half the cost:
+        ``n^2 d_model d_head^2 / 2`` multiply-adds); where they are not
+        (``analysis.chance``'s wide random layers) the disjoint pairs ``(2m, 2m+1)`` only, each
+        product formed on its own: independent draws of a pair, at ``n/2`` products instead of
+        ``n^2/2``."""
+        key = f"_head_pairs_{p}"
+        if key not in self.__dict__:
+            w = self.W_K if p == "k" else self.W_V
+            n, e = w.shape[0], w.shape[2]
+            if self.whole:
+                i, j = torch.triu_indices(n, n, 1, device=self.device)
+                if f"_stacked_gram_{p}" in self.__dict__ or (p == "k" and "form" in self.__dict__):
+                    c = self.stacked_gram(p).reshape(n, e, n, e).permute(0, 2, 1, 3)[i, j]
+                else:                                    # the Gram's upper blocks only: half its cost
+                    s = stack_heads(w).double()          # [d_model, n e]
+                    c = torch.cat([(s[:, a * e:(a + 1) * e].mT @ s[:, (a + 1) * e:]).reshape(e, n - a - 1, e)
+                                   .permute(1, 0, 2) for a in range(n - 1)]) if n > 1 else \
+                        torch.zeros(0, e, e, dtype=torch.float64, device=self.device)
             else:
-                g = gram(stack_heads(self.W_V))
-            self.__dict__[key] = {s: float(v) for s, v in spectra.gram_stats(g).items()}
+                i = torch.arange(0, n - 1, 2, device=self.device)
+                j = i + 1
+                c = torch.cat([a.mT @ b for a, b in zip(f64_chunks(w[i], 64), f64_chunks(w[j], 64))]) \
+                    if len(i) else torch.zeros(0, e, e, dtype=torch.float64, device=self.device)
+            self.__dict__[key] = (i, j, c)
+        return self.__dict__[key]
+
+    def frobenius(self, p: str) -> torch.Tensor:
+        """``F_ij = <W_p[i], W_p[j]>_F`` over the layer's kv heads (``p`` in ``k v``), ``[n_kv, n_kv]``
+        float64 (``analysis.head_grouping``)."""
+        key = f"_frobenius_{p}"
+        if key not in self.__dict__:
+            w = self.W_K if p == "k" else self.W_V
+            flat = w.reshape(w.shape[0], -1).double()
+            self.__dict__[key] = flat @ flat.T
         return self.__dict__[key]
 
     def norm(self, p: str) -> float:

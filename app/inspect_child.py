@@ -67,6 +67,17 @@ def spectra(path: str, *, layer: int, head: int) -> list[list]:
     return rows
 
 
+def head_groupings(path: str, *, layer: int) -> list[dict]:
+    """``analysis.head_grouping.table`` of one layer's W_K: for ``G = n_kv/2, n_kv/4, 1`` the contiguous
+    and the best free grouping of its kv heads with their mean-pool residuals. Reads that layer only."""
+    from analysis import head_grouping  # here: runs in the reading child (torch)
+    from loaders.checkpoints import open_checkpoint
+
+    with open_checkpoint(path) as ckpt:
+        f = head_grouping.frobenius_gram(ckpt.layer(int(layer)).W_K)
+    return head_grouping.table(head_grouping.groupings(f))
+
+
 def attention(path: str, *, text: str, max_tokens: int, out: str) -> dict:
     """Run the checkpoint at ``path`` on ``text`` (at most ``max_tokens`` tokens) and write its
     attention maps ``[n_layers, n_heads, T, T]`` (float32, little-endian) to ``out/maps.npy``.

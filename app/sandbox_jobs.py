@@ -16,6 +16,7 @@ job                       function                                     what it d
 ``info``                  ``app.commands.info.describe``               what ``info`` prints
 ``whatif``                ``app.commands.whatif.compute``              the what-if conversion and its loss
 ``spectra``               ``app.inspect_child.spectra``                one layer's singular values (Inspector)
+``head_groupings``        ``app.inspect_child.head_groupings``         one layer's kv head groupings (Inspector)
 ``ties``                  ``app.jobs.read_ties``                       which projections are tied, per layer
 ``attention``             ``app.inspect_child.attention``              attention maps, written as ``.npy``
 ========================  ===========================================  =======================================
@@ -36,6 +37,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "info": ("app.commands.info", "describe"),
     "whatif": ("app.commands.whatif", "compute"),
     "spectra": ("app.inspect_child", "spectra"),
+    "head_groupings": ("app.inspect_child", "head_groupings"),
     "ties": ("app.jobs", "read_ties"),
     "attention": ("app.inspect_child", "attention"),
 }

@@ -443,6 +443,10 @@ def layer_cost(layer: AttentionWeights, rank: int | None, per_elem: int,
 
 
 # -- the run -------------------------------------------------------------------------------
+#: ``--grouping``: which kv heads ``gqa:G`` pools (``Target.grouping``).
+GROUPINGS = ("contiguous", "best")
+
+
 @dataclass
 class Target:
     """``--to`` parsed: ``k_eq_v``, ``q_eq_k``, ``q_eq_k_eq_v``, ``wq_identity``, ``gqa:G``, ``mqa``,
@@ -452,6 +456,9 @@ class Target:
     method: str
     groups: int | None = None
     rank: int | None = None
+    #: ``gqa:G``'s kv heads pooled: ``contiguous`` runs (``analysis.conversion.gqa``'s default) or
+    #: ``best``: per layer the free grouping of least mean-pool residual of W_K (``analysis.head_grouping``).
+    grouping: str = "contiguous"
 
     @classmethod
     def parse(cls, text: str, method: str | None) -> "Target":
@@ -507,11 +514,26 @@ class Surgery:
         try:
             for i, layer in enumerate(self.before):
                 self.after[i] = conv.convert(layer, target.name, target.method, stats[i], groups=target.groups,
-                                             rank=target.rank, rotary=rotary)
+                                             rank=target.rank, rotary=rotary, grouping=self._grouping(i, layer))
                 if not self.hf:
                     self.modules[i] = attention_of(self.after[i], self.mods[i])
         except conv.ConversionError as exc:
             raise WhatIfError(str(exc)) from None
+
+    def _grouping(self, i: int, layer: AttentionWeights):
+        """``gqa:G``'s groups of kv heads for layer ``i`` where ``--grouping best`` (kept in
+        ``notes["grouping"]``), else None (contiguous)."""
+        if self.target.name != "gqa" or self.target.grouping != "best":
+            return None
+        from analysis import head_grouping
+
+        n = layer.W_K.shape[0]
+        if self.target.groups < 1 or n % self.target.groups:
+            return None                                  # conv.gqa says why
+        found = head_grouping.best_grouping(head_grouping.frobenius_gram(layer.W_K), self.target.groups)
+        self.notes.setdefault("layers", {})[i] = {"grouping": [list(g) for g in found.groups],
+                                                  "pool_residual_k": found.cost, "exact": found.exact}
+        return found.groups
 
     def model(self, layers):
         if self.hf:
@@ -603,13 +625,22 @@ def _runnable(ckpt: Checkpoint, images: bool = False):
 
 def whatif(ckpt: Checkpoint, *, to: str, method: str | None = None, layers: str = "all",
            sample: SampleSpec | None = None, heal_steps: int = 0, heal_how: str = "distill",
-           out: str | None = None, device: str | None = None, images: str | None = None) -> dict:
+           out: str | None = None, device: str | None = None, images: str | None = None,
+           grouping: str = "contiguous") -> dict:
     """The JSON of ``python -m app whatif`` (``app.commands.whatif``) for an opened checkpoint;
     ``images``: an image set (``digits`` or a path) for a vision model, whose ``loss`` is the mean
     classification cross-entropy per image, ``ppl = exp(loss)`` and the intervals over images, with
-    the accuracy in ``notes["accuracy"]``."""
+    the accuracy in ``notes["accuracy"]``. ``grouping``: ``gqa:G``'s kv heads pooled in contiguous
+    runs (default) or ``best`` (``Target.grouping``; the groups and their mean-pool residual per
+    layer in ``notes["grouping"]``)."""
     sample = sample or SampleSpec()
     target = Target.parse(to, method)
+    if grouping not in GROUPINGS:
+        raise WhatIfError(f"--grouping {grouping}: expected one of {', '.join(GROUPINGS)}")
+    if grouping != "contiguous":
+        if target.name != "gqa":
+            raise WhatIfError(f"--grouping {grouping}: chooses which kv heads gqa:G pools, not {to}")
+        target = Target(target.name, target.method, target.groups, target.rank, grouping)
     dev = torch.device(device or default_device())
     model, tok, vocab = _runnable(ckpt, images is not None)
     hf = not isinstance(model, (GPT, ViT))
@@ -694,6 +725,11 @@ def whatif(ckpt: Checkpoint, *, to: str, method: str | None = None, layers: str 
         notes["rotary"] = ROTARY_NOTES.get(target.name, "")
     if healed is not None:
         notes["heal"] = f"{heal_how}, AdamW lr {HEAL_LR}, {HEAL_BATCH} fit windows per step, ties kept"
+    if target.grouping != "contiguous":
+        notes["grouping"] = {"how": ("per layer, the free grouping of the kv heads into G equal groups of least "
+                                     "mean ||W_K[h] - mean_group||_F / ||W_K[h]||_F (analysis.head_grouping; exact: "
+                                     "searched exhaustively); query heads follow their kv head"),
+                             **surgery.notes}
     if target.name == "wq_identity":
         rebased = scored(losses(surgery.model([])))
         notes["wq_identity"] = {**surgery.notes, "basis_only_loss_change": rebased["loss"] - baseline["loss"]}

@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="k_eq_v, q_eq_k, q_eq_k_eq_v, wq_identity, gqa:G (G kv heads), mqa or latent:R "
                         "(R cached numbers per token and layer)")
     p.add_argument("--method", metavar="M", help="conversion method (see above; default: the target's first)")
+    p.add_argument("--grouping", choices=("contiguous", "best"), default="contiguous",
+                   help="gqa:G: pool contiguous runs of kv heads (default), or per layer the free grouping of "
+                        "least mean-pool residual of W_K (analysis.head_grouping; notes.grouping gives the groups)")
     p.add_argument("--layers", default="all", metavar="all|greedy|L,L,...",
                    help="all layers converted at once (default); greedy: one at a time, cheapest first, "
                         "a step each (the curve); or the layer numbers L,L,... (from 0) converted at once")
@@ -130,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     path = _path(args)
     out = call("whatif", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                to=args.to, method=args.method, layers=args.layers, text=args.text, images=args.images,
+               grouping=args.grouping,
                tokens=args.tokens,
                heal_steps=args.heal_steps, heal_how=args.heal or "distill", out=args.out, device=args.device)
     if args.json:

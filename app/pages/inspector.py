@@ -53,7 +53,7 @@ from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
 from analysis.tie_names import disagreement
 from analysis.variants import informative_metric
-from app import attention_view, charts, figures, pickers, tables
+from app import attention_view, charts, figures, head_maps, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
 from app.plain import md
 from app.state import (data_version, get_store, in_projects, project_filter, query_param, store_at, set_query_params,
@@ -653,5 +653,6 @@ def render() -> None:
     _heatmap(results, notes, str(row["variant"]))
     _reports(results, notes, row)
     _weights_views(row)
+    head_maps.section(results, row)
     st.subheader("Download")
     _downloads(results, notes, ckpt_id)

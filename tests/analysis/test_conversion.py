@@ -70,6 +70,38 @@ def test_gqa_with_every_head_its_own_group_changes_nothing(method):
 
 
 @pytest.mark.parametrize("method", ["mean", "aligned"])
+def test_gqa_with_a_grouping_pools_heads_that_are_equal_though_not_adjacent(method):
+    """kv heads 0 = 2 and 1 = 3 (8 query heads): the grouping {0, 2}, {1, 3} (the best free one,
+    analysis.head_grouping) converts to 2 kv heads without changing the output; contiguous pooling does not."""
+    from analysis.head_grouping import best_grouping, frobenius_gram
+
+    layer, x = _layer(h=8, g=4), _x()
+    for t in (layer.W_K, layer.W_V):
+        t[2], t[3] = t[0], t[1]
+    grouping = best_grouping(frobenius_gram(layer.W_K), 2).groups
+    assert grouping == ((0, 2), (1, 3))
+    out = convert(layer, "gqa", method, input_stats(x), groups=2, grouping=grouping)
+    assert out.W_K.shape == (2, D, DH)
+    assert torch.allclose(_attn(out, x[:40]), _attn(layer, x[:40]), atol=1e-8)
+    plain = convert(layer, "gqa", method, input_stats(x), groups=2)
+    assert not torch.allclose(_attn(plain, x[:40]), _attn(layer, x[:40]), atol=1e-3)
+
+
+def test_regroup_is_the_same_function_and_refuses_a_grouping_that_is_no_partition():
+    from analysis.conversion import regroup
+
+    layer, x = _layer(h=8, g=4), _x()
+    moved = regroup(layer, ((3, 1), (0, 2)))
+    assert torch.equal(moved.W_K[0], layer.W_K[3]) and torch.equal(moved.W_Q[0], layer.W_Q[6])
+    assert torch.allclose(_attn(moved, x[:40]), _attn(layer, x[:40]), atol=1e-10)
+    with pytest.raises(ConversionError, match=r"^layer 0: grouping \[\[0, 1\], \[1, 2\]\] is not a partition of "
+                                              r"its 4 kv heads into groups of one size$"):
+        regroup(layer, ((0, 1), (1, 2)))
+    with pytest.raises(ConversionError, match=r"^layer 0: grouping has 1 groups, expected 2$"):
+        gqa(layer, 2, grouping=((0, 1, 2, 3),))
+
+
+@pytest.mark.parametrize("method", ["mean", "aligned"])
 def test_mqa_of_equal_kv_heads_changes_nothing(method):
     layer, x = _layer(), _x()
     layer.W_K[:] = layer.W_K[0]

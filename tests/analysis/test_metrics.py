@@ -296,7 +296,7 @@ def layer_note(what, width=D):
 
 def test_weight_metrics_all_registered_and_tidy():
     df, notes = weight_metrics(_layer(), _meta(), device="cpu")
-    assert list(df.columns) == registry.COLUMNS + ["degenerate"] and not df["degenerate"].any()
+    assert list(df.columns) == registry.COLUMNS + registry.PAIR_COLUMNS + ["degenerate"] and not df["degenerate"].any()
     assert set(df["metric"]) | set(notes) == set(registry.names("weights"))
     per_layer_absent = {f"{s}_{p}": layer_note(w) for p, w in (("q", "W_Q"), ("o", "W_O")) for s in STATS}
     assert notes == {"wq_absorb_error": "model uses layernorm: the conversion is not exact through the norm, "

@@ -13,6 +13,7 @@ definition: it has no float64 value to match) are left out of the comparison.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -95,6 +96,18 @@ def ref_symmetry(m):
     return np.linalg.norm((m + m.T) / 2) ** 2 / np.linalg.norm(m) ** 2
 
 
+def pairings(n):
+    """Every partition of ``range(n)`` (``n`` even) into pairs."""
+    def rest(left):
+        if not left:
+            yield []
+            return
+        for mate in left[1:]:
+            for tail in rest([h for h in left[1:] if h != mate]):
+                yield [(left[0], mate), *tail]
+    return list(rest(list(range(n))))
+
+
 def reference(layer, n_heads, n_kv, e):
     """``{(metric, head or None): value}``, energy ranks as ``(rank, cumulative fractions)``."""
     q, k, v, o = (getattr(layer, n).double().numpy() for n in ("W_Q", "W_K", "W_V", "W_O"))
@@ -120,6 +133,14 @@ def reference(layer, n_heads, n_kv, e):
                 ref[f"{name}_{p}", None] = val
     for p, w in (("q", q), ("k", k), ("v", v), ("o", o)):
         ref[f"norm_{p}", None] = np.linalg.norm(w)
+    for g, g2 in itertools.permutations(range(n_kv), 2):                           # cross-head pairs
+        scale = np.linalg.norm(k[g]) * np.linalg.norm(k[g2])
+        ref["xhead_sim_k", g, g2] = (k[g] * k[g2]).sum() / scale
+        ref["xhead_sim_k_aligned", g, g2] = np.linalg.svd(k[g].T @ k[g2], compute_uv=False).sum() / scale
+        ref["xhead_sim_v_aligned", g, g2] = (np.linalg.svd(v[g].T @ v[g2], compute_uv=False).sum()
+                                            / (np.linalg.norm(v[g]) * np.linalg.norm(v[g2])))
+    ref["gqa_pool_residual", None] = min(np.mean([np.linalg.norm(k[h] - k[list(p)].mean(0)) / np.linalg.norm(k[h])
+                                                  for p in grouping for h in p]) for grouping in pairings(n_kv))
     a = np.concatenate(list(q), axis=1)                                          # [D, n_heads*e]
     s = np.linalg.svd(a, compute_uv=False)
     ref["wq_condition", None] = s[0] / s[-1]
@@ -130,12 +151,14 @@ def reference(layer, n_heads, n_kv, e):
 
 def assert_matches(df, ref, *, skip=("qk_directionality", "qk_directionality_paper", "wq_absorb_error")):
     # the paper's scale is 2 s - 1 of the symmetry (analysis.metrics.paper_scale)
-    ref = {**ref, **{("qk_symmetry_paper", h): 2 * v - 1 for (m, h), v in ref.items() if m == "qk_symmetry"}}
+    ref = {**ref, **{("qk_symmetry_paper", *key[1:]): 2 * v - 1 for key, v in ref.items() if key[0] == "qk_symmetry"}}
     seen = set()
     for row in df.itertuples():
         if row.metric in skip:
             continue
         key = (row.metric, None if pd.isna(row.head) else int(row.head))
+        if not pd.isna(getattr(row, "head2", pd.NA)):                             # a pair of heads
+            key = (*key, int(row.head2))
         assert key in ref, f"no reference for {key}"
         seen.add(key)
         expect = ref[key]

@@ -104,6 +104,14 @@ def test_spectra_attention_reports_and_downloads(ckpt_db):
     assert {d.key for d in at.get("download_button")} == {"insp_csv", "insp_parquet"}
     absorb = at.dataframe[1].value  # geometry table, absorbability, K=V fit
     assert absorb["layer"].tolist() == [0, 1] and "wq_condition" in absorb.columns
+    # the cross-head map of a layer, its groupings read from the weights beside it
+    head_map = figures(at)["insp_head_map"]
+    assert head_map["data"][0]["x"] == ["KV0", "KV1", "KV2", "KV3"]
+    assert head_map["layout"]["title"]["text"] == "Layer 1: xhead_sim_k"      # the page's layer (URL)
+    groupings = at.dataframe[-1].value
+    assert groupings[["G", "kind"]].values.tolist() == [[2, "contiguous"], [2, "free"], [1, "contiguous"], [1, "free"]]
+    at.selectbox(key="insp_pair_layer").select(0).run()
+    assert figures(at)["insp_head_map"]["layout"]["title"]["text"] == "Layer 0: xhead_sim_k"
     at.number_input(key="insp_layer_n").set_value(0).run()
     assert figures(at)["insp_attention"]["layout"]["title"]["text"] == "L0H2"
     assert qp(at, "layer") == "0"

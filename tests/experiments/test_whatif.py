@@ -247,3 +247,31 @@ def test_a_k_eq_v_trained_vit_converted_to_k_eq_v_changes_nothing_and_reports_ac
 def test_images_need_an_image_classifier():
     with pytest.raises(NoForwardPass, match="--images converts image classifiers: this project's ViT and Hugging Face"):
         _run("qkv-mha-wd0.1", "k_eq_v", images="digits")
+
+
+def test_gqa_with_the_best_grouping_pools_equal_heads_that_are_not_adjacent():
+    """kv heads 0 = 2 and 1 = 3 in every layer: --grouping best pools {0, 2}, {1, 3} and keeps the losses;
+    contiguous pooling ({0, 1}, {2, 3}) does not; the groups are in notes."""
+    from experiments.whatif import Surgery, captured_stats, window_losses
+
+    m = _sharp_gpt("none", 2, n_kv_heads=4)
+    dh = 32 // 4
+    with torch.no_grad():
+        for b in m.blocks:
+            for lin in (b.attn.k, b.attn.v):
+                lin.weight[2 * dh:4 * dh] = lin.weight[0:2 * dh]
+    windows = torch.randint(0, 256, (4, 17), generator=torch.Generator().manual_seed(0))
+    mods = [b.attn for b in m.blocks]
+    stats = captured_stats(m, mods, windows, "cpu")
+    before = window_losses(m, windows, "cpu")
+    best = Surgery(m, Target("gqa", "mean", 2, grouping="best"), stats, rotary=False, variant="qkv")
+    assert best.notes["layers"][0]["grouping"] == [[0, 2], [1, 3]] and best.notes["layers"][1]["exact"]
+    assert abs(window_losses(best.model([0, 1]), windows, "cpu") - before).max() <= 1e-8
+    plain = Surgery(m, Target.parse("gqa:2", None), stats, rotary=False, variant="qkv")
+    assert abs(window_losses(plain.model([0, 1]), windows, "cpu") - before).max() > 1e-3
+    assert plain.notes == {}
+
+
+def test_grouping_is_refused_for_targets_other_than_gqa():
+    with pytest.raises(WhatIfError, match=r"^--grouping best: chooses which kv heads gqa:G pools, not mqa$"):
+        _run("qkv-mha-wd0.1", "mqa", grouping="best")
