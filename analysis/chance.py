@@ -37,6 +37,10 @@ heads) until each per-head median is stable, ``stable``) give the null band ``ch
 quantiles) of every row, closed forms included, and the p-values of
 ``analysis.above_chance``. ``how`` names the values behind each level and, where a median
 did not reach the 1% stability within the caps, its standard error.
+A per-layer metric with an exact sampler of its null cheaper than a random layer
+(``registry.Plugin.null_draws``: the directionality of query-free grouped-query layers, from
+the stacked W_K's norms alone) takes its draws past ``MIN_DRAWS`` from it, up to
+``MAX_NULL_BATCHES`` batches.
 
 No chance level (NaN; rule ``none``): ``norm_q``, ``norm_k``, ``norm_v``, ``norm_o``: a norm
 measures the scale itself, which random matrices of any scale match.
@@ -140,6 +144,10 @@ WIDE_HEADS, MAX_HEAD_SAMPLES = 64, 8192
 #: that two independent sets of draws (another seed, another variant of the same shapes) give medians
 #: within 1% of each other 95% of the time (``1.96 * sqrt(2) * 0.0036 = 0.01``).
 STABLE = 0.0036
+#: Per-layer metrics with an exact sampler cheaper than a random layer (``registry.Plugin.null_draws``,
+#: e.g. the directionality of query-free grouped-query layers) take their draws past ``MIN_DRAWS``
+#: from it, batch by batch while the median is not stable, at most this many batches.
+MAX_NULL_BATCHES = 32
 #: Quantiles of the null band (``chance_low``, ``chance_high``).
 BAND = (0.025, 0.975)
 
@@ -187,9 +195,11 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
             if math.isfinite(value):
                 samples[(metric, w)].append(float(value))
 
-    def unstable(whole: bool) -> set[str]:
-        """Monte Carlo metrics of per-layer (``whole``) or per-head rows whose median is not yet stable."""
+    def unstable(whole: bool, among: set[str] | None = None) -> set[str]:
+        """Monte Carlo metrics of per-layer (``whole``) or per-head rows whose median is not yet stable;
+        ``among``: only these (the others got no draws since they were last found stable)."""
         return {m for (m, w), vals in samples.items() if w == whole and rules[m] != "none"
+                and (among is None or m in among)
                 and closed.get(m) is None and not (not w and len(vals) >= MAX_HEAD_SAMPLES)
                 and not stable(torch.tensor(sorted(vals), dtype=torch.float64))}
 
@@ -204,12 +214,20 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
         if not rules:
             rules = {metric: registry.BY_NAME[metric].chance for metric, _ in samples}
             closed = {m: registry.closed_form(m, geo, query_free) for m, r in rules.items() if r == "closed"}
+            exact = {m for m, w in samples if w and rules[m] != "none" and closed.get(m) is None
+                     and registry.null_draws(m, geo, query_free, seed, 0) is not None}
         if n < MIN_DRAWS:
             continue
-        todo = unstable(whole=True)
+        todo = unstable(whole=True, among=None if n == MIN_DRAWS else todo) - exact
         if not todo or n >= MAX_DRAWS:
             break
         skip = every - todo                              # later draws: the unstable per-layer metrics only
+    for m in exact:                                      # per-layer values with a cheaper exact sampler
+        batch = 0
+        while unstable(whole=True, among={m}) and batch < MAX_NULL_BATCHES:
+            samples[(m, True)].extend(v for v in registry.null_draws(m, geo, query_free, seed, batch).tolist()
+                                      if math.isfinite(v))
+            batch += 1
     # per-head rows: wide layers of independent heads; a query-free model's metrics of W_Q read identity
     # slices, which random W_Q do not stand in for: those get query-free layers of d_model / d_head heads
     own = {m for m, _ in samples if "Q" in registry.BY_NAME[m].reads} if query_free else set()
@@ -220,7 +238,8 @@ def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm:
     # the closed-form per-head metrics ride along: their null bands (the p-values of analysis.above_chance)
     # get the same wide draws
     banded = {m for (m, w) in samples if not w and closed.get(m) is not None}
-    while todo := unstable(whole=False):
+    todo = None
+    while todo := unstable(whole=False, among=todo):
         before = {m: len(samples[(m, False)]) for m in todo}
         for shape, free, mine in shapes:
             want = {m for m in todo | banded if mine(m)}

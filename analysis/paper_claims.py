@@ -23,6 +23,15 @@ Sources read (facts only):
   KV-cache comparison its ``transformer_QMQA_1_2B.py`` prints at start (QKV
   "~5.9 GB" at 32k tokens; its own Q-MQA figure, bytes / 2^20, 88).
 
+Not catalogued, because none of these sources states them (searched: the three repositories'
+every file and every commit's diff at ``Wqkv_necessity`` e769434, ``beyond_query_linearity``
+369d84e, ``Do-Transformers-Need-3-Projections`` ffedd92, the text and speaker notes of both
+slide decks, the arXiv abstracts of both papers): "117M vs 124M" (GPT-2 small's announced
+and counted sizes; a 124M GPT without W_Q counts 117.4M, 12 x 768^2 fewer, but neither paper
+says so), "~7-14% model size" and "a 43% serving-cost cut". The 1.2B script's
+"~5.9 GB -> 88 MB per user" is ``b_cache_per_user``; the Brainchip profiler's "~5-6% total,
+~12-13% in attention" is a FLOP count, not a claim of the paper.
+
 Like with like: a claim is set only beside runs or checkpoints of its head-sharing class
 (``Claim.match["sharing"]``: ``MHA``, ``GQA-4``, ``MQA``, as ``analysis.variants.sharing`` names
 them), within one project and geometry at a time (never a median or mean across them: a similarity

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -221,16 +222,23 @@ def dense_layer_scores(q: torch.Tensor, k: torch.Tensor, *, gamma: float = 2.0) 
             tr_m2 += torch.sum(tile * m[:, i:i + _TILE].mT, dtype=torch.float64)
         del m
         sym = float((1 + tr_m2 / rows2.sum()) / 2)
-        e_r, e_c = outlier_excess(rows2.sqrt(), gamma), outlier_excess(cols2.sqrt(), gamma)
-        den = e_r + e_c
-        return sym, (0.0 if den <= 0 else float((e_c - e_r) / den))
+        return sym, float(directionality_from_norms(rows2.sqrt(), cols2.sqrt(), gamma))
 
 
 def outlier_excess(norms: torch.Tensor, gamma: float = 2.0) -> torch.Tensor:
     """``sum_{x_i > t} (x_i - t)`` with ``t = mean(x) + gamma * std(x)`` (Bessel's
-    correction): how far the outliers of ``norms: [n]`` exceed the threshold."""
-    t = norms.mean() + gamma * norms.std()
-    return (norms[norms > t] - t).sum()
+    correction): how far the outliers of ``norms: [..., n]`` exceed the threshold, ``[...]``."""
+    t = norms.mean(-1, keepdim=True) + gamma * norms.std(-1, keepdim=True)
+    return (norms - t).clamp_min(0).sum(-1)
+
+
+def directionality_from_norms(rows: torch.Tensor, cols: torch.Tensor, gamma: float = 2.0) -> torch.Tensor:
+    """``(e_c - e_r) / (e_c + e_r)`` from the row norms ``rows: [..., n]`` and column norms
+    ``cols: [..., m]`` of ``M`` (``outlier_excess`` of each); 0 where no norm exceeds its threshold."""
+    e_r, e_c = outlier_excess(rows, gamma), outlier_excess(cols, gamma)
+    den = e_r + e_c
+    return torch.where(den > 0, (e_c - e_r) / torch.where(den > 0, den, torch.ones_like(den)),
+                       torch.zeros_like(den))
 
 
 def directionality_layer(q: torch.Tensor, k: torch.Tensor, *, gamma: float = 2.0,
@@ -242,11 +250,51 @@ def directionality_layer(q: torch.Tensor, k: torch.Tensor, *, gamma: float = 2.0
         qs, ks, gqs, gks = f.qs.double(), f.ks.double(), f.gqs.double(), f.gks.double()
         rows = ((qs @ gks) * qs).sum(1).clamp_min(0).sqrt()   # ||M[i, :]||, [d_model]
         cols = ((ks @ gqs) * ks).sum(1).clamp_min(0).sqrt()   # ||M[:, j]||, [d_model]
-        e_r, e_c = outlier_excess(rows, gamma), outlier_excess(cols, gamma)
-        den = e_r + e_c
-        if den <= 0:
-            return 0.0
-        return float((e_c - e_r) / den)
+        return float(directionality_from_norms(rows, cols, gamma))
+
+
+#: Normals per batch of ``query_free_directionality_null`` (about 0.1 s of one CPU core): a batch is
+#: ``NULL_NORMALS / (d_model n_kv d_head)`` draws, at least 64, at most 4,096.
+NULL_NORMALS = 1 << 23
+
+
+@lru_cache(maxsize=256)
+def query_free_directionality_null(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, seed: int,
+                                   batch: int) -> torch.Tensor:
+    """Directionality scores of random query-free layers (float64, ``NULL_NORMALS`` normals' worth),
+    the ``batch``-th batch of the stream seeded by ``seed`` (deterministic; cached, so the metric on the
+    paper's scale reads the same draws).
+
+    A query-free layer (``Q_h`` the identity slice ``E_h``, ``n_heads d_head = d_model``) has
+    ``M = Qs Ks^T`` whose rows ``h d_head + c`` are column ``c`` of ``K_{g(h)}``: its row norms are
+    the ``n_kv d_head`` column norms of the stacked ``Ks: [d_model, n_kv d_head]``, each repeated
+    ``r = n_heads / n_kv_heads`` times, and its column ``j`` has norm ``sqrt(r) ||Ks[j, :]||``. A
+    draw is therefore one Gaussian ``d_model x n_kv d_head`` matrix and its two norm vectors
+    (``d_model n_kv d_head`` normals, no ``d_model^2`` product and no other metric), the score
+    exactly as ``directionality_layer`` computes it on such a layer (``tests/analysis/test_chance.py``
+    checks the two agree on the same K). The scale of K cancels (the score is scale-free)."""
+    r, n = n_heads // n_kv_heads, n_kv_heads * d_head
+    gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + batch)
+    size = min(4096, max(64, NULL_NORMALS // (n * d_model)))
+    per = max(1, min(size, (1 << 21) // (n * d_model)))               # ~8 MB of float32 normals at a time
+    out = []
+    with torch.inference_mode():
+        for start in range(0, size, per):
+            out.append(query_free_directionality(torch.randn(min(per, size - start), n, d_model, generator=gen),
+                                                 r))
+    return torch.cat(out)
+
+
+def query_free_directionality(kt: torch.Tensor, r: int) -> torch.Tensor:
+    """Directionality of query-free layers from their stacked keys alone: ``kt: [..., n_kv d_head,
+    d_model]`` (the rows of the key projection's ``nn.Linear`` weight, kv head by kv head), ``r`` query
+    heads per kv head; ``[...]`` float64 (``query_free_directionality_null``'s derivation). Sums of
+    squares in float32 (<= 2^16 terms: ~1e-7 relative), the rest in float64."""
+    w = kt.float()
+    w = w * w
+    rows = w.sum(-1).double().sqrt().repeat_interleave(r, dim=-1)      # [..., d_model] = [..., r n_kv d_head]
+    cols = (r * w.sum(-2).double()).sqrt()                             # [..., d_model]
+    return directionality_from_norms(rows, cols)
 
 
 def matrix_symmetry(m: torch.Tensor) -> torch.Tensor:

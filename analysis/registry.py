@@ -70,7 +70,7 @@ import pandas as pd
 from analysis.errors import AnalysisError
 from analysis.tie_names import TIE_WORDS
 
-METRIC_VERSION = 6
+METRIC_VERSION = 7
 
 #: The columns of every tidy metric frame.
 COLUMNS = ["layer", "head", "head_label", "metric", "value"]
@@ -181,12 +181,17 @@ class Plugin:
     estimator of ``analysis.activations`` computes them with their intervals.
     ``closed_form(geometry, query_free) -> float | None`` (rule ``closed``
     only): the chance level from the shapes, None where it has none (then
-    Monte Carlo).
+    Monte Carlo). ``null_draws(geometry, query_free, seed, batch) -> Tensor | None``
+    (optional, per-layer weight metrics): the ``batch``-th batch of exact draws of the
+    per-layer value on random layers of ``geometry``, deterministic in ``seed``, from
+    something cheaper than a random layer through ``weight_metrics``; None where it has
+    none (then random layers).
     """
 
     metric: Metric
     compute: Callable | None
     closed_form: Callable | None = None
+    null_draws: Callable | None = None
 
 
 #: Every registered metric in registration order: the built-in families of ``analysis.metrics`` first
@@ -231,21 +236,22 @@ def describe() -> pd.DataFrame:
     return pd.DataFrame([m.__dict__ for m in METRICS], columns=["name", "level", "axis", "family", "help"])
 
 
-def register(metric: Metric, compute: Callable | None = None, *, closed_form: Callable | None = None):
+def register(metric: Metric, compute: Callable | None = None, *, closed_form: Callable | None = None,
+             null_draws: Callable | None = None):
     """Add ``metric``'s row and its ``compute`` function (``Plugin`` gives both signatures).
 
     Returns ``compute``; without it, a decorator that registers the function it
     decorates: ``@register(Metric(...))``. ``closed_form`` goes with the rule
-    ``closed`` and only with it. A name already registered is refused. The built-in
+    ``closed`` and only with it; ``null_draws`` (``Plugin``) is optional. A name already registered is refused. The built-in
     families (modules of ``analysis.metrics``) register theirs with this same call;
     every other caller's metric is a plugin (``PLUGINS``).
     """
     if compute is None:
-        return lambda fn: register(metric, fn, closed_form=closed_form)
+        return lambda fn: register(metric, fn, closed_form=closed_form, null_draws=null_draws)
     if not callable(compute):
         raise AnalysisError(f"metric {getattr(metric, 'name', metric)!r}: compute must be a function, "
                             f"found {type(compute).__name__}")
-    _add(metric, compute, closed_form)
+    _add(metric, compute, closed_form, null_draws)
     return compute
 
 
@@ -257,7 +263,8 @@ def declare(metric: Metric, *, closed_form: Callable | None = None) -> None:
     _add(metric, None, closed_form)
 
 
-def _add(metric: Metric, compute: Callable | None, closed_form: Callable | None) -> None:
+def _add(metric: Metric, compute: Callable | None, closed_form: Callable | None,
+         null_draws: Callable | None = None) -> None:
     if not isinstance(metric, Metric):
         raise AnalysisError(f"register: expected an analysis.registry.Metric, found {type(metric).__name__}")
     if metric.name in BY_NAME:
@@ -269,7 +276,7 @@ def _add(metric: Metric, compute: Callable | None, closed_form: Callable | None)
     if metric.level == "activations" and metric.axis == "head+layer" and compute is not None:
         raise AnalysisError(f"metric {metric.name!r}: an activation plugin has axis head, kv_head or layer "
                             "(register the per-layer value as a metric of its own)")
-    entry = Plugin(metric, compute, closed_form)
+    entry = Plugin(metric, compute, closed_form, null_draws)
     METRICS.append(metric)
     BY_NAME[metric.name] = metric
     COMPUTE[metric.name] = entry
@@ -311,6 +318,13 @@ def closed_form(name: str, geometry, query_free: bool) -> float | None:
         raise AnalysisError(f"metric {name!r}: its registry rule is {entry.metric.chance!r}, not 'closed'")
     got = entry.closed_form(geometry, query_free)
     return None if got is None else float(got)
+
+
+def null_draws(name: str, geometry, query_free: bool, seed: int, batch: int):
+    """``name``'s ``batch``-th batch of exact null draws for ``geometry`` (float64 tensor), or None
+    where it has no such sampler there (``Plugin.null_draws``)."""
+    fn = COMPUTE[name].null_draws
+    return None if fn is None else fn(geometry, query_free, seed, batch)
 
 
 def generation() -> int:

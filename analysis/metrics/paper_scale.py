@@ -13,11 +13,12 @@ attention the model computes. Scores of grouped-query models therefore differ fr
 what the authors' code would print for them.
 
 Chance levels: ``2 c - 1`` of ``qk_symmetry``'s closed form, ``1/d_model``; ``-0 = 0``
-for the directionality where its closed form holds, Monte Carlo otherwise.
+for the directionality where its closed form holds, Monte Carlo otherwise (the same exact draws,
+negated).
 """
 from __future__ import annotations
 
-from analysis.metrics.qk_geometry import directionality_chance, symmetry_chance
+from analysis.metrics.qk_geometry import directionality_chance, directionality_null, symmetry_chance
 from analysis.registry import Metric, Values, register
 
 _GQA = ("; grouped-query layers pair query head h with kv head h // (n_heads / n_kv_heads), where the authors' "
@@ -46,7 +47,9 @@ def _directionality_paper_chance(geo, query_free: bool) -> float | None:
                  "none", "closed", "0 as for qk_directionality (closed form); query-free grouped-query layers: "
                                    "median of random Gaussian layers of the same shapes",
                  reads=("Q", "K"), fixed_by=("q_eq_k", "q_identity")),
-          closed_form=_directionality_paper_chance)
+          closed_form=_directionality_paper_chance,
+          null_draws=lambda geo, query_free, seed, batch: (None if (d := directionality_null(
+              geo, query_free, seed, batch)) is None else -d + 0.0))
 def qk_directionality_paper(layer, meta, device):
     layer.need_qk()
     return -layer.layer_scores[1] + 0.0 if layer.whole else None

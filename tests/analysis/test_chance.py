@@ -328,6 +328,18 @@ def test_monte_carlo_medians_are_stable_and_equal_shapes_agree_within_one_percen
     a = table(m, seed=0)
     b = table(m, seed=1)
     q = table(meta(h=4, g=2, d=64, e=16, variant="wq_identity"), query_free=True, seed=2)
+    # query-free grouped-query: no closed form for the directionality; its exact draws (many, cheap)
+    # put two seeds' medians within 1% of the band's width (-1 to 1) of each other
+    q3 = table(meta(h=4, g=2, d=64, e=16, variant="wq_identity"), query_free=True, seed=3)
+    for key in [("qk_directionality", True), ("qk_directionality_paper", True)]:
+        assert "not stable" not in q.loc[key, "how"] and "not stable" not in q3.loc[key, "how"], key
+        width = q.loc[key, "chance_high"] - q.loc[key, "chance_low"]
+        assert width == 2.0 and abs(q.loc[key, "chance"]) > 0.3, key       # atoms at -1 and +1; median ~0.43
+        assert abs(q3.loc[key, "chance"] - q.loc[key, "chance"]) <= 0.01 * width, key
+        assert int(re.search(r"median of (\d+) Gaussian draws", q.loc[key, "how"]).group(1)) > 20_000
+    # the paper's scale reads the same draws, negated (each stops once its own median is stable)
+    assert q.loc[("qk_directionality_paper", True), "chance"] == pytest.approx(
+        -q.loc[("qk_directionality", True), "chance"], abs=0.01)
     for key in [("kv_cka", False), ("erank_k", False), ("erank_v", False), ("stable_rank_o", False),
                 ("erank_k", True), ("erank_v", True)]:
         assert "not stable" not in a.loc[key, "how"], (key, a.loc[key, "how"])
@@ -343,6 +355,30 @@ def test_monte_carlo_medians_are_stable_and_equal_shapes_agree_within_one_percen
 
 
 # -- query-free and grouped-query shapes --------------------------------------------------------
+@pytest.mark.parametrize("shape", [dict(h=4, g=2, d=64, e=16), dict(h=8, g=2, d=64, e=8), dict(h=4, g=1, d=32, e=8)])
+def test_query_free_directionality_from_the_keys_alone_is_the_layers_score(shape):
+    """The exact null sampler of the query-free grouped-query directionality reads the score off
+    the stacked K's row and column norms; on the same K it equals what weight_metrics computes."""
+    from analysis import qk_geometry
+    m = meta(**shape, variant="wq_identity")
+    g = gen(60)
+    for _ in range(4):
+        lay = chance.random_layer(m, query_free=True, generator=g)
+        frame = weight_metrics(lay, m, device="cpu")[0].set_index("metric")
+        kt = lay.W_K.mT.reshape(m.n_kv_heads * m.d_head, m.d_model)      # the weight's rows
+        got = float(qk_geometry.query_free_directionality(kt, m.n_heads // m.n_kv_heads))
+        assert got == pytest.approx(frame.loc["qk_directionality", "value"], abs=1e-5)
+        assert -got == pytest.approx(frame.loc["qk_directionality_paper", "value"], abs=1e-5)
+    # the registry's sampler: only where the closed form does not hold; deterministic per seed and batch
+    assert registry.null_draws("qk_directionality", meta(h=4, g=4, d=64, e=16), True, 0, 0) is None
+    assert registry.null_draws("qk_directionality", m, False, 0, 0) is None
+    a = registry.null_draws("qk_directionality", m, True, 0, 1)
+    assert torch.equal(a, qk_geometry.query_free_directionality_null.__wrapped__(
+        m.n_heads, m.n_kv_heads, m.d_model, m.d_head, 0, 1))
+    assert not torch.equal(a, registry.null_draws("qk_directionality", m, True, 0, 2))
+    assert torch.equal(-a, registry.null_draws("qk_directionality_paper", m, True, 0, 1))
+
+
 def _keys(frame):
     return set(zip(frame["metric"], frame["head"].isna()))
 

@@ -88,8 +88,10 @@ def test_json_intervals_where_seeds_share_a_weight_decay(tmp_path, capsys):
     assert (at[0.1]["ci_low"], at[0.1]["ci_high"]) == pytest.approx((mean - half, mean + half), abs=1e-6)
     assert qkv["slope_ci_low"] <= qkv["slope"] <= qkv["slope_ci_high"]
     assert qkv["curvature_ci_low"] <= qkv["curvature"] <= qkv["curvature_ci_high"]
-    assert (qkv["best_weight_decay"], qkv["best_wd_ci_low"], qkv["best_wd_ci_high"], qkv["best_wd_share"]) == (
-        1e-3, 1e-3, 1e-3, 1.0)
+    # neighbouring means 0.2 apart against a seed sd of 0.01 (2 df): only the far tail of the noise's
+    # posterior lets another weight decay win
+    assert (qkv["best_weight_decay"], qkv["best_wd_ci_low"], qkv["best_wd_ci_high"]) == (1e-3, 1e-3, 1e-3)
+    assert 0.99 <= qkv["best_wd_share"] <= 1.0
     assert qkv["n_boot"] == 400
 
 
