@@ -56,7 +56,8 @@ CPU core).
 factorisations float64. A singular value of ``S`` or ``A`` below
 ``2 d_head * eps64 * tr(G)`` (``RESOLVE``) is round-off of ``B``'s entries and set
 to 0, far below the ``~1e-7 sigma_max`` the spectra resolve: a Q = K head's
-``A`` is exactly 0, its ``erank_qk_skew`` undefined (NaN, flagged degenerate).
+``A`` is exactly 0, its ``erank_qk_skew`` undefined (NaN, flagged degenerate), and
+likewise an antisymmetric head's ``S`` and ``erank_qk_sym``.
 ``tests/analysis/test_precision.py`` holds all three to 1e-3 of a float64
 reference on explicit ``d_model x d_model`` matrices at condition numbers up to 1e6.
 """
@@ -73,11 +74,13 @@ RESOLVE = 1.0
 
 
 class Parts(NamedTuple):
-    """Per query head: the rank summaries (``spectrum_stats``) of ``S`` and ``A``, and whether ``A`` is 0
-    to working precision (``M_h`` symmetric: no routing part)."""
+    """Per query head: the rank summaries (``spectrum_stats``) of ``S`` and ``A``, and whether ``S``
+    (``M_h`` antisymmetric: no filtering part) or ``A`` (``M_h`` symmetric: no routing part) is 0 to
+    working precision."""
 
     sym: dict[str, torch.Tensor]
     skew: dict[str, torch.Tensor]
+    no_sym: torch.Tensor
     no_skew: torch.Tensor
 
 
@@ -127,4 +130,4 @@ def part_values(gq: torch.Tensor, gk: torch.Tensor, c: torch.Tensor) -> tuple[to
 def parts(gq: torch.Tensor, gk: torch.Tensor, c: torch.Tensor) -> Parts:
     """``Parts`` per query head from the float64 products (inputs as ``head_space``)."""
     sym, skew = part_values(gq, gk, c)
-    return Parts(spectrum_stats(sym), spectrum_stats(skew), skew.amax(-1) <= 0)
+    return Parts(spectrum_stats(sym), spectrum_stats(skew), sym.amax(-1) <= 0, skew.amax(-1) <= 0)
