@@ -65,7 +65,7 @@ import pandas as pd
 from analysis.errors import AnalysisError
 from analysis.tie_names import TIE_WORDS
 
-METRIC_VERSION = 6
+METRIC_VERSION = 7
 
 #: The columns of every tidy metric frame.
 COLUMNS = ["layer", "head", "head_label", "metric", "value"]
