@@ -44,18 +44,19 @@ are the float64 Grams and cross products the other metrics of ``M`` share
 Cholesky factor of ``G``; where ``G`` is singular to working precision (``Q``
 and ``K`` spanning common directions: Q = K, an identity query inside K's
 span), its cleaned eigen-decomposition ``U diag(sqrt(lam))``
-(``_linalg.clean_eigh``). Then ``eigvalsh`` of ``sym(B)`` and ``svdvals`` of
-``skew(B)``.
+(``_linalg.clean_eigh``). Then ``eigvalsh`` of ``sym(B)`` and of the Gram
+``skew(B)^T skew(B)`` (one batched call; the Gram keeps ``A``'s singular values down to
+``~1e-8`` of its largest, as every Gram-based spectrum here does, at 0.6x the cost of
+``svdvals``).
 
-**Cost** per query head: one Cholesky, one ``eigvalsh`` and one ``svdvals`` of
-``2 d_head x 2 d_head`` float64 matrices, about 8x the ``d_head``-sized
-decompositions of ``erank_qk`` (at ``d_head`` 128 about 10 ms a head on one
-CPU core).
+**Cost** per query head: one Cholesky, two ``eigvalsh`` and a product of
+``2 d_head x 2 d_head`` float64 matrices, 2-3x the ``d_head``-sized eigen-decomposition
+and SVD behind ``erank_qk``.
 
 **Precision**: the Grams are float64 from the float32 weights, the
 factorisations float64. A singular value of ``S`` or ``A`` below
 ``2 d_head * eps64 * tr(G)`` (``RESOLVE``) is round-off of ``B``'s entries and set
-to 0, far below the ``~1e-7 sigma_max`` the spectra resolve: a Q = K head's
+to 0 (the scale of ``M``'s largest singular values times ``~1e-13``): a Q = K head's
 ``A`` is exactly 0, its ``erank_qk_skew`` undefined (NaN, flagged degenerate), and
 likewise an antisymmetric head's ``S`` and ``erank_qk_sym``.
 ``tests/analysis/test_precision.py`` holds all three to 1e-3 of a float64
@@ -67,7 +68,7 @@ from typing import NamedTuple
 
 import torch
 
-from analysis._linalg import EPS64, clean_eigh, small_eigvalsh, small_svdvals, spectrum_stats
+from analysis._linalg import EPS64, clean_eigh, small_eigvalsh, spectrum_stats
 
 #: Singular values of ``S`` and ``A`` below ``RESOLVE * 2 d_head * eps64 * tr(G)`` are round-off (module docstring).
 RESOLVE = 1.0
@@ -113,15 +114,17 @@ def factor(g: torch.Tensor) -> torch.Tensor:
 
 
 def part_values(gq: torch.Tensor, gk: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Singular values of ``S_h`` and of ``A_h`` per head (each ``[n, 2e]`` float64, unsorted), the
+    """Singular values of ``S_h`` and of ``A_h`` per head (each ``[n, 2e]`` float64, ascending for ``A``), the
     unresolved ones 0 (module docstring); inputs as ``head_space``."""
     with torch.inference_mode():
         e = gq.shape[-1]
         g = head_space(gq, gk, c)                                   # [n, 2e, 2e]
         f = factor(g)
         b = f[:, :e].mT @ f[:, e:]                                  # F_1^T F_2: M in the head's subspace
-        sym = small_eigvalsh((b + b.mT) / 2).abs()                  # S symmetric: |eigenvalues|
-        skew = small_svdvals((b - b.mT) / 2)
+        a = (b - b.mT) / 2
+        # S symmetric: |eigenvalues|; A skew: sqrt of the eigenvalues of A^T A = -A^2; one batched call
+        lam = small_eigvalsh(torch.cat([(b + b.mT) / 2, a.mT @ a]))  # [2n, 2e]
+        sym, skew = lam[:len(b)].abs(), lam[len(b):].clamp_min(0).sqrt()
         tol = RESOLVE * 2 * e * EPS64 * torch.diagonal(g, dim1=-2, dim2=-1).sum(-1, keepdim=True)
         keep = lambda s: torch.where(s > tol, s, torch.zeros_like(s))   # noqa: E731
         return keep(sym), keep(skew)
