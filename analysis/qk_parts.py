@@ -27,8 +27,8 @@ for the effective rank and the energy share, so the metrics use qkvscope's:
 * ``energy_qk_skew = ||A||_F^2 / ||M||_F^2``. As ``<S, A>_F = 0``,
   ``||M||^2 = ||S||^2 + ||A||^2``, so it is ``1 - qk_symmetry`` (Saponati et
   al.'s symmetry score ``||S||^2 / ||M||^2``, ``analysis.qk_geometry``)
-  ``= (1 - tr(M^2) / ||M||_F^2) / 2``: 0 symmetric (Q = K), about 1/2 random, 1
-  antisymmetric. It is computed from the same float64 traces.
+  ``= (1 - tr(M^2) / ||M||_F^2) / 2``: 0 symmetric (Q = K), ``(1 - 1/d_model) / 2``
+  random, 1 antisymmetric. It is computed from the same float64 traces.
 
 **In the head's subspace** (no ``d_model x d_model`` matrix): with
 ``X = [t Q, K / t]`` (``d_model x 2 d_head``; ``t^2 = sqrt(||K||_F^2 / ||Q||_F^2)``
@@ -55,8 +55,8 @@ and SVD behind ``erank_qk``.
 
 **Precision**: the Grams are float64 from the float32 weights, the
 factorisations float64. A singular value of ``S`` or ``A`` below
-``2 d_head * eps64 * tr(G)`` (``RESOLVE``) is round-off of ``B``'s entries and set
-to 0 (the scale of ``M``'s largest singular values times ``~1e-13``): a Q = K head's
+``2 d_head * eps64 * tr(G)`` is round-off of ``B``'s entries and set to 0 (``1e-13``
+to ``1e-11`` of ``M``'s largest singular value for ``d_head`` 16 to 128): a Q = K head's
 ``A`` is exactly 0, its ``erank_qk_skew`` undefined (NaN, flagged degenerate), and
 likewise an antisymmetric head's ``S`` and ``erank_qk_sym``.
 ``tests/analysis/test_precision.py`` holds all three to 1e-3 of a float64
@@ -69,9 +69,6 @@ from typing import NamedTuple
 import torch
 
 from analysis._linalg import EPS64, clean_eigh, small_eigvalsh, spectrum_stats
-
-#: Singular values of ``S`` and ``A`` below ``RESOLVE * 2 d_head * eps64 * tr(G)`` are round-off (module docstring).
-RESOLVE = 1.0
 
 
 class Parts(NamedTuple):
@@ -125,7 +122,7 @@ def part_values(gq: torch.Tensor, gk: torch.Tensor, c: torch.Tensor) -> tuple[to
         # S symmetric: |eigenvalues|; A skew: sqrt of the eigenvalues of A^T A = -A^2; one batched call
         lam = small_eigvalsh(torch.cat([(b + b.mT) / 2, a.mT @ a]))  # [2n, 2e]
         sym, skew = lam[:len(b)].abs(), lam[len(b):].clamp_min(0).sqrt()
-        tol = RESOLVE * 2 * e * EPS64 * torch.diagonal(g, dim1=-2, dim2=-1).sum(-1, keepdim=True)
+        tol = 2 * e * EPS64 * torch.diagonal(g, dim1=-2, dim2=-1).sum(-1, keepdim=True)   # round-off of B
         keep = lambda s: torch.where(s > tol, s, torch.zeros_like(s))   # noqa: E731
         return keep(sym), keep(skew)
 
