@@ -6,8 +6,9 @@ projections but follows from the model's structure or from too little data:
 * **a tie fixes it** (``tie_fixed``, from ``analysis.tied.tied_layer``):
   K = V makes every K/V similarity 1 (``kv_cosine_flat``, ``kv_cka``,
   ``kv_share_r2`` and their activation forms); Q = K makes ``M = K K^T``
-  symmetric, so ``qk_symmetry`` is 1, ``logit_symmetry`` 1 and
-  ``qk_directionality`` 0 (row and column norms of a symmetric matrix agree);
+  symmetric, so ``qk_symmetry`` is 1, ``logit_symmetry`` 1,
+  ``qk_directionality`` 0 (row and column norms of a symmetric matrix agree)
+  and its skew-symmetric part 0 (``energy_qk_skew`` 0, ``erank_qk_skew`` undefined);
   a stored identity W_Q fixes W_Q's spectra (every singular value 1), its
   condition number (1), its orthogonality defect (0) and, the query being a
   slice of the residual stream, ``qk_directionality`` to a property of W_K alone.
@@ -44,7 +45,8 @@ RANK_EPS_FACTOR = EPS_FACTOR
 #: metric's declaration (``analysis.registry.Metric.fixed_by``, ``fixed_by_tie``).
 TIE_REASONS: dict[str, str] = {
     "k_eq_v": "K = V in this layer: the K/V similarity is 1 by construction",
-    "q_eq_k": "Q = K in this layer: M = W_K W_K^T is symmetric by construction (symmetry 1, directionality 0)",
+    "q_eq_k": ("Q = K in this layer: M = W_K W_K^T is symmetric by construction (symmetry 1, directionality 0, "
+               "no skew-symmetric part)"),
     "q_identity": ("W_Q is a stored identity slice in this layer: its spectrum, condition number (1) and "
                    "orthogonality defect (0) are fixed, and the directionality is W_K's alone"),
 }

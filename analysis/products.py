@@ -21,8 +21,9 @@ costs what its metrics read, once (``analysis/weights.py`` gives the costs):
   kv heads; ``frobenius(p)``: ``<W_p[i], W_p[j]>_F`` (``analysis.metrics.cross_head``).
 * ``head_symmetry``, ``layer_scores`` (the layer's ``M`` symmetry and
   directionality), ``head_spectra(p)``, ``layer_spectra(p)``, ``qk_spectra``,
-  ``norm(p)``, ``stacked`` (the stacked W_Q's spectrum): the family results that
-  several metrics read.
+  ``qk_parts`` (the spectra of ``M_h``'s symmetric and skew parts), ``norm(p)``,
+  ``stacked`` (the stacked W_Q's spectrum): the family results that several
+  metrics read.
 
 ``whole``, ``heads``: whether per-layer and per-head values are wanted
 (``analysis.chance``'s wide random layers want per-head values only, its later draws
@@ -36,7 +37,7 @@ from functools import cached_property
 
 import torch
 
-from analysis import kv_similarity, qk_geometry, query_absorb, spectra
+from analysis import kv_similarity, qk_geometry, qk_parts, query_absorb, spectra
 from analysis._linalg import (as_float32, clean_eigh, f64_chunks, gram, identity_queries, kv_index, psd_sqrt_from,
                              row_gram, spectrum_stats, stack_heads)
 from analysis.layer import AttentionWeights, Geometry
@@ -178,6 +179,14 @@ class LayerProducts:
     @cached_property
     def qk_spectra(self) -> dict[str, torch.Tensor]:
         return spectra.qk_stats_from(self.eig_q, self.sk[self.kv_of])
+
+    @cached_property
+    def qk_parts(self) -> qk_parts.Parts:
+        """The spectra of ``M_h``'s symmetric and skew-symmetric parts per query head, in the head's
+        subspace from the shared float64 products (``qk_parts.parts``)."""
+        gq, c = self.query_products
+        self.__dict__.setdefault("gq", gq)
+        return qk_parts.parts(gq, self.kvp.kk[self.kv_of], c)
 
     def head_spectra(self, p: str) -> dict[str, torch.Tensor]:
         """The four rank summaries per head of ``W_{p}`` (``p`` in ``q k v o``)."""

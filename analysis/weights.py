@@ -15,14 +15,16 @@ metrics are labelled ``L{l}KV{g}``; ``head2`` set on the rows of a head pair, la
 rank-deficient ``W_K[g]`` or a singular stacked W_Q, ``analysis.degenerate``), ``notes`` maps each metric that does not
 exist for this model to the reason. Each metric is a registered ``compute``
 (``analysis.registry``): the built-in families declare theirs in ``analysis/metrics/``
-(formulas in ``kv_similarity``, ``qk_geometry``, ``spectra``, ``query_absorb``), a plugin
+(formulas in ``kv_similarity``, ``qk_geometry``, ``qk_parts``, ``spectra``, ``query_absorb``), a plugin
 its own; all read the layer's one ``analysis.products.LayerProducts``.
 
 Per layer this costs a handful of batched ``[heads, d_head, d_head]`` Gram
 products (float64, from the float32 weights), each formed once and shared by
 the metrics that need it, three
 batched float64 eigen-decompositions of ``[n_heads, d_head, d_head]`` stacks
-(W_Q, W_O, ``M_h``), small ones for the kv heads and the stacked K and V, and
+(W_Q, W_O, ``M_h``), small ones for the kv heads and the stacked K and V, a
+Cholesky, an ``eigvalsh`` and an ``svdvals`` of ``2 d_head`` square matrices per
+query head (the symmetric and skew parts of ``M_h``, ``qk_parts``), and
 for the query-absorbability metrics one LU factorisation of the stacked
 ``d_model x d_model`` W_Q with Lanczos runs (``query_absorb``), the
 ``O(d_model^3)`` floor. The layer-level ``qk_symmetry`` and ``qk_directionality``

@@ -13,7 +13,7 @@ import importlib
 import pkgutil
 
 #: The families whose metrics come first, in this order.
-ORDER = ("kv_similarity", "qk_geometry", "paper_scale", "spectra", "norms", "query_absorb", "activations")
+ORDER = ("kv_similarity", "qk_geometry", "qk_parts", "paper_scale", "spectra", "norms", "query_absorb", "activations")
 
 for _name in (*ORDER, *sorted({m.name for m in pkgutil.iter_modules(__path__)} - set(ORDER))):
     importlib.import_module(f"{__name__}.{_name}")

@@ -50,10 +50,15 @@ def test_q_eq_k_with_grouped_kv_heads_reads_wq_condition_inf_and_every_other_met
     assert cond.value == math.inf and bool(cond.degenerate)
     assert values(df, "wq_basis_orth_defect").iloc[0].value == math.inf
     assert notes["wq_condition"].startswith("degenerate where the stacked W_Q is singular (rank < d_model")
-    finite = df[~df.metric.isin(["wq_condition", "wq_basis_orth_defect"])]
+    finite = df[~df.metric.isin(["wq_condition", "wq_basis_orth_defect", "erank_qk_skew"])]
     assert np.isfinite(finite["value"].to_numpy(dtype=float)).all()
     assert not finite["degenerate"].any()
     assert values(df, "qk_symmetry", whole=True).iloc[0].value == pytest.approx(1.0, abs=1e-6)
+    # every M_h = K K^T is symmetric: no skew part, so no effective rank of it (NaN, flagged)
+    assert values(df, "energy_qk_skew")["value"].tolist() == pytest.approx([0.0] * h, abs=1e-12)
+    skew = values(df, "erank_qk_skew")
+    assert skew["value"].isna().all() and skew["degenerate"].all()
+    assert notes["erank_qk_skew"].startswith("degenerate where M_h is symmetric to working precision")
 
 
 def test_stacked_spectrum_of_a_singular_stack_is_singular_and_a_regular_one_is_not():

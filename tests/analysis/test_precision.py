@@ -121,6 +121,10 @@ def reference(layer, n_heads, n_kv, e):
     m = [q[h] @ k[kv_of[h]].T for h in range(n_heads)]                           # d_model x d_model each
     for h in range(n_heads):
         ref["qk_symmetry", h] = ref_symmetry(m[h])
+        sym, skew = (m[h] + m[h].T) / 2, (m[h] - m[h].T) / 2                     # filtering, routing
+        ref["erank_qk_sym", h] = ref_spectrum(sym)["erank"]
+        ref["erank_qk_skew", h] = ref_spectrum(skew)["erank"]
+        ref["energy_qk_skew", h] = np.linalg.norm(skew) ** 2 / np.linalg.norm(m[h]) ** 2
     ref["qk_symmetry", None] = ref_symmetry(sum(m))
     per_head = {"q": list(q), "k": list(k), "v": list(v), "o": list(o), "qk": m}
     for p, mats in per_head.items():

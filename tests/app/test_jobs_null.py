@@ -35,7 +35,7 @@ def test_own_trainer_q_eq_k_with_grouped_kv_heads_analyses(tmp_path, capsys, var
     assert {r["metric"] for r in rows} | set(out["notes"]) == set(names("weights"))
     fixed = {r["metric"] for r in rows if r["degenerate"]}
     expect = {"qk_symmetry", "qk_directionality", "qk_symmetry_paper", "qk_directionality_paper", "wq_condition",
-              "wq_basis_orth_defect"}
+              "wq_basis_orth_defect", "energy_qk_skew", "erank_qk_skew"}
     if variant == "q_eq_k_eq_v":
         expect |= {"kv_cka", "kv_share_r2", "kv_cosine_flat"}
     assert fixed == expect
