@@ -249,7 +249,8 @@ def test_single_window_has_no_interval_and_few_tokens_note():
     assert notes["erank_kcache"].startswith("degenerate: 40 tokens < 8 x d_head = 128: the value is biased low")
     assert "kv_cosine_act" in notes and "40 tokens" not in notes["kv_cosine_act"]
     # the few-token metrics are flagged degenerate (and so never tested against chance), the others not
-    few = df["metric"].isin(["kv_share_r2_act", "kv_cka_act", "erank_kcache", "erank_vcache"])
+    few = df["metric"].isin(["kv_share_r2_act", "kv_cka_act", "erank_kcache", "erank_vcache",
+                             "kv_cka_layer_act", "erank_kcache_layer", "erank_vcache_layer"])
     assert df.loc[few, "degenerate"].all() and not df.loc[~few, "degenerate"].any()
 
 
