@@ -388,7 +388,9 @@ def test_result_workers_are_bounded_by_threads_layers_memory_and_device(monkeypa
     assert activations.result_workers(accs, threads=2) == 2           # the threads
     assert activations.result_workers(accs[:1], threads=16) == 1
     need = accs[0].result_bytes()
-    assert need == 8 * 48 * 3 * 2 * 2 * 16 + 4 * 48 * 2 * 2 * 16     # one draw's K, V in float64 (x3), redrawn in float32
+    # the whole layer's leave-one-group Gram, its products with K and V and a c x c product (float64, c = 64:
+    # more than one draw's K, V in float64 x3), and the draw redrawn in float32
+    assert need == 8 * (2 * 48 * 48 + 2 * 48 * 64 + 64 * 64) + 4 * 48 * 2 * 2 * 16
     monkeypatch.setattr(activations, "_RESULTS_BYTES", 2 * activations._BOOT_BYTES + 3 * need)
     assert activations.result_workers(accs, threads=16) == 3          # the memory
     monkeypatch.setattr(activations, "_RESULTS_BYTES", 2 * activations._BOOT_BYTES)
