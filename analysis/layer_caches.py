@@ -31,7 +31,7 @@ Metrics (``analysis/metrics/whole_layer.py`` declares them):
 * ``erank_kcache_layer``, ``erank_vcache_layer``: effective rank (Roy & Vetterli 2007) of the
   ``[n, c]`` caches, ``sigma_i^2 = eig(K^T K)`` (not centred, as ``erank_kcache`` per head): the
   whole-layer cache rank behind the paper's talk deck's "similar effective rank (687 vs 702 /
-  1024)" (slide 6; the script behind that figure is not in the repository).
+  1024)" (slide 6; no script or result file read in the repository computes that figure).
 
 Cost per evaluation: ``2 d^2 c + 3 d c^2`` multiply-adds and two ``c x c`` symmetric eigenvalue
 problems; the accumulator evaluates it once for the value, once per jackknife unit and three

@@ -169,8 +169,8 @@ CLAIMS: tuple[Claim, ...] = (
           match={"sharing": "MHA"},
           note="1024 is the 300M model's d_model, the width of a whole layer's K or V cache (16 heads of 64): a "
                "whole-layer figure, set beside erank_kcache_layer and erank_vcache_layer (effective rank of the "
-               "[tokens, n_kv_heads*d_head] caches on sample tokens). The repository holds no script that computes "
-               "687 or 702, so whether the deck's ranks are of the weights or of the caches, and on how many "
+               "[tokens, n_kv_heads*d_head] caches on sample tokens). No script or result file read in the repository "
+               "computes 687 or 702, so whether the deck's ranks are of the weights or of the caches, and on how many "
                "tokens, is not known",
           model=_B_300M),
     Claim("b_ppl_kv_300m", PAPER_B, "Q-K=V costs +3.1% validation perplexity at 300M (5.27 vs 5.11)",
