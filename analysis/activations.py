@@ -61,6 +61,13 @@ How the sums are formed (the same sums either way, float64 round-off apart):
 * ``logit_symmetry`` = ``(1 + sum_w tr(L_w L_w) / sum_w ||L_w||_F^2) / 2``
   (Saponati et al. 2025's symmetry score over the windows' logit matrices),
   per head and of the logits summed over heads (head None);
+* ``kv_cka_layer_act``, ``erank_kcache_layer``, ``erank_vcache_layer``: the same of the whole
+  layer's caches, all ``n_kv_heads * d_head`` columns side by side (``analysis.layer_caches``: the
+  projection-sharing paper's definition), from the float64 totals of the input's Gram and sum;
+  their interval is a delete-one-group jackknife-t over ``layer_groups(d_model)`` groups of windows
+  (window ``w`` in group ``w % groups``), whose float32 Grams of the input the accumulator holds
+  beside its other sums (``4 groups d_model^2`` bytes: 32 MiB per layer at d_model 1024 and 2048),
+  the eranks bias-corrected by it, their chance draws by the halves as below;
 * each activation metric a plugin registered (``analysis.registry.register``):
   its ``compute(stats, d_head)`` on the same sums, keys ``n``, ``sk``, ``sv``
   (``[..., g, e]``), ``kk``, ``vv``, ``kv`` (``[..., g, e, e]``) and, where the
@@ -133,9 +140,11 @@ import torch
 
 from analysis._lapack_pool import side_by_side
 from analysis.above_chance import p_value
-from analysis._linalg import as_float32, small_eigh, small_eigvalsh, spectrum_stats, stack_heads
+from analysis._linalg import as_float32, gram_sv, small_eigh, small_eigvalsh, spectrum_stats, stack_heads
 from analysis.errors import AnalysisError
 from analysis.intervals import jackknife, t_quantile
+from analysis.layer_caches import LAYER_METRICS, layer_metrics
+from analysis.layer_caches import RANGES as LAYER_RANGES
 from analysis.plugins import activation_values
 from analysis.registry import BY_NAME, PAIR_COLUMNS, RESULT_COLUMNS
 from analysis.weights import LayerLike, MetaLike, check_geometry, default_device
@@ -160,6 +169,25 @@ NULL_BAND = (0.025, 0.975)
 _RANGE = {"kv_cosine_act": (-1.0, 1.0), "kv_cka_act": (0.0, 1.0), "kv_share_r2_act": (0.0, 1.0),
           "logit_symmetry": (0.0, 1.0), "logit_symmetry_layer": (0.0, 1.0)}
 _ERANKS = ("erank_kcache", "erank_vcache")
+#: Float32 Grams of the input per group of windows that an accumulator may hold for the whole
+#: layer's metrics (bytes): ``layer_groups``.
+_LAYER_GROUP_BYTES = 2**25
+#: The most groups of windows (the whole layer's jackknife units).
+LAYER_GROUPS = 8
+
+
+def layer_groups(d_model: int) -> int:
+    """How many groups of windows an accumulator keeps the input's Gram of, for the whole layer's
+    delete-one-group jackknife: as many as ``_LAYER_GROUP_BYTES`` holds (float32 ``d_model^2``
+    each), a power of two from 2 to ``LAYER_GROUPS`` (d_model 1024: 8, 32 MiB; 2048: 2, 32 MiB;
+    4096: 2, 128 MiB)."""
+    fits = _LAYER_GROUP_BYTES // (4 * d_model * d_model)
+    groups = 2
+    while groups * 2 <= min(fits, LAYER_GROUPS):
+        groups *= 2
+    return groups
+
+
 #: Jackknife batches: bounds the leave-one-window d_head x d_head stacks in memory.
 _BOOT_BYTES = 2**27
 #: Per-window Grams held before they are reduced to the metrics' statistics (bytes).
@@ -223,6 +251,14 @@ class ActivationAccumulator:
         self._n_win = 0
         self._chance_logits: list[dict[str, torch.Tensor] | None] = [None] * n_random   # totals per draw
         self._n = 0
+        # the whole layer's metrics (analysis.layer_caches): the input's Gram, sum and token count per
+        # group of windows (window w in group w % groups; groups even, so a group's windows are all
+        # even or all odd), the delete-one-group jackknife's units; float32 Grams (the value itself
+        # reads the float64 total)
+        self.groups = layer_groups(d)
+        self._lgram = torch.zeros(self.groups, d, d, dtype=torch.float32, device=self.dev)
+        self._lsums = torch.zeros(self.groups, d, dtype=torch.float64, device=self.dev)
+        self._lcounts = torch.zeros(self.groups, dtype=torch.float64, device=self.dev)
 
     @property
     def r(self) -> list[torch.Tensor]:
@@ -260,6 +296,11 @@ class ActivationAccumulator:
                 gw = x64.mT @ x64                                        # [B, d, d]
                 sw = x64.sum(1)                                          # [B, d]
                 half = (torch.arange(B, device=self.dev) + self._n_win) % 2   # each window's half
+                group = (torch.arange(B, device=self.dev) + self._n_win) % self.groups
+                self._lgram.index_add_(0, group, gw.float())
+                self._lsums.index_add_(0, group, sw)
+                self._lcounts.index_add_(0, group, torch.full((B,), float(T), dtype=torch.float64,
+                                                              device=self.dev))
                 self._gram += gw.sum(0)
                 self._gram_even += gw[half == 0].sum(0).float()
                 self._sums.index_add_(0, half, sw)
@@ -270,12 +311,19 @@ class ActivationAccumulator:
             else:
                 self._reduce()                                           # keep the windows in order
                 for p in (0, 1):                                         # even, odd windows
-                    xf = x64[(p + self._n_win) % 2::2].reshape(-1, d)
-                    gp = xf.mT @ xf
+                    # the half's groups (groups is even: group j holds windows of parity j % 2)
+                    gp = torch.zeros(d, d, dtype=torch.float64, device=self.dev)
+                    for j in range(p, self.groups, 2):
+                        xf = x64[(j - self._n_win) % self.groups::self.groups].reshape(-1, d)
+                        gj = xf.mT @ xf
+                        gp += gj
+                        self._lgram[j] += gj.float()
+                        self._lsums[j] += xf.sum(0)
+                        self._lcounts[j] += xf.shape[0]
                     self._gram += gp
                     if p == 0:
                         self._gram_even += gp.float()
-                    self._sums[p] += xf.sum(0)
+                    self._sums[p] += x64[(p + self._n_win) % 2::2].reshape(-1, d).sum(0)
                 self._add_projected(x)
         for p in (0, 1):
             self._counts[p] += len(range((p + self._n_win) % 2, B, 2)) * T
@@ -403,7 +451,7 @@ class ActivationAccumulator:
             n, (na, nb) = float(self._n), self._counts
             h = (1 / na + 1 / nb) / 2
             for m, key in (("erank_kcache", "kk"), ("erank_vcache", "vv")):
-                half = sum(spectrum_stats(_gram_sv(part[key]))["erank"] for part in halves) / 2
+                half = sum(spectrum_stats(gram_sv(part[key]))["erank"] for part in halves) / 2
                 out[m] = out[m] - (half - out[m]) / (h * n - 1)
         return out
 
@@ -415,11 +463,14 @@ class ActivationAccumulator:
         """About the most memory ``result()`` holds at once beyond the sums and the jackknife's
         batches (bytes): one chance draw's K and V columns in float64, their stacked copy and
         their products with the input's Gram, and the draw itself in float32 where the draws
-        were not held (``_chance_stats``)."""
+        were not held (``_chance_stats``); the whole layer's metrics (``_layer``): a leave-one-group
+        Gram, its products with the stacked K and V columns and four ``c x c`` products
+        (``c = n_kv_heads * d_head``), float64."""
         kv_cols = 2 * self.g * self.e
         draw = 8 * self.d * 3 * kv_cols
         redrawn = 0 if self._r is not None else 4 * self.d * self._width
-        return draw + redrawn
+        layer = 8 * (2 * self.d * self.d + 2 * self.d * kv_cols + kv_cols * kv_cols)
+        return max(draw, layer) + redrawn
 
     def _result(self, boot_bytes: int) -> tuple[pd.DataFrame, dict[str, str]]:
         """``result()`` with the jackknife's batches bounded by ``boot_bytes``."""
@@ -433,10 +484,12 @@ class ActivationAccumulator:
             total = {key: val.sum(0) for key, val in per_win.items()}
             values = _metrics(total, self.e)
             correct = _ERANKS if n_win > 1 and self._n >= TOKENS_PER_COLUMN * self.e else ()
+            layer_values, layer_lo, layer_hi, layer_nulls = self._layer()
             draws = [self._chance_metrics(st, halves, correct) for st, halves in self._chance_stats()]
             nulls = {m: (torch.stack([dr[m] for dr in draws]).flatten().sort().values
                          if _row_metric(m).chance != "none" else torch.empty(0, dtype=torch.float64))
                      for m in values}                        # draws x heads, sorted
+            nulls.update(layer_nulls)
             nulls = {m: t[torch.isfinite(t)].cpu() for m, t in nulls.items()}
             chance = {m: float(t.quantile(0.5)) if len(t) else math.nan   # median (the mean of the middle two)
                       for m, t in nulls.items()}
@@ -452,6 +505,7 @@ class ActivationAccumulator:
                 values, lo, hi = self._jackknife(per_win, total, values, boot_bytes, correct)
             else:
                 lo = hi = {m: torch.full_like(val, float("nan")) for m, val in values.items()}
+            values, lo, hi = {**values, **layer_values}, {**lo, **layer_lo}, {**hi, **layer_hi}
         n = self._n
         fixed: set[str] = set()                                # metrics degenerate in this layer
         if n < TOKENS_PER_COLUMN * self.e:
@@ -459,6 +513,13 @@ class ActivationAccumulator:
             for m, why in _FEW_TOKENS.items():
                 _add_note(notes, m, f"degenerate: {n} tokens < {TOKENS_PER_COLUMN} x d_head = "
                                     f"{TOKENS_PER_COLUMN * self.e}: {why}")
+        cols = self.g * self.e                                 # the whole layer's cache columns
+        if n < TOKENS_PER_COLUMN * cols:
+            fixed |= set(LAYER_METRICS)
+            for m, like in zip(LAYER_METRICS, ("kv_cka_act", "erank_kcache", "erank_vcache")):
+                _add_note(notes, m, f"degenerate: {n} tokens < {TOKENS_PER_COLUMN} x n_kv_heads*d_head = "
+                                    f"{TOKENS_PER_COLUMN * cols}: {_FEW_TOKENS[like]} (more tokens: analyze "
+                                    f"--tokens {TOKENS_PER_COLUMN * cols})")
         if in_rank <= self.e:
             fixed |= set(_FEW_DIRECTIONS)
             for m in _FEW_DIRECTIONS:
@@ -486,6 +547,52 @@ class ActivationAccumulator:
         df["above_chance"] = df["above_chance"].astype("boolean")
         df["degenerate"] = df["degenerate"].astype(bool)
         return df, notes
+
+    def _layer(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor],
+                              dict[str, torch.Tensor]]:
+        """The whole layer's metrics (``analysis.layer_caches``) as ``(values, ci_low, ci_high, null
+        draws)``, 0-dim float64 tensors: the value from the float64 totals, its delete-one-group
+        jackknife-t interval over the groups of windows (``t_{N-1}``, ``N`` the groups with tokens;
+        NaN with one), the eranks bias-corrected by the same jackknife where the sample has at least
+        ``8 x n_kv_heads*d_head`` tokens (the CKA is the paper's estimator, not corrected); the null
+        draws: the same input through the chance draws' K and V columns (no biases), their eranks
+        extrapolated from the even and the odd windows as the per-head draws' are."""
+        ge = self.g * self.e
+        a, b = self.w[:, :ge].double(), self.w[:, ge:2 * ge].double()
+        bk, bv = (self.b[:ge].double(), self.b[ge:2 * ge].double()) if self.has_bias else (None, None)
+        s_all, n = self._sums.sum(0), float(self._n)
+        values = layer_metrics(a, b, bk, bv, self._gram, s_all, n)
+        used = (self._lcounts > 0).nonzero().flatten().tolist()
+        correct = len(used) > 1 and self._n >= TOKENS_PER_COLUMN * ge
+        nan = lambda: torch.tensor(float("nan"), dtype=torch.float64, device=self.dev)   # noqa: E731
+        lo, hi = {m: nan() for m in LAYER_METRICS}, {m: nan() for m in LAYER_METRICS}
+        if len(used) > 1:
+            reps = [layer_metrics(a, b, bk, bv, self._gram - self._lgram[j].double(), s_all - self._lsums[j],
+                                  n - float(self._lcounts[j])) for j in used]
+            t = t_quantile(len(used) - 1)
+            for m in LAYER_METRICS:
+                value, se = jackknife(torch.stack([r[m] for r in reps]), values[m])
+                value = value if correct and m != "kv_cka_layer_act" else values[m]
+                low, high = LAYER_RANGES[m] or (1.0, float(ge))
+                values[m] = value.clamp(low, high)
+                lo[m], hi[m] = (value - t * se).clamp(low, high), (value + t * se).clamp(low, high)
+        n_even, n_odd = self._counts
+        g_even, s_even = self._gram_even.double(), self._sums[0]
+        draws: dict[str, list[torch.Tensor]] = {m: [] for m in LAYER_METRICS}
+        for r in (self._r if self._r is not None else self._seeded()):
+            ra, rb = r[:, :ge].double(), r[:, ge:2 * ge].double()
+            got = layer_metrics(ra, rb, None, None, self._gram, s_all, n)
+            if correct and n_even and n_odd:
+                halves = [layer_metrics(ra, rb, None, None, g_even, s_even, float(n_even)),
+                          layer_metrics(ra, rb, None, None, self._gram - g_even, self._sums[1], float(n_odd))]
+                h = (1 / n_even + 1 / n_odd) / 2
+                for m in ("erank_kcache_layer", "erank_vcache_layer"):
+                    half = (halves[0][m] + halves[1][m]) / 2
+                    got[m] = got[m] - (half - got[m]) / (h * n - 1)
+            for m in LAYER_METRICS:
+                draws[m].append(got[m])
+        nulls = {m: torch.stack(v).sort().values for m, v in draws.items()}
+        return values, lo, hi, nulls
 
     def _jackknife(self, per_win: dict[str, torch.Tensor], total: dict[str, torch.Tensor],
                    values: dict[str, torch.Tensor], boot_bytes: int, correct: tuple[str, ...]
@@ -717,7 +824,7 @@ def _metrics(st: dict[str, torch.Tensor], d_head: int) -> dict[str, torch.Tensor
                                       tr(kk) - uk.square().sum(-1), tr(vv) - uv.square().sum(-1), n[..., None])
     out["kv_share_r2_act"] = _adjusted_r2(_share_r2(kk, vv, kv, d_head), n[..., None], d_head)
     for name, gram in (("erank_kcache", kk), ("erank_vcache", vv)):
-        out[name] = spectrum_stats(_gram_sv(gram))["erank"]
+        out[name] = spectrum_stats(gram_sv(gram))["erank"]
     if "lsym" in st:
         out["logit_symmetry"] = (1 + st["lsym"] / st["lsq"]) / 2
         out["logit_symmetry_layer"] = (1 + st["lsym_layer"] / st["lsq_layer"]) / 2
@@ -731,16 +838,6 @@ def _minus_outer(a: torch.Tensor, u: torch.Tensor, w: torch.Tensor) -> torch.Ten
     m, k = a.shape[-2:]
     flat = torch.baddbmm(a.reshape(-1, m, k), u.reshape(-1, m, 1), w.reshape(-1, 1, k), alpha=-1)
     return flat.view(a.shape)
-
-
-def _gram_sv(gram: torch.Tensor) -> torch.Tensor:
-    """Singular values (descending) of the matrix behind a float64 Gram ``[..., e, e]``;
-    eigenvalues below ``e * eps64 * lambda_max`` (round-off) are 0. ``eigvalsh`` reads the lower
-    triangle: a Gram formed by products is symmetric to round-off (``~e * eps64 * ||G||``, below
-    that tolerance), so it is not symmetrised first (a copy of every stack, ~10% of a jackknife)."""
-    lam = small_eigvalsh(gram).flip(-1)                                # [..., e], descending
-    tol = gram.shape[-1] * EPS64 * lam[..., :1].clamp_min(0)
-    return torch.where(lam > tol, lam, torch.zeros_like(lam)).sqrt()
 
 
 def _debiased_cka(kv2: torch.Tensor, kk2: torch.Tensor, vv2: torch.Tensor, trk: torch.Tensor, trv: torch.Tensor,

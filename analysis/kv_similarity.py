@@ -9,6 +9,9 @@ NaN where the formula divides by zero (an all-zero head), never a made-up 0.
   projection-sharing paper (arXiv 2606.04032) quotes. NOT invariant to a
   rotation of the head's output basis (``K R``, ``V R'``): a model whose K and V
   read the same input directions can score ~0. Label it as such.
+* ``cosine_layer`` = ``cos(vec [W_K; b_K], vec [W_V; b_V])`` of a whole layer: every kv head's
+  K and V flattened together with the biases, as the projection-sharing paper's
+  ``kv_similarity_llm.py`` (``weight_cosine_kv``) computes it; the same caveat as ``cosine_flat``.
 * ``linear_cka`` = ``||K^T V||_F^2 / (||K^T K||_F ||V^T V||_F)`` (Kornblith et
   al. 2019, "Similarity of Neural Network Representations Revisited", eq. for
   linear CKA with rows as examples). Invariant to ``K -> K R``, ``V -> V R'``
@@ -82,6 +85,24 @@ def cosine_flat(k: torch.Tensor, v: torch.Tensor, *, prod: KVProducts | None = N
         nk = torch.diagonal(p.kk, dim1=1, dim2=2).double().sum(1).sqrt()
         nv = torch.diagonal(p.vv, dim1=1, dim2=2).double().sum(1).sqrt()
         return dot / (nk * nv)
+
+
+def cosine_layer(prod: KVProducts, b_k: torch.Tensor | None = None, b_v: torch.Tensor | None = None) -> float:
+    """``cos(vec [W_K; b_K], vec [W_V; b_V])`` of a layer (module docstring): ``(sum_g tr(K_g^T V_g)
+    + <b_K, b_V>) / sqrt((sum_g tr(K_g^T K_g) + ||b_K||^2) (sum_g tr(V_g^T V_g) + ||b_V||^2))`` from
+    the per-head ``prod`` (float64) and the biases ``[n_kv_heads, d_head]`` (None: none); NaN
+    where a side is all zero."""
+    with torch.inference_mode():
+        tr = lambda a: float(torch.diagonal(a, dim1=1, dim2=2).double().sum())   # noqa: E731
+        dot, kk, vv = tr(prod.kv), tr(prod.kk), tr(prod.vv)
+        if b_k is not None:
+            kk += float(b_k.double().square().sum())
+        if b_v is not None:
+            vv += float(b_v.double().square().sum())
+        if b_k is not None and b_v is not None:
+            dot += float((b_k.double() * b_v.double()).sum())
+        den = (kk * vv) ** 0.5
+        return dot / den if den > 0 else float("nan")
 
 
 def linear_cka(k: torch.Tensor, v: torch.Tensor, *, center: bool = False,

@@ -21,7 +21,12 @@ Sources read (facts only):
   validation perplexity in Tables 4 and 10), the ICML poster and talk deck in
   its ``slides/`` folder (every other number below, slide by slide), and the
   KV-cache comparison its ``transformer_QMQA_1_2B.py`` prints at start (QKV
-  "~5.9 GB" at 32k tokens; its own Q-MQA figure, bytes / 2^20, 88).
+  "~5.9 GB" at 32k tokens; its own Q-MQA figure, bytes / 2^20, 88), and the authors'
+  measurement script ``kv_similarity_llm.py`` with its output ``kv_similarity_results.csv``
+  (per whole layer: the cosine of the flattened ``[W_k; b_k]`` and ``[W_v; b_v]`` and the linear
+  CKA of the layer's K and V activations, averaged over layers; 0.0 and 0.6956 for the 300M
+  model): ``analysis/metrics/whole_layer.py`` defines the same, and the K-V claims put them
+  beside the per-head figures.
 
 Not catalogued, because none of these sources states them (searched: the three repositories'
 every file and every commit's diff at ``Wqkv_necessity`` e769434, ``beyond_query_linearity``
@@ -80,6 +85,12 @@ _POSTER = "repository slides/ICML Poster.pptx"
 _DECK = "repository slides/ICML Talk Deck.pptx"
 _NOTEBOOK = "repository configs/configurator_creator.ipynb (training configurations)"
 _QMQA_SCRIPT = "repository transformer_QMQA_1_2B.py (the KV-cache comparison it prints at start)"
+_KV_SCRIPT = ("repository kv_similarity_llm.py, its output kv_similarity_results.csv (row llm, fineweb_edu_300m, "
+              "column {})")
+#: How the authors' script defines its two figures (``analysis/metrics/whole_layer.py``).
+_KV_SCRIPT_DEFINITION = ("The authors' definition (kv_similarity_llm.py): per whole layer, {}, averaged over the "
+                         "layers; qkvscope's {} is that per layer, and the figure here is its mean over each "
+                         "checkpoint's layers")
 #: The models the claims were stated for.
 _A_SMALL = "~124M GPT (12 layers, d_model 768, 12 heads, MHA)"
 _B_300M = "300M (20 layers, d_model 1024, 16 heads)"
@@ -132,10 +143,27 @@ CLAIMS: tuple[Claim, ...] = (
     # -- Paper B: projection sharing ------------------------------------------------------
     Claim("b_kv_cosine", PAPER_B, "trained QKV models: K-V cosine similarity 0.73",
           0.73, "cosine", f"{_DECK}, slide 6; {_POSTER}", "kv_similarity", match={"sharing": "MHA"},
-          note="A flat cosine compares the two matrices entry by entry, so it depends on each head's output "
-               "basis: K -> K R with Q -> Q R, and V -> V R' with W_O -> R'^T W_O, change no attention output but "
-               "change cos(vec K, vec V), which can read ~0 for K and V that read the same input directions. "
-               "Linear CKA is invariant to such rotations", model=_B_300M),
+          note="The authors' script (kv_similarity_llm.py) gives their 300M model a whole-layer weight cosine of "
+               "0.0 and a whole-layer activation CKA of 0.6956 (the next two rows): the deck's 0.73 is nearest the "
+               "activation CKA, whatever its label. A flat cosine compares the two matrices entry by entry, so it "
+               "depends on each head's output basis: K -> K R with Q -> Q R, and V -> V R' with W_O -> R'^T W_O, "
+               "change no attention output but change cos(vec K, vec V), which can read ~0 for K and V that read "
+               "the same input directions. Linear CKA is invariant to such rotations", model=_B_300M),
+    Claim("b_kv_cka_layer", PAPER_B, "trained QKV 300M model: linear CKA of a whole layer's K and V activations, "
+          "averaged over layers, 0.6956", 0.6956, "linear CKA, mean over layers", _KV_SCRIPT.format("activation_cka"),
+          "kv_layer_cka", match={"sharing": "MHA"},
+          note=_KV_SCRIPT_DEFINITION.format(
+              "the linear CKA of the K and V outputs of the fused c_attn (biases in) over one batch of 8 validation "
+              "sequences, all n_embd columns, tokens centred, not debiased", "kv_cka_layer_act")
+          + ". Not debiased, this CKA reads high by about tr(Kc^T Kc) tr(Vc^T Vc) / (n ||Kc^T Kc|| ||Vc^T Vc||) on "
+            "n tokens, a floor the chance level carries too: compare values on similar token counts. Their "
+            "results CSV gives 0.53-0.75 for vision models and 0.65-0.94 for synthetic tasks", model=_B_300M),
+    Claim("b_kv_cos_layer", PAPER_B, "trained QKV 300M model: cosine of a whole layer's flattened K and V weights "
+          "with biases, averaged over layers, 0.0", 0.0, "cosine, mean over layers", _KV_SCRIPT.format("weight_cos_sim"),
+          "kv_layer_cosine", match={"sharing": "MHA"},
+          note=_KV_SCRIPT_DEFINITION.format(
+              "the cosine of the flattened [W_k; b_k] and [W_v; b_v] of the fused c_attn, every head", "kv_cosine_layer")
+          + ". Like the per-head flat cosine it depends on each head's output basis", model=_B_300M),
     Claim("b_qk_cosine", PAPER_B, "trained QKV models: Q stays distinct, cos(Q,K) 0.42",
           0.42, "cosine", f"{_DECK}, slide 6", "not_measured",
           note="qkvscope computes no flat Q/K cosine; qk_symmetry_paper (Inspector) measures how symmetric "
@@ -146,7 +174,14 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("b_qv_cosine", PAPER_B, "trained QKV models: cos(Q,V) 0.31", 0.31, "cosine", f"{_DECK}, slide 6",
           "not_measured", note="qkvscope computes no flat Q/V cosine", model=_B_300M),
     Claim("b_kv_erank", PAPER_B, "trained QKV models: K and V have similar effective rank, 687 vs 702 of 1024",
-          687 / 1024, "effective rank / d_model (K; V 702/1024 = 0.686)", f"{_DECK}, slide 6", "kv_erank", match={"sharing": "MHA"}, model=_B_300M),
+          687 / 1024, "effective rank / cache width (K; V 702/1024 = 0.686)", f"{_DECK}, slide 6", "kv_erank",
+          match={"sharing": "MHA"},
+          note="1024 is the 300M model's d_model, the width of a whole layer's K or V cache (16 heads of 64): a "
+               "whole-layer figure, set beside erank_kcache_layer and erank_vcache_layer (effective rank of the "
+               "[tokens, n_kv_heads*d_head] caches on sample tokens). No script or result file read in the repository "
+               "computes 687 or 702, so whether the deck's ranks are of the weights or of the caches, and on how many "
+               "tokens, is not known",
+          model=_B_300M),
     Claim("b_ppl_kv_300m", PAPER_B, "Q-K=V costs +3.1% validation perplexity at 300M (5.27 vs 5.11)",
           3.1, "% validation perplexity vs QKV", f"{_DECK}, slides 5 and 10; {_POSTER}; README: ~3%, "
           "validation perplexity in Tables 4 and 10", "relative_loss",
@@ -375,30 +410,45 @@ def _num(x, digits: int = 3) -> str:
 
 #: The stored metrics the measurements read, with their labels (``loaders.papers`` reads ``METRICS``).
 SIMILARITY_METRICS = (("kv_cosine_flat", "flat cosine"), ("kv_cka", "CKA"), ("kv_cka_act", "CKA on activations"))
-ERANK_METRICS = ("erank_k", "erank_v")
-METRICS = (*(m for m, _ in SIMILARITY_METRICS), *ERANK_METRICS)
+#: The whole-layer figures of the projection-sharing paper's kv_similarity_llm.py (``analysis/metrics/whole_layer.py``),
+#: each shown as a mean over a checkpoint's layers, as the script averages them.
+LAYER_SIMILARITY_METRICS = (("kv_cosine_layer", "whole-layer weight cosine"),
+                            ("kv_cka_layer_act", "whole-layer activation CKA"))
+#: The whole layer's K and V cache effective ranks, and the per-head ones set beside them.
+ERANK_METRICS = ("erank_kcache_layer", "erank_vcache_layer")
+HEAD_ERANK_METRICS = ("erank_kcache", "erank_vcache")
+METRICS = (*(m for m, _ in SIMILARITY_METRICS), *(m for m, _ in LAYER_SIMILARITY_METRICS), *ERANK_METRICS,
+           *HEAD_ERANK_METRICS)
 
 def _with_groups(results: pd.DataFrame, checkpoints: pd.DataFrame, kind: str | None) -> pd.DataFrame:
-    """``results`` with each row's checkpoint ``project``, geometry and head-sharing class (``sharing``)
-    and a ``group`` label (``project P, d_model 64, 4 layers, 4 heads``); only the checkpoints of
-    the head-sharing class ``kind`` (all for None)."""
+    """``results`` with each row's checkpoint ``project``, geometry, cache width ``width`` (``n_kv_heads *
+    d_head``) and head-sharing class (``sharing``) and a ``group`` label (``project P, d_model 64, 4 layers,
+    4 heads``); only the checkpoints of the head-sharing class ``kind`` (all for None)."""
     ck = checkpoints.copy()
     ck["project"] = ck["project"].map(_text) if "project" in ck.columns else "?"
     ck["sharing"] = [sharing(h, k) for h, k in zip(ck["n_heads"], ck["n_kv_heads"])]
     ck["group"] = [_group_text(r) for r in ck.to_dict("records")]
     ck["d_model"] = ck["d_model"].astype(float)
-    keep = ["id", "project", "sharing", "group", "d_model"]
+    ck["d_head"] = ck["d_head"].astype(float)
+    ck["width"] = ck["n_kv_heads"].astype(float) * ck["d_head"]
+    keep = ["id", "project", "sharing", "group", "d_model", "d_head", "width"]
     out = results.merge(ck[keep].rename(columns={"id": "checkpoint_id"}), on="checkpoint_id", how="inner")
     return out if kind is None else out[out["sharing"] == kind]
 
 
-def _similarity_rows(results: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per-head rows of ``metric`` on checkpoints whose K and V are separate (tied ones are 1 by construction)."""
+def _separate(results: pd.DataFrame, metric: str, *, per_head: bool) -> pd.DataFrame:
+    """Rows of ``metric`` on checkpoints whose K and V are separate (tied ones are 1 by construction),
+    per head (``per_head``) or per whole layer (``head`` empty)."""
     if results.empty:
         return results
-    sub = results[(results["metric"] == metric) & results["head"].notna()
-                  & ~results["variant"].isin(sorted(KV_TIED))]
+    heads = results["head"].notna() if per_head else results["head"].isna()
+    sub = results[(results["metric"] == metric) & heads & ~results["variant"].isin(sorted(KV_TIED))]
     return sub[sub["value"].notna()]
+
+
+def _similarity_rows(results: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per-head rows of ``metric`` on checkpoints whose K and V are separate (tied ones are 1 by construction)."""
+    return _separate(results, metric, per_head=True)
 
 
 def _summary(rows: pd.DataFrame, label: str) -> tuple[str, str, int]:
@@ -412,16 +462,55 @@ def _summary(rows: pd.DataFrame, label: str) -> tuple[str, str, int]:
     return measured, chance, int(len(rows))
 
 
+def _layer_means(rows: pd.DataFrame, scale: str | None = None) -> pd.DataFrame:
+    """Per checkpoint, the mean over its layers of ``value`` and ``chance`` (each divided by the column
+    ``scale`` first, where given): ``value, chance, low, high, layers``."""
+    rows = rows.assign(v=rows["value"].astype(float), c=rows["chance"].astype(float))
+    if scale is not None:
+        rows = rows.assign(v=rows["v"] / rows[scale], c=rows["c"] / rows[scale])
+    out = rows.groupby("checkpoint_id").agg(value=("v", "mean"), chance=("c", "mean"), low=("v", "min"),
+                                            high=("v", "max"), layers=("v", "size"))
+    # a checkpoint with a layer lacking its chance level has none for the mean
+    missing = rows.groupby("checkpoint_id")["c"].apply(lambda c: c.isna().any())
+    return out.assign(chance=out["chance"].where(~missing))
+
+
+def _layer_summary(rows: pd.DataFrame, label: str, scale: str | None = None) -> tuple[str, str, int, int]:
+    """``(measured, chance, layers, checkpoints)`` of per-layer rows: each checkpoint's mean over its
+    layers (the authors' average), for one checkpoint with the layers' range, for several their median and
+    range; the chance level likewise."""
+    if rows.empty:
+        return "", "", 0, 0
+    per = _layer_means(rows, scale)
+    if len(per) == 1:
+        r = per.iloc[0]
+        measured = (f"{label} mean over {int(r['layers'])} layers {r['value']:.3f} (layers {r['low']:.3f} to "
+                    f"{r['high']:.3f})")
+    else:
+        measured = (f"{label} mean over layers, median of {len(per)} checkpoints {per['value'].median():.3f} "
+                    f"(range {per['value'].min():.3f} to {per['value'].max():.3f})")
+    ch = per["chance"].dropna()
+    chance = f"{label}: " + (f"{ch.median():.3f}" if len(ch) else "chance not computed yet")
+    return measured, chance, int(per["layers"].sum()), int(len(per))
+
+
 def _by_group(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """``rows`` per group (project and geometry), the group with most rows first."""
     groups = [(g, part) for g, part in rows.groupby("group", sort=True)]
     return sorted(groups, key=lambda gp: -len(gp[1]))
 
 
+def _tokens_text(rows: pd.DataFrame) -> str:
+    tokens = rows["n_tokens"].dropna() if len(rows) and "n_tokens" in rows else []
+    return f" on {int(pd.Series(tokens).median()):,} tokens" if len(tokens) else ""
+
+
 def _kv_similarity(claim: Claim, data: Inputs) -> dict:
     kind = claim.match.get("sharing")
     res = _with_groups(data.results, data.checkpoints, kind) if not data.results.empty else data.results
-    rows = pd.concat([_similarity_rows(res, m) for m, _ in SIMILARITY_METRICS]) if not res.empty else res
+    parts_of = [(_similarity_rows, m, label) for m, label in SIMILARITY_METRICS] + \
+               [(lambda r, m: _separate(r, m, per_head=False), m, label) for m, label in LAYER_SIMILARITY_METRICS]
+    rows = pd.concat([pick(res, m) for pick, m, _ in parts_of]) if not res.empty else res
     if rows.empty:
         return {"measured": None, "reading": f"No analysed {kind or ''} checkpoint with separate K and V yet: "
                                              "analyse the checkpoints (button above) to measure it."
@@ -431,24 +520,69 @@ def _kv_similarity(claim: Claim, data: Inputs) -> dict:
     for group, part in groups:
         parts, group_chances, k_max = [], [], 0
         for metric, label in SIMILARITY_METRICS:
-            m, c, k = _summary(part[part["metric"] == metric], label)
+            m, c, k = _summary(part[(part["metric"] == metric) & part["head"].notna()], label)
             if k:
                 parts.append(m)
                 group_chances.append(f"{label}: {c}")
                 k_max = max(k_max, k)
+        layer_parts = []
+        for metric, label in LAYER_SIMILARITY_METRICS:
+            m, c, _layers, _k = _layer_summary(part[(part["metric"] == metric) & part["head"].isna()], label)
+            if m:
+                layer_parts.append(m)
+                group_chances.append(c)
+        if layer_parts:
+            parts.append("authors' definitions (kv_similarity_llm.py): " + ", ".join(layer_parts))
         prefix = f"[{group}] " if len(groups) > 1 else ""
         measured.append(prefix + "; ".join(parts))
         chances.append(prefix + "; ".join(group_chances))
         n += k_max
     act = rows[rows["metric"] == "kv_cka_act"]
-    tokens = act["n_tokens"].dropna() if len(act) and "n_tokens" in act else []
     where = f"{_upper_first(groups[0][0])}: p" if len(groups) == 1 else "One figure per project and geometry, never pooled. P"
     reading = (where + f"er kv head of {kind or 'all'} checkpoints with separate K and V (K=V variants read 1 by "
-               f"construction); the paper's model: {claim.model}. " + claim.note + ".")
-    if len(tokens):
-        reading += f" Activation CKA on {int(pd.Series(tokens).median()):,} tokens."
+               f"construction), and the authors' whole-layer figures as their mean over each checkpoint's layers; "
+               f"the paper's model: {claim.model}. " + claim.note + ".")
+    if len(act):
+        reading += f" Activation CKA{_tokens_text(act)}."
     return {"measured": " | ".join(measured), "chance": " | ".join(chances), "n": n,
             "n_label": "kv heads" if len(groups) == 1 else f"kv heads in {len(groups)} groups", "reading": reading}
+
+
+#: The authors' whole-layer figure of each measurement, its label, and the per-head figure kept beside it.
+_LAYER_FIGURES = {"kv_layer_cka": ("kv_cka_layer_act", "whole-layer activation CKA", "kv_cka_act",
+                                   "per-head CKA on activations"),
+                  "kv_layer_cosine": ("kv_cosine_layer", "whole-layer weight cosine", "kv_cosine_flat",
+                                      "per-head flat cosine")}
+
+
+def _kv_layer(claim: Claim, data: Inputs) -> dict:
+    """One of the authors' whole-layer figures (``_LAYER_FIGURES``) per project and geometry: each
+    checkpoint's mean over its layers, the per-head figure beside it."""
+    metric, label, head_metric, head_label = _LAYER_FIGURES[claim.measure]
+    kind = claim.match.get("sharing")
+    res = _with_groups(data.results, data.checkpoints, kind) if not data.results.empty else data.results
+    layer = _separate(res, metric, per_head=False) if not res.empty else res
+    how = ("analyse them with activations (python -m app analyze ID --activations)"
+           if metric.endswith("_act") else "analyse the checkpoints (button above)")
+    if layer.empty:
+        return {"measured": None, "reading": f"No {metric} stored for {kind} checkpoints with separate K and V: "
+                                             f"{how}. " + claim.note + "."}
+    heads = _separate(res, head_metric, per_head=True)
+    groups = _by_group(layer)
+    measured, chances, layers, ckpts = [], [], 0, 0
+    for group, part in groups:
+        m, c, n_layers, k = _layer_summary(part, label)
+        h, hc, _ = _summary(heads[heads["group"] == group], head_label)
+        prefix = f"[{group}] " if len(groups) > 1 else ""
+        measured.append(prefix + m + (f"; beside it {h}" if h else ""))
+        chances.append(prefix + c + (f"; {head_label}: {hc}" if h else ""))
+        layers, ckpts = layers + n_layers, ckpts + k
+    where = f"{_upper_first(groups[0][0])}: " if len(groups) == 1 else "One figure per project and geometry, never pooled. "
+    reading = (where + f"{metric} of {kind} checkpoints with separate K and V{_tokens_text(layer)}; the paper's "
+               f"model: {claim.model}. " + claim.note + ".")
+    return {"measured": " | ".join(measured), "chance": " | ".join(chances), "n": layers,
+            "n_label": f"layers of {ckpts} checkpoints" + (f" in {len(groups)} groups" if len(groups) > 1 else ""),
+            "reading": reading}
 
 
 def _kv_erank(claim: Claim, data: Inputs) -> dict:
@@ -457,30 +591,41 @@ def _kv_erank(claim: Claim, data: Inputs) -> dict:
         return {"measured": None, "reading": "No analysed checkpoint yet."}
     kind = claim.match.get("sharing")
     res = _with_groups(res, data.checkpoints, kind)
-    layer = res[res["head"].isna() & res["metric"].isin(ERANK_METRICS) & res["value"].notna()
-                & ~res["variant"].isin(sorted(KV_TIED))]
+    layer = pd.concat([_separate(res, m, per_head=False) for m in ERANK_METRICS])
     if layer.empty:
-        return {"measured": None, "reading": f"No whole-layer K/V effective rank stored for {kind} checkpoints with "
-                                             "separate K and V (the paper's figure is a whole layer of an MHA model, "
-                                             "where W_K and W_V are d_model x d_model; per-head ranks, or grouped "
-                                             "models' ranks capped at n_kv_heads x d_head, are other quantities)."}
-    # value and chance in one unit: a fraction of d_model
-    layer = layer.assign(frac=layer["value"].astype(float) / layer["d_model"],
-                         chance_frac=layer["chance"].astype(float) / layer["d_model"])
+        return {"measured": None, "reading": f"No whole-layer K/V cache effective rank stored for {kind} checkpoints "
+                                             "with separate K and V: analyse them with activations (python -m app "
+                                             "analyze ID --activations). " + claim.note + "."}
+    heads = pd.concat([_separate(res, m, per_head=True) for m in HEAD_ERANK_METRICS])
     groups = _by_group(layer)
     measured, chances, n = [], [], 0
     for group, part in groups:
         prefix = f"[{group}] " if len(groups) > 1 else ""
-        k = part[part["metric"] == "erank_k"]["frac"]
-        v = part[part["metric"] == "erank_v"]["frac"]
-        measured.append(prefix + f"erank(K)/d_model median {k.median():.3f}, erank(V)/d_model median {v.median():.3f}")
-        ch = part["chance_frac"].dropna()
-        chances.append(prefix + (f"{ch.median():.3f} (of d_model)" if len(ch) else "chance not computed yet"))
-        n += int(len(part) // 2 or len(part))
-    where = f"{_upper_first(groups[0][0])}: w" if len(groups) == 1 else "One figure per project and geometry, never pooled. W"
+        k = _layer_means(part[part["metric"] == "erank_kcache_layer"])
+        v = _layer_means(part[part["metric"] == "erank_vcache_layer"])
+        width = int(part["width"].iloc[0])
+        text = (f"K cache {k['value'].median():.1f} vs V cache {v['value'].median():.1f} of {width} "
+                f"({k['value'].median() / width:.3f}, {v['value'].median() / width:.3f} of the width)")
+        if len(k) > 1:
+            text += f", mean over layers, median of {len(k)} checkpoints"
+        else:
+            text += ", mean over layers"
+        hk = heads[(heads["group"] == group) & (heads["metric"] == "erank_kcache")]
+        hv = heads[(heads["group"] == group) & (heads["metric"] == "erank_vcache")]
+        if len(hk) and len(hv):
+            e = int(part["d_head"].iloc[0])
+            text += (f"; beside it per head K {hk['value'].astype(float).median():.1f} vs V "
+                     f"{hv['value'].astype(float).median():.1f} of {e} (medians over {len(hk)} kv heads)")
+        measured.append(prefix + text)
+        ch = pd.concat([k["chance"], v["chance"]]).dropna()
+        chances.append(prefix + (f"{ch.median():.1f} of {width} ({ch.median() / width:.3f})" if len(ch)
+                                 else "chance not computed yet"))
+        n += int(k["layers"].sum())
+    where = f"{_upper_first(groups[0][0])}: " if len(groups) == 1 else "One figure per project and geometry, never pooled. "
     return {"measured": " | ".join(measured), "chance": " | ".join(chances), "n": n, "n_label": "layers",
-            "reading": where + f"hole-layer W_K and W_V effective ranks of {kind} checkpoints, as fractions of "
-                       f"d_model; the paper's model: {claim.model}."}
+            "reading": where + f"effective rank of each layer's whole K and V caches (tokens x n_kv_heads*d_head) of "
+                       f"{kind} checkpoints{_tokens_text(layer)}, the mean over each checkpoint's layers; the paper's "
+                       f"model: {claim.model}. " + claim.note + "."}
 
 
 def _geometry_share(data: Inputs, column: str, prefix: str, reading: str) -> dict:
@@ -673,7 +818,8 @@ def _kv_projection(claim: Claim, data: Inputs) -> dict:
 
 
 _MEASURES = {
-    "kv_similarity": _kv_similarity, "kv_erank": _kv_erank, "query_free_saving": _query_free,
+    "kv_similarity": _kv_similarity, "kv_layer_cka": _kv_layer, "kv_layer_cosine": _kv_layer,
+    "kv_erank": _kv_erank, "query_free_saving": _query_free,
     "query_free_nonembedding": _query_free_nonembedding, "attn_scale": _attn_scale,
     "weight_decays": _weight_decays, "mlp_ratio": _mlp_ratio, "wd_stability": _wd_stability,
     "relative_loss": _relative_loss, "kv_saving": _kv_saving, "kv_ratio": _kv_ratio,

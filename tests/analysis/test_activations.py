@@ -249,7 +249,8 @@ def test_single_window_has_no_interval_and_few_tokens_note():
     assert notes["erank_kcache"].startswith("degenerate: 40 tokens < 8 x d_head = 128: the value is biased low")
     assert "kv_cosine_act" in notes and "40 tokens" not in notes["kv_cosine_act"]
     # the few-token metrics are flagged degenerate (and so never tested against chance), the others not
-    few = df["metric"].isin(["kv_share_r2_act", "kv_cka_act", "erank_kcache", "erank_vcache"])
+    few = df["metric"].isin(["kv_share_r2_act", "kv_cka_act", "erank_kcache", "erank_vcache",
+                             "kv_cka_layer_act", "erank_kcache_layer", "erank_vcache_layer"])
     assert df.loc[few, "degenerate"].all() and not df.loc[~few, "degenerate"].any()
 
 
@@ -387,7 +388,9 @@ def test_result_workers_are_bounded_by_threads_layers_memory_and_device(monkeypa
     assert activations.result_workers(accs, threads=2) == 2           # the threads
     assert activations.result_workers(accs[:1], threads=16) == 1
     need = accs[0].result_bytes()
-    assert need == 8 * 48 * 3 * 2 * 2 * 16 + 4 * 48 * 2 * 2 * 16     # one draw's K, V in float64 (x3), redrawn in float32
+    # the whole layer's leave-one-group Gram, its products with K and V and a c x c product (float64, c = 64:
+    # more than one draw's K, V in float64 x3), and the draw redrawn in float32
+    assert need == 8 * (2 * 48 * 48 + 2 * 48 * 64 + 64 * 64) + 4 * 48 * 2 * 2 * 16
     monkeypatch.setattr(activations, "_RESULTS_BYTES", 2 * activations._BOOT_BYTES + 3 * need)
     assert activations.result_workers(accs, threads=16) == 3          # the memory
     monkeypatch.setattr(activations, "_RESULTS_BYTES", 2 * activations._BOOT_BYTES)

@@ -281,18 +281,59 @@ def test_kv_similarity_is_one_figure_per_project_and_geometry_of_mha_checkpoints
     assert row["reading"].startswith("One figure per project and geometry, never pooled. Per kv head of MHA")
 
 
-def test_kv_erank_compares_mha_layers_with_chance_in_the_same_unit():
+def test_kv_erank_compares_whole_layer_caches_with_the_per_head_ranks_beside():
     cks = [_ck(1, "qkv", 4, 4, project="demo"), _ck(2, "qkv", 4, 2, project="demo")]
-    results = [(1, "qkv", 0, None, "erank_k", 32.0, 48.0, None, None, None),
-               (1, "qkv", 0, None, "erank_v", 40.0, 48.0, None, None, None),
-               (2, "qkv", 0, None, "erank_k", 30.0, 30.0, None, None, None),   # GQA-2: capped at 32, left out
-               (2, "qkv", 0, None, "erank_v", 31.0, 30.0, None, None, None)]
+    results = [(1, "qkv", 0, None, "erank_kcache_layer", 40.0, 50.0, 4096, None, None),
+               (1, "qkv", 1, None, "erank_kcache_layer", 44.0, 52.0, 4096, None, None),
+               (1, "qkv", 0, None, "erank_vcache_layer", 42.0, 50.0, 4096, None, None),
+               (1, "qkv", 1, None, "erank_vcache_layer", 46.0, 52.0, 4096, None, None),
+               (1, "qkv", 0, 0, "erank_kcache", 10.0, 12.0, 4096, None, None),
+               (1, "qkv", 0, 1, "erank_kcache", 12.0, 12.0, 4096, None, None),
+               (1, "qkv", 0, 0, "erank_vcache", 11.0, 12.0, 4096, None, None),
+               (1, "qkv", 0, 1, "erank_vcache", 13.0, 12.0, 4096, None, None),
+               (2, "qkv", 0, None, "erank_kcache_layer", 30.0, 30.0, 4096, None, None),   # GQA-2: left out
+               (2, "qkv", 0, None, "erank_vcache_layer", 31.0, 30.0, 4096, None, None)]
     row = measure(_inputs(checkpoints=cks, results=results)).set_index("key").loc["b_kv_erank"]
-    assert row["measured"] == "erank(K)/d_model median 0.500, erank(V)/d_model median 0.625"
-    assert row["chance"] == "0.750 (of d_model)"
-    assert row["n"] == "1 layers"
-    only_gqa = measure(_inputs(checkpoints=cks, results=results[2:])).set_index("key").loc["b_kv_erank"]
-    assert only_gqa["measured"] is None and "MHA checkpoints" in only_gqa["reading"]
+    assert row["measured"] == ("K cache 42.0 vs V cache 44.0 of 64 (0.656, 0.688 of the width), mean over layers; "
+                               "beside it per head K 11.0 vs V 12.0 of 16 (medians over 2 kv heads)")
+    assert row["chance"] == "51.0 of 64 (0.797)"
+    assert row["n"] == "2 layers"
+    assert "on 4,096 tokens" in row["reading"] and "687 or 702" in row["reading"]
+    only_gqa = measure(_inputs(checkpoints=cks, results=results[8:])).set_index("key").loc["b_kv_erank"]
+    assert only_gqa["measured"] is None and "--activations" in only_gqa["reading"]
+
+
+def test_the_authors_layer_cka_is_a_mean_over_layers_beside_the_per_head_cka():
+    cks = [_ck(1, "qkv", 4, 4), _ck(2, "qkv", 4, 4), _ck(3, "k_eq_v", 4, 4)]
+    results = [(1, "qkv", 0, None, "kv_cka_layer_act", 0.70, 0.30, 4096, None, None),
+               (1, "qkv", 1, None, "kv_cka_layer_act", 0.60, 0.32, 4096, None, None),
+               (1, "qkv", 0, 0, "kv_cka_act", 0.20, 0.10, 4096, None, None),
+               (1, "qkv", 0, 1, "kv_cka_act", 0.40, 0.10, 4096, None, None),
+               (3, "k_eq_v", 0, None, "kv_cka_layer_act", 1.0, 0.30, 4096, None, None)]   # tied: left out
+    data = _inputs(checkpoints=cks, results=results)
+    t = measure(data).set_index("key")
+    row = t.loc["b_kv_cka_layer"]
+    assert row["paper_value"] == "0.6956" and "kv_similarity_llm.py" in row["where"]
+    assert row["measured"] == ("whole-layer activation CKA mean over 2 layers 0.650 (layers 0.600 to 0.700); "
+                               "beside it per-head CKA on activations median 0.300 (range 0.200 to 0.400)")
+    assert row["chance"] == "whole-layer activation CKA: 0.310; per-head CKA on activations: 0.100"
+    assert row["n"] == "2 layers of 1 checkpoints"
+    assert "The authors' definition (kv_similarity_llm.py): per whole layer" in row["reading"]
+    assert "on 4,096 tokens" in row["reading"]
+    # the 0.73 row keeps its per-head figures, the authors' definition beside them
+    assert t.loc["b_kv_cosine", "measured"] == (
+        "CKA on activations median 0.300 (range 0.200 to 0.400); authors' definitions (kv_similarity_llm.py): "
+        "whole-layer activation CKA mean over 2 layers 0.650 (layers 0.600 to 0.700)")
+    # a second checkpoint of the same project and geometry: the median of the checkpoints' layer means
+    data.results.loc[len(data.results)] = (2, "qkv", 0, None, "kv_cka_layer_act", 0.90, 0.30, 4096, None, None)
+    row = measure(data).set_index("key").loc["b_kv_cka_layer"]
+    assert row["measured"].startswith("whole-layer activation CKA mean over layers, median of 2 checkpoints 0.775 "
+                                      "(range 0.650 to 0.900)")
+    # nothing stored for the weight cosine: how to measure it
+    cos = t.loc["b_kv_cos_layer"]
+    assert cos["measured"] is None and cos["paper_value"] == "0"
+    assert cos["reading"].startswith("No kv_cosine_layer stored for MHA checkpoints with separate K and V: analyse "
+                                     "the checkpoints (button above).")
 
 
 def test_kv_cache_per_user_on_the_papers_1_2b_geometry():

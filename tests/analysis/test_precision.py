@@ -118,6 +118,8 @@ def reference(layer, n_heads, n_kv, e):
         ref["kv_cka", g] = (np.linalg.norm(k[g].T @ v[g]) ** 2
                             / (np.linalg.norm(k[g].T @ k[g]) * np.linalg.norm(v[g].T @ v[g])))
         ref["kv_share_r2", g] = ref_share(k[g], v[g])
+    # the whole layer's flat cosine (no biases here): every kv head flattened together
+    ref["kv_cosine_layer", None] = k.ravel() @ v.ravel() / np.linalg.norm(k) / np.linalg.norm(v)
     m = [q[h] @ k[kv_of[h]].T for h in range(n_heads)]                           # d_model x d_model each
     for h in range(n_heads):
         ref["qk_symmetry", h] = ref_symmetry(m[h])

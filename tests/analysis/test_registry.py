@@ -66,7 +66,8 @@ def test_every_row_declares_direction_and_chance_rule():
     assert registry.BY_NAME["kv_cka"].direction == "max" and registry.BY_NAME["erank_k"].direction == "min"
     assert {m.name for m in registry.METRICS if m.chance == "none"} == {"norm_q", "norm_k", "norm_v", "norm_o"}
     assert registry.names(family="norms") == ["norm_q", "norm_k", "norm_v", "norm_o"]
-    assert registry.names("activations", "spectra") == ["erank_kcache", "erank_vcache"]
+    assert registry.names("activations", "spectra") == ["erank_kcache", "erank_vcache", "erank_kcache_layer",
+                                                         "erank_vcache_layer"]
     assert registry.PLUGINS == {}
 
 

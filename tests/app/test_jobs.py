@@ -165,7 +165,11 @@ def test_real_model_all_minilm(tmp_path):
     # 2 windows of its 512 positions: enough tokens (8 x d_head = 256) and windows for every interval
     w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=activation_runs.SampleSpec(tokens=1024))
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
-    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
+    assert set(a.frame.metric) == set(names("activations"))
+    # 1024 tokens are enough per head, fewer than 8 x the whole layer's 384 columns: those rows say so
+    whole = ("kv_cka_layer_act", "erank_kcache_layer", "erank_vcache_layer")
+    assert set(a.notes) == set(whole)
+    assert all(a.notes[m].startswith("degenerate: 1024 tokens < 8 x n_kv_heads*d_head = 3072: ") for m in whole)
     assert a.sample["windows"] == 2 and (a.frame["n_tokens"] == 1024).all()
     assert w.frame["value"].notna().all() and a.frame["value"].notna().all()
     assert len(w.frame[(w.frame.metric == "kv_cka")]) == 6 * 12
@@ -272,13 +276,15 @@ def test_projection_sharing_checkpoint_activations(tmp_path, case):
     value = a.frame.set_index(["metric", "layer", "head"])["value"]
     # the values a tie fixes are flagged degenerate, with a note, and never tested against chance
     variant = PS_LM[case][2]
-    fixed = ({"kv_cka_act", "kv_cosine_act", "kv_share_r2_act"} if variant in ("k_eq_v", "q_eq_k_eq_v") else set()) \
+    fixed = ({"kv_cka_act", "kv_cosine_act", "kv_share_r2_act", "kv_cka_layer_act"}
+             if variant in ("k_eq_v", "q_eq_k_eq_v") else set()) \
         | ({"logit_symmetry"} if variant in ("q_eq_k", "q_eq_k_eq_v") else set())
     assert set(a.notes) == fixed and all(a.notes[m].startswith("degenerate at L0") for m in fixed)
     assert set(a.frame.loc[a.frame["degenerate"], "metric"]) == fixed
     assert a.frame.loc[a.frame["degenerate"], "above_chance"].isna().all()
     if case == "Q-K=V":                                # one tensor is the K and the V cache
         assert value["kv_cka_act"].to_numpy() == pytest.approx(1.0, abs=1e-6)
+        assert value["kv_cka_layer_act"].to_numpy() == pytest.approx(1.0, abs=1e-6)
     if case == "Q=K-V":                                # q = k: symmetric logits in every head
         heads = a.frame[(a.frame.metric == "logit_symmetry") & a.frame["head"].notna()]["value"]
         assert heads.to_numpy() == pytest.approx(1.0, abs=1e-6)
@@ -312,7 +318,7 @@ def test_analyze_cli_projection_sharing_with_activations(tmp_path, capsys):
     assert out["checkpoint"]["path"] == str(path)
     assert {r["metric"] for r in out["metrics"]} >= set(names("activations"))
     # K = V (one c_kv tensor): the K/V similarities of the caches are fixed, flagged and noted
-    fixed = {"kv_cka_act", "kv_cosine_act", "kv_share_r2_act"}
+    fixed = {"kv_cka_act", "kv_cosine_act", "kv_share_r2_act", "kv_cka_layer_act"}
     assert set(out["notes"]) & set(names("activations")) == fixed
     assert {r["metric"] for r in out["metrics"] if r["degenerate"]} >= fixed
     kv = [r for r in out["metrics"] if r["metric"] == "erank_kcache" and r["head"] is not None]

@@ -187,3 +187,27 @@ def test_papers_page_compares_within_each_project_never_across(papers_db):
         "flat cosine median 0.020 (range -0.010 to 0.050)"
     assert only.loc["Q-K=V costs +3.1% validation perplexity at 300M (5.27 vs 5.11)", "measured"] == \
         f"{100 * (math.exp(0.05) - 1):+.2f}% perplexity unit unknown: not compared (+3.82% final val/loss)"
+
+
+def test_the_authors_whole_layer_definitions_sit_beside_the_per_head_figures(papers_db):
+    """Stored whole-layer rows of the two qkv checkpoints: the 0.6956 row states the authors'
+    definition beside the measured mean over layers, and the 0.73 row keeps its per-head figures with
+    the authors' figures after them."""
+    with Store(papers_db).transaction() as con:
+        for cid, values in ((1, (0.70, 0.60)), (2, (0.50, 0.40))):
+            for layer, value in enumerate(values):
+                con.execute("INSERT INTO analysis_results (checkpoint_id, layer, head, metric, value, metric_version, "
+                            "chance, n_tokens) VALUES (?, ?, NULL, 'kv_cka_layer_act', ?, ?, 0.3, 4096)",
+                            [cid, layer, value, METRIC_VERSION])
+    rows = _rows(page_test("papers").run())
+    cka = rows.loc["trained QKV 300M model: linear CKA of a whole layer's K and V activations, averaged over "
+                   "layers, 0.6956"]
+    assert cka["paper_value"] == "0.6956 linear CKA, mean over layers"
+    assert cka["measured"] == "whole-layer activation CKA mean over layers, median of 2 checkpoints 0.550 (range 0.450 to 0.650)"
+    assert cka["chance"] == "whole-layer activation CKA: 0.300"
+    assert "kv_similarity_llm.py" in cka["where stated"]
+    assert "The authors' definition (kv_similarity_llm.py): per whole layer, the linear CKA" in cka["how to read it"]
+    cos = rows.loc["trained QKV models: K-V cosine similarity 0.73"]
+    assert cos["measured"] == ("flat cosine median 0.020 (range -0.010 to 0.050); authors' definitions "
+                               "(kv_similarity_llm.py): whole-layer activation CKA mean over layers, median of 2 "
+                               "checkpoints 0.550 (range 0.450 to 0.650)")
