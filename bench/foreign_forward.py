@@ -3,7 +3,7 @@ stories15M's geometry (dim 288, 6 layers, 6 heads, vocab 32,000, seq_len 256; ra
 weights, written in llama2.c's byte order) with a tokenizer.bin, and a nanoGPT with
 RMSNorm and a SwiGLU MLP of the same width.
 
-    .venv/bin/python bench/foreign_forward.py [--device cpu|cuda] [--tokens 4096]
+    .venv/bin/python bench/foreign_forward.py [--device cpu|cuda] [--tokens 4096] [--repeat 3]
 
 Prints, side by side, what ``bench/forward_speed.py`` measures (its ``measure_plain`` and
 ``measure_job``, the same code): seconds to open and build the model, the model's plain
@@ -12,8 +12,10 @@ runs it (to the last attention input, no ``add()``), the job's forward pass (the
 last attention input with its hooks and every layer's ``ActivationAccumulator.add``), and
 ``experiments.activation_runs.corpus_activations`` without its model load (tokenising the
 bundled corpus, the forward pass, per-layer statistics, chance levels, bootstrap intervals).
-Each figure is the median of ``REPEAT`` (3) alternating pairs. Target (``bench/run_all.py``'s ``FORWARD_RATIO``): the job's forward pass >= 0.7x the
-plain forward's tokens/s; the whole job is printed beside it with none (forward_speed.py says why).
+Each figure is the median of ``--repeat`` (``REPEAT``, 3) alternating pairs after an untimed
+warm-up of each (``forward_speed.warm_tokens``). Target (``bench/run_all.py``'s
+``FORWARD_RATIO``): the job's forward pass >= 0.7x the plain forward's tokens/s; the whole
+job is printed beside it with none (forward_speed.py says why).
 """
 from __future__ import annotations
 
@@ -53,13 +55,13 @@ def _nanogpt(path: Path, d=288, layers=6, heads=6, hidden=768, vocab=32000, seq=
     return path
 
 
-def _time(label: str, path: Path, device: str, tokens: int) -> None:
+def _time(label: str, path: Path, device: str, tokens: int, repeat: int) -> None:
     with open_checkpoint(path) as ckpt:
         how = getattr(runnable.load_runnable(ckpt)[1], "how", "bytes")
-    F.measure_plain(path, device, F.WARM_TOKENS)                  # warm-up: the same code, one window
-    F.measure_job(path, device, F.WARM_TOKENS)
-    # the median of REPEAT alternating pairs: a single pair swung 0.62-0.91x on an idle 2-core machine
-    pairs = [(F.measure_plain(path, device, tokens), F.measure_job(path, device, tokens)) for _ in range(REPEAT)]
+    F.measure_plain(path, device, F.warm_tokens(tokens))          # warm-up: the same code, one window
+    F.measure_job(path, device, F.warm_tokens(tokens))
+    # the median of `repeat` alternating pairs: a single pair swung 0.62-0.91x on an idle 2-core machine
+    pairs = [(F.measure_plain(path, device, tokens), F.measure_job(path, device, tokens)) for _ in range(repeat)]
     job = pairs[0][1]                                             # its load time and token count
     fwd = statistics.median(F.rate(p["tokens"], p["seconds"]) for p, _ in pairs)
     stopped = statistics.median(F.rate(p["tokens"], p["stopped_s"]) for p, _ in pairs)
@@ -74,6 +76,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--repeat", type=int, default=REPEAT, help=f"plain/job pairs per model (default {REPEAT})")
     args = ap.parse_args()
     print(f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,9 +85,10 @@ def main() -> None:
         (d / "l2c").mkdir()
         write_bin(d / "l2c" / "model.bin", sd, version=0, n_heads=6, n_kv=6, seq_len=256)
         write_tokenizer(d / "l2c" / "tokenizer.bin", *toy_pieces(32000))
-        _time("llama2.c v0 .bin (stories15M shape)", d / "l2c" / "model.bin", args.device, args.tokens)
+        _time("llama2.c v0 .bin (stories15M shape)", d / "l2c" / "model.bin", args.device, args.tokens, args.repeat)
         (d / "nano").mkdir()
-        _time("nanoGPT RMSNorm+SwiGLU ckpt.pt", _nanogpt(d / "nano" / "ckpt.pt"), args.device, args.tokens)
+        _time("nanoGPT RMSNorm+SwiGLU ckpt.pt", _nanogpt(d / "nano" / "ckpt.pt"), args.device, args.tokens,
+              args.repeat)
 
 
 if __name__ == "__main__":

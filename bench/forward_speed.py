@@ -81,7 +81,8 @@ BENCH = "forward_speed"
 LLAMA_FULL = {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 2048, "vocab": 32000}
 LLAMA_QUICK = {"hidden": 256, "layers": 4, "heads": 4, "intermediate": 688, "vocab": 32000}
 QUICK_DEMO, QUICK_TOKENS = 3, 1024
-#: Tokens of the untimed warm-up run before each measurement (one window of ``MAX_WINDOW``).
+#: Tokens of the untimed warm-up run before each measurement (one window of ``MAX_WINDOW``), never
+#: more than the measurement's own ``--tokens`` (``warm_tokens``).
 WARM_TOKENS = 512
 
 
@@ -93,6 +94,11 @@ def llama_parameters(hidden: int, layers: int, intermediate: int, vocab: int, *,
     (two RMSNorms), the final norm ``hidden``, the LM head ``vocab * hidden`` unless tied."""
     per_layer = 4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden
     return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+
+
+def warm_tokens(tokens: int | None) -> int:
+    """The warm-up's tokens before a measurement of ``tokens`` (None: the job's default budget)."""
+    return WARM_TOKENS if tokens is None else min(WARM_TOKENS, tokens)
 
 
 def rate(tokens: int, seconds: float) -> float:
@@ -330,14 +336,14 @@ def child(args) -> None:
     base = rss_mib()
     paths = [Path(p) for p in args.paths]
     if args.child == "demo":
-        measure_job(paths[0], args.device, WARM_TOKENS)               # warm-up: one of each, untimed
-        measure_plain(paths[0], args.device, WARM_TOKENS)
+        measure_job(paths[0], args.device, warm_tokens(args.tokens))   # warm-up: one of each, untimed
+        measure_plain(paths[0], args.device, warm_tokens(args.tokens))
         for p in paths:
             print(json.dumps({"path": str(p), "job": measure_job(p, args.device, args.tokens),
                               "plain": measure_plain(p, args.device, args.tokens)}), flush=True)
     else:
         fn = measure_job if args.child == "job" else measure_plain
-        fn(paths[0], args.device, WARM_TOKENS)                        # warm-up: the same code, one window
+        fn(paths[0], args.device, warm_tokens(args.tokens))           # warm-up: the same code, one window
         gc.collect()
         print(json.dumps(fn(paths[0], args.device, args.tokens)), flush=True)
     mem = {"base_rss_mib": base, "peak_rss_mib": peak_rss_mib(), "threads": torch.get_num_threads()}

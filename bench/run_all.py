@@ -58,7 +58,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "log_ingest": ["--points", "20000", "--repeat", "1"],
     "dashboard_speed": ["--runs", "20", "--steps", "200", "--no-browser"],
     "activations_speed": ["--repeat", "1", "--threads", "1"],
-    "foreign_forward": ["--tokens", "256"],
+    "foreign_forward": ["--tokens", "256", "--repeat", "1"],
     "batch_speed": ["--limit", "2", "--workers", "1"],  # 2 demo checkpoints, in-process and on Ray
     "forward_speed": ["--quick", "--limit", "1", "--tokens", "256", "--repeat", "1", "--hidden", "64",
                       "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000"],

@@ -74,7 +74,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-#: Each file's seconds among a CI run's slowest tests (``scripts/test_durations.py`` writes it).
+#: Each file's seconds in a whole run (``scripts/test_durations.py`` writes it from the run's JUnit XML).
 DURATIONS = ROOT / "tests" / "durations.json"
 
 
@@ -82,8 +82,8 @@ def _slow_files_first(items: list) -> None:
     """Under pytest-xdist (``--dist loadfile``, scripts/test.sh) the longest files go first, each
     file's tests in their own order: a worker takes whole files in collection order, and a long
     file handed out last runs alone for minutes while the other workers idle (the last 5% of the
-    suite took 14 of its 47 min). Longest: the seconds ``tests/durations.json`` measured (a CI
-    run's slowest tests), then for files it does not list their count of ``slow``/``browser`` tests."""
+    suite took 14 of its 47 min). Longest: the seconds ``tests/durations.json`` measured (a whole
+    run's files), then for files it does not list their count of ``slow``/``browser`` tests."""
     import json
 
     try:

@@ -5,8 +5,9 @@ the other) pays the interpreter start and the imports (torch, duckdb, pandas, th
 a command on two busy cores) once: ``ForkedCli`` starts one driver process that imports them and
 then forks one process per command. Each command still runs in a process of its own, with its
 own stdout and stderr (files, so the output of the processes it starts is caught as well), its
-exit status, the environment it is given and the limits the driver was started under
-(``preexec_fn``, e.g. ``RLIMIT_AS``), and is the process a test kills.
+exit status, the environment and the text on stdin it is given (else ``/dev/null``) and the
+limits the driver was started under (``preexec_fn``, e.g. ``RLIMIT_AS``), and is the process a
+test kills.
 """
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ for name in ("ingest", "info", "analyze"):
     command_module(name)
 print("ready", flush=True)
 while line := sys.stdin.readline():
-    argv, env, out, err = json.loads(line)
+    argv, env, inp, out, err = json.loads(line)
     pid = os.fork()
     if pid == 0:
+        # stdin: the run's own file (or /dev/null), never the driver's pipe of commands
+        os.dup2(os.open(inp or os.devnull, os.O_RDONLY), 0)
+        sys.stdin = open(0, closefd=False)
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
         os.environ.update(env)
@@ -78,11 +82,14 @@ class ForkedCli:
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
 
-    def start(self, *argv: str, env: dict | None = None) -> int:
+    def start(self, *argv: str, env: dict | None = None, input: str | None = None) -> int:
         self.runs += 1
         self.argv = list(argv)
-        self.out, self.err = (self.folder / f"run-{self.runs}.{n}" for n in ("out", "err"))
-        self._send(json.dumps([self.argv, env or {}, str(self.out), str(self.err)]))
+        self.out, self.err, inp = (self.folder / f"run-{self.runs}.{n}" for n in ("out", "err", "in"))
+        if input is not None:
+            inp.write_text(input)
+        self._send(json.dumps([self.argv, env or {}, None if input is None else str(inp),
+                               str(self.out), str(self.err)]))
         self.pid = int(self.proc.stdout.readline())
         return self.pid
 
@@ -100,8 +107,8 @@ class ForkedCli:
         return subprocess.CompletedProcess(self.argv, rc, read(self.out), read(self.err))
 
     def run(self, *argv: str, env: dict | None = None, timeout: float | None = None,
-            text: bool = True) -> subprocess.CompletedProcess:
-        self.start(*argv, env=env)
+            text: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        self.start(*argv, env=env, input=input)
         return self.wait(timeout, text)
 
     def timed(self, *argv: str, env: dict | None = None,

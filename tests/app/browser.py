@@ -65,7 +65,9 @@ def dashboard(db: Path, *extra: str, timeout: float = 90.0):
 
 
 @contextlib.contextmanager
-def browser_page(viewport=(1400, 1000)):
+def chromium():
+    """One Chromium for several tests (a module-scoped fixture): each opens its own session with
+    ``browser.new_page(viewport=...)`` and closes it (``page.context.close()``)."""
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (bash scripts/setup.sh --dev installs it)")
     from playwright.sync_api import sync_playwright
@@ -73,10 +75,15 @@ def browser_page(viewport=(1400, 1000)):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def browser_page(viewport=(1400, 1000)):
+    with chromium() as browser:
+        yield browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
 
 
 def wait_idle(page, timeout: float = 30_000, quiet_ms: int = 1500) -> None:

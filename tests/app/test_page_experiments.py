@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 
 import numpy as np
@@ -333,13 +334,34 @@ def test_edit_metadata_is_stored(runs_db):
     assert run["weight_decay"] == 0.3
 
 
-@pytest.mark.browser
-def test_experiments_and_weight_decay_in_a_real_browser(tmp_path):
-    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One server on ``fill_runs``'s database and one Chromium for this file's browser tests;
+    each test is a session of its own (its own browser context), and none writes."""
+    from tests.app.browser import chromium, dashboard
 
-    db = tmp_path / "browser-exp.duckdb"
+    db = tmp_path_factory.mktemp("browser") / "browser.duckdb"
     fill_runs(db)
-    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2000)) as page:
+    with dashboard(db, "--no-demo") as url, chromium() as browser:
+        yield url, browser
+
+
+@contextlib.contextmanager
+def session(served, width: int, height: int):
+    """A new browser session (context) on the module's server: its URL and page."""
+    url, browser = served
+    page = browser.new_page(viewport={"width": width, "height": height})
+    try:
+        yield url, page
+    finally:
+        page.context.close()
+
+
+@pytest.mark.browser
+def test_experiments_and_weight_decay_in_a_real_browser(served):
+    from tests.app.browser import screenshot, wait_idle
+
+    with session(served, 1400, 2000) as (url, page):
         page.goto(f"{url}/experiments?runs=")    # a link with no runs: none plotted (no default selection)
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=60_000)
@@ -372,12 +394,10 @@ def test_experiments_and_weight_decay_in_a_real_browser(tmp_path):
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_selection_survives_sidebar_navigation_in_a_real_browser(tmp_path):
-    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+def test_selection_survives_sidebar_navigation_in_a_real_browser(served):
+    from tests.app.browser import screenshot, wait_idle
 
-    db = tmp_path / "browser-nav.duckdb"
-    fill_runs(db)
-    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 1600)) as page:
+    with session(served, 1400, 1600) as (url, page):
         page.goto(f"{url}/experiments")
         wait_idle(page, timeout=180_000)
         page.locator(".js-plotly-plot").nth(1).wait_for(timeout=120_000)  # curves of the default runs

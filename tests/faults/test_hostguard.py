@@ -153,29 +153,37 @@ def _upgrade(port: int, host: str, origin: str) -> str:
                       f"Sec-WebSocket-Key: {key}\r\n\r\n")
 
 
-@pytest.mark.slow
-def test_a_real_server_refuses_foreign_hosts_and_origins(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One real server for this file's tests (an empty database, ``qkv.test`` allowed besides this
+    machine's names): its URL and its log file."""
     from tests.app.browser import dashboard
 
-    db = tmp_path / "db.duckdb"
+    db = tmp_path_factory.mktemp("served") / "db.duckdb"
     Store(db).migrate()
     with dashboard(db, "--no-demo", "--allow-host", "qkv.test") as url:
-        port = int(url.rsplit(":", 1)[1])
-        here = f"127.0.0.1:{port}"
-        for host in (here, f"localhost:{port}", f"qkv.test:{port}"):
-            assert _get(port, host).startswith("HTTP/1.1 200"), host
-        assert _get(port, here, "/").startswith("HTTP/1.1 200")
-        for path in ("/", "/_stcore/health", "/_stcore/upload_file/x/y", "/static/index.html"):
-            got = _get(port, f"evil.example:{port}", path)
-            assert got.startswith("HTTP/1.1 403"), (path, got[:300])
-            assert "Host 'evil.example:" in got and "not one this server answers to" in got
-        assert _upgrade(port, here, f"http://{here}").startswith("HTTP/1.1 101")
-        for host, origin in ((f"evil.example:{port}", f"http://evil.example:{port}"),
-                             (here, f"http://evil.example:{port}"), (here, "null")):
-            got = _upgrade(port, host, origin)
-            assert got.startswith("HTTP/1.1 403"), (host, origin, got[:300])
-        log = (tmp_path / f"server-{port}.log").read_text()
-        assert f"answers to localhost, 127.0.0.1, ::1, qkv.test" in log
+        yield url, db.parent / f"server-{url.rsplit(':', 1)[1]}.log"
+
+
+@pytest.mark.slow
+def test_a_real_server_refuses_foreign_hosts_and_origins(server):
+    url, server_log = server
+    port = int(url.rsplit(":", 1)[1])
+    here = f"127.0.0.1:{port}"
+    for host in (here, f"localhost:{port}", f"qkv.test:{port}"):
+        assert _get(port, host).startswith("HTTP/1.1 200"), host
+    assert _get(port, here, "/").startswith("HTTP/1.1 200")
+    for path in ("/", "/_stcore/health", "/_stcore/upload_file/x/y", "/static/index.html"):
+        got = _get(port, f"evil.example:{port}", path)
+        assert got.startswith("HTTP/1.1 403"), (path, got[:300])
+        assert "Host 'evil.example:" in got and "not one this server answers to" in got
+    assert _upgrade(port, here, f"http://{here}").startswith("HTTP/1.1 101")
+    for host, origin in ((f"evil.example:{port}", f"http://evil.example:{port}"),
+                         (here, f"http://evil.example:{port}"), (here, "null")):
+        got = _upgrade(port, host, origin)
+        assert got.startswith("HTTP/1.1 403"), (host, origin, got[:300])
+    log = server_log.read_text()
+    assert f"answers to localhost, 127.0.0.1, ::1, qkv.test" in log
 
 
 def test_serve_help_names_the_allow_list():
@@ -250,15 +258,14 @@ def test_a_path_that_could_close_the_script_is_escaped():
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_deep_links_in_chromium_request_nothing_that_is_not_there(tmp_path):
+def test_deep_links_in_chromium_request_nothing_that_is_not_there(server):
     """Chromium opens deep links: no request of the page answers 4xx (Streamlit's page asked for
     ``/<page>/_stcore/health`` and ``host-config`` first, 404 each), the page connects and draws
     the page linked to, and the URL stays the deep link."""
-    from tests.app.browser import browser_page, dashboard, wait_idle
+    from tests.app.browser import browser_page, wait_idle
 
-    db = tmp_path / "db.duckdb"
-    Store(db).migrate()
-    with dashboard(db, "--no-demo") as url, browser_page() as page:
+    url, _ = server
+    with browser_page() as page:
         failed = []
         page.on("response", lambda r: failed.append((r.status, r.url)) if r.status >= 400 else None)
         page.on("requestfailed", lambda r: failed.append(("failed", r.url)))

@@ -9,15 +9,22 @@ checks that the file's marker never appears, while the weights are analysed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.forked_cli import ForkedCli, module_driver
+
 ROOT = Path(__file__).resolve().parents[2]
+_CLI: list[ForkedCli] = []
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """``python -m app`` forked from one process that imported the CLI (tests/forked_cli.py)."""
+    yield from module_driver(_CLI, tmp_path_factory)
 
 # Writes a marker next to itself when imported.
 _PAYLOAD = """import pathlib
@@ -48,10 +55,9 @@ def _gpt2_folder(root: Path, *, auto_map: bool, model_type: bool = True, py: boo
 
 
 def _analyze(folder: Path, db: Path, stdin: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "app", "analyze", str(folder), "--activations", "--json",
-                           "--db", str(db), "--device", "cpu"],
-                          input=stdin, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    """``python -m app analyze FOLDER --activations`` with ``stdin`` on its standard input."""
+    return _CLI[-1].run("analyze", str(folder), "--activations", "--json", "--db", str(db), "--device", "cpu",
+                        env={"HF_HUB_OFFLINE": "1"}, input=stdin, timeout=300)
 
 
 @pytest.mark.slow
@@ -60,7 +66,7 @@ def _analyze(folder: Path, db: Path, stdin: str) -> subprocess.CompletedProcess:
     {"auto_map": True, "model_type": False},             # no model_type: would be read through auto_map
     {"auto_map": False},                                 # only a .py file beside the weights
 ])
-def test_analyze_with_yes_on_stdin_runs_no_model_code(tmp_path, case):
+def test_analyze_with_yes_on_stdin_runs_no_model_code(cli, tmp_path, case):
     folder = _gpt2_folder(tmp_path, **case)
     proc = _analyze(folder, tmp_path / "a.duckdb", "y\ny\ny\n")
     assert not (folder / "MARKER-RAN").exists(), proc.stdout + proc.stderr
