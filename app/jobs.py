@@ -90,7 +90,8 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     whole checkpoint's. ``ties``: a list that gets each layer's ties (``analysis.tied.tied_layer``)
     from the tensors already read for its metrics, so the file is read once, not again for them.
     """
-    from analysis.tied import tied_layer   # here: torch loads where tensors are read
+    from analysis.cross_layer import WeightPairs   # here: torch loads where tensors are read
+    from analysis.tied import tied_layer
 
     ties = [] if ties is None else ties        # every layer's ties: the values they fix are degenerate
     frames, notes = [], {}
@@ -99,6 +100,8 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     n = len(todo)
     query_free = ckpt.meta.variant == "wq_identity"
     pairs = zip(todo, ckpt.layers()) if layers is None else ((i, ckpt.layer(i)) for i in todo)
+    # the layer_pair metrics pair every layer with every other: over the whole model only
+    cross = WeightPairs() if layers is None else None
     for done, (i, layer) in enumerate(pairs):
         if progress:
             progress(done, n, f"weights layer {i}")
@@ -118,6 +121,8 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
             df["value"] = float("nan")
             unfinite[i] = bad
         ties.append(tied_layer(layer, lm, device=device))
+        if cross is not None:
+            cross.add(layer, lm, finite=bad is None)
         # dropped before the chance levels' random layers (as large as this one; made for the first
         # layer of each shape) and before the next layer is read: one layer in memory at a time. The
         # first layer is read before any chance level, so a file that cannot be read says so first.
@@ -126,6 +131,16 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         # (computed once per shape and process, see analysis.chance)
         frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device, notes=nt))
         _merge_notes(notes, nt)
+    if cross is not None:
+        if progress:
+            progress(n, n, "weights: pairs of layers")
+        cross_frame, cross_notes = cross.result()
+        frames.append(cross_frame)
+        _merge_notes(notes, cross_notes)
+    else:
+        for metric in names("weights"):
+            if BY_NAME[metric].axis == "layer_pair":
+                notes[metric] = "computed over all of the model's layers together, not over a range of layers"
     if progress:
         progress(n, n, "weights done")
     frame = pd.concat(frames, ignore_index=True) if frames else \

@@ -1,0 +1,353 @@
+"""The model-level pass of the cross-layer metrics (axis ``layer_pair``, ``analysis.metrics.cross_layer``).
+
+Every value is a pair ``(l, l2)``, ``l < l2``, of layers of the same model; the rows carry ``layer2``
+(``analysis.registry.PAIR_COLUMNS``), ``head`` NA, labels ``L{l}-L{l2}``.
+
+**Weights** (``WeightPairs``, fed one layer at a time by ``app.jobs.weight_frame``). ``W`` is a
+layer's stacked ``W_K`` (``W_V``) as a ``d_model x (n_kv_heads * d_head)`` matrix: its rows, the input
+dimensions, are the samples and its columns the features, so two layers compare as two
+representations of the same ``d_model`` inputs (what a shared cache needs: the same input read into
+the same subspace), whatever the order or rotation of their columns. Linear CKA (Kornblith et al.
+2019) with the rows centred, ``Wc = H W``, ``H = I - 11^T/n``::
+
+    CKA(W, W') = ||Wc^T Wc'||_F^2 / (||Wc^T Wc||_F ||Wc'^T Wc'||_F)
+               = <G, G'>_F / (||G||_F ||G'||_F),   G = Wc Wc^T   (n x n, the row-space Gram)
+
+The second form is what is computed: each layer keeps its ``G`` (float32, formed in float64), and a
+pair costs ``n^2``, never a ``p x q`` cross product (``L^2 / 2`` of them for ``L`` layers). ``n``:
+all ``d_model`` rows up to ``ROW_BOUND``; above it ``ROW_BOUND`` input dimensions drawn uniformly
+without replacement (seed 0, the same for every layer and every model of that ``d_model``), CKA of
+the sampled rows: an estimate whose error is measured in tests/analysis/test_cross_layer.py (at
+``d_model`` 2048 sampled to 512, within 0.03 of the exact value on random and on planted-structure
+layers) and is zero where ``d_model <= ROW_BOUND``. Chance (rule ``monte_carlo``): the same CKA of
+``NULL_LAYERS`` independent Gaussian layers of the same shapes and sampled rows, all their pairs;
+median and 2.5/97.5% band over those ``NULL_LAYERS (NULL_LAYERS - 1) / 2`` pairs (one null for
+``W_K`` and ``W_V``: the same shapes). Two layers with the same ``W_K`` read 1.
+
+**Activations** (``CacheSample``, fed by ``experiments.runnable.feed`` beside the per-layer
+accumulators, with the same captured inputs ``x`` of every layer). ``TOKEN_BOUND`` tokens drawn
+uniformly (seed 0) from all the sample's tokens, the same for every layer; for each layer the caches
+of those tokens, ``K = x W_K + b_K`` (all kv heads side by side, un-rotated, as every activation
+metric) and ``V`` likewise:
+
+* ``xlayer_cka_kcache``, ``xlayer_cka_vcache``: linear CKA of layer ``l``'s and ``l2``'s caches over
+  the sampled tokens (tokens centred), each squared norm debiased exactly as ``kv_cka_act``'s
+  (``analysis.activations._debiased_cka``), from the token-space Grams ``G = Kc Kc^T``
+  (``m x m``): ``||Kc^T Kc'||^2 = <G, G'>``, ``tr(Kc^T Kc) = tr G``. Against all the tokens this is
+  a subsample of ``m`` of them: its sampling error is part of the jackknife interval below.
+* ``xlayer_cos_adjacent`` (``l2 = l + 1`` only): MiniCache's (Liu et al. 2024, arXiv 2405.14366)
+  observation that adjacent layers' KV states point alike, measured as they merge them, per token:
+  ``(mean_t cos(k_t^l, k_t^{l+1}) + mean_t cos(v_t^l, v_t^{l+1})) / 2`` with ``k_t^l`` token ``t``'s
+  key vector of layer ``l`` over all kv heads (``n_kv_heads * d_head``, bias included, not centred,
+  before rotary positions), averaged over the sampled tokens. (MiniCache's caches are post-rotary;
+  qkvscope's keys are the un-rotated ones every activation metric reads.)
+
+Chance (rule ``random_projection``): the same metrics of the same sampled inputs projected through
+independent Gaussian matrices ``N(0, 1/d_model)`` of each layer's K and V shapes (``N_RANDOM``
+draws per layer, seeded per layer and draw): median and 2.5/97.5% band, per pair, over the
+``N_RANDOM^2`` pairings of a draw of one layer with a draw of the other (adjacent layers' inputs
+are alike through the residual stream, so their random caches' CKA is high too; the cosine of two
+independent projections is about 0). Interval: delete-one-group jackknife-t over up to
+``JACK_GROUPS`` groups of the sampled tokens' windows (``analysis.intervals``), so the subsample's
+error is in it; NaN with one window.
+
+Memory: per layer the sampled inputs (``m x d_model`` float32, 32 layers of ``d_model`` 4096 at
+``m = 512``: 256 MiB), each replaced at the end by ``2 (1 + N_RANDOM)`` Grams of ``m x m`` float32
+(the same 32 layers: 320 MiB), and the previous layer's unit caches; weights:
+two ``n x n`` float32 Grams per layer (32 layers at ``n = 1024``: 256 MiB).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import pandas as pd
+import torch
+
+from analysis._linalg import as_float32, stack_heads
+from analysis.above_chance import p_value
+from analysis.activations import NULL_BAND, _debiased_cka
+from analysis.intervals import t_quantile
+from analysis.registry import COMPUTE, RESULT_COLUMNS, computed, names
+
+#: Input dimensions (the weights' samples) behind a weight pair; above it, a uniform subsample.
+ROW_BOUND = 1024
+#: Sample tokens behind an activation pair (a uniform subsample of all the sample's tokens).
+TOKEN_BOUND = 512
+#: Independent random layers behind the weight pairs' null (all their pairs are the draws).
+NULL_LAYERS = 12
+#: Random projections per layer behind the activation pairs' chance.
+N_RANDOM = 4
+#: Most groups of windows in the activation pairs' jackknife.
+JACK_GROUPS = 16
+WEIGHT_METRICS = ("xlayer_cka_wk", "xlayer_cka_wv")
+CACHE_METRICS = ("xlayer_cka_kcache", "xlayer_cka_vcache", "xlayer_cos_adjacent")
+
+
+# -- the estimators ---------------------------------------------------------------
+def sample_rows(n: int, bound: int = ROW_BOUND, seed: int = 0) -> torch.Tensor | None:
+    """Sorted indices of ``bound`` of ``n`` rows drawn uniformly without replacement (seeded), or None
+    (all rows) where ``n <= bound``."""
+    if n <= bound:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(n, generator=gen)[:bound].sort().values
+
+
+def centred_gram(x: torch.Tensor) -> torch.Tensor:
+    """``Xc Xc^T`` of ``x: [n, c]`` with the rows centred (``Xc = x - mean over rows``), formed in
+    float64, returned float32."""
+    x = x.double()
+    xc = x - x.mean(0, keepdim=True)
+    return (xc @ xc.mT).float()
+
+
+def row_gram(w: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """The centred row-space Gram of a layer's ``[heads, d_model, d_head]`` projection stacked to
+    ``d_model x heads*d_head`` over the input dimensions ``rows`` (None: all)."""
+    s = stack_heads(as_float32(w, "cpu"))
+    return centred_gram(s if rows is None else s[rows])
+
+
+def linear_cka(ga: torch.Tensor, gb: torch.Tensor) -> float:
+    """Linear CKA from two centred Grams: ``<Ga, Gb> / (||Ga|| ||Gb||)`` in float64 (NaN for a zero Gram)."""
+    a, b = ga.double(), gb.double()
+    den = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
+    return float((a * b).sum()) / den if den > 0 else math.nan
+
+
+def _subset_sums(g: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the uncentred Gram ``g [m, m]`` and 0/1 ``masks [m, k]`` (token subsets): each subset's
+    row sums ``a = G w`` restricted to it ``[m, k]``, total ``s = w^T G w`` and the trace of the
+    subset's centred Gram ``tr G_S - s / n_S`` ``[k]``."""
+    a = (g @ masks) * masks
+    s = a.sum(0)
+    n = masks.sum(0)
+    tr = (torch.diagonal(g)[:, None] * masks).sum(0) - s / n
+    return a, s, tr
+
+
+def _centred_inner(ga: torch.Tensor, gb: torch.Tensor, masks: torch.Tensor, sa, sb) -> torch.Tensor:
+    """``tr(H Ga H Gb)`` over each token subset (``masks [m, k]``) from the uncentred Grams:
+    ``w^T (Ga o Gb) w - 2 a.b / n + s_a s_b / n^2`` (``H`` the subset's centring)."""
+    (aa, ta, _), (ab, tb, _) = sa, sb
+    n = masks.sum(0)
+    return ((ga * gb) @ masks * masks).sum(0) - 2 * (aa * ab).sum(0) / n + ta * tb / n.square()
+
+
+def debiased_cka_subsets(ga: torch.Tensor, gb: torch.Tensor, masks: torch.Tensor,
+                         sums: tuple | None = None) -> torch.Tensor:
+    """Debiased linear CKA (``analysis.activations._debiased_cka``) of two caches over each token
+    subset, from their uncentred token Grams ``[m, m]`` (float64) and ``masks [m, k]``."""
+    sa, sb = sums if sums is not None else (_subset_sums(ga, masks), _subset_sums(gb, masks))
+    kv2 = _centred_inner(ga, gb, masks, sa, sb)
+    kk2 = _centred_inner(ga, ga, masks, sa, sa)
+    vv2 = _centred_inner(gb, gb, masks, sb, sb)
+    return _debiased_cka(kv2, kk2, vv2, sa[2], sb[2], masks.sum(0))
+
+
+def _band(null: list[float]) -> tuple[float, float, float, list[float]]:
+    """Median, 2.5% and 97.5% quantiles of the finite draws, and the draws sorted."""
+    t = torch.tensor(sorted(v for v in null if math.isfinite(v)), dtype=torch.float64)
+    if not len(t):
+        return math.nan, math.nan, math.nan, []
+    lo, hi = (float(x) for x in t.quantile(torch.tensor(NULL_BAND, dtype=torch.float64)))
+    return float(t.quantile(0.5)), lo, hi, t.tolist()
+
+
+def _rows(items: list[tuple]) -> pd.DataFrame:
+    """Result rows (``RESULT_COLUMNS`` plus ``p_null``) of ``(metric, l, l2, value, chance, lo, hi, null,
+    n_tokens, ci_low, ci_high)``."""
+    out = []
+    for metric, l, l2, value, chance, lo, hi, null, n_tok, ci_lo, ci_hi in items:
+        out.append((l, pd.NA, f"L{l}-L{l2}", metric, value, chance, n_tok, ci_lo, ci_hi, lo, hi, pd.NA, False,
+                    l2, pd.NA, p_value(value, null)))
+    df = pd.DataFrame(out, columns=RESULT_COLUMNS + ["p_null"])
+    df["layer"] = df["layer"].astype("int64")
+    for col in ("head", "n_tokens", "layer2", "head2"):
+        df[col] = pd.array(df[col], dtype="Int64")
+    for col in ("value", "chance", "ci_low", "ci_high", "chance_low", "chance_high", "p_null"):
+        df[col] = df[col].astype("float64")
+    df["above_chance"] = pd.array(df["above_chance"], dtype="boolean")
+    df["degenerate"] = df["degenerate"].astype(bool)
+    return df
+
+
+# -- weights ---------------------------------------------------------------------
+@lru_cache(maxsize=16)
+def weight_null(n_rows: int, width: int, seed: int = 0) -> tuple[float, ...]:
+    """Sorted linear CKAs of all pairs of ``NULL_LAYERS`` independent Gaussian ``n_rows x width``
+    matrices (a random layer's stacked projection at the sampled rows: its rows are i.i.d.)."""
+    gen = torch.Generator().manual_seed(seed)
+    grams = [centred_gram(torch.randn(n_rows, width, generator=gen)) for _ in range(NULL_LAYERS)]
+    return tuple(sorted(linear_cka(grams[i], grams[j])
+                        for i in range(NULL_LAYERS) for j in range(i + 1, NULL_LAYERS)))
+
+
+class WeightPairs:
+    """The weight ``layer_pair`` metrics of one model, fed one layer at a time (module docstring)."""
+
+    def __init__(self, skip: frozenset[str] = frozenset()):
+        self.todo = [p for p in computed("weights") if p.metric.axis == "layer_pair" and p.metric.name not in skip]
+        self.grams: dict[str, dict[int, torch.Tensor | None]] = {p.metric.name: {} for p in self.todo}
+        self.shape: dict[int, tuple[int, int]] = {}             # layer -> (d_model, kv columns)
+
+    def add(self, layer, meta, *, finite: bool = True) -> None:
+        """Keep ``layer``'s part of every pair (its centred row Grams); a layer with non-finite
+        weights (``finite=False``) gives NaN pairs."""
+        d = meta.d_model
+        rows = sample_rows(d)
+        self.shape[layer.layer] = (d, meta.n_kv_heads * meta.d_head)
+        with torch.inference_mode():
+            for p in self.todo:
+                self.grams[p.metric.name][layer.layer] = p.compute(layer, rows) if finite else None
+
+    def result(self) -> tuple[pd.DataFrame, dict[str, str]]:
+        """Rows of every pair of layers of the same ``d_model`` and kv width, and notes."""
+        notes: dict[str, str] = {}
+        items = []
+        layers = sorted(self.shape)
+        for p in self.todo:
+            m, grams = p.metric.name, self.grams[p.metric.name]
+            for i, l in enumerate(layers):
+                for l2 in layers[i + 1:]:
+                    if self.shape[l] != self.shape[l2]:
+                        continue
+                    d, width = self.shape[l]
+                    n = min(d, ROW_BOUND)
+                    chance, lo, hi, null = _band(list(weight_null(n, width)))
+                    a, b = grams[l], grams[l2]
+                    value = math.nan if a is None or b is None else linear_cka(a, b)
+                    items.append((m, l, l2, value, chance, lo, hi, null, pd.NA, math.nan, math.nan))
+            if not any(it[0] == m for it in items):
+                notes[m] = "no pair of layers of the same shapes (one layer, or each of its own shapes)"
+            elif any(s[0] > ROW_BOUND for s in self.shape.values()):
+                notes[m] = (f"over {ROW_BOUND} of the d_model input dimensions drawn uniformly (seed 0, the same "
+                            "for every layer): an estimate of the CKA over all of them")
+        return _rows(items), notes
+
+
+# -- activations -----------------------------------------------------------------
+class CacheSample:
+    """The activation ``layer_pair`` metrics over the captured inputs of every layer of one run
+    (module docstring). ``projections``: per layer (in the order ``add`` numbers them) ``(layer
+    index, w [d_model, 2 * kv], b [2 * kv] or None, kv)`` with ``w``'s columns K then V;
+    ``n_inputs`` windows of ``t`` tokens will be added in order."""
+
+    def __init__(self, projections: list[tuple[int, torch.Tensor, torch.Tensor | None, int]], n_inputs: int,
+                 t: int, *, bound: int = TOKEN_BOUND, seed: int = 0, n_random: int = N_RANDOM):
+        self.proj = projections
+        total = n_inputs * t
+        gen = torch.Generator().manual_seed(seed)
+        picks = (torch.randperm(total, generator=gen)[:bound].sort().values if total > bound
+                 else torch.arange(total))
+        self.picks, self.t, self.seed, self.n_random = picks, t, seed, n_random
+        self.window = picks // t                                  # each sampled token's window
+        self.seen = [0] * len(projections)                        # tokens added per layer
+        self.x: list[list[torch.Tensor]] = [[] for _ in projections]
+
+    def add(self, i: int, x: torch.Tensor) -> None:
+        """Keep the sampled tokens of layer ``i``'s input ``x: [b, T, d_model]`` (the next ``b`` windows)."""
+        flat = x.reshape(-1, x.shape[-1])
+        lo, hi = self.seen[i], self.seen[i] + flat.shape[0]
+        sel = self.picks[(self.picks >= lo) & (self.picks < hi)] - lo
+        if len(sel):
+            self.x[i].append(flat[sel.to(flat.device)].float().cpu())
+        self.seen[i] = hi
+
+    def _caches(self, i: int, draw: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s sampled K and V caches ``[m, kv]`` float64: the real ones (``draw`` None) or
+        random projection ``draw`` of the same inputs (seeded per layer and draw)."""
+        _, w, b, kv = self.proj[i]
+        x = torch.cat(self.x[i]).double()
+        if draw is None:
+            c = x @ w.detach().double().cpu()
+            if b is not None:
+                c = c + b.detach().double().cpu()
+        else:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * i + draw + 1)
+            c = x @ (torch.randn(x.shape[1], 2 * kv, generator=gen, dtype=torch.float64) / math.sqrt(x.shape[1]))
+        return c[:, :kv], c[:, kv:]
+
+    def result(self) -> tuple[pd.DataFrame, dict[str, str]]:
+        """Rows of every pair of layers (``xlayer_cos_adjacent``: adjacent ones) and notes."""
+        notes: dict[str, str] = {}
+        wanted = [m for m in CACHE_METRICS if m in names("activations")]
+        if len(self.proj) < 2 or not all(self.x):
+            for metric in wanted:
+                notes[metric] = "no pair of layers: " + ("one layer" if len(self.proj) < 2 else "no sample tokens")
+            return _rows([]), notes
+        m = sum(len(c) for c in self.x[0])
+        win = self.window[:m]
+        groups = torch.unique(win)
+        k = min(JACK_GROUPS, len(groups))
+        group = torch.searchsorted(groups, win) * k // len(groups)         # contiguous windows per group
+        masks = torch.ones(m, 1 + (k if k > 1 else 0), dtype=torch.float64)
+        if k > 1:
+            masks[:, 1:] = (group[:, None] != torch.arange(k)[None, :]).double()
+        grams: list[list[tuple[torch.Tensor, torch.Tensor]]] = []   # per layer, real then draws: (Gk, Gv)
+        items, prev = [], None
+        idx = [p[0] for p in self.proj]
+        with torch.inference_mode():
+            for i in range(len(self.proj)):
+                per, units = [], []
+                for draw in [None, *range(self.n_random)]:
+                    kc, vc = self._caches(i, draw)
+                    per.append(((kc @ kc.mT).float(), (vc @ vc.mT).float()))
+                    units.append((_unit(kc), _unit(vc)))
+                self.x[i] = []                                   # the inputs are no longer needed
+                grams.append(per)
+                if prev is not None and "xlayer_cos_adjacent" in wanted:
+                    # MiniCache's per-token cosine, K and V averaged; the null pairs every draw of one
+                    # layer with every draw of the other (all independent projections)
+                    cos = lambda a, b: ((a[0] * b[0]).sum(1) + (a[1] * b[1]).sum(1)) / 2   # noqa: E731
+                    est = (cos(prev[0], units[0])[:, None] * masks).sum(0) / masks.sum(0)
+                    null = [float(cos(a, b).mean()) for a in prev[1:] for b in units[1:]]
+                    items.append(("xlayer_cos_adjacent", idx[i - 1], idx[i], *_jack(est, k), null))
+                prev = units
+            sums = [[tuple(_subset_sums(g.double(), masks) for g in pair) for pair in per] for per in grams]
+            for a in range(len(self.proj)):
+                for b in range(a + 1, len(self.proj)):
+                    for metric, which in (("xlayer_cka_kcache", 0), ("xlayer_cka_vcache", 1)):
+                        if metric not in wanted:
+                            continue
+                        est = debiased_cka_subsets(grams[a][0][which].double(), grams[b][0][which].double(), masks,
+                                                   (sums[a][0][which], sums[b][0][which]))
+                        null = [float(debiased_cka_subsets(grams[a][i][which].double(), grams[b][j][which].double(),
+                                                           masks[:, :1], (_first(sums[a][i][which]),
+                                                                          _first(sums[b][j][which])))[0])
+                                for i in range(1, self.n_random + 1) for j in range(1, self.n_random + 1)]
+                        items.append((metric, idx[a], idx[b], *_jack(est, k), null))
+        order = {name: n for n, name in enumerate(CACHE_METRICS)}
+        items.sort(key=lambda it: (order[it[0]], it[1], it[2]))
+        rows = []
+        for metric, l, l2, value, ci_lo, ci_hi, null in items:
+            chance, lo, hi, srt = _band(null)
+            rows.append((metric, l, l2, value, chance, lo, hi, srt, m, ci_lo, ci_hi))
+        for metric in wanted:
+            notes[metric] = (f"{m} sample tokens drawn uniformly from the sample (seed 0, the same for every layer)"
+                             + ("" if k > 1 else "; one window: no interval over windows (ci_low, ci_high empty)"))
+        return _rows(rows), notes
+
+
+def _unit(c: torch.Tensor) -> torch.Tensor:
+    """``c``'s rows scaled to unit length (a zero row stays zero)."""
+    return c / c.norm(dim=1, keepdim=True).clamp_min(1e-300)
+
+
+def _first(sums: tuple) -> tuple:
+    """The all-token column of ``_subset_sums``' results."""
+    a, s, tr = sums
+    return a[:, :1], s[:1], tr[:1]
+
+
+def _jack(est: torch.Tensor, k: int) -> tuple[float, float, float]:
+    """Value and 95% delete-one-group jackknife-t interval from ``est`` ``[1 + k]`` (all tokens, then
+    each group left out); NaN interval with one group. The value is the all-token estimate."""
+    value = float(est[0])
+    if k < 2:
+        return value, math.nan, math.nan
+    reps = est[1:]
+    se = math.sqrt((k - 1) / k * float(((reps - reps.mean()) ** 2).sum()))
+    q = t_quantile(k - 1)
+    return value, value - q * se, value + q * se
