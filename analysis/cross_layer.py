@@ -263,7 +263,7 @@ class CacheSample:
         gen = torch.Generator().manual_seed(seed)
         picks = (torch.randperm(total, generator=gen)[:bound].sort().values if total > bound
                  else torch.arange(total))
-        self.picks, self.t, self.seed, self.n_random = picks, t, seed, n_random
+        self.picks, self.t, self.seed, self.n_random, self.total = picks, t, seed, n_random, total
         self.window = picks // t                                  # each sampled token's window
         self.seen = [0] * len(projections)                        # tokens added per layer
         self.x: list[list[torch.Tensor]] = [[] for _ in projections]
@@ -346,9 +346,13 @@ class CacheSample:
         for metric, l, l2, value, ci_lo, ci_hi, null in items:
             chance, lo, hi, srt = _band(null)
             rows.append((metric, l, l2, value, chance, lo, hi, srt, m, ci_lo, ci_hi))
-        for metric in wanted:
-            notes[metric] = (f"{m} sample tokens drawn uniformly from the sample (seed 0, the same for every layer)"
-                             + ("" if k > 1 else "; one window: no interval over windows (ci_low, ci_high empty)"))
+        said = []
+        if m < self.total:
+            said.append(f"{m} of the {self.total} sample tokens drawn uniformly (seed 0, the same for every layer)")
+        if k < 2:
+            said.append("one window: no interval over windows (ci_low, ci_high empty)")
+        for metric in wanted if said else ():
+            notes[metric] = "; ".join(said)
         return _rows(rows), notes
 
 

@@ -174,11 +174,19 @@ def checkpoint_row(store: Store, checkpoint_id: int) -> dict:
     return store.checkpoint(checkpoint_id)
 
 
-def _label(layer, head, metric: str) -> str:
-    if head is None or (isinstance(head, float) and math.isnan(head)) or head is pd.NA:
+def _label(layer, head, metric: str, layer2=None, head2=None) -> str:
+    """A stored row's label as ``weight_metrics`` and ``analysis.cross_layer`` give it: ``L{l}``,
+    ``L{l}H{h}`` / ``L{l}KV{g}``, a pair of layers ``L{l}-L{l2}``, a pair of heads ``L{l}H{h}-H{h2}``."""
+    if not _missing(layer2):
+        return f"L{layer}-L{int(layer2)}"
+    if _missing(head):
         return f"L{layer}"
-    tag = "KV" if BY_NAME[metric].axis == "kv_head" else "H"
-    return f"L{layer}{tag}{int(head)}"
+    tag = "KV" if BY_NAME[metric].axis in ("kv_head", "kv_head_pair") else "H"
+    return f"L{layer}{tag}{int(head)}" + ("" if _missing(head2) else f"-{tag}{int(head2)}")
+
+
+def _missing(v) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
 
 
 def _cached(store: Store, checkpoint_id: int, kind: str, sample: dict | None = None) -> JobResult | None:
@@ -189,8 +197,9 @@ def _cached(store: Store, checkpoint_id: int, kind: str, sample: dict | None = N
     if job is None:
         return None
     frame = job.rows.copy()
-    frame.insert(2, "head_label", [_label(l, h, m) for l, h, m in zip(frame["layer"], frame["head"],
-                                                                      frame["metric"])])
+    pair = [frame[c] if c in frame.columns else [None] * len(frame) for c in ("layer2", "head2")]
+    frame.insert(2, "head_label", [_label(l, h, m, l2, h2) for l, h, m, l2, h2 in
+                                   zip(frame["layer"], frame["head"], frame["metric"], *pair)])
     frame["layer"] = frame["layer"].astype(int)
     return JobResult(checkpoint_id, "", kind, frame[RESULT_COLUMNS], job.notes, cached=True,
                      seconds=job.seconds, device=job.device, sample=job.sample, tied=job.tied)
