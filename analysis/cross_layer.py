@@ -61,7 +61,9 @@ error is in it; NaN with one window.
 
 Memory: per layer the sampled inputs (``m x d_model`` float32, 32 layers of ``d_model`` 4096 at
 ``m = 512``: 256 MiB), each replaced at the end by ``2 (1 + N_RANDOM)`` Grams of ``m x m`` float32
-(the same 32 layers: 320 MiB), and the previous layer's unit caches; weights:
+(the same 32 layers: 320 MiB), and the previous layer's unit caches; the sampled inputs and the
+Grams are held on the CPU, the projections and Grams formed on the device of the layer's weights
+(a float32 product, float64 after it); weights:
 two ``n x n`` float32 Grams per layer (32 layers at ``n = 1024``: 256 MiB).
 """
 from __future__ import annotations
@@ -278,17 +280,21 @@ class CacheSample:
         self.seen[i] = hi
 
     def _caches(self, i: int, draw: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s sampled K and V caches ``[m, kv]`` float64: the real ones (``draw`` None) or
-        random projection ``draw`` of the same inputs (seeded per layer and draw)."""
+        """Layer ``i``'s sampled K and V caches ``[m, kv]`` float64 on the projections' device: the real
+        ones (``draw`` None) or random projection ``draw`` of the same inputs (drawn on the CPU, seeded
+        per layer and draw, so a seed gives the same matrices on every device). The projection is a
+        float32 product (as the per-layer accumulators' projection path), everything after it float64."""
         _, w, b, kv = self.proj[i]
-        x = torch.cat(self.x[i]).double()
+        dev = w.device
+        x = torch.cat(self.x[i]).to(dev)
         if draw is None:
-            c = x @ w.detach().double().cpu()
+            c = x @ w.detach().float()
             if b is not None:
-                c = c + b.detach().double().cpu()
+                c = c + b.detach().float()
         else:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * i + draw + 1)
-            c = x @ (torch.randn(x.shape[1], 2 * kv, generator=gen, dtype=torch.float64) / math.sqrt(x.shape[1]))
+            c = x @ (torch.randn(x.shape[1], 2 * kv, generator=gen) / math.sqrt(x.shape[1])).to(dev)
+        c = c.double()
         return c[:, :kv], c[:, kv:]
 
     def result(self) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -315,14 +321,14 @@ class CacheSample:
                 per, units = [], []
                 for draw in [None, *range(self.n_random)]:
                     kc, vc = self._caches(i, draw)
-                    per.append(((kc @ kc.mT).float(), (vc @ vc.mT).float()))
+                    per.append(((kc @ kc.mT).float().cpu(), (vc @ vc.mT).float().cpu()))
                     units.append((_unit(kc), _unit(vc)))
                 self.x[i] = []                                   # the inputs are no longer needed
                 grams.append(per)
                 if prev is not None and "xlayer_cos_adjacent" in wanted:
                     # MiniCache's per-token cosine, K and V averaged; the null pairs every draw of one
                     # layer with every draw of the other (all independent projections)
-                    cos = lambda a, b: ((a[0] * b[0]).sum(1) + (a[1] * b[1]).sum(1)) / 2   # noqa: E731
+                    cos = lambda a, b: (((a[0] * b[0]).sum(1) + (a[1] * b[1]).sum(1)) / 2).cpu()   # noqa: E731
                     est = (cos(prev[0], units[0])[:, None] * masks).sum(0) / masks.sum(0)
                     null = [float(cos(a, b).mean()) for a in prev[1:] for b in units[1:]]
                     items.append(("xlayer_cos_adjacent", idx[i - 1], idx[i], *_jack(est, k), null))
