@@ -60,8 +60,10 @@ independent projections is about 0). Interval: delete-one-group jackknife-t over
 error is in it; NaN with one window.
 
 Memory: per layer the sampled inputs (``m x d_model`` float32, 32 layers of ``d_model`` 4096 at
-``m = 512``: 256 MiB), each replaced at the end by ``2 (1 + N_RANDOM)`` Grams of ``m x m`` float32
-(the same 32 layers: 320 MiB), and the previous layer's unit caches; the sampled inputs and the
+``m = 512``: 256 MiB), each replaced at the end by the real caches' two token Grams (float64) and
+the draws' ``2 N_RANDOM`` centred Grams (float32), ``m x m`` each (the same 32 layers: 384 MiB),
+then, per K or V, the draws' Grams stacked in float64 for their one product (256 MiB), and the
+previous layer's unit caches; the sampled inputs and the
 Grams are held on the CPU, the projections and Grams formed on the device of the layer's weights
 (a float32 product, float64 after it); weights:
 two ``n x n`` float32 Grams per layer (32 layers at ``n = 1024``: 256 MiB).
@@ -78,7 +80,7 @@ from analysis._linalg import as_float32, stack_heads
 from analysis.above_chance import p_value
 from analysis.activations import NULL_BAND, _debiased_cka
 from analysis.intervals import t_quantile
-from analysis.registry import COMPUTE, RESULT_COLUMNS, computed, names
+from analysis.registry import RESULT_COLUMNS, computed, names
 
 #: Input dimensions (the weights' samples) behind a weight pair; above it, a uniform subsample.
 ROW_BOUND = 1024
@@ -90,7 +92,6 @@ NULL_LAYERS = 12
 N_RANDOM = 4
 #: Most groups of windows in the activation pairs' jackknife.
 JACK_GROUPS = 16
-WEIGHT_METRICS = ("xlayer_cka_wk", "xlayer_cka_wv")
 CACHE_METRICS = ("xlayer_cka_kcache", "xlayer_cka_vcache", "xlayer_cos_adjacent")
 
 
@@ -155,17 +156,6 @@ def _centred_inner(ga: torch.Tensor, gb: torch.Tensor, masks: torch.Tensor, sa, 
     (aa, ta, _), (ab, tb, _) = sa, sb
     n = masks.sum(0)
     return ((ga * gb) @ masks * masks).sum(0) - 2 * (aa * ab).sum(0) / n + ta * tb / n.square()
-
-
-def debiased_cka_subsets(ga: torch.Tensor, gb: torch.Tensor, masks: torch.Tensor,
-                         sums: tuple | None = None) -> torch.Tensor:
-    """Debiased linear CKA (``analysis.activations._debiased_cka``) of two caches over each token
-    subset, from their uncentred token Grams ``[m, m]`` (float64) and ``masks [m, k]``."""
-    sa, sb = sums if sums is not None else (_subset_sums(ga, masks), _subset_sums(gb, masks))
-    kv2 = _centred_inner(ga, gb, masks, sa, sb)
-    kk2 = _centred_inner(ga, ga, masks, sa, sa)
-    vv2 = _centred_inner(gb, gb, masks, sb, sb)
-    return _debiased_cka(kv2, kk2, vv2, sa[2], sb[2], masks.sum(0))
 
 
 def _band(null: list[float]) -> tuple[float, float, float, list[float]]:
@@ -265,7 +255,7 @@ class CacheSample:
         gen = torch.Generator().manual_seed(seed)
         picks = (torch.randperm(total, generator=gen)[:bound].sort().values if total > bound
                  else torch.arange(total))
-        self.picks, self.t, self.seed, self.n_random, self.total = picks, t, seed, n_random, total
+        self.picks, self.t, self.seed, self.n_random = picks, t, seed, n_random
         self.window = picks // t                                  # each sampled token's window
         self.seen = [0] * len(projections)                        # tokens added per layer
         self.x: list[list[torch.Tensor]] = [[] for _ in projections]
@@ -313,18 +303,33 @@ class CacheSample:
         masks = torch.ones(m, 1 + (k if k > 1 else 0), dtype=torch.float64)
         if k > 1:
             masks[:, 1:] = (group[:, None] != torch.arange(k)[None, :]).double()
-        grams: list[list[tuple[torch.Tensor, torch.Tensor]]] = []   # per layer, real then draws: (Gk, Gv)
+        n_layers, n_draws = len(self.proj), self.n_random
+        # real caches: the uncentred token Grams (float64), each subset's sums and self inner product
+        # (the jackknife's subsets); draws: the centred Grams (float32) with their traces and squared
+        # norms, all pairs of layers of two draws then one product (_null_inner)
+        real: list[list[tuple]] = [[], []]                       # [K, V] per layer: (G, sums, ||Gc||^2)
+        cent = [[[] for _ in range(n_draws)] for _ in range(2)]  # [K, V][draw] per layer: Gc
+        stats = torch.zeros(2, n_draws, n_layers, 2, dtype=torch.float64)   # tr(Gc), ||Gc||^2
         items, prev = [], None
         idx = [p[0] for p in self.proj]
         with torch.inference_mode():
-            for i in range(len(self.proj)):
-                per, units = [], []
-                for draw in [None, *range(self.n_random)]:
+            for i in range(n_layers):
+                units = []
+                for draw in [None, *range(n_draws)]:
                     kc, vc = self._caches(i, draw)
-                    per.append(((kc @ kc.mT).float().cpu(), (vc @ vc.mT).float().cpu()))
                     units.append((_unit(kc), _unit(vc)))
+                    for which, c in enumerate((kc, vc)):
+                        g = c @ c.mT
+                        if draw is None:
+                            g = g.cpu()
+                            sums = _subset_sums(g, masks)
+                            real[which].append((g, sums, _centred_inner(g, g, masks, sums, sums)))
+                        else:
+                            gc = _centre(g)
+                            stats[which, draw, i, 0] = float(torch.diagonal(gc).sum())
+                            stats[which, draw, i, 1] = float((gc * gc).sum())
+                            cent[which][draw].append(gc.float().cpu())
                 self.x[i] = []                                   # the inputs are no longer needed
-                grams.append(per)
                 if prev is not None and "xlayer_cos_adjacent" in wanted:
                     # MiniCache's per-token cosine, K and V averaged; the null pairs every draw of one
                     # layer with every draw of the other (all independent projections)
@@ -333,44 +338,56 @@ class CacheSample:
                     null = [float(cos(a, b).mean()) for a in prev[1:] for b in units[1:]]
                     items.append(("xlayer_cos_adjacent", idx[i - 1], idx[i], *_jack(est, k), null))
                 prev = units
-            sums = [[tuple(_subset_sums(g.double(), masks) for g in pair) for pair in per] for per in grams]
-            for a in range(len(self.proj)):
-                for b in range(a + 1, len(self.proj)):
-                    for metric, which in (("xlayer_cka_kcache", 0), ("xlayer_cka_vcache", 1)):
-                        if metric not in wanted:
-                            continue
-                        est = debiased_cka_subsets(grams[a][0][which].double(), grams[b][0][which].double(), masks,
-                                                   (sums[a][0][which], sums[b][0][which]))
-                        null = [float(debiased_cka_subsets(grams[a][i][which].double(), grams[b][j][which].double(),
-                                                           masks[:, :1], (_first(sums[a][i][which]),
-                                                                          _first(sums[b][j][which])))[0])
-                                for i in range(1, self.n_random + 1) for j in range(1, self.n_random + 1)]
-                        items.append((metric, idx[a], idx[b], *_jack(est, k), null))
+            n_all = masks[:, :1].sum(0)
+            for metric, which in (("xlayer_cka_kcache", 0), ("xlayer_cka_vcache", 1)):
+                if metric not in wanted:
+                    continue
+                nulls = _null_cka(cent[which], stats[which], n_all)   # [n_layers, n_layers, draws^2]
+                for a in range(n_layers):
+                    for b in range(a + 1, n_layers):
+                        (ga, sa, qa), (gb, sb, qb) = real[which][a], real[which][b]
+                        est = _debiased_cka(_centred_inner(ga, gb, masks, sa, sb), qa, qb, sa[2], sb[2],
+                                            masks.sum(0))
+                        items.append((metric, idx[a], idx[b], *_jack(est, k), nulls[a, b].tolist()))
         order = {name: n for n, name in enumerate(CACHE_METRICS)}
         items.sort(key=lambda it: (order[it[0]], it[1], it[2]))
         rows = []
         for metric, l, l2, value, ci_lo, ci_hi, null in items:
             chance, lo, hi, srt = _band(null)
             rows.append((metric, l, l2, value, chance, lo, hi, srt, m, ci_lo, ci_hi))
-        said = []
-        if m < self.total:
-            said.append(f"{m} of the {self.total} sample tokens drawn uniformly (seed 0, the same for every layer)")
+        # the subsample needs no note: every row's n_tokens says how many tokens it rests on
         if k < 2:
-            said.append("one window: no interval over windows (ci_low, ci_high empty)")
-        for metric in wanted if said else ():
-            notes[metric] = "; ".join(said)
+            for metric in wanted:
+                notes[metric] = "one window: no interval over windows (ci_low, ci_high empty)"
         return _rows(rows), notes
+
+
+def _centre(g: torch.Tensor) -> torch.Tensor:
+    """``H G H`` of a token Gram (``H = I - 11^T/m``: the tokens centred)."""
+    r = g.mean(0, keepdim=True)
+    return g - r - r.mT + g.mean()
+
+
+def _null_cka(cent: list[list[torch.Tensor]], stats: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Debiased CKA of every pair of layers for every pairing of a draw of one with a draw of the
+    other: ``cent[draw][layer]`` the centred Grams, ``stats [draw, layer, (trace, squared norm)]``;
+    ``[n_layers, n_layers, draws^2]``. The cross terms ``<Gc_a, Gc_b>`` of two draws come from one
+    float64 product of their stacked Grams."""
+    draws = len(cent)
+    stacked = [torch.stack(c).flatten(1).double() for c in cent]          # per draw [L, m^2]
+    out = []
+    for i in range(draws):
+        for j in range(draws):
+            cross = stacked[i] @ stacked[j].mT                            # [L, L]
+            ti, qi = stats[i, :, 0][:, None], stats[i, :, 1][:, None]
+            tj, qj = stats[j, :, 0][None, :], stats[j, :, 1][None, :]
+            out.append(_debiased_cka(cross, qi.expand_as(cross), qj.expand_as(cross), ti, tj, n))
+    return torch.stack(out, -1)
 
 
 def _unit(c: torch.Tensor) -> torch.Tensor:
     """``c``'s rows scaled to unit length (a zero row stays zero)."""
     return c / c.norm(dim=1, keepdim=True).clamp_min(1e-300)
-
-
-def _first(sums: tuple) -> tuple:
-    """The all-token column of ``_subset_sums``' results."""
-    a, s, tr = sums
-    return a[:, :1], s[:1], tr[:1]
 
 
 def _jack(est: torch.Tensor, k: int) -> tuple[float, float, float]:

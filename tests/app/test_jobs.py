@@ -149,18 +149,13 @@ def test_analyze_hf_folder_with_activations(tmp_path, tiny_gpt2):
     store = Store(tmp_path / "hf.duckdb")
     cid = jobs.resolve(store, str(tiny_gpt2))
     w, a = jobs.analyze(store, cid, device="cpu", activations=True)
-    assert set(a.frame.metric) == set(names("activations")) and a.notes == subsampled(a.sample["n_tokens"])
+    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
     # every pair of the 2 layers, from the model-level pass (analysis.cross_layer), labelled as stored
     pairs = w.frame[w.frame.metric == "xlayer_cka_wk"]
     assert pairs[["layer", "layer2", "head_label"]].values.tolist() == [[0, 1, "L0-L1"]]
 
 
-def subsampled(n_tokens: int) -> dict[str, str]:
-    """The notes of the cross-layer activation metrics, which read a uniform subsample of the
-    sample's ``n_tokens`` (the others read all)."""
-    return {m: f"512 of the {n_tokens} sample tokens drawn uniformly (seed 0, the same for every layer)"
-            for m in ("xlayer_cka_kcache", "xlayer_cka_vcache", "xlayer_cos_adjacent")}
 
 
 @pytest.mark.slow
@@ -175,9 +170,10 @@ def test_real_model_all_minilm(tmp_path):
     # 2 windows of its 512 positions: enough tokens (8 x d_head = 256) and windows for every interval
     w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=activation_runs.SampleSpec(tokens=1024))
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
-    assert set(a.frame.metric) == set(names("activations")) and a.notes == subsampled(1024)
+    assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
     pair = a.frame["layer2"].notna()
     assert a.sample["windows"] == 2 and (a.frame[~pair]["n_tokens"] == 1024).all()
+    # the pairs of layers rest on a uniform subsample of 512 of the tokens (analysis.cross_layer)
     assert (a.frame[pair]["n_tokens"] == 512).all() and pair.sum() == 2 * 15 + 5
     assert w.frame["value"].notna().all() and a.frame["value"].notna().all()
     assert len(w.frame[(w.frame.metric == "kv_cka")]) == 6 * 12
