@@ -84,7 +84,8 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
 
     ``layers`` (a ``range`` of layer indices) computes only those layers, reading
     only their tensors; the rows are the same as the whole checkpoint's rows of
-    those layers. ``nonfinite_notes=False`` leaves out the notes that name the
+    those layers, but for the pairs of layers (``analysis.cross_layer``), computed
+    only over all the layers (a note says so otherwise). ``nonfinite_notes=False`` leaves out the notes that name the
     heads with undefined values: a caller that joins several layer ranges adds
     them once over the joined frame (``app.batch``), so its notes equal the
     whole checkpoint's. ``ties``: a list that gets each layer's ties (``analysis.tied.tied_layer``)
@@ -100,8 +101,9 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     n = len(todo)
     query_free = ckpt.meta.variant == "wq_identity"
     pairs = zip(todo, ckpt.layers()) if layers is None else ((i, ckpt.layer(i)) for i in todo)
-    # the layer_pair metrics pair every layer with every other: over the whole model only
-    cross = WeightPairs() if layers is None else None
+    # the layer_pair metrics pair every layer with every other: over the whole model only (a batch's
+    # one group of all the layers included)
+    cross = WeightPairs() if list(todo) == list(range(ckpt.meta.n_layers)) else None
     for done, (i, layer) in enumerate(pairs):
         if progress:
             progress(done, n, f"weights layer {i}")
