@@ -139,6 +139,30 @@ def linear_cka(ga: torch.Tensor, gb: torch.Tensor, n: int | None = None) -> floa
     return inner(ga, gb, n) / math.sqrt(den) if den > 0 else math.nan
 
 
+def cka_matrix(grams: list[torch.Tensor | None], n: int) -> torch.Tensor:
+    """``linear_cka`` of every pair of the Grams (``k x k`` each, at ``k`` of ``n`` rows; None: a
+    layer without a value, NaN), ``[L, L]`` float64: every ``<G_a, G_b>`` from one float32 product of
+    the stacked Grams (float32 sums of ``k^2`` products: ~1e-6 relative), their diagonals' products
+    in float64, then the Horvitz-Thompson weighting of ``inner``."""
+    have = [g for g in grams if g is not None]
+    if not have:
+        return torch.full((len(grams), len(grams)), math.nan, dtype=torch.float64)
+    k = have[0].shape[0]
+    zero = torch.zeros(k, k)
+    x = torch.stack([zero if g is None else g.float() for g in grams]).flatten(1)      # [L, k^2]
+    diag = torch.stack([torch.diagonal(zero if g is None else g).double() for g in grams])   # [L, k]
+    full = (x @ x.mT).double()
+    dd = diag @ diag.mT
+    inner_ = (full - dd) * (n * (n - 1) / (k * (k - 1)) if k > 1 else 0.0) + dd * n / k
+    norms = torch.diagonal(inner_).clone()
+    den = norms[:, None] * norms[None, :]
+    out = torch.where(den > 0, inner_ / den.clamp_min(1e-300).sqrt(), torch.full_like(den, math.nan))
+    missing = torch.tensor([g is None for g in grams])
+    out[missing, :] = math.nan
+    out[:, missing] = math.nan
+    return out
+
+
 def _subset_sums(g: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For the uncentred Gram ``g [m, m]`` and 0/1 ``masks [m, k]`` (token subsets): each subset's
     row sums ``a = G w`` restricted to it ``[m, k]``, total ``s = w^T G w`` and the trace of the
@@ -223,22 +247,24 @@ class WeightPairs:
         layers = sorted(self.shape)
         for p in self.todo:
             m, grams = p.metric.name, self.grams[p.metric.name]
-            for i, l in enumerate(layers):
-                for l2 in layers[i + 1:]:
-                    if self.shape[l] != self.shape[l2]:
-                        continue
-                    d, width = self.shape[l]
-                    chance, lo, hi, null = _band(list(weight_null(d, width)))
-                    a, b = grams[l], grams[l2]
-                    value = math.nan if a is None or b is None else linear_cka(a, b, d)
-                    items.append((m, l, l2, value, chance, lo, hi, null, pd.NA, math.nan, math.nan))
+            for shape in sorted(set(self.shape.values())):
+                group = [l for l in layers if self.shape[l] == shape]
+                if len(group) < 2:
+                    continue
+                chance, lo, hi, null = _band(list(weight_null(*shape)))
+                cka = cka_matrix([grams[l] for l in group], shape[0])
+                for i, l in enumerate(group):
+                    for j in range(i + 1, len(group)):
+                        items.append((m, l, group[j], float(cka[i, j]), chance, lo, hi, null, pd.NA, math.nan,
+                                      math.nan))
             if not any(it[0] == m for it in items):
                 notes[m] = "no pair of layers of the same shapes (one layer, or each of its own shapes)"
             elif any(s[0] > ROW_BOUND for s in self.shape.values()):
                 notes[m] = (f"estimated from {ROW_BOUND} of the d_model input dimensions drawn uniformly (seed 0, "
                             "the same for every layer), Horvitz-Thompson weighted: within about 0.015 of the "
                             "CKA over all of them")
-        return _rows(items), notes
+        order = {p.metric.name: n for n, p in enumerate(self.todo)}
+        return _rows(sorted(items, key=lambda it: (order[it[0]], it[1], it[2]))), notes
 
 
 # -- activations -----------------------------------------------------------------

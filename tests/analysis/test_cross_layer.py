@@ -285,3 +285,18 @@ def test_rows_have_result_columns_and_dtypes():
     assert list(frame.columns) == registry.RESULT_COLUMNS + ["p_null"]
     assert str(frame["layer2"].dtype) == "Int64" and frame["head2"].isna().all()
     assert isinstance(frame, pd.DataFrame)
+
+
+def test_cka_matrix_equals_pairwise_estimates():
+    """The model-level product (cka_matrix) gives each pair's linear_cka, sampled rows included."""
+    gen = torch.Generator().manual_seed(12)
+    d, k = 96, 40
+    rows = sample_rows(d, k)
+    mats = [torch.randn(d, 24, generator=gen) for _ in range(3)]
+    mats.append(mats[0] @ torch.randn(24, 24, generator=gen) + 0.3 * torch.randn(d, 24, generator=gen))
+    grams = [sampled_gram(m, rows) for m in mats] + [None]
+    got = cross_layer.cka_matrix(grams, d)
+    for i in range(4):
+        for j in range(4):
+            assert float(got[i, j]) == pytest.approx(linear_cka(grams[i], grams[j], d), abs=1e-5)
+    assert torch.isnan(got[4]).all() and torch.isnan(got[:, 4]).all()
