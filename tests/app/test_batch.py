@@ -82,7 +82,7 @@ def test_parquet_layout_and_registration(tmp_path, ckpts):
         everything = con.execute("SELECT checkpoint, count(*) FROM read_parquet(?, hive_partitioning = true) "
                                  "GROUP BY checkpoint", [str(results / "**" / "part.parquet")]).fetchall()
     assert cols == ["checkpoint_sha256", "path", "layer", "head", "metric", "value", "chance", "n_tokens",
-                    "ci_low", "ci_high", "chance_low", "chance_high", "above_chance", "degenerate"]
+                    "ci_low", "ci_high", "chance_low", "chance_high", "above_chance", "degenerate", "layer2", "head2"]
     assert job[0][:2] == ("weights", METRIC_VERSION) and job[0][3] == "cpu"
     assert sorted(everything) == sorted((c.sha256, c.rows) for c in rep.checkpoints)
 
