@@ -13,8 +13,11 @@ the same subspace), whatever the order or rotation of their columns. Linear CKA 
     CKA(W, W') = ||Wc^T Wc'||_F^2 / (||Wc^T Wc||_F ||Wc'^T Wc'||_F)
                = <G, G'>_F / (||G||_F ||G'||_F),   G = Wc Wc^T   (n x n, the row-space Gram)
 
-The second form is what is computed: each layer keeps its ``G`` (float32, formed in float64), and a
-pair costs ``n^2``, never a ``p x q`` cross product (``L^2 / 2`` of them for ``L`` layers). ``n``:
+The second form is what is computed: each layer keeps its ``G`` (float32, formed in float64), and
+every pair's ``<G, G'>`` comes from one float32 product of the stacked Grams (``cka_matrix``:
+``L^2 n^2``), never a ``p x q`` cross product per pair (``L^2 / 2`` of them for ``L`` layers); 32
+random layers of ``d_model`` 4096 and 1024 kv columns: 19 s to form the Grams, 12 s for the pairs,
+861 MiB peak for the whole process (2 shared CPU cores). ``n``:
 all ``d_model`` rows up to ``ROW_BOUND``, and then the value is exact. Above it, ``k = ROW_BOUND``
 input dimensions ``S`` drawn uniformly without replacement (seed 0, the same for every layer and
 every model of that ``d_model``), the rows centred with the mean over all ``d`` of them, and each
@@ -30,7 +33,8 @@ ratio's error, tests/analysis/test_cross_layer.py: within 0.015 of the exact val
 pairs; equal matrices read exactly 1. Chance (rule
 ``monte_carlo``): the same estimate for ``NULL_LAYERS`` independent Gaussian layers of the same
 shapes and sampled rows, all their pairs; median and 2.5/97.5% band over those ``NULL_LAYERS
-(NULL_LAYERS - 1) / 2`` pairs (one null for ``W_K`` and ``W_V``: the same shapes). Two layers with the same ``W_K`` read 1.
+(NULL_LAYERS - 1) / 2`` pairs (one null for ``W_K`` and ``W_V``: the same shapes). Two layers
+with the same ``W_K`` read 1.
 
 **Activations** (``CacheSample``, fed by ``experiments.runnable.feed`` beside the per-layer
 accumulators, with the same captured inputs ``x`` of every layer). ``TOKEN_BOUND`` tokens drawn
@@ -52,8 +56,8 @@ metric) and ``V`` likewise:
 
 Chance (rule ``random_projection``): the same metrics of the same sampled inputs projected through
 independent Gaussian matrices ``N(0, 1/d_model)`` of each layer's K and V shapes, no biases (as
-every activation metric's draws; ``N_RANDOM`` draws per layer, seeded per layer and draw): median and 2.5/97.5% band, per pair, over the
-``N_RANDOM^2`` pairings of a draw of one layer with a draw of the other (adjacent layers' inputs
+every activation metric's draws; ``N_RANDOM`` draws per layer, seeded per layer and draw): median
+and 2.5/97.5% band, per pair, over the ``N_RANDOM^2`` pairings of a draw of one layer with a draw of the other (adjacent layers' inputs
 are alike through the residual stream, so their random caches' CKA is high too; the cosine of two
 independent projections is about 0). Interval: delete-one-group jackknife-t over up to
 ``JACK_GROUPS`` groups of the sampled tokens' windows (``analysis.intervals``), so the subsample's
@@ -63,10 +67,10 @@ Memory: per layer the sampled inputs (``m x d_model`` float32, 32 layers of ``d_
 ``m = 512``: 256 MiB), each replaced at the end by the real caches' two token Grams (float64) and
 the draws' ``2 N_RANDOM`` centred Grams (float32), ``m x m`` each (the same 32 layers: 384 MiB),
 then, per K or V, the draws' Grams stacked in float64 for their one product (256 MiB), and the
-previous layer's unit caches; the sampled inputs and the
-Grams are held on the CPU, the projections and Grams formed on the device of the layer's weights
-(a float32 product, float64 after it); weights:
-two ``n x n`` float32 Grams per layer (32 layers at ``n = 1024``: 256 MiB).
+previous layer's unit caches; the sampled inputs and the Grams are held on the CPU, the
+projections and Grams formed on the device of the layer's weights (a float32 product, float64
+after it). Weights: two ``n x n`` float32 Grams per layer (32 layers at ``n = 1024``: 256 MiB),
+stacked once more for the pairs' product.
 """
 from __future__ import annotations
 
