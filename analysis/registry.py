@@ -179,6 +179,9 @@ class Plugin:
     ``[..., n_kv_heads]``, ``[..., n_heads]`` or ``[...]`` (axis ``layer``); the
     built-in activation metrics are declared without one (``declare``): the
     estimator of ``analysis.activations`` computes them with their intervals.
+    A ``layer_pair`` weight metric's ``compute(layer, rows)`` is the layer's part of every pair
+    (``analysis.metrics.cross_layer``: its centred row-space Gram at the sampled input dimensions
+    ``rows``), paired over the whole model by ``analysis.cross_layer.WeightPairs``.
     ``closed_form(geometry, query_free) -> float | None`` (rule ``closed``
     only): the chance level from the shapes, None where it has none (then
     Monte Carlo). ``null_draws(geometry, query_free, seed, batch) -> Tensor | None``

@@ -84,12 +84,15 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
 
     ``layers`` (a ``range`` of layer indices) computes only those layers, reading
     only their tensors; the rows are the same as the whole checkpoint's rows of
-    those layers. ``nonfinite_notes=False`` leaves out the notes that name the
+    those layers, but for the pairs of layers (``analysis.cross_layer``), computed
+    only over all the layers (a note says so otherwise). ``nonfinite_notes=False`` leaves out the notes that name the
     heads with undefined values: a caller that joins several layer ranges adds
     them once over the joined frame (``app.batch``), so its notes equal the
     whole checkpoint's. ``ties``: a list that gets each layer's ties (``layer_ties``)
     from the tensors already read for its metrics, so the file is read once, not again for them.
     """
+    from analysis.cross_layer import WeightPairs   # here: torch loads where tensors are read
+
     ties = [] if ties is None else ties        # every layer's ties: the values they fix are degenerate
     frames, notes = [], {}
     unfinite: dict[int, str] = {}           # layer -> its non-finite values
@@ -97,6 +100,9 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     n = len(todo)
     query_free = ckpt.meta.variant == "wq_identity"
     pairs = zip(todo, ckpt.layers()) if layers is None else ((i, ckpt.layer(i)) for i in todo)
+    # the layer_pair metrics pair every layer with every other: over the whole model only (a batch's
+    # one group of all the layers included)
+    cross = WeightPairs() if list(todo) == list(range(ckpt.meta.n_layers)) else None
     for done, (i, layer) in enumerate(pairs):
         if progress:
             progress(done, n, f"weights layer {i}")
@@ -116,6 +122,8 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
             df["value"] = float("nan")
             unfinite[i] = bad
         ties.append(layer_ties(layer, lm, device=device))
+        if cross is not None:
+            cross.add(layer, lm, finite=bad is None)
         # dropped before the chance levels' random layers (as large as this one; made for the first
         # layer of each shape) and before the next layer is read: one layer in memory at a time. The
         # first layer is read before any chance level, so a file that cannot be read says so first.
@@ -124,6 +132,16 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         # (computed once per shape and process, see analysis.chance)
         frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device, notes=nt))
         _merge_notes(notes, nt)
+    if cross is not None:
+        if progress:
+            progress(n, n, "weights: pairs of layers")
+        cross_frame, cross_notes = cross.result()
+        frames.append(cross_frame)
+        _merge_notes(notes, cross_notes)
+    else:
+        for metric in names("weights"):
+            if BY_NAME[metric].axis == "layer_pair":
+                notes[metric] = "computed over all of the model's layers together, not over a range of layers"
     if progress:
         progress(n, n, "weights done")
     frame = pd.concat(frames, ignore_index=True) if frames else \
@@ -178,11 +196,19 @@ def checkpoint_row(store: Store, checkpoint_id: int) -> dict:
     return store.checkpoint(checkpoint_id)
 
 
-def _label(layer, head, metric: str) -> str:
-    if head is None or (isinstance(head, float) and math.isnan(head)) or head is pd.NA:
+def _label(layer, head, metric: str, layer2=None, head2=None) -> str:
+    """A stored row's label as ``weight_metrics`` and ``analysis.cross_layer`` give it: ``L{l}``,
+    ``L{l}H{h}`` / ``L{l}KV{g}``, a pair of layers ``L{l}-L{l2}``, a pair of heads ``L{l}H{h}-H{h2}``."""
+    if not _missing(layer2):
+        return f"L{layer}-L{int(layer2)}"
+    if _missing(head):
         return f"L{layer}"
-    tag = "KV" if BY_NAME[metric].axis == "kv_head" else "H"
-    return f"L{layer}{tag}{int(head)}"
+    tag = "KV" if BY_NAME[metric].axis in ("kv_head", "kv_head_pair") else "H"
+    return f"L{layer}{tag}{int(head)}" + ("" if _missing(head2) else f"-{tag}{int(head2)}")
+
+
+def _missing(v) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
 
 
 def _cached(store: Store, checkpoint_id: int, kind: str, sample: dict | None = None) -> JobResult | None:
@@ -193,8 +219,9 @@ def _cached(store: Store, checkpoint_id: int, kind: str, sample: dict | None = N
     if job is None:
         return None
     frame = job.rows.copy()
-    frame.insert(2, "head_label", [_label(l, h, m) for l, h, m in zip(frame["layer"], frame["head"],
-                                                                      frame["metric"])])
+    pair = [frame[c] if c in frame.columns else [None] * len(frame) for c in ("layer2", "head2")]
+    frame.insert(2, "head_label", [_label(l, h, m, l2, h2) for l, h, m, l2, h2 in
+                                   zip(frame["layer"], frame["head"], frame["metric"], *pair)])
     frame["layer"] = frame["layer"].astype(int)
     return JobResult(checkpoint_id, "", kind, frame[RESULT_COLUMNS], job.notes, cached=True,
                      seconds=job.seconds, device=job.device, sample=job.sample, tied=job.tied)

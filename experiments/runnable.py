@@ -35,8 +35,9 @@ import pandas as pd
 import torch
 
 from analysis.above_chance import flag as flag_above_chance
-from analysis.activations import results_of
+from analysis.activations import ActivationAccumulator, results_of
 from analysis.captures import MAX_WINDOW
+from analysis.cross_layer import CacheSample
 from analysis.notes import merge_notes, nonfinite_notes
 from analysis.registry import RESULT_COLUMNS
 from experiments.foreign import ForeignCheckpointError, runnable
@@ -301,7 +302,8 @@ def feed(model, mods, accs, inputs: torch.Tensor, t: int, dev, progress: Progres
     """Run ``inputs`` (windows ``[N, T]`` of token ids, or images ``[N, C, H, W]``) through
     ``model`` in batches of about ``BATCH_TOKENS`` tokens (``t`` per input), a pre-hook on each
     attention module handing its input ``x`` ``[b, T, d_model]`` to that layer's accumulator;
-    then every layer's rows and notes (``RESULT_COLUMNS``).
+    then every layer's rows and notes (``RESULT_COLUMNS``), and the rows of every pair of layers
+    (``analysis.cross_layer.CacheSample``: the same sampled tokens of every layer's input).
 
     A batch's forward stops once every attention module has had its input: what follows the last
     one (that layer's attention and MLP, the final norm, the output head over the vocabulary)
@@ -309,6 +311,11 @@ def feed(model, mods, accs, inputs: torch.Tensor, t: int, dev, progress: Progres
     288 and 32,000 tokens: 38 of its 66 G multiply-adds). A module called again after that in
     the same batch is not handed that input; a batch that never reaches one of them runs whole."""
     fired: set[int] = set()
+    # the same sampled tokens of every layer's input, for the cross-layer metrics (analysis.cross_layer),
+    # projected by the accumulators' K and V columns (an accumulator of another kind has none: no pairs)
+    cross = (CacheSample([(a.layer, a.w[:, :2 * a.g * a.e], a.b[:2 * a.g * a.e] if a.has_bias else None,
+                           a.g * a.e) for a in accs], int(inputs.shape[0]), t)
+             if all(isinstance(a, ActivationAccumulator) for a in accs) else None)
 
     def hook_for(i):
         def hook(module, args, kwargs):
@@ -316,6 +323,8 @@ def feed(model, mods, accs, inputs: torch.Tensor, t: int, dev, progress: Progres
                 raise _Fed
             x = args[0] if args else kwargs.get("hidden_states")
             accs[i].add(x.detach())                                      # [b, T, d_model]
+            if cross is not None:
+                cross.add(i, x.detach())
             fired.add(i)
             if len(fired) == len(accs):
                 raise _Fed
@@ -342,6 +351,10 @@ def feed(model, mods, accs, inputs: torch.Tensor, t: int, dev, progress: Progres
     for df, nt in results_of(accs):                                      # the layers side by side
         frames.append(df)
         merge_notes(notes, nt)
+    if cross is not None:                                                # the pairs of layers
+        cross_frame, cross_notes = cross.result()
+        frames.append(cross_frame)
+        merge_notes(notes, cross_notes)
     if progress:
         progress(n, n, "activations done")
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS + ["p_null"])

@@ -53,7 +53,7 @@ from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRIC_VERSION, head_metrics, names
 from analysis.tie_names import disagreement
 from analysis.variants import informative_metric
-from app import attention_view, charts, figures, head_maps, pickers, tables
+from app import attention_view, charts, figures, head_maps, layer_maps, pickers, tables
 from app.attempts import attempt, file_stamp, show_failure
 from app.plain import md
 from app.state import (data_version, get_store, in_projects, project_filter, query_param, store_at, set_query_params,
@@ -651,6 +651,7 @@ def render() -> None:
     results = _results(str(store.path), data_version(store), ckpt_id)
     st.subheader("Metrics per layer and head")
     _heatmap(results, notes, str(row["variant"]))
+    layer_maps.section(results, ckpt_id if store is main else None, int(row["n_layers"]))
     _reports(results, notes, row)
     _weights_views(row)
     head_maps.section(results, row)

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from analysis import registry
 from analysis.registry import METRIC_VERSION, names
 from app import batch, jobs
 from app.cli import main
@@ -351,15 +352,30 @@ class Flaky:
         return batch.run_task(spec, log)
 
 
-RESULT_ROWS = ("SELECT c.sha256, r.layer, r.head, r.metric, r.value FROM analysis_results r "
-               "JOIN checkpoints c ON c.id = r.checkpoint_id ORDER BY 1, 4, 2, 3 NULLS FIRST")
+RESULT_ROWS = ("SELECT c.sha256, r.layer, r.head, r.metric, r.value, r.layer2 FROM analysis_results r "
+               "JOIN checkpoints c ON c.id = r.checkpoint_id ORDER BY 1, 4, 2, 3 NULLS FIRST, 6 NULLS FIRST")
+#: The pairs of layers (analysis.cross_layer) need every layer in one task: a checkpoint split into
+#: layer groups has none, and a note instead (compared apart from the other rows below).
+PAIRS = {m.name for m in registry.METRICS if m.axis == "layer_pair"}
+SPLIT_NOTE = "computed over all of the model's layers together, not over a range of layers"
 JOB_ROWS = ("SELECT c.sha256, j.kind, j.metric_version, j.device, j.notes, j.sample, j.tied FROM analysis_jobs j "
             "JOIN checkpoints c ON c.id = j.checkpoint_id ORDER BY 1, 2")
 
 
 def _stored_results(store: Store) -> tuple[list, list]:
+    """The stored rows and jobs but for the pairs of layers and their notes (``PAIRS``)."""
     with store.connect() as con:
-        return con.execute(RESULT_ROWS).fetchall(), con.execute(JOB_ROWS).fetchall()
+        rows, jobs_ = con.execute(RESULT_ROWS).fetchall(), con.execute(JOB_ROWS).fetchall()
+    rows = [r for r in rows if r[3] not in PAIRS]
+    jobs_ = [(*j[:4], json.dumps({m: why for m, why in json.loads(j[4]).items() if m not in PAIRS})
+              if j[4] else j[4], *j[5:]) for j in jobs_]
+    return rows, jobs_
+
+
+def _pair_notes(store: Store) -> dict[str, str]:
+    with store.connect() as con:
+        notes = json.loads(con.execute("SELECT notes FROM analysis_jobs WHERE kind = 'weights'").fetchone()[0])
+    return {m: why for m, why in notes.items() if m in PAIRS}
 
 
 def _layer_bytes(store: Store, cid: int) -> int:
@@ -412,6 +428,8 @@ def test_split_rows_and_notes_identical_to_one_task(tmp_path, deep):
     assert one.checkpoints[0].groups == [] and one.checkpoints[0].status == "computed"
     reference = _stored_results(whole)
     notes = json.loads(reference[1][0][4])
+    with whole.connect() as con:                                    # one task: the pairs of its 5 layers
+        assert con.execute("SELECT count(*) FROM analysis_results WHERE metric = 'xlayer_cka_wk'").fetchone() == (10,)
     undefined = [m for m, why in notes.items() if why.startswith("undefined")]
     assert undefined and any(notes[m].endswith(" ...") for m in undefined)   # labels from several layers
     layer_bytes = _layer_bytes(whole, cid)
@@ -429,6 +447,7 @@ def test_split_rows_and_notes_identical_to_one_task(tmp_path, deep):
         assert [s.layers for s in flaky.specs] == [(a, b + 1) for a, b in groups]
         assert [a["task"] for a in c.attempts] == [f"layers {a}-{b}" for a, b in groups]
         assert _stored_results(store) == reference                   # the same rows and notes, bit for bit
+        assert _pair_notes(store) == {m: SPLIT_NOTE for m in PAIRS if registry.BY_NAME[m].level == "weights"}
         folder = results / f"checkpoint={c.sha256}" / f"metric_version={METRIC_VERSION}" / "kind=weights"
         tags = [f"-L{a:04d}-{b:04d}" for a, b in groups]
         assert sorted(p.name for p in folder.iterdir()) == sorted(
@@ -443,7 +462,7 @@ def test_split_rows_and_notes_identical_to_one_task(tmp_path, deep):
                 (str(folder / "part-L*.parquet"), str(folder / "job.parquet"), c.rows)]
         # the single-checkpoint command reads the registered result back
         (cached,) = jobs.analyze(store, c.id, device="cpu")
-        assert cached.cached and cached.notes == notes
+        assert cached.cached and {m: w for m, w in cached.notes.items() if m not in PAIRS} == notes
 
         again = Flaky()                                             # complete: skipped, nothing recomputed
         rerun = batch.run_batch(store, [c.id], results=results, device="cpu", max_task_bytes=limit, task_fn=again)
@@ -547,12 +566,17 @@ def test_changing_the_split_replaces_the_parts(tmp_path, deep):
         rep = batch.run_batch(store, [cid], results=results, device="cpu", max_task_bytes=limit, force=True)
         assert rep.checkpoints[0].status == "computed"
         with duckdb.connect() as con:
+            parts = [str(results / "**" / "part*.parquet")]
+            # the pairs of layers exist only where the checkpoint is one task (PAIRS)
             everything = _sorted_rows(con.execute(
-                "SELECT layer, head, metric, value FROM read_parquet(?, hive_partitioning = true)",
-                [str(results / "**" / "part*.parquet")]).fetchall())
+                "SELECT layer, head, metric, value FROM read_parquet(?, hive_partitioning = true) "
+                "WHERE layer2 IS NULL", parts).fetchall())
+            pairs = con.execute("SELECT count(*) FROM read_parquet(?, hive_partitioning = true) "
+                                "WHERE layer2 IS NOT NULL", parts).fetchone()[0]
+        assert pairs == (0 if limit else 2 * 10)                       # 5 layers: 10 pairs of W_K, of W_V
         reference = reference or everything
-        assert everything == reference and len(everything) == rep.checkpoints[0].rows
-        assert _stored_results(store)[0] == [(rep.checkpoints[0].sha256, *r) for r in reference]
+        assert everything == reference and len(everything) + pairs == rep.checkpoints[0].rows
+        assert _stored_results(store)[0] == [(rep.checkpoints[0].sha256, *r, None) for r in reference]
 
 
 def _sorted_rows(rows):

@@ -151,6 +151,11 @@ def test_analyze_hf_folder_with_activations(tmp_path, tiny_gpt2):
     w, a = jobs.analyze(store, cid, device="cpu", activations=True)
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
+    # every pair of the 2 layers, from the model-level pass (analysis.cross_layer), labelled as stored
+    pairs = w.frame[w.frame.metric == "xlayer_cka_wk"]
+    assert pairs[["layer", "layer2", "head_label"]].values.tolist() == [[0, 1, "L0-L1"]]
+
+
 
 
 @pytest.mark.slow
@@ -170,7 +175,10 @@ def test_real_model_all_minilm(tmp_path):
     whole = ("kv_cka_layer_act", "erank_kcache_layer", "erank_vcache_layer")
     assert set(a.notes) == set(whole)
     assert all(a.notes[m].startswith("degenerate: 1024 tokens < 8 x n_kv_heads*d_head = 3072: ") for m in whole)
-    assert a.sample["windows"] == 2 and (a.frame["n_tokens"] == 1024).all()
+    pair = a.frame["layer2"].notna()
+    assert a.sample["windows"] == 2 and (a.frame[~pair]["n_tokens"] == 1024).all()
+    # the pairs of layers rest on a uniform subsample of 512 of the tokens (analysis.cross_layer)
+    assert (a.frame[pair]["n_tokens"] == 512).all() and pair.sum() == 2 * 15 + 5
     assert w.frame["value"].notna().all() and a.frame["value"].notna().all()
     assert len(w.frame[(w.frame.metric == "kv_cka")]) == 6 * 12
     sym = w.frame[w.frame.metric == "qk_symmetry"]["value"]

@@ -70,14 +70,21 @@ def test_analyses_once_and_metric_picker_changes_the_heatmap(ckpt_db):
     # a forced "linear" axis type draws categorical heatmaps empty in the browser
     assert "type" not in heat_fig["layout"]["xaxis"] and "type" not in heat_fig["layout"]["yaxis"]
     assert qp(at, "metric") == "kv_cka" and qp(at, "ckpt") == "1"
+    # the layer x layer map (app.layer_maps): its one pair, centred on its chance, linked to the calculator
+    from analysis.registry import METRIC_VERSION
+    from loaders.curves import analysis_results
+
+    pair = analysis_results(Store(ckpt_db), 1, METRIC_VERSION)
+    pair = pair[pair["metric"] == "xlayer_cka_wk"].iloc[0]
+    xmap = figures(at)["insp_layer_map"]["data"][0]
+    assert xmap["x"] == ["L0", "L1"] and xmap["z"][0][1] == xmap["z"][1][0] == pytest.approx(pair["value"])
+    assert xmap["zmid"] == pytest.approx(pair["chance"]) and xmap["z"][0][0] is None
+    assert any("./kv-cost?src=checkpoint&ckpt=1&lpc=2" in m.value for m in at.markdown)
     at.selectbox(key="insp_metric").select("qk_symmetry").run()
     other = figures(at)["insp_heatmap"]["data"][0]
     assert other["x"] == ["H0", "H1", "H2", "H3"]
     assert arr(other["z"]) != arr(heat["z"])
     # the scale diverges from the stored chance level (analysis.chance), which the colour bar names
-    from analysis.registry import METRIC_VERSION
-    from loaders.curves import analysis_results
-
     stored = analysis_results(Store(ckpt_db), 1, METRIC_VERSION)
     stored = stored[(stored["metric"] == "qk_symmetry") & stored["head"].notna()]
     chance = float(stored["chance"].median())

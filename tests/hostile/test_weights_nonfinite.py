@@ -53,7 +53,9 @@ def test_non_finite_layers_are_null_with_a_note_and_the_others_computed(tmp_path
     folder = rewritten(gpt2_folder(tmp_path / "m", seed=1), change)
     with open_checkpoint(folder) as ckpt:
         frame, notes = weight_frame(ckpt, device="cpu")
-    for layer, rows in frame.groupby("layer"):
+    pairs = frame[frame["layer2"].notna()]                 # a pair of layers is null where either layer is
+    assert (pairs["value"].isna() == (pairs["layer"].isin(null_layers) | pairs["layer2"].isin(null_layers))).all()
+    for layer, rows in frame[frame["layer2"].isna()].groupby("layer"):
         values = [v for v in rows["value"] if v is not None and not math.isnan(v)]
         if layer in null_layers:
             assert values == []
