@@ -382,6 +382,32 @@ def flags_of(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return deg, flag("above_chance") & ~deg
 
 
+def pair_heatmap(z: np.ndarray, above: np.ndarray, labels: list[str], hover: list[list[str]], rows: pd.DataFrame,
+                 metric: str, *, text_up_to: int) -> go.Figure:
+    """The square heatmap of a pair metric (``app.layer_maps``, ``app.head_maps``): ``z`` ``[n, n]``
+    (NaN: no pair, e.g. the diagonal) centred on the rows' chance level where they have one
+    (``diverging_range``, the null band at least), each value printed with ``*`` where ``above``
+    (outside the null band) for ``n <= text_up_to``, ``hover`` the cells' tooltips."""
+    text = [["" if math.isnan(v) else f"{v:.2f}" + ("*" if s else "") for v, s in zip(r, sr)]
+            for r, sr in zip(z, above)]
+    chance = chance_of(rows)
+    if chance is not None:
+        zmin, zmax = diverging_range(z, chance, band_of(rows))
+        scale, zmid = DIVERGING, chance
+    else:
+        zmin = zmax = zmid = None
+        scale = "Viridis"
+    fig = go.Figure(go.Heatmap(
+        z=[[None if math.isnan(v) else float(v) for v in r] for r in z], x=labels, y=labels, colorscale=scale,
+        zmin=zmin, zmax=zmax, zmid=zmid, text=text, customdata=hover,
+        texttemplate="%{text}" if len(labels) <= text_up_to else None, hoverongaps=False,
+        hovertemplate="%{customdata}<extra></extra>",
+        colorbar=dict(title=dict(text=f"{metric}<br>{chance_label(rows)}"))))
+    fig.update_yaxes(autorange="reversed", scaleanchor="x", constrain="domain")
+    fig.update_xaxes(constrain="domain")
+    return fig
+
+
 def heat_range(rows: pd.DataFrame) -> tuple[float | None, float | None]:
     """One colour range for heatmaps that share a scale (Compare's A and B): centred on the
     rows' chance level when they have one (``diverging_range``), else their min and max."""

@@ -14,7 +14,6 @@ layer of the page's ``layer`` URL value (the spectra's) where it has pairs.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd
@@ -74,23 +73,9 @@ def head_map_figure(results: pd.DataFrame, metric: str, layer: int) -> go.Figure
         star[h, h2] = bool(a)
         hover[h][h2] = (f"L{layer} {tag}{h}-{tag}{h2}<br>{metric} " + charts.value_text(v, c)
                         + ("<br>above chance (outside the null band, 5% false discovery rate)" if a else ""))
-    for h in range(n):
-        hover[h][h] = f"{tag}{h} with itself: no pair"
-    text = [["" if math.isnan(v) else f"{v:.2f}" + ("*" if s else "") for v, s in zip(r, sr)] for r, sr in zip(z, star)]
-    chance = charts.chance_of(rows)
-    if chance is not None:
-        zmin, zmax = charts.diverging_range(z, chance, charts.band_of(rows))
-        scale, zmid = charts.DIVERGING, chance
-    else:
-        zmin = zmax = zmid = None
-        scale = "Viridis"
     labels = [f"{tag}{h}" for h in range(n)]
-    fig = go.Figure(go.Heatmap(
-        z=[[None if math.isnan(v) else float(v) for v in r] for r in z], x=labels, y=labels, colorscale=scale,
-        zmin=zmin, zmax=zmax, zmid=zmid, text=text, customdata=hover,
-        texttemplate="%{text}" if n <= 16 else None, hovertemplate="%{customdata}<extra></extra>",
-        colorbar=dict(title=dict(text=f"{metric}<br>{charts.chance_label(rows)}"))))
-    fig.update_yaxes(autorange="reversed", title_text=f"{'kv ' if kv else ''}head", scaleanchor="x")
+    fig = charts.pair_heatmap(z, star, labels, hover, rows, metric, text_up_to=16)
+    fig.update_yaxes(title_text=f"{'kv ' if kv else ''}head")
     fig.update_xaxes(title_text=f"{'kv ' if kv else ''}head")
     side = max(300, min(800, 28 * n + 160))
     fig.update_layout(title=f"Layer {layer}: {metric}", height=side, margin=dict(l=60, r=20, t=50, b=50))

@@ -82,24 +82,8 @@ def layer_map_figure(results: pd.DataFrame, metric: str) -> go.Figure:
     rows = _rows(results, metric)
     z, n = grid["value"], len(grid["layers"])
     labels = [f"L{l}" for l in grid["layers"]]
-    text = [[("" if math.isnan(v) else f"{v:.2f}" + ("*" if s else "")) for v, s in zip(r, sr)]
-            for r, sr in zip(z, grid["above"])]
-    chance = charts.chance_of(rows)
-    if chance is not None:
-        zmin, zmax = charts.diverging_range(z, chance, charts.band_of(rows))
-        scale, zmid = charts.DIVERGING, chance
-    else:
-        zmin = zmax = zmid = None
-        scale = "Viridis"
-    fig = go.Figure(go.Heatmap(
-        z=[[None if math.isnan(v) else float(v) for v in r] for r in z], x=labels, y=labels,
-        colorscale=scale, zmin=zmin, zmax=zmax, zmid=zmid, text=text, customdata=grid["hover"],
-        texttemplate="%{text}" if n <= TEXT_LAYERS else None, hoverongaps=False,
-        hovertemplate="%{customdata}<extra></extra>",
-        colorbar=dict(title=dict(text=f"{metric}<br>{charts.chance_label(rows)}"))))
+    fig = charts.pair_heatmap(z, grid["above"], labels, grid["hover"], rows, metric, text_up_to=TEXT_LAYERS)
     side = max(320, min(900, 22 * n + 160))
-    fig.update_yaxes(autorange="reversed", scaleanchor="x", constrain="domain")
-    fig.update_xaxes(constrain="domain")
     fig.update_layout(height=side, margin=dict(l=60, r=20, t=40, b=40),
                       title=dict(text=f"{metric}: pairs of layers (diagonal: a layer with itself, not a pair)",
                                  font=dict(size=13)))

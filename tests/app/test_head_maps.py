@@ -51,7 +51,7 @@ def test_head_map_figure_is_the_layers_matrix_with_a_blank_diagonal_diverging_fr
     assert list(hm.x) == list(hm.y) == ["KV0", "KV1", "KV2"]
     assert hm.zmid == 0.4 and (hm.zmin, hm.zmax) == pytest.approx((0.01, 0.79))   # centred on chance, every value inside
     assert hm.text[0][2] == "0.02*" and hm.text[1][0] == "0.10" and hm.text[1][1] == ""
-    assert hm.customdata[2][2] == "KV2 with itself: no pair"
+    assert hm.customdata[2][2] == "" and hm.hoverongaps is False        # the diagonal: no pair, no tooltip
     assert "L1 KV0-KV2" in hm.customdata[0][2] and "above chance" in hm.customdata[0][2]
     assert fig.layout.title.text == "Layer 1: xhead_sim_k_aligned"
 
