@@ -40,7 +40,8 @@ def dashboard(db: Path, *extra: str, timeout: float = 90.0, preexec_fn=None):
     log = open(db.parent / f"server-{port}.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--db", str(db), "--port", str(port), *extra],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=preexec_fn)
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        preexec_fn=preexec_fn)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     try:
