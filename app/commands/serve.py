@@ -135,6 +135,11 @@ def run(args: argparse.Namespace) -> int:
 
     hosts = allowed_hosts(args.host, args.allow_host)
     env = dict(os.environ, QKVSCOPE_DB=str(db), **{ENV: ",".join(hosts)})
+    # pyarrow's default pool (mimalloc) reserves a 1 GiB arena at its first use: a third of a
+    # server under a 3 GiB address space (ulimit -v), where a SQL result inside the 64 MB budget
+    # then fails with MemoryError. glibc's malloc reserves nothing ahead and keeps less of a
+    # result after (60 MB of strings: +155 MB held against +260 MB).
+    env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     print(f"qkvscope: http://{args.host}:{args.port}  (database {db}; answers to {', '.join(hosts)})",
           file=sys.stderr)
     if not args.verbose:

@@ -15,7 +15,7 @@ import streamlit as st
 from app import tables
 from app.state import data_version, get_store, project_filter, query_param, set_query_params, url_int, url_notes
 from loaders.errors import QueryError
-from loaders.sql_console import run_readonly_query, schema, sql_budget
+from loaders.sql_console import check_query, run_readonly_query, schema, sql_budget
 
 TITLE = "SQL"
 ICON = ":material/terminal:"
@@ -69,8 +69,11 @@ def render() -> None:
     timeout = c1.number_input("Time limit (s)", min_value=1, max_value=max_timeout, key=_TIMEOUT)
     max_rows = c2.number_input("Row limit", min_value=10, max_value=1_000_000, step=1000, key=_ROWS)
     if st.button("Run", type="primary", icon=":material/play_arrow:"):
-        set_query_params(q=sql, timeout=int(timeout), rows=int(max_rows))
         try:
+            # refused before it reaches the URL: Streamlit url-encodes the query parameters byte by
+            # byte (a list of one string per byte), and 8 MB of text ran a server out of memory
+            check_query(sql)
+            set_query_params(q=sql, timeout=int(timeout), rows=int(max_rows))
             st.session_state[_RESULT] = (int(max_rows), run_readonly_query(
                 store, sql, timeout_s=float(timeout), max_rows=int(max_rows)))
         except QueryError as exc:

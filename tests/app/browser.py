@@ -33,12 +33,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def dashboard(db: Path, *extra: str, timeout: float = 90.0):
+def dashboard(db: Path, *extra: str, timeout: float = 90.0, preexec_fn=None):
+    """The server's URL, once it answers; ``preexec_fn`` runs in the server's process before it
+    starts (``resource.setrlimit``: a limit of the server's own, which its children inherit)."""
     port = free_port()
     log = open(db.parent / f"server-{port}.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--db", str(db), "--port", str(port), *extra],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        preexec_fn=preexec_fn)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     try:

@@ -65,6 +65,20 @@ def test_a_refused_query_is_one_message(empty_db):
                                  "the SQL page never changes the database")
 
 
+def test_a_text_over_its_budget_is_refused_before_the_url(empty_db):
+    """The URL keeps the last query that was run: Streamlit url-encodes it in the server."""
+    at = page_test("sql").run()
+    at.text_area[0].input("SELECT 1 AS one").run()
+    run_button(at).click().run()
+    text = "SELECT 1 WHERE 1 IN (" + "1," * 40_000 + "1)"
+    at.text_area[0].input(text).run()
+    run_button(at).click().run()
+    assert not at.exception
+    assert at.error[0].value == ("query text of 80,023 bytes is over 64 KB (QKVSCOPE_SQL_MAX_QUERY_KB; "
+                                 "set it in the environment to raise it)")
+    assert at.query_params["q"] in (["SELECT 1 AS one"], "SELECT 1 AS one")
+
+
 def test_the_result_stays_while_the_page_reruns(empty_db):
     at = page_test("sql").run()
     at.text_area[0].input("SELECT 5 AS answer").run()

@@ -171,3 +171,22 @@ def test_xsrf_protection_and_cors_stay_on():
     options = dict(zip(cmd[5::2], cmd[6::2]))             # after: python -m app.hostguard run SCRIPT
     assert options["--server.enableXsrfProtection"] == "true" and options["--server.enableCORS"] == "true"
     assert options["--server.address"] == "127.0.0.1" and options["--server.fileWatcherType"] == "none"
+
+
+@pytest.mark.parametrize("given, used", [(None, "system"), ("jemalloc", "jemalloc")])
+def test_the_server_uses_the_system_arrow_pool_unless_told(tmp_path, monkeypatch, given, used):
+    """pyarrow's mimalloc pool reserves a 1 GiB arena: the server asks for glibc's malloc
+    (``ARROW_DEFAULT_MEMORY_POOL``) unless its environment names a pool."""
+    import argparse
+
+    from app.commands import serve
+
+    if given is None:
+        monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    else:
+        monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", given)
+    started = []
+    monkeypatch.setattr(serve.os, "execve", lambda exe, argv, env: started.append(env))
+    serve.run(argparse.Namespace(db=tmp_path / "x.duckdb", no_demo=True, host="127.0.0.1", allow_host=[],
+                                 port=8501, verbose=True))
+    assert started[0]["ARROW_DEFAULT_MEMORY_POOL"] == used
