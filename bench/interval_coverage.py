@@ -108,6 +108,10 @@ def population_values(lay, mu: torch.Tensor, root: torch.Tensor, T: int) -> dict
     wq = lay.W_Q.double()
     out["logit_symmetry"] = [_logit_symmetry(wq[h], b, mu, sig, T) for h in range(wq.shape[0])]
     out["logit_symmetry_layer"] = [_logit_symmetry(wq.sum(0), b, mu, sig, T)]
+    # one kv head: the whole layer's K and V are the head's (the layer's CKA is the authors' plain,
+    # uncorrected estimator of the same population value)
+    out |= {"kv_cka_layer_act": out["kv_cka_act"], "erank_kcache_layer": out["erank_kcache"],
+            "erank_vcache_layer": out["erank_vcache"]}
     return out
 
 

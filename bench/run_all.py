@@ -60,6 +60,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "activations_speed": ["--repeat", "1", "--threads", "1"],
     "foreign_forward": ["--tokens", "256", "--repeat", "1"],
     "batch_speed": ["--limit", "2", "--workers", "1"],  # 2 demo checkpoints, in-process and on Ray
+    "layer_map_draw": ["--layers", "8", "--repeat", "1"],
     "forward_speed": ["--quick", "--limit", "1", "--tokens", "256", "--repeat", "1", "--hidden", "64",
                       "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000"],
 }

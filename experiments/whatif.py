@@ -525,7 +525,7 @@ class Surgery:
         ``notes["grouping"]``), else None (contiguous)."""
         if self.target.name != "gqa" or self.target.grouping != "best":
             return None
-        from analysis import head_grouping
+        from analysis import head_grouping   # here: the grouping search loads only for --grouping best
 
         n = layer.W_K.shape[0]
         if self.target.groups < 1 or n % self.target.groups:

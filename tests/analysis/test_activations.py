@@ -10,7 +10,7 @@ import torch
 
 from analysis.activations import ActivationAccumulator
 from analysis.errors import AnalysisError
-from analysis.registry import RESULT_COLUMNS, names
+from analysis.registry import BY_NAME, RESULT_COLUMNS, names
 from tests.analysis._devices import DEVICES
 from tests.analysis._threads import one_thread  # noqa: F401  (autouse: one torch thread)
 
@@ -134,7 +134,9 @@ def test_float64_reference_on_ill_conditioned_gqa_heads(device):
     x = anisotropic_x(4, 64, m.d_model)                               # 256 tokens >= 8 x 16
     df, notes = run(lay, m, x, calls=2, device=device)
     ref = reference(lay, m, x)
-    assert list(df.columns) == RESULT_COLUMNS + ["p_null"] and set(df.metric) == set(names("activations"))
+    # one layer's accumulator: every activation metric but the pairs of layers (analysis.cross_layer)
+    per_layer = {m for m in names("activations") if BY_NAME[m].axis != "layer_pair"}
+    assert list(df.columns) == RESULT_COLUMNS + ["p_null"] and set(df.metric) == per_layer
     for metric in (*KV_METRICS, "logit_symmetry"):
         np.testing.assert_allclose(values(df, metric), ref[metric], rtol=1e-3, err_msg=metric)
     np.testing.assert_allclose(values(df, "logit_symmetry", whole=True), [ref["logit_symmetry_layer"]],

@@ -32,9 +32,11 @@ def test_analyze_json_by_path_then_by_id(tmp_path, tiny_gpt2, capsys):
     assert out["tied"]["variant"] == out["tied"]["layout_variant"] == "qkv"
     rows = out["metrics"]
     pairs = {m.name for m in METRICS if m.axis in ("head_pair", "kv_head_pair")}
+    layer_pairs = {m.name for m in METRICS if m.axis == "layer_pair"}
     assert all(set(r) == {"layer", "head", "metric", "value", "chance", "chance_low", "chance_high",
                           "above_chance", "degenerate"} | ({"head2"} if r["metric"] in pairs else set())
-               for r in rows)
+               | ({"layer2"} if r["metric"] in layer_pairs else set()) for r in rows)
+    assert {(r["layer"], r["layer2"]) for r in rows if r["metric"] == "xlayer_cka_wk"} == {(0, 1)}   # two layers
     assert {(r["head"], r["head2"]) for r in rows if r["metric"] == "xhead_sim_k_aligned" and r["layer"] == 0} == {
         (h, h2) for h in range(4) for h2 in range(4) if h != h2}            # a pair of kv heads, never one with itself
     assert all(r["chance_low"] <= r["chance"] <= r["chance_high"] for r in rows if r["chance_low"] is not None

@@ -37,7 +37,7 @@ def test_own_trainer_q_eq_k_with_grouped_kv_heads_analyses(tmp_path, capsys, var
     expect = {"qk_symmetry", "qk_directionality", "qk_symmetry_paper", "qk_directionality_paper", "wq_condition",
               "wq_basis_orth_defect", "energy_qk_skew", "erank_qk_skew"}
     if variant == "q_eq_k_eq_v":
-        expect |= {"kv_cka", "kv_share_r2", "kv_cosine_flat"}
+        expect |= {"kv_cka", "kv_share_r2", "kv_cosine_flat", "kv_cosine_layer"}
     assert fixed == expect
     assert all(r["above_chance"] is None for r in rows if r["degenerate"])
 

@@ -9,6 +9,7 @@ import pytest
 import json
 
 from analysis.registry import METRIC_VERSION, names
+from app.plain import md
 from loaders.store import Store, refresh_run_stats
 from tests.app.apptest import page_test
 
@@ -114,8 +115,8 @@ def test_unanalysed_checkpoints_get_a_button(papers_db):
     # its file is gone: the button says so in one line and stays; the tables are still drawn
     at.button(key="papers_analyse").click().run()
     assert not at.exception, at.exception
-    assert [e.value for e in at.error] == ["checkpoint 4: gone: checkpoint 4 is stored but its file is gone; "
-                                           "re-ingest it from its new place"]
+    assert [e.value for e in at.error] == [md("checkpoint 4: gone: checkpoint 4 is stored but its file is gone; "
+                                              "re-ingest it from its new place")]   # shown as text
     assert not at.success and at.button(key="papers_analyse").label == "Analyse 1 checkpoints (weights)"
     assert len(at.subheader) == 2
 

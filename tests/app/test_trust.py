@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from analysis.registry import names
+from analysis.registry import BY_NAME, names
 from app.cli import main
 
 
@@ -70,8 +70,10 @@ def test_random_llama_head_dim_128_reads_chance_not_one(tmp_path, capsys):
     assert all(r["chance"] is not None for r in rows if not r["metric"].startswith("norm_"))
     acts = [r for r in rows if r["metric"] not in weights]
     assert acts and all({"n_tokens", "ci_low", "ci_high"} <= set(r) for r in acts)
+    pair = {"head_pair": {"head2"}, "kv_head_pair": {"head2"}, "layer_pair": {"layer2"}}
     assert all(set(r) == {"layer", "head", "metric", "value", "chance", "chance_low", "chance_high", "above_chance",
-                          "degenerate"} for r in rows if r["metric"] in weights)
+                          "degenerate"} | pair.get(BY_NAME[r["metric"]].axis, set())
+               for r in rows if r["metric"] in weights)
     assert out["sample"]["n_tokens"] >= 8 * 128 and out["sample"]["text"] == "bundled"
     assert out["sample"]["tokenizer"] == "tokenizer"
     share = [r for r in acts if r["metric"] == "kv_share_r2_act"]
