@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis import conversion as conv
+from analysis import head_grouping
 from analysis.captures import MAX_WINDOW, sample_windows
 from analysis.intervals import mean_interval
 from analysis.variants import KV_TIED, PLUS, Q_DROPPED, Q_TIED, base, kv_bytes_per_token
@@ -525,8 +526,6 @@ class Surgery:
         ``notes["grouping"]``), else None (contiguous)."""
         if self.target.name != "gqa" or self.target.grouping != "best":
             return None
-        from analysis import head_grouping   # here: the grouping search loads only for --grouping best
-
         n = layer.W_K.shape[0]
         if self.target.groups < 1 or n % self.target.groups:
             return None                                  # conv.gqa says why

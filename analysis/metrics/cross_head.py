@@ -41,6 +41,7 @@ shapes (per pair: the wide layers' disjoint pairs, ``analysis.products.head_pair
 """
 from __future__ import annotations
 
+from analysis import head_grouping
 from analysis.registry import Absent, Metric, register
 
 _MC = "median of random Gaussian layers of the same shapes"
@@ -101,8 +102,6 @@ def xhead_sim_v_aligned(layer, meta, device):
                  "G = n/2, n/4, 1: analysis.head_grouping (Inspector, whatif --grouping best)", "min",
                  "monte_carlo", f"{_MC} (each draw's own best grouping)", reads=("K",)))
 def gqa_pool_residual(layer, meta, device):
-    from analysis import head_grouping   # here: numpy search code loads where a layer is measured
-
     n = meta.n_kv_heads
     if n < 2:
         raise Absent("one kv head: nothing to pool")

@@ -27,7 +27,6 @@ Closed-form chance levels (``d = d_model``, ``e = d_head``, ``h = n_heads``, ``g
 """
 from __future__ import annotations
 
-from analysis.qk_geometry import query_free_directionality_null
 from analysis.registry import Metric, Values, register
 
 _MC = "median of random Gaussian layers of the same shapes (over draws and heads)"
@@ -39,6 +38,7 @@ def directionality_null(geo, query_free: bool, seed: int, batch: int):
     matrix per draw); None elsewhere."""
     if directionality_chance(geo, query_free) is not None or geo.n_heads * geo.d_head != geo.d_model:
         return None
+    from analysis.qk_geometry import query_free_directionality_null   # here: the registry stays torch-free
     return query_free_directionality_null(int(geo.n_heads), int(geo.n_kv_heads), int(geo.d_model),
                                           int(geo.d_head), seed, batch)
 

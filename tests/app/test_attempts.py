@@ -48,26 +48,26 @@ def test_a_failed_spectra_or_map_read_is_remembered_until_try_again_or_a_new_fil
     _break(folder)
     at = page_test("inspector", {"ckpt": str(cid)}).run()
     assert not at.exception, at.exception
-    assert calls == ["spectra", "attention"]
+    assert calls == ["spectra", "attention", "head_groupings"]
     errors = [e.value for e in at.error]
-    assert len(errors) == 2 and all("model.safetensors" in e for e in errors), errors
-    assert {"retry_spectra", "retry_attention"} <= {b.key for b in at.button}
+    assert len(errors) == 3 and all("model.safetensors" in e for e in errors), errors
+    assert {"retry_spectra", "retry_attention", "retry_head_groupings"} <= {b.key for b in at.button}
     assert "insp_heatmap" in figures(at)       # the stored metrics are still drawn
     # another control reruns the page: the broken file is not read again
     at.selectbox(key="insp_metric").select("qk_symmetry").run()
     at.number_input(key="insp_tokens").set_value(32).run()      # a new question for the maps: asked once
-    assert calls == ["spectra", "attention", "attention"]
+    assert calls == ["spectra", "attention", "head_groupings", "attention"]
     at.run()
-    assert calls == ["spectra", "attention", "attention"] and len(at.error) == 2
+    assert calls == ["spectra", "attention", "head_groupings", "attention"] and len(at.error) == 3
     # Try again reads it again (and fails again, with the same message)
     at.button(key="retry_spectra").click().run()
-    assert calls == ["spectra", "attention", "attention", "spectra"] and len(at.error) == 2
+    assert calls == ["spectra", "attention", "head_groupings", "attention", "spectra"] and len(at.error) == 3
     # a file written again is read again by itself
     tiny_gpt2(folder)
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    assert calls[4:] == ["spectra", "attention"]
-    assert "insp_spectra" in figures(at) and "insp_attention" in figures(at)
+    assert calls[5:] == ["spectra", "attention", "head_groupings"]
+    assert "insp_spectra" in figures(at) and "insp_attention" in figures(at) and "insp_head_map" in figures(at)
 
 
 def test_an_analysis_that_failed_is_not_run_again_at_every_rerun(broken):
@@ -89,7 +89,7 @@ def test_an_analysis_that_failed_is_not_run_again_at_every_rerun(broken):
     tiny_gpt2(folder)
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    assert calls[3:] == ["analyze", "spectra", "attention"] and "insp_heatmap" in figures(at)
+    assert calls[3:] == ["analyze", "spectra", "attention", "head_groupings"] and "insp_heatmap" in figures(at)
 
 
 def test_compare_names_the_checkpoint_that_fails_once_and_compares_the_rest(tmp_path, monkeypatch):

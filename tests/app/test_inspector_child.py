@@ -59,7 +59,8 @@ def test_a_stored_checkpoint_turned_bomb_is_one_line_per_section(tmp_path, monke
     """Stored and analysed, then its folder replaced by an 11 GB sparse GPT-2 (its own sparse check
     off: only the child's limit is left). Before: spectra, ties and the forward pass read it in
     the server process (a layer read whole: 6 GB RSS). The ties are the ones stored with the
-    analysis, so the tie check reads nothing and says nothing; spectra and maps fail in the child."""
+    analysis, so the tie check reads nothing and says nothing; spectra, maps and the cross-head
+    section's kv head groupings fail in the child, each once."""
     folder = tmp_path / "gpt2"
     shutil.copytree(model_dir, folder)
     db = tmp_path / "db.duckdb"
@@ -76,11 +77,11 @@ def test_a_stored_checkpoint_turned_bomb_is_one_line_per_section(tmp_path, monke
     at = page_test("inspector", {"ckpt": str(cid), "layer": "0", "head": "0"}, timeout=240).run()
     assert not at.exception, at.exception
     errors = [e.value for e in at.error]
-    assert len(errors) == 2, errors                                         # spectra, attention maps
+    assert len(errors) == 3, errors                         # spectra, attention maps, head groupings
     assert all("\n" not in e for e in errors), errors
-    spectra, attention = errors
+    spectra, attention, groupings = errors
     need = "safetensors tensor 'h.0.attn.c_attn.weight' needs 2.83 GB, more memory than this process may use"
-    assert spectra == f"{bomb}: {need}", errors
+    assert spectra == f"{bomb}: {need}" and groupings == spectra, errors
     assert not [w for w in at.warning if w.value.startswith("The layout reads")]   # stored ties: qkv
     assert attention == (f"{folder}: reading it needed more than 1.0 GiB of memory (limit QKVSCOPE_PARSE_MEMORY_MB"
                          "=1,024 plus the file's size; set it in the environment to raise it)"), attention

@@ -109,7 +109,7 @@ def test_spectra_attention_reports_and_downloads(ckpt_db):
     assert len(arr(spectra[0]["y"])) == 8  # d_head singular values
     assert figures(at)["insp_attention"]["layout"]["title"]["text"] == "L1H2"
     assert {d.key for d in at.get("download_button")} == {"insp_csv", "insp_parquet"}
-    absorb = at.dataframe[1].value  # geometry table, absorbability, K=V fit
+    absorb = _frame(at, "wq_condition").value  # geometry table, absorbability, K=V fit
     assert absorb["layer"].tolist() == [0, 1] and "wq_condition" in absorb.columns
     # the cross-head map of a layer, its groupings read from the weights beside it
     head_map = figures(at)["insp_head_map"]
