@@ -98,8 +98,8 @@ def read_group_job(con: duckdb.DuckDBPyConnection, url: str) -> list[tuple]:
 
 
 def read_layer_rows(con: duckdb.DuckDBPyConnection, url: str) -> pd.DataFrame:
-    """``layer, head, metric, value`` of one part file, in file order."""
-    return con.execute("SELECT layer, head, metric, value FROM read_parquet(?, hive_partitioning = false, "
+    """``layer, head, metric, value, layer2, head2`` of one part file, in file order."""
+    return con.execute("SELECT layer, head, metric, value, layer2, head2 FROM read_parquet(?, hive_partitioning = false, "
                        "union_by_name = true)", [url]).df()
 
 

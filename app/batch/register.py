@@ -78,8 +78,8 @@ def finalise_groups(con: duckdb.DuckDBPyConnection, loc: ResultsLocation, *, che
             raise BatchError(f"{part}: cannot read the results of {layer_label(g)} of checkpoint "
                              f"{checkpoint_id} ({exc})") from exc
     frame = pd.concat(frames, ignore_index=True)               # layer order, as one task would produce
-    frame["head_label"] = [_label(layer, head, metric) for layer, head, metric
-                           in zip(frame["layer"], frame["head"], frame["metric"])]
+    frame["head_label"] = [_label(*row) for row in zip(frame["layer"], frame["head"], frame["metric"],
+                                                        frame["layer2"], frame["head2"])]
     nonfinite_notes(frame, notes)
     parts = [Path(loc.part(sha256, kind, g)).name for g in groups]
     job = pd.DataFrame([{

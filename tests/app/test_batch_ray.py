@@ -10,10 +10,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from analysis import registry
 from app import batch, jobs
 from app.cli import main
 from loaders.store import Store
-from tests.app.test_batch import make_checkpoints
+from tests.app.test_batch import PAIRS, SPLIT_NOTE, make_checkpoints
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r requirements-scale.txt)")
 
@@ -72,8 +73,8 @@ def _finite(rows):
 
 def _stored(store: Store, shas=None):
     """The stored result rows and job rows (of the checkpoints ``shas``; default all)."""
-    q = ("SELECT c.sha256, r.layer, r.head, r.metric, r.value FROM analysis_results r "
-         "JOIN checkpoints c ON c.id = r.checkpoint_id ORDER BY 1, 4, 2, 3 NULLS FIRST")
+    q = ("SELECT c.sha256, r.layer, r.head, r.metric, r.value, r.layer2, r.head2 FROM analysis_results r "
+         "JOIN checkpoints c ON c.id = r.checkpoint_id ORDER BY 1, 4, 2, 3 NULLS FIRST, 6 NULLS FIRST, 7 NULLS FIRST")
     with store.connect() as con:
         rows = con.execute(q).fetchall()
         job_rows = con.execute("SELECT c.sha256, j.kind, j.metric_version, j.device, j.notes, j.sample, j.tied "
@@ -81,6 +82,15 @@ def _stored(store: Store, shas=None):
                                "ORDER BY 1, 2").fetchall()
     keep = (lambda r: r[0] in shas) if shas is not None else (lambda r: True)
     return _finite([r for r in rows if keep(r)]), [r for r in job_rows if keep(r)]
+
+
+def _but_layer_pairs(stored):
+    """``_stored``'s rows and jobs less the pairs of layers and their notes (``PAIRS``): a checkpoint
+    analysed in layer groups has none, and a note says why."""
+    rows, job_rows = stored
+    return [r for r in rows if r[3] not in PAIRS], [
+        (*j[:4], json.dumps({m: why for m, why in json.loads(j[4]).items() if m not in PAIRS}) if j[4] else j[4],
+         *j[5:]) for j in job_rows]
 
 
 def _shas(store: Store, ids) -> set[str]:
@@ -192,7 +202,13 @@ def test_ray_layer_groups_one_retried_store_what_one_task_stores(local_ray, deep
     first, second = outcomes.pop((2, 2))
     assert first.startswith("RuntimeError: ") and first.endswith("(retried if attempts remain)")
     assert second == "computed" and set(map(tuple, outcomes.values())) == {("computed",)}
-    assert _stored(on_ray) == _stored(reference[0], _shas(on_ray, ids))
+    assert _but_layer_pairs(_stored(on_ray)) == _but_layer_pairs(_stored(reference[0], _shas(on_ray, ids)))
+    with on_ray.connect() as con:
+        assert con.execute("SELECT count(*) FROM analysis_results WHERE metric IN (SELECT unnest(?))",
+                           [sorted(PAIRS)]).fetchone() == (0,)
+        for (notes,) in con.execute("SELECT notes FROM analysis_jobs WHERE kind = 'weights'").fetchall():
+            assert {m: why for m, why in json.loads(notes).items() if m in PAIRS} == {
+                m: SPLIT_NOTE for m in PAIRS if registry.BY_NAME[m].level == "weights"}
 
 
 def test_ray_group_whose_worker_always_dies_registers_nothing(local_ray, deep, tmp_path):

@@ -63,7 +63,9 @@ def test_s3_secret_keys_only_and_credential_chain():
 
 def test_parquet_round_trip(tmp_path):
     rows = pd.DataFrame({"checkpoint_sha256": ["a", "a", "a"], "layer": [0, 0, 1], "head": [0, 1, None],
-                         "metric": ["m", "m", "n"], "value": [0.5, 0.25, 2.0]})
+                         "metric": ["m", "m", "n"], "value": [0.5, 0.25, 2.0],
+                         "layer2": pd.array([None, None, 0], dtype="Int32"),
+                         "head2": pd.array([None, 0, None], dtype="Int32")})
     job = pd.DataFrame([{"checkpoint_sha256": "a", "metric_version": 3, "first_layer": 0, "last_layer": 1,
                          "notes": "{}", "seconds": 1.5, "device": "cpu", "host": "h"}])
     part, marker = tmp_path / "it's" / "part.parquet", tmp_path / "it's" / "job.parquet"
@@ -74,7 +76,9 @@ def test_parquet_round_trip(tmp_path):
         br.copy_to_parquet(con, job, str(marker))
         assert br.file_exists(con, str(part)) and br.count_rows(con, [str(part), str(part)]) == 6
         back = br.read_layer_rows(con, str(part))
-        assert list(back.columns) == ["layer", "head", "metric", "value"]
+        assert list(back.columns) == ["layer", "head", "metric", "value", "layer2", "head2"]
+        assert back["layer2"].isna().tolist() == [True, True, False] and back["head2"].isna().tolist() == [
+            True, False, True]
         assert back["value"].tolist() == [0.5, 0.25, 2.0] and back["head"].isna().tolist() == [False, False, True]
         # a job file written without a ties column reads its ties as NULL
         assert br.read_group_job(con, str(marker)) == [("a", 3, 0, 1, "{}", 1.5, "cpu", "h", None)]
