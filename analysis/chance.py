@@ -174,12 +174,41 @@ def stable(values: torch.Tensor) -> bool:
     return median_se(values) <= STABLE * max(abs(med), hi - lo)
 
 
+#: Where chance rows outlive the process (``use_store``), or None: the process's memo only.
+_STORE = None
+
+
+def use_store(store) -> None:
+    """Keep chance rows beyond this process in ``store`` (None: the process's memo only): an object
+    with ``get(key) -> rows | None`` and ``put(key, rows)``, ``key`` the geometry, device type and
+    seed of ``_chance_rows`` plus the names of the registered weight metrics (a plugin switched on
+    or off is another key), ``rows`` its tuple of rows. The rows are a deterministic function of the
+    key and the code that draws them, so a store that also keys on that code (``loaders.chance_cache``)
+    returns exactly what drawing again would."""
+    global _STORE
+    _STORE = store
+    _chance_rows.cache_clear()
+
+
 @lru_cache(maxsize=64)
 def _chance_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm: str, query_free: bool,
                  device_type: str, seed: int, generation: int) -> tuple[tuple, ...]:
     """``(metric, whole, chance, how, low, high, null)`` for one geometry and registry ``generation``
     (a plugin registered since gets a fresh entry), ``null`` the sorted finite draws (a tuple);
-    immutable, so the cache can share it."""
+    immutable, so the cache can share it. Read from the ``use_store`` store where it holds them."""
+    key = (n_heads, n_kv_heads, d_model, d_head, norm, query_free, device_type, seed,
+           tuple(sorted(p.metric.name for p in registry.computed("weights"))))
+    rows = None if _STORE is None else _STORE.get(key)
+    if rows is None:
+        rows = _draw_rows(n_heads, n_kv_heads, d_model, d_head, norm, query_free, device_type, seed)
+        if _STORE is not None:
+            _STORE.put(key, rows)
+    return rows
+
+
+def _draw_rows(n_heads: int, n_kv_heads: int, d_model: int, d_head: int, norm: str, query_free: bool,
+               device_type: str, seed: int) -> tuple[tuple, ...]:
+    """The rows of ``_chance_rows``, drawn."""
     geo = _Geometry(n_heads, n_kv_heads, d_model, d_head, norm)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     samples: dict[tuple[str, bool], list[float]] = {}

@@ -53,6 +53,7 @@ from analysis.result_rows import json_rows, rows_frame
 from analysis.tie_names import tied_variant
 from analysis.weights import default_device, weight_metrics
 from experiments.sample_text import SampleSpec
+from loaders import chance_cache
 from loaders.canonical import Checkpoint
 from loaders.errors import CheckpointFormatError, QkvscopeError, StoreError
 from loaders.results import current_job, replace_results
@@ -308,6 +309,7 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
     group), without the undefined-value notes, its ``tied`` summing up those layers only: the
     batch driver joins the groups (``app.batch.register.finalise_groups``)."""
     out, known = [], list(ties or [])
+    chance_cache.install()                   # chance levels of a geometry met before are read, not drawn
     for kind in kinds:
         t0 = time.perf_counter()
         used = tied = None

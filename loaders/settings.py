@@ -27,6 +27,9 @@ class Setting(NamedTuple):
 SETTINGS: dict[str, Setting] = {
     "QKVSCOPE_DB": Setting(None, "the database file every command and the dashboard use when `--db` is not given "
                                  "(`Store`, `loaders/store.py`)"),
+    "QKVSCOPE_CHANCE_CACHE": Setting(None, "the folder where chance levels are kept between analyses, one entry per "
+                                           "geometry and version of the analysis code (`loaders/chance_cache.py`); "
+                                           "default `chance/` in the user cache folder; empty turns it off"),
     "QKVSCOPE_PLUGINS": Setting("", "comma-separated module names on the Python path, or `.py` files, that "
                                     "register metrics (`analysis/registry.py`); imported by every qkvscope "
                                     "process with the registry, Ray workers included when they inherit it"),

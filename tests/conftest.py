@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,10 @@ if str(ROOT) not in sys.path:
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Chance levels drawn once per geometry for the whole run (loaders/chance_cache.py), shared by
+# every worker and child process, and never in the user's own cache folder; an entry is keyed
+# by the code that draws it, so one left by a run of other code is never read.
+os.environ.setdefault("QKVSCOPE_CHANCE_CACHE", str(Path(tempfile.gettempdir()) / f"qkvscope-test-chance-{os.getuid()}"))
 # One torch thread per core in all: with N pytest-xdist workers (scripts/test.sh runs two), each
 # worker and each process it starts gets cores // N threads. More threads than cores spin in each
 # other's batched eigen-decompositions (10-400x slower measured on a busy two-core box, see
