@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from analysis import chance, registry
+
 #: The environment variable naming the folder (``loaders/settings.py``).
 ENV = "QKVSCOPE_CHANCE_CACHE"
 #: Entries kept; one is a few hundred KB at most.
@@ -49,8 +51,6 @@ def folder() -> Path | None:
 
 def code_digest() -> str:
     """sha256 over the source of the ``analysis`` package and of each registered metric's module."""
-    from analysis import registry
-
     root = Path(sys.modules["analysis"].__file__).parent
     files = set(root.rglob("*.py"))
     for p in registry.computed("weights"):
@@ -90,9 +90,7 @@ class DiskStore:
         self._digests: dict[int, str] = {}
 
     def _path(self, key: list) -> Path:
-        from analysis import registry
-
-        # the code that draws: read again only when a plugin is registered or removed
+            # the code that draws: read again only when a plugin is registered or removed
         digest = self._digests.get(registry.generation()) or \
             self._digests.setdefault(registry.generation(), code_digest())
         text = json.dumps([digest, key], separators=(",", ":"))
@@ -130,8 +128,6 @@ class DiskStore:
 
 def install() -> None:
     """Use the folder's store for this process's chance levels (once; a no-op where it is off)."""
-    from analysis import chance
-
     if getattr(chance, "_STORE", None) is not None or _installed.get("done"):
         return
     _installed["done"] = True
