@@ -16,7 +16,7 @@ from app import batch, jobs
 from app.cli import main
 from loaders.store import Store
 
-VARIANTS = ("qkv", "k_eq_v", "wq_identity")
+VARIANTS = ("qkv", "k_eq_v", "q_eq_k")         # one shape, none query-free: one chance level for all
 
 
 def make_checkpoints(root: Path, variants: tuple[str, ...] = VARIANTS) -> list[Path]:

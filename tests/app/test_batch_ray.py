@@ -46,14 +46,21 @@ def deep(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, ckpts, deep):
-    """Every checkpoint of this module that computes on Ray, analysed in this process, one task
-    each: the store, which every run on Ray must equal (in-process layer groups equal one task:
-    tests/app/test_batch.py)."""
+def reference(local_ray, tmp_path_factory, ckpts, deep):
+    """Every checkpoint of this module that computes on Ray, analysed by the in-process executor
+    (``run_batch`` without ``ray_address``), one task each: the store, which every run on Ray must
+    equal (in-process layer groups equal one task: tests/app/test_batch.py). It runs inside the
+    Ray worker, so that worker's reading child computes the chance levels once for the reference
+    and the runs on Ray that follow."""
     d = tmp_path_factory.mktemp("reference")
     store = Store(d / "ref.duckdb")
-    rep = batch.run_batch(store, _ids(store, [*ckpts, deep]), results=d / "res", device="cpu")
-    assert [c.status for c in rep.checkpoints] == ["computed"] * 3
+    ids = _ids(store, [*ckpts, deep])
+
+    def in_process():
+        return batch.run_batch(store, ids, results=d / "res", device="cpu")
+
+    rep = ray.get(ray.remote(num_cpus=1)(in_process).remote())
+    assert [c.status for c in rep.checkpoints] == ["computed"] * 3 and rep.executor == "in-process"
     return store, rep
 
 
