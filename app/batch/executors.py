@@ -16,7 +16,7 @@ are identical either way.
 Failures: a task whose checkpoint is unreadable (a ``QkvscopeError``: broken
 file, missing path; and anything that goes wrong while the reading child
 computes its metrics, a bomb over the memory or time limit included:
-``app.batch.child``) fails at once, without retries. Any other exception, and
+``app.batch.task``) fails at once, without retries. Any other exception, and
 a worker process that dies (killed, out of memory), is retried up to
 ``retries`` times (Ray ``max_retries`` and ``retry_exceptions``; in-process,
 exceptions only: a dead process cannot retry itself). Every attempt is logged
