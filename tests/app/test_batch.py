@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import duckdb
-import pandas as pd
 import pytest
 import torch
 
@@ -14,6 +12,7 @@ from analysis import registry
 from analysis.registry import METRIC_VERSION, names
 from app import batch, jobs
 from app.cli import main
+from loaders.batch_results import STORED_COLUMNS
 from loaders.store import Store
 
 VARIANTS = ("qkv", "k_eq_v", "q_eq_k")         # one shape, none query-free: one chance level for all
@@ -246,7 +245,6 @@ def test_results_location_urls():
                                            "/kind=weights/part.parquet")
     local = batch.ResultsLocation("rel/dir")
     assert not local.remote and local.root == str(Path("rel/dir").resolve())
-    assert batch._sql_string("it's") == "'it''s'"
 
 
 def test_cli_glob_then_all(tmp_path, ckpts, capsys):
@@ -381,8 +379,8 @@ def _pair_notes(store: Store) -> dict[str, str]:
 
 def _layer_bytes(store: Store, cid: int) -> int:
     with store.connect() as con:
-        row = con.execute(f"SELECT {', '.join(batch._STORED)} FROM checkpoints WHERE id = ?", [cid]).fetchone()
-    return batch.attention_bytes(dict(zip(batch._STORED, row))) // N_DEEP
+        row = con.execute(f"SELECT {', '.join(STORED_COLUMNS)} FROM checkpoints WHERE id = ?", [cid]).fetchone()
+    return batch.attention_bytes(dict(zip(STORED_COLUMNS, row))) // N_DEEP
 
 
 @pytest.mark.parametrize("n_layers, total, limit, groups", [
