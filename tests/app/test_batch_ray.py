@@ -1,6 +1,7 @@
 """Batch analysis on one local Ray instance (1 CPU, so one worker and its reading child serve the
 tasks one after the other): the same rows as in-process, crashed workers retried, layer groups.
-Each run on Ray is compared with one in-process run of its checkpoints (``reference``).
+Each run on Ray is compared with one in-process run of its checkpoints (``reference``, itself run
+inside the Ray worker so that one reading child computes the chance levels for both).
 
 Two runs on Ray: the CLI (``analyze PATTERN --ray auto --json``, then a re-run that skips), and
 one batch in which every failure a worker can have happens at once (``test_failures_on_ray``)."""
