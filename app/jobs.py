@@ -55,7 +55,7 @@ from analysis.weights import default_device, weight_metrics
 from experiments.sample_text import SampleSpec
 from loaders import chance_cache
 from loaders.canonical import Checkpoint
-from loaders.errors import CheckpointFormatError, QkvscopeError, StoreError
+from loaders.errors import CheckpointFormatError, FileError, QkvscopeError, StoreError
 from loaders.results import current_job, replace_results
 from loaders.store import Store
 
@@ -301,7 +301,7 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
              layers: tuple[int, int] | None = None) -> list[dict]:
     """The metrics of ``kinds`` of an opened checkpoint, each as a JSON-able job
     (``kind, rows, notes, seconds, device, sample, tied``): what ``analyze`` stores, and
-    what every batch task computes (``app.batch.child``), so both store the same job rows.
+    what every batch task computes (``compute_jobs``), so both store the same job rows.
 
     ``ties``: each layer's ties (``analysis.tied``) when the weights are not among ``kinds`` (a
     stored weights job's): the activation values they fix are flagged ``degenerate``.
@@ -337,14 +337,21 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
     return out
 
 
-def compute_jobs(path: str, *, kinds: list[str], device: str, text: str | None = None,
+def compute_jobs(path: str, *, kinds: list[str], device: str | None, text: str | None = None,
                  tokens: int | None = None, images: str | None = None,
-                 ties: list[dict] | None = None) -> list[dict]:
-    """``_compute`` on the checkpoint at ``path``: the body ``analyze`` runs in the child process."""
+                 ties: list[dict] | None = None, layers: list[int] | None = None) -> list[dict]:
+    """``_compute`` on the checkpoint at ``path``: the body ``analyze`` and every batch task
+    (``app.batch.task``) run in the child process. ``device`` None: cuda when available, else cpu
+    (resolved here, where a batch task runs). ``layers`` ``[first, stop)``: a batch's layer group; a
+    range outside the file's layers is a ``FileError`` (the file changed since it was ingested)."""
     from loaders.checkpoints import open_checkpoint  # here: torch loads when a checkpoint is opened
 
     with open_checkpoint(path) as ckpt:
-        return _compute(ckpt, list(kinds), device, SampleSpec(text, tokens, images), ties=ties)
+        if layers is not None and not 0 <= layers[0] < layers[1] <= ckpt.meta.n_layers:
+            raise FileError(path, f"layers {layers[0]}-{layers[1] - 1} do not exist: the file has "
+                                  f"{ckpt.meta.n_layers} layers (it changed since it was ingested; ingest it again)")
+        return _compute(ckpt, list(kinds), device or default_device(), SampleSpec(text, tokens, images), ties=ties,
+                        layers=None if layers is None else (layers[0], layers[1]))
 
 
 def _job_from_json(checkpoint_id: int, path: str, job: dict) -> JobResult:

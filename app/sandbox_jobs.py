@@ -12,7 +12,7 @@ job                       function                                     what it d
 ``classify``, ``ingest``, ``loaders.sandbox``                          the loaders' own jobs
 ``ingest_checkpoint``
 ``analyze``               ``app.jobs.compute_jobs``                    weight and activation metrics of a file
-``batch``                 ``app.batch.child.compute``                  a batch task's metrics (a layer group)
+                                                                       (a batch task's too, a layer group's)
 ``info``                  ``app.commands.info.describe``               what ``info`` prints
 ``whatif``                ``app.commands.whatif.compute``              the what-if conversion and its loss
 ``spectra``               ``app.inspect_child.spectra``                one layer's singular values (Inspector)
@@ -33,7 +33,6 @@ from loaders import sandbox
 JOBS: dict[str, tuple[str, str]] = {
     **sandbox.JOBS,
     "analyze": ("app.jobs", "compute_jobs"),
-    "batch": ("app.batch.child", "compute"),
     "info": ("app.commands.info", "describe"),
     "whatif": ("app.commands.whatif", "compute"),
     "spectra": ("app.inspect_child", "spectra"),

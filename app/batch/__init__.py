@@ -28,34 +28,29 @@ The package, in the order a batch uses it:
 * ``errors``: ``BatchError``.
 
 Every SQL statement is in ``loaders.batch_results``. This module re-exports the names
-other modules and the tests import from ``app.batch``.
+``app.commands.analyze`` and the tests use.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-
 from analysis.registry import METRIC_VERSION
 from app.batch.errors import BatchError
-from app.batch.executors import connect_ray, ray_runtime_env, run_in_process, run_on_ray
-from app.batch.location import REMOTE_SCHEMES, ResultsLocation, group_tag
-from app.batch.plan import (DEFAULT_MAX_TASK_BYTES, Inputs, TaskOutcome, TaskSpec, attention_bytes,
-                            expand_targets, is_glob, layer_groups, layer_label, parse_size, plan_tasks)
-from app.batch.register import finalise_groups, register
-from app.batch.report import AttemptLog, BatchReport, CheckpointReport, Notify, log_call
+from app.batch.executors import connect_ray, run_in_process, run_on_ray
+from app.batch.location import ResultsLocation
+from app.batch.plan import (DEFAULT_MAX_TASK_BYTES, TaskSpec, attention_bytes, expand_targets, is_glob,
+                            layer_groups, parse_size, plan_tasks)
+from app.batch.register import register
+from app.batch.report import BatchReport, Notify
 from app.batch.run import BatchRun
 from app.batch.task import TaskFn, run_task
 from loaders import duck
-from loaders.batch_results import STORED_COLUMNS as _STORED          # (the tests read checkpoints with them)
-from loaders.batch_results import sql_string as _sql_string          # (tested here since the move)
 from loaders.batch_results import stored_checkpoints
 from loaders.store import Store
 
-__all__ = ["METRIC_VERSION", "BatchError", "connect_ray", "ray_runtime_env", "REMOTE_SCHEMES",
-           "ResultsLocation", "group_tag", "DEFAULT_MAX_TASK_BYTES", "Inputs", "TaskOutcome", "TaskSpec",
-           "attention_bytes", "expand_targets", "is_glob", "layer_groups", "layer_label", "parse_size",
-           "finalise_groups", "register", "AttemptLog", "BatchReport", "CheckpointReport", "Notify",
-           "log_call", "TaskFn", "run_task", "run_batch"]
+__all__ = ["METRIC_VERSION", "BatchError", "connect_ray", "ResultsLocation", "DEFAULT_MAX_TASK_BYTES", "TaskSpec",
+           "attention_bytes", "expand_targets", "is_glob", "layer_groups", "parse_size", "register", "run_task",
+           "run_batch"]
 
 
 def run_batch(store: Store, checkpoint_ids: list[int], *, results: str | Path,

@@ -16,7 +16,7 @@ are identical either way.
 Failures: a task whose checkpoint is unreadable (a ``QkvscopeError``: broken
 file, missing path; and anything that goes wrong while the reading child
 computes its metrics, a bomb over the memory or time limit included:
-``app.batch.child``) fails at once, without retries. Any other exception, and
+``app.batch.task``) fails at once, without retries. Any other exception, and
 a worker process that dies (killed, out of memory), is retried up to
 ``retries`` times (Ray ``max_retries`` and ``retry_exceptions``; in-process,
 exceptions only: a dead process cannot retry itself). Every attempt is logged
@@ -102,10 +102,6 @@ def connect_ray(address: str, *, quiet_workers: bool = False, num_cpus: int | No
     return True
 
 
-def _ray_entry(task_fn: TaskFn, spec: TaskSpec, log) -> TaskOutcome:
-    return task_fn(spec, log)
-
-
 def _ray_error_line(exc: Exception) -> str:
     """One line for a task that failed for good: the exception type and its first message line."""
     cause = getattr(exc, "cause", None)
@@ -125,9 +121,9 @@ def run_on_ray(specs: list[TaskSpec], task_ended: TaskEnded, *, ray_address: str
         if gpus_per_task is None:
             gpus_per_task = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
         log = ray.remote(num_cpus=0)(AttemptLog).remote()
-        remote = ray.remote(_ray_entry).options(
-            num_cpus=1, num_gpus=gpus_per_task, max_retries=retries, retry_exceptions=True)
-        pending = {remote.remote(task_fn, spec, log): spec for spec in specs}
+        remote = ray.remote(task_fn).options(num_cpus=1, num_gpus=gpus_per_task, max_retries=retries,
+                                             retry_exceptions=True)
+        pending = {remote.remote(spec, log): spec for spec in specs}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             spec = pending.pop(ready[0])

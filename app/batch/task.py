@@ -1,10 +1,10 @@
 """The body of every batch task (``run_task``): one checkpoint, or one layer group of it, to Parquet.
 
-A task has its checkpoint at the stored path read and analysed in a child process
-(``app.batch.child.compute``, streaming one layer at a time as ``app.jobs.weight_frame``
-does) under the same limits as a single ``analyze``: ``QKVSCOPE_PARSE_MEMORY_MB`` and
-``QKVSCOPE_ANALYSIS_TIMEOUT_S`` (``loaders.sandbox``, job ``batch``). It computes the weight
-metrics (and, when asked, the activation metrics) and writes, per kind::
+A task has its checkpoint at the stored path read and analysed as a single ``analyze`` has it:
+by ``app.jobs.compute_jobs`` (job ``analyze`` of ``app.sandbox_jobs``) in a reading child under
+``QKVSCOPE_PARSE_MEMORY_MB`` and ``QKVSCOPE_ANALYSIS_TIMEOUT_S``, borrowed from
+``loaders.sandbox.POOL`` (one per worker process, reused by its next task). It computes the
+weight metrics (and, when asked, the activation metrics) and writes, per kind::
 
     part.parquet   checkpoint_sha256, path, layer, head, metric, value, chance, n_tokens,
                    ci_low, ci_high, chance_low, chance_high, above_chance, degenerate
@@ -14,7 +14,7 @@ metrics (and, when asked, the activation metrics) and writes, per kind::
 
 ``sample`` and ``tied`` are what a single ``analyze`` stores beside its rows (the
 activation sample; the ties read from the tensors): the task computes with the same
-function (``app.jobs._compute``), so batch and single runs store the same job rows.
+function, so batch and single runs store the same job rows.
 
 ``job.parquet`` is the completion marker. A layer group writes
 ``part-L<first>-<last>.parquet`` and ``job-L<first>-<last>.parquet`` (with
@@ -33,7 +33,7 @@ from typing import Callable
 
 import pandas as pd
 
-from app.batch.errors import BatchError
+from analysis.result_rows import rows_frame
 from app.batch.location import ResultsLocation
 from app.batch.plan import TaskOutcome, TaskSpec
 from app.batch.report import log_call
@@ -41,25 +41,14 @@ from loaders import duck
 from loaders.errors import QkvscopeError, StoreError
 
 
-def _result_frame(frame: pd.DataFrame, spec: TaskSpec) -> pd.DataFrame:
-    """The tidy metric frame as the part.parquet columns (head label dropped: derivable)."""
-    return pd.DataFrame({
-        "checkpoint_sha256": pd.Series([spec.sha256] * len(frame), dtype="string"),
-        "path": pd.Series([spec.path] * len(frame), dtype="string"),
-        "layer": frame["layer"].astype("int32").to_numpy(),
-        "head": frame["head"].astype("Int32").to_numpy(),
-        "metric": frame["metric"].astype("string").to_numpy(),
-        "value": frame["value"].astype("float64").to_numpy(),
-        **{c: pd.to_numeric(frame[c] if c in frame.columns else pd.Series([None] * len(frame)), errors="coerce")
-           .astype("Int64" if c == "n_tokens" else "float64").to_numpy()
-           for c in ("chance", "n_tokens", "ci_low", "ci_high", "chance_low", "chance_high")},
-        "above_chance": pd.array(frame["above_chance"] if "above_chance" in frame.columns
-                                 else [pd.NA] * len(frame), dtype="boolean"),
-        "degenerate": (frame["degenerate"].fillna(False).astype(bool).to_numpy() if "degenerate" in frame.columns
-                       else [False] * len(frame)),
-        **{c: pd.array(frame[c] if c in frame.columns else [pd.NA] * len(frame), dtype="Int32")
-           for c in ("layer2", "head2")},
-    })
+def _result_frame(job: dict, spec: TaskSpec) -> pd.DataFrame:
+    """One computed job's rows (``analysis.result_rows``) as the part.parquet columns: the head
+    label dropped (derivable), ``checkpoint_sha256`` and ``path`` first, layer and head numbers int32."""
+    frame = rows_frame(job["rows"]).drop(columns="head_label").astype(
+        {"layer": "int32", "head": "Int32", "layer2": "Int32", "head2": "Int32", "metric": "string"})
+    frame.insert(0, "path", pd.Series([spec.path] * len(frame), dtype="string"))
+    frame.insert(0, "checkpoint_sha256", pd.Series([spec.sha256] * len(frame), dtype="string"))
+    return frame
 
 
 def _json_or_none(value) -> str | None:
@@ -82,9 +71,7 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
     content that decides it) is returned as a ``failed`` outcome: retrying cannot help. Anything else propagates, so Ray
     (or the in-process loop) retries it.
     """
-    # here: only where tasks run (the driver imports app.batch without them)
-    from app.batch.child import frame_of
-    from app.sandbox_jobs import call
+    from app.sandbox_jobs import call   # here: only where tasks run (the driver imports app.batch without it)
 
     host, pid = socket.gethostname(), os.getpid()
     attempt = log_call(log, "start", spec.key, host, pid)
@@ -95,23 +82,19 @@ def run_task(spec: TaskSpec, log) -> TaskOutcome:
             raise StoreError(f"{spec.path}: checkpoint {spec.checkpoint_id} is not readable on host {host} "
                              "(workers must reach the checkpoints at their stored paths)")
         # The file is someone's: read and analysed in a child process under the memory budget and
-        # QKVSCOPE_ANALYSIS_TIMEOUT_S, as `analyze` does (app/batch/child.py); a bomb is a FileError.
-        got = call("batch", spec.path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
-                   kinds=list(spec.kinds), device=spec.device,
-                   layers=None if spec.layers is None else list(spec.layers))
-        if spec.layers is not None and not got["jobs"]:
-            raise BatchError(f"{spec.path}: {spec.label} of checkpoint {spec.checkpoint_id} do not "
-                             f"exist: the file has {got['n_layers']} layers (it changed since it was "
-                             "ingested; ingest it again)")
+        # QKVSCOPE_ANALYSIS_TIMEOUT_S by the function `analyze` computes with; a bomb is a FileError.
+        computed = call("analyze", spec.path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+                        kinds=list(spec.kinds), device=spec.device,
+                        layers=None if spec.layers is None else list(spec.layers))
         con = duck.connect()
         try:
             loc.prepare(con)
-            for job in got["jobs"]:
+            for job in computed:
                 kind = job["kind"]
-                loc.write(con, _result_frame(frame_of(job), spec), loc.part(spec.sha256, kind, spec.layers))
+                loc.write(con, _result_frame(job, spec), loc.part(spec.sha256, kind, spec.layers))
                 marker = {"checkpoint_sha256": spec.sha256, "path": spec.path, "kind": kind,
                           "metric_version": loc.metric_version, "notes": json.dumps(job["notes"], sort_keys=True),
-                          "seconds": job["seconds"], "device": got["device"], "host": host,
+                          "seconds": job["seconds"], "device": job["device"], "host": host,
                           "sample": _json_or_none(job.get("sample")), "tied": _json_or_none(job.get("tied"))}
                 if spec.layers is not None:
                     marker |= {"first_layer": spec.layers[0], "last_layer": spec.layers[1] - 1}

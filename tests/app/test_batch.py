@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import duckdb
-import pandas as pd
 import pytest
 import torch
 
@@ -14,19 +12,20 @@ from analysis import registry
 from analysis.registry import METRIC_VERSION, names
 from app import batch, jobs
 from app.cli import main
+from loaders.batch_results import STORED_COLUMNS
 from loaders.store import Store
 
-VARIANTS = ("qkv", "k_eq_v", "wq_identity")
+VARIANTS = ("qkv", "k_eq_v", "q_eq_k")         # one shape, none query-free: one chance level for all
 
 
-def make_checkpoints(root: Path) -> list[Path]:
-    """Three of qkvscope's own tiny models (2 layers, 4 heads, GQA-2), one per variant."""
+def make_checkpoints(root: Path, variants: tuple[str, ...] = VARIANTS) -> list[Path]:
+    """qkvscope's own tiny models (2 layers, 4 heads, GQA-2), one per variant (default: three)."""
     from experiments.model import GPT, GPTConfig
     from experiments.train import TrainConfig, save_checkpoint
 
     paths = []
-    for i, variant in enumerate(VARIANTS):
-        torch.manual_seed(i)
+    for variant in variants:
+        torch.manual_seed(VARIANTS.index(variant))
         model = GPT(GPTConfig(n_layer=2, n_head=4, n_kv_heads=2, d_model=32, variant=variant)).eval()
         path = root / f"run_{variant}" / "final_step_000010.safetensors"
         path.parent.mkdir(parents=True)
@@ -246,7 +245,6 @@ def test_results_location_urls():
                                            "/kind=weights/part.parquet")
     local = batch.ResultsLocation("rel/dir")
     assert not local.remote and local.root == str(Path("rel/dir").resolve())
-    assert batch._sql_string("it's") == "'it''s'"
 
 
 def test_cli_glob_then_all(tmp_path, ckpts, capsys):
@@ -313,13 +311,14 @@ def test_cli_ray_without_ray_installed_is_one_line(tmp_path, ckpts, capsys, monk
 N_DEEP = 5
 
 
-def make_deep(root: Path) -> Path:
+def make_deep(root: Path, seed: int = 7) -> Path:
     """One of qkvscope's own models, 5 layers, kv head 0's W_K zero in every layer: its K/V
-    and Q/K metrics are undefined there, so the notes name heads of every layer (more than 8)."""
+    and Q/K metrics are undefined there, so the notes name heads of every layer (more than 8).
+    ``seed`` draws the other weights (another seed: another checkpoint of the same shape)."""
     from experiments.model import GPT, GPTConfig
     from experiments.train import TrainConfig, save_checkpoint
 
-    torch.manual_seed(7)
+    torch.manual_seed(seed)
     model = GPT(GPTConfig(n_layer=N_DEEP, n_head=4, n_kv_heads=2, d_model=32, variant="qkv")).eval()
     d_head = 32 // 4
     with torch.no_grad():
@@ -380,8 +379,8 @@ def _pair_notes(store: Store) -> dict[str, str]:
 
 def _layer_bytes(store: Store, cid: int) -> int:
     with store.connect() as con:
-        row = con.execute(f"SELECT {', '.join(batch._STORED)} FROM checkpoints WHERE id = ?", [cid]).fetchone()
-    return batch.attention_bytes(dict(zip(batch._STORED, row))) // N_DEEP
+        row = con.execute(f"SELECT {', '.join(STORED_COLUMNS)} FROM checkpoints WHERE id = ?", [cid]).fetchone()
+    return batch.attention_bytes(dict(zip(STORED_COLUMNS, row))) // N_DEEP
 
 
 @pytest.mark.parametrize("n_layers, total, limit, groups", [

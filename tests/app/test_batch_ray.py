@@ -1,10 +1,15 @@
-"""Batch analysis on a local Ray instance (one per module): the same rows as in-process, crashed
-workers retried, layer groups. Each run on Ray is compared with one in-process run of every
-checkpoint (``reference``)."""
+"""Batch analysis on one local Ray instance (1 CPU, so one worker and its reading child serve the
+tasks one after the other): the same rows as in-process, crashed workers retried, layer groups.
+Each run on Ray is compared with one in-process run of its checkpoints (``reference``, itself run
+inside the Ray worker so that one reading child computes the chance levels for both).
+
+Two runs on Ray: the CLI (``analyze PATTERN --ray auto --json``, then a re-run that skips), and
+one batch in which every failure a worker can have happens at once (``test_failures_on_ray``)."""
 from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import duckdb
@@ -12,9 +17,10 @@ import pytest
 
 from analysis import registry
 from app import batch, jobs
+from app.batch.report import log_call
 from app.cli import main
 from loaders.store import Store
-from tests.app.test_batch import PAIRS, SPLIT_NOTE, make_checkpoints
+from tests.app.test_batch import PAIRS, SPLIT_NOTE, _layer_bytes, make_checkpoints, make_deep
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r requirements-scale.txt)")
 
@@ -24,32 +30,38 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def local_ray():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    assert batch.connect_ray("local", num_cpus=2, quiet_workers=True)   # ray.init(num_cpus=2, ...)
+    assert batch.connect_ray("local", num_cpus=1, quiet_workers=True)   # ray.init(num_cpus=1, ...)
     yield ray
     ray.shutdown()
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> list[Path]:
-    return make_checkpoints(tmp_path_factory.mktemp("ray") / "ckpts")
+    """Two tiny models: no ties and K = V (its job rows carry ties)."""
+    return make_checkpoints(tmp_path_factory.mktemp("ray") / "ckpts", ("qkv", "k_eq_v"))
 
 
 @pytest.fixture(scope="module")
 def deep(tmp_path_factory) -> Path:
-    from tests.app.test_batch import make_deep
-
     return make_deep(tmp_path_factory.mktemp("ray-deep"))
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, ckpts, deep):
-    """Every checkpoint of this module analysed in this process, one task each: the store and its
-    report, which every run on Ray must equal (in-process layer groups equal one task:
-    tests/app/test_batch.py)."""
+def reference(local_ray, tmp_path_factory, ckpts, deep):
+    """Every checkpoint of this module that computes on Ray, analysed by the in-process executor
+    (``run_batch`` without ``ray_address``), one task each: the store, which every run on Ray must
+    equal (in-process layer groups equal one task: tests/app/test_batch.py). It runs inside the
+    Ray worker, so that worker's reading child computes the chance levels once for the reference
+    and the runs on Ray that follow."""
     d = tmp_path_factory.mktemp("reference")
     store = Store(d / "ref.duckdb")
-    rep = batch.run_batch(store, _ids(store, [*ckpts, deep]), results=d / "res", device="cpu")
-    assert [c.status for c in rep.checkpoints] == ["computed"] * 4
+    ids = _ids(store, [*ckpts, deep])
+
+    def in_process():
+        return batch.run_batch(store, ids, results=d / "res", device="cpu")
+
+    rep = ray.get(ray.remote(num_cpus=1)(in_process).remote())
+    assert [c.status for c in rep.checkpoints] == ["computed"] * 3 and rep.executor == "in-process"
     return store, rep
 
 
@@ -93,9 +105,9 @@ def _but_layer_pairs(stored):
          *j[5:]) for j in job_rows]
 
 
-def _shas(store: Store, ids) -> set[str]:
+def _sha(store: Store, cid: int) -> str:
     with store.connect() as con:
-        return {con.execute("SELECT sha256 FROM checkpoints WHERE id = ?", [i]).fetchone()[0] for i in ids}
+        return con.execute("SELECT sha256 FROM checkpoints WHERE id = ?", [cid]).fetchone()[0]
 
 
 def test_cli_on_ray_stores_what_in_process_stores_then_a_rerun_skips(local_ray, ckpts, reference, tmp_path,
@@ -108,7 +120,7 @@ def test_cli_on_ray_stores_what_in_process_stores_then_a_rerun_skips(local_ray, 
             "--device", "cpu", "--gpus-per-task", "0", "--json"]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["computed"], out["failed"], out["executor"]) == (3, 0, "ray auto"), out["checkpoints"]
+    assert (out["computed"], out["failed"], out["executor"]) == (2, 0, "ray auto"), out["checkpoints"]
     assert out["results"] == str(results)
     assert all(a["pid"] != os.getpid() for c in out["checkpoints"] for a in c["attempts"])   # ran on workers
     on_ray = {c["sha256"]: c for c in out["checkpoints"]}
@@ -117,34 +129,52 @@ def test_cli_on_ray_stores_what_in_process_stores_then_a_rerun_skips(local_ray, 
     b = _parquet([f for c in on_ray.values() for f in c["files"]])
     assert len(a) == sum(c.rows for c in local) > 0
     assert a == b                                                       # bit for bit
-    assert _stored(Store(db)) == _stored(ref_store, set(on_ray))        # the same result and job rows
+    stored = _stored(Store(db))
+    assert stored == _stored(ref_store, set(on_ray))                    # the same result and job rows
+    assert {json.loads(j[6])["variant"] for j in stored[1]} == {"qkv", "k_eq_v"}   # the ties of both
     assert main(args) == 0
     again = json.loads(capsys.readouterr().out)
-    assert (again["computed"], again["skipped"]) == (0, 3)
+    assert (again["computed"], again["skipped"]) == (0, 2)
 
 
-def test_a_worker_killed_once_is_retried_one_that_always_dies_is_reported(local_ray, ckpts, tmp_path):
+def test_failures_on_ray(local_ray, ckpts, deep, reference, tmp_path):
+    """One batch, four checkpoints, every failure a worker can have (the failures come last, so
+    the worker the CLI test left, whose reading child has the chance levels, computes the rest):
+
+    * K = V's worker is killed (SIGKILL) right after its first attempt started: retried, computed;
+    * qkv's worker dies at once on every attempt: reported, nothing stored;
+    * ``deep`` in layer groups (2 layers a task): the first attempt of layers 2-3 raises on the
+      worker, outside the reading child (a worker whose device went away), and is retried as
+      asked (an error inside the child is the file's and is not retried: tests/app/test_batch.py);
+      the groups store what one task stores, less the pairs of layers, whose note says why;
+    * ``deep2`` in layer groups: the worker of layers 4-4 dies on every attempt: the checkpoint
+      fails with that range named, and none of its groups is registered.
+    """
+    deep2 = make_deep(tmp_path / "deep2", seed=8)
     store = Store(tmp_path / "k.duckdb")
-    ids = _ids(store, ckpts)
-    with store.connect() as con:
-        dies, killed = (con.execute("SELECT sha256 FROM checkpoints WHERE id = ?", [i]).fetchone()[0]
-                        for i in ids[:2])
-    marker = tmp_path / "killed-once"
+    ids = _ids(store, [deep, deep2, ckpts[1], ckpts[0]])
+    split, split_dies, killed, dies = (_sha(store, i) for i in ids)
+    killed_once, raised_once = tmp_path / "killed-once", tmp_path / "raised-once"
 
-    def kill_tasks(spec, log):
-        """``killed``: dies (SIGKILL) right after its first attempt has started; ``dies``: every
-        attempt exits at once."""
+    def failing(spec, log):
         import ray as _ray
 
-        if spec.sha256 == dies:
-            _ray.get(log.start.remote(spec.sha256, "h", os.getpid()))
+        if spec.sha256 == dies or (spec.sha256 == split_dies and spec.layers == (4, 5)):
+            _ray.get(log.start.remote(spec.key, "h", os.getpid()))
             os._exit(1)
+        if spec.sha256 == split and spec.layers == (2, 4) and not raised_once.exists():
+            raised_once.touch()
+            # the attempt is logged as run_task logs one that raises outside the child
+            attempt = log_call(log, "start", spec.key, socket.gethostname(), os.getpid())
+            log_call(log, "end", spec.key, attempt, "RuntimeError: the worker lost its device "
+                                                    "(retried if attempts remain)")
+            raise RuntimeError("the worker lost its device")
 
         class KillingLog:
             def start(self, *args):
                 attempt = _ray.get(log.start.remote(*args))
-                if spec.sha256 == killed and not marker.exists():
-                    marker.touch()
+                if spec.sha256 == killed and not killed_once.exists():
+                    killed_once.touch()
                     os.kill(os.getpid(), 9)
                 return attempt
 
@@ -154,88 +184,44 @@ def test_a_worker_killed_once_is_retried_one_that_always_dies_is_reported(local_
         return batch.run_task(spec, KillingLog())
 
     rep = batch.run_batch(store, ids, results=tmp_path / "r", device="cpu", ray_address="auto",
-                          task_fn=kill_tasks, retries=1)
-    assert marker.exists()
-    assert [c.status for c in rep.checkpoints] == ["failed", "computed", "computed"]
-    bad, c = rep.checkpoints[:2]
+                          task_fn=failing, retries=1, max_task_bytes=2 * _layer_bytes(store, ids[0]))
+    assert killed_once.exists() and raised_once.exists()
+    assert [c.status for c in rep.checkpoints] == ["computed", "failed", "computed", "failed"]
+    grouped, bad_group, c, bad = rep.checkpoints
+    assert all(a["pid"] != os.getpid() for x in rep.checkpoints for a in x.attempts)      # ran on workers
+
+    # a worker that always dies: reported, never dropped, nothing stored
     assert bad.error.startswith("WorkerCrashedError: ") and bad.files == [] and bad.rows == 0
     assert [a["outcome"] for a in bad.attempts] == ["no result: the worker process died"] * 2
-    assert [a["outcome"] for a in c.attempts] == ["no result: the worker process died", "computed"]
+    # a worker killed once: retried on a new worker
+    assert c.groups == [] and [a["outcome"] for a in c.attempts] == ["no result: the worker process died", "computed"]
     assert c.attempts[0]["pid"] != c.attempts[1]["pid"]
     with store.connect() as con:
-        assert con.execute("SELECT count(*) FROM analysis_results WHERE checkpoint_id = ?",
-                           [ids[0]]).fetchone()[0] == 0
-        n = con.execute("SELECT count(*) FROM analysis_results WHERE checkpoint_id = ?", [ids[1]]).fetchone()[0]
-    assert n == c.rows > 0
+        per_checkpoint = dict(con.execute("SELECT checkpoint_id, count(*) FROM analysis_results "
+                                          "GROUP BY ALL").fetchall())
+    assert per_checkpoint == {ids[0]: grouped.rows, ids[2]: c.rows} and c.rows > 0
 
-
-# -- layer groups on Ray -------------------------------------------------------------------
-def test_ray_layer_groups_one_retried_store_what_one_task_stores(local_ray, deep, ckpts, reference, tmp_path):
-    """One layer a task on Ray; the first attempt of layer 2 raises on the worker, outside the
-    reading child (a worker whose device went away), and is retried as asked. (An error inside
-    the child is the file's and is not retried: tests/app/test_batch.py.)"""
-    marker = tmp_path / "failed-once"
-
-    def bad_device_once(spec, log):
-        if spec.layers == (2, 3) and not marker.exists():
-            import socket
-
-            from app.batch.task import log_call
-
-            marker.touch()
-            # the attempt is logged as run_task logs one that raises outside the child
-            attempt = log_call(log, "start", spec.key, socket.gethostname(), os.getpid())
-            log_call(log, "end", spec.key, attempt, "RuntimeError: the worker lost its device "
-                                                    "(retried if attempts remain)")
-            raise RuntimeError("the worker lost its device")
-        return batch.run_task(spec, log)
-
-    on_ray = Store(tmp_path / "ray.duckdb")
-    ids = _ids(on_ray, [deep, ckpts[0]])
-    rep = batch.run_batch(on_ray, ids, results=tmp_path / "ray", device="cpu", task_fn=bad_device_once,
-                          max_task_bytes=1, ray_address="auto", retries=2)
-    assert marker.exists()
-    assert [c.status for c in rep.checkpoints] == ["computed"] * 2
-    assert [len(c.groups) for c in rep.checkpoints] == [5, 2]          # one layer a task
-    assert all(a["pid"] != os.getpid() for c in rep.checkpoints for a in c.attempts)
-    outcomes = {tuple(g["layers"]): [a["outcome"] for a in g["attempts"]] for g in rep.checkpoints[0].groups}
-    first, second = outcomes.pop((2, 2))
+    # layer groups, one retried: the rows and job rows of one task, less the pairs of layers
+    assert [g["layers"] for g in grouped.groups] == [[0, 1], [2, 3], [4, 4]]
+    outcomes = {tuple(g["layers"]): [a["outcome"] for a in g["attempts"]] for g in grouped.groups}
+    first, second = outcomes.pop((2, 3))
     assert first.startswith("RuntimeError: ") and first.endswith("(retried if attempts remain)")
     assert second == "computed" and set(map(tuple, outcomes.values())) == {("computed",)}
-    assert _but_layer_pairs(_stored(on_ray)) == _but_layer_pairs(_stored(reference[0], _shas(on_ray, ids)))
-    with on_ray.connect() as con:
-        assert con.execute("SELECT count(*) FROM analysis_results WHERE metric IN (SELECT unnest(?))",
-                           [sorted(PAIRS)]).fetchone() == (0,)
-        for (notes,) in con.execute("SELECT notes FROM analysis_jobs WHERE kind = 'weights'").fetchall():
-            assert {m: why for m, why in json.loads(notes).items() if m in PAIRS} == {
-                m: SPLIT_NOTE for m in PAIRS if registry.BY_NAME[m].level == "weights"}
+    assert _stored(store, {killed}) == _stored(reference[0], {killed})
+    assert _but_layer_pairs(_stored(store, {split})) == _but_layer_pairs(_stored(reference[0], {split}))
+    assert _stored(store, {split})[0] == _but_layer_pairs(_stored(store, {split}))[0]   # no pairs of layers ...
+    with store.connect() as con:
+        (notes,) = con.execute("SELECT notes FROM analysis_jobs WHERE checkpoint_id = ? AND kind = 'weights'",
+                               [ids[0]]).fetchone()
+    assert {m: why for m, why in json.loads(notes).items() if m in PAIRS} == {  # ... a note says why
+        m: SPLIT_NOTE for m in PAIRS if registry.BY_NAME[m].level == "weights"}
 
-
-def test_ray_group_whose_worker_always_dies_registers_nothing(local_ray, deep, tmp_path):
-    store = Store(tmp_path / "d.duckdb")
-    (cid,) = _ids(store, [deep])
-
-    def layer_4_dies(spec, log):
-        if spec.layers == (4, 5):
-            import ray as _ray
-
-            _ray.get(log.start.remote(spec.key, "h", os.getpid()))
-            os._exit(1)
-        return batch.run_task(spec, log)
-
-    rep = batch.run_batch(store, [cid], results=tmp_path / "r", device="cpu", ray_address="auto",
-                          task_fn=layer_4_dies, max_task_bytes=2 * _layer_bytes(store, cid), retries=1)
-    c = rep.checkpoints[0]
-    assert c.status == "failed" and c.error.startswith("layers 4-4: WorkerCrashedError: ")
-    assert [g["status"] for g in c.groups] == ["computed", "computed", "failed"]
-    assert [a["outcome"] for a in c.groups[2]["attempts"]] == ["no result: the worker process died"] * 2
+    # a layer group whose worker always dies: the checkpoint fails, none of its groups registered
+    assert bad_group.error.startswith("layers 4-4: WorkerCrashedError: ")
+    assert [g["status"] for g in bad_group.groups] == ["computed", "computed", "failed"]
+    assert [a["outcome"] for a in bad_group.groups[2]["attempts"]] == ["no result: the worker process died"] * 2
     with store.connect() as con:
         for table in ("analysis_results", "analysis_jobs", "analysis_result_files"):
-            assert con.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
-    assert not list((tmp_path / "r").glob("**/job.parquet"))
-
-
-def _layer_bytes(store: Store, cid: int) -> int:
-    from tests.app.test_batch import _layer_bytes as layer_bytes
-
-    return layer_bytes(store, cid)
+            assert con.execute(f"SELECT count(*) FROM {table} WHERE checkpoint_id IN (?, ?)",
+                               [ids[1], ids[3]]).fetchone()[0] == 0
+    assert not list((tmp_path / "r").glob(f"checkpoint={split_dies}/**/job.parquet"))
