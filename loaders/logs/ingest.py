@@ -349,7 +349,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             runs_state[name] = known
             total += new.n
             ids.append(run_id)
-            _lr_from_points(con, run_id)
+        _lr_from_points(con, ids)
+        for run_id in _with_overrides(con, ids):
             apply_overrides(con, run_id)
         if unread and total == 0 and append_from is None:
             # nothing stored: the transaction is rolled back and the file reported as an error
@@ -392,17 +393,35 @@ def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str
                            resumed=resumed, joins=getattr(READERS.get(fmt), "JOINS_RUN", False))
 
 
-def _lr_from_points(con, run_id: int) -> None:
-    """Record the logged lr's first and peak values in the run's config; the
-    peak becomes ``runs.lr`` unless the log or a config file states an lr
-    (a value read from a name gives way, with a note when it differs)."""
-    got = con.execute(
-        """SELECT max(value), arg_min(value, step), count(*) FROM points
-           WHERE run_id = ? AND metric = 'lr' AND value IS NOT NULL AND isfinite(value)""",
-        [run_id]).fetchall()[0]
-    peak, first, n = got
-    if not n:
+def _with_overrides(con, run_ids: list[int]) -> list[int]:
+    """The runs of ``run_ids`` the user corrected (``run_overrides``), in their order: one query
+    for a file's runs."""
+    if not run_ids:
+        return []
+    got = {r for (r,) in con.execute("SELECT DISTINCT run_id FROM run_overrides "
+                                     "WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [run_ids]).fetchall()}
+    return [r for r in dict.fromkeys(run_ids) if r in got]
+
+
+def _lr_from_points(con, run_ids: list[int]) -> None:
+    """For each run of ``run_ids`` that logs an lr: record the logged lr's first and peak values
+    in its config; the peak becomes ``runs.lr`` unless the log or a config file states an lr (a
+    value read from a name gives way, with a note when it differs). One query for a file's runs."""
+    if not run_ids:
         return
+    got = con.execute(
+        """SELECT run_id, max(value), arg_min(value, step) FROM points
+           WHERE run_id IN (SELECT unnest(?::INTEGER[])) AND metric = 'lr' AND value IS NOT NULL
+             AND isfinite(value)
+           GROUP BY run_id""", [sorted(set(run_ids))]).fetchall()
+    by_run = {run_id: (peak, first) for run_id, peak, first in got}
+    for run_id in dict.fromkeys(run_ids):
+        if run_id in by_run:
+            _record_lr(con, run_id, *by_run[run_id])
+
+
+def _record_lr(con, run_id: int, peak: float, first: float) -> None:
+    """``_lr_from_points`` for one run whose logged lr peaks at ``peak`` and starts at ``first``."""
     stored = run_rows.row(con, run_id)
     lr, cfg = stored["lr"], stored["config"]
     cfg["lr_peak"], cfg["lr_initial"] = peak, first
