@@ -301,21 +301,23 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             # The file was rewritten: what it stored before goes.
             old = [r["id"] for r in prev_runs.values()]
             drop_points(con, old)
+        stored_runs = run_rows.by_name(con, source) if parsed.runs else {}
         for run in parsed.runs:
             name = run_name(path, fmt, run.name)
             known = runs_state.get(name)
             resumed = run.resumed
+            created = False
             if known is None:
-                run_id = _upsert_run(con, path, source, run_dir, name, fmt, run, resumed)
+                run_id, created = _upsert_run(con, path, source, run_dir, name, fmt, run, resumed, stored_runs)
                 known = {"id": run_id, "last": {}}
             else:
                 run_id = known["id"]
                 if run.config:
                     _merge_config(con, run_id, run.config)
-            # A run without stored points takes its new points straight into
-            # ``points``; otherwise they are staged to be told apart from the old.
-            direct = not con.execute("SELECT EXISTS (SELECT 1 FROM points WHERE run_id = ?)",
-                                     [run_id]).fetchall()[0][0]
+            # A run without stored points (a row just created has none) takes its new points
+            # straight into ``points``; otherwise they are staged to be told apart from the old.
+            direct = created or not con.execute("SELECT EXISTS (SELECT 1 FROM points WHERE run_id = ?)",
+                                                [run_id]).fetchall()[0][0]
             try:
                 new = insert_new_points(con, run_id, run.points, direct=direct)
             except _SQL_SOURCE_ERRORS as exc:
@@ -381,7 +383,7 @@ def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = Fal
 
 
 def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str, run: RunData,
-                resumed: bool) -> int:
+                resumed: bool, stored: dict) -> tuple[int, bool]:
     fields, config = metadata.gather(run_dir, name, stated=run.meta, reader_config=run.config,
                                      exclude=path)
     config["log_format"] = fmt
@@ -390,7 +392,7 @@ def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str
     tracker = str(tracker).strip() or None if tracker is not None else None
     # final metrics joining a run: its format and metadata stay
     return run_rows.upsert(con, source=source, name=name, fmt=fmt, fields=fields, config=config, project=tracker,
-                           resumed=resumed, joins=getattr(READERS.get(fmt), "JOINS_RUN", False))
+                           resumed=resumed, joins=getattr(READERS.get(fmt), "JOINS_RUN", False), stored=stored)
 
 
 def _with_overrides(con, run_ids: list[int]) -> list[int]:
