@@ -34,6 +34,16 @@ def find(con, source: str, name: str, fmt: str | None = None) -> tuple[int, dict
     return None if row is None else (row[0], _config(row[1]))
 
 
+def by_name(con, source: str) -> dict[str, tuple[int, dict]]:
+    """``{name: (id, config)}`` of the runs read from ``source`` (the lowest id where two share a
+    name): what ``find`` answers for each, in one query for all the runs of a file."""
+    got: dict[str, tuple[int, dict]] = {}
+    for run_id, name, config in con.execute("SELECT id, name, config FROM runs WHERE source = ? ORDER BY id",
+                                            [source]).fetchall():
+        got.setdefault(name, (run_id, _config(config)))
+    return got
+
+
 def row(con, run_id: int) -> dict | None:
     """Run ``run_id``'s ``lr`` and ``config``, None when there is no such run."""
     got = con.execute("SELECT lr, config FROM runs WHERE id = ?", [run_id]).fetchone()
@@ -46,26 +56,27 @@ def folders(con) -> list[tuple[int, str, dict]]:
 
 
 def upsert(con, *, source: str, name: str, fmt: str, fields: dict, config: dict, project: str | None,
-           resumed: bool, joins: bool = False) -> int:
-    """The id of run ``name`` from ``source``, stored from a log: a new row, or the stored row with
-    this log's format, ``LOGGED`` fields and ``config`` merged over the stored config (the
-    ``project`` kept where one is set). ``joins``: a file that joins a run (final metrics) leaves
-    a stored run as it is."""
-    found = find(con, source, name)
+           resumed: bool, joins: bool = False, stored: dict | None = None) -> tuple[int, bool]:
+    """The id of run ``name`` from ``source``, stored from a log, and whether its row is new: a new
+    row, or the stored row with this log's format, ``LOGGED`` fields and ``config`` merged over the
+    stored config (the ``project`` kept where one is set). ``joins``: a file that joins a run
+    (final metrics) leaves a stored run as it is. ``stored``: ``by_name(con, source)``, read once
+    for a file's runs (else the run is looked up here)."""
+    found = find(con, source, name) if stored is None else stored.get(name)
     if found is not None and joins:
-        return found[0]
+        return found[0], False
     values = [fields[c] for c in LOGGED]
     if found is None:
         return con.execute(
             """INSERT INTO runs (name, source, format, variant, n_kv_heads, weight_decay, lr, seed,
                    model_size, config, resumed, project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id""",
-            [name, source, fmt, *values, json.dumps(config, default=str), bool(resumed), project]).fetchone()[0]
+            [name, source, fmt, *values, json.dumps(config, default=str), bool(resumed), project]).fetchone()[0], True
     run_id, old = found
     con.execute(
         """UPDATE runs SET format = ?, variant = ?, n_kv_heads = ?, weight_decay = ?, lr = ?, seed = ?,
                model_size = ?, config = ?, project = coalesce(project, ?) WHERE id = ?""",
         [fmt, *values, json.dumps({**old, **config}, default=str), project, run_id])
-    return run_id
+    return run_id, False
 
 
 def update(con, run_id: int, **values) -> None:

@@ -48,6 +48,14 @@ SETTINGS: dict[str, Setting] = {
                                              "QKVSCOPE_SQL_MEMORY_MB + 2,048"),
     "QKVSCOPE_SQL_SPILL_MB": Setting(None, "spill files: 0 writes none, so a query needing more than its memory "
                                            "fails; N lets it spill N MB into a fresh temporary folder"),
+    "QKVSCOPE_SQL_MAX_VALUES": Setting(None, "values of one result as the server will hold them (a list or struct "
+                                             "cell counts its elements, recursively); over it the query fails"),
+    "QKVSCOPE_SQL_MAX_QUERY_KB": Setting(None, "the query text in KB; longer is refused before anything parses it"),
+    "QKVSCOPE_SQL_CONCURRENT": Setting(None, "query processes one server runs at once; a query while all are busy "
+                                             "is told to try again"),
+    "QKVSCOPE_SQL_HELD_MB": Setting(None, "MB of results all the server's sessions keep (pandas deep size); a new "
+                                          "result that would pass it drops the oldest other session's, which runs "
+                                          "again on Run; a result over it is refused"),
     "QKVSCOPE_TEST_WORKERS": Setting("3", "test processes `scripts/test.sh` runs (pytest-xdist); 0 runs every "
                                           "test in one process", "tests"),
     "QKVSCOPE_BENCH_HWM": Setting(None, "file where `bench/checkpoint_memory.py`'s measured child writes its "

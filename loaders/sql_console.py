@@ -26,6 +26,9 @@ budget (environment variable)     default                         what it bounds
                                                                   any parsing
 ``QKVSCOPE_SQL_CONCURRENT``       2                               query processes one server runs at once;
                                                                   another query meanwhile is told to retry
+``QKVSCOPE_SQL_HELD_MB``          256                             the results all of a server's sessions keep
+                                                                  (``hold``: pandas size, deep); past it the
+                                                                  oldest other session's is dropped
 ``QKVSCOPE_SQL_MEMORY_MB``        1,024                           DuckDB's ``memory_limit`` in the query process
 ``QKVSCOPE_SQL_ADDRESS_MB``       ``QKVSCOPE_SQL_MEMORY_MB`` +    the query process's address space
                                   2,048                           (``RLIMIT_AS``)
@@ -44,16 +47,30 @@ range(10001)`` reached 6 GB with ``memory_limit = 1GB``) is stopped by the
 address-space limit. Results travel back as an Arrow IPC stream, never a
 pickle (the sandbox's payload after its JSON status line). The database file is never
 opened for writing here.
+
+What the server keeps: each browser session keeps its last result (``hold``) to show it on
+every rerun. One result is bounded by the budgets above; all of them together by
+``QKVSCOPE_SQL_HELD_MB``, counted as the pandas frame's deep size (``held_bytes``), since
+``QKVSCOPE_SQL_RESULT_MB`` counts Arrow bytes and a frame of Python objects is larger. A new
+result that would pass it drops the oldest results of other sessions until it fits; those
+sessions then say so and run their query again on Run (``dropped_message``). A result larger
+than the whole budget is refused. A session's query process is one at a time (a Streamlit
+session runs one script at a time, and the query runs inside it), and ``_slot`` caps them
+server-wide.
 """
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+
+import numpy as np
 
 import pandas as pd
 import pyarrow as pa
@@ -75,6 +92,7 @@ SQL_BUDGETS: dict[str, int] = {
     "QKVSCOPE_SQL_MAX_VALUES": 2_000_000,
     "QKVSCOPE_SQL_MAX_QUERY_KB": 64,
     "QKVSCOPE_SQL_CONCURRENT": 2,
+    "QKVSCOPE_SQL_HELD_MB": 256,
 }
 
 #: The query processes running now in this process (a server's sessions share it).
@@ -256,3 +274,96 @@ def _result(status: dict | None, body: bytes, err: str, returncode: int | None, 
 def _memory_message(memory_mb: int) -> str:
     return (f"query needs more memory than the SQL console's budget of {memory_mb:,} MB "
             f"({_raise_hint('QKVSCOPE_SQL_MEMORY_MB')})")
+
+
+# -- what the server keeps: each session's last result, all of them under QKVSCOPE_SQL_HELD_MB ---
+
+class Held:
+    """One session's last result as the server keeps it (``hold``): ``result`` is ``None`` once
+    dropped to make room for other sessions' results; ``nbytes`` is what it held."""
+
+    __slots__ = ("result", "nbytes", "__weakref__")
+
+    def __init__(self, result: QueryResult, nbytes: int) -> None:
+        self.result: QueryResult | None = result
+        self.nbytes = nbytes
+
+
+#: The results the server's sessions keep, oldest first. Weak: a closed session's state, once
+#: Streamlit lets it go, takes its result along and leaves the count by itself.
+_HELD_LOCK = threading.Lock()
+_held: list[weakref.ref[Held]] = []
+
+
+def _object_bytes(value) -> int:
+    """``value``'s size with what it contains (a list or struct cell as pandas builds it: an
+    array of dicts of arrays), recursively; ``sys.getsizeof`` counts the container only."""
+    size = sys.getsizeof(value)
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        size += sum(_object_bytes(v) for v in value.ravel())
+    elif isinstance(value, dict):
+        size += sum(_object_bytes(k) + _object_bytes(v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        size += sum(_object_bytes(v) for v in value)
+    return size
+
+
+def held_bytes(frame: pd.DataFrame) -> int:
+    """Bytes ``frame`` holds in the server: pandas' deep size (a column of arrays or Arrow
+    strings counts its buffers, a column of Python objects each object), with the contents
+    of list and struct cells counted too."""
+    total = int(frame.memory_usage(index=True, deep=True).sum())
+    for column in frame.columns[(frame.dtypes == object).to_numpy()]:
+        for value in frame[column].to_numpy():
+            if isinstance(value, (np.ndarray, dict, list, tuple)):
+                total += _object_bytes(value) - sys.getsizeof(value)
+    return total
+
+
+def _live() -> list[Held]:
+    """The results kept now, oldest first (caller holds ``_HELD_LOCK``)."""
+    return [h for h in (ref() for ref in _held) if h is not None and h.result is not None]
+
+
+def held_total() -> int:
+    """Bytes of all results the server's sessions keep now."""
+    with _HELD_LOCK:
+        return sum(h.nbytes for h in _live())
+
+
+def release(held: Held | None) -> None:
+    """Let ``held`` go (a session about to run its next query, or leaving)."""
+    if held is not None:
+        with _HELD_LOCK:
+            held.result = None
+            _held[:] = [weakref.ref(h) for h in _live()]
+
+
+def hold(result: QueryResult, *, previous: Held | None = None) -> Held:
+    """``result`` kept for a session, in place of its ``previous`` one. When all results kept
+    would pass ``QKVSCOPE_SQL_HELD_MB``, the oldest of other sessions are dropped until it fits
+    (they are run again on demand); a result over the whole budget is a ``QueryError``."""
+    budget_mb = sql_budget("QKVSCOPE_SQL_HELD_MB")
+    nbytes = held_bytes(result.frame)
+    release(previous)
+    if nbytes > budget_mb << 20:
+        raise QueryError(f"result of {nbytes / (1 << 20):,.0f} MB in the server is over the {budget_mb:,} MB "
+                         f"it keeps for all sessions' results: add LIMIT or select fewer columns "
+                         f"({_raise_hint('QKVSCOPE_SQL_HELD_MB')})")
+    held = Held(result, nbytes)
+    with _HELD_LOCK:
+        live = _live()
+        total = sum(h.nbytes for h in live)
+        while live and total + nbytes > budget_mb << 20:
+            oldest = live.pop(0)
+            oldest.result = None
+            total -= oldest.nbytes
+        _held[:] = [weakref.ref(h) for h in live + [held]]
+    return held
+
+
+def dropped_message(held: Held) -> str:
+    """What a session whose result was dropped (``hold``) shows in its place."""
+    return (f"this result ({held.nbytes / (1 << 20):,.0f} MB) was dropped to make room for another "
+            f"session's: the server keeps {sql_budget('QKVSCOPE_SQL_HELD_MB'):,} MB of results for all "
+            f"sessions ({_raise_hint('QKVSCOPE_SQL_HELD_MB')}); press Run to run the query again")

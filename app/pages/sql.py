@@ -6,16 +6,22 @@ the limits are keyed widgets whose state is seeded from the URL once per
 session: passing the URL's value as ``value=`` made each Run (which writes the
 URL) change the widget's identity, so the next edit was thrown away and the
 previous query ran again. The last result is kept in the session and shown on
-every rerun until the next Run.
+every rerun until the next Run, within the server's budget for all sessions'
+results (``loaders.sql_console.hold``): a result dropped for another session's
+says so, and Run runs it again. The previous result is let go before the next
+query runs, the grid is sent whole (a lazily served grid would keep an Arrow
+copy in the server) and the CSV is built only when Download is clicked.
 """
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from app import tables
 from app.state import data_version, get_store, project_filter, query_param, set_query_params, url_int, url_notes
 from loaders.errors import QueryError
-from loaders.sql_console import check_query, run_readonly_query, schema, sql_budget
+from loaders.sql_console import (Held, check_query, dropped_message, hold, release, run_readonly_query, schema,
+                                 sql_budget)
 
 TITLE = "SQL"
 ICON = ":material/terminal:"
@@ -74,8 +80,12 @@ def render() -> None:
             # byte (a list of one string per byte), and 8 MB of text ran a server out of memory
             check_query(sql)
             set_query_params(q=sql, timeout=int(timeout), rows=int(max_rows))
-            st.session_state[_RESULT] = (int(max_rows), run_readonly_query(
-                store, sql, timeout_s=float(timeout), max_rows=int(max_rows)))
+            previous = st.session_state.pop(_RESULT, None)
+            release(previous[1] if isinstance(previous, tuple) else None)
+            del previous
+            result = run_readonly_query(store, sql, timeout_s=float(timeout), max_rows=int(max_rows))
+            st.session_state[_RESULT] = (int(max_rows), hold(result))
+            del result
         except QueryError as exc:
             st.session_state[_RESULT] = exc
     elif from_link:
@@ -84,11 +94,24 @@ def render() -> None:
     if isinstance(last, QueryError):
         st.error(str(last), icon=":material/error:")
     elif last is not None:
-        shown, result = last
-        note = f", first {shown:,} shown" if result.truncated else ""
-        n = len(result.frame)
-        st.caption(f"{n:,} row{'' if n == 1 else 's'} in {result.seconds:.3f} s{note}")
-        st.dataframe(result.frame, hide_index=True, width="stretch")
-        st.download_button("Download CSV", tables.csv_bytes(result.frame),
-                           file_name="qkvscope-query.csv", mime="text/csv",
-                           icon=":material/download:")
+        _show(*last)
+
+
+def _show(shown: int, held: Held) -> None:
+    result = held.result
+    if result is None:
+        st.warning(dropped_message(held), icon=":material/info:")
+        return
+    note = f", first {shown:,} shown" if result.truncated else ""
+    n = len(result.frame)
+    st.caption(f"{n:,} row{'' if n == 1 else 's'} in {result.seconds:.3f} s{note}")
+    st.dataframe(result.frame, hide_index=True, width="stretch", lazy=False)
+    st.download_button("Download CSV", lambda: _csv(held), file_name="qkvscope-query.csv",
+                       mime="text/csv", icon=":material/download:")
+
+
+def _csv(held: Held) -> bytes:
+    """The kept result as CSV, built on click; once dropped, a one-line CSV saying so."""
+    if held.result is None:
+        return tables.csv_bytes(pd.DataFrame({"message": [dropped_message(held)]}))
+    return tables.csv_bytes(held.result.frame)

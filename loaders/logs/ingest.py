@@ -301,21 +301,23 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             # The file was rewritten: what it stored before goes.
             old = [r["id"] for r in prev_runs.values()]
             drop_points(con, old)
+        stored_runs = run_rows.by_name(con, source) if parsed.runs else {}
         for run in parsed.runs:
             name = run_name(path, fmt, run.name)
             known = runs_state.get(name)
             resumed = run.resumed
+            created = False
             if known is None:
-                run_id = _upsert_run(con, path, source, run_dir, name, fmt, run, resumed)
+                run_id, created = _upsert_run(con, path, source, run_dir, name, fmt, run, resumed, stored_runs)
                 known = {"id": run_id, "last": {}}
             else:
                 run_id = known["id"]
                 if run.config:
                     _merge_config(con, run_id, run.config)
-            # A run without stored points takes its new points straight into
-            # ``points``; otherwise they are staged to be told apart from the old.
-            direct = not con.execute("SELECT EXISTS (SELECT 1 FROM points WHERE run_id = ?)",
-                                     [run_id]).fetchall()[0][0]
+            # A run without stored points (a row just created has none) takes its new points
+            # straight into ``points``; otherwise they are staged to be told apart from the old.
+            direct = created or not con.execute("SELECT EXISTS (SELECT 1 FROM points WHERE run_id = ?)",
+                                                [run_id]).fetchall()[0][0]
             try:
                 new = insert_new_points(con, run_id, run.points, direct=direct)
             except _SQL_SOURCE_ERRORS as exc:
@@ -349,7 +351,8 @@ def _store(store: Store, path: Path, key: str, fmt: str, st, parsed: Parsed, app
             runs_state[name] = known
             total += new.n
             ids.append(run_id)
-            _lr_from_points(con, run_id)
+        _lr_from_points(con, ids)
+        for run_id in _with_overrides(con, ids):
             apply_overrides(con, run_id)
         if unread and total == 0 and append_from is None:
             # nothing stored: the transaction is rolled back and the file reported as an error
@@ -380,7 +383,7 @@ def _overlaps(first: dict[str, int], last: dict[str, int], *, strict: bool = Fal
 
 
 def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str, run: RunData,
-                resumed: bool) -> int:
+                resumed: bool, stored: dict) -> tuple[int, bool]:
     fields, config = metadata.gather(run_dir, name, stated=run.meta, reader_config=run.config,
                                      exclude=path)
     config["log_format"] = fmt
@@ -389,20 +392,38 @@ def _upsert_run(con, path: Path, source: str, run_dir: Path, name: str, fmt: str
     tracker = str(tracker).strip() or None if tracker is not None else None
     # final metrics joining a run: its format and metadata stay
     return run_rows.upsert(con, source=source, name=name, fmt=fmt, fields=fields, config=config, project=tracker,
-                           resumed=resumed, joins=getattr(READERS.get(fmt), "JOINS_RUN", False))
+                           resumed=resumed, joins=getattr(READERS.get(fmt), "JOINS_RUN", False), stored=stored)
 
 
-def _lr_from_points(con, run_id: int) -> None:
-    """Record the logged lr's first and peak values in the run's config; the
-    peak becomes ``runs.lr`` unless the log or a config file states an lr
-    (a value read from a name gives way, with a note when it differs)."""
-    got = con.execute(
-        """SELECT max(value), arg_min(value, step), count(*) FROM points
-           WHERE run_id = ? AND metric = 'lr' AND value IS NOT NULL AND isfinite(value)""",
-        [run_id]).fetchall()[0]
-    peak, first, n = got
-    if not n:
+def _with_overrides(con, run_ids: list[int]) -> list[int]:
+    """The runs of ``run_ids`` the user corrected (``run_overrides``), in their order: one query
+    for a file's runs."""
+    if not run_ids:
+        return []
+    got = {r for (r,) in con.execute("SELECT DISTINCT run_id FROM run_overrides "
+                                     "WHERE run_id IN (SELECT unnest(?::INTEGER[]))", [run_ids]).fetchall()}
+    return [r for r in dict.fromkeys(run_ids) if r in got]
+
+
+def _lr_from_points(con, run_ids: list[int]) -> None:
+    """For each run of ``run_ids`` that logs an lr: record the logged lr's first and peak values
+    in its config; the peak becomes ``runs.lr`` unless the log or a config file states an lr (a
+    value read from a name gives way, with a note when it differs). One query for a file's runs."""
+    if not run_ids:
         return
+    got = con.execute(
+        """SELECT run_id, max(value), arg_min(value, step) FROM points
+           WHERE run_id IN (SELECT unnest(?::INTEGER[])) AND metric = 'lr' AND value IS NOT NULL
+             AND isfinite(value)
+           GROUP BY run_id""", [sorted(set(run_ids))]).fetchall()
+    by_run = {run_id: (peak, first) for run_id, peak, first in got}
+    for run_id in dict.fromkeys(run_ids):
+        if run_id in by_run:
+            _record_lr(con, run_id, *by_run[run_id])
+
+
+def _record_lr(con, run_id: int, peak: float, first: float) -> None:
+    """``_lr_from_points`` for one run whose logged lr peaks at ``peak`` and starts at ``first``."""
     stored = run_rows.row(con, run_id)
     lr, cfg = stored["lr"], stored["config"]
     cfg["lr_peak"], cfg["lr_initial"] = peak, first

@@ -14,10 +14,13 @@ inserted rows:
   the usual case. A frame's names are the reader's (the HF Trainer reader
   keeps the closing summary's ``train_loss`` apart from the curve).
 * First and last step per metric (the journal's ``last``, appends that reach
-  back) and the names: one GROUP BY. A run with no stored points takes them
-  from its ``run_stats`` rows, computed at once (``refresh_run_stats``): in
-  the usual case (no name to normalise, no repeat) they are already the
-  run's summary, and the ingest does not compute it again (``stats_fresh``).
+  back) and the names: one GROUP BY. A run with no stored points and more
+  than ``SUMMARY_AT_ONCE_POINTS`` new ones takes them from its ``run_stats``
+  rows, computed at once (``refresh_run_stats``): in the usual case (no name
+  to normalise, no repeat) they are already the run's summary, and the ingest
+  does not compute it again (``stats_fresh``), so a large log is scanned once.
+  A smaller run is summarised with the file's other runs when the file ends,
+  in one statement for all (a sweep's export of 1,000 runs: 1,000 small runs).
 * Steps that go back within a metric (a resumed run) and repeated (step,
   metric) pairs: one fetch of (step, metric code) in file order, checked in
   numpy (``went_back_and_repeats``). Then the point logged last wins: one
@@ -55,6 +58,10 @@ _VALUE = "CASE WHEN isnan(value) THEN NULL ELSE value END"
 #: Up to this many metrics the code per point is computed in SQL
 #: (``list_position`` is linear in the number of names); beyond, from Arrow.
 _SQL_CODES_MAX = 64
+#: A run with no stored points and more new points than this is summarised (``run_stats``) at
+#: once, and its first and last steps read from the summary; a smaller one is summarised with
+#: the file's other runs at the end of the file (``loaders.logs.ingest``).
+SUMMARY_AT_ONCE_POINTS = 100_000
 #: ``step * k + code`` (k <= _SQL_CODES_MAX) fits in int64 for steps below this in magnitude.
 _KEY_STEP_LIMIT = 1 << 56
 
@@ -148,12 +155,14 @@ def _source_select(con, points) -> tuple[str, dict]:
 def _check(con, new: NewPoints, *, normalise: bool) -> None:
     """Names, first/last steps, resumes and repeats of the new points (see the module docstring)."""
     table, where, params = new.table, new.where, new.params
-    if new.staged:
-        rows = con.execute(f"SELECT metric, min(step), max(step) FROM {table} WHERE {where} GROUP BY metric",
+    if new.staged or new.n <= SUMMARY_AT_ONCE_POINTS:
+        rows = con.execute(f"SELECT metric, min(step), max(step) FROM {table} WHERE {where} GROUP BY metric "
+                           "ORDER BY metric",
                            params or None).fetchall()
     else:                 # points holds exactly the run's new points: its summary has the same steps
         refresh_run_stats(con, [params["run_id"]])
-        rows = con.execute("SELECT metric, first_step, last_step FROM run_stats WHERE run_id = $run_id",
+        rows = con.execute("SELECT metric, first_step, last_step FROM run_stats WHERE run_id = $run_id "
+                           "ORDER BY metric",
                            params).fetchall()
         new.stats_fresh = True
     for name, lo, hi in rows:

@@ -115,3 +115,24 @@ def test_sql_link_and_edits_in_a_real_browser(tmp_path):
                                    timeout=30_000)
             assert editor.input_value() == f"SELECT {n} AS answer_{n}"
         screenshot(page, "sql_edits")
+
+
+def test_a_result_dropped_for_another_sessions_says_so_and_runs_again(empty_db, monkeypatch):
+    """Two sessions under a 1 MB budget for all results: the second's result drops the first's,
+    which says so in its place and comes back on Run."""
+    monkeypatch.setenv("QKVSCOPE_SQL_HELD_MB", "1")
+    query = "SELECT repeat('x', 700) AS s FROM range(1000)"     # ~0.7 MB as pandas holds it
+    first, second = page_test("sql", {"q": query}).run(), page_test("sql", {"q": query}).run()
+    run_button(first).click().run()
+    assert len(first.dataframe[-1].value) == 1000
+    run_button(second).click().run()
+    assert len(second.dataframe[-1].value) == 1000
+    first.run()                                                 # any rerun of the first session
+    assert not first.exception
+    assert len(first.dataframe) == 1                            # the schema panel only
+    assert first.warning[0].value == (
+        "this result (1 MB) was dropped to make room for another session's: the server keeps 1 MB of "
+        "results for all sessions (QKVSCOPE_SQL_HELD_MB; set it in the environment to raise it); "
+        "press Run to run the query again")
+    run_button(first).click().run()
+    assert len(first.dataframe[-1].value) == 1000 and not first.warning
