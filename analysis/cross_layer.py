@@ -81,8 +81,7 @@ import pandas as pd
 import torch
 
 from analysis._linalg import as_float32, stack_heads
-from analysis.above_chance import p_value
-from analysis.activations import NULL_BAND, _debiased_cka
+from analysis.above_chance import NULL_BAND, p_value
 from analysis.intervals import t_quantile
 from analysis.registry import RESULT_COLUMNS, computed, names
 
@@ -319,6 +318,8 @@ class CacheSample:
 
     def result(self) -> tuple[pd.DataFrame, dict[str, str]]:
         """Rows of every pair of layers (``xlayer_cos_adjacent``: adjacent ones) and notes."""
+        from analysis.activations import _debiased_cka  # here: activation jobs only (a weights job never loads it)
+
         notes: dict[str, str] = {}
         wanted = [m for m in CACHE_METRICS if m in names("activations")]
         if len(self.proj) < 2 or not all(self.x):
@@ -403,6 +404,8 @@ def _null_cka(cent: list[list[torch.Tensor]], stats: torch.Tensor, n: torch.Tens
     other: ``cent[draw][layer]`` the centred Grams, ``stats [draw, layer, (trace, squared norm)]``;
     ``[n_layers, n_layers, draws^2]``. The cross terms ``<Gc_a, Gc_b>`` of two draws come from one
     float64 product of their stacked Grams."""
+    from analysis.activations import _debiased_cka  # here: activation jobs only (a weights job never loads it)
+
     draws = len(cent)
     stacked = [torch.stack(c).flatten(1).double() for c in cent]          # per draw [L, m^2]
     out = []
