@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app import jobs
 from app.jobs import compute_jobs
 from loaders.ingest import ingest_checkpoint
 from loaders.sources import hashing, safetensors_file, sniff
@@ -92,11 +93,23 @@ def test_analyze_path_reads_the_file_for_its_hash_and_the_attention_tensors_twic
     store = Store(tmp_path / "reads.duckdb")
     store.migrate()
 
-    assert ingest_checkpoint(store, path).status == "added"
+    added = ingest_checkpoint(store, path)
+    assert added.status == "added"
     job = compute_jobs(str(path), kinds=["weights"], device="cpu")[0]
     assert job["tied"]["variant"] == "q_eq_k"           # the ties came from the metrics' read
+    jobs._store_results(store, [jobs._job_from_json(added.checkpoint_id, str(path), job)])
+    first = list(reads)
+
+    # analysed again, unchanged (size and mtime as journalled): no byte is read, nothing computed
+    reads.clear()
+    again = ingest_checkpoint(store, path)
+    assert (again.status, again.checkpoint_id) == ("unchanged", added.checkpoint_id)
+    (cached,) = jobs.analyze(store, added.checkpoint_id)
+    assert cached.cached and cached.tied["variant"] == "q_eq_k"
+    assert reads == []
 
     # how many reads covered each byte of the file, tensor by tensor
+    reads = first
     covered = np.zeros(size, dtype=np.int64)
     for a, b in reads:
         covered[a:b] += 1
