@@ -46,7 +46,13 @@ def declared(package: ModuleType, required: tuple[str, ...],
     for info in pkgutil.iter_modules(package.__path__):
         if info.name.startswith("_"):
             continue
-        tree = ast.parse((Path(info.module_finder.path) / f"{info.name}.py").read_text(encoding="utf-8"))
+        source = Path(getattr(info.module_finder, "path", "")) / f"{info.name}.py"
+        if info.ispkg or not source.is_file():       # a package or a compiled module: read by importing it
+            mod = importlib.import_module(f"{package.__name__}.{info.name}")
+            if all(hasattr(mod, a) for a in required):
+                found[mod.__name__] = {c: getattr(mod, c) for c in constants if hasattr(mod, c)}
+            continue
+        tree = ast.parse(source.read_text(encoding="utf-8"))
         defined: dict[str, ast.expr | None] = {}
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
