@@ -82,7 +82,6 @@ import torch
 
 from analysis._linalg import as_float32, stack_heads
 from analysis.above_chance import NULL_BAND, p_value
-from analysis.intervals import t_quantile
 from analysis.registry import RESULT_COLUMNS, computed, names
 
 #: Input dimensions (the weights' samples) behind a weight pair; above it, a uniform subsample.
@@ -426,6 +425,8 @@ def _unit(c: torch.Tensor) -> torch.Tensor:
 def _jack(est: torch.Tensor, k: int) -> tuple[float, float, float]:
     """Value and 95% delete-one-group jackknife-t interval from ``est`` ``[1 + k]`` (all tokens, then
     each group left out); NaN interval with one group. The value is the all-token estimate."""
+    from analysis.intervals import t_quantile  # here: activation jobs only, as _debiased_cka above
+
     value = float(est[0])
     if k < 2:
         return value, math.nan, math.nan

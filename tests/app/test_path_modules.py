@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "data" / "demo" / "q_eq_k-mha-wd0.1" / "checkpoints" / "final_step_004000.safetensors"
 PACKAGES = ("app", "analysis", "loaders", "experiments")
 #: The project's modules on the path, both processes together.
-MAX_MODULES = 78
+MAX_MODULES = 77
 
 SITECUSTOMIZE = '''
 import os, sys
