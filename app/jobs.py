@@ -17,7 +17,10 @@ absent metric is absent.
 A stored file is someone's file: ``analyze`` computes in the sandbox
 (``loaders.sandbox``, job ``analyze`` of ``app.sandbox_jobs``: ``compute_jobs``, under the memory budget and
 ``QKVSCOPE_ANALYSIS_TIMEOUT_S``), the rows coming back as JSON; ``resolve``
-ingests a path that is not stored yet in such a child too.
+ingests a path that is not stored yet in such a child too. The parent only resolves, checks
+and stores: this module loads no torch when imported, and the functions that read tensors
+(``weight_frame``, ``layer_ties``, ``_compute``, ``compute_jobs``) import the metric code when
+they run, in the child.
 
 Where the rest lives (callers import it from there):
 
