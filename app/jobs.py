@@ -367,8 +367,9 @@ def _job_from_json(checkpoint_id: int, path: str, job: dict) -> JobResult:
 def resolve(store: Store, target: str, *, reader=None) -> int:
     """A checkpoint id from ``target``: an existing path is ingested first, else an integer id.
 
-    The path is someone's file: it is read and stored by the child process of
-    the sandbox (``loaders.sandbox``, under the memory and time budgets), never in this
+    A path the ingest journal knows at its current size and mtime (``loaders.ingest.journalled``)
+    is its stored id, nothing of the file read. Any other path is someone's file: it is read and
+    stored by the child process of the sandbox (``loaders.sandbox``, under the memory and time budgets), never in this
     process, so a bomb ends that child with one line ``PATH: what`` (``FileError``).
     ``reader`` (a ``loaders.sandbox.Sandbox`` of ``app.sandbox_jobs``) reuses one child over
     several targets; None borrows the pooled child of ``app.sandbox_jobs``, the one the analysis
@@ -376,9 +377,17 @@ def resolve(store: Store, target: str, *, reader=None) -> int:
     """
     path = Path(target).expanduser()
     if path.exists():
+        # here: a path only (an id needs neither); both stay torch-free
         from app.sandbox_jobs import pooled
+        from loaders.ingest import journalled
         from loaders.sandbox import ingest_checkpoint
 
+        try:
+            known = journalled(store, path)       # a stat and a query: no child for a file stored unchanged
+        except QkvscopeError:
+            known = None                           # the child says what is wrong with it, as for any file
+        if known is not None:
+            return known
         if reader is None:
             with pooled() as box:
                 rep = ingest_checkpoint(store, path, reader=box)

@@ -190,11 +190,8 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
     from loaders.sources import content_hash
 
     path = Path(path)
-    check_openable(path)
+    stored = journalled(store, path)
     size, mtime = _size_of(path), _mtime_of(path)
-    with store.connect() as con:
-        # The journal spares re-hashing an unchanged multi-GB file on every scan.
-        stored = journal.stored_checkpoint(con, str(path.resolve()), size, mtime)
     if stored is not None:
         return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=stored,
                           reason="already stored")
@@ -231,6 +228,18 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
         reason = f"{info['nonfinite']} NaN/Inf values in attention weights"
     return FileReport(str(path), "checkpoint", "added", format=info["architecture"],
                       checkpoint_id=ckpt_id, reason=reason)
+
+
+def journalled(store: Store, path: str | Path) -> int | None:
+    """The id of the stored checkpoint the journal knows ``path`` as, at its current size and
+    mtime; None when it must be read. Reads nothing of the file (``stat`` of it, or of a folder's
+    files, and one query), so a parent may ask before it starts a reading child. The journal
+    spares re-hashing an unchanged multi-GB file on every scan; it trusts the file system (a file
+    rewritten in place with the same size and mtime is taken for the stored one)."""
+    path = Path(path)
+    check_openable(path)
+    with store.connect() as con:
+        return journal.stored_checkpoint(con, str(path.resolve()), _size_of(path), _mtime_of(path))
 
 
 def _export_of_stored(store: Store, path: Path, size: int, mtime: float) -> FileReport | None:
