@@ -10,6 +10,8 @@ code object ``exec`` runs, which is every module body an import runs. A module o
 What the bound holds: a safetensors file loads its own reader and layout only (not the pickle,
 zip or llama2.c readers, nor the other layouts), a weights job loads no activation engine nor
 forward pass, ``analyze`` no batch package or figure export, and the CLI process no torch.
+Run again on the same database, the command starts no reading child at all: the ingest journal
+knows the file unchanged (``loaders.ingest.journalled``) and its job is current.
 """
 from __future__ import annotations
 
@@ -49,11 +51,8 @@ def _loaded(log_dir: Path) -> dict[int, set[str]]:
     return out
 
 
-def test_analyze_path_loads_at_most_max_modules_of_the_project(tmp_path):
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    logs = tmp_path / "logs"
+def _analyze(tmp_path: Path, hook: Path, logs: Path) -> str:
+    """``analyze DEMO --json`` into ``tmp_path/a.duckdb``, each process logging to ``logs``; its stdout."""
     logs.mkdir()
     env = dict(os.environ, MODULE_LOG_DIR=str(logs),
                PYTHONPATH=os.pathsep.join([str(hook), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
@@ -61,7 +60,16 @@ def test_analyze_path_loads_at_most_max_modules_of_the_project(tmp_path):
                           "--device", "cpu", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["tied"]["variant"] == "q_eq_k"
+    return out.stdout
+
+
+def test_analyze_path_loads_at_most_max_modules_of_the_project(tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    logs = tmp_path / "logs"
+    out = _analyze(tmp_path, hook, logs)
+    assert json.loads(out)["tied"]["variant"] == "q_eq_k"
 
     per_process = _loaded(logs)
     assert len(per_process) == 2                    # the CLI and the one reading child
@@ -81,3 +89,8 @@ def test_analyze_path_loads_at_most_max_modules_of_the_project(tmp_path):
     cli_files = {Path(line) for line in next(f for f in logs.glob("*.log") if "app/cli.py" in f.read_text())
                  .read_text().splitlines()}
     assert not any(p.is_relative_to(torch_dir) for p in cli_files)
+
+    # the same file again: the journal knows it and its job is current, so no reading child starts
+    again = json.loads(_analyze(tmp_path, hook, tmp_path / "logs-again"))
+    assert again["cached"] is True and again["tied"]["variant"] == "q_eq_k"
+    assert len(_loaded(tmp_path / "logs-again")) == 1
