@@ -34,6 +34,8 @@ import pandas as pd
 
 #: False discovery rate of every "above chance" call.
 Q = 0.05
+#: Quantiles of the null band (``chance_low``, ``chance_high``) over the draws (x heads).
+NULL_BAND = (0.025, 0.975)
 
 
 def p_value(value, null) -> float:

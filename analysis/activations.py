@@ -139,7 +139,7 @@ import pandas as pd
 import torch
 
 from analysis._lapack_pool import side_by_side
-from analysis.above_chance import p_value
+from analysis.above_chance import NULL_BAND, p_value
 from analysis._linalg import as_float32, gram_sv, small_eigh, small_eigvalsh, spectrum_stats, stack_heads
 from analysis.errors import AnalysisError
 from analysis.intervals import jackknife, t_quantile
@@ -162,8 +162,6 @@ _FEW_TOKENS = {
 }
 #: Metrics fixed by an input of no more directions than a head has columns (``analysis.degenerate``).
 _FEW_DIRECTIONS = ("kv_cka_act", "kv_cosine_act", "kv_share_r2_act", "erank_kcache", "erank_vcache")
-#: Quantiles of the null band (``chance_low``, ``chance_high``) over the draws x heads.
-NULL_BAND = (0.025, 0.975)
 #: Where each metric lives (the jackknife-t interval is clipped to it; eranks: [1, d_head];
 #: a plugin's metric: unbounded).
 _RANGE = {"kv_cosine_act": (-1.0, 1.0), "kv_cka_act": (0.0, 1.0), "kv_share_r2_act": (0.0, 1.0),

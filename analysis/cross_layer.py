@@ -81,9 +81,7 @@ import pandas as pd
 import torch
 
 from analysis._linalg import as_float32, stack_heads
-from analysis.above_chance import p_value
-from analysis.activations import NULL_BAND, _debiased_cka
-from analysis.intervals import t_quantile
+from analysis.above_chance import NULL_BAND, p_value
 from analysis.registry import RESULT_COLUMNS, computed, names
 
 #: Input dimensions (the weights' samples) behind a weight pair; above it, a uniform subsample.
@@ -319,6 +317,8 @@ class CacheSample:
 
     def result(self) -> tuple[pd.DataFrame, dict[str, str]]:
         """Rows of every pair of layers (``xlayer_cos_adjacent``: adjacent ones) and notes."""
+        from analysis.activations import _debiased_cka  # here: activation jobs only (a weights job never loads it)
+
         notes: dict[str, str] = {}
         wanted = [m for m in CACHE_METRICS if m in names("activations")]
         if len(self.proj) < 2 or not all(self.x):
@@ -403,6 +403,8 @@ def _null_cka(cent: list[list[torch.Tensor]], stats: torch.Tensor, n: torch.Tens
     other: ``cent[draw][layer]`` the centred Grams, ``stats [draw, layer, (trace, squared norm)]``;
     ``[n_layers, n_layers, draws^2]``. The cross terms ``<Gc_a, Gc_b>`` of two draws come from one
     float64 product of their stacked Grams."""
+    from analysis.activations import _debiased_cka  # here: activation jobs only (a weights job never loads it)
+
     draws = len(cent)
     stacked = [torch.stack(c).flatten(1).double() for c in cent]          # per draw [L, m^2]
     out = []
@@ -423,6 +425,8 @@ def _unit(c: torch.Tensor) -> torch.Tensor:
 def _jack(est: torch.Tensor, k: int) -> tuple[float, float, float]:
     """Value and 95% delete-one-group jackknife-t interval from ``est`` ``[1 + k]`` (all tokens, then
     each group left out); NaN interval with one group. The value is the all-token estimate."""
+    from analysis.intervals import t_quantile  # here: activation jobs only, as _debiased_cka above
+
     value = float(est[0])
     if k < 2:
         return value, math.nan, math.nan

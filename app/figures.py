@@ -22,7 +22,6 @@ No streamlit import at module level: the CLI imports this module too.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -111,12 +110,6 @@ def format_switch() -> None:
     st.sidebar.radio("Chart downloads", list(TOOLBAR_FORMATS), format_func=TOOLBAR_FORMATS.get,
                      key=FORMAT_KEY, horizontal=True,
                      help="what each chart's camera button downloads, at a two-column paper width")
-
-
-def add_figures_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
-                        help="also write the main figures to DIR as SVG, PDF and PNG (plotly's export: "
-                             "kaleido with the system's Chrome or Chromium)")
 
 
 def report_written(paths: list[Path]) -> None:

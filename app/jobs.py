@@ -17,7 +17,10 @@ absent metric is absent.
 A stored file is someone's file: ``analyze`` computes in the sandbox
 (``loaders.sandbox``, job ``analyze`` of ``app.sandbox_jobs``: ``compute_jobs``, under the memory budget and
 ``QKVSCOPE_ANALYSIS_TIMEOUT_S``), the rows coming back as JSON; ``resolve``
-ingests a path that is not stored yet in such a child too.
+ingests a path that is not stored yet in such a child too. The parent only resolves, checks
+and stores: this module loads no torch when imported, and the functions that read tensors
+(``weight_frame``, ``layer_ties``, ``_compute``, ``compute_jobs``) import the metric code when
+they run, in the child.
 
 Where the rest lives (callers import it from there):
 
@@ -37,30 +40,23 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
 
-from analysis.above_chance import flag as flag_above_chance
-from analysis.chance import attach_weight_chance
-from analysis.degenerate import tie_fixed
-from analysis.finite import nonfinite, unfit_dtype, widened, zeroed
-from analysis.notes import layout_notes as _layout_notes
-from analysis.notes import merge_notes as _merge_notes
-from analysis.notes import nonfinite_notes as _nonfinite_notes
-from analysis.registry import BY_NAME, COLUMNS, METRIC_VERSION, RESULT_COLUMNS, names
+from analysis.registry import BY_NAME, METRIC_VERSION, RESULT_COLUMNS, names
 from analysis.result_rows import json_rows, rows_frame
 from analysis.tie_names import tied_variant
-from analysis.weights import default_device, weight_metrics
 from experiments.sample_text import SampleSpec
-from loaders import chance_cache
-from loaders.canonical import Checkpoint
 from loaders.errors import CheckpointFormatError, FileError, QkvscopeError, StoreError
 from loaders.results import current_job, replace_results
 from loaders.store import Store
 
+if TYPE_CHECKING:
+    from loaders.canonical import Checkpoint
+
 Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
-Opener = Callable[[str], Checkpoint]
+Opener = Callable[[str], "Checkpoint"]
 
 
 @dataclass
@@ -92,7 +88,17 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     whole checkpoint's. ``ties``: a list that gets each layer's ties (``layer_ties``)
     from the tensors already read for its metrics, so the file is read once, not again for them.
     """
-    from analysis.cross_layer import WeightPairs   # here: torch loads where tensors are read
+    # here, not at the top: torch loads where tensors are read (the reading child), never in the
+    # parent that only reads and stores results
+    from analysis.above_chance import flag as flag_above_chance
+    from analysis.chance import attach_weight_chance
+    from analysis.cross_layer import WeightPairs
+    from analysis.degenerate import tie_fixed
+    from analysis.finite import nonfinite, unfit_dtype, widened, zeroed
+    from analysis.notes import layout_notes, merge_notes
+    from analysis.notes import nonfinite_notes as heads_nonfinite   # the parameter holds the name
+    from analysis.registry import COLUMNS
+    from analysis.weights import weight_metrics
 
     ties = [] if ties is None else ties        # every layer's ties: the values they fix are degenerate
     frames, notes = [], {}
@@ -132,13 +138,13 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
         # chance levels: the same metrics of independent Gaussian projections of these shapes
         # (computed once per shape and process, see analysis.chance)
         frames.append(attach_weight_chance(df, lm, query_free=query_free, device=device, notes=nt))
-        _merge_notes(notes, nt)
+        merge_notes(notes, nt)
     if cross is not None:
         if progress:
             progress(n, n, "weights: pairs of layers")
         cross_frame, cross_notes = cross.result()
         frames.append(cross_frame)
-        _merge_notes(notes, cross_notes)
+        merge_notes(notes, cross_notes)
     else:
         for metric in names("weights"):
             if BY_NAME[metric].axis == "layer_pair":
@@ -150,9 +156,9 @@ def weight_frame(ckpt: Checkpoint, *, device: str | None = None, progress: Progr
     # values a tie fixes are degenerate; then "above chance" is tested over each metric's heads
     frame = flag_above_chance(tie_fixed(frame, ties, notes))
     # layout notes first, undefined-value notes after: a batch's layer groups join to the same text
-    _layout_notes(notes, ckpt.meta, frame)
+    layout_notes(notes, ckpt.meta, frame)
     if nonfinite_notes:   # the heads of non-finite layers are said once, below
-        _nonfinite_notes(frame[~frame["layer"].isin(list(unfinite))], notes)
+        heads_nonfinite(frame[~frame["layer"].isin(list(unfinite))], notes)
     if unfinite:
         said = "null at layers with non-finite weights: " + "; ".join(
             f"layer {i} ({bad})" for i, bad in unfinite.items())
@@ -166,7 +172,8 @@ def layer_ties(layer, meta, *, device=None) -> dict:
     layer's own geometry (``ModelMeta.layer_meta``: a CLIP's towers differ), float8 tensors are
     compared as float32 (torch has no norm in float8). ``weight_frame`` calls it on the layers its
     metrics read, ``read_ties`` on every layer of a file."""
-    from analysis.tied import tied_layer   # here: torch loads where tensors are read
+    from analysis.finite import widened     # here: torch loads where tensors are read
+    from analysis.tied import tied_layer
 
     return tied_layer(replace(layer, **widened(layer.tensors())), meta, device=device)
 
@@ -267,26 +274,27 @@ def analyze(store: Store, checkpoint_id: int, *, activations: bool = False, devi
     stored = results.get("weights")
     known_ties = (stored.tied or {}).get("layers") if stored is not None else None
     if todo:
-        dev = device or default_device()
         if opener is None:
-            from loaders.checkpoints import open_checkpoint as opener
-        if not Path(info["path"]).exists() and opener.__module__ == "loaders.checkpoints":
-            raise StoreError(f"{info['path']}: checkpoint {checkpoint_id} is stored but its file is gone; "
-                             "re-ingest it from its new place")
-        if opener.__module__ == "loaders.checkpoints":
+            if not Path(info["path"]).exists():
+                raise StoreError(f"{info['path']}: checkpoint {checkpoint_id} is stored but its file is gone; "
+                                 "re-ingest it from its new place")
             # a stored file is someone's file: analysed in a child process under the memory budget
             # and QKVSCOPE_ANALYSIS_TIMEOUT_S (loaders/sandbox.py), so a bomb ends that process;
             # the child is pooled (as batch tasks' are): a page analysing 23 checkpoints one after
-            # another pays the child's 2-3 s of imports once, and a child that died is replaced
+            # another pays the child's 2-3 s of imports once, and a child that died is replaced.
+            # The child picks the default device: this process never loads torch.
             from app.sandbox_jobs import call
 
             if progress:
                 progress(0, 1, "analysing in a child process")
             got = call("analyze", info["path"], pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
-                       kinds=todo, device=str(dev), text=sample.text, tokens=sample.tokens, images=sample.images,
+                       kinds=todo, device=device, text=sample.text, tokens=sample.tokens, images=sample.images,
                        ties=known_ties)
             fresh = [_job_from_json(checkpoint_id, info["path"], g) for g in got]
         else:
+            from analysis.weights import default_device  # here: torch, for a checkpoint opened in this process
+
+            dev = device or default_device()
             with opener(info["path"]) as ckpt:
                 fresh = [_job_from_json(checkpoint_id, info["path"], g) for g in
                          _compute(ckpt, todo, dev, sample, progress, ties=known_ties)]
@@ -309,6 +317,8 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
     group), without the undefined-value notes, its ``tied`` summing up those layers only: the
     batch driver joins the groups (``app.batch.register.finalise_groups``)."""
     out, known = [], list(ties or [])
+    from loaders import chance_cache  # here: it imports analysis.chance (torch); the parent stays torch-free
+
     chance_cache.install()                   # chance levels of a geometry met before are read, not drawn
     for kind in kinds:
         t0 = time.perf_counter()
@@ -328,6 +338,8 @@ def _compute(ckpt: Checkpoint, kinds: list[str], device, sample: SampleSpec,
                 run = corpus_activations(ckpt, sample=sample, device=device, progress=progress)
                 frame, notes, used = run.frame, dict(run.notes), run.sample
                 # values a tie fixes are degenerate (and untested)
+                from analysis.degenerate import tie_fixed  # here: torch, as the forward pass above
+
                 frame = tie_fixed(frame, known, notes)
             except NoForwardPass as exc:
                 frame = pd.DataFrame(columns=RESULT_COLUMNS)
@@ -344,7 +356,8 @@ def compute_jobs(path: str, *, kinds: list[str], device: str | None, text: str |
     (``app.batch.task``) run in the child process. ``device`` None: cuda when available, else cpu
     (resolved here, where a batch task runs). ``layers`` ``[first, stop)``: a batch's layer group; a
     range outside the file's layers is a ``FileError`` (the file changed since it was ingested)."""
-    from loaders.checkpoints import open_checkpoint  # here: torch loads when a checkpoint is opened
+    from analysis.weights import default_device  # here: torch loads when a checkpoint is opened
+    from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(path) as ckpt:
         if layers is not None and not 0 <= layers[0] < layers[1] <= ckpt.meta.n_layers:
@@ -363,8 +376,9 @@ def _job_from_json(checkpoint_id: int, path: str, job: dict) -> JobResult:
 def resolve(store: Store, target: str, *, reader=None) -> int:
     """A checkpoint id from ``target``: an existing path is ingested first, else an integer id.
 
-    The path is someone's file: it is read and stored by the child process of
-    the sandbox (``loaders.sandbox``, under the memory and time budgets), never in this
+    A path the ingest journal knows at its current size and mtime (``loaders.ingest.journalled``)
+    is its stored id, nothing of the file read. Any other path is someone's file: it is read and
+    stored by the child process of the sandbox (``loaders.sandbox``, under the memory and time budgets), never in this
     process, so a bomb ends that child with one line ``PATH: what`` (``FileError``).
     ``reader`` (a ``loaders.sandbox.Sandbox`` of ``app.sandbox_jobs``) reuses one child over
     several targets; None borrows the pooled child of ``app.sandbox_jobs``, the one the analysis
@@ -372,9 +386,17 @@ def resolve(store: Store, target: str, *, reader=None) -> int:
     """
     path = Path(target).expanduser()
     if path.exists():
+        # here: a path only (an id needs neither); both stay torch-free
         from app.sandbox_jobs import pooled
+        from loaders.ingest import journalled
         from loaders.sandbox import ingest_checkpoint
 
+        try:
+            known = journalled(store, path)       # a stat and a query: no child for a file stored unchanged
+        except QkvscopeError:
+            known = None                           # the child says what is wrong with it, as for any file
+        if known is not None:
+            return known
         if reader is None:
             with pooled() as box:
                 rep = ingest_checkpoint(store, path, reader=box)

@@ -19,6 +19,8 @@ checkpoint readers (``loaders.sources``, ``loaders.checkpoints``,
 ``loaders.llama2c``) import torch and the log readers (``loaders.logs``)
 pandas, and the parent of ``loaders/sandbox.py`` runs ``scan`` and
 ``link_checkpoints`` from here without either (its child reads the files).
+The walk's helpers (``loaders.tracker_stores``, ``loaders.projects``) load with
+the walk: the reading child's ``ingest_checkpoint`` of one path needs neither.
 """
 from __future__ import annotations
 
@@ -29,11 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from loaders import checkpoint_rows, journal, run_rows, tracker_stores
+from loaders import checkpoint_rows, journal, run_rows
 from loaders.checkpoint_names import HF_WEIGHT_FILES
 from loaders.errors import CheckpointFormatError, DatabaseBusyError, FileError, QkvscopeError, StoreError
 from loaders.filecheck import MAX_FOLDER_DEPTH, check_openable, failure, refusal, unencodable_name
-from loaders.projects import assign_project, check_name, default_project
 from loaders.report import FileReport, IngestReport
 from loaders.store import Store
 
@@ -82,6 +83,8 @@ def scan(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str | None]]:
     reported: its RocksDB is not read); otherwise it is reported as skipped,
     with the reason. The walk keeps its own stack: Python's recursion would
     end near 1,000 levels."""
+    from loaders import tracker_stores  # here: the walk only (the module docstring)
+
     for raw in paths:
         path = Path(raw).expanduser()
         if not path.exists() and not path.is_symlink():
@@ -143,6 +146,8 @@ def _dot_folder(child: Path, entry: os.DirEntry) -> str | None:
     """None to walk a dot-folder (a tracker's store: ``tracker_stores.store_folder``),
     else why it is skipped; "" for a dot-file (left out without a word, as editors'
     and systems' files are)."""
+    from loaders import tracker_stores  # here: the walk only (the module docstring)
+
     if not entry.is_dir(follow_symlinks=False):
         return ""
     if child.name == ".trash" and child.parent.name == "mlruns":
@@ -185,11 +190,8 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
     from loaders.sources import content_hash
 
     path = Path(path)
-    check_openable(path)
+    stored = journalled(store, path)
     size, mtime = _size_of(path), _mtime_of(path)
-    with store.connect() as con:
-        # The journal spares re-hashing an unchanged multi-GB file on every scan.
-        stored = journal.stored_checkpoint(con, str(path.resolve()), size, mtime)
     if stored is not None:
         return FileReport(str(path), "checkpoint", "unchanged", checkpoint_id=stored,
                           reason="already stored")
@@ -226,6 +228,18 @@ def ingest_checkpoint(store: Store, path: str | Path) -> FileReport:
         reason = f"{info['nonfinite']} NaN/Inf values in attention weights"
     return FileReport(str(path), "checkpoint", "added", format=info["architecture"],
                       checkpoint_id=ckpt_id, reason=reason)
+
+
+def journalled(store: Store, path: str | Path) -> int | None:
+    """The id of the stored checkpoint the journal knows ``path`` as, at its current size and
+    mtime; None when it must be read. Reads nothing of the file (``stat`` of it, or of a folder's
+    files, and one query), so a parent may ask before it starts a reading child. The journal
+    spares re-hashing an unchanged multi-GB file on every scan; it trusts the file system (a file
+    rewritten in place with the same size and mtime is taken for the stored one)."""
+    path = Path(path)
+    check_openable(path)
+    with store.connect() as con:
+        return journal.stored_checkpoint(con, str(path.resolve()), _size_of(path), _mtime_of(path))
 
 
 def _export_of_stored(store: Store, path: Path, size: int, mtime: float) -> FileReport | None:
@@ -433,6 +447,8 @@ def _log_inside_checkpoint(path: Path) -> str | None:
 def scan_projects(paths: Iterable[str | Path], project: str | None) -> Iterator[tuple[Path, str | None, str]]:
     """``scan(paths)`` with the project of each item: ``project`` when given, else
     ``loaders.projects.default_project`` of the path it was found under."""
+    from loaders.projects import default_project  # here: the walk only (the module docstring)
+
     for raw in paths:
         name = project if project is not None else default_project(raw)
         for path, why in scan([raw]):
@@ -462,6 +478,8 @@ def ingest_paths(store: Store, paths: Iterable[str | Path], *,
     kind)`` read a file: in this process by default (``_classify``, ``ingest_file``), in
     the reading child for ``loaders.sandbox.ingest_paths``.
     """
+    from loaders.projects import assign_project, check_name  # here: the walk only (the module docstring)
+
     if ingest_one is None:
         ingest_one = lambda store, path, kind: ingest_file(store, path)  # noqa: E731
     if project is not None:

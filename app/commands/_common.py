@@ -23,6 +23,13 @@ def add_download_argument(parser: argparse.ArgumentParser) -> None:
                              "config.json and safetensors only, never model code (default: the cache only)")
 
 
+def add_figures_argument(parser: argparse.ArgumentParser) -> None:
+    """``--figures DIR``, written by ``app.figures.write_figures`` (imported only when it is given)."""
+    parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
+                        help="also write the main figures to DIR as SVG, PDF and PNG (plotly's export: "
+                             "kaleido with the system's Chrome or Chromium)")
+
+
 def checkpoint_path(name: str, download: bool = False) -> str:
     """A checkpoint argument as the path to read: a path that exists is itself; a Hugging
     Face repo id (``org/name``) or cache folder (``models--org--name``) is its snapshot

@@ -82,8 +82,8 @@ import pandas as pd
 from analysis.errors import AnalysisError
 from analysis.registry import BY_NAME, METRICS, check_plugins
 from analysis.tie_names import disagreement
-from app.commands._common import add_db_argument, add_download_argument, checkpoint_path, print_json, store_from
-from app.figures import add_figures_argument, report_written, write_figures
+from app.commands._common import (add_db_argument, add_download_argument, add_figures_argument, checkpoint_path,
+                                  print_json, store_from)
 from loaders.errors import QkvscopeError, StoreError
 from loaders.report import one_line
 
@@ -389,6 +389,8 @@ def run(args: argparse.Namespace) -> int:
     failed: list[str] | None = [] if len(args.targets) > 1 else None
     payloads = analyze_targets(args, failed)
     if args.figures is not None:
+        from app.figures import report_written, write_figures  # here: --figures only
+
         report_written(write_figures({name: fig for p in payloads for name, fig in heatmaps(p).items()},
                                      args.figures))
     if args.json:

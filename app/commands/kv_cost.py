@@ -47,8 +47,8 @@ from analysis.kv_cost import (
 from analysis.kv_layers import ENGINES, SPEC_HELP, parse_layer_types
 from analysis.presets import PRESETS, get_preset
 from analysis.variants import ALL_VARIANTS
-from app.commands._common import checkpoint_path, print_json
-from app.figures import add_figures_argument, report_written, write_figures
+from app.commands._common import add_figures_argument, checkpoint_path, print_json
+from app.figures import report_written, write_figures
 
 NAME = "kv-cost"
 HELP = "KV-cache bytes, users per GPU and USD per 1M tokens of a variant, against the baseline"

@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands._common import add_db_argument, print_json, store_from
-from app.figures import add_figures_argument, report_written, write_figures
+from app.commands._common import add_db_argument, add_figures_argument, print_json, store_from
+from app.figures import report_written, write_figures
 
 NAME = "results"
 HELP = "print the Results table (one row per comparable group) as JSON, CSV, Markdown or LaTeX"

@@ -53,8 +53,8 @@ import math
 import pandas as pd
 
 from analysis.wd_sensitivity import CONFIDENCE, METHODS, N_BOOT, SEED, projection_norms_vs_wd, wd_sensitivity
-from app.commands._common import add_db_argument, print_json, store_from
-from app.figures import add_figures_argument, report_written, write_figures
+from app.commands._common import add_db_argument, add_figures_argument, print_json, store_from
+from app.figures import report_written, write_figures
 from loaders.wd import NORM_METRICS, read_inputs  # noqa: F401  (read_inputs: the command's reads)
 
 NAME = "wd-sensitivity"

@@ -27,6 +27,12 @@ The converter protocol. A module in this package (name not starting with
   ``projection_sharing``, ``llama_meta``); ``experiments.foreign`` builds the
   project's GPT from it, so a layout's key names stay in its module.
 
+Discovery reads ``NAME``, ``PRIORITY``, ``MODEL_TYPES`` and ``ARCHITECTURES``
+from each module's source (``loaders.discovery.declared``, nothing imported) and
+imports a layout when ``pick`` reaches it: a qkvscope checkpoint loads
+``qkvscope`` alone, not the twenty layouts after it. ``LAYOUTS`` (every layout,
+imported, in detection order) is built on first use.
+
 Shared helpers (modules starting with ``_``, not layouts): ``_common``
 (config lookup, layer discovery, shape checks, reshapes, metadata),
 ``_converters`` (whole converters of the common projection shapes),
@@ -41,49 +47,73 @@ invariant to a rotation of the head basis agree; per-column ones do not.
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from types import ModuleType
 
-from loaders.discovery import modules
+from loaders.discovery import UNREAD, declared
 from loaders.tensor_source import TensorSource
 
-
-def _discover() -> list[ModuleType]:
-    mods = modules(sys.modules[__name__], ("NAME", "detect", "convert"))
-    return sorted(mods, key=lambda m: (getattr(m, "PRIORITY", 50), m.NAME))
+#: The constants ``pick`` orders and offers layouts by, read without importing them.
+_CONSTANTS = ("NAME", "PRIORITY", "MODEL_TYPES", "ARCHITECTURES")
 
 
-#: Every layout converter, in detection order.
-LAYOUTS: list[ModuleType] = _discover()
+def _discover() -> list[dict]:
+    """Each layout's ``_CONSTANTS`` (and ``module``, its import name), in detection order; a
+    module whose constants are not literals in its source is imported to read them."""
+    found = []
+    for module, consts in declared(sys.modules[__name__], ("NAME", "detect", "convert"), _CONSTANTS).items():
+        if any(v is UNREAD for v in consts.values()):
+            mod = importlib.import_module(module)
+            consts = {c: getattr(mod, c) for c in _CONSTANTS if hasattr(mod, c)}
+        found.append({"module": module, **consts})
+    return sorted(found, key=lambda c: (c.get("PRIORITY", 50), c["NAME"]))
+
+
+#: Every layout's constants, in detection order.
+_ORDER: list[dict] = _discover()
+
+
+def __getattr__(name: str):
+    """``LAYOUTS``: every layout converter module, in detection order (imported on first use)."""
+    if name != "LAYOUTS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    layouts = [importlib.import_module(c["module"]) for c in _ORDER]
+    globals()["LAYOUTS"] = layouts
+    return layouts
 
 
 def names() -> list[str]:
     """Known layout names, sorted."""
-    return sorted(m.NAME for m in LAYOUTS)
+    return sorted(c["NAME"] for c in _ORDER)
 
 
-def _declared(source: TensorSource, mod: ModuleType) -> bool:
+def _declared(source: TensorSource, consts: dict) -> bool:
     config = source.config or {}
     mt = str(config.get("model_type") or "").lower()
-    if mt and mt in getattr(mod, "MODEL_TYPES", ()):
+    if mt and mt in consts.get("MODEL_TYPES", ()):
         return True
     archs = config.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
     elif not isinstance(archs, (list, tuple)):
         return False  # malformed: the layouts' own detect() decides from the keys
-    prefixes = getattr(mod, "ARCHITECTURES", ())
+    prefixes = tuple(consts.get("ARCHITECTURES", ()))
     return any(isinstance(a, str) and a.startswith(prefixes) for a in archs) if prefixes else False
 
 
 def pick(source: TensorSource) -> ModuleType | None:
     """The layout for ``source``: first one its config declares (``model_type``
     or ``architectures``) whose ``detect`` agrees, else the first whose
-    ``detect`` is true, in ``LAYOUTS`` order; None when none matches."""
-    for mod in LAYOUTS:
-        if _declared(source, mod) and mod.detect(source):
-            return mod
-    for mod in LAYOUTS:
+    ``detect`` is true, in detection order; None when none matches. A layout is
+    imported when its turn comes."""
+    for consts in _ORDER:
+        if _declared(source, consts):
+            mod = importlib.import_module(consts["module"])
+            if mod.detect(source):
+                return mod
+    for consts in _ORDER:
+        mod = importlib.import_module(consts["module"])
         if mod.detect(source):
             return mod
     return None

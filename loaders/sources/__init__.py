@@ -75,20 +75,30 @@ next tensor is read, never a bus error from a shrunken memory map.
 
 Everything other modules import stays importable from ``loaders.sources``:
 the public names of ``__all__`` and, for ``loaders/llama2c.py``, the file
-checks ``_identity``, ``_check_unchanged`` and ``_check_no_hole``.
+checks ``_identity``, ``_check_unchanged`` and ``_check_no_hole``. Each is
+imported from its module when first asked for (``__getattr__``): opening a
+safetensors file loads the safetensors reader, not the pickle, zip and torch
+readers beside it.
 """
 from __future__ import annotations
 
-from loaders.checkpoint_names import CHECKPOINT_SUFFIXES, EXPECTED
-from loaders.sources.files import _check_no_hole, _check_unchanged, _identity
-from loaders.sources.hashing import content_hash, validate
-from loaders.sources.opening import open_source
-from loaders.sources.pickles import load_plain_pickle
-from loaders.sources.safetensors_file import SafetensorsSource
-from loaders.sources.sharded import ShardedSource
-from loaders.sources.sniff import is_checkpoint_candidate
-from loaders.sources.torch_file import TorchSource, check_tensor, strip_key_prefixes
-from loaders.sources.zip_upload import ZipSource
+import importlib
+
+#: name -> the module of this package that defines it (imported on first use).
+_HOME: dict[str, str] = {
+    "CHECKPOINT_SUFFIXES": "loaders.checkpoint_names", "EXPECTED": "loaders.checkpoint_names",
+    "_check_no_hole": "loaders.sources.files", "_check_unchanged": "loaders.sources.files",
+    "_identity": "loaders.sources.files",
+    "content_hash": "loaders.sources.hashing", "validate": "loaders.sources.hashing",
+    "open_source": "loaders.sources.opening",
+    "load_plain_pickle": "loaders.sources.pickles",
+    "SafetensorsSource": "loaders.sources.safetensors_file",
+    "ShardedSource": "loaders.sources.sharded",
+    "is_checkpoint_candidate": "loaders.sources.sniff",
+    "TorchSource": "loaders.sources.torch_file", "check_tensor": "loaders.sources.torch_file",
+    "strip_key_prefixes": "loaders.sources.torch_file",
+    "ZipSource": "loaders.sources.zip_upload",
+}
 
 __all__ = [
     "open_source", "content_hash", "validate", "is_checkpoint_candidate", "check_tensor",
@@ -96,3 +106,14 @@ __all__ = [
     "SafetensorsSource", "TorchSource", "ShardedSource", "ZipSource",
     "EXPECTED", "CHECKPOINT_SUFFIXES",
 ]
+
+
+def __getattr__(name: str):
+    """``loaders.sources.NAME``: NAME from the module ``_HOME`` gives (PEP 562)."""
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})

@@ -17,9 +17,7 @@ from pathlib import Path
 from loaders.checkpoint_names import EXPECTED
 from loaders.errors import CheckpointFormatError
 from loaders.sources.files import _CHUNK, _check_no_hole
-from loaders.sources.folder import _folder_plan
 from loaders.sources.safetensors_file import _read_safetensors_header
-from loaders.sources.sharded import _index_shard_paths
 from loaders.sources.sniff import _file_kind
 
 
@@ -74,6 +72,20 @@ def validate(path: str | Path) -> None:
                     _check_no_hole(f, fd, key, start + begin, end - begin)
             finally:
                 os.close(fd)
+
+
+def _folder_plan(p: Path):
+    """``folder._folder_plan``: which files of a folder the checkpoint is read from."""
+    from loaders.sources.folder import _folder_plan as plan  # here: folders only (it loads the torch/yaml readers)
+
+    return plan(p)
+
+
+def _index_shard_paths(p: Path) -> list[Path]:
+    """``sharded._index_shard_paths``: the shard files an ``*.index.json`` names."""
+    from loaders.sources.sharded import _index_shard_paths as shards  # here: sharded indexes only
+
+    return shards(p)
 
 
 def _feed(h, p: Path) -> None:

@@ -15,7 +15,6 @@ import struct
 import zipfile
 from pathlib import Path
 
-from loaders import llama2c
 from loaders.checkpoint_names import CHECKPOINT_SUFFIXES, EXPECTED, HF_WEIGHT_FILES, TORCH_SUFFIXES
 from loaders.errors import CheckpointFormatError
 
@@ -42,6 +41,8 @@ def is_checkpoint_candidate(path: str | Path) -> bool:
         return head[:4] in (b"PK\x03\x04", b"PK\x05\x06")
     kind = _magic_kind(head, size)
     if kind == "unknown":
+        from loaders import llama2c  # here: its reader (torch, a vocabulary) loads for headerless content only
+
         if head[:4] == struct.pack("<I", llama2c.MAGIC):
             return True                     # a broken llama2.c v1/v2 export is an error to show
         try:
@@ -103,6 +104,8 @@ def _file_kind(p: Path) -> str:
             raise CheckpointFormatError(
                 p, f"starts like a zip file (PyTorch or upload) but its directory cannot be read "
                    f"({exc}); the file is truncated or corrupt") from None
+    from loaders import llama2c  # here: its reader (torch, a vocabulary) loads for headerless content only
+
     if llama2c.sniff(p) is not None:                 # raises for a broken llama2.c export
         return "llama2c"
     raise CheckpointFormatError(p, f"unrecognised content (first bytes {head[:8].hex()}); {EXPECTED}")

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
-from loaders.discovery import module_names, modules
+from loaders.discovery import UNREAD, declared, module_names, modules
 
 
 @pytest.fixture
@@ -48,3 +49,25 @@ def test_the_project_packages_list_their_members():
     assert {"gpt2", "nanogpt"} <= {m.NAME for m in LAYOUTS}
     assert "csv" in READERS or len(READERS) > 5
     assert module_names(app.commands)
+
+
+def test_declared_reads_members_constants_without_importing_them(package):
+    root = Path(package.__path__[0])
+    (root / "gamma.py").write_text("import os\nNAME = 'g'\nPRIORITY = 5\nKINDS = frozenset({'x'})\n"
+                                   "EMPTY = frozenset()\nLATER = os.sep\ndef run(): pass\n")
+    found = declared(package, ("NAME", "run"), ("NAME", "PRIORITY", "KINDS", "EMPTY", "LATER"))
+    assert list(found) == ["toypkg.alpha", "toypkg.beta", "toypkg.gamma"]
+    assert found["toypkg.gamma"] == {"NAME": "g", "PRIORITY": 5, "KINDS": frozenset({"x"}), "EMPTY": frozenset(),
+                                     "LATER": UNREAD}
+    assert found["toypkg.alpha"] == {"NAME": "a"}
+    assert not any(m.startswith("toypkg.") for m in sys.modules)
+
+
+def test_layouts_are_ordered_and_picked_as_when_all_were_imported():
+    from loaders import layouts
+
+    imported = sorted(layouts.LAYOUTS, key=lambda m: (getattr(m, "PRIORITY", 50), m.NAME))
+    assert [c["NAME"] for c in layouts._ORDER] == [m.NAME for m in imported] == [m.NAME for m in layouts.LAYOUTS]
+    assert all(c.get("MODEL_TYPES", frozenset()) == getattr(m, "MODEL_TYPES", frozenset()) and
+               tuple(c.get("ARCHITECTURES", ())) == tuple(getattr(m, "ARCHITECTURES", ()))
+               for c, m in zip(layouts._ORDER, layouts.LAYOUTS))
