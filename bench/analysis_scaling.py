@@ -25,9 +25,11 @@ beside the exponent it should have:
 A phase whose fitted exponent exceeds its expected one by more than 0.5 is a
 FAIL row (the fit over three sizes on a shared machine is noisy: compare CPU
 seconds, printed too). Rows are printed as ``BENCH_ROW {json}`` for ``bench/run_all.py``.
+``--one-process`` runs every analysis in this process instead of a fresh one each (a smoke
+run: one process's imports and reading child; the chance levels are still computed cold).
 
     .venv/bin/python bench/analysis_scaling.py [--layers 2] [--sizes 1024 2048 4096] [--gqa-kv 4]
-                                               [--threads N] [--device cpu|cuda] [--dir DIR]
+                                               [--threads N] [--device cpu|cuda] [--dir DIR] [--one-process]
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _shapes  # noqa: E402
 import _child  # noqa: E402
-from analysis_speed import child_json  # noqa: E402
+from analysis_speed import child_json, phase_analysis  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 PHASES = ("read", "stacked_wq", "layer_m", "per_head", "chance", "store")
@@ -49,12 +51,19 @@ EXPECTED = {"read": 2, "stacked_wq": 3, "layer_m": 3, "per_head": 2, "chance": 2
 D_HEAD = 128
 
 
-def measure(folder: Path, shape: _shapes.Shape, threads: int, device: str = "cpu") -> dict[str, float]:
-    """Seconds per phase of one analysis of ``shape`` (a fresh process: bench/analysis_speed.py)."""
+def measure(folder: Path, shape: _shapes.Shape, threads: int, device: str = "cpu",
+            one_process: bool = False) -> dict[str, float]:
+    """Seconds per phase of one analysis of ``shape`` (a fresh process: bench/analysis_speed.py;
+    ``one_process``: its analysis phase in this process, the chance levels still cold)."""
     _shapes.build(folder, shape)
-    cmd = [sys.executable, str(BENCH / "analysis_speed.py"), "--phase", "analysis", "--dir", str(folder),
-           "--threads", str(threads), "--device", device]
-    out = child_json(cmd)
+    if one_process:
+        import torch
+        torch.set_num_threads(threads)
+        out = phase_analysis(folder, device)
+    else:
+        cmd = [sys.executable, str(BENCH / "analysis_speed.py"), "--phase", "analysis", "--dir", str(folder),
+               "--threads", str(threads), "--device", device]
+        out = child_json(cmd)
     # CPU seconds per phase (one torch thread by default: on a shared machine wall-clock phases
     # swing by 10x, CPU seconds far less); store is wall-clock (DuckDB's own threads)
     return {**out["cpu"], "store": out["store_seconds"], "total": out["cpu_seconds"], "wall": out["seconds"]}
@@ -75,17 +84,18 @@ def row(measured: str, figure: str, against: str, target: str, ok: bool | None) 
                                      "result": "-" if ok is None else ("pass" if ok else "FAIL")}), flush=True)
 
 
-def run(layers: int, sizes: list[int], gqa_kv: int, threads: int, folder: Path, device: str = "cpu") -> dict:
+def run(layers: int, sizes: list[int], gqa_kv: int, threads: int, folder: Path, device: str = "cpu",
+        one_process: bool = False) -> dict:
     """``{"mha": {d_model: phases}, "gqa": phases, "exponents": {phase: fitted}}``; prints the table and rows."""
     mha = {}
     for d in sizes:
         h = d // D_HEAD
         shape = _shapes.Shape(f"mha-{d}", layers, d, h, h, D_HEAD)
-        mha[d] = measure(folder / f"mha-{d}", shape, threads, device)
+        mha[d] = measure(folder / f"mha-{d}", shape, threads, device, one_process)
     d_gqa = sizes[len(sizes) // 2]
     h = d_gqa // D_HEAD
     gqa = measure(folder / f"gqa-{d_gqa}", _shapes.Shape(f"gqa-{d_gqa}", layers, d_gqa, h, gqa_kv, D_HEAD), threads,
-                  device)
+                  device, one_process)
     exps = {p: exponent(sizes, [mha[d][p] for d in sizes]) for p in PHASES}
     print(f"CPU seconds per phase (store, wall: wall-clock), {layers} layers, d_head {D_HEAD}:")
     print(f"{'phase':<11}" + "".join(f"{'MHA d=' + str(d):>13}" for d in sizes)
@@ -112,10 +122,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: CPU seconds add up)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the folders (kept)")
+    ap.add_argument("--one-process", action="store_true",
+                    help="every analysis in this process (a smoke run: the imports and the reading child shared)")
     args = ap.parse_args()
     _child.outlive_abort()
     with tempfile.TemporaryDirectory(prefix="qkvscope-scaling-") as tmp:
-        run(args.layers, args.sizes, args.gqa_kv, args.threads, args.dir or Path(tmp), args.device)
+        run(args.layers, args.sizes, args.gqa_kv, args.threads, args.dir or Path(tmp), args.device,
+            args.one_process)
 
 
 if __name__ == "__main__":

@@ -48,8 +48,8 @@ FULL_RUNS: dict[str, list[list[str]]] = {
 #: does not turn them into minutes). Scripts not named here get their own ``--quick`` if their
 #: ``--help`` offers one, else their defaults.
 QUICK_RUNS: dict[str, list[list[str]]] = {
-    "analysis_speed": [["--shape", "1.1B", "--layers", "1", "--skip-naive", "--repeat", "1", "--threads", "1"]],
-    "analysis_scaling": [["--layers", "1", "--sizes", "128", "256", "512", "--gqa-kv", "1"]],   # GQA-2 at 256
+    "analysis_speed": [["--shape", "tiny", "--skip-naive", "--repeat", "1", "--threads", "1", "--one-process"]],
+    "analysis_scaling": [["--layers", "1", "--sizes", "128", "256", "--gqa-kv", "1", "--one-process"]],  # GQA-2 at 256
 }
 
 #: One argument list per script at ``--quick`` (``QUICK_RUNS`` holds the scripts run otherwise).
