@@ -57,7 +57,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "checkpoint_memory": ["--layers", "1"],            # 1 of 22 layers
     "log_ingest": ["--points", "20000", "--repeat", "1"],
     "dashboard_speed": ["--runs", "20", "--steps", "200", "--no-browser"],
-    "activations_speed": ["--repeat", "1", "--threads", "1"],
+    "activations_speed": ["--quick", "--repeat", "1", "--threads", "1"],
     "foreign_forward": ["--tokens", "256", "--repeat", "1"],
     # 2 checkpoints of the one demo run that keeps five, in-process and on Ray: ingests 5, not the 55
     "batch_speed": ["--demo", "data/demo/qkv-mha-wd0.1", "--limit", "2", "--workers", "1"],
@@ -228,10 +228,17 @@ FIRST_VISIT_LINE = re.compile(r"^\s+(demo|big)\s+first visit: (.+?)\s+([\d.]+)s\
 def parse_activations_speed(out: str) -> list[Row]:
     rows = []
     floor = re.search(r"^floor: .* ([\d.]+) s$", out, re.M)
+    geo = re.search(r"(\d+) windows x (\d+) tokens, d_model (\d+), (\d+) heads, (\d+) kv heads, d_head (\d+)", out)
+    layer, tokens = "one Llama-1B-shaped layer", 4096            # the full size (FULL in the script)
+    if geo:
+        w, t, d, h, g, e = map(int, geo.groups())
+        tokens = w * t
+        if (d, h, g, e) != (2048, 32, 8, 64):                   # --quick's small layer
+            layer = f"one layer of d_model {d}, {h} heads, {g} kv heads, d_head {e}"
     for logits, total, ratio in re.findall(
             r"^logits=(True|False)\s*: .* total ([\d.]+) s .*total / floor = ([\d.]+)x$", out, re.M):
         rows.append(Row("activations_speed",
-                        f"activation metrics, chance and intervals of one Llama-1B-shaped layer, 4,096 tokens"
+                        f"activation metrics, chance and intervals of {layer}, {tokens:,} tokens"
                         f"{' with logits' if logits == 'True' else ''}",
                         f"{float(ratio):.1f}x ({float(total):.2f} s)",
                         f"its K, V projections and Grams alone ({floor.group(1) if floor else '?'} s)", "-", "-"))
