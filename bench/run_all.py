@@ -58,7 +58,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "log_ingest": ["--points", "20000", "--repeat", "1"],
     "dashboard_speed": ["--runs", "20", "--steps", "200", "--no-browser"],
     "activations_speed": ["--quick", "--repeat", "1", "--threads", "1"],
-    "foreign_forward": ["--tokens", "256", "--repeat", "1"],
+    "foreign_forward": ["--quick", "--tokens", "256", "--repeat", "1"],
     # 2 checkpoints of the one demo run that keeps five, in-process and on Ray: ingests 5, not the 55
     "batch_speed": ["--demo", "data/demo/qkv-mha-wd0.1", "--limit", "2", "--workers", "1"],
     "layer_map_draw": ["--layers", "8", "--repeat", "1"],
