@@ -62,6 +62,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     # 2 checkpoints of the one demo run that keeps five, in-process and on Ray: ingests 5, not the 55
     "batch_speed": ["--demo", "data/demo/qkv-mha-wd0.1", "--limit", "2", "--workers", "1"],
     "layer_map_draw": ["--layers", "8", "--repeat", "1"],
+    "interval_coverage": ["--quick"],                   # named here: asking its --help costs a process
     "forward_speed": ["--quick", "--limit", "1", "--tokens", "256", "--repeat", "1", "--hidden", "64",
                       "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000"],
 }
