@@ -31,7 +31,7 @@ started, ``FIRST_VISIT_AFTER_S`` after the first page (no target; beside it
 the later visits' median).
 
     .venv/bin/python bench/dashboard_speed.py [--runs 500] [--steps 20000] [--keep DIR]
-                                              [--rounds 3] [--no-browser]
+                                              [--rounds 3] [--no-browser] [--small-checkpoint]
 """
 from __future__ import annotations
 
@@ -138,7 +138,13 @@ def ingest_logs(db: Path, logs: Path) -> tuple[float, int]:
     return secs, sum(int(f.n_points or 0) for f in report.files)
 
 
-def add_checkpoint(db: Path, folder: Path) -> int:
+#: The analysed GPT-2 (layers, heads, d_model), and ``--small-checkpoint``'s: the bundled demo's
+#: geometry, whose chance levels cost a quarter as much.
+CHECKPOINT = (4, 8, 128)
+SMALL_CHECKPOINT = (2, 4, 64)
+
+
+def add_checkpoint(db: Path, folder: Path, geometry: tuple[int, int, int] = CHECKPOINT) -> int:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -146,7 +152,8 @@ def add_checkpoint(db: Path, folder: Path) -> int:
     from loaders.ingest import ingest_checkpoint
 
     torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(n_layer=4, n_head=8, n_embd=128, vocab_size=300, n_positions=128,
+    layers, heads, d_model = geometry
+    GPT2LMHeadModel(GPT2Config(n_layer=layers, n_head=heads, n_embd=d_model, vocab_size=300, n_positions=128,
                                bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
     store = Store(db)
     cid = ingest_checkpoint(store, folder).checkpoint_id
@@ -231,6 +238,9 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="build the database in this folder and keep it")
     ap.add_argument("--rounds", type=int, default=3, help="timed browser rounds over every page (default 3)")
     ap.add_argument("--no-browser", action="store_true", help="AppTest figures only (no Chromium)")
+    ap.add_argument("--small-checkpoint", action="store_true",
+                    help="analyse a GPT-2 of 2 layers, 4 heads, d_model 64 (a smoke run; default 4 layers, "
+                         "8 heads, d_model 128)")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     print(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; load average {os.getloadavg()[0]:.2f} "
@@ -255,7 +265,7 @@ def main() -> None:
     print(f"ingest, {n_log} runs' CSV logs x {args.steps} steps x 3 metrics ({written:,} points, "
           f"{logs_mb:.0f} MB), into a new database: {fresh_n:,} points in {fresh_s:.2f} s = "
           f"{fresh_n / fresh_s:,.0f} points/s")
-    cid = add_checkpoint(db, folder / "gpt2-bench")
+    cid = add_checkpoint(db, folder / "gpt2-bench", SMALL_CHECKPOINT if args.small_checkpoint else CHECKPOINT)
     os.environ["QKVSCOPE_DB"] = str(db)
 
     ids = list(range(1, min(PLOTTED, args.runs) + 1))

@@ -56,7 +56,7 @@ QUICK_RUNS: dict[str, list[list[str]]] = {
 QUICK_ARGS: dict[str, list[str]] = {
     "checkpoint_memory": ["--layers", "1"],            # 1 of 22 layers
     "log_ingest": ["--points", "20000", "--repeat", "1"],
-    "dashboard_speed": ["--runs", "20", "--steps", "200", "--no-browser"],
+    "dashboard_speed": ["--runs", "5", "--steps", "100", "--no-browser", "--small-checkpoint"],
     "activations_speed": ["--quick", "--repeat", "1", "--threads", "1"],
     "foreign_forward": ["--quick", "--tokens", "256", "--repeat", "1"],
     # 2 checkpoints of the one demo run that keeps five, in-process and on Ray: ingests 5, not the 55
