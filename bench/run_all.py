@@ -54,7 +54,7 @@ QUICK_RUNS: dict[str, list[list[str]]] = {
 
 #: One argument list per script at ``--quick`` (``QUICK_RUNS`` holds the scripts run otherwise).
 QUICK_ARGS: dict[str, list[str]] = {
-    "checkpoint_memory": ["--layers", "1"],            # 1 of 22 layers
+    "checkpoint_memory": ["--layers", "1", "--small"],  # 1 of 22 layers, d_model 256
     "log_ingest": ["--points", "20000", "--repeat", "1"],
     "dashboard_speed": ["--runs", "5", "--steps", "100", "--no-browser", "--small-checkpoint"],
     "activations_speed": ["--quick", "--repeat", "1", "--threads", "1"],
