@@ -56,7 +56,8 @@ QUICK_RUNS: dict[str, list[list[str]]] = {
 QUICK_ARGS: dict[str, list[str]] = {
     "checkpoint_memory": ["--layers", "1", "--small"],  # 1 of 22 layers, d_model 256
     "log_ingest": ["--points", "20000", "--repeat", "1"],
-    "dashboard_speed": ["--runs", "5", "--steps", "100", "--no-browser", "--small-checkpoint"],
+    "dashboard_speed": ["--runs", "5", "--steps", "100", "--no-browser",
+                        "--checkpoint", "data/demo/qkv-mha-wd0/checkpoints/final_step_004000.safetensors"],
     "activations_speed": ["--quick", "--repeat", "1", "--threads", "1"],
     "foreign_forward": ["--quick", "--tokens", "256", "--repeat", "1"],
     # 2 checkpoints of the one demo run that keeps five, in-process and on Ray: ingests 5, not the 55
