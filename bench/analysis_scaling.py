@@ -1,7 +1,7 @@
 """Benchmark: how each phase of the weight analysis grows with d_model, and MHA against GQA.
 
 For d_model 1024, 2048 and 4096 at a fixed number of layers (``--layers``, default
-2) and fixed d_head 128 (full multi-head: ``n_heads = n_kv_heads = d_model / 128``),
+2) and fixed d_head 128 (``--d-head``) (full multi-head: ``n_heads = n_kv_heads = d_model / 128``),
 and for grouped-query attention at d_model 2048 (16 heads, ``--gqa-kv`` kv heads,
 default 4), writes a random attention-only Llama folder (``bench/_shapes.py``) and
 runs ``bench/analysis_speed.py``'s analysis phase in a fresh process: seconds per
@@ -30,6 +30,7 @@ run: one process's imports and reading child; the chance levels are still comput
 
     .venv/bin/python bench/analysis_scaling.py [--layers 2] [--sizes 1024 2048 4096] [--gqa-kv 4]
                                                [--threads N] [--device cpu|cuda] [--dir DIR] [--one-process]
+                                               [--d-head 128]
 """
 from __future__ import annotations
 
@@ -85,19 +86,19 @@ def row(measured: str, figure: str, against: str, target: str, ok: bool | None) 
 
 
 def run(layers: int, sizes: list[int], gqa_kv: int, threads: int, folder: Path, device: str = "cpu",
-        one_process: bool = False) -> dict:
+        one_process: bool = False, d_head: int = D_HEAD) -> dict:
     """``{"mha": {d_model: phases}, "gqa": phases, "exponents": {phase: fitted}}``; prints the table and rows."""
     mha = {}
     for d in sizes:
-        h = d // D_HEAD
-        shape = _shapes.Shape(f"mha-{d}", layers, d, h, h, D_HEAD)
+        h = d // d_head
+        shape = _shapes.Shape(f"mha-{d}", layers, d, h, h, d_head)
         mha[d] = measure(folder / f"mha-{d}", shape, threads, device, one_process)
     d_gqa = sizes[len(sizes) // 2]
-    h = d_gqa // D_HEAD
-    gqa = measure(folder / f"gqa-{d_gqa}", _shapes.Shape(f"gqa-{d_gqa}", layers, d_gqa, h, gqa_kv, D_HEAD), threads,
+    h = d_gqa // d_head
+    gqa = measure(folder / f"gqa-{d_gqa}", _shapes.Shape(f"gqa-{d_gqa}", layers, d_gqa, h, gqa_kv, d_head), threads,
                   device, one_process)
     exps = {p: exponent(sizes, [mha[d][p] for d in sizes]) for p in PHASES}
-    print(f"CPU seconds per phase (store, wall: wall-clock), {layers} layers, d_head {D_HEAD}:")
+    print(f"CPU seconds per phase (store, wall: wall-clock), {layers} layers, d_head {d_head}:")
     print(f"{'phase':<11}" + "".join(f"{'MHA d=' + str(d):>13}" for d in sizes)
           + f"{'GQA-' + str(h // gqa_kv) + ' d=' + str(d_gqa):>14}{'exponent':>10}{'expected':>10}")
     for p in (*PHASES, "total", "wall"):
@@ -122,13 +123,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: CPU seconds add up)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the folders (kept)")
+    ap.add_argument("--d-head", type=int, default=D_HEAD, help=f"head width (default {D_HEAD})")
     ap.add_argument("--one-process", action="store_true",
                     help="every analysis in this process (a smoke run: the imports and the reading child shared)")
     args = ap.parse_args()
     _child.outlive_abort()
     with tempfile.TemporaryDirectory(prefix="qkvscope-scaling-") as tmp:
         run(args.layers, args.sizes, args.gqa_kv, args.threads, args.dir or Path(tmp), args.device,
-            args.one_process)
+            args.one_process, args.d_head)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ FULL_RUNS: dict[str, list[list[str]]] = {
 #: ``--help`` offers one, else their defaults.
 QUICK_RUNS: dict[str, list[list[str]]] = {
     "analysis_speed": [["--shape", "tiny", "--skip-naive", "--repeat", "1", "--threads", "1", "--one-process"]],
-    "analysis_scaling": [["--layers", "1", "--sizes", "128", "256", "--gqa-kv", "1", "--one-process"]],  # GQA-2 at 256
+    "analysis_scaling": [["--layers", "1", "--sizes", "64", "128", "--d-head", "64", "--gqa-kv", "1",
+                          "--one-process"]],                                                   # GQA-2 at 128
 }
 
 #: One argument list per script at ``--quick`` (``QUICK_RUNS`` holds the scripts run otherwise).
