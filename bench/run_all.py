@@ -45,8 +45,9 @@ FULL_RUNS: dict[str, list[list[str]]] = {
 #: ``--quick``: the smallest sizes that still run every script's code path end to end (a smoke
 #: run, ``tests/app/test_bench.py``; its figures are dominated by fixed costs and are not the ones
 #: docs/performance.md quotes; one torch thread where a script takes --threads, so a busy machine
-#: does not turn them into minutes). Scripts not named here get their own ``--quick`` if their
-#: ``--help`` offers one, else their defaults.
+#: does not turn them into minutes; no warm-up, and one process where the full size starts one per
+#: measurement: each Python process with torch costs 2-4 CPU seconds before it measures anything).
+#: Scripts not named here get their own ``--quick`` if their ``--help`` offers one, else their defaults.
 QUICK_RUNS: dict[str, list[list[str]]] = {
     "analysis_speed": [["--shape", "tiny", "--skip-naive", "--repeat", "1", "--threads", "1", "--one-process"]],
     "analysis_scaling": [["--layers", "1", "--sizes", "64", "128", "--d-head", "64", "--gqa-kv", "1",
