@@ -39,6 +39,9 @@ class Shape:
 LLAMA_1B = Shape("1.1B", 22, 2048, 32, 4, 64)
 #: Llama-2-7B's attention: 32 layers, d_model 4096, 32 heads MHA (4.3 GB in 4 shards).
 LLAMA_7B = Shape("7B", 32, 4096, 32, 32, 128, shards=4)
+#: A smoke run's shape (``bench/run_all.py --quick``): 1 layer, d_model 256, 4 heads, 2 kv heads,
+#: d_head 64 (0.4 MB): every phase runs, in seconds, its figures fixed costs.
+TINY = Shape("tiny", 1, 256, 4, 2, 64)
 
 
 def build(folder: Path, shape: Shape, *, seed: int = 0) -> Path:

@@ -9,7 +9,10 @@ jackknife over windows); and, side by side, the floor: the layer's own K and V p
 Grams alone (what any activation metric must compute), with the ratio of the
 whole to it (the price of chance levels, float64 statistics and intervals).
 
-    .venv/bin/python bench/activations_speed.py [--device cpu|cuda] [--threads N] [--repeat 3]
+    .venv/bin/python bench/activations_speed.py [--device cpu|cuda] [--threads N] [--repeat 3] [--quick]
+
+``--quick``: a smoke run's layer, d_model 256, 4 heads, 2 kv heads, d_head 64, 4 windows of
+128 tokens (windows shorter than d_model, as at full size).
 
 On a machine other processes keep busy, run it with ``--threads 1`` or
 ``OMP_WAIT_POLICY=PASSIVE`` (see bench/analysis_speed.py).
@@ -30,6 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analysis.activations import ActivationAccumulator
 
 
+#: (heads, kv heads, d_model, d_head, windows, tokens per window): Llama-1B's layer, 8 x 512 tokens;
+#: ``--quick``'s.
+FULL = (32, 8, 2048, 64, 8, 512)
+QUICK = (4, 2, 256, 64, 4, 128)
+
+
 def _sync(dev: str) -> None:
     if dev.startswith("cuda"):
         torch.cuda.synchronize()
@@ -41,10 +50,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--batches", type=int, default=2, help="add() calls (windows split among them)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a small layer (d_model 256, 4 heads, 2 kv heads, 4 windows of 128 tokens): a smoke run")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    h, g, d, e, windows, t = 32, 8, 2048, 64, 8, 512
+    h, g, d, e, windows, t = QUICK if args.quick else FULL
     gen = torch.Generator().manual_seed(0)
     w = lambda *s: torch.randn(*s, generator=gen) / d ** 0.5          # noqa: E731
     lay = SimpleNamespace(layer=0, W_Q=w(h, d, e), W_K=w(g, d, e), W_V=w(g, d, e), W_O=w(h, e, d),

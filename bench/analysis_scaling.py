@@ -1,7 +1,7 @@
 """Benchmark: how each phase of the weight analysis grows with d_model, and MHA against GQA.
 
 For d_model 1024, 2048 and 4096 at a fixed number of layers (``--layers``, default
-2) and fixed d_head 128 (full multi-head: ``n_heads = n_kv_heads = d_model / 128``),
+2) and fixed d_head 128 (``--d-head``) (full multi-head: ``n_heads = n_kv_heads = d_model / 128``),
 and for grouped-query attention at d_model 2048 (16 heads, ``--gqa-kv`` kv heads,
 default 4), writes a random attention-only Llama folder (``bench/_shapes.py``) and
 runs ``bench/analysis_speed.py``'s analysis phase in a fresh process: seconds per
@@ -25,9 +25,12 @@ beside the exponent it should have:
 A phase whose fitted exponent exceeds its expected one by more than 0.5 is a
 FAIL row (the fit over three sizes on a shared machine is noisy: compare CPU
 seconds, printed too). Rows are printed as ``BENCH_ROW {json}`` for ``bench/run_all.py``.
+``--one-process`` runs every analysis in this process instead of a fresh one each (a smoke
+run: one process's imports and reading child; the chance levels are still computed cold).
 
     .venv/bin/python bench/analysis_scaling.py [--layers 2] [--sizes 1024 2048 4096] [--gqa-kv 4]
-                                               [--threads N] [--device cpu|cuda] [--dir DIR]
+                                               [--threads N] [--device cpu|cuda] [--dir DIR] [--one-process]
+                                               [--d-head 128]
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _shapes  # noqa: E402
 import _child  # noqa: E402
-from analysis_speed import child_json  # noqa: E402
+from analysis_speed import child_json, phase_analysis  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 PHASES = ("read", "stacked_wq", "layer_m", "per_head", "chance", "store")
@@ -49,12 +52,19 @@ EXPECTED = {"read": 2, "stacked_wq": 3, "layer_m": 3, "per_head": 2, "chance": 2
 D_HEAD = 128
 
 
-def measure(folder: Path, shape: _shapes.Shape, threads: int, device: str = "cpu") -> dict[str, float]:
-    """Seconds per phase of one analysis of ``shape`` (a fresh process: bench/analysis_speed.py)."""
+def measure(folder: Path, shape: _shapes.Shape, threads: int, device: str = "cpu",
+            one_process: bool = False) -> dict[str, float]:
+    """Seconds per phase of one analysis of ``shape`` (a fresh process: bench/analysis_speed.py;
+    ``one_process``: its analysis phase in this process, the chance levels still cold)."""
     _shapes.build(folder, shape)
-    cmd = [sys.executable, str(BENCH / "analysis_speed.py"), "--phase", "analysis", "--dir", str(folder),
-           "--threads", str(threads), "--device", device]
-    out = child_json(cmd)
+    if one_process:
+        import torch
+        torch.set_num_threads(threads)
+        out = phase_analysis(folder, device)
+    else:
+        cmd = [sys.executable, str(BENCH / "analysis_speed.py"), "--phase", "analysis", "--dir", str(folder),
+               "--threads", str(threads), "--device", device]
+        out = child_json(cmd)
     # CPU seconds per phase (one torch thread by default: on a shared machine wall-clock phases
     # swing by 10x, CPU seconds far less); store is wall-clock (DuckDB's own threads)
     return {**out["cpu"], "store": out["store_seconds"], "total": out["cpu_seconds"], "wall": out["seconds"]}
@@ -75,19 +85,20 @@ def row(measured: str, figure: str, against: str, target: str, ok: bool | None) 
                                      "result": "-" if ok is None else ("pass" if ok else "FAIL")}), flush=True)
 
 
-def run(layers: int, sizes: list[int], gqa_kv: int, threads: int, folder: Path, device: str = "cpu") -> dict:
+def run(layers: int, sizes: list[int], gqa_kv: int, threads: int, folder: Path, device: str = "cpu",
+        one_process: bool = False, d_head: int = D_HEAD) -> dict:
     """``{"mha": {d_model: phases}, "gqa": phases, "exponents": {phase: fitted}}``; prints the table and rows."""
     mha = {}
     for d in sizes:
-        h = d // D_HEAD
-        shape = _shapes.Shape(f"mha-{d}", layers, d, h, h, D_HEAD)
-        mha[d] = measure(folder / f"mha-{d}", shape, threads, device)
+        h = d // d_head
+        shape = _shapes.Shape(f"mha-{d}", layers, d, h, h, d_head)
+        mha[d] = measure(folder / f"mha-{d}", shape, threads, device, one_process)
     d_gqa = sizes[len(sizes) // 2]
-    h = d_gqa // D_HEAD
-    gqa = measure(folder / f"gqa-{d_gqa}", _shapes.Shape(f"gqa-{d_gqa}", layers, d_gqa, h, gqa_kv, D_HEAD), threads,
-                  device)
+    h = d_gqa // d_head
+    gqa = measure(folder / f"gqa-{d_gqa}", _shapes.Shape(f"gqa-{d_gqa}", layers, d_gqa, h, gqa_kv, d_head), threads,
+                  device, one_process)
     exps = {p: exponent(sizes, [mha[d][p] for d in sizes]) for p in PHASES}
-    print(f"CPU seconds per phase (store, wall: wall-clock), {layers} layers, d_head {D_HEAD}:")
+    print(f"CPU seconds per phase (store, wall: wall-clock), {layers} layers, d_head {d_head}:")
     print(f"{'phase':<11}" + "".join(f"{'MHA d=' + str(d):>13}" for d in sizes)
           + f"{'GQA-' + str(h // gqa_kv) + ' d=' + str(d_gqa):>14}{'exponent':>10}{'expected':>10}")
     for p in (*PHASES, "total", "wall"):
@@ -112,10 +123,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: CPU seconds add up)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the folders (kept)")
+    ap.add_argument("--d-head", type=int, default=D_HEAD, help=f"head width (default {D_HEAD})")
+    ap.add_argument("--one-process", action="store_true",
+                    help="every analysis in this process (a smoke run: the imports and the reading child shared)")
     args = ap.parse_args()
     _child.outlive_abort()
     with tempfile.TemporaryDirectory(prefix="qkvscope-scaling-") as tmp:
-        run(args.layers, args.sizes, args.gqa_kv, args.threads, args.dir or Path(tmp), args.device)
+        run(args.layers, args.sizes, args.gqa_kv, args.threads, args.dir or Path(tmp), args.device,
+            args.one_process, args.d_head)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Writes a Hugging Face Llama folder with random bfloat16 attention weights of a
 known geometry (``bench/_shapes.py``; ``--shape 1.1B``: TinyLlama-1.1B's 22
 layers, d_model 2048, 32 heads, 4 kv heads, d_head 64, 0.4 GB; ``--shape 7B``:
 Llama-2-7B's 32 layers, d_model 4096, 32 heads MHA, d_head 128, 4.3 GB in 4
-shards; ``--layers N`` keeps that geometry with fewer layers; MLPs and
+shards; ``--shape tiny``: 1 layer, d_model 256, 4 heads, 2 kv heads, a smoke run's; ``--layers N`` keeps that geometry with fewer layers; MLPs and
 embeddings left out: the analysis does not read them), then measures, side by
 side in this one run, each phase in a fresh process:
 
@@ -27,6 +27,9 @@ side in this one run, each phase in a fresh process:
   ``M_h = W_Q[h] W_K[g]^T``, symmetry from ``M_h`` itself, stacked-W_Q SVD) on
   ``--naive-layers`` layers, scaled to all layers (``--skip-naive`` leaves it out).
 
+``--one-process`` runs the phases in this process instead (a smoke run's cost: one
+process's imports; the phases are no longer cold, their peak RSS no longer their own).
+
 Targets: analysis <= 2x the floor; analysis without the stacked-W_Q
 metrics <= 3x the read; peak RSS above the imports <= 0.25 of the file (at the
 full 7B shape: the analysis holds one layer, so a smaller file holds a larger share);
@@ -39,7 +42,7 @@ machine OpenMP's spin-waiting makes multi-threaded phases erratic: measure with
 
     .venv/bin/python bench/analysis_speed.py [--shape 1.1B|7B] [--layers N] [--device cpu|cuda]
                                              [--naive-layers 2] [--dir DIR] [--threads N] [--repeat 3]
-                                             [--skip-naive]
+                                             [--skip-naive] [--one-process]
 """
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 import _child  # noqa: E402  (bench/ is on sys.path: this script's folder)
 import _shapes  # noqa: E402
 
-SHAPES = {"1.1B": _shapes.LLAMA_1B, "7B": _shapes.LLAMA_7B}
+SHAPES = {"1.1B": _shapes.LLAMA_1B, "7B": _shapes.LLAMA_7B, "tiny": _shapes.TINY}
 
 
 def shape_of(args) -> "_shapes.Shape":
@@ -113,14 +116,8 @@ def phase_read(folder: Path, device: str) -> dict:
 
 
 def phase_analysis(folder: Path, device: str) -> dict:
-    import torch
-
     import app.jobs
-    from analysis import chance, products, qk_geometry, query_absorb, weights
-    from analysis._linalg import as_float32
-    from app.jobs import JobResult, _store_results, resolve, weight_frame
-    from loaders.checkpoints import open_checkpoint
-    from loaders.store import Store
+    from analysis import products
 
     base_rss = rss_mib()
     spent = {"stacked_wq": 0.0, "layer_m": 0.0, "metrics": 0.0, "chance": 0.0}
@@ -142,12 +139,31 @@ def phase_analysis(folder: Path, device: str) -> dict:
         return wrapper
     # the stacked-W_Q metrics, the layer-level M scores, all metrics of a layer (reading and reshaping
     # excluded), and the chance levels (random layers of the same shapes, once per shape: analysis.chance)
-    # (analysis.products calls them through its module references, per layer)
-    products.query_absorb.stacked_spectrum = timed("stacked_wq", query_absorb.stacked_spectrum)
-    for name in ("dense_layer_scores", "layer_form", "symmetry_layer", "directionality_layer"):
-        setattr(products.qk_geometry, name, timed("layer_m", getattr(qk_geometry, name)))
-    app.jobs.weight_metrics = timed("metrics", weights.weight_metrics)
-    app.jobs.attach_weight_chance = timed("chance", chance.attach_weight_chance)
+    # (analysis.products calls them through its module references, per layer); put back at the end, so
+    # a second call in the same process (analysis_scaling --one-process) times the functions themselves
+    wrapped = [(products.query_absorb, "stacked_spectrum", "stacked_wq")]
+    wrapped += [(products.qk_geometry, name, "layer_m")
+                for name in ("dense_layer_scores", "layer_form", "symmetry_layer", "directionality_layer")]
+    wrapped += [(app.jobs, "weight_metrics", "metrics"), (app.jobs, "attach_weight_chance", "chance")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in wrapped]
+    for mod, name, key in wrapped:
+        setattr(mod, name, timed(key, getattr(mod, name)))
+    try:
+        return _timed_analysis(folder, device, spent, cpu_spent, base_rss)
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
+def _timed_analysis(folder: Path, device: str, spent: dict, cpu_spent: dict, base_rss: float) -> dict:
+    """``phase_analysis`` once its functions are wrapped to add their seconds to ``spent``/``cpu_spent``."""
+    import torch
+
+    from analysis import chance, query_absorb, weights
+    from analysis._linalg import as_float32
+    from app.jobs import JobResult, _store_results, resolve, weight_frame
+    from loaders.checkpoints import open_checkpoint
+    from loaders.store import Store
 
     with open_checkpoint(folder) as ck:                           # warm-up on the first layer
         weights.weight_metrics(ck.layer(0), ck.meta, device=device)
@@ -269,16 +285,17 @@ def phase_naive(folder: Path, device: str, layers: int, shape) -> dict:
     return {"seconds": sec, "layers": layers, "scaled_seconds": sec * shape.n_layers / layers}
 
 
-def child(args) -> None:
+def measure_phase(args, phase: str) -> dict:
+    """One phase's figures, measured in this process."""
     import torch
     torch.set_num_threads(args.threads) if args.threads else None
     folder = Path(args.dir)
     if args.device_eig:
         import analysis._linalg
         analysis._linalg.HOST_SMALL = False
-    if args.phase == "read":
+    if phase == "read":
         res = phase_read(folder, args.device)
-    elif args.phase == "analysis":
+    elif phase == "analysis":
         res = phase_analysis(folder, args.device)
     else:
         res = phase_naive(folder, args.device, args.naive_layers, shape_of(args))
@@ -286,10 +303,17 @@ def child(args) -> None:
     res["peak_rss_mib"] = peak_rss_mib()
     if args.device == "cuda":
         res["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
-    print(json.dumps(res))
+    return res
+
+
+def child(args) -> None:
+    print(json.dumps(measure_phase(args, args.phase)))
 
 
 def run_phase(args, phase: str) -> dict:
+    """One phase in a fresh process (``--one-process``: in this one, after the others)."""
+    if args.one_process:
+        return measure_phase(args, phase)
     cmd = [sys.executable, __file__, "--phase", phase, "--dir", args.dir, "--device", args.device,
            "--naive-layers", str(args.naive_layers), "--threads", str(args.threads), "--shape", args.shape,
            "--layers", str(args.layers), *(["--device-eig"] if args.device_eig else [])]
@@ -312,7 +336,7 @@ def bench_row(measured: str, figure: str, against: str, target: str, ok: bool | 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1.1B",
-                    help="checkpoint geometry (bench/_shapes.py; default 1.1B)")
+                    help="checkpoint geometry (bench/_shapes.py; default 1.1B; tiny: a smoke run's)")
     ap.add_argument("--layers", type=int, default=0, help="layers to write (default: the shape's)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--naive-layers", type=int, default=2)
@@ -323,6 +347,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "(default 3: a single read swings by 2-3x)")
     ap.add_argument("--phase", choices=["read", "analysis", "naive"], help=argparse.SUPPRESS)
     ap.add_argument("--skip-naive", action="store_true", help="measure read and analysis only")
+    ap.add_argument("--one-process", action="store_true",
+                    help="every phase in this process, one after the other (a smoke run: the imports and the "
+                         "reading child are shared, peak RSS is this process's so far)")
     ap.add_argument("--device-eig", action="store_true",
                     help="on CUDA, keep the d_head x d_head eigen-decompositions and SVDs on the GPU "
                          "(analysis._linalg.HOST_SMALL off; default: on the host)")

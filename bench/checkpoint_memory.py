@@ -26,6 +26,7 @@ Run (about a minute and 2.2 GB of temporary disk):
 
     .venv/bin/python bench/checkpoint_memory.py
     .venv/bin/python bench/checkpoint_memory.py --layers 4     # quick, smaller file
+    .venv/bin/python bench/checkpoint_memory.py --layers 1 --small   # a smoke run
     .venv/bin/python bench/checkpoint_memory.py --dir /big/disk --keep
 """
 from __future__ import annotations
@@ -46,6 +47,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 GEOMETRY = dict(n_layers=22, d_model=2048, n_heads=32, n_kv_heads=4, d_head=64, d_mlp=5632, vocab=32000)
+#: ``--small``: a smoke run's geometry (a 2 MB file per layer, not 180 MB), every run the same.
+SMALL = dict(GEOMETRY, d_model=256, n_heads=4, n_kv_heads=2, d_mlp=704, vocab=1000)
 _ST_CODE = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}
 
 IMPORTS = "import app.cli, loaders.checkpoints, loaders.sources, loaders.layouts, torch, safetensors"
@@ -185,13 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the temporary folder")
     ap.add_argument("--keep", action="store_true", help="keep the written folder")
+    ap.add_argument("--small", action="store_true",
+                    help="d_model 256, 4 heads, 2 kv heads, MLP 704, vocab 1000 (a smoke run; the ratios then "
+                         "say little: the imports dwarf the file)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     tmp = Path(tempfile.mkdtemp(prefix="qkvscope-bench-", dir=args.dir))
     try:
         folder = tmp / "llama-1b-shaped"
         t0 = time.perf_counter()
-        path = write_folder(folder, GEOMETRY, args.layers, dtype)
+        path = write_folder(folder, SMALL if args.small else GEOMETRY, args.layers, dtype)
         size = path.stat().st_size
         print(f"wrote {path} ({size / 1e9:.2f} GB, {args.layers} layers, {args.dtype}) "
               f"in {time.perf_counter() - t0:.0f} s")

@@ -1,7 +1,8 @@
 """How fast the Experiments page and the Checkpoint inspector run on a big database.
 
 Builds (with DuckDB's ``range()``, in seconds) a database of RUNS runs x STEPS
-steps x 3 metrics, plus one tiny GPT-2 checkpoint that is analysed once, then
+steps x 3 metrics, plus one tiny GPT-2 checkpoint (``--checkpoint PATH``: that checkpoint
+instead) that is analysed once, then
 times script runs of the pages in Streamlit's AppTest (the page's ``render()``
 measured inside the script, and AppTest's wall time beside it):
 
@@ -31,7 +32,7 @@ started, ``FIRST_VISIT_AFTER_S`` after the first page (no target; beside it
 the later visits' median).
 
     .venv/bin/python bench/dashboard_speed.py [--runs 500] [--steps 20000] [--keep DIR]
-                                              [--rounds 3] [--no-browser]
+                                              [--rounds 3] [--no-browser] [--checkpoint PATH]
 """
 from __future__ import annotations
 
@@ -138,18 +139,21 @@ def ingest_logs(db: Path, logs: Path) -> tuple[float, int]:
     return secs, sum(int(f.n_points or 0) for f in report.files)
 
 
-def add_checkpoint(db: Path, folder: Path) -> int:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
+def add_checkpoint(db: Path, folder: Path, checkpoint: Path | None = None) -> int:
+    """Ingest and analyse a tiny GPT-2 written into ``folder`` (4 layers, 8 heads, d_model 128), or
+    ``checkpoint`` instead; its id."""
     from app.jobs import analyze
     from loaders.ingest import ingest_checkpoint
 
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(n_layer=4, n_head=8, n_embd=128, vocab_size=300, n_positions=128,
-                               bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
+    if checkpoint is None:
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        torch.manual_seed(0)
+        GPT2LMHeadModel(GPT2Config(n_layer=4, n_head=8, n_embd=128, vocab_size=300, n_positions=128,
+                                   bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
     store = Store(db)
-    cid = ingest_checkpoint(store, folder).checkpoint_id
+    cid = ingest_checkpoint(store, checkpoint or folder).checkpoint_id
     analyze(store, cid)
     return int(cid)
 
@@ -231,6 +235,9 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="build the database in this folder and keep it")
     ap.add_argument("--rounds", type=int, default=3, help="timed browser rounds over every page (default 3)")
     ap.add_argument("--no-browser", action="store_true", help="AppTest figures only (no Chromium)")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="analyse this checkpoint for the inspector (e.g. a bundled demo one: a smoke run, no "
+                         "transformers import); default a GPT-2 of 4 layers, 8 heads, d_model 128 written here")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     print(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; load average {os.getloadavg()[0]:.2f} "
@@ -255,7 +262,7 @@ def main() -> None:
     print(f"ingest, {n_log} runs' CSV logs x {args.steps} steps x 3 metrics ({written:,} points, "
           f"{logs_mb:.0f} MB), into a new database: {fresh_n:,} points in {fresh_s:.2f} s = "
           f"{fresh_n / fresh_s:,.0f} points/s")
-    cid = add_checkpoint(db, folder / "gpt2-bench")
+    cid = add_checkpoint(db, folder / "gpt2-bench", args.checkpoint)
     os.environ["QKVSCOPE_DB"] = str(db)
 
     ids = list(range(1, min(PLOTTED, args.runs) + 1))

@@ -3,7 +3,7 @@ stories15M's geometry (dim 288, 6 layers, 6 heads, vocab 32,000, seq_len 256; ra
 weights, written in llama2.c's byte order) with a tokenizer.bin, and a nanoGPT with
 RMSNorm and a SwiGLU MLP of the same width.
 
-    .venv/bin/python bench/foreign_forward.py [--device cpu|cuda] [--tokens 4096] [--repeat 3]
+    .venv/bin/python bench/foreign_forward.py [--device cpu|cuda] [--tokens 4096] [--repeat 3] [--quick]
 
 Prints, side by side, what ``bench/forward_speed.py`` measures (its ``measure_plain`` and
 ``measure_job``, the same code): seconds to open and build the model, the model's plain
@@ -15,7 +15,8 @@ bundled corpus, the forward pass, per-layer statistics, chance levels, bootstrap
 Each figure is the median of ``--repeat`` (``REPEAT``, 3) alternating pairs after an untimed
 warm-up of each (``forward_speed.warm_tokens``). Target (``bench/run_all.py``'s
 ``FORWARD_RATIO``): the job's forward pass >= 0.7x the plain forward's tokens/s; the whole
-job is printed beside it with none (forward_speed.py says why).
+job is printed beside it with none (forward_speed.py says why). ``--quick``: a smoke run, both
+models at ``QUICK`` (dim 64, 2 layers, 2 heads, vocab 512, seq_len 128), no warm-up.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ from tests.loaders.llama2c_files import llama_state, toy_pieces, write_bin, writ
 
 #: Measurement pairs (plain forward, activation job) per model; the medians are printed.
 REPEAT = 3
+#: Both models' geometry: stories15M's, and ``--quick``'s.
+FULL = {"dim": 288, "layers": 6, "heads": 6, "hidden": 768, "vocab": 32000, "seq": 256}
+QUICK = {"dim": 64, "layers": 2, "heads": 2, "hidden": 128, "vocab": 512, "seq": 128}
 
 
 def _nanogpt(path: Path, d=288, layers=6, heads=6, hidden=768, vocab=32000, seq=256) -> Path:
@@ -55,11 +59,12 @@ def _nanogpt(path: Path, d=288, layers=6, heads=6, hidden=768, vocab=32000, seq=
     return path
 
 
-def _time(label: str, path: Path, device: str, tokens: int, repeat: int) -> None:
+def _time(label: str, path: Path, device: str, tokens: int, repeat: int, warm: bool = True) -> None:
     with open_checkpoint(path) as ckpt:
         how = getattr(runnable.load_runnable(ckpt)[1], "how", "bytes")
-    F.measure_plain(path, device, F.warm_tokens(tokens))          # warm-up: the same code, one window
-    F.measure_job(path, device, F.warm_tokens(tokens))
+    if warm:
+        F.measure_plain(path, device, F.warm_tokens(tokens))      # warm-up: the same code, one window
+        F.measure_job(path, device, F.warm_tokens(tokens))
     # the median of `repeat` alternating pairs: a single pair swung 0.62-0.91x on an idle 2-core machine
     pairs = [(F.measure_plain(path, device, tokens), F.measure_job(path, device, tokens)) for _ in range(repeat)]
     job = pairs[0][1]                                             # its load time and token count
@@ -77,18 +82,24 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=REPEAT, help=f"plain/job pairs per model (default {REPEAT})")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: both models at dim 64, 2 layers, 2 heads, vocab 512; no warm-up")
     args = ap.parse_args()
     print(f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    g = QUICK if args.quick else FULL
+    shape = "" if args.quick else " (stories15M shape)"
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        sd = llama_state(dim=288, hidden=768, n_layers=6, n_heads=6, n_kv=6, vocab=32000, seq_len=256)
+        sd = llama_state(dim=g["dim"], hidden=g["hidden"], n_layers=g["layers"], n_heads=g["heads"], n_kv=g["heads"],
+                         vocab=g["vocab"], seq_len=g["seq"])
         (d / "l2c").mkdir()
-        write_bin(d / "l2c" / "model.bin", sd, version=0, n_heads=6, n_kv=6, seq_len=256)
-        write_tokenizer(d / "l2c" / "tokenizer.bin", *toy_pieces(32000))
-        _time("llama2.c v0 .bin (stories15M shape)", d / "l2c" / "model.bin", args.device, args.tokens, args.repeat)
+        write_bin(d / "l2c" / "model.bin", sd, version=0, n_heads=g["heads"], n_kv=g["heads"], seq_len=g["seq"])
+        write_tokenizer(d / "l2c" / "tokenizer.bin", *toy_pieces(g["vocab"]))
+        _time(f"llama2.c v0 .bin{shape}", d / "l2c" / "model.bin", args.device, args.tokens, args.repeat,
+              not args.quick)
         (d / "nano").mkdir()
-        _time("nanoGPT RMSNorm+SwiGLU ckpt.pt", _nanogpt(d / "nano" / "ckpt.pt"), args.device, args.tokens,
-              args.repeat)
+        nano = _nanogpt(d / "nano" / "ckpt.pt", g["dim"], g["layers"], g["heads"], g["hidden"], g["vocab"], g["seq"])
+        _time("nanoGPT RMSNorm+SwiGLU ckpt.pt", nano, args.device, args.tokens, args.repeat, not args.quick)
 
 
 if __name__ == "__main__":

@@ -51,10 +51,12 @@ operations erratic; see bench/analysis_speed.py).
 
     .venv/bin/python bench/forward_speed.py [--quick] [--device cpu|cuda] [--threads N] [--tokens N]
                                             [--limit N] [--repeat 2] [--demo DIR] [--skip-demo] [--skip-llama]
+                                            [--no-warm-up] [--one-process]
                                             [--hidden 768 --layers 12 --heads 12 --intermediate 2048 --vocab 32000]
 
 ``--quick``: 3 demo checkpoints, 1,024 tokens, a Llama of hidden 256, 4 layers, 4 heads,
-intermediate 688 (19.5M parameters), one pair.
+intermediate 688 (19.5M parameters), one pair, no warm-up, the Llama's job and plain forward in
+one process (``--no-warm-up``, ``--one-process``; a smoke run).
 """
 from __future__ import annotations
 
@@ -331,19 +333,21 @@ def child(args) -> None:
         torch.set_num_threads(args.threads)
     import experiments.activation_runs  # noqa: F401  (the imports, before the baseline)
     import loaders.checkpoints  # noqa: F401
-    if args.child != "demo":
+    if any(Path(p).is_dir() for p in args.paths):                    # a Hugging Face folder
         import transformers  # noqa: F401
     base = rss_mib()
     paths = [Path(p) for p in args.paths]
-    if args.child == "demo":
-        measure_job(paths[0], args.device, warm_tokens(args.tokens))   # warm-up: one of each, untimed
-        measure_plain(paths[0], args.device, warm_tokens(args.tokens))
+    if args.child == "pairs":
+        if not args.no_warm_up:
+            measure_job(paths[0], args.device, warm_tokens(args.tokens))   # warm-up: one of each, untimed
+            measure_plain(paths[0], args.device, warm_tokens(args.tokens))
         for p in paths:
             print(json.dumps({"path": str(p), "job": measure_job(p, args.device, args.tokens),
                               "plain": measure_plain(p, args.device, args.tokens)}), flush=True)
     else:
         fn = measure_job if args.child == "job" else measure_plain
-        fn(paths[0], args.device, warm_tokens(args.tokens))           # warm-up: the same code, one window
+        if not args.no_warm_up:
+            fn(paths[0], args.device, warm_tokens(args.tokens))       # warm-up: the same code, one window
         gc.collect()
         print(json.dumps(fn(paths[0], args.device, args.tokens)), flush=True)
     mem = {"base_rss_mib": base, "peak_rss_mib": peak_rss_mib(), "threads": torch.get_num_threads()}
@@ -355,7 +359,8 @@ def child(args) -> None:
 def run_child(args, phase: str, paths: list[Path]) -> tuple[list[dict], dict]:
     """Run ``--child phase`` on ``paths`` in a fresh process: its measurements and its memory line."""
     cmd = [sys.executable, __file__, "--child", phase, "--device", args.device, "--threads", str(args.threads),
-           *(["--tokens", str(args.tokens)] if args.tokens is not None else []), *map(str, paths)]
+           *(["--tokens", str(args.tokens)] if args.tokens is not None else []),
+           *(["--no-warm-up"] if args.no_warm_up else []), *map(str, paths)]
     lines = [json.loads(x) for x in _child.run(cmd, cwd=ROOT).strip().splitlines()]
     return lines[:-1], lines[-1]
 
@@ -382,7 +387,7 @@ def bench_demo(args) -> None:
     paths = spread(demo_checkpoints(args.demo), args.limit)
     if not paths:
         raise SystemExit(f"error: {args.demo}: no language checkpoints (RUN/checkpoints/final_*.safetensors)")
-    lines, mem = run_child(args, "demo", paths)
+    lines, mem = run_child(args, "pairs", paths)
     pairs = [(x["job"], x["plain"]) for x in lines]
     for x in lines:
         j, p = x["job"], x["plain"]
@@ -430,9 +435,13 @@ def bench_llama(args) -> None:
         print(f"{label}: {n:,} parameters (formula {expect:,}; {body:,} outside the embeddings and LM head); "
               f"{mib:.0f} MiB of safetensors; AutoModel runs it without the LM head")
         pairs, mems = [], {"job": [], "plain": []}
-        for _ in range(args.repeat):                                       # alternating, fresh processes
-            (j,), mj = run_child(args, "job", [folder])
-            (p,), mp = run_child(args, "plain", [folder])
+        for _ in range(args.repeat):
+            if args.one_process:                                           # the job, then the plain forward
+                [x], m = run_child(args, "pairs", [folder])
+                j, p, mj, mp = x["job"], x["plain"], m, m
+            else:                                                          # alternating, fresh processes
+                (j,), mj = run_child(args, "job", [folder])
+                (p,), mp = run_child(args, "plain", [folder])
             pairs.append((j, p))
             mems["job"].append(mj)
             mems["plain"].append(mp)
@@ -449,7 +458,7 @@ def bench_llama(args) -> None:
     ratio_rows(what, s)
     bench_row(f"peak RSS above the imports, activation job, {what}",
               f"{above['job']:.0f} MiB ({above['job'] / mib:.2f} of the file)",
-              f"plain forward, fresh process ({above['plain']:.0f} MiB)", "-", None)
+              f"plain forward, {'same' if args.one_process else 'fresh'} process ({above['plain']:.0f} MiB)", "-", None)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -468,7 +477,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--skip-llama", action="store_true")
     for k, v in LLAMA_FULL.items():
         ap.add_argument(f"--{k}", type=int, default=None, help=f"Llama {k} (default {v}; --quick {LLAMA_QUICK[k]})")
-    ap.add_argument("--child", choices=["demo", "job", "plain"], help=argparse.SUPPRESS)
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="measure without the untimed warm-up before each measurement (--quick: a smoke run)")
+    ap.add_argument("--one-process", action="store_true",
+                    help="the Llama's job and plain forward in one process, one after the other (--quick)")
+    ap.add_argument("--child", choices=["pairs", "job", "plain"], help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
 
 
@@ -487,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         args.limit = QUICK_DEMO if args.limit is None else args.limit
         args.tokens = QUICK_TOKENS if args.tokens is None else args.tokens
         args.repeat = 1
+        args.no_warm_up = args.one_process = True
     for k in LLAMA_FULL:
         if getattr(args, k) is None:
             setattr(args, k, (LLAMA_QUICK if args.quick else LLAMA_FULL)[k])

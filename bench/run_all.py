@@ -45,22 +45,27 @@ FULL_RUNS: dict[str, list[list[str]]] = {
 #: ``--quick``: the smallest sizes that still run every script's code path end to end (a smoke
 #: run, ``tests/app/test_bench.py``; its figures are dominated by fixed costs and are not the ones
 #: docs/performance.md quotes; one torch thread where a script takes --threads, so a busy machine
-#: does not turn them into minutes). Scripts not named here get their own ``--quick`` if their
-#: ``--help`` offers one, else their defaults.
+#: does not turn them into minutes; no warm-up, and one process where the full size starts one per
+#: measurement: each Python process with torch costs 2-4 CPU seconds before it measures anything).
+#: Scripts not named here get their own ``--quick`` if their ``--help`` offers one, else their defaults.
 QUICK_RUNS: dict[str, list[list[str]]] = {
-    "analysis_speed": [["--shape", "1.1B", "--layers", "1", "--skip-naive", "--repeat", "1", "--threads", "1"]],
-    "analysis_scaling": [["--layers", "1", "--sizes", "128", "256", "512", "--gqa-kv", "1"]],   # GQA-2 at 256
+    "analysis_speed": [["--shape", "tiny", "--skip-naive", "--repeat", "1", "--threads", "1", "--one-process"]],
+    "analysis_scaling": [["--layers", "1", "--sizes", "64", "128", "--d-head", "64", "--gqa-kv", "1",
+                          "--one-process"]],                                                   # GQA-2 at 128
 }
 
 #: One argument list per script at ``--quick`` (``QUICK_RUNS`` holds the scripts run otherwise).
 QUICK_ARGS: dict[str, list[str]] = {
-    "checkpoint_memory": ["--layers", "1"],            # 1 of 22 layers
+    "checkpoint_memory": ["--layers", "1", "--small"],  # 1 of 22 layers, d_model 256
     "log_ingest": ["--points", "20000", "--repeat", "1"],
-    "dashboard_speed": ["--runs", "20", "--steps", "200", "--no-browser"],
-    "activations_speed": ["--repeat", "1", "--threads", "1"],
-    "foreign_forward": ["--tokens", "256", "--repeat", "1"],
-    "batch_speed": ["--limit", "2", "--workers", "1"],  # 2 demo checkpoints, in-process and on Ray
+    "dashboard_speed": ["--runs", "5", "--steps", "100", "--no-browser",
+                        "--checkpoint", "data/demo/qkv-mha-wd0/checkpoints/final_step_004000.safetensors"],
+    "activations_speed": ["--quick", "--repeat", "1", "--threads", "1"],
+    "foreign_forward": ["--quick", "--tokens", "256", "--repeat", "1"],
+    # 2 checkpoints of the one demo run that keeps five, in-process and on Ray: ingests 5, not the 55
+    "batch_speed": ["--demo", "data/demo/qkv-mha-wd0.1", "--limit", "2", "--workers", "1"],
     "layer_map_draw": ["--layers", "8", "--repeat", "1"],
+    "interval_coverage": ["--quick"],                   # named here: asking its --help costs a process
     "forward_speed": ["--quick", "--limit", "1", "--tokens", "256", "--repeat", "1", "--hidden", "64",
                       "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000"],
 }
@@ -227,10 +232,17 @@ FIRST_VISIT_LINE = re.compile(r"^\s+(demo|big)\s+first visit: (.+?)\s+([\d.]+)s\
 def parse_activations_speed(out: str) -> list[Row]:
     rows = []
     floor = re.search(r"^floor: .* ([\d.]+) s$", out, re.M)
+    geo = re.search(r"(\d+) windows x (\d+) tokens, d_model (\d+), (\d+) heads, (\d+) kv heads, d_head (\d+)", out)
+    layer, tokens = "one Llama-1B-shaped layer", 4096            # the full size (FULL in the script)
+    if geo:
+        w, t, d, h, g, e = map(int, geo.groups())
+        tokens = w * t
+        if (d, h, g, e) != (2048, 32, 8, 64):                   # --quick's small layer
+            layer = f"one layer of d_model {d}, {h} heads, {g} kv heads, d_head {e}"
     for logits, total, ratio in re.findall(
             r"^logits=(True|False)\s*: .* total ([\d.]+) s .*total / floor = ([\d.]+)x$", out, re.M):
         rows.append(Row("activations_speed",
-                        f"activation metrics, chance and intervals of one Llama-1B-shaped layer, 4,096 tokens"
+                        f"activation metrics, chance and intervals of {layer}, {tokens:,} tokens"
                         f"{' with logits' if logits == 'True' else ''}",
                         f"{float(ratio):.1f}x ({float(total):.2f} s)",
                         f"its K, V projections and Grams alone ({floor.group(1) if floor else '?'} s)", "-", "-"))

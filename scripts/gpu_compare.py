@@ -8,7 +8,7 @@ any value differs by more than ``--rtol`` relative (plus ``--atol``), or is
 defined on one device and not the other. With no checkpoints named it takes
 the bundled demo's final checkpoints of the qkv, K=V-GQA and query-free runs.
 
-    python3 scripts/gpu_compare.py [CHECKPOINT...] [--device cuda] [--rtol 2e-3] [--atol 1e-4]
+    python3 scripts/gpu_compare.py [CHECKPOINT...] [--device cuda] [--rtol 2e-3] [--atol 1e-4] [--tokens N]
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ DEMO = [ROOT / "data" / "demo" / run / "checkpoints" / "final_step_004000.safete
         for run in ("qkv-mha-wd0.1", "k_eq_v-gqa2-wd0.1", "wq_identity-mha-wd0.1")]
 
 
-def frames(path: Path, device: str):
+def frames(path: Path, device: str, tokens: int | None = None):
     """Every weight and activation metric of ``path`` on ``device`` (``app.jobs._compute``, what
-    ``analyze`` computes), indexed by layer, head label and metric, and their notes."""
+    ``analyze`` computes; ``tokens``: the activation sample's, None for the job's own budget), indexed
+    by layer, head label and metric, and their notes."""
     import pandas as pd
 
     from analysis.result_rows import rows_frame
@@ -34,7 +35,7 @@ def frames(path: Path, device: str):
     from loaders.checkpoints import open_checkpoint
 
     with open_checkpoint(path) as ck:
-        jobs = _compute(ck, ["weights", "activations"], device, SampleSpec())
+        jobs = _compute(ck, ["weights", "activations"], device, SampleSpec(tokens=tokens))
     df = pd.concat([rows_frame(j["rows"]) for j in jobs], ignore_index=True)
     notes = {k: v for j in jobs for k, v in j["notes"].items()}
     return df.set_index(["layer", "head_label", "metric"])["value"], notes
@@ -46,13 +47,15 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rtol", type=float, default=2e-3)
     ap.add_argument("--atol", type=float, default=1e-4)
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="tokens of the activation sample (default: the activation job's own budget)")
     args = ap.parse_args()
     import numpy as np
 
     bad = 0
     for path in args.checkpoints or DEMO:
-        ref, ref_notes = frames(path, "cpu")
-        got, got_notes = frames(path, args.device)
+        ref, ref_notes = frames(path, "cpu", args.tokens)
+        got, got_notes = frames(path, args.device, args.tokens)
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {len(ref)} values")
         if set(ref.index) != set(got.index) or ref_notes.keys() != got_notes.keys():
             print(f"  FAIL: the two devices produced different metric sets "

@@ -1,6 +1,6 @@
 """Profile: where one layer's weight metrics spend their time, op by op (torch profiler).
 
-    .venv/bin/python scripts/layer_profile.py [--shape 7B|1.1B] [--device cpu|cuda] [--repeat 3] [--rows 15]
+    .venv/bin/python scripts/layer_profile.py [--shape 7B|1.1B|tiny] [--device cpu|cuda] [--repeat 3] [--rows 15]
 
 Writes a one-layer folder of the shape (``bench/_shapes.py``: random bfloat16
 attention weights), reads its layer as the analysis does
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import _shapes  # noqa: E402  (bench/_shapes.py: the benchmarks' checkpoint geometries)
 
-SHAPES = {"1.1B": _shapes.LLAMA_1B, "7B": _shapes.LLAMA_7B}
+SHAPES = {"1.1B": _shapes.LLAMA_1B, "7B": _shapes.LLAMA_7B, "tiny": _shapes.TINY}
 
 
 def profile_layer(layer, meta, device: str, repeat: int, rows: int) -> float:

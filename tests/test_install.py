@@ -3,7 +3,8 @@ directory: ``--help``, ``info`` on a checkpoint, ``demo`` (the bundled demo foun
 package) and ``serve`` (the default database in the user data folder, built from that demo, and the
 dashboard's health endpoint answering).
 
-The new venv sees the test environment's packages through a ``.pth`` file and installs qkvscope
+The new venv sees the test environment's packages through a ``.pth`` file, pip among them (it is
+made ``--without-pip``: copying pip into it cost more than the install), and installs qkvscope
 alone (``--no-deps``): what is tested is the package (its modules, the bundled files, the entry
 point, no checkout on the path), in seconds instead of the minutes torch takes to unpack again.
 That the package declares every dependency is ``tests/test_requirements.py``'s job (the packaging
@@ -42,7 +43,7 @@ def test_pip_install_gives_a_command_that_works_from_another_directory(tmp_path)
     env = {k: v for k, v in os.environ.items()
            if k not in ("QKVSCOPE_DB", "PYTHONPATH", "VIRTUAL_ENV", "QKVSCOPE_PLUGINS")}
     env |= {"HOME": str(home), "XDG_DATA_HOME": str(home / ".local" / "share"), "PIP_NO_INPUT": "1"}
-    _run([sys.executable, "-m", "venv", str(venv)], elsewhere, env, 120)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], elsewhere, env, 120)
     site = _run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                 elsewhere, env, 60).stdout.strip()
     import sysconfig

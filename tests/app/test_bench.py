@@ -49,6 +49,18 @@ def test_quick_sizes_name_real_options_and_full_sizes_are_the_quoted_ones():
     assert R.commands("log_ingest", False)[0][2:] == []
 
 
+def test_activation_rows_name_the_layer_and_tokens_measured():
+    head = "device cpu, threads 1, {} windows x {} tokens, d_model {}, {} heads, {} kv heads, d_head 64, n_random 3\n"
+    body = ("floor: the layer's K, V projections and Grams alone 0.100 s\n"
+            "logits=False: add() 0.50 s, result() 0.70 s, total 1.20 s  (median of 1); total / floor = 12.0x\n")
+    [full] = R.parse_activations_speed(head.format(8, 512, 2048, 32, 8) + body)
+    [quick] = R.parse_activations_speed(head.format(4, 128, 256, 4, 2) + body)
+    assert full.measured == "activation metrics, chance and intervals of one Llama-1B-shaped layer, 4,096 tokens"
+    assert quick.measured == ("activation metrics, chance and intervals of one layer of d_model 256, 4 heads, "
+                              "2 kv heads, d_head 64, 512 tokens")
+    assert (quick.figure, quick.against) == ("12.0x (1.20 s)", "its K, V projections and Grams alone (0.100 s)")
+
+
 @pytest.fixture
 def fake_bench(tmp_path, monkeypatch):
     """A bench/ folder of small scripts standing in for the real ones."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_compare.py"
@@ -22,13 +22,15 @@ def _module():
     return mod
 
 
-def test_same_device_agrees():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", str(CKPT)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    total = re.search(r": (\d+) values\n", proc.stdout)
-    assert total and f"all {total.group(1)} values agree (rtol 0.002, atol 0.0001)" in proc.stdout
-    assert "logit    max |diff| 0.00e+00" in proc.stdout          # activation metrics are compared too
+@pytest.mark.slow                        # every metric of a checkpoint, twice: seconds, not a unit test
+def test_same_device_agrees(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["gpu_compare.py", "--device", "cpu", "--tokens", "256", str(CKPT)])
+    code = _module().main()
+    out = capsys.readouterr().out
+    assert code == 0, out
+    total = re.search(r": (\d+) values\n", out)
+    assert total and f"all {total.group(1)} values agree (rtol 0.002, atol 0.0001)" in out
+    assert "logit    max |diff| 0.00e+00" in out          # activation metrics are compared too
 
 
 def test_a_difference_or_a_missing_value_fails(monkeypatch, capsys):
@@ -37,7 +39,7 @@ def test_a_difference_or_a_missing_value_fails(monkeypatch, capsys):
                                        (0, "L0", "wq_condition")], names=["layer", "head_label", "metric"])
     ref = pd.Series([0.5, 0.7, 120.0], index=index)
 
-    def frames(path, device):
+    def frames(path, device, tokens):
         if device == "cpu":
             return ref, {}
         return pd.Series([0.5, 0.71, float("nan")], index=index), {}
