@@ -116,8 +116,7 @@ def phase_read(folder: Path, device: str) -> dict:
 
 
 def phase_analysis(folder: Path, device: str) -> dict:
-    import app.jobs
-    from analysis import products
+    from analysis import chance, products, weights
 
     base_rss = rss_mib()
     spent = {"stacked_wq": 0.0, "layer_m": 0.0, "metrics": 0.0, "chance": 0.0}
@@ -144,7 +143,8 @@ def phase_analysis(folder: Path, device: str) -> dict:
     wrapped = [(products.query_absorb, "stacked_spectrum", "stacked_wq")]
     wrapped += [(products.qk_geometry, name, "layer_m")
                 for name in ("dense_layer_scores", "layer_form", "symmetry_layer", "directionality_layer")]
-    wrapped += [(app.jobs, "weight_metrics", "metrics"), (app.jobs, "attach_weight_chance", "chance")]
+    # (app.jobs.weight_frame imports these two from their modules when it runs)
+    wrapped += [(weights, "weight_metrics", "metrics"), (chance, "attach_weight_chance", "chance")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in wrapped]
     for mod, name, key in wrapped:
         setattr(mod, name, timed(key, getattr(mod, name)))
@@ -169,7 +169,8 @@ def _timed_analysis(folder: Path, device: str, spent: dict, cpu_spent: dict, bas
         weights.weight_metrics(ck.layer(0), ck.meta, device=device)
     spent.update(stacked_wq=0.0, layer_m=0.0, metrics=0.0, chance=0.0)
     cpu_spent.update(spent)
-    chance._chance_rows.cache_clear()                             # the chance levels are timed cold
+    chance.use_store(None)                                        # the chance levels are timed cold:
+    chance._chance_rows.cache_clear()                             # drawn, not read from the disk store
     t0, c0 = time.perf_counter(), time.process_time()
     with open_checkpoint(folder) as ck:
         frame, notes = weight_frame(ck, device=device)
