@@ -124,8 +124,8 @@ def test_unanalysed_checkpoints_get_a_button(papers_db):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_papers_page_on_the_demo_in_a_real_browser(tmp_path, tmp_path_factory):
-    """The demo with the checkpoints of three of its runs (one per variant the 0.73 and +3.1% rows
-    compare): the button analyses them from the page, and the tables are drawn again."""
+    """The demo with the checkpoints of three of its runs (qkv, k_eq_v and q_eq_k at weight decay
+    0.1; every run's logs stay): the button analyses them from the page, and the tables are drawn again."""
     from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
     from tests.demo_db import demo_db
 
