@@ -222,7 +222,7 @@ def _checkpoint_frame(m, n_layers=3, *, seed=30, query_free=False):
 
 @pytest.mark.parametrize("shape, query_free", [(dict(h=4, g=4, d=32, e=8), False),
                                                (dict(h=8, g=2, d=64, e=8), False),
-                                               (dict(h=4, g=2, d=32, e=8), True),
+                                               (dict(h=4, g=2, d=64, e=16), True),
                                                (dict(h=4, g=4, d=32, e=8, norm="none"), False)])
 def test_attach_weight_chance_fills_every_row_that_has_a_chance(shape, query_free):
     m = meta(**shape)
@@ -293,13 +293,13 @@ def test_chance_is_deterministic_for_a_seed_and_cached():
     # drawn again past the cache (clearing it would make the other tests of this process draw again)
     fresh = _uncached(m, seed=5)
     pd.testing.assert_frame_equal(a, pd.DataFrame(list(fresh), columns=a.columns))
-    other = weight_chance(m, query_free=False, device="cpu", seed=6)
+    other = weight_chance(m, query_free=False, device="cpu", seed=0)          # drawn by the tests above
     closed = a["how"].str.startswith("closed form")
     pd.testing.assert_series_equal(a.loc[closed, "chance"], other.loc[closed, "chance"])
     mc = a["how"].str.startswith("median")
     assert (a.loc[mc, "chance"] != other.loc[mc, "chance"]).any()
     # a different norm is another key (and another set of metrics)
-    none = weight_chance(meta(h=4, g=4, d=32, e=8, norm="none"), query_free=False, device="cpu", seed=5)
+    none = weight_chance(meta(h=4, g=4, d=32, e=8, norm="none"), query_free=False, device="cpu", seed=0)
     assert "wq_absorb_error" in set(none["metric"]) and "wq_absorb_error" not in set(a["metric"])
 
 
