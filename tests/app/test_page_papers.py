@@ -124,20 +124,25 @@ def test_unanalysed_checkpoints_get_a_button(papers_db):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_papers_page_on_the_demo_in_a_real_browser(tmp_path, tmp_path_factory):
+    """The demo with the checkpoints of three of its runs (qkv, k_eq_v and q_eq_k at weight decay
+    0.1; every run's logs stay): the button analyses them from the page, and the tables are drawn again."""
     from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
     from tests.demo_db import demo_db
 
     db = demo_db(tmp_path_factory, tmp_path / "demo.duckdb")
-    with dashboard(db) as url, browser_page(viewport=(1400, 2200)) as page:
+    with Store(db).transaction() as con:
+        con.execute("DELETE FROM checkpoints WHERE run_id NOT IN (SELECT id FROM runs WHERE name IN "
+                    "('qkv-mha-wd0.1', 'k_eq_v-mha-wd0.1', 'q_eq_k-mha-wd0.1'))")
+    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2200)) as page:
         page.goto(f"{url}/papers?ckpts=latest")
         wait_idle(page, timeout=120_000)
         page.get_by_text("Projection sharing (arXiv 2606.04032)").first.wait_for(timeout=60_000)
         assert page.locator("[data-testid='stTable']").count() == 2
-        button = page.get_by_role("button", name="Analyse 23 checkpoints (weights)")
+        button = page.get_by_role("button", name="Analyse 3 checkpoints (weights)")
         button.click()
         wait_idle(page, timeout=300_000)
         page.get_by_text("Projection sharing (arXiv 2606.04032)").first.wait_for(timeout=60_000)
-        assert page.get_by_role("button", name="Analyse 23 checkpoints (weights)").count() == 0
+        assert page.get_by_role("button", name="Analyse 3 checkpoints (weights)").count() == 0
         page.get_by_text("Query-free attention (2510.23912)").click()
         wait_idle(page, timeout=60_000)
         assert "paper=a" in page.url

@@ -18,11 +18,11 @@ from tests.faults.data import build_runs, snapshot
 from tests.forked_cli import ForkedCli
 
 
-@pytest.fixture
-def cli(tmp_path):
-    """The CLI forked from one process that did its imports: the kill delay counts from the
-    moment real work starts, not from interpreter start-up (tests/forked_cli.py)."""
-    driver = ForkedCli(tmp_path / "cli")
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """The CLI forked from one process that did its imports (one for the module): the kill delay
+    counts from the moment real work starts, not from interpreter start-up (tests/forked_cli.py)."""
+    driver = ForkedCli(tmp_path_factory.mktemp("cli"))
     yield driver
     driver.close()
 

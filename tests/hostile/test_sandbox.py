@@ -82,8 +82,9 @@ def test_the_budget_does_not_shrink_with_the_machines_cores(tmp_path, monkeypatc
 
     folder = tmp_path / "llama"
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=8,
-                                 num_key_value_heads=2, intermediate_size=512, vocab_size=512)
+    # the arenas are per thread, not per weight: a model of d_model 64 asks what one of 256 does
+    LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=128, vocab_size=256)
                      ).save_pretrained(folder, safe_serialization=True)
     for k, v in {"QKVSCOPE_PARSE_MEMORY_MB": "512", "OMP_NUM_THREADS": "16", "MALLOC_ARENA_MAX": "128"}.items():
         monkeypatch.setenv(k, v)                                 # the children inherit them
