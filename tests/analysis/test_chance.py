@@ -276,9 +276,9 @@ def test_attach_weight_chance_of_an_empty_frame():
 
 # -- determinism, caching ----------------------------------------------------------------------
 def _uncached(m, *, seed: int = 0) -> tuple:
-    """``weight_chance``'s rows for ``m`` drawn now, whatever the process's cache holds."""
-    return chance._chance_rows.__wrapped__(m.n_heads, m.n_kv_heads, m.d_model, m.d_head, m.norm, False, "cpu",
-                                           seed, registry.generation())
+    """``weight_chance``'s rows for ``m`` drawn now, whatever the process's cache or the disk store
+    (``chance.use_store``) holds."""
+    return chance._draw_rows(m.n_heads, m.n_kv_heads, m.d_model, m.d_head, m.norm, False, "cpu", seed)
 
 
 def test_chance_is_deterministic_for_a_seed_and_cached():
