@@ -1,8 +1,10 @@
 """A real dashboard server and Debian's Chromium, for the browser tier.
 
 ``dashboard(db)`` starts ``python -m app serve`` exactly as the README's quickstart does
-(on a free port) and yields its URL; ``browser_page()`` drives
-``/usr/bin/chromium`` through Playwright (never a downloaded browser).
+(on a free port) and yields its URL; ``chromium()`` drives ``/usr/bin/chromium`` through
+Playwright (never a downloaded browser). The page tests share one Chromium per pytest process
+(``tests/app/conftest.py``'s ``chromium_browser``) and one server per database they read;
+``session(served, width, height)`` gives each test a browser session of its own on it.
 Screenshots go to ``test-output/screenshots/``.
 """
 from __future__ import annotations
@@ -81,6 +83,18 @@ def chromium():
             yield browser
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def session(served: tuple, width: int = 1400, height: int = 1000):
+    """A new browser session (context) on a shared server and Chromium, ``served = (url, browser)``:
+    the server's URL and the session's page, whose context is closed on the way out."""
+    url, browser = served
+    page = browser.new_page(viewport={"width": width, "height": height})
+    try:
+        yield url, page
+    finally:
+        page.context.close()
 
 
 @contextlib.contextmanager

@@ -13,3 +13,13 @@ def empty_db(tmp_path, monkeypatch):
     Store(db).migrate()
     monkeypatch.setenv("QKVSCOPE_DB", str(db))
     return db
+
+
+@pytest.fixture(scope="session")
+def chromium_browser():
+    """One Chromium for every browser test of this pytest process (a worker of ``-n``): each test
+    opens a session of its own (``tests.app.browser.session``), so none sees another's state."""
+    from tests.app.browser import chromium
+
+    with chromium() as browser:
+        yield browser

@@ -97,13 +97,13 @@ new MutationObserver((records) => {
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_charts_are_drawn_twice_at_most_in_a_real_browser(tmp_path):
+def test_charts_are_drawn_twice_at_most_in_a_real_browser(tmp_path, chromium_browser):
     from app.pages.experiments import CURVE_POINTS
-    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+    from tests.app.browser import dashboard, screenshot, session, wait_idle
 
     db = tmp_path / "browser-draws.duckdb"
     long_runs(db, n_runs=6)
-    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2000)) as page:
+    with dashboard(db, "--no-demo") as url, session((url, chromium_browser), 1400, 2000) as (_, page):
         page.add_init_script(_COUNT_DRAWS)
         # counted on the second load: the first, on a cold server under load, can draw the final
         # chart a third time with the theme off (36: once in five full runs on 2026-12-02, and in 1
@@ -166,12 +166,12 @@ def test_over_200_runs_the_final_chart_sends_one_point_per_group_and_x(tmp_path,
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_the_final_chart_over_200_runs_in_a_real_browser(tmp_path):
-    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
+def test_the_final_chart_over_200_runs_in_a_real_browser(tmp_path, chromium_browser):
+    from tests.app.browser import dashboard, screenshot, session, wait_idle
 
     db = tmp_path / "browser-seeds.duckdb"
     seeded_runs(db)
-    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2000)) as page:
+    with dashboard(db, "--no-demo") as url, session((url, chromium_browser), 1400, 2000) as (_, page):
         page.goto(f"{url}/experiments?runs=1,2,3&m=val/loss")
         wait_idle(page, timeout=120_000)
         page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)

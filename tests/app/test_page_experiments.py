@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 
 import numpy as np
@@ -335,31 +334,20 @@ def test_edit_metadata_is_stored(runs_db):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """One server on ``fill_runs``'s database and one Chromium for this file's browser tests;
-    each test is a session of its own (its own browser context), and none writes."""
-    from tests.app.browser import chromium, dashboard
+def served(tmp_path_factory, chromium_browser):
+    """One server on ``fill_runs``'s database for this file's browser tests, in the shared
+    Chromium; each test is a session of its own (its own browser context), and none writes."""
+    from tests.app.browser import dashboard
 
     db = tmp_path_factory.mktemp("browser") / "browser.duckdb"
     fill_runs(db)
-    with dashboard(db, "--no-demo") as url, chromium() as browser:
-        yield url, browser
-
-
-@contextlib.contextmanager
-def session(served, width: int, height: int):
-    """A new browser session (context) on the module's server: its URL and page."""
-    url, browser = served
-    page = browser.new_page(viewport={"width": width, "height": height})
-    try:
-        yield url, page
-    finally:
-        page.context.close()
+    with dashboard(db, "--no-demo") as url:
+        yield url, chromium_browser
 
 
 @pytest.mark.browser
 def test_experiments_and_weight_decay_in_a_real_browser(served):
-    from tests.app.browser import screenshot, wait_idle
+    from tests.app.browser import screenshot, session, wait_idle
 
     with session(served, 1400, 2000) as (url, page):
         page.goto(f"{url}/experiments?runs=")    # a link with no runs: none plotted (no default selection)
@@ -395,7 +383,7 @@ def test_experiments_and_weight_decay_in_a_real_browser(served):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_selection_survives_sidebar_navigation_in_a_real_browser(served):
-    from tests.app.browser import screenshot, wait_idle
+    from tests.app.browser import screenshot, session, wait_idle
 
     with session(served, 1400, 1600) as (url, page):
         page.goto(f"{url}/experiments")

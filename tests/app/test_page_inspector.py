@@ -177,10 +177,10 @@ def test_save_uploads_single_file_folder_and_names(tmp_path):
 
 
 @pytest.mark.browser
-def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, model_dir):
+def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, model_dir, chromium_browser):
     import zipfile
 
-    from tests.app.browser import browser_page, dashboard, reading_children, screenshot, wait_idle
+    from tests.app.browser import dashboard, reading_children, screenshot, session, wait_idle
 
     zpath = tmp_path / "gpt2-tiny.zip"
     with zipfile.ZipFile(zpath, "w") as zf:
@@ -188,7 +188,7 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
             zf.write(model_dir / name, f"gpt2-tiny/{name}")
     db = tmp_path / "browser-insp.duckdb"
     Store(db).migrate()
-    with dashboard(db, "--no-demo") as url, browser_page(viewport=(1400, 2400)) as page:
+    with dashboard(db, "--no-demo") as url, session((url, chromium_browser), 1400, 2400) as (_, page):
         page.goto(f"{url}/inspector?src=upload")
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(zpath))

@@ -1,12 +1,8 @@
 """The SQL page: a query from a link fills the editor and waits for Run; every
-edited query runs as typed (every other one used to run the last)."""
+edited query runs as typed (every other one used to run the last). In Chromium:
+``tests/app/test_browser_frame.py``."""
 from __future__ import annotations
 
-import urllib.parse
-
-import pytest
-
-from loaders.store import Store
 from tests.app.apptest import page_test, shown
 
 
@@ -85,36 +81,6 @@ def test_the_result_stays_while_the_page_reruns(empty_db):
     run_button(at).click().run()
     at.number_input[0].set_value(20).run()  # any other rerun
     assert at.dataframe[-1].value["answer"].tolist() == [5]
-
-
-@pytest.mark.browser
-def test_sql_link_and_edits_in_a_real_browser(tmp_path):
-    """In Chromium: a link with ?q= shows the query and no result until Run;
-    then type, Run, type, Run: each result is the query just typed."""
-    from tests.app.browser import browser_page, dashboard, screenshot, wait_idle
-
-    db = tmp_path / "browser.duckdb"
-    Store(db).migrate()
-    with dashboard(db, "--no-demo") as url, browser_page() as page:
-        page.goto(f"{url}/sql?q={urllib.parse.quote('SELECT 6 * 7 AS answer')}")
-        wait_idle(page)
-        page.get_by_text("Query from the link: press Run to run it.").wait_for(timeout=30_000)
-        assert page.get_by_text("1 row in").count() == 0
-        editor = page.get_by_label("Query")
-        assert editor.input_value() == "SELECT 6 * 7 AS answer"
-        page.get_by_role("button", name="Run").click()
-        page.get_by_text("1 row in").wait_for(timeout=30_000)
-        for n in (43, 44, 45):
-            editor.fill(f"SELECT {n} AS answer_{n}")
-            editor.press("Control+Enter")  # commit the text area, as a click elsewhere does
-            wait_idle(page)
-            page.get_by_role("button", name="Run").click()
-            wait_idle(page)
-            page.locator("[data-testid='stDataFrame']").last.wait_for(timeout=30_000)
-            page.wait_for_function(f"() => window.location.search.includes('answer_{n}')",
-                                   timeout=30_000)
-            assert editor.input_value() == f"SELECT {n} AS answer_{n}"
-        screenshot(page, "sql_edits")
 
 
 def test_a_result_dropped_for_another_sessions_says_so_and_runs_again(empty_db, monkeypatch):
