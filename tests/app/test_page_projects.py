@@ -20,6 +20,19 @@ def projects_db(projects_path, monkeypatch):
     return projects_path
 
 
+@pytest.fixture(scope="module")
+def demo_page():
+    """``demo_page(name)``: the page run with ``?project=demo`` (AppTest), once for this file's tests
+    that read what it drew; call it from a test that holds ``projects_db``."""
+    runs: dict = {}
+
+    def run(name: str):
+        if name not in runs:
+            runs[name] = page_test(name, {"project": "demo"}).run()
+        return runs[name]
+    return run
+
+
 def _sidebar_captions(at) -> list[str]:
     return [shown(c.value) for c in at.sidebar.caption]
 
@@ -41,17 +54,17 @@ def test_overview_lists_projects_and_narrows_to_the_chosen(projects_db):
 
 @pytest.mark.parametrize("page", ["results", "experiments", "weight_decay", "compare", "inspector", "papers",
                                   "kv_cost", "sql"])
-def test_every_page_has_the_project_filter(projects_db, page):
-    at = page_test(page, {"project": "demo"}).run()
+def test_every_page_has_the_project_filter(projects_db, demo_page, page):
+    at = demo_page(page)
     assert not at.exception, at.exception
     [filt] = at.sidebar.multiselect
     assert filt.label == "Projects" and filt.value == ["demo"]
 
 
-def test_weight_decay_draws_one_figure_and_y_axis_per_task(projects_db):
+def test_weight_decay_draws_one_figure_and_y_axis_per_task(projects_db, demo_page):
     from tests.app.test_page_experiments import figures
 
-    at = page_test("weight_decay", {"project": "demo"}).run()
+    at = demo_page("weight_decay")
     assert not at.exception, at.exception
     keys = [k for k in figures(at) if k and k.startswith("wd_curve")]
     assert keys == ["wd_curve_language", "wd_curve_image"]

@@ -51,38 +51,19 @@ def test_page_runs_on_filled_database(name, filled_db, monkeypatch):
     assert not at.error, [e.value for e in at.error]
 
 
-def test_overview_shows_counts_and_empty_state(empty_db):
-    at = page_test("overview").run()
-    labels = {m.label: m.value for m in at.metric}
-    assert labels["Runs"] == "0" and labels["Checkpoints"] == "0"
-    assert any("The database is empty" in i.value for i in at.info)
-
-
-def test_overview_ingest_form_reports_skips(empty_db, tmp_path):
+def test_overview_shows_counts_and_empty_state_and_its_ingest_form_reports_skips(empty_db, tmp_path):
     folder = tmp_path / "stuff"
     folder.mkdir()
     (folder / "readme.txt").write_text("nothing to see\n")
     at = page_test("overview").run()
+    labels = {m.label: m.value for m in at.metric}
+    assert labels["Runs"] == "0" and labels["Checkpoints"] == "0"
+    assert any("The database is empty" in i.value for i in at.info)
     at.text_input[0].input(str(folder))
     at.button[0].click().run()
     assert not at.exception
     assert any("0 added" in s.value and "1 skipped" in s.value for s in at.success)
     assert at.query_params["path"] == [str(folder)] or at.query_params["path"] == str(folder)
-
-
-def test_sql_page_runs_query_from_url_after_a_click(empty_db):
-    at = page_test("sql", {"q": "SELECT 41 + 1 AS answer"}).run()
-    assert not at.exception                                  # a link alone runs nothing
-    assert not any("answer" in d.value.columns for d in at.dataframe)
-    at.button[0].click().run()
-    assert at.dataframe[-1].value["answer"].tolist() == [42]
-
-
-def test_sql_page_refuses_writes_with_a_message(empty_db):
-    at = page_test("sql", {"q": "DELETE FROM runs"}).run()
-    at.button[0].click().run()
-    assert not at.exception
-    assert at.error[0].value.startswith("only SELECT queries are allowed here")
 
 
 def test_overview_counters_and_demo_notice_follow_an_ingest_at_once(tmp_path, monkeypatch):
