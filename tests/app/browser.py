@@ -2,7 +2,7 @@
 
 ``dashboard(db)`` starts ``python -m app serve`` exactly as the README's quickstart does
 (on a free port) and yields its URL; ``chromium()`` drives ``/usr/bin/chromium`` through
-Playwright (never a downloaded browser). The page tests share one Chromium per pytest process
+Playwright (never a downloaded browser). The page tests of a file share one Chromium
 (``tests/app/conftest.py``'s ``chromium_browser``) and one server per database they read;
 ``session(served, width, height)`` gives each test a browser session of its own on it.
 Screenshots go to ``test-output/screenshots/``.

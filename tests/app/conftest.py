@@ -15,10 +15,12 @@ def empty_db(tmp_path, monkeypatch):
     return db
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium_browser():
-    """One Chromium for every browser test of this pytest process (a worker of ``-n``): each test
-    opens a session of its own (``tests.app.browser.session``), so none sees another's state."""
+    """One Chromium for every browser test of a test file: each opens a session of its own
+    (``tests.app.browser.session``), so none sees another's state. Per file, not per process:
+    Playwright's sync API runs one instance at a time in a thread, and other files (and folders)
+    start their own with ``chromium()``."""
     from tests.app.browser import chromium
 
     with chromium() as browser:
