@@ -17,7 +17,7 @@ from tests.app.apptest import page_test
 from tests.app.test_page_experiments import arr
 
 
-def long_runs(db, n_runs: int = 3, steps: int = 5000, spike_at: int = 3217) -> Store:
+def long_runs(db, n_runs: int = 3, steps: int = 5000, spike_at: int = 3217, project: str | None = None) -> Store:
     """``n_runs`` runs of ``steps`` train/val loss points, one spike of +2 at ``spike_at`` each."""
     store = Store(db)
     store.migrate()
@@ -28,17 +28,17 @@ def long_runs(db, n_runs: int = 3, steps: int = 5000, spike_at: int = 3217) -> S
         for metric, value in (("train/loss", loss), ("val/loss", loss + 0.1)):
             frames.append(pd.DataFrame({"run_id": rid, "step": s, "metric": metric, "value": value,
                                         "wall_time": 1000.0 + s, "tokens": s * 512}))
-    rows = [[rid, f"run-{rid}", f"/exp/run-{rid}", ["qkv", "k_eq_v"][rid % 2], 0.1 * rid]
+    rows = [[rid, f"run-{rid}", f"/exp/run-{rid}", ["qkv", "k_eq_v"][rid % 2], 0.1 * rid, project]
             for rid in range(1, n_runs + 1)]
     return _stored(store, rows, pd.concat(frames, ignore_index=True))
 
 
 def _stored(store: Store, rows: list[list], points: pd.DataFrame) -> Store:
-    """``rows`` (id, name, source, variant, weight decay; lr 6e-4, CSV) and their ``points`` in one
-    transaction, with the runs' stats."""
+    """``rows`` (id, name, source, variant, weight decay, project; lr 6e-4, CSV) and their
+    ``points`` in one transaction, with the runs' stats."""
     with store.transaction() as con:
-        con.executemany("INSERT INTO runs (id, name, source, format, variant, weight_decay, lr) "
-                        "VALUES (?, ?, ?, 'csv', ?, ?, 6e-4)", rows)
+        con.executemany("INSERT INTO runs (id, name, source, format, variant, weight_decay, project, lr) "
+                        "VALUES (?, ?, ?, 'csv', ?, ?, ?, 6e-4)", rows)
         con.register("f", points)
         con.execute("INSERT INTO points SELECT run_id, step, metric, value, wall_time, tokens FROM f")
         refresh_run_stats(con, points["run_id"].unique())
@@ -95,21 +95,32 @@ new MutationObserver((records) => {
 """
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, chromium_browser):
+    """One server for this file's browser tests, each on a project of its own: ``draws`` (6 of
+    ``long_runs``, ids 1-6) and ``seeds`` (240 of ``seeded_runs``, ids 7-246); none writes."""
+    from tests.app.browser import dashboard
+
+    db = tmp_path_factory.mktemp("browser") / "charts.duckdb"
+    long_runs(db, n_runs=6, project="draws")
+    seeded_runs(db, first_id=7, project="seeds")
+    with dashboard(db, "--no-demo") as url:
+        yield url, chromium_browser
+
+
 @pytest.mark.browser
 @pytest.mark.slow
-def test_charts_are_drawn_twice_at_most_in_a_real_browser(tmp_path, chromium_browser):
+def test_charts_are_drawn_twice_at_most_in_a_real_browser(served):
     from app.pages.experiments import CURVE_POINTS
-    from tests.app.browser import dashboard, screenshot, session, wait_idle
+    from tests.app.browser import screenshot, session, wait_idle
 
-    db = tmp_path / "browser-draws.duckdb"
-    long_runs(db, n_runs=6)
-    with dashboard(db, "--no-demo") as url, session((url, chromium_browser), 1400, 2000) as (_, page):
+    with session(served, 1400, 2000) as (url, page):
         page.add_init_script(_COUNT_DRAWS)
         # counted on the second load: the first, on a cold server under load, can draw the final
         # chart a third time with the theme off (36: once in five full runs on 2026-12-02, and in 1
         # of 8 loads beside three busy processes, always the first); the theme's extra draw comes
         # on every mount, warm or cold (36 on the reload with CHART_THEME = "streamlit")
-        page.goto(f"{url}/experiments?runs=1,2,3,4,5,6&m=train/loss&fm=val/loss")
+        page.goto(f"{url}/experiments?project=draws&runs=1,2,3,4,5,6&m=train/loss&fm=val/loss")
         wait_idle(page, timeout=120_000)
         page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
         page.reload()                                  # the init script starts a fresh count
@@ -127,9 +138,10 @@ def test_charts_are_drawn_twice_at_most_in_a_real_browser(tmp_path, chromium_bro
         screenshot(page, "experiments_charts")
 
 
-def seeded_runs(db, n_runs: int = 240) -> Store:
+def seeded_runs(db, n_runs: int = 240, first_id: int = 1, project: str | None = None) -> Store:
     """``n_runs`` runs of 3 variants x 4 weight decays (20 seeds each at 240), 20 steps of val/loss
-    each, ending at ``3 + wd + 0.05 * variant + noise(0.02)``: groups whose intervals have a width."""
+    each, ending at ``3 + wd + 0.05 * variant + noise(0.02)``: groups whose intervals have a width;
+    ids from ``first_id``."""
     store = Store(db)
     store.migrate()
     rng = np.random.default_rng(0)
@@ -139,9 +151,9 @@ def seeded_runs(db, n_runs: int = 240) -> Store:
     for rid in range(1, n_runs + 1):
         v, wd = (rid - 1) % 3, wds[((rid - 1) // 3) % 4]
         end = 3.0 + wd + 0.05 * v + rng.normal(0, 0.02)
-        frames.append(pd.DataFrame({"run_id": rid, "step": s, "metric": "val/loss", "value": end + (19 - s) * 0.1,
-                                    "wall_time": 1000.0 + s, "tokens": s * 512}))
-        rows.append([rid, f"seed-{rid}", f"/exp/seed-{rid}", variants[v], wd])
+        frames.append(pd.DataFrame({"run_id": first_id - 1 + rid, "step": s, "metric": "val/loss",
+                                    "value": end + (19 - s) * 0.1, "wall_time": 1000.0 + s, "tokens": s * 512}))
+        rows.append([first_id - 1 + rid, f"seed-{rid}", f"/exp/seed-{rid}", variants[v], wd, project])
     return _stored(store, rows, pd.concat(frames, ignore_index=True))
 
 
@@ -166,13 +178,11 @@ def test_over_200_runs_the_final_chart_sends_one_point_per_group_and_x(tmp_path,
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_the_final_chart_over_200_runs_in_a_real_browser(tmp_path, chromium_browser):
-    from tests.app.browser import dashboard, screenshot, session, wait_idle
+def test_the_final_chart_over_200_runs_in_a_real_browser(served):
+    from tests.app.browser import screenshot, session, wait_idle
 
-    db = tmp_path / "browser-seeds.duckdb"
-    seeded_runs(db)
-    with dashboard(db, "--no-demo") as url, session((url, chromium_browser), 1400, 2000) as (_, page):
-        page.goto(f"{url}/experiments?runs=1,2,3&m=val/loss")
+    with session(served, 1400, 2000) as (url, page):
+        page.goto(f"{url}/experiments?project=seeds&runs=7,8,9&m=val/loss")
         wait_idle(page, timeout=120_000)
         page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60_000)
         wait_idle(page, timeout=60_000)
