@@ -15,6 +15,9 @@ from loaders.errors import StoreError
 from loaders.store import Store
 
 H, G, D, E, L = 4, 2, 32, 8, 3
+#: The activation sample of the tests that check what a forward pass stores, not how many tokens
+#: it takes: a few windows of every test model, more than 8 x n_kv_heads*d_head of each.
+FEW = activation_runs.SampleSpec(tokens=512)
 
 
 def make_meta(variant="qkv", norm="layernorm", n_layers=L):
@@ -148,7 +151,7 @@ def test_capture_matches_the_models_attention(tiny_gpt2):
 def test_analyze_hf_folder_with_activations(tmp_path, tiny_gpt2):
     store = Store(tmp_path / "hf.duckdb")
     cid = jobs.resolve(store, str(tiny_gpt2))
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=FEW)
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
     # every pair of the 2 layers, from the model-level pass (analysis.cross_layer), labelled as stored
@@ -279,7 +282,7 @@ def test_projection_sharing_checkpoint_activations(tmp_path, case):
         torch.testing.assert_close(lc.k.double(), k_ref[0], atol=1e-5, rtol=1e-4)
     store = Store(tmp_path / "ps.duckdb")
     cid = stored_id(store, path)
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=FEW)
     assert set(a.frame.metric) == set(names("activations"))
     value = a.frame.set_index(["metric", "layer", "head"])["value"]
     # the values a tie fixes are flagged degenerate, with a note, and never tested against chance
@@ -321,7 +324,8 @@ def test_analyze_cli_projection_sharing_with_activations(tmp_path, capsys):
     path = tmp_path / "final_model.pt"
     _their_final_model(path, "Q-GQA-2")
     db = tmp_path / "cli.duckdb"
-    assert main(["analyze", str(path), "--db", str(db), "--device", "cpu", "--json", "--activations"]) == 0
+    assert main(["analyze", str(path), "--db", str(db), "--device", "cpu", "--json", "--activations",
+                 "--tokens", str(FEW.tokens)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["checkpoint"]["path"] == str(path)
     assert {r["metric"] for r in out["metrics"]} >= set(names("activations"))
@@ -354,7 +358,7 @@ def test_nanogpt_and_query_free_checkpoints_run(tmp_path, mode, arch):
     _nanogpt_file(path, mode)
     store = Store(tmp_path / "qf.duckdb")
     cid = stored_id(store, path)
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=FEW)
     assert jobs.checkpoint_row(store, cid)["architecture"] == arch
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
 
@@ -376,7 +380,7 @@ def test_realworld_nanogpt_runs_on_sampled_ids(realworld, tmp_path):
     activation metrics run on token ids sampled from its vocabulary, and every note says so."""
     path = realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt"
     store = Store(tmp_path / "rw.duckdb")
-    _, a = jobs.analyze(store, stored_id(store, path), device="cpu", activations=True)
+    _, a = jobs.analyze(store, stored_id(store, path), device="cpu", activations=True, sample=FEW)
     said = ("inputs are token ids drawn uniformly from the vocabulary of 32, not the text: no vocabulary "
             "found (a stoi in the checkpoint or a meta.pkl beside it)")
     assert a.notes["erank_kcache"] == said and a.notes["kv_cka_act"] == said
