@@ -17,6 +17,18 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def run_main(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``args`` through ``app.cli.main`` in this process, reported as ``cli`` reports a run: the exit
+    status, stdout and stderr of the same entry point that ``python -m app`` calls, without a fresh
+    interpreter's seconds of imports (the tests above run the interpreter itself)."""
+    from app.cli import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["python", "-m", "app", *args], rc, out.out, out.err)
+
+
 def tiny_gpt2(folder: Path, n_layer: int = 2, seed: int = 0) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
