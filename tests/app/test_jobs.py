@@ -20,17 +20,25 @@ H, G, D, E, L = 4, 2, 32, 8, 3
 FEW = activation_runs.SampleSpec(tokens=512)
 
 
-def make_meta(variant="qkv", norm="layernorm", n_layers=L):
-    return ModelMeta(architecture="test", variant=variant, n_layers=n_layers, n_heads=H, n_kv_heads=G,
-                     d_model=D, d_head=E, norm=norm, positions="learned", attn_scale=E ** -0.5,
+#: (heads, kv heads, d_model, d_head) of the query-free nanoGPT below (tests.experiments.test_foreign):
+#: a test checkpoint of a query-free model takes it, so both read one geometry's chance draws
+#: (``analysis.chance`` draws each geometry once per run; a query-free one takes hundreds of layers).
+QF = (4, 4, 16, 4)
+
+
+def make_meta(variant="qkv", norm="layernorm", n_layers=L, geom=(H, G, D, E)):
+    h, g, d, e = geom
+    return ModelMeta(architecture="test", variant=variant, n_layers=n_layers, n_heads=h, n_kv_heads=g,
+                     d_model=d, d_head=e, norm=norm, positions="learned", attn_scale=e ** -0.5,
                      dtype="float32", params_total=0, params_attention=0)
 
 
-def make_layer(i, identity=False):
+def make_layer(i, identity=False, geom=(H, G, D, E)):
+    h, g_, d, e = geom
     g = torch.Generator().manual_seed(100 + i)
     r = lambda *s: torch.randn(*s, generator=g)
-    return AttentionWeights(layer=i, W_Q=None if identity else r(H, D, E), W_K=r(G, D, E), W_V=r(G, D, E),
-                            W_O=r(H, E, D))
+    return AttentionWeights(layer=i, W_Q=None if identity else r(h, d, e), W_K=r(g_, d, e), W_V=r(g_, d, e),
+                            W_O=r(h, e, d))
 
 
 def stored_id(store: Store, path) -> int:
@@ -44,8 +52,8 @@ def stored_id(store: Store, path) -> int:
 class Opener:
     """Builds the checkpoint in code and counts how often it was opened."""
 
-    def __init__(self, variant="qkv", fail_at=None):
-        self.calls, self.variant, self.fail_at = 0, variant, fail_at
+    def __init__(self, variant="qkv", fail_at=None, geom=(H, G, D, E)):
+        self.calls, self.variant, self.fail_at, self.geom = 0, variant, fail_at, geom
 
     def __call__(self, path):
         self.calls += 1
@@ -53,8 +61,8 @@ class Opener:
         def layer_fn(i):
             if self.fail_at is not None and i == self.fail_at:
                 raise RuntimeError("disk went away")
-            return make_layer(i, identity=self.variant == "wq_identity")
-        return Checkpoint(path, make_meta(self.variant), layer_fn)
+            return make_layer(i, identity=self.variant == "wq_identity", geom=self.geom)
+        return Checkpoint(path, make_meta(self.variant, geom=self.geom), layer_fn)
 
 
 @pytest.fixture
@@ -99,7 +107,7 @@ def test_failure_stores_nothing(store):
 
 
 def test_identity_query_notes_and_no_forward_pass(store, tmp_path):
-    w, a = jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity"), activations=True)
+    w, a = jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity", geom=QF), activations=True)
     why = "W_Q is the identity slice (query-free model): there is no query projection"
     assert w.notes["erank_q"] == why and "erank_q" not in set(w.frame.metric)
     assert a.frame.empty
@@ -108,7 +116,7 @@ def test_identity_query_notes_and_no_forward_pass(store, tmp_path):
               "llama2.c/Meta Llama, query-free and projection-sharing language models); weight-level "
               "metrics only")
     assert a.notes == {m: reason for m in names("activations")}
-    (cached_a,) = [r for r in jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity"),
+    (cached_a,) = [r for r in jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity", geom=QF),
                                            activations=True) if r.kind == "activations"]
     assert cached_a.cached and cached_a.notes == a.notes
 
