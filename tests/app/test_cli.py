@@ -1,4 +1,5 @@
-"""The CLI frame and the foundation commands, run as a user runs them."""
+"""The CLI frame and the foundation commands: the frame run as a user runs it (``python -m app``),
+the commands through the same entry point in this process (``run_main``)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,18 @@ ROOT = Path(__file__).resolve().parents[2]
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300)
+
+
+def run_main(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``args`` through ``app.cli.main`` in this process, reported as ``cli`` reports a run: the exit
+    status, stdout and stderr of the same entry point that ``python -m app`` calls, without a fresh
+    interpreter's seconds of imports (the tests above run the interpreter itself)."""
+    from app.cli import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["python", "-m", "app", *args], rc, out.out, out.err)
 
 
 def tiny_gpt2(folder: Path, n_layer: int = 2, seed: int = 0) -> Path:
@@ -83,9 +96,9 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
     assert proc.wait(120) == 141 and err == ""
 
 
-def test_info_json_on_a_transformers_checkpoint(tmp_path):
+def test_info_json_on_a_transformers_checkpoint(tmp_path, capsys):
     folder = tiny_gpt2(tmp_path / "gpt2")
-    out = cli("info", str(folder), "--json")
+    out = run_main(capsys, "info", str(folder), "--json")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["architecture"] == "gpt2"
@@ -96,10 +109,10 @@ def test_info_json_on_a_transformers_checkpoint(tmp_path):
     assert info["kv_bytes_per_token"] == 2 * 2 * 4 * 8 * 4  # layers * (K,V) * kv heads * d_head * fp32
 
 
-def test_info_failure_is_one_line_without_traceback(tmp_path):
+def test_info_failure_is_one_line_without_traceback(tmp_path, capsys):
     bad = tmp_path / "broken.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    out = cli("info", str(bad), "--json")
+    out = run_main(capsys, "info", str(bad), "--json")
     assert out.returncode == 2
     assert out.stdout == ""
     assert "Traceback" not in out.stderr
@@ -107,14 +120,14 @@ def test_info_failure_is_one_line_without_traceback(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: ")
 
 
-def test_ingest_then_checkpoints_json_and_idempotence(tmp_path):
+def test_ingest_then_checkpoints_json_and_idempotence(tmp_path, capsys):
     db = tmp_path / "my.duckdb"
     runs = tmp_path / "runs"
     tiny_gpt2(runs / "a")
     save_file({"weight": torch.zeros(3)}, str(runs / "not_a_model.safetensors"))
     (runs / "notes.txt").write_text("lr sweep ideas\n")
 
-    first = cli("ingest", str(runs), "--db", str(db), "--json")
+    first = run_main(capsys, "ingest", str(runs), "--db", str(db), "--json")
     assert first.returncode == 2, first.stderr               # one file failed: exit 2
     report = json.loads(first.stdout)
     assert report["added"] == 1
@@ -123,19 +136,19 @@ def test_ingest_then_checkpoints_json_and_idempotence(tmp_path):
     assert statuses["notes.txt"] == "skipped"
     assert statuses["not_a_model.safetensors"] == "error"
 
-    listed = json.loads(cli("checkpoints", "--db", str(db), "--json").stdout)
+    listed = json.loads(run_main(capsys, "checkpoints", "--db", str(db), "--json").stdout)
     assert len(listed) == 1
     row = listed[0]
     assert {"id", "path", "sha256", "architecture", "variant", "n_layers", "n_heads",
             "n_kv_heads", "d_model", "d_head", "params", "kv_bytes_per_token"} <= set(row)
     assert row["architecture"] == "gpt2" and row["n_layers"] == 2 and len(row["sha256"]) == 64
 
-    again = json.loads(cli("ingest", str(runs), "--db", str(db), "--json").stdout)
+    again = json.loads(run_main(capsys, "ingest", str(runs), "--db", str(db), "--json").stdout)
     assert again["added"] == 0
-    assert len(json.loads(cli("checkpoints", "--db", str(db), "--json").stdout)) == 1
+    assert len(json.loads(run_main(capsys, "checkpoints", "--db", str(db), "--json").stdout)) == 1
 
 
-def test_ingest_of_a_missing_path_names_it(tmp_path):
-    out = cli("ingest", str(tmp_path / "nope"), "--db", str(tmp_path / "db.duckdb"))
+def test_ingest_of_a_missing_path_names_it(tmp_path, capsys):
+    out = run_main(capsys, "ingest", str(tmp_path / "nope"), "--db", str(tmp_path / "db.duckdb"))
     assert out.returncode == 2
     assert out.stderr.strip() == f"error: {tmp_path / 'nope'}: no such file or folder"

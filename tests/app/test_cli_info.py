@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from app.cli import main
-from tests.app.test_cli import cli, tiny_gpt2
+from tests.app.test_cli import cli, run_main, tiny_gpt2
 from tests.loaders.paper_b import PAPER_B_CASES, paper_b_model
 from tests.loaders.test_hub_names import COMMIT, hf_cache, tiny_gpt2_files
 from tests.loaders.test_layouts_papers import BQL_MODES, bql_checkpoint
 
-pytestmark = pytest.mark.slow                                 # each runs the CLI in a subprocess (~7 s)
+pytestmark = pytest.mark.slow                                 # each reads a checkpoint through the CLI
 
 
 def tiny_llama(folder: Path, *, n_kv: int = 4, tie: str | None = None, tie_layers=(0, 1)) -> Path:
@@ -39,9 +39,9 @@ def tiny_llama(folder: Path, *, n_kv: int = 4, tie: str | None = None, tie_layer
     return folder
 
 
-def info_json(folder: Path) -> dict:
-    """``python -m app info FOLDER --json`` as a user runs it."""
-    out = cli("info", str(folder), "--json")
+def info_json(folder: Path, capsys) -> dict:
+    """``info FOLDER --json`` through the CLI's entry point in this process."""
+    out = run_main(capsys, "info", str(folder), "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -60,7 +60,7 @@ def layer_ties(q_identity=False, q_eq_k=False, k_eq_v=False, q_eq_v=False, layer
 
 def test_llama_with_identity_query_reads_wq_identity(tmp_path, capsys):
     folder = tiny_llama(tmp_path / "llama-wq-eye", tie="q_identity")
-    info = info_json(folder)
+    info = info_json(folder, capsys)
     assert (info["architecture"], info["variant"]) == ("llama", "qkv")   # the names say qkv
     assert info["tied"] == {"variant": "wq_identity", "layers": layer_ties(q_identity=True)}
     assert info["params"]["attention"] > 0 and "kv_bytes_per_token" in info   # existing fields kept
@@ -72,7 +72,7 @@ def test_llama_with_identity_query_reads_wq_identity(tmp_path, capsys):
 
 def test_gqa_llama_with_v_equal_to_k_reads_k_eq_v(tmp_path, capsys):
     folder = tiny_llama(tmp_path / "llama-kv", n_kv=2, tie="k_eq_v")
-    info = info_json(folder)
+    info = info_json(folder, capsys)
     assert info["variant"] == "qkv" and info["n_kv_heads"] == 2
     assert info["tied"] == {"variant": "k_eq_v", "layers": layer_ties(k_eq_v=True)}
     assert ("  note: the layout reads variant qkv, but the tensors read k_eq_v "
@@ -81,7 +81,7 @@ def test_gqa_llama_with_v_equal_to_k_reads_k_eq_v(tmp_path, capsys):
 
 def test_a_tie_in_one_layer_only_is_mixed(tmp_path, capsys):
     folder = tiny_llama(tmp_path / "llama-kv-0", tie="k_eq_v", tie_layers=(0,))
-    info = info_json(folder)
+    info = info_json(folder, capsys)
     assert info["tied"]["variant"] == "mixed"
     assert [t["k_eq_v"] for t in info["tied"]["layers"]] == [True, False]
     assert ("but the tensors read mixed (W_V = W_K in layer 0, to float tolerance; by layer: k_eq_v in layer 0, "
@@ -91,7 +91,7 @@ def test_a_tie_in_one_layer_only_is_mixed(tmp_path, capsys):
 
 def test_untied_model_agrees_and_prints_no_note(tmp_path, capsys):
     for folder in (tiny_llama(tmp_path / "llama"), tiny_gpt2(tmp_path / "gpt2")):
-        info = info_json(folder)
+        info = info_json(folder, capsys)
         assert info["variant"] == "qkv"
         assert info["tied"] == {"variant": "qkv", "layers": layer_ties()}
         text = info_text(folder, capsys)
@@ -139,7 +139,9 @@ def hub_gpt2(tmp_path, monkeypatch):
 
 def test_info_of_a_cached_repo_id_offline(hub_gpt2, capsys):
     cache, repo = hub_gpt2
-    info = info_json(Path("openai-community/gpt2"))          # a subprocess, HF_HUB_* inherited
+    out = cli("info", "openai-community/gpt2", "--json")     # a subprocess, HF_HUB_* inherited
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
     assert (info["architecture"], info["n_layers"], info["n_heads"], info["d_model"]) == ("gpt2", 2, 4, 32)
     capsys.readouterr()
     assert main(["info", str(repo)]) == 0                     # the models--org--name folder

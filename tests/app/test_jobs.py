@@ -15,19 +15,30 @@ from loaders.errors import StoreError
 from loaders.store import Store
 
 H, G, D, E, L = 4, 2, 32, 8, 3
+#: The activation sample of the tests that check what a forward pass stores, not how many tokens
+#: it takes: a few windows of every test model, more than 8 x n_kv_heads*d_head of each.
+FEW = activation_runs.SampleSpec(tokens=512)
 
 
-def make_meta(variant="qkv", norm="layernorm", n_layers=L):
-    return ModelMeta(architecture="test", variant=variant, n_layers=n_layers, n_heads=H, n_kv_heads=G,
-                     d_model=D, d_head=E, norm=norm, positions="learned", attn_scale=E ** -0.5,
+#: (heads, kv heads, d_model, d_head) of the query-free nanoGPT below (tests.experiments.test_foreign):
+#: a test checkpoint of a query-free model takes it, so both read one geometry's chance draws
+#: (``analysis.chance`` draws each geometry once per run; a query-free one takes hundreds of layers).
+QF = (4, 4, 16, 4)
+
+
+def make_meta(variant="qkv", norm="layernorm", n_layers=L, geom=(H, G, D, E)):
+    h, g, d, e = geom
+    return ModelMeta(architecture="test", variant=variant, n_layers=n_layers, n_heads=h, n_kv_heads=g,
+                     d_model=d, d_head=e, norm=norm, positions="learned", attn_scale=e ** -0.5,
                      dtype="float32", params_total=0, params_attention=0)
 
 
-def make_layer(i, identity=False):
+def make_layer(i, identity=False, geom=(H, G, D, E)):
+    h, g_, d, e = geom
     g = torch.Generator().manual_seed(100 + i)
     r = lambda *s: torch.randn(*s, generator=g)
-    return AttentionWeights(layer=i, W_Q=None if identity else r(H, D, E), W_K=r(G, D, E), W_V=r(G, D, E),
-                            W_O=r(H, E, D))
+    return AttentionWeights(layer=i, W_Q=None if identity else r(h, d, e), W_K=r(g_, d, e), W_V=r(g_, d, e),
+                            W_O=r(h, e, d))
 
 
 def stored_id(store: Store, path) -> int:
@@ -41,8 +52,8 @@ def stored_id(store: Store, path) -> int:
 class Opener:
     """Builds the checkpoint in code and counts how often it was opened."""
 
-    def __init__(self, variant="qkv", fail_at=None):
-        self.calls, self.variant, self.fail_at = 0, variant, fail_at
+    def __init__(self, variant="qkv", fail_at=None, geom=(H, G, D, E)):
+        self.calls, self.variant, self.fail_at, self.geom = 0, variant, fail_at, geom
 
     def __call__(self, path):
         self.calls += 1
@@ -50,8 +61,8 @@ class Opener:
         def layer_fn(i):
             if self.fail_at is not None and i == self.fail_at:
                 raise RuntimeError("disk went away")
-            return make_layer(i, identity=self.variant == "wq_identity")
-        return Checkpoint(path, make_meta(self.variant), layer_fn)
+            return make_layer(i, identity=self.variant == "wq_identity", geom=self.geom)
+        return Checkpoint(path, make_meta(self.variant, geom=self.geom), layer_fn)
 
 
 @pytest.fixture
@@ -96,7 +107,7 @@ def test_failure_stores_nothing(store):
 
 
 def test_identity_query_notes_and_no_forward_pass(store, tmp_path):
-    w, a = jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity"), activations=True)
+    w, a = jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity", geom=QF), activations=True)
     why = "W_Q is the identity slice (query-free model): there is no query projection"
     assert w.notes["erank_q"] == why and "erank_q" not in set(w.frame.metric)
     assert a.frame.empty
@@ -105,7 +116,7 @@ def test_identity_query_notes_and_no_forward_pass(store, tmp_path):
               "llama2.c/Meta Llama, query-free and projection-sharing language models); weight-level "
               "metrics only")
     assert a.notes == {m: reason for m in names("activations")}
-    (cached_a,) = [r for r in jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity"),
+    (cached_a,) = [r for r in jobs.analyze(store, 1, device="cpu", opener=Opener("wq_identity", geom=QF),
                                            activations=True) if r.kind == "activations"]
     assert cached_a.cached and cached_a.notes == a.notes
 
@@ -148,7 +159,7 @@ def test_capture_matches_the_models_attention(tiny_gpt2):
 def test_analyze_hf_folder_with_activations(tmp_path, tiny_gpt2):
     store = Store(tmp_path / "hf.duckdb")
     cid = jobs.resolve(store, str(tiny_gpt2))
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=FEW)
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
     assert set(w.frame.metric) | set(w.notes) == set(names("weights"))
     # every pair of the 2 layers, from the model-level pass (analysis.cross_layer), labelled as stored
@@ -279,7 +290,7 @@ def test_projection_sharing_checkpoint_activations(tmp_path, case):
         torch.testing.assert_close(lc.k.double(), k_ref[0], atol=1e-5, rtol=1e-4)
     store = Store(tmp_path / "ps.duckdb")
     cid = stored_id(store, path)
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=FEW)
     assert set(a.frame.metric) == set(names("activations"))
     value = a.frame.set_index(["metric", "layer", "head"])["value"]
     # the values a tie fixes are flagged degenerate, with a note, and never tested against chance
@@ -321,7 +332,8 @@ def test_analyze_cli_projection_sharing_with_activations(tmp_path, capsys):
     path = tmp_path / "final_model.pt"
     _their_final_model(path, "Q-GQA-2")
     db = tmp_path / "cli.duckdb"
-    assert main(["analyze", str(path), "--db", str(db), "--device", "cpu", "--json", "--activations"]) == 0
+    assert main(["analyze", str(path), "--db", str(db), "--device", "cpu", "--json", "--activations",
+                 "--tokens", str(FEW.tokens)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["checkpoint"]["path"] == str(path)
     assert {r["metric"] for r in out["metrics"]} >= set(names("activations"))
@@ -354,7 +366,7 @@ def test_nanogpt_and_query_free_checkpoints_run(tmp_path, mode, arch):
     _nanogpt_file(path, mode)
     store = Store(tmp_path / "qf.duckdb")
     cid = stored_id(store, path)
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=FEW)
     assert jobs.checkpoint_row(store, cid)["architecture"] == arch
     assert set(a.frame.metric) == set(names("activations")) and a.notes == {}
 
@@ -376,7 +388,7 @@ def test_realworld_nanogpt_runs_on_sampled_ids(realworld, tmp_path):
     activation metrics run on token ids sampled from its vocabulary, and every note says so."""
     path = realworld / "checkpoints/nanogpt-gpt-by-hand/ckpt.pt"
     store = Store(tmp_path / "rw.duckdb")
-    _, a = jobs.analyze(store, stored_id(store, path), device="cpu", activations=True)
+    _, a = jobs.analyze(store, stored_id(store, path), device="cpu", activations=True, sample=FEW)
     said = ("inputs are token ids drawn uniformly from the vocabulary of 32, not the text: no vocabulary "
             "found (a stoi in the checkpoint or a meta.pkl beside it)")
     assert a.notes["erank_kcache"] == said and a.notes["kv_cka_act"] == said

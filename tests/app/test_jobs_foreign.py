@@ -64,7 +64,7 @@ def test_llama2c_bin_activations(tmp_path, version):
     write_tokenizer(tmp_path / "tokenizer.bin", *toy_pieces(300))
     store = Store(tmp_path / "l2c.duckdb")
     cid = ingest_checkpoint(store, tmp_path / "model.bin").checkpoint_id   # in this process: own file
-    w, a = jobs.analyze(store, cid, device="cpu", activations=True)
+    w, a = jobs.analyze(store, cid, device="cpu", activations=True, sample=activation_runs.SampleSpec(tokens=512))
     assert jobs.checkpoint_row(store, cid)["architecture"] == "llama_meta"
     assert set(a.frame.metric) == set(names("activations")) - {"logit_symmetry"}
     assert set(a.notes) == {"logit_symmetry"}
@@ -74,7 +74,7 @@ def test_llama2c_bin_activations(tmp_path, version):
 def test_llama2c_without_tokenizer_samples_ids(tmp_path):
     write_bin(tmp_path / "model.bin", llama_state(), version=0, **GEOM)
     with open_checkpoint(tmp_path / "model.bin") as ckpt:
-        run = activation_runs.corpus_activations(ckpt, device="cpu")
+        run = activation_runs.corpus_activations(ckpt, device="cpu", sample=activation_runs.SampleSpec(tokens=256))
     assert run.sample["tokenizer"] == "sampled ids"
     note = run.notes["kv_cka_act"]
     assert note == ("inputs are token ids drawn uniformly from the vocabulary of 300, not the text: no "
