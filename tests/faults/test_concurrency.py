@@ -12,35 +12,23 @@ import pytest
 from loaders.ingest import ingest_paths
 from loaders.store import Store
 from tests.faults.data import build_runs, snapshot
-from tests.forked_cli import ForkedCli
 
 ROOT = Path(__file__).resolve().parents[2]
 BUSY = "database is busy"
 
 
-@pytest.fixture(scope="module")
-def writers(tmp_path_factory):
-    """Two drivers that imported the CLI (tests/forked_cli.py): each runs one of the two writers,
-    forked at once, so the two ``ingest`` processes run side by side."""
-    drivers = [ForkedCli(tmp_path_factory.mktemp(f"writer{k}")) for k in range(2)]
-    yield drivers
-    for d in drivers:
-        d.close()
+def cli_ingest(db: Path, *paths: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "app", "ingest", *map(str, paths), "--db", str(db)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def cli_ingest(writer: ForkedCli, db: Path, *paths: Path) -> ForkedCli:
-    """``python -m app ingest PATHS --db DB`` started (not awaited) by ``writer``."""
-    writer.start("ingest", *map(str, paths), "--db", str(db))
-    return writer
-
-
-def finish(*started: ForkedCli) -> list[tuple[int, str]]:
+def finish(*procs: subprocess.Popen) -> list[tuple[int, str]]:
     out = []
-    for w in started:
-        p = w.wait(timeout=180)
-        assert p.returncode == 0 or (p.returncode == 2 and BUSY in p.stderr), p.stderr
-        assert "Traceback" not in p.stderr, p.stderr
-        out.append((p.returncode, p.stderr))
+    for p in procs:
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0 or (p.returncode == 2 and BUSY in err), err
+        assert "Traceback" not in err, err
+        out.append((p.returncode, err))
     return out
 
 
@@ -59,11 +47,11 @@ def complete(db: Path, results, paths) -> None:
 
 
 @pytest.mark.slow
-def test_two_ingests_of_different_folders_at_once(runs_and_ref, writers, tmp_path):
+def test_two_ingests_of_different_folders_at_once(runs_and_ref, tmp_path):
     root, ref = runs_and_ref
     db = tmp_path / "db.duckdb"
-    a = cli_ingest(writers[0], db, root / "run_a", root / "run_b")
-    b = cli_ingest(writers[1], db, root / "run_c", root / "run_d")
+    a = cli_ingest(db, root / "run_a", root / "run_b")
+    b = cli_ingest(db, root / "run_c", root / "run_d")
     results = finish(a, b)
     complete(db, results, [root])
     assert snapshot(db) == ref
@@ -71,10 +59,10 @@ def test_two_ingests_of_different_folders_at_once(runs_and_ref, writers, tmp_pat
 
 
 @pytest.mark.slow
-def test_two_ingests_of_the_same_folder_at_once(runs_and_ref, writers, tmp_path):
+def test_two_ingests_of_the_same_folder_at_once(runs_and_ref, tmp_path):
     root, ref = runs_and_ref
     db = tmp_path / "db.duckdb"
-    results = finish(cli_ingest(writers[0], db, root), cli_ingest(writers[1], db, root))
+    results = finish(cli_ingest(db, root), cli_ingest(db, root))
     complete(db, results, [root])
     assert snapshot(db) == ref                       # no run, point or checkpoint twice
     print(f"exit codes {[rc for rc, _ in results]}")
