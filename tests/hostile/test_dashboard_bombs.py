@@ -24,7 +24,7 @@ from loaders.checkpoints import open_checkpoint
 from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
 from tests.app.test_page_inspector import tiny_gpt2
-from tests.hostile.test_sandbox import _sparse_gpt2
+from tests.hostile.test_sandbox import SPARSE_D, _sparse_gpt2
 from tests.app.browser import dashboard, wait_idle
 from tests.faults.server import listeners, pid_of_socket, rss_bytes
 from tests.hostile.test_bombs import _laughs, gpt2_state
@@ -65,7 +65,7 @@ def test_an_uploaded_bomb_ends_its_reader_and_other_sessions_are_served(tmp_path
     cid = ingest_checkpoint(store, folder).checkpoint_id
     analyze(store, cid, opener=lambda p: open_checkpoint(p))                # stored, in this process
     shutil.rmtree(folder)
-    sparse = _sparse_gpt2(folder)                                           # same path: 1 layer of d 8,192
+    sparse = _sparse_gpt2(folder, d=SPARSE_D, n_head=64)                    # same path: 1 layer of d 8,192
     monkeypatch.setenv("QKVSCOPE_ALLOW_SPARSE", "1")
     with dashboard(db, "--no-demo") as url, sync_playwright() as p:
         [(_, inode)] = listeners(int(url.rsplit(":", 1)[1]))

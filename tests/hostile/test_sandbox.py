@@ -159,22 +159,23 @@ def measured(*args: str, env: dict) -> tuple[subprocess.CompletedProcess, float,
     return subprocess.CompletedProcess(args, r["rc"], r["out"], r["err"]), r["s"], r["peak"] * 1024
 
 
-#: d_model of ``_sparse_gpt2``: its c_attn weight is 805,306,368 bytes, over the 512 MiB budgets
-#: of the tests that read it, and the whole file 3.2 GB of hole (hashing it reads 3.2 GB of zeros)
+#: d_model of the sparse GPT-2 the tests here read: its c_attn weight is 805,306,368 bytes, over
+#: their 512 MiB budgets, and the whole file 3.2 GB of hole (hashing it reads 3.2 GB of zeros)
 SPARSE_D = 8192
 
 
-def _sparse_gpt2(folder: Path) -> Path:
-    """A Hugging Face GPT-2 folder whose model.safetensors is 3.2 GB of hole
-    (``test_bombs.test_sparse_safetensors_with_a_valid_header``, at d_model 8,192)."""
-    d, vocab = SPARSE_D, 16
+def _sparse_gpt2(folder: Path, d: int = 15360, n_head: int = 96) -> Path:
+    """A Hugging Face GPT-2 folder whose model.safetensors is all hole: 11 GB at the default
+    d_model 15,360, whose c_attn weight needs 2,831,155,200 bytes
+    (``test_bombs.test_sparse_safetensors_with_a_valid_header``)."""
+    vocab = 16
     shapes = {k: list(v.shape) for k, v in gpt2_state(d=8, vocab=vocab).items()}
     shapes = {k: [d if s == 8 else 3 * d if s == 24 else 4 * d if s == 32 else s for s in shape]
               for k, shape in shapes.items()}
     head, data = st_header(shapes)
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({
-        "model_type": "gpt2", "n_layer": 1, "n_head": 64, "n_embd": d, "vocab_size": vocab,
+        "model_type": "gpt2", "n_layer": 1, "n_head": n_head, "n_embd": d, "vocab_size": vocab,
         "n_positions": 8}))
     p = folder / "model.safetensors"
     with open(p, "wb") as fh:
@@ -194,7 +195,7 @@ def test_a_memory_bomb_no_budget_catches_fails_its_file_only(tmp_path):
     for name in ("a_good", "c_good"):
         (root / name).mkdir(parents=True)
         (root / name / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4\n")
-    bomb = _sparse_gpt2(root / "b_bomb")
+    bomb = _sparse_gpt2(root / "b_bomb", d=SPARSE_D, n_head=64)
     layer = 4 * SPARSE_D * 3 * SPARSE_D                       # bytes of h.0.attn.c_attn.weight
     env = {"QKVSCOPE_ALLOW_SPARSE": "1", "QKVSCOPE_PARSE_MEMORY_MB": "512"}
     proc, took, peak = measured("info", str(bomb.parent), env=env)
