@@ -87,21 +87,49 @@ def one_error_line(proc: subprocess.CompletedProcess, path: Path, *needles: str)
     return lines[0]
 
 
-def refused_by_info_and_ingest(path: Path, db: Path, *needles: str, info: bool = True,
-                               error_path: Path | None = None) -> None:
-    where = error_path or path
-    if info:
-        proc, _ = cli("info", str(path))
-        one_error_line(proc, where, *needles)
+#: The files ``refused_by_info_and_ingest`` is given, built by the tests' builders below:
+#: name -> build(folder) -> (the path given to the CLI, the path its error names)
+REFUSED: dict[str, object] = {}
+
+
+def refused_file(name: str):
+    """Register the decorated ``build(folder)`` under ``name`` in ``REFUSED``."""
+    def register(build):
+        REFUSED[name] = build
+        return build
+    return register
+
+
+@pytest.fixture(scope="module")
+def refused(forked_cli, seeded, tmp_path_factory):
+    """Every file of ``REFUSED``, each in a folder of its own, given to ONE ``ingest`` (one process
+    and one reading child instead of one per file): the paths, that run's output, and whether the
+    database stayed byte-identical (so that no file stored anything)."""
+    root = tmp_path_factory.mktemp("refused")
+    paths = {}
+    for name, build in REFUSED.items():
+        (root / name).mkdir()
+        paths[name] = build(root / name)
+    db = Path(shutil.copy(seeded, root / "q.duckdb"))
     before = digest(db)
-    proc, _ = cli("ingest", str(path), "--db", str(db))
+    proc, _ = cli("ingest", *(str(given) for given, _ in paths.values()), "--db", str(db))
+    return paths, proc, digest(db) == before
+
+
+def refused_by_info_and_ingest(refused, name: str, *needles: str) -> None:
+    """``info`` of the file ``name`` of ``REFUSED``: exit 2 and one line naming it with ``needles``;
+    in the shared ``ingest``: exit 2, no traceback, one line naming it with ``needles``, and the
+    database byte-identical."""
+    paths, proc, unchanged = refused
+    path, where = paths[name]
+    one_error_line(cli("info", str(path))[0], where, *needles)
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr, proc.stderr
-    text = proc.stdout + proc.stderr
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if str(where) in ln]
+    assert len(lines) == 1, proc.stdout + proc.stderr
     for n in needles:
-        assert n in text, text
-    assert str(where) in text, text
-    assert digest(db) == before
+        assert n in lines[0], lines[0]
+    assert unchanged
 
 
 def gpt2_state(d: int = 8, vocab: int = 16) -> dict[str, torch.Tensor]:
@@ -133,24 +161,34 @@ def st_header(shapes: dict[str, list[int]]) -> tuple[bytes, int]:
 
 # -- 1. tensors that do not own their storage ------------------------------------
 
-def test_zero_stride_tensor_in_a_checkpoint(tmp_path, db):
-    """Before: 2.7 KB -> over 12 GB in 19 s in ``info``."""
-    p = tmp_path / "expand.pt"
+@refused_file("zero_stride")
+def _zero_stride(folder: Path) -> tuple[Path, Path]:
+    p = folder / "expand.pt"
     state = gpt2_state()
     state["h.0.attn.c_attn.weight"] = torch.zeros(1).expand(73728, 24576)
     torch.save({"model": state}, p)
     assert p.stat().st_size < 10_000
-    refused_by_info_and_ingest(p, db, "tensor 'h.0.attn.c_attn.weight' shape [73728, 24576] with "
-                                      "strides [0, 0] reuses its storage's elements")
+    return p, p
 
 
-def test_overlapping_strides_are_refused_too(tmp_path, db):
-    p = tmp_path / "overlap.pt"
+def test_zero_stride_tensor_in_a_checkpoint(refused):
+    """Before: 2.7 KB -> over 12 GB in 19 s in ``info``."""
+    refused_by_info_and_ingest(refused, "zero_stride", "tensor 'h.0.attn.c_attn.weight' shape [73728, 24576] "
+                                                       "with strides [0, 0] reuses its storage's elements")
+
+
+@refused_file("overlapping_strides")
+def _overlapping_strides(folder: Path) -> tuple[Path, Path]:
+    p = folder / "overlap.pt"
     state = gpt2_state()
     base = torch.zeros(8 * 24 + 1)
     state["h.0.attn.c_attn.weight"] = base.as_strided((8, 24), (1, 1))    # rows overlap
     torch.save({"model": state}, p)
-    refused_by_info_and_ingest(p, db, "strides [1, 1] reuses its storage's elements")
+    return p, p
+
+
+def test_overlapping_strides_are_refused_too(refused):
+    refused_by_info_and_ingest(refused, "overlapping_strides", "strides [1, 1] reuses its storage's elements")
 
 
 def test_query_free_loss_tensor_with_zero_strides(tmp_path, db):
@@ -167,14 +205,14 @@ def test_query_free_loss_tensor_with_zero_strides(tmp_path, db):
     assert digest(db) == before
 
 
-def test_sparse_safetensors_with_a_valid_header(tmp_path, db):
-    """Before: a sparse 27 GB file: 6 GB RSS in 7.5 s (one layer read whole)."""
+@refused_file("sparse_safetensors")
+def _sparse_safetensors(folder_: Path) -> tuple[Path, Path]:
     d, vocab = 24576, 16
     shapes = {k: list(v.shape) for k, v in gpt2_state(d=8, vocab=vocab).items()}
     shapes = {k: [d if s == 8 else 3 * d if s == 24 else 4 * d if s == 32 else s for s in shape]
               for k, shape in shapes.items()}
     head, data = st_header(shapes)
-    folder = tmp_path / "hf"
+    folder = folder_ / "hf"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({
         "model_type": "gpt2", "n_layer": 1, "n_head": 96, "n_embd": d, "vocab_size": vocab,
@@ -184,14 +222,24 @@ def test_sparse_safetensors_with_a_valid_header(tmp_path, db):
         f.write(head)
         f.truncate(len(head) + data)                 # a hole: nothing written
     assert p.stat().st_size > 20e9 and p.stat().st_blocks * 512 < 1 << 20
-    refused_by_info_and_ingest(folder, db, "lies in a hole of a sparse file", error_path=p)
+    return folder, p
 
 
-def test_safetensors_header_claiming_more_bytes_than_the_file_has(tmp_path, db):
+def test_sparse_safetensors_with_a_valid_header(refused):
+    """Before: a sparse 27 GB file: 6 GB RSS in 7.5 s (one layer read whole)."""
+    refused_by_info_and_ingest(refused, "sparse_safetensors", "lies in a hole of a sparse file")
+
+
+@refused_file("header_claiming_more")
+def _header_claiming_more(folder: Path) -> tuple[Path, Path]:
     head, data = st_header({"w": [4096, 4096]})
-    p = tmp_path / "short.safetensors"
+    p = folder / "short.safetensors"
     p.write_bytes(head + bytes(1000))
-    refused_by_info_and_ingest(p, db, f"end beyond the data area of 1000 bytes")
+    return p, p
+
+
+def test_safetensors_header_claiming_more_bytes_than_the_file_has(refused):
+    refused_by_info_and_ingest(refused, "header_claiming_more", "end beyond the data area of 1000 bytes")
 
 
 # -- 2. side data ---------------------------------------------------------------------
@@ -203,23 +251,39 @@ def _laughs(levels: int = 9):
     return x
 
 
-@pytest.mark.parametrize("side, needle", [
-    (_laughs(), "side entry 'laughs': side data holds more values than allowed"),
-    ({"deep": None}, "side data nested more than 32 levels deep"),
+def _side_bomb(kind: str):
+    def build(folder: Path) -> tuple[Path, Path]:
+        if kind == "laughs":
+            side = _laughs()
+        elif kind == "selfref":
+            side = []
+            side.append(side)
+        elif kind == "deep":
+            side = None
+            for _ in range(40):
+                side = {"d": side}
+        else:
+            side = "x" * (2 << 20)
+        p = folder / "side.pt"
+        torch.save({"model": gpt2_state(), "laughs": side}, p)
+        return p, p
+    return build
+
+
+SIDE_BOMBS = [
+    ("laughs", "side entry 'laughs': side data holds more values than allowed"),
+    ("deep", "side data nested more than 32 levels deep"),
     ("selfref", "side data nested more than 32 levels deep (or a container that holds itself)"),
-    ("x" * (2 << 20), "side data holds more bytes of text than allowed"),
-])
-def test_side_data_bombs(tmp_path, db, side, needle):
+    ("text", "side data holds more bytes of text than allowed"),
+]
+for _kind, _ in SIDE_BOMBS:
+    refused_file(f"side_{_kind}")(_side_bomb(_kind))
+
+
+@pytest.mark.parametrize("kind, needle", SIDE_BOMBS, ids=[k for k, _ in SIDE_BOMBS])
+def test_side_data_bombs(refused, kind, needle):
     """Before: a memo billion laughs of 35 KB -> 9 GB after 277 s, still growing."""
-    if side == "selfref":
-        side = []
-        side.append(side)
-    elif isinstance(side, dict):
-        for _ in range(40):
-            side = {"d": side}
-    p = tmp_path / "side.pt"
-    torch.save({"model": gpt2_state(), "laughs": side}, p)
-    refused_by_info_and_ingest(p, db, needle, "QKVSCOPE_SIDE_")
+    refused_by_info_and_ingest(refused, f"side_{kind}", needle, "QKVSCOPE_SIDE_")
 
 
 def test_a_side_budget_is_raised_from_the_environment(tmp_path):
@@ -231,12 +295,17 @@ def test_a_side_budget_is_raised_from_the_environment(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
-def test_self_referencing_weight_mapping(tmp_path, db):
+@refused_file("self_referencing_mapping")
+def _self_referencing_mapping(folder: Path) -> tuple[Path, Path]:
     loop: dict = {"w": torch.zeros(2)}
     loop["again"] = loop
-    p = tmp_path / "loop.pt"
+    p = folder / "loop.pt"
     torch.save({"model": gpt2_state(), "extra": loop}, p)
-    refused_by_info_and_ingest(p, db, "QKVSCOPE_SIDE_DEPTH")
+    return p, p
+
+
+def test_self_referencing_weight_mapping(refused):
+    refused_by_info_and_ingest(refused, "self_referencing_mapping", "QKVSCOPE_SIDE_DEPTH")
 
 
 # -- 3. YAML alias bombs ------------------------------------------------------------
@@ -348,12 +417,15 @@ def overlapping_zip(zp: Path) -> Path:
     return zp
 
 
-def test_zip_entries_that_overlap(tmp_path, db):
+refused_file("overlapping_zip")(lambda folder: (overlapping_zip(folder / "overlap.zip"),) * 2)
+
+
+def test_zip_entries_that_overlap(refused):
     """Before: 20 overlapping entries, each 188:1 (under the 200:1 check): 1.4 MB ->
     5.37 GB written. Here entry k's compressed size in the central directory
     reaches over every later entry, as in such a zip."""
-    zp = overlapping_zip(tmp_path / "overlap.zip")
-    refused_by_info_and_ingest(zp, db, "zip entries 'run/part00.bin' and 'run/part01.bin' overlap")
+    refused_by_info_and_ingest(refused, "overlapping_zip", "zip entries 'run/part00.bin' and 'run/part01.bin' "
+                                                           "overlap")
 
 
 # -- files cut while they are read -------------------------------------------------------
