@@ -6,6 +6,7 @@ folder and a log, an SQLite file given as ``--db`` (DuckDB would fetch
 query on the SQL page (its query process is traced too)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -58,6 +59,14 @@ def strace_works(tmp_path_factory):
             return options
         errors.append(done.stderr.strip()[:200])
     pytest.skip(f"strace cannot attach here (ptrace restricted?): {errors[-1]}")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def traced(options: list[str], trace: Path, *args: str, **kw) -> subprocess.Popen:
@@ -116,12 +125,19 @@ def test_ingest_analyze_and_serve_connect_to_nothing_outside(tmp_path, strace_wo
             page.context.close()
         time.sleep(3)                                    # whatever a started server sends, it has begun
     finally:
-        proc.send_signal(signal.SIGINT)
+        # strace and the server it traces share one session: SIGINT to strace alone detaches it and
+        # leaves the server running, so the whole group is stopped, and killed if it lingers
+        os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        deadline = time.monotonic() + 30
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert '"-m", "loaders.sql_child"]' in trace.read_text()        # the SQL page's query process, traced
     assert outside(trace) == []
 
