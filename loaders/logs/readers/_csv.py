@@ -391,7 +391,8 @@ def split_runs(source: CsvFile, state: dict,
     labels = state.get("labels") or []
     if not labels:
         return [run("true", {})]
-    cols = [column(state, f) for f in labels]
+    names = columns(state)
+    cols = [names[f] for f in labels]
     out = []
     for values in run_groups(source, cols):
         where, params = group_where(cols, values)
@@ -457,6 +458,15 @@ def read_csv_log(path: Path, plan: Callable[[Path, list[str], str], dict],
     return Parsed(runs=extract(None if empty else source, state), read_bytes=body_end, state=state)
 
 
+def columns(state: dict) -> dict[str, str]:
+    """Each header field's read_csv column name (``column_names``; a repeated field: its first
+    column), built once for all of a file's fields: a wide CSV has thousands."""
+    out: dict[str, str] = {}
+    for f, name in zip(state["fields"], column_names(state["fields"])):
+        out.setdefault(f, name)
+    return out
+
+
 def column(state: dict, field: str | None) -> str | None:
     """The read_csv column name of header field ``field``."""
-    return None if field is None else column_names(state["fields"])[state["fields"].index(field)]
+    return None if field is None else columns(state)[field]

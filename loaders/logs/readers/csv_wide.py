@@ -19,7 +19,7 @@ from pathlib import Path
 from loaders.errors import LogFormatError
 from loaders.logs.base import Parsed, RunData, SqlPoints, empty_points, is_text_head
 from loaders.logs.readers._csv import (STEP_COLUMNS, TOKEN_COLUMNS, WALL_COLUMNS, CsvFile, classify_csv,
-                                       column, head_text, label_columns, pick, read_csv_log, split_runs,
+                                       column, columns, head_text, label_columns, pick, read_csv_log, split_runs,
                                        step_column, unpivot_select, unread_select)
 
 NAME = "csv_wide"
@@ -57,7 +57,8 @@ def extract(source: CsvFile | None, state: dict) -> list[RunData]:
     labels = state.get("labels") or []
     metrics = state.get("metrics") or [f for f in state["fields"] if f not in (
         state["step"], state["wall"], state["tokens"]) and f]
-    cols = [(column(state, f), f) for f in metrics if f not in labels]
+    names = columns(state)
+    cols = [(names[f], f) for f in metrics if f not in labels]
     step, wall, tokens = (column(state, state[k]) for k in ("step", "wall", "tokens"))
 
     def run(where: str, params: dict) -> RunData:
