@@ -31,6 +31,24 @@ torch.set_num_threads(THREADS)
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 
+def _scan_installed_components_once() -> None:
+    """Streamlit's AppTest scans the metadata of every installed distribution for v2 components
+    each time a new ``AppTest`` runs (``streamlit.components.v2.manifest_scanner``: about 330
+    packages, 0.6 CPU-s, hundreds of times a run); the installed packages do not change during a
+    test run, so one scan per process serves every AppTest. A server the tests start scans once at
+    its start, as it does for a user."""
+    import functools
+
+    try:
+        from streamlit.components.v2 import manifest_scanner
+    except ImportError:                 # another Streamlit: each AppTest scans, only slower
+        return
+    manifest_scanner.scan_component_manifests = functools.cache(manifest_scanner.scan_component_manifests)
+
+
+_scan_installed_components_once()
+
+
 #: Test folders whose every test is of the system tier: fault injection (kills, servers, full
 #: disks) and the hostile corpus.
 SYSTEM_FOLDERS = ("tests/faults/", "tests/hostile/")
