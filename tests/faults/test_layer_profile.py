@@ -19,6 +19,7 @@ def test_one_layer_is_read_from_a_written_folder_and_profiled():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert out.startswith("one tiny-shaped layer (d_model 256, 4 heads, 2 kv heads, d_head 64) on cpu, torch ")
-    assert "aten::mm" in out and "Self CPU time total" in out       # the profiler's table
+    # the profiler's table (its top ops by self CPU time vary with the machine's load)
+    assert re.search(r"^\s+aten::\w+ ", out, re.M) and "Self CPU time total" in out
     assert re.search(r"weight_metrics of the layer: median \d+\.\d{4} s of 1\n", out)
     assert "on the GPU" not in out                                  # one placement on the CPU
