@@ -623,11 +623,12 @@ def test_a_bomb_among_good_checkpoints_fails_alone_under_the_analysis_limits(tmp
     db = tmp_path / "b.duckdb"
     store = Store(db)
     folder = tiny_gpt2(tmp_path / "gpt2")
+    # the budgets first: the pooled child that ingests them is the one the batch analyses in
+    monkeypatch.setenv("QKVSCOPE_ALLOW_SPARSE", "1")
+    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "1024")
     ids = _ids(store, [ckpts[0], folder, ckpts[1]])
     shutil.rmtree(folder)
     bomb = _sparse_gpt2(folder)
-    monkeypatch.setenv("QKVSCOPE_ALLOW_SPARSE", "1")
-    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "1024")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     assert main(["analyze", "--all", "--db", str(db), "--device", "cpu", "--retries", "2"]) == 1
     out = capsys.readouterr().out

@@ -296,16 +296,12 @@ def test_nccl_on_cuda_local_rank_reproduces_one_gpu_process(tmp_path, nproc):
     _assert_same_curve(ref, out, weight_atol=1e-3)
 
 
-def test_sweep_refuses_to_run_once_per_torchrun_rank(tmp_path):
-    import subprocess
-    import sys
-
-    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-    out = subprocess.run([sys.executable, "-m", "app", "sweep", "--variants", "qkv", "--weight-decays", "0.1",
-                          "--out", str(tmp_path / "sweep")], capture_output=True, text=True, env=env,
-                         cwd=Path(__file__).resolve().parents[2], timeout=120)
-    assert out.returncode == 2
-    assert out.stderr.strip() == (
+def test_sweep_refuses_to_run_once_per_torchrun_rank(tmp_path, monkeypatch, capsys):
+    _clear_torchrun_env(monkeypatch)
+    for var, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(var, value)
+    assert main(["sweep", "--variants", "qkv", "--weight-decays", "0.1", "--out", str(tmp_path / "sweep")]) == 2
+    assert capsys.readouterr().err.strip() == (
         "error: expected `python -m app sweep` outside torchrun, found RANK/WORLD_SIZE set; run it as a "
         "plain process (each of its runs can use --jobs), or train one run with `torchrun ... -m app train`")
     assert not (tmp_path / "sweep").exists()
