@@ -24,7 +24,7 @@ import torch
 
 from loaders.errors import FileError
 from loaders.sandbox import Sandbox, reading_size
-from tests.hostile import parse_targets
+from tests.hostile import light_targets, parse_targets
 from tests.hostile.test_bombs import digest, gpt2_state, one_error_line, st_header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def test_past_the_time_limit_the_child_is_killed_and_replaced(tmp_path, monkeypa
     monkeypatch.setenv("QKVSCOPE_PARSE_TIMEOUT_S", "3")
     f = tmp_path / "stall.bin"
     f.write_bytes(b"x")
-    with Sandbox(parse_targets) as reader:
+    with Sandbox(light_targets) as reader:
         reader.request(f, "pid")        # the child's imports are not timed below
         first = reader.pid
         t0 = time.monotonic()
@@ -246,7 +246,8 @@ def test_the_child_dies_with_its_parent(tmp_path):
     """``kill -9`` of ``ingest`` must not leave its reading process writing on."""
     script = tmp_path / "parent.py"
     script.write_text(f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
-                      "from loaders.sandbox import Sandbox\nr = Sandbox()\nr._start()\n"
+                      "from loaders.sandbox import Sandbox\nfrom tests.hostile import light_targets\n"
+                      "r = Sandbox(light_targets)\nr._start()\n"
                       "print(r.pid, flush=True)\ntime.sleep(300)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
@@ -315,7 +316,7 @@ def test_a_job_outside_the_table_is_refused_by_the_parent_and_by_the_child(tmp_p
     from loaders.sandbox import SandboxRefused
 
     names = ", ".join(sorted(parse_targets.JOBS))
-    with Sandbox(parse_targets) as box:
+    with Sandbox(light_targets) as box:
         with pytest.raises(SandboxRefused) as err:
             box.request(tmp_path, "os:system", command="true")
         assert str(err.value) == (f"the sandbox runs only the jobs of its table ({names}); "
@@ -342,12 +343,12 @@ def test_a_child_outlives_the_thread_that_started_it(tmp_path):
 
     POOL.close()
     got = {}
-    run = threading.Thread(target=lambda: got.update(pid=call("pid", tmp_path, pooled=True)))
+    run = threading.Thread(target=lambda: got.update(pid=light_targets.call("pid", tmp_path, pooled=True)))
     run.start()
     run.join()
     time.sleep(0.3)                                          # the kernel's signal would have landed by now
-    assert call("pid", tmp_path, pooled=True) == got["pid"]    # the same child, not a fresh one
-    with Sandbox(parse_targets) as own:                                     # a Sandbox used from another thread alike
+    assert light_targets.call("pid", tmp_path, pooled=True) == got["pid"]    # the same child, not a fresh one
+    with Sandbox(light_targets) as own:                                     # a Sandbox used from another thread alike
         starter = threading.Thread(target=lambda: got.update(own=own.request(tmp_path, "pid")))
         starter.start()
         starter.join()
