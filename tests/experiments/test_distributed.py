@@ -267,13 +267,23 @@ def test_resume_under_two_processes_continues_a_one_process_run(tmp_path, one_pr
     assert len(list(out.glob("events.out.tfevents.*"))) == 2  # the first session's and the resumed one's
 
 
-@pytest.mark.slow
-def test_batch_not_divisible_by_processes_is_refused_before_writing(tmp_path):
+def test_batch_not_divisible_by_processes_is_refused_before_writing(tmp_path, monkeypatch, capsys):
+    """Each torchrun worker (here rank 0 of 2, the environment torchrun gives it) refuses a global
+    batch the processes cannot share before it joins the process group: one line, exit 2,
+    nothing written."""
+    import experiments.distributed
+
+    def no_group(device):
+        raise AssertionError("joined the process group before checking the batch")
+
+    _clear_torchrun_env(monkeypatch)
+    for var, value in {**FULL_ENV, "RANK": "0", "LOCAL_RANK": "0", "MASTER_PORT": str(_free_port())}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(experiments.distributed, "process_group", no_group)
     out = tmp_path / "odd"
-    res = _torchrun(out, "--batch-size", "7")
-    assert res.returncode != 0
-    assert ("error: expected --batch-size (the global batch, split over all processes) divisible by "
-            "the 2 processes, found 7 (remainder 1); use 6 or 8") in res.stderr
+    assert main(["train", "--out", str(out), *TRAIN_ARGS, "--batch-size", "7"]) == 2
+    assert capsys.readouterr().err == ("error: expected --batch-size (the global batch, split over all processes) "
+                                       "divisible by the 2 processes, found 7 (remainder 1); use 6 or 8\n")
     assert not out.exists()
 
 
