@@ -78,7 +78,6 @@ def test_resolve_ingests_in_the_child_only(stored, bomb, tmp_path, monkeypatch):
     """``loaders.ingest.ingest_checkpoint`` is never called in this process (it would raise)."""
     import loaders.ingest
     from app import sandbox_jobs
-    from loaders.sandbox import Sandbox
 
     def in_process(*a, **k):
         raise AssertionError("the file was parsed in the parent process")
@@ -89,7 +88,7 @@ def test_resolve_ingests_in_the_child_only(stored, bomb, tmp_path, monkeypatch):
         jobs.resolve(store, str(bomb))
     assert str(err.value).startswith(f"{bomb}: ") and "strides [0, 0] reuses its storage's elements" in str(err.value)
     assert jobs.resolve(store, str(cid)) == cid                         # an id: no file read
-    with Sandbox(sandbox_jobs) as reader:                                            # one child for several targets
+    with sandbox_jobs.pooled() as reader:                              # one child for several targets
         assert [jobs.resolve(store, str(tmp_path / "gpt2-tiny"), reader=reader) for _ in range(2)] == [cid, cid]
         with pytest.raises(FileError):
             jobs.resolve(store, str(bomb), reader=reader)
