@@ -73,6 +73,27 @@ def bomb(tmp_path):
     return p
 
 
+def test_resolve_refuses_a_fifo_from_its_stat_without_a_child(tmp_path, monkeypatch):
+    """A FIFO named model.pt given to ``analyze`` or the Inspector's path field: one line, nothing
+    stored, and no reading child asked (its ingest would stop at the same check)."""
+    import os
+
+    import loaders.sandbox
+
+    def in_child(*a, **k):
+        raise AssertionError("a reading child was asked to ingest it")
+
+    monkeypatch.setattr(loaders.sandbox, "ingest_checkpoint", in_child)
+    store = Store(tmp_path / "db.duckdb")
+    store.migrate()
+    fifo = tmp_path / "model.pt"
+    os.mkfifo(fifo)
+    with pytest.raises(FileError) as err:
+        jobs.resolve(store, str(fifo))
+    assert str(err.value) == f"{fifo}: is a FIFO, not a regular file"
+    assert store.checkpoints() == []
+
+
 @pytest.mark.slow
 def test_resolve_ingests_in_the_child_only(stored, bomb, tmp_path, monkeypatch):
     """``loaders.ingest.ingest_checkpoint`` is never called in this process (it would raise)."""
