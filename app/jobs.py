@@ -377,7 +377,8 @@ def resolve(store: Store, target: str, *, reader=None) -> int:
     """A checkpoint id from ``target``: an existing path is ingested first, else an integer id.
 
     A path the ingest journal knows at its current size and mtime (``loaders.ingest.journalled``)
-    is its stored id, nothing of the file read. Any other path is someone's file: it is read and
+    is its stored id, nothing of the file read; one that is not a regular file is refused from its
+    ``stat`` (``FileError``), as the child would refuse it. Any other path is someone's file: it is read and
     stored by the child process of the sandbox (``loaders.sandbox``, under the memory and time budgets), never in this
     process, so a bomb ends that child with one line ``PATH: what`` (``FileError``).
     ``reader`` (a ``loaders.sandbox.Sandbox`` of ``app.sandbox_jobs``) reuses one child over
@@ -393,6 +394,10 @@ def resolve(store: Store, target: str, *, reader=None) -> int:
 
         try:
             known = journalled(store, path)       # a stat and a query: no child for a file stored unchanged
+        except FileError:
+            # not a regular file (a FIFO, a device, a dangling link: ``loaders.filecheck``, by
+            # ``stat`` alone): the child's ingest would stop at the same check, so no child starts
+            raise
         except QkvscopeError:
             known = None                           # the child says what is wrong with it, as for any file
         if known is not None:

@@ -1,7 +1,14 @@
 """``pip install .`` into a new virtual environment gives a ``qkvscope`` command that works from any
 directory: ``--help``, ``info`` on a checkpoint, ``demo`` (the bundled demo found inside the installed
-package) and ``serve`` (the default database in the user data folder, built from that demo, and the
-dashboard's health endpoint answering).
+package) and ``serve`` (the default database in the user data folder, and the dashboard's health
+endpoint answering).
+
+``serve`` starts on a user data folder that already holds the demo database (``tests/demo_db.py``,
+built once per test run for the pages' tests), so it builds nothing: that a first start ingests
+the bundled demo into an empty database is ``tests/faults/test_serve_demo.py``'s job, and the
+installed package's demo is the one a first start reads (``app.paths.DEMO_DIR``, checked here).
+The package is built with ``--no-build-isolation`` (the test environment's setuptools) rather
+than in a throwaway environment pip fills with setuptools first: what is tested is the package.
 
 The new venv sees the test environment's packages through a ``.pth`` file, pip among them (it is
 made ``--without-pip``: copying pip into it cost more than the install), and installs qkvscope
@@ -23,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.app.browser import free_port
+from tests.demo_db import demo_db
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "data" / "demo" / "qkv-mha-wd0" / "checkpoints" / "final_step_004000.safetensors"
@@ -36,7 +44,7 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.Com
     return proc
 
 
-def test_pip_install_gives_a_command_that_works_from_another_directory(tmp_path):
+def test_pip_install_gives_a_command_that_works_from_another_directory(tmp_path, tmp_path_factory):
     venv, elsewhere, home = tmp_path / "venv", tmp_path / "elsewhere", tmp_path / "home"
     elsewhere.mkdir()
     home.mkdir()
@@ -48,7 +56,7 @@ def test_pip_install_gives_a_command_that_works_from_another_directory(tmp_path)
                 elsewhere, env, 60).stdout.strip()
     import sysconfig
     Path(site, "test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
           str(ROOT)], elsewhere, env, 600)
     qkvscope = str(venv / "bin" / "qkvscope")
 
@@ -58,12 +66,16 @@ def test_pip_install_gives_a_command_that_works_from_another_directory(tmp_path)
     info = json.loads(_run([qkvscope, "info", str(CKPT), "--json"], elsewhere, env, 300).stdout)
     assert (info["variant"], info["n_layers"], info["n_heads"], info["d_model"]) == ("qkv", 4, 4, 64)
 
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import app, sys; print(app.__file__)"],
-                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60).stdout
-    assert where.startswith(str(venv))                                  # the installed copy, not the checkout
+    where = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import app, app.paths; print(app.__file__); print(app.paths.DEMO_DIR)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert where[0].startswith(str(venv))                               # the installed copy, not the checkout
+    assert where[1].startswith(str(venv)) and Path(where[1], "qkv-mha-wd0", "config.json").is_file()
     demo = json.loads(_run([qkvscope, "demo", "--json"], elsewhere, env, 300).stdout)
     assert sorted(r["name"] for r in demo) == sorted(p.parent.name for p in (ROOT / "data" / "demo").glob("*/config.json"))
 
+    data = home / ".local" / "share" / "qkvscope" / "qkvscope.duckdb"        # the user data folder
+    demo_db(tmp_path_factory, data)
     port = free_port()
     log = open(tmp_path / "serve.log", "w")
     server = subprocess.Popen([qkvscope, "serve", "--port", str(port)], cwd=elsewhere, env=env,
@@ -83,5 +95,6 @@ def test_pip_install_gives_a_command_that_works_from_another_directory(tmp_path)
     finally:
         server.terminate()
         server.wait(30)
-    assert (home / ".local" / "share" / "qkvscope" / "qkvscope.duckdb").is_file()   # the user data folder
+    said = (tmp_path / "serve.log").read_text()
+    assert f"(database {data}; " in said and "First start" not in said, said   # its database, not rebuilt
     assert not (elsewhere / ".streamlit").exists() and not list(elsewhere.iterdir())

@@ -162,7 +162,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # torch is imported when a run starts, not when the CLI builds its parsers (app/commands/__init__)
-    from experiments.distributed import process_group
+    from experiments.distributed import check_global_batch, process_group, torchrun_env
     from experiments.train import train
 
     try:
@@ -170,6 +170,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    env = torchrun_env()
+    if env is not None:
+        # every rank has the same arguments: a global batch the processes cannot share is refused
+        # by each before it joins the group (no rendezvous to wait for, nothing written)
+        check_global_batch(tc.batch_size, env.world_size)
     # under torchrun: join the process group; left on return and on any error
     with process_group(tc.device) as dist:
         summary = train(mc, tc, args.out, resume=args.resume, dist=dist)

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if args.heal is not None and args.heal_steps == 0:
         raise QkvscopeError(f"--heal {args.heal}: expected with --heal-steps N (N > 0)")
     path = _path(args)
-    out = call("whatif", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+    out = call("whatif", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                to=args.to, method=args.method, layers=args.layers, text=args.text, images=args.images,
                grouping=args.grouping,
                tokens=args.tokens,

@@ -69,7 +69,8 @@ def render() -> None:
             if key in results:                  # kept from an earlier Run in this session
                 continue
             with st.spinner(f"converting to {t} layer by layer..."):
-                results[key] = call("whatif", path, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
+                # the pooled child: the targets of one Run, and later Runs, share one start of it
+                results[key] = call("whatif", path, pooled=True, timeout="QKVSCOPE_ANALYSIS_TIMEOUT_S",
                                     to=t, method=methods[t], layers="greedy", text=None, tokens=int(tokens),
                                     heal_steps=0, heal_how="distill", out=None, device=None)
     runs = _reference_runs()

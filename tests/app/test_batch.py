@@ -617,17 +617,24 @@ def test_a_bomb_among_good_checkpoints_fails_alone_under_the_analysis_limits(tmp
     import resource
     import shutil
 
-    from tests.app.test_page_inspector import tiny_gpt2
+    from safetensors.torch import save_file
+
+    from tests.hostile.test_bombs import gpt2_state
     from tests.hostile.test_sandbox import _sparse_gpt2
 
     db = tmp_path / "b.duckdb"
     store = Store(db)
-    folder = tiny_gpt2(tmp_path / "gpt2")
+    folder = tmp_path / "gpt2"                  # a 1-layer GPT-2 folder of d_model 8, as the bomb's below
+    folder.mkdir()
+    save_file(gpt2_state(), folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 8,
+                                                    "vocab_size": 16, "n_positions": 8}))
+    # the budgets first: the pooled child that ingests them is the one the batch analyses in
+    monkeypatch.setenv("QKVSCOPE_ALLOW_SPARSE", "1")
+    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "1024")
     ids = _ids(store, [ckpts[0], folder, ckpts[1]])
     shutil.rmtree(folder)
     bomb = _sparse_gpt2(folder)
-    monkeypatch.setenv("QKVSCOPE_ALLOW_SPARSE", "1")
-    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "1024")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     assert main(["analyze", "--all", "--db", str(db), "--device", "cpu", "--retries", "2"]) == 1
     out = capsys.readouterr().out

@@ -26,9 +26,17 @@ def test_whatif_json_contract_and_saved_checkpoint_reads_back(tmp_path, capsys):
     assert json.loads((tmp_path / "mqa" / "config.json").read_text())["n_kv_heads"] == 1
 
 
+def _pooled_pids() -> list[int]:
+    from loaders.sandbox import POOL
+
+    return [r.pid for key, r in POOL._idle if key[0] == "app.sandbox_jobs"]
+
+
 def test_whatif_text_output_and_errors(capsys):
     out = run_main(capsys, "whatif", str(QKV), "--to", "k_eq_v", "--layers", "0,2", "--tokens", "256")
     assert out.returncode == 0, out.stderr
+    child = _pooled_pids()                           # the reading child is the pool's: the runs below share it
+    assert len(child) == 1
     assert "k_eq_v by lstsq" in out.stdout and "  0,2 " in out.stdout
     bad = run_main(capsys, "whatif", str(QKV), "--to", "gqa:3", "--tokens", "256")
     assert bad.returncode == 2
@@ -43,5 +51,6 @@ def test_whatif_text_output_and_errors(capsys):
     seen = run_main(capsys, "whatif", str(vit), "--to", "mqa", "--images", "digits", "--tokens", "256")
     assert seen.returncode == 0, seen.stderr
     assert "mqa by mean, 272 tokens in 16 windows" in seen.stdout and "  accuracy baseline: " in seen.stdout
+    assert _pooled_pids() == child
     assert run_main(capsys, "whatif", str(QKV), "--to", "mqa", "--tokens", "1").stderr.strip() == \
         "error: --tokens 1: expected at least 2"

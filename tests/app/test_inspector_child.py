@@ -95,7 +95,7 @@ def test_the_readers_children_are_pooled_across_reruns(model_dir, tmp_path, monk
     """A layer or head picked in the spectra controls reuses the pool's child (a fresh one costs
     2-3 s of imports); other budgets in the environment get another child."""
     from loaders.sandbox import POOL
-    from tests.hostile.parse_targets import call
+    from tests.hostile.light_targets import call             # the pool's machinery, not what a child imports
 
     POOL.close()
     first = call("pid", model_dir, pooled=True)

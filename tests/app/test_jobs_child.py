@@ -73,12 +73,32 @@ def bomb(tmp_path):
     return p
 
 
+def test_resolve_refuses_a_fifo_from_its_stat_without_a_child(tmp_path, monkeypatch):
+    """A FIFO named model.pt given to ``analyze`` or the Inspector's path field: one line, nothing
+    stored, and no reading child asked (its ingest would stop at the same check)."""
+    import os
+
+    import loaders.sandbox
+
+    def in_child(*a, **k):
+        raise AssertionError("a reading child was asked to ingest it")
+
+    monkeypatch.setattr(loaders.sandbox, "ingest_checkpoint", in_child)
+    store = Store(tmp_path / "db.duckdb")
+    store.migrate()
+    fifo = tmp_path / "model.pt"
+    os.mkfifo(fifo)
+    with pytest.raises(FileError) as err:
+        jobs.resolve(store, str(fifo))
+    assert str(err.value) == f"{fifo}: is a FIFO, not a regular file"
+    assert store.checkpoints() == []
+
+
 @pytest.mark.slow
 def test_resolve_ingests_in_the_child_only(stored, bomb, tmp_path, monkeypatch):
     """``loaders.ingest.ingest_checkpoint`` is never called in this process (it would raise)."""
     import loaders.ingest
     from app import sandbox_jobs
-    from loaders.sandbox import Sandbox
 
     def in_process(*a, **k):
         raise AssertionError("the file was parsed in the parent process")
@@ -89,7 +109,7 @@ def test_resolve_ingests_in_the_child_only(stored, bomb, tmp_path, monkeypatch):
         jobs.resolve(store, str(bomb))
     assert str(err.value).startswith(f"{bomb}: ") and "strides [0, 0] reuses its storage's elements" in str(err.value)
     assert jobs.resolve(store, str(cid)) == cid                         # an id: no file read
-    with Sandbox(sandbox_jobs) as reader:                                            # one child for several targets
+    with sandbox_jobs.pooled() as reader:                              # one child for several targets
         assert [jobs.resolve(store, str(tmp_path / "gpt2-tiny"), reader=reader) for _ in range(2)] == [cid, cid]
         with pytest.raises(FileError):
             jobs.resolve(store, str(bomb), reader=reader)

@@ -267,13 +267,23 @@ def test_resume_under_two_processes_continues_a_one_process_run(tmp_path, one_pr
     assert len(list(out.glob("events.out.tfevents.*"))) == 2  # the first session's and the resumed one's
 
 
-@pytest.mark.slow
-def test_batch_not_divisible_by_processes_is_refused_before_writing(tmp_path):
+def test_batch_not_divisible_by_processes_is_refused_before_writing(tmp_path, monkeypatch, capsys):
+    """Each torchrun worker (here rank 0 of 2, the environment torchrun gives it) refuses a global
+    batch the processes cannot share before it joins the process group: one line, exit 2,
+    nothing written."""
+    import experiments.distributed
+
+    def no_group(device):
+        raise AssertionError("joined the process group before checking the batch")
+
+    _clear_torchrun_env(monkeypatch)
+    for var, value in {**FULL_ENV, "RANK": "0", "LOCAL_RANK": "0", "MASTER_PORT": str(_free_port())}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(experiments.distributed, "process_group", no_group)
     out = tmp_path / "odd"
-    res = _torchrun(out, "--batch-size", "7")
-    assert res.returncode != 0
-    assert ("error: expected --batch-size (the global batch, split over all processes) divisible by "
-            "the 2 processes, found 7 (remainder 1); use 6 or 8") in res.stderr
+    assert main(["train", "--out", str(out), *TRAIN_ARGS, "--batch-size", "7"]) == 2
+    assert capsys.readouterr().err == ("error: expected --batch-size (the global batch, split over all processes) "
+                                       "divisible by the 2 processes, found 7 (remainder 1); use 6 or 8\n")
     assert not out.exists()
 
 
@@ -296,16 +306,12 @@ def test_nccl_on_cuda_local_rank_reproduces_one_gpu_process(tmp_path, nproc):
     _assert_same_curve(ref, out, weight_atol=1e-3)
 
 
-def test_sweep_refuses_to_run_once_per_torchrun_rank(tmp_path):
-    import subprocess
-    import sys
-
-    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-    out = subprocess.run([sys.executable, "-m", "app", "sweep", "--variants", "qkv", "--weight-decays", "0.1",
-                          "--out", str(tmp_path / "sweep")], capture_output=True, text=True, env=env,
-                         cwd=Path(__file__).resolve().parents[2], timeout=120)
-    assert out.returncode == 2
-    assert out.stderr.strip() == (
+def test_sweep_refuses_to_run_once_per_torchrun_rank(tmp_path, monkeypatch, capsys):
+    _clear_torchrun_env(monkeypatch)
+    for var, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(var, value)
+    assert main(["sweep", "--variants", "qkv", "--weight-decays", "0.1", "--out", str(tmp_path / "sweep")]) == 2
+    assert capsys.readouterr().err.strip() == (
         "error: expected `python -m app sweep` outside torchrun, found RANK/WORLD_SIZE set; run it as a "
         "plain process (each of its runs can use --jobs), or train one run with `torchrun ... -m app train`")
     assert not (tmp_path / "sweep").exists()
