@@ -65,7 +65,7 @@ def test_docs_and_help_say_what_another_host_exposes(capsys):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def chromium_browser():
     """One Chromium for this file's browser tests; each opens sessions (contexts) of its own."""
     from tests.app.browser import chromium
 
@@ -75,7 +75,7 @@ def browser():
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_ingest_while_the_dashboard_serves_pages(tmp_path, browser):
+def test_ingest_while_the_dashboard_serves_pages(tmp_path, chromium_browser):
     """A CLI ingest writes while browser sessions keep reading the same file
     through the Overview and Experiments pages: both go on, nothing lost."""
     from tests.app.browser import session, wait_idle
@@ -86,7 +86,7 @@ def test_ingest_while_the_dashboard_serves_pages(tmp_path, browser):
     ref = snapshot(ref_db)
     db = tmp_path / "db.duckdb"
     ingest_paths(Store(db), [runs / "run_a"])         # something to show from the start
-    with dashboard(db, "--no-demo") as url, session((url, browser)) as (_, page):
+    with dashboard(db, "--no-demo") as url, session((url, chromium_browser)) as (_, page):
         page.goto(url)                                 # the Overview: the main page
         wait_idle(page, timeout=60_000)
         proc = subprocess.Popen([sys.executable, "-m", "app", "ingest", str(runs), "--db", str(db)],
@@ -117,7 +117,7 @@ def demo_db(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_ten_browser_sessions_at_once(demo_db, browser):
+def test_ten_browser_sessions_at_once(demo_db, chromium_browser):
     """Ten sessions (Playwright contexts in one Chromium) at once, five on Experiments and five
     on the inspector; no page errors, and the server's resident memory comes back near where it
     started once they close."""
@@ -132,14 +132,14 @@ def test_ten_browser_sessions_at_once(demo_db, browser):
         pid = pid_of_socket(inode)
         assert pid is not None
         # one warm-up session: imports and caches that live for the server's lifetime
-        warm = browser.new_page(viewport={"width": 1200, "height": 900})
+        warm = chromium_browser.new_page(viewport={"width": 1200, "height": 900})
         for target in targets:
             warm.goto(f"{url}/{target}")
             wait_idle(warm, timeout=90_000)
         warm.context.close()
         time.sleep(2)
         start = rss_bytes(pid)
-        pages = [browser.new_page(viewport={"width": 1200, "height": 900}) for _ in range(10)]
+        pages = [chromium_browser.new_page(viewport={"width": 1200, "height": 900}) for _ in range(10)]
         t0 = time.monotonic()
         for i, pg in enumerate(pages):              # all ten start before any is waited on
             # the server answers the tenth while nine sessions' scripts hold its GIL: past
