@@ -64,12 +64,21 @@ def test_docs_and_help_say_what_another_host_exposes(capsys):
     assert "default 127.0.0.1, this machine only" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.fixture(scope="module")
+def chromium_browser():
+    """One Chromium for this file's browser tests; each opens sessions (contexts) of its own."""
+    from tests.app.browser import chromium
+
+    with chromium() as browser:
+        yield browser
+
+
 @pytest.mark.slow
 @pytest.mark.browser
-def test_ingest_while_the_dashboard_serves_pages(tmp_path):
+def test_ingest_while_the_dashboard_serves_pages(tmp_path, chromium_browser):
     """A CLI ingest writes while browser sessions keep reading the same file
     through the Overview and Experiments pages: both go on, nothing lost."""
-    from tests.app.browser import browser_page, wait_idle
+    from tests.app.browser import session, wait_idle
 
     runs = build_runs(tmp_path / "runs")
     ref_db = tmp_path / "ref.duckdb"
@@ -77,18 +86,22 @@ def test_ingest_while_the_dashboard_serves_pages(tmp_path):
     ref = snapshot(ref_db)
     db = tmp_path / "db.duckdb"
     ingest_paths(Store(db), [runs / "run_a"])         # something to show from the start
-    with dashboard(db, "--no-demo") as url, browser_page() as page:
+    with dashboard(db, "--no-demo") as url, session((url, chromium_browser)) as (_, page):
+        page.goto(url)                                 # the Overview: the main page
+        wait_idle(page, timeout=60_000)
         proc = subprocess.Popen([sys.executable, "-m", "app", "ingest", str(runs), "--db", str(db)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         loads = 0
         while proc.poll() is None or loads < 2:
-            page.goto(f"{url}/{'overview' if loads % 2 == 0 else 'experiments'}")
+            # the sidebar's links, as a user moves between pages: each runs the page's script
+            # again on the file being written (a reload would only start the frontend again too)
+            page.get_by_role("link", name=("Experiments", "Overview")[loads % 2]).first.click()
             wait_idle(page, timeout=60_000)
             assert page.locator("[data-testid='stException']").count() == 0
             loads += 1
         out, err = proc.communicate()
         assert proc.returncode == 0, err
-        page.goto(f"{url}/overview")
+        page.goto(url)                                 # a new session once the ingest is done
         wait_idle(page, timeout=60_000)
         assert page.locator("[data-testid='stException']").count() == 0
     assert snapshot(db) == ref
@@ -104,11 +117,11 @@ def demo_db(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_ten_browser_sessions_at_once(demo_db):
+def test_ten_browser_sessions_at_once(demo_db, chromium_browser):
     """Ten sessions (Playwright contexts in one Chromium) at once, five on Experiments and five
     on the inspector; no page errors, and the server's resident memory comes back near where it
     started once they close."""
-    from tests.app.browser import chromium, screenshot, wait_idle
+    from tests.app.browser import screenshot, wait_idle
 
     with Store(demo_db).connect(read_only=True) as con:
         ckpt = con.execute("SELECT min(id) FROM checkpoints").fetchone()[0]
@@ -118,33 +131,32 @@ def test_ten_browser_sessions_at_once(demo_db):
         [(_, inode)] = listeners(port_of(url))
         pid = pid_of_socket(inode)
         assert pid is not None
-        with chromium() as browser:
-            # one warm-up session: imports and caches that live for the server's lifetime
-            warm = browser.new_page(viewport={"width": 1200, "height": 900})
-            for target in targets:
-                warm.goto(f"{url}/{target}")
-                wait_idle(warm, timeout=90_000)
-            warm.context.close()
-            time.sleep(2)
-            start = rss_bytes(pid)
-            pages = [browser.new_page(viewport={"width": 1200, "height": 900}) for _ in range(10)]
-            t0 = time.monotonic()
-            for i, pg in enumerate(pages):              # all ten start before any is waited on
-                # the server answers the tenth while nine sessions' scripts hold its GIL: past
-                # Playwright's 30 s default in a loaded CI run; latency is not what this tests
-                pg.goto(f"{url}/{targets[i % 2]}", wait_until="commit", timeout=180_000)
-            for i, pg in enumerate(pages):
-                try:
-                    wait_idle(pg, timeout=180_000)
-                except TimeoutError:
-                    screenshot(pg, f"ten-sessions-stuck-{i}")
-                    raise
-            elapsed = time.monotonic() - t0
-            peak = rss_bytes(pid)
-            for pg in pages:
-                assert pg.locator("[data-testid='stException']").count() == 0
-                assert pg.locator("[data-testid='stApp']").count() == 1
-                pg.context.close()
+        # one warm-up session: imports and caches that live for the server's lifetime
+        warm = chromium_browser.new_page(viewport={"width": 1200, "height": 900})
+        for target in targets:
+            warm.goto(f"{url}/{target}")
+            wait_idle(warm, timeout=90_000)
+        warm.context.close()
+        time.sleep(2)
+        start = rss_bytes(pid)
+        pages = [chromium_browser.new_page(viewport={"width": 1200, "height": 900}) for _ in range(10)]
+        t0 = time.monotonic()
+        for i, pg in enumerate(pages):              # all ten start before any is waited on
+            # the server answers the tenth while nine sessions' scripts hold its GIL: past
+            # Playwright's 30 s default in a loaded CI run; latency is not what this tests
+            pg.goto(f"{url}/{targets[i % 2]}", wait_until="commit", timeout=180_000)
+        for i, pg in enumerate(pages):
+            try:
+                wait_idle(pg, timeout=180_000)
+            except TimeoutError:
+                screenshot(pg, f"ten-sessions-stuck-{i}")
+                raise
+        elapsed = time.monotonic() - t0
+        peak = rss_bytes(pid)
+        for pg in pages:
+            assert pg.locator("[data-testid='stException']").count() == 0
+            assert pg.locator("[data-testid='stApp']").count() == 1
+            pg.context.close()
         # Streamlit drops a closed session's state once the websocket is gone.
         end = rss_bytes(pid)
         for _ in range(20):
