@@ -12,14 +12,13 @@ PAGES = sorted((ROOT / "docs").rglob("*.md"))
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
-def test_the_readme_is_short_and_starts_with_the_three_commands():
+def test_the_readme_is_short_and_starts_with_the_two_commands():
     lines = README.read_text().splitlines()
     assert len(lines) <= 300
-    assert lines[2:7] == [
+    assert lines[2:6] == [
         "```bash",
         "bash scripts/dashboard.sh   # installs into .venv, opens the dashboard on the bundled demo experiments",
         "bash scripts/test.sh        # installs into .venv (plus Debian's chromium), runs every test that needs no GPU",
-        "pip install . && qkvscope serve   # or install it as a command and serve from any folder",
         "```"]
 
 
