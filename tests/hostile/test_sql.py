@@ -24,13 +24,18 @@ REFUSED = "only SELECT queries are allowed here (got {}); the SQL page never cha
 NO_FILES = 'query failed: Permission Error: Cannot access file "{}" - file system operations are disabled by configuration'
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "q.duckdb")
+def one_run(path: Path) -> Store:
+    s = Store(path)
     with s.transaction() as con:
         con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv')")
         con.execute("INSERT INTO points VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
     return s
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One store for the module's queries: each test checks it byte-identical after its own."""
+    return one_run(tmp_path_factory.mktemp("store") / "q.duckdb")
 
 
 def digest(path) -> str:
@@ -94,7 +99,8 @@ def test_explain_analyze_executes_nothing(store, tmp_path):
     assert run_readonly_query(store, "SELECT count(*) AS n FROM runs").frame["n"].tolist() == [1]
 
 
-def test_a_sequence_is_not_advanced(store):
+def test_a_sequence_is_not_advanced(tmp_path):
+    store = one_run(tmp_path / "q.duckdb")             # its own: this test adds a run
     assert refuse(store, "SELECT nextval('run_ids')").startswith(
         'query failed: Invalid Input Error: Cannot execute statement of type "SELECT"')
     with store.transaction() as con:
