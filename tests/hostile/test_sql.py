@@ -264,21 +264,22 @@ def attack(forks, store, sql: str, timeout_s: float = 10.0, env: dict | None = N
 
 # Found by the attack round of each passed the old 1 GB memory_limit
 # or its 10 s timer (8 GB in 22 s; 40 s against 10 s; 2.5 GB of spill files).
-@pytest.mark.parametrize("sql", [
-    "SELECT repeat('x', 100000000) FROM range(10001)",     # string heaps outside memory_limit
-    "SELECT repeat('x', 3000000000)",                       # one uninterruptible call
-    "SELECT string_agg(repeat('x', 1000), '') FROM range(10000000)",
-    # a sort that spilled to <db>.tmp: with temp_directory '' it must fit in memory
+@pytest.mark.parametrize("sql, memory_mb", [
+    ("SELECT repeat('x', 100000000) FROM range(10001)", 1024),     # string heaps outside memory_limit
+    ("SELECT repeat('x', 3000000000)", 1024),                       # one uninterruptible call
+    ("SELECT string_agg(repeat('x', 1000), '') FROM range(10000000)", 1024),
+    # a sort that spilled to <db>.tmp: with temp_directory '' it must fit in memory (a quarter of
+    # the 30e6 rows that spilled against an eighth of the budget: the spill test's sort)
     pytest.param("SELECT max(r) FROM (SELECT row_number() OVER (ORDER BY hash(i)) r, "
-                 "repeat('y', 100) || i AS s FROM range(30000000) t(i))", marks=pytest.mark.slow),
+                 "repeat('y', 100) || i AS s FROM range(7500000) t(i))", 128, marks=pytest.mark.slow),
 ])
-def test_memory_bombs_stop_at_the_memory_budget(forks, store, sql):
+def test_memory_bombs_stop_at_the_memory_budget(forks, store, sql, memory_mb):
     # A time limit the budget should never need: the memory budget must be what stops each of
     # these (under a loaded CI machine the first one ran past the default 10 s timer first).
-    got = attack(forks, store, sql, timeout_s=60)
-    assert got["message"] == MEMORY
-    assert got["child_rss"] < (1024 + 2048) << 20  # the query process's address space
-    assert got["self_rss"] < 1 << 30               # the server holds no result of it
+    got = attack(forks, store, sql, timeout_s=60, env={"QKVSCOPE_SQL_MEMORY_MB": str(memory_mb)})
+    assert got["message"] == MEMORY.replace("1,024", f"{memory_mb:,}")
+    assert got["child_rss"] < (memory_mb + 2048) << 20  # the query process's address space
+    assert got["self_rss"] < 1 << 30                    # the server holds no result of it
 
 
 def test_an_uninterruptible_call_is_killed_at_the_deadline(forks, store):
@@ -299,13 +300,17 @@ def test_a_result_too_large_for_the_page_is_refused(forks, store):
 
 @pytest.mark.slow
 def test_spill_files_are_bounded_when_allowed(forks, store, tmp_path):
-    """QKVSCOPE_SQL_SPILL_MB lets a sort spill into a fresh folder, removed after."""
+    """QKVSCOPE_SQL_SPILL_MB lets a sort spill into a fresh folder, removed after. An eighth of the
+    memory budget and a quarter of the rows of the memory bomb above: a sort that needs the spill
+    files all the same."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     sql = ("SELECT max(r) AS r FROM (SELECT row_number() OVER (ORDER BY hash(i)) r, "
-           "repeat('y', 100) || i AS s FROM range(30000000) t(i))")
-    env = {"TMPDIR": str(tmp), "QKVSCOPE_SQL_SPILL_MB": "100"}
-    assert attack(forks, store, sql, timeout_s=60, env=env)["message"] == MEMORY  # 100 MB is not enough
+           "repeat('y', 100) || i AS s FROM range(7500000) t(i))")
+    env = {"TMPDIR": str(tmp), "QKVSCOPE_SQL_SPILL_MB": "10", "QKVSCOPE_SQL_MEMORY_MB": "128"}
+    assert attack(forks, store, sql, timeout_s=60, env=env)["message"] == (   # 10 MB is not enough
+        "query needs more memory than the SQL console's budget of 128 MB "
+        "(QKVSCOPE_SQL_MEMORY_MB; set it in the environment to raise it)")
     env["QKVSCOPE_SQL_SPILL_MB"] = "4000"
     assert attack(forks, store, sql, timeout_s=60, env=env)["message"] == "ok 1 rows"
     assert list(tmp.iterdir()) == []
