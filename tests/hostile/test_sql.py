@@ -391,8 +391,9 @@ def test_the_real_server_holds_no_payload(store, monkeypatch):
     space (the server's soft ``RLIMIT_AS``; the query process sets its own), in Chromium, one after
     the other and then two sessions at once, plus an 18 MB result inside the budgets (``RESULT_MB``
     and ``HELD_MB`` here), then three sessions each keeping a 9 MB result (more than
-    ``QKVSCOPE_SQL_HELD_MB`` together): after each the server answers its health check, the page shows the budget's message (or the result) and
-    no exception, and the server holds under 500 MB above idle."""
+    ``QKVSCOPE_SQL_HELD_MB`` together): after each the server answers its health check, the page
+    shows the budget's message (or the result) and no exception, and the server holds under 500 MB
+    above idle."""
     import urllib.request
 
     from tests.app.browser import chromium, dashboard, wait_idle
