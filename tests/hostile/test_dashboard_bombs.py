@@ -1,6 +1,6 @@
 """A bomb uploaded to the dashboard ends its reading process, not the server:
-one Chromium session uploads it in the Inspector while a second session keeps
-loading pages, and the server's own memory stays where it was.
+one Chromium session uploads it in the Inspector while a second session
+loads pages, and the server's own memory stays where it was.
 
 The bomb: the pickle-memo billion laughs (9 KB, before: 9 GB after 277 s in
 one process) with its item budget switched off in the server's environment,
@@ -9,7 +9,7 @@ so that only the net of ``loaders/sandbox.py`` is left (512 MiB of memory,
 sparse GPT-2 (its sparse check off) is opened by a link: the Inspector's tie
 check, spectra and attention maps read it in the child (``app.inspect_child``;
 before: in the server, a layer read whole), each failing with one line, while
-the other session keeps loading pages.
+the other session loads pages.
 """
 from __future__ import annotations
 
@@ -30,16 +30,25 @@ from tests.faults.server import listeners, pid_of_socket, rss_bytes
 from tests.hostile.test_bombs import _laughs, gpt2_state
 
 
+#: Overview loads in the other session per bomb: enough to show it is served while the bomb runs;
+#: after them its server's memory is still sampled until the bomb has ended.
+LOADS = 2
+
+
 def _serve_other(b, url: str, server: int, busy) -> tuple[list[float], int]:
-    """Load the Overview in session ``b`` again and again while ``busy()`` (at most 120 s):
-    the seconds of each load (none may show an exception) and the server's peak RSS."""
+    """Load the Overview in session ``b`` ``LOADS`` times while ``busy()`` (at most 120 s): the
+    seconds of each load (none may show an exception) and the server's peak RSS, sampled until
+    ``busy()`` ends."""
     t0, loads, peak = time.monotonic(), [], rss_bytes(server)
     while busy() and time.monotonic() - t0 < 120:
-        s = time.monotonic()
-        b.goto(f"{url}/overview")
-        wait_idle(b, timeout=60_000, quiet_ms=500)
-        assert b.locator("[data-testid='stException']").count() == 0
-        loads.append(time.monotonic() - s)
+        if len(loads) < LOADS:
+            s = time.monotonic()
+            b.goto(f"{url}/overview")
+            wait_idle(b, timeout=60_000, quiet_ms=500)
+            assert b.locator("[data-testid='stException']").count() == 0
+            loads.append(time.monotonic() - s)
+        else:
+            time.sleep(0.25)
         peak = max(peak, rss_bytes(server))
     return loads, peak
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import resource
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +24,18 @@ REFUSED = "only SELECT queries are allowed here (got {}); the SQL page never cha
 NO_FILES = 'query failed: Permission Error: Cannot access file "{}" - file system operations are disabled by configuration'
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "q.duckdb")
+def one_run(path: Path) -> Store:
+    s = Store(path)
     with s.transaction() as con:
         con.execute("INSERT INTO runs (name, source, format) VALUES ('a', 's', 'csv')")
         con.execute("INSERT INTO points VALUES (1, 0, 'train/loss', 1.0, NULL, NULL)")
     return s
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One store for the module's queries: each test checks it byte-identical after its own."""
+    return one_run(tmp_path_factory.mktemp("store") / "q.duckdb")
 
 
 def digest(path) -> str:
@@ -94,7 +99,8 @@ def test_explain_analyze_executes_nothing(store, tmp_path):
     assert run_readonly_query(store, "SELECT count(*) AS n FROM runs").frame["n"].tolist() == [1]
 
 
-def test_a_sequence_is_not_advanced(store):
+def test_a_sequence_is_not_advanced(tmp_path):
+    store = one_run(tmp_path / "q.duckdb")             # its own: this test adds a run
     assert refuse(store, "SELECT nextval('run_ids')").startswith(
         'query failed: Invalid Input Error: Cannot execute statement of type "SELECT"')
     with store.transaction() as con:
@@ -121,85 +127,192 @@ MEMORY = ("query needs more memory than the SQL console's budget of 1,024 MB "
           "(QKVSCOPE_SQL_MEMORY_MB; set it in the environment to raise it)")
 AS_LIMIT = 4 << 30  # the server's own address space in these tests
 
-_RUN = """
-import json, resource, sys, time
+#: One process that imports what a server does (pandas, pyarrow, the console, Streamlit's Arrow
+#: conversion) once and forks a fresh "server" for each request, under its own ``RLIMIT_AS``: each
+#: request runs in a process of its own, as a served payload would, without paying the imports again.
+#: One JSON line in per request, ``{"job", "limit", "env", "args"}``; one out, ``{"rc", "out"}``.
+_FORKS = """
+import gc, json, os, resource, sys, tempfile, threading, time, traceback
 sys.path.insert(0, sys.argv[1])
+from streamlit.dataframe_util import convert_pandas_df_to_arrow_bytes
+from app import tables
 from loaders.errors import QueryError
 from loaders.sql_console import run_readonly_query
 from loaders.store import Store
-t = time.monotonic()
-try:
-    r = run_readonly_query(Store(sys.argv[2]), sys.argv[3], timeout_s=float(sys.argv[4]))
-    message = f"ok {len(r.frame)} rows"
-except QueryError as exc:
-    message = str(exc)
-print(json.dumps({"message": message, "seconds": time.monotonic() - t,
-                  "self_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10,
-                  "child_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss << 10}))
+
+def attack(db, sql, timeout_s):
+    t = time.monotonic()
+    try:
+        r = run_readonly_query(Store(db), sql, timeout_s=timeout_s)
+        message = f"ok {len(r.frame)} rows"
+    except QueryError as exc:
+        message = str(exc)
+    return {"message": message, "seconds": time.monotonic() - t,
+            "self_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10,
+            "child_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss << 10}
+
+def rss():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize()
+
+def served(db, sql, sessions, timeout_s):
+    store = Store(db)
+    held = []                        # each session keeps its last result (st.session_state)
+
+    def serve(sql, out):
+        try:                         # app/pages/sql.py: the query, its grid, its CSV download
+            r = run_readonly_query(store, sql, timeout_s=timeout_s, max_rows=10_000)
+            convert_pandas_df_to_arrow_bytes(r.frame)
+            tables.csv_bytes(r.frame)
+            held.append(r)
+            out.append(f"ok {len(r.frame)} rows")
+        except QueryError as exc:
+            out.append(str(exc))
+
+    serve("SELECT 1 AS warm", [])
+    held.clear(); gc.collect()
+    idle, peak, done = rss(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], rss()); time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample); sampler.start()
+    messages = []
+    threads = [threading.Thread(target=serve, args=(sql, messages)) for _ in range(sessions)]
+    for s in threads: s.start()
+    for s in threads: s.join()
+    done.set(); sampler.join(); gc.collect()
+    return {"messages": sorted(messages), "idle": idle, "peak_above": max(peak[0], rss()) - idle,
+            "held_above": rss() - idle}
+
+JOBS = {"attack": attack, "served": served}
+for line in sys.stdin:
+    req = json.loads(line)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                     # the "server" of this request
+        os.close(r)
+        code = 1
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (req["limit"], req["limit"]))
+            os.environ.update(req["env"])
+            tempfile.tempdir = None  # TMPDIR as this request sets it
+            out = json.dumps(JOBS[req["job"]](**req["args"]))
+            code = 0
+        except BaseException:
+            out = traceback.format_exc()
+        with os.fdopen(w, "w") as fh:
+            fh.write(out)
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        out = fh.read()
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status), "out": out}), flush=True)
 """
 
 
-def attack(store, sql: str, timeout_s: float = 10.0, env: dict | None = None) -> dict:
+class Forks:
+    """The ``_FORKS`` process of this module: ``call(job, limit, args, env)`` runs ``job`` in a
+    fresh fork under ``RLIMIT_AS`` ``limit`` and returns its answer (the fork must exit 0)."""
+
+    def __init__(self, log: Path) -> None:
+        root = Path(__file__).resolve().parents[2]
+        self.log, self._err = log, open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-c", _FORKS, str(root)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._err, text=True)
+
+    def call(self, job: str, limit: int, args: dict, env: dict | None = None, timeout: float = 300) -> dict:
+        self.proc.stdin.write(json.dumps({"job": job, "limit": limit, "env": env or {}, "args": args}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"no answer in {timeout} s: {self.log.read_text()[-3000:]}"
+        line = self.proc.stdout.readline()
+        assert line, f"the process of the forks ended: {self.log.read_text()[-3000:]}"
+        got = json.loads(line)
+        assert got["rc"] == 0, got["out"][-3000:] + self.log.read_text()[-3000:]
+        return json.loads(got["out"])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._err.close()
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    f = Forks(tmp_path_factory.mktemp("forks") / "forks.log")
+    yield f
+    f.close()
+
+
+def attack(forks, store, sql: str, timeout_s: float = 10.0, env: dict | None = None) -> dict:
     """The console query as the dashboard server runs it, in a process under
     RLIMIT_AS 4 GiB: its message, wall time and both processes' peak RSS."""
-    root = Path(__file__).resolve().parents[2]
     before = digest(store.path)
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUN, str(root), str(store.path), sql, str(timeout_s)],
-        capture_output=True, text=True, timeout=timeout_s + 60, env={**os.environ, **(env or {})},
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT)))
-    assert proc.returncode == 0, proc.stderr
+    got = forks.call("attack", AS_LIMIT, {"db": str(store.path), "sql": sql, "timeout_s": timeout_s}, env,
+                     timeout=timeout_s + 60)
     assert digest(store.path) == before
     assert not store.path.with_name(store.path.name + ".tmp").exists()  # no spill files
-    return json.loads(proc.stdout)
+    return got
 
 
 # Found by the attack round of each passed the old 1 GB memory_limit
 # or its 10 s timer (8 GB in 22 s; 40 s against 10 s; 2.5 GB of spill files).
-@pytest.mark.parametrize("sql", [
-    "SELECT repeat('x', 100000000) FROM range(10001)",     # string heaps outside memory_limit
-    "SELECT repeat('x', 3000000000)",                       # one uninterruptible call
-    "SELECT string_agg(repeat('x', 1000), '') FROM range(10000000)",
-    # a sort that spilled to <db>.tmp: with temp_directory '' it must fit in memory
+@pytest.mark.parametrize("sql, memory_mb", [
+    ("SELECT repeat('x', 100000000) FROM range(10001)", 1024),     # string heaps outside memory_limit
+    ("SELECT repeat('x', 3000000000)", 1024),                       # one uninterruptible call
+    ("SELECT string_agg(repeat('x', 1000), '') FROM range(10000000)", 1024),
+    # a sort that spilled to <db>.tmp: with temp_directory '' it must fit in memory (a quarter of
+    # the 30e6 rows that spilled against an eighth of the budget: the spill test's sort)
     pytest.param("SELECT max(r) FROM (SELECT row_number() OVER (ORDER BY hash(i)) r, "
-                 "repeat('y', 100) || i AS s FROM range(30000000) t(i))", marks=pytest.mark.slow),
+                 "repeat('y', 100) || i AS s FROM range(7500000) t(i))", 128, marks=pytest.mark.slow),
 ])
-def test_memory_bombs_stop_at_the_memory_budget(store, sql):
+def test_memory_bombs_stop_at_the_memory_budget(forks, store, sql, memory_mb):
     # A time limit the budget should never need: the memory budget must be what stops each of
     # these (under a loaded CI machine the first one ran past the default 10 s timer first).
-    got = attack(store, sql, timeout_s=60)
-    assert got["message"] == MEMORY
-    assert got["child_rss"] < (1024 + 2048) << 20  # the query process's address space
-    assert got["self_rss"] < 1 << 30               # the server holds no result of it
+    got = attack(forks, store, sql, timeout_s=60, env={"QKVSCOPE_SQL_MEMORY_MB": str(memory_mb)})
+    assert got["message"] == MEMORY.replace("1,024", f"{memory_mb:,}")
+    assert got["child_rss"] < (memory_mb + 2048) << 20  # the query process's address space
+    assert got["self_rss"] < 1 << 30                    # the server holds no result of it
 
 
-def test_an_uninterruptible_call_is_killed_at_the_deadline(store):
+def test_an_uninterruptible_call_is_killed_at_the_deadline(forks, store):
     """With room to finish (8 GB of address space) repeat() of 1e9 bytes runs
     ~15 s without looking at interrupts: the process is killed at 1 s + grace."""
-    got = attack(store, "SELECT length(repeat('x', 1000000000))", timeout_s=1,
+    got = attack(forks, store, "SELECT length(repeat('x', 1000000000))", timeout_s=1,
                  env={"QKVSCOPE_SQL_ADDRESS_MB": "8192"})
     assert got["message"] == "query stopped after its time limit of 1 s"
     assert got["seconds"] < 1 + KILL_GRACE_S + 2.5  # + starting and reaping the process
 
 
-def test_a_result_too_large_for_the_page_is_refused(store):
-    got = attack(store, "SELECT repeat('x', 100000) AS s FROM range(10000)")  # 1 GB over 10k rows
+def test_a_result_too_large_for_the_page_is_refused(forks, store):
+    got = attack(forks, store, "SELECT repeat('x', 100000) AS s FROM range(10000)")  # 1 GB over 10k rows
     assert got["message"] == ("result over 64 MB: add LIMIT or select fewer columns "
                               "(QKVSCOPE_SQL_RESULT_MB; set it in the environment to raise it)")
     assert got["self_rss"] < 1 << 30
 
 
 @pytest.mark.slow
-def test_spill_files_are_bounded_when_allowed(store, tmp_path):
-    """QKVSCOPE_SQL_SPILL_MB lets a sort spill into a fresh folder, removed after."""
+def test_spill_files_are_bounded_when_allowed(forks, store, tmp_path):
+    """QKVSCOPE_SQL_SPILL_MB lets a sort spill into a fresh folder, removed after. An eighth of the
+    memory budget and a quarter of the rows of the memory bomb above: a sort that needs the spill
+    files all the same."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     sql = ("SELECT max(r) AS r FROM (SELECT row_number() OVER (ORDER BY hash(i)) r, "
-           "repeat('y', 100) || i AS s FROM range(30000000) t(i))")
-    env = {"TMPDIR": str(tmp), "QKVSCOPE_SQL_SPILL_MB": "100"}
-    assert attack(store, sql, timeout_s=60, env=env)["message"] == MEMORY  # 100 MB is not enough
+           "repeat('y', 100) || i AS s FROM range(7500000) t(i))")
+    env = {"TMPDIR": str(tmp), "QKVSCOPE_SQL_SPILL_MB": "10", "QKVSCOPE_SQL_MEMORY_MB": "128"}
+    assert attack(forks, store, sql, timeout_s=60, env=env)["message"] == (   # 10 MB is not enough
+        "query needs more memory than the SQL console's budget of 128 MB "
+        "(QKVSCOPE_SQL_MEMORY_MB; set it in the environment to raise it)")
     env["QKVSCOPE_SQL_SPILL_MB"] = "4000"
-    assert attack(store, sql, timeout_s=60, env=env)["message"] == "ok 1 rows"
+    assert attack(forks, store, sql, timeout_s=60, env=env)["message"] == "ok 1 rows"
     assert list(tmp.iterdir()) == []
 
 
@@ -208,50 +321,6 @@ def test_spill_files_are_bounded_when_allowed(store, tmp_path):
 SERVER_LIMIT = 3 << 30      # the server's address space (RLIMIT_AS) in these tests
 HELD_MAX = 500 << 20        # what a served payload may leave the server holding above idle
 
-_SERVE = """
-import gc, json, resource, sys, threading, time
-sys.path.insert(0, sys.argv[1])
-from streamlit.dataframe_util import convert_pandas_df_to_arrow_bytes
-from app import tables
-from loaders.errors import QueryError
-from loaders.sql_console import run_readonly_query
-from loaders.store import Store
-
-def rss():
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * resource.getpagesize()
-
-store, args = Store(sys.argv[2]), json.load(open(sys.argv[3]))
-held = []                        # each session keeps its last result (st.session_state)
-
-def serve(sql, out):
-    try:                         # app/pages/sql.py: the query, its grid, its CSV download
-        r = run_readonly_query(store, sql, timeout_s=args["timeout_s"], max_rows=10_000)
-        convert_pandas_df_to_arrow_bytes(r.frame)
-        tables.csv_bytes(r.frame)
-        held.append(r)
-        out.append(f"ok {len(r.frame)} rows")
-    except QueryError as exc:
-        out.append(str(exc))
-
-serve("SELECT 1 AS warm", [])
-held.clear(); gc.collect()
-idle, peak, done = rss(), [0], threading.Event()
-
-def sample():
-    while not done.is_set():
-        peak[0] = max(peak[0], rss()); time.sleep(0.005)
-
-sampler = threading.Thread(target=sample); sampler.start()
-messages = []
-sessions = [threading.Thread(target=serve, args=(args["sql"], messages)) for _ in range(args["sessions"])]
-for s in sessions: s.start()
-for s in sessions: s.join()
-done.set(); sampler.join(); gc.collect()
-print(json.dumps({"messages": sorted(messages), "idle": idle, "peak_above": max(peak[0], rss()) - idle,
-                  "held_above": rss() - idle}))
-"""
-
 VALUES = ("result of over 2,000,000 values (a list or struct cell counts its elements): add LIMIT, unnest "
           "less or select fewer columns (QKVSCOPE_SQL_MAX_VALUES; set it in the environment to raise it)")
 BUSY = ("2 queries are running already, the most at once (QKVSCOPE_SQL_CONCURRENT; set it in the environment "
@@ -259,18 +328,12 @@ BUSY = ("2 queries are running already, the most at once (QKVSCOPE_SQL_CONCURREN
 NULLS = "SELECT array_agg({'a': NULL}) AS l FROM range(10000000)"
 
 
-def serve(store, tmp_path, sql: str, *, sessions: int = 1) -> dict:
+def serve(forks, store, sql: str, *, sessions: int = 1) -> dict:
     """``sql`` served by ``sessions`` sessions at once as the SQL page serves it (query, grid,
     CSV; the result kept) in a process under RLIMIT_AS 3 GiB: its messages and its resident
     memory above idle (after a warm-up query), at its peak and held after."""
-    root = Path(__file__).resolve().parents[2]
-    args = tmp_path / "payload.json"
-    args.write_text(json.dumps({"sql": sql, "sessions": sessions, "timeout_s": 60}))
-    proc = subprocess.run(
-        [sys.executable, "-c", _SERVE, str(root), str(store.path), str(args)], capture_output=True, text=True,
-        timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (SERVER_LIMIT, SERVER_LIMIT)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout)
+    got = forks.call("served", SERVER_LIMIT, {"db": str(store.path), "sql": sql, "sessions": sessions,
+                                              "timeout_s": 60})
     print(f"{sql[:70]!r} x{sessions}: peak +{got['peak_above'] >> 20} MiB, held +{got['held_above'] >> 20} MiB "
           f"above idle ({got['idle'] >> 20} MiB): {got['messages']}")
     return got
@@ -284,6 +347,7 @@ def serve(store, tmp_path, sql: str, *, sessions: int = 1) -> dict:
     ("SELECT array_agg([NULL, NULL]) AS l FROM range(5000000)", 1, [VALUES]),
     ("SELECT array_agg({'a': [], 'b': {'c': NULL}}) AS l FROM range(10000000)", 1, [VALUES]),
     ("SELECT [NULL] AS l FROM range(1000000)", 1, ["ok 10000 rows"]),
+    ("SELECT repeat('x', 6000) AS s FROM range(10000)", 1, ["ok 10000 rows"]),      # 60 MB: inside the budgets
     ("SELECT repeat('x', 100000) AS s FROM range(10000)", 1,
      ["result over 64 MB: add LIMIT or select fewer columns (QKVSCOPE_SQL_RESULT_MB; set it in the environment "
       "to raise it)"]),
@@ -293,22 +357,23 @@ def serve(store, tmp_path, sql: str, *, sessions: int = 1) -> dict:
     ("SELECT 1 AS x WHERE 1 IN (" + "1," * 32_000 + "1)", 1, ["ok 1 rows"]),       # 64 KB, parsed in the child
     (NULLS, 4, [BUSY, BUSY, VALUES, VALUES]),                                       # sessions at once
 ])
-def test_the_server_holds_no_payload(store, tmp_path, sql, sessions, messages):
+def test_the_server_holds_no_payload(forks, store, sql, sessions, messages):
     """Each payload as the dashboard serves it, in a server under a 3 GiB address space: the
     server lives, answers with the budget's message, and holds under 500 MB above idle after."""
-    got = serve(store, tmp_path, sql, sessions=sessions)
+    got = serve(forks, store, sql, sessions=sessions)
     assert got["messages"] == messages
     assert got["held_above"] < HELD_MAX
     assert got["peak_above"] < SERVER_LIMIT - got["idle"]
 
 
-SESSIONS = 4
-NEAR_BUDGET = "SELECT repeat('x', 6000) AS s FROM range(10000)"    # 60 MB: inside QKVSCOPE_SQL_RESULT_MB
-#: The served test's cap on all sessions' results, and each session's result: three fit, four do not.
-#: A quarter of the default cap (256 MB) with results of a third of the 60 MB above: the same
-#: accounting at a quarter of the bytes sent to the browsers (the default's held memory is
-#: docs/security.md's figure).
-HELD_MB, NEAR_HELD = 64, "SELECT repeat('x', 2000) AS s FROM range(10000)"     # 20 MB
+#: The served test's budgets: results of at most 20 MB (``QKVSCOPE_SQL_RESULT_MB``) and 20 MB of
+#: results for all sessions (``QKVSCOPE_SQL_HELD_MB``), a third and a thirteenth of the defaults: the
+#: same accounting with fewer bytes sent to the browsers (a 60 MB result inside the default budgets is
+#: ``test_the_server_holds_no_payload``'s; the default's held memory is docs/security.md's figure).
+RESULT_MB = HELD_MB = 20
+NEAR_BUDGET = "SELECT repeat('x', 1800) AS s FROM range(10000)"    # 18 MB: inside RESULT_MB and HELD_MB
+#: Three sessions each keeping a 9 MB result (8.5 MB of Arrow strings as pandas): two fit, three do not.
+SESSIONS, NEAR_HELD = 3, "SELECT repeat('x', 850) AS s FROM range(10000)"
 DROPPED = f"was dropped to make room for another session's: the server keeps {HELD_MB} MB of results for all sessions"
 
 
@@ -324,11 +389,11 @@ def _memory(pid: int) -> dict[str, int]:
 def test_the_real_server_holds_no_payload(store, monkeypatch):
     """The payloads above typed into the SQL page of ``python -m app serve`` under a 3 GiB address
     space (the server's soft ``RLIMIT_AS``; the query process sets its own), in Chromium, one after
-    the other and then two sessions at once, plus a 60 MB result inside the budget, then four
-    sessions each keeping a 20 MB result (more than ``QKVSCOPE_SQL_HELD_MB``, ``HELD_MB`` here,
-    together): after each
-    the server answers its health check, the page shows the budget's message (or the result) and
-    no exception, and the server holds under 500 MB above idle."""
+    the other and then two sessions at once, plus an 18 MB result inside the budgets (``RESULT_MB``
+    and ``HELD_MB`` here), then three sessions each keeping a 9 MB result (more than
+    ``QKVSCOPE_SQL_HELD_MB`` together): after each the server answers its health check, the page
+    shows the budget's message (or the result) and no exception, and the server holds under 500 MB
+    above idle."""
     import urllib.request
 
     from tests.app.browser import chromium, dashboard, wait_idle
@@ -352,15 +417,16 @@ def test_the_real_server_holds_no_payload(store, monkeypatch):
     payloads = [
         (f"SELECT l FROM ({NULLS}), range(20)", MEMORY),                       # ~40 GB in pandas
         ("SELECT repeat('x', 100000) AS s FROM range(10000)",                   # 1 GB of strings
-         "result over 64 MB: add LIMIT or select fewer columns (QKVSCOPE_SQL_RESULT_MB; set it in the "
-         "environment to raise it)"),
-        (NEAR_BUDGET, "10,000 rows in"),                                        # 60 MB: inside the budget
+         f"result over {RESULT_MB} MB: add LIMIT or select fewer columns (QKVSCOPE_SQL_RESULT_MB; set it in "
+         "the environment to raise it)"),
+        (NEAR_BUDGET, "10,000 rows in"),                                        # inside the budgets
         ("SELECT 1 WHERE 1 IN (" + "1," * 4_000_000 + "1)",                     # 8 MB: 5.1 GB to parse
          "query text of 8,000,023 bytes is over 64 KB (QKVSCOPE_SQL_MAX_QUERY_KB; set it in the "
          "environment to raise it)"),
     ]
     figures = []
     monkeypatch.setenv("QKVSCOPE_SQL_HELD_MB", str(HELD_MB))
+    monkeypatch.setenv("QKVSCOPE_SQL_RESULT_MB", str(RESULT_MB))
     with dashboard(store.path, "--no-demo", preexec_fn=cap) as url, chromium() as browser:
         [(_, inode)] = listeners(int(url.rsplit(":", 1)[1]))
         server = pid_of_socket(inode)
@@ -382,7 +448,7 @@ def test_the_real_server_holds_no_payload(store, monkeypatch):
             with urllib.request.urlopen(f"{url}/_stcore/health", timeout=10) as r:
                 assert r.status == 200
             figures.append((sql[:50], len(used), _memory(server)))
-        kept = []                                               # sessions each keeping 20 MB
+        kept = []                                               # sessions each keeping 9 MB
         for page in pages:
             submit(page, NEAR_HELD)
             shown(page, "10,000 rows in")
@@ -401,4 +467,4 @@ def test_the_real_server_holds_no_payload(store, monkeypatch):
         f"{sql!r} x{n}: {m['VmRSS'] >> 20} MiB (peak {m['VmHWM'] >> 20}, address space {m['VmSize'] >> 20})"
         for sql, n, m in figures))
     assert all(m["VmRSS"] - idle < HELD_MAX for _, _, m in figures)
-    assert sum(kept) == SESSIONS - 1 == 3                       # ~20.5 MB each as pandas; 64 MB for all
+    assert sum(kept) == SESSIONS - 1 == 2                       # ~9 MB each as pandas; 20 MB for all
