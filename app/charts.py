@@ -756,7 +756,9 @@ def param_split_figure(row: dict) -> go.Figure:
     fig = go.Figure(go.Pie(
         labels=names, values=[parts[n] for n in names], hole=0.5, sort=False,
         marker=dict(colors=[_CYCLE[i % len(_CYCLE)] for i in range(len(names))]),
-        texttemplate="%{percent:.1%}", hovertemplate="%{label}: %{value:,} (%{percent})<extra></extra>"))
+        # a part the model does not have (no biases, W_V tied to W_K) keeps its legend entry but
+        # no "0.0%" label: plotly would draw one outside the ring for a slice of no width
+        texttemplate=["%{percent:.1%}" if parts[n] else "" for n in names], hovertemplate="%{label}: %{value:,} (%{percent})<extra></extra>"))
     _layout(fig, title="Parameter split", height=300)
     fig.update_layout(legend=dict(orientation="v", x=1.02, y=0.5))
     return fig

@@ -333,6 +333,8 @@ def test_parameter_split_follows_the_variants_ties(variant, wq, wv):
     parts = dict(zip(pie.labels, pie.values))
     assert (parts["W_Q"], parts["W_K"], parts["W_V"], parts["W_O"]) == (wq, 2 * 2 * 8 * 2, wv, 2 * 4 * 2 * 8)
     assert parts["rest of the model"] == 4000
+    # a part of no parameters has no percentage drawn beside the ring; the others have theirs
+    assert [t == "" for t in pie.texttemplate] == [v == 0 for v in pie.values]
 
 
 def test_curves_are_svg_lines_one_per_run_and_smoothed_behind():
