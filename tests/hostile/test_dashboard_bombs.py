@@ -23,9 +23,9 @@ from app.jobs import analyze
 from loaders.checkpoints import open_checkpoint
 from loaders.ingest import ingest_checkpoint
 from loaders.store import Store
-from tests.app.test_page_inspector import tiny_gpt2
 from tests.hostile.test_sandbox import SPARSE_D, _sparse_gpt2
 from tests.app.browser import dashboard, wait_idle
+from tests.faults.data import gpt2_folder
 from tests.faults.server import listeners, pid_of_socket, rss_bytes
 from tests.hostile.test_bombs import _laughs, gpt2_state
 
@@ -70,7 +70,7 @@ def test_an_uploaded_bomb_ends_its_reader_and_other_sessions_are_served(tmp_path
     db = tmp_path / "db.duckdb"
     store = Store(db)
     store.migrate()
-    folder = tiny_gpt2(tmp_path / "gpt2")
+    folder = gpt2_folder(tmp_path / "gpt2", seed=0)                         # attention weights: no transformers
     cid = ingest_checkpoint(store, folder).checkpoint_id
     analyze(store, cid, opener=lambda p: open_checkpoint(p))                # stored, in this process
     shutil.rmtree(folder)
