@@ -188,7 +188,7 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
             zf.write(model_dir / name, f"gpt2-tiny/{name}")
     db = tmp_path / "browser-insp.duckdb"
     Store(db).migrate()
-    with dashboard(db, "--no-demo") as url, session((url, chromium_browser), 1400, 2400) as (_, page):
+    with dashboard(db, "--no-demo") as url, session((url, chromium_browser)) as (_, page):
         page.goto(f"{url}/inspector?src=upload")
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(zpath))

@@ -115,7 +115,7 @@ def test_ingest_analyze_and_serve_connect_to_nothing_outside(tmp_path, strace_wo
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
             assert r.status == 200
         with chromium() as browser:                      # the pages' scripts run: a session each
-            page = browser.new_page()
+            page = browser.new_context(reduced_motion="reduce").new_page()   # no spinner repaints
             page.goto(f"http://127.0.0.1:{port}/")
             wait_idle(page, timeout=120_000)
             page.goto(f"http://127.0.0.1:{port}/sql?q=SELECT%20count(*)%20AS%20n%20FROM%20runs")

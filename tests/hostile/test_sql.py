@@ -430,7 +430,10 @@ def test_the_real_server_holds_no_payload(store, monkeypatch):
     with dashboard(store.path, "--no-demo", preexec_fn=cap) as url, chromium() as browser:
         [(_, inode)] = listeners(int(url.rsplit(":", 1)[1]))
         server = pid_of_socket(inode)
-        pages = [browser.new_context().new_page() for _ in range(SESSIONS)]
+        # one tab a session, in one context (the app's scripts fetched and compiled once), asking for
+        # reduced motion (a user's setting): no spinner repaints while a payload runs
+        context = browser.new_context(reduced_motion="reduce")
+        pages = [context.new_page() for _ in range(SESSIONS)]
         for page in pages:                                      # warm: imports, one query each
             page.goto(f"{url}/sql?timeout=60")                 # a busy machine: the budgets, not the timer
             wait_idle(page, timeout=120_000)
@@ -461,8 +464,7 @@ def test_the_real_server_holds_no_payload(store, monkeypatch):
         with urllib.request.urlopen(f"{url}/_stcore/health", timeout=10) as r:
             assert r.status == 200
         figures.append((NEAR_HELD, len(pages), _memory(server)))
-        for page in pages:
-            page.context.close()
+        context.close()
     print(f"server idle {idle >> 20} MiB; " + "; ".join(
         f"{sql!r} x{n}: {m['VmRSS'] >> 20} MiB (peak {m['VmHWM'] >> 20}, address space {m['VmSize'] >> 20})"
         for sql, n, m in figures))
