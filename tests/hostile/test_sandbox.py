@@ -32,7 +32,7 @@ call = parse_targets.call
 
 
 def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "2048")
+    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "1024")
     f = tmp_path / "bomb.bin"
     f.write_bytes(b"x" * 1000)
     with Sandbox(parse_targets) as reader:
@@ -40,12 +40,12 @@ def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path
             reader.request(f, "grow")
         first = reader.pid
         assert reader.request(f, "pid") == first     # same process, still usable
-    limit_gib = ((2048 << 20) + reading_size(f)) / (1 << 30)     # the budget plus what the file holds
+    limit_gib = ((1024 << 20) + reading_size(f)) / (1 << 30)     # the budget plus what the file holds
     assert str(err.value) == (
         f"{f}: reading it needed more than {limit_gib:.1f} GiB of memory (limit "
-        f"QKVSCOPE_PARSE_MEMORY_MB=2,048 plus the file's size; set it in the environment to raise it)")
+        f"QKVSCOPE_PARSE_MEMORY_MB=1,024 plus the file's size; set it in the environment to raise it)")
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 2 GiB memory limit)")
+    print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 1 GiB memory limit)")
 
 
 def test_the_budget_is_for_the_file_not_the_childs_own_imports(tmp_path, monkeypatch):
@@ -166,8 +166,8 @@ def measured(*args: str, env: dict) -> tuple[subprocess.CompletedProcess, float,
     return subprocess.CompletedProcess(args, r["rc"], r["out"], r["err"]), r["s"], r["peak"] * 1024
 
 
-#: d_model of the sparse GPT-2 the tests here read: its c_attn weight is 805,306,368 bytes, over
-#: their 512 MiB budgets, and the whole file 3.2 GB of hole (hashing it reads 3.2 GB of zeros)
+#: d_model of a sparse GPT-2 whose c_attn weight is 805,306,368 bytes, over a 512 MiB budget, and
+#: the whole file 3.2 GB of hole (hashing it reads 3.2 GB of zeros): tests/hostile/test_dashboard_bombs.py
 SPARSE_D = 8192
 
 
@@ -196,14 +196,17 @@ def test_a_memory_bomb_no_budget_catches_fails_its_file_only(tmp_path):
     """The sparse safetensors with its own check switched off
     (``QKVSCOPE_ALLOW_SPARSE=1``): before, one layer read whole (6 GB RSS in
     7.5 s at 27 GB); now the reading process stops at its limit (512 MiB here,
-    on top of what the child holds after its imports, under the 768 MiB layer)
+    on top of what the child holds after its imports, under the 588 MiB layer of
+    d_model 7,168: a 2.5 GB file of hole, which each command hashes)
     and the folder's other files are stored."""
     root = tmp_path / "runs"
     for name in ("a_good", "c_good"):
         (root / name).mkdir(parents=True)
         (root / name / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4\n")
-    bomb = _sparse_gpt2(root / "b_bomb", d=SPARSE_D, n_head=64)
-    layer = 4 * SPARSE_D * 3 * SPARSE_D                       # bytes of h.0.attn.c_attn.weight
+    d = 7168
+    bomb = _sparse_gpt2(root / "b_bomb", d=d, n_head=64)
+    layer = 4 * d * 3 * d                                     # bytes of h.0.attn.c_attn.weight
+    assert layer > 512 << 20
     env = {"QKVSCOPE_ALLOW_SPARSE": "1", "QKVSCOPE_PARSE_MEMORY_MB": "512"}
     proc, took, peak = measured("info", str(bomb.parent), env=env)
     # The pread reader turns the failed allocation into its own message.
