@@ -113,7 +113,11 @@ def read_info(path: str) -> dict:
     one line, not this one. Pooled: a caller that reads several (``main([...])``, a notebook) starts
     one child."""
     from app.sandbox_jobs import call  # here: only when a checkpoint is read
+    from loaders.filecheck import check_openable
 
+    # what ``stat`` alone refuses (a FIFO, a socket, a device, links that loop) is refused here,
+    # with the reader's own line, before a child is started for it (2-3 s of imports)
+    check_openable(path)
     return call("info", str(path), pooled=True)
 
 

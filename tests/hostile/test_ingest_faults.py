@@ -310,6 +310,26 @@ def test_info_gives_one_line_and_exit_2(tmp_path, case, problem):
     assert problem in err
 
 
+def test_info_refuses_what_stat_refuses_without_starting_a_reading_child(tmp_path, monkeypatch):
+    """A FIFO (``open`` would block), a socket, a device, links that loop: ``info`` gives the
+    reader's own line without starting a reading child for a file it would refuse anyway."""
+    import app.sandbox_jobs
+    from app.commands.info import read_info
+    from loaders.errors import FileError
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a reading child was started")
+
+    monkeypatch.setattr(app.sandbox_jobs, "call", no_child)
+    for case, problem in (("fifo_pt", "is a FIFO, not a regular file"), ("socket_pt", "is a socket, not a regular file"),
+                          ("symlink_loop", "is a chain of symbolic links that loop"),
+                          ("dev_zero_link", "is a link to /dev/zero, a character device, not a regular file")):
+        bad = _build(tmp_path / case, case)
+        with pytest.raises(FileError) as err:
+            read_info(str(bad))
+        assert str(err.value) == f"{bad}: {problem}"
+
+
 def test_a_newline_in_a_name_cannot_split_a_report_line(tmp_path):
     root = tmp_path / "runs"
     root.mkdir()

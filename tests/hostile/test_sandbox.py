@@ -32,7 +32,7 @@ call = parse_targets.call
 
 
 def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "2048")
+    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "1024")
     f = tmp_path / "bomb.bin"
     f.write_bytes(b"x" * 1000)
     with Sandbox(parse_targets) as reader:
@@ -40,12 +40,12 @@ def test_an_allocation_over_the_limit_is_one_line_and_the_child_goes_on(tmp_path
             reader.request(f, "grow")
         first = reader.pid
         assert reader.request(f, "pid") == first     # same process, still usable
-    limit_gib = ((2048 << 20) + reading_size(f)) / (1 << 30)     # the budget plus what the file holds
+    limit_gib = ((1024 << 20) + reading_size(f)) / (1 << 30)     # the budget plus what the file holds
     assert str(err.value) == (
         f"{f}: reading it needed more than {limit_gib:.1f} GiB of memory (limit "
-        f"QKVSCOPE_PARSE_MEMORY_MB=2,048 plus the file's size; set it in the environment to raise it)")
+        f"QKVSCOPE_PARSE_MEMORY_MB=1,024 plus the file's size; set it in the environment to raise it)")
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 2 GiB memory limit)")
+    print(f"largest child peak RSS so far {peak_mib:.0f} MiB (this one under a 1 GiB memory limit)")
 
 
 def test_the_budget_is_for_the_file_not_the_childs_own_imports(tmp_path, monkeypatch):
@@ -150,24 +150,76 @@ def test_the_limit_counts_what_a_file_holds_not_its_holes(tmp_path):
     assert reading_size(folder) == 16384
 
 
-_MEASURE = ("import json, resource, subprocess, sys, time; t0 = time.monotonic(); "
-            "p = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=400); "
-            "print(json.dumps({'rc': p.returncode, 'out': p.stdout, 'err': p.stderr, "
-            "'s': time.monotonic() - t0, 'peak': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))")
+_MEASURING = r"""
+import json, os, resource, sys, time, traceback
+import torch, duckdb, pandas
+from app.cli import command_module, main
+for name in ("ingest", "info"):
+    command_module(name)
+print("ready", flush=True)
+while line := sys.stdin.readline():
+    argv, env, out, err, peak = json.loads(line)
+    t0 = time.monotonic()
+    x = os.fork()
+    if x == 0:                      # X forks the command and reads the peak RSS of it and its children
+        y = os.fork()
+        if y == 0:
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            for fd, path in ((1, out), (2, err)):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            os.environ.update(env)
+            rc = 1
+            try:
+                rc = main(argv) or 0
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                from loaders.sandbox import POOL
+                POOL.close()        # as at the interpreter's exit: the reading child reaped, so counted
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(rc)
+        rc = os.waitstatus_to_exitcode(os.waitpid(y, 0)[1])
+        with open(peak, "w") as fh:
+            json.dump([rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss], fh)
+        os._exit(0)
+    os.waitpid(x, 0)
+    print(json.dumps(time.monotonic() - t0), flush=True)
+"""
+_MEASURER: list[subprocess.Popen] = []
 
 
-def measured(*args: str, env: dict) -> tuple[subprocess.CompletedProcess, float, int]:
-    """``python -m app ARGS`` with NO outer address-space limit (only the reading
-    process's own), its time, and the peak RSS in bytes of it and its children."""
-    run = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "app", *args],
-                         capture_output=True, text=True, cwd=ROOT, timeout=450,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-    r = json.loads(run.stdout)
-    return subprocess.CompletedProcess(args, r["rc"], r["out"], r["err"]), r["s"], r["peak"] * 1024
+@pytest.fixture(scope="module")
+def measuring(tmp_path_factory):
+    """One process that imported the CLI (no address-space limit of its own); ``measured``
+    forks each command from it (the imports paid once, as in tests/forked_cli.py)."""
+    proc = subprocess.Popen([sys.executable, "-c", _MEASURING], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().strip() == "ready"
+    _MEASURER.append(proc)
+    yield tmp_path_factory.mktemp("measured")
+    _MEASURER.remove(proc)
+    proc.stdin.close()
+    proc.wait(60)
 
 
-#: d_model of the sparse GPT-2 the tests here read: its c_attn weight is 805,306,368 bytes, over
-#: their 512 MiB budgets, and the whole file 3.2 GB of hole (hashing it reads 3.2 GB of zeros)
+def measured(folder: Path, *args: str, env: dict) -> tuple[subprocess.CompletedProcess, float, int]:
+    """``python -m app ARGS`` (forked from ``measuring``'s process) with NO outer address-space
+    limit (only the reading process's own), its time, and the peak RSS in bytes of it and its
+    children."""
+    out, err, peak = (folder / f"run.{n}" for n in ("out", "err", "peak"))
+    driver = _MEASURER[-1]
+    driver.stdin.write(json.dumps([list(args), env, str(out), str(err), str(peak)]) + "\n")
+    driver.stdin.flush()
+    took = json.loads(driver.stdout.readline())
+    rc, peak_kib = json.loads(peak.read_text())
+    return subprocess.CompletedProcess(args, rc, out.read_text(), err.read_text()), took, peak_kib * 1024
+
+
+#: d_model of a sparse GPT-2 whose c_attn weight is 805,306,368 bytes, over a 512 MiB budget, and
+#: the whole file 3.2 GB of hole (hashing it reads 3.2 GB of zeros): tests/hostile/test_dashboard_bombs.py
 SPARSE_D = 8192
 
 
@@ -192,27 +244,30 @@ def _sparse_gpt2(folder: Path, d: int = 15360, n_head: int = 96) -> Path:
 
 
 @pytest.mark.slow
-def test_a_memory_bomb_no_budget_catches_fails_its_file_only(tmp_path):
+def test_a_memory_bomb_no_budget_catches_fails_its_file_only(tmp_path, measuring):
     """The sparse safetensors with its own check switched off
     (``QKVSCOPE_ALLOW_SPARSE=1``): before, one layer read whole (6 GB RSS in
     7.5 s at 27 GB); now the reading process stops at its limit (512 MiB here,
-    on top of what the child holds after its imports, under the 768 MiB layer)
+    on top of what the child holds after its imports, under the 588 MiB layer of
+    d_model 7,168: a 2.5 GB file of hole, which each command hashes)
     and the folder's other files are stored."""
     root = tmp_path / "runs"
     for name in ("a_good", "c_good"):
         (root / name).mkdir(parents=True)
         (root / name / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4\n")
-    bomb = _sparse_gpt2(root / "b_bomb", d=SPARSE_D, n_head=64)
-    layer = 4 * SPARSE_D * 3 * SPARSE_D                       # bytes of h.0.attn.c_attn.weight
+    d = 7168
+    bomb = _sparse_gpt2(root / "b_bomb", d=d, n_head=64)
+    layer = 4 * d * 3 * d                                     # bytes of h.0.attn.c_attn.weight
+    assert layer > 512 << 20
     env = {"QKVSCOPE_ALLOW_SPARSE": "1", "QKVSCOPE_PARSE_MEMORY_MB": "512"}
-    proc, took, peak = measured("info", str(bomb.parent), env=env)
+    proc, took, peak = measured(measuring, "info", str(bomb.parent), env=env)
     # The pread reader turns the failed allocation into its own message.
     line = one_error_line(proc, bomb, f"safetensors tensor 'h.0.attn.c_attn.weight' needs {layer:,} "
                                       "bytes, more memory than this process may use")
     print(f"info: {took:.1f} s, peak RSS {peak / 2**30:.2f} GiB: {line}")
     assert peak < layer                                      # no process held the layer
     db = tmp_path / "db.duckdb"
-    proc, took, peak = measured("ingest", str(root), "--db", str(db), env=env)
+    proc, took, peak = measured(measuring, "ingest", str(root), "--db", str(db), env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
     errors = [ln for ln in proc.stdout.splitlines() if ln.startswith("error")]
     assert len(errors) == 1 and str(bomb) in errors[0], proc.stdout
@@ -223,7 +278,7 @@ def test_a_memory_bomb_no_budget_catches_fails_its_file_only(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_time_bomb_no_budget_catches_leaves_the_database_unchanged(tmp_path):
+def test_a_time_bomb_no_budget_catches_leaves_the_database_unchanged(tmp_path, measuring):
     """The pickle-memo billion laughs with its item budget switched off
     (before: 9 GB after 277 s, still growing): at QKVSCOPE_PARSE_TIMEOUT_S (2 s here;
     the child's start is not timed) the reading process is killed; nothing of the file
@@ -242,7 +297,7 @@ def test_a_time_bomb_no_budget_catches_leaves_the_database_unchanged(tmp_path):
     env = {"QKVSCOPE_SIDE_ITEMS": str(10**15), "QKVSCOPE_SIDE_BYTES": str(10**15),
            "QKVSCOPE_PARSE_TIMEOUT_S": "2"}
     before = digest(db)
-    proc, took, peak = measured("ingest", str(bomb), "--db", str(db), env=env)
+    proc, took, peak = measured(measuring, "ingest", str(bomb), "--db", str(db), env=env)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert f"{bomb}: reading it took more than 2 s (limit QKVSCOPE_PARSE_TIMEOUT_S" in proc.stdout
     assert digest(db) == before
