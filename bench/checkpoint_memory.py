@@ -20,13 +20,15 @@ started and waited for, whichever is larger: ``info`` reads the file in its read
   ``pread`` (the default: the tensor owns its memory) and ``mmap``
   (``safetensors.safe_open``: touched pages stay resident until close).
 
-and prints ``(peak - baseline) / file size`` for each; the target is < 0.25.
+and prints ``(peak - baseline) / file size`` for each; the target is < 0.25. ``--one-process``
+(a smoke run) measures the runs that start no reading child in one process instead, its peak
+reset before each.
 
 Run (about a minute and 2.2 GB of temporary disk):
 
     .venv/bin/python bench/checkpoint_memory.py
     .venv/bin/python bench/checkpoint_memory.py --layers 4     # quick, smaller file
-    .venv/bin/python bench/checkpoint_memory.py --layers 1 --small   # a smoke run
+    .venv/bin/python bench/checkpoint_memory.py --layers 1 --small --one-process   # a smoke run
     .venv/bin/python bench/checkpoint_memory.py --dir /big/disk --keep
 """
 from __future__ import annotations
@@ -163,6 +165,35 @@ def peak_rss(code: str, argv: list[str]) -> tuple[int, float]:
         return int(hwm.read_text()), secs
 
 
+#: ``--one-process``: the runs named in ``sys.argv[1]`` (JSON ``[[label, code, argv], ...]``) one after
+#: the other in this one process, its peak RSS reset before each (writing 5 to ``/proc/self/clear_refs``
+#: sets ``VmHWM`` to the RSS of the moment, Linux >= 4.0); one ``PEAK [label, bytes, seconds]`` line each.
+ONE_PROCESS = """
+import json, sys, time
+def _hwm():
+    with open('/proc/self/status') as f:
+        return next(int(l.split()[1]) for l in f if l.startswith('VmHWM:')) * 1024
+for label, code, argv in json.loads(sys.argv[1]):
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')
+    sys.argv = ['-c', *argv]
+    t0 = time.perf_counter()
+    exec(compile(code, label, 'exec'), {'__name__': '__main__'})
+    print('PEAK ' + json.dumps([label, _hwm(), time.perf_counter() - t0]), flush=True)
+"""
+
+
+def peak_rss_one_process(runs: list[tuple[str, str, list[str]]]) -> dict[str, tuple[int, float]]:
+    """``{label: (peak RSS bytes, seconds)}`` of ``runs`` (label, code, argv), all in one fresh process
+    (``ONE_PROCESS``): the imports are paid once, and each peak counts from the RSS its run started at."""
+    proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, json.dumps(runs)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0:
+        raise SystemExit(f"child failed ({proc.returncode}): {[r[0] for r in runs]}\n{proc.stderr[-2000:]}")
+    peaks = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("PEAK ")]
+    return {label: (rss, secs) for label, rss, secs in peaks}
+
+
 #: The reading child started by one request that reads nothing, then closed: its peak is its own imports, the
 #: baseline of ``info``'s row.
 CHILD_IDLE = """
@@ -191,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true",
                     help="d_model 256, 4 heads, 2 kv heads, MLP 704, vocab 1000 (a smoke run; the ratios then "
                          "say little: the imports dwarf the file)")
+    ap.add_argument("--one-process", action="store_true",
+                    help="the runs that start no reading child (baseline, layers, source get) in one process, "
+                         "its peak RSS reset before each (a smoke run: one import of torch instead of four; "
+                         "each peak then counts from the memory the runs before it left)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     tmp = Path(tempfile.mkdtemp(prefix="qkvscope-bench-", dir=args.dir))
@@ -212,10 +247,15 @@ def main(argv: list[str] | None = None) -> int:
             ("source get(attn), pread", IMPORTS + "\n" + SOURCE_PASS, [str(path), "pread"], base),
             ("source get(attn), mmap", IMPORTS + "\n" + SOURCE_PASS, [str(path), "mmap"], base),
         ]
+        # --one-process: the runs that start no reading child share one process (those that do keep
+        # their own: the child's peak is read from the parent's RUSAGE_CHILDREN once it has exited)
+        shared = [(label, code, argv) for label, code, argv, base_of in runs
+                  if args.one_process and idle not in (label, base_of)]
+        measured = peak_rss_one_process(shared) if shared else {}
         peaks, ratios = {}, []
         print(f"\n{'run':<46} {'peak RSS MiB':>13} {'minus base MiB':>15} {'/ file size':>12} {'s':>6}")
         for label, code, argv, base_of in runs:
-            rss, secs = peak_rss(code, argv)
+            rss, secs = measured[label] if label in measured else peak_rss(code, argv)
             peaks[label] = rss
             extra = rss - peaks[base_of] if base_of else 0
             if base_of:
