@@ -21,8 +21,7 @@ started and waited for, whichever is larger: ``info`` reads the file in its read
   (``safetensors.safe_open``: touched pages stay resident until close).
 
 and prints ``(peak - baseline) / file size`` for each; the target is < 0.25. ``--one-process``
-(a smoke run) measures the runs that start no reading child in one process instead, its peak
-reset before each.
+(a smoke run) measures every run in one process instead, its peak reset before each.
 
 Run (about a minute and 2.2 GB of temporary disk):
 
@@ -167,31 +166,42 @@ def peak_rss(code: str, argv: list[str]) -> tuple[int, float]:
 
 #: ``--one-process``: the runs named in ``sys.argv[1]`` (JSON ``[[label, code, argv], ...]``) one after
 #: the other in this one process, its peak RSS reset before each (writing 5 to ``/proc/self/clear_refs``
-#: sets ``VmHWM`` to the RSS of the moment, Linux >= 4.0); one ``PEAK [label, bytes, seconds]`` line each.
+#: sets ``VmHWM`` to the RSS of the moment, Linux >= 4.0); one ``PEAK [label, bytes, seconds]`` line
+#: each, its peak the larger of this process's and of its children's so far (``HWM_PRELUDE``), so the
+#: runs that start a reading child come last. The last run may end the process (``app``'s ``main``
+#: exits): its line is printed at exit, after the reading child's pool has closed (registered first).
 ONE_PROCESS = """
-import json, sys, time
-def _hwm():
+import atexit, json, resource, sys, time
+def _peak():
     with open('/proc/self/status') as f:
-        return next(int(l.split()[1]) for l in f if l.startswith('VmHWM:')) * 1024
+        kib = next(int(l.split()[1]) for l in f if l.startswith('VmHWM:'))
+    return max(kib, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+running = []
+def _report():
+    label, t0 = running.pop()
+    print('PEAK ' + json.dumps([label, _peak(), time.perf_counter() - t0]), flush=True)
+atexit.register(lambda: running and _report())
 for label, code, argv in json.loads(sys.argv[1]):
     with open('/proc/self/clear_refs', 'w') as f:
         f.write('5')
     sys.argv = ['-c', *argv]
-    t0 = time.perf_counter()
+    running.append((label, time.perf_counter()))
     exec(compile(code, label, 'exec'), {'__name__': '__main__'})
-    print('PEAK ' + json.dumps([label, _hwm(), time.perf_counter() - t0]), flush=True)
+    _report()
 """
 
 
 def peak_rss_one_process(runs: list[tuple[str, str, list[str]]]) -> dict[str, tuple[int, float]]:
-    """``{label: (peak RSS bytes, seconds)}`` of ``runs`` (label, code, argv), all in one fresh process
-    (``ONE_PROCESS``): the imports are paid once, and each peak counts from the RSS its run started at."""
+    """``{label: (peak RSS bytes, seconds)}`` of ``runs`` (label, code, argv), in this order in one
+    fresh process (``ONE_PROCESS``): the imports are paid once, each peak counts from the RSS its
+    run started at."""
     proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, json.dumps(runs)], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if proc.returncode != 0:
+    peaks = {label: (rss, secs) for label, rss, secs in
+             (json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("PEAK "))}
+    if proc.returncode != 0 or len(peaks) != len(runs):
         raise SystemExit(f"child failed ({proc.returncode}): {[r[0] for r in runs]}\n{proc.stderr[-2000:]}")
-    peaks = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("PEAK ")]
-    return {label: (rss, secs) for label, rss, secs in peaks}
+    return peaks
 
 
 #: The reading child started by one request that reads nothing, then closed: its peak is its own imports, the
@@ -223,9 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="d_model 256, 4 heads, 2 kv heads, MLP 704, vocab 1000 (a smoke run; the ratios then "
                          "say little: the imports dwarf the file)")
     ap.add_argument("--one-process", action="store_true",
-                    help="the runs that start no reading child (baseline, layers, source get) in one process, "
-                         "its peak RSS reset before each (a smoke run: one import of torch instead of four; "
-                         "each peak then counts from the memory the runs before it left)")
+                    help="every run in one process, its peak RSS reset before each (a smoke run: one import "
+                         "of torch instead of six; each peak then counts from the memory the runs before it "
+                         "left, and info's includes the idle reading child's)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     tmp = Path(tempfile.mkdtemp(prefix="qkvscope-bench-", dir=args.dir))
@@ -247,11 +257,11 @@ def main(argv: list[str] | None = None) -> int:
             ("source get(attn), pread", IMPORTS + "\n" + SOURCE_PASS, [str(path), "pread"], base),
             ("source get(attn), mmap", IMPORTS + "\n" + SOURCE_PASS, [str(path), "mmap"], base),
         ]
-        # --one-process: the runs that start no reading child share one process (those that do keep
-        # their own: the child's peak is read from the parent's RUSAGE_CHILDREN once it has exited)
-        shared = [(label, code, argv) for label, code, argv, base_of in runs
-                  if args.one_process and idle not in (label, base_of)]
-        measured = peak_rss_one_process(shared) if shared else {}
+        # --one-process: all in one process, those that start a reading child last (its peak is read
+        # from RUSAGE_CHILDREN, which keeps the largest child's so far), info last of all (it exits)
+        order = sorted(runs, key=lambda r: (idle in (r[0], r[3]), r[3] == idle))
+        measured = peak_rss_one_process([(label, code, argv) for label, code, argv, _ in order]) \
+            if args.one_process else {}
         peaks, ratios = {}, []
         print(f"\n{'run':<46} {'peak RSS MiB':>13} {'minus base MiB':>15} {'/ file size':>12} {'s':>6}")
         for label, code, argv, base_of in runs:
