@@ -473,7 +473,8 @@ def bench_llama(args) -> None:
     ratio_rows(what, s)
     bench_row(f"peak RSS above the imports, activation job, {what}",
               f"{above['job']:.0f} MiB ({above['job'] / mib:.2f} of the file)",
-              f"plain forward, {'same' if args.one_process or args.in_process else 'fresh'} process ({above['plain']:.0f} MiB)", "-", None)
+              f"plain forward, {'same' if args.one_process or args.in_process else 'fresh'} process "
+              f"({above['plain']:.0f} MiB)", "-", None)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

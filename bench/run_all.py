@@ -7,7 +7,8 @@ Each ``bench/*.py`` script (this one excepted) runs in its own process, one
 after the other, exactly as a user would run it. ``--quick`` is a smoke run:
 each script at the smallest sizes in ``QUICK_RUNS``/``QUICK_ARGS`` below (each
 chosen from that script's argparse), else its own ``--quick`` when its
-``--help`` lists one, with one OpenMP thread a process (``QUICK_ENV``). The scripts print their measurements as text; ``PARSERS`` turns each script's
+``--help`` lists one, with one OpenMP thread a process (``QUICK_ENV``). The
+scripts print their measurements as text; ``PARSERS`` turns each script's
 output into rows of (a script may print its rows itself, one ``BENCH_ROW {json}``
 line each with these keys; ``FULL_RUNS``/``QUICK_RUNS`` run a script more than once,
 e.g. ``analysis_speed`` at the 1.1B and the 7B shape):
