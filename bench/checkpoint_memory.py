@@ -20,13 +20,14 @@ started and waited for, whichever is larger: ``info`` reads the file in its read
   ``pread`` (the default: the tensor owns its memory) and ``mmap``
   (``safetensors.safe_open``: touched pages stay resident until close).
 
-and prints ``(peak - baseline) / file size`` for each; the target is < 0.25.
+and prints ``(peak - baseline) / file size`` for each; the target is < 0.25. ``--one-process``
+(a smoke run) measures every run in one process instead, its peak reset before each.
 
 Run (about a minute and 2.2 GB of temporary disk):
 
     .venv/bin/python bench/checkpoint_memory.py
     .venv/bin/python bench/checkpoint_memory.py --layers 4     # quick, smaller file
-    .venv/bin/python bench/checkpoint_memory.py --layers 1 --small   # a smoke run
+    .venv/bin/python bench/checkpoint_memory.py --layers 1 --small --one-process   # a smoke run
     .venv/bin/python bench/checkpoint_memory.py --dir /big/disk --keep
 """
 from __future__ import annotations
@@ -163,6 +164,46 @@ def peak_rss(code: str, argv: list[str]) -> tuple[int, float]:
         return int(hwm.read_text()), secs
 
 
+#: ``--one-process``: the runs named in ``sys.argv[1]`` (JSON ``[[label, code, argv], ...]``) one after
+#: the other in this one process, its peak RSS reset before each (writing 5 to ``/proc/self/clear_refs``
+#: sets ``VmHWM`` to the RSS of the moment, Linux >= 4.0); one ``PEAK [label, bytes, seconds]`` line
+#: each, its peak the larger of this process's and of its children's so far (``HWM_PRELUDE``), so the
+#: runs that start a reading child come last. The last run may end the process (``app``'s ``main``
+#: exits): its line is printed at exit, after the reading child's pool has closed (registered first).
+ONE_PROCESS = """
+import atexit, json, resource, sys, time
+def _peak():
+    with open('/proc/self/status') as f:
+        kib = next(int(l.split()[1]) for l in f if l.startswith('VmHWM:'))
+    return max(kib, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+running = []
+def _report():
+    label, t0 = running.pop()
+    print('PEAK ' + json.dumps([label, _peak(), time.perf_counter() - t0]), flush=True)
+atexit.register(lambda: running and _report())
+for label, code, argv in json.loads(sys.argv[1]):
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')
+    sys.argv = ['-c', *argv]
+    running.append((label, time.perf_counter()))
+    exec(compile(code, label, 'exec'), {'__name__': '__main__'})
+    _report()
+"""
+
+
+def peak_rss_one_process(runs: list[tuple[str, str, list[str]]]) -> dict[str, tuple[int, float]]:
+    """``{label: (peak RSS bytes, seconds)}`` of ``runs`` (label, code, argv), in this order in one
+    fresh process (``ONE_PROCESS``): the imports are paid once, each peak counts from the RSS its
+    run started at."""
+    proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, json.dumps(runs)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    peaks = {label: (rss, secs) for label, rss, secs in
+             (json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("PEAK "))}
+    if proc.returncode != 0 or len(peaks) != len(runs):
+        raise SystemExit(f"child failed ({proc.returncode}): {[r[0] for r in runs]}\n{proc.stderr[-2000:]}")
+    return peaks
+
+
 #: The reading child started by one request that reads nothing, then closed: its peak is its own imports, the
 #: baseline of ``info``'s row.
 CHILD_IDLE = """
@@ -191,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true",
                     help="d_model 256, 4 heads, 2 kv heads, MLP 704, vocab 1000 (a smoke run; the ratios then "
                          "say little: the imports dwarf the file)")
+    ap.add_argument("--one-process", action="store_true",
+                    help="every run in one process, its peak RSS reset before each (a smoke run: one import "
+                         "of torch instead of six; each peak then counts from the memory the runs before it "
+                         "left, and info's includes the idle reading child's)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     tmp = Path(tempfile.mkdtemp(prefix="qkvscope-bench-", dir=args.dir))
@@ -212,10 +257,15 @@ def main(argv: list[str] | None = None) -> int:
             ("source get(attn), pread", IMPORTS + "\n" + SOURCE_PASS, [str(path), "pread"], base),
             ("source get(attn), mmap", IMPORTS + "\n" + SOURCE_PASS, [str(path), "mmap"], base),
         ]
+        # --one-process: all in one process, those that start a reading child last (its peak is read
+        # from RUSAGE_CHILDREN, which keeps the largest child's so far), info last of all (it exits)
+        order = sorted(runs, key=lambda r: (idle in (r[0], r[3]), r[3] == idle))
+        measured = peak_rss_one_process([(label, code, argv) for label, code, argv, _ in order]) \
+            if args.one_process else {}
         peaks, ratios = {}, []
         print(f"\n{'run':<46} {'peak RSS MiB':>13} {'minus base MiB':>15} {'/ file size':>12} {'s':>6}")
         for label, code, argv, base_of in runs:
-            rss, secs = peak_rss(code, argv)
+            rss, secs = measured[label] if label in measured else peak_rss(code, argv)
             peaks[label] = rss
             extra = rss - peaks[base_of] if base_of else 0
             if base_of:

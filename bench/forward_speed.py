@@ -51,12 +51,14 @@ operations erratic; see bench/analysis_speed.py).
 
     .venv/bin/python bench/forward_speed.py [--quick] [--device cpu|cuda] [--threads N] [--tokens N]
                                             [--limit N] [--repeat 2] [--demo DIR] [--skip-demo] [--skip-llama]
-                                            [--no-warm-up] [--one-process]
+                                            [--no-warm-up] [--one-process] [--in-process]
                                             [--hidden 768 --layers 12 --heads 12 --intermediate 2048 --vocab 32000]
 
 ``--quick``: 3 demo checkpoints, 1,024 tokens, a Llama of hidden 256, 4 layers, 4 heads,
 intermediate 688 (19.5M parameters), one pair, no warm-up, the Llama's job and plain forward in
-one process (``--no-warm-up``, ``--one-process``; a smoke run).
+one process (``--no-warm-up``, ``--one-process``; a smoke run). ``--in-process``: every
+measurement in this process instead of a child (a smoke run without the children's imports,
+2-4 CPU seconds each; the peak RSS is then this process's so far).
 """
 from __future__ import annotations
 
@@ -325,39 +327,52 @@ def measure_job(path: Path, device: str, tokens: int | None) -> dict:
             "windows": [run.sample["windows"], run.sample["window"]], "rows": len(run.frame)}
 
 
-def child(args) -> None:
-    """One measurement process: prints one JSON line per measurement, then its peak RSS."""
+def measure(args, phase: str, paths: list[Path], emit=lambda line: None) -> tuple[list[dict], dict]:
+    """One measurement process's work (``phase``: pairs, job or plain) on ``paths``: its
+    measurements (each also handed to ``emit`` as it is made), and its memory line."""
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     import experiments.activation_runs  # noqa: F401  (the imports, before the baseline)
     import loaders.checkpoints  # noqa: F401
-    if any(Path(p).is_dir() for p in args.paths):                    # a Hugging Face folder
+    if any(Path(p).is_dir() for p in paths):                         # a Hugging Face folder
         import transformers  # noqa: F401
     base = rss_mib()
-    paths = [Path(p) for p in args.paths]
-    if args.child == "pairs":
+    paths = [Path(p) for p in paths]
+    lines = []
+    if phase == "pairs":
         if not args.no_warm_up:
             measure_job(paths[0], args.device, warm_tokens(args.tokens))   # warm-up: one of each, untimed
             measure_plain(paths[0], args.device, warm_tokens(args.tokens))
         for p in paths:
-            print(json.dumps({"path": str(p), "job": measure_job(p, args.device, args.tokens),
-                              "plain": measure_plain(p, args.device, args.tokens)}), flush=True)
+            lines.append({"path": str(p), "job": measure_job(p, args.device, args.tokens),
+                          "plain": measure_plain(p, args.device, args.tokens)})
+            emit(lines[-1])
     else:
-        fn = measure_job if args.child == "job" else measure_plain
+        fn = measure_job if phase == "job" else measure_plain
         if not args.no_warm_up:
             fn(paths[0], args.device, warm_tokens(args.tokens))       # warm-up: the same code, one window
         gc.collect()
-        print(json.dumps(fn(paths[0], args.device, args.tokens)), flush=True)
+        lines.append(fn(paths[0], args.device, args.tokens))
+        emit(lines[-1])
     mem = {"base_rss_mib": base, "peak_rss_mib": peak_rss_mib(), "threads": torch.get_num_threads()}
     if str(args.device).startswith("cuda"):
         mem["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    return lines, mem
+
+
+def child(args) -> None:
+    """One measurement process: prints one JSON line per measurement, then its peak RSS."""
+    _, mem = measure(args, args.child, args.paths, emit=lambda line: print(json.dumps(line), flush=True))
     print(json.dumps(mem), flush=True)
 
 
 def run_child(args, phase: str, paths: list[Path]) -> tuple[list[dict], dict]:
-    """Run ``--child phase`` on ``paths`` in a fresh process: its measurements and its memory line."""
+    """Run ``--child phase`` on ``paths`` in a fresh process: its measurements and its memory line
+    (``--in-process``: in this process, its imports shared, its peak RSS this process's so far)."""
+    if args.in_process:
+        return measure(args, phase, paths)
     cmd = [sys.executable, __file__, "--child", phase, "--device", args.device, "--threads", str(args.threads),
            *(["--tokens", str(args.tokens)] if args.tokens is not None else []),
            *(["--no-warm-up"] if args.no_warm_up else []), *map(str, paths)]
@@ -458,7 +473,8 @@ def bench_llama(args) -> None:
     ratio_rows(what, s)
     bench_row(f"peak RSS above the imports, activation job, {what}",
               f"{above['job']:.0f} MiB ({above['job'] / mib:.2f} of the file)",
-              f"plain forward, {'same' if args.one_process else 'fresh'} process ({above['plain']:.0f} MiB)", "-", None)
+              f"plain forward, {'same' if args.one_process or args.in_process else 'fresh'} process "
+              f"({above['plain']:.0f} MiB)", "-", None)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -481,6 +497,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="measure without the untimed warm-up before each measurement (--quick: a smoke run)")
     ap.add_argument("--one-process", action="store_true",
                     help="the Llama's job and plain forward in one process, one after the other (--quick)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="every measurement in this process, no child process (a smoke run: the imports are "
+                         "shared, the peak RSS is this process's so far, the Llama's build included)")
     ap.add_argument("--child", choices=["pairs", "job", "plain"], help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
 

@@ -233,7 +233,7 @@ def main() -> None:
             row = {"bench": "interval_coverage", "measured": f"coverage of the 95% interval of {m}, d_head {e}",
                    "figure": f"{v['coverage']:.3f} ({reps} replicates)", "against": "the population value",
                    "target": ">= 0.9" if judged else f"- ({reps} replicates: too few to judge)",
-                   "result": ("pass" if v["coverage"] >= 0.9 else "fail") if judged else "-"}
+                   "result": ("pass" if v["coverage"] >= 0.9 else "FAIL") if judged else "-"}
             print("BENCH_ROW " + json.dumps(row))
 
 

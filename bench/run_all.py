@@ -7,7 +7,8 @@ Each ``bench/*.py`` script (this one excepted) runs in its own process, one
 after the other, exactly as a user would run it. ``--quick`` is a smoke run:
 each script at the smallest sizes in ``QUICK_RUNS``/``QUICK_ARGS`` below (each
 chosen from that script's argparse), else its own ``--quick`` when its
-``--help`` lists one. The scripts print their measurements as text; ``PARSERS`` turns each script's
+``--help`` lists one, with one OpenMP thread a process (``QUICK_ENV``). The
+scripts print their measurements as text; ``PARSERS`` turns each script's
 output into rows of (a script may print its rows itself, one ``BENCH_ROW {json}``
 line each with these keys; ``FULL_RUNS``/``QUICK_RUNS`` run a script more than once,
 e.g. ``analysis_speed`` at the 1.1B and the 7B shape):
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -45,8 +47,9 @@ FULL_RUNS: dict[str, list[list[str]]] = {
 #: ``--quick``: the smallest sizes that still run every script's code path end to end (a smoke
 #: run, ``tests/app/test_bench.py``; its figures are dominated by fixed costs and are not the ones
 #: docs/performance.md quotes; one torch thread where a script takes --threads, so a busy machine
-#: does not turn them into minutes; no warm-up, and one process where the full size starts one per
-#: measurement: each Python process with torch costs 2-4 CPU seconds before it measures anything).
+#: does not turn them into minutes, and ``QUICK_ENV`` for every script and the processes it starts;
+#: no warm-up, and one process where the full size starts one per measurement: each Python process
+#: with torch costs 2-4 CPU seconds before it measures anything).
 #: Scripts not named here get their own ``--quick`` if their ``--help`` offers one, else their defaults.
 QUICK_RUNS: dict[str, list[list[str]]] = {
     "analysis_speed": [["--shape", "tiny", "--skip-naive", "--repeat", "1", "--threads", "1", "--one-process"]],
@@ -56,7 +59,7 @@ QUICK_RUNS: dict[str, list[list[str]]] = {
 
 #: One argument list per script at ``--quick`` (``QUICK_RUNS`` holds the scripts run otherwise).
 QUICK_ARGS: dict[str, list[str]] = {
-    "checkpoint_memory": ["--layers", "1", "--small"],  # 1 of 22 layers, d_model 256
+    "checkpoint_memory": ["--layers", "1", "--small", "--one-process"],  # 1 of 22 layers, d_model 256
     "log_ingest": ["--points", "20000", "--repeat", "1"],
     "dashboard_speed": ["--runs", "5", "--steps", "100", "--no-browser",
                         "--checkpoint", "data/demo/qkv-mha-wd0/checkpoints/final_step_004000.safetensors"],
@@ -67,8 +70,14 @@ QUICK_ARGS: dict[str, list[str]] = {
     "layer_map_draw": ["--layers", "8", "--repeat", "1"],
     "interval_coverage": ["--quick"],                   # named here: asking its --help costs a process
     "forward_speed": ["--quick", "--limit", "1", "--tokens", "256", "--repeat", "1", "--hidden", "64",
-                      "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000"],
+                      "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000", "--in-process"],
 }
+
+#: The environment of every script at ``--quick`` (and of the children it starts): one OpenMP thread
+#: per process. A smoke run's operations are small, and OpenMP's waiting threads spin: on a busy
+#: 2-core machine two threads each burnt up to twice the CPU seconds of one for the same work
+#: (``bench/forward_speed.py`` at the quick sizes: 12 CPU-s against 8).
+QUICK_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 @dataclass
@@ -333,7 +342,8 @@ def run_one(name: str, *, quick: bool, timeout: float, cmd: list[str] | None = N
     cmd = cmd or command(name, quick)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **QUICK_ENV} if quick else None)
         rc, out, err = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as exc:
         rc, out, err = None, exc.stdout or "", f"stopped after {timeout:g} s"
@@ -368,7 +378,7 @@ def table(rows: list[Row]) -> str:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true",
                     help="the smallest sizes that run every script (a smoke run; bench/run_all.py QUICK_RUNS, "
-                         "QUICK_ARGS, else a script's own --quick)")
+                         "QUICK_ARGS, else a script's own --quick; OMP_NUM_THREADS=1)")
     ap.add_argument("--size", choices=["quick", "full"], default=None,
                     help="the sizes to run at: 'quick' is --quick, 'full' (default) the sizes docs/performance.md quotes")
     ap.add_argument("--only", action="append", metavar="NAME", default=None,

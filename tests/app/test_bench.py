@@ -68,10 +68,11 @@ def fake_bench(tmp_path, monkeypatch):
     d.mkdir()
     scripts = {
         "log_ingest": """
-            import sys
+            import os, sys
             print("long: 10 points, 0.1 MB | duckdb read_csv 1.000 s | qkvscope ingest_log 1.500 s | "
                   "ratio 1.50x (target <= 2x)")
-            print("args", sys.argv[1:], file=sys.stderr)""",
+            print("args", sys.argv[1:], file=sys.stderr)
+            print("threads", os.environ.get("OMP_NUM_THREADS"), file=sys.stderr)""",
         "has_quick": """
             import argparse
             ap = argparse.ArgumentParser(); ap.add_argument("--quick", action="store_true")
@@ -96,7 +97,8 @@ def fake_bench(tmp_path, monkeypatch):
     return d
 
 
-def test_discovery_quick_flags_and_failures(fake_bench):
+def test_discovery_quick_flags_and_failures(fake_bench, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert R.discover() == ["broken", "has_quick", "log_ingest", "prints_rows", "sleepy"]
     assert R.command("has_quick", True)[2:] == ["--quick"]              # the script's own --quick
     assert R.command("log_ingest", True)[2:] == R.QUICK_ARGS["log_ingest"]
@@ -105,6 +107,9 @@ def test_discovery_quick_flags_and_failures(fake_bench):
     assert (row.figure, row.against, row.target, row.result) == (
         "1.50x (1.500 s)", "DuckDB read_csv of the same file (1.000 s)", "<= 2x", "pass")
     assert info["exit_status"] == 0 and f"args {R.QUICK_ARGS['log_ingest']}" in info["output_tail"]
+    assert "threads 1\n" in info["output_tail"]                           # QUICK_ENV: one OpenMP thread
+    [_], info = R.run_one("log_ingest", quick=False, timeout=60)
+    assert "threads 2\n" in info["output_tail"]                           # full sizes: the caller's own
     got, _ = R.run_one("prints_rows", quick=False, timeout=60)
     assert [(r.measured, r.figure, r.result) for r in got] == [("m", "1.50x (3.00 s)", "pass"),
                                                                 ("m", "1.50x (3.00 s)", "FAIL")]
