@@ -131,7 +131,8 @@ def test_ten_browser_sessions_at_once(demo_db, chromium_browser):
         [(_, inode)] = listeners(port_of(url))
         pid = pid_of_socket(inode)
         assert pid is not None
-        # one warm-up session: imports and caches that live for the server's lifetime
+        # one warm-up session: imports and caches that live for the server's lifetime, and the
+        # scripts the browser keeps cached (the ten tabs are of one context, as a user's are)
         warm = tab(chromium_browser, url, 1200, 900)
         for target in targets:
             warm.goto(f"{url}/{target}")
