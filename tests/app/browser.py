@@ -14,9 +14,10 @@ rather than once a test; ``--process-per-site`` lets the tabs of one server shar
 process, so a script compiled in one tab is reused by the next; the context asks for reduced
 motion (``prefers-reduced-motion: reduce``, a setting users choose), so Streamlit's spinners
 and transitions do not repaint sixty times a second while a test waits; ``--js-flags=--no-opt``
-keeps V8 in its interpreter and baseline compilers: a test's page runs for seconds, too short
-for the optimising compiler to earn back what it costs, and V8 requires every tier to compute
-the same results (its conformance tests run in each), so only the speed of scripts changes.
+turns V8's optimising compiler off: a test's page runs for seconds, too short for optimised
+code to earn back its compiling, and an optimised function must compute what the interpreter
+computes (V8 runs its own tests with and without optimisation), so only the scripts' speed
+changes.
 Screenshots go to ``test-output/screenshots/``.
 """
 from __future__ import annotations
@@ -108,7 +109,8 @@ def tab(browser, url: str, width: int = 1400, height: int = 1000):
     page.set_viewport_size({"width": width, "height": height})
     parts = urllib.parse.urlsplit(url)
     cdp = page.context.new_cdp_session(page)
-    cdp.send("Storage.clearDataForOrigin", {"origin": f"{parts.scheme}://{parts.netloc}", "storageTypes": "cookies,local_storage,indexeddb,cache_storage,service_workers"})
+    cdp.send("Storage.clearDataForOrigin", {"origin": f"{parts.scheme}://{parts.netloc}",
+                                            "storageTypes": "cookies,local_storage,indexeddb,cache_storage"})
     cdp.detach()
     return page
 
@@ -146,7 +148,7 @@ def wait_idle(page, timeout: float = 30_000, quiet_ms: int = 1500) -> None:
 
     The status widget ("Running...", "Stop") appears only some hundreds of
     milliseconds into a run, so idle means: no status widget for ``quiet_ms``
-    in a row, looked for every 250 ms by the page itself (no round trip to the test a look).
+    in a row, looked for every 250 ms by the page itself (not a round trip to Playwright a look).
     """
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
