@@ -13,11 +13,7 @@ share its HTTP cache, so the dashboard's scripts are fetched and compiled once (
 rather than once a test; ``--process-per-site`` lets the tabs of one server share a renderer
 process, so a script compiled in one tab is reused by the next; the context asks for reduced
 motion (``prefers-reduced-motion: reduce``, a setting users choose), so Streamlit's spinners
-and transitions do not repaint sixty times a second while a test waits; ``--js-flags=--no-opt``
-turns V8's optimising compiler off: a test's page runs for seconds, too short for optimised
-code to earn back its compiling, and an optimised function must compute what the interpreter
-computes (V8 runs its own tests with and without optimisation), so only the scripts' speed
-changes.
+and transitions do not repaint sixty times a second while a test waits.
 Screenshots go to ``test-output/screenshots/``.
 """
 from __future__ import annotations
@@ -39,7 +35,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = ROOT / "test-output" / "screenshots"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--process-per-site", "--js-flags=--no-opt"]
+                 "--disable-dev-shm-usage", "--process-per-site"]
 CONTEXT = {"reduced_motion": "reduce", "viewport": {"width": 1400, "height": 1000}}
 
 
