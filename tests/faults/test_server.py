@@ -66,7 +66,7 @@ def test_docs_and_help_say_what_another_host_exposes(capsys):
 
 @pytest.fixture(scope="module")
 def chromium_browser():
-    """One Chromium for this file's browser tests; each opens sessions (contexts) of its own."""
+    """One Chromium for this file's browser tests; each opens tabs (Streamlit sessions) of its own."""
     from tests.app.browser import chromium
 
     with chromium() as browser:
