@@ -4,7 +4,16 @@
 (on a free port) and yields its URL; ``chromium()`` drives ``/usr/bin/chromium`` through
 Playwright (never a downloaded browser). The page tests of a file share one Chromium
 (``tests/app/conftest.py``'s ``chromium_browser``) and one server per database they read;
-``session(served, width, height)`` gives each test a browser session of its own on it.
+``session(served, width, height)`` gives each test a Streamlit session of its own on it: a new
+tab (Streamlit keeps one session per tab, one websocket each) in the browser's one context,
+opened with the origin's cookies and storage cleared, so no test sees another's state.
+
+What keeps Chromium's CPU down without changing what a page shows: the tabs of one context
+share its HTTP cache, so the dashboard's scripts are fetched and compiled once (V8's code cache)
+rather than once a test; ``--process-per-site`` lets the tabs of one server share a renderer
+process, so a script compiled in one tab is reused by the next; the context asks for reduced
+motion (``prefers-reduced-motion: reduce``, a setting users choose), so Streamlit's spinners
+and transitions do not repaint sixty times a second while a test waits.
 Screenshots go to ``test-output/screenshots/``.
 """
 from __future__ import annotations
@@ -15,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -25,7 +35,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = ROOT / "test-output" / "screenshots"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
+                 "--disable-dev-shm-usage", "--process-per-site"]
+CONTEXT = {"reduced_motion": "reduce", "viewport": {"width": 1400, "height": 1000}}
 
 
 def free_port() -> int:
@@ -71,8 +82,8 @@ def dashboard(db: Path, *extra: str, timeout: float = 90.0, preexec_fn=None):
 
 @contextlib.contextmanager
 def chromium():
-    """One Chromium for several tests (a module-scoped fixture): each opens its own session with
-    ``browser.new_page(viewport=...)`` and closes it (``page.context.close()``)."""
+    """One Chromium for several tests (a module-scoped fixture), with one context (``CONTEXT``)
+    already open, ``browser.contexts[0]``, in which ``session`` and ``tab`` open their tabs."""
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (bash scripts/setup.sh --dev installs it)")
     from playwright.sync_api import sync_playwright
@@ -80,27 +91,52 @@ def chromium():
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
+            browser.new_context(**CONTEXT)
             yield browser
         finally:
             browser.close()
 
 
+def tab(browser, url: str, width: int = 1400, height: int = 1000):
+    """A new tab in the browser's one context, its viewport ``width`` x ``height``, with the
+    cookies and storage (local storage: Streamlit keeps the sidebar's state there) of ``url``'s
+    origin cleared; the caller closes it (``page.close()``)."""
+    page = browser.contexts[0].new_page()
+    page.set_viewport_size({"width": width, "height": height})
+    parts = urllib.parse.urlsplit(url)
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Storage.clearDataForOrigin", {"origin": f"{parts.scheme}://{parts.netloc}",
+                                            "storageTypes": "cookies,local_storage,indexeddb,cache_storage"})
+    cdp.detach()
+    return page
+
+
 @contextlib.contextmanager
 def session(served: tuple, width: int = 1400, height: int = 1000):
-    """A new browser session (context) on a shared server and Chromium, ``served = (url, browser)``:
-    the server's URL and the session's page, whose context is closed on the way out."""
+    """A new Streamlit session on a shared server and Chromium, ``served = (url, browser)``: the
+    server's URL and a new tab (``tab``), closed on the way out."""
     url, browser = served
-    page = browser.new_page(viewport={"width": width, "height": height})
+    page = tab(browser, url, width, height)
     try:
         yield url, page
     finally:
-        page.context.close()
+        page.close()
 
 
 @contextlib.contextmanager
 def browser_page(viewport=(1400, 1000)):
     with chromium() as browser:
-        yield browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+        page = browser.contexts[0].new_page()
+        page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
+        yield page
+
+
+IDLE = """([selector, quiet, key]) => {
+    const now = performance.now();
+    if (document.querySelector(selector)) { delete window[key]; return false; }
+    window[key] ??= now;
+    return now - window[key] >= quiet;
+}"""
 
 
 def wait_idle(page, timeout: float = 30_000, quiet_ms: int = 1500) -> None:
@@ -108,17 +144,16 @@ def wait_idle(page, timeout: float = 30_000, quiet_ms: int = 1500) -> None:
 
     The status widget ("Running...", "Stop") appears only some hundreds of
     milliseconds into a run, so idle means: no status widget for ``quiet_ms``
-    in a row.
+    in a row, looked for every 250 ms by the page itself (not a round trip to Playwright a look).
     """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.wait_for_selector("[data-testid='stApp']", timeout=timeout)
-    waited, quiet, step = 0, 0, 250
-    while quiet < quiet_ms:
-        busy = page.locator("[data-testid='stStatusWidget']").count() > 0
-        quiet = 0 if busy else quiet + step
-        page.wait_for_timeout(step)
-        waited += step
-        if waited > timeout:
-            raise TimeoutError(f"the page was still running after {timeout / 1000:.0f} s")
+    try:
+        page.wait_for_function(IDLE, arg=["[data-testid='stStatusWidget']", quiet_ms, f"idle{time.monotonic_ns()}"],
+                               polling=250, timeout=timeout)
+    except PlaywrightTimeout:
+        raise TimeoutError(f"the page was still running after {timeout / 1000:.0f} s") from None
 
 
 def screenshot(page, name: str) -> Path:

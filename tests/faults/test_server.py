@@ -66,7 +66,7 @@ def test_docs_and_help_say_what_another_host_exposes(capsys):
 
 @pytest.fixture(scope="module")
 def chromium_browser():
-    """One Chromium for this file's browser tests; each opens sessions (contexts) of its own."""
+    """One Chromium for this file's browser tests; each opens tabs (Streamlit sessions) of its own."""
     from tests.app.browser import chromium
 
     with chromium() as browser:
@@ -118,10 +118,10 @@ def demo_db(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.browser
 def test_ten_browser_sessions_at_once(demo_db, chromium_browser):
-    """Ten sessions (Playwright contexts in one Chromium) at once, five on Experiments and five
-    on the inspector; no page errors, and the server's resident memory comes back near where it
-    started once they close."""
-    from tests.app.browser import screenshot, wait_idle
+    """Ten Streamlit sessions at once (ten tabs of one Chromium: a session and its websocket per
+    tab), five on Experiments and five on the inspector; no page errors, and the server's
+    resident memory comes back near where it started once they close."""
+    from tests.app.browser import screenshot, tab, wait_idle
 
     with Store(demo_db).connect(read_only=True) as con:
         ckpt = con.execute("SELECT min(id) FROM checkpoints").fetchone()[0]
@@ -131,15 +131,16 @@ def test_ten_browser_sessions_at_once(demo_db, chromium_browser):
         [(_, inode)] = listeners(port_of(url))
         pid = pid_of_socket(inode)
         assert pid is not None
-        # one warm-up session: imports and caches that live for the server's lifetime
-        warm = chromium_browser.new_page(viewport={"width": 1200, "height": 900})
+        # one warm-up session: imports and caches that live for the server's lifetime, and the
+        # scripts the browser keeps cached (the ten tabs are of one context, as a user's are)
+        warm = tab(chromium_browser, url, 1200, 900)
         for target in targets:
             warm.goto(f"{url}/{target}")
             wait_idle(warm, timeout=90_000)
-        warm.context.close()
+        warm.close()
         time.sleep(2)
         start = rss_bytes(pid)
-        pages = [chromium_browser.new_page(viewport={"width": 1200, "height": 900}) for _ in range(10)]
+        pages = [tab(chromium_browser, url, 1200, 900) for _ in range(10)]
         t0 = time.monotonic()
         for i, pg in enumerate(pages):              # all ten start before any is waited on
             # the server answers the tenth while nine sessions' scripts hold its GIL: past
@@ -156,7 +157,7 @@ def test_ten_browser_sessions_at_once(demo_db, chromium_browser):
         for pg in pages:
             assert pg.locator("[data-testid='stException']").count() == 0
             assert pg.locator("[data-testid='stApp']").count() == 1
-            pg.context.close()
+            pg.close()
         # Streamlit drops a closed session's state once the websocket is gone.
         end = rss_bytes(pid)
         for _ in range(20):
