@@ -16,6 +16,7 @@ reqs=(-r requirements.txt)
 # compileall does the same files on every core, skipping those already compiled.
 .venv/bin/python -m pip install -q --no-compile "${reqs[@]}"
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "byte-compiling the installed packages (every core; up to a minute the first time)" >&2
 # A few packages ship files that are not Python (templates, Python 2 examples): pip skips them
 # quietly too, so their failures are not ours to stop on.
 .venv/bin/python -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
