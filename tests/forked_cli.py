@@ -19,16 +19,18 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 _DRIVER = """
-import json, os, sys, traceback
+import json, os, sys
 sys.path.insert(0, {root!r})
 import torch, duckdb, pandas
+from tests.forked_cli import run_command
 import loaders.ingest, loaders.checkpoints, loaders.logs, loaders.sources, app.jobs
-from app.cli import command_module, main
+from app.cli import command_module
 for name in ("ingest", "info", "analyze"):
     command_module(name)
 print("ready", flush=True)
@@ -36,30 +38,41 @@ while line := sys.stdin.readline():
     argv, env, inp, out, err = json.loads(line)
     pid = os.fork()
     if pid == 0:
-        # stdin: the run's own file (or /dev/null), never the driver's pipe of commands
-        os.dup2(os.open(inp or os.devnull, os.O_RDONLY), 0)
-        sys.stdin = open(0, closefd=False)
-        for fd, path in ((1, out), (2, err)):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        os.environ.update(env)
-        rc = 1
-        try:
-            rc = main(argv) or 0
-        except SystemExit as exc:                   # what the interpreter makes of it
-            rc = exc.code or 0
-            if not isinstance(rc, int):
-                print(rc, file=sys.stderr)
-                rc = 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(int(rc))
+        run_command(argv, env, inp, out, err)
     print(pid, flush=True)
     sys.stdin.readline()        # reaped only when asked: until then its pid is not reused, a kill lands
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
+
+
+def run_command(argv: list[str], env: dict, inp: str | None, out: str, err: str) -> None:
+    """In a process just forked from a driver that imported the CLI: ``python -m app ARGV`` as
+    the interpreter runs it, then ``os._exit`` with its exit status. stdin is the file ``inp``
+    (else ``/dev/null``, never the driver's pipe of commands), stdout and stderr the files ``out``
+    and ``err``; at the end the reading child is closed and reaped, as at an interpreter's exit."""
+    from app.cli import main
+    from loaders.sandbox import POOL
+
+    os.dup2(os.open(inp or os.devnull, os.O_RDONLY), 0)
+    sys.stdin = open(0, closefd=False)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    os.environ.update(env)
+    rc = 1
+    try:
+        rc = main(argv) or 0
+    except SystemExit as exc:                       # what the interpreter makes of it
+        rc = exc.code or 0
+        if not isinstance(rc, int):
+            print(rc, file=sys.stderr)
+            rc = 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        POOL.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(rc))
 
 
 class ForkedCli:

@@ -151,9 +151,10 @@ def test_the_limit_counts_what_a_file_holds_not_its_holes(tmp_path):
 
 
 _MEASURING = r"""
-import json, os, resource, sys, time, traceback
+import json, os, resource, sys, time
 import torch, duckdb, pandas
-from app.cli import command_module, main
+from app.cli import command_module
+from tests.forked_cli import run_command
 for name in ("ingest", "info"):
     command_module(name)
 print("ready", flush=True)
@@ -164,23 +165,7 @@ while line := sys.stdin.readline():
     if x == 0:                      # X forks the command and reads the peak RSS of it and its children
         y = os.fork()
         if y == 0:
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            for fd, path in ((1, out), (2, err)):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            os.environ.update(env)
-            rc = 1
-            try:
-                rc = main(argv) or 0
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                from loaders.sandbox import POOL
-                POOL.close()        # as at the interpreter's exit: the reading child reaped, so counted
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(rc)
+            run_command(argv, env, None, out, err)
         rc = os.waitstatus_to_exitcode(os.waitpid(y, 0)[1])
         with open(peak, "w") as fh:
             json.dump([rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss], fh)
