@@ -188,7 +188,9 @@ def test_upload_a_zipped_checkpoint_and_compare_in_a_real_browser(tmp_path, mode
             zf.write(model_dir / name, f"gpt2-tiny/{name}")
     db = tmp_path / "browser-insp.duckdb"
     Store(db).migrate()
-    with dashboard(db, "--no-demo") as url, session((url, chromium_browser)) as (_, page):
+    # a tall viewport: the metric picker's list opens with room for every option (it draws only
+    # the options that fit, and at 1,000 px qk_symmetry can fall outside them)
+    with dashboard(db, "--no-demo") as url, session((url, chromium_browser), 1400, 2400) as (_, page):
         page.goto(f"{url}/inspector?src=upload")
         wait_idle(page, timeout=60_000)
         page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(str(zpath))
