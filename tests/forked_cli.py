@@ -45,11 +45,13 @@ while line := sys.stdin.readline():
 """
 
 
-def run_command(argv: list[str], env: dict, inp: str | None, out: str, err: str) -> None:
+def run_command(argv: list[str], env: dict, inp: str | None, out: str, err: str, reap: bool = False) -> None:
     """In a process just forked from a driver that imported the CLI: ``python -m app ARGV`` as
     the interpreter runs it, then ``os._exit`` with its exit status. stdin is the file ``inp``
     (else ``/dev/null``, never the driver's pipe of commands), stdout and stderr the files ``out``
-    and ``err``; at the end the reading child is closed and reaped, as at an interpreter's exit."""
+    and ``err``. ``reap``: the reading child is closed and waited for, as at an interpreter's exit
+    (a measure of the command's peak memory counts it only so); otherwise it ends with the command
+    (``PR_SET_PDEATHSIG``), without finishing a prestart's imports first."""
     from app.cli import main
     from loaders.sandbox import POOL
 
@@ -69,7 +71,8 @@ def run_command(argv: list[str], env: dict, inp: str | None, out: str, err: str)
     except BaseException:
         traceback.print_exc()
     finally:
-        POOL.close()
+        if reap:
+            POOL.close()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(int(rc))

@@ -165,7 +165,7 @@ while line := sys.stdin.readline():
     if x == 0:                      # X forks the command and reads the peak RSS of it and its children
         y = os.fork()
         if y == 0:
-            run_command(argv, env, None, out, err)
+            run_command(argv, env, None, out, err, reap=True)
         rc = os.waitstatus_to_exitcode(os.waitpid(y, 0)[1])
         with open(peak, "w") as fh:
             json.dump([rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss], fh)
