@@ -77,7 +77,9 @@ file: it only walks folders (``lstat``), sends paths and reads JSON answers
 (never a pickle).
 
 **The protocol** is one JSON line each way: ``{"job": NAME, "path": PATH,
-"limit": BYTES, "kwargs": {...}}`` on the child's stdin; ``{"ok": true,
+"limit": BYTES, "kwargs": {...}}`` on the child's stdin; ``{"taken": true}``
+as soon as the child has read it (a kept child that died idle never writes it, so the
+job goes to a fresh child instead of being blamed for the death), then ``{"ok": true,
 "result": ..., "payload": N}`` followed by ``N`` raw bytes (only a job that
 returns ``WithPayload``: the SQL result as an Arrow IPC stream), or ``{"ok":
 false, "message": "PATH: what", "file": PATH, "problem": TEXT, "store":
@@ -368,33 +370,47 @@ class Sandbox:
                  **kwargs) -> tuple[dict, bytes | None]:
         """Send one job and return the child's reply and its payload (None when it sent none).
         ``SandboxRefused`` for a name outside the table; ``TimeoutError`` past ``seconds`` (the
-        child killed); ``Died`` when the child ended."""
+        child killed); ``Died`` when the child ended while it held the job.
+
+        The child acknowledges each request before it runs it. A kept child that ended while it
+        was idle (killed by the system or a user; not yet reaped, so ``poll()`` could not tell)
+        never acknowledges: the job goes to a fresh child, instead of being reported as
+        having killed its reader."""
         if job not in self.jobs:
             raise SandboxRefused(refusal(job, self.jobs))
-        if self._proc is None or self._proc.poll() is not None:
-            self._proc = self._start()
         line = json.dumps({"job": job, "path": str(path), "limit": int(limit), "kwargs": kwargs}) + "\n"
         deadline = time.monotonic() + seconds
-        try:
-            self._proc.stdin.write(line.encode())
-            self._proc.stdin.flush()
-            answer = self._readline(deadline)
-            reply = None if answer is None else json.loads(answer)
-            payload = None
-            if reply is not None and reply.get("payload") is not None:
-                payload = self._read(int(reply["payload"]), deadline)
-                if payload is None:
-                    reply = None
-        except TimeoutError:
-            self._kill()
-            raise
-        except BrokenPipeError:
-            reply = None
-        if reply is None:                       # the child died while running the job
-            raise Died(self._reap())
-        if reply.get("refused"):
-            raise SandboxRefused(reply["message"])
-        return reply, payload
+        for attempt in (0, 1):
+            reused = self._proc is not None and self._proc.poll() is None
+            if not reused:
+                self._proc = self._start()
+            try:
+                self._proc.stdin.write(line.encode())
+                self._proc.stdin.flush()
+                taken = self._readline(deadline) is not None
+                reply = None
+                if taken:
+                    answer = self._readline(deadline)
+                    reply = None if answer is None else json.loads(answer)
+                payload = None
+                if reply is not None and reply.get("payload") is not None:
+                    payload = self._read(int(reply["payload"]), deadline)
+                    if payload is None:
+                        reply = None
+            except TimeoutError:
+                self._kill()
+                raise
+            except BrokenPipeError:
+                taken, reply = False, None
+            if reply is None:
+                rc = self._reap()
+                if not taken and reused and attempt == 0:
+                    continue                    # it had died idle: the job was never run
+                raise Died(rc)                  # the child died while running the job
+            if reply.get("refused"):
+                raise SandboxRefused(reply["message"])
+            return reply, payload
+        raise AssertionError("unreachable")
 
     def request(self, path: str | Path, job: str, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", **kwargs):
         """Run ``job`` on ``path`` in the child and return its result; a failure
@@ -642,6 +658,7 @@ def serve(jobs: dict[str, tuple[str, str]], preload: Iterable[str] = ()) -> int:
     answers.write(b'{"ready": true}\n')
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     for line in sys.stdin:
+        answers.write(b'{"taken": true}\n')    # the parent tells a child that died idle by its absence
         req = json.loads(line)
         payload = b""
         if req.get("job") not in jobs:

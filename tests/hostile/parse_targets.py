@@ -53,6 +53,14 @@ def glibc_gives_up(path: str) -> None:
     os._exit(127)
 
 
+def killed(path: str) -> None:
+    """Append a line to ``path`` (one per run of this job), then be killed as the kernel's
+    out-of-memory killer kills a reader (SIGKILL)."""
+    with open(path, "a") as f:
+        f.write("ran\n")
+    os.kill(os.getpid(), 9)
+
+
 def loaded(path: str, module: str) -> bool:
     """Whether ``module`` is imported in this child."""
     return module in sys.modules
@@ -60,7 +68,7 @@ def loaded(path: str, module: str) -> bool:
 
 JOBS = {**sandbox.JOBS, **{name: (__spec__.name if __name__ == "__main__" else __name__, name)
                            for name in ("grow", "stall", "read_while_truncated", "pid", "allocate",
-                                        "glibc_gives_up", "loaded")}}
+                                        "glibc_gives_up", "killed", "loaded")}}
 PRELOAD = sandbox.PRELOAD
 
 

@@ -357,6 +357,38 @@ def test_analyze_path_ingests_and_analyses_in_one_pooled_child(tmp_path):
     POOL.close()
 
 
+def _until_dead(pid: int) -> None:
+    """Wait until ``pid`` has ended (a zombie: dead, not yet reaped by its parent)."""
+    for _ in range(500):
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{pid} did not end")
+
+
+def test_a_kept_child_that_died_idle_is_replaced_and_the_job_runs_once(tmp_path):
+    """A kept child killed while idle (the out-of-memory killer, a user's ``kill``) is dead before
+    its parent has reaped it, and then ``poll()`` cannot tell: the next job was written to it, its
+    stdout closed, and the file was reported as having needed more memory than its budget. The
+    child acknowledges each request before it runs it now; without that, the job goes to a fresh
+    child. A child killed *while running* a job (after the acknowledgement) is still that job's
+    failure, and the job is not run again."""
+    f = tmp_path / "runs.txt"
+    f.write_text("")
+    with Sandbox(light_targets) as box:
+        first = box.request(f, "pid")
+        os.kill(first, 9)
+        _until_dead(first)
+        box._proc.poll = lambda: None                                    # not reaped yet, as it was in CI
+        second = box.request(f, "pid")
+        assert second != first
+        with pytest.raises(FileError) as err:
+            box.request(f, "killed")
+        assert "[the reading process was killed, as by the out-of-memory killer]" in str(err.value)
+        assert f.read_text() == "ran\n"                                  # run once, not retried
+        assert box.request(f, "pid") not in (first, second)
+
+
 def test_a_job_outside_the_table_is_refused_by_the_parent_and_by_the_child(tmp_path):
     """No string names a function across the boundary: a name not in the entry's table is
     refused before anything is sent, and a child sent one anyway refuses it and goes on."""
