@@ -42,7 +42,9 @@ JOBS: dict[str, tuple[str, str]] = {
 }
 #: What the child imports before its first request: its jobs read checkpoints, never logs (a log's
 #: ingest runs in the child of ``loaders.sandbox``'s own table, which preloads ``loaders.logs``).
-PRELOAD: tuple[str, ...] = ("loaders.checkpoints", "loaders.ingest")
+PRELOAD: tuple[str, ...] = (*sandbox.ON_DEMAND, "loaders.ingest")
+#: Already preloaded: a request of ``loaders.sandbox``'s jobs may still name them.
+ON_DEMAND = sandbox.ON_DEMAND
 
 
 def call(job: str, path: str | Path, *, timeout: str = "QKVSCOPE_PARSE_TIMEOUT_S", pooled: bool = False, **kwargs):
@@ -57,4 +59,4 @@ def pooled():
 
 
 if __name__ == "__main__":
-    sys.exit(sandbox.serve(JOBS, PRELOAD))
+    sys.exit(sandbox.serve(JOBS, PRELOAD, ON_DEMAND))

@@ -77,8 +77,10 @@ file: it only walks folders (``lstat``), sends paths and reads JSON answers
 (never a pickle).
 
 **The protocol** is one JSON line each way: ``{"job": NAME, "path": PATH,
-"limit": BYTES, "kwargs": {...}}`` on the child's stdin; ``{"taken": true}``
-as soon as the child has read it (a kept child that died idle never writes it, so the
+"limit": BYTES, "imports": [MODULE, ...], "kwargs": {...}}`` on the child's stdin (``imports``:
+modules of the entry's ``ON_DEMAND`` the child imports before the job's limit, the checkpoint
+readers, which a log's ingest does without); ``{"taken": true}`` as soon as the child has read
+it and made those imports (a kept child that died idle never writes it, so the
 job goes to a fresh child instead of being blamed for the death), then ``{"ok": true,
 "result": ..., "payload": N}`` followed by ``N`` raw bytes (only a job that
 returns ``WithPayload``: the SQL result as an Arrow IPC stream), or ``{"ok":
@@ -119,8 +121,22 @@ JOBS: dict[str, tuple[str, str]] = {
     "ingest": ("loaders.sandbox", "ingest"),
     "ingest_checkpoint": ("loaders.sandbox", "ingest_one_checkpoint"),
 }
-#: What a child of this module imports before its first request: the readers (torch, duckdb).
-PRELOAD: tuple[str, ...] = ("loaders.checkpoints", "loaders.ingest", "loaders.logs")
+#: What a child of this module imports before its first request: the log readers and the walk
+#: (pandas, duckdb).
+PRELOAD: tuple[str, ...] = ("loaders.ingest", "loaders.logs")
+#: What a request may have its child import before the job's memory limit is set (its
+#: ``imports``): the checkpoint readers. They bring torch (about 120 MiB of the child's memory and
+#: 1.3 CPU-s to import), which a log's ingest never uses, so a child imports them at the first
+#: request that reads a checkpoint (``readers_for``), never under that file's budget.
+ON_DEMAND: tuple[str, ...] = ("loaders.checkpoints",)
+#: Suffixes of files that torch reads (a checkpoint, or a log saved as a tensor).
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def readers_for(path: str | Path, kind: str | None = None) -> tuple[str, ...]:
+    """The ``imports`` of a request on ``path``: ``ON_DEMAND`` for a checkpoint (``kind``, as
+    ``classify`` found it) or a file torch reads, else none."""
+    return ON_DEMAND if kind == "checkpoint" or Path(path).suffix.lower() in _TORCH_SUFFIXES else ()
 
 
 class WithPayload(NamedTuple):
@@ -136,6 +152,13 @@ class SandboxRefused(QkvscopeError):
 def refusal(name: str, jobs: Iterable[str]) -> str:
     """The one line for a job name outside the table ``jobs``."""
     return f"the sandbox runs only the jobs of its table ({', '.join(sorted(jobs))}); {name!r} is not one"
+
+
+def import_refusal(imports: Iterable[str], allowed: Iterable[str]) -> str:
+    """The one line for a request asking its child to import a module outside ``allowed``."""
+    outside = [m for m in imports if m not in allowed]
+    return (f"the sandbox imports on request only {', '.join(sorted(allowed)) or 'nothing'}; "
+            f"{outside[0]!r} is not one")
 
 
 class Died(Exception):
@@ -306,7 +329,7 @@ class Sandbox:
         # The child imports PRELOAD (torch, duckdb) before it says ready: a busy machine's
         # slow start is not counted against the first job's time limit.
         try:
-            ready = self._readline(time.monotonic() + max(300, budget("QKVSCOPE_PARSE_TIMEOUT_S")))
+            ready = self._readline(self._start_deadline())
         except TimeoutError:
             ready = None
         if ready != b'{"ready": true}':
@@ -316,6 +339,12 @@ class Sandbox:
                    if rc == GLIBC_OUT_OF_MEMORY else f" (exit status {rc})")
             raise QkvscopeError(f"the process that reads files did not start{why}")
         return self._proc
+
+    @staticmethod
+    def _start_deadline() -> float:
+        """When a child's start (or a request's imports) is given up: its imports are not the
+        file's, so not under the file's time budget, but not unbounded either."""
+        return time.monotonic() + max(300, budget("QKVSCOPE_PARSE_TIMEOUT_S"))
 
     def _kill(self) -> int:
         proc, self._proc = self._proc, None
@@ -367,7 +396,7 @@ class Sandbox:
         return data
 
     def exchange(self, job: str, path: str | Path, *, limit: int, seconds: float,
-                 **kwargs) -> tuple[dict, bytes | None]:
+                 imports: Iterable[str] = (), **kwargs) -> tuple[dict, bytes | None]:
         """Send one job and return the child's reply and its payload (None when it sent none).
         ``SandboxRefused`` for a name outside the table; ``TimeoutError`` past ``seconds`` (the
         child killed); ``Died`` when the child ended while it held the job.
@@ -375,11 +404,17 @@ class Sandbox:
         The child acknowledges each request before it runs it. A kept child that ended while it
         was idle (killed by the system or a user; not yet reaped, so ``poll()`` could not tell)
         never acknowledges: the job goes to a fresh child, instead of being reported as
-        having killed its reader."""
+        having killed its reader. The child imports ``imports`` (modules of its entry's
+        ``ON_DEMAND``) before it acknowledges: the job's ``seconds`` start at the acknowledgement,
+        so a busy machine's slow import is not counted against the job (as with the start)."""
         if job not in self.jobs:
             raise SandboxRefused(refusal(job, self.jobs))
-        line = json.dumps({"job": job, "path": str(path), "limit": int(limit), "kwargs": kwargs}) + "\n"
-        deadline = time.monotonic() + seconds
+        imports = list(imports)
+        allowed = getattr(self.entry, "ON_DEMAND", ())
+        if any(m not in allowed for m in imports):
+            raise SandboxRefused(import_refusal(imports, allowed))
+        line = json.dumps({"job": job, "path": str(path), "limit": int(limit), "imports": imports,
+                           "kwargs": kwargs}) + "\n"
         for attempt in (0, 1):
             reused = self._proc is not None and self._proc.poll() is None
             if not reused:
@@ -387,7 +422,8 @@ class Sandbox:
             try:
                 self._proc.stdin.write(line.encode())
                 self._proc.stdin.flush()
-                taken = self._readline(deadline) is not None
+                taken = self._readline(self._start_deadline()) is not None
+                deadline = time.monotonic() + seconds
                 reply = None
                 if taken:
                     answer = self._readline(deadline)
@@ -443,7 +479,8 @@ class Sandbox:
 
         try:
             return [FileReport(**r) for r in self.request(path, "ingest", db=str(store.path),
-                                                           busy_timeout=store.busy_timeout)]
+                                                           busy_timeout=store.busy_timeout,
+                                                           imports=readers_for(path, kind))]
         except StoreError:
             raise
         except FileError as exc:
@@ -453,7 +490,7 @@ class Sandbox:
     def kind_of(self, path: Path) -> str:
         """'log', 'checkpoint', ... as ``loaders.ingest`` classifies it ('unknown' on failure)."""
         try:
-            return self.request(path, "classify")
+            return self.request(path, "classify", imports=readers_for(path))
         except FileError:
             return "unknown"       # ingest_file reports it in its turn
 
@@ -480,7 +517,7 @@ def ingest_checkpoint(store, path: str | Path, *, reader: Sandbox | None = None)
 
     with _lent(reader) as reader:
         return FileReport(**reader.request(path, "ingest_checkpoint", db=str(store.path),
-                                           busy_timeout=store.busy_timeout))
+                                           busy_timeout=store.busy_timeout, imports=ON_DEMAND))
 
 
 @contextmanager
@@ -642,9 +679,10 @@ def _die_with_parent() -> None:
         os._exit(1)                              # the parent died before prctl took effect
 
 
-def serve(jobs: dict[str, tuple[str, str]], preload: Iterable[str] = ()) -> int:
-    """The child's loop (an entry's ``__main__``): import ``preload``, say ready, then run
-    each request's job from ``jobs`` under the memory limit until stdin closes."""
+def serve(jobs: dict[str, tuple[str, str]], preload: Iterable[str] = (), on_demand: Iterable[str] = ()) -> int:
+    """The child's loop (an entry's ``__main__``): import ``preload``, say ready, then for each
+    request import what it asks of ``on_demand``, acknowledge it and run its job from ``jobs``
+    under the memory limit, until stdin closes."""
     import importlib
     import resource  # here: the child only
 
@@ -657,13 +695,19 @@ def serve(jobs: dict[str, tuple[str, str]], preload: Iterable[str] = ()) -> int:
         importlib.import_module(module)
     answers.write(b'{"ready": true}\n')
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    on_demand = tuple(on_demand)
     for line in sys.stdin:
-        answers.write(b'{"taken": true}\n')    # the parent tells a child that died idle by its absence
         req = json.loads(line)
+        imports = [str(m) for m in req.get("imports") or ()]
+        allowed = all(m in on_demand for m in imports)
+        for module in imports if allowed else ():    # before the limit: the readers are not the file's
+            importlib.import_module(module)
+        answers.write(b'{"taken": true}\n')    # the parent tells a child that died idle by its absence
         payload = b""
-        if req.get("job") not in jobs:
-            reply = {"ok": False, "refused": True, "message": refusal(str(req.get("job")), jobs)}
-            answers.write(json.dumps(reply).encode() + b"\n")
+        if req.get("job") not in jobs or not allowed:
+            message = (refusal(str(req.get("job")), jobs) if req.get("job") not in jobs
+                       else import_refusal(imports, on_demand))
+            answers.write(json.dumps({"ok": False, "refused": True, "message": message}).encode() + b"\n")
             continue
         held = data_held()
         cap = held + int(req["limit"])                  # the budget is for the file, on top of what is held
@@ -695,4 +739,4 @@ def serve(jobs: dict[str, tuple[str, str]], preload: Iterable[str] = ()) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(JOBS, PRELOAD))
+    sys.exit(serve(JOBS, PRELOAD, ON_DEMAND))

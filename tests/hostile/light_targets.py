@@ -13,6 +13,7 @@ from tests.hostile import parse_targets
 
 JOBS = parse_targets.JOBS           # the same table: each name runs parse_targets' function
 PRELOAD: tuple[str, ...] = ()
+ON_DEMAND = sandbox.ON_DEMAND
 
 
 def call(job: str, path, **kwargs):
@@ -21,4 +22,4 @@ def call(job: str, path, **kwargs):
 
 
 if __name__ == "__main__":
-    sys.exit(sandbox.serve(JOBS, PRELOAD))
+    sys.exit(sandbox.serve(JOBS, PRELOAD, ON_DEMAND))

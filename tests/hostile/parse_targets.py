@@ -69,7 +69,10 @@ def loaded(path: str, module: str) -> bool:
 JOBS = {**sandbox.JOBS, **{name: (__spec__.name if __name__ == "__main__" else __name__, name)
                            for name in ("grow", "stall", "read_while_truncated", "pid", "allocate",
                                         "glibc_gives_up", "killed", "loaded")}}
-PRELOAD = sandbox.PRELOAD
+#: The readers a checkpoint's request brings in too (torch): what these children hold when a
+#: memory budget is set is what a checkpoint reader holds.
+PRELOAD = (*sandbox.PRELOAD, *sandbox.ON_DEMAND)
+ON_DEMAND = sandbox.ON_DEMAND
 
 
 def call(job: str, path, **kwargs):
@@ -78,4 +81,4 @@ def call(job: str, path, **kwargs):
 
 
 if __name__ == "__main__":
-    sys.exit(sandbox.serve(JOBS, PRELOAD))
+    sys.exit(sandbox.serve(JOBS, PRELOAD, ON_DEMAND))

@@ -410,6 +410,57 @@ def test_a_job_outside_the_table_is_refused_by_the_parent_and_by_the_child(tmp_p
         assert box.request(tmp_path, "pid") == first                      # the same child goes on
 
 
+def test_a_request_may_import_only_its_entrys_on_demand_modules(tmp_path):
+    """``imports`` names modules of the entry's ``ON_DEMAND`` only: another name is refused by
+    the parent before anything is sent, and by a child sent one anyway, which goes on."""
+    from loaders.sandbox import SandboxRefused
+
+    with Sandbox(light_targets) as box:
+        with pytest.raises(SandboxRefused) as err:
+            box.request(tmp_path, "pid", imports=["os"])
+        assert str(err.value) == "the sandbox imports on request only loaders.checkpoints; 'os' is not one"
+        assert box.pid is None
+        first = box.request(tmp_path, "pid")
+        box.entry = type("Lenient", (), {"ON_DEMAND": ("os",), "__name__": "tests.hostile.light_targets"})
+        with pytest.raises(SandboxRefused) as err:
+            box.request(tmp_path, "pid", imports=["os"])
+        assert str(err.value) == "the sandbox imports on request only loaders.checkpoints; 'os' is not one"
+        assert box.request(tmp_path, "pid") == first
+
+
+def test_the_checkpoint_readers_are_imported_outside_the_files_budget(tmp_path, monkeypatch):
+    """torch is imported by a child at the first request that reads a checkpoint, before that
+    file's memory limit is set: under a 32 MiB budget (torch holds about 120 MiB) the import goes
+    through, and a log's requests never bring it in."""
+    monkeypatch.setenv("QKVSCOPE_PARSE_MEMORY_MB", "32")
+    with Sandbox(light_targets) as box:
+        assert box.request(tmp_path, "loaded", module="torch") is False
+        assert box.request(tmp_path, "loaded", module="torch", imports=["loaders.checkpoints"]) is True
+
+
+def test_a_log_ingest_never_imports_torch_and_a_checkpoint_brings_it_in(tmp_path):
+    """The child of ``loaders.sandbox`` preloads the log readers only: a folder of logs is
+    ingested without torch (1.3 CPU-s and 120 MiB of imports a log never uses), and the first
+    checkpoint of the same child imports it."""
+    from loaders.sandbox import PRELOAD, ingest_paths
+    from loaders.store import Store
+    from tests.app.test_batch import make_checkpoints
+
+    code = f"import sys, importlib; [importlib.import_module(m) for m in {PRELOAD!r}]; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+    logs = tmp_path / "logs" / "run1"
+    logs.mkdir(parents=True)
+    (logs / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4\n")
+    store = Store(tmp_path / "p.duckdb")
+    with Sandbox(light_targets) as box:
+        assert [f.status for f in ingest_paths(store, [tmp_path / "logs"], reader=box).files] == ["added"]
+        assert box.request(tmp_path, "loaded", module="torch") is False
+        ckpt = make_checkpoints(tmp_path / "ckpts")[0]
+        assert [f.status for f in ingest_paths(store, [ckpt], reader=box).files] == ["added"]
+        assert box.request(tmp_path, "loaded", module="torch") is True
+
+
 def test_a_child_outlives_the_thread_that_started_it(tmp_path):
     """Each Streamlit script run is a thread that ends with the run. The child asks to be killed
     when its parent dies (PR_SET_PDEATHSIG), which Linux reads as the parent *thread*: started by
