@@ -41,7 +41,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "attention": ("app.inspect_child", "attention"),
 }
 #: What the child imports before its first request: its jobs read checkpoints, never logs (a log's
-#: ingest runs in the child of ``loaders.sandbox``'s own table, which preloads ``loaders.logs``).
+#: ingest runs in the child of ``loaders.sandbox``'s own table, which preloads the log readers).
 PRELOAD: tuple[str, ...] = (*sandbox.ON_DEMAND, "loaders.ingest")
 #: Already preloaded: a request of ``loaders.sandbox``'s jobs may still name them.
 ON_DEMAND = sandbox.ON_DEMAND

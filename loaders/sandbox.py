@@ -123,7 +123,7 @@ JOBS: dict[str, tuple[str, str]] = {
 }
 #: What a child of this module imports before its first request: the log readers and the walk
 #: (pandas, duckdb).
-PRELOAD: tuple[str, ...] = ("loaders.ingest", "loaders.logs")
+PRELOAD: tuple[str, ...] = ("loaders.ingest", "loaders.logs.ingest", "loaders.logs.registry")
 #: What a request may have its child import before the job's memory limit is set (its
 #: ``imports``): the checkpoint readers. They bring torch (about 120 MiB of the child's memory and
 #: 1.3 CPU-s to import), which a log's ingest never uses, so a child imports them at the first
