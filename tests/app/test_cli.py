@@ -77,6 +77,23 @@ def test_a_light_command_imports_no_other_command():
     assert out.stdout.splitlines()[-1] == "0 ['app.commands._common', 'app.commands.kv_cost']"
 
 
+def test_ingest_of_logs_imports_neither_pandas_nor_torch_in_the_command_or_its_child(tmp_path):
+    """The parent of ``ingest`` walks folders and reads JSON answers: no pandas, no torch; its
+    reading child imports the log readers (pandas) and, with no checkpoint among the files,
+    never torch (1.3 CPU-s and 120 MiB a command)."""
+    logs = tmp_path / "logs" / "run1"
+    logs.mkdir(parents=True)
+    (logs / "metrics.csv").write_text("step,train_loss\n0,2.5\n1,2.4\n")
+    code = ("import sys; from app.cli import main; from loaders.sandbox import POOL; "
+            f"rc = main(['ingest', {str(tmp_path / 'logs')!r}, '--db', {str(tmp_path / 'db.duckdb')!r}]); "
+            "[(_, box)] = POOL._idle; maps = open(f'/proc/{box.pid}/maps').read(); "      # the child, still idle
+            "print(rc, 'pandas' in sys.modules, 'torch' in sys.modules, 'libtorch' in maps, 'pandas/' in maps)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "0 False False False True"
+    assert "1 added" in out.stdout
+
+
 def test_no_or_an_unknown_command_gets_the_whole_parser():
     out = cli()
     assert out.returncode == 2 and out.stderr.endswith("error: the following arguments are required: COMMAND\n")
