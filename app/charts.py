@@ -408,16 +408,25 @@ def pair_heatmap(z: np.ndarray, above: np.ndarray, labels: list[str], hover: lis
     return fig
 
 
-def heat_range(rows: pd.DataFrame) -> tuple[float | None, float | None]:
-    """One colour range for heatmaps that share a scale (Compare's A and B): centred on the
-    rows' chance level when they have one (``diverging_range``), else their min and max."""
+def heat_range(*sides: pd.DataFrame) -> tuple[float | None, float | None] | None:
+    """One colour range for heatmaps that share a scale (Compare's A and B, one frame of rows
+    each): centred on their chance level (``diverging_range``), or their min and max when none
+    has one; ``(None, None)`` without values. None when the sides are read against different
+    chance levels (two geometries: 0.109 for one, 0.323 for the other): one range cannot be
+    white at both, and centred on one side's chance it paints the other side's chance-level
+    values as far above or below it. Each heatmap then gets its own range, centred on its own
+    chance (``heatmap_figure`` with no ``zmin``/``zmax``)."""
+    chances = [chance_of(side) for side in sides]
+    if any(c is not None for c in chances) and not (
+            None not in chances and max(chances) - min(chances) <= 1e-6 * max(1.0, *map(abs, chances))):
+        return None
+    rows = pd.concat(sides)
     values = pd.to_numeric(rows["value"], errors="coerce").dropna()
     if not len(values):
         return None, None
-    chance = chance_of(rows)
-    if chance is None:
+    if chances[0] is None:
         return float(values.min()), float(values.max())
-    return diverging_range(values, chance, band_of(rows))
+    return diverging_range(values, chances[0], band_of(rows))
 
 
 #: Trace types this module draws, and what of plotly_white's layout its figures read.

@@ -13,7 +13,8 @@ then of that task), headings name each side's task, and the trajectories' runs a
 first, each with its task.
 
 Values are read against their chance level: the two heatmaps share one colour scale
-centred on it, the table of largest changes gives both sides' chance (and, for
+centred on it where both are read against the same chance level (one geometry), else each is
+centred on its own; the table of largest changes gives both sides' chance (and, for
 activation metrics, tokens, 95% intervals and whether they overlap), trajectories
 draw it as a dashed line with the interval as a band; metrics resting on too few
 tokens are greyed with the reason.
@@ -166,15 +167,22 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
     metric = st.selectbox("Metric", available, index=available.index(m_url), key="cmp_metric")
     set_query_params(metric=metric)
     st.caption(f"**{metric}**: {BY_NAME[metric].help}")
-    both = pd.concat([ra[ra["metric"] == metric], rb[rb["metric"] == metric]])
-    zmin, zmax = charts.heat_range(both[both["head"].notna()])
+    side_a, side_b = (r[(r["metric"] == metric) & r["head"].notna()] for r in (ra, rb))
+    shared = charts.heat_range(side_a, side_b)
+    zmin, zmax = shared or (None, None)
     notes_a = stored_notes(str(store.path), version, a)
     notes_b = stored_notes(str(store.path), version, b)
     muted_a = tables.muted_metrics(notes_a).get(metric)
     muted_b = tables.muted_metrics(notes_b).get(metric)
-    st.caption(f"One colour scale for both, **{charts.chance_label(both)}** "
-               + ("at its centre: white at chance, red above, blue below." if both["chance"].notna().any()
-                  else "(no chance level stored: run the analysis again to get one)."))
+    both = pd.concat([side_a, side_b])
+    if shared is None:
+        st.caption(f"Each heatmap's colour scale is centred on its own chance level (A **{charts.chance_label(side_a)}**, "
+                   f"B **{charts.chance_label(side_b)}**): white at chance, red above, blue below. The colours compare "
+                   "each checkpoint with its own chance, not A's values with B's.")
+    else:
+        st.caption(f"One colour scale for both, **{charts.chance_label(both)}** "
+                   + ("at its centre: white at chance, red above, blue below." if both["chance"].notna().any()
+                      else "(no chance level stored: run the analysis again to get one)."))
     left, right = st.columns(2)
     left.markdown(f"**A** {labels[a]}")
     figures.show(charts.heatmap_figure(ra, metric, zmin=zmin, zmax=zmax,
@@ -187,7 +195,7 @@ def _pair(store, ckpts: pd.DataFrame) -> None:
             st.warning(f"{side}: {metric} rests on too few tokens: {reason}", icon=":material/warning:")
     if shape_a != shape_b:
         st.info(f"The geometries differ (layers, heads, KV heads: A {shape_a}, B {shape_b}), so there is no "
-                "head-by-head difference; the heatmaps above share one colour scale.", icon=":material/info:")
+                "head-by-head difference.", icon=":material/info:")
         return
     diff = curves.head_difference(ra, rb)
     figures.show(charts.diff_heatmap(diff, metric, a_label="A", b_label="B"), key="cmp_diff")

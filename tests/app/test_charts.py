@@ -104,6 +104,11 @@ def test_heat_range_for_shared_scales():
     lo, hi = charts.heat_range(both)
     assert abs(lo - 0.1) < 1e-12 and abs(hi - 0.4) < 1e-12
     assert charts.heat_range(_results([[0.1, 0.3]])) == (0.1, 0.3)  # no chance stored: min and max
+    a, b = _chance_results([[0.1]], 0.25), _chance_results([[0.35]], 0.25)
+    assert charts.heat_range(a, b) == charts.heat_range(both)        # one chance level: one range
+    # two geometries, two chance levels: no range is white at both, so none is shared
+    assert charts.heat_range(_chance_results([[0.1]], 0.109), _chance_results([[0.32]], 0.323)) is None
+    assert charts.heat_range(_chance_results([[0.1]], 0.25), _results([[0.3]])) is None   # one side without
 
 
 def test_layer_figure_draws_chance_line_and_interval():

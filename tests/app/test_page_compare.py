@@ -148,6 +148,24 @@ def test_pair_reads_against_chance_with_intervals_and_greys_the_undersampled_sid
     assert f"kv_cka_act at step 200 rests on too few tokens: {FEW}" in [w.value for w in at.warning]
 
 
+def test_two_chance_levels_get_a_colour_scale_each_centred_on_its_own(chance_run_db):
+    """Two checkpoints read against different chance levels (two geometries: a llama2.c model at
+    0.109 and a nanoGPT at 0.323 for kv_cka) shared one colour range centred on the median chance
+    of all their cells, and plotly ignores ``zmid`` once ``zmin``/``zmax`` are set: B's values at
+    its own chance were painted as far above it. Each heatmap is centred on its own chance now."""
+    with Store(chance_run_db).transaction() as con:
+        con.execute("UPDATE analysis_results SET chance = 0.4 WHERE checkpoint_id = 2 AND metric = 'kv_share_r2'")
+    at = page_test("compare", {"a": "1", "b": "2", "metric": "kv_share_r2"}, timeout=ANALYSING_S).run()
+    assert not at.exception, at.exception
+    figs = figures(at)
+    ha, hb = figs["cmp_heat_a"]["data"][0], figs["cmp_heat_b"]["data"][0]
+    assert (ha["zmid"], hb["zmid"]) == (0.25, 0.4)
+    assert ha["zmin"] + ha["zmax"] == pytest.approx(2 * 0.25) and hb["zmin"] + hb["zmax"] == pytest.approx(2 * 0.4)
+    assert ("Each heatmap's colour scale is centred on its own chance level (A **chance 0.25**, B **chance 0.4**): "
+            "white at chance, red above, blue below. The colours compare each checkpoint with its own chance, "
+            "not A's values with B's.") in [c.value for c in at.caption]
+
+
 # -- checkpoints grouped by their run's task ---------------------------------------------
 def test_checkpoints_are_grouped_by_their_runs_task(tmp_path, monkeypatch):
     import json
