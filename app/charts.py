@@ -417,8 +417,8 @@ def heat_range(*sides: pd.DataFrame) -> tuple[float | None, float | None] | None
     values as far above or below it. Each heatmap then gets its own range, centred on its own
     chance (``heatmap_figure`` with no ``zmin``/``zmax``)."""
     chances = [chance_of(side) for side in sides]
-    if any(c is not None for c in chances) and not (
-            None not in chances and max(chances) - min(chances) <= 1e-6 * max(1.0, *map(abs, chances))):
+    known = [c for c in chances if c is not None]
+    if known and (len(known) < len(chances) or max(known) - min(known) > 1e-6 * max(1.0, *map(abs, known))):
         return None
     rows = pd.concat(sides)
     values = pd.to_numeric(rows["value"], errors="coerce").dropna()
