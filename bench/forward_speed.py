@@ -51,14 +51,14 @@ operations erratic; see bench/analysis_speed.py).
 
     .venv/bin/python bench/forward_speed.py [--quick] [--device cpu|cuda] [--threads N] [--tokens N]
                                             [--limit N] [--repeat 2] [--demo DIR] [--skip-demo] [--skip-llama]
-                                            [--no-warm-up] [--one-process] [--in-process]
+                                            [--no-warm-up] [--one-process]
                                             [--hidden 768 --layers 12 --heads 12 --intermediate 2048 --vocab 32000]
 
 ``--quick``: 3 demo checkpoints, 1,024 tokens, a Llama of hidden 256, 4 layers, 4 heads,
-intermediate 688 (19.5M parameters), one pair, no warm-up, the Llama's job and plain forward in
-one process (``--no-warm-up``, ``--one-process``; a smoke run). ``--in-process``: every
-measurement in this process instead of a child (a smoke run without the children's imports,
-2-4 CPU seconds each; the peak RSS is then this process's so far).
+intermediate 688 (19.5M parameters), one pair, no warm-up, every measurement in this process
+(``--no-warm-up``, ``--one-process``; a smoke run). ``--one-process``: no child process per
+measurement (each costs 2-4 CPU seconds of imports); the job and the plain forward then run one
+after the other, and a peak RSS is this process's so far.
 """
 from __future__ import annotations
 
@@ -370,8 +370,8 @@ def child(args) -> None:
 
 def run_child(args, phase: str, paths: list[Path]) -> tuple[list[dict], dict]:
     """Run ``--child phase`` on ``paths`` in a fresh process: its measurements and its memory line
-    (``--in-process``: in this process, its imports shared, its peak RSS this process's so far)."""
-    if args.in_process:
+    (``--one-process``: in this process, its imports shared, its peak RSS this process's so far)."""
+    if args.one_process:
         return measure(args, phase, paths)
     cmd = [sys.executable, __file__, "--child", phase, "--device", args.device, "--threads", str(args.threads),
            *(["--tokens", str(args.tokens)] if args.tokens is not None else []),
@@ -473,7 +473,7 @@ def bench_llama(args) -> None:
     ratio_rows(what, s)
     bench_row(f"peak RSS above the imports, activation job, {what}",
               f"{above['job']:.0f} MiB ({above['job'] / mib:.2f} of the file)",
-              f"plain forward, {'same' if args.one_process or args.in_process else 'fresh'} process "
+              f"plain forward, {'same' if args.one_process else 'fresh'} process "
               f"({above['plain']:.0f} MiB)", "-", None)
 
 
@@ -496,10 +496,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-warm-up", action="store_true",
                     help="measure without the untimed warm-up before each measurement (--quick: a smoke run)")
     ap.add_argument("--one-process", action="store_true",
-                    help="the Llama's job and plain forward in one process, one after the other (--quick)")
-    ap.add_argument("--in-process", action="store_true",
-                    help="every measurement in this process, no child process (a smoke run: the imports are "
-                         "shared, the peak RSS is this process's so far, the Llama's build included)")
+                    help="every measurement in this process, no child process; the Llama's job, then its plain "
+                         "forward (--quick; a smoke run: the imports are shared, the peak RSS is this process's "
+                         "so far, the Llama's build included)")
     ap.add_argument("--child", choices=["pairs", "job", "plain"], help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
 

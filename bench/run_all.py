@@ -70,7 +70,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "layer_map_draw": ["--layers", "8", "--repeat", "1"],
     "interval_coverage": ["--quick"],                   # named here: asking its --help costs a process
     "forward_speed": ["--quick", "--limit", "1", "--tokens", "256", "--repeat", "1", "--hidden", "64",
-                      "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000", "--in-process"],
+                      "--layers", "2", "--heads", "2", "--intermediate", "128", "--vocab", "1000", "--one-process"],
 }
 
 #: The environment of every script at ``--quick`` (and of the children it starts): one OpenMP thread
