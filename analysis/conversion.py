@@ -94,20 +94,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from analysis.conversion_targets import DEFAULT_METHOD, METHODS
+
 #: Relative ridge of the least-squares fits (times the mean eigenvalue of the normal matrix).
 RIDGE = 1e-6
-TARGETS = ("k_eq_v", "q_eq_k", "q_eq_k_eq_v", "wq_identity", "gqa", "mqa", "latent")
-METHODS = {
-    "k_eq_v": ("lstsq", "keep_k", "keep_v", "avg"),
-    "q_eq_k": ("psd", "keep_q", "keep_k", "avg"),
-    "q_eq_k_eq_v": tuple(f"{a}+{b}" for a in ("psd", "keep_q", "keep_k", "avg")
-                         for b in ("lstsq", "keep_k", "keep_v", "avg")),
-    "wq_identity": ("basis",),
-    "gqa": ("mean", "aligned"),
-    "mqa": ("mean", "aligned"),
-    "latent": ("svd",),
-}
-DEFAULT_METHOD = {t: m[0] for t, m in METHODS.items()}
 
 
 class ConversionError(ValueError):
@@ -539,7 +529,7 @@ def fold_query(layer, minv: torch.Tensor, writer: torch.Tensor, gain: torch.Tens
 
 def convert(layer, target: str, method: str | None = None, stats: InputStats | None = None, *,
             groups: int | None = None, rank: int | None = None, rotary: bool = False, grouping=None):
-    """One layer converted to ``target`` (``TARGETS``) by ``method`` (None: the default); ``grouping``:
+    """One layer converted to ``target`` (``analysis.conversion_targets.TARGETS``) by ``method`` (None: the default); ``grouping``:
     ``gqa``'s groups of kv heads (None: contiguous)."""
     method = method or DEFAULT_METHOD[target]
     if method not in METHODS[target]:

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis import conversion as conv
+from analysis.conversion_targets import DEFAULT_METHOD, METHODS, TARGETS
 from analysis import head_grouping
 from analysis.captures import MAX_WINDOW, sample_windows
 from analysis.intervals import mean_interval
@@ -464,16 +465,16 @@ class Target:
     @classmethod
     def parse(cls, text: str, method: str | None) -> "Target":
         name, _, arg = text.partition(":")
-        if name not in conv.TARGETS:
+        if name not in TARGETS:
             raise WhatIfError(f"--to {text}: expected one of k_eq_v, q_eq_k, q_eq_k_eq_v, wq_identity, gqa:G, mqa, "
                               "latent:R")
         if name in ("gqa", "latent") and not arg.isdigit():
             raise WhatIfError(f"--to {text}: expected {name}:N with N a positive integer")
         if name not in ("gqa", "latent") and arg:
             raise WhatIfError(f"--to {text}: {name} takes no ':' argument")
-        method = method or conv.DEFAULT_METHOD[name]
-        if method not in conv.METHODS[name]:
-            raise WhatIfError(f"--method {method}: {name} takes one of {', '.join(conv.METHODS[name])}")
+        method = method or DEFAULT_METHOD[name]
+        if method not in METHODS[name]:
+            raise WhatIfError(f"--method {method}: {name} takes one of {', '.join(METHODS[name])}")
         return cls(name, method, int(arg) if name == "gqa" else None, int(arg) if name == "latent" else None)
 
     def __str__(self) -> str:

@@ -20,7 +20,7 @@ ALLOWED = {
     ("experiments/demo.py", "VARIANT_ORDER"): "which variants the demo trains, a choice of the demo",
     ("experiments/demo.py", "VISION_VARIANTS"): "paper B's six, in its tables' order: the demo's choice",
     ("experiments/demo.py", "grid(("): "which variants get the head-sharing runs, a choice of the demo",
-    ("analysis/conversion.py", "TARGETS = "): "the conversions `whatif --to` offers, named after what they make",
+    ("analysis/conversion_targets.py", "TARGETS = "): "the conversions `whatif --to` offers, named after what they make",
     ("app/pages/whatif.py", "TARGETS = "): "the conversions the page offers, a choice of the page",
 }
 

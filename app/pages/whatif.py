@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from analysis.conversion import METHODS
+from analysis.conversion_targets import METHODS
 from analysis.sharing_cost import curve, paper_points, trained_points
 from app import figures
 from app.page_figures import whatif_figure, whatif_label

@@ -473,8 +473,9 @@ def test_attention_grid_of_all_heads_enlarges_one_and_stays_small_at_2048_tokens
 def test_the_page_of_an_analysed_checkpoint_runs_without_torch_in_the_server(tmp_path, model_dir):
     """The server process never imports torch for a stored, analysed checkpoint (1.2 s on the first
     visit): its ties are named from the stored analysis (``analysis.tie_names``), the sample text
-    comes from ``experiments.sample_text``, and spectra and maps run in the reading child. Run in a
-    fresh interpreter, since this test process has torch already."""
+    comes from ``experiments.sample_text``, and spectra and maps run in the reading child; nor for the
+    navigation, which imports every page module (the What-if page's conversion names live apart from
+    the conversions). Run in a fresh interpreter, since this test process has torch already."""
     import os
     import subprocess
     import sys
@@ -493,6 +494,8 @@ def test_the_page_of_an_analysed_checkpoint_runs_without_torch_in_the_server(tmp
         "at = page_test('inspector', {'ckpt': '1'}, timeout=120).run()\n"
         "assert not at.exception, at.exception\n"
         "print('spectra shown:', any(e.key == 'insp_spectra' for e in at.get('plotly_chart')))\n"
+        "from app.pages import page_modules\n"
+        "page_modules()\n"              # what the server's entry script imports to build its navigation
         "print('torch imported:', 'torch' in sys.modules)\n")
     got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**os.environ, "QKVSCOPE_DB": str(db)})
