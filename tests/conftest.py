@@ -7,7 +7,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -21,14 +20,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # every worker and child process, and never in the user's own cache folder; an entry is keyed
 # by the code that draws it, so one left by a run of other code is never read.
 os.environ.setdefault("QKVSCOPE_CHANCE_CACHE", str(Path(tempfile.gettempdir()) / f"qkvscope-test-chance-{os.getuid()}"))
-# One torch thread per core in all: with N pytest-xdist workers (scripts/test.sh runs two), each
-# worker and each process it starts gets cores // N threads. More threads than cores spin in each
-# other's batched eigen-decompositions (10-400x slower measured on a busy two-core box, see
-# tests/analysis/_threads.py); subprocesses inherit OMP_NUM_THREADS.
+# One torch thread per core in all: with N pytest-xdist workers (scripts/test.sh runs three), each
+# worker and each process it starts gets cores // N threads (at least one). More threads than cores
+# spin in each other's batched eigen-decompositions (10-400x slower measured on a busy two-core box,
+# see tests/analysis/_threads.py); subprocesses inherit OMP_NUM_THREADS, which OpenMP, MKL and
+# OpenBLAS read. The controller of a ``-n`` run sets nothing (``pytest_configure``): its workers
+# inherit its environment, and a count it set for itself would be theirs and their children's.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
 THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))   # before torch loads numpy's OpenBLAS here
+
+import torch  # noqa: E402  (after the count above)
+
 torch.set_num_threads(THREADS)
-os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        return                                          # the controller of a -n run: see above
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 
 def _scan_installed_components_once() -> None:
