@@ -529,8 +529,8 @@ def fold_query(layer, minv: torch.Tensor, writer: torch.Tensor, gain: torch.Tens
 
 def convert(layer, target: str, method: str | None = None, stats: InputStats | None = None, *,
             groups: int | None = None, rank: int | None = None, rotary: bool = False, grouping=None):
-    """One layer converted to ``target`` (``analysis.conversion_targets.TARGETS``) by ``method`` (None: the default); ``grouping``:
-    ``gqa``'s groups of kv heads (None: contiguous)."""
+    """One layer converted to ``target`` (``analysis.conversion_targets.TARGETS``) by ``method``
+    (None: the default); ``grouping``: ``gqa``'s groups of kv heads (None: contiguous)."""
     method = method or DEFAULT_METHOD[target]
     if method not in METHODS[target]:
         raise ConversionError(f"{target}: unknown method {method!r}: expected one of {', '.join(METHODS[target])}")
