@@ -343,6 +343,30 @@ def _not_duckdb(path: Path, exc: Exception) -> StoreError:
     return StoreError(f"{path}: cannot open database: {exc}")
 
 
+#: The files this process found at the current schema, each as ``_file_state`` saw it then. A
+#: ``Store`` made later for the same unchanged file (each cached read of a page makes one) skips
+#: the check and the connection it needs: a DuckDB open builds its catalog anew, ~10 ms of CPU,
+#: and a page's reads were half such checks. A write to the file or its WAL (another process's
+#: ingest, a file copied over it) changes the state, and the next ``Store`` checks again. One
+#: state per file (its real path): the last one found current.
+_CURRENT: dict[str, tuple] = {}
+
+
+def _file_state(path: Path) -> tuple | None:
+    """``(real path, device, inode, mtime_ns, size)`` of the file and ``(mtime_ns, size)`` of its
+    WAL (zeros where there is none); None where the file is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    try:
+        wal = os.stat(f"{path}.wal")
+        wal_state = (wal.st_mtime_ns, wal.st_size)
+    except OSError:
+        wal_state = (0, 0)
+    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, *wal_state)
+
+
 class Store:
     """A qkvscope database file. Cheap to create; connections are short-lived.
 
@@ -461,9 +485,15 @@ class Store:
 
     def migrate(self) -> int:
         """Apply missing migrations in one transaction; returns the version. A database that
-        cannot be written is only checked to be at the current version."""
+        cannot be written is only checked to be at the current version. A file this process
+        already found current, unchanged since (``_CURRENT``), is not opened."""
+        state = _file_state(self.path)
+        if state is not None and _CURRENT.get(state[0]) == state:
+            self._migrated = True
+            return SCHEMA_VERSION
         if self.path.exists() and not self.writable():
             self._check_schema_read_only()
+            self._current()
             return SCHEMA_VERSION
         con = self._open(read_only=False)
         try:
@@ -486,10 +516,18 @@ class Store:
                     con.execute("ROLLBACK")
                     raise
                 con.execute("COMMIT")
-            self._migrated = True
-            return SCHEMA_VERSION
         finally:
             con.close()
+        self._current()
+        return SCHEMA_VERSION
+
+    def _current(self) -> None:
+        """Remember that this file is at the current schema, as it is now (after the connection
+        that checked it closed)."""
+        self._migrated = True
+        state = _file_state(self.path)
+        if state is not None:
+            _CURRENT[state[0]] = state
 
     # -- checkpoints ---------------------------------------------------------
     CHECKPOINT_FIELDS = (

@@ -144,6 +144,58 @@ def _old_database(path, schema: int):
     return con
 
 
+def _counting_opens(monkeypatch) -> list[str]:
+    """The paths DuckDB is asked to open from now on (``loaders.duck.connect``)."""
+    from loaders import duck
+
+    opened = []
+    real = duck.connect
+
+    def counting(database=":memory:", **kwargs):
+        opened.append(database)
+        return real(database, **kwargs)
+
+    monkeypatch.setattr(duck, "connect", counting)
+    return opened
+
+
+def test_a_file_found_current_and_unchanged_is_not_opened_to_check_it_again(tmp_path, monkeypatch):
+    """A page's cached read makes a Store per read: only the first checks the schema."""
+    path = tmp_path / "q.duckdb"
+    Store(path).migrate()
+    opened = _counting_opens(monkeypatch)
+    assert Store(path).migrate() == SCHEMA_VERSION
+    assert opened == []
+    with Store(path).connect(read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+    assert opened == [str(path)]                      # the read itself, no check before it
+
+
+@pytest.mark.parametrize("how", ["replaced", "copied over"])
+def test_a_file_changed_since_it_was_found_current_is_checked_again(tmp_path, monkeypatch, how):
+    """Another file moved or copied over the checked one (an older qkvscope's database): the next
+    Store finds the old schema and upgrades it."""
+    import os
+    import shutil
+
+    path = tmp_path / "q.duckdb"
+    Store(path).migrate()
+    old = tmp_path / "old.duckdb"
+    con = _old_database(old, 2)
+    con.execute("INSERT INTO runs (id, name, source, format) VALUES (1, 'a', 's', 'csv')")
+    con.execute("INSERT INTO points (run_id, step, metric, value) VALUES (1, 0, 'val/loss', 4.0)")
+    con.close()
+    if how == "replaced":
+        os.replace(old, path)
+    else:
+        shutil.copyfile(old, path)                    # the same inode, new bytes
+    opened = _counting_opens(monkeypatch)
+    with Store(path).connect() as con:
+        assert Store(path).schema_version(con) == SCHEMA_VERSION
+        assert con.execute("SELECT metric, n, final FROM run_stats").fetchall() == [("val/loss", 1, 4.0)]
+    assert opened == [str(path), str(path)]           # the check (and upgrade), then the read
+
+
 def test_upgrade_from_version_2_backfills_run_stats(tmp_path):
     path = tmp_path / "old.duckdb"
     con = _old_database(path, 2)
