@@ -318,6 +318,11 @@ class Sandbox:
         # installed ones are on the interpreter's own path.
         env = dict(os.environ, QKVSCOPE_PARSE_PARENT=str(os.getpid()), PYTHONPATH=os.pathsep.join(
             [*([str(ROOT)] if in_checkout() else []), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        # pyarrow's default pool (mimalloc) reserves a 1 GiB arena at its first use (pandas' string
+        # columns), and a child's data limit is what it holds plus the file's budget: the first
+        # analysis of a small checkpoint would fail under a 1 GiB budget. glibc's malloc, as the
+        # server uses (app/commands/serve.py), reserves nothing ahead.
+        env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
         self._buf, self._tail = bytearray(), b""
         # -P: the caller's working directory (relative paths are its) is not on sys.path.
         # Started by _SPAWNER's thread: the child dies with this process, not with the calling thread.
