@@ -346,9 +346,9 @@ def _not_duckdb(path: Path, exc: Exception) -> StoreError:
 #: The files this process found at the current schema, each as ``_file_state`` saw it then. A
 #: ``Store`` made later for the same unchanged file (each cached read of a page makes one) skips
 #: the check and the connection it needs: a DuckDB open builds its catalog anew, ~10 ms of CPU,
-#: and without this half of a page's opens would be such checks. A write to the file or its WAL (another process's
-#: ingest, a file copied over it) changes the state, and the next ``Store`` checks again. One
-#: state per file (its real path): the last one found current.
+#: and without this half of a page's opens would be such checks. A write to the file or its WAL
+#: (another process's ingest, a file copied over it) changes the state, and the next ``Store``
+#: checks again. One state per file (its real path): the last one found current.
 _CURRENT: dict[str, tuple] = {}
 
 
