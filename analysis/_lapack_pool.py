@@ -14,10 +14,12 @@ ATen's ``set_num_threads``: ``mkl_set_num_threads_local``). Each problem is the
 same LAPACK call either way; ``scripts/layer_profile.py`` times both side by
 side (``--pool``).
 
-``side_by_side`` runs independent calls the same way, one per single-threaded
-worker: the activation job's per-layer ``result()`` (a delete-one-window jackknife of small
-decompositions and elementwise passes over ``d_head x d_head`` stacks, which
-intra-op threads split no better than the stacks above).
+What it is for: the CUDA path, whose small decompositions run on the host
+(``analysis._linalg.HOST_SMALL``) of a many-core machine. There one Llama-2-7B-shaped
+layer's ``weight_metrics`` took 0.241 s against 0.421 s as one torch call per stack.
+On a CPU device the layer's larger products dominate and it gains little (a whole
+``analyze`` of the 1.1B shape on a 2-core host: 0.94 of the time without it;
+docs/performance.md, "Speed mechanisms").
 
 ``torch.set_num_threads`` also stores the count as the default of threads that
 start later, so the caller's count is set again before ``pooled`` returns (the
@@ -29,11 +31,8 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
 
 import torch
-
-T = TypeVar("T")
 
 #: Whether ``pooled`` splits stacks across threads (off: one torch call, MKL's own threading).
 POOL = True
@@ -101,35 +100,6 @@ def _in_workers(workers: int, tasks: list[tuple]) -> list:
             if _dirty:
                 torch.set_num_threads(threads)                        # the process default, as it was
                 _dirty = False
-
-
-def side_by_side(calls: list[Callable[[], T]], workers: int) -> list[T]:
-    """Every call of ``calls`` in a single-threaded worker, at most ``workers`` at once
-    (``workers <= 1``, one call, or ``POOL`` off: one after another in this thread, with its
-    own threads); the results in order. The workers take the next call as they finish one; after
-    an error they take no more, and it reaches the caller once the calls started have ended.
-    Inside a call, ``pooled`` makes one plain call (its thread has one intra-op thread)."""
-    workers = min(workers, len(calls))
-    if not POOL or workers <= 1:
-        return [call() for call in calls]
-    results: list = [None] * len(calls)
-    queue = iter(range(len(calls)))
-    taking, failed = threading.Lock(), threading.Event()
-
-    def lane() -> None:
-        while not failed.is_set():
-            with taking:
-                i = next(queue, None)
-            if i is None:
-                return
-            try:
-                results[i] = calls[i]()
-            except BaseException:
-                failed.set()                                          # the other workers take no more
-                raise
-
-    _in_workers(workers, [(lane,)] * workers)
-    return results
 
 
 def pooled(f, *xs: torch.Tensor):

@@ -138,7 +138,6 @@ import math
 import pandas as pd
 import torch
 
-from analysis._lapack_pool import side_by_side
 from analysis.above_chance import NULL_BAND, p_value
 from analysis._linalg import as_float32, gram_sv, small_eigh, small_eigvalsh, spectrum_stats, stack_heads
 from analysis.errors import AnalysisError
@@ -455,23 +454,6 @@ class ActivationAccumulator:
 
     def result(self) -> tuple[pd.DataFrame, dict[str, str]]:
         """Rows (``analysis.registry.RESULT_COLUMNS``) of every activation metric, and notes."""
-        return self._result(_BOOT_BYTES)
-
-    def result_bytes(self) -> int:
-        """About the most memory ``result()`` holds at once beyond the sums and the jackknife's
-        batches (bytes): one chance draw's K and V columns in float64, their stacked copy and
-        their products with the input's Gram, and the draw itself in float32 where the draws
-        were not held (``_chance_stats``); the whole layer's metrics (``_layer``): a leave-one-group
-        Gram, its products with the stacked K and V columns and four ``c x c`` products
-        (``c = n_kv_heads * d_head``), float64."""
-        kv_cols = 2 * self.g * self.e
-        draw = 8 * self.d * 3 * kv_cols
-        redrawn = 0 if self._r is not None else 4 * self.d * self._width
-        layer = 8 * (2 * self.d * self.d + 2 * self.d * kv_cols + kv_cols * kv_cols)
-        return max(draw, layer) + redrawn
-
-    def _result(self, boot_bytes: int) -> tuple[pd.DataFrame, dict[str, str]]:
-        """``result()`` with the jackknife's batches bounded by ``boot_bytes``."""
         if not self._windows and not self._pending:
             raise AnalysisError(f"layer {self.layer}: no tokens were added (call add() first)")
         notes = dict(self.notes)
@@ -500,7 +482,7 @@ class ActivationAccumulator:
             if n_win > 1:
                 # the eranks' small-sample bias has no closed form: the jackknife removes its 1/n
                 # term, where there are enough tokens for the value to be measured at all
-                values, lo, hi = self._jackknife(per_win, total, values, boot_bytes, correct)
+                values, lo, hi = self._jackknife(per_win, total, values, _BOOT_BYTES, correct)
             else:
                 lo = hi = {m: torch.full_like(val, float("nan")) for m, val in values.items()}
             values, lo, hi = {**values, **layer_values}, {**lo, **layer_lo}, {**hi, **layer_hi}
@@ -616,47 +598,6 @@ class ActivationAccumulator:
             mid[m] = value.clamp(low, high)
             lo[m], hi[m] = (value - t * se).clamp(low, high), (value + t * se).clamp(low, high)
         return mid, lo, hi
-
-
-#: Memory that the ``result()`` calls of ``results_of`` may hold at once (bytes, as estimated):
-#: their jackknife batches (``_BOOT_BYTES`` shared out, about twice that with their work space)
-#: and each call's ``ActivationAccumulator.result_bytes``. It bounds how many run side by side.
-#: What the process holds grows more than the estimate (each worker thread's allocator arena
-#: keeps what it freed): two at once raised the 134M Llama job's peak RSS by 170-210 MiB
-#: (``bench/forward_speed.py``; docs/performance.md).
-_RESULTS_BYTES = 2**29
-
-
-def result_workers(accs: list[ActivationAccumulator], threads: int | None = None) -> int:
-    """How many ``result()`` calls ``results_of`` runs at once: one per intra-op thread (``threads``,
-    default torch's count), no more than the accumulators, and as many as ``_RESULTS_BYTES``
-    holds beside the jackknife's share (``2 * _BOOT_BYTES``) of the largest one's
-    ``result_bytes()`` (a layer of the 134M Llama of ``bench/forward_speed.py``: 27-32 MiB, 8-9
-    at once; of a Llama-1B-shaped layer, 8 kv heads: 48-56 MiB, 4-5; of a Llama-2-7B: 768-896
-    MiB, one); 1 (one after another, with every thread) off the CPU, where the device runs each
-    call's batches already."""
-    if not accs or any(a.dev.type != "cpu" for a in accs):
-        return 1
-    threads = torch.get_num_threads() if threads is None else threads
-    fits = (_RESULTS_BYTES - 2 * _BOOT_BYTES) // max(1, max(a.result_bytes() for a in accs))
-    return max(1, min(threads, len(accs), fits))
-
-
-def results_of(accs: list[ActivationAccumulator]) -> list[tuple[pd.DataFrame, dict[str, str]]]:
-    """Every accumulator's ``result()``, in order: on the CPU, ``result_workers``
-    of them side by side, each in a worker thread with one intra-op thread
-    (``analysis._lapack_pool.side_by_side``), the jackknife's batches shared out so that
-    together they stay within ``_BOOT_BYTES``. A layer's jackknife is many small
-    decompositions and passes over ``d_head x d_head`` stacks, which intra-op threads split
-    poorly: six 134M-Llama-shaped layers (8 windows of 512 tokens) on this project's 2-core VM
-    took 4.0 s one after another on two threads, 3.0 s side by side. The same rows as one call after another
-    with the same batches (each call's own arithmetic; a matrix product's round-off may differ
-    with the threads and the batch)."""
-    if not all(isinstance(a, ActivationAccumulator) for a in accs):
-        return [a.result() for a in accs]       # another kind (feed takes any add()/result()): its own, in turn
-    workers = result_workers(accs)
-    boot = max(1, _BOOT_BYTES // workers)
-    return side_by_side([lambda a=a: a._result(boot) for a in accs], workers)
 
 
 def _row_metric(m: str):

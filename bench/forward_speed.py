@@ -33,9 +33,9 @@ What is timed, on the model ``load_runnable`` gives and the same ``[B, T]`` wind
   Gram and, for windows shorter than d_model, the projections and their float64
   statistics; from the first batch to the first ``result()``); the job without its model load (tokenising, the forward pass,
   ``result()``: for windows at least d_model long the statistics from the windows' Grams,
-  then metrics, chance levels, bootstrap intervals; the layers side by side on the CPU's cores,
-  ``analysis.activations.results_of``); and end to end, the load included. The load, ``add`` and
-  ``results_of`` seconds are timed inside (the functions wrapped in this process).
+  then metrics, chance levels, bootstrap intervals, layer by layer); and end to end, the load
+  included. The load, ``add`` and ``result()`` seconds are timed inside (the functions wrapped in
+  this process).
 
 Target ("the forward pass over the default token budget ... target >= 0.7 of it:
 the hooks and captures must cost little"): tokens/s >= ``FORWARD_RATIO`` (0.7,
@@ -280,12 +280,12 @@ def measure_plain(path: Path, device: str, tokens: int | None) -> dict:
 
 def measure_job(path: Path, device: str, tokens: int | None) -> dict:
     """``corpus_activations`` of ``path``: seconds, tokens fed, and inside it the seconds of
-    ``load_runnable``, of every ``ActivationAccumulator.add``, of the layers' ``result()`` (one
-    ``results_of`` call, side by side on the CPU's cores: its wall time), and of its forward
+    ``load_runnable``, of every ``ActivationAccumulator.add``, of the layers' ``result()`` calls
+    (one after another in ``experiments.runnable.feed``), and of its forward
     pass (``forward_s``: from ``feed``'s first batch, its first ``progress`` call, to the
     results: the model's forward with the hooks and every layer's ``add``)."""
     from analysis.activations import ActivationAccumulator
-    from experiments import activation_runs, runnable
+    from experiments import activation_runs
     from loaders.checkpoints import open_checkpoint
 
     spent = {"load_s": 0.0, "add_s": 0.0, "result_s": 0.0}
@@ -306,12 +306,10 @@ def measure_job(path: Path, device: str, tokens: int | None) -> dict:
     def progress(done, total, what):
         marks.setdefault("forward_start", time.perf_counter())
 
-    # the layers' results, all of them at once (experiments.runnable.feed: analysis.activations.results_of,
-    # side by side on the CPU's cores): its wall time
-    saved = activation_runs.load_runnable, ActivationAccumulator.add, runnable.results_of
+    saved = activation_runs.load_runnable, ActivationAccumulator.add, ActivationAccumulator.result
     activation_runs.load_runnable = timed("load_s", saved[0])
     ActivationAccumulator.add = timed("add_s", saved[1])
-    runnable.results_of = timed("result_s", saved[2])
+    ActivationAccumulator.result = timed("result_s", saved[2])
     try:
         with open_checkpoint(path) as ckpt:
             _sync(device)
@@ -321,7 +319,7 @@ def measure_job(path: Path, device: str, tokens: int | None) -> dict:
             _sync(device)
             secs = time.perf_counter() - t0
     finally:
-        activation_runs.load_runnable, ActivationAccumulator.add, runnable.results_of = saved
+        activation_runs.load_runnable, ActivationAccumulator.add, ActivationAccumulator.result = saved
     return {"phase": "job", "seconds": secs, "tokens": int(run.sample["n_tokens"]), **spent,
             "forward_s": marks["forward_end"] - marks["forward_start"],
             "windows": [run.sample["windows"], run.sample["window"]], "rows": len(run.frame)}

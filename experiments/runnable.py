@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from analysis.above_chance import flag as flag_above_chance
-from analysis.activations import ActivationAccumulator, results_of
+from analysis.activations import ActivationAccumulator
 from analysis.captures import MAX_WINDOW
 from analysis.cross_layer import CacheSample
 from analysis.notes import merge_notes, nonfinite_notes
@@ -348,7 +348,7 @@ def feed(model, mods, accs, inputs: torch.Tensor, t: int, dev, progress: Progres
         for h in handles:
             h.remove()
     frames, notes = [], {}
-    for df, nt in results_of(accs):                                      # the layers side by side
+    for df, nt in (acc.result() for acc in accs):                        # the layers in turn
         frames.append(df)
         merge_notes(notes, nt)
     if cross is not None:                                                # the pairs of layers

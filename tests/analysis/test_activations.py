@@ -353,51 +353,26 @@ def test_share_r2_against_least_squares_with_scaled_dead_and_deficient_columns()
         assert float(got[i]) == pytest.approx(want, rel=1e-9), i
 
 
-def test_results_of_layers_side_by_side_equal_their_results_one_after_another(monkeypatch):
+def test_the_jackknife_in_batches_equals_it_in_one(monkeypatch):
     from analysis import activations
 
     lay, m = ill_conditioned_layer()
     accs = []
-    for i, logits in enumerate((True, False, True, True, False)):    # both kinds of chance draws
+    for i, logits in enumerate((True, False, True)):                  # both kinds of chance draws
         acc = ActivationAccumulator(layer(lay.W_Q, lay.W_K, lay.W_V, bq=lay.b_Q, bk=lay.b_K, index=i), m,
                                     logits=logits, device="cpu", seed=i)
         acc.add(anisotropic_x(6, 64 if i % 2 else 32, m.d_model, seed=30 + i))   # both paths (d_model 48)
         acc._reduce()                                                 # the Gram path's windows, summed
         accs.append(acc)
-    # a budget that three workers' shares split into batches of 2 windows: the leave-one-out
-    # sums' round-off depends on the batch, and these heads (condition 1e6) magnify it
+    whole = [a.result() for a in accs]                                # every window's leave-one-out at once
+    # a budget of batches of 2 windows: the leave-one-out sums' round-off depends on the batch,
+    # and these heads (condition 1e6) magnify it
     width = sum(v[0].numel() for v in accs[0]._windows[0].values())
-    monkeypatch.setattr(activations, "_BOOT_BYTES", 8 * width * 4 * 2 * 3)
-    one = [a._result(8 * width * 4 * 2) for a in accs]
-    torch.set_num_threads(3)                                          # the module's fixture restores 1
-    assert activations.result_workers(accs) == 3
-    many = activations.results_of(accs)
-    assert torch.get_num_threads() == 3
-    for (df1, notes1), (df2, notes2) in zip(one, many):
+    monkeypatch.setattr(activations, "_BOOT_BYTES", 8 * width * 4 * 2)
+    batched = [a.result() for a in accs]
+    for (df1, notes1), (df2, notes2) in zip(whole, batched):
         assert notes1 == notes2
         keys = ["layer", "head", "head_label", "metric", "n_tokens"]
         assert df1[keys].equals(df2[keys]) and df1.ci_low.notna().all()
         for c in ("value", "chance", "ci_low", "ci_high"):
-            np.testing.assert_allclose(df2[c].to_numpy(), df1[c].to_numpy(), rtol=1e-12, atol=1e-15)
-
-
-def test_result_workers_are_bounded_by_threads_layers_memory_and_device(monkeypatch):
-    from analysis import activations
-
-    lay, m = ill_conditioned_layer()
-    accs = [ActivationAccumulator(lay, m, logits=False, device="cpu") for _ in range(5)]
-    assert activations.result_workers(accs, threads=16) == 5          # the layers
-    assert activations.result_workers(accs, threads=2) == 2           # the threads
-    assert activations.result_workers(accs[:1], threads=16) == 1
-    need = accs[0].result_bytes()
-    # the whole layer's leave-one-group Gram, its products with K and V and a c x c product (float64, c = 64:
-    # more than one draw's K, V in float64 x3), and the draw redrawn in float32
-    assert need == 8 * (2 * 48 * 48 + 2 * 48 * 64 + 64 * 64) + 4 * 48 * 2 * 2 * 16
-    monkeypatch.setattr(activations, "_RESULTS_BYTES", 2 * activations._BOOT_BYTES + 3 * need)
-    assert activations.result_workers(accs, threads=16) == 3          # the memory
-    monkeypatch.setattr(activations, "_RESULTS_BYTES", 2 * activations._BOOT_BYTES)
-    assert activations.result_workers(accs, threads=16) == 1          # never none
-    monkeypatch.undo()
-    gpu = [SimpleNamespace(dev=torch.device("cuda"), result_bytes=lambda: 1)] * 4
-    assert activations.result_workers(gpu, threads=16) == 1           # the device runs each call's batches
-    assert activations.results_of([]) == []
+            np.testing.assert_allclose(df2[c].to_numpy(), df1[c].to_numpy(), rtol=1e-9, atol=1e-12)
