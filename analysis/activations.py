@@ -482,7 +482,7 @@ class ActivationAccumulator:
             if n_win > 1:
                 # the eranks' small-sample bias has no closed form: the jackknife removes its 1/n
                 # term, where there are enough tokens for the value to be measured at all
-                values, lo, hi = self._jackknife(per_win, total, values, _BOOT_BYTES, correct)
+                values, lo, hi = self._jackknife(per_win, total, values, correct)
             else:
                 lo = hi = {m: torch.full_like(val, float("nan")) for m, val in values.items()}
             values, lo, hi = {**values, **layer_values}, {**lo, **layer_lo}, {**hi, **layer_hi}
@@ -575,15 +575,15 @@ class ActivationAccumulator:
         return values, lo, hi, nulls
 
     def _jackknife(self, per_win: dict[str, torch.Tensor], total: dict[str, torch.Tensor],
-                   values: dict[str, torch.Tensor], boot_bytes: int, correct: tuple[str, ...]
+                   values: dict[str, torch.Tensor], correct: tuple[str, ...]
                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The delete-one-window jackknife of every metric (``analysis.intervals.jackknife``): the
         value (bias-corrected for the metrics in ``correct``) and its ``t_{N-1}`` interval, clipped
         to the metric's range; the leave-one-out sums ``total - window`` in batches of windows
-        bounded by ``boot_bytes``."""
+        bounded by ``_BOOT_BYTES``."""
         n_win = int(per_win["n"].shape[0])
         width = sum(val[0].numel() for val in per_win.values())                  # float64s per window
-        chunk = max(1, boot_bytes // (8 * width * 4))                            # sums + work space
+        chunk = max(1, _BOOT_BYTES // (8 * width * 4))                            # sums + work space
         reps: dict[str, list[torch.Tensor]] = {}
         for s in range(0, n_win, chunk):
             sums = {key: total[key] - val[s:s + chunk] for key, val in per_win.items()}   # [b, ...]
